@@ -1,0 +1,10 @@
+# Warnings for every target; -Werror when SEPAL_WERROR (CI); ASan+UBSan when SEPAL_SANITIZE.
+add_compile_options("$<$<COMPILE_LANGUAGE:C>:-Wall;-Wextra;-Wshadow;-Wstrict-prototypes;-Wmissing-prototypes;-Wno-unused-parameter>")
+if(SEPAL_WERROR)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C>:-Werror>")
+endif()
+add_compile_definitions(_GNU_SOURCE)
+if(SEPAL_SANITIZE)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C>:-fsanitize=address,undefined;-fno-omit-frame-pointer;-fno-sanitize-recover=undefined>")
+  add_link_options(-fsanitize=address,undefined)
+endif()

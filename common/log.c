@@ -1,0 +1,38 @@
+#include "log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+static sp_log_level g_min = SP_LOG_WARN;
+static sp_log_sink g_sink;
+static void *g_user;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void sp_log_set_level(sp_log_level min_level) { g_min = min_level; }
+
+void sp_log_set_sink(sp_log_sink sink, void *user)
+{
+    pthread_mutex_lock(&g_lock);
+    g_sink = sink;
+    g_user = user;
+    pthread_mutex_unlock(&g_lock);
+}
+
+void sp_log(sp_log_level level, const char *fmt, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    if (level < g_min)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&g_lock);
+    if (g_sink)
+        g_sink(level, msg, g_user);
+    else
+        fprintf(stderr, "sepal: %s: %s\n", names[level], msg);
+    pthread_mutex_unlock(&g_lock);
+}

@@ -1,0 +1,46 @@
+#include "rng.h"
+
+#include <math.h>
+
+void sp_rng_seed(sp_rng *r, uint64_t seed)
+{
+    /* splitmix64 scramble so that small seeds give well-mixed states; state must be non-zero */
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    r->state = z ? z : 0x2545F4914F6CDD1Dull;
+}
+
+uint32_t sp_rng_u32(sp_rng *r)
+{
+    r->state ^= r->state >> 12;
+    r->state ^= r->state << 25;
+    r->state ^= r->state >> 27;
+    return (uint32_t)((r->state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+float sp_rng_f32(sp_rng *r)
+{
+    return (float)(sp_rng_u32(r) >> 8) / 16777216.0f;
+}
+
+float sp_rng_normal(sp_rng *r)
+{
+    float u1 = sp_rng_f32(r), u2 = sp_rng_f32(r);
+    if (u1 < 1e-12f)
+        u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}
+
+void sp_rng_fill_uniform(sp_rng *r, float *x, long n, float lo, float hi)
+{
+    for (long i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * sp_rng_f32(r);
+}
+
+void sp_rng_fill_normal(sp_rng *r, float *x, long n, float std)
+{
+    for (long i = 0; i < n; i++)
+        x[i] = std * sp_rng_normal(r);
+}

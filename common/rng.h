@@ -1,0 +1,18 @@
+/* rng.h - deterministic xorshift64* generator for initialisation, sampling and test data. Never rand(). */
+#ifndef SEPAL_RNG_H
+#define SEPAL_RNG_H
+
+#include <stdint.h>
+
+typedef struct sp_rng {
+    uint64_t state;
+} sp_rng;
+
+void sp_rng_seed(sp_rng *r, uint64_t seed);
+uint32_t sp_rng_u32(sp_rng *r);
+float sp_rng_f32(sp_rng *r);            /* uniform in [0, 1) */
+float sp_rng_normal(sp_rng *r);         /* standard normal (Box-Muller) */
+void sp_rng_fill_uniform(sp_rng *r, float *x, long n, float lo, float hi);
+void sp_rng_fill_normal(sp_rng *r, float *x, long n, float std);
+
+#endif
