@@ -40,12 +40,17 @@ sp_status sp_err_prefix(sp_err *err, const char *fmt, ...)
 {
     if (!err)
         return SP_OK;
-    char prefix[256], old[sizeof err->msg];
+    char prefix[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    int n = vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    size_t plen = n < 0 ? 0 : (size_t)n < sizeof prefix ? (size_t)n : sizeof prefix - 1;
+    size_t old = strnlen(err->msg, sizeof err->msg - 1);
+    if (plen + old > sizeof err->msg - 1)
+        old = sizeof err->msg - 1 - plen;
+    memmove(err->msg + plen, err->msg, old);
+    memcpy(err->msg, prefix, plen);
+    err->msg[plen + old] = '\0';
     return err->code;
 }

@@ -1,0 +1,256 @@
+/* model.c - loading a (partial) Llama model and running it in one process. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+static sp_status read_tensor(sp_model *m, sp_safetensors *st, const char *name, float **dst, int64_t rows,
+                             int64_t cols, sp_err *err)
+{
+    int64_t shape[2] = {rows, cols};
+    int ndim = cols ? 2 : 1;
+    *dst = malloc((size_t)rows * (size_t)(cols ? cols : 1) * sizeof(float));
+    if (!*dst)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory loading %s", name);
+    sp_status s = sp_st_read_f32(st, name, *dst, ndim, shape, err);
+    if (!s)
+        m->bytes_loaded += (uint64_t)rows * (uint64_t)(cols ? cols : 1) * sizeof(float);
+    return s;
+}
+
+static sp_status load_local_parts(sp_model *m, sp_safetensors *st, unsigned parts, sp_err *err)
+{
+    const sp_config *c = &m->cfg;
+    sp_status s = SP_OK;
+    int need_embed = (parts & SP_LOAD_EMBED) || ((parts & SP_LOAD_HEAD) && c->tie_embeddings);
+    if (need_embed)
+        s = read_tensor(m, st, "model.embed_tokens.weight", &m->embed, c->vocab, c->hidden, err);
+    if (!s && (parts & SP_LOAD_HEAD)) {
+        s = read_tensor(m, st, "model.norm.weight", &m->norm, c->hidden, 0, err);
+        if (!s && c->tie_embeddings) {
+            m->lm_head = m->embed;
+            m->head_is_embed = 1;
+        } else if (!s) {
+            s = read_tensor(m, st, "lm_head.weight", &m->lm_head, c->vocab, c->hidden, err);
+        }
+    }
+    return s;
+}
+
+static sp_status load_blocks(sp_model *m, sp_safetensors *st, sp_err *err)
+{
+    int n = m->last - m->first;
+    m->blocks = calloc((size_t)(n > 0 ? n : 1), sizeof *m->blocks);
+    if (!m->blocks)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        sp_status s = sp_llama_block_init(&m->blocks[i], &m->cfg, &m->rope, err);
+        if (!s)
+            s = sp_llama_block_load(&m->blocks[i], st, m->first + i, err);
+        if (s)
+            return s;
+        m->bytes_loaded += m->blocks[i].numel * sizeof(float);
+    }
+    return SP_OK;
+}
+
+sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_err *err)
+{
+    *out = NULL;
+    sp_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_safetensors *st = NULL;
+    sp_status s = sp_config_load(&m->cfg, dir, err);
+    if (!s && m->cfg.arch != SP_ARCH_LLAMA)
+        s = sp_errf(err, SP_ERR_UNSUPPORTED, "unsupported architecture: %s", m->cfg.architecture);
+    if (!s)
+        s = sp_rope_init(&m->rope, &m->cfg, err);
+    if (!s && (parts & SP_LOAD_BLOCKS)) {
+        if (last < 0)
+            last = m->cfg.n_layers;
+        if (first < 0 || first > last || last > m->cfg.n_layers)
+            s = sp_errf(err, SP_ERR_ARG, "blocks %d:%d outside the model's 0:%d", first, last, m->cfg.n_layers);
+        m->first = first;
+        m->last = last;
+    }
+    if (!s)
+        s = sp_st_open(&st, dir, err);
+    if (!s)
+        s = load_local_parts(m, st, parts, err);
+    if (!s && (parts & SP_LOAD_BLOCKS))
+        s = load_blocks(m, st, err);
+    sp_st_close(st);
+    if (s) {
+        sp_model_free(m);
+        return s;
+    }
+    *out = m;
+    return SP_OK;
+}
+
+void sp_model_free(sp_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; m->blocks && i < m->last - m->first; i++)
+        sp_llama_block_free(&m->blocks[i]);
+    free(m->blocks);
+    if (!m->head_is_embed)
+        free(m->lm_head);
+    free(m->embed);
+    free(m->norm);
+    sp_ws_free(&m->ws);
+    free(m);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* caches */
+
+sp_status sp_model_cache_init(sp_model_cache *c, const sp_model *m, int B, int cap, sp_err *err)
+{
+    c->nblocks = m->last - m->first;
+    c->kv = calloc((size_t)(c->nblocks > 0 ? c->nblocks : 1), sizeof *c->kv);
+    if (!c->kv)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->nblocks; i++) {
+        sp_status s = sp_kv_init(&c->kv[i], B, cap, m->cfg.n_kv_heads, m->cfg.head_dim, err);
+        if (s) {
+            sp_model_cache_free(c);
+            return s;
+        }
+    }
+    return SP_OK;
+}
+
+void sp_model_cache_free(sp_model_cache *c)
+{
+    for (int i = 0; c->kv && i < c->nblocks; i++)
+        sp_kv_free(&c->kv[i]);
+    free(c->kv);
+    c->kv = NULL;
+    c->nblocks = 0;
+}
+
+void sp_model_cache_rewind(sp_model_cache *c, int len)
+{
+    for (int i = 0; i < c->nblocks; i++)
+        if (c->kv[i].len > len)
+            c->kv[i].len = len;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* running */
+
+sp_status sp_model_embed(sp_model *m, float *hidden, const int32_t *ids, int n, sp_err *err)
+{
+    if (!m->embed)
+        return sp_errf(err, SP_ERR_STATE, "model: embeddings not loaded");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->cfg.vocab)
+            return sp_errf(err, SP_ERR_RANGE, "token id %d outside the vocabulary (0..%d)", ids[i], m->cfg.vocab - 1);
+    sp_embedding_forward(hidden, ids, m->embed, n, m->cfg.hidden);
+    return SP_OK;
+}
+
+sp_status sp_model_blocks(sp_model *m, float *hidden, int B, int T, int pos0, sp_model_cache *cache, sp_err *err)
+{
+    for (int i = 0; i < m->last - m->first; i++) {
+        sp_status s = sp_llama_block_forward(&m->blocks[i], hidden, hidden, B, T, pos0, cache ? &cache->kv[i] : NULL,
+                                             &m->ws, err);
+        if (s)
+            return sp_err_prefix(err, "block %d: ", m->first + i);
+    }
+    return SP_OK;
+}
+
+sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, sp_err *err)
+{
+    if (!m->norm || !m->lm_head)
+        return sp_errf(err, SP_ERR_STATE, "model: final norm / LM head not loaded");
+    int H = m->cfg.hidden;
+    float *tmp = malloc((size_t)n * H * sizeof(float));
+    if (!tmp)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_rmsnorm_forward(tmp, NULL, hidden, m->norm, n, H, m->cfg.norm_eps);
+    sp_linear_forward(logits, tmp, m->lm_head, NULL, n, H, m->cfg.vocab);
+    free(tmp);
+    return SP_OK;
+}
+
+sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B, int T, int pos0,
+                           sp_model_cache *cache, int last_only, sp_err *err)
+{
+    int H = m->cfg.hidden;
+    float *hidden = malloc((size_t)B * T * H * sizeof(float));
+    if (!hidden)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_status s = sp_model_embed(m, hidden, ids, B * T, err);
+    if (!s)
+        s = sp_model_blocks(m, hidden, B, T, pos0, cache, err);
+    if (!s && !last_only)
+        s = sp_model_head(m, logits, hidden, B * T, err);
+    for (int b = 0; !s && last_only && b < B; b++) /* only each sequence's last position */
+        s = sp_model_head(m, logits + (size_t)b * m->cfg.vocab, hidden + ((size_t)b * T + T - 1) * H, 1, err);
+    free(hidden);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* sampling and generation */
+
+int sp_sample(sp_sampler *s, const float *logits, int V)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    if (!s || s->temperature <= 0.0f)
+        return best;
+    /* softmax at temperature T, then one uniform draw */
+    double sum = 0, mx = logits[best];
+    for (int i = 0; i < V; i++)
+        sum += exp((logits[i] - mx) / s->temperature);
+    double r = sp_rng_f32(&s->rng) * sum, acc = 0;
+    for (int i = 0; i < V; i++) {
+        acc += exp((logits[i] - mx) / s->temperature);
+        if (r < acc)
+            return i;
+    }
+    return best;
+}
+
+sp_status sp_model_generate(sp_model *m, const int32_t *prompt, int n, int max_new, sp_sampler *s, int stop_at_eos,
+                            int32_t *out, int *n_out, sp_token_cb cb, void *user, sp_err *err)
+{
+    *n_out = 0;
+    if (n <= 0)
+        return sp_errf(err, SP_ERR_ARG, "generate: empty prompt");
+    int cap = n + max_new;
+    if (cap > m->cfg.max_pos)
+        return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d", n,
+                       max_new, m->cfg.max_pos);
+    float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
+    sp_model_cache cache = {0};
+    sp_status st = logits ? sp_model_cache_init(&cache, m, 1, cap, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    /* prefill the prompt, then one token per step */
+    if (!st)
+        st = sp_model_forward(m, logits, prompt, 1, n, 0, &cache, 1, err);
+    for (int pos = n; !st && *n_out < max_new; pos++) {
+        int tok = sp_sample(s, logits, m->cfg.vocab);
+        if (stop_at_eos && (tok == m->cfg.eos_id || tok == m->cfg.bos_id))
+            break;
+        out[(*n_out)++] = tok;
+        if (cb && cb(tok, user))
+            break;
+        if (*n_out < max_new)
+            st = sp_model_forward(m, logits, &out[*n_out - 1], 1, 1, pos, &cache, 1, err);
+    }
+    sp_model_cache_free(&cache);
+    free(logits);
+    return st;
+}

@@ -1,0 +1,78 @@
+/* model.h - a Llama model (or a part of one) on the CPU: embeddings, a span of blocks [first, last),
+ * final norm and LM head. The whole model in one process is the baseline the swarm is compared with;
+ * a server loads only its blocks, a client only the local parts. */
+#ifndef SEPAL_MODEL_H
+#define SEPAL_MODEL_H
+
+#include <stdint.h>
+
+#include "block.h"
+#include "config.h"
+#include "rng.h"
+#include "safetensors.h"
+
+enum {
+    SP_LOAD_EMBED = 1,  /* model.embed_tokens */
+    SP_LOAD_HEAD = 2,   /* model.norm + lm_head (or the tied embedding) */
+    SP_LOAD_BLOCKS = 4, /* model.layers.[first, last) */
+    SP_LOAD_ALL = 7,
+};
+
+typedef struct sp_model {
+    sp_config cfg;
+    sp_rope rope;
+    int first, last;        /* blocks held: [first, last) */
+    float *embed;           /* [V, H] or NULL */
+    float *norm;            /* [H] or NULL */
+    float *lm_head;         /* [V, H]; == embed when tied and both loaded */
+    int head_is_embed;      /* lm_head aliases embed */
+    sp_llama_block *blocks; /* last - first of them */
+    sp_ws ws;               /* scratch for the runner's own calls */
+    uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
+} sp_model;
+
+/* Loads `parts` of the model in directory `dir`. first/last select the blocks when SP_LOAD_BLOCKS is
+ * set (last = -1 means all). Fails with SP_ERR_UNSUPPORTED ("unsupported architecture: X") for
+ * architectures without an implementation. */
+sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_err *err);
+void sp_model_free(sp_model *m);
+
+/* A KV cache for every held block. */
+typedef struct sp_model_cache {
+    int nblocks;
+    sp_kv_cache *kv;
+} sp_model_cache;
+
+sp_status sp_model_cache_init(sp_model_cache *c, const sp_model *m, int B, int cap, sp_err *err);
+void sp_model_cache_free(sp_model_cache *c);
+void sp_model_cache_rewind(sp_model_cache *c, int len);
+
+/* hidden[B*T, H] = embed(ids[B*T]); ids are checked against the vocabulary. */
+sp_status sp_model_embed(sp_model *m, float *hidden, const int32_t *ids, int n, sp_err *err);
+/* Runs the held blocks in place on hidden[B, T, H] at positions pos0.. (cache optional). */
+sp_status sp_model_blocks(sp_model *m, float *hidden, int B, int T, int pos0, sp_model_cache *cache, sp_err *err);
+/* logits[n, V] = lm_head(norm(hidden[n, H])). */
+sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, sp_err *err);
+/* The whole model: logits[B, T, V] for ids[B, T]; with a cache only the last position's logits
+ * (logits[B, V]) are computed when last_only. */
+sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B, int T, int pos0,
+                           sp_model_cache *cache, int last_only, sp_err *err);
+
+/* Sampling: temperature 0 is greedy (the first maximum). */
+typedef struct sp_sampler {
+    float temperature;
+    sp_rng rng;
+} sp_sampler;
+
+int sp_sample(sp_sampler *s, const float *logits, int V);
+
+/* Streams each new token; return non-zero to stop. */
+typedef int (*sp_token_cb)(int token, void *user);
+
+/* Generates up to max_new tokens after prompt[0..n) (one sequence) with a KV cache; stops early at
+ * the EOS id (or BOS, as llama2.c does) if stop_at_eos. out (cap >= max_new) receives the new ids;
+ * *n_out their count. */
+sp_status sp_model_generate(sp_model *m, const int32_t *prompt, int n, int max_new, sp_sampler *s, int stop_at_eos,
+                            int32_t *out, int *n_out, sp_token_cb cb, void *user, sp_err *err);
+
+#endif

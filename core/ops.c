@@ -1,0 +1,45 @@
+/* ops.c - instantiates the CPU reference ops for float (compute) and double (finite-difference tests). */
+#define SP_OPS_NO_SHORT_NAMES
+#include "ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+long sp_attention_probs_size(const sp_attn_dims *d)
+{
+    return d->keep_probs ? (long)d->B * d->nh * d->T * d->S : (long)d->T * d->S;
+}
+
+long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S; }
+
+#define REAL float
+#define SFX _f32
+#define GEMM cblas_sgemm
+#define GEMV cblas_sgemv
+#define SQRT sqrtf
+#define EXP expf
+#define LOG logf
+#define ERF erff
+#define TANH tanhf
+#include "ops_impl.h"
+#undef REAL
+#undef SFX
+#undef GEMM
+#undef GEMV
+#undef SQRT
+#undef EXP
+#undef LOG
+#undef ERF
+#undef TANH
+
+#define REAL double
+#define SFX _f64
+#define GEMM cblas_dgemm
+#define GEMV cblas_dgemv
+#define SQRT sqrt
+#define EXP exp
+#define LOG log
+#define ERF erf
+#define TANH tanh
+#include "ops_impl.h"

@@ -1,0 +1,95 @@
+/* ops.h - the CPU reference ops, as forward/backward pairs (llm.c style: outputs, then inputs, then
+ * weights, then dimensions). Compute is f32 (`_f32`); every op also exists in double (`_f64`) so the
+ * tests can check each backward against central finite differences in double precision.
+ *
+ * Conventions
+ * - N = rows (tokens, B*T), C = channels, V = vocab, B = batch, T = new positions, S = key positions,
+ *   nh = query heads, nkv = key/value heads (GQA: nh % nkv == 0), hd = head dim.
+ * - Every backward ACCUMULATES (+=) into its gradient outputs, so gradients can be summed over
+ *   microbatches; zero them first. A NULL gradient pointer means "not needed".
+ * - Matrices use the Hugging Face layout: a linear weight W is [out, in] and y = x W^T + b. */
+#ifndef SEPAL_OPS_H
+#define SEPAL_OPS_H
+
+#include <stdint.h>
+
+/* Causal attention geometry. Keys/values for batch b, position s, kv head g live at
+ * k + ((b * kv_cap + s) * nkv + g) * hd, so a KV cache [B, kv_cap, nkv, hd] is used in place.
+ * Query t (0..T-1) is at absolute position past + t and sees keys 0..past + t (S = past + T). */
+typedef struct sp_attn_dims {
+    int B, T, S, past, nh, nkv, hd, kv_cap;
+    int keep_probs; /* 1: probs is [B, nh, T, S] and kept for backward; 0: probs is one [T, S] scratch */
+} sp_attn_dims;
+
+#define SP_OPS_DECLARE(REAL, SFX)                                                                               \
+    void sp_embedding_forward##SFX(REAL *out, const int32_t *ids, const REAL *table, int N, int C);            \
+    void sp_embedding_backward##SFX(REAL *dtable, const REAL *dout, const int32_t *ids, int N, int C);         \
+    void sp_rmsnorm_forward##SFX(REAL *out, REAL *rstd, const REAL *inp, const REAL *w, int N, int C,          \
+                                 float eps);                                                                    \
+    void sp_rmsnorm_backward##SFX(REAL *dinp, REAL *dw, const REAL *dout, const REAL *inp, const REAL *w,      \
+                                  const REAL *rstd, int N, int C);                                              \
+    void sp_layernorm_forward##SFX(REAL *out, REAL *mean, REAL *rstd, const REAL *inp, const REAL *w,          \
+                                   const REAL *b, int N, int C, float eps);                                    \
+    void sp_layernorm_backward##SFX(REAL *dinp, REAL *dw, REAL *db, const REAL *dout, const REAL *inp,         \
+                                    const REAL *w, const REAL *mean, const REAL *rstd, int N, int C);           \
+    void sp_linear_forward##SFX(REAL *out, const REAL *inp, const REAL *W, const REAL *bias, int N, int Cin,     \
+                                int Cout);                                                                         \
+    void sp_linear_backward##SFX(REAL *dinp, REAL *dW, REAL *dbias, const REAL *dout, const REAL *inp,         \
+                                 const REAL *W, int N, int Cin, int Cout);                                           \
+    void sp_rope_forward##SFX(REAL *out, const REAL *inp, const float *cos, const float *sin, int B, int T,     \
+                              int nh, int hd);                                                                  \
+    void sp_rope_backward##SFX(REAL *dinp, const REAL *dout, const float *cos, const float *sin, int B, int T, \
+                               int nh, int hd);                                                                 \
+    void sp_attention_forward##SFX(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,        \
+                                   const sp_attn_dims *d);                                                      \
+    void sp_attention_backward##SFX(REAL *dq, REAL *dk, REAL *dv, REAL *scratch, const REAL *dout,             \
+                                    const REAL *probs, const REAL *q, const REAL *k, const REAL *v,            \
+                                    const sp_attn_dims *d);                                                     \
+    void sp_swiglu_forward##SFX(REAL *out, const REAL *gate, const REAL *up, long n);                          \
+    void sp_swiglu_backward##SFX(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up,   \
+                                 long n);                                                                       \
+    void sp_gelu_forward##SFX(REAL *out, const REAL *inp, long n);                                             \
+    void sp_gelu_backward##SFX(REAL *dinp, const REAL *dout, const REAL *inp, long n);                         \
+    void sp_gelu_tanh_forward##SFX(REAL *out, const REAL *inp, long n);                                        \
+    void sp_gelu_tanh_backward##SFX(REAL *dinp, const REAL *dout, const REAL *inp, long n);                    \
+    void sp_softmax_forward##SFX(REAL *out, const REAL *inp, int N, int C);                                    \
+    void sp_softmax_backward##SFX(REAL *dinp, const REAL *dout, const REAL *out, int N, int C);                \
+    void sp_crossentropy_forward##SFX(REAL *losses, const REAL *logits, const int32_t *targets, int N, int V); \
+    void sp_crossentropy_backward##SFX(REAL *dlogits, const REAL *dlosses, const REAL *logits,                 \
+                                       const int32_t *targets, int N, int V);
+
+SP_OPS_DECLARE(float, _f32)
+SP_OPS_DECLARE(double, _f64)
+
+/* Floats in sp_attention_forward's probs buffer (keep_probs decides) and in the backward's scratch
+ * (one [T, S] matrix). Causal masking needs d->S == d->past + d->T. */
+long sp_attention_probs_size(const sp_attn_dims *d);
+long sp_attention_scratch_size(const sp_attn_dims *d);
+
+/* Short names for the f32 compute path (ops.c instantiates both precisions and opts out). */
+#ifndef SP_OPS_NO_SHORT_NAMES
+#define sp_embedding_forward sp_embedding_forward_f32
+#define sp_embedding_backward sp_embedding_backward_f32
+#define sp_rmsnorm_forward sp_rmsnorm_forward_f32
+#define sp_rmsnorm_backward sp_rmsnorm_backward_f32
+#define sp_layernorm_forward sp_layernorm_forward_f32
+#define sp_layernorm_backward sp_layernorm_backward_f32
+#define sp_linear_forward sp_linear_forward_f32
+#define sp_linear_backward sp_linear_backward_f32
+#define sp_rope_forward sp_rope_forward_f32
+#define sp_rope_backward sp_rope_backward_f32
+#define sp_attention_forward sp_attention_forward_f32
+#define sp_attention_backward sp_attention_backward_f32
+#define sp_swiglu_forward sp_swiglu_forward_f32
+#define sp_swiglu_backward sp_swiglu_backward_f32
+#define sp_gelu_forward sp_gelu_forward_f32
+#define sp_gelu_backward sp_gelu_backward_f32
+#define sp_gelu_tanh_forward sp_gelu_tanh_forward_f32
+#define sp_gelu_tanh_backward sp_gelu_tanh_backward_f32
+#define sp_softmax_forward sp_softmax_forward_f32
+#define sp_softmax_backward sp_softmax_backward_f32
+#define sp_crossentropy_forward sp_crossentropy_forward_f32
+#define sp_crossentropy_backward sp_crossentropy_backward_f32
+#endif
+
+#endif

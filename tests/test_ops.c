@@ -1,0 +1,434 @@
+/* test_ops.c - every op's backward against central finite differences in double precision, and the
+ * f32 compute path against the f64 one. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "rng.h"
+#include "rope.h"
+#include "testutil.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* harness: L(x) = sum(out(x) * G); the op's backward gives dL/dx; compare with (L(x+h) - L(x-h)) / 2h */
+
+typedef double (*loss_fn)(void *ctx);
+
+static sp_rng rng;
+
+static double *rand_vec(long n, double scale)
+{
+    double *x = malloc((size_t)n * sizeof(double));
+    for (long i = 0; i < n; i++)
+        x[i] = scale * (2.0 * sp_rng_f32(&rng) - 1.0);
+    return x;
+}
+
+static double *zeros(long n) { return calloc((size_t)n, sizeof(double)); }
+
+static double dot(const double *a, const double *b, long n)
+{
+    double s = 0;
+    for (long i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* Max relative error of analytic gradient `g` of x[0..n) against finite differences. */
+static double fd_check(loss_fn f, void *ctx, double *x, const double *g, long n)
+{
+    const double h = 1e-5;
+    double worst = 0;
+    for (long i = 0; i < n; i++) {
+        double keep = x[i];
+        x[i] = keep + h;
+        double lp = f(ctx);
+        x[i] = keep - h;
+        double lm = f(ctx);
+        x[i] = keep;
+        double num = (lp - lm) / (2 * h);
+        double rel = fabs(num - g[i]) / fmax(1.0, fabs(num) + fabs(g[i]));
+        worst = fmax(worst, rel);
+    }
+    return worst;
+}
+
+#define FD_TOL 1e-7
+
+/* f32 instantiation vs f64 on the same inputs */
+static float *to_f32(const double *x, long n)
+{
+    float *y = malloc((size_t)n * sizeof(float));
+    for (long i = 0; i < n; i++)
+        y[i] = (float)x[i];
+    return y;
+}
+
+static double max_diff_fd(const float *a, const double *b, long n)
+{
+    double m = 0;
+    for (long i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* rmsnorm */
+
+typedef struct {
+    int N, C;
+    double *x, *w, *G, *out, *rstd;
+} norm_ctx;
+
+static double rms_loss(void *p)
+{
+    norm_ctx *c = p;
+    sp_rmsnorm_forward_f64(c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    return dot(c->out, c->G, (long)c->N * c->C);
+}
+
+START_TEST(t_rmsnorm)
+{
+    norm_ctx c = {.N = 3, .C = 7};
+    long n = (long)c.N * c.C;
+    c.x = rand_vec(n, 1.5);
+    c.w = rand_vec(c.C, 1.0);
+    c.G = rand_vec(n, 1.0);
+    c.out = zeros(n);
+    c.rstd = zeros(c.N);
+    double *dx = zeros(n), *dw = zeros(c.C);
+    rms_loss(&c);
+    sp_rmsnorm_backward_f64(dx, dw, c.G, c.x, c.w, c.rstd, c.N, c.C);
+    ck_assert_double_le(fd_check(rms_loss, &c, c.x, dx, n), FD_TOL);
+    ck_assert_double_le(fd_check(rms_loss, &c, c.w, dw, c.C), FD_TOL);
+    /* f32 path agrees with f64 */
+    float *xf = to_f32(c.x, n), *wf = to_f32(c.w, c.C), *of = malloc(n * sizeof(float));
+    sp_rmsnorm_forward(of, NULL, xf, wf, c.N, c.C, 1e-5f);
+    rms_loss(&c);
+    ck_assert_double_le(max_diff_fd(of, c.out, n), 1e-5);
+    free(xf), free(wf), free(of), free(c.x), free(c.w), free(c.G), free(c.out), free(c.rstd), free(dx), free(dw);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* layernorm */
+
+typedef struct {
+    int N, C;
+    double *x, *w, *b, *G, *out, *mean, *rstd;
+} ln_ctx;
+
+static double ln_loss(void *p)
+{
+    ln_ctx *c = p;
+    sp_layernorm_forward_f64(c->out, c->mean, c->rstd, c->x, c->w, c->b, c->N, c->C, 1e-5f);
+    return dot(c->out, c->G, (long)c->N * c->C);
+}
+
+START_TEST(t_layernorm)
+{
+    ln_ctx c = {.N = 4, .C = 6};
+    long n = (long)c.N * c.C;
+    c.x = rand_vec(n, 2.0);
+    c.w = rand_vec(c.C, 1.0);
+    c.b = rand_vec(c.C, 1.0);
+    c.G = rand_vec(n, 1.0);
+    c.out = zeros(n);
+    c.mean = zeros(c.N);
+    c.rstd = zeros(c.N);
+    double *dx = zeros(n), *dw = zeros(c.C), *db = zeros(c.C);
+    ln_loss(&c);
+    sp_layernorm_backward_f64(dx, dw, db, c.G, c.x, c.w, c.mean, c.rstd, c.N, c.C);
+    ck_assert_double_le(fd_check(ln_loss, &c, c.x, dx, n), FD_TOL);
+    ck_assert_double_le(fd_check(ln_loss, &c, c.w, dw, c.C), FD_TOL);
+    ck_assert_double_le(fd_check(ln_loss, &c, c.b, db, c.C), FD_TOL);
+    free(c.x), free(c.w), free(c.b), free(c.G), free(c.out), free(c.mean), free(c.rstd), free(dx), free(dw), free(db);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* linear */
+
+typedef struct {
+    int N, I, O;
+    double *x, *W, *b, *G, *out;
+} lin_ctx;
+
+static double lin_loss(void *p)
+{
+    lin_ctx *c = p;
+    sp_linear_forward_f64(c->out, c->x, c->W, c->b, c->N, c->I, c->O);
+    return dot(c->out, c->G, (long)c->N * c->O);
+}
+
+static void linear_case(int N)
+{
+    lin_ctx c = {.N = N, .I = 5, .O = 4};
+    c.x = rand_vec((long)N * c.I, 1.0);
+    c.W = rand_vec((long)c.O * c.I, 1.0);
+    c.b = rand_vec(c.O, 1.0);
+    c.G = rand_vec((long)N * c.O, 1.0);
+    c.out = zeros((long)N * c.O);
+    double *dx = zeros((long)N * c.I), *dW = zeros((long)c.O * c.I), *db = zeros(c.O);
+    sp_linear_backward_f64(dx, dW, db, c.G, c.x, c.W, N, c.I, c.O);
+    ck_assert_double_le(fd_check(lin_loss, &c, c.x, dx, (long)N * c.I), FD_TOL);
+    ck_assert_double_le(fd_check(lin_loss, &c, c.W, dW, (long)c.O * c.I), FD_TOL);
+    ck_assert_double_le(fd_check(lin_loss, &c, c.b, db, c.O), FD_TOL);
+    free(c.x), free(c.W), free(c.b), free(c.G), free(c.out), free(dx), free(dW), free(db);
+}
+
+START_TEST(t_linear)
+{
+    linear_case(3);
+    linear_case(1); /* the matrix-vector path */
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* rope */
+
+typedef struct {
+    int B, T, nh, hd;
+    float *cos, *sin;
+    double *x, *G, *out;
+} rope_ctx;
+
+static double rope_loss(void *p)
+{
+    rope_ctx *c = p;
+    sp_rope_forward_f64(c->out, c->x, c->cos, c->sin, c->B, c->T, c->nh, c->hd);
+    return dot(c->out, c->G, (long)c->B * c->T * c->nh * c->hd);
+}
+
+START_TEST(t_rope)
+{
+    rope_ctx c = {.B = 2, .T = 3, .nh = 2, .hd = 8};
+    sp_config cfg = {.head_dim = 8, .rope_theta = 10000.0};
+    sp_rope r;
+    ck_assert_int_eq(sp_rope_init(&r, &cfg, NULL), SP_OK);
+    c.cos = malloc(c.T * 4 * sizeof(float));
+    c.sin = malloc(c.T * 4 * sizeof(float));
+    sp_rope_tables(&r, 5, c.T, c.cos, c.sin);
+    long n = (long)c.B * c.T * c.nh * c.hd;
+    c.x = rand_vec(n, 1.0);
+    c.G = rand_vec(n, 1.0);
+    c.out = zeros(n);
+    double *dx = zeros(n);
+    sp_rope_backward_f64(dx, c.G, c.cos, c.sin, c.B, c.T, c.nh, c.hd);
+    ck_assert_double_le(fd_check(rope_loss, &c, c.x, dx, n), FD_TOL);
+    /* a rotation keeps the norm, and in-place equals out-of-place */
+    rope_loss(&c);
+    ck_assert_double_eq_tol(dot(c.out, c.out, n), dot(c.x, c.x, n), 1e-6 * dot(c.x, c.x, n)); /* f32 cos/sin */
+    double *y = malloc(n * sizeof(double));
+    memcpy(y, c.x, n * sizeof(double));
+    sp_rope_forward_f64(y, y, c.cos, c.sin, c.B, c.T, c.nh, c.hd);
+    for (long i = 0; i < n; i++)
+        ck_assert_double_eq(y[i], c.out[i]);
+    free(y), free(c.cos), free(c.sin), free(c.x), free(c.G), free(c.out), free(dx);
+}
+END_TEST
+
+START_TEST(t_rope_llama3_frequencies)
+{
+    /* llama3 scaling: high frequencies untouched, low ones divided by factor, the band between smooth */
+    sp_config cfg = {.head_dim = 64, .rope_theta = 500000.0, .rope_type = SP_ROPE_LLAMA3, .rope_factor = 8.0,
+                     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0, .rope_orig_max_pos = 64};
+    sp_config plain = cfg;
+    plain.rope_type = SP_ROPE_DEFAULT;
+    sp_rope a, b;
+    ck_assert_int_eq(sp_rope_init(&a, &cfg, NULL), SP_OK);
+    ck_assert_int_eq(sp_rope_init(&b, &plain, NULL), SP_OK);
+    int kept = 0, divided = 0, between = 0;
+    for (int i = 0; i < 32; i++) {
+        double wavelen = 2 * M_PI / b.inv_freq[i];
+        if (wavelen < 64 / 4.0) {
+            ck_assert_float_eq(a.inv_freq[i], b.inv_freq[i]);
+            kept++;
+        } else if (wavelen > 64 / 1.0) {
+            ck_assert_float_eq_tol(a.inv_freq[i], b.inv_freq[i] / 8.0f, 1e-12);
+            divided++;
+        } else {
+            ck_assert(a.inv_freq[i] < b.inv_freq[i] && a.inv_freq[i] > b.inv_freq[i] / 8.0f);
+            between++;
+        }
+    }
+    ck_assert(kept > 0 && divided > 0 && between > 0);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* attention */
+
+typedef struct {
+    sp_attn_dims d;
+    double *q, *k, *v, *G, *out, *probs;
+} att_ctx;
+
+static double att_loss(void *p)
+{
+    att_ctx *c = p;
+    sp_attention_forward_f64(c->out, c->probs, c->q, c->k, c->v, &c->d);
+    return dot(c->out, c->G, (long)c->d.B * c->d.T * c->d.nh * c->d.hd);
+}
+
+/* GQA (4 query heads on 2 kv heads), a cached prefix (past 2) and a cache wider than used. */
+static void attention_case(int past)
+{
+    att_ctx c = {.d = {.B = 2, .T = 3, .past = past, .nh = 4, .nkv = 2, .hd = 4, .keep_probs = 1}};
+    c.d.S = past + c.d.T;
+    c.d.kv_cap = c.d.S + 2;
+    long nq = (long)c.d.B * c.d.T * c.d.nh * c.d.hd, nk = (long)c.d.B * c.d.kv_cap * c.d.nkv * c.d.hd;
+    c.q = rand_vec(nq, 1.5);
+    c.k = rand_vec(nk, 1.5);
+    c.v = rand_vec(nk, 1.5);
+    c.G = rand_vec(nq, 1.0);
+    c.out = zeros(nq);
+    c.probs = zeros(sp_attention_probs_size(&c.d));
+    double *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk), *scratch = zeros(sp_attention_scratch_size(&c.d));
+    att_loss(&c);
+    sp_attention_backward_f64(dq, dk, dv, scratch, c.G, c.probs, c.q, c.k, c.v, &c.d);
+    ck_assert_double_le(fd_check(att_loss, &c, c.q, dq, nq), FD_TOL);
+    ck_assert_double_le(fd_check(att_loss, &c, c.k, dk, nk), FD_TOL);
+    ck_assert_double_le(fd_check(att_loss, &c, c.v, dv, nk), FD_TOL);
+    /* causality: the first query of batch 0 sees keys 0..past only */
+    for (int s = past + 1; s < c.d.S; s++)
+        ck_assert_double_eq(c.probs[s], 0.0);
+    free(c.q), free(c.k), free(c.v), free(c.G), free(c.out), free(c.probs), free(dq), free(dk), free(dv), free(scratch);
+}
+
+START_TEST(t_attention) { attention_case(0); attention_case(2); }
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* elementwise activations, softmax, cross-entropy */
+
+typedef struct {
+    long n;
+    int which;
+    double *a, *b, *G, *out;
+} act_ctx;
+
+static double act_loss(void *p)
+{
+    act_ctx *c = p;
+    if (c->which == 0)
+        sp_swiglu_forward_f64(c->out, c->a, c->b, c->n);
+    else if (c->which == 1)
+        sp_gelu_forward_f64(c->out, c->a, c->n);
+    else if (c->which == 2)
+        sp_gelu_tanh_forward_f64(c->out, c->a, c->n);
+    else
+        sp_softmax_forward_f64(c->out, c->a, 3, (int)(c->n / 3));
+    return dot(c->out, c->G, c->n);
+}
+
+START_TEST(t_activations)
+{
+    for (int which = 0; which < 4; which++) {
+        act_ctx c = {.n = 12, .which = which};
+        c.a = rand_vec(c.n, 3.0);
+        c.b = rand_vec(c.n, 2.0);
+        c.G = rand_vec(c.n, 1.0);
+        c.out = zeros(c.n);
+        double *da = zeros(c.n), *db = zeros(c.n);
+        act_loss(&c);
+        if (which == 0)
+            sp_swiglu_backward_f64(da, db, c.G, c.a, c.b, c.n);
+        else if (which == 1)
+            sp_gelu_backward_f64(da, c.G, c.a, c.n);
+        else if (which == 2)
+            sp_gelu_tanh_backward_f64(da, c.G, c.a, c.n);
+        else
+            sp_softmax_backward_f64(da, c.G, c.out, 3, 4);
+        ck_assert_msg(fd_check(act_loss, &c, c.a, da, c.n) <= FD_TOL, "activation %d", which);
+        if (which == 0)
+            ck_assert_double_le(fd_check(act_loss, &c, c.b, db, c.n), FD_TOL);
+        free(c.a), free(c.b), free(c.G), free(c.out), free(da), free(db);
+    }
+}
+END_TEST
+
+START_TEST(t_gelu_values)
+{
+    /* known values: gelu(1) = 0.8413447460685429, gelu(-1) = -0.15865525393145707 */
+    double x[2] = {1.0, -1.0}, y[2];
+    sp_gelu_forward_f64(y, x, 2);
+    ck_assert_double_eq_tol(y[0], 0.8413447460685429, 1e-12);
+    ck_assert_double_eq_tol(y[1], -0.15865525393145707, 1e-12);
+}
+END_TEST
+
+typedef struct {
+    int N, V;
+    int32_t *t;
+    double *logits, *dl, *losses;
+} ce_ctx;
+
+static double ce_loss(void *p)
+{
+    ce_ctx *c = p;
+    sp_crossentropy_forward_f64(c->losses, c->logits, c->t, c->N, c->V);
+    return dot(c->losses, c->dl, c->N);
+}
+
+START_TEST(t_crossentropy)
+{
+    int32_t targets[4] = {2, 0, -1, 4}; /* -1 is ignored */
+    ce_ctx c = {.N = 4, .V = 5, .t = targets};
+    c.logits = rand_vec(20, 3.0);
+    c.dl = rand_vec(4, 1.0);
+    c.losses = zeros(4);
+    double *dlogits = zeros(20);
+    ce_loss(&c);
+    ck_assert_double_eq(c.losses[2], 0.0);
+    /* loss of a row = -log softmax[target] */
+    double mx = -1e300, sum = 0;
+    for (int i = 0; i < 5; i++)
+        mx = fmax(mx, c.logits[i]);
+    for (int i = 0; i < 5; i++)
+        sum += exp(c.logits[i] - mx);
+    ck_assert_double_eq_tol(c.losses[0], -(c.logits[2] - mx - log(sum)), 1e-12);
+    sp_crossentropy_backward_f64(dlogits, c.dl, c.logits, c.t, c.N, c.V);
+    ck_assert_double_le(fd_check(ce_loss, &c, c.logits, dlogits, 20), FD_TOL);
+    free(c.logits), free(c.dl), free(c.losses), free(dlogits);
+}
+END_TEST
+
+START_TEST(t_embedding)
+{
+    int32_t ids[5] = {3, 0, 3, 1, 2};
+    double *table = rand_vec(4 * 3, 1.0), *G = rand_vec(5 * 3, 1.0), out[15], *dt = zeros(12);
+    sp_embedding_forward_f64(out, ids, table, 5, 3);
+    for (int i = 0; i < 5; i++)
+        for (int c = 0; c < 3; c++)
+            ck_assert_double_eq(out[i * 3 + c], table[ids[i] * 3 + c]);
+    sp_embedding_backward_f64(dt, G, ids, 5, 3);
+    for (int c = 0; c < 3; c++) /* row 3 appears twice: its gradient is the sum */
+        ck_assert_double_eq_tol(dt[3 * 3 + c], G[0 * 3 + c] + G[2 * 3 + c], 1e-15);
+    free(table), free(G), free(dt);
+}
+END_TEST
+
+static Suite *ops_suite(void)
+{
+    Suite *s = suite_create("ops");
+    TCase *tc = tcase_create("backward_vs_finite_differences");
+    tcase_add_test(tc, t_embedding);
+    tcase_add_test(tc, t_rmsnorm);
+    tcase_add_test(tc, t_layernorm);
+    tcase_add_test(tc, t_linear);
+    tcase_add_test(tc, t_rope);
+    tcase_add_test(tc, t_rope_llama3_frequencies);
+    tcase_add_test(tc, t_attention);
+    tcase_add_test(tc, t_activations);
+    tcase_add_test(tc, t_gelu_values);
+    tcase_add_test(tc, t_crossentropy);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    sp_rng_seed(&rng, 1234);
+    return sp_test_run(ops_suite());
+}
