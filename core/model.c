@@ -230,7 +230,7 @@ sp_status sp_model_generate(sp_model *m, const int32_t *prompt, int n, int max_n
     *n_out = 0;
     if (n <= 0)
         return sp_errf(err, SP_ERR_ARG, "generate: empty prompt");
-    int cap = n + max_new;
+    int cap = n + (max_new > 0 ? max_new - 1 : 0); /* the last new token is never fed back */
     if (cap > m->cfg.max_pos)
         return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d", n,
                        max_new, m->cfg.max_pos);

@@ -1,0 +1,33 @@
+# lib.bash - tiny assertion helpers for the shell-level tests (sourced). Each test ends with `finish`,
+# which prints "N passed, N failed" and exits non-zero on any failure.
+set -u
+PASS=0
+FAIL=0
+SEPAL="${SEPAL_BIN_DIR:?}/repl/sepal"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/sepal-cli-XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok: $1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL: $1"; }
+
+# expect CODE DESCRIPTION PATTERN -- cmd...: runs cmd, checks its exit code and that stdout+stderr match PATTERN
+expect() {
+    local code=$1 desc=$2 pat=$3
+    shift 4
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ "$rc" -ne "$code" ]; then
+        bad "$desc: exit $rc, expected $code"; printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+    elif [ -n "$pat" ] && ! printf '%s\n' "$out" | grep -qE -- "$pat"; then
+        bad "$desc: output lacks /$pat/"; printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+    else
+        ok "$desc"
+    fi
+}
+
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
