@@ -271,7 +271,7 @@ typedef struct stream_ctx {
 static int stream_token(int token, void *user)
 {
     stream_ctx *s = user;
-    char buf[256];
+    char buf[SP_DETOK_BUF];
     size_t n = sp_detok_push(&s->detok, token, buf, sizeof buf);
     fwrite(buf, 1, n, stdout);
     fflush(stdout);
@@ -314,6 +314,8 @@ static int model_generate(const char *dir, const char *prompt, long max_new, dou
     double t0 = sp_now_s();
     sp_status st = sp_model_generate(m, ids, n, (int)max_new, &s, 1, out, &n_out, stream_token, &sc, &err);
     double dt = sp_now_s() - t0;
+    char tail[SP_DETOK_BUF];
+    fwrite(tail, 1, sp_detok_flush(&sc.detok, tail, sizeof tail), stdout);
     printf("\n");
     if (st)
         rc = fail_err(&err);

