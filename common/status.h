@@ -8,6 +8,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     SP_OK = 0,
     SP_ERR_IO,          /* a file or socket operation failed */
@@ -37,4 +41,7 @@ sp_status sp_errf(sp_err *err, sp_status code, const char *fmt, ...)
 /* Prefixes an existing message with more context ("loading block 3: " + old message). */
 sp_status sp_err_prefix(sp_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+#ifdef __cplusplus
+}
+#endif
 #endif
