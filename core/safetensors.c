@@ -56,6 +56,8 @@ static int entry_cmp(const void *a, const void *b)
 static st_entry *find_entry(const sp_safetensors *st, const char *name)
 {
     st_entry key = {.name = (char *)name};
+    if (st->nentries == 0)
+        return NULL;
     return bsearch(&key, st->entries, (size_t)st->nentries, sizeof *st->entries, entry_cmp);
 }
 
