@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${SEPAL_BUILD_DIR:-build}"
-cmake -S . -B "$BUILD" "$@" > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
-grep -E "^-- sepal:" "$BUILD.configure.log" || true
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" "$@" > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+grep -E "^-- sepal:" "$BUILD/configure.log" || true
 cmake --build "$BUILD" -j"$(nproc)"

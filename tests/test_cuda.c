@@ -35,6 +35,7 @@ int main(void)
     char name[256];
     sp_cuda_device_name(name, sizeof name);
     printf("test_cuda: running on %s\n", name);
+    setenv("CK_FORK", "no", 1); /* a CUDA context made before fork() is unusable in the child */
     Suite *s = suite_create("cuda");
     TCase *tc = tcase_create("kernels_vs_cpu");
     tcase_add_test(tc, t_rmsnorm_matches_cpu);
