@@ -15,6 +15,8 @@ static const char *const status_names[SP_ERR__COUNT] = {
     [SP_ERR_CHECKSUM] = "checksum mismatch",
     [SP_ERR_RANGE] = "out of range",
     [SP_ERR_STATE] = "invalid state",
+    [SP_ERR_TIMEOUT] = "timed out",
+    [SP_ERR_CLOSED] = "connection closed",
 };
 
 const char *sp_status_str(sp_status s)

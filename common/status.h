@@ -23,6 +23,8 @@ typedef enum {
     SP_ERR_CHECKSUM,    /* content does not match its expected digest */
     SP_ERR_RANGE,       /* a value is outside what the receiver accepts */
     SP_ERR_STATE,       /* call not valid in the current state */
+    SP_ERR_TIMEOUT,     /* a wait ran out */
+    SP_ERR_CLOSED,      /* the connection or peer is gone */
     SP_ERR__COUNT
 } sp_status;
 

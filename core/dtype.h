@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "half.h"
 #include "status.h"
 
 typedef enum {
@@ -24,10 +25,6 @@ const char *sp_dtype_name(sp_dtype t);                   /* safetensors spelling
 int sp_dtype_from_name(const char *name, sp_dtype *out); /* 0 on success, -1 if unknown */
 int sp_dtype_is_float(sp_dtype t);
 
-float sp_f16_to_f32(uint16_t h);
-uint16_t sp_f32_to_f16(float f);  /* round to nearest even, overflow to inf */
-float sp_bf16_to_f32(uint16_t h);
-uint16_t sp_f32_to_bf16(float f); /* round to nearest even, NaN preserved */
 
 /* Converts n elements of a float dtype (F32/F16/BF16/F64) to f32. */
 sp_status sp_to_f32(float *dst, const void *src, sp_dtype t, size_t n, sp_err *err);

@@ -1,0 +1,77 @@
+/* transport.h - message transport between sepal processes.
+ *
+ * Control path: websockets on libwebsockets 4.1.6 (binary messages, sent in fragments, reassembled with a
+ * cap). Only the lws service thread ever calls lws; other threads queue messages and wake it with
+ * lws_cancel_service(). Servers bind 127.0.0.1 unless told otherwise, with IPv6 disabled so that the
+ * address really is the one bound (lws 4.1.6 otherwise listens on every interface).
+ *
+ * Bulk path: lws 4.1.6 receives large ws messages at ~60-250 MB/s (its ws parser goes byte by byte), so
+ * each server also listens on a plain TCP "bulk" port. After the HELLO exchange a client attaches a bulk
+ * socket to its ws connection with a one-time token; from then on either side sends messages of at least
+ * bulk_threshold bytes over it. Framing on the bulk socket is the protocol's own header (sp_msg_peek gives
+ * the body length). The two channels belong to one logical connection: closing either closes both.
+ *
+ * A "message" here is the complete byte string of one protocol message (proto.h); the transport checks
+ * only its framing and size, the caller decodes it. */
+#ifndef SEPAL_TRANSPORT_H
+#define SEPAL_TRANSPORT_H
+
+#include <stdint.h>
+
+#include "proto.h"
+#include "status.h"
+
+typedef struct sp_transport_opts {
+    const char *host;        /* server: bind address (default "127.0.0.1"); client: unused */
+    int port;                /* server: ws port, 0 = ephemeral */
+    int bulk_port;           /* server: bulk TCP port, 0 = ephemeral, -1 = no bulk channel */
+    uint64_t max_message;    /* largest message accepted on either channel (default 256 MiB) */
+    uint64_t bulk_threshold; /* messages of at least this many bytes use the bulk channel (default 64 KiB) */
+    int idle_timeout_s;      /* close connections silent this long (default 0 = never) */
+} sp_transport_opts;
+
+void sp_transport_opts_default(sp_transport_opts *o);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* server */
+
+typedef struct sp_ws_server sp_ws_server;
+
+/* msg is a complete message; the callee owns it (sp_buf_free when done). Called on a transport thread:
+ * queue the work, do not compute here. conn ids are never reused within a server's lifetime. */
+typedef void (*sp_server_on_message)(void *user, uint64_t conn, sp_buf *msg);
+/* The connection is gone (peer closed, error, idle timeout, or sp_ws_server_close). Called once. */
+typedef void (*sp_server_on_close)(void *user, uint64_t conn);
+
+sp_status sp_ws_server_start(sp_ws_server **out, const sp_transport_opts *o, sp_server_on_message on_message,
+                             sp_server_on_close on_close, void *user, sp_err *err);
+int sp_ws_server_port(const sp_ws_server *s);
+int sp_ws_server_bulk_port(const sp_ws_server *s); /* -1 if none */
+/* A one-time token that attaches a bulk socket to conn (send it to the client in the HELLO reply). */
+uint64_t sp_ws_server_bulk_token(sp_ws_server *s, uint64_t conn);
+/* Thread-safe. Takes ownership of msg in every case. SP_ERR_CLOSED if conn is gone. */
+sp_status sp_ws_server_send(sp_ws_server *s, uint64_t conn, sp_buf *msg, sp_err *err);
+/* Thread-safe: closes a connection (on_close follows). */
+void sp_ws_server_close(sp_ws_server *s, uint64_t conn);
+/* Closes every connection, stops the threads, frees s. */
+void sp_ws_server_stop(sp_ws_server *s);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* client: one connection to one server */
+
+typedef struct sp_ws_client sp_ws_client;
+
+/* Connects a websocket to host:port (blocking, up to timeout_ms). */
+sp_status sp_ws_client_connect(sp_ws_client **out, const char *host, int port, const sp_transport_opts *o,
+                               int timeout_ms, sp_err *err);
+/* Opens the bulk socket to host:bulk_port and presents token (blocking). */
+sp_status sp_ws_client_attach_bulk(sp_ws_client *c, int bulk_port, uint64_t token, int timeout_ms, sp_err *err);
+/* Thread-safe. Takes ownership of msg in every case. SP_ERR_CLOSED once the connection is gone. */
+sp_status sp_ws_client_send(sp_ws_client *c, sp_buf *msg, sp_err *err);
+/* Next complete message from either channel, in arrival order per channel. SP_ERR_TIMEOUT when none
+ * came within timeout_ms (-1 = wait forever), SP_ERR_CLOSED once closed and drained. */
+sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err);
+int sp_ws_client_is_open(const sp_ws_client *c);
+void sp_ws_client_close(sp_ws_client *c);
+
+#endif
