@@ -1,4 +1,5 @@
-/* tokenizer.c - tokenizer.json loader and SentencePiece-style BPE encode / decode (see tokenizer.h). */
+/* tokenizer.c - tokenizer.json loader and BPE encode / decode, SentencePiece style (byte fallback) and byte-level
+ * (GPT-2 / Llama-3) (see tokenizer.h). */
 #include "tokenizer.h"
 
 #include <cJSON.h>
@@ -13,6 +14,9 @@
 #define SPM_SPACE "\xE2\x96\x81"
 
 typedef enum { NORM_PREPEND, NORM_PREPEND_IF_MISSING, NORM_REPLACE } norm_kind;
+
+/* Byte-level pre-tokenization: none (the whole text is one word), the GPT-2 regex, or the Llama-3 one. */
+typedef enum { SPLIT_NONE, SPLIT_GPT2, SPLIT_LLAMA3 } split_kind;
 
 /* One normalisation step: prepend `a`, or replace every `a` by `b`. */
 typedef struct norm_op {
@@ -44,6 +48,14 @@ struct sp_tokenizer {
     size_t slot_mask;
     pair_entry *pairs;
     size_t pair_mask;
+    /* byte-level BPE only */
+    split_kind split;
+    int max_digits;     /* SPLIT_LLAMA3: numbers are split into runs of at most this many digits */
+    int prefix_space;   /* ByteLevel add_prefix_space: each text segment gets a leading " " if it lacks one */
+    int ignore_merges;  /* a pre-token that is itself a vocab piece is taken whole */
+    int tmpl_bos;       /* BOS that post_processor's template prepends, or -1 */
+    int *spec;          /* special added tokens, by first byte then longest first */
+    int spec_start[257]; /* spec[spec_start[b] .. spec_start[b + 1]) start with byte b */
 };
 
 /* Context while loading: the file being read, for error messages. */
@@ -135,6 +147,48 @@ static char *dup_n(const char *s, size_t n)
         p[n] = '\0';
     }
     return p;
+}
+
+/* Length of the UTF-8 character at s[0..n): 1-4 bytes, or 1 for a byte that does not start a valid one. */
+static size_t char_len(const unsigned char *s, size_t n)
+{
+    size_t need = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+                : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 1;
+    if (need > n)
+        return 1;
+    for (size_t k = 1; k < need; k++)
+        if ((s[k] & 0xC0) != 0x80)
+            return 1;
+    return need;
+}
+
+/* The code point of the UTF-8 character s[0..len) that char_len measured; -1 for a lone invalid byte. */
+static long char_cp(const unsigned char *s, size_t len)
+{
+    if (len == 1)
+        return s[0] < 0x80 ? s[0] : -1;
+    long cp = s[0] & (0x7F >> len);
+    for (size_t k = 1; k < len; k++)
+        cp = cp << 6 | (s[k] & 0x3F);
+    return cp;
+}
+
+/* Writes code point cp (< 0x10000) as UTF-8; returns its length. */
+static size_t put_utf8(char *o, unsigned cp)
+{
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | cp >> 6);
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    o[0] = (char)(0xE0 | cp >> 12);
+    o[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+    o[2] = (char)(0x80 | (cp & 0x3F));
+    return 3;
 }
 
 /* Replaces every `from` in s[0..n) by `to`; returns a malloc'd string and its length in *out_n. */
@@ -286,10 +340,73 @@ static int parse_byte_piece(const char *s)
     return hi && lo && s[3] && s[4] ? (int)((hi - hex) * 16 + (lo - hex)) : -1;
 }
 
+/* The GPT-2 byte <-> unicode table: bytes 33-126, 161-172 and 174-255 stand for themselves, the other 68
+ * (0-32, 127-160, 173), in order, for U+0100 upward. */
+static unsigned byte_cp(unsigned b)
+{
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)
+        return b;
+    return b <= 32 ? 0x100 + b : b <= 160 ? 0x121 + (b - 127) : 0x143;
+}
+
+/* The byte that code point cp stands for, or -1. */
+static int cp_byte(long cp)
+{
+    if (cp >= 0 && cp < 256)
+        return byte_cp((unsigned)cp) == (unsigned)cp ? (int)cp : -1;
+    if (cp >= 0x100 && cp <= 0x120)
+        return (int)(cp - 0x100);
+    if (cp >= 0x121 && cp <= 0x142)
+        return (int)(cp - 0x121 + 127);
+    return cp == 0x143 ? 173 : -1;
+}
+
+/* Byte-level: the text of a piece is the bytes its characters stand for (or, as Hugging Face's ByteLevel
+ * decoder does, the piece itself if one of its characters stands for no byte). Every byte needs a
+ * one-character piece, so that any text can be encoded. */
+static sp_status derive_byte_level(load_ctx *c)
+{
+    sp_tokenizer *t = c->t;
+    for (int id = 0; id < t->n_vocab; id++) {
+        if (!t->piece[id] || t->special[id])
+            continue;
+        const unsigned char *p = (const unsigned char *)t->piece[id];
+        size_t n = t->piece_len[id], k = 0, len;
+        char *o = t->text[id] = malloc(n + 1);
+        if (!o)
+            return sp_errf(c->err, SP_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; i < n; i += len) {
+            len = char_len(p + i, n - i);
+            int b = cp_byte(char_cp(p + i, len));
+            if (b < 0) {
+                k = n;
+                memcpy(o, p, n);
+                break;
+            }
+            o[k++] = (char)b;
+        }
+        o[k] = '\0';
+        t->text_len[id] = k;
+    }
+    for (unsigned b = 0; b < 256; b++) {
+        char ch[4];
+        size_t n = put_utf8(ch, byte_cp(b));
+        ch[n] = '\0';
+        int id = piece_find(t, ch, n);
+        if (id < 0 || t->special[id])
+            return sp_errf(c->err, SP_ERR_FORMAT, "%s: byte-level BPE vocab has no token '%s' for byte 0x%02X",
+                           c->path, ch, b);
+        t->byte_id[b] = id;
+    }
+    return SP_OK;
+}
+
 /* Byte tokens and the decoded text of ordinary pieces. */
 static sp_status derive_texts(load_ctx *c)
 {
     sp_tokenizer *t = c->t;
+    if (t->kind == SP_TOK_BYTE_BPE)
+        return derive_byte_level(c);
     for (int id = 0; id < t->n_vocab; id++) {
         if (!t->piece[id] || t->special[id])
             continue;
@@ -390,7 +507,8 @@ static sp_status load_merges(load_ctx *c, const cJSON *model)
         }
         if (first_rank[m] < 0)
             first_rank[m] = rank;
-        pair_insert(t, a, b, m, first_rank[m]);
+        /* byte-level BPE (Hugging Face, GPT-2) ranks each merge by its own position */
+        pair_insert(t, a, b, m, t->kind == SP_TOK_BYTE_BPE ? rank : first_rank[m]);
     }
     free(first_rank);
     return s;
@@ -455,10 +573,69 @@ static sp_status detect_kind(load_ctx *c, const cJSON *model, const cJSON *pre)
     if (*type && strcmp(type, "BPE") != 0)
         return sp_errf(c->err, SP_ERR_UNSUPPORTED, "%s: unsupported tokenizer model '%s'", c->path, type);
     c->t->kind = has_pre_tokenizer(pre, "ByteLevel") ? SP_TOK_BYTE_BPE : SP_TOK_SPM_BPE;
-    if (c->t->kind == SP_TOK_BYTE_BPE)
-        return sp_errf(c->err, SP_ERR_UNSUPPORTED,
-                       "%s: byte-level BPE tokenizers (GPT-2 style) are not supported yet", c->path);
+    if (c->t->kind == SP_TOK_BYTE_BPE) {
+        const char *fields[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+        for (int i = 0; i < 2; i++) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(model, fields[i]);
+            if (cJSON_IsString(f) && f->valuestring[0])
+                return sp_errf(c->err, SP_ERR_UNSUPPORTED, "%s: byte-level BPE with a %s is not supported", c->path,
+                               fields[i]);
+        }
+    }
     return SP_OK;
+}
+
+/* The split regexes we implement (tokenizer.json spelling, JSON escapes undone). Qwen2 uses the Llama-3 one
+ * with single digits. */
+static const char PAT_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char PAT_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?"
+                                 "[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char PAT_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?"
+                                "[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static sp_status set_split(load_ctx *c, split_kind k, int max_digits)
+{
+    if (c->t->split != SPLIT_NONE)
+        return sp_errf(c->err, SP_ERR_UNSUPPORTED, "%s: more than one splitting pre_tokenizer", c->path);
+    c->t->split = k;
+    c->t->max_digits = max_digits;
+    return SP_OK;
+}
+
+/* Byte-level pre-tokenizer: ByteLevel (use_regex: the GPT-2 split), or a Sequence of it and a Split by one of
+ * the regexes above (behavior Isolated). Missing ByteLevel options take Hugging Face's defaults (true). */
+static sp_status load_byte_level_pre(load_ctx *c, const cJSON *p)
+{
+    const char *type = json_type(p);
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+        sp_status s = SP_OK;
+        for (const cJSON *e = cJSON_IsArray(list) ? list->child : NULL; s == SP_OK && e; e = e->next)
+            s = load_byte_level_pre(c, e);
+        return s;
+    }
+    if (strcmp(type, "ByteLevel") == 0) {
+        c->t->prefix_space = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"));
+        return cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(p, "use_regex")) ? SP_OK : set_split(c, SPLIT_GPT2, 0);
+    }
+    if (strcmp(type, "Split") == 0) {
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "Regex");
+        const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(p, "behavior");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "invert")) ||
+            (behavior && (!cJSON_IsString(behavior) || strcmp(behavior->valuestring, "Isolated") != 0)))
+            return sp_errf(c->err, SP_ERR_UNSUPPORTED, "%s: unsupported Split pre_tokenizer (only behavior Isolated)",
+                           c->path);
+        if (cJSON_IsString(re) && strcmp(re->valuestring, PAT_GPT2) == 0)
+            return set_split(c, SPLIT_GPT2, 0);
+        if (cJSON_IsString(re) && strcmp(re->valuestring, PAT_LLAMA3) == 0)
+            return set_split(c, SPLIT_LLAMA3, 3);
+        if (cJSON_IsString(re) && strcmp(re->valuestring, PAT_QWEN2) == 0)
+            return set_split(c, SPLIT_LLAMA3, 1);
+        return sp_errf(c->err, SP_ERR_UNSUPPORTED,
+                       "%s: unsupported Split pre_tokenizer pattern (only the GPT-2 and Llama-3 regexes)", c->path);
+    }
+    return sp_errf(c->err, SP_ERR_UNSUPPORTED, "%s: unsupported pre_tokenizer '%s' in a byte-level tokenizer",
+                   c->path, type);
 }
 
 /* SentencePiece-style pre-tokenizer: null, or Metaspace (turned into normalizer steps). */
@@ -467,6 +644,8 @@ static sp_status load_pre_tokenizer(load_ctx *c, const cJSON *p)
     const char *type = json_type(p);
     if (!p || cJSON_IsNull(p))
         return SP_OK;
+    if (c->t->kind == SP_TOK_BYTE_BPE)
+        return load_byte_level_pre(c, p);
     if (strcmp(type, "Metaspace") != 0)
         return sp_errf(c->err, SP_ERR_UNSUPPORTED, "%s: unsupported pre_tokenizer '%s'", c->path, type);
     const cJSON *rep = cJSON_GetObjectItemCaseSensitive(p, "replacement");
@@ -496,16 +675,90 @@ static void load_model_opts(sp_tokenizer *t, const cJSON *model)
     t->unk = named_token(t, cJSON_GetObjectItemCaseSensitive(model, "unk_token"));
     t->byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
     t->fuse_unk = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "fuse_unk"));
+    if (t->kind == SP_TOK_BYTE_BPE)
+        t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
 }
 
-/* tokenizer_config.json is optional: defaults are <s> / </s> with BOS added. */
+/* The special token that post_processor's TemplateProcessing puts first in "single" (a BOS), or -1. */
+static int template_bos(const sp_tokenizer *t, const cJSON *pp)
+{
+    if (strcmp(json_type(pp), "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(pp, "processors");
+        for (const cJSON *e = cJSON_IsArray(list) ? list->child : NULL; e; e = e->next) {
+            int id = template_bos(t, e);
+            if (id >= 0)
+                return id;
+        }
+        return -1;
+    }
+    if (strcmp(json_type(pp), "TemplateProcessing") != 0)
+        return -1;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
+    const cJSON *first = cJSON_IsArray(single) ? single->child : NULL;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(first, "SpecialToken"), "id");
+    if (!cJSON_IsString(name))
+        return -1;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pp, "special_tokens"), name->valuestring),
+        "ids");
+    int id = cJSON_IsArray(ids) ? json_id(ids->child) : -1;
+    if (id >= 0 && id < t->n_vocab && t->piece[id])
+        return id;
+    return piece_find(t, name->valuestring, strlen(name->valuestring));
+}
+
+typedef struct spec_key {
+    unsigned key; /* first byte << 16 | (0xFFFF - length): sorts by first byte, then longest first */
+    int id;
+} spec_key;
+
+static int spec_cmp(const void *x, const void *y)
+{
+    const spec_key *a = x, *b = y;
+    return a->key != b->key ? (a->key < b->key ? -1 : 1) : (a->id > b->id) - (a->id < b->id);
+}
+
+/* Byte-level: the index of special added tokens that encode() looks for in the text. */
+static sp_status build_specials(load_ctx *c)
+{
+    sp_tokenizer *t = c->t;
+    int n = 0;
+    for (int id = 0; id < t->n_vocab; id++)
+        n += t->special[id] && t->piece_len[id] > 0;
+    spec_key *keys = malloc(((size_t)n + 1) * sizeof *keys);
+    t->spec = malloc(((size_t)n + 1) * sizeof *t->spec);
+    if (!keys || !t->spec) {
+        free(keys);
+        return sp_errf(c->err, SP_ERR_NOMEM, "out of memory");
+    }
+    int k = 0;
+    for (int id = 0; id < t->n_vocab; id++)
+        if (t->special[id] && t->piece_len[id] > 0)
+            keys[k++] = (spec_key){.key = (unsigned)(unsigned char)t->piece[id][0] << 16 |
+                                          (0xFFFFu - (unsigned)t->piece_len[id]),
+                                   .id = id};
+    qsort(keys, (size_t)n, sizeof *keys, spec_cmp);
+    memset(t->spec_start, 0, sizeof t->spec_start);
+    for (int i = 0; i < n; i++) {
+        t->spec[i] = keys[i].id;
+        t->spec_start[(keys[i].key >> 16) + 1]++;
+    }
+    for (int b = 0; b < 256; b++)
+        t->spec_start[b + 1] += t->spec_start[b];
+    free(keys);
+    return SP_OK;
+}
+
+/* tokenizer_config.json is optional: defaults are <s> / </s> with BOS added (byte-level: the BOS of the
+ * post_processor template, added only if there is one). */
 static sp_status load_config(sp_tokenizer *t, const char *dir, sp_err *err)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    t->bos = piece_find(t, "<s>", 3);
+    int byte_level = t->kind == SP_TOK_BYTE_BPE;
+    t->bos = byte_level && t->tmpl_bos >= 0 ? t->tmpl_bos : piece_find(t, "<s>", 3);
     t->eos = piece_find(t, "</s>", 4);
-    t->add_bos = t->bos >= 0;
+    t->add_bos = byte_level ? t->tmpl_bos >= 0 : t->bos >= 0;
     t->add_eos = 0;
     cJSON *cfg = NULL;
     sp_status s = parse_json_file(path, &cfg, err);
@@ -519,7 +772,7 @@ static sp_status load_config(sp_tokenizer *t, const char *dir, sp_err *err)
     if ((j = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")))
         t->eos = named_token(t, j);
     j = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
-    t->add_bos = j ? cJSON_IsTrue(j) : t->bos >= 0;
+    t->add_bos = j ? cJSON_IsTrue(j) : byte_level ? t->tmpl_bos >= 0 : t->bos >= 0;
     t->add_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token"));
     cJSON_Delete(cfg);
     return SP_OK;
@@ -542,6 +795,10 @@ static sp_status load_tokenizer_json(load_ctx *c, const cJSON *root)
         s = load_pre_tokenizer(c, pre); /* its steps run after the normalizer's */
     if (s == SP_OK)
         load_model_opts(c->t, model);
+    if (s == SP_OK && c->t->kind == SP_TOK_BYTE_BPE) {
+        c->t->tmpl_bos = template_bos(c->t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
+        s = build_specials(c);
+    }
     return s;
 }
 
@@ -569,6 +826,7 @@ void sp_tokenizer_free(sp_tokenizer *t)
     free(t->word_mark);
     free(t->slot);
     free(t->pairs);
+    free(t->spec);
     free(t);
 }
 
@@ -581,6 +839,7 @@ sp_status sp_tokenizer_load(sp_tokenizer **out, const char *dir, sp_err *err)
     sp_tokenizer *t = calloc(1, sizeof *t);
     if (!t)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    t->tmpl_bos = -1;
     cJSON *root = NULL;
     sp_status s = parse_json_file(path, &root, err);
     load_ctx c = {.t = t, .path = path, .err = err};
@@ -733,19 +992,6 @@ static void add_node(bpe_state *st, int id, int word_start)
         st->node[i - 1].next = i;
 }
 
-/* Length of the UTF-8 character at s[0..n): 1-4 bytes, or 1 for a byte that does not start a valid one. */
-static size_t char_len(const unsigned char *s, size_t n)
-{
-    size_t need = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-                : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 1;
-    if (need > n)
-        return 1;
-    for (size_t k = 1; k < need; k++)
-        if ((s[k] & 0xC0) != 0x80)
-            return 1;
-    return need;
-}
-
 /* Splits normalized text into UTF-8 characters; a character outside the vocab becomes byte tokens (or
  * <unk>). On valid UTF-8 this is llama2.c's split; an invalid byte stands alone (llama2.c would glue stray
  * continuation bytes to the character before them; both decode to the same bytes). */
@@ -771,6 +1017,298 @@ static void initial_nodes(const sp_tokenizer *t, const char *s, size_t n, bpe_st
         }
         i += len;
     }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* byte-level pre-tokenization */
+
+/* Unicode letters (\p{L}: Lu Ll Lt Lm Lo) and numbers (\p{N}: Nd Nl No) as sorted inclusive [first, last]
+ * code point ranges, for every script in planes 0-3 as of Unicode 14.0: Latin with Latin-1 and Latin
+ * Extended, IPA, Greek, Cyrillic, Armenian, Hebrew, Arabic, Syriac, Devanagari and the other Indic scripts,
+ * Thai, Georgian, Hangul, Ethiopic, Cherokee, ..., Hiragana, Katakana, CJK ideographs (with extensions
+ * A-G and compatibility), fullwidth forms, historic scripts, and the digits, numerals, fractions and
+ * superscripts of all of them. Generated from the Unicode Character Database (Python's unicodedata 14.0);
+ * a gap made only of unassigned code points is folded into the range around it. Combining marks (\p{M},
+ * e.g. U+0301, Devanagari vowel signs) are neither. */
+static const uint32_t uni_letter[] = {
+    0x41, 0x5A, 0x61, 0x7A, 0xAA, 0xAA, 0xB5, 0xB5, 0xBA, 0xBA, 0xC0, 0xD6, 0xD8, 0xF6, 0xF8, 0x2C1, 0x2C6, 0x2D1,
+    0x2E0, 0x2E4, 0x2EC, 0x2EC, 0x2EE, 0x2EE, 0x370, 0x374, 0x376, 0x37D, 0x37F, 0x37F, 0x386, 0x386, 0x388, 0x3F5,
+    0x3F7, 0x481, 0x48A, 0x559, 0x560, 0x588, 0x5D0, 0x5F2, 0x620, 0x64A, 0x66E, 0x66F, 0x671, 0x6D3, 0x6D5, 0x6D5,
+    0x6E5, 0x6E6, 0x6EE, 0x6EF, 0x6FA, 0x6FC, 0x6FF, 0x6FF, 0x710, 0x710, 0x712, 0x72F, 0x74D, 0x7A5, 0x7B1, 0x7B1,
+    0x7CA, 0x7EA, 0x7F4, 0x7F5, 0x7FA, 0x7FA, 0x800, 0x815, 0x81A, 0x81A, 0x824, 0x824, 0x828, 0x828, 0x840, 0x858,
+    0x860, 0x887, 0x889, 0x88E, 0x8A0, 0x8C9, 0x904, 0x939, 0x93D, 0x93D, 0x950, 0x950, 0x958, 0x961, 0x971, 0x980,
+    0x985, 0x9B9, 0x9BD, 0x9BD, 0x9CE, 0x9CE, 0x9DC, 0x9E1, 0x9F0, 0x9F1, 0x9FC, 0x9FC, 0xA05, 0xA39, 0xA59, 0xA5E,
+    0xA72, 0xA74, 0xA85, 0xAB9, 0xABD, 0xABD, 0xAD0, 0xAE1, 0xAF9, 0xAF9, 0xB05, 0xB39, 0xB3D, 0xB3D, 0xB5C, 0xB61,
+    0xB71, 0xB71, 0xB83, 0xBB9, 0xBD0, 0xBD0, 0xC05, 0xC39, 0xC3D, 0xC3D, 0xC58, 0xC61, 0xC80, 0xC80, 0xC85, 0xCB9,
+    0xCBD, 0xCBD, 0xCDD, 0xCE1, 0xCF1, 0xCF2, 0xD04, 0xD3A, 0xD3D, 0xD3D, 0xD4E, 0xD4E, 0xD54, 0xD56, 0xD5F, 0xD61,
+    0xD7A, 0xD7F, 0xD85, 0xDC6, 0xE01, 0xE30, 0xE32, 0xE33, 0xE40, 0xE46, 0xE81, 0xEB0, 0xEB2, 0xEB3, 0xEBD, 0xEC6,
+    0xEDC, 0xF00, 0xF40, 0xF6C, 0xF88, 0xF8C, 0x1000, 0x102A, 0x103F, 0x103F, 0x1050, 0x1055, 0x105A, 0x105D,
+    0x1061, 0x1061, 0x1065, 0x1066, 0x106E, 0x1070, 0x1075, 0x1081, 0x108E, 0x108E, 0x10A0, 0x10FA, 0x10FC, 0x135A,
+    0x1380, 0x138F, 0x13A0, 0x13FD, 0x1401, 0x166C, 0x166F, 0x167F, 0x1681, 0x169A, 0x16A0, 0x16EA, 0x16F1, 0x1711,
+    0x171F, 0x1731, 0x1740, 0x1751, 0x1760, 0x1770, 0x1780, 0x17B3, 0x17D7, 0x17D7, 0x17DC, 0x17DC, 0x1820, 0x1884,
+    0x1887, 0x18A8, 0x18AA, 0x191E, 0x1950, 0x19C9, 0x1A00, 0x1A16, 0x1A20, 0x1A54, 0x1AA7, 0x1AA7, 0x1B05, 0x1B33,
+    0x1B45, 0x1B4C, 0x1B83, 0x1BA0, 0x1BAE, 0x1BAF, 0x1BBA, 0x1BE5, 0x1C00, 0x1C23, 0x1C4D, 0x1C4F, 0x1C5A, 0x1C7D,
+    0x1C80, 0x1CBF, 0x1CE9, 0x1CEC, 0x1CEE, 0x1CF3, 0x1CF5, 0x1CF6, 0x1CFA, 0x1DBF, 0x1E00, 0x1FBC, 0x1FBE, 0x1FBE,
+    0x1FC2, 0x1FCC, 0x1FD0, 0x1FDB, 0x1FE0, 0x1FEC, 0x1FF2, 0x1FFC, 0x2071, 0x2071, 0x207F, 0x207F, 0x2090, 0x209C,
+    0x2102, 0x2102, 0x2107, 0x2107, 0x210A, 0x2113, 0x2115, 0x2115, 0x2119, 0x211D, 0x2124, 0x2124, 0x2126, 0x2126,
+    0x2128, 0x2128, 0x212A, 0x212D, 0x212F, 0x2139, 0x213C, 0x213F, 0x2145, 0x2149, 0x214E, 0x214E, 0x2183, 0x2184,
+    0x2C00, 0x2CE4, 0x2CEB, 0x2CEE, 0x2CF2, 0x2CF3, 0x2D00, 0x2D6F, 0x2D80, 0x2DDE, 0x2E2F, 0x2E2F, 0x3005, 0x3006,
+    0x3031, 0x3035, 0x303B, 0x303C, 0x3041, 0x3096, 0x309D, 0x309F, 0x30A1, 0x30FA, 0x30FC, 0x318E, 0x31A0, 0x31BF,
+    0x31F0, 0x31FF, 0x3400, 0x4DBF, 0x4E00, 0xA48C, 0xA4D0, 0xA4FD, 0xA500, 0xA60C, 0xA610, 0xA61F, 0xA62A, 0xA66E,
+    0xA67F, 0xA69D, 0xA6A0, 0xA6E5, 0xA717, 0xA71F, 0xA722, 0xA788, 0xA78B, 0xA801, 0xA803, 0xA805, 0xA807, 0xA80A,
+    0xA80C, 0xA822, 0xA840, 0xA873, 0xA882, 0xA8B3, 0xA8F2, 0xA8F7, 0xA8FB, 0xA8FB, 0xA8FD, 0xA8FE, 0xA90A, 0xA925,
+    0xA930, 0xA946, 0xA960, 0xA97C, 0xA984, 0xA9B2, 0xA9CF, 0xA9CF, 0xA9E0, 0xA9E4, 0xA9E6, 0xA9EF, 0xA9FA, 0xAA28,
+    0xAA40, 0xAA42, 0xAA44, 0xAA4B, 0xAA60, 0xAA76, 0xAA7A, 0xAA7A, 0xAA7E, 0xAAAF, 0xAAB1, 0xAAB1, 0xAAB5, 0xAAB6,
+    0xAAB9, 0xAABD, 0xAAC0, 0xAAC0, 0xAAC2, 0xAADD, 0xAAE0, 0xAAEA, 0xAAF2, 0xAAF4, 0xAB01, 0xAB5A, 0xAB5C, 0xAB69,
+    0xAB70, 0xABE2, 0xAC00, 0xD7FB, 0xF900, 0xFB1D, 0xFB1F, 0xFB28, 0xFB2A, 0xFBB1, 0xFBD3, 0xFD3D, 0xFD50, 0xFDC7,
+    0xFDF0, 0xFDFB, 0xFE70, 0xFEFC, 0xFF21, 0xFF3A, 0xFF41, 0xFF5A, 0xFF66, 0xFFDC, 0x10000, 0x100FA,
+    0x10280, 0x102D0, 0x10300, 0x1031F, 0x1032D, 0x10340, 0x10342, 0x10349, 0x10350, 0x10375, 0x10380, 0x1039D,
+    0x103A0, 0x103CF, 0x10400, 0x1049D, 0x104B0, 0x10563, 0x10570, 0x10855, 0x10860, 0x10876, 0x10880, 0x1089E,
+    0x108E0, 0x108F5, 0x10900, 0x10915, 0x10920, 0x10939, 0x10980, 0x109B7, 0x109BE, 0x109BF, 0x10A00, 0x10A00,
+    0x10A10, 0x10A35, 0x10A60, 0x10A7C, 0x10A80, 0x10A9C, 0x10AC0, 0x10AC7, 0x10AC9, 0x10AE4, 0x10B00, 0x10B35,
+    0x10B40, 0x10B55, 0x10B60, 0x10B72, 0x10B80, 0x10B91, 0x10C00, 0x10CF2, 0x10D00, 0x10D23, 0x10E80, 0x10EA9,
+    0x10EB0, 0x10F1C, 0x10F27, 0x10F45, 0x10F70, 0x10F81, 0x10FB0, 0x10FC4, 0x10FE0, 0x10FF6, 0x11003, 0x11037,
+    0x11071, 0x11072, 0x11075, 0x11075, 0x11083, 0x110AF, 0x110D0, 0x110E8, 0x11103, 0x11126, 0x11144, 0x11144,
+    0x11147, 0x11172, 0x11176, 0x11176, 0x11183, 0x111B2, 0x111C1, 0x111C4, 0x111DA, 0x111DA, 0x111DC, 0x111DC,
+    0x11200, 0x1122B, 0x11280, 0x112A8, 0x112B0, 0x112DE, 0x11305, 0x11339, 0x1133D, 0x1133D, 0x11350, 0x11350,
+    0x1135D, 0x11361, 0x11400, 0x11434, 0x11447, 0x1144A, 0x1145F, 0x114AF, 0x114C4, 0x114C5, 0x114C7, 0x114C7,
+    0x11580, 0x115AE, 0x115D8, 0x115DB, 0x11600, 0x1162F, 0x11644, 0x11644, 0x11680, 0x116AA, 0x116B8, 0x116B8,
+    0x11700, 0x1171A, 0x11740, 0x1182B, 0x118A0, 0x118DF, 0x118FF, 0x1192F, 0x1193F, 0x1193F, 0x11941, 0x11941,
+    0x119A0, 0x119D0, 0x119E1, 0x119E1, 0x119E3, 0x119E3, 0x11A00, 0x11A00, 0x11A0B, 0x11A32, 0x11A3A, 0x11A3A,
+    0x11A50, 0x11A50, 0x11A5C, 0x11A89, 0x11A9D, 0x11A9D, 0x11AB0, 0x11C2E, 0x11C40, 0x11C40, 0x11C72, 0x11C8F,
+    0x11D00, 0x11D30, 0x11D46, 0x11D46, 0x11D60, 0x11D89, 0x11D98, 0x11D98, 0x11EE0, 0x11EF2, 0x11FB0, 0x11FB0,
+    0x12000, 0x12399, 0x12480, 0x12FF0, 0x13000, 0x1342E, 0x14400, 0x16A5E, 0x16A70, 0x16ABE, 0x16AD0, 0x16AED,
+    0x16B00, 0x16B2F, 0x16B40, 0x16B43, 0x16B63, 0x16E7F, 0x16F00, 0x16F4A, 0x16F50, 0x16F50, 0x16F93, 0x16FE1,
+    0x16FE3, 0x16FE3, 0x17000, 0x1BC99, 0x1D400, 0x1D6C0, 0x1D6C2, 0x1D6DA, 0x1D6DC, 0x1D6FA, 0x1D6FC, 0x1D714,
+    0x1D716, 0x1D734, 0x1D736, 0x1D74E, 0x1D750, 0x1D76E, 0x1D770, 0x1D788, 0x1D78A, 0x1D7A8, 0x1D7AA, 0x1D7C2,
+    0x1D7C4, 0x1D7CB, 0x1DF00, 0x1DF1E, 0x1E100, 0x1E12C, 0x1E137, 0x1E13D, 0x1E14E, 0x1E14E, 0x1E290, 0x1E2AD,
+    0x1E2C0, 0x1E2EB, 0x1E7E0, 0x1E8C4, 0x1E900, 0x1E943, 0x1E94B, 0x1E94B, 0x1EE00, 0x1EEBB, 0x20000, 0x3134A,
+};
+static const uint32_t uni_number[] = {
+    0x30, 0x39, 0xB2, 0xB3, 0xB9, 0xB9, 0xBC, 0xBE, 0x660, 0x669, 0x6F0, 0x6F9, 0x7C0, 0x7C9, 0x966, 0x96F,
+    0x9E6, 0x9EF, 0x9F4, 0x9F9, 0xA66, 0xA6F, 0xAE6, 0xAEF, 0xB66, 0xB6F, 0xB72, 0xB77, 0xBE6, 0xBF2, 0xC66, 0xC6F,
+    0xC78, 0xC7E, 0xCE6, 0xCEF, 0xD58, 0xD5E, 0xD66, 0xD78, 0xDE6, 0xDEF, 0xE50, 0xE59, 0xED0, 0xED9, 0xF20, 0xF33,
+    0x1040, 0x1049, 0x1090, 0x1099, 0x1369, 0x137C, 0x16EE, 0x16F0, 0x17E0, 0x17F9, 0x1810, 0x1819, 0x1946, 0x194F,
+    0x19D0, 0x19DA, 0x1A80, 0x1A99, 0x1B50, 0x1B59, 0x1BB0, 0x1BB9, 0x1C40, 0x1C49, 0x1C50, 0x1C59, 0x2070, 0x2070,
+    0x2074, 0x2079, 0x2080, 0x2089, 0x2150, 0x2182, 0x2185, 0x2189, 0x2460, 0x249B, 0x24EA, 0x24FF, 0x2776, 0x2793,
+    0x2CFD, 0x2CFD, 0x3007, 0x3007, 0x3021, 0x3029, 0x3038, 0x303A, 0x3192, 0x3195, 0x3220, 0x3229, 0x3248, 0x324F,
+    0x3251, 0x325F, 0x3280, 0x3289, 0x32B1, 0x32BF, 0xA620, 0xA629, 0xA6E6, 0xA6EF, 0xA830, 0xA835, 0xA8D0, 0xA8D9,
+    0xA900, 0xA909, 0xA9D0, 0xA9D9, 0xA9F0, 0xA9F9, 0xAA50, 0xAA59, 0xABF0, 0xABF9, 0xFF10, 0xFF19, 0x10107, 0x10133,
+    0x10140, 0x10178, 0x1018A, 0x1018B, 0x102E1, 0x102FB, 0x10320, 0x10323, 0x10341, 0x10341, 0x1034A, 0x1034A,
+    0x103D1, 0x103D5, 0x104A0, 0x104A9, 0x10858, 0x1085F, 0x10879, 0x1087F, 0x108A7, 0x108AF, 0x108FB, 0x108FF,
+    0x10916, 0x1091B, 0x109BC, 0x109BD, 0x109C0, 0x109FF, 0x10A40, 0x10A48, 0x10A7D, 0x10A7E, 0x10A9D, 0x10A9F,
+    0x10AEB, 0x10AEF, 0x10B58, 0x10B5F, 0x10B78, 0x10B7F, 0x10BA9, 0x10BAF, 0x10CFA, 0x10CFF, 0x10D30, 0x10E7E,
+    0x10F1D, 0x10F26, 0x10F51, 0x10F54, 0x10FC5, 0x10FCB, 0x11052, 0x1106F, 0x110F0, 0x110F9, 0x11136, 0x1113F,
+    0x111D0, 0x111D9, 0x111E1, 0x111F4, 0x112F0, 0x112F9, 0x11450, 0x11459, 0x114D0, 0x114D9, 0x11650, 0x11659,
+    0x116C0, 0x116C9, 0x11730, 0x1173B, 0x118E0, 0x118F2, 0x11950, 0x11959, 0x11C50, 0x11C6C, 0x11D50, 0x11D59,
+    0x11DA0, 0x11DA9, 0x11FC0, 0x11FD4, 0x12400, 0x1246E, 0x16A60, 0x16A69, 0x16AC0, 0x16AC9, 0x16B50, 0x16B61,
+    0x16E80, 0x16E96, 0x1D2E0, 0x1D2F3, 0x1D360, 0x1D378, 0x1D7CE, 0x1D7FF, 0x1E140, 0x1E149, 0x1E2F0, 0x1E2F9,
+    0x1E8C7, 0x1E8CF, 0x1E950, 0x1E959, 0x1EC71, 0x1ECAB, 0x1ECAD, 0x1ECAF, 0x1ECB1, 0x1ED2D, 0x1ED2F, 0x1ED3D,
+    0x1F100, 0x1F10C, 0x1FBF0, 0x1FBF9,
+};
+
+/* Unicode White_Space (\s): tab, LF, VT, FF, CR, space, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+ * U+2029, U+202F, U+205F, U+3000. */
+static int is_space_cp(long cp)
+{
+    return (cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
+}
+
+static int in_ranges(const uint32_t *r, size_t n_pairs, long cp)
+{
+    size_t lo = 0, hi = n_pairs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((long)r[2 * mid + 1] < cp)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n_pairs && (long)r[2 * lo] <= cp;
+}
+
+typedef enum { CH_OTHER, CH_LETTER, CH_NUMBER, CH_SPACE } char_class;
+
+/* The class of the character at s[i] and, in *len, its length; an invalid UTF-8 byte is one CH_OTHER. */
+static char_class class_at(const unsigned char *s, size_t n, size_t i, size_t *len)
+{
+    *len = char_len(s + i, n - i);
+    long cp = char_cp(s + i, *len);
+    if (cp < 0x80) {
+        if (cp < 0)
+            return CH_OTHER;
+        if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z')
+            return CH_LETTER;
+        return cp >= '0' && cp <= '9' ? CH_NUMBER : is_space_cp(cp) ? CH_SPACE : CH_OTHER;
+    }
+    if (is_space_cp(cp))
+        return CH_SPACE;
+    if (in_ranges(uni_letter, sizeof uni_letter / sizeof uni_letter[0] / 2, cp))
+        return CH_LETTER;
+    return in_ranges(uni_number, sizeof uni_number / sizeof uni_number[0] / 2, cp) ? CH_NUMBER : CH_OTHER;
+}
+
+/* End of the run of at most `max` characters of class `cls` from s[i]; *last gets the start of its last one. */
+static size_t run_end(const unsigned char *s, size_t n, size_t i, char_class cls, size_t max, size_t *last)
+{
+    size_t len, count = 0;
+    *last = i;
+    while (i < n && count < max && class_at(s, n, i, &len) == cls) {
+        *last = i;
+        i += len;
+        count++;
+    }
+    return i;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d at s[i] (ASCII case-insensitively if `fold`): the match length, or 0. */
+static size_t contraction(const unsigned char *s, size_t n, size_t i, int fold)
+{
+    static const char *const suffix[] = {"s", "t", "re", "ve", "m", "ll", "d"};
+    if (s[i] != '\'')
+        return 0;
+    for (size_t k = 0; k < sizeof suffix / sizeof suffix[0]; k++) {
+        size_t l = strlen(suffix[k]), j = 0;
+        while (j < l && i + 1 + j < n &&
+               (fold && s[i + 1 + j] >= 'A' && s[i + 1 + j] <= 'Z' ? s[i + 1 + j] | 0x20 : s[i + 1 + j]) ==
+                   (unsigned char)suffix[k][j])
+            j++;
+        if (j == l)
+            return 1 + l;
+    }
+    return 0;
+}
+
+/* \s+(?!\S)|\s+ at whitespace s[i]: the run, less its last character when a non-space follows it. */
+static size_t space_piece(const unsigned char *s, size_t n, size_t i)
+{
+    size_t last, end = run_end(s, n, i, CH_SPACE, SIZE_MAX, &last);
+    return (end < n && last > i ? last : end) - i;
+}
+
+/* Length of the GPT-2 pre-token at s[i] (i < n):
+ * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static size_t gpt2_piece(const unsigned char *s, size_t n, size_t i)
+{
+    size_t len, last, c = contraction(s, n, i, 0);
+    if (c)
+        return c;
+    char_class cls = class_at(s, n, i, &len);
+    size_t from = i;
+    if (s[i] == ' ' && i + 1 < n) { /* " ?" then a run of the next character's class */
+        char_class next = class_at(s, n, i + 1, &len);
+        if (next != CH_SPACE) {
+            cls = next;
+            from = i + 1;
+        }
+    }
+    return cls == CH_SPACE ? space_piece(s, n, i) : run_end(s, n, from, cls, SIZE_MAX, &last) - i;
+}
+
+static int is_crlf(unsigned char ch) { return ch == '\r' || ch == '\n'; }
+
+/* Length of the Llama-3 pre-token at s[i] (i < n), numbers in runs of at most `digits`:
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|
+ * \s+(?!\S)|\s+ */
+static size_t llama3_piece(const unsigned char *s, size_t n, size_t i, int digits)
+{
+    size_t len, len2, last, c = contraction(s, n, i, 1);
+    if (c)
+        return c;
+    char_class cls = class_at(s, n, i, &len);
+    if (cls == CH_LETTER)
+        return run_end(s, n, i, CH_LETTER, SIZE_MAX, &last) - i;
+    if (cls != CH_NUMBER && !is_crlf(s[i]) && i + len < n && class_at(s, n, i + len, &len2) == CH_LETTER)
+        return run_end(s, n, i + len, CH_LETTER, SIZE_MAX, &last) - i;
+    if (cls == CH_NUMBER)
+        return run_end(s, n, i, CH_NUMBER, (size_t)digits, &last) - i;
+    size_t from = s[i] == ' ' && i + 1 < n && class_at(s, n, i + 1, &len2) == CH_OTHER ? i + 1 : i;
+    if (from > i || cls == CH_OTHER) {
+        size_t end = run_end(s, n, from, CH_OTHER, SIZE_MAX, &last);
+        while (end < n && is_crlf(s[end]))
+            end++;
+        return end - i;
+    }
+    /* whitespace: up to its last CR / LF if it holds one, else as in GPT-2 */
+    size_t end = run_end(s, n, i, CH_SPACE, SIZE_MAX, &last), nl = 0;
+    for (size_t k = i; k < end; k++)
+        if (is_crlf(s[k]))
+            nl = k + 1;
+    return nl ? nl - i : space_piece(s, n, i);
+}
+
+/* One pre-token: its bytes become the one-character byte tokens that merges then join (or, with
+ * ignore_merges, the whole pre-token if it is a piece). */
+static void add_word(const sp_tokenizer *t, bpe_state *st, const unsigned char *w, size_t n)
+{
+    if (t->ignore_merges && 2 * n <= TOK_MAX_PIECE) {
+        char buf[TOK_MAX_PIECE];
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            k += put_utf8(buf + k, byte_cp(w[i]));
+        int id = piece_find(t, buf, k);
+        if (id >= 0 && !t->special[id]) {
+            add_node(st, id, 1);
+            return;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        add_node(st, t->byte_id[w[i]], i == 0);
+}
+
+/* Splits one stretch of text without special tokens into pre-tokens (into `tmp` first, with a leading
+ * space when add_prefix_space asks for one). */
+static void byte_level_segment(const sp_tokenizer *t, bpe_state *st, const char *seg, size_t n, char *tmp)
+{
+    if (n == 0)
+        return;
+    const unsigned char *s = (const unsigned char *)seg;
+    if (t->prefix_space && seg[0] != ' ') {
+        tmp[0] = ' ';
+        memcpy(tmp + 1, seg, n);
+        s = (const unsigned char *)tmp;
+        n++;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t len = t->split == SPLIT_GPT2     ? gpt2_piece(s, n, i)
+                   : t->split == SPLIT_LLAMA3 ? llama3_piece(s, n, i, t->max_digits)
+                                              : n - i;
+        add_word(t, st, s + i, len);
+        i += len;
+    }
+}
+
+/* The longest special token at s[i], or -1. */
+static int special_at(const sp_tokenizer *t, const char *s, size_t n, size_t i)
+{
+    int b = (unsigned char)s[i];
+    for (int k = t->spec_start[b]; k < t->spec_start[b + 1]; k++) {
+        int id = t->spec[k];
+        if (t->piece_len[id] <= n - i && memcmp(s + i, t->piece[id], t->piece_len[id]) == 0)
+            return id;
+    }
+    return -1;
+}
+
+/* Byte-level: special tokens are cut out of the text (leftmost, then longest), the rest pre-tokenized. Every
+ * pre-token and special token starts a word, so merges stay inside pre-tokens. */
+static void byte_level_nodes(const sp_tokenizer *t, const char *s, size_t n, bpe_state *st, char *tmp)
+{
+    size_t seg = 0;
+    for (size_t i = 0; i < n;) {
+        int id = t->spec_start[256] > 0 ? special_at(t, s, n, i) : -1;
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        byte_level_segment(t, st, s + seg, i - seg, tmp);
+        add_node(st, id, 1);
+        i += t->piece_len[id];
+        seg = i;
+    }
+    byte_level_segment(t, st, s + seg, n - seg, tmp);
 }
 
 /* Copies the surviving node ids (with BOS / EOS) into a fresh array. */
@@ -804,21 +1342,29 @@ sp_status sp_tokenizer_encode(const sp_tokenizer *t, const char *text, int add_s
     char *s = normalize(t, text, &len);
     if (!s)
         return sp_errf(err, SP_ERR_NOMEM, "encode: out of memory");
-    if (len > (size_t)(INT32_MAX / 4)) {
+    if (len > (size_t)(INT32_MAX / (t->kind == SP_TOK_BYTE_BPE ? 8 : 4))) {
         free(s);
         return sp_errf(err, SP_ERR_RANGE, "encode: text of %zu bytes is too long", len);
     }
-    /* every byte can become at most one node; each merge queues at most 2 candidates */
-    bpe_state st = {.node = malloc((len + 1) * sizeof *st.node), .heap = malloc((3 * len + 1) * sizeof *st.heap)};
+    /* every byte can become at most one node (byte-level: plus one prefix space per stretch between special
+     * tokens); each merge queues at most 2 candidates */
+    int byte_level = t->kind == SP_TOK_BYTE_BPE;
+    size_t nodes = byte_level ? 2 * len + 2 : len + 1;
+    bpe_state st = {.node = malloc(nodes * sizeof *st.node), .heap = malloc(3 * nodes * sizeof *st.heap)};
+    char *tmp = byte_level && t->prefix_space ? malloc(len + 2) : NULL;
     sp_status status = SP_OK;
-    if (!st.node || !st.heap) {
+    if (!st.node || !st.heap || (byte_level && t->prefix_space && !tmp)) {
         status = sp_errf(err, SP_ERR_NOMEM, "encode: out of memory for %zu bytes", len);
     } else {
-        initial_nodes(t, s, len, &st);
+        if (byte_level)
+            byte_level_nodes(t, s, len, &st, tmp);
+        else
+            initial_nodes(t, s, len, &st);
         bpe_merge_all(t, &st);
         status = collect_ids(t, &st, add_special, ids, n, err);
     }
     free(s);
+    free(tmp);
     free(st.node);
     free(st.heap);
     return status;
@@ -874,7 +1420,7 @@ size_t sp_detok_push(sp_detok *d, int id, char *out, size_t cap)
         out[0] = '\0';
     if (id < 0 || id >= t->n_vocab || !t->piece[id])
         return 0;
-    int strip = d->at_start || d->prev == t->bos;
+    int strip = t->kind == SP_TOK_SPM_BPE && (d->at_start || d->prev == t->bos);
     d->prev = id;
     if (t->special[id] || id == t->bos || id == t->eos || id == t->unk)
         return 0;

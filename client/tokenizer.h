@@ -1,18 +1,31 @@
 /* tokenizer.h - Hugging Face tokenizer.json (+ tokenizer_config.json) loader, encoder and decoder.
  *
- * Supported model: "BPE" in the SentencePiece style of Llama 1/2 (normalizer Prepend "▁" + Replace " " -> "▁",
- * or a Metaspace pre-tokenizer; byte fallback to <0xXX> tokens). Byte-level BPE (GPT-2) is recognised and
- * reported as unsupported; the model kind is stored so it can be added.
+ * Two kinds of model "BPE" are supported:
  *
- * Encoding follows SentencePiece / llama2.c: the text is split into UTF-8 characters, a character not in the
- * vocab becomes its <0xXX> byte tokens, then the adjacent pair whose merged piece ranks best is merged,
- * leftmost first on ties. A merged piece's rank is that of the first merge in "merges" producing it, so all
- * splits of one piece tie (as in SentencePiece, where they share the piece's score). Special tokens written
- * in the text are not recognised (they encode as plain text).
+ * SP_TOK_SPM_BPE, in the SentencePiece style of Llama 1/2 (normalizer Prepend "▁" + Replace " " -> "▁", or a
+ * Metaspace pre-tokenizer; byte fallback to <0xXX> tokens). Encoding follows SentencePiece / llama2.c: the
+ * text is split into UTF-8 characters, a character not in the vocab becomes its <0xXX> byte tokens, then the
+ * adjacent pair whose merged piece ranks best is merged, leftmost first on ties. A merged piece's rank is that
+ * of the first merge in "merges" producing it, so all splits of one piece tie (as in SentencePiece, where they
+ * share the piece's score). Special tokens written in the text are not recognised (they encode as plain text).
  *
- * Decoding: "▁" -> " ", <0xXX> -> that byte, special tokens produce no text, and one leading space of the
- * first piece after BOS (or at the very start) is dropped. Output bytes are passed through as they are
- * (no replacement of invalid UTF-8). */
+ * SP_TOK_BYTE_BPE, byte-level as in GPT-2 and Llama 3 (a ByteLevel pre-tokenizer). Special added tokens
+ * ("special": true) written in the text are recognised first (leftmost, then longest) and the text around
+ * them is pre-tokenized by the GPT-2 regex
+ *     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * or, when a Split pre-tokenizer holds exactly it, the Llama-3 one (Qwen2's, with \p{N} for \p{N}{1,3},
+ * too)
+ *     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * (hand-written matchers; \p{L} / \p{N} cover all Unicode 14.0 letters and numbers of planes 0-3, \s is
+ * Unicode White_Space; other Split patterns are rejected as unsupported). Each pre-token's bytes are mapped
+ * to characters by the GPT-2 byte <-> unicode table and merged pair by pair, the pair of the lowest-ranked
+ * merge first, leftmost first on ties (as Hugging Face `tokenizers` does). The vocab must hold the 256
+ * one-character byte pieces. ByteLevel add_prefix_space and model.ignore_merges are honoured. BOS comes from
+ * tokenizer_config.json, else from a TemplateProcessing post_processor that starts with a special token.
+ *
+ * Decoding: special tokens produce no text. SentencePiece: "▁" -> " ", <0xXX> -> that byte, and one leading
+ * space of the first piece after BOS (or at the very start) is dropped. Byte-level: each character maps back
+ * to its byte. Output bytes are passed through as they are (no replacement of invalid UTF-8). */
 #ifndef SEPAL_TOKENIZER_H
 #define SEPAL_TOKENIZER_H
 

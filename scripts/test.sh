@@ -12,4 +12,5 @@ else
     scripts/build.sh -DSEPAL_WERROR=ON
 fi
 scripts/fetch-model.sh "$SEPAL_BUILD_DIR/repl/sepal" | tail -n 1
+scripts/fetch-gpt2-tokenizer.sh | tail -n 1
 ctest --test-dir "$SEPAL_BUILD_DIR" --output-on-failure -j2

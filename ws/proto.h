@@ -80,6 +80,7 @@ sp_proto_limits sp_proto_default_limits(void);
  * there without copying) */
 
 #define SP_BUF_HEADROOM 32
+/* A zeroed sp_buf is a valid empty buffer; sp_buf_reserve gives it an allocation (headroom included). */
 
 typedef struct sp_buf {
     uint8_t *base; /* allocation; data = base + SP_BUF_HEADROOM */
@@ -117,6 +118,21 @@ typedef struct sp_msg {
  * type and sizes against lim. SP_ERR_UNSUPPORTED for another major version (message says both). */
 sp_status sp_msg_peek(const uint8_t *buf, size_t len, const sp_proto_limits *lim, uint64_t *body_len, sp_err *err);
 
+/* The fixed header's fields as they are on the wire, unvalidated. For answering a message that failed to
+ * decode: its request_id, and (sp_msg_reject_code) which ERROR code fits. Returns 0 if len < 40. */
+typedef struct sp_msg_header {
+    uint32_t magic;
+    uint16_t major, minor, type, flags;
+    uint32_t n_tensors;
+    uint64_t request_id;
+    uint32_t meta_len, reserved;
+    uint64_t body_len;
+} sp_msg_header;
+int sp_msg_header_read(const uint8_t *buf, size_t len, sp_msg_header *h);
+/* The ERROR reply code for a message that sp_msg_peek/sp_msg_decode refused with status s: "version" (another
+ * major version), "unknown_type", "internal" (out of memory) or "malformed". */
+const char *sp_msg_reject_code(const uint8_t *buf, size_t len, sp_status s);
+
 /* Decodes and validates a whole message of exactly len bytes. On success m->meta must be released
  * with sp_msg_clear. On failure nothing is left allocated. */
 sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_proto_limits *lim, sp_err *err);
@@ -129,7 +145,9 @@ sp_status sp_tensor_to_i64(const sp_tensor_view *t, int64_t *dst, sp_err *err);
 /* 1 if every value of a float tensor is finite. */
 int sp_tensor_all_finite(const sp_tensor_view *t);
 
-/* Metadata helpers (NULL/-1 defaults when absent or of the wrong JSON type). */
+/* Metadata helpers (NULL/-1 defaults when absent or of the wrong JSON type): sp_meta_int sets *out to the
+ * value and returns 1, or sets *out = -1 and returns 0 (absent, not a number, or not an integer that fits
+ * int64; JSON numbers are doubles, so integers above 2^53 are not exact: send those as strings). */
 const char *sp_meta_str(const sp_msg *m, const char *key);
 int sp_meta_int(const sp_msg *m, const char *key, int64_t *out); /* 1 if present and an integer */
 

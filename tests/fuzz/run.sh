@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the wire-protocol fuzz target (tests/fuzz/fuzz_proto.c) with clang, libFuzzer and ASan+UBSan, and
+# runs it for SECONDS (default 20) on a copy of tests/fuzz/corpus, so the repository's seeds stay as they
+# are. Exits non-zero on any crash, leak, sanitizer report or violated invariant; the crashing input is
+# kept in the work directory it names.
+#
+# Usage: tests/fuzz/run.sh [SECONDS]
+#        tests/fuzz/run.sh --write-seeds [DIR]    regenerate the seeds (default tests/fuzz/corpus)
+# Needs clang and its libFuzzer runtime (Debian: clang, libclang-rt-14-dev; scripts/install-deps.sh).
+set -euo pipefail
+
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+CC=${FUZZ_CC:-}
+if [ -z "$CC" ]; then
+    for c in clang clang-14; do
+        if command -v "$c" >/dev/null 2>&1; then CC=$c; break; fi
+    done
+fi
+if [ -z "$CC" ]; then
+    echo "fuzz: clang not found (scripts/install-deps.sh installs it)" >&2
+    exit 2
+fi
+if ! pkg-config --exists libcjson; then
+    echo "fuzz: libcjson not found (scripts/install-deps.sh installs it)" >&2
+    exit 2
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sepal-fuzz-XXXXXX")
+# proto.c needs only these two files of common/ (the rest may pull in more libraries)
+SOURCES=("$SRC/ws/proto.c" "$SRC/common/status.c" "$SRC/common/half.c")
+read -r -a CJSON_CFLAGS <<<"$(pkg-config --cflags libcjson)"
+read -r -a CJSON_LIBS <<<"$(pkg-config --libs libcjson)"
+CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -I"$SRC/ws" -I"$SRC/common" "${CJSON_CFLAGS[@]}")
+
+if [ "${1:-}" = "--write-seeds" ]; then
+    OUTDIR=${2:-$SRC/tests/fuzz/corpus}
+    mkdir -p "$OUTDIR"
+    "$CC" "${CFLAGS[@]}" -DFUZZ_PROTO_SEEDS "$SRC/tests/fuzz/fuzz_proto.c" "${SOURCES[@]}" "${CJSON_LIBS[@]}" -lm \
+        -o "$WORK/fuzz_proto_seeds"
+    "$WORK/fuzz_proto_seeds" "$OUTDIR"
+    rm -rf "$WORK"
+    echo "fuzz: seeds written to $OUTDIR"
+    exit 0
+fi
+
+SECONDS_TO_RUN=${1:-20}
+case "$SECONDS_TO_RUN" in
+    '' | *[!0-9]*) echo "usage: $0 [SECONDS] | --write-seeds [DIR]" >&2; exit 2 ;;
+esac
+
+echo "fuzz: building with $CC in $WORK"
+"$CC" "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    "$SRC/tests/fuzz/fuzz_proto.c" "${SOURCES[@]}" "${CJSON_LIBS[@]}" -lm -o "$WORK/fuzz_proto"
+mkdir -p "$WORK/corpus"
+cp "$SRC"/tests/fuzz/corpus/* "$WORK/corpus/"
+
+echo "fuzz: running for ${SECONDS_TO_RUN}s on $(ls "$WORK/corpus" | wc -l) seeds"
+rc=0
+(cd "$WORK" && ./fuzz_proto -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$WORK/" corpus) >"$WORK/log" 2>&1 || rc=$?
+grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|^#[0-9]+ +DONE" \
+    "$WORK/log" || true
+if [ "$rc" -ne 0 ]; then
+    tail -40 "$WORK/log"
+    echo "fuzz: FAILED (exit $rc); log, inputs and crash artifacts kept in $WORK" >&2
+    exit 1
+fi
+rm -rf "$WORK"
+echo "fuzz: ok"
