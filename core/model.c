@@ -84,6 +84,8 @@ sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int fir
         s = load_local_parts(m, st, parts, err);
     if (!s && (parts & SP_LOAD_BLOCKS))
         s = load_blocks(m, st, err);
+    if (st)
+        m->files_mapped = sp_st_files_mapped(st);
     sp_st_close(st);
     if (s) {
         sp_model_free(m);

@@ -29,6 +29,7 @@ typedef struct sp_model {
     sp_llama_block *blocks; /* last - first of them */
     sp_ws ws;               /* scratch for the runner's own calls */
     uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
+    int files_mapped;       /* checkpoint files opened (a sharded checkpoint maps only the shards it needs) */
 } sp_model;
 
 /* Loads `parts` of the model in directory `dir`. first/last select the blocks when SP_LOAD_BLOCKS is

@@ -1,0 +1,452 @@
+/* generate.c - generation loops over an sp_lm: one for sampling/greedy over a batch of prompts of any
+ * lengths (every row advances one position per step; a row still inside its prompt is fed its next
+ * prompt token, so no padding or masks are needed), and one for beam search. */
+#include "generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "timeutil.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the local LM */
+
+static sp_status local_begin(void *ctx, int B, int max_length, sp_err *err)
+{
+    sp_lm_local *l = ctx;
+    l->pos = 0;
+    return sp_model_cache_init(&l->cache, l->m, B, max_length, err);
+}
+
+static sp_status local_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    sp_lm_local *l = ctx;
+    sp_status st = sp_model_forward(l->m, logits, ids, B, T, l->pos, &l->cache, 1, err);
+    if (!st)
+        l->pos += T;
+    return st;
+}
+
+/* Permutes the batch rows of every block's cache (positions [0, pos)). */
+static sp_status local_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
+{
+    sp_lm_local *l = ctx;
+    for (int i = 0; i < l->cache.nblocks; i++) {
+        sp_kv_cache *kv = &l->cache.kv[i];
+        size_t row = (size_t)kv->cap * kv->nkv * kv->hd, used = (size_t)l->pos * kv->nkv * kv->hd;
+        float *tmp = malloc((size_t)B * row * sizeof(float));
+        if (!tmp)
+            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        for (int pass = 0; pass < 2; pass++) {
+            float *c = pass ? kv->v : kv->k;
+            memcpy(tmp, c, (size_t)B * row * sizeof(float));
+            for (int b = 0; b < B; b++)
+                memcpy(c + b * row, tmp + src[b] * row, used * sizeof(float));
+        }
+        free(tmp);
+    }
+    return SP_OK;
+}
+
+static void local_end(void *ctx)
+{
+    sp_model_cache_free(&((sp_lm_local *)ctx)->cache);
+}
+
+sp_lm sp_lm_local_make(sp_lm_local *l, sp_model *m)
+{
+    memset(l, 0, sizeof *l);
+    l->m = m;
+    return (sp_lm){.ctx = l, .vocab = m->cfg.vocab, .max_pos = m->cfg.max_pos, .begin = local_begin,
+                   .forward = local_forward, .reorder = local_reorder, .end = local_end};
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* results */
+
+void sp_gen_opts_default(sp_gen_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    sp_sample_opts_default(&o->sample);
+    o->max_new = 64;
+    o->beams = 1;
+    o->stop_at_eos = 1;
+    o->eos_id = o->bos_id = -1;
+}
+
+void sp_gen_result_free(sp_gen_result *r)
+{
+    for (int i = 0; i < r->nrows; i++) {
+        if (r->ids)
+            free(r->ids[i]);
+        if (r->text)
+            free(r->text[i]);
+    }
+    free(r->ids);
+    free(r->n);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+static sp_status result_alloc(sp_gen_result *r, int n, int max_new, sp_err *err)
+{
+    memset(r, 0, sizeof *r);
+    r->nrows = n;
+    r->ids = calloc((size_t)n, sizeof *r->ids);
+    r->n = calloc((size_t)n, sizeof *r->n);
+    r->text = calloc((size_t)n, sizeof *r->text);
+    int ok = r->ids && r->n && r->text;
+    for (int i = 0; ok && i < n; i++) {
+        r->ids[i] = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof **r->ids);
+        r->text[i] = calloc(1, 1);
+        ok = r->ids[i] && r->text[i];
+    }
+    if (!ok) {
+        sp_gen_result_free(r);
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    return SP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* sampling / greedy over a batch */
+
+typedef struct row_state {
+    const int32_t *prompt;
+    int len, pos;      /* prompt length, positions consumed */
+    int done;
+    int32_t *context;  /* prompt + generated, for the repetition penalty */
+    int ncontext;
+    sp_detok detok;
+    size_t textlen;
+} row_state;
+
+/* Appends a piece to the row's text; returns 1 if a stop string now appears (the text is cut there). */
+static int append_text(sp_gen_result *r, int row, row_state *rs, const char *piece, size_t n,
+                       const char *const *stop)
+{
+    char *t = realloc(r->text[row], rs->textlen + n + 1);
+    if (!t)
+        return 1;
+    memcpy(t + rs->textlen, piece, n);
+    rs->textlen += n;
+    t[rs->textlen] = '\0';
+    r->text[row] = t;
+    for (int i = 0; stop && stop[i]; i++) {
+        char *hit = *stop[i] ? strstr(t, stop[i]) : NULL;
+        if (hit) {
+            *hit = '\0';
+            rs->textlen = (size_t)(hit - t);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Chooses row b's next input: its next prompt token, or a new token from its logits. */
+static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2 *smp, float *logits, int b,
+                      row_state *rs, sp_gen_result *r, sp_gen_token_fn cb, void *user)
+{
+    if (rs->pos < rs->len)
+        return rs->prompt[rs->pos];
+    if (rs->done)
+        return rs->context[rs->ncontext - 1]; /* a filler the row never reads */
+    int tok_id = sp_sampler2_next(smp, logits, rs->context, rs->ncontext);
+    if (o->stop_at_eos && (tok_id == o->eos_id || tok_id == o->bos_id)) {
+        rs->done = 1;
+        return tok_id;
+    }
+    r->ids[b][r->n[b]++] = tok_id;
+    rs->context[rs->ncontext++] = tok_id;
+    char piece[SP_DETOK_BUF] = "";
+    size_t np = tok ? sp_detok_push(&rs->detok, tok_id, piece, sizeof piece) : 0;
+    if (tok && append_text(r, b, rs, piece, np, o->stop))
+        rs->done = 1;
+    if (cb && cb(b, tok_id, tok ? piece : NULL, user))
+        rs->done = 1;
+    if (r->n[b] >= o->max_new)
+        rs->done = 1;
+    return tok_id;
+}
+
+static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state *rs, int B, int minlen,
+                             const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *r, sp_err *err)
+{
+    int V = lm->vocab;
+    float *logits = malloc((size_t)B * V * sizeof(float));
+    int32_t *ids = malloc((size_t)B * (minlen > 0 ? minlen : 1) * sizeof(int32_t));
+    sp_sampler2 smp;
+    sp_status st = logits && ids && !sp_sampler2_init(&smp, &o->sample, V) ? SP_OK
+                                                                            : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int b = 0; !st && b < B; b++) /* prefill the common prefix */
+        memcpy(ids + (size_t)b * minlen, rs[b].prompt, (size_t)minlen * sizeof(int32_t));
+    if (!st)
+        st = lm->forward(lm->ctx, ids, B, minlen, logits, err);
+    while (!st) {
+        int all_done = 1;
+        for (int b = 0; b < B; b++) {
+            ids[b] = next_input(o, tok, &smp, logits + (size_t)b * V, b, &rs[b], r, cb, user);
+            rs[b].pos++;
+            all_done &= rs[b].done && rs[b].pos >= rs[b].len;
+        }
+        if (all_done)
+            break;
+        st = lm->forward(lm->ctx, ids, B, 1, logits, err);
+    }
+    if (logits && ids)
+        sp_sampler2_free(&smp);
+    free(logits);
+    free(ids);
+    return st;
+}
+
+static sp_status generate_sampled(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *const *prompts,
+                                  const int *lens, int B, const sp_gen_opts *o, sp_gen_token_fn cb, void *user,
+                                  sp_gen_result *r, sp_err *err)
+{
+    int minlen = lens[0], maxlen = lens[0];
+    for (int b = 1; b < B; b++) {
+        minlen = lens[b] < minlen ? lens[b] : minlen;
+        maxlen = lens[b] > maxlen ? lens[b] : maxlen;
+    }
+    int max_length = maxlen + o->max_new;
+    if (minlen <= 0)
+        return sp_errf(err, SP_ERR_ARG, "generate: empty prompt");
+    if (max_length > lm->max_pos)
+        return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d",
+                       maxlen, o->max_new, lm->max_pos);
+    row_state *rs = calloc((size_t)B, sizeof *rs);
+    sp_status st = rs ? lm->begin(lm->ctx, B, max_length, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int b = 0; !st && b < B; b++) {
+        rs[b] = (row_state){.prompt = prompts[b], .len = lens[b], .pos = minlen};
+        rs[b].context = malloc((size_t)max_length * sizeof(int32_t));
+        if (!rs[b].context) {
+            st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        memcpy(rs[b].context, prompts[b], (size_t)lens[b] * sizeof(int32_t));
+        rs[b].ncontext = lens[b];
+        rs[b].done = o->max_new <= 0;
+        if (tok) { /* prime the decoder so the continuation's spacing is right */
+            sp_detok_init(&rs[b].detok, tok);
+            rs[b].detok.prev = prompts[b][lens[b] - 1];
+            rs[b].detok.at_start = 0;
+        }
+    }
+    if (!st) {
+        st = sample_loop(lm, tok, rs, B, minlen, o, cb, user, r, err);
+        lm->end(lm->ctx);
+    }
+    for (int b = 0; rs && b < B; b++) {
+        if (tok && rs[b].context && !st) { /* an unfinished UTF-8 sequence at the end */
+            char tail[SP_DETOK_BUF];
+            size_t n = sp_detok_flush(&rs[b].detok, tail, sizeof tail);
+            if (n && !append_text(r, b, &rs[b], tail, n, o->stop) && cb)
+                cb(b, -1, tail, user);
+        }
+        free(rs[b].context);
+    }
+    free(rs);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* beam search */
+
+typedef struct cand {
+    float score;
+    int beam, token;
+} cand;
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    if (x->beam != y->beam)
+        return x->beam - y->beam;
+    return x->token - y->token;
+}
+
+typedef struct beams {
+    int K, max_new, V;
+    float *score;      /* [K] cumulative log-probability, -inf for unused beams */
+    int32_t *tokens;   /* [K, max_new] */
+    int len;           /* tokens so far in every live beam */
+    float best_done;   /* best finished hypothesis, length-normalised */
+    int32_t *done_tokens;
+    int done_len, ndone;
+} beams;
+
+/* Top 2K candidates of every live beam, merged and sorted. */
+static int collect(beams *bm, const float *logits, float *lp, cand *c)
+{
+    int n = 0, K = bm->K, V = bm->V;
+    for (int k = 0; k < K; k++) {
+        if (isinf(bm->score[k]))
+            continue;
+        sp_log_softmax(lp, logits + (size_t)k * V, V);
+        for (int j = 0; j < 2 * K; j++) { /* partial selection: 2K passes are cheap for small K */
+            int best = -1;
+            for (int v = 0; v < V; v++)
+                if (lp[v] > -INFINITY && (best < 0 || lp[v] > lp[best]))
+                    best = v;
+            if (best < 0)
+                break;
+            c[n++] = (cand){bm->score[k] + lp[best], k, best};
+            lp[best] = -INFINITY;
+        }
+    }
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    return n;
+}
+
+/* Picks the next K beams from the candidates; finished (EOS) hypotheses are set aside. Fills src and next
+ * tokens. Returns the number of live beams. */
+static int select_beams(beams *bm, const cand *c, int n, const sp_gen_opts *o, int64_t *src, int32_t *next,
+                        int32_t *tok_new)
+{
+    int K = bm->K, live = 0;
+    float *nscore = malloc((size_t)K * sizeof(float));
+    for (int i = 0; i < n && live < K && nscore; i++) {
+        if (o->stop_at_eos && (c[i].token == o->eos_id || c[i].token == o->bos_id)) {
+            float norm = c[i].score / (float)(bm->len + 1);
+            if (i < K && (!bm->ndone || norm > bm->best_done)) { /* only EOS among the top K counts */
+                bm->best_done = norm;
+                memcpy(bm->done_tokens, bm->tokens + (size_t)c[i].beam * bm->max_new, (size_t)bm->len * sizeof(int32_t));
+                bm->done_len = bm->len;
+            }
+            bm->ndone += i < K;
+            continue;
+        }
+        src[live] = c[i].beam;
+        next[live] = c[i].token;
+        nscore[live] = c[i].score;
+        memcpy(tok_new + (size_t)live * bm->max_new, bm->tokens + (size_t)c[i].beam * bm->max_new,
+               (size_t)bm->len * sizeof(int32_t));
+        tok_new[(size_t)live * bm->max_new + bm->len] = c[i].token;
+        live++;
+    }
+    for (int k = 0; k < K; k++) {
+        bm->score[k] = k < live && nscore ? nscore[k] : -INFINITY;
+        if (k >= live) { /* keep the batch full: dead rows copy beam 0 and are ignored */
+            src[k] = src[0];
+            next[k] = next[0];
+        }
+    }
+    memcpy(bm->tokens, tok_new, (size_t)K * bm->max_new * sizeof(int32_t));
+    free(nscore);
+    bm->len++;
+    return live;
+}
+
+static sp_status beam_loop(const sp_lm *lm, beams *bm, const sp_gen_opts *o, float *logits, sp_err *err)
+{
+    int K = bm->K;
+    float *lp = malloc((size_t)bm->V * sizeof(float));
+    cand *c = malloc((size_t)K * 2 * K * sizeof *c);
+    int64_t *src = malloc((size_t)K * sizeof *src);
+    int32_t *next = malloc((size_t)K * sizeof *next), *tok_new = malloc((size_t)K * bm->max_new * sizeof(int32_t));
+    sp_status st = lp && c && src && next && tok_new ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    while (!st && bm->len < bm->max_new) {
+        int n = collect(bm, logits, lp, c);
+        int live = select_beams(bm, c, n, o, src, next, tok_new);
+        if (live == 0 || bm->len >= bm->max_new || bm->ndone >= K)
+            break;
+        st = lm->reorder(lm->ctx, src, K, err);
+        if (!st)
+            st = lm->forward(lm->ctx, next, K, 1, logits, err);
+    }
+    free(lp), free(c), free(src), free(next), free(tok_new);
+    return st;
+}
+
+static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *prompt, int len,
+                                const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *r, sp_err *err)
+{
+    int K = o->beams, V = lm->vocab;
+    if (len + o->max_new > lm->max_pos)
+        return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d", len,
+                       o->max_new, lm->max_pos);
+    beams bm = {.K = K, .max_new = o->max_new, .V = V};
+    bm.score = malloc((size_t)K * sizeof(float));
+    bm.tokens = calloc((size_t)K * o->max_new, sizeof(int32_t));
+    bm.done_tokens = calloc((size_t)o->max_new, sizeof(int32_t));
+    float *logits = malloc((size_t)K * V * sizeof(float));
+    int32_t *ids = malloc((size_t)K * len * sizeof(int32_t));
+    sp_status st = bm.score && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, len + o->max_new, err)
+                                                                           : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (!st) {
+        for (int k = 0; k < K; k++) { /* K copies of the prompt; only beam 0 is live at first */
+            memcpy(ids + (size_t)k * len, prompt, (size_t)len * sizeof(int32_t));
+            bm.score[k] = k ? -INFINITY : 0.0f;
+        }
+        st = lm->forward(lm->ctx, ids, K, len, logits, err);
+        if (!st)
+            st = beam_loop(lm, &bm, o, logits, err);
+        lm->end(lm->ctx);
+    }
+    if (!st) { /* the best of the finished hypotheses and the live beams, by score per token */
+        int best = 0;
+        for (int k = 1; k < K; k++)
+            if (bm.score[k] > bm.score[best])
+                best = k;
+        float live_norm = bm.len ? bm.score[best] / (float)bm.len : -INFINITY;
+        int use_done = bm.ndone && (isinf(live_norm) || bm.best_done >= live_norm);
+        const int32_t *chosen = use_done ? bm.done_tokens : bm.tokens + (size_t)best * o->max_new;
+        int n = use_done ? bm.done_len : bm.len;
+        r->best_score = use_done ? bm.best_done : live_norm;
+        sp_detok d;
+        if (tok) {
+            sp_detok_init(&d, tok);
+            d.prev = prompt[len - 1];
+            d.at_start = 0;
+        }
+        row_state rs = {0};
+        for (int i = 0; i < n; i++) {
+            r->ids[0][r->n[0]++] = chosen[i];
+            char piece[SP_DETOK_BUF] = "";
+            size_t np = tok ? sp_detok_push(&d, chosen[i], piece, sizeof piece) : 0;
+            int stop = tok && append_text(r, 0, &rs, piece, np, o->stop);
+            if (cb)
+                cb(0, chosen[i], tok ? piece : NULL, user);
+            if (stop)
+                break;
+        }
+    }
+    free(bm.score), free(bm.tokens), free(bm.done_tokens), free(logits), free(ids);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+sp_status sp_generate(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *const *prompts, const int *lens,
+                      int n, const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *out, sp_err *err)
+{
+    if (n <= 0)
+        return sp_errf(err, SP_ERR_ARG, "generate: no prompt");
+    if (o->beams > 1 && n != 1)
+        return sp_errf(err, SP_ERR_ARG, "generate: beam search takes one prompt, not %d", n);
+    if (o->stop && o->stop[0] && !tok)
+        return sp_errf(err, SP_ERR_ARG, "generate: stop strings need a tokenizer");
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < lens[i]; t++)
+            if (prompts[i][t] < 0 || prompts[i][t] >= lm->vocab)
+                return sp_errf(err, SP_ERR_RANGE, "generate: token id %d outside the vocabulary (0..%d)",
+                               prompts[i][t], lm->vocab - 1);
+    sp_status st = result_alloc(out, n, o->max_new, err);
+    if (st)
+        return st;
+    double t0 = sp_now_s();
+    st = o->beams > 1 ? generate_beams(lm, tok, prompts[0], lens[0], o, cb, user, out, err)
+                      : generate_sampled(lm, tok, prompts, lens, n, o, cb, user, out, err);
+    out->seconds = sp_now_s() - t0;
+    int total = 0;
+    for (int i = 0; i < n; i++)
+        total += out->n[i];
+    out->tokens_per_s = out->seconds > 0 ? total / out->seconds : 0;
+    if (st)
+        sp_gen_result_free(out);
+    return st;
+}

@@ -1,0 +1,67 @@
+/* generate.h - text generation over any language model that can take positions and return next-token
+ * logits: the local single-process runner (sp_lm_local) or the swarm (runtime.h). Greedy, temperature,
+ * top-k, top-p, repetition penalty, stop strings, max new tokens, a seed, batches of prompts of different
+ * lengths, and beam search (the LM reorders its caches' batch). */
+#ifndef SEPAL_GENERATE_H
+#define SEPAL_GENERATE_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "sampler.h"
+#include "status.h"
+#include "tokenizer.h"
+
+/* The model as generation sees it. Positions are implicit: each forward appends T positions to every row. */
+typedef struct sp_lm {
+    void *ctx;
+    int vocab, max_pos;
+    /* Starts a sequence batch of B rows that will hold up to max_length positions. */
+    sp_status (*begin)(void *ctx, int B, int max_length, sp_err *err);
+    /* ids [B, T] -> logits [B, V] of each row's last new position. */
+    sp_status (*forward)(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err);
+    /* Row b of the caches becomes old row src[b] (beam search). */
+    sp_status (*reorder)(void *ctx, const int64_t *src, int B, sp_err *err);
+    void (*end)(void *ctx);
+} sp_lm;
+
+/* An LM over a local sp_model holding everything (embeddings, all blocks, head). */
+typedef struct sp_lm_local {
+    sp_model *m;
+    sp_model_cache cache;
+    int pos;
+} sp_lm_local;
+
+sp_lm sp_lm_local_make(sp_lm_local *l, sp_model *m);
+
+typedef struct sp_gen_opts {
+    sp_sample_opts sample;
+    int max_new;
+    int beams;               /* 1: no beam search */
+    const char *const *stop; /* NULL-terminated stop strings (need a tokenizer), may be NULL */
+    int stop_at_eos;         /* stop a row at EOS (and BOS, as llama2.c does) */
+    int eos_id, bos_id;
+} sp_gen_opts;
+
+void sp_gen_opts_default(sp_gen_opts *o);
+
+/* Called for every new token of row `row` (text: its decoded piece if a tokenizer was given, else NULL).
+ * Return non-zero to stop generating. */
+typedef int (*sp_gen_token_fn)(int row, int token, const char *text, void *user);
+
+typedef struct sp_gen_result {
+    int nrows;
+    int32_t **ids; /* per row: the new tokens (the EOS that stopped a row is not included) */
+    int *n;
+    char **text;   /* per row: the decoded continuation if a tokenizer was given, cut before a stop string */
+    double seconds, tokens_per_s;
+    float best_score; /* beam search: the chosen hypothesis' score */
+} sp_gen_result;
+
+void sp_gen_result_free(sp_gen_result *r);
+
+/* Generates after each of the n prompts (prompt i: prompts[i][0..lens[i])). With beams > 1, n must be 1. */
+sp_status sp_generate(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *const *prompts, const int *lens,
+                      int n, const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *out, sp_err *err);
+
+#endif

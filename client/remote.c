@@ -1,0 +1,171 @@
+/* remote.c - a synchronous request/reply connection to one server. */
+#include "remote.h"
+
+#include <cJSON.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport.h"
+
+struct sp_remote {
+    sp_ws_client *c;
+    char host[256];
+    pthread_mutex_t lock; /* one call at a time */
+    uint64_t next_id;
+    sp_proto_limits limits;
+    sp_remote_info info;
+};
+
+void sp_reply_clear(sp_reply *rep)
+{
+    sp_msg_clear(&rep->msg);
+    sp_buf_free(&rep->buf);
+    memset(rep, 0, sizeof *rep);
+}
+
+const char *sp_reply_error_code(const sp_reply *rep)
+{
+    return rep->msg.type == SP_MSG_ERROR ? sp_meta_str(&rep->msg, "code") : NULL;
+}
+
+/* Maps an ERROR reply to a status whose message carries the server's code and text. */
+static sp_status error_status(const sp_reply *rep, sp_err *err)
+{
+    const char *code = sp_reply_error_code(rep), *msg = sp_meta_str(&rep->msg, "message");
+    sp_status st = SP_ERR_ARG;
+    if (code && !strcmp(code, "out_of_cache"))
+        st = SP_ERR_RANGE;
+    else if (code && !strcmp(code, "version"))
+        st = SP_ERR_UNSUPPORTED;
+    else if (code && (!strcmp(code, "internal") || !strcmp(code, "timeout")))
+        st = SP_ERR_IO;
+    return sp_errf(err, st, "%s: %s", code ? code : "error", msg ? msg : "(no message)");
+}
+
+/* Waits for the reply to request `id`; replies to other (abandoned, timed-out) requests are dropped. */
+static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
+{
+    for (;;) {
+        sp_buf b = {0};
+        sp_status st = sp_ws_client_recv(r->c, &b, timeout_ms, err);
+        if (st)
+            return st;
+        sp_msg m;
+        st = sp_msg_decode(&m, b.data, b.len, &r->limits, err);
+        if (st) {
+            sp_buf_free(&b);
+            return sp_err_prefix(err, "reply from %s: ", r->host);
+        }
+        if (m.request_id == id || (m.type == SP_MSG_ERROR && m.request_id == 0)) {
+            rep->buf = b;
+            rep->msg = m;
+            return m.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
+        }
+        sp_msg_clear(&m);
+        sp_buf_free(&b);
+    }
+}
+
+static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
+{
+    memset(rep, 0, sizeof *rep);
+    sp_status st = sp_ws_client_send(r->c, b, err);
+    return st ? st : wait_reply(r, id, rep, timeout_ms, err);
+}
+
+sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                         sp_reply *rep, int timeout_ms, sp_err *err)
+{
+    pthread_mutex_lock(&r->lock);
+    uint64_t id = r->next_id++;
+    sp_buf b = {0};
+    sp_status st = sp_msg_encode(&b, type, 0, id, meta, t, n, err);
+    if (st) {
+        sp_buf_free(&b);
+        memset(rep, 0, sizeof *rep);
+    } else {
+        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_reply *rep, int timeout_ms, sp_err *err)
+{
+    pthread_mutex_lock(&r->lock);
+    sp_buf b = {0};
+    sp_status st = sp_buf_append(&b, bytes, len, err);
+    uint64_t id = 0;
+    for (int i = 7; len >= 24 && i >= 0; i--)
+        id = id << 8 | bytes[16 + i];
+    if (st) {
+        sp_buf_free(&b);
+        memset(rep, 0, sizeof *rep);
+    } else {
+        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)
+{
+    sp_reply rep;
+    sp_status st = sp_remote_call(r, SP_MSG_HELLO, "{\"version\":\"1.0\",\"client\":\"sepal 0.1.0\"}", NULL, 0, &rep,
+                                  timeout_ms, err);
+    if (st) {
+        sp_reply_clear(&rep);
+        return sp_err_prefix(err, "%s:%d: HELLO: ", r->host, port);
+    }
+    int64_t a = 0, b = 0, bulk = -1;
+    const char *model = sp_meta_str(&rep.msg, "model"), *ver = sp_meta_str(&rep.msg, "version");
+    const char *token = sp_meta_str(&rep.msg, "bulk_token");
+    sp_meta_int(&rep.msg, "start", &a);
+    sp_meta_int(&rep.msg, "end", &b);
+    sp_meta_int(&rep.msg, "bulk_port", &bulk);
+    snprintf(r->info.model, sizeof r->info.model, "%s", model ? model : "");
+    snprintf(r->info.version, sizeof r->info.version, "%s", ver ? ver : "");
+    r->info.start = (int)a;
+    r->info.end = (int)b;
+    if (!no_bulk && bulk > 0 && token)
+        st = sp_ws_client_attach_bulk(r->c, (int)bulk, strtoull(token, NULL, 10), timeout_ms, err);
+    sp_reply_clear(&rep);
+    return st;
+}
+
+sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_bulk, int timeout_ms, sp_err *err)
+{
+    *out = NULL;
+    sp_remote *r = calloc(1, sizeof *r);
+    if (!r)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    snprintf(r->host, sizeof r->host, "%s", host);
+    pthread_mutex_init(&r->lock, NULL);
+    r->next_id = 1;
+    r->limits = sp_proto_default_limits();
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    sp_status st = sp_ws_client_connect(&r->c, host, port, &o, timeout_ms, err);
+    if (!st)
+        st = hello(r, no_bulk, port, timeout_ms, err);
+    if (st) {
+        sp_remote_close(r);
+        return st;
+    }
+    *out = r;
+    return SP_OK;
+}
+
+const sp_remote_info *sp_remote_hello(const sp_remote *r) { return &r->info; }
+
+void sp_remote_close(sp_remote *r)
+{
+    if (!r)
+        return;
+    if (r->c)
+        sp_ws_client_close(r->c);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}

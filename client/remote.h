@@ -1,0 +1,44 @@
+/* remote.h - one connection from a client to one server: HELLO (version check), the bulk channel,
+ * and calls that send a request and wait for its reply. The client runtime's chains are built on this. */
+#ifndef SEPAL_REMOTE_H
+#define SEPAL_REMOTE_H
+
+#include <stdint.h>
+
+#include "proto.h"
+#include "status.h"
+
+typedef struct sp_remote sp_remote;
+
+/* What the server said in its HELLO reply. */
+typedef struct sp_remote_info {
+    char model[256];
+    int start, end;
+    char version[16];
+} sp_remote_info;
+
+/* Connects, says HELLO, and attaches the bulk channel unless no_bulk. */
+sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_bulk, int timeout_ms, sp_err *err);
+const sp_remote_info *sp_remote_hello(const sp_remote *r);
+void sp_remote_close(sp_remote *r);
+
+/* A reply: the decoded message (views point into buf). Release with sp_reply_clear. */
+typedef struct sp_reply {
+    sp_buf buf;
+    sp_msg msg;
+} sp_reply;
+
+void sp_reply_clear(sp_reply *rep);
+
+/* Sends a request and waits up to timeout_ms for its reply (calls on one connection are serialised).
+ * An ERROR reply becomes SP_ERR_ARG / SP_ERR_RANGE / ... with err->msg "CODE: message" and the reply is
+ * still returned so the caller can read the code. */
+sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                         sp_reply *rep, int timeout_ms, sp_err *err);
+/* Sends raw bytes as a request (for tests of malformed input) and waits for whatever reply comes. */
+sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_reply *rep, int timeout_ms, sp_err *err);
+
+/* The error code string of an ERROR reply ("out_of_cache"), or NULL. */
+const char *sp_reply_error_code(const sp_reply *rep);
+
+#endif

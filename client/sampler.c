@@ -1,0 +1,123 @@
+/* sampler.c - token selection. Order of the transformations follows HF transformers' logits processors:
+ * repetition penalty, temperature, top-k, top-p, then one draw. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sp_sample_opts_default(sp_sample_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->top_p = 1.0f;
+    o->repetition_penalty = 1.0f;
+}
+
+int sp_sampler2_init(sp_sampler2 *s, const sp_sample_opts *o, int V)
+{
+    memset(s, 0, sizeof *s);
+    s->o = *o;
+    s->V = V;
+    sp_rng_seed(&s->rng, o->seed);
+    s->probs = malloc((size_t)V * sizeof *s->probs);
+    s->idx = malloc((size_t)V * sizeof *s->idx);
+    if (!s->probs || !s->idx) {
+        sp_sampler2_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+void sp_sampler2_free(sp_sampler2 *s)
+{
+    free(s->probs);
+    free(s->idx);
+    s->probs = NULL;
+    s->idx = NULL;
+}
+
+void sp_repetition_penalty(float *logits, int V, const int32_t *context, int n, float penalty)
+{
+    if (penalty == 1.0f || n <= 0)
+        return;
+    /* gather every original value first, then scatter: a token seen twice is penalised once */
+    float *orig = malloc((size_t)n * sizeof *orig);
+    if (!orig)
+        return;
+    for (int i = 0; i < n; i++)
+        orig[i] = context[i] >= 0 && context[i] < V ? logits[context[i]] : 0.0f;
+    for (int i = 0; i < n; i++)
+        if (context[i] >= 0 && context[i] < V)
+            logits[context[i]] = orig[i] > 0 ? orig[i] / penalty : orig[i] * penalty;
+    free(orig);
+}
+
+static int argmax(const float *x, int V)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Sorts indices by probability, descending (stable for equal values: lower id first). */
+static const float *g_sort_probs;
+static int by_prob_desc(const void *a, const void *b)
+{
+    float pa = g_sort_probs[*(const int *)a], pb = g_sort_probs[*(const int *)b];
+    if (pa != pb)
+        return pa > pb ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+
+int sp_sampler2_next(sp_sampler2 *s, float *logits, const int32_t *context, int n)
+{
+    int V = s->V;
+    sp_repetition_penalty(logits, V, context, n, s->o.repetition_penalty);
+    if (s->o.temperature <= 0.0f)
+        return argmax(logits, V);
+    /* softmax at the temperature */
+    float mx = logits[argmax(logits, V)];
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        s->probs[i] = expf((logits[i] - mx) / s->o.temperature);
+        sum += s->probs[i];
+    }
+    for (int i = 0; i < V; i++) {
+        s->probs[i] = (float)(s->probs[i] / sum);
+        s->idx[i] = i;
+    }
+    g_sort_probs = s->probs; /* the sampler is used from one thread at a time */
+    qsort(s->idx, (size_t)V, sizeof *s->idx, by_prob_desc);
+    /* keep the top k, then the smallest prefix whose mass reaches top_p (at least one token) */
+    int keep = s->o.top_k > 0 && s->o.top_k < V ? s->o.top_k : V;
+    if (s->o.top_p < 1.0f) {
+        double acc = 0;
+        int k = 0;
+        while (k < keep && (k == 0 || acc < s->o.top_p))
+            acc += s->probs[s->idx[k++]];
+        keep = k;
+    }
+    double mass = 0;
+    for (int k = 0; k < keep; k++)
+        mass += s->probs[s->idx[k]];
+    double r = sp_rng_f32(&s->rng) * mass, acc = 0;
+    for (int k = 0; k < keep; k++) {
+        acc += s->probs[s->idx[k]];
+        if (r < acc)
+            return s->idx[k];
+    }
+    return s->idx[keep - 1];
+}
+
+void sp_log_softmax(float *out, const float *logits, int V)
+{
+    float mx = logits[argmax(logits, V)];
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    float lse = (float)(log(sum) + mx);
+    for (int i = 0; i < V; i++)
+        out[i] = logits[i] - lse;
+}

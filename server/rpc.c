@@ -1,0 +1,547 @@
+/* rpc.c - the server's request handlers: argument checks, the span computations, replies. Every bad
+ * request gets an ERROR reply (share/doc/protocol.md lists the codes); nothing here ends the process. */
+#include <cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server_impl.h"
+
+typedef struct req {
+    sp_server *s;
+    uint64_t conn;
+    sp_msg m;
+    sp_encoding reply_enc;
+} req;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* replies */
+
+void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *code, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sp_buf b = {0};
+    sp_err err = {0};
+    if (sp_msg_encode_error(&b, request_id, code, msg, &err) == SP_OK)
+        sp_ws_server_send(s->ws, conn, &b, NULL);
+    else
+        sp_buf_free(&b);
+    sp_log(SP_LOG_DEBUG, "request %llu: %s: %s", (unsigned long long)request_id, code, msg);
+}
+
+static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
+{
+    sp_buf b = {0};
+    sp_err err = {0};
+    if (sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, meta, t, n, &err) != SP_OK) {
+        sp_buf_free(&b);
+        sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "encoding the reply: %s", err.msg);
+        return;
+    }
+    sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
+}
+
+static sp_tensor_src tensor3(const req *r, const float *x, int B, int T, int H)
+{
+    return (sp_tensor_src){.enc = r->reply_enc, .rank = 3, .shape = {B, T, H}, .f32 = x};
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* argument checks: each returns -1 after sending the ERROR reply */
+
+static int bad(req *r, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(req *r, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sp_rpc_error(r->s, r->conn, r->m.request_id, code, "%s", msg);
+    return -1;
+}
+
+/* meta start/end: a non-empty sub-span of the blocks held. */
+static int span_arg(req *r, int *start, int *end)
+{
+    int64_t a, b;
+    const sp_model *m = r->s->m;
+    if (!sp_meta_int(&r->m, "start", &a) || !sp_meta_int(&r->m, "end", &b))
+        return bad(r, "bad_request", "%s needs integer 'start' and 'end'", sp_msg_type_name(r->m.type));
+    if (a < m->first || b > m->last || a >= b)
+        return bad(r, "blocks_not_served", "blocks %lld:%lld requested, this server holds %d:%d", (long long)a,
+                   (long long)b, m->first, m->last);
+    *start = (int)a;
+    *end = (int)b;
+    return 0;
+}
+
+/* A float tensor of the given rank; its last dimension must be the hidden size. */
+static int float_tensor(req *r, int idx, const char *name, int rank)
+{
+    if (idx >= r->m.n_tensors)
+        return bad(r, "bad_request", "%s needs tensor %d (%s)", sp_msg_type_name(r->m.type), idx, name);
+    const sp_tensor_view *t = &r->m.t[idx];
+    if (!sp_encoding_is_float(t->enc))
+        return bad(r, "dtype", "%s must be a float tensor, got %s", name, sp_encoding_name(t->enc));
+    if (t->rank != rank || t->shape[rank - 1] != r->s->m->cfg.hidden)
+        return bad(r, "shape", "%s must be %s with H = %d (got rank %d, last dim %lld)", name,
+                   rank == 3 ? "[B, T, H]" : "[n, B, P, H]", r->s->m->cfg.hidden, t->rank,
+                   (long long)t->shape[t->rank - 1]);
+    if (!sp_tensor_all_finite(t))
+        return bad(r, "non_finite", "%s holds NaN or infinite values", name);
+    return 0;
+}
+
+/* f32 copy of tensor idx (after float_tensor checked it); NULL after an ERROR reply. */
+static float *to_f32(req *r, int idx)
+{
+    const sp_tensor_view *t = &r->m.t[idx];
+    float *x = malloc(t->numel * sizeof(float));
+    sp_err err = {0};
+    if (!x || sp_tensor_to_f32(t, x, &err) != SP_OK) {
+        free(x);
+        bad(r, "internal", "decoding tensor %d: %s", idx, x ? err.msg : "out of memory");
+        return NULL;
+    }
+    return x;
+}
+
+/* hidden [B, T, H] at tensor idx. */
+static float *hidden_arg(req *r, int idx, const char *name, int *B, int *T)
+{
+    if (float_tensor(r, idx, name, 3))
+        return NULL;
+    *B = (int)r->m.t[idx].shape[0];
+    *T = (int)r->m.t[idx].shape[1];
+    return to_f32(r, idx);
+}
+
+/* Optional deep prompts [n, B, P, H] at tensor idx, n = blocks of the span, P <= T. *P = 0 if absent. */
+static int prompts_arg(req *r, int idx, int n, int B, int T, float **prompts, int *P)
+{
+    *prompts = NULL;
+    *P = 0;
+    if (idx >= r->m.n_tensors)
+        return 0;
+    if (float_tensor(r, idx, "prompts", 4))
+        return -1;
+    const int64_t *sh = r->m.t[idx].shape;
+    if (sh[0] != n || sh[1] != B || sh[2] > T)
+        return bad(r, "shape", "prompts must be [%d, %d, P <= %d, H], got [%lld, %lld, %lld, H]", n, B, T,
+                   (long long)sh[0], (long long)sh[1], (long long)sh[2]);
+    *P = (int)sh[2];
+    *prompts = to_f32(r, idx);
+    return *prompts ? 0 : -1;
+}
+
+static int reply_encoding(req *r, int hidden_idx)
+{
+    const char *e = sp_meta_str(&r->m, "reply_encoding");
+    if (e) {
+        int enc = sp_encoding_from_name(e);
+        if (enc < 0 || !sp_encoding_is_float(enc))
+            return bad(r, "bad_request", "unknown reply_encoding '%s'", e);
+        r->reply_enc = (sp_encoding)enc;
+    } else {
+        r->reply_enc = hidden_idx < r->m.n_tensors && sp_encoding_is_float(r->m.t[hidden_idx].enc)
+                           ? r->m.t[hidden_idx].enc
+                           : SP_ENC_F32;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* span computation */
+
+/* hidden[b, t0 + t, :] += prompt[b, pos, :] for the positions of [t0, t0 + T) below P. */
+static void add_prompt(float *h, const float *prompt, int B, int T, int t0, int P, int H)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T && t0 + t < P; t++) {
+            float *dst = h + ((size_t)b * T + t) * H;
+            const float *src = prompt + ((size_t)b * P + t0 + t) * H;
+            for (int c = 0; c < H; c++)
+                dst[c] += src[c];
+        }
+}
+
+/* Runs blocks [start, end) in place on h [B, T, H] (positions pos0..), adding deep prompts, optionally
+ * with the session's caches. */
+static sp_status run_span(sp_server *s, int start, int end, float *h, int B, int T, int pos0, const float *prompts,
+                          int P, sp_kv_cache *kv, sp_ws *ws, sp_err *err)
+{
+    int H = s->m->cfg.hidden;
+    for (int i = start; i < end; i++) {
+        if (prompts)
+            add_prompt(h, prompts + (size_t)(i - start) * B * P * H, B, T, pos0, P, H);
+        sp_status st = sp_llama_block_forward(&s->m->blocks[i - s->m->first], h, h, B, T, pos0,
+                                              kv ? &kv[i - start] : NULL, ws, err);
+        if (st)
+            return st;
+    }
+    return SP_OK;
+}
+
+static int check_tokens(req *r, int B, int T)
+{
+    if ((long)B * T > r->s->o.max_batch_tokens)
+        return bad(r, "bad_request", "%d x %d = %ld tokens exceed this server's %d per request", B, T, (long)B * T,
+                   r->s->o.max_batch_tokens);
+    if (T > r->s->m->cfg.max_pos)
+        return bad(r, "max_length", "%d positions exceed the model's context of %d", T, r->s->m->cfg.max_pos);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* FORWARD, BACKWARD */
+
+static void rpc_forward(req *r, sp_ws *ws)
+{
+    int start, end, B, T, P;
+    float *h = NULL, *prompts = NULL;
+    if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
+        goto done;
+    if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
+        goto done;
+    sp_err err = {0};
+    if (run_span(r->s, start, end, h, B, T, 0, prompts, P, NULL, ws, &err)) {
+        bad(r, "internal", "forward: %s", err.msg);
+        goto done;
+    }
+    sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
+    reply(r, NULL, &out, 1);
+done:
+    free(h);
+    free(prompts);
+}
+
+/* Recomputes the span's forward keeping every block's input, then back-propagates grad_out through
+ * the blocks in reverse; a block's prompt gradient is the gradient at its input's first P positions. */
+static void rpc_backward(req *r, sp_ws *ws)
+{
+    int start, end, B, T, B2, T2, P;
+    float *x = NULL, *g = NULL, *prompts = NULL, *inputs = NULL, *gp = NULL;
+    if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
+        !(g = hidden_arg(r, 1, "grad_out", &B2, &T2)))
+        goto done;
+    if (B2 != B || T2 != T) {
+        bad(r, "shape", "grad_out [%d, %d, H] does not match hidden_in [%d, %d, H]", B2, T2, B, T);
+        goto done;
+    }
+    if (check_tokens(r, B, T) || prompts_arg(r, 2, end - start, B, T, &prompts, &P))
+        goto done;
+    int n = end - start, H = r->s->m->cfg.hidden;
+    size_t N = (size_t)B * T * H;
+    inputs = malloc((size_t)n * N * sizeof(float));
+    gp = prompts ? calloc((size_t)n * B * P * H, sizeof(float)) : NULL;
+    if (!inputs || (prompts && !gp)) {
+        bad(r, "internal", "out of memory");
+        goto done;
+    }
+    sp_err err = {0};
+    for (int i = 0; i < n; i++) { /* inputs[i] = input of block start+i, prompt added */
+        if (prompts)
+            add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
+        memcpy(inputs + i * N, x, N * sizeof(float));
+        if (i + 1 < n && sp_llama_block_forward(&r->s->m->blocks[start + i - r->s->m->first], x, x, B, T, 0, NULL,
+                                                ws, &err)) {
+            bad(r, "internal", "backward (recompute): %s", err.msg);
+            goto done;
+        }
+    }
+    for (int i = n - 1; i >= 0; i--) {
+        if (sp_llama_block_backward(&r->s->m->blocks[start + i - r->s->m->first], g, g, inputs + i * N, B, T, 0,
+                                    NULL, ws, &err)) {
+            bad(r, "internal", "backward: %s", err.msg);
+            goto done;
+        }
+        for (int b = 0; gp && b < B; b++)
+            memcpy(gp + (((size_t)i * B + b) * P) * H, g + (size_t)b * T * H, (size_t)P * H * sizeof(float));
+    }
+    sp_tensor_src out[2] = {tensor3(r, g, B, T, H),
+                            {.enc = r->reply_enc, .rank = 4, .shape = {n, B, P, H}, .f32 = gp}};
+    reply(r, NULL, out, gp ? 2 : 1);
+done:
+    free(x);
+    free(g);
+    free(prompts);
+    free(inputs);
+    free(gp);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* inference sessions */
+
+static void rpc_open(req *r)
+{
+    int start, end;
+    int64_t L, B;
+    if (span_arg(r, &start, &end))
+        return;
+    if (!sp_meta_int(&r->m, "max_length", &L) || !sp_meta_int(&r->m, "batch", &B))
+        return (void)bad(r, "bad_request", "INFERENCE_OPEN needs integer 'max_length' and 'batch'");
+    if (L < 1 || L > r->s->o.max_length)
+        return (void)bad(r, "max_length", "max_length %lld outside 1..%d", (long long)L, r->s->o.max_length);
+    if (B < 1 || B * L > (int64_t)r->s->o.cache_tokens)
+        return (void)bad(r, "out_of_cache", "out of cache: batch %lld x max_length %lld exceeds the server's %ld tokens",
+                         (long long)B, (long long)L, r->s->o.cache_tokens);
+    uint64_t id;
+    sp_err err = {0};
+    if (session_open(r->s, r->conn, start, end, (int)B, (int)L, &id, &err))
+        return (void)bad(r, err.code == SP_ERR_RANGE ? "out_of_cache" : "internal", "%s", err.msg);
+    char meta[128];
+    snprintf(meta, sizeof meta, "{\"session\":%llu,\"max_length\":%lld}", (unsigned long long)id, (long long)L);
+    reply(r, meta, NULL, 0);
+}
+
+static void rpc_close(req *r)
+{
+    int64_t id;
+    sp_err err = {0};
+    if (!sp_meta_int(&r->m, "session", &id))
+        return (void)bad(r, "bad_request", "INFERENCE_CLOSE needs an integer 'session'");
+    if (session_close(r->s, r->conn, (uint64_t)id, &err))
+        return (void)bad(r, "no_session", "%s", err.msg);
+    reply(r, NULL, NULL, 0);
+}
+
+/* Reorders the batch of every cache of the session: row b takes old row hypo[b]. */
+static int reorder_cache(req *r, session *x, int idx)
+{
+    const sp_tensor_view *t = &r->m.t[idx];
+    if (t->enc != SP_ENC_I64 || t->rank != 1 || t->shape[0] != x->B)
+        return bad(r, "shape", "hypo_ids must be an i64 tensor [%d]", x->B);
+    int64_t *hypo = malloc((size_t)x->B * sizeof *hypo);
+    if (!hypo || sp_tensor_to_i64(t, hypo, NULL) != SP_OK) {
+        free(hypo);
+        return bad(r, "internal", "out of memory");
+    }
+    for (int b = 0; b < x->B; b++)
+        if (hypo[b] < 0 || hypo[b] >= x->B) {
+            int64_t v = hypo[b];
+            free(hypo);
+            return bad(r, "bad_request", "hypo_ids[%d] = %lld outside 0..%d", b, (long long)v, x->B - 1);
+        }
+    int rc = 0;
+    for (int i = 0; !rc && i < x->end - x->start; i++) {
+        sp_kv_cache *kv = &x->kv[i];
+        size_t row = (size_t)kv->cap * kv->nkv * kv->hd;
+        float *tmp = malloc((size_t)x->B * row * sizeof(float));
+        if (!tmp) {
+            rc = bad(r, "internal", "out of memory");
+            break;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            float *c = pass ? kv->v : kv->k;
+            memcpy(tmp, c, (size_t)x->B * row * sizeof(float));
+            for (int b = 0; b < x->B; b++)
+                memcpy(c + b * row, tmp + hypo[b] * row, (size_t)x->len * kv->nkv * kv->hd * sizeof(float));
+        }
+        free(tmp);
+    }
+    free(hypo);
+    return rc;
+}
+
+/* Tensor roles in a step: 0 hidden, then optional prompts (rank 4) and hypo_ids (i64), in any order. */
+static void step_roles(const req *r, int *prompts_idx, int *hypo_idx)
+{
+    *prompts_idx = *hypo_idx = r->m.n_tensors; /* absent */
+    for (int i = 1; i < r->m.n_tensors; i++) {
+        if (r->m.t[i].enc == SP_ENC_I64 || r->m.t[i].enc == SP_ENC_I32)
+            *hypo_idx = i;
+        else
+            *prompts_idx = i;
+    }
+}
+
+static void step_compute(req *r, session *x, sp_ws *ws)
+{
+    int B, T, P, pi, hi;
+    int64_t from;
+    float *h = NULL, *prompts = NULL;
+    step_roles(r, &pi, &hi);
+    if (reply_encoding(r, 0) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
+        goto done;
+    if (sp_meta_int(&r->m, "start_from_position", &from)) { /* roll back */
+        if (from < 0 || from > x->len) {
+            bad(r, "bad_request", "start_from_position %lld outside 0..%d", (long long)from, x->len);
+            goto done;
+        }
+        x->len = (int)from;
+    }
+    if (B != x->B) {
+        bad(r, "shape", "session %llu has batch %d, step has %d", (unsigned long long)x->id, x->B, B);
+        goto done;
+    }
+    if (x->len + T > x->max_length) {
+        bad(r, "max_length", "%d cached + %d new positions exceed the session's max_length %d", x->len, T,
+            x->max_length);
+        goto done;
+    }
+    if (pi < r->m.n_tensors && x->len != 0) {
+        bad(r, "bad_request", "prompts are only accepted at position 0 (session is at %d)", x->len);
+        goto done;
+    }
+    if (prompts_arg(r, pi, x->end - x->start, B, T, &prompts, &P) || (hi < r->m.n_tensors && reorder_cache(r, x, hi)))
+        goto done;
+    /* long prefills run in chunks of at most max_batch_tokens positions x batch */
+    int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
+    float *buf = malloc((size_t)B * (chunk < T ? chunk : T) * H * sizeof(float));
+    sp_err err = {0};
+    for (int t0 = 0; buf && t0 < T; t0 += chunk) {
+        int tc = T - t0 < chunk ? T - t0 : chunk;
+        for (int b = 0; b < B; b++)
+            memcpy(buf + (size_t)b * tc * H, h + ((size_t)b * T + t0) * H, (size_t)tc * H * sizeof(float));
+        for (int i = x->start; i < x->end; i++) {
+            sp_kv_cache *kv = &x->kv[i - x->start];
+            kv->len = x->len + t0;
+            if (prompts)
+                add_prompt(buf, prompts + (size_t)(i - x->start) * B * P * H, B, tc, t0, P, H);
+            if (sp_llama_block_forward(&r->s->m->blocks[i - r->s->m->first], buf, buf, B, tc, x->len + t0, kv, ws,
+                                       &err)) {
+                free(buf);
+                bad(r, "internal", "step: %s", err.msg);
+                goto done;
+            }
+        }
+        for (int b = 0; b < B; b++)
+            memcpy(h + ((size_t)b * T + t0) * H, buf + (size_t)b * tc * H, (size_t)tc * H * sizeof(float));
+    }
+    if (!buf) {
+        bad(r, "internal", "out of memory");
+        goto done;
+    }
+    free(buf);
+    x->len += T;
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"position\":%d}", x->len);
+    sp_tensor_src out = tensor3(r, h, B, T, H);
+    reply(r, meta, &out, 1);
+done:
+    free(h);
+    free(prompts);
+}
+
+static void rpc_step(req *r, sp_ws *ws)
+{
+    int64_t id;
+    sp_err err = {0};
+    if (!sp_meta_int(&r->m, "session", &id))
+        return (void)bad(r, "bad_request", "INFERENCE_STEP needs an integer 'session'");
+    session *x = session_acquire(r->s, r->conn, (uint64_t)id, &err);
+    if (!x)
+        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
+    step_compute(r, x, ws);
+    session_release(r->s, x);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* dispatch */
+
+static int decode(req *r, sp_server *s, uint64_t conn, const sp_buf *msg)
+{
+    sp_err err = {0};
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    r->conn = conn;
+    sp_status st = sp_msg_decode(&r->m, msg->data, msg->len, &s->limits, &err);
+    if (st == SP_OK)
+        return 0;
+    sp_msg_header h = {0}; /* the request id, if the header got that far, so the client can match the error */
+    sp_msg_header_read(msg->data, msg->len, &h);
+    const char *code = sp_msg_reject_code(msg->data, msg->len, st);
+    sp_rpc_error(s, conn, h.request_id, code, "%s", err.msg);
+    if (!strcmp(code, "unknown_type")) /* a newer minor version's request: the connection stays usable */
+        return -1;
+    sp_ws_server_close(s->ws, conn); /* a peer that sends garbage loses its connection, nothing else */
+    return -1;
+}
+
+void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
+{
+    req r;
+    if (decode(&r, s, conn, msg))
+        return;
+    switch (r.m.type) {
+    case SP_MSG_FORWARD: rpc_forward(&r, ws); break;
+    case SP_MSG_BACKWARD: rpc_backward(&r, ws); break;
+    case SP_MSG_INFERENCE_OPEN: rpc_open(&r); break;
+    case SP_MSG_INFERENCE_STEP: rpc_step(&r, ws); break;
+    case SP_MSG_INFERENCE_CLOSE: rpc_close(&r); break;
+    default: bad(&r, "unknown_type", "%s is not a request this server serves", sp_msg_type_name(r.m.type));
+    }
+    sp_msg_clear(&r.m);
+}
+
+static void rpc_hello(req *r)
+{
+    const char *v = sp_meta_str(&r->m, "version");
+    if (v && atoi(v) != SP_PROTO_MAJOR)
+        return (void)bad(r, "version", "peer speaks protocol %s, this server speaks %d.%d", v, SP_PROTO_MAJOR,
+                         SP_PROTO_MINOR);
+    char meta[1024];
+    snprintf(meta, sizeof meta,
+             "{\"version\":\"%d.%d\",\"server\":\"sepal-server 0.1.0\",\"model\":\"%s\",\"start\":%d,\"end\":%d,"
+             "\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
+             SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, r->s->m->first, r->s->m->last,
+             sp_ws_server_bulk_port(r->s->ws), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));
+    reply(r, meta, NULL, 0);
+}
+
+static void rpc_info(req *r)
+{
+    sp_server *s = r->s;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON_AddStringToObject(o, "architecture", s->m->cfg.architecture);
+    cJSON_AddNumberToObject(o, "start", s->m->first);
+    cJSON_AddNumberToObject(o, "end", s->m->last);
+    cJSON_AddStringToObject(o, "dtype", "f32");
+    cJSON_AddStringToObject(o, "protocol", "1.0");
+    cJSON_AddNumberToObject(o, "hidden_size", s->m->cfg.hidden);
+    cJSON_AddNumberToObject(o, "cache_tokens_total", (double)s->o.cache_tokens);
+    cJSON_AddNumberToObject(o, "cache_tokens_available", (double)sessions_tokens_available(s));
+    cJSON_AddNumberToObject(o, "max_batch_tokens", s->o.max_batch_tokens);
+    cJSON_AddNumberToObject(o, "max_length", s->o.max_length);
+    cJSON_AddNumberToObject(o, "inference_rps", s->inference_rps);
+    cJSON_AddNumberToObject(o, "forward_tps", s->forward_tps);
+    cJSON_AddStringToObject(o, "public_name", s->o.public_name ? s->o.public_name : "");
+    cJSON_AddNumberToObject(o, "sessions", sp_server_sessions(s));
+    char *meta = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    reply(r, meta, NULL, 0);
+    free(meta);
+}
+
+int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg)
+{
+    sp_msg_header h;
+    if (!sp_msg_header_read(msg->data, msg->len, &h))
+        return 0;
+    int type = h.type;
+    if (type != SP_MSG_HELLO && type != SP_MSG_INFO && type != SP_MSG_PING)
+        return 0;
+    req r;
+    if (decode(&r, s, conn, msg))
+        return 1;
+    if (r.m.type == SP_MSG_HELLO)
+        rpc_hello(&r);
+    else if (r.m.type == SP_MSG_INFO)
+        rpc_info(&r);
+    else {
+        char *meta = cJSON_PrintUnformatted(r.m.meta);
+        reply(&r, meta, NULL, 0);
+        free(meta);
+    }
+    sp_msg_clear(&r.m);
+    return 1;
+}

@@ -1,0 +1,278 @@
+/* server.c - the server's life cycle: loading the span, the transport callbacks, worker threads that run
+ * the queue (inference before training), and the reaper that enforces session timeouts. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "server_impl.h"
+#include "timeutil.h"
+
+void sp_server_opts_default(sp_server_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->end = -1;
+    o->host = "127.0.0.1";
+    o->threads = 1;
+    o->max_batch_tokens = 2048;
+    o->cache_tokens = 8192;
+    o->step_timeout_s = 300;
+    o->session_timeout_s = 1800;
+    o->measure = 1;
+    o->max_message = SP_PROTO_DEFAULT_MAX_MESSAGE;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* queue */
+
+static void queue_push(task_queue *q, task *t)
+{
+    pthread_mutex_lock(&q->lock);
+    t->next = NULL;
+    if (q->tail[t->prio])
+        q->tail[t->prio]->next = t;
+    else
+        q->head[t->prio] = t;
+    q->tail[t->prio] = t;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Blocks for the next task, inference first; NULL once stopping. */
+static task *queue_pop(task_queue *q)
+{
+    pthread_mutex_lock(&q->lock);
+    for (;;) {
+        if (q->stop) {
+            pthread_mutex_unlock(&q->lock);
+            return NULL;
+        }
+        for (int p = 0; p < 2; p++) {
+            task *t = q->head[p];
+            if (t) {
+                q->head[p] = t->next;
+                if (!q->head[p])
+                    q->tail[p] = NULL;
+                pthread_mutex_unlock(&q->lock);
+                return t;
+            }
+        }
+        pthread_cond_wait(&q->cond, &q->lock);
+    }
+}
+
+static void queue_drain(task_queue *q)
+{
+    for (int p = 0; p < 2; p++)
+        while (q->head[p]) {
+            task *t = q->head[p];
+            q->head[p] = t->next;
+            sp_buf_free(&t->msg);
+            free(t);
+        }
+    q->tail[0] = q->tail[1] = NULL;
+}
+
+static void *worker_main(void *arg)
+{
+    sp_server *s = arg;
+    sp_ws ws = {0};
+    task *t;
+    while ((t = queue_pop(&s->q))) {
+        sp_rpc_handle(s, t->conn, &t->msg, &ws);
+        sp_buf_free(&t->msg);
+        free(t);
+    }
+    sp_ws_free(&ws);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* transport callbacks (transport thread: no compute here) */
+
+static void on_message(void *user, uint64_t conn, sp_buf *msg)
+{
+    sp_server *s = user;
+    pthread_mutex_lock(&s->stats_lock);
+    s->requests++;
+    pthread_mutex_unlock(&s->stats_lock);
+    if (sp_rpc_handle_inline(s, conn, msg)) {
+        sp_buf_free(msg);
+        return;
+    }
+    task *t = calloc(1, sizeof *t);
+    if (!t) {
+        sp_rpc_error(s, conn, 0, "internal", "out of memory");
+        sp_buf_free(msg);
+        return;
+    }
+    sp_msg_header h = {0};
+    sp_msg_header_read(msg->data, msg->len, &h);
+    int type = h.type;
+    t->conn = conn;
+    t->msg = *msg;
+    t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
+    queue_push(&s->q, t);
+}
+
+static void on_close(void *user, uint64_t conn)
+{
+    sessions_close_conn(user, conn); /* a dropped connection frees its sessions */
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* reaper */
+
+static void *reaper_main(void *arg)
+{
+    sp_server *s = arg;
+    pthread_mutex_lock(&s->reaper_lock);
+    while (!s->reaper_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&s->reaper_cond, &s->reaper_lock, &ts);
+        pthread_mutex_unlock(&s->reaper_lock);
+        sessions_reap(s, sp_now_s());
+        pthread_mutex_lock(&s->reaper_lock);
+    }
+    pthread_mutex_unlock(&s->reaper_lock);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* start / stop */
+
+static sp_status load(sp_server *s, sp_err *err)
+{
+    const sp_server_opts *o = &s->o;
+    snprintf(s->model_dir, sizeof s->model_dir, "%s", o->model_dir);
+    char *real = realpath(o->model_dir, NULL);
+    const char *base = strrchr(real ? real : o->model_dir, '/');
+    snprintf(s->model_name, sizeof s->model_name, "%s", base ? base + 1 : o->model_dir);
+    free(real);
+    sp_status st = sp_model_load(&s->m, o->model_dir, SP_LOAD_BLOCKS, o->start, o->end, err);
+    if (st)
+        return st;
+    if (s->o.max_length <= 0 || s->o.max_length > s->m->cfg.max_pos)
+        s->o.max_length = s->m->cfg.max_pos;
+    return SP_OK;
+}
+
+static sp_status start_threads(sp_server *s, sp_err *err)
+{
+    s->nworkers = s->o.threads > 0 ? s->o.threads : 1;
+    s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
+    if (!s->workers)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->nworkers; i++)
+        if (pthread_create(&s->workers[i], NULL, worker_main, s)) {
+            s->nworkers = i;
+            return sp_errf(err, SP_ERR_IO, "cannot start worker threads");
+        }
+    if (pthread_create(&s->reaper, NULL, reaper_main, s))
+        return sp_errf(err, SP_ERR_IO, "cannot start the reaper thread");
+    s->reaper_started = 1;
+    return SP_OK;
+}
+
+sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
+{
+    *out = NULL;
+    if (!o->model_dir)
+        return sp_errf(err, SP_ERR_ARG, "server: no model directory");
+    sp_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    s->o = *o;
+    pthread_mutex_init(&s->q.lock, NULL);
+    pthread_cond_init(&s->q.cond, NULL);
+    pthread_mutex_init(&s->stats_lock, NULL);
+    pthread_mutex_init(&s->reaper_lock, NULL);
+    pthread_cond_init(&s->reaper_cond, NULL);
+    s->limits = sp_proto_default_limits();
+    s->limits.max_message = o->max_message;
+    sp_status st = load(s, err);
+    if (!st) {
+        sessions_init(&s->st, s->o.cache_tokens * (s->m->last - s->m->first));
+        if (s->o.measure)
+            sp_throughput_measure(s);
+        st = start_threads(s, err);
+    }
+    if (!st) {
+        sp_transport_opts to;
+        sp_transport_opts_default(&to);
+        to.host = o->host;
+        to.port = o->port;
+        to.bulk_port = o->bulk_port;
+        to.max_message = o->max_message;
+        st = sp_ws_server_start(&s->ws, &to, on_message, on_close, s, err);
+    }
+    if (st) {
+        sp_server_stop(s);
+        return st;
+    }
+    *out = s;
+    return SP_OK;
+}
+
+int sp_server_port(const sp_server *s) { return sp_ws_server_port(s->ws); }
+int sp_server_bulk_port(const sp_server *s) { return sp_ws_server_bulk_port(s->ws); }
+
+void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps)
+{
+    *inference_rps = s->inference_rps;
+    *forward_tps = s->forward_tps;
+}
+
+int sp_server_sessions(sp_server *s)
+{
+    pthread_mutex_lock(&s->st.lock);
+    int n = s->st.count;
+    pthread_mutex_unlock(&s->st.lock);
+    return n;
+}
+
+uint64_t sp_server_requests(sp_server *s)
+{
+    pthread_mutex_lock(&s->stats_lock);
+    uint64_t n = s->requests;
+    pthread_mutex_unlock(&s->stats_lock);
+    return n;
+}
+
+void sp_server_stop(sp_server *s)
+{
+    if (!s)
+        return;
+    /* workers finish the task in hand (their replies still go out), then the transport closes every
+     * connection, which frees the sessions */
+    pthread_mutex_lock(&s->q.lock);
+    s->q.stop = 1;
+    pthread_cond_broadcast(&s->q.cond);
+    pthread_mutex_unlock(&s->q.lock);
+    for (int i = 0; i < s->nworkers; i++)
+        pthread_join(s->workers[i], NULL);
+    if (s->ws)
+        sp_ws_server_stop(s->ws);
+    if (s->reaper_started) {
+        pthread_mutex_lock(&s->reaper_lock);
+        s->reaper_stop = 1;
+        pthread_cond_signal(&s->reaper_cond);
+        pthread_mutex_unlock(&s->reaper_lock);
+        pthread_join(s->reaper, NULL);
+    }
+    queue_drain(&s->q);
+    if (s->m)
+        sessions_destroy(&s->st);
+    free(s->workers);
+    sp_model_free(s->m);
+    pthread_mutex_destroy(&s->q.lock);
+    pthread_cond_destroy(&s->q.cond);
+    pthread_mutex_destroy(&s->stats_lock);
+    pthread_mutex_destroy(&s->reaper_lock);
+    pthread_cond_destroy(&s->reaper_cond);
+    free(s);
+}

@@ -1,0 +1,44 @@
+/* server.h - a swarm server: holds blocks [start, end) of a model and serves FORWARD, BACKWARD and
+ * INFERENCE sessions over the transport (ws/transport.h), per the protocol in share/doc/protocol.md.
+ * It never changes weights. Library form, so tests can run servers as threads; sepal-server's main()
+ * wraps it. */
+#ifndef SEPAL_SERVER_H
+#define SEPAL_SERVER_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct sp_server_opts {
+    const char *model_dir;
+    int start, end;            /* blocks held; end = -1: to the last block */
+    const char *host;          /* bind address, default 127.0.0.1 */
+    int port;                  /* ws port, 0 = ephemeral */
+    int bulk_port;             /* bulk TCP port, 0 = ephemeral, -1 = none */
+    int threads;               /* worker threads (default 1; OpenBLAS threads come on top) */
+    int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
+    long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
+    int max_length;            /* largest session max_length accepted (default: the model's context) */
+    const char *public_name;
+    double step_timeout_s;     /* a session idle this long is closed (default 300) */
+    double session_timeout_s;  /* a session older than this is closed (default 1800) */
+    int measure;               /* measure throughput at start (default 1); 0 reports 0 */
+    const char *throughput_cache; /* file caching measured throughput (default $SEPAL_CACHE/throughput.json) */
+    uint64_t max_message;      /* transport cap (default 256 MiB) */
+} sp_server_opts;
+
+void sp_server_opts_default(sp_server_opts *o);
+
+typedef struct sp_server sp_server;
+
+sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err);
+int sp_server_port(const sp_server *s);
+int sp_server_bulk_port(const sp_server *s);
+/* Measured (or cached) throughput: single-token inference steps/s over the span, 1024-token forward tok/s. */
+void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps);
+/* Sessions open now, and requests served so far. */
+int sp_server_sessions(sp_server *s);
+uint64_t sp_server_requests(sp_server *s);
+void sp_server_stop(sp_server *s);
+
+#endif

@@ -1,0 +1,103 @@
+/* server_impl.h - internals shared by the server's files (not a public header). */
+#ifndef SEPAL_SERVER_IMPL_H
+#define SEPAL_SERVER_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "block.h"
+#include "model.h"
+#include "proto.h"
+#include "server.h"
+#include "transport.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* inference sessions */
+
+typedef struct session {
+    uint64_t id, conn;
+    int start, end;       /* global block indices [start, end) */
+    int B, max_length;
+    int len;              /* positions cached */
+    long cost;            /* block-token positions charged to the budget: B * max_length * (end - start) */
+    double created, last_used;
+    int busy;             /* a worker is stepping it */
+    int closed;           /* freed once not busy */
+    sp_kv_cache *kv;      /* end - start caches */
+    struct session *next;
+} session;
+
+typedef struct session_table {
+    pthread_mutex_t lock;
+    session *head;
+    uint64_t next_id;
+    long budget, used; /* block-token positions */
+    int count;
+} session_table;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* work queue: inference first, then forward/backward; FIFO within a priority */
+
+typedef struct task {
+    uint64_t conn;
+    sp_buf msg;      /* the raw request */
+    int prio;        /* 0 inference, 1 training */
+    struct task *next;
+} task;
+
+typedef struct task_queue {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    task *head[2], *tail[2];
+    int stop;
+} task_queue;
+
+/* ---------------------------------------------------------------------------------------------- */
+
+struct sp_server {
+    sp_server_opts o;
+    char model_dir[4096];
+    char model_name[256];
+    sp_model *m; /* blocks [m->first, m->last) only */
+    sp_ws_server *ws;
+    sp_proto_limits limits;
+    task_queue q;
+    pthread_t *workers;
+    int nworkers;
+    session_table st;
+    pthread_t reaper;
+    pthread_mutex_t reaper_lock;
+    pthread_cond_t reaper_cond;
+    int reaper_stop, reaper_started;
+    double inference_rps, forward_tps;
+    pthread_mutex_t stats_lock;
+    uint64_t requests;
+};
+
+/* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply. */
+void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
+/* rpc.c: requests answered on the transport thread (HELLO, INFO, PING); 1 if handled. */
+int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg);
+/* Sends an ERROR reply. */
+void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* session.c */
+void sessions_init(session_table *t, long budget);
+void sessions_destroy(session_table *t);
+/* Opens a session (fails with SP_ERR_RANGE "out of cache" if the budget does not allow it). */
+sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, int max_length, uint64_t *id,
+                       sp_err *err);
+/* Takes a session for stepping (marks it busy); NULL if unknown, not this connection's, or busy. */
+session *session_acquire(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
+void session_release(sp_server *s, session *x);
+sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
+void sessions_close_conn(sp_server *s, uint64_t conn);
+/* Closes sessions idle past the step timeout or older than the session timeout; returns how many. */
+int sessions_reap(sp_server *s, double now);
+long sessions_tokens_available(sp_server *s);
+
+/* throughput.c */
+void sp_throughput_measure(sp_server *s);
+
+#endif

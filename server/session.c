@@ -1,0 +1,193 @@
+/* session.c - inference sessions: KV caches charged against the server's budget, one owner
+ * connection each, freed on close, on disconnect and on timeouts. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server_impl.h"
+#include "timeutil.h"
+
+void sessions_init(session_table *t, long budget)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->lock, NULL);
+    t->budget = budget;
+    t->next_id = 1;
+}
+
+static void session_free(session *x)
+{
+    for (int i = 0; x->kv && i < x->end - x->start; i++)
+        sp_kv_free(&x->kv[i]);
+    free(x->kv);
+    free(x);
+}
+
+void sessions_destroy(session_table *t)
+{
+    session *x = t->head;
+    while (x) {
+        session *n = x->next;
+        session_free(x);
+        x = n;
+    }
+    t->head = NULL;
+    pthread_mutex_destroy(&t->lock);
+}
+
+sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, int max_length, uint64_t *id,
+                       sp_err *err)
+{
+    session_table *t = &s->st;
+    long cost = (long)B * max_length * (end - start);
+    pthread_mutex_lock(&t->lock);
+    int fits = t->used + cost <= t->budget;
+    if (fits)
+        t->used += cost; /* reserve before allocating, so concurrent opens cannot overshoot */
+    pthread_mutex_unlock(&t->lock);
+    if (!fits)
+        return sp_errf(err, SP_ERR_RANGE, "out of cache: %d x %d positions over %d blocks need %ld block-tokens, %ld of %ld free",
+                       B, max_length, end - start, cost, t->budget - t->used, t->budget);
+    session *x = calloc(1, sizeof *x);
+    sp_status st = x ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (!st) {
+        x->kv = calloc((size_t)(end - start), sizeof *x->kv);
+        st = x->kv ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; !st && i < end - start; i++)
+        st = sp_kv_init(&x->kv[i], B, max_length, s->m->cfg.n_kv_heads, s->m->cfg.head_dim, err);
+    pthread_mutex_lock(&t->lock);
+    if (st) {
+        t->used -= cost;
+        pthread_mutex_unlock(&t->lock);
+        if (x) { /* session_free copes with a partly built session */
+            x->start = start;
+            x->end = end;
+            session_free(x);
+        }
+        return st;
+    }
+    x->conn = conn;
+    x->start = start;
+    x->end = end;
+    x->B = B;
+    x->max_length = max_length;
+    x->cost = cost;
+    x->created = x->last_used = sp_now_s();
+    x->id = t->next_id++;
+    x->next = t->head;
+    t->head = x;
+    t->count++;
+    *id = x->id;
+    pthread_mutex_unlock(&t->lock);
+    return SP_OK;
+}
+
+/* Unlinks x (lock held) and frees it unless a worker holds it (then the worker frees it on release). */
+static void unlink_locked(session_table *t, session *x)
+{
+    for (session **p = &t->head; *p; p = &(*p)->next) {
+        if (*p == x) {
+            *p = x->next;
+            break;
+        }
+    }
+    t->used -= x->cost;
+    t->count--;
+    x->closed = 1;
+    if (!x->busy)
+        session_free(x);
+}
+
+session *session_acquire(sp_server *s, uint64_t conn, uint64_t id, sp_err *err)
+{
+    session_table *t = &s->st;
+    pthread_mutex_lock(&t->lock);
+    session *x = t->head;
+    while (x && x->id != id)
+        x = x->next;
+    if (!x || x->conn != conn) {
+        pthread_mutex_unlock(&t->lock);
+        sp_errf(err, SP_ERR_NOTFOUND, "no session %llu on this connection", (unsigned long long)id);
+        return NULL;
+    }
+    if (x->busy) { /* a client steps a session one step at a time */
+        pthread_mutex_unlock(&t->lock);
+        sp_errf(err, SP_ERR_STATE, "session %llu is already stepping", (unsigned long long)id);
+        return NULL;
+    }
+    x->busy = 1;
+    pthread_mutex_unlock(&t->lock);
+    return x;
+}
+
+void session_release(sp_server *s, session *x)
+{
+    pthread_mutex_lock(&s->st.lock);
+    x->busy = 0;
+    x->last_used = sp_now_s();
+    if (x->closed)
+        session_free(x);
+    pthread_mutex_unlock(&s->st.lock);
+}
+
+sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err)
+{
+    session_table *t = &s->st;
+    pthread_mutex_lock(&t->lock);
+    session *x = t->head;
+    while (x && x->id != id)
+        x = x->next;
+    if (!x || x->conn != conn) {
+        pthread_mutex_unlock(&t->lock);
+        return sp_errf(err, SP_ERR_NOTFOUND, "no session %llu on this connection", (unsigned long long)id);
+    }
+    unlink_locked(t, x);
+    pthread_mutex_unlock(&t->lock);
+    return SP_OK;
+}
+
+void sessions_close_conn(sp_server *s, uint64_t conn)
+{
+    session_table *t = &s->st;
+    pthread_mutex_lock(&t->lock);
+    session *x = t->head;
+    while (x) {
+        session *n = x->next;
+        if (x->conn == conn)
+            unlink_locked(t, x);
+        x = n;
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+int sessions_reap(sp_server *s, double now)
+{
+    session_table *t = &s->st;
+    int n = 0;
+    pthread_mutex_lock(&t->lock);
+    session *x = t->head;
+    while (x) {
+        session *nx = x->next;
+        int idle = !x->busy && now - x->last_used > s->o.step_timeout_s;
+        int old = now - x->created > s->o.session_timeout_s;
+        if (idle || old) {
+            sp_log(SP_LOG_INFO, "closing session %llu: %s", (unsigned long long)x->id,
+                   idle ? "step timeout" : "session timeout");
+            unlink_locked(t, x);
+            n++;
+        }
+        x = nx;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
+long sessions_tokens_available(sp_server *s)
+{
+    int nb = s->m->last - s->m->first;
+    pthread_mutex_lock(&s->st.lock);
+    long free_bt = s->st.budget - s->st.used;
+    pthread_mutex_unlock(&s->st.lock);
+    return nb > 0 ? free_bt / nb : 0;
+}

@@ -1,0 +1,314 @@
+/* test_runtime.c - the client runtime against real servers on loopback (threads in this process):
+ * only the local parts are read, routing, generation through the swarm equal to transformers' greedy
+ * ids and to the local runner (greedy, seeded sampling, batches of different lengths, beam search),
+ * forward/backward over the chain equal to the local engine, and clear errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+#include "rng.h"
+#include "runtime.h"
+#include "server.h"
+#include "testutil.h"
+
+#define GQA SEPAL_TEST_DATA "/hf-tiny/llama-gqa"
+
+static sp_server *srv[3];
+
+static sp_server *start(int a, int b)
+{
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.start = a;
+    o.end = b;
+    o.measure = 0;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
+/* A runtime with llama-gqa loaded and connected to servers 0:2 and 2:4. */
+static sp_runtime *swarm_runtime(void)
+{
+    srv[0] = start(0, 2);
+    srv[1] = start(2, 4);
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    char addrs[128];
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]), sp_server_port(srv[1]));
+    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(rt->nroute, 2);
+    return rt;
+}
+
+static void teardown(sp_runtime *rt)
+{
+    sp_runtime_free(rt);
+    for (int i = 0; i < 3; i++) {
+        sp_server_stop(srv[i]);
+        srv[i] = NULL;
+    }
+}
+
+static int32_t *golden_ids(const char *name, int *n)
+{
+    sp_safetensors *st = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_st_open(&st, GQA "/golden.safetensors", &err), SP_OK);
+    const sp_st_tensor *t = sp_st_get(st, name, &err);
+    int32_t *ids = malloc(t->numel * sizeof *ids);
+    for (uint64_t i = 0; i < t->numel; i++) {
+        int64_t v;
+        memcpy(&v, (const char *)t->data + 8 * i, 8);
+        ids[i] = (int32_t)v;
+    }
+    *n = (int)t->numel;
+    sp_st_close(st);
+    return ids;
+}
+
+START_TEST(t_local_parts_only)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_load(rt, GQA, &err), SP_OK);
+    const sp_config *c = &rt->local->cfg;
+    /* untied: embeddings + head + final norm, nothing else; 3 of the 8 shards mapped */
+    ck_assert_int_eq((long long)rt->local->bytes_loaded, (2LL * c->vocab * c->hidden + c->hidden) * 4);
+    ck_assert_int_eq(rt->local->files_mapped, 3);
+    ck_assert_int_eq(rt->local->last - rt->local->first, 0);
+    ck_assert_ptr_null(rt->tok); /* the tiny checkpoints have no tokenizer */
+    /* tied: the head is the embedding, read once */
+    ck_assert_int_eq(sp_runtime_load(rt, SEPAL_TEST_DATA "/hf-tiny/llama3-rope", &err), SP_OK);
+    c = &rt->local->cfg;
+    ck_assert_int_eq((long long)rt->local->bytes_loaded, (1LL * c->vocab * c->hidden + c->hidden) * 4);
+    ck_assert_ptr_eq(rt->local->lm_head, rt->local->embed);
+    sp_runtime_free(rt);
+}
+END_TEST
+
+START_TEST(t_greedy_matches_transformers)
+{
+    sp_runtime *rt = swarm_runtime();
+    int np, no;
+    int32_t *prompt = golden_ids("greedy.prompt", &np), *want = golden_ids("greedy.output", &no);
+    sp_lm_swarm sw;
+    sp_lm lm = sp_lm_swarm_make(&sw, rt);
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = no - np;
+    o.stop_at_eos = 0;
+    sp_gen_result r;
+    sp_err err = {0};
+    const int32_t *ps[1] = {prompt};
+    ck_assert_msg(sp_generate(&lm, NULL, ps, &np, 1, &o, NULL, NULL, &r, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(r.n[0], no - np);
+    for (int i = 0; i < r.n[0]; i++)
+        ck_assert_int_eq(r.ids[0][i], want[np + i]);
+    ck_assert_double_gt(r.tokens_per_s, 0);
+    /* the servers' sessions are closed afterwards */
+    ck_assert_int_eq(sp_server_sessions(srv[0]) + sp_server_sessions(srv[1]), 0);
+    sp_gen_result_free(&r);
+    free(prompt), free(want);
+    teardown(rt);
+}
+END_TEST
+
+/* The same generation through the swarm and in one process: seeded sampling, batches of prompts of
+ * different lengths, beam search. */
+START_TEST(t_swarm_equals_local)
+{
+    sp_runtime *rt = swarm_runtime();
+    sp_model *full = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_model_load(&full, GQA, SP_LOAD_ALL, 0, -1, &err), SP_OK);
+    sp_lm_local loc;
+    sp_lm_swarm sw;
+    sp_lm lm_local = sp_lm_local_make(&loc, full), lm_swarm = sp_lm_swarm_make(&sw, rt);
+    int32_t p0[5] = {1, 17, 99, 3, 250}, p1[2] = {1, 400}, p2[7] = {1, 5, 6, 7, 8, 9, 10};
+    const int32_t *ps[3] = {p0, p1, p2};
+    int lens[3] = {5, 2, 7};
+    struct {
+        float temperature;
+        int top_k;
+        float top_p, rep;
+        int beams, n;
+    } cases[] = {
+        {0, 0, 1, 1, 1, 3},       /* greedy, batch of 3 different lengths */
+        {0.8f, 40, 0.9f, 1.3f, 1, 3}, /* seeded sampling with every filter */
+        {1.0f, 0, 1, 1, 1, 1},
+        {0, 0, 1, 1, 4, 1},       /* beam search, 4 beams */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        sp_gen_opts o;
+        sp_gen_opts_default(&o);
+        o.max_new = 12;
+        o.stop_at_eos = 0;
+        o.beams = cases[c].beams;
+        o.sample.temperature = cases[c].temperature;
+        o.sample.top_k = cases[c].top_k;
+        o.sample.top_p = cases[c].top_p;
+        o.sample.repetition_penalty = cases[c].rep;
+        o.sample.seed = 42;
+        sp_gen_result a, b;
+        ck_assert_msg(sp_generate(&lm_local, NULL, ps, lens, cases[c].n, &o, NULL, NULL, &a, &err) == SP_OK, "%s", err.msg);
+        ck_assert_msg(sp_generate(&lm_swarm, NULL, ps, lens, cases[c].n, &o, NULL, NULL, &b, &err) == SP_OK, "%s", err.msg);
+        for (int i = 0; i < cases[c].n; i++) {
+            ck_assert_int_eq(a.n[i], b.n[i]);
+            ck_assert_int_eq(a.n[i], 12);
+            for (int t = 0; t < a.n[i]; t++)
+                ck_assert_msg(a.ids[i][t] == b.ids[i][t], "case %zu row %d pos %d: %d vs %d", c, i, t, a.ids[i][t],
+                              b.ids[i][t]);
+        }
+        if (cases[c].n == 3) { /* each row of a batch equals that prompt generated alone */
+            for (int i = 0; i < 3 && cases[c].temperature == 0; i++) {
+                sp_gen_result one;
+                ck_assert_int_eq(sp_generate(&lm_local, NULL, &ps[i], &lens[i], 1, &o, NULL, NULL, &one, &err), SP_OK);
+                for (int t = 0; t < one.n[0]; t++)
+                    ck_assert_int_eq(one.ids[0][t], a.ids[i][t]);
+                sp_gen_result_free(&one);
+            }
+        }
+        if (cases[c].beams > 1)
+            ck_assert_float_eq_tol(a.best_score, b.best_score, 1e-5);
+        sp_gen_result_free(&a);
+        sp_gen_result_free(&b);
+    }
+    /* a different seed gives a different sample */
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = 12;
+    o.stop_at_eos = 0;
+    o.sample.temperature = 1.0f;
+    sp_gen_result x, y;
+    o.sample.seed = 1;
+    ck_assert_int_eq(sp_generate(&lm_swarm, NULL, ps, lens, 1, &o, NULL, NULL, &x, &err), SP_OK);
+    o.sample.seed = 2;
+    ck_assert_int_eq(sp_generate(&lm_swarm, NULL, ps, lens, 1, &o, NULL, NULL, &y, &err), SP_OK);
+    ck_assert(memcmp(x.ids[0], y.ids[0], 12 * sizeof(int32_t)) != 0);
+    sp_gen_result_free(&x);
+    sp_gen_result_free(&y);
+    sp_model_free(full);
+    teardown(rt);
+}
+END_TEST
+
+/* Beam search must beat or tie greedy on its own score: check beams = 1 vs 4 local. */
+START_TEST(t_beams_score_at_least_greedy)
+{
+    sp_model *full = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_model_load(&full, GQA, SP_LOAD_ALL, 0, -1, &err), SP_OK);
+    sp_lm_local loc;
+    sp_lm lm = sp_lm_local_make(&loc, full);
+    int32_t p[3] = {1, 33, 77};
+    const int32_t *ps[1] = {p};
+    int len = 3;
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = 8;
+    o.stop_at_eos = 0;
+    sp_gen_result g, b;
+    ck_assert_int_eq(sp_generate(&lm, NULL, ps, &len, 1, &o, NULL, NULL, &g, &err), SP_OK);
+    o.beams = 4;
+    ck_assert_int_eq(sp_generate(&lm, NULL, ps, &len, 1, &o, NULL, NULL, &b, &err), SP_OK);
+    /* score greedy's sequence with the model: sum of log-probs / length */
+    sp_model_cache cache;
+    ck_assert_int_eq(sp_model_cache_init(&cache, full, 1, 16, &err), SP_OK);
+    float *logits = malloc((size_t)full->cfg.vocab * 4), *lp = malloc((size_t)full->cfg.vocab * 4);
+    ck_assert_int_eq(sp_model_forward(full, logits, p, 1, 3, 0, &cache, 1, &err), SP_OK);
+    double sum = 0;
+    for (int i = 0; i < g.n[0]; i++) {
+        sp_log_softmax(lp, logits, full->cfg.vocab);
+        sum += lp[g.ids[0][i]];
+        ck_assert_int_eq(sp_model_forward(full, logits, &g.ids[0][i], 1, 1, 3 + i, &cache, 1, &err), SP_OK);
+    }
+    ck_assert_double_ge(b.best_score, sum / g.n[0] - 1e-5);
+    free(logits), free(lp);
+    sp_model_cache_free(&cache);
+    sp_gen_result_free(&g);
+    sp_gen_result_free(&b);
+    sp_model_free(full);
+}
+END_TEST
+
+START_TEST(t_forward_backward_over_route)
+{
+    sp_runtime *rt = swarm_runtime();
+    sp_model *blocks = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_model_load(&blocks, GQA, SP_LOAD_BLOCKS, 0, -1, &err), SP_OK);
+    int B = 2, T = 5, H = 64;
+    size_t N = (size_t)B * T * H;
+    sp_rng r;
+    sp_rng_seed(&r, 4);
+    float *x = malloc(N * 4), *y = malloc(N * 4), *g = malloc(N * 4), *gl = malloc(N * 4);
+    float *bound = malloc(2 * N * 4), *acts = malloc(4 * N * 4);
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g, (long)N, 1.0f);
+    memcpy(y, x, N * 4);
+    ck_assert_int_eq(sp_runtime_forward(rt, y, B, T, bound, &err), SP_OK);
+    /* local: the 4 blocks in a row, keeping each input */
+    sp_ws ws = {0};
+    memcpy(acts, x, N * 4);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(sp_llama_block_forward(&blocks->blocks[i], acts + (i + 1) * N, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
+    float *out = malloc(N * 4);
+    ck_assert_int_eq(sp_llama_block_forward(&blocks->blocks[3], out, acts + 3 * N, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_double_le(sp_max_abs_diff(y, out, N), 1e-5);
+    memcpy(gl, g, N * 4);
+    for (int i = 3; i >= 0; i--)
+        ck_assert_int_eq(sp_llama_block_backward(&blocks->blocks[i], gl, gl, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_backward(rt, g, B, T, bound, &err), SP_OK);
+    ck_assert_double_le(sp_max_abs_diff(g, gl, N), 1e-5);
+    free(x), free(y), free(g), free(gl), free(bound), free(acts), free(out);
+    sp_ws_free(&ws);
+    sp_model_free(blocks);
+    teardown(rt);
+}
+END_TEST
+
+START_TEST(t_errors)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_int_ne(sp_runtime_swarm_up(rt, 2, 0, &err), SP_OK); /* nothing loaded */
+    ck_assert_ptr_nonnull(strstr(err.msg, "no model loaded"));
+    ck_assert_int_eq(sp_runtime_load(rt, GQA, &err), SP_OK);
+    ck_assert_int_ne(sp_runtime_connect(rt, "127.0.0.1:1", &err), SP_OK);
+    ck_assert_ptr_nonnull(strstr(err.msg, "127.0.0.1:1"));
+    ck_assert_int_ne(sp_runtime_connect(rt, "nonsense", &err), SP_OK);
+    ck_assert_ptr_nonnull(strstr(err.msg, "HOST:PORT"));
+    /* a route with a hole: only blocks 0:2 served */
+    srv[0] = start(0, 2);
+    char a[64];
+    snprintf(a, sizeof a, "127.0.0.1:%d", sp_server_port(srv[0]));
+    ck_assert_int_ne(sp_runtime_connect(rt, a, &err), SP_OK);
+    ck_assert_ptr_nonnull(strstr(err.msg, "no online server holds block 2"));
+    ck_assert_int_ne(sp_runtime_swarm_up(rt, 9, 0, &err), SP_OK); /* more servers than blocks */
+    teardown(rt);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("runtime");
+    TCase *tc = tcase_create("runtime");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t_local_parts_only);
+    tcase_add_test(tc, t_greedy_matches_transformers);
+    tcase_add_test(tc, t_swarm_equals_local);
+    tcase_add_test(tc, t_beams_score_at_least_greedy);
+    tcase_add_test(tc, t_forward_backward_over_route);
+    tcase_add_test(tc, t_errors);
+    suite_add_tcase(s, tc);
+    return sp_test_run(s);
+}

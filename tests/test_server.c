@@ -1,0 +1,718 @@
+/* test_server.c - sepal-server's RPCs over real websockets on loopback (servers run as threads in this
+ * process; one test runs the real binary): forward/backward against transformers' golden outputs and the
+ * local engine, deep prompts, inference sessions (decode == forward, rollback, hypo_ids, two clients),
+ * cache budget, timeouts, and bad input that must get an ERROR while the server keeps serving. */
+#include <cJSON.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "model.h"
+#include "remote.h"
+#include "rng.h"
+#include "server.h"
+#include "testutil.h"
+#include "timeutil.h"
+
+#define GQA SEPAL_TEST_DATA "/hf-tiny/llama-gqa"
+#define H 64
+#define TMO 20000
+
+/* ---------------------------------------------------------------------------------------------- */
+/* fixtures */
+
+static sp_server *start_server(int a, int b, long cache_tokens, double step_timeout)
+{
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.start = a;
+    o.end = b;
+    o.measure = 0;
+    if (cache_tokens)
+        o.cache_tokens = cache_tokens;
+    if (step_timeout > 0)
+        o.step_timeout_s = step_timeout;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
+static sp_remote *connect_to(sp_server *s)
+{
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", sp_server_port(s), 0, TMO, &err) == SP_OK, "%s", err.msg);
+    return r;
+}
+
+static float *golden(const char *name, size_t *n)
+{
+    sp_safetensors *st = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_st_open(&st, GQA "/golden.safetensors", &err), SP_OK);
+    const sp_st_tensor *t = sp_st_get(st, name, &err);
+    ck_assert_ptr_nonnull(t);
+    float *x = malloc(t->numel * sizeof(float));
+    ck_assert_int_eq(sp_to_f32(x, t->data, t->dtype, t->numel, &err), SP_OK);
+    *n = t->numel;
+    sp_st_close(st);
+    return x;
+}
+
+static sp_tensor_src t3(const float *x, int B, int T)
+{
+    return (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = x};
+}
+
+/* Calls and expects success; copies tensor i of the reply to f32 (caller frees). */
+static float *call_ok(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, int want_tensors,
+                      sp_reply *rep)
+{
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_call(r, type, meta, t, n, rep, TMO, &err) == SP_OK, "%s: %s", sp_msg_type_name(type),
+                  err.msg);
+    ck_assert_int_eq(rep->msg.n_tensors, want_tensors);
+    if (!want_tensors)
+        return NULL;
+    float *x = malloc(rep->msg.t[0].numel * sizeof(float));
+    ck_assert_int_eq(sp_tensor_to_f32(&rep->msg.t[0], x, &err), SP_OK);
+    return x;
+}
+
+/* Calls and expects an ERROR reply with `code`. */
+static void call_err(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, const char *code)
+{
+    sp_reply rep;
+    sp_err err = {0};
+    ck_assert_int_ne(sp_remote_call(r, type, meta, t, n, &rep, TMO, &err), SP_OK);
+    const char *got = sp_reply_error_code(&rep);
+    ck_assert_msg(got && !strcmp(got, code), "expected %s, got %s (%s)", code, got ? got : "no reply", err.msg);
+    sp_reply_clear(&rep);
+}
+
+/* The server still answers (the connection given, or a fresh one if r is NULL). */
+static void still_serving(sp_server *s, sp_remote *r)
+{
+    sp_remote *own = r ? NULL : connect_to(s);
+    sp_reply rep;
+    call_ok(r ? r : own, SP_MSG_PING, "{\"x\":1}", NULL, 0, 0, &rep);
+    int64_t x = 0;
+    ck_assert(sp_meta_int(&rep.msg, "x", &x) && x == 1);
+    sp_reply_clear(&rep);
+    sp_remote_close(own);
+}
+
+static sp_model *local_blocks(int a, int b)
+{
+    sp_model *m = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_model_load(&m, GQA, SP_LOAD_BLOCKS, a, b, &err), SP_OK);
+    return m;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* forward / backward */
+
+START_TEST(t_forward_backward_golden)
+{
+    sp_server *s = start_server(1, 3, 0, 0);
+    sp_remote *r = connect_to(s);
+    ck_assert_int_eq(sp_remote_hello(r)->start, 1);
+    ck_assert_int_eq(sp_remote_hello(r)->end, 3);
+    size_t n;
+    float *in = golden("block.1.in", &n), *out = golden("block.2.out", &n), *gout = golden("block.2.grad_out", &n);
+    int B = 2, T = (int)(n / 2 / H);
+    sp_reply rep;
+    sp_tensor_src x = t3(in, B, T);
+    float *got = call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":3}", &x, 1, 1, &rep);
+    ck_assert_double_le(sp_max_abs_diff(got, out, n), 1e-4); /* transformers' block.2.out */
+    sp_reply_clear(&rep);
+    free(got);
+    /* backward: grad_in of block 1 for block 2's grad_out, expected from the local engine */
+    sp_model *m = local_blocks(1, 3);
+    sp_ws ws = {0};
+    sp_err err = {0};
+    float *mid = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+    ck_assert_int_eq(sp_llama_block_forward(&m->blocks[0], mid, in, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[1], want, gout, mid, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[0], want, want, in, B, T, 0, NULL, &ws, &err), SP_OK);
+    sp_tensor_src args[2] = {t3(in, B, T), t3(gout, B, T)};
+    got = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":3}", args, 2, 1, &rep);
+    ck_assert_double_le(sp_max_abs_diff(got, want, n), 1e-5);
+    sp_reply_clear(&rep);
+    /* a sub-span: block 2 alone maps block.2.in to block.2.out */
+    free(in);
+    in = golden("block.2.in", &n);
+    x = t3(in, B, T);
+    free(got);
+    got = call_ok(r, SP_MSG_FORWARD, "{\"start\":2,\"end\":3}", &x, 1, 1, &rep);
+    ck_assert_double_le(sp_max_abs_diff(got, out, n), 1e-4);
+    sp_reply_clear(&rep);
+    free(in), free(out), free(gout), free(got), free(mid), free(want);
+    sp_ws_free(&ws);
+    sp_model_free(m);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* Deep prompts: added to the first P positions entering each block; their gradients come back. */
+START_TEST(t_deep_prompts)
+{
+    sp_server *s = start_server(0, 4, 0, 0);
+    sp_remote *r = connect_to(s);
+    int B = 2, T = 6, P = 3, nb = 2;
+    sp_rng g;
+    sp_rng_seed(&g, 3);
+    size_t N = (size_t)B * T * H, NP = (size_t)nb * B * P * H;
+    float *x = malloc(N * 4), *gout = malloc(N * 4), *pr = malloc(NP * 4);
+    sp_rng_fill_normal(&g, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&g, gout, (long)N, 1.0f);
+    sp_rng_fill_normal(&g, pr, (long)NP, 0.5f);
+    /* local reference: blocks 1 and 2 with prompts added, and gradients by the chain rule */
+    sp_model *m = local_blocks(1, 3);
+    sp_ws ws = {0};
+    sp_err err = {0};
+    float *x0 = malloc(N * 4), *x1 = malloc(N * 4), *y = malloc(N * 4), *gin = malloc(N * 4), *gp = calloc(NP, 4);
+    memcpy(x0, x, N * 4);
+    for (int k = 0; k < 2; k++) {
+        float *cur = k ? x1 : x0;
+        if (k)
+            ck_assert_int_eq(sp_llama_block_forward(&m->blocks[0], x1, x0, B, T, 0, NULL, &ws, &err), SP_OK);
+        for (int b = 0; b < B; b++)
+            for (int p = 0; p < P; p++)
+                for (int c = 0; c < H; c++)
+                    cur[((size_t)b * T + p) * H + c] += pr[(((size_t)k * B + b) * P + p) * H + c];
+    }
+    ck_assert_int_eq(sp_llama_block_forward(&m->blocks[1], y, x1, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[1], gin, gout, x1, B, T, 0, NULL, &ws, &err), SP_OK);
+    for (int b = 0; b < B; b++)
+        memcpy(gp + ((size_t)(1 * B + b) * P) * H, gin + (size_t)b * T * H, (size_t)P * H * 4);
+    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[0], gin, gin, x0, B, T, 0, NULL, &ws, &err), SP_OK);
+    for (int b = 0; b < B; b++)
+        memcpy(gp + ((size_t)b * P) * H, gin + (size_t)b * T * H, (size_t)P * H * 4);
+    sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};
+    sp_tensor_src fa[2] = {t3(x, B, T), prompts};
+    sp_reply rep;
+    float *got = call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":3}", fa, 2, 1, &rep);
+    ck_assert_double_le(sp_max_abs_diff(got, y, N), 1e-5);
+    sp_reply_clear(&rep);
+    free(got);
+    sp_tensor_src ba[3] = {t3(x, B, T), t3(gout, B, T), prompts};
+    got = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":3}", ba, 3, 2, &rep);
+    ck_assert_double_le(sp_max_abs_diff(got, gin, N), 1e-5);
+    float *gpr = malloc(NP * 4);
+    ck_assert_int_eq(rep.msg.t[1].rank, 4);
+    ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[1], gpr, &err), SP_OK);
+    ck_assert_double_le(sp_max_abs_diff(gpr, gp, NP), 1e-5);
+    sp_reply_clear(&rep);
+    /* prompts of the wrong block count are refused */
+    sp_tensor_src bad = prompts;
+    bad.shape[0] = 3;
+    sp_tensor_src fb[2] = {t3(x, B, T), bad};
+    call_err(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":3}", fb, 2, "shape");
+    free(x), free(gout), free(pr), free(x0), free(x1), free(y), free(gin), free(gp), free(got), free(gpr);
+    sp_ws_free(&ws);
+    sp_model_free(m);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* inference sessions */
+
+static uint64_t open_session(sp_remote *r, int a, int b, int L, int B)
+{
+    char meta[128];
+    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%d,\"batch\":%d}", a, b, L, B);
+    sp_reply rep;
+    call_ok(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, 0, &rep);
+    int64_t id = 0;
+    ck_assert(sp_meta_int(&rep.msg, "session", &id) && id > 0);
+    sp_reply_clear(&rep);
+    return (uint64_t)id;
+}
+
+/* One step of T positions: x [B, T, H] in, output written to y. Extra tensors (hypo_ids) optional. */
+static void step(sp_remote *r, uint64_t id, const float *x, int B, int T, float *y, int from, const sp_tensor_src *extra)
+{
+    char meta[128];
+    if (from >= 0)
+        snprintf(meta, sizeof meta, "{\"session\":%llu,\"start_from_position\":%d}", (unsigned long long)id, from);
+    else
+        snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
+    sp_tensor_src a[2] = {t3(x, B, T)};
+    if (extra)
+        a[1] = *extra;
+    sp_reply rep;
+    float *out = call_ok(r, SP_MSG_INFERENCE_STEP, meta, a, extra ? 2 : 1, 1, &rep);
+    memcpy(y, out, (size_t)B * T * H * 4);
+    free(out);
+    sp_reply_clear(&rep);
+}
+
+/* Rows [t0, t0+T) of every sequence of x [B, Tall, H]. */
+static void slice(float *dst, const float *x, int B, int Tall, int t0, int T)
+{
+    for (int b = 0; b < B; b++)
+        memcpy(dst + (size_t)b * T * H, x + ((size_t)b * Tall + t0) * H, (size_t)T * H * 4);
+}
+
+START_TEST(t_sessions_two_servers)
+{
+    sp_server *s1 = start_server(0, 2, 0, 0), *s2 = start_server(2, 4, 0, 0);
+    sp_remote *r1 = connect_to(s1), *r2 = connect_to(s2);
+    int B = 2, T = 8;
+    size_t N = (size_t)B * T * H;
+    sp_rng g;
+    sp_rng_seed(&g, 9);
+    float *x = malloc(N * 4), *full = malloc(N * 4), *dec = malloc(N * 4), *a = malloc(N * 4), *b = malloc(N * 4);
+    sp_rng_fill_normal(&g, x, (long)N, 1.0f);
+    /* one FORWARD over the whole sequence through both servers */
+    sp_reply rep;
+    sp_tensor_src tx = t3(x, B, T);
+    float *mid = call_ok(r1, SP_MSG_FORWARD, "{\"start\":0,\"end\":2}", &tx, 1, 1, &rep);
+    sp_reply_clear(&rep);
+    tx = t3(mid, B, T);
+    float *out = call_ok(r2, SP_MSG_FORWARD, "{\"start\":2,\"end\":4}", &tx, 1, 1, &rep);
+    memcpy(full, out, N * 4);
+    sp_reply_clear(&rep);
+    free(mid), free(out);
+    /* the same positions decoded through sessions: a prefill of 3, then one position at a time */
+    uint64_t i1 = open_session(r1, 0, 2, 16, B), i2 = open_session(r2, 2, 4, 16, B);
+    ck_assert_int_eq(sp_server_sessions(s1), 1);
+    int pos = 0;
+    while (pos < T) {
+        int t = pos == 0 ? 3 : 1;
+        slice(a, x, B, T, pos, t);
+        step(r1, i1, a, B, t, b, -1, NULL);
+        step(r2, i2, b, B, t, a, -1, NULL);
+        for (int k = 0; k < B; k++)
+            memcpy(dec + ((size_t)k * T + pos) * H, a + (size_t)k * t * H, (size_t)t * H * 4);
+        pos += t;
+    }
+    ck_assert_double_le(sp_max_abs_diff(dec, full, N), 1e-4);
+    /* rollback: replay positions 5..7 with start_from_position 5 gives the same outputs */
+    slice(a, x, B, T, 5, 3);
+    step(r1, i1, a, B, 3, b, 5, NULL);
+    step(r2, i2, b, B, 3, a, 5, NULL);
+    slice(b, full, B, T, 5, 3);
+    ck_assert_double_le(sp_max_abs_diff(a, b, (size_t)B * 3 * H), 1e-4);
+    /* past max_length is refused, and so is a batch change */
+    float *big = calloc((size_t)B * 9 * H, 4);
+    sp_tensor_src tb = t3(big, B, 9);
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)i1);
+    call_err(r1, SP_MSG_INFERENCE_STEP, meta, &tb, 1, "max_length");
+    tb = t3(big, 1, 1);
+    call_err(r1, SP_MSG_INFERENCE_STEP, meta, &tb, 1, "shape");
+    /* close; stepping a closed session fails */
+    call_ok(r1, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, 0, &rep);
+    sp_reply_clear(&rep);
+    ck_assert_int_eq(sp_server_sessions(s1), 0);
+    tb = t3(big, B, 1);
+    call_err(r1, SP_MSG_INFERENCE_STEP, meta, &tb, 1, "no_session");
+    free(x), free(full), free(dec), free(a), free(b), free(big);
+    sp_remote_close(r1), sp_remote_close(r2);
+    sp_server_stop(s1), sp_server_stop(s2);
+}
+END_TEST
+
+/* hypo_ids: after reordering the cache batch, row b continues the sequence of old row hypo[b]. */
+START_TEST(t_hypo_ids)
+{
+    sp_server *s = start_server(0, 4, 0, 0);
+    sp_remote *r = connect_to(s);
+    int B = 3, T = 4;
+    size_t N = (size_t)B * T * H;
+    sp_rng g;
+    sp_rng_seed(&g, 5);
+    float *x = malloc(N * 4), *y = malloc(N * 4), *nx = malloc((size_t)B * H * 4), *got = malloc((size_t)B * H * 4);
+    sp_rng_fill_normal(&g, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&g, nx, B * H, 1.0f);
+    uint64_t id = open_session(r, 0, 4, 8, B);
+    step(r, id, x, B, T, y, -1, NULL);
+    int64_t hypo[3] = {2, 2, 0};
+    sp_tensor_src th = {.enc = SP_ENC_I64, .rank = 1, .shape = {3}, .raw = hypo};
+    step(r, id, nx, B, 1, got, -1, &th);
+    /* reference: a fresh session fed the reordered prefixes */
+    float *x2 = malloc((size_t)B * (T + 1) * H * 4), *y2 = malloc((size_t)B * (T + 1) * H * 4);
+    for (int b = 0; b < B; b++) {
+        memcpy(x2 + (size_t)b * (T + 1) * H, x + (size_t)hypo[b] * T * H, (size_t)T * H * 4);
+        memcpy(x2 + ((size_t)b * (T + 1) + T) * H, nx + (size_t)b * H, H * 4);
+    }
+    uint64_t id2 = open_session(r, 0, 4, 8, B);
+    step(r, id2, x2, B, T + 1, y2, -1, NULL);
+    for (int b = 0; b < B; b++)
+        ck_assert_double_le(sp_max_abs_diff(got + (size_t)b * H, y2 + ((size_t)b * (T + 1) + T) * H, H), 1e-4);
+    int64_t badh[3] = {0, 3, 1};
+    th.raw = badh;
+    sp_tensor_src a[2] = {t3(nx, B, 1), th};
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
+    call_err(r, SP_MSG_INFERENCE_STEP, meta, a, 2, "bad_request");
+    free(x), free(y), free(nx), free(got), free(x2), free(y2);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* Two clients decode at once on one server; each gets what it gets alone. */
+typedef struct client_job {
+    sp_server *s;
+    int seed;
+    double err;
+} client_job;
+
+static void *client_thread(void *p)
+{
+    client_job *j = p;
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    if (sp_remote_connect(&r, "127.0.0.1", sp_server_port(j->s), 0, TMO, &err)) {
+        j->err = 1e9;
+        return NULL;
+    }
+    int B = 1, T = 6;
+    float x[6 * H], y[6 * H], full[6 * H];
+    sp_rng g;
+    sp_rng_seed(&g, (uint64_t)j->seed);
+    sp_rng_fill_normal(&g, x, T * H, 1.0f);
+    sp_reply rep;
+    sp_tensor_src tx = t3(x, B, T);
+    j->err = 1e9;
+    if (sp_remote_call(r, SP_MSG_FORWARD, "{\"start\":0,\"end\":4}", &tx, 1, &rep, TMO, &err) == SP_OK &&
+        sp_tensor_to_f32(&rep.msg.t[0], full, &err) == SP_OK) {
+        sp_reply_clear(&rep);
+        if (sp_remote_call(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":4,\"max_length\":6,\"batch\":1}", NULL, 0,
+                           &rep, TMO, &err) == SP_OK) {
+            int64_t id = 0;
+            sp_meta_int(&rep.msg, "session", &id);
+            sp_reply_clear(&rep);
+            int ok = 1;
+            for (int t = 0; ok && t < T; t++) {
+                char meta[64];
+                snprintf(meta, sizeof meta, "{\"session\":%lld}", (long long)id);
+                sp_tensor_src ts = t3(x + t * H, 1, 1);
+                ok = sp_remote_call(r, SP_MSG_INFERENCE_STEP, meta, &ts, 1, &rep, TMO, &err) == SP_OK &&
+                     sp_tensor_to_f32(&rep.msg.t[0], y + t * H, &err) == SP_OK;
+                sp_reply_clear(&rep);
+            }
+            if (ok)
+                j->err = sp_max_abs_diff(y, full, (size_t)T * H);
+        }
+    } else {
+        sp_reply_clear(&rep);
+    }
+    sp_remote_close(r);
+    return NULL;
+}
+
+START_TEST(t_two_clients)
+{
+    sp_server *s = start_server(0, 4, 0, 0);
+    client_job j[2] = {{s, 1, 0}, {s, 2, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, client_thread, &j[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_double_le(j[0].err, 1e-4);
+    ck_assert_double_le(j[1].err, 1e-4);
+    /* both connections closed: their sessions are freed */
+    for (int k = 0; k < 100 && sp_server_sessions(s); k++)
+        usleep(20000);
+    ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* cache budget, timeouts, info */
+
+START_TEST(t_cache_budget_and_info)
+{
+    sp_server *s = start_server(0, 2, 100, 0); /* 100 positions over the span */
+    sp_remote *r = connect_to(s);
+    sp_reply rep;
+    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
+    int64_t v;
+    ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &v) && v == 100);
+    ck_assert(sp_meta_int(&rep.msg, "hidden_size", &v) && v == H);
+    ck_assert(sp_meta_int(&rep.msg, "start", &v) && v == 0);
+    ck_assert_str_eq(sp_meta_str(&rep.msg, "protocol"), "1.0");
+    sp_reply_clear(&rep);
+    uint64_t id = open_session(r, 0, 2, 60, 1);
+    call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":2,\"max_length\":50,\"batch\":1}", NULL, 0, "out_of_cache");
+    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
+    ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &v) && v == 40);
+    sp_reply_clear(&rep);
+    /* a session on one block of the two costs half as much: 80 positions fit in the 40 left x 2 */
+    uint64_t id2 = open_session(r, 1, 2, 80, 1);
+    ck_assert_int_eq(sp_server_sessions(s), 2);
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
+    call_ok(r, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, 0, &rep);
+    sp_reply_clear(&rep);
+    (void)id2;
+    /* closing the connection frees the other */
+    sp_remote_close(r);
+    for (int k = 0; k < 100 && sp_server_sessions(s); k++)
+        usleep(20000);
+    ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_stop(s);
+}
+END_TEST
+
+START_TEST(t_step_timeout)
+{
+    sp_server *s = start_server(0, 1, 0, 1.0); /* sessions idle for 1 s are closed */
+    sp_remote *r = connect_to(s);
+    uint64_t id = open_session(r, 0, 1, 8, 1);
+    ck_assert_int_eq(sp_server_sessions(s), 1);
+    for (int k = 0; k < 150 && sp_server_sessions(s); k++)
+        usleep(20000);
+    ck_assert_int_eq(sp_server_sessions(s), 0);
+    float x[H] = {0};
+    sp_tensor_src tx = t3(x, 1, 1);
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
+    call_err(r, SP_MSG_INFERENCE_STEP, meta, &tx, 1, "no_session");
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* bad input */
+
+START_TEST(t_bad_requests)
+{
+    sp_server *s = start_server(1, 3, 0, 0);
+    sp_remote *r = connect_to(s);
+    float x[2 * 4 * H];
+    for (int i = 0; i < 2 * 4 * H; i++)
+        x[i] = (float)(i % 7) * 0.1f;
+    sp_tensor_src good = t3(x, 2, 4);
+    const char *span = "{\"start\":1,\"end\":3}";
+    /* wrong hidden size */
+    sp_tensor_src t = good;
+    t.shape[2] = 32;
+    call_err(r, SP_MSG_FORWARD, span, &t, 1, "shape");
+    /* wrong dtype: integers where floats belong */
+    int64_t ids[8] = {0};
+    t = (sp_tensor_src){.enc = SP_ENC_I64, .rank = 3, .shape = {2, 4, 1}, .raw = ids};
+    call_err(r, SP_MSG_FORWARD, span, &t, 1, "dtype");
+    /* blocks not served, and no span at all */
+    call_err(r, SP_MSG_FORWARD, "{\"start\":0,\"end\":2}", &good, 1, "blocks_not_served");
+    call_err(r, SP_MSG_FORWARD, "{\"start\":2,\"end\":2}", &good, 1, "blocks_not_served");
+    call_err(r, SP_MSG_FORWARD, NULL, &good, 1, "bad_request");
+    call_err(r, SP_MSG_FORWARD, span, NULL, 0, "bad_request");
+    /* NaN payload: refused (documented), the server keeps serving */
+    x[5] = NAN;
+    call_err(r, SP_MSG_FORWARD, span, &good, 1, "non_finite");
+    x[5] = INFINITY;
+    call_err(r, SP_MSG_FORWARD, span, &good, 1, "non_finite");
+    x[5] = 0;
+    /* an ERROR or a reply type is not a request */
+    call_err(r, SP_MSG_ERROR, NULL, NULL, 0, "unknown_type");
+    /* backward with mismatched grad */
+    sp_tensor_src bw[2] = {good, t3(x, 1, 4)};
+    call_err(r, SP_MSG_BACKWARD, span, bw, 2, "shape");
+    /* sessions: bad max_length, a session that is not ours */
+    call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":1,\"end\":3,\"max_length\":0,\"batch\":1}", NULL, 0, "max_length");
+    call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":1,\"end\":3,\"max_length\":100000,\"batch\":1}", NULL, 0,
+             "max_length");
+    call_err(r, SP_MSG_INFERENCE_STEP, "{\"session\":999}", &good, 1, "no_session");
+    call_err(r, SP_MSG_INFERENCE_CLOSE, "{\"session\":999}", NULL, 0, "no_session");
+    still_serving(s, r);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* Malformed bytes cost the sender its connection, nobody else anything. */
+START_TEST(t_malformed_messages)
+{
+    sp_server *s = start_server(1, 3, 0, 0);
+    sp_remote *bystander = connect_to(s);
+    float x[4 * H] = {0};
+    sp_tensor_src good = t3(x, 1, 4);
+    sp_buf msg = {0};
+    sp_err err = {0};
+    ck_assert_int_eq(sp_msg_encode(&msg, SP_MSG_FORWARD, 0, 77, "{\"start\":1,\"end\":3}", &good, 1, &err), SP_OK);
+    struct {
+        const char *what;
+        size_t len;
+        int byte;
+        uint8_t value;
+        const char *code;
+    } cases[] = {
+        {"truncated", 100, -1, 0, "malformed"},
+        {"bad magic", 0, 0, 'X', "malformed"},
+        {"major version 2", 0, 4, 2, "version"},
+        {"unknown type", 0, 8, 200, "unknown_type"},
+        {"body length off", 0, 32, 0xff, "malformed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sp_remote *r = connect_to(s);
+        uint8_t *bytes = malloc(msg.len);
+        memcpy(bytes, msg.data, msg.len);
+        size_t len = cases[i].len ? cases[i].len : msg.len;
+        if (cases[i].byte >= 0)
+            bytes[cases[i].byte] = cases[i].value;
+        sp_reply rep;
+        sp_remote_call_raw(r, bytes, len, &rep, TMO, &err);
+        const char *code = sp_reply_error_code(&rep);
+        ck_assert_msg(code && !strcmp(code, cases[i].code), "%s: got %s", cases[i].what, code ? code : err.msg);
+        sp_reply_clear(&rep);
+        free(bytes);
+        sp_remote_close(r);
+    }
+    /* a header announcing a message past the cap (2^40 bytes): that connection is closed, nothing else */
+    {
+        sp_remote *r = connect_to(s);
+        uint8_t bytes[64];
+        memcpy(bytes, msg.data, 64);
+        memset(bytes + 32, 0, 8);
+        bytes[37] = 1; /* body_len = 2^40 */
+        sp_reply rep;
+        ck_assert_int_ne(sp_remote_call_raw(r, bytes, sizeof bytes, &rep, 5000, &err), SP_OK);
+        sp_reply_clear(&rep);
+        sp_remote_close(r);
+    }
+    still_serving(s, bystander);
+    still_serving(s, NULL);
+    sp_buf_free(&msg);
+    sp_remote_close(bystander);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* Reply encodings: f16, bf16 and q8 replies are close to the f32 one. */
+START_TEST(t_reply_encodings)
+{
+    sp_server *s = start_server(0, 1, 0, 0);
+    sp_remote *r = connect_to(s);
+    size_t n;
+    float *in = golden("block.0.in", &n);
+    sp_tensor_src x = t3(in, 2, (int)(n / 2 / H));
+    sp_reply rep;
+    float *ref = call_ok(r, SP_MSG_FORWARD, "{\"start\":0,\"end\":1}", &x, 1, 1, &rep);
+    sp_reply_clear(&rep);
+    double maxabs = 0;
+    for (size_t i = 0; i < n; i++)
+        maxabs = fmax(maxabs, fabs(ref[i]));
+    const char *encs[] = {"f16", "bf16", "q8"};
+    double tol[] = {maxabs / 1024, maxabs / 128, maxabs / 127};
+    for (int e = 0; e < 3; e++) {
+        char meta[96];
+        snprintf(meta, sizeof meta, "{\"start\":0,\"end\":1,\"reply_encoding\":\"%s\"}", encs[e]);
+        float *got = call_ok(r, SP_MSG_FORWARD, meta, &x, 1, 1, &rep);
+        ck_assert_int_eq(rep.msg.t[0].enc, sp_encoding_from_name(encs[e]));
+        ck_assert_msg(sp_max_abs_diff(got, ref, n) <= tol[e], "%s: %g", encs[e], sp_max_abs_diff(got, ref, n));
+        ck_assert_double_gt(sp_max_abs_diff(got, ref, n), 0); /* it really was re-encoded */
+        sp_reply_clear(&rep);
+        free(got);
+    }
+    call_err(r, SP_MSG_FORWARD, "{\"start\":0,\"end\":1,\"reply_encoding\":\"f8\"}", &x, 1, "bad_request");
+    free(in), free(ref);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the real binary */
+
+START_TEST(t_binary_serves_and_stops)
+{
+    int out[2];
+    ck_assert_int_eq(pipe(out), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        execl(SEPAL_BIN_DIR "/server/sepal-server", "sepal-server", "--model", GQA, "--blocks", "2:", "--no-measure",
+              (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[512] = "";
+    FILE *f = fdopen(out[0], "r");
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    const char *p = strstr(line, "ws://127.0.0.1:");
+    ck_assert_msg(p != NULL, "%s", line);
+    int port = atoi(p + strlen("ws://127.0.0.1:"));
+    ck_assert_ptr_nonnull(strstr(line, "blocks 2:-1") ? line : strstr(line, "blocks 2:"));
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(sp_remote_hello(r)->start, 2);
+    ck_assert_int_eq(sp_remote_hello(r)->end, 4);
+    sp_remote_close(r);
+    kill(pid, SIGTERM);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fclose(f);
+}
+END_TEST
+
+START_TEST(t_binary_bad_arguments)
+{
+    const char *cases[][6] = {
+        {"--model", GQA, NULL},                                    /* no blocks */
+        {"--model", GQA, "--blocks", "3:2", NULL},                 /* empty span */
+        {"--model", GQA, "--blocks", "0:9", "--no-measure", NULL}, /* past the model */
+        {"--model", "/nonexistent", "--blocks", "0:1", NULL},
+        {"--model", GQA, "--blocks", "0:1", "--port", "x"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            const char *argv[8] = {"sepal-server"};
+            for (int k = 0; k < 6 && cases[i][k]; k++)
+                argv[k + 1] = cases[i][k];
+            int dn = open("/dev/null", 1);
+            dup2(dn, 2);
+            execv(SEPAL_BIN_DIR "/server/sepal-server", (char *const *)argv);
+            _exit(127);
+        }
+        int status;
+        waitpid(pid, &status, 0);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 127, "case %zu", i);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    Suite *s = suite_create("server");
+    TCase *tc = tcase_create("rpc");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t_forward_backward_golden);
+    tcase_add_test(tc, t_deep_prompts);
+    tcase_add_test(tc, t_sessions_two_servers);
+    tcase_add_test(tc, t_hypo_ids);
+    tcase_add_test(tc, t_two_clients);
+    tcase_add_test(tc, t_cache_budget_and_info);
+    tcase_add_test(tc, t_step_timeout);
+    tcase_add_test(tc, t_bad_requests);
+    tcase_add_test(tc, t_malformed_messages);
+    tcase_add_test(tc, t_reply_encodings);
+    tcase_add_test(tc, t_binary_serves_and_stops);
+    tcase_add_test(tc, t_binary_bad_arguments);
+    suite_add_tcase(s, tc);
+    return sp_test_run(s);
+}
