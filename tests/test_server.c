@@ -587,6 +587,9 @@ START_TEST(t_malformed_messages)
         bytes[37] = 1; /* body_len = 2^40 */
         sp_reply rep;
         ck_assert_int_ne(sp_remote_call_raw(r, bytes, sizeof bytes, &rep, 5000, &err), SP_OK);
+        const char *code = sp_reply_error_code(&rep);
+        ck_assert_msg(code && !strcmp(code, "malformed"), "oversized: %s", code ? code : err.msg);
+        ck_assert_ptr_nonnull(strstr(sp_meta_str(&rep.msg, "message"), "exceeds max_message"));
         sp_reply_clear(&rep);
         sp_remote_close(r);
     }

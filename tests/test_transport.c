@@ -1,0 +1,759 @@
+/* test_transport.c - the ws + bulk transport over real sockets on ephemeral 127.0.0.1 ports: byte-exact
+ * echoes of 40 B .. 32 MiB on both channels, many messages in flight, concurrent clients, the size cap,
+ * malformed framing, bulk tokens, close semantics, refused connections, the 127.0.0.1 bind (from
+ * /proc/net/tcp), and the lws hardening (404 for HTTP, no h2c, binary only). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "timeutil.h"
+#include "transport.h"
+
+#define HDR SP_PROTO_HEADER_SIZE
+#define WAIT_MS 30000
+#define WHOAMI 0xFFFF0000ull /* request id of a header-only message the test server answers with the conn id */
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* an echo server that counts what happens */
+
+typedef struct srv {
+    sp_ws_server *s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int echo;
+    int nmsg, ncloses;
+    uint64_t last_conn;
+    int close_count[64]; /* per conn id (ids start at 1) */
+} srv;
+
+static void on_message(void *user, uint64_t conn, sp_buf *msg)
+{
+    srv *v = user;
+    pthread_mutex_lock(&v->mu);
+    v->nmsg++;
+    v->last_conn = conn;
+    sp_ws_server *s = v->s;
+    int echo = v->echo;
+    pthread_cond_broadcast(&v->cv);
+    pthread_mutex_unlock(&v->mu);
+    if (s && msg->len == HDR && get64(msg->data + 16) == WHOAMI) {
+        put64(msg->data + 16, conn); /* tells the client its conn id (for the bulk token) */
+        sp_ws_server_send(s, conn, msg, NULL);
+    } else if (echo && s)
+        sp_ws_server_send(s, conn, msg, NULL);
+    else
+        sp_buf_free(msg);
+}
+
+static void on_close(void *user, uint64_t conn)
+{
+    srv *v = user;
+    pthread_mutex_lock(&v->mu);
+    v->ncloses++;
+    if (conn < 64)
+        v->close_count[conn]++;
+    pthread_cond_broadcast(&v->cv);
+    pthread_mutex_unlock(&v->mu);
+}
+
+static void srv_start(srv *v, const sp_transport_opts *o)
+{
+    memset(v, 0, sizeof *v);
+    pthread_mutex_init(&v->mu, NULL);
+    pthread_cond_init(&v->cv, NULL);
+    v->echo = 1;
+    sp_err err = {0};
+    sp_ws_server *s = NULL;
+    ck_assert_msg(sp_ws_server_start(&s, o, on_message, on_close, v, &err) == SP_OK, "%s", err.msg);
+    pthread_mutex_lock(&v->mu);
+    v->s = s;
+    pthread_mutex_unlock(&v->mu);
+    ck_assert_int_gt(sp_ws_server_port(s), 0);
+}
+
+static void srv_stop(srv *v)
+{
+    sp_ws_server_stop(v->s);
+    pthread_cond_destroy(&v->cv);
+    pthread_mutex_destroy(&v->mu);
+}
+
+/* Waits until *field (read under the lock) reaches at least n; returns its value. */
+static int srv_wait(srv *v, const int *field, int n, int ms)
+{
+    uint64_t end = sp_now_ns() + (uint64_t)ms * 1000000ull;
+    pthread_mutex_lock(&v->mu);
+    while (*field < n && sp_now_ns() < end) {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        struct timespec ts = {.tv_sec = tv.tv_sec, .tv_nsec = tv.tv_usec * 1000 + 20000000};
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&v->cv, &v->mu, &ts);
+    }
+    int r = *field;
+    pthread_mutex_unlock(&v->mu);
+    return r;
+}
+
+static int srv_get(srv *v, const int *field)
+{
+    pthread_mutex_lock(&v->mu);
+    int r = *field;
+    pthread_mutex_unlock(&v->mu);
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* messages: a valid header (PING, no metadata, no tensors) and a body of pseudo-random bytes */
+
+static void write_header(uint8_t *p, uint64_t id, uint64_t body_len)
+{
+    memset(p, 0, HDR);
+    memcpy(p, "SEPL", 4);
+    p[4] = SP_PROTO_MAJOR;
+    p[8] = SP_MSG_PING;
+    put64(p + 16, id);
+    put64(p + 32, body_len);
+}
+
+static uint8_t body_byte(uint64_t id, size_t i) { return (uint8_t)((i * 2654435761u) >> 13 ^ id * 31); }
+
+static sp_buf make_msg(uint64_t id, size_t total)
+{
+    sp_buf b = {0};
+    ck_assert_int_eq(sp_buf_reserve(&b, total < HDR ? HDR : total, NULL), SP_OK);
+    write_header(b.data, id, total - HDR);
+    for (size_t i = HDR; i < total; i++)
+        b.data[i] = body_byte(id, i);
+    b.len = total;
+    return b;
+}
+
+/* 1 if b is exactly make_msg(id, total). */
+static int msg_ok(const sp_buf *b, uint64_t id, size_t total)
+{
+    if (b->len != total || get64(b->data + 16) != id || get64(b->data + 32) != total - HDR)
+        return 0;
+    for (size_t i = HDR; i < total; i++)
+        if (b->data[i] != body_byte(id, i))
+            return 0;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* client helpers */
+
+static sp_ws_client *connect_to(srv *v, const sp_transport_opts *o)
+{
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_ws_client_connect(&c, "127.0.0.1", sp_ws_server_port(v->s), o, 5000, &err) == SP_OK, "%s",
+                  err.msg);
+    ck_assert(sp_ws_client_is_open(c));
+    return c;
+}
+
+static void echo_one(sp_ws_client *c, uint64_t id, size_t size)
+{
+    sp_buf m = make_msg(id, size), r = {0};
+    sp_err err = {0};
+    ck_assert_msg(sp_ws_client_send(c, &m, &err) == SP_OK, "%s", err.msg);
+    ck_assert_ptr_null(m.base); /* ownership moved */
+    ck_assert_msg(sp_ws_client_recv(c, &r, WAIT_MS, &err) == SP_OK, "size %zu: %s", size, err.msg);
+    ck_assert_msg(msg_ok(&r, id, size), "echo of %zu bytes differs (got %zu)", size, r.len);
+    sp_buf_free(&r);
+}
+
+/* Asks the test server for this client's conn id. */
+static uint64_t learn_conn(sp_ws_client *c)
+{
+    sp_buf m = make_msg(WHOAMI, HDR), r = {0};
+    sp_err err = {0};
+    ck_assert_int_eq(sp_ws_client_send(c, &m, NULL), SP_OK);
+    ck_assert_msg(sp_ws_client_recv(c, &r, WAIT_MS, &err) == SP_OK, "%s", err.msg);
+    ck_assert_uint_eq(r.len, HDR);
+    uint64_t conn = get64(r.data + 16);
+    sp_buf_free(&r);
+    ck_assert(conn > 0 && conn < 64);
+    return conn;
+}
+
+/* Gets a token for this client's conn and attaches the bulk channel. */
+static uint64_t attach_bulk(srv *v, sp_ws_client *c)
+{
+    uint64_t conn = learn_conn(c);
+    uint64_t token = sp_ws_server_bulk_token(v->s, conn);
+    ck_assert(token != 0);
+    sp_err err = {0};
+    ck_assert_msg(sp_ws_client_attach_bulk(c, sp_ws_server_bulk_port(v->s), token, 5000, &err) == SP_OK, "%s",
+                  err.msg);
+    return conn;
+}
+
+/* recv reports CLOSED (after draining), sends fail; returns recv's error message. */
+static const char *expect_closed(sp_ws_client *c)
+{
+    static sp_err err;
+    sp_buf r = {0};
+    sp_status st;
+    while ((st = sp_ws_client_recv(c, &r, WAIT_MS, &err)) == SP_OK)
+        sp_buf_free(&r); /* drain anything that was already on its way */
+    ck_assert_msg(st == SP_ERR_CLOSED, "status %d: %s", st, err.msg);
+    ck_assert(!sp_ws_client_is_open(c));
+    sp_buf m = make_msg(1, 100);
+    ck_assert_int_eq(sp_ws_client_send(c, &m, NULL), SP_ERR_CLOSED);
+    return err.msg;
+}
+
+static const size_t sizes[] = {40, 41, 1000, 65535, 65536, 65537, 200000, 1 << 20, (3 << 20) + 5, 32 << 20};
+#define NSIZES (sizeof sizes / sizeof *sizes)
+
+/* ---------------------------------------------------------------------------------------------- */
+/* raw sockets */
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Reads until EOF (or the 5 s receive timeout); returns the byte count, -1 if the peer never closed. */
+static long read_to_eof(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (;;) {
+        char tmp[4096];
+        ssize_t r = recv(fd, tmp, sizeof tmp, 0);
+        if (r == 0)
+            break;
+        if (r < 0)
+            return -1;
+        size_t k = (size_t)r < cap - 1 - n ? (size_t)r : cap - 1 - n;
+        memcpy(buf + n, tmp, k);
+        n += k;
+    }
+    buf[n] = '\0';
+    return (long)n;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* tests */
+
+START_TEST(t_echo_ws)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.bulk_port = -1;
+    srv_start(&v, &o);
+    ck_assert_int_eq(sp_ws_server_bulk_port(v.s), -1);
+    ck_assert(sp_ws_server_bulk_token(v.s, 1) == 0);
+    sp_ws_client *c = connect_to(&v, NULL);
+    for (size_t i = 0; i < NSIZES; i++)
+        echo_one(c, i + 1, sizes[i]);
+    ck_assert_int_eq(srv_get(&v, &v.nmsg), (int)NSIZES);
+    sp_ws_client_close(c);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, 1, WAIT_MS), 1);
+    srv_stop(&v);
+}
+END_TEST
+
+START_TEST(t_echo_bulk)
+{
+    srv v;
+    srv_start(&v, NULL);
+    ck_assert_int_gt(sp_ws_server_bulk_port(v.s), 0);
+    sp_ws_client *c = connect_to(&v, NULL);
+    uint64_t conn = attach_bulk(&v, c);
+    for (size_t i = 0; i < NSIZES; i++)
+        echo_one(c, i + 1, sizes[i]);
+    sp_err err = {0};
+    ck_assert_int_eq(sp_ws_client_attach_bulk(c, sp_ws_server_bulk_port(v.s), 1, 1000, &err), SP_ERR_STATE);
+    ck_assert(sp_ws_server_bulk_token(v.s, conn) == 0); /* one bulk socket per connection */
+    sp_ws_client_close(c);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, 1, WAIT_MS), 1);
+    srv_stop(&v);
+    ck_assert_int_eq(v.close_count[conn], 1);
+}
+END_TEST
+
+/* Sends n messages of mixed sizes without waiting, then collects the n echoes (the two channels may
+ * reorder against each other, so they are matched by request id). */
+static void burst(sp_ws_client *c, uint64_t base, int n)
+{
+    char *seen = calloc((size_t)n, 1);
+    for (int i = 0; i < n; i++) {
+        sp_buf m = make_msg(base + (uint64_t)i, 40 + (size_t)(i * 7919) % 300000);
+        ck_assert_int_eq(sp_ws_client_send(c, &m, NULL), SP_OK);
+    }
+    for (int i = 0; i < n; i++) {
+        sp_buf r = {0};
+        sp_err err = {0};
+        ck_assert_msg(sp_ws_client_recv(c, &r, WAIT_MS, &err) == SP_OK, "%d: %s", i, err.msg);
+        uint64_t k = get64(r.data + 16) - base;
+        ck_assert(k < (uint64_t)n && !seen[k]);
+        ck_assert(msg_ok(&r, base + k, 40 + (size_t)(k * 7919) % 300000));
+        seen[k] = 1;
+        sp_buf_free(&r);
+    }
+    free(seen);
+}
+
+START_TEST(t_many_in_flight)
+{
+    srv v;
+    srv_start(&v, NULL);
+    sp_ws_client *a = connect_to(&v, NULL), *b = connect_to(&v, NULL);
+    attach_bulk(&v, b);
+    burst(a, 1000, 300);
+    burst(b, 5000, 300);
+    sp_ws_client_close(a);
+    sp_ws_client_close(b);
+    srv_wait(&v, &v.ncloses, 2, WAIT_MS);
+    srv_stop(&v);
+    ck_assert_int_eq(v.ncloses, 2);
+}
+END_TEST
+
+typedef struct worker {
+    srv *v;
+    int bulk;
+    uint64_t base;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    sp_ws_client *c = connect_to(w->v, NULL);
+    if (w->bulk)
+        attach_bulk(w->v, c);
+    burst(c, w->base, 100);
+    echo_one(c, w->base + 1000, 8 << 20);
+    sp_ws_client_close(c);
+    return NULL;
+}
+
+START_TEST(t_two_clients)
+{
+    srv v;
+    srv_start(&v, NULL);
+    worker w[2] = {{&v, 0, 100000}, {&v, 1, 200000}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, 2, WAIT_MS), 2);
+    srv_stop(&v);
+}
+END_TEST
+
+START_TEST(t_max_message)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.max_message = 1 << 20;
+    srv_start(&v, &o);
+    sp_ws_client *a = connect_to(&v, NULL), *b = connect_to(&v, NULL), *c = connect_to(&v, NULL);
+    attach_bulk(&v, b);
+    echo_one(a, 1, 1 << 20); /* exactly the cap passes */
+    int before = srv_get(&v, &v.nmsg);
+    sp_buf m = make_msg(2, (1 << 20) + 1);
+    ck_assert_int_eq(sp_ws_client_send(a, &m, NULL), SP_OK);
+    const char *why = expect_closed(a);
+    ck_assert_msg(strstr(why, "1009") && strstr(why, "max_message"), "%s", why); /* the server said why */
+    echo_one(b, 3, 512 << 10);
+    m = make_msg(4, 2 << 20); /* over the bulk channel: the server may hang up while it is being written */
+    sp_status st = sp_ws_client_send(b, &m, NULL);
+    ck_assert(st == SP_OK || st == SP_ERR_CLOSED);
+    expect_closed(b);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, 2, WAIT_MS), 2);
+    ck_assert_int_eq(srv_get(&v, &v.nmsg), before + 1);
+    echo_one(c, 5, 1000); /* the others are unaffected */
+
+    /* the client's own cap: an echo larger than it closes the client */
+    sp_transport_opts co;
+    sp_transport_opts_default(&co);
+    co.max_message = 100 << 10;
+    sp_ws_client *d = connect_to(&v, &co);
+    echo_one(d, 6, 100 << 10);
+    m = make_msg(7, 200 << 10);
+    ck_assert_int_eq(sp_ws_client_send(d, &m, NULL), SP_OK);
+    expect_closed(d);
+    echo_one(c, 8, 1000);
+    sp_ws_client_close(a);
+    sp_ws_client_close(b);
+    sp_ws_client_close(c);
+    sp_ws_client_close(d);
+    srv_wait(&v, &v.ncloses, 4, WAIT_MS);
+    srv_stop(&v);
+}
+END_TEST
+
+/* A message with a broken header, or whose length disagrees with its header, closes the connection. */
+static void send_bad(srv *v, sp_ws_client *c, void (*spoil)(sp_buf *))
+{
+    int before = srv_get(v, &v->nmsg);
+    sp_buf m = make_msg(1, 500);
+    spoil(&m);
+    ck_assert_int_eq(sp_ws_client_send(c, &m, NULL), SP_OK);
+    expect_closed(c);
+    ck_assert_int_eq(srv_get(v, &v->nmsg), before);
+}
+
+static void bad_magic(sp_buf *m) { m->data[0] = 'X'; }
+static void bad_type(sp_buf *m) { m->data[8] = 200; }
+static void too_long(sp_buf *m) { put64(m->data + 32, 300); } /* 500 bytes arrive, 340 announced */
+static void too_short(sp_buf *m) { put64(m->data + 32, 1000); }
+static void truncated(sp_buf *m) { m->len = 20; }
+
+START_TEST(t_invalid_header)
+{
+    srv v;
+    srv_start(&v, NULL);
+    void (*spoilers[])(sp_buf *) = {bad_magic, bad_type, too_long, too_short, truncated};
+    int n = (int)(sizeof spoilers / sizeof *spoilers);
+    for (int i = 0; i < n; i++) {
+        sp_ws_client *c = connect_to(&v, NULL);
+        send_bad(&v, c, spoilers[i]);
+        sp_ws_client_close(c);
+    }
+    /* the same on the bulk channel */
+    sp_ws_client *c = connect_to(&v, NULL);
+    attach_bulk(&v, c);
+    sp_buf m = make_msg(1, 100000);
+    m.data[0] = 'X';
+    sp_status st = sp_ws_client_send(c, &m, NULL); /* the server may hang up while it is being written */
+    ck_assert(st == SP_OK || st == SP_ERR_CLOSED);
+    expect_closed(c);
+    sp_ws_client_close(c);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, n + 1, WAIT_MS), n + 1);
+    srv_stop(&v);
+}
+END_TEST
+
+/* Presents a token on a raw socket; returns the server's status word (0 accepted) and leaves fd open. */
+static int raw_attach(int port, uint64_t token, int *fd_out)
+{
+    int fd = raw_connect(port);
+    uint8_t pre[16] = {'S', 'P', 'B', 'K'}, ack[16];
+    put64(pre + 8, token);
+    ck_assert_int_eq(send(fd, pre, sizeof pre, MSG_NOSIGNAL), 16);
+    ck_assert_int_eq(recv(fd, ack, sizeof ack, MSG_WAITALL), 16);
+    ck_assert(memcmp(ack, "SPBK", 4) == 0);
+    *fd_out = fd;
+    return ack[4] | ack[5] << 8;
+}
+
+START_TEST(t_bulk_bad_token)
+{
+    srv v;
+    srv_start(&v, NULL);
+    int bp = sp_ws_server_bulk_port(v.s), fd;
+    char buf[64];
+    ck_assert_int_eq(raw_attach(bp, 0x1234567887654321ull, &fd), 1);
+    ck_assert_int_eq(read_to_eof(fd, buf, sizeof buf), 0);
+    close(fd);
+
+    /* through the API: refused, and the ws connection is unaffected */
+    sp_ws_client *c = connect_to(&v, NULL);
+    echo_one(c, 1, 100);
+    sp_err err = {0};
+    ck_assert_int_eq(sp_ws_client_attach_bulk(c, bp, 42, 5000, &err), SP_ERR_STATE);
+    ck_assert_msg(strstr(err.msg, "refused") != NULL, "%s", err.msg);
+    echo_one(c, 2, 100);
+
+    /* a token is good once */
+    uint64_t token = sp_ws_server_bulk_token(v.s, learn_conn(c));
+    ck_assert_int_eq(sp_ws_client_attach_bulk(c, bp, token, 5000, &err), SP_OK);
+    ck_assert_int_eq(raw_attach(bp, token, &fd), 1);
+    close(fd);
+    echo_one(c, 3, 1 << 20);
+
+    /* garbage instead of a preamble */
+    fd = raw_connect(bp);
+    ck_assert_int_eq(send(fd, "GET / HTTP/1.1\r\n", 16, MSG_NOSIGNAL), 16);
+    ck_assert_int_gt(read_to_eof(fd, buf, sizeof buf), 0);
+    close(fd);
+    echo_one(c, 4, 1 << 20);
+    sp_ws_client_close(c);
+    srv_wait(&v, &v.ncloses, 1, WAIT_MS);
+    srv_stop(&v);
+    ck_assert_int_eq(v.ncloses, 1);
+}
+END_TEST
+
+START_TEST(t_close_semantics)
+{
+    srv v;
+    srv_start(&v, NULL);
+    /* server-side close: on_close once, the client sees CLOSED (ws only, then with bulk) */
+    for (int bulk = 0; bulk < 2; bulk++) {
+        sp_ws_client *c = connect_to(&v, NULL);
+        uint64_t conn = bulk ? attach_bulk(&v, c) : learn_conn(c);
+        sp_ws_server_close(v.s, conn);
+        expect_closed(c);
+        sp_buf m = make_msg(1, 64);
+        ck_assert_int_eq(sp_ws_server_send(v.s, conn, &m, NULL), SP_ERR_CLOSED);
+        sp_ws_client_close(c);
+        srv_wait(&v, &v.close_count[conn], 1, WAIT_MS);
+        usleep(100000);
+        ck_assert_int_eq(srv_get(&v, &v.close_count[conn]), 1);
+    }
+    /* the bulk socket dropping takes the ws with it */
+    sp_ws_client *c = connect_to(&v, NULL);
+    uint64_t conn = learn_conn(c);
+    int fd;
+    ck_assert_int_eq(raw_attach(sp_ws_server_bulk_port(v.s), sp_ws_server_bulk_token(v.s, conn), &fd), 0);
+    close(fd);
+    expect_closed(c);
+    sp_ws_client_close(c);
+    ck_assert_int_eq(srv_wait(&v, &v.close_count[conn], 1, WAIT_MS), 1);
+    /* client-side close */
+    c = connect_to(&v, NULL);
+    attach_bulk(&v, c);
+    int before = srv_get(&v, &v.ncloses);
+    sp_ws_client_close(c);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, before + 1, WAIT_MS), before + 1);
+    usleep(100000);
+    ck_assert_int_eq(srv_get(&v, &v.ncloses), before + 1);
+    /* stop with live clients reports each close */
+    sp_ws_client *d = connect_to(&v, NULL), *e = connect_to(&v, NULL);
+    attach_bulk(&v, e);
+    echo_one(d, 1, 64);
+    before = srv_get(&v, &v.ncloses);
+    sp_ws_server_stop(v.s);
+    ck_assert_int_eq(v.ncloses, before + 2);
+    expect_closed(d);
+    expect_closed(e);
+    sp_ws_client_close(d);
+    sp_ws_client_close(e);
+    for (int i = 0; i < 64; i++)
+        ck_assert_int_le(v.close_count[i], 1);
+}
+END_TEST
+
+START_TEST(t_idle_timeout)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.idle_timeout_s = 1;
+    srv_start(&v, &o);
+    sp_ws_client *c = connect_to(&v, NULL);
+    echo_one(c, 1, 64);
+    uint64_t t0 = sp_now_ns();
+    expect_closed(c);
+    double dt = (double)(sp_now_ns() - t0) / 1e9;
+    ck_assert_msg(dt > 0.5 && dt < 5, "closed after %.2f s", dt);
+    sp_ws_client_close(c);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, 1, WAIT_MS), 1);
+    srv_stop(&v);
+}
+END_TEST
+
+START_TEST(t_refused)
+{
+    int port = free_port();
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    uint64_t t0 = sp_now_ns();
+    sp_status st = sp_ws_client_connect(&c, "127.0.0.1", port, NULL, 10000, &err);
+    double dt = (double)(sp_now_ns() - t0) / 1e9;
+    ck_assert_int_eq(st, SP_ERR_IO);
+    ck_assert_ptr_null(c);
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d", port);
+    ck_assert_msg(strstr(err.msg, where) != NULL, "'%s' lacks %s", err.msg, where);
+    ck_assert_msg(dt < 2, "took %.2f s", dt);
+    ck_assert_int_eq(sp_ws_client_connect(&c, "127.0.0.1", 0, NULL, 1000, &err), SP_ERR_ARG);
+
+    /* a listener that never answers the handshake: the caller's deadline holds */
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof a;
+    ck_assert_int_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(l, 4), 0);
+    getsockname(l, (struct sockaddr *)&a, &sl);
+    t0 = sp_now_ns();
+    st = sp_ws_client_connect(&c, "127.0.0.1", ntohs(a.sin_port), NULL, 500, &err);
+    dt = (double)(sp_now_ns() - t0) / 1e9;
+    close(l);
+    ck_assert_msg(st == SP_ERR_TIMEOUT, "status %d: %s", st, err.msg);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(dt > 0.4 && dt < 3, "took %.2f s", dt);
+}
+END_TEST
+
+/* Finds listeners on `port` in /proc/net/tcp{,6}: returns how many, and the hex address of the last. */
+static int listeners(const char *path, int port, char *addr)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int n = 0;
+    if (!fgets(line, sizeof line, f)) {
+        fclose(f);
+        return 0;
+    }
+    while (fgets(line, sizeof line, f)) {
+        char local[64], remote[64];
+        unsigned state;
+        if (sscanf(line, " %*d: %63s %63s %x", local, remote, &state) != 3 || state != 0x0A)
+            continue;
+        char *colon = strrchr(local, ':');
+        if (!colon || (int)strtol(colon + 1, NULL, 16) != port)
+            continue;
+        *colon = '\0';
+        strcpy(addr, local);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+START_TEST(t_binds_loopback)
+{
+    srv v;
+    srv_start(&v, NULL);
+    int ports[2] = {sp_ws_server_port(v.s), sp_ws_server_bulk_port(v.s)};
+    for (int i = 0; i < 2; i++) {
+        char addr[64] = "";
+        ck_assert_int_eq(listeners("/proc/net/tcp", ports[i], addr), 1);
+        ck_assert_msg(strcmp(addr, "0100007F") == 0, "port %d listens on %s", ports[i], addr);
+        ck_assert_int_eq(listeners("/proc/net/tcp6", ports[i], addr), 0);
+    }
+    srv_stop(&v);
+}
+END_TEST
+
+/* Sends a raw request to the ws port and reads the answer to EOF. */
+static long raw_exchange(int port, const char *req, size_t len, char *resp, size_t cap)
+{
+    int fd = raw_connect(port);
+    ck_assert_int_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    long n = read_to_eof(fd, resp, cap);
+    close(fd);
+    return n;
+}
+
+#define WS_REQ(proto_line)                                                                                      \
+    "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"                        \
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n" proto_line "\r\n"
+
+START_TEST(t_http_hardening)
+{
+    srv v;
+    srv_start(&v, NULL);
+    int port = sp_ws_server_port(v.s);
+    static char resp[8192];
+    const char *get = "GET /index.html HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ck_assert_int_gt(raw_exchange(port, get, strlen(get), resp, sizeof resp), 0);
+    ck_assert_msg(strncmp(resp, "HTTP/1.1 404", 12) == 0, "%s", resp);
+
+    const char *h2c = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                      "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n";
+    ck_assert_int_ge(raw_exchange(port, h2c, strlen(h2c), resp, sizeof resp), 0);
+    ck_assert_msg(strstr(resp, " 101 ") == NULL, "h2c accepted: %s", resp);
+
+    /* a ws that does not ask for "sepal" is dropped */
+    const char *noproto = WS_REQ("");
+    ck_assert_int_ge(raw_exchange(port, noproto, strlen(noproto), resp, sizeof resp), 0);
+    ck_assert_msg(strstr(resp, " 101 ") == NULL, "ws without a protocol accepted: %s", resp);
+    const char *other = WS_REQ("Sec-WebSocket-Protocol: other\r\n");
+    ck_assert_int_ge(raw_exchange(port, other, strlen(other), resp, sizeof resp), 0);
+    ck_assert_msg(strstr(resp, " 101 ") == NULL, "ws for another protocol accepted: %s", resp);
+    /* an unknown Upgrade takes the 4.1.6 path that hands CONFIRM_UPGRADE a dangling pointer (ASan guards) */
+    const char *foo = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: foo\r\n\r\n";
+    ck_assert_int_ge(raw_exchange(port, foo, strlen(foo), resp, sizeof resp), 0);
+    ck_assert_msg(strstr(resp, " 101 ") == NULL, "%s", resp);
+
+    /* a text frame closes the connection (close frame, then EOF) */
+    char req[1024];
+    size_t n = (size_t)snprintf(req, sizeof req, "%s", WS_REQ("Sec-WebSocket-Protocol: sepal\r\n"));
+    const uint8_t frame[] = {0x81, 0x82, 1, 2, 3, 4, 'h' ^ 1, 'i' ^ 2};
+    int fd = raw_connect(port);
+    ck_assert_int_eq(send(fd, req, n, MSG_NOSIGNAL), (ssize_t)n);
+    char hs[1024];
+    ssize_t r = recv(fd, hs, sizeof hs - 1, 0);
+    ck_assert_int_gt(r, 0);
+    hs[r] = '\0';
+    ck_assert_msg(strstr(hs, " 101 ") != NULL, "%s", hs);
+    ck_assert_int_eq(send(fd, frame, sizeof frame, MSG_NOSIGNAL), (ssize_t)sizeof frame);
+    long got = read_to_eof(fd, resp, sizeof resp);
+    close(fd);
+    ck_assert_int_ge(got, 2);
+    ck_assert_int_eq((uint8_t)resp[0], 0x88);
+    ck_assert_int_eq(srv_get(&v, &v.nmsg), 0);
+    ck_assert_int_eq(srv_wait(&v, &v.ncloses, 1, WAIT_MS), 1);
+    srv_stop(&v);
+}
+END_TEST
+
+static Suite *transport_suite(void)
+{
+    Suite *s = suite_create("transport");
+    TCase *tc = tcase_create("transport");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, t_echo_ws);
+    tcase_add_test(tc, t_echo_bulk);
+    tcase_add_test(tc, t_many_in_flight);
+    tcase_add_test(tc, t_two_clients);
+    tcase_add_test(tc, t_max_message);
+    tcase_add_test(tc, t_invalid_header);
+    tcase_add_test(tc, t_bulk_bad_token);
+    tcase_add_test(tc, t_close_semantics);
+    tcase_add_test(tc, t_idle_timeout);
+    tcase_add_test(tc, t_refused);
+    tcase_add_test(tc, t_binds_loopback);
+    tcase_add_test(tc, t_http_hardening);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return sp_test_run(transport_suite()); }
