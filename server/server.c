@@ -63,6 +63,15 @@ static task *queue_pop(task_queue *q)
     }
 }
 
+/* 1 if no task waits (a worker may still be busy: then its session is busy too and the step is refused). */
+static int queue_idle(task_queue *q)
+{
+    pthread_mutex_lock(&q->lock);
+    int idle = !q->head[0] && !q->head[1];
+    pthread_mutex_unlock(&q->lock);
+    return idle;
+}
+
 static void queue_drain(task_queue *q)
 {
     for (int p = 0; p < 2; p++)
@@ -102,14 +111,19 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
         sp_buf_free(msg);
         return;
     }
+    sp_msg_header h = {0};
+    sp_msg_header_read(msg->data, msg->len, &h);
+    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && queue_idle(&s->q) && h.body_len < 65536) {
+        sp_rpc_handle(s, conn, msg, &s->inline_ws); /* a decode step of a small span: answer right here */
+        sp_buf_free(msg);
+        return;
+    }
     task *t = calloc(1, sizeof *t);
     if (!t) {
         sp_rpc_error(s, conn, 0, "internal", "out of memory");
         sp_buf_free(msg);
         return;
     }
-    sp_msg_header h = {0};
-    sp_msg_header_read(msg->data, msg->len, &h);
     int type = h.type;
     t->conn = conn;
     t->msg = *msg;
@@ -199,6 +213,8 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
         sessions_init(&s->st, s->o.cache_tokens * (s->m->last - s->m->first));
         if (s->o.measure)
             sp_throughput_measure(s);
+        /* a single-token step that takes under a millisecond costs less than the hand-off to a worker */
+        s->inline_steps = s->inference_rps > 1000.0;
         st = start_threads(s, err);
     }
     if (!st) {
@@ -268,6 +284,7 @@ void sp_server_stop(sp_server *s)
     if (s->m)
         sessions_destroy(&s->st);
     free(s->workers);
+    sp_ws_free(&s->inline_ws);
     sp_model_free(s->m);
     pthread_mutex_destroy(&s->q.lock);
     pthread_cond_destroy(&s->q.cond);

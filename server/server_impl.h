@@ -70,6 +70,8 @@ struct sp_server {
     pthread_cond_t reaper_cond;
     int reaper_stop, reaper_started;
     double inference_rps, forward_tps;
+    int inline_steps; /* short inference steps run on the transport thread (no hand-off to a worker) */
+    sp_ws inline_ws;  /* that thread's scratch */
     pthread_mutex_t stats_lock;
     uint64_t requests;
 };
