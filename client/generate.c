@@ -210,17 +210,17 @@ static sp_status generate_sampled(const sp_lm *lm, const sp_tokenizer *tok, cons
         minlen = lens[b] < minlen ? lens[b] : minlen;
         maxlen = lens[b] > maxlen ? lens[b] : maxlen;
     }
-    int max_length = maxlen + o->max_new;
+    int max_length = maxlen + (o->max_new > 0 ? o->max_new - 1 : 0); /* the last new token is never fed */
     if (minlen <= 0)
         return sp_errf(err, SP_ERR_ARG, "generate: empty prompt");
     if (max_length > lm->max_pos)
-        return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d",
-                       maxlen, o->max_new, lm->max_pos);
+        return sp_errf(err, SP_ERR_RANGE, "%d prompt + %d new tokens exceed the model's context of %d", maxlen,
+                       o->max_new, lm->max_pos);
     row_state *rs = calloc((size_t)B, sizeof *rs);
     sp_status st = rs ? lm->begin(lm->ctx, B, max_length, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int b = 0; !st && b < B; b++) {
         rs[b] = (row_state){.prompt = prompts[b], .len = lens[b], .pos = minlen};
-        rs[b].context = malloc((size_t)max_length * sizeof(int32_t));
+        rs[b].context = malloc((size_t)(lens[b] + o->max_new + 1) * sizeof(int32_t)); /* prompt + every new id */
         if (!rs[b].context) {
             st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
             break;
@@ -365,9 +365,9 @@ static sp_status beam_loop(const sp_lm *lm, beams *bm, const sp_gen_opts *o, flo
 static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *prompt, int len,
                                 const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *r, sp_err *err)
 {
-    int K = o->beams, V = lm->vocab;
-    if (len + o->max_new > lm->max_pos)
-        return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d", len,
+    int K = o->beams, V = lm->vocab, positions = len + (o->max_new > 0 ? o->max_new - 1 : 0);
+    if (positions > lm->max_pos)
+        return sp_errf(err, SP_ERR_RANGE, "%d prompt + %d new tokens exceed the model's context of %d", len,
                        o->max_new, lm->max_pos);
     beams bm = {.K = K, .max_new = o->max_new, .V = V};
     bm.score = malloc((size_t)K * sizeof(float));
@@ -375,7 +375,7 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
     bm.done_tokens = calloc((size_t)o->max_new, sizeof(int32_t));
     float *logits = malloc((size_t)K * V * sizeof(float));
     int32_t *ids = malloc((size_t)K * len * sizeof(int32_t));
-    sp_status st = bm.score && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, len + o->max_new, err)
+    sp_status st = bm.score && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, positions, err)
                                                                            : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st) {
         for (int k = 0; k < K; k++) { /* K copies of the prompt; only beam 0 is live at first */

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# End to end through real processes: `sepal -c` loads a model's local parts, starts a loopback swarm of
+# sepal-server processes, and generates through it. stories15M (3 servers x 2 blocks) must print exactly
+# what llama2.c's run.c printed; llama-gqa (servers 0:2 and 2:4) must give transformers' greedy ids.
+. "$(dirname "$0")/lib.bash"
+M="${SEPAL_STORIES15M_DIR:?}"
+G="$SEPAL_TEST_DATA/stories15M/golden.jsonl"
+GQA="$SEPAL_TEST_DATA/hf-tiny/llama-gqa"
+export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
+export SEPAL_CACHE="$TMP/cache" # the servers' throughput cache: fresh, so they measure for real
+
+if [ ! -f "$M/model.safetensors" ]; then
+    bad "$M: no converted stories15M; run scripts/fetch-model.sh first"
+    finish
+fi
+
+# One app session: the swarm stays up for all five golden prompts.
+script="load $M; swarm up 3"
+n=$(wc -l < "$G")
+for i in $(seq 0 $((n - 1))); do
+    python3 - "$G" "$i" "$TMP/want$i" > "$TMP/args$i" <<'PY'
+import json, sys, shlex
+d = [json.loads(l) for l in open(sys.argv[1])][int(sys.argv[2])]
+open(sys.argv[3], "w").write(d["text"])
+print(shlex.quote(d["prompt"]), "--max-new-tokens", d["steps"] - len(d["prompt_ids"]) + 1)
+PY
+    script="$script; echo ==$i==; generate $(cat "$TMP/args$i")"
+done
+script="$script; servers; route; swarm down"
+"$SEPAL" -c "$script" > "$TMP/out" 2> "$TMP/err"
+rc=$?
+[ $rc -eq 0 ] && ok "swarm session exits 0" || { bad "swarm session exit $rc"; tail -5 "$TMP/err"; }
+for i in $(seq 0 $((n - 1))); do
+    # the text between ==i== and the next marker (or the servers table)
+    awk -v s="==$i==" -v e="==$((i + 1))==" '$0==s{on=1;next} $0==e||/^address /{on=0} on' "$TMP/out" > "$TMP/got$i"
+    if cmp -s "$TMP/got$i" "$TMP/want$i"; then
+        ok "stories15M line $i through 3 servers identical to run.c"
+    else
+        bad "stories15M line $i differs from run.c"
+        diff <(fold -w 80 "$TMP/want$i") <(fold -w 80 "$TMP/got$i") | head -6 | sed 's/^/    /'
+    fi
+done
+grep -qE "^127\.0\.0\.1:[0-9]+ +0:2 .* online \(local\)" "$TMP/out" && ok "servers table lists 0:2 online" || bad "servers table"
+grep -qE "^0:2 127\.0\.0\.1:[0-9]+ -> 2:4 127\.0\.0\.1:[0-9]+ -> 4:6 127\.0\.0\.1:[0-9]+$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6" || bad "route"
+grep -q "stopped" "$TMP/err" && ok "swarm down stops the servers" || bad "swarm down"
+
+# llama-gqa (no tokenizer): ids in, ids out, against transformers' greedy.output
+want=$(python3 -c "
+import struct, json
+f = open('$GQA/golden.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); base = 8 + n
+def ids(name):
+    e = h[name]; f.seek(base + e['data_offsets'][0]); b = f.read(e['data_offsets'][1] - e['data_offsets'][0])
+    return list(struct.unpack('<%dq' % (len(b) // 8), b))
+print(','.join(map(str, ids('greedy.prompt'))), ' '.join(map(str, ids('greedy.output'))))")
+prompt=${want%% *}
+out=${want#* }
+expect 0 "llama-gqa through servers 0:2 + 2:4 gives transformers' greedy ids" "^$out\$" -- \
+    "$SEPAL" -c "load $GQA; swarm up 2; route; generate --ids $prompt --max-new-tokens 16; swarm down"
+
+# sampling with a seed is reproducible through the swarm, and differs with another seed
+s1=$("$SEPAL" -c "load $M; swarm up 2 --blocks-per-server 3; generate 'The dog' --temperature 0.9 --top-k 40 --seed 5 --max-new-tokens 30; generate 'The dog' --temperature 0.9 --top-k 40 --seed 5 --max-new-tokens 30; generate 'The dog' --temperature 0.9 --top-k 40 --seed 6 --max-new-tokens 30" 2>/dev/null)
+l1=$(sed -n 1p <<< "$s1"); l2=$(sed -n 2p <<< "$s1"); l3=$(sed -n 3p <<< "$s1")
+[ -n "$l1" ] && [ "$l1" = "$l2" ] && ok "same seed, same text" || bad "seeded sampling not reproducible: '$l1' vs '$l2'"
+[ "$l1" != "$l3" ] && ok "another seed, another text" || bad "different seeds gave the same text"
+
+# beams through the swarm equal the local runner's beams (the C suite compares them token by token; here
+# the command runs end to end)
+expect 0 "beam search through the swarm" "^Once upon a time" -- \
+    "$SEPAL" -c "load $M; swarm up 3; generate 'Once upon a time' --beams 3 --max-new-tokens 20"
+expect 0 "stop string cuts the text" "^Once upon a time, there was a little girl named Lily\.$" -- \
+    "$SEPAL" -c "load $M; swarm up 3; generate 'Once upon a time' --stop ' She' --max-new-tokens 60"
+
+# errors: clear message, non-zero exit, no crash
+expect 1 "generate before load" "no model loaded" -- "$SEPAL" -c "generate hello"
+expect 1 "generate without servers" "no servers" -- "$SEPAL" -c "load $M; generate hello"
+expect 1 "unreachable server" "127\.0\.0\.1:1" -- "$SEPAL" -c "load $M; connect 127.0.0.1:1"
+expect 1 "bad address" "HOST:PORT" -- "$SEPAL" -c "connect nowhere"
+expect 1 "swarm up without a model" "no model loaded" -- "$SEPAL" -c "swarm up 2"
+expect 1 "too many servers for the blocks" "cannot cover" -- "$SEPAL" -c "load $GQA; swarm up 9"
+expect 1 "ids outside the vocabulary" "outside the vocabulary" -- "$SEPAL" -c "load $GQA; swarm up 1; generate --ids 1,99999"
+expect 1 "text prompt without a tokenizer" "no tokenizer" -- "$SEPAL" -c "load $GQA; swarm up 1; generate hello"
+expect 1 "bad option" "unknown option '--bogus'" -- "$SEPAL" -c "load $M; swarm up 1; generate hi --bogus 3"
+# no server process is left behind by any of the above
+sleep 0.5
+left=$(pgrep -f "sepal-server --model .*(stories15M|llama-gqa)" -u "$(id -u)" -P $$ | wc -l)
+[ "$left" -eq 0 ] && ok "no sepal-server left running" || bad "$left sepal-server processes left"
+finish
