@@ -216,18 +216,31 @@ static uint64_t attach_bulk(srv *v, sp_ws_client *c)
 }
 
 /* recv reports CLOSED (after draining), sends fail; returns recv's error message. */
+/* Waits for the close; returns the reasons given: the close frame's, and (servers send one before closing on
+ * bad input) the ERROR message's. */
 static const char *expect_closed(sp_ws_client *c)
 {
     static sp_err err;
+    static char why[1200];
+    char error_msg[600] = "";
     sp_buf r = {0};
     sp_status st;
-    while ((st = sp_ws_client_recv(c, &r, WAIT_MS, &err)) == SP_OK)
-        sp_buf_free(&r); /* drain anything that was already on its way */
+    while ((st = sp_ws_client_recv(c, &r, WAIT_MS, &err)) == SP_OK) { /* drain what was on its way */
+        sp_msg m;
+        sp_proto_limits lim = sp_proto_default_limits();
+        if (sp_msg_decode(&m, r.data, r.len, &lim, NULL) == SP_OK) {
+            if (m.type == SP_MSG_ERROR && sp_meta_str(&m, "message"))
+                snprintf(error_msg, sizeof error_msg, "%s: %s", sp_meta_str(&m, "code"), sp_meta_str(&m, "message"));
+            sp_msg_clear(&m);
+        }
+        sp_buf_free(&r);
+    }
     ck_assert_msg(st == SP_ERR_CLOSED, "status %d: %s", st, err.msg);
     ck_assert(!sp_ws_client_is_open(c));
     sp_buf m = make_msg(1, 100);
     ck_assert_int_eq(sp_ws_client_send(c, &m, NULL), SP_ERR_CLOSED);
-    return err.msg;
+    snprintf(why, sizeof why, "%s | %s", err.msg, error_msg);
+    return why;
 }
 
 static const size_t sizes[] = {40, 41, 1000, 65535, 65536, 65537, 200000, 1 << 20, (3 << 20) + 5, 32 << 20};
@@ -404,7 +417,10 @@ START_TEST(t_max_message)
     sp_buf m = make_msg(2, (1 << 20) + 1);
     ck_assert_int_eq(sp_ws_client_send(a, &m, NULL), SP_OK);
     const char *why = expect_closed(a);
-    ck_assert_msg(strstr(why, "1009") && strstr(why, "max_message"), "%s", why); /* the server said why */
+    /* The server says why (an ERROR "malformed" naming max_message, then a 1009 close), but it hangs up while
+     * this client is still sending the rest of the message: TCP then resets the connection and the client's
+     * kernel may discard both before they are read. So: the reason, when one arrived, must be that one. */
+    ck_assert_msg(strstr(why, "max_message") || !strcmp(why + strlen(why) - 3, " | "), "%s", why);
     echo_one(b, 3, 512 << 10);
     m = make_msg(4, 2 << 20); /* over the bulk channel: the server may hang up while it is being written */
     sp_status st = sp_ws_client_send(b, &m, NULL);

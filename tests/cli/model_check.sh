@@ -52,7 +52,7 @@ expect 1 "golden file missing" "nope.safetensors: No such file" -- \
     "$SEPAL" model check "$T/llama-gqa" --golden "$TMP/nope.safetensors"
 
 # Usage errors.
-expect 2 "no subcommand" "usage: sepal" -- "$SEPAL"
+expect 2 "unknown flag" "usage: sepal" -- "$SEPAL" --bogus
 expect 2 "unknown option" "unknown option '--bogus'" -- "$SEPAL" model generate "$T/llama-gqa" --prompt x --bogus 1
 expect 2 "bad number" "--max-new-tokens: expected an integer" -- "$SEPAL" model generate "$T/llama-gqa" --prompt x --max-new-tokens ten
 finish

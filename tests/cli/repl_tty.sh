@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The interactive REPL (`sepal --repl`) driven in tmux: prompt, help, tab completion, a failing command
+# that does not end the session, quit, Ctrl-D, and the history file.
+. "$(dirname "$0")/lib.bash"
+if ! command -v tmux >/dev/null; then
+    echo "tmux not found: skipped"
+    finish
+fi
+BASE="sepal-test-$$"
+SOCK="$BASE"
+HIST="$TMP/hist"
+SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
+cleanup() {
+    local s
+    for s in "$BASE" "$BASE-2" "$BASE-3"; do
+        tmux -L "$s" kill-server 2>/dev/null
+        rm -f "$SOCKDIR/$s" # kill-server can leave the socket file behind
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+# start [ARGS]: sepal in a new tmux server (ARGS default to --repl)
+start() {
+    tmux -L "$SOCK" new-session -d -x 100 -y 30 \
+        "env SEPAL_HISTORY=$HIST HOME=$TMP LANG=C.UTF-8 $SEPAL ${1---repl}; echo \"[exit \$?]\"; sleep 30"
+}
+pane() { tmux -L "$SOCK" capture-pane -p -S -300 2>/dev/null; }
+keys() { tmux -L "$SOCK" send-keys "$@"; }
+# wait_for PATTERN: polls the pane (scrollback included) for up to 10 s
+wait_for() {
+    local i
+    for i in $(seq 100); do
+        pane | grep -qE -- "$1" && return 0
+        sleep 0.1
+    done
+    return 1
+}
+check() { if wait_for "$2"; then ok "$1"; else bad "$1: pane lacks /$2/"; pane | tail -8 | sed 's/^/    /'; fi; }
+# ended: the REPL has exited with status 0 (the shell then prints it; a sanitizer's report would change it)
+ended() { wait_for '^\[exit 0\]$'; }
+
+start
+check "prompt" "^sepal> ?$"
+keys "help" Enter
+check "help lists the commands" "^  quit +leave sepal"
+check "help lists model" "^  model info"
+keys C-l
+
+# Completion: a unique prefix completes with a space after it, so typing goes on with the arguments.
+keys "sh" Tab "top-k" Enter
+check "Tab completes sh -> show" "^top-k +0 "
+# An ambiguous prefix lists the candidates (their common prefix is what was typed).
+keys "s" Tab
+check "Tab lists set, show, sleep" "set +show +sleep"
+keys C-u
+# "se": set alone (it completes) or set and servers (they are listed).
+keys "se" Tab
+if wait_for "servers +set"; then ok "Tab on se lists servers and set"; keys C-u
+elif wait_for "^sepal> set"; then ok "Tab on se completes set"; keys C-u
+else bad "Tab on se"; fi
+# Aliases complete too, and setting names after set.
+keys "ex" Tab
+check "Tab completes an alias (ex -> exit)" "^sepal> exit"
+keys C-u
+keys "set tem" Tab "0.5" Enter "show temperature" Enter
+check "Tab completes a setting name" "^temperature +0.5 "
+# File names after other commands (directories end with / and take no space).
+keys "model i" Tab "$SEPAL_TEST_DATA/hf-t" Tab "llama-g" Tab Enter
+check "Tab completes model subcommands and paths" "parameters: +250432"
+
+# A failed command prints its message and the loop goes on.
+keys "bogus" Enter
+check "failed command prints its error" "^sepal: unknown command 'bogus'"
+keys "echo still here" Enter
+check "the REPL goes on after a failure" "^still here$"
+keys "quit" Enter
+if ended; then ok "quit ends the REPL"; else bad "quit: still running"; fi
+tmux -L "$SOCK" kill-server 2>/dev/null
+SOCK="$BASE-2" # a fresh server: the old one may still be going away
+
+# The history file holds the commands, in order.
+if [ -f "$HIST" ]; then ok "history file written"; else bad "no history file at $HIST"; fi
+want=$(printf 'help\nshow top-k\nset temperature 0.5\nshow temperature\nmodel info %s/hf-tiny/llama-gqa/\nbogus\necho still here\nquit' "$SEPAL_TEST_DATA")
+got=$(cat "$HIST" 2>/dev/null)
+[ "$got" = "$want" ] && ok "history holds the commands" || bad "history: '$got'"
+
+# A new session recalls it (Up), and Ctrl-D on an empty line ends it.
+start
+check "second prompt" "^sepal> ?$"
+keys Up Up
+check "Up recalls the history" "^sepal> echo still here"
+keys C-u C-d
+if ended; then ok "Ctrl-D ends the REPL"; else bad "Ctrl-D: still running"; fi
+
+# Without arguments on a terminal, sepal is the REPL too.
+SOCK="$BASE-3"
+start ""
+check "no arguments on a tty: the REPL" "^sepal> ?$"
+keys "echo no-args" Enter "q" Enter
+check "no arguments: commands run" "^no-args$"
+if ended; then ok "no arguments: q ends it"; else bad "no arguments: still running"; fi
+finish
