@@ -61,7 +61,7 @@ static int argmax(const float *x, int V)
     return best;
 }
 
-/* Sorts indices by probability, descending (stable for equal values: lower id first). */
+/* Orders indices by probability, descending (lower id first on ties). */
 static const float *g_sort_probs;
 static int by_prob_desc(const void *a, const void *b)
 {
@@ -69,6 +69,79 @@ static int by_prob_desc(const void *a, const void *b)
     if (pa != pb)
         return pa > pb ? -1 : 1;
     return *(const int *)a - *(const int *)b;
+}
+
+/* 1 if token a ranks below token b (lower probability, or equal and a higher id). */
+static int ranks_below(const float *p, int a, int b)
+{
+    return p[a] < p[b] || (p[a] == p[b] && a > b);
+}
+
+/* The k most probable tokens into idx[0..k) via a min-heap (O(V log k)); returns k. */
+static int top_k_heap(const float *p, int V, int k, int *idx)
+{
+    int n = 0;
+    for (int v = 0; v < V; v++) {
+        if (n < k) { /* sift up */
+            int i = n++;
+            idx[i] = v;
+            while (i > 0 && ranks_below(p, idx[i], idx[(i - 1) / 2])) {
+                int t = idx[i];
+                idx[i] = idx[(i - 1) / 2];
+                idx[(i - 1) / 2] = t;
+                i = (i - 1) / 2;
+            }
+        } else if (ranks_below(p, idx[0], v)) { /* replace the smallest, sift down */
+            idx[0] = v;
+            for (int i = 0;;) {
+                int l = 2 * i + 1, r = l + 1, m = i;
+                if (l < n && ranks_below(p, idx[l], idx[m]))
+                    m = l;
+                if (r < n && ranks_below(p, idx[r], idx[m]))
+                    m = r;
+                if (m == i)
+                    break;
+                int t = idx[i];
+                idx[i] = idx[m];
+                idx[m] = t;
+                i = m;
+            }
+        }
+    }
+    return n;
+}
+
+/* The candidate tokens, most probable first: the top k, or for top-p alone the tokens at or above
+ * (1 - p) / (V - 1) (no token below it can be in the nucleus: llama2.c's cutoff). Returns their count. */
+static int candidates(sp_sampler2 *s, int *n_sorted)
+{
+    int V = s->V, n = 0;
+    if (s->o.top_k > 0 && s->o.top_k < V) {
+        n = top_k_heap(s->probs, V, s->o.top_k, s->idx);
+    } else {
+        float cutoff = (1.0f - s->o.top_p) / (float)(V - 1);
+        for (int v = 0; v < V; v++)
+            if (s->probs[v] >= cutoff)
+                s->idx[n++] = v;
+    }
+    g_sort_probs = s->probs; /* the sampler is used from one thread at a time */
+    qsort(s->idx, (size_t)n, sizeof *s->idx, by_prob_desc);
+    *n_sorted = n;
+    return n;
+}
+
+static int draw(sp_sampler2 *s, const int *idx, int n)
+{
+    double mass = 0;
+    for (int k = 0; k < n; k++)
+        mass += s->probs[idx ? idx[k] : k];
+    double r = sp_rng_f32(&s->rng) * mass, acc = 0;
+    for (int k = 0; k < n; k++) {
+        acc += s->probs[idx ? idx[k] : k];
+        if (r < acc)
+            return idx ? idx[k] : k;
+    }
+    return idx ? idx[n - 1] : n - 1;
 }
 
 int sp_sampler2_next(sp_sampler2 *s, float *logits, const int32_t *context, int n)
@@ -84,31 +157,21 @@ int sp_sampler2_next(sp_sampler2 *s, float *logits, const int32_t *context, int 
         s->probs[i] = expf((logits[i] - mx) / s->o.temperature);
         sum += s->probs[i];
     }
-    for (int i = 0; i < V; i++) {
+    for (int i = 0; i < V; i++)
         s->probs[i] = (float)(s->probs[i] / sum);
-        s->idx[i] = i;
-    }
-    g_sort_probs = s->probs; /* the sampler is used from one thread at a time */
-    qsort(s->idx, (size_t)V, sizeof *s->idx, by_prob_desc);
-    /* keep the top k, then the smallest prefix whose mass reaches top_p (at least one token) */
-    int keep = s->o.top_k > 0 && s->o.top_k < V ? s->o.top_k : V;
-    if (s->o.top_p < 1.0f) {
+    int filtered = (s->o.top_k > 0 && s->o.top_k < V) || s->o.top_p < 1.0f;
+    if (!filtered) /* plain temperature sampling needs no ordering */
+        return draw(s, NULL, V);
+    int keep, sorted;
+    keep = candidates(s, &sorted);
+    if (s->o.top_p < 1.0f) { /* the smallest prefix whose mass reaches top_p (at least one token) */
         double acc = 0;
         int k = 0;
-        while (k < keep && (k == 0 || acc < s->o.top_p))
+        while (k < sorted && (k == 0 || acc < s->o.top_p))
             acc += s->probs[s->idx[k++]];
         keep = k;
     }
-    double mass = 0;
-    for (int k = 0; k < keep; k++)
-        mass += s->probs[s->idx[k]];
-    double r = sp_rng_f32(&s->rng) * mass, acc = 0;
-    for (int k = 0; k < keep; k++) {
-        acc += s->probs[s->idx[k]];
-        if (r < acc)
-            return s->idx[k];
-    }
-    return s->idx[keep - 1];
+    return draw(s, s->idx, keep);
 }
 
 void sp_log_softmax(float *out, const float *logits, int V)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The main job: install dependencies, build, fetch + convert the shipped model (stories15M), describe it,
-# then generate a story with it locally. PROMPT and TOKENS override the defaults.
+# The main job: install dependencies, build, fetch + convert the shipped model (stories15M), start a local
+# swarm of three sepal-server processes on loopback (two blocks each), generate through it, then leave you
+# in the REPL with the swarm up (type `help`; `quit` stops the swarm). Without a terminal the REPL part
+# reads commands from stdin, so `scripts/demo.sh < /dev/null` just runs the scripted demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh -DCMAKE_BUILD_TYPE=Release
+scripts/build.sh
 model=$(scripts/fetch-model.sh build/repl/sepal | tail -n 1)
 build/repl/sepal model info "$model"
 echo
-build/repl/sepal model generate "$model" --prompt "${PROMPT:-Once upon a time}" --max-new-tokens "${TOKENS:-200}"
+exec build/repl/sepal -c "load $model" -f share/demo.sepal --repl

@@ -481,7 +481,7 @@ static sp_status read_tensors(sp_msg *m, const sp_msg_header *h, const uint8_t *
 sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_proto_limits *lim, sp_err *err)
 {
     sp_proto_limits dl = sp_proto_default_limits();
-    sp_msg_header h;
+    sp_msg_header h = {0};
     uint64_t body_len = 0;
     if (!m)
         return sp_errf(err, SP_ERR_ARG, "sp_msg_decode: no message");

@@ -1275,7 +1275,7 @@ struct sp_ws_client {
 static void cli_closed_locked(sp_ws_client *c, const char *why)
 {
     if (c->state != C_CLOSED && why && !c->why[0])
-        snprintf(c->why, sizeof c->why, "%s", why);
+        snprintf(c->why, sizeof c->why, "%.*s", (int)sizeof c->why - 1, why);
     c->state = C_CLOSED;
     if (c->bulk_fd >= 0)
         shutdown(c->bulk_fd, SHUT_RDWR);
