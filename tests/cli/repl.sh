@@ -85,7 +85,10 @@ printf 'model info %s/nope\n' "$TMP" > "$TMP/m.sepal"
 expect 1 "-f failing model command names its line" "m.sepal:1: command failed" -- "$SEPAL" -f "$TMP/m.sepal"
 expect 1 "-f of a missing file" "nope.sepal: No such file" -- "$SEPAL" -f "$TMP/nope.sepal"
 expect 0 "-f - reads stdin" "^dash$" -- bash -c "echo 'echo dash' | \"$SEPAL\" -f -"
-expect 0 "the shipped demo script runs" "^max-new-tokens " -- "$SEPAL" -f "$SEPAL_SRC_DIR/share/demo.sepal"
+# the shipped demo: a 3-server swarm of stories15M and two generations (the greedy one is run.c's text)
+SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server" SEPAL_CACHE="$TMP/cache" \
+    expect 0 "the shipped demo script runs" "^Once upon a time, there was a little girl named Lily\. She loved to play outside" -- \
+    "$SEPAL" -c "load ${SEPAL_STORIES15M_DIR:?}" -f "$SEPAL_SRC_DIR/share/demo.sepal"
 
 # Commands from a pipe (no arguments, stdin not a terminal).
 expect 0 "commands from a pipe" "^hi$" -- bash -c "printf 'echo hi\n' | \"$SEPAL\""
