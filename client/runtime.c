@@ -508,48 +508,71 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt)
 /* ---------------------------------------------------------------------------------------------- */
 /* forward / backward over the route (training) */
 
-static sp_status call_span(sp_runtime *rt, int h, sp_msg_type type, const sp_tensor_src *t, int n, float *out,
-                           int B, int T, sp_err *err)
+/* One FORWARD or BACKWARD on hop h. t: the tensors (hidden [, grad]); prompts: all blocks' deep prompts
+ * [L, B, P, H] or NULL. Tensor 0 of the reply goes to out, tensor 1 (prompt grads) to gp (hop's slice). */
+static sp_status call_span(sp_runtime *rt, int h, sp_msg_type type, const sp_tensor_src *t, int n,
+                           const float *prompts, int P, float *out, float *gp, int B, int T, sp_err *err)
 {
+    const sp_hop *hop = &rt->route[h];
+    int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d}", rt->route[h].start, rt->route[h].end);
+    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d}", hop->start, hop->end);
+    sp_tensor_src a[3];
+    memcpy(a, t, (size_t)n * sizeof *t);
+    if (prompts)
+        a[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H},
+                                 .f32 = prompts + (size_t)hop->start * B * P * H};
     sp_reply rep;
-    sp_status st = sp_remote_call(hop_conn(rt, h), type, meta, t, n, &rep, CALL_TIMEOUT_MS, err);
-    int H = rt->local->cfg.hidden;
+    sp_status st = sp_remote_call(hop_conn(rt, h), type, meta, a, n, &rep, CALL_TIMEOUT_MS, err);
     if (!st) {
         const sp_tensor_view *o = rep.msg.n_tensors ? &rep.msg.t[0] : NULL;
+        const sp_tensor_view *g = rep.msg.n_tensors > 1 ? &rep.msg.t[1] : NULL;
         if (!o || o->rank != 3 || o->shape[0] != B || o->shape[1] != T || o->shape[2] != H)
             st = sp_errf(err, SP_ERR_FORMAT, "%s reply is not [%d, %d, %d]", sp_msg_type_name(type), B, T, H);
+        else if (!sp_tensor_all_finite(o))
+            st = sp_errf(err, SP_ERR_FORMAT, "%s reply holds non-finite values", sp_msg_type_name(type));
+        else if (gp && (!g || g->numel != (uint64_t)nb * B * P * H))
+            st = sp_errf(err, SP_ERR_FORMAT, "BACKWARD reply lacks the prompts' gradient [%d, %d, %d, %d]", nb, B, P, H);
         else
             st = sp_tensor_to_f32(o, out, err);
+        if (!st && gp)
+            st = sp_tensor_to_f32(g, gp + (size_t)hop->start * B * P * H, err);
     }
     sp_reply_clear(&rep);
+    if (st)
+        sp_err_prefix(err, "%s:%d (blocks %d:%d): ", rt->servers[hop->server].host, rt->servers[hop->server].port,
+                      hop->start, hop->end);
     return st;
 }
 
-sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, float *boundaries, sp_err *err)
+sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const float *prompts, int P,
+                             float *boundaries, sp_err *err)
 {
     if (!rt->nroute && sp_runtime_route(rt, err))
         return err ? err->code : SP_ERR_NOTFOUND;
-    size_t N = (size_t)B * T * rt->local->cfg.hidden;
+    int H = rt->local->cfg.hidden;
+    size_t N = (size_t)B * T * H;
     for (int h = 0; h < rt->nroute; h++) {
         if (boundaries)
             memcpy(boundaries + h * N, hidden, N * sizeof(float));
-        sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, rt->local->cfg.hidden}, .f32 = hidden};
-        sp_status st = call_span(rt, h, SP_MSG_FORWARD, &t, 1, hidden, B, T, err);
+        sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = hidden};
+        sp_status st = call_span(rt, h, SP_MSG_FORWARD, &t, 1, prompts, P, hidden, NULL, B, T, err);
         if (st)
             return st;
     }
     return SP_OK;
 }
 
-sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *boundaries, sp_err *err)
+sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *prompts, int P,
+                              const float *boundaries, float *grad_prompts, sp_err *err)
 {
-    size_t N = (size_t)B * T * rt->local->cfg.hidden;
+    int H = rt->local->cfg.hidden;
+    size_t N = (size_t)B * T * H;
     for (int h = rt->nroute - 1; h >= 0; h--) {
-        sp_tensor_src t[2] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, rt->local->cfg.hidden}, .f32 = boundaries + h * N},
-                              {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, rt->local->cfg.hidden}, .f32 = grad}};
-        sp_status st = call_span(rt, h, SP_MSG_BACKWARD, t, 2, grad, B, T, err);
+        sp_tensor_src t[2] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = boundaries + h * N},
+                              {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = grad}};
+        sp_status st = call_span(rt, h, SP_MSG_BACKWARD, t, 2, prompts, P, grad, prompts ? grad_prompts : NULL, B, T,
+                                 err);
         if (st)
             return st;
     }

@@ -93,8 +93,12 @@ typedef struct sp_lm_swarm {
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);
 
 /* FORWARD / BACKWARD over the route for training: hidden [B, T, H] in place; boundaries receives the
- * hidden state entering each hop (nroute x [B, T, H]) for the backward. */
-sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, float *boundaries, sp_err *err);
-sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *boundaries, sp_err *err);
+ * hidden state entering each hop (nroute x [B, T, H]) for the backward. prompts (may be NULL) are the deep
+ * prompts [L, B, P, H] of all L blocks (each hop gets its slice, added to the first P positions entering each
+ * of its blocks); grad_prompts (may be NULL; [L, B, P, H]) receives their gradients. */
+sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const float *prompts, int P,
+                             float *boundaries, sp_err *err);
+sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *prompts, int P,
+                              const float *boundaries, float *grad_prompts, sp_err *err);
 
 #endif
