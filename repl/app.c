@@ -1,5 +1,6 @@
 /* app.c - the application state: settings (the defaults of generate and swarm) and error reporting. */
 #include "app.h"
+#include "runtime.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,7 +25,8 @@ void sp_app_init(sp_app *app)
 
 void sp_app_free(sp_app *app)
 {
-    (void)app; /* nothing allocated yet: the runtime (app->rt) frees its own state */
+    sp_runtime_free(app->rt); /* stops a swarm it started, closes connections, frees the local parts */
+    app->rt = NULL;
 }
 
 int sp_app_error(sp_app *app, const char *fmt, ...)

@@ -215,10 +215,13 @@ START_TEST(t_deep_prompts)
     ck_assert_double_le(sp_max_abs_diff(gpr, gp, NP), 1e-5);
     sp_reply_clear(&rep);
     /* prompts of the wrong block count are refused */
+    float *pr3 = calloc(3 * NP / 2, 4); /* room for 3 blocks' prompts */
     sp_tensor_src bad = prompts;
     bad.shape[0] = 3;
+    bad.f32 = pr3;
     sp_tensor_src fb[2] = {t3(x, B, T), bad};
     call_err(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":3}", fb, 2, "shape");
+    free(pr3);
     free(x), free(gout), free(pr), free(x0), free(x1), free(y), free(gin), free(gp), free(got), free(gpr);
     sp_ws_free(&ws);
     sp_model_free(m);
