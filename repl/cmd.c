@@ -20,6 +20,7 @@ const sp_cmd_group sp_cmd_groups[] = {
     {"model", sp_cmds_model},
     {"swarm", sp_cmds_swarm},
     {"generate", sp_cmds_generate},
+    {"train", sp_cmds_train},
     {NULL, NULL},
 };
 

@@ -25,6 +25,7 @@ extern const sp_cmd sp_cmds_core[];     /* help, quit, set, show, echo, sleep */
 extern const sp_cmd sp_cmds_model[];    /* load, model ... */
 extern const sp_cmd sp_cmds_swarm[];    /* swarm, connect, servers, route */
 extern const sp_cmd sp_cmds_generate[]; /* generate */
+extern const sp_cmd sp_cmds_train[];    /* train, eval, plugin */
 
 /* The groups in the order `help` lists them (repl/cmd.c), terminated by {NULL, NULL}. */
 typedef struct sp_cmd_group {

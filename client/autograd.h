@@ -1,0 +1,89 @@
+/* autograd.h - a tape over client tensors, with a PyTorch-style backward.
+ *
+ * Tensors are f32, row-major, up to 4 dims. A graph (sp_graph) owns every tensor made in it; leaves are
+ * parameters (requires_grad) or constants. Each op records a node; sp_backward(t, grad) walks the nodes that
+ * t depends on in reverse creation order and ACCUMULATES into .grad of every tensor that requires grad
+ * (leaves and, on request, intermediates), exactly like torch.Tensor.backward:
+ *   - any tensor can be the root; a non-scalar root needs an explicit grad of its shape (else SP_ERR_ARG);
+ *   - several backward calls (two losses, a loss built outside the model) accumulate; zeroing is explicit
+ *     (sp_zero_grad); the graph stays usable until sp_graph_clear (like retain_graph=True);
+ *   - a hook (sp_graph_on_backward) runs after every backward call: the trainer uses it to count calls, and
+ *     runs its post-backward work (unscale, clip, user hooks) once per step in sp_trainer_step. A backward
+ *     that fails (bad root, a server error) does not run it.
+ * The remote chain (runtime.h) is one op: forward keeps the hidden state at every span boundary; backward
+ * calls the servers' BACKWARD in reverse span order and yields grads for the chain input and the deep prompts.
+ *
+ * Dimension names: B batch, T positions, P prompt length, H hidden, V vocab, C classes, L blocks. */
+#ifndef SEPAL_AUTOGRAD_H
+#define SEPAL_AUTOGRAD_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+struct sp_runtime;
+struct sp_model;
+typedef struct sp_graph sp_graph;
+typedef struct sp_node sp_node;
+
+typedef struct sp_t {
+    int ndim;
+    int64_t shape[4];
+    int64_t n;          /* elements */
+    float *data;
+    float *grad;        /* NULL until a backward reaches it; then accumulates */
+    int requires_grad;  /* leaves: a parameter; ops: set if any input requires grad */
+    int retain_grad;    /* keep .grad on a non-leaf too */
+    sp_node *node;      /* the op that made it; NULL for leaves */
+    sp_graph *g;
+    const char *name;   /* optional, for messages */
+} sp_t;
+
+sp_graph *sp_graph_new(void);
+void sp_graph_free(sp_graph *g);
+/* Drops every non-leaf tensor and node (the next step builds a new graph); leaves and their grads stay. */
+void sp_graph_clear(sp_graph *g);
+void sp_graph_on_backward(sp_graph *g, void (*hook)(sp_graph *g, void *user), void *user);
+
+/* Leaves. data is copied (NULL: zeros). */
+sp_t *sp_leaf(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad, const char *name);
+void sp_zero_grad(sp_t *t);
+
+/* Backward from t. grad: NULL for a scalar t (1.0), else t->n values. */
+sp_status sp_backward(sp_t *t, const float *grad, sp_err *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* ops (NULL and err set on a shape mismatch or out of memory; a NULL input, i.e. a failed op, gives NULL and
+ * keeps the message already in err, so calls can be nested) */
+
+/* rows of table [V, H] at ids [N] -> [N, H] (ids shaped by the caller: reshape after). */
+sp_t *sp_embedding(sp_t *table, const int32_t *ids, int64_t N, sp_err *err);
+/* [B, P, H] ++ [B, T, H] along positions -> [B, P + T, H]. */
+sp_t *sp_concat_pos(sp_t *a, sp_t *b, sp_err *err);
+/* x [B, T, H] -> x[:, from:to, :]. */
+sp_t *sp_slice_pos(sp_t *x, int64_t from, int64_t to, sp_err *err);
+/* Same data, new shape (element count must match). */
+sp_t *sp_reshape(sp_t *x, int ndim, const int64_t *shape, sp_err *err);
+/* x [.., H] rmsnorm with weight [H]. */
+sp_t *sp_rmsnorm(sp_t *x, sp_t *w, float eps, sp_err *err);
+/* x [.., I] @ W[O, I]^T + b[O] (b may be NULL) -> [.., O]. */
+sp_t *sp_linear(sp_t *x, sp_t *W, sp_t *b, sp_err *err);
+/* x [B, T, H] -> [B, H]: row b's position idx[b] (-T <= idx[b] < T; negative counts from the end). */
+sp_t *sp_pool_index(sp_t *x, const int64_t *idx, sp_err *err);
+sp_t *sp_add(sp_t *a, sp_t *b, sp_err *err);   /* same shapes */
+sp_t *sp_scale(sp_t *a, float s, sp_err *err);
+/* Mean losses: scalars (ndim 0, n 1). Cross-entropy ignores targets < 0 and averages over the others (all
+ * ignored: 0, no gradient). */
+sp_t *sp_cross_entropy(sp_t *logits, const int32_t *targets, sp_err *err); /* logits [N, C] */
+sp_t *sp_mse(sp_t *pred, const float *target, sp_err *err);
+sp_t *sp_bce_logits(sp_t *logits, const float *target, sp_err *err);
+/* The remote chain over rt's route: x [B, T, H] through every block; deep prompts [L, B, P, H] (NULL: none;
+ * P <= T). The batch runs as sub-batches of max(1, 1024 / T) rows, concurrently (one thread each), forward
+ * and backward; the result equals the unsplit computation. Its backward needs the route of the forward. */
+sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err *err);
+/* The same op in this process over the blocks m holds (weights frozen), with the same prompt semantics
+ * (deep prompts [nblocks, B, P, H]): the single-process baseline the swarm is compared with. m must outlive
+ * the graph's backward calls. */
+sp_t *sp_local_chain(struct sp_model *m, sp_t *x, sp_t *deep_prompts, sp_err *err);
+
+#endif

@@ -1,0 +1,593 @@
+/* trainer.c - prompt tuning: the graph of one microbatch, the schedules, the optimizer step, evaluation,
+ * saving. Prompts are broadcast over the batch by replicating them into per-step leaves whose gradients
+ * are summed back into the parameters (the reduction a broadcast's backward does). */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "rng.h"
+#include "runtime.h"
+#include "safetensors.h"
+#include "timeutil.h"
+
+struct sp_trainer {
+    sp_runtime *rt;
+    sp_model *blocks; /* NULL: the swarm */
+    const sepal_task *task;
+    void *task_ctx;
+    sepal_host host;
+    sp_train_opts o;
+    int H, L, V, C, P;
+    sp_graph *g;
+    sp_t *prompts, *deep, *score; /* parameters ([P, H], [L, P, H], [C, H]); NULL when unused */
+    sp_t *norm, *lm_head;         /* frozen */
+    sp_t *params[3];
+    int nparams;
+    sp_optim *opt;
+    sp_rng rng;
+    /* per microbatch, kept between its forward and backward */
+    sp_t *rep_prompts[64], *rep_deep[64], *loss[64];
+    float weight[64];
+    int batch_rows[64];
+    int nmicro;
+    char errbuf[512];
+};
+
+void sp_train_opts_default(sp_train_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tuning = SP_TUNE_DEEP;
+    o->pre_seq_len = 16;
+    o->lr = 1e-2f;
+    o->weight_decay = 0.0f;
+    o->epochs = 3;
+    o->batch = 16;
+    o->warmup = 20;
+    o->max_length = 64;
+    o->microbatches = 1;
+    o->max_in_flight = 4;
+    o->schedule = SP_SCHED_1F1B;
+    o->device = -1;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the host API a task sees */
+
+static int host_encode(void *ctx, const char *text, int32_t *ids, int cap)
+{
+    sp_trainer *t = ctx;
+    int *raw, n;
+    if (!t->rt->tok || sp_tokenizer_encode(t->rt->tok, text, 1, &raw, &n, NULL))
+        return -1;
+    int k = n < cap ? n : cap;
+    for (int i = 0; i < k; i++)
+        ids[i] = raw[i];
+    free(raw);
+    return k;
+}
+
+static const float *host_data(const sepal_tensor *x, int *ndim, int64_t shape[4])
+{
+    const sp_t *t = (const sp_t *)x;
+    *ndim = t->ndim;
+    memcpy(shape, t->shape, sizeof t->shape);
+    return t->data;
+}
+
+static sepal_tensor *host_ce(void *ctx, sepal_tensor *l, const int32_t *y)
+{
+    return (sepal_tensor *)sp_cross_entropy((sp_t *)l, y, NULL);
+    (void)ctx;
+}
+static sepal_tensor *host_mse(void *ctx, sepal_tensor *p, const float *y)
+{
+    (void)ctx;
+    return (sepal_tensor *)sp_mse((sp_t *)p, y, NULL);
+}
+static sepal_tensor *host_bce(void *ctx, sepal_tensor *l, const float *y)
+{
+    (void)ctx;
+    return (sepal_tensor *)sp_bce_logits((sp_t *)l, y, NULL);
+}
+static sepal_tensor *host_add(void *ctx, sepal_tensor *a, sepal_tensor *b)
+{
+    (void)ctx;
+    return (sepal_tensor *)sp_add((sp_t *)a, (sp_t *)b, NULL);
+}
+static sepal_tensor *host_scale(void *ctx, sepal_tensor *a, float s)
+{
+    (void)ctx;
+    return (sepal_tensor *)sp_scale((sp_t *)a, s, NULL);
+}
+static int host_backward(void *ctx, sepal_tensor *x, const float *grad)
+{
+    (void)ctx;
+    return sp_backward((sp_t *)x, grad, NULL) == SP_OK ? 0 : -1;
+}
+static void host_log(void *ctx, const char *msg)
+{
+    sp_trainer *t = ctx;
+    if (t->rt->on_event) {
+        sp_event ev = {.kind = SP_EV_INFO, .text = msg};
+        t->rt->on_event(&ev, t->rt->user);
+    }
+}
+
+static void host_init(sp_trainer *t)
+{
+    sepal_host *h = &t->host;
+    memset(h, 0, sizeof *h);
+    h->abi = SEPAL_PLUGIN_ABI;
+    h->ctx = t;
+    h->encode = host_encode;
+    h->vocab = t->V;
+    h->pad_id = 0; /* Llama has no pad token: <unk>, as Petals' examples do; right padding keeps it harmless */
+    h->bos_id = t->rt->local->cfg.bos_id;
+    h->eos_id = t->rt->local->cfg.eos_id;
+    h->data = host_data;
+    h->cross_entropy = host_ce;
+    h->mse = host_mse;
+    h->bce_logits = host_bce;
+    h->add = host_add;
+    h->scale = host_scale;
+    h->backward = host_backward;
+    h->log = host_log;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* parameters */
+
+static sp_t *normal_leaf(sp_trainer *t, int ndim, const int64_t *shape, const char *name)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    float *x = malloc((size_t)n * sizeof(float));
+    if (!x)
+        return NULL;
+    sp_rng_fill_normal(&t->rng, x, (long)n, 0.02f); /* HF's init of Petals' prompt and head weights */
+    sp_t *p = sp_leaf(t->g, ndim, shape, x, 1, name);
+    free(x);
+    return p;
+}
+
+static sp_status make_params(sp_trainer *t, sp_err *err)
+{
+    int64_t ph[2] = {t->P, t->H}, dh[3] = {t->L, t->P, t->H}, sh[2] = {t->C, t->H}, nh[1] = {t->H};
+    int64_t vh[2] = {t->V, t->H};
+    if (t->P > 0 && !(t->prompts = t->params[t->nparams++] = normal_leaf(t, 2, ph, "prompts")))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (t->o.tuning == SP_TUNE_DEEP && !(t->deep = t->params[t->nparams++] = normal_leaf(t, 3, dh, "deep_prompts")))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (t->C > 0 && !(t->score = t->params[t->nparams++] = normal_leaf(t, 2, sh, "score.weight")))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    t->norm = sp_leaf(t->g, 1, nh, t->rt->local->norm, 0, "model.norm.weight");
+    if (t->C == 0)
+        t->lm_head = sp_leaf(t->g, 2, vh, t->rt->local->lm_head, 0, "lm_head.weight");
+    if (!t->norm || (t->C == 0 && !t->lm_head))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    return SP_OK;
+}
+
+sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, const sepal_task *task,
+                         const char *task_args, const sp_train_opts *o, sp_err *err)
+{
+    *out = NULL;
+    if (!rt || !rt->local)
+        return sp_errf(err, SP_ERR_STATE, "no model loaded (load DIR first)");
+    if (!blocks && !rt->nservers)
+        return sp_errf(err, SP_ERR_STATE, "no servers (swarm up N, or connect HOST:PORT)");
+    if (o->microbatches < 1 || o->microbatches > 64 || o->batch < 1 || o->max_length < 2)
+        return sp_errf(err, SP_ERR_ARG, "train: need batch >= 1, 1 <= microbatches <= 64, max_length >= 2");
+    sp_trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    t->rt = rt;
+    t->blocks = blocks;
+    t->task = task;
+    t->o = *o;
+    t->H = rt->local->cfg.hidden;
+    t->L = rt->local->cfg.n_layers;
+    t->V = rt->local->cfg.vocab;
+    t->C = task->num_labels;
+    t->P = o->tuning == SP_TUNE_HEAD ? 0 : o->pre_seq_len;
+    sp_rng_seed(&t->rng, o->seed);
+    host_init(t);
+    t->g = sp_graph_new();
+    sp_status st = t->g ? make_params(t, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (!st && t->P + o->max_length > rt->local->cfg.max_pos)
+        st = sp_errf(err, SP_ERR_RANGE, "train: %d prompts + max_length %d exceed the model's context of %d", t->P,
+                     o->max_length, rt->local->cfg.max_pos);
+    if (!st) {
+        char msg[512] = "";
+        t->task_ctx = task->open(&t->host, task_args ? task_args : "", msg, sizeof msg);
+        if (!t->task_ctx)
+            st = sp_errf(err, SP_ERR_ARG, "task %s: %s", task->name, msg[0] ? msg : "cannot open");
+    }
+    if (!st) {
+        sp_adamw_opts ao;
+        sp_adamw_opts_default(&ao);
+        ao.lr = o->lr;
+        ao.weight_decay = o->weight_decay;
+        ao.warmup_steps = o->warmup;
+        ao.clip_norm = o->clip_norm;
+        ao.device = o->device;
+        int per_epoch = (task->size(t->task_ctx, SEPAL_SPLIT_TRAIN) + o->batch - 1) / o->batch;
+        ao.total_steps = o->max_steps > 0 ? o->max_steps : per_epoch * o->epochs;
+        st = sp_optim_new(&t->opt, t->params, t->nparams, &ao, err);
+    }
+    if (st) {
+        sp_trainer_free(t);
+        return st;
+    }
+    *out = t;
+    return SP_OK;
+}
+
+void sp_trainer_free(sp_trainer *t)
+{
+    if (!t)
+        return;
+    if (t->task_ctx)
+        t->task->close(t->task_ctx);
+    sp_optim_free(t->opt);
+    sp_graph_free(t->g);
+    free(t);
+}
+
+int sp_trainer_params(sp_trainer *t, sp_t ***params)
+{
+    *params = t->params;
+    return t->nparams;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* one microbatch */
+
+/* A [B, ...] leaf holding B copies of param p (requires grad: its grad is summed back into p). */
+static sp_t *replicate(sp_trainer *t, sp_t *p, int B, int batch_axis)
+{
+    int64_t shape[4];
+    int nd = p->ndim + 1;
+    for (int i = 0, j = 0; i < nd; i++)
+        shape[i] = i == batch_axis ? B : p->shape[j++];
+    int64_t outer = 1, inner = 1; /* p = [outer, inner] split at the batch axis */
+    for (int i = 0; i < batch_axis; i++)
+        outer *= p->shape[i];
+    inner = p->n / outer;
+    float *x = malloc((size_t)(p->n * B) * sizeof(float));
+    if (!x)
+        return NULL;
+    for (int64_t o = 0; o < outer; o++)
+        for (int b = 0; b < B; b++)
+            memcpy(x + (o * B + b) * inner, p->data + o * inner, (size_t)inner * sizeof(float));
+    sp_t *r = sp_leaf(t->g, nd, shape, x, 1, p->name);
+    free(x);
+    return r;
+}
+
+/* p.grad += sum over the batch axis of r.grad. */
+static void reduce_into(sp_t *p, const sp_t *r, int B, int batch_axis)
+{
+    if (!r || !r->grad)
+        return;
+    if (!p->grad)
+        p->grad = calloc((size_t)p->n, sizeof(float));
+    if (!p->grad)
+        return;
+    int64_t outer = 1;
+    for (int i = 0; i < batch_axis; i++)
+        outer *= p->shape[i];
+    int64_t inner = p->n / outer;
+    for (int64_t o = 0; o < outer; o++)
+        for (int b = 0; b < B; b++)
+            for (int64_t k = 0; k < inner; k++)
+                p->grad[o * inner + k] += r->grad[(o * B + b) * inner + k];
+}
+
+/* The default loss, chosen as Hugging Face does by num_labels. */
+static sp_t *default_loss(sp_trainer *t, sp_t *logits, const sepal_batch *b, sp_err *err)
+{
+    if (t->C == 0)
+        return sp_cross_entropy(logits, b->targets, err);
+    if (t->C == 1)
+        return sp_mse(logits, b->values, err);
+    if (t->task->multi_label)
+        return sp_bce_logits(logits, b->values, err);
+    return sp_cross_entropy(logits, b->labels, err);
+}
+
+/* The model's output for a batch: logits [B, C] (classification) or [B*T, V] (causal LM). */
+static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, sp_err *err)
+{
+    int B = b->B, T = b->T, H = t->H, P = t->P;
+    float *emb = malloc((size_t)B * T * H * sizeof(float));
+    if (!emb || sp_model_embed(t->rt->local, emb, b->ids, B * T, err)) {
+        free(emb);
+        return emb ? NULL : (sp_errf(err, SP_ERR_NOMEM, "out of memory"), NULL);
+    }
+    int64_t xs[3] = {B, T, H};
+    sp_t *x = sp_leaf(t->g, 3, xs, emb, 0, "embeddings"); /* frozen: the embeddings get no gradient */
+    free(emb);
+    sp_t *deep = NULL;
+    t->rep_prompts[mb] = t->rep_deep[mb] = NULL;
+    if (x && P > 0) {
+        t->rep_prompts[mb] = replicate(t, t->prompts, B, 0);
+        x = t->rep_prompts[mb] ? sp_concat_pos(t->rep_prompts[mb], x, err) : NULL;
+    }
+    if (x && t->deep)
+        deep = t->rep_deep[mb] = replicate(t, t->deep, B, 1);
+    sp_t *h = x ? (t->blocks ? sp_local_chain(t->blocks, x, deep, err) : sp_remote_chain(t->rt, x, deep, err)) : NULL;
+    if (h && P > 0)
+        h = sp_slice_pos(h, P, P + T, err); /* the prefix goes before the final norm */
+    if (h)
+        h = sp_rmsnorm(h, t->norm, t->rt->local->cfg.norm_eps, err);
+    if (!h)
+        return NULL;
+    if (t->C == 0) {
+        sp_t *l = sp_linear(h, t->lm_head, NULL, err);
+        int64_t s2[2] = {(int64_t)B * T, t->V};
+        return l ? sp_reshape(l, 2, s2, err) : NULL;
+    }
+    int64_t *idx = malloc((size_t)B * sizeof *idx);
+    for (int i = 0; idx && i < B; i++)
+        idx[i] = b->last[i];
+    sp_t *pooled = idx ? sp_pool_index(h, idx, err) : NULL;
+    free(idx);
+    return pooled ? sp_linear(pooled, t->score, NULL, err) : NULL;
+}
+
+static sp_status get_batch(sp_trainer *t, int split, const int *idx, int n, sepal_batch *b, sp_err *err)
+{
+    char msg[512] = "";
+    memset(b, 0, sizeof *b);
+    if (t->task->batch(t->task_ctx, split, idx, n, t->o.max_length, b, msg, sizeof msg))
+        return sp_errf(err, SP_ERR_ARG, "task %s: %s", t->task->name, msg[0] ? msg : "cannot build a batch");
+    return SP_OK;
+}
+
+static sp_status micro_forward(sp_trainer *t, int mb, const int *idx, int n, int total, sp_err *err)
+{
+    sepal_batch b;
+    sp_status st = get_batch(t, SEPAL_SPLIT_TRAIN, idx, n, &b, err);
+    if (st)
+        return st;
+    sp_t *logits = forward_logits(t, &b, mb, err);
+    sp_t *loss = NULL;
+    if (logits)
+        loss = t->task->loss ? (sp_t *)t->task->loss(t->task_ctx, &t->host, (sepal_tensor *)logits, &b)
+                             : default_loss(t, logits, &b, err);
+    if (!loss && t->task->loss && logits && !(err && err->code))
+        loss = NULL; /* the task ran its own backward (plugin.h allows it) */
+    else if (!loss)
+        return err && err->code ? err->code : sp_errf(err, SP_ERR_ARG, "task %s: no loss", t->task->name);
+    t->loss[mb] = loss;
+    t->batch_rows[mb] = b.B;
+    t->weight[mb] = (float)n / (float)total; /* mean over the whole batch */
+    return SP_OK;
+}
+
+static sp_status micro_backward(sp_trainer *t, int mb, sp_err *err)
+{
+    if (!t->loss[mb]) /* the task already did it */
+        return SP_OK;
+    float g = t->weight[mb] * sp_optim_loss_scale(t->opt);
+    return sp_backward(t->loss[mb], &g, err);
+}
+
+/* The post-backward work, once per step whoever called backward: the broadcast prompts' gradients are
+ * summed over each microbatch's rows into the parameters. */
+static void post_backward(sp_trainer *t)
+{
+    for (int mb = 0; mb < t->nmicro; mb++) {
+        if (t->rep_prompts[mb])
+            reduce_into(t->prompts, t->rep_prompts[mb], t->batch_rows[mb], 0);
+        if (t->rep_deep[mb])
+            reduce_into(t->deep, t->rep_deep[mb], t->batch_rows[mb], 1);
+        t->rep_prompts[mb] = t->rep_deep[mb] = NULL;
+    }
+    t->nmicro = 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* schedules */
+
+/* Runs forwards and backwards of the microbatches of idx[0..n) in the schedule's order. */
+static sp_status run_schedule(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err)
+{
+    int M = t->o.microbatches < n ? t->o.microbatches : n, starts[65], sizes[64];
+    for (int m = 0; m <= M; m++)
+        starts[m] = (int)((long)m * n / M);
+    for (int m = 0; m < M; m++)
+        sizes[m] = starts[m + 1] - starts[m];
+    int stages = t->blocks ? 1 : (t->rt->nroute > 0 ? t->rt->nroute : 1);
+    int warm = t->o.schedule == SP_SCHED_AFAB ? M : (stages < M ? stages : M);
+    if (t->o.max_in_flight > 0 && warm > t->o.max_in_flight)
+        warm = t->o.max_in_flight;
+    int f = 0, bwd = 0;
+    sp_status st = SP_OK;
+    *loss = 0;
+    while (!st && bwd < M) {
+        if (f < M && f - bwd < warm) { /* forward while the window has room */
+            st = micro_forward(t, f, idx + starts[f], sizes[f], n, err);
+            f++;
+        } else {
+            st = micro_backward(t, bwd, err);
+            if (!st && t->loss[bwd])
+                *loss += t->weight[bwd] * t->loss[bwd]->data[0];
+            bwd++;
+        }
+    }
+    t->nmicro = f;
+    post_backward(t);
+    return st;
+}
+
+sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err)
+{
+    for (int i = 0; i < t->nparams; i++)
+        sp_zero_grad(t->params[i]);
+    sp_status st = run_schedule(t, idx, n, loss, err);
+    sp_graph_clear(t->g);
+    return st;
+}
+
+sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err)
+{
+    sp_status st = run_schedule(t, idx, n, loss, err);
+    sp_graph_clear(t->g);
+    int skipped;
+    float norm;
+    if (!st)
+        st = sp_optim_step(t->opt, &skipped, &norm, err);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* evaluation, the whole run */
+
+typedef struct acc_state {
+    long correct, n;
+    double loss_sum;
+    long tokens;
+} acc_state;
+
+/* The host's metrics: accuracy for classes, mean loss and perplexity for a causal LM. */
+static void default_metrics(sp_trainer *t, acc_state *a, const sp_t *logits, const sepal_batch *b)
+{
+    if (t->C >= 2) {
+        for (int i = 0; i < b->B; i++) {
+            const float *l = logits->data + (size_t)i * t->C;
+            int best = 0;
+            for (int c = 1; c < t->C; c++)
+                best = l[c] > l[best] ? c : best;
+            a->correct += b->labels && best == b->labels[i];
+            a->n++;
+        }
+    }
+}
+
+sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err)
+{
+    int n = t->task->size(t->task_ctx, SEPAL_SPLIT_VALID), bs = t->o.batch;
+    if (t->o.eval_batches > 0 && n > t->o.eval_batches * bs)
+        n = t->o.eval_batches * bs;
+    acc_state a = {0};
+    if (t->task->metrics_reset)
+        t->task->metrics_reset(t->task_ctx);
+    int *idx = malloc((size_t)bs * sizeof *idx);
+    sp_status st = idx ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int s = 0; !st && s < n; s += bs) {
+        int k = n - s < bs ? n - s : bs;
+        for (int i = 0; i < k; i++)
+            idx[i] = s + i;
+        sepal_batch b;
+        st = get_batch(t, SEPAL_SPLIT_VALID, idx, k, &b, err);
+        sp_t *logits = st ? NULL : forward_logits(t, &b, 0, err);
+        if (!st && !logits)
+            st = err && err->code ? err->code : SP_ERR_IO;
+        if (!st) {
+            sp_t *l = default_loss(t, logits, &b, err);
+            if (l) {
+                a.loss_sum += l->data[0] * k;
+                a.tokens += k;
+            }
+            if (t->task->metrics_add)
+                t->task->metrics_add(t->task_ctx, logits->data, &b);
+            else
+                default_metrics(t, &a, logits, &b);
+        }
+        sp_graph_clear(t->g);
+    }
+    free(idx);
+    if (st)
+        return st;
+    char extra[256] = "";
+    if (t->task->metrics_get)
+        t->task->metrics_get(t->task_ctx, extra, sizeof extra);
+    else if (t->C >= 2)
+        snprintf(extra, sizeof extra, "accuracy=%.4f", a.n ? (double)a.correct / a.n : 0.0);
+    double mean = a.tokens ? a.loss_sum / a.tokens : 0;
+    snprintf(buf, cap, "%s%sloss=%.4f", extra, extra[0] ? " " : "", mean);
+    return SP_OK;
+}
+
+static void shuffle(sp_rng *r, int *v, int n)
+{
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(sp_rng_u32(r) % (uint32_t)(i + 1)), x = v[i];
+        v[i] = v[j];
+        v[j] = x;
+    }
+}
+
+sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
+{
+    int n = t->task->size(t->task_ctx, SEPAL_SPLIT_TRAIN), bs = t->o.batch;
+    int per_epoch = (n + bs - 1) / bs, total = per_epoch * t->o.epochs, step = 0;
+    if (t->o.max_steps > 0 && total > t->o.max_steps)
+        total = t->o.max_steps;
+    int *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+    if (!order)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_status st = SP_OK;
+    for (int e = 0; !st && e < t->o.epochs && step < total; e++) {
+        for (int i = 0; i < n; i++)
+            order[i] = i;
+        shuffle(&t->rng, order, n);
+        for (int s = 0; !st && s < n && step < total; s += bs) {
+            int k = n - s < bs ? n - s : bs;
+            float loss, lr = sp_optim_lr(t->opt);
+            double t0 = sp_now_s();
+            st = sp_trainer_step(t, order + s, k, &loss, err);
+            step++;
+            if (!st && cb) {
+                sp_train_event ev = {.epoch = e + 1, .step = step, .steps_total = total, .loss = loss, .lr = lr,
+                                     .tokens_per_s = k * (t->o.max_length + t->P) / (sp_now_s() - t0)};
+                cb(&ev, user);
+            }
+        }
+        char metrics[512];
+        if (!st)
+            st = sp_trainer_eval(t, metrics, sizeof metrics, err);
+        if (!st && cb) {
+            sp_train_event ev = {.epoch = e + 1, .step = step, .steps_total = total, .metrics = metrics};
+            cb(&ev, user);
+        }
+    }
+    free(order);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* save / load */
+
+sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err)
+{
+    sp_st_wtensor w[3];
+    for (int i = 0; i < t->nparams; i++) {
+        w[i] = (sp_st_wtensor){.name = t->params[i]->name, .dtype = SP_F32, .ndim = t->params[i]->ndim,
+                               .data = t->params[i]->data};
+        for (int d = 0; d < t->params[i]->ndim; d++)
+            w[i].shape[d] = t->params[i]->shape[d];
+    }
+    char meta[256];
+    snprintf(meta, sizeof meta, "{\"sepal\":\"prompt tuning\",\"task\":\"%s\",\"tuning\":\"%s\",\"pre_seq_len\":\"%d\"}",
+             t->task->name, t->o.tuning == SP_TUNE_DEEP ? "deep_ptune" : t->o.tuning == SP_TUNE_PTUNE ? "ptune" : "head",
+             t->P);
+    return sp_st_write(path, w, t->nparams, meta, err);
+}
+
+sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err)
+{
+    sp_safetensors *st = NULL;
+    sp_status s = sp_st_open(&st, path, err);
+    for (int i = 0; !s && i < t->nparams; i++)
+        s = sp_st_read_f32(st, t->params[i]->name, t->params[i]->data, t->params[i]->ndim, t->params[i]->shape, err);
+    sp_st_close(st);
+    return s;
+}

@@ -1,0 +1,71 @@
+/* trainer.h - prompt tuning through the swarm (Petals semantics, petals-internals.md §3): the trainable
+ * parameters live on the client (shallow prompts [P, H], deep prompts [L, P, H], a classification head
+ * [C, H]); forward and backward of the blocks run on the servers; the optimizer runs locally (CUDA if
+ * present). A task (include/sepal/plugin.h) supplies data, batches, loss and metrics.
+ *
+ * Modes: head-only (P = 0), ptune (P prefix embeddings prepended, plus the head), deep_ptune (also a prompt
+ * per block added to the first P positions entering it). A causal-LM task uses the model's own head.
+ * Schedules over M microbatches (gradient accumulation): AFAB (all forwards, then all backwards) and 1F1B
+ * (after min(stages, M) warm-up forwards, one backward per forward), at most `max_in_flight` microbatches
+ * holding activations. Loss and gradients do not depend on the schedule. */
+#ifndef SEPAL_TRAINER_H
+#define SEPAL_TRAINER_H
+
+#include <stdint.h>
+
+#include "autograd.h"
+#include "model.h"
+#include "optim.h"
+#include "sepal/plugin.h"
+
+struct sp_runtime;
+
+typedef enum { SP_TUNE_HEAD, SP_TUNE_PTUNE, SP_TUNE_DEEP } sp_tuning;
+typedef enum { SP_SCHED_AFAB, SP_SCHED_1F1B } sp_schedule;
+
+typedef struct sp_train_opts {
+    sp_tuning tuning;
+    int pre_seq_len;   /* P */
+    float lr, weight_decay, clip_norm;
+    int epochs, batch, warmup, max_length, microbatches, max_in_flight;
+    sp_schedule schedule;
+    uint64_t seed;
+    int device;        /* optimizer device: -1 auto, 0 CPU, 1 CUDA */
+    int max_steps;     /* 0: all epochs */
+    int eval_batches;  /* 0: the whole validation split */
+} sp_train_opts;
+
+void sp_train_opts_default(sp_train_opts *o);
+
+/* Per-step and per-epoch reports (the front end draws them). */
+typedef struct sp_train_event {
+    int epoch, step, steps_total;
+    float loss, lr, grad_norm;
+    double tokens_per_s;
+    const char *metrics; /* non-NULL at the end of an epoch's validation */
+} sp_train_event;
+typedef void (*sp_train_cb)(const sp_train_event *ev, void *user);
+
+typedef struct sp_trainer sp_trainer;
+
+/* blocks: NULL to run the blocks through rt's route, or a model holding every block to run them in this
+ * process (the single-process baseline). */
+sp_status sp_trainer_new(sp_trainer **out, struct sp_runtime *rt, sp_model *blocks, const sepal_task *task,
+                         const char *task_args, const sp_train_opts *o, sp_err *err);
+void sp_trainer_free(sp_trainer *t);
+
+/* One optimizer step over the batch of examples idx[0..n) of the train split (split into microbatches
+ * per the schedule). Reports the mean loss. */
+sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
+/* Loss and gradients only (no update): for tests comparing schedules. grads: the trainable tensors. */
+sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
+int sp_trainer_params(sp_trainer *t, sp_t ***params);
+/* The whole run: epochs over shuffled batches, validation after each epoch. */
+sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err);
+/* Validation metrics into buf ("accuracy=0.8120 loss=0.41 n=1000"). */
+sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err);
+/* Trained parameters to / from a safetensors file. */
+sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err);
+sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err);
+
+#endif
