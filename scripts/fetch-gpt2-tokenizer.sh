@@ -16,38 +16,16 @@ VOCAB_SHA="1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 CONVERT_VERSION=1 # bump when the converter's output changes, so cached files are converted again
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FETCH_NAME=fetch-gpt2-tokenizer
+# shellcheck source=fetch-lib.sh
+. "$REPO_ROOT/scripts/fetch-lib.sh"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
 DIR="$CACHE/gpt2"
 PKG_DIR="$DIR/package"
 STAMP="$DIR/converted-from.sha256"
 
-die() { echo "fetch-gpt2-tokenizer: $*" >&2; exit 1; }
-
-sha256_of() {
-    if command -v sha256sum >/dev/null 2>&1; then
-        sha256sum "$1" | cut -d' ' -f1
-    else
-        shasum -a 256 "$1" | cut -d' ' -f1
-    fi
-}
-
 expected_stamp() {
     printf 'gpt2_to_tokenizer_json v%s\n%s  encoder.json\n%s  vocab.bpe\n' "$CONVERT_VERSION" "$ENCODER_SHA" "$VOCAB_SHA"
-}
-
-# verify FILE EXPECTED_SHA WHAT_TO_DELETE: exits 1 with a clear message on mismatch.
-verify() {
-    local actual
-    actual="$(sha256_of "$1")"
-    if [[ "$actual" != "$2" ]]; then
-        {
-            echo "fetch-gpt2-tokenizer: sha256 checksum mismatch for $1"
-            echo "  expected: $2"
-            echo "  actual:   $actual"
-            echo "  the cached download is corrupt or not the expected release; delete $3 and run this script again"
-        } >&2
-        exit 1
-    fi
 }
 
 # Fast path: converted files stamped with the digests of the files they came from.

@@ -16,6 +16,9 @@ TOK_SHA="74f899535f8f99cdeac697474b697f3fa40467b8376dab7b6c4d8c753f28ae9f"
 CONVERT_VERSION=1 # bump when the converter's output changes, so cached models are converted again
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FETCH_NAME=fetch-model
+# shellcheck source=fetch-lib.sh
+. "$REPO_ROOT/scripts/fetch-lib.sh"
 SEPAL_BIN="${1:-$REPO_ROOT/build/repl/sepal}"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
 MODEL_DIR="$CACHE/models/stories15M"
@@ -23,33 +26,8 @@ STAMP="$MODEL_DIR/converted-from.sha256"
 MODEL_BIN="$CACHE/stories15M.bin"
 TOK_BIN="$CACHE/tokenizer.raw.bin"
 
-die() { echo "fetch-model: $*" >&2; exit 1; }
-
-sha256_of() {
-    if command -v sha256sum >/dev/null 2>&1; then
-        sha256sum "$1" | cut -d' ' -f1
-    else
-        shasum -a 256 "$1" | cut -d' ' -f1
-    fi
-}
-
 expected_stamp() {
     printf 'sepal convert-llama2c v%s\n%s  stories15M.bin\n%s  tokenizer.raw.bin\n' "$CONVERT_VERSION" "$MODEL_SHA" "$TOK_SHA"
-}
-
-# verify FILE EXPECTED_SHA WHAT_TO_DELETE: exits 1 with a clear message on mismatch.
-verify() {
-    local actual
-    actual="$(sha256_of "$1")"
-    if [[ "$actual" != "$2" ]]; then
-        {
-            echo "fetch-model: sha256 checksum mismatch for $1"
-            echo "  expected: $2"
-            echo "  actual:   $actual"
-            echo "  the cached download is corrupt or not the expected release; delete $3 and run this script again"
-        } >&2
-        exit 1
-    fi
 }
 
 # Fast path: an already converted model, stamped with the digests of the files it came from.

