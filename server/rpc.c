@@ -1,6 +1,7 @@
 /* rpc.c - the server's request handlers: argument checks, the span computations, replies. Every bad
  * request gets an ERROR reply (share/doc/protocol.md lists the codes); nothing here ends the process. */
 #include <cJSON.h>
+#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -161,6 +162,16 @@ static int reply_encoding(req *r, int hidden_idx)
 /* ---------------------------------------------------------------------------------------------- */
 /* span computation */
 
+/* BLAS threads for a request of `tokens` positions: a decode step's matrix-vector products are too small to
+ * pay for waking a second thread (and several servers on one machine share its cores), a prefill or a
+ * training batch is large enough to use them all. */
+static void blas_threads_for(const sp_server *s, long tokens)
+{
+    int want = tokens <= 8 ? 1 : s->blas_threads;
+    if (openblas_get_num_threads() != want)
+        openblas_set_num_threads(want);
+}
+
 /* hidden[b, t0 + t, :] += prompt[b, pos, :] for the positions of [t0, t0 + T) below P. */
 static void add_prompt(float *h, const float *prompt, int B, int T, int t0, int P, int H)
 {
@@ -212,6 +223,7 @@ static void rpc_forward(req *r, sp_ws *ws)
     if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
         goto done;
     sp_err err = {0};
+    blas_threads_for(r->s, (long)B * T);
     if (run_span(r->s, start, end, h, B, T, 0, prompts, P, NULL, ws, &err)) {
         bad(r, "internal", "forward: %s", err.msg);
         goto done;
@@ -247,6 +259,7 @@ static void rpc_backward(req *r, sp_ws *ws)
         goto done;
     }
     sp_err err = {0};
+    blas_threads_for(r->s, (long)B * T);
     for (int i = 0; i < n; i++) { /* inputs[i] = input of block start+i, prompt added */
         if (prompts)
             add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
@@ -397,6 +410,7 @@ static void step_compute(req *r, session *x, sp_ws *ws)
     int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
     float *buf = malloc((size_t)B * (chunk < T ? chunk : T) * H * sizeof(float));
     sp_err err = {0};
+    blas_threads_for(r->s, (long)B * T);
     for (int t0 = 0; buf && t0 < T; t0 += chunk) {
         int tc = T - t0 < chunk ? T - t0 : chunk;
         for (int b = 0; b < B; b++)

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cblas.h>
+
 #include "log.h"
 #include "server_impl.h"
 #include "timeutil.h"
@@ -208,6 +210,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_cond_init(&s->reaper_cond, NULL);
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
+    s->blas_threads = openblas_get_num_threads();
     sp_status st = load(s, err);
     if (!st) {
         sessions_init(&s->st, s->o.cache_tokens * (s->m->last - s->m->first));

@@ -71,6 +71,7 @@ struct sp_server {
     int reaper_stop, reaper_started;
     double inference_rps, forward_tps;
     int inline_steps; /* short inference steps run on the transport thread (no hand-off to a worker) */
+    int blas_threads; /* OpenBLAS threads for large requests (its setting at start) */
     sp_ws inline_ws;  /* that thread's scratch */
     pthread_mutex_t stats_lock;
     uint64_t requests;
