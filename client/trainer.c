@@ -216,6 +216,7 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
         ao.warmup_steps = o->warmup;
         ao.clip_norm = o->clip_norm;
         ao.device = o->device;
+        ao.fp16 = o->fp16;
         int per_epoch = (task->size(t->task_ctx, SEPAL_SPLIT_TRAIN) + o->batch - 1) / o->batch;
         ao.total_steps = o->max_steps > 0 ? o->max_steps : per_epoch * o->epochs;
         st = sp_optim_new(&t->opt, t->params, t->nparams, &ao, err);

@@ -31,6 +31,7 @@ typedef struct sp_train_opts {
     sp_schedule schedule;
     uint64_t seed;
     int device;        /* optimizer device: -1 auto, 0 CPU, 1 CUDA */
+    int fp16;          /* dynamic loss scaling (fp32 master parameters) */
     int max_steps;     /* 0: all epochs */
     int eval_batches;  /* 0: the whole validation split */
 } sp_train_opts;

@@ -27,10 +27,13 @@ typedef struct train_args {
 
 static int parse_enum(sp_app *app, const char *opt, const char *v, const char *const *names, int n, int *out)
 {
-    for (int i = 0; i < n; i++)
+    char all[128] = "";
+    for (int i = 0; i < n; i++) {
         if (!strcmp(v, names[i]))
             return *out = i, 0;
-    return sp_app_error(app, "%s: '%s' is not one of %s%s%s", opt, v, names[0], n > 1 ? ", " : "", n > 1 ? names[1] : "");
+        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? ", " : "", names[i]);
+    }
+    return sp_app_error(app, "%s: '%s' is not one of %s", opt, v, all);
 }
 
 /* train TASK [--tuning ...] ...; eval TASK [--load FILE] takes the same options. */
@@ -44,6 +47,10 @@ static int parse(sp_app *app, int argc, char **argv, train_args *a)
     static const char *const tunings[] = {"head", "ptune", "deep_ptune"}, *const scheds[] = {"afab", "1f1b"};
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(o, "--fp16")) {
+            a->o.fp16 = 1;
+            continue;
+        }
         long x;
         double d;
         int e = 0, rc = 0;
@@ -161,7 +168,7 @@ static int cmd_plugin(sp_app *app, int argc, char **argv)
 #define TRAIN_ARGS                                                                                                \
     "TASK [--tuning head|ptune|deep_ptune] [--pre-seq-len P] [--lr X] [--epochs N] [--batch B] [--warmup W] "    \
     "[--max-length L] [--schedule afab|1f1b] [--microbatches M] [--seed S] [--save FILE] [--load FILE] "          \
-    "[--args \"k=v ...\"] [--max-steps N] [--eval-batches N] [--device cpu|cuda]"
+    "[--args \"k=v ...\"] [--max-steps N] [--eval-batches N] [--device cpu|cuda] [--fp16]"
 
 const sp_cmd sp_cmds_train[] = {
     {"train", NULL, TRAIN_ARGS, "prompt-tune the loaded model on a task through the swarm",

@@ -218,6 +218,52 @@ START_TEST(t_steps_lower_loss_and_save_load)
 }
 END_TEST
 
+/* A task whose loss calls host->backward itself (plugin.h allows it) and returns NULL: the trainer's
+ * post-backward work (the prompts' reduction) still runs once, and the gradients equal the default path. */
+static sepal_task self_backward_task;
+static sepal_tensor *self_backward_loss(void *task, const sepal_host *host, sepal_tensor *logits, const sepal_batch *b)
+{
+    (void)task;
+    sepal_tensor *l = host->cross_entropy(host->ctx, logits, b->labels);
+    ck_assert_ptr_nonnull(l);
+    ck_assert_int_eq(host->backward(host->ctx, l, NULL), 0);
+    return NULL;
+}
+
+START_TEST(t_task_calls_backward_itself)
+{
+    const int spans[2][2] = {{0, 3}, {3, 6}};
+    sp_runtime *rt = swarm(spans, 2);
+    self_backward_task = *sst2();
+    self_backward_task.name = "sst2-self-backward";
+    self_backward_task.loss = self_backward_loss;
+    sp_train_opts o = opts(SP_TUNE_DEEP, SP_SCHED_AFAB, 1);
+    sp_trainer *a = NULL, *b = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_trainer_new(&a, rt, NULL, sst2(), "", &o, &err), SP_OK);
+    ck_assert_int_eq(sp_trainer_new(&b, rt, NULL, &self_backward_task, "", &o, &err), SP_OK);
+    int idx[8] = {5, 6, 7, 8, 1200, 1201, 1202, 1203};
+    float la, lb;
+    int64_t na, nb;
+    float *ga = grads_of(a, idx, 8, &la, &na), *gb = grads_of(b, idx, 8, &lb, &nb);
+    ck_assert_int_eq(na, nb);
+    ck_assert_double_le(sp_max_abs_diff(ga, gb, (size_t)na), 1e-6);
+    /* and a step with it updates the parameters like the default path */
+    float s1, s2;
+    ck_assert_int_eq(sp_trainer_step(a, idx, 8, &s1, &err), SP_OK);
+    ck_assert_int_eq(sp_trainer_step(b, idx, 8, &s2, &err), SP_OK);
+    sp_t **pa, **pb;
+    int n = sp_trainer_params(a, &pa);
+    sp_trainer_params(b, &pb);
+    for (int i = 0; i < n; i++)
+        ck_assert_double_le(sp_max_abs_diff(pa[i]->data, pb[i]->data, (size_t)pa[i]->n), 1e-6);
+    free(ga), free(gb);
+    sp_trainer_free(a);
+    sp_trainer_free(b);
+    teardown(rt);
+}
+END_TEST
+
 START_TEST(t_errors)
 {
     need_data();
@@ -252,6 +298,7 @@ int main(void)
     tcase_add_test(tc, t_one_server_ptune);
     tcase_add_test(tc, t_more_servers_than_blocks_head);
     tcase_add_test(tc, t_steps_lower_loss_and_save_load);
+    tcase_add_test(tc, t_task_calls_backward_itself);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
     return sp_test_run(s);

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Prompt tuning from the REPL through a real loopback swarm of sepal-server processes: train prints every
+# step's loss and the validation metrics, saves parameters that eval loads back; the causal-LM task on a text
+# file; plugins; and clear errors for bad input.
+. "$(dirname "$0")/lib.bash"
+M="${SEPAL_STORIES15M_DIR:?}"
+export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
+export SEPAL_CACHE="$TMP/cache"
+mkdir -p "$SEPAL_CACHE"
+ln -s "${SEPAL_SENTIMENT_DIR:?}" "$SEPAL_CACHE/sentiment" # the sst2 task's default data directory
+if [ ! -f "$M/model.safetensors" ] || [ ! -f "$SEPAL_SENTIMENT_DIR/imdb.json" ]; then
+    bad "run scripts/fetch-model.sh and scripts/fetch-sentiment.sh first"
+    finish
+fi
+
+out=$("$SEPAL" -c "load $M; swarm up 3; train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 \
+    --max-steps 6 --eval-batches 4 --seed 3 --save $TMP/p.safetensors; \
+    eval sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --eval-batches 4 --load $TMP/p.safetensors" 2>&1)
+rc=$?
+[ $rc -eq 0 ] && ok "train + eval through 3 servers exit 0" || { bad "train exit $rc"; echo "$out" | tail -5; }
+steps=$(grep -cE "^epoch 1 step [1-6]/6: loss [0-9.]+ lr" <<< "$out")
+[ "$steps" -eq 6 ] && ok "six steps with their loss" || bad "expected 6 step lines, got $steps"
+grep -qE "^epoch 1: validation accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" && ok "validation metrics" || bad "no validation line"
+[ -s "$TMP/p.safetensors" ] && ok "parameters saved" || bad "no saved parameters"
+v1=$(grep -oE "validation accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" | sed 's/validation //')
+v2=$(grep -oE "^sst2: accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" | sed 's/^sst2: //')
+[ -n "$v1" ] && [ "$v1" = "$v2" ] && ok "eval --load reproduces the trained metrics ($v2)" || bad "eval after load: '$v2' vs '$v1'"
+
+# causal LM on a text file, head = the model's own LM head
+for i in $(seq 1 40); do echo "Once upon a time there was a cat named Tom. Tom liked to play in the sun with his ball."; done > "$TMP/story.txt"
+expect 0 "causal-LM prompt tuning on a text file" "^epoch 1: validation loss=[0-9.]+ perplexity=[0-9.]+" -- \
+    "$SEPAL" -c "load $M; swarm up 2; train causal_lm --args 'file=$TMP/story.txt length=32' --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 3"
+
+expect 0 "plugin list shows the built-in tasks" "^sst2 .*classes" -- "$SEPAL" -c "plugin list"
+expect 0 "plugin load of the sst2 .so" "loaded task sst2" -- "$SEPAL" -c "plugin load $SEPAL_BIN_DIR/plugins/libsepal_sst2.so"
+expect 1 "plugin of another ABI version is refused" "ABI 7.* 1" -- "$SEPAL" -c "plugin load $SEPAL_BIN_DIR/plugins/libsepal_test_bad_abi.so"
+expect 1 "plugin that does not exist" "nonexistent" -- "$SEPAL" -c "plugin load $TMP/nonexistent.so"
+expect 1 "train before load" "no model loaded" -- "$SEPAL" -c "train sst2"
+expect 1 "train without servers" "no servers" -- "$SEPAL" -c "load $M; train sst2"
+expect 1 "unknown task" "unknown task 'nosuchtask'" -- "$SEPAL" -c "load $M; train nosuchtask"
+expect 1 "bad tuning" "'bogus' is not one of head, ptune, deep_ptune" -- "$SEPAL" -c "train sst2 --tuning bogus"
+expect 1 "bad number" "--lr: expected a number" -- "$SEPAL" -c "train sst2 --lr fast"
+expect 1 "causal_lm without a file" "file" -- "$SEPAL" -c "load $M; swarm up 1; train causal_lm"
+expect 1 "context overflow" "context" -- "$SEPAL" -c "load $M; swarm up 1; train sst2 --max-length 250 --pre-seq-len 16"
+finish
