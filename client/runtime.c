@@ -69,6 +69,7 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     rt->on_event = on_event;
     rt->user = user;
+    pthread_mutex_init(&rt->keep_lock, NULL);
     find_server_bin(rt);
     *out = rt;
     return SP_OK;
@@ -81,6 +82,7 @@ void sp_runtime_free(sp_runtime *rt)
     sp_runtime_swarm_down(rt);
     sp_model_free(rt->local);
     sp_tokenizer_free(rt->tok);
+    pthread_mutex_destroy(&rt->keep_lock);
     free(rt);
 }
 
@@ -511,12 +513,17 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt)
 /* One FORWARD or BACKWARD on hop h. t: the tensors (hidden [, grad]); prompts: all blocks' deep prompts
  * [L, B, P, H] or NULL. Tensor 0 of the reply goes to out, tensor 1 (prompt grads) to gp (hop's slice). */
 static sp_status call_span(sp_runtime *rt, int h, sp_msg_type type, const sp_tensor_src *t, int n,
-                           const float *prompts, int P, float *out, float *gp, int B, int T, sp_err *err)
+                           const float *prompts, int P, float *out, float *gp, int B, int T, const char *keep_key,
+                           uint64_t keep_id, sp_err *err)
 {
     const sp_hop *hop = &rt->route[h];
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
-    char meta[64];
-    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d}", hop->start, hop->end);
+    char meta[128];
+    if (keep_id)
+        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"%s\":%llu}", hop->start, hop->end, keep_key,
+                 (unsigned long long)keep_id);
+    else
+        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d}", hop->start, hop->end);
     sp_tensor_src a[3];
     memcpy(a, t, (size_t)n * sizeof *t);
     if (prompts)
@@ -545,6 +552,35 @@ static sp_status call_span(sp_runtime *rt, int h, sp_msg_type type, const sp_ten
     return st;
 }
 
+/* Registers a FORWARD that keeps activations: ids for its hops, found again by its boundaries. */
+static struct sp_keep *keep_register(sp_runtime *rt, const float *boundaries)
+{
+    pthread_mutex_lock(&rt->keep_lock);
+    struct sp_keep *k = &rt->keeps[rt->keep_next_slot++ % 64]; /* the oldest slot: its server entry ages out */
+    k->boundaries = boundaries;
+    k->nhops = rt->nroute;
+    for (int h = 0; h < rt->nroute; h++)
+        k->id[h] = ++rt->keep_next_id;
+    pthread_mutex_unlock(&rt->keep_lock);
+    return k;
+}
+
+/* The keep ids of the FORWARD that filled these boundaries (copied out and forgotten), or 0 if none. */
+static int keep_lookup(sp_runtime *rt, const float *boundaries, uint64_t *ids)
+{
+    int n = 0;
+    pthread_mutex_lock(&rt->keep_lock);
+    for (int i = 0; i < 64; i++)
+        if (rt->keeps[i].boundaries == boundaries && rt->keeps[i].nhops == rt->nroute) {
+            n = rt->keeps[i].nhops;
+            memcpy(ids, rt->keeps[i].id, (size_t)n * sizeof *ids);
+            rt->keeps[i].boundaries = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&rt->keep_lock);
+    return n;
+}
+
 sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const float *prompts, int P,
                              float *boundaries, sp_err *err)
 {
@@ -552,11 +588,16 @@ sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const 
         return err ? err->code : SP_ERR_NOTFOUND;
     int H = rt->local->cfg.hidden;
     size_t N = (size_t)B * T * H;
+    uint64_t ids[SP_RT_MAX_SERVERS] = {0};
+    if (boundaries) { /* a backward will follow: the servers keep what it needs */
+        struct sp_keep *k = keep_register(rt, boundaries);
+        memcpy(ids, k->id, (size_t)rt->nroute * sizeof *ids);
+    }
     for (int h = 0; h < rt->nroute; h++) {
         if (boundaries)
             memcpy(boundaries + h * N, hidden, N * sizeof(float));
         sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = hidden};
-        sp_status st = call_span(rt, h, SP_MSG_FORWARD, &t, 1, prompts, P, hidden, NULL, B, T, err);
+        sp_status st = call_span(rt, h, SP_MSG_FORWARD, &t, 1, prompts, P, hidden, NULL, B, T, "keep", ids[h], err);
         if (st)
             return st;
     }
@@ -568,11 +609,13 @@ sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const f
 {
     int H = rt->local->cfg.hidden;
     size_t N = (size_t)B * T * H;
+    uint64_t ids[SP_RT_MAX_SERVERS] = {0};
+    keep_lookup(rt, boundaries, ids); /* none: the servers recompute their forward */
     for (int h = rt->nroute - 1; h >= 0; h--) {
         sp_tensor_src t[2] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = boundaries + h * N},
                               {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = grad}};
         sp_status st = call_span(rt, h, SP_MSG_BACKWARD, t, 2, prompts, P, grad, prompts ? grad_prompts : NULL, B, T,
-                                 err);
+                                 "kept", ids[h], err);
         if (st)
             return st;
     }

@@ -4,6 +4,7 @@
 #ifndef SEPAL_RUNTIME_H
 #define SEPAL_RUNTIME_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -59,6 +60,15 @@ typedef struct sp_runtime {
     sp_hop route[SP_RT_MAX_SERVERS];
     int nroute;
     char server_bin[4096];
+    /* FORWARDs whose servers keep activations for the BACKWARD that follows: boundaries -> per-hop ids */
+    pthread_mutex_t keep_lock;
+    struct sp_keep {
+        const float *boundaries;
+        uint64_t id[SP_RT_MAX_SERVERS];
+        int nhops;
+    } keeps[64];
+    int keep_next_slot;
+    uint64_t keep_next_id;
 } sp_runtime;
 
 sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_err *err);

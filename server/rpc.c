@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "server_impl.h"
+#include "timeutil.h"
 
 typedef struct req {
     sp_server *s;
@@ -184,23 +185,6 @@ static void add_prompt(float *h, const float *prompt, int B, int T, int t0, int 
         }
 }
 
-/* Runs blocks [start, end) in place on h [B, T, H] (positions pos0..), adding deep prompts, optionally
- * with the session's caches. */
-static sp_status run_span(sp_server *s, int start, int end, float *h, int B, int T, int pos0, const float *prompts,
-                          int P, sp_kv_cache *kv, sp_ws *ws, sp_err *err)
-{
-    int H = s->m->cfg.hidden;
-    for (int i = start; i < end; i++) {
-        if (prompts)
-            add_prompt(h, prompts + (size_t)(i - start) * B * P * H, B, T, pos0, P, H);
-        sp_status st = sp_llama_block_forward(&s->m->blocks[i - s->m->first], h, h, B, T, pos0,
-                                              kv ? &kv[i - start] : NULL, ws, err);
-        if (st)
-            return st;
-    }
-    return SP_OK;
-}
-
 static int check_tokens(req *r, int B, int T)
 {
     if ((long)B * T > r->s->o.max_batch_tokens)
@@ -214,25 +198,57 @@ static int check_tokens(req *r, int B, int T)
 /* ---------------------------------------------------------------------------------------------- */
 /* FORWARD, BACKWARD */
 
+/* Runs blocks [start, end) on x [B, T, H] in place, adding the deep prompts and writing each block's input
+ * (prompt added) to inputs[i] ((end - start) x [B, T, H]) when inputs is non-NULL. */
+static sp_status run_keeping(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
+                             float *inputs, sp_ws *ws, sp_err *err)
+{
+    int H = s->m->cfg.hidden;
+    size_t N = (size_t)B * T * H;
+    for (int i = 0; i < end - start; i++) {
+        if (prompts)
+            add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
+        if (inputs)
+            memcpy(inputs + i * N, x, N * sizeof(float));
+        sp_status st = sp_llama_block_forward(&s->m->blocks[start + i - s->m->first], x, x, B, T, 0, NULL, ws, err);
+        if (st)
+            return st;
+    }
+    return SP_OK;
+}
+
 static void rpc_forward(req *r, sp_ws *ws)
 {
     int start, end, B, T, P;
-    float *h = NULL, *prompts = NULL;
+    int64_t keep_id = 0;
+    float *h = NULL, *prompts = NULL, *inputs = NULL;
     if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
         goto done;
     if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
         goto done;
+    size_t N = (size_t)B * T * r->s->m->cfg.hidden;
+    /* a training client asks to keep each block's input for the BACKWARD that follows */
+    if (sp_meta_int(&r->m, "keep", &keep_id) && keep_id > 0 && r->s->o.keep_bytes > 0)
+        inputs = malloc((size_t)(end - start) * N * sizeof(float));
     sp_err err = {0};
     blas_threads_for(r->s, (long)B * T);
-    if (run_span(r->s, start, end, h, B, T, 0, prompts, P, NULL, ws, &err)) {
+    if (run_keeping(r->s, start, end, h, B, T, prompts, P, inputs, ws, &err)) {
         bad(r, "internal", "forward: %s", err.msg);
         goto done;
     }
     sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
     reply(r, NULL, &out, 1);
+    kept *k = inputs ? calloc(1, sizeof *k) : NULL;
+    if (k) {
+        *k = (kept){.conn = r->conn, .id = (uint64_t)keep_id, .start = start, .end = end, .B = B, .T = T, .P = P,
+                    .inputs = inputs, .bytes = (size_t)(end - start) * N * sizeof(float), .created = sp_now_s()};
+        kept_put(r->s, k);
+        inputs = NULL;
+    }
 done:
     free(h);
     free(prompts);
+    free(inputs);
 }
 
 /* Recomputes the span's forward keeping every block's input, then back-propagates grad_out through
@@ -252,7 +268,17 @@ static void rpc_backward(req *r, sp_ws *ws)
         goto done;
     int n = end - start, H = r->s->m->cfg.hidden;
     size_t N = (size_t)B * T * H;
-    inputs = malloc((size_t)n * N * sizeof(float));
+    int64_t kept_id = 0;
+    kept *k = sp_meta_int(&r->m, "kept", &kept_id) && kept_id > 0
+                  ? kept_take(r->s, r->conn, (uint64_t)kept_id, start, end, B, T, P)
+                  : NULL;
+    if (k) { /* the FORWARD kept every block's input: no recompute */
+        inputs = k->inputs;
+        k->inputs = NULL;
+        kept_free(k);
+    } else {
+        inputs = malloc((size_t)n * N * sizeof(float));
+    }
     gp = prompts ? calloc((size_t)n * B * P * H, sizeof(float)) : NULL;
     if (!inputs || (prompts && !gp)) {
         bad(r, "internal", "out of memory");
@@ -260,16 +286,14 @@ static void rpc_backward(req *r, sp_ws *ws)
     }
     sp_err err = {0};
     blas_threads_for(r->s, (long)B * T);
-    for (int i = 0; i < n; i++) { /* inputs[i] = input of block start+i, prompt added */
-        if (prompts)
-            add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
-        memcpy(inputs + i * N, x, N * sizeof(float));
-        if (i + 1 < n && sp_llama_block_forward(&r->s->m->blocks[start + i - r->s->m->first], x, x, B, T, 0, NULL,
-                                                ws, &err)) {
-            bad(r, "internal", "backward (recompute): %s", err.msg);
-            goto done;
-        }
+    if (!k && run_keeping(r->s, start, end - 1, x, B, T, prompts, P, inputs, ws, &err)) {
+        bad(r, "internal", "backward (recompute): %s", err.msg);
+        goto done;
     }
+    if (!k && prompts) /* the last block's input: the recompute above stops before it */
+        add_prompt(x, prompts + (size_t)(n - 1) * B * P * H, B, T, 0, P, H);
+    if (!k)
+        memcpy(inputs + (n - 1) * N, x, N * sizeof(float));
     for (int i = n - 1; i >= 0; i--) {
         if (sp_llama_block_backward(&r->s->m->blocks[start + i - r->s->m->first], g, g, inputs + i * N, B, T, 0,
                                     NULL, ws, &err)) {

@@ -24,6 +24,7 @@ void sp_server_opts_default(sp_server_opts *o)
     o->session_timeout_s = 1800;
     o->measure = 1;
     o->max_message = SP_PROTO_DEFAULT_MAX_MESSAGE;
+    o->keep_bytes = (size_t)512 << 20;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -135,7 +136,8 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
 
 static void on_close(void *user, uint64_t conn)
 {
-    sessions_close_conn(user, conn); /* a dropped connection frees its sessions */
+    sessions_close_conn(user, conn); /* a dropped connection frees its sessions and kept activations */
+    kept_drop(user, conn, 0);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -152,6 +154,7 @@ static void *reaper_main(void *arg)
         pthread_cond_timedwait(&s->reaper_cond, &s->reaper_lock, &ts);
         pthread_mutex_unlock(&s->reaper_lock);
         sessions_reap(s, sp_now_s());
+        kept_drop(s, UINT64_MAX, sp_now_s() - s->o.step_timeout_s);
         pthread_mutex_lock(&s->reaper_lock);
     }
     pthread_mutex_unlock(&s->reaper_lock);
@@ -208,6 +211,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->stats_lock, NULL);
     pthread_mutex_init(&s->reaper_lock, NULL);
     pthread_cond_init(&s->reaper_cond, NULL);
+    kept_init(&s->kt, o->keep_bytes);
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
     s->blas_threads = openblas_get_num_threads();
@@ -286,6 +290,7 @@ void sp_server_stop(sp_server *s)
     queue_drain(&s->q);
     if (s->m)
         sessions_destroy(&s->st);
+    kept_destroy(&s->kt);
     free(s->workers);
     sp_ws_free(&s->inline_ws);
     sp_model_free(s->m);

@@ -25,6 +25,7 @@ typedef struct sp_server_opts {
     int measure;               /* measure throughput at start (default 1); 0 reports 0 */
     const char *throughput_cache; /* file caching measured throughput (default $SEPAL_CACHE/throughput.json) */
     uint64_t max_message;      /* transport cap (default 256 MiB) */
+    size_t keep_bytes;         /* activations kept between FORWARD and BACKWARD (default 512 MiB; 0: never) */
 } sp_server_opts;
 
 void sp_server_opts_default(sp_server_opts *o);

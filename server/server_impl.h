@@ -36,6 +36,24 @@ typedef struct session_table {
 } session_table;
 
 /* ---------------------------------------------------------------------------------------------- */
+/* activations a FORWARD kept for the BACKWARD that follows (saves recomputing the span's forward) */
+
+typedef struct kept {
+    uint64_t conn, id;
+    int start, end, B, T, P;
+    float *inputs; /* (end - start) x [B, T, H]: each block's input, its prompt added */
+    size_t bytes;
+    double created;
+    struct kept *next;
+} kept;
+
+typedef struct kept_table {
+    pthread_mutex_t lock;
+    kept *head;
+    size_t bytes, cap;
+} kept_table;
+
+/* ---------------------------------------------------------------------------------------------- */
 /* work queue: inference first, then forward/backward; FIFO within a priority */
 
 typedef struct task {
@@ -65,6 +83,7 @@ struct sp_server {
     pthread_t *workers;
     int nworkers;
     session_table st;
+    kept_table kt;
     pthread_t reaper;
     pthread_mutex_t reaper_lock;
     pthread_cond_t reaper_cond;
@@ -99,6 +118,16 @@ void sessions_close_conn(sp_server *s, uint64_t conn);
 /* Closes sessions idle past the step timeout or older than the session timeout; returns how many. */
 int sessions_reap(sp_server *s, double now);
 long sessions_tokens_available(sp_server *s);
+
+/* kept.c */
+void kept_init(kept_table *t, size_t cap);
+void kept_destroy(kept_table *t);
+/* Stores x (takes ownership), evicting the oldest entries beyond the cap. */
+void kept_put(sp_server *s, kept *x);
+/* Removes and returns the entry for this request, or NULL (then the caller recomputes). */
+kept *kept_take(sp_server *s, uint64_t conn, uint64_t id, int start, int end, int B, int T, int P);
+void kept_drop(sp_server *s, uint64_t conn, double older_than);
+void kept_free(kept *x);
 
 /* throughput.c */
 void sp_throughput_measure(sp_server *s);

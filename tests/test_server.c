@@ -230,6 +230,58 @@ START_TEST(t_deep_prompts)
 }
 END_TEST
 
+/* A FORWARD that keeps its activations lets the BACKWARD skip the recompute: same gradients (with deep
+ * prompts), and an unknown or already used id just recomputes. */
+START_TEST(t_keep_kept)
+{
+    sp_server *s = start_server(0, 4, 0, 0);
+    sp_remote *r = connect_to(s);
+    int B = 2, T = 5, P = 2, nb = 3;
+    size_t N = (size_t)B * T * H, NP = (size_t)nb * B * P * H;
+    sp_rng g;
+    sp_rng_seed(&g, 21);
+    float *x = malloc(N * 4), *gout = malloc(N * 4), *pr = malloc(NP * 4);
+    sp_rng_fill_normal(&g, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&g, gout, (long)N, 1.0f);
+    sp_rng_fill_normal(&g, pr, (long)NP, 0.5f);
+    sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};
+    sp_tensor_src fa[2] = {t3(x, B, T), prompts}, ba[3] = {t3(x, B, T), t3(gout, B, T), prompts};
+    sp_reply rep;
+    sp_err err = {0};
+    /* reference: plain FORWARD + BACKWARD (recompute) */
+    float *y0 = call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":4}", fa, 2, 1, &rep);
+    sp_reply_clear(&rep);
+    float *g0 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":4}", ba, 3, 2, &rep);
+    float *gp0 = malloc(NP * 4);
+    ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[1], gp0, &err), SP_OK);
+    sp_reply_clear(&rep);
+    /* kept: identical results */
+    float *y1 = call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":4,\"keep\":7}", fa, 2, 1, &rep);
+    sp_reply_clear(&rep);
+    ck_assert_mem_eq(y1, y0, N * 4);
+    float *g1 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":4,\"kept\":7}", ba, 3, 2, &rep);
+    float *gp1 = malloc(NP * 4);
+    ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[1], gp1, &err), SP_OK);
+    sp_reply_clear(&rep);
+    ck_assert_double_le(sp_max_abs_diff(g1, g0, N), 1e-6);
+    ck_assert_double_le(sp_max_abs_diff(gp1, gp0, NP), 1e-6);
+    /* the id was used up, and an unknown one: both recompute, same answer */
+    float *g2 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":4,\"kept\":7}", ba, 3, 2, &rep);
+    sp_reply_clear(&rep);
+    ck_assert_double_le(sp_max_abs_diff(g2, g0, N), 1e-6);
+    /* a kept entry of another span does not match */
+    free(call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":4,\"keep\":8}", fa, 2, 1, &rep));
+    sp_reply_clear(&rep);
+    sp_tensor_src b2[2] = {t3(x, B, T), t3(gout, B, T)};
+    float *g3 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":2,\"end\":4,\"kept\":8}", b2, 2, 1, &rep);
+    sp_reply_clear(&rep);
+    ck_assert(isfinite(g3[0]));
+    free(x), free(gout), free(pr), free(y0), free(g0), free(gp0), free(y1), free(g1), free(gp1), free(g2), free(g3);
+    sp_remote_close(r);
+    sp_server_stop(s); /* the unused entry 8 is freed with the server (ASan checks) */
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* inference sessions */
 
@@ -709,6 +761,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_forward_backward_golden);
     tcase_add_test(tc, t_deep_prompts);
+    tcase_add_test(tc, t_keep_kept);
     tcase_add_test(tc, t_sessions_two_servers);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
