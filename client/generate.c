@@ -28,23 +28,16 @@ static sp_status local_forward(void *ctx, const int32_t *ids, int B, int T, floa
     return st;
 }
 
-/* Permutes the batch rows of every block's cache (positions [0, pos)). */
+/* Permutes the batch rows of every block's cache. */
 static sp_status local_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
 {
     sp_lm_local *l = ctx;
+    (void)B;
     for (int i = 0; i < l->cache.nblocks; i++) {
-        sp_kv_cache *kv = &l->cache.kv[i];
-        size_t row = (size_t)kv->cap * kv->nkv * kv->hd, used = (size_t)l->pos * kv->nkv * kv->hd;
-        float *tmp = malloc((size_t)B * row * sizeof(float));
-        if (!tmp)
-            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-        for (int pass = 0; pass < 2; pass++) {
-            float *c = pass ? kv->v : kv->k;
-            memcpy(tmp, c, (size_t)B * row * sizeof(float));
-            for (int b = 0; b < B; b++)
-                memcpy(c + b * row, tmp + src[b] * row, used * sizeof(float));
-        }
-        free(tmp);
+        l->cache.kv[i].len = l->pos;
+        sp_status st = sp_kv_reorder(&l->cache.kv[i], src, err);
+        if (st)
+            return st;
     }
     return SP_OK;
 }

@@ -119,6 +119,22 @@ void sp_kv_free(sp_kv_cache *kv)
     kv->k = kv->v = NULL;
 }
 
+sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err)
+{
+    size_t row = (size_t)kv->cap * kv->nkv * kv->hd, used = (size_t)kv->len * kv->nkv * kv->hd;
+    float *tmp = malloc((size_t)kv->B * row * sizeof(float));
+    if (!tmp)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory reordering a KV cache");
+    for (int pass = 0; pass < 2; pass++) {
+        float *c = pass ? kv->v : kv->k;
+        memcpy(tmp, c, (size_t)kv->B * row * sizeof(float));
+        for (int b = 0; b < kv->B; b++)
+            memcpy(c + b * row, tmp + src[b] * row, used * sizeof(float));
+    }
+    free(tmp);
+    return SP_OK;
+}
+
 /* Copies the step's k/v rows [B, T, nkv*hd] into the cache at positions len..len+T. */
 static void kv_append(sp_kv_cache *kv, const float *k, const float *v, int B, int T)
 {

@@ -55,6 +55,8 @@ typedef struct sp_kv_cache {
 
 sp_status sp_kv_init(sp_kv_cache *kv, int B, int cap, int nkv, int hd, sp_err *err);
 void sp_kv_free(sp_kv_cache *kv);
+/* Row b of the batch takes old row src[b] (positions [0, kv->len)); src values must be in [0, B). */
+sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err);
 
 /* out[B,T,H] = block(inp[B,T,H]) at positions pos0..pos0+T-1. With a cache, pos0 must equal kv->len:
  * the step's keys/values are appended and attention sees the whole cached prefix; kv->len += T.

@@ -368,21 +368,11 @@ static int reorder_cache(req *r, session *x, int idx)
             return bad(r, "bad_request", "hypo_ids[%d] = %lld outside 0..%d", b, (long long)v, x->B - 1);
         }
     int rc = 0;
+    sp_err err = {0};
     for (int i = 0; !rc && i < x->end - x->start; i++) {
-        sp_kv_cache *kv = &x->kv[i];
-        size_t row = (size_t)kv->cap * kv->nkv * kv->hd;
-        float *tmp = malloc((size_t)x->B * row * sizeof(float));
-        if (!tmp) {
-            rc = bad(r, "internal", "out of memory");
-            break;
-        }
-        for (int pass = 0; pass < 2; pass++) {
-            float *c = pass ? kv->v : kv->k;
-            memcpy(tmp, c, (size_t)x->B * row * sizeof(float));
-            for (int b = 0; b < x->B; b++)
-                memcpy(c + b * row, tmp + hypo[b] * row, (size_t)x->len * kv->nkv * kv->hd * sizeof(float));
-        }
-        free(tmp);
+        x->kv[i].len = x->len;
+        if (sp_kv_reorder(&x->kv[i], hypo, &err))
+            rc = bad(r, "internal", "%s", err.msg);
     }
     free(hypo);
     return rc;
