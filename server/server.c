@@ -116,8 +116,10 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     }
     sp_msg_header h = {0};
     sp_msg_header_read(msg->data, msg->len, &h);
-    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && queue_idle(&s->q) && h.body_len < 65536) {
-        sp_rpc_handle(s, conn, msg, &s->inline_ws); /* a decode step of a small span: answer right here */
+    /* A decode step of a fast span: answer right here. Only messages well under the bulk threshold (64 KiB)
+     * qualify, so they all arrive on the websocket thread and inline_ws is never shared between threads. */
+    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && queue_idle(&s->q) && msg->len <= 32768) {
+        sp_rpc_handle(s, conn, msg, &s->inline_ws);
         sp_buf_free(msg);
         return;
     }
