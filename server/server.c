@@ -116,10 +116,11 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     }
     sp_msg_header h = {0};
     sp_msg_header_read(msg->data, msg->len, &h);
-    /* A decode step of a fast span: answer right here. Only messages well under the bulk threshold (64 KiB)
-     * qualify, so they all arrive on the websocket thread and inline_ws is never shared between threads. */
-    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && queue_idle(&s->q) && msg->len <= 32768) {
+    /* A small decode step of a fast span: answer right here, unless another transport thread is doing so */
+    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && msg->len <= 32768 && queue_idle(&s->q) &&
+        pthread_mutex_trylock(&s->inline_lock) == 0) {
         sp_rpc_handle(s, conn, msg, &s->inline_ws);
+        pthread_mutex_unlock(&s->inline_lock);
         sp_buf_free(msg);
         return;
     }
@@ -214,6 +215,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->reaper_lock, NULL);
     pthread_cond_init(&s->reaper_cond, NULL);
     kept_init(&s->kt, o->keep_bytes);
+    pthread_mutex_init(&s->inline_lock, NULL);
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
     s->blas_threads = openblas_get_num_threads();
@@ -295,6 +297,7 @@ void sp_server_stop(sp_server *s)
     kept_destroy(&s->kt);
     free(s->workers);
     sp_ws_free(&s->inline_ws);
+    pthread_mutex_destroy(&s->inline_lock);
     sp_model_free(s->m);
     pthread_mutex_destroy(&s->q.lock);
     pthread_cond_destroy(&s->q.cond);

@@ -91,7 +91,8 @@ struct sp_server {
     double inference_rps, forward_tps;
     int inline_steps; /* short inference steps run on the transport thread (no hand-off to a worker) */
     int blas_threads; /* OpenBLAS threads for large requests (its setting at start) */
-    sp_ws inline_ws;  /* that thread's scratch */
+    sp_ws inline_ws;  /* scratch of the inline steps */
+    pthread_mutex_t inline_lock; /* one inline step at a time (ws and bulk threads may both try) */
     pthread_mutex_t stats_lock;
     uint64_t requests;
 };
