@@ -147,6 +147,8 @@ sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_
     r->limits = sp_proto_default_limits();
     sp_transport_opts o;
     sp_transport_opts_default(&o);
+    o.bulk_threshold = 1; /* once attached, every request goes out over the bulk socket from this thread, */
+    o.direct_recv = 1;    /* and replies are read on it by this thread: no hand-offs (calls are serialised) */
     sp_status st = sp_ws_client_connect(&r->c, host, port, &o, timeout_ms, err);
     if (!st)
         st = hello(r, no_bulk, port, timeout_ms, err);

@@ -235,6 +235,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
         to.port = o->port;
         to.bulk_port = o->bulk_port;
         to.max_message = o->max_message;
+        to.bulk_threshold = 1; /* replies go back on the channel a client attached, small ones too */
         st = sp_ws_server_start(&s->ws, &to, on_message, on_close, s, err);
     }
     if (st) {

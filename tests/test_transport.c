@@ -332,6 +332,34 @@ START_TEST(t_echo_bulk)
 }
 END_TEST
 
+/* direct_recv: the caller reads the bulk socket itself. Every size echoes, small messages ride the bulk
+ * channel too (threshold 1), a burst in flight is collected, and a server-side close ends recv. */
+static void burst(sp_ws_client *c, uint64_t base, int n);
+START_TEST(t_direct_recv)
+{
+    srv v;
+    srv_start(&v, NULL);
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.direct_recv = 1;
+    o.bulk_threshold = 1;
+    sp_ws_client *c = connect_to(&v, &o);
+    echo_one(c, 1, 1000); /* before the bulk channel: through the websocket */
+    uint64_t conn = attach_bulk(&v, c);
+    for (size_t i = 0; i < NSIZES; i++)
+        echo_one(c, i + 10, sizes[i]);
+    burst(c, 1000, 50);
+    sp_buf r = {0};
+    sp_err err = {0};
+    ck_assert_int_eq(sp_ws_client_recv(c, &r, 50, &err), SP_ERR_TIMEOUT); /* nothing pending: times out */
+    sp_ws_server_close(v.s, conn);
+    ck_assert_int_eq(sp_ws_client_recv(c, &r, WAIT_MS, &err), SP_ERR_CLOSED);
+    ck_assert(!sp_ws_client_is_open(c));
+    sp_ws_client_close(c);
+    srv_stop(&v);
+}
+END_TEST
+
 /* Sends n messages of mixed sizes without waiting, then collects the n echoes (the two channels may
  * reorder against each other, so they are matched by request id). */
 static void burst(sp_ws_client *c, uint64_t base, int n)
@@ -758,6 +786,7 @@ static Suite *transport_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, t_echo_ws);
     tcase_add_test(tc, t_echo_bulk);
+    tcase_add_test(tc, t_direct_recv);
     tcase_add_test(tc, t_many_in_flight);
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_max_message);

@@ -105,6 +105,7 @@ static void resolve_opts(sp_transport_opts *dst, const sp_transport_opts *src)
     if (src->bulk_threshold)
         dst->bulk_threshold = src->bulk_threshold;
     dst->idle_timeout_s = src->idle_timeout_s;
+    dst->direct_recv = src->direct_recv;
 }
 
 static sp_proto_limits limits_for(const sp_transport_opts *o)
@@ -1262,6 +1263,8 @@ struct sp_ws_client {
     int bulk_fd;      /* mu (set once by attach) */
     int attaching;    /* mu */
     pthread_mutex_t bulk_wmu; /* serialises writers on the bulk socket */
+    int wake_fd;      /* direct_recv: an eventfd poked whenever rxq or state changes, -1 otherwise */
+    rxstream drs;     /* direct_recv: the caller's reassembly of bulk messages */
 
     /* service thread only */
     struct lws *wsi;
@@ -1269,6 +1272,16 @@ struct sp_ws_client {
     rxasm rx;
     rxfail fail;
 };
+
+/* Wakes a direct_recv caller polling the bulk socket (the condvar wakes the others). mu held. */
+static void cli_poke_locked(sp_ws_client *c)
+{
+    if (c->wake_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(c->wake_fd, &one, sizeof one);
+        (void)w; /* a full counter still wakes the poller */
+    }
+}
 
 /* The connection is over (either channel): wake waiters, and stop the bulk reader by shutting its socket
  * (closed only in sp_ws_client_close, after the reader is joined). mu held. */
@@ -1280,6 +1293,7 @@ static void cli_closed_locked(sp_ws_client *c, const char *why)
     if (c->bulk_fd >= 0)
         shutdown(c->bulk_fd, SHUT_RDWR);
     pthread_cond_broadcast(&c->cv);
+    cli_poke_locked(c);
 }
 
 /* Asks the service thread to close the ws (from another thread). */
@@ -1313,8 +1327,10 @@ static int cli_receive(sp_ws_client *c, struct lws *wsi, const void *in, size_t 
     }
     if (r == RX_DONE) {
         pthread_mutex_lock(&c->mu);
-        if (msgq_push(&c->rxq, &msg) == 0)
+        if (msgq_push(&c->rxq, &msg) == 0) {
             pthread_cond_signal(&c->cv);
+            cli_poke_locked(c);
+        }
         pthread_mutex_unlock(&c->mu);
     }
     return 0;
@@ -1451,6 +1467,7 @@ static sp_status cli_init(sp_ws_client *c, const char *host, int port, const sp_
     snprintf(c->host, sizeof c->host, "%s", host);
     c->port = port;
     c->bulk_fd = -1;
+    c->wake_fd = c->o.direct_recv ? eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) : -1;
     c->state = C_CONNECTING;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->bulk_wmu, NULL);
@@ -1702,6 +1719,8 @@ sp_status sp_ws_client_attach_bulk(sp_ws_client *c, int bulk_port, uint64_t toke
             close(fd);
         return st;
     }
+    if (c->o.direct_recv && c->wake_fd >= 0)
+        return SP_OK; /* sp_ws_client_recv reads the bulk socket itself */
     if (pthread_create(&c->reader, NULL, cli_reader_main, c)) {
         cli_fail(c, "cannot start the bulk reader");
         return sp_errf(err, SP_ERR_NOMEM, "bulk channel %s:%d: cannot start the reader thread", c->host, bulk_port);
@@ -1750,10 +1769,78 @@ sp_status sp_ws_client_send(sp_ws_client *c, sp_buf *msg, sp_err *err)
     return SP_OK;
 }
 
+/* Milliseconds left until abs_ns (0 = no deadline: -1). */
+static int ms_left(uint64_t abs_ns)
+{
+    if (!abs_ns)
+        return -1;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t t = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    return t >= abs_ns ? 0 : (int)((abs_ns - t + 999999) / 1000000);
+}
+
+/* direct_recv with the bulk socket attached: the caller polls the bulk socket and the wake eventfd itself, and
+ * reassembles bulk messages on its own thread; websocket messages still come through rxq. */
+static sp_status cli_recv_direct(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err)
+{
+    uint64_t until = timeout_ms < 0 ? 0 : deadline_after(timeout_ms);
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        int got = msgq_pop(&c->rxq, out), open = c->state == C_OPEN;
+        char why[sizeof c->why];
+        snprintf(why, sizeof why, "%s", c->why);
+        pthread_mutex_unlock(&c->mu);
+        if (got)
+            return SP_OK;
+        if (!open)
+            return sp_errf(err, SP_ERR_CLOSED, "connection to %s:%d closed (%s)", c->host, c->port, why);
+        struct pollfd p[2] = {{.fd = c->bulk_fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
+        int r = poll(p, 2, timeout_ms == 0 ? 0 : ms_left(until));
+        if (r == 0)
+            return sp_errf(err, SP_ERR_TIMEOUT, "no message from %s:%d within %d ms", c->host, c->port, timeout_ms);
+        if (r < 0 && errno != EINTR)
+            return sp_errf(err, SP_ERR_IO, "poll: %s", strerror(errno));
+        if (r < 0)
+            continue;
+        if (p[1].revents) {
+            uint64_t v;
+            ssize_t n = read(c->wake_fd, &v, sizeof v);
+            (void)n;
+        }
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        uint8_t *dst;
+        size_t want;
+        rxstream_target(&c->drs, &dst, &want);
+        ssize_t n = recv(c->bulk_fd, dst, want, 0);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n <= 0) {
+            cli_fail(c, "bulk channel closed");
+            continue;
+        }
+        sp_err e2 = {0};
+        int code = 0;
+        int st = rxstream_advance(&c->drs, (size_t)n, &c->lim, out, &code, &e2);
+        if (st == RX_BAD) {
+            sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, e2.msg);
+            cli_fail(c, e2.msg);
+        } else if (st == RX_DONE) {
+            return SP_OK;
+        }
+    }
+}
+
 sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err)
 {
     if (!c || !out)
         return sp_errf(err, SP_ERR_ARG, "sp_ws_client_recv: NULL argument");
+    pthread_mutex_lock(&c->mu);
+    int direct = c->wake_fd >= 0 && c->bulk_fd >= 0;
+    pthread_mutex_unlock(&c->mu);
+    if (direct)
+        return cli_recv_direct(c, out, timeout_ms, err);
     uint64_t until = timeout_ms < 0 ? 0 : deadline_after(timeout_ms);
     sp_status st = SP_OK;
     pthread_mutex_lock(&c->mu);
@@ -1805,6 +1892,9 @@ void sp_ws_client_close(sp_ws_client *c)
         lws_context_destroy(c->ctx);
     if (c->bulk_fd >= 0)
         close(c->bulk_fd);
+    if (c->wake_fd >= 0)
+        close(c->wake_fd);
+    sp_buf_free(&c->drs.buf);
     msgq_clear(&c->txq);
     msgq_clear(&c->rxq);
     tx_reset(&c->tx);

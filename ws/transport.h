@@ -32,6 +32,8 @@ typedef struct sp_transport_opts {
     uint64_t bulk_threshold; /* messages of at least this many bytes use the bulk channel (default 64 KiB;
                                 0 = default) */
     int idle_timeout_s;      /* server: close connections silent this long on both channels (0 = never) */
+    int direct_recv;         /* client: once the bulk channel is attached, sp_ws_client_recv reads it on the
+                                caller's thread (no reader thread, no hand-off); for one receiving thread */
 } sp_transport_opts;
 
 void sp_transport_opts_default(sp_transport_opts *o);
