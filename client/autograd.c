@@ -42,6 +42,8 @@ typedef struct chain_saved {
     sp_hop route[SP_RT_MAX_SERVERS];
     float *bound;   /* sub-batch k (rows b0..b0+bs): nroute x [bs, T, H] at nroute * b0 * T * H */
     float *prompts; /* sub-batch k: [L, bs, P, H] at L * b0 * P * H; NULL: no deep prompts */
+    sp_pipe *pipe;  /* a pipelined microbatch's pipe and index (sp_remote_chain_mb), or NULL */
+    int mb;
 } chain_saved;
 
 struct sp_node {
@@ -66,6 +68,8 @@ typedef struct tlist {
 } tlist;
 
 struct sp_graph {
+    pthread_mutex_t mu; /* held by the threads building on a shared graph; the chain ops drop it to wait */
+    int shared;
     tlist leaves, temps;
     sp_node **nodes;
     int nn, capn;
@@ -176,7 +180,36 @@ static sp_t *tensor_new(sp_graph *g, int ndim, const int64_t *shape, int leaf, s
     return t;
 }
 
-sp_graph *sp_graph_new(void) { return calloc(1, sizeof(sp_graph)); }
+sp_graph *sp_graph_new(void)
+{
+    sp_graph *g = calloc(1, sizeof(sp_graph));
+    if (g)
+        pthread_mutex_init(&g->mu, NULL);
+    return g;
+}
+
+void sp_graph_set_shared(sp_graph *g, int on) { g->shared = on != 0; }
+void sp_graph_lock(sp_graph *g) { pthread_mutex_lock(&g->mu); }
+void sp_graph_unlock(sp_graph *g) { pthread_mutex_unlock(&g->mu); }
+
+/* The chain ops wait for servers without the graph's lock when threads share it. */
+static void graph_release(sp_graph *g)
+{
+    if (g->shared)
+        pthread_mutex_unlock(&g->mu);
+}
+static void graph_reacquire(sp_graph *g)
+{
+    if (g->shared)
+        pthread_mutex_lock(&g->mu);
+}
+
+void sp_graph_counts(const sp_graph *g, int *leaves, int *temps, int *nodes)
+{
+    *leaves = g->leaves.n;
+    *temps = g->temps.n;
+    *nodes = g->nn;
+}
 
 void sp_graph_clear(sp_graph *g)
 {
@@ -200,6 +233,7 @@ void sp_graph_free(sp_graph *g)
     free(g->leaves.v);
     free(g->temps.v);
     free(g->nodes);
+    pthread_mutex_destroy(&g->mu);
     free(g);
 }
 
@@ -209,22 +243,36 @@ void sp_graph_on_backward(sp_graph *g, void (*hook)(sp_graph *g, void *user), vo
     g->user = user;
 }
 
-sp_t *sp_leaf(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad, const char *name)
+static sp_t *leaf_new(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad,
+                      const char *name, int kept)
 {
     if (!g || (ndim && !shape))
         return NULL;
-    sp_t *t = tensor_new(g, ndim, shape, 1, NULL);
+    sp_t *t = tensor_new(g, ndim, shape, kept, NULL);
     if (!t)
         return NULL;
     if (data)
         memcpy(t->data, data, (size_t)t->n * sizeof(float));
     t->requires_grad = requires_grad != 0;
     if (name && !(t->name = strdup(name))) {
-        g->leaves.n--;
+        if (kept)
+            g->leaves.n--;
+        else
+            g->temps.n--;
         tensor_free(t);
         return NULL;
     }
     return t;
+}
+
+sp_t *sp_leaf(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad, const char *name)
+{
+    return leaf_new(g, ndim, shape, data, requires_grad, name, 1);
+}
+
+sp_t *sp_input(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad, const char *name)
+{
+    return leaf_new(g, ndim, shape, data, requires_grad, name, 0);
 }
 
 void sp_zero_grad(sp_t *t)
@@ -583,6 +631,7 @@ typedef struct chain_job {
     float *bound;        /* nroute x [bs, T, H] (forward: NULL when no backward will follow) */
     float *grad_prompts; /* [L, bs, P, H] or NULL */
     int bs, T, P, backward;
+    sp_pipe_ticket tk;
     sp_status st;
     sp_err err;
 } chain_job;
@@ -593,9 +642,10 @@ static void *chain_job_run(void *arg)
     j->err = (sp_err){0};
     if (j->backward)
         j->st = sp_runtime_backward(j->rt, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound, j->grad_prompts,
-                                    &j->err);
+                                    j->tk.pipe ? &j->tk : NULL, &j->err);
     else
-        j->st = sp_runtime_forward(j->rt, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound, &j->err);
+        j->st = sp_runtime_forward(j->rt, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound,
+                                   j->tk.pipe ? &j->tk : NULL, &j->err);
     return NULL;
 }
 
@@ -639,6 +689,7 @@ static chain_job *make_jobs(const chain_saved *cs, float *hidden, float *bound, 
         jobs[k].bound = bound ? bound + b0 * row * cs->nroute : NULL;
         jobs[k].prompts = cs->prompts ? cs->prompts + b0 * prow : NULL;
         jobs[k].grad_prompts = gp ? gp + b0 * prow : NULL;
+        jobs[k].tk = (sp_pipe_ticket){.pipe = cs->pipe, .mb = cs->mb, .nsub = *n};
     }
     return jobs;
 }
@@ -695,7 +746,7 @@ static chain_saved *chain_saved_new(sp_runtime *rt, sp_t *x, sp_t *dp, int keep,
     return cs;
 }
 
-sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err *err)
+sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_pipe *pipe, int mb, sp_err *err)
 {
     if (bad_inputs("sp_remote_chain", x, deep_prompts, err) || chain_check(rt, x, deep_prompts, err))
         return NULL;
@@ -703,12 +754,21 @@ sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err
     if (!o || !(o->node->chain = chain_saved_new(rt, x, deep_prompts, o->requires_grad, err)))
         return NULL;
     chain_saved *cs = o->node->chain;
+    cs->pipe = pipe;
+    cs->mb = mb;
     memcpy(o->data, x->data, (size_t)x->n * sizeof(float));
     int n = 0;
     chain_job *jobs = make_jobs(cs, o->data, cs->bound, NULL, 0, &n);
+    graph_release(x->g);
     sp_status st = jobs ? run_jobs(jobs, n, err) : nomem(err, "sp_remote_chain");
+    graph_reacquire(x->g);
     free(jobs);
     return st ? NULL : o;
+}
+
+sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err *err)
+{
+    return sp_remote_chain_mb(rt, x, deep_prompts, NULL, 0, err);
 }
 
 static sp_status chain_backward(sp_node *nd, float **d, sp_err *err)
@@ -721,7 +781,9 @@ static sp_status chain_backward(sp_node *nd, float **d, sp_err *err)
     float *gp = d[1] ? calloc((size_t)nd->in[1]->n, sizeof(float)) : NULL;
     int nj = 0;
     chain_job *jobs = g && (gp || !d[1]) ? make_jobs(cs, g, cs->bound, gp, 1, &nj) : NULL;
+    graph_release(nd->out->g);
     sp_status st = jobs ? run_jobs(jobs, nj, err) : nomem(err, "remote chain backward");
+    graph_reacquire(nd->out->g);
     if (!st && d[0])
         add_into(d[0], g, n, 1.0f);
     if (!st && d[1])
@@ -985,10 +1047,11 @@ static sp_status run_tape(sp_graph *g, sp_t *root, const float *grad, sp_err *er
     for (int i = g->nn - 1; i >= 0 && !st; i--)
         if (g->nodes[i]->mark == stamp && g->nodes[i]->gout)
             st = node_backward(g->nodes[i], err);
-    for (int i = 0; i < g->nn; i++) { /* after a failure: drop what is left */
-        free(g->nodes[i]->gout);
-        g->nodes[i]->gout = NULL;
-    }
+    for (int i = 0; i < g->nn; i++) /* after a failure: drop what is left (of this call's nodes) */
+        if (g->nodes[i]->mark == stamp) {
+            free(g->nodes[i]->gout);
+            g->nodes[i]->gout = NULL;
+        }
     return st;
 }
 

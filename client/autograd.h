@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 
+#include "pipeline.h"
 #include "status.h"
 
 struct sp_runtime;
@@ -44,9 +45,19 @@ void sp_graph_free(sp_graph *g);
 /* Drops every non-leaf tensor and node (the next step builds a new graph); leaves and their grads stay. */
 void sp_graph_clear(sp_graph *g);
 void sp_graph_on_backward(sp_graph *g, void (*hook)(sp_graph *g, void *user), void *user);
+/* Threads sharing a graph: after sp_graph_set_shared(g, 1), each thread holds sp_graph_lock(g) while it
+ * builds ops or runs a backward, and the remote chain drops the lock while it waits for servers, so other
+ * threads work meanwhile. Concurrent backward calls must reach disjoint nodes (they may share leaves). */
+void sp_graph_set_shared(sp_graph *g, int on);
+void sp_graph_lock(sp_graph *g);
+void sp_graph_unlock(sp_graph *g);
+/* How many leaves (kept), temporaries (inputs and op outputs, dropped by sp_graph_clear) and nodes g holds. */
+void sp_graph_counts(const sp_graph *g, int *leaves, int *temps, int *nodes);
 
-/* Leaves. data is copied (NULL: zeros). */
+/* Leaves. data is copied (NULL: zeros). sp_leaf's live as long as the graph (parameters, frozen weights);
+ * sp_input's until the next sp_graph_clear (a step's inputs, per-step copies of parameters). */
 sp_t *sp_leaf(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad, const char *name);
+sp_t *sp_input(sp_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad, const char *name);
 void sp_zero_grad(sp_t *t);
 
 /* Backward from t. grad: NULL for a scalar t (1.0), else t->n values. */
@@ -81,6 +92,9 @@ sp_t *sp_bce_logits(sp_t *logits, const float *target, sp_err *err);
  * P <= T). The batch runs as sub-batches of max(1, 1024 / T) rows, concurrently (one thread each), forward
  * and backward; the result equals the unsplit computation. Its backward needs the route of the forward. */
 sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err *err);
+/* The same for microbatch mb of a pipelined step: every hop of its forward and of its backward waits for
+ * its turn on that stage of pipe (pipeline.h; pipe's stages are the route's hops). */
+sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_pipe *pipe, int mb, sp_err *err);
 /* The same op in this process over the blocks m holds (weights frozen), with the same prompt semantics
  * (deep prompts [nblocks, B, P, H]): the single-process baseline the swarm is compared with. m must outlive
  * the graph's backward calls. */

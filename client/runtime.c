@@ -581,8 +581,28 @@ static int keep_lookup(sp_runtime *rt, const float *boundaries, uint64_t *ids)
     return n;
 }
 
+/* Hop h of a pipelined microbatch waits for its turn on that stage (pipeline.h); call_span then leave. */
+static sp_status gated_call(sp_runtime *rt, const sp_pipe_ticket *tk, int h, sp_msg_type type, const sp_tensor_src *t,
+                            int n, const float *prompts, int P, float *out, float *gp, int B, int T,
+                            const char *keep_key, uint64_t keep_id, sp_err *err)
+{
+    int bwd = type == SP_MSG_BACKWARD;
+    if (tk && tk->pipe) {
+        if (sp_pipe_stages(tk->pipe) != rt->nroute)
+            return sp_errf(err, SP_ERR_STATE, "pipeline of %d stages over a route of %d hops", sp_pipe_stages(tk->pipe),
+                           rt->nroute);
+        sp_status st = sp_pipe_enter(tk->pipe, h, bwd, tk->mb, err);
+        if (st)
+            return st;
+    }
+    sp_status st = call_span(rt, h, type, t, n, prompts, P, out, gp, B, T, keep_key, keep_id, err);
+    if (tk && tk->pipe)
+        sp_pipe_leave(tk->pipe, h, bwd, tk->mb, tk->nsub);
+    return st;
+}
+
 sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const float *prompts, int P,
-                             float *boundaries, sp_err *err)
+                             float *boundaries, const sp_pipe_ticket *tk, sp_err *err)
 {
     if (!rt->nroute && sp_runtime_route(rt, err))
         return err ? err->code : SP_ERR_NOTFOUND;
@@ -597,7 +617,7 @@ sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const 
         if (boundaries)
             memcpy(boundaries + h * N, hidden, N * sizeof(float));
         sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = hidden};
-        sp_status st = call_span(rt, h, SP_MSG_FORWARD, &t, 1, prompts, P, hidden, NULL, B, T, "keep", ids[h], err);
+        sp_status st = gated_call(rt, tk, h, SP_MSG_FORWARD, &t, 1, prompts, P, hidden, NULL, B, T, "keep", ids[h], err);
         if (st)
             return st;
     }
@@ -605,7 +625,7 @@ sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const 
 }
 
 sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *prompts, int P,
-                              const float *boundaries, float *grad_prompts, sp_err *err)
+                              const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk, sp_err *err)
 {
     int H = rt->local->cfg.hidden;
     size_t N = (size_t)B * T * H;
@@ -614,8 +634,8 @@ sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const f
     for (int h = rt->nroute - 1; h >= 0; h--) {
         sp_tensor_src t[2] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = boundaries + h * N},
                               {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = grad}};
-        sp_status st = call_span(rt, h, SP_MSG_BACKWARD, t, 2, prompts, P, grad, prompts ? grad_prompts : NULL, B, T,
-                                 "kept", ids[h], err);
+        sp_status st = gated_call(rt, tk, h, SP_MSG_BACKWARD, t, 2, prompts, P, grad, prompts ? grad_prompts : NULL, B,
+                                  T, "kept", ids[h], err);
         if (st)
             return st;
     }

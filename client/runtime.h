@@ -10,6 +10,7 @@
 
 #include "generate.h"
 #include "model.h"
+#include "pipeline.h"
 #include "remote.h"
 #include "tokenizer.h"
 
@@ -105,10 +106,11 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);
 /* FORWARD / BACKWARD over the route for training: hidden [B, T, H] in place; boundaries receives the
  * hidden state entering each hop (nroute x [B, T, H]) for the backward. prompts (may be NULL) are the deep
  * prompts [L, B, P, H] of all L blocks (each hop gets its slice, added to the first P positions entering each
- * of its blocks); grad_prompts (may be NULL; [L, B, P, H]) receives their gradients. */
+ * of its blocks); grad_prompts (may be NULL; [L, B, P, H]) receives their gradients. tk (may be NULL): a
+ * pipelined microbatch's ticket; every hop then waits for its turn on that stage (pipeline.h). */
 sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const float *prompts, int P,
-                             float *boundaries, sp_err *err);
+                             float *boundaries, const sp_pipe_ticket *tk, sp_err *err);
 sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *prompts, int P,
-                              const float *boundaries, float *grad_prompts, sp_err *err);
+                              const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk, sp_err *err);
 
 #endif

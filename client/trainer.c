@@ -4,6 +4,7 @@
 #include "trainer.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,10 +31,11 @@ struct sp_trainer {
     sp_optim *opt;
     sp_rng rng;
     /* per microbatch, kept between its forward and backward */
-    sp_t *rep_prompts[64], *rep_deep[64], *loss[64];
+    sp_t *rep_prompts[64], *rep_deep[64], *rep_score[64], *loss[64];
     float weight[64];
     int batch_rows[64];
     int nmicro;
+    sp_pipe *pipe; /* the current (or last) pipelined step's stages; NULL: microbatches run one by one */
     char errbuf[512];
 };
 
@@ -236,9 +238,12 @@ void sp_trainer_free(sp_trainer *t)
     if (t->task_ctx)
         t->task->close(t->task_ctx);
     sp_optim_free(t->opt);
+    sp_pipe_free(t->pipe);
     sp_graph_free(t->g);
     free(t);
 }
+
+const sp_pipe *sp_trainer_last_pipe(const sp_trainer *t) { return t->pipe; }
 
 int sp_trainer_params(sp_trainer *t, sp_t ***params)
 {
@@ -266,7 +271,7 @@ static sp_t *replicate(sp_trainer *t, sp_t *p, int B, int batch_axis)
     for (int64_t o = 0; o < outer; o++)
         for (int b = 0; b < B; b++)
             memcpy(x + (o * B + b) * inner, p->data + o * inner, (size_t)inner * sizeof(float));
-    sp_t *r = sp_leaf(t->g, nd, shape, x, 1, p->name);
+    sp_t *r = sp_input(t->g, nd, shape, x, 1, p->name); /* dropped with the step's graph */
     free(x);
     return r;
 }
@@ -303,7 +308,7 @@ static sp_t *default_loss(sp_trainer *t, sp_t *logits, const sepal_batch *b, sp_
 }
 
 /* The model's output for a batch: logits [B, C] (classification) or [B*T, V] (causal LM). */
-static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, sp_err *err)
+static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, int train, sp_err *err)
 {
     int B = b->B, T = b->T, H = t->H, P = t->P;
     float *emb = malloc((size_t)B * T * H * sizeof(float));
@@ -312,17 +317,19 @@ static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, sp_err 
         return emb ? NULL : (sp_errf(err, SP_ERR_NOMEM, "out of memory"), NULL);
     }
     int64_t xs[3] = {B, T, H};
-    sp_t *x = sp_leaf(t->g, 3, xs, emb, 0, "embeddings"); /* frozen: the embeddings get no gradient */
+    sp_t *x = sp_input(t->g, 3, xs, emb, 0, "embeddings"); /* frozen: the embeddings get no gradient */
     free(emb);
     sp_t *deep = NULL;
-    t->rep_prompts[mb] = t->rep_deep[mb] = NULL;
+    t->rep_prompts[mb] = t->rep_deep[mb] = t->rep_score[mb] = NULL;
     if (x && P > 0) {
         t->rep_prompts[mb] = replicate(t, t->prompts, B, 0);
         x = t->rep_prompts[mb] ? sp_concat_pos(t->rep_prompts[mb], x, err) : NULL;
     }
     if (x && t->deep)
         deep = t->rep_deep[mb] = replicate(t, t->deep, B, 1);
-    sp_t *h = x ? (t->blocks ? sp_local_chain(t->blocks, x, deep, err) : sp_remote_chain(t->rt, x, deep, err)) : NULL;
+    sp_t *h = !x           ? NULL
+              : t->blocks ? sp_local_chain(t->blocks, x, deep, err)
+                          : sp_remote_chain_mb(t->rt, x, deep, train ? t->pipe : NULL, mb, err);
     if (h && P > 0)
         h = sp_slice_pos(h, P, P + T, err); /* the prefix goes before the final norm */
     if (h)
@@ -339,7 +346,50 @@ static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, sp_err 
         idx[i] = b->last[i];
     sp_t *pooled = idx ? sp_pool_index(h, idx, err) : NULL;
     free(idx);
-    return pooled ? sp_linear(pooled, t->score, NULL, err) : NULL;
+    /* training: a per-microbatch copy of the head, summed back in microbatch order (post_backward), so the
+     * gradient does not depend on which microbatch's backward ran first */
+    sp_t *score = t->score;
+    if (pooled && train && !(score = t->rep_score[mb] = sp_input(t->g, 2, t->score->shape, t->score->data, 1,
+                                                                  "score.weight")))
+        return NULL;
+    return pooled ? sp_linear(pooled, score, NULL, err) : NULL;
+}
+
+/* The task owns a batch's arrays until its next batch call; a microbatch keeps its own copy. */
+static void batch_free(sepal_batch *b)
+{
+    free(b->ids), free(b->last), free(b->labels), free(b->values), free(b->targets);
+    memset(b, 0, sizeof *b);
+}
+
+static int32_t *dup_i32(const int32_t *v, size_t n, int *fail)
+{
+    int32_t *d = v ? malloc(n * sizeof *d) : NULL;
+    if (v && !d)
+        *fail = 1;
+    else if (v)
+        memcpy(d, v, n * sizeof *d);
+    return d;
+}
+
+static sp_status batch_copy(const sp_trainer *t, sepal_batch *dst, const sepal_batch *src, sp_err *err)
+{
+    int fail = 0, nl = t->C > 0 ? t->C : 1;
+    size_t B = (size_t)src->B, BT = B * (size_t)src->T;
+    *dst = (sepal_batch){.B = src->B, .T = src->T};
+    dst->ids = dup_i32(src->ids, BT, &fail);
+    dst->last = dup_i32(src->last, B, &fail);
+    dst->labels = dup_i32(src->labels, B, &fail);
+    dst->targets = dup_i32(src->targets, BT, &fail);
+    if (src->values && (dst->values = malloc(B * nl * sizeof(float))))
+        memcpy(dst->values, src->values, B * nl * sizeof(float));
+    else if (src->values)
+        fail = 1;
+    if (fail) {
+        batch_free(dst);
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    return SP_OK;
 }
 
 static sp_status get_batch(sp_trainer *t, int split, const int *idx, int n, sepal_batch *b, sp_err *err)
@@ -351,25 +401,35 @@ static sp_status get_batch(sp_trainer *t, int split, const int *idx, int n, sepa
     return SP_OK;
 }
 
-static sp_status micro_forward(sp_trainer *t, int mb, const int *idx, int n, int total, sp_err *err)
+static sp_status micro_forward_batch(sp_trainer *t, int mb, const sepal_batch *b, int n, int total, sp_err *err)
 {
-    sepal_batch b;
-    sp_status st = get_batch(t, SEPAL_SPLIT_TRAIN, idx, n, &b, err);
-    if (st)
-        return st;
-    sp_t *logits = forward_logits(t, &b, mb, err);
+    t->loss[mb] = NULL;
+    sp_t *logits = forward_logits(t, b, mb, 1, err);
     sp_t *loss = NULL;
     if (logits)
-        loss = t->task->loss ? (sp_t *)t->task->loss(t->task_ctx, &t->host, (sepal_tensor *)logits, &b)
-                             : default_loss(t, logits, &b, err);
+        loss = t->task->loss ? (sp_t *)t->task->loss(t->task_ctx, &t->host, (sepal_tensor *)logits, b)
+                             : default_loss(t, logits, b, err);
     if (!loss && t->task->loss && logits && !(err && err->code))
         loss = NULL; /* the task ran its own backward (plugin.h allows it) */
     else if (!loss)
         return err && err->code ? err->code : sp_errf(err, SP_ERR_ARG, "task %s: no loss", t->task->name);
     t->loss[mb] = loss;
-    t->batch_rows[mb] = b.B;
+    t->batch_rows[mb] = b->B;
     t->weight[mb] = (float)n / (float)total; /* mean over the whole batch */
     return SP_OK;
+}
+
+static sp_status micro_forward(sp_trainer *t, int mb, const int *idx, int n, int total, sp_err *err)
+{
+    sepal_batch tb, b;
+    sp_status st = get_batch(t, SEPAL_SPLIT_TRAIN, idx, n, &tb, err);
+    if (!st)
+        st = batch_copy(t, &b, &tb, err);
+    if (st)
+        return st;
+    st = micro_forward_batch(t, mb, &b, n, total, err);
+    batch_free(&b);
+    return st;
 }
 
 static sp_status micro_backward(sp_trainer *t, int mb, sp_err *err)
@@ -389,7 +449,13 @@ static void post_backward(sp_trainer *t)
             reduce_into(t->prompts, t->rep_prompts[mb], t->batch_rows[mb], 0);
         if (t->rep_deep[mb])
             reduce_into(t->deep, t->rep_deep[mb], t->batch_rows[mb], 1);
-        t->rep_prompts[mb] = t->rep_deep[mb] = NULL;
+        if (t->rep_score[mb] && t->rep_score[mb]->grad) {
+            if (!t->score->grad)
+                t->score->grad = calloc((size_t)t->score->n, sizeof(float));
+            for (int64_t i = 0; t->score->grad && i < t->score->n; i++)
+                t->score->grad[i] += t->rep_score[mb]->grad[i];
+        }
+        t->rep_prompts[mb] = t->rep_deep[mb] = t->rep_score[mb] = NULL;
     }
     t->nmicro = 0;
 }
@@ -397,7 +463,90 @@ static void post_backward(sp_trainer *t)
 /* ---------------------------------------------------------------------------------------------- */
 /* schedules */
 
-/* Runs forwards and backwards of the microbatches of idx[0..n) in the schedule's order. */
+/* One thread per microbatch of a pipelined step: its forward then its backward; every hop of its chain op
+ * waits for the microbatch's turn on that stage, so the stages overlap in the schedule's order. */
+typedef struct mb_job {
+    sp_trainer *t;
+    int mb, n, total, origin; /* origin: this microbatch failed first (the others were aborted) */
+    const int *idx;
+    sp_status st;
+    sp_err err;
+} mb_job;
+
+static void *mb_run(void *arg)
+{
+    mb_job *j = arg;
+    sp_trainer *t = j->t;
+    j->err = (sp_err){0};
+    j->st = sp_pipe_wait_turn(t->pipe, 0, 0, j->mb, &j->err); /* the bound on microbatches in flight */
+    if (!j->st) {
+        sp_graph_lock(t->g);
+        j->st = micro_forward(t, j->mb, j->idx, j->n, j->total, &j->err);
+        if (!j->st)
+            j->st = micro_backward(t, j->mb, &j->err);
+        sp_graph_unlock(t->g);
+        j->origin = j->st != SP_OK;
+    }
+    if (j->st)
+        sp_pipe_abort(t->pipe);
+    else
+        sp_pipe_finish(t->pipe, j->mb); /* stages its backward did not reach (head-only) move on */
+    return NULL;
+}
+
+static sp_status run_pipelined(sp_trainer *t, const int *idx, int n, int M, const int *starts, float *loss,
+                               sp_err *err)
+{
+    if (!t->rt->nroute && sp_runtime_route(t->rt, err))
+        return err && err->code ? err->code : SP_ERR_NOTFOUND;
+    sp_pipe_free(t->pipe);
+    t->pipe = sp_pipe_new(t->rt->nroute, M, t->o.schedule == SP_SCHED_AFAB ? SP_PIPE_AFAB : SP_PIPE_1F1B,
+                          t->o.max_in_flight);
+    mb_job jobs[64];
+    pthread_t th[64];
+    int started[64] = {0};
+    if (!t->pipe)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_graph_set_shared(t->g, 1);
+    for (int m = 0; m < M; m++) {
+        jobs[m] = (mb_job){.t = t, .mb = m, .idx = idx + starts[m], .n = starts[m + 1] - starts[m], .total = n};
+        started[m] = !pthread_create(&th[m], NULL, mb_run, &jobs[m]);
+        if (!started[m]) {
+            jobs[m].st = sp_errf(&jobs[m].err, SP_ERR_NOMEM, "cannot start a thread for microbatch %d", m);
+            jobs[m].origin = 1;
+            sp_pipe_abort(t->pipe);
+        }
+    }
+    for (int m = 0; m < M; m++)
+        if (started[m])
+            pthread_join(th[m], NULL);
+    sp_graph_set_shared(t->g, 0);
+    t->nmicro = M;
+    sp_status st = SP_OK;
+    for (int m = 0; m < M && !st; m++) /* the first microbatch that failed by itself */
+        if (jobs[m].st && jobs[m].origin) {
+            st = jobs[m].st;
+            if (err)
+                *err = jobs[m].err;
+            sp_err_prefix(err, "microbatch %d: ", m);
+        }
+    for (int m = 0; m < M && !st; m++)
+        if (jobs[m].st) {
+            st = jobs[m].st;
+            if (err)
+                *err = jobs[m].err;
+        }
+    *loss = 0;
+    for (int m = 0; m < M && !st; m++)
+        if (t->loss[m])
+            *loss += t->weight[m] * t->loss[m]->data[0];
+    post_backward(t);
+    return st;
+}
+
+/* Runs forwards and backwards of the microbatches of idx[0..n) in the schedule's order: pipelined over the
+ * route's servers (one thread per microbatch), or one after the other in this thread (the local baseline,
+ * or a single microbatch). */
 static sp_status run_schedule(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err)
 {
     int M = t->o.microbatches < n ? t->o.microbatches : n, starts[65], sizes[64];
@@ -405,6 +554,8 @@ static sp_status run_schedule(sp_trainer *t, const int *idx, int n, float *loss,
         starts[m] = (int)((long)m * n / M);
     for (int m = 0; m < M; m++)
         sizes[m] = starts[m + 1] - starts[m];
+    if (!t->blocks && M > 1)
+        return run_pipelined(t, idx, n, M, starts, loss, err);
     int stages = t->blocks ? 1 : (t->rt->nroute > 0 ? t->rt->nroute : 1);
     int warm = t->o.schedule == SP_SCHED_AFAB ? M : (stages < M ? stages : M);
     if (t->o.max_in_flight > 0 && warm > t->o.max_in_flight)
@@ -488,7 +639,7 @@ sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err)
             idx[i] = s + i;
         sepal_batch b;
         st = get_batch(t, SEPAL_SPLIT_VALID, idx, k, &b, err);
-        sp_t *logits = st ? NULL : forward_logits(t, &b, 0, err);
+        sp_t *logits = st ? NULL : forward_logits(t, &b, 0, 0, err);
         if (!st && !logits)
             st = err && err->code ? err->code : SP_ERR_IO;
         if (!st) {

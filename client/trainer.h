@@ -5,9 +5,13 @@
  *
  * Modes: head-only (P = 0), ptune (P prefix embeddings prepended, plus the head), deep_ptune (also a prompt
  * per block added to the first P positions entering it). A causal-LM task uses the model's own head.
- * Schedules over M microbatches (gradient accumulation): AFAB (all forwards, then all backwards) and 1F1B
- * (after min(stages, M) warm-up forwards, one backward per forward), at most `max_in_flight` microbatches
- * holding activations. Loss and gradients do not depend on the schedule. */
+ * Schedules over M microbatches (gradient accumulation), the route's servers being the pipeline stages
+ * (pipeline.h): AFAB (all forwards, then all backwards) and 1F1B (warm-up forwards, then one forward one
+ * backward, then cool-down), at most `max_in_flight` microbatches holding activations. The microbatches run
+ * concurrently, one thread each, so microbatch m+1 runs on server 1 while m runs on server 2; every server
+ * takes its work in its stage's order. Loss and gradients do not depend on the schedule (the per-microbatch
+ * parts are summed in microbatch order). The local baseline (all blocks in this process) runs them one by
+ * one in the same order. */
 #ifndef SEPAL_TRAINER_H
 #define SEPAL_TRAINER_H
 
@@ -61,6 +65,8 @@ sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_
 /* Loss and gradients only (no update): for tests comparing schedules. grads: the trainable tensors. */
 sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
 int sp_trainer_params(sp_trainer *t, sp_t ***params);
+/* The stages of the last pipelined step (its per-stage traces), or NULL if none ran. */
+const sp_pipe *sp_trainer_last_pipe(const sp_trainer *t);
 /* The whole run: epochs over shuffled batches, validation after each epoch. */
 sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err);
 /* Validation metrics into buf ("accuracy=0.8120 loss=0.41 n=1000"). */

@@ -105,6 +105,50 @@ static float *grads_of(sp_trainer *t, const int *idx, int n, float *loss, int64_
     return g;
 }
 
+/* A pipelined step: every server (stage) did its items in its schedule's order, one at a time; head-only
+ * training sends no BACKWARD, so only the forwards ran. Later steps must not make the graph keep more:
+ * a step's inputs and per-step copies go with it. peak: the most stages ever busy at once. */
+static void check_trace(sp_trainer *t, int M, sp_tuning tuning, int S, const int *idx, int *peak)
+{
+    const sp_pipe *p = sp_trainer_last_pipe(t);
+    if (M == 1) {
+        ck_assert_ptr_null(p);
+        return;
+    }
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sp_pipe_stages(p), S);
+    for (int s = 0; s < S; s++) {
+        int o[128], k = 0;
+        sp_pipe_item tr[128];
+        int no = sp_pipe_order(p, s, o), nt = sp_pipe_trace(p, s, tr, 128);
+        ck_assert_int_eq(nt, tuning == SP_TUNE_HEAD ? M : 2 * M);
+        for (int i = 0; i < no; i++) {
+            if (tuning == SP_TUNE_HEAD && (o[i] & 1))
+                continue;
+            ck_assert_msg(tr[k].backward == (o[i] & 1) && tr[k].mb == o[i] >> 1,
+                          "stage %d: item %d was %s%d, its order says %s%d", s, k, tr[k].backward ? "B" : "F", tr[k].mb,
+                          o[i] & 1 ? "B" : "F", o[i] >> 1);
+            if (k)
+                ck_assert(tr[k].t_enter >= tr[k - 1].t_leave);
+            k++;
+        }
+    }
+    int bp = sp_pipe_peak_busy(p);
+    *peak = bp > *peak ? bp : *peak;
+    sp_t **params;
+    ck_assert_int_gt(sp_trainer_params(t, &params), 0);
+    int l0, t0, n0, l1, t1, n1;
+    sp_graph_counts(params[0]->g, &l0, &t0, &n0);
+    float loss;
+    sp_err err = {0};
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(sp_trainer_grads(t, idx, 8, &loss, &err) == SP_OK, "%s", err.msg);
+    sp_graph_counts(params[0]->g, &l1, &t1, &n1);
+    ck_assert_int_eq(l1, l0);
+    ck_assert_int_eq(t1, 0);
+    ck_assert_int_eq(n1, 0);
+}
+
 /* Compares a swarm layout x schedule with the local baseline. */
 static void check_layout(const int (*spans)[2], int n, sp_tuning tuning)
 {
@@ -124,6 +168,7 @@ static void check_layout(const int (*spans)[2], int n, sp_tuning tuning)
         sp_schedule s;
         int m;
     } cases[] = {{SP_SCHED_AFAB, 1}, {SP_SCHED_AFAB, 4}, {SP_SCHED_1F1B, 4}, {SP_SCHED_1F1B, 3}};
+    int peak = 0;
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         sp_train_opts o = opts(tuning, cases[c].s, cases[c].m);
         sp_trainer *t = NULL;
@@ -137,9 +182,12 @@ static void check_layout(const int (*spans)[2], int n, sp_tuning tuning)
         for (int64_t k = 0; k < n0; k++)
             scale = fmax(scale, fabs(g0[k]));
         ck_assert_msg(worst <= 1e-5 * fmax(1.0, scale), "case %zu: grads differ by %g (max |g| %g)", c, worst, scale);
+        check_trace(t, cases[c].m, tuning, rt->nroute, idx, &peak);
         free(g);
         sp_trainer_free(t);
     }
+    if (rt->nroute > 1) /* the servers worked at the same time on different microbatches */
+        ck_assert_msg(peak >= 2, "no two stages were ever busy at once (peak %d)", peak);
     free(g0);
     sp_trainer_free(local);
     sp_model_free(all);
