@@ -74,6 +74,8 @@ static int parse(sp_app *app, int argc, char **argv, train_args *a)
             rc = cli_parse_int(o, v, 2, 1 << 20, &x), a->o.max_length = (int)x;
         else if (!strcmp(o, "--microbatches"))
             rc = cli_parse_int(o, v, 1, 64, &x), a->o.microbatches = (int)x;
+        else if (!strcmp(o, "--max-in-flight"))
+            rc = cli_parse_int(o, v, 0, 64, &x), a->o.max_in_flight = (int)x;
         else if (!strcmp(o, "--max-steps"))
             rc = cli_parse_int(o, v, 0, 1 << 30, &x), a->o.max_steps = (int)x;
         else if (!strcmp(o, "--eval-batches"))
@@ -167,13 +169,16 @@ static int cmd_plugin(sp_app *app, int argc, char **argv)
 
 #define TRAIN_ARGS                                                                                                \
     "TASK [--tuning head|ptune|deep_ptune] [--pre-seq-len P] [--lr X] [--epochs N] [--batch B] [--warmup W] "    \
-    "[--max-length L] [--schedule afab|1f1b] [--microbatches M] [--seed S] [--save FILE] [--load FILE] "          \
-    "[--args \"k=v ...\"] [--max-steps N] [--eval-batches N] [--device cpu|cuda] [--fp16]"
+    "[--max-length L] [--schedule afab|1f1b] [--microbatches M] [--max-in-flight K] [--seed S] [--save FILE] "     \
+    "[--load FILE] [--args \"k=v ...\"] [--max-steps N] [--eval-batches N] [--device cpu|cuda] [--fp16]"
 
 const sp_cmd sp_cmds_train[] = {
     {"train", NULL, TRAIN_ARGS, "prompt-tune the loaded model on a task through the swarm",
      "Trains the client's parameters (prompts, deep prompts, a classification head) while the blocks run on\n"
      "the servers. Prints the loss of every step and the validation metrics after every epoch.\n"
+     "With --microbatches M the servers are pipeline stages: microbatches overlap across them, each server\n"
+     "taking its work in AFAB or 1F1B order; --max-in-flight K (default 4, 0: no bound) bounds how many\n"
+     "microbatches hold activations at once.\n"
      "Tasks: `plugin list` (sst2 and causal_lm are built in; causal_lm needs --args \"file=PATH\").",
      cmd_train},
     {"eval", NULL, TRAIN_ARGS, "validation metrics of a task (with --load FILE: trained parameters)", NULL, cmd_eval},

@@ -26,6 +26,22 @@ v1=$(grep -oE "validation accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" | sed '
 v2=$(grep -oE "^sst2: accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" | sed 's/^sst2: //')
 [ -n "$v1" ] && [ "$v1" = "$v2" ] && ok "eval --load reproduces the trained metrics ($v2)" || bad "eval after load: '$v2' vs '$v1'"
 
+# microbatches pipelined over the servers give the losses of the unsplit step (same seed, same batches)
+losses() { grep -oE "^epoch 1 step [0-9]+/4: loss [0-9.]+" <<< "$1" | awk '{print $6}'; }
+pipe_out=$("$SEPAL" -c "load $M; swarm up 3; \
+    train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5; \
+    train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5 \
+        --microbatches 4 --schedule 1f1b --max-in-flight 2; \
+    train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5 \
+        --microbatches 3 --schedule afab" 2>&1)
+all=$(losses "$pipe_out" | tr '\n' ' ')
+if awk -v a="$all" 'BEGIN { n = split(a, v, " "); if (n != 12) exit 1; for (i = 1; i <= n; i++) if (v[i] !~ /^[0-9]+\.[0-9]+$/) exit 1;
+        for (i = 1; i <= 4; i++) for (k = 1; k <= 2; k++) { d = v[i] - v[i + 4 * k]; if (d < 0) d = -d; if (d > 2e-3) exit 1 } }'; then
+    ok "1F1B (4 microbatches, 2 in flight) and AFAB (3) through 3 servers: the losses of one microbatch ($all)"
+else
+    bad "pipelined losses differ or are missing: '$all'"; echo "$pipe_out" | tail -5
+fi
+
 # causal LM on a text file, head = the model's own LM head
 for i in $(seq 1 40); do echo "Once upon a time there was a cat named Tom. Tom liked to play in the sun with his ball."; done > "$TMP/story.txt"
 expect 0 "causal-LM prompt tuning on a text file" "^epoch 1: validation loss=[0-9.]+ perplexity=[0-9.]+" -- \
