@@ -254,8 +254,9 @@ int sp_trainer_params(sp_trainer *t, sp_t ***params)
 /* ---------------------------------------------------------------------------------------------- */
 /* one microbatch */
 
-/* A [B, ...] leaf holding B copies of param p (requires grad: its grad is summed back into p). */
-static sp_t *replicate(sp_trainer *t, sp_t *p, int B, int batch_axis)
+/* A [B, ...] leaf holding B copies of param p (training: it requires grad, summed back into p; evaluation:
+ * it does not, so no op keeps anything for a backward, and the servers keep no activations). */
+static sp_t *replicate(sp_trainer *t, sp_t *p, int B, int batch_axis, int train)
 {
     int64_t shape[4];
     int nd = p->ndim + 1;
@@ -271,7 +272,7 @@ static sp_t *replicate(sp_trainer *t, sp_t *p, int B, int batch_axis)
     for (int64_t o = 0; o < outer; o++)
         for (int b = 0; b < B; b++)
             memcpy(x + (o * B + b) * inner, p->data + o * inner, (size_t)inner * sizeof(float));
-    sp_t *r = sp_input(t->g, nd, shape, x, 1, p->name); /* dropped with the step's graph */
+    sp_t *r = sp_input(t->g, nd, shape, x, train, p->name); /* dropped with the step's graph */
     free(x);
     return r;
 }
@@ -322,11 +323,11 @@ static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, int tra
     sp_t *deep = NULL;
     t->rep_prompts[mb] = t->rep_deep[mb] = t->rep_score[mb] = NULL;
     if (x && P > 0) {
-        t->rep_prompts[mb] = replicate(t, t->prompts, B, 0);
+        t->rep_prompts[mb] = replicate(t, t->prompts, B, 0, train);
         x = t->rep_prompts[mb] ? sp_concat_pos(t->rep_prompts[mb], x, err) : NULL;
     }
     if (x && t->deep)
-        deep = t->rep_deep[mb] = replicate(t, t->deep, B, 1);
+        deep = t->rep_deep[mb] = replicate(t, t->deep, B, 1, train);
     sp_t *h = !x           ? NULL
               : t->blocks ? sp_local_chain(t->blocks, x, deep, err)
                           : sp_remote_chain_mb(t->rt, x, deep, train ? t->pipe : NULL, mb, err);

@@ -544,6 +544,7 @@ static void rpc_info(req *r)
     cJSON_AddNumberToObject(o, "forward_tps", s->forward_tps);
     cJSON_AddStringToObject(o, "public_name", s->o.public_name ? s->o.public_name : "");
     cJSON_AddNumberToObject(o, "sessions", sp_server_sessions(s));
+    cJSON_AddNumberToObject(o, "kept_bytes", (double)sp_server_kept_bytes(s));
     char *meta = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     reply(r, meta, NULL, 0);

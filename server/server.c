@@ -263,6 +263,14 @@ int sp_server_sessions(sp_server *s)
     return n;
 }
 
+size_t sp_server_kept_bytes(sp_server *s)
+{
+    pthread_mutex_lock(&s->kt.lock);
+    size_t n = s->kt.bytes;
+    pthread_mutex_unlock(&s->kt.lock);
+    return n;
+}
+
 uint64_t sp_server_requests(sp_server *s)
 {
     pthread_mutex_lock(&s->stats_lock);

@@ -5,6 +5,7 @@
 #ifndef SEPAL_SERVER_H
 #define SEPAL_SERVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -40,6 +41,8 @@ void sp_server_throughput(const sp_server *s, double *inference_rps, double *for
 /* Sessions open now, and requests served so far. */
 int sp_server_sessions(sp_server *s);
 uint64_t sp_server_requests(sp_server *s);
+/* Bytes of activations kept now for BACKWARDs to come (FORWARD with meta "keep"). */
+size_t sp_server_kept_bytes(sp_server *s);
 void sp_server_stop(sp_server *s);
 
 #endif

@@ -188,6 +188,20 @@ static void check_layout(const int (*spans)[2], int n, sp_tuning tuning)
     }
     if (rt->nroute > 1) /* the servers worked at the same time on different microbatches */
         ck_assert_msg(peak >= 2, "no two stages were ever busy at once (peak %d)", peak);
+    /* every activation a FORWARD kept went with its BACKWARD; evaluation keeps none */
+    for (int i = 0; i < nsrv; i++)
+        ck_assert_msg(sp_server_kept_bytes(srv[i]) == 0, "server %d keeps %zu bytes", i, sp_server_kept_bytes(srv[i]));
+    sp_train_opts eo = opts(tuning, SP_SCHED_1F1B, 1);
+    eo.eval_batches = 2;
+    sp_trainer *ev = NULL;
+    char metrics[256];
+    ck_assert_msg(sp_trainer_new(&ev, rt, NULL, sst2(), "", &eo, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_trainer_eval(ev, metrics, sizeof metrics, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(strstr(metrics, "accuracy="), "%s", metrics);
+    for (int i = 0; i < nsrv; i++)
+        ck_assert_msg(sp_server_kept_bytes(srv[i]) == 0, "after eval, server %d keeps %zu bytes", i,
+                      sp_server_kept_bytes(srv[i]));
+    sp_trainer_free(ev);
     free(g0);
     sp_trainer_free(local);
     sp_model_free(all);
