@@ -95,6 +95,10 @@ void sp_runtime_route_text(const sp_runtime *rt, char *buf, size_t cap);
  * kept per hop (the history a replacement server would be replayed). */
 typedef struct sp_lm_swarm {
     sp_runtime *rt;
+    /* trained prompts (sp_lm_swarm_prompts): shallow [P, H] before the first token, deep [L, P, H] added by
+     * the servers to the first P positions entering each block; P extra positions of every session */
+    const float *shallow, *deep;
+    int P;
     int B, max_length, pos, nhops;
     uint64_t session[SP_RT_MAX_SERVERS];
     float *history[SP_RT_MAX_SERVERS]; /* [B, max_length, H] entering each hop */
@@ -102,6 +106,10 @@ typedef struct sp_lm_swarm {
 } sp_lm_swarm;
 
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);
+/* Generation with trained prompts (trainer.h's ptune / deep_ptune, as Petals' inference with prompts): the
+ * first step feeds shallow [P, H] before the tokens (NULL: zeros) and sends deep [L, P, H] (NULL: none) to
+ * every hop; the arrays must outlive the generation. Updates lm's max_pos (P positions fewer). */
+void sp_lm_swarm_prompts(sp_lm_swarm *s, sp_lm *lm, const float *shallow, const float *deep, int P);
 
 /* FORWARD / BACKWARD over the route for training: hidden [B, T, H] in place; boundaries receives the
  * hidden state entering each hop (nroute x [B, T, H]) for the backward. prompts (may be NULL) are the deep

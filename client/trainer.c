@@ -735,6 +735,40 @@ sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err)
     return sp_st_write(path, w, t->nparams, meta, err);
 }
 
+sp_status sp_prompts_load(const char *path, int L, int H, float **shallow, float **deep, int *P, sp_err *err)
+{
+    *shallow = *deep = NULL;
+    *P = 0;
+    sp_safetensors *st = NULL;
+    sp_status s = sp_st_open(&st, path, err);
+    if (s)
+        return s;
+    const sp_st_tensor *sh = sp_st_has(st, "prompts") ? sp_st_get(st, "prompts", err) : NULL;
+    if (!sh)
+        s = sp_errf(err, SP_ERR_NOTFOUND, "%s holds no prompts (saved by train with --tuning head?)", path);
+    else if (sh->ndim != 2 || sh->shape[1] != H || sh->shape[0] < 1 || sh->shape[0] > 1 << 20)
+        s = sp_errf(err, SP_ERR_ARG, "%s: prompts are not [P, %d] for this model", path, H);
+    int64_t ps[2] = {sh ? sh->shape[0] : 0, H}, ds[3] = {L, ps[0], H};
+    if (!s && !(*shallow = malloc((size_t)ps[0] * H * sizeof(float))))
+        s = sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (!s)
+        s = sp_st_read_f32(st, "prompts", *shallow, 2, ps, err);
+    if (!s && sp_st_has(st, "deep_prompts")) {
+        if (!(*deep = malloc((size_t)L * ps[0] * H * sizeof(float))))
+            s = sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        else
+            s = sp_st_read_f32(st, "deep_prompts", *deep, 3, ds, err);
+    }
+    sp_st_close(st);
+    if (s) {
+        free(*shallow), free(*deep);
+        *shallow = *deep = NULL;
+        return s;
+    }
+    *P = (int)ps[0];
+    return SP_OK;
+}
+
 sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err)
 {
     sp_safetensors *st = NULL;

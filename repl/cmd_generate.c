@@ -6,11 +6,12 @@
 #include "app.h"
 #include "cli.h"
 #include "runtime.h"
+#include "trainer.h"
 
 sp_runtime *sp_app_runtime(sp_app *app);
 
 typedef struct gen_args {
-    const char *prompt, *ids, *stop;
+    const char *prompt, *ids, *stop, *prompts;
     sp_gen_opts o;
 } gen_args;
 
@@ -20,17 +21,17 @@ static int parse(sp_app *app, int argc, char **argv, gen_args *g)
     memset(g, 0, sizeof *g);
     sp_gen_opts_default(&g->o);
     const char *names[] = {"--max-new-tokens", "--temperature", "--top-k", "--top-p", "--repetition-penalty",
-                           "--beams", "--seed", "--stop", "--ids"};
-    const char *vals[9] = {NULL};
+                           "--beams", "--seed", "--stop", "--ids", "--prompts"};
+    const char *vals[10] = {NULL};
     for (int k = 0; k < 8; k++)
         vals[k] = sp_app_get(app, names[k] + 2);
     for (int i = 1; i < argc; i++) {
         int k = 0;
-        while (k < 9 && strcmp(argv[i], names[k]))
+        while (k < 10 && strcmp(argv[i], names[k]))
             k++;
         if (!strcmp(argv[i], "--greedy")) {
             vals[1] = "0";
-        } else if (k < 9) {
+        } else if (k < 10) {
             if (i + 1 >= argc)
                 return sp_app_error(app, "generate: option '%s' needs a value", argv[i]);
             vals[k] = argv[++i];
@@ -63,6 +64,7 @@ static int parse(sp_app *app, int argc, char **argv, gen_args *g)
     g->o.beams = (int)beams;
     g->stop = vals[7] && *vals[7] ? vals[7] : NULL;
     g->ids = vals[8];
+    g->prompts = vals[9];
     if (!g->prompt == !g->ids)
         return sp_app_error(app, "usage: generate PROMPT [options] | generate --ids I,J,K [options]");
     return 0;
@@ -134,9 +136,20 @@ static int cmd_generate(sp_app *app, int argc, char **argv)
     }
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
+    float *shallow = NULL, *deep = NULL;
+    if (g.prompts) {
+        int P;
+        if (sp_prompts_load(g.prompts, rt->local->cfg.n_layers, rt->local->cfg.hidden, &shallow, &deep, &P, &err)) {
+            free(ids);
+            return sp_app_error(app, "generate: %s", err.msg);
+        }
+        sp_lm_swarm_prompts(&sw, &lm, shallow, deep, P);
+    }
     sp_gen_result r;
     const int32_t *ps[1] = {ids};
     sp_status st = sp_generate(&lm, g.ids ? NULL : rt->tok, ps, &n, 1, &g.o, stream, &quiet, &r, &err);
+    free(shallow);
+    free(deep);
     if (st) {
         if (g.prompt)
             printf("\n");
@@ -162,10 +175,11 @@ static int cmd_generate(sp_app *app, int argc, char **argv)
 const sp_cmd sp_cmds_generate[] = {
     {"generate", "gen",
      "PROMPT [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--stop S] "
-     "[--beams N] [--seed S] [--greedy] | --ids I,J,K [...]",
+     "[--beams N] [--seed S] [--greedy] [--prompts FILE] | --ids I,J,K [...]",
      "generate text through the swarm, streaming it",
      "Prints the prompt followed by the continuation as it is generated (greedy at temperature 0, the default).\n"
      "With --ids the prompt is token ids and the whole id sequence is printed, prompt included.\n"
+     "--prompts FILE: generate with prompts trained by `train --tuning ptune|deep_ptune --save FILE`.\n"
      "Defaults come from `set` (see `show`).",
      cmd_generate},
     {NULL, NULL, NULL, NULL, NULL, NULL},

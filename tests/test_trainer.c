@@ -9,7 +9,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "generate.h"
 #include "host.h"
+#include "rng.h"
+#include "safetensors.h"
 #include "runtime.h"
 #include "server.h"
 #include "testutil.h"
@@ -351,6 +354,114 @@ START_TEST(t_errors)
 }
 END_TEST
 
+/* Greedy continuation of ids with prompts, the slow way: every step runs the whole sequence through all
+ * blocks in this process (no KV cache, no server): [shallow ++ embed(ids)], deep prompts added to the first P
+ * positions entering every block, the last position's logits. */
+static void reference_greedy(sp_model *all, sp_model *local, const float *shallow, const float *deep, int P,
+                             int32_t *ids, int n, int new_tokens)
+{
+    int H = local->cfg.hidden, L = local->cfg.n_layers, V = local->cfg.vocab;
+    sp_err err = {0};
+    for (int k = 0; k < new_tokens; k++, n++) {
+        sp_graph *g = sp_graph_new();
+        float *x = calloc((size_t)(P + n) * H, sizeof(float)), *logits = malloc((size_t)V * sizeof(float));
+        memcpy(x, shallow, (size_t)P * H * sizeof(float));
+        ck_assert_int_eq(sp_model_embed(local, x + (size_t)P * H, ids, n, &err), SP_OK);
+        int64_t xs[3] = {1, P + n, H}, ds[4] = {L, 1, P, H};
+        sp_t *xt = sp_input(g, 3, xs, x, 0, "x"), *dt = deep ? sp_input(g, 4, ds, deep, 0, "deep") : NULL;
+        sp_t *h = sp_local_chain(all, xt, dt, &err);
+        ck_assert_msg(h != NULL, "%s", err.msg);
+        ck_assert_int_eq(sp_model_head(local, logits, h->data + (size_t)(P + n - 1) * H, 1, &err), SP_OK);
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            best = logits[v] > logits[best] ? v : best;
+        ids[n] = best;
+        free(x), free(logits);
+        sp_graph_free(g);
+    }
+}
+
+/* Generation through the swarm with trained prompts (a file in train --save's format): the same tokens as
+ * the slow reference; the prompts change the continuation; files without prompts or of another width fail. */
+START_TEST(t_generate_with_prompts)
+{
+    const int spans[3][2] = {{0, 2}, {2, 4}, {4, 6}};
+    sp_runtime *rt = swarm(spans, 3);
+    sp_model *all = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_model_load(&all, M15, SP_LOAD_BLOCKS, 0, -1, &err), SP_OK);
+    /* shallow prompts: the embeddings of a real text (random vectors barely move a model this sure of its
+     * stories); deep prompts: random */
+    int H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers, P, *pid;
+    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, "The big dog barked at the cat.", 0, &pid, &P, &err), SP_OK);
+    float *sh = malloc((size_t)P * H * sizeof(float)), *dp = malloc((size_t)L * P * H * sizeof(float));
+    int32_t *pid32 = malloc((size_t)P * sizeof *pid32);
+    for (int i = 0; i < P; i++)
+        pid32[i] = pid[i];
+    ck_assert_int_eq(sp_model_embed(rt->local, sh, pid32, P, &err), SP_OK);
+    free(pid), free(pid32);
+    sp_rng r;
+    sp_rng_seed(&r, 77);
+    sp_rng_fill_normal(&r, dp, (long)L * P * H, 0.5f);
+    const char *dir = sp_test_tmpdir();
+    char path[512], bad[512];
+    snprintf(path, sizeof path, "%s/prompts.safetensors", dir);
+    snprintf(bad, sizeof bad, "%s/head.safetensors", dir);
+    for (int deep = 0; deep < 2; deep++) {
+        sp_st_wtensor w[2] = {{.name = "prompts", .dtype = SP_F32, .ndim = 2, .shape = {P, H}, .data = sh},
+                              {.name = "deep_prompts", .dtype = SP_F32, .ndim = 3, .shape = {L, P, H}, .data = dp}};
+        ck_assert_int_eq(sp_st_write(path, w, deep ? 2 : 1, NULL, &err), SP_OK);
+        float *s2 = NULL, *d2 = NULL;
+        int P2 = 0;
+        ck_assert_msg(sp_prompts_load(path, L, H, &s2, &d2, &P2, &err) == SP_OK, "%s", err.msg);
+        ck_assert_int_eq(P2, P);
+        ck_assert(deep ? d2 != NULL : d2 == NULL);
+        int32_t prompt[3] = {450, 11203, 471}; /* three ordinary tokens, no BOS */
+        int32_t want[3 + 10], plain[3 + 10];
+        memcpy(want, prompt, sizeof prompt);
+        reference_greedy(all, rt->local, s2, d2, P, want, 3, 10);
+        sp_lm_swarm sw;
+        sp_lm lm = sp_lm_swarm_make(&sw, rt);
+        sp_lm_swarm_prompts(&sw, &lm, s2, d2, P);
+        ck_assert_int_eq(lm.max_pos, rt->local->cfg.max_pos - P);
+        sp_gen_opts o;
+        sp_gen_opts_default(&o);
+        o.max_new = 10;
+        o.eos_id = -1;
+        sp_gen_result res;
+        const int32_t *ps[1] = {prompt};
+        int n = 3;
+        ck_assert_msg(sp_generate(&lm, NULL, ps, &n, 1, &o, NULL, NULL, &res, &err) == SP_OK, "%s", err.msg);
+        ck_assert_int_eq(res.n[0], 10);
+        for (int i = 0; i < 10; i++)
+            ck_assert_msg(res.ids[0][i] == want[3 + i], "deep %d, token %d: %d, reference %d", deep, i, res.ids[0][i],
+                          want[3 + i]);
+        sp_gen_result_free(&res);
+        /* without prompts the continuation differs */
+        sp_lm plain_lm = sp_lm_swarm_make(&sw, rt);
+        ck_assert_int_eq(sp_generate(&plain_lm, NULL, ps, &n, 1, &o, NULL, NULL, &res, &err), SP_OK);
+        memcpy(plain, prompt, sizeof prompt);
+        memcpy(plain + 3, res.ids[0], 10 * sizeof(int32_t));
+        ck_assert_msg(memcmp(plain, want, sizeof want), "deep %d: the prompts did not change the continuation", deep);
+        sp_gen_result_free(&res);
+        free(s2), free(d2);
+    }
+    /* a head-only file, and prompts of another width */
+    float score[2 * 288] = {0};
+    sp_st_wtensor w = {.name = "score.weight", .dtype = SP_F32, .ndim = 2, .shape = {2, H}, .data = score};
+    ck_assert_int_eq(sp_st_write(bad, &w, 1, NULL, &err), SP_OK);
+    float *s2, *d2;
+    int P2;
+    ck_assert_int_eq(sp_prompts_load(bad, L, H, &s2, &d2, &P2, &err), SP_ERR_NOTFOUND);
+    ck_assert(strstr(err.msg, "no prompts"));
+    ck_assert_int_eq(sp_prompts_load(path, L, H + 1, &s2, &d2, &P2, &err), SP_ERR_ARG);
+    ck_assert_int_eq(sp_prompts_load("/nonexistent/p.safetensors", L, H, &s2, &d2, &P2, &err) != SP_OK, 1);
+    free(sh), free(dp);
+    sp_model_free(all);
+    teardown(rt);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("trainer");
@@ -362,6 +473,7 @@ int main(void)
     tcase_add_test(tc, t_steps_lower_loss_and_save_load);
     tcase_add_test(tc, t_task_calls_backward_itself);
     tcase_add_test(tc, t_errors);
+    tcase_add_test(tc, t_generate_with_prompts);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

@@ -26,6 +26,12 @@ v1=$(grep -oE "validation accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" | sed '
 v2=$(grep -oE "^sst2: accuracy=[0-9.]+ n=32 loss=[0-9.]+" <<< "$out" | sed 's/^sst2: //')
 [ -n "$v1" ] && [ "$v1" = "$v2" ] && ok "eval --load reproduces the trained metrics ($v2)" || bad "eval after load: '$v2' vs '$v1'"
 
+# generation with the trained prompts (the deep_ptune file saved above), and a file that holds none
+expect 0 "generate with trained deep prompts through 3 servers" "^Once upon a time" -- \
+    "$SEPAL" -c "load $M; swarm up 3; generate 'Once upon a time' --prompts $TMP/p.safetensors --max-new-tokens 8"
+expect 1 "generate --prompts with a missing file" "generate: .*nonexistent" -- \
+    "$SEPAL" -c "load $M; swarm up 1; generate 'Once' --prompts $TMP/nonexistent.safetensors"
+
 # microbatches pipelined over the servers give the losses of the unsplit step (same seed, same batches)
 losses() { grep -oE "^epoch 1 step [0-9]+/4: loss [0-9.]+" <<< "$1" | awk '{print $6}'; }
 pipe_out=$("$SEPAL" -c "load $M; swarm up 3; \
