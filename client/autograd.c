@@ -58,6 +58,8 @@ struct sp_node {
     int64_t *idx;  /* pooled positions */
     chain_saved *chain;
     sp_model *model; /* local chain: the blocks; saved holds the input of each block */
+    sp_block_acts *bacts; /* local chain: each block's activations, for a backward without recompute */
+    int nbacts;
     float *gout;   /* gradient w.r.t. out during one backward call */
     unsigned mark; /* reachable from the current root */
 };
@@ -141,6 +143,9 @@ static void node_free(sp_node *nd)
         free(nd->chain->prompts);
         free(nd->chain);
     }
+    for (int i = 0; i < nd->nbacts; i++)
+        sp_block_acts_free(&nd->bacts[i]);
+    free(nd->bacts);
     free(nd->saved);
     free(nd->ids);
     free(nd->idx);
@@ -808,6 +813,16 @@ static void prompt_rows(float *h, float *p, int64_t B, int64_t T, int64_t P, int
     }
 }
 
+/* The local chain runs in the model's scratch (kept between calls: no fresh pages every step); one local
+ * chain op at a time uses it. */
+static pthread_mutex_t local_ws_lock = PTHREAD_MUTEX_INITIALIZER;
+static sp_ws *local_ws_acquire(sp_model *m)
+{
+    pthread_mutex_lock(&local_ws_lock);
+    return &m->ws;
+}
+static void local_ws_release(void) { pthread_mutex_unlock(&local_ws_lock); }
+
 static sp_status local_check(sp_model *m, sp_t *x, sp_t *dp, sp_err *err)
 {
     int nb = m ? m->last - m->first : 0, H = m ? m->cfg.hidden : 0;
@@ -827,7 +842,7 @@ static sp_status local_forward(sp_node *nd, float *acts, sp_err *err)
     sp_model *m = nd->model;
     sp_t *x = nd->in[0], *dp = nd->in[1], *o = nd->out;
     int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2], P = dp ? dp->shape[2] : 0;
-    sp_ws ws = {0};
+    sp_ws *ws = local_ws_acquire(m);
     sp_status st = SP_OK;
     memcpy(o->data, x->data, (size_t)x->n * sizeof(float));
     for (int i = 0; !st && i < m->last - m->first; i++) {
@@ -835,11 +850,14 @@ static sp_status local_forward(sp_node *nd, float *acts, sp_err *err)
             prompt_rows(o->data, dp->data + i * B * P * H, B, T, P, H, 0);
         if (acts)
             memcpy(acts + i * x->n, o->data, (size_t)x->n * sizeof(float));
-        st = sp_llama_block_forward(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, NULL, &ws, err);
+        if (nd->bacts)
+            st = sp_llama_block_forward_keep(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, &nd->bacts[i], err);
+        else
+            st = sp_llama_block_forward(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, NULL, ws, err);
         if (st)
             sp_err_prefix(err, "sp_local_chain: block %d: ", m->first + i);
     }
-    sp_ws_free(&ws);
+    local_ws_release();
     return st;
 }
 
@@ -852,9 +870,14 @@ sp_t *sp_local_chain(struct sp_model *m, sp_t *x, sp_t *deep_prompts, sp_err *er
         return NULL;
     o->node->model = m;
     size_t nacts = (size_t)x->n * (size_t)(m->last - m->first);
-    if (o->requires_grad && !(o->node->saved = malloc(nacts * sizeof(float)))) {
-        nomem(err, "sp_local_chain");
-        return NULL;
+    if (o->requires_grad) { /* keep what the backward needs: each block's input and activations */
+        o->node->nbacts = m->last - m->first;
+        o->node->saved = malloc(nacts * sizeof(float));
+        o->node->bacts = calloc((size_t)o->node->nbacts, sizeof *o->node->bacts);
+        if (!o->node->saved || !o->node->bacts) {
+            nomem(err, "sp_local_chain");
+            return NULL;
+        }
     }
     return local_forward(o->node, o->node->saved, err) ? NULL : o;
 }
@@ -867,16 +890,16 @@ static sp_status local_backward(sp_node *nd, float **d, sp_err *err)
     float *g = dup_floats(nd->gout, x->n);
     if (!g)
         return nomem(err, "local chain backward");
-    sp_ws ws = {0};
+    sp_ws *ws = local_ws_acquire(m);
     sp_status st = SP_OK;
     for (int i = m->last - m->first - 1; !st && i >= 0; i--) {
-        st = sp_llama_block_backward(&m->blocks[i], g, g, nd->saved + i * x->n, (int)B, (int)T, 0, NULL, &ws, err);
+        st = sp_llama_block_backward_kept(&m->blocks[i], g, g, nd->saved + i * x->n, &nd->bacts[i], NULL, ws, err);
         if (!st && d[1])
             prompt_rows(g, d[1] + i * B * P * H, B, T, P, H, 1);
     }
     if (!st && d[0])
         add_into(d[0], g, x->n, 1.0f);
-    sp_ws_free(&ws);
+    local_ws_release();
     free(g);
     return st;
 }

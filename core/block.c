@@ -160,9 +160,8 @@ typedef struct acts {
     float *gate, *up, *act;  /* [N, FF] */
 } acts;
 
-/* Carves the activation buffers out of ws, after `reserve_extra` floats kept for the caller. */
-static sp_status acts_alloc(acts *a, const sp_llama_block *b, int B, int T, const sp_attn_dims *ad, sp_ws *ws,
-                            size_t extra, sp_err *err)
+/* Floats the activation buffers take; with base non-NULL, points a's buffers into base. */
+static size_t acts_layout(acts *a, const sp_llama_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     size_t FF = (size_t)b->FF, half = (size_t)b->hd / 2;
@@ -170,17 +169,23 @@ static sp_status acts_alloc(acts *a, const sp_llama_block *b, int B, int T, cons
                       N * Q, N * H, N * H, N, N * FF, N * FF, N * FF};
     float **ptrs[] = {&a->cos, &a->sin, &a->ln1, &a->rstd1, &a->q, &a->k, &a->v, &a->probs,
                       &a->att, &a->h1, &a->ln2, &a->rstd2, &a->gate, &a->up, &a->act};
-    size_t total = extra;
-    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        if (base)
+            *ptrs[i] = base + total;
         total += (sizes[i] + 15) & ~(size_t)15; /* keep every buffer 64-byte aligned relative to base */
-    sp_status s = sp_ws_reserve(ws, total, err);
+    }
+    return total;
+}
+
+/* Carves the activation buffers out of ws, after `extra` floats kept for the caller. */
+static sp_status acts_alloc(acts *a, const sp_llama_block *b, int B, int T, const sp_attn_dims *ad, sp_ws *ws,
+                            size_t extra, sp_err *err)
+{
+    sp_status s = sp_ws_reserve(ws, extra + acts_layout(a, b, B, T, ad, NULL), err);
     if (s)
         return s;
-    float *p = ws->buf + extra;
-    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
-        *ptrs[i] = p;
-        p += (sizes[i] + 15) & ~(size_t)15;
-    }
+    acts_layout(a, b, B, T, ad, ws->buf + extra);
     return SP_OK;
 }
 
@@ -262,29 +267,28 @@ sp_status sp_llama_block_forward(const sp_llama_block *b, float *out, const floa
 /* ---------------------------------------------------------------------------------------------- */
 /* backward */
 
-sp_status sp_llama_block_backward(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B,
-                                  int T, int pos0, sp_llama_block *g, sp_ws *ws, sp_err *err)
+/* Floats of the gradient buffers a backward needs in front of the activations: dh1, dln, the output copy,
+ * dact, dgate, dup, datt, dq, dk, dv, dq/dk before RoPE, and the attention scratch. */
+static size_t grads_size(const sp_llama_block *b, int B, int T, const sp_attn_dims *ad)
 {
-    sp_status s = check_dims(b, B, T, pos0, NULL, err);
-    if (s)
-        return s;
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     size_t FF = (size_t)b->FF;
-    sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
-    /* gradient buffers live in front of the activations: dh1, dln, the output copy, dact, dgate, dup,
-     * datt, dq, dk, dv, dq/dk before RoPE, and the attention scratch */
-    size_t gsz = 3 * N * H + 3 * N * FF + 3 * N * Q + 3 * N * KV + (size_t)sp_attention_scratch_size(&ad);
-    acts a;
-    s = acts_alloc(&a, b, B, T, &ad, ws, gsz, err);
-    if (s)
-        return s;
-    float *dh1 = ws->buf, *dln = dh1 + N * H, *outbuf = dln + N * H, *dact = outbuf + N * H;
+    return 3 * N * H + 3 * N * FF + 3 * N * Q + 3 * N * KV + (size_t)sp_attention_scratch_size(ad);
+}
+
+/* The backward proper over the activations of a forward; gbuf: grads_size() floats. */
+static void backward_acts(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                          const sp_attn_dims *adp, const acts *ap, sp_llama_block *g, float *gbuf)
+{
+    size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
+    size_t FF = (size_t)b->FF;
+    sp_attn_dims ad = *adp;
+    acts a = *ap;
+    float *dh1 = gbuf, *dln = dh1 + N * H, *outbuf = dln + N * H, *dact = outbuf + N * H;
     float *dgate = dact + N * FF, *dup = dgate + N * FF, *datt = dup + N * FF, *dq = datt + N * Q;
     float *dk = dq + N * Q, *dv = dk + N * KV, *dq_pre = dv + N * KV, *dk_pre = dq_pre + N * Q;
     float *scratch = dk_pre + N * KV;
-    memset(ws->buf, 0, gsz * sizeof(float)); /* every gradient buffer below accumulates */
-
-    forward_acts(b, outbuf, inp, B, T, pos0, NULL, &ad, &a);
+    memset(gbuf, 0, grads_size(b, B, T, &ad) * sizeof(float)); /* every gradient buffer below accumulates */
 
     /* out = h1 + act Wdown^T */
     memcpy(dh1, dout, N * H * sizeof(float));
@@ -306,5 +310,78 @@ sp_status sp_llama_block_backward(const sp_llama_block *b, float *dinp, const fl
     /* x feeds both the residual (dh1) and the first rmsnorm */
     sp_rmsnorm_backward(dh1, g ? g->attn_norm : NULL, dln, inp, b->attn_norm, a.rstd1, (int)N, (int)H);
     memcpy(dinp, dh1, N * H * sizeof(float));
+}
+
+sp_status sp_llama_block_backward(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B,
+                                  int T, int pos0, sp_llama_block *g, sp_ws *ws, sp_err *err)
+{
+    sp_status s = check_dims(b, B, T, pos0, NULL, err);
+    if (s)
+        return s;
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
+    size_t gsz = grads_size(b, B, T, &ad);
+    acts a;
+    s = acts_alloc(&a, b, B, T, &ad, ws, gsz, err);
+    if (s)
+        return s;
+    forward_acts(b, ws->buf + 2 * (size_t)B * T * b->H, inp, B, T, pos0, NULL, &ad, &a); /* into the output copy */
+    backward_acts(b, dinp, dout, inp, B, T, &ad, &a, g, ws->buf);
+    return SP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* forward keeping the activations, backward from them */
+
+size_t sp_llama_block_acts_floats(const sp_llama_block *b, int B, int T)
+{
+    acts a;
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
+    return acts_layout(&a, b, B, T, &ad, NULL);
+}
+
+void sp_block_acts_free(sp_block_acts *k)
+{
+    free(k->buf);
+    memset(k, 0, sizeof *k);
+}
+
+sp_status sp_llama_block_forward_keep(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                      sp_block_acts *k, sp_err *err)
+{
+    sp_status s = check_dims(b, B, T, pos0, NULL, err);
+    if (s)
+        return s;
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
+    acts a;
+    size_t n = acts_layout(&a, b, B, T, &ad, NULL);
+    if (k->cap < n) {
+        float *p = realloc(k->buf, n * sizeof(float));
+        if (!p)
+            return sp_errf(err, SP_ERR_NOMEM, "block: out of memory keeping %zu activations", n);
+        k->buf = p;
+        k->cap = n;
+    }
+    acts_layout(&a, b, B, T, &ad, k->buf);
+    forward_acts(b, out, inp, B, T, pos0, NULL, &ad, &a);
+    k->B = B;
+    k->T = T;
+    k->pos0 = pos0;
+    return SP_OK;
+}
+
+sp_status sp_llama_block_backward_kept(const sp_llama_block *b, float *dinp, const float *dout, const float *inp,
+                                       const sp_block_acts *k, sp_llama_block *g, sp_ws *ws, sp_err *err)
+{
+    if (!k || !k->buf)
+        return sp_errf(err, SP_ERR_STATE, "block: no kept activations");
+    sp_attn_dims ad = attn_dims(b, k->B, k->T, NULL, 1);
+    acts a;
+    if (acts_layout(&a, b, k->B, k->T, &ad, NULL) > k->cap)
+        return sp_errf(err, SP_ERR_STATE, "block: kept activations are too small for [%d, %d]", k->B, k->T);
+    acts_layout(&a, b, k->B, k->T, &ad, k->buf);
+    sp_status s = sp_ws_reserve(ws, grads_size(b, k->B, k->T, &ad), err);
+    if (s)
+        return s;
+    backward_acts(b, dinp, dout, inp, k->B, k->T, &ad, &a, g, ws->buf);
     return SP_OK;
 }

@@ -70,4 +70,22 @@ sp_status sp_llama_block_forward(const sp_llama_block *b, float *out, const floa
 sp_status sp_llama_block_backward(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B,
                                   int T, int pos0, sp_llama_block *grads, sp_ws *ws, sp_err *err);
 
+/* The activations of one forward, kept for its backward so that it need not recompute them (what PyTorch
+ * keeps; about B*T*(5H + 3Q + 3FF) + B*heads*T*T floats). buf grows as needed; free with
+ * sp_block_acts_free. */
+typedef struct sp_block_acts {
+    float *buf;
+    size_t cap; /* floats */
+    int B, T, pos0;
+} sp_block_acts;
+
+size_t sp_llama_block_acts_floats(const sp_llama_block *b, int B, int T);
+void sp_block_acts_free(sp_block_acts *k);
+/* sp_llama_block_forward without a cache, keeping the activations in k (out may equal inp). */
+sp_status sp_llama_block_forward_keep(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                      sp_block_acts *k, sp_err *err);
+/* sp_llama_block_backward from k (inp: the block's input of that forward): the same results, no recompute. */
+sp_status sp_llama_block_backward_kept(const sp_llama_block *b, float *dinp, const float *dout, const float *inp,
+                                       const sp_block_acts *k, sp_llama_block *grads, sp_ws *ws, sp_err *err);
+
 #endif

@@ -1,6 +1,7 @@
 /* kept.c - activations kept between a FORWARD and its BACKWARD. A training client that will send the
- * BACKWARD asks the FORWARD to keep each block's input (meta "keep": id); the BACKWARD (meta "kept": id) then
- * skips recomputing the span's forward. Entries are bounded by a byte cap (oldest evicted first), dropped
+ * BACKWARD asks the FORWARD to keep each block's input (meta "keep": id), and, when they fit in the cap,
+ * every block's activations; the BACKWARD (meta "kept": id) then skips recomputing the span's forward (and
+ * with the activations, every block's forward too). Entries are bounded by a byte cap (oldest evicted first), dropped
  * with their connection and after the step timeout; a missing entry only means a recompute. */
 #include <stdlib.h>
 
@@ -17,6 +18,9 @@ void kept_init(kept_table *t, size_t cap)
 void kept_free(kept *x)
 {
     if (x) {
+        for (int i = 0; i < x->nacts; i++)
+            sp_block_acts_free(&x->acts[i]);
+        free(x->acts);
         free(x->inputs);
         free(x);
     }

@@ -199,9 +199,10 @@ static int check_tokens(req *r, int B, int T)
 /* FORWARD, BACKWARD */
 
 /* Runs blocks [start, end) on x [B, T, H] in place, adding the deep prompts and writing each block's input
- * (prompt added) to inputs[i] ((end - start) x [B, T, H]) when inputs is non-NULL. */
+ * (prompt added) to inputs[i] ((end - start) x [B, T, H]) when inputs is non-NULL, and its activations to
+ * acts[i] when acts is non-NULL. */
 static sp_status run_keeping(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
-                             float *inputs, sp_ws *ws, sp_err *err)
+                             float *inputs, sp_block_acts *acts, sp_ws *ws, sp_err *err)
 {
     int H = s->m->cfg.hidden;
     size_t N = (size_t)B * T * H;
@@ -210,11 +211,22 @@ static sp_status run_keeping(sp_server *s, int start, int end, float *x, int B, 
             add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
         if (inputs)
             memcpy(inputs + i * N, x, N * sizeof(float));
-        sp_status st = sp_llama_block_forward(&s->m->blocks[start + i - s->m->first], x, x, B, T, 0, NULL, ws, err);
+        const sp_llama_block *blk = &s->m->blocks[start + i - s->m->first];
+        sp_status st = acts ? sp_llama_block_forward_keep(blk, x, x, B, T, 0, &acts[i], err)
+                            : sp_llama_block_forward(blk, x, x, B, T, 0, NULL, ws, err);
         if (st)
             return st;
     }
     return SP_OK;
+}
+
+/* Bytes of a kept entry for blocks [start, end) on [B, T]: the inputs, and with acts every activation. */
+static size_t kept_size(sp_server *s, int start, int end, int B, int T, int acts)
+{
+    size_t n = (size_t)(end - start) * B * T * s->m->cfg.hidden;
+    for (int i = start; acts && i < end; i++)
+        n += sp_llama_block_acts_floats(&s->m->blocks[i - s->m->first], B, T);
+    return n * sizeof(float);
 }
 
 static void rpc_forward(req *r, sp_ws *ws)
@@ -222,17 +234,26 @@ static void rpc_forward(req *r, sp_ws *ws)
     int start, end, B, T, P;
     int64_t keep_id = 0;
     float *h = NULL, *prompts = NULL, *inputs = NULL;
+    sp_block_acts *acts = NULL;
+    size_t bytes = 0;
     if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
         goto done;
     if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
         goto done;
     size_t N = (size_t)B * T * r->s->m->cfg.hidden;
-    /* a training client asks to keep each block's input for the BACKWARD that follows */
-    if (sp_meta_int(&r->m, "keep", &keep_id) && keep_id > 0 && r->s->o.keep_bytes > 0)
+    /* a training client asks to keep each block's input for the BACKWARD that follows, and the activations
+     * too when a quarter of the cap holds them (a few microbatches are in flight at once) */
+    if (sp_meta_int(&r->m, "keep", &keep_id) && keep_id > 0 && r->s->o.keep_bytes > 0) {
         inputs = malloc((size_t)(end - start) * N * sizeof(float));
+        bytes = kept_size(r->s, start, end, B, T, 1);
+        if (inputs && bytes <= r->s->o.keep_bytes / 4)
+            acts = calloc((size_t)(end - start), sizeof *acts);
+        if (!acts)
+            bytes = kept_size(r->s, start, end, B, T, 0);
+    }
     sp_err err = {0};
     blas_threads_for(r->s, (long)B * T);
-    if (run_keeping(r->s, start, end, h, B, T, prompts, P, inputs, ws, &err)) {
+    if (run_keeping(r->s, start, end, h, B, T, prompts, P, inputs, acts, ws, &err)) {
         bad(r, "internal", "forward: %s", err.msg);
         goto done;
     }
@@ -241,11 +262,16 @@ static void rpc_forward(req *r, sp_ws *ws)
     kept *k = inputs ? calloc(1, sizeof *k) : NULL;
     if (k) {
         *k = (kept){.conn = r->conn, .id = (uint64_t)keep_id, .start = start, .end = end, .B = B, .T = T, .P = P,
-                    .inputs = inputs, .bytes = (size_t)(end - start) * N * sizeof(float), .created = sp_now_s()};
+                    .inputs = inputs, .acts = acts, .nacts = acts ? end - start : 0, .bytes = bytes,
+                    .created = sp_now_s()};
         kept_put(r->s, k);
         inputs = NULL;
+        acts = NULL;
     }
 done:
+    for (int i = 0; acts && i < end - start; i++)
+        sp_block_acts_free(&acts[i]);
+    free(acts);
     free(h);
     free(prompts);
     free(inputs);
@@ -257,6 +283,7 @@ static void rpc_backward(req *r, sp_ws *ws)
 {
     int start, end, B, T, B2, T2, P;
     float *x = NULL, *g = NULL, *prompts = NULL, *inputs = NULL, *gp = NULL;
+    kept *k = NULL;
     if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
         !(g = hidden_arg(r, 1, "grad_out", &B2, &T2)))
         goto done;
@@ -269,13 +296,12 @@ static void rpc_backward(req *r, sp_ws *ws)
     int n = end - start, H = r->s->m->cfg.hidden;
     size_t N = (size_t)B * T * H;
     int64_t kept_id = 0;
-    kept *k = sp_meta_int(&r->m, "kept", &kept_id) && kept_id > 0
+    k = sp_meta_int(&r->m, "kept", &kept_id) && kept_id > 0
                   ? kept_take(r->s, r->conn, (uint64_t)kept_id, start, end, B, T, P)
                   : NULL;
-    if (k) { /* the FORWARD kept every block's input: no recompute */
+    if (k) { /* the FORWARD kept every block's input (and maybe activations): no recompute */
         inputs = k->inputs;
         k->inputs = NULL;
-        kept_free(k);
     } else {
         inputs = malloc((size_t)n * N * sizeof(float));
     }
@@ -286,7 +312,7 @@ static void rpc_backward(req *r, sp_ws *ws)
     }
     sp_err err = {0};
     blas_threads_for(r->s, (long)B * T);
-    if (!k && run_keeping(r->s, start, end - 1, x, B, T, prompts, P, inputs, ws, &err)) {
+    if (!k && run_keeping(r->s, start, end - 1, x, B, T, prompts, P, inputs, NULL, ws, &err)) {
         bad(r, "internal", "backward (recompute): %s", err.msg);
         goto done;
     }
@@ -295,8 +321,9 @@ static void rpc_backward(req *r, sp_ws *ws)
     if (!k)
         memcpy(inputs + (n - 1) * N, x, N * sizeof(float));
     for (int i = n - 1; i >= 0; i--) {
-        if (sp_llama_block_backward(&r->s->m->blocks[start + i - r->s->m->first], g, g, inputs + i * N, B, T, 0,
-                                    NULL, ws, &err)) {
+        const sp_llama_block *blk = &r->s->m->blocks[start + i - r->s->m->first];
+        if (k && k->acts ? sp_llama_block_backward_kept(blk, g, g, inputs + i * N, &k->acts[i], NULL, ws, &err)
+                         : sp_llama_block_backward(blk, g, g, inputs + i * N, B, T, 0, NULL, ws, &err)) {
             bad(r, "internal", "backward: %s", err.msg);
             goto done;
         }
@@ -307,6 +334,7 @@ static void rpc_backward(req *r, sp_ws *ws)
                             {.enc = r->reply_enc, .rank = 4, .shape = {n, B, P, H}, .f32 = gp}};
     reply(r, NULL, out, gp ? 2 : 1);
 done:
+    kept_free(k);
     free(x);
     free(g);
     free(prompts);

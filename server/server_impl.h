@@ -42,6 +42,8 @@ typedef struct kept {
     uint64_t conn, id;
     int start, end, B, T, P;
     float *inputs; /* (end - start) x [B, T, H]: each block's input, its prompt added */
+    sp_block_acts *acts; /* (end - start) blocks' activations (NULL: only the inputs were kept) */
+    int nacts;
     size_t bytes;
     double created;
     struct kept *next;

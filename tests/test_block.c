@@ -201,6 +201,56 @@ START_TEST(t_weight_grads_fd)
 }
 END_TEST
 
+/* Forward keeping the activations, then backward from them: the same output, input gradient and weight
+ * gradients as the recomputing backward, bit for bit (the same operations in the same order); a kept buffer
+ * is reused for a smaller batch; a backward without kept activations is refused. */
+START_TEST(t_kept_activations)
+{
+    sp_model *m = load("llama-gqa", SP_LOAD_BLOCKS, 0, 1);
+    sp_llama_block *b = &m->blocks[0], g1, g2;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_llama_block_init(&g1, &m->cfg, &m->rope, &err), SP_OK);
+    ck_assert_int_eq(sp_llama_block_init(&g2, &m->cfg, &m->rope, &err), SP_OK);
+    sp_block_acts k = {0};
+    sp_rng r;
+    sp_rng_seed(&r, 5);
+    for (int round = 0; round < 2; round++) {
+        int B = round ? 1 : 2, T = round ? 4 : 7, H = b->H, pos0 = round ? 0 : 2;
+        size_t n = (size_t)B * T * H, nw = (size_t)b->H * b->nh * b->hd;
+        float *x = malloc(n * sizeof(float)), *G = malloc(n * sizeof(float)), *y1 = malloc(n * sizeof(float));
+        float *y2 = malloc(n * sizeof(float)), *d1 = malloc(n * sizeof(float)), *d2 = malloc(n * sizeof(float));
+        sp_rng_fill_normal(&r, x, (long)n, 1.0f);
+        sp_rng_fill_normal(&r, G, (long)n, 1.0f);
+        ck_assert_int_eq(sp_llama_block_forward(b, y1, x, B, T, pos0, NULL, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_llama_block_forward_keep(b, y2, x, B, T, pos0, &k, &err), SP_OK);
+        ck_assert_int_eq(memcmp(y1, y2, n * sizeof(float)), 0);
+        ck_assert_uint_ge(k.cap, sp_llama_block_acts_floats(b, B, T));
+        ck_assert_int_eq(sp_llama_block_backward(b, d1, G, x, B, T, pos0, &g1, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_llama_block_backward_kept(b, d2, G, x, &k, &g2, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(memcmp(d1, d2, n * sizeof(float)), 0);
+        ck_assert_int_eq(memcmp(g1.wq, g2.wq, nw * sizeof(float)), 0);
+        /* the backward leaves the kept activations as they were: a second one gives the same */
+        ck_assert_int_eq(sp_llama_block_backward_kept(b, d1, G, x, &k, NULL, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(memcmp(d1, d2, n * sizeof(float)), 0);
+        ck_assert_int_eq(memcmp(g1.w_down, g2.w_down, (size_t)b->H * b->FF * sizeof(float)), 0);
+        ck_assert_int_eq(memcmp(g1.attn_norm, g2.attn_norm, (size_t)b->H * sizeof(float)), 0);
+        double dn = 0;
+        for (size_t i = 0; i < n; i++)
+            dn += fabs(d2[i]);
+        ck_assert(dn > 0);
+        free(x), free(G), free(y1), free(y2), free(d1), free(d2);
+    }
+    sp_block_acts none = {0};
+    float z[64] = {0};
+    ck_assert_int_eq(sp_llama_block_backward_kept(b, z, z, z, &none, NULL, &m->ws, &err), SP_ERR_STATE);
+    sp_block_acts_free(&k);
+    ck_assert_ptr_null(k.buf);
+    sp_llama_block_free(&g1);
+    sp_llama_block_free(&g2);
+    sp_model_free(m);
+}
+END_TEST
+
 /* A server-style load reads only its blocks' tensors, and maps only the shards that hold them. */
 START_TEST(t_partial_load_reads_only_its_part)
 {
@@ -237,6 +287,7 @@ static Suite *block_suite(void)
     tcase_add_test(tc, t_golden_model_llama3);
     tcase_add_test(tc, t_kv_cache_matches_full);
     tcase_add_test(tc, t_weight_grads_fd);
+    tcase_add_test(tc, t_kept_activations);
     tcase_add_test(tc, t_partial_load_reads_only_its_part);
     tcase_add_test(tc, t_unsupported_architecture);
     suite_add_tcase(s, tc);

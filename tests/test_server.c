@@ -234,9 +234,22 @@ END_TEST
 
 /* A FORWARD that keeps its activations lets the BACKWARD skip the recompute: same gradients (with deep
  * prompts), and an unknown or already used id just recomputes. */
-START_TEST(t_keep_kept)
+/* keep_bytes: the server's cap for kept activations (0: default). With the default the FORWARD keeps every
+ * block's activations (the BACKWARD recomputes nothing); with a small cap only the blocks' inputs (each
+ * block's forward is recomputed inside its backward); the answers are the same either way. */
+static void keep_kept(size_t keep_bytes)
 {
-    sp_server *s = start_server(0, 4, 0, 0);
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.start = 0;
+    o.end = 4;
+    o.measure = 0;
+    if (keep_bytes)
+        o.keep_bytes = keep_bytes;
+    sp_server *s = NULL;
+    sp_err err0 = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err0) == SP_OK, "%s", err0.msg);
     sp_remote *r = connect_to(s);
     int B = 2, T = 5, P = 2, nb = 3;
     size_t N = (size_t)B * T * H, NP = (size_t)nb * B * P * H;
@@ -261,6 +274,11 @@ START_TEST(t_keep_kept)
     float *y1 = call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":4,\"keep\":7}", fa, 2, 1, &rep);
     sp_reply_clear(&rep);
     ck_assert_mem_eq(y1, y0, N * 4);
+    size_t inputs_only = (size_t)nb * N * 4;
+    if (keep_bytes) /* inputs only */
+        ck_assert_uint_eq(sp_server_kept_bytes(s), inputs_only);
+    else /* and the activations, several times more */
+        ck_assert_uint_gt(sp_server_kept_bytes(s), 3 * inputs_only);
     float *g1 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":4,\"kept\":7}", ba, 3, 2, &rep);
     float *gp1 = malloc(NP * 4);
     ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[1], gp1, &err), SP_OK);
@@ -282,6 +300,11 @@ START_TEST(t_keep_kept)
     sp_remote_close(r);
     sp_server_stop(s); /* the unused entry 8 is freed with the server (ASan checks) */
 }
+
+START_TEST(t_keep_kept) { keep_kept(0); }
+END_TEST
+
+START_TEST(t_keep_kept_inputs_only) { keep_kept((size_t)3 * 2 * 5 * H * 4 * 4); /* 4x the inputs */ }
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -765,6 +788,7 @@ int main(void)
     tcase_add_test(tc, t_forward_backward_golden);
     tcase_add_test(tc, t_deep_prompts);
     tcase_add_test(tc, t_keep_kept);
+    tcase_add_test(tc, t_keep_kept_inputs_only);
     tcase_add_test(tc, t_sessions_two_servers);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
