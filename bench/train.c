@@ -1,9 +1,9 @@
 /* train.c - one prompt-tuning step (deep_ptune, sst2, batch 16, max length 64, P 16 by default) through a
  * 3-server loopback swarm vs the same step with every block in this process, reps interleaved (swarm,
- * local, swarm, ...). Prints tokens/s of each and the ratio (goal >= 0.85).
+ * local, swarm, ...). Prints tokens/s of each and the ratio (goal >= 0.85). Tokens are the positions a step
+ * really runs: B x (T + P), T being the batch's longest row (sst2 pads to it, not to max_length).
  *
- * --local-only: no servers; only the single-process step, reported over the positions it really ran:
- * B x (T + P) per step, T being the batch's longest row (sst2 pads to it, not to max_length).
+ * --local-only: no servers; only the single-process step.
  * --dump-batch FILE: writes the initial trainable parameters, the optimizer settings and every step's batch
  * (ids, last, labels) with our loss, so bench/train_torch.py can run the identical workflow.
  *
@@ -141,9 +141,9 @@ int main(int argc, char **argv)
     }
     /* The batches the trainer will build, seen through a second instance of the task. */
     sepal_host peek_host;
-    void *peek = local_only || dump ? peek_open(task, rt, &peek_host) : NULL;
+    void *peek = peek_open(task, rt, &peek_host); /* the batches' real lengths T */
     FILE *df = dump ? fopen(dump, "w") : NULL;
-    if ((local_only || dump) && !peek)
+    if (!peek)
         return 1;
     if (dump && !df)
         return perror(dump), 1;
@@ -203,10 +203,10 @@ int main(int argc, char **argv)
                    (t2 - t1) * 1e3, (double)loss);
             continue;
         }
-        double tokens = (double)o.batch * (o.max_length + o.pre_seq_len); /* positions per step (at most) */
+        double tokens = (double)o.batch * (T + o.pre_seq_len); /* the positions this step really ran */
         ts[r] = tokens / (t1 - t0);
         tl[r] = tokens / (t2 - t1);
-        printf("  rep %d: swarm %.0f tok/s, local %.0f tok/s (loss %.4f)\n", r, ts[r], tl[r], loss);
+        printf("  rep %d: swarm %.0f tok/s, local %.0f tok/s (T %d, loss %.4f)\n", r, ts[r], tl[r], T, loss);
     }
     if (df && fclose(df))
         ok = 0, snprintf(err.msg, sizeof err.msg, "cannot write %s", dump);
@@ -223,8 +223,8 @@ int main(int argc, char **argv)
                o.batch, o.max_length, o.pre_seq_len, Tmin, Tmax, tl[reps / 2], pos_sum, time_sum,
                (double)pos_sum / time_sum, batch_s * 1e3 / reps, pos_nominal);
     else
-        printf("train step (deep_ptune, batch %d, max length %d, P %d, %d servers): swarm %.0f tok/s, local %.0f "
-               "tok/s; ratio %.2f (goal >= 0.85)\n",
+        printf("train step (deep_ptune, batch %d, max length %d, P %d, %d servers; tokens: B x (T + P), T the "
+               "batch's longest row): swarm %.0f tok/s, local %.0f tok/s; ratio %.2f (goal >= 0.85)\n",
                o.batch, o.max_length, o.pre_seq_len, servers, ts[reps / 2], tl[reps / 2], ts[reps / 2] / tl[reps / 2]);
     free(idx), free(ts), free(tl);
     if (peek)
