@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "generate.h"
+#include "memtune.h"
 #include "runtime.h"
 
 typedef struct opts {
@@ -113,6 +114,7 @@ static int parse(int argc, char **argv, opts *o)
 
 int main(int argc, char **argv)
 {
+    sp_memtune(); /* as the sepal program does */
     opts o;
     if (parse(argc, argv, &o))
         return 2;

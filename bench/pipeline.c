@@ -11,6 +11,7 @@
 
 #include "host.h"
 #include "runtime.h"
+#include "memtune.h"
 #include "timeutil.h"
 #include "trainer.h"
 
@@ -22,6 +23,7 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    sp_memtune(); /* as the sepal program does */
     const char *cache = getenv("SEPAL_CACHE"), *home = getenv("HOME");
     char model[4096];
     if (cache && *cache)

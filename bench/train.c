@@ -7,7 +7,11 @@
  * --dump-batch FILE: writes the initial trainable parameters, the optimizer settings and every step's batch
  * (ids, last, labels) with our loss, so bench/train_torch.py can run the identical workflow.
  *
+ * --microbatches M: the swarm's step pipelined over M microbatches (default: the trainer's, 4); the
+ * single-process step always runs the batch at once.
+ *
  * usage: bench_train [MODEL_DIR] [--servers N] [--batch B] [--max-length L] [--pre-seq-len P] [--reps R]
+ *                    [--microbatches M]
  *                    [--local-only] [--dump-batch FILE] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,7 @@
 
 #include "host.h"
 #include "runtime.h"
+#include "memtune.h"
 #include "timeutil.h"
 #include "trainer.h"
 
@@ -93,12 +98,13 @@ static void dump_header(FILE *f, const char *model, sp_trainer *t, const sp_trai
 
 int main(int argc, char **argv)
 {
+    sp_memtune(); /* as the sepal program does */
     const char *cache = getenv("SEPAL_CACHE"), *home = getenv("HOME");
     char model[4096];
     snprintf(model, sizeof model, "%s/models/stories15M", cache && *cache ? cache : home ? home : ".");
     if (!(cache && *cache))
         snprintf(model, sizeof model, "%s/.cache/sepal/models/stories15M", home ? home : ".");
-    int servers = 3, reps = 5, local_only = 0;
+    int servers = 3, reps = 5, local_only = 0, micro = 0;
     const char *dump = NULL;
     sp_train_opts o;
     sp_train_opts_default(&o);
@@ -109,6 +115,7 @@ int main(int argc, char **argv)
                    : !strcmp(argv[i], "--max-length")  ? &o.max_length
                    : !strcmp(argv[i], "--pre-seq-len") ? &o.pre_seq_len
                    : !strcmp(argv[i], "--reps")        ? &reps
+                   : !strcmp(argv[i], "--microbatches") ? &micro
                                                        : NULL;
         if (dst && i + 1 < argc)
             *dst = atoi(argv[++i]);
@@ -120,10 +127,19 @@ int main(int argc, char **argv)
             snprintf(model, sizeof model, "%s", argv[i]);
         else
             return fprintf(stderr, "usage: bench_train [MODEL_DIR] [--servers N] [--batch B] [--max-length L] "
-                                   "[--pre-seq-len P] [--reps R] [--local-only] [--dump-batch FILE]\n"), 2;
+                                   "[--pre-seq-len P] [--reps R] [--microbatches M] [--local-only] "
+                                   "[--dump-batch FILE]\n"), 2;
     }
     if (reps < 1)
         reps = 1;
+    if (!micro)
+        micro = o.microbatches < o.batch ? o.microbatches : o.batch; /* the trainer's default */
+    o.microbatches = 1; /* the single-process baseline: the whole batch at once */
+    if (micro < 1 || micro > 64 || micro > o.batch)
+        return fprintf(stderr, "bench_train: need 1 <= microbatches <= min(64, batch)\n"), 2;
+    sp_train_opts so = o; /* the swarm's step may be pipelined over M microbatches: the same loss and gradients */
+    so.microbatches = micro;
+    so.max_in_flight = servers;
     sp_plugin_register_builtins();
     const sepal_task *task = sp_plugin_find("sst2");
     sp_runtime *rt = NULL;
@@ -133,7 +149,7 @@ int main(int argc, char **argv)
     if (!task || sp_runtime_new(&rt, NULL, NULL, &err) || sp_runtime_load(rt, model, &err) ||
         (!local_only && sp_runtime_swarm_up(rt, servers, 0, &err)) ||
         sp_model_load(&all, model, SP_LOAD_BLOCKS, 0, -1, &err) ||
-        (!local_only && sp_trainer_new(&swarm, rt, NULL, task, "", &o, &err)) ||
+        (!local_only && sp_trainer_new(&swarm, rt, NULL, task, "", &so, &err)) ||
         sp_trainer_new(&local, rt, all, task, "", &o, &err)) {
         fprintf(stderr, "bench_train: %s\n", task ? err.msg : "no sst2 task");
         sp_runtime_free(rt);
@@ -223,9 +239,10 @@ int main(int argc, char **argv)
                o.batch, o.max_length, o.pre_seq_len, Tmin, Tmax, tl[reps / 2], pos_sum, time_sum,
                (double)pos_sum / time_sum, batch_s * 1e3 / reps, pos_nominal);
     else
-        printf("train step (deep_ptune, batch %d, max length %d, P %d, %d servers; tokens: B x (T + P), T the "
-               "batch's longest row): swarm %.0f tok/s, local %.0f tok/s; ratio %.2f (goal >= 0.85)\n",
-               o.batch, o.max_length, o.pre_seq_len, servers, ts[reps / 2], tl[reps / 2], ts[reps / 2] / tl[reps / 2]);
+        printf("train step (deep_ptune, batch %d, max length %d, P %d, %d servers, swarm in %d microbatch%s; tokens: "
+               "B x (T + P), T the batch's longest row): swarm %.0f tok/s, local %.0f tok/s; ratio %.2f (goal >= 0.85)\n",
+               o.batch, o.max_length, o.pre_seq_len, servers, micro, micro > 1 ? "es (1F1B)" : "", ts[reps / 2],
+               tl[reps / 2], ts[reps / 2] / tl[reps / 2]);
     free(idx), free(ts), free(tl);
     if (peek)
         task->close(peek);

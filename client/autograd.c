@@ -72,6 +72,8 @@ typedef struct tlist {
 struct sp_graph {
     pthread_mutex_t mu; /* held by the threads building on a shared graph; the chain ops drop it to wait */
     int shared;
+    sp_block_acts *pool; /* activation buffers of freed local chain nodes, for the next step's */
+    int npool, cappool;
     tlist leaves, temps;
     sp_node **nodes;
     int nn, capn;
@@ -136,7 +138,25 @@ static void tensor_free(sp_t *t)
     free(t);
 }
 
-static void node_free(sp_node *nd)
+/* A freed node's activation buffers go back to the graph for the next step (no fresh pages each step). */
+static void pool_put(sp_graph *g, sp_block_acts *a)
+{
+    if (!a->buf)
+        return;
+    if (g && g->npool == g->cappool) {
+        int cap = g->cappool ? 2 * g->cappool : 16;
+        sp_block_acts *p = realloc(g->pool, (size_t)cap * sizeof *p);
+        if (p)
+            g->pool = p, g->cappool = cap;
+    }
+    if (g && g->npool < g->cappool)
+        g->pool[g->npool++] = *a;
+    else
+        sp_block_acts_free(a);
+    memset(a, 0, sizeof *a);
+}
+
+static void node_free(sp_graph *g, sp_node *nd)
 {
     if (nd->chain) {
         free(nd->chain->bound);
@@ -144,7 +164,7 @@ static void node_free(sp_node *nd)
         free(nd->chain);
     }
     for (int i = 0; i < nd->nbacts; i++)
-        sp_block_acts_free(&nd->bacts[i]);
+        pool_put(g, &nd->bacts[i]);
     free(nd->bacts);
     free(nd->saved);
     free(nd->ids);
@@ -221,7 +241,7 @@ void sp_graph_clear(sp_graph *g)
     if (!g)
         return;
     for (int i = 0; i < g->nn; i++)
-        node_free(g->nodes[i]);
+        node_free(g, g->nodes[i]);
     g->nn = 0;
     for (int i = 0; i < g->temps.n; i++)
         tensor_free(g->temps.v[i]);
@@ -238,6 +258,9 @@ void sp_graph_free(sp_graph *g)
     free(g->leaves.v);
     free(g->temps.v);
     free(g->nodes);
+    for (int i = 0; i < g->npool; i++)
+        sp_block_acts_free(&g->pool[i]);
+    free(g->pool);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
@@ -878,6 +901,8 @@ sp_t *sp_local_chain(struct sp_model *m, sp_t *x, sp_t *deep_prompts, sp_err *er
             nomem(err, "sp_local_chain");
             return NULL;
         }
+        for (int i = 0; i < o->node->nbacts && x->g->npool > 0; i++) /* last step's buffers */
+            o->node->bacts[i] = x->g->pool[--x->g->npool];
     }
     return local_forward(o->node, o->node->saved, err) ? NULL : o;
 }

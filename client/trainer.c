@@ -50,7 +50,7 @@ void sp_train_opts_default(sp_train_opts *o)
     o->batch = 16;
     o->warmup = 20;
     o->max_length = 64;
-    o->microbatches = 1;
+    o->microbatches = 4; /* pipelined over the servers; the same loss and gradients as one (trainer.h) */
     o->max_in_flight = 4;
     o->schedule = SP_SCHED_1F1B;
     o->device = -1;

@@ -19,6 +19,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S
 #define GEMV cblas_sgemv
 #define SQRT sqrtf
 #define EXP expf
+#define VEXP sp_expf_vec
 #define LOG logf
 #define ERF erff
 #define TANH tanhf
@@ -29,6 +30,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S
 #undef GEMV
 #undef SQRT
 #undef EXP
+#undef VEXP
 #undef LOG
 #undef ERF
 #undef TANH
@@ -39,6 +41,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S
 #define GEMV cblas_dgemv
 #define SQRT sqrt
 #define EXP exp
+#define VEXP exp
 #define LOG log
 #define ERF erf
 #define TANH tanh

@@ -12,6 +12,34 @@
 #define SEPAL_OPS_H
 
 #include <stdint.h>
+#include <string.h>
+
+/* exp for the f32 elementwise loops (SwiGLU, softmax): Cody-Waite range reduction and Cephes' degree-6
+ * polynomial; within 2 ulp of exp over [-87, 88] (test_ops checks it against exp in double). Results below
+ * 2^-126 are 0 (x < -87.68: never a subnormal, which costs ~100 cycles an operation on x86) and above
+ * 2^127.5 +inf (x > 88.37). No calls and no branches, so the compiler can vectorise the loops using it.
+ * The clamps' constants matter: the compiler may compute both sides of a clamp for every lane, and
+ * exp(-88) = 0, exp(88.7) = inf keep subnormals out of those (g / (1 + exp(88)) would be one). */
+static inline float sp_expf_vec(float x)
+{
+    x = x < -88.0f ? -88.0f : x; /* k = -127: 2^k below flushes to 0 */
+    x = x > 88.7f ? 88.7f : x;   /* k = 128: +inf */
+    float k = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln 2) by the 1.5 * 2^23 trick */
+    k -= 12582912.0f;
+    float r = x - k * 0.693359375f; /* ln 2 in two parts */
+    r = r - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)k + 127) * (1 << 23);
+    float s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
 
 /* Causal attention geometry. Keys/values for batch b, position s, kv head g live at
  * k + ((b * kv_cap + s) * nkv + g) * hd, so a KV cache [B, kv_cap, nkv, hd] is used in place.

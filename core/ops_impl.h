@@ -194,11 +194,11 @@ static void FN(masked_softmax_rows)(REAL *P, int T, int S, int past)
         REAL mx = p[0];
         for (int s = 1; s < n; s++)
             mx = p[s] > mx ? p[s] : mx;
+        for (int s = 0; s < n; s++)
+            p[s] = VEXP(p[s] - mx);
         REAL sum = 0;
-        for (int s = 0; s < n; s++) {
-            p[s] = EXP(p[s] - mx);
+        for (int s = 0; s < n; s++)
             sum += p[s];
-        }
         REAL inv = (REAL)1 / sum;
         for (int s = 0; s < n; s++)
             p[s] *= inv;
@@ -262,19 +262,26 @@ void FN(sp_swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, long n)
 {
     for (long i = 0; i < n; i++) {
         REAL g = gate[i];
-        out[i] = g / ((REAL)1 + EXP(-g)) * up[i];
+        out[i] = g / ((REAL)1 + VEXP(-g)) * up[i];
     }
 }
 
 void FN(sp_swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up, long n)
 {
-    for (long i = 0; i < n; i++) {
-        REAL g = gate[i], sg = (REAL)1 / ((REAL)1 + EXP(-g)), silu = g * sg;
-        if (dup)
-            dup[i] += dout[i] * silu;
-        if (dgate) /* d silu / dg = sg * (1 + g * (1 - sg)) */
-            dgate[i] += dout[i] * up[i] * sg * ((REAL)1 + g * ((REAL)1 - sg));
-    }
+    if (dup && dgate) /* one loop each way, without branches: they vectorise */
+        for (long i = 0; i < n; i++) {
+            REAL g = gate[i], sg = (REAL)1 / ((REAL)1 + VEXP(-g));
+            dup[i] += dout[i] * (g * sg);
+            dgate[i] += dout[i] * up[i] * sg * ((REAL)1 + g * ((REAL)1 - sg)); /* d silu / dg */
+        }
+    else
+        for (long i = 0; i < n; i++) {
+            REAL g = gate[i], sg = (REAL)1 / ((REAL)1 + VEXP(-g)), silu = g * sg;
+            if (dup)
+                dup[i] += dout[i] * silu;
+            if (dgate)
+                dgate[i] += dout[i] * up[i] * sg * ((REAL)1 + g * ((REAL)1 - sg));
+        }
 }
 
 void FN(sp_gelu_forward)(REAL *out, const REAL *inp, long n)

@@ -176,9 +176,9 @@ const sp_cmd sp_cmds_train[] = {
     {"train", NULL, TRAIN_ARGS, "prompt-tune the loaded model on a task through the swarm",
      "Trains the client's parameters (prompts, deep prompts, a classification head) while the blocks run on\n"
      "the servers. Prints the loss of every step and the validation metrics after every epoch.\n"
-     "With --microbatches M the servers are pipeline stages: microbatches overlap across them, each server\n"
-     "taking its work in AFAB or 1F1B order; --max-in-flight K (default 4, 0: no bound) bounds how many\n"
-     "microbatches hold activations at once.\n"
+     "The servers are pipeline stages: a batch runs as --microbatches M (default 4) that overlap across them,\n"
+     "each server taking its work in --schedule 1f1b (default) or afab order; --max-in-flight K (default 4,\n"
+     "0: no bound) bounds how many microbatches hold activations at once. Loss and gradients are the same.\n"
      "Tasks: `plugin list` (sst2 and causal_lm are built in; causal_lm needs --args \"file=PATH\").",
      cmd_train},
     {"eval", NULL, TRAIN_ARGS, "validation metrics of a task (with --load FILE: trained parameters)", NULL, cmd_eval},

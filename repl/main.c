@@ -9,6 +9,7 @@
 
 #include "app.h"
 #include "cli.h"
+#include "memtune.h"
 
 static void usage(FILE *f)
 {
@@ -118,6 +119,7 @@ static int run_front_ends(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    sp_memtune();
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))) {
         usage(stdout);
         return CLI_OK;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "memtune.h"
 #include "server.h"
 
 static volatile sig_atomic_t g_stop;
@@ -151,6 +152,7 @@ static int parse_args(int argc, char **argv, sp_server_opts *o)
 
 int main(int argc, char **argv)
 {
+    sp_memtune();
     sp_server_opts o;
     sp_server_opts_default(&o);
     o.bulk_port = 0;

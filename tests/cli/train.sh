@@ -35,7 +35,8 @@ expect 1 "generate --prompts with a missing file" "generate: .*nonexistent" -- \
 # microbatches pipelined over the servers give the losses of the unsplit step (same seed, same batches)
 losses() { grep -oE "^epoch 1 step [0-9]+/4: loss [0-9.]+" <<< "$1" | awk '{print $6}'; }
 pipe_out=$("$SEPAL" -c "load $M; swarm up 3; \
-    train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5; \
+    train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5 \
+        --microbatches 1; \
     train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5 \
         --microbatches 4 --schedule 1f1b --max-in-flight 2; \
     train sst2 --tuning deep_ptune --pre-seq-len 4 --batch 8 --max-length 32 --max-steps 4 --eval-batches 1 --seed 5 \
