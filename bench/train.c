@@ -33,15 +33,7 @@ static int cmp_d(const void *a, const void *b)
 
 static int peek_encode(void *ctx, const char *text, int32_t *ids, int cap)
 {
-    sp_runtime *rt = ctx;
-    int *raw, n;
-    if (!rt->tok || sp_tokenizer_encode(rt->tok, text, 1, &raw, &n, NULL))
-        return -1;
-    int k = n < cap ? n : cap;
-    for (int i = 0; i < k; i++)
-        ids[i] = raw[i];
-    free(raw);
-    return k;
+    return sp_task_encode(ctx, text, ids, cap); /* the trainer's host encode */
 }
 
 static void *peek_open(const sepal_task *task, sp_runtime *rt, sepal_host *h)

@@ -59,17 +59,21 @@ void sp_train_opts_default(sp_train_opts *o)
 /* ---------------------------------------------------------------------------------------------- */
 /* the host API a task sees */
 
-static int host_encode(void *ctx, const char *text, int32_t *ids, int cap)
+int sp_task_encode(struct sp_runtime *rt, const char *text, int32_t *ids, int cap)
 {
-    sp_trainer *t = ctx;
     int *raw, n;
-    if (!t->rt->tok || sp_tokenizer_encode(t->rt->tok, text, 1, &raw, &n, NULL))
+    if (!rt->tok || sp_tokenizer_encode(rt->tok, text, 1, &raw, &n, NULL))
         return -1;
     int k = n < cap ? n : cap;
     for (int i = 0; i < k; i++)
         ids[i] = raw[i];
     free(raw);
     return k;
+}
+
+static int host_encode(void *ctx, const char *text, int32_t *ids, int cap)
+{
+    return sp_task_encode(((sp_trainer *)ctx)->rt, text, ids, cap);
 }
 
 static const float *host_data(const sepal_tensor *x, int *ndim, int64_t shape[4])

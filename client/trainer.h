@@ -74,6 +74,8 @@ sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err);
 /* Trained parameters to / from a safetensors file. */
 sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err);
 sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err);
+/* What a task's host encode does: text -> ids with BOS, at most cap; -1 if the model has no tokenizer. */
+int sp_task_encode(struct sp_runtime *rt, const char *text, int32_t *ids, int cap);
 /* The prompts of a file saved by sp_trainer_save, for generation (runtime.h's sp_lm_swarm_prompts): shallow
  * [P, H] (malloc'd), deep [L, P, H] (malloc'd; NULL for ptune), P. Shapes are checked against L and H. */
 sp_status sp_prompts_load(const char *path, int L, int H, float **shallow, float **deep, int *P, sp_err *err);
