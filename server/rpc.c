@@ -257,8 +257,7 @@ static void rpc_forward(req *r, sp_ws *ws)
         bad(r, "internal", "forward: %s", err.msg);
         goto done;
     }
-    sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
-    reply(r, NULL, &out, 1);
+    /* kept before the reply goes out: the client may send the BACKWARD the moment it has the reply */
     kept *k = inputs ? calloc(1, sizeof *k) : NULL;
     if (k) {
         *k = (kept){.conn = r->conn, .id = (uint64_t)keep_id, .start = start, .end = end, .B = B, .T = T, .P = P,
@@ -268,6 +267,8 @@ static void rpc_forward(req *r, sp_ws *ws)
         inputs = NULL;
         acts = NULL;
     }
+    sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
+    reply(r, NULL, &out, 1);
 done:
     for (int i = 0; acts && i < end - start; i++)
         sp_block_acts_free(&acts[i]);
