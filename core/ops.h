@@ -24,8 +24,10 @@ static inline float sp_expf_vec(float x)
 {
     x = x < -88.0f ? -88.0f : x; /* k = -127: 2^k below flushes to 0 */
     x = x > 88.7f ? 88.7f : x;   /* k = 128: +inf */
-    float k = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln 2) by the 1.5 * 2^23 trick */
-    k -= 12582912.0f;
+    float kf = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln 2) by the 1.5 * 2^23 trick: */
+    uint32_t kb;                                         /* kf's bits are 0x4B400000 + k */
+    memcpy(&kb, &kf, sizeof kb);
+    float k = kf - 12582912.0f;
     float r = x - k * 0.693359375f; /* ln 2 in two parts */
     r = r - k * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -35,7 +37,7 @@ static inline float sp_expf_vec(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)k + 127) * (1 << 23);
+    uint32_t e = (kb - 0x4B400000u + 127u) << 23; /* 2^k; unsigned, so defined even for NaN (p is NaN then) */
     float s;
     memcpy(&s, &e, sizeof s);
     return p * s;

@@ -102,6 +102,7 @@ START_TEST(t_expf_vec)
     ck_assert_float_eq(sp_expf_vec(0.0f), 1.0f);
     ck_assert(sp_expf_vec(-1000.0f) < 1e-37f && sp_expf_vec(-1000.0f) >= 0.0f); /* clamped, not garbage */
     ck_assert(sp_expf_vec(1000.0f) > 1e38f);
+    ck_assert(isnan(sp_expf_vec(NAN)));
     long n = 4099;
     float *g = malloc(n * sizeof(float)), *u = malloc(n * sizeof(float)), *o = malloc(n * sizeof(float));
     double *gd = malloc(n * sizeof(double)), *ud = malloc(n * sizeof(double)), *od = malloc(n * sizeof(double));
