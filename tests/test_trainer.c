@@ -16,6 +16,7 @@
 #include "runtime.h"
 #include "server.h"
 #include "testutil.h"
+#include "timeutil.h"
 #include "trainer.h"
 
 #define M15 SEPAL_STORIES15M_DIR
@@ -354,6 +355,55 @@ START_TEST(t_errors)
 }
 END_TEST
 
+/* A server dies between steps: the pipelined step (4 microbatches over 3 servers) fails with a message
+ * naming that server, every microbatch thread returns (no wait for a turn that will not come), the
+ * parameters are untouched, and once the route is rebuilt over a replacement the step works again. */
+START_TEST(t_dead_server_mid_pipeline)
+{
+    const int spans[3][2] = {{0, 2}, {2, 4}, {4, 6}};
+    sp_runtime *rt = swarm(spans, 3);
+    sp_train_opts o = opts(SP_TUNE_DEEP, SP_SCHED_1F1B, 4);
+    sp_trainer *t = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_trainer_new(&t, rt, NULL, sst2(), "", &o, &err) == SP_OK, "%s", err.msg);
+    int idx[8] = {3, 100, 7, 1500, 42, 999, 12, 640};
+    float loss;
+    ck_assert_msg(sp_trainer_step(t, idx, 8, &loss, &err) == SP_OK, "%s", err.msg);
+    sp_t **p;
+    int np = sp_trainer_params(t, &p);
+    float *before = malloc((size_t)p[0]->n * sizeof(float));
+    memcpy(before, p[0]->data, (size_t)p[0]->n * sizeof(float));
+    char port[16];
+    snprintf(port, sizeof port, ":%d", sp_server_port(srv[1]));
+    sp_server_stop(srv[1]); /* blocks 2:4 */
+    srv[1] = NULL;
+    double t0 = sp_now_s();
+    ck_assert_int_ne(sp_trainer_step(t, idx, 8, &loss, &err), SP_OK);
+    ck_assert_msg(sp_now_s() - t0 < 60, "the failed step took %.1f s", sp_now_s() - t0);
+    ck_assert_msg(strstr(err.msg, port) && strstr(err.msg, "microbatch"), "%s", err.msg);
+    ck_assert_int_eq(memcmp(before, p[0]->data, (size_t)p[0]->n * sizeof(float)), 0);
+    /* a replacement for blocks 2:4; the route is rebuilt over the servers that answer */
+    sp_server_opts so;
+    sp_server_opts_default(&so);
+    so.model_dir = M15;
+    so.start = 2;
+    so.end = 4;
+    so.measure = 0;
+    ck_assert_msg(sp_server_start(&srv[1], &so, &err) == SP_OK, "%s", err.msg);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", sp_server_port(srv[1]));
+    ck_assert_msg(sp_runtime_connect(rt, addr, &err) == SP_OK, "%s", err.msg);
+    sp_runtime_refresh(rt);
+    ck_assert_msg(sp_runtime_route(rt, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_trainer_step(t, idx, 8, &loss, &err) == SP_OK, "%s", err.msg);
+    ck_assert(isfinite(loss));
+    (void)np;
+    free(before);
+    sp_trainer_free(t);
+    teardown(rt);
+}
+END_TEST
+
 /* Greedy continuation of ids with prompts, the slow way: every step runs the whole sequence through all
  * blocks in this process (no KV cache, no server): [shallow ++ embed(ids)], deep prompts added to the first P
  * positions entering every block, the last position's logits. */
@@ -474,6 +524,7 @@ int main(void)
     tcase_add_test(tc, t_task_calls_backward_itself);
     tcase_add_test(tc, t_errors);
     tcase_add_test(tc, t_generate_with_prompts);
+    tcase_add_test(tc, t_dead_server_mid_pipeline);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }
