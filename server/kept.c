@@ -4,22 +4,61 @@
  * with the activations, every block's forward too). Entries are bounded by a byte cap (oldest evicted first), dropped
  * with their connection and after the step timeout; a missing entry only means a recompute. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "server_impl.h"
 
 void kept_init(kept_table *t, size_t cap)
 {
+    memset(t, 0, sizeof *t);
     pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->pool_lock, NULL);
     t->head = NULL;
     t->bytes = 0;
     t->cap = cap;
 }
 
-void kept_free(kept *x)
+void kept_acts_get(kept_table *t, sp_block_acts *a)
+{
+    memset(a, 0, sizeof *a);
+    pthread_mutex_lock(&t->pool_lock);
+    if (t->npool > 0) {
+        *a = t->pool[--t->npool];
+        t->pool_bytes -= a->cap * sizeof(float);
+    }
+    pthread_mutex_unlock(&t->pool_lock);
+}
+
+void kept_acts_put(kept_table *t, sp_block_acts *a)
+{
+    if (!a->buf)
+        return;
+    size_t bytes = a->cap * sizeof(float);
+    pthread_mutex_lock(&t->pool_lock);
+    if (t->npool == t->cappool && t->pool_bytes + bytes <= t->cap / 4) {
+        int cap = t->cappool ? 2 * t->cappool : 16;
+        sp_block_acts *p = realloc(t->pool, (size_t)cap * sizeof *p);
+        if (p)
+            t->pool = p, t->cappool = cap;
+    }
+    if (t->npool < t->cappool && t->pool_bytes + bytes <= t->cap / 4) {
+        t->pool[t->npool++] = *a;
+        t->pool_bytes += bytes;
+        memset(a, 0, sizeof *a);
+    }
+    pthread_mutex_unlock(&t->pool_lock);
+    sp_block_acts_free(a); /* not pooled (a no-op if it was) */
+}
+
+void kept_free(kept_table *t, kept *x)
 {
     if (x) {
-        for (int i = 0; i < x->nacts; i++)
-            sp_block_acts_free(&x->acts[i]);
+        for (int i = 0; i < x->nacts; i++) {
+            if (t)
+                kept_acts_put(t, &x->acts[i]);
+            else
+                sp_block_acts_free(&x->acts[i]);
+        }
         free(x->acts);
         free(x->inputs);
         free(x);
@@ -30,10 +69,14 @@ void kept_destroy(kept_table *t)
 {
     while (t->head) {
         kept *n = t->head->next;
-        kept_free(t->head);
+        kept_free(NULL, t->head);
         t->head = n;
     }
+    for (int i = 0; i < t->npool; i++)
+        sp_block_acts_free(&t->pool[i]);
+    free(t->pool);
     pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->pool_lock);
 }
 
 /* Unlinks the oldest entry (lock held); entries are pushed at the head, so the oldest is last. */
@@ -44,7 +87,7 @@ static void evict_oldest(kept_table *t)
         p = &(*p)->next;
     if (*p) {
         t->bytes -= (*p)->bytes;
-        kept_free(*p);
+        kept_free(t, *p);
         *p = NULL;
     }
 }
@@ -55,7 +98,7 @@ void kept_put(sp_server *s, kept *x)
     pthread_mutex_lock(&t->lock);
     if (x->bytes > t->cap) {
         pthread_mutex_unlock(&t->lock);
-        kept_free(x);
+        kept_free(t, x);
         return;
     }
     while (t->head && t->bytes + x->bytes > t->cap)
@@ -93,7 +136,7 @@ void kept_drop(sp_server *s, uint64_t conn, double older_than)
         if (x->conn == conn || x->created < older_than) {
             *p = x->next;
             t->bytes -= x->bytes;
-            kept_free(x);
+            kept_free(t, x);
         } else {
             p = &x->next;
         }

@@ -246,8 +246,9 @@ static void rpc_forward(req *r, sp_ws *ws)
     if (sp_meta_int(&r->m, "keep", &keep_id) && keep_id > 0 && r->s->o.keep_bytes > 0) {
         inputs = malloc((size_t)(end - start) * N * sizeof(float));
         bytes = kept_size(r->s, start, end, B, T, 1);
-        if (inputs && bytes <= r->s->o.keep_bytes / 4)
-            acts = calloc((size_t)(end - start), sizeof *acts);
+        if (inputs && bytes <= r->s->o.keep_bytes / 4 && (acts = calloc((size_t)(end - start), sizeof *acts)))
+            for (int i = 0; i < end - start; i++)
+                kept_acts_get(&r->s->kt, &acts[i]); /* last steps' buffers: no fresh pages */
         if (!acts)
             bytes = kept_size(r->s, start, end, B, T, 0);
     }
@@ -271,7 +272,7 @@ static void rpc_forward(req *r, sp_ws *ws)
     reply(r, NULL, &out, 1);
 done:
     for (int i = 0; acts && i < end - start; i++)
-        sp_block_acts_free(&acts[i]);
+        kept_acts_put(&r->s->kt, &acts[i]);
     free(acts);
     free(h);
     free(prompts);
@@ -335,7 +336,7 @@ static void rpc_backward(req *r, sp_ws *ws)
                             {.enc = r->reply_enc, .rank = 4, .shape = {n, B, P, H}, .f32 = gp}};
     reply(r, NULL, out, gp ? 2 : 1);
 done:
-    kept_free(k);
+    kept_free(&r->s->kt, k);
     free(x);
     free(g);
     free(prompts);

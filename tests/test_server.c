@@ -285,6 +285,13 @@ static void keep_kept(size_t keep_bytes)
     sp_reply_clear(&rep);
     ck_assert_double_le(sp_max_abs_diff(g1, g0, N), 1e-6);
     ck_assert_double_le(sp_max_abs_diff(gp1, gp0, NP), 1e-6);
+    /* again: the FORWARD now reuses the buffers the BACKWARD gave back; the same answer */
+    free(call_ok(r, SP_MSG_FORWARD, "{\"start\":1,\"end\":4,\"keep\":9}", fa, 2, 1, &rep));
+    sp_reply_clear(&rep);
+    float *g9 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":4,\"kept\":9}", ba, 3, 2, &rep);
+    sp_reply_clear(&rep);
+    ck_assert_double_le(sp_max_abs_diff(g9, g0, N), 1e-6);
+    free(g9);
     /* the id was used up, and an unknown one: both recompute, same answer */
     float *g2 = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":4,\"kept\":7}", ba, 3, 2, &rep);
     sp_reply_clear(&rep);
