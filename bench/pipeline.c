@@ -107,7 +107,8 @@ int main(int argc, char **argv)
         qsort(tps + k * reps, (size_t)reps, sizeof *tps, cmp_d);
         med[k] = tps[k * reps + reps / 2];
     }
-    printf("deep_ptune forward+backward, batch %d, max length %d, P %d, %d servers, %d microbatches (1F1B):\n"
+    printf("deep_ptune forward+backward, batch %d, max length %d, P %d, %d servers, %d microbatches (1F1B); tok/s\n"
+           "counts B x (max_length + P) positions (more than the padded batches run: the ratios are what counts):\n"
            "  pipelined %.0f tok/s, one in flight %.0f tok/s, one microbatch %.0f tok/s;\n"
            "  pipelined / one in flight %.2f, pipelined / one microbatch %.2f\n",
            o.batch, o.max_length, o.pre_seq_len, servers, M, med[0], med[1], med[2], med[0] / med[1], med[0] / med[2]);
