@@ -34,6 +34,7 @@ struct sp_trainer {
     sp_t *rep_prompts[64], *rep_deep[64], *rep_score[64], *loss[64];
     float weight[64];
     int batch_rows[64];
+    long positions[64]; /* B x (T + P) each microbatch ran (T: its longest row) */
     int nmicro;
     sp_pipe *pipe; /* the current (or last) pipelined step's stages; NULL: microbatches run one by one */
     char errbuf[512];
@@ -409,6 +410,7 @@ static sp_status get_batch(sp_trainer *t, int split, const int *idx, int n, sepa
 static sp_status micro_forward_batch(sp_trainer *t, int mb, const sepal_batch *b, int n, int total, sp_err *err)
 {
     t->loss[mb] = NULL;
+    t->positions[mb] = 0;
     sp_t *logits = forward_logits(t, b, mb, 1, err);
     sp_t *loss = NULL;
     if (logits)
@@ -420,6 +422,7 @@ static sp_status micro_forward_batch(sp_trainer *t, int mb, const sepal_batch *b
         return err && err->code ? err->code : sp_errf(err, SP_ERR_ARG, "task %s: no loss", t->task->name);
     t->loss[mb] = loss;
     t->batch_rows[mb] = b->B;
+    t->positions[mb] = (long)b->B * (b->T + t->P);
     t->weight[mb] = (float)n / (float)total; /* mean over the whole batch */
     return SP_OK;
 }
@@ -700,11 +703,15 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
             int k = n - s < bs ? n - s : bs;
             float loss, lr = sp_optim_lr(t->opt);
             double t0 = sp_now_s();
+            memset(t->positions, 0, sizeof t->positions);
             st = sp_trainer_step(t, order + s, k, &loss, err);
             step++;
+            long pos = 0;
+            for (int m = 0; m < 64; m++)
+                pos += t->positions[m];
             if (!st && cb) {
                 sp_train_event ev = {.epoch = e + 1, .step = step, .steps_total = total, .loss = loss, .lr = lr,
-                                     .tokens_per_s = k * (t->o.max_length + t->P) / (sp_now_s() - t0)};
+                                     .tokens_per_s = (double)pos / (sp_now_s() - t0)};
                 cb(&ev, user);
             }
         }

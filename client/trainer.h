@@ -46,7 +46,7 @@ void sp_train_opts_default(sp_train_opts *o);
 typedef struct sp_train_event {
     int epoch, step, steps_total;
     float loss, lr, grad_norm;
-    double tokens_per_s;
+    double tokens_per_s; /* positions the step ran (B x (T + P), T each microbatch's longest row) per second */
     const char *metrics; /* non-NULL at the end of an epoch's validation */
 } sp_train_event;
 typedef void (*sp_train_cb)(const sp_train_event *ev, void *user);
