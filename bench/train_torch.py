@@ -172,7 +172,7 @@ class Llama:
 
 
 def lr_at(opts, s):
-    """Our schedule (client/optim.h): linear warmup from 0, then linear decay to 0 at total_steps."""
+    """Our schedule (client/train/optim.h): linear warmup from 0, then linear decay to 0 at total_steps."""
     lr, wu, tot = opts["lr"], opts["warmup"], opts["total_steps"]
     if wu > 0 and s < wu:
         return lr * s / wu

@@ -31,7 +31,7 @@ START_TEST(t_rmsnorm_matches_cpu)
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
-/* optimiser kernels (cuda/optim.cu) against the CPU specification (client/optim.c) */
+/* optimiser kernels (cuda/optim.cu) against the CPU specification (client/train/optim.c) */
 
 enum { BIG = 1000003 }; /* not a multiple of the block size */
 

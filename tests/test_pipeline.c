@@ -1,4 +1,4 @@
-/* test_pipeline.c - per-stage schedules and their turnstiles (client/pipeline.h): the orders AFAB and 1F1B
+/* test_pipeline.c - per-stage schedules and their turnstiles (client/train/pipeline.h): the orders AFAB and 1F1B
  * give each stage (written out by hand for small cases), properties for every S x M x bound (each item once,
  * forward before backward, at most K microbatches in flight on a stage, no deadlock when run with the data
  * dependencies of a pipeline), and real threads going through the turnstiles: every stage works in its

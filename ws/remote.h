@@ -1,5 +1,6 @@
 /* remote.h - one connection from a client to one server: HELLO (version check), the bulk channel,
- * and calls that send a request and wait for its reply. The client runtime's chains are built on this. */
+ * and calls that send a request and wait for its reply. The client runtime's chains are built on this; servers
+ * use it to ping their successors. */
 #ifndef SEPAL_REMOTE_H
 #define SEPAL_REMOTE_H
 
