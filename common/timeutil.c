@@ -13,3 +13,10 @@ double sp_now_s(void)
 {
     return (double)sp_now_ns() * 1e-9;
 }
+
+double sp_wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -191,6 +191,14 @@ static sp_status check_llama(sp_config *c, const cJSON *root, const char *src, s
     return parse_rope(c, root, src, err);
 }
 
+static uint64_t fnv1a64(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
 sp_status sp_config_parse(sp_config *cfg, const char *json, const char *source, sp_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -200,6 +208,7 @@ sp_status sp_config_parse(sp_config *cfg, const char *json, const char *source, 
         return sp_errf(err, SP_ERR_FORMAT, "%s: not a JSON object", source);
     }
     sp_status s = parse_common(cfg, root, source, err);
+    cfg->hash = fnv1a64(json, strlen(json));
     if (!s && (cfg->arch == SP_ARCH_LLAMA || cfg->arch == SP_ARCH_MIXTRAL))
         s = check_llama(cfg, root, source, err);
     cJSON_Delete(root);

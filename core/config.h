@@ -2,6 +2,8 @@
 #ifndef SEPAL_CONFIG_H
 #define SEPAL_CONFIG_H
 
+#include <stdint.h>
+
 #include "dtype.h"
 #include "status.h"
 
@@ -31,6 +33,8 @@ typedef struct sp_config {
     sp_dtype dtype;        /* torch_dtype / dtype, F32 if absent */
     char hidden_act[32];
     int attention_bias, mlp_bias;
+    uint64_t hash;         /* FNV-1a 64 of config.json's bytes: with the directory's name, the model's identity
+                              in a swarm (servers and clients of one model must hold the same config.json) */
 } sp_config;
 
 /* Loads `path` (a config.json or a directory holding one). Fields the architecture needs must be

@@ -59,7 +59,9 @@ void sp_dht_stop(sp_dht *d);
 int sp_dht_port(const sp_dht *d);       /* the bound UDP port */
 pid_t sp_dht_pid(const sp_dht *d);      /* the current child, for tests that kill it; -1 between restarts */
 int sp_dht_restarts(const sp_dht *d);   /* how many times the child was restarted */
-int sp_dht_good_nodes(const sp_dht *d); /* peers the node knows as good (last report, about once a second) */
+int sp_dht_good_nodes(const sp_dht *d); /* peers the node knows as good (reported within 20 ms of a change) */
+/* Waits until the node knows at least one good peer (up to timeout_ms): 0, or -1. */
+int sp_dht_wait_peers(sp_dht *d, int timeout_ms);
 
 /* Adds a peer to join through (now and after restarts). */
 void sp_dht_bootstrap(sp_dht *d, const char *host, int port);

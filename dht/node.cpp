@@ -1,0 +1,249 @@
+// node.cpp - sepal-dht: one OpenDHT node, driven by its parent (dht/dht.c) over stdin and stdout.
+//
+// Why a program of its own: Debian's OpenDHT 2.4.12 segfaults on one malformed UDP datagram, so a node
+// inside a server would take its sessions down with it; here a crash costs the parent a restart. Why C++:
+// OpenDHT's C API can neither bind one address nor register value types.
+//
+//   usage: sepal-dht BIND_IPV4 PORT NETWORK_ID
+//
+// It binds only BIND_IPV4:PORT (UDP, no IPv6), registers the value types 0x5E00 + k (k = 0..16) that live
+// 2^k seconds in the DHT and are at most 16384 bytes, and exits when its stdin closes or its parent dies.
+//
+// Protocol (every message is one text line; a value's bytes follow its line):
+//   parent -> node   boot HOST PORT           join through HOST:PORT (may repeat)
+//                    listen KEY               values of KEY, now and later, as `value` lines
+//                    get KEY                  one lookup: `value` lines, then `done KEY OK`
+//                    put KEY SLOT TTL LEN     + LEN bytes: publish under KEY for TTL s, replacing what was
+//                                             published under (KEY, SLOT) before; answered by `putdone`
+//                    quit
+//   node -> parent   ready PORT
+//                    value KEY EXPIRED LEN    + LEN bytes
+//                    done KEY OK
+//                    putdone KEY SLOT OK
+//                    stats GOOD DUBIOUS       when they change, else every 2 s
+//                    error TEXT
+// Keys and slots are at most 200 bytes, without whitespace. Every value gets a new random id: OpenDHT's
+// listen cache de-duplicates by id, so a re-published id with new content would never reach a listener.
+#include <opendht.h>
+#include <opendht/network_utils.h>
+
+#include <arpa/inet.h>
+#include <sys/prctl.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+namespace {
+
+constexpr size_t kMaxValue = 16384;
+constexpr size_t kMaxName = 200;
+constexpr dht::ValueType::Id kTypeBase = 0x5E00;
+constexpr int kTypes = 17;
+
+std::mutex out_lock; // one writer at a time: DhtRunner calls back on its own threads
+
+void emit(const std::string &line, const uint8_t *data = nullptr, size_t len = 0)
+{
+    std::lock_guard<std::mutex> g(out_lock);
+    fwrite(line.data(), 1, line.size(), stdout);
+    fputc('\n', stdout);
+    if (len)
+        fwrite(data, 1, len, stdout);
+    fflush(stdout);
+}
+
+void emit_value(const std::string &key, const std::shared_ptr<dht::Value> &v, bool expired)
+{
+    if (!v || v->data.size() > kMaxValue)
+        return;
+    emit("value " + key + " " + (expired ? "1 " : "0 ") + std::to_string(v->data.size()), v->data.data(),
+         v->data.size());
+}
+
+void register_types(dht::DhtRunner &r)
+{
+    for (int k = 0; k < kTypes; k++) {
+        auto store = [](dht::InfoHash, std::shared_ptr<dht::Value> &v, const dht::InfoHash &, const dht::SockAddr &) {
+            return v && v->data.size() <= kMaxValue;
+        };
+        r.registerType(dht::ValueType(kTypeBase + k, "sepal-" + std::to_string(1 << k) + "s",
+                                      std::chrono::seconds(1L << k), store));
+    }
+}
+
+bool valid_name(const std::string &s)
+{
+    if (s.empty() || s.size() > kMaxName)
+        return false;
+    for (unsigned char c : s)
+        if (c <= ' ' || c == 0x7f)
+            return false;
+    return true;
+}
+
+class Node {
+  public:
+    Node() : rng_(std::random_device{}()) {}
+
+    int run(const char *bind, int port, uint32_t network)
+    {
+        sockaddr_in sin{};
+        sin.sin_family = AF_INET;
+        sin.sin_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET, bind, &sin.sin_addr) != 1) {
+            emit(std::string("error bad bind address ") + bind);
+            return 2;
+        }
+        dht::DhtRunner::Config cfg;
+        cfg.dht_config.node_config.network = network;
+        cfg.threaded = true;
+        dht::DhtRunner::Context ctx;
+        try {
+            ctx.sock = std::make_unique<dht::net::UdpSocket>(dht::SockAddr((sockaddr *)&sin, sizeof sin), dht::SockAddr());
+            runner_.run(cfg, std::move(ctx));
+        } catch (const std::exception &e) {
+            emit(std::string("error cannot bind ") + bind + ":" + std::to_string(port) + ": " + e.what());
+            return 1;
+        }
+        register_types(runner_);
+        emit("ready " + std::to_string(runner_.getBoundPort(AF_INET)));
+        std::thread stats([this] { report_stats(); });
+        loop();
+        stop_ = true;
+        stats.join();
+        runner_.shutdown({}, true);
+        runner_.join();
+        return 0;
+    }
+
+  private:
+    dht::DhtRunner runner_;
+    std::mt19937_64 rng_;
+    std::map<std::pair<std::string, std::string>, dht::Value::Id> published_;
+    std::map<std::string, bool> listening_;
+    std::atomic<bool> stop_{false};
+
+    // Node counts: at once when they change (a new node waits for its first peer), else every 2 s.
+    void report_stats()
+    {
+        unsigned last_good = ~0u, last_dubious = ~0u;
+        for (int tick = 0; !stop_; tick++) {
+            unsigned good = 0, dubious = 0, cached = 0, incoming = 0;
+            runner_.getNodesStats(AF_INET, &good, &dubious, &cached, &incoming);
+            if (good != last_good || dubious != last_dubious || tick % 100 == 0)
+                emit("stats " + std::to_string(good) + " " + std::to_string(dubious));
+            last_good = good;
+            last_dubious = dubious;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+
+    // Reads one command line and acts on it; false at the end of input or on quit.
+    void loop()
+    {
+        char *line = nullptr;
+        size_t cap = 0;
+        ssize_t n;
+        while ((n = getline(&line, &cap, stdin)) > 0) {
+            std::string l(line, line[n - 1] == '\n' ? n - 1 : n);
+            if (l == "quit" || !command(l))
+                break;
+        }
+        free(line);
+    }
+
+    // One command; false when its payload could not be read (the input is gone).
+    bool command(const std::string &l)
+    {
+        char a[256], b[256];
+        long x = 0, y = 0;
+        if (sscanf(l.c_str(), "boot %255s %ld", a, &x) == 2) {
+            runner_.bootstrap(a, std::to_string(x));
+        } else if (sscanf(l.c_str(), "listen %255s", a) == 1 && valid_name(a)) {
+            listen(a);
+        } else if (sscanf(l.c_str(), "get %255s", a) == 1 && valid_name(a)) {
+            get(a);
+        } else if (sscanf(l.c_str(), "put %255s %255s %ld %ld", a, b, &x, &y) == 4) {
+            std::vector<uint8_t> data(y > 0 && (size_t)y <= kMaxValue ? (size_t)y : 0);
+            if (y < 0 || (size_t)y > kMaxValue) {
+                emit("error put of " + std::to_string(y) + " bytes");
+                return false; // the stream cannot be resynchronised
+            }
+            if (y > 0 && fread(data.data(), 1, (size_t)y, stdin) != (size_t)y)
+                return false;
+            if (valid_name(a) && valid_name(b))
+                put(a, b, x, std::move(data));
+            else
+                emit("error bad key or slot");
+        } else {
+            emit("error unknown command: " + l.substr(0, 80));
+        }
+        return true;
+    }
+
+    void listen(const std::string &key)
+    {
+        if (listening_[key])
+            return;
+        listening_[key] = true;
+        runner_.listen(dht::InfoHash::get(key), [key](const std::vector<std::shared_ptr<dht::Value>> &vals, bool expired) {
+            for (const auto &v : vals)
+                emit_value(key, v, expired);
+            return true;
+        });
+    }
+
+    void get(const std::string &key)
+    {
+        runner_.get(
+            dht::InfoHash::get(key),
+            [key](const std::vector<std::shared_ptr<dht::Value>> &vals) {
+                for (const auto &v : vals)
+                    emit_value(key, v, false);
+                return true;
+            },
+            [key](bool ok) { emit("done " + key + (ok ? " 1" : " 0")); });
+    }
+
+    void put(const std::string &key, const std::string &slot, long ttl, std::vector<uint8_t> data)
+    {
+        int k = 0;
+        while (k < kTypes - 1 && (1L << k) < ttl)
+            k++;
+        auto v = std::make_shared<dht::Value>(data.data(), data.size());
+        v->type = kTypeBase + k;
+        v->id = std::uniform_int_distribution<dht::Value::Id>{1}(rng_);
+        auto h = dht::InfoHash::get(key);
+        std::string tag = key + " " + slot;
+        runner_.put(h, v, [tag](bool ok) { emit("putdone " + tag + (ok ? " 1" : " 0")); });
+        auto &old = published_[{key, slot}];
+        if (old)
+            runner_.cancelPut(h, old); // its remote copies expire at their TTL
+        old = v->id;
+    }
+};
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL); // never outlive the parent
+    signal(SIGPIPE, SIG_IGN);
+    if (argc != 4) {
+        fprintf(stderr, "usage: sepal-dht BIND_IPV4 PORT NETWORK_ID\n");
+        return 2;
+    }
+    if (getppid() == 1) // the parent died before the death signal was armed
+        return 1;
+    Node node;
+    return node.run(argv[1], atoi(argv[2]), (uint32_t)strtoul(argv[3], nullptr, 0));
+}

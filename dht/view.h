@@ -1,0 +1,65 @@
+/* view.h - a live view of one model's servers in the swarm.
+ *
+ * It listens to every block key of the model and to the model index (pushes arrive within milliseconds),
+ * and looks every key up again each refresh period, because a listen misses what was published while the
+ * DHT child was being restarted. Per server it keeps the newest valid record; records that fail
+ * sp_record_decode are counted and dropped, and a record goes once it is stale (three of its writer's
+ * periods old) or its value expired from the DHT. Servers (announcing, choosing blocks) and clients
+ * (routing) use the same view.
+ *
+ * Threads: sp_view_on_value / sp_view_on_get_done run on the sp_dht reader thread; the view's own thread
+ * refreshes and sweeps; on_change runs on either of them, never under the view's lock (it may call
+ * sp_view_snapshot). Everything else may be called from any thread. */
+#ifndef SEPAL_VIEW_H
+#define SEPAL_VIEW_H
+
+#include <stdint.h>
+
+#include "dht.h"
+#include "record.h"
+
+typedef enum { SP_VIEW_NEW, SP_VIEW_CHANGED, SP_VIEW_GONE } sp_view_change;
+
+/* A server appeared, announced something new (prev: what it announced before), or went (stale, expired). */
+typedef void (*sp_view_fn)(void *user, sp_view_change what, const sp_server_record *r, const sp_server_record *prev);
+
+typedef struct sp_view_opts {
+    const char *model;    /* prefix (sp_model_prefix) */
+    uint64_t config_hash; /* 0: accept any */
+    int num_blocks;
+    double refresh_s;     /* full lookups every refresh_s seconds (default 30) */
+    sp_view_fn on_change;
+    void *user;
+} sp_view_opts;
+
+typedef struct sp_view sp_view;
+
+typedef struct sp_view_stats {
+    uint64_t accepted;   /* values taken (new records or newer ones) */
+    uint64_t dropped;    /* values refused (malformed, oversized, inconsistent, other model) */
+    char last_drop[256]; /* why the last one was refused */
+    int rounds;          /* full lookup rounds finished */
+} sp_view_stats;
+
+/* Starts listening (through dht) and the first lookup round. */
+sp_status sp_view_new(sp_view **out, sp_dht *dht, const sp_view_opts *o, sp_err *err);
+void sp_view_free(sp_view *v);
+
+/* The owner's sp_dht callbacks forward here; keys of other models are ignored. */
+void sp_view_on_value(sp_view *v, const char *key, const uint8_t *data, size_t len, int expired);
+void sp_view_on_get_done(sp_view *v, const char *key, int ok);
+
+/* Starts a lookup round now (and restarts the period). */
+void sp_view_refresh(sp_view *v);
+/* Waits until a lookup round that started after this call's start finished: 0, or -1 after timeout_ms. */
+int sp_view_wait_round(sp_view *v, int timeout_ms);
+
+/* The current records (newest per server, not stale), sorted by id; *out is malloc'd (NULL when 0). */
+int sp_view_snapshot(sp_view *v, sp_server_record **out);
+/* One record by server id: 1 if found. */
+int sp_view_get(sp_view *v, const char *id, sp_server_record *out);
+/* Models announced in the swarm (newest per model, not stale), sorted by name; *out is malloc'd. */
+int sp_view_models(sp_view *v, sp_model_record **out);
+void sp_view_stats_get(sp_view *v, sp_view_stats *s);
+
+#endif
