@@ -1,15 +1,35 @@
-/* main.c - sepal-server: serve a span of a model's blocks until SIGINT/SIGTERM. */
+/* main.c - sepal-server: serve a span of a model's blocks until SIGINT/SIGTERM.
+ *
+ * Alone (--blocks A:B, no DHT options) it serves a fixed span to clients that know its address. In a swarm
+ * (--new-swarm, or --initial-peers HOST:PORT,...) it also runs a DHT node and announces itself: JOINING
+ * while it loads, ONLINE once it serves, OFFLINE when it stops. With --num-blocks N instead of --blocks it
+ * chooses the N blocks that most raise the swarm's throughput (Petals' block selection, server/blocksel.h),
+ * and every balance period it checks whether moving would raise the swarm's throughput by more than the
+ * balance quality allows; if so it announces OFFLINE, stops serving (clients re-route and replay), and
+ * serves its new span. */
 #include <errno.h>
-#include <stddef.h>
+#include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "announce.h"
+#include "blocksel.h"
+#include "config.h"
 #include "log.h"
 #include "memtune.h"
+#include "rng.h"
 #include "server.h"
+#include "timeutil.h"
+
+#ifndef SEPAL_VERSION
+#define SEPAL_VERSION "0.1.0"
+#endif
 
 static volatile sig_atomic_t g_stop;
 
@@ -19,166 +39,430 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+typedef struct args {
+    sp_server_opts so;
+    int num_blocks;           /* > 0: choose the span */
+    int have_blocks;
+    int new_swarm;
+    const char *initial_peers;
+    int dht_port;             /* -1: the websocket port */
+    double update_period;     /* announcements */
+    double balance_period;    /* mean seconds between balance checks (0: never) */
+    double balance_quality;
+    double selection_delay;   /* mean seconds to wait before choosing blocks */
+    double bandwidth_mbit;    /* the network's rate, for the announced network_rps */
+} args;
+
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: sepal-server --model DIR --blocks A:B [options]\n"
+            "usage: sepal-server --model DIR (--blocks A:B | --num-blocks N) [options]\n"
             "\n"
-            "  --model DIR             Hugging Face model directory (only blocks A..B-1 are read)\n"
+            "  --model DIR             Hugging Face model directory (only the blocks served are read)\n"
             "  --blocks A:B            the span of blocks to serve (B may be empty: to the last block)\n"
-            "  --host H                address to bind (default 127.0.0.1)\n"
+            "  --num-blocks N          serve N blocks, chosen where the swarm needs them (needs a swarm)\n"
+            "  --host H                address to bind, websockets and DHT (default 127.0.0.1)\n"
             "  --port P                websocket port (default 0: any free port)\n"
             "  --bulk-port P           TCP port of the bulk tensor channel (default 0: any; -1: none)\n"
+            "\n"
+            "swarm:\n"
+            "  --new-swarm             start a new swarm (this server's DHT node is its first peer)\n"
+            "  --initial-peers LIST    join a swarm through DHT nodes HOST:PORT[,HOST:PORT...]\n"
+            "  --dht-port P            UDP port of the DHT node (default: the websocket port; 0: any)\n"
+            "  --public-name S         a name shown to clients\n"
+            "  --update-period S       seconds between announcements (default 30)\n"
+            "  --balance-period S      mean seconds between checks whether to move (default 60; 0: never)\n"
+            "  --balance-quality Q     move when the swarm's throughput would rise by more than 1/Q (default 0.75)\n"
+            "  --selection-delay S     mean seconds to wait before choosing blocks (default 1)\n"
+            "  --bandwidth MBIT        the network's rate, announced as tokens/s (default 100)\n"
+            "\n"
+            "work:\n"
             "  --threads N             worker threads (default 1)\n"
             "  --max-batch-tokens N    batch x positions per request (default 2048)\n"
             "  --cache-tokens N        KV-cache budget in positions over the span (default 8192)\n"
             "  --max-length N          largest inference session (default: the model's context)\n"
             "  --step-timeout S        close sessions idle for S seconds (default 300)\n"
             "  --session-timeout S     close sessions older than S seconds (default 1800)\n"
-            "  --public-name S         a name shown to clients\n"
             "  --no-measure            skip the throughput measurement at start\n"
-            "  --verbose               log requests and sessions\n");
+            "  --verbose               log requests and sessions\n"
+            "  --version               print the version and exit\n");
 }
 
-static int parse_long(const char *opt, const char *v, long lo, long hi, long *out)
+static int parse_num(const char *opt, const char *v, double lo, double hi, int integer, double *out)
 {
     char *end;
     errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || *end || end == v || x < lo || x > hi) {
-        fprintf(stderr, "sepal-server: %s: expected an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, v ? v : "");
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || errno || *end || end == v || !(x >= lo && x <= hi) || (integer && x != floor(x))) {
+        fprintf(stderr, "sepal-server: %s: expected %s in [%g, %g], got '%s'\n", opt, integer ? "an integer" : "a number",
+                lo, hi, v ? v : "");
         return -1;
     }
     *out = x;
     return 0;
 }
 
-static int parse_blocks(const char *v, sp_server_opts *o)
+static int parse_blocks(const char *v, args *a)
 {
-    int a, b = -1, n = 0;
-    if (!v || (sscanf(v, "%d:%n", &a, &n) < 1 || n == 0) || a < 0) {
+    int s, e = -1, n = 0;
+    if (!v || (sscanf(v, "%d:%n", &s, &n) < 1 || n == 0) || s < 0) {
         fprintf(stderr, "sepal-server: --blocks: expected A:B, got '%s'\n", v ? v : "");
         return -1;
     }
-    if (v[n] && (sscanf(v + n, "%d", &b) != 1 || b <= a)) {
+    if (v[n] && (sscanf(v + n, "%d", &e) != 1 || e <= s)) {
         fprintf(stderr, "sepal-server: --blocks: expected A:B with B > A, got '%s'\n", v);
         return -1;
     }
-    o->start = a;
-    o->end = b;
+    a->so.start = s;
+    a->so.end = e;
+    a->have_blocks = 1;
     return 0;
 }
 
-/* Value options, table-driven: strings, ints and longs with their ranges. */
-enum { OPT_STR, OPT_INT, OPT_LONG, OPT_SECONDS };
+/* Value options, table-driven: where each goes and its range. */
+enum { OPT_STR, OPT_INT, OPT_LONG, OPT_DOUBLE };
 typedef struct opt_def {
     const char *name;
     int kind;
-    long lo, hi;
-    size_t off; /* offset into sp_server_opts */
+    double lo, hi;
+    size_t off; /* offset into args */
 } opt_def;
 
+#define SO(f) offsetof(args, so) + offsetof(sp_server_opts, f)
 static const opt_def opt_table[] = {
-    {"--model", OPT_STR, 0, 0, offsetof(sp_server_opts, model_dir)},
-    {"--host", OPT_STR, 0, 0, offsetof(sp_server_opts, host)},
-    {"--public-name", OPT_STR, 0, 0, offsetof(sp_server_opts, public_name)},
-    {"--port", OPT_INT, 0, 65535, offsetof(sp_server_opts, port)},
-    {"--bulk-port", OPT_INT, -1, 65535, offsetof(sp_server_opts, bulk_port)},
-    {"--threads", OPT_INT, 1, 256, offsetof(sp_server_opts, threads)},
-    {"--max-batch-tokens", OPT_INT, 1, 1 << 24, offsetof(sp_server_opts, max_batch_tokens)},
-    {"--cache-tokens", OPT_LONG, 1, 1L << 40, offsetof(sp_server_opts, cache_tokens)},
-    {"--max-length", OPT_INT, 1, 1 << 24, offsetof(sp_server_opts, max_length)},
-    {"--step-timeout", OPT_SECONDS, 1, 1 << 30, offsetof(sp_server_opts, step_timeout_s)},
-    {"--session-timeout", OPT_SECONDS, 1, 1 << 30, offsetof(sp_server_opts, session_timeout_s)},
+    {"--model", OPT_STR, 0, 0, SO(model_dir)},
+    {"--host", OPT_STR, 0, 0, SO(host)},
+    {"--public-name", OPT_STR, 0, 0, SO(public_name)},
+    {"--initial-peers", OPT_STR, 0, 0, offsetof(args, initial_peers)},
+    {"--port", OPT_INT, 0, 65535, SO(port)},
+    {"--bulk-port", OPT_INT, -1, 65535, SO(bulk_port)},
+    {"--dht-port", OPT_INT, 0, 65535, offsetof(args, dht_port)},
+    {"--num-blocks", OPT_INT, 1, 1 << 20, offsetof(args, num_blocks)},
+    {"--threads", OPT_INT, 1, 256, SO(threads)},
+    {"--max-batch-tokens", OPT_INT, 1, 1 << 24, SO(max_batch_tokens)},
+    {"--cache-tokens", OPT_LONG, 1, 1e12, SO(cache_tokens)},
+    {"--max-length", OPT_INT, 1, 1 << 24, SO(max_length)},
+    {"--step-timeout", OPT_DOUBLE, 0.1, 1e9, SO(step_timeout_s)},
+    {"--session-timeout", OPT_DOUBLE, 0.1, 1e9, SO(session_timeout_s)},
+    {"--update-period", OPT_DOUBLE, 0.1, 86400, offsetof(args, update_period)},
+    {"--balance-period", OPT_DOUBLE, 0, 1e6, offsetof(args, balance_period)},
+    {"--balance-quality", OPT_DOUBLE, 0, 10, offsetof(args, balance_quality)},
+    {"--selection-delay", OPT_DOUBLE, 0, 3600, offsetof(args, selection_delay)},
+    {"--bandwidth", OPT_DOUBLE, 0.001, 1e7, offsetof(args, bandwidth_mbit)},
 };
 
-static int set_option(const opt_def *d, const char *v, sp_server_opts *o)
+static int set_option(const opt_def *d, const char *v, args *a)
 {
-    char *p = (char *)o + d->off;
-    long x = 0;
-    if (d->kind != OPT_STR && parse_long(d->name, v, d->lo, d->hi, &x))
+    char *p = (char *)a + d->off;
+    double x = 0;
+    if (d->kind != OPT_STR && parse_num(d->name, v, d->lo, d->hi, d->kind != OPT_DOUBLE, &x))
         return -1;
     switch (d->kind) {
     case OPT_STR: *(const char **)(void *)p = v; break;
     case OPT_INT: *(int *)(void *)p = (int)x; break;
-    case OPT_LONG: *(long *)(void *)p = x; break;
-    default: *(double *)(void *)p = (double)x; break;
+    case OPT_LONG: *(long *)(void *)p = (long)x; break;
+    default: *(double *)(void *)p = x; break;
     }
     return 0;
 }
 
-/* Returns 0, or 2 after a usage message. */
-static int parse_args(int argc, char **argv, sp_server_opts *o)
+/* Flags without a value; 1 if a was one. */
+static int parse_flag(const char *f, args *a)
 {
-    int have_blocks = 0;
+    if (!strcmp(f, "--no-measure"))
+        a->so.measure = 0;
+    else if (!strcmp(f, "--verbose"))
+        sp_log_set_level(SP_LOG_DEBUG);
+    else if (!strcmp(f, "--new-swarm"))
+        a->new_swarm = 1;
+    else
+        return 0;
+    return 1;
+}
+
+static int check_args(const args *a)
+{
+    const char *why = NULL;
+    if (!a->so.model_dir)
+        why = "--model DIR is required";
+    else if (a->have_blocks == (a->num_blocks > 0))
+        why = "give either --blocks A:B or --num-blocks N";
+    else if (a->new_swarm && a->initial_peers)
+        why = "--new-swarm and --initial-peers exclude each other";
+    else if (a->num_blocks > 0 && !a->new_swarm && !a->initial_peers)
+        why = "--num-blocks chooses blocks in a swarm: add --new-swarm or --initial-peers HOST:PORT";
+    if (why)
+        fprintf(stderr, "sepal-server: %s (--help lists the options)\n", why);
+    return why ? 2 : 0;
+}
+
+/* Returns 0 to run, 1 to exit 0 (--help, --version), 2 after a usage error. */
+static int parse_args(int argc, char **argv, args *a)
+{
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             usage(stdout);
-            exit(0);
+            return 1;
         }
-        if (!strcmp(a, "--no-measure")) {
-            o->measure = 0;
+        if (!strcmp(f, "--version")) {
+            printf("sepal-server %s\n", SEPAL_VERSION);
+            return 1;
+        }
+        if (parse_flag(f, a))
             continue;
-        }
-        if (!strcmp(a, "--verbose")) {
-            sp_log_set_level(SP_LOG_DEBUG);
-            continue;
-        }
         const opt_def *d = NULL;
         for (size_t k = 0; k < sizeof opt_table / sizeof *opt_table; k++)
-            if (!strcmp(a, opt_table[k].name))
+            if (!strcmp(f, opt_table[k].name))
                 d = &opt_table[k];
-        if (!d && strcmp(a, "--blocks")) {
-            fprintf(stderr, "sepal-server: unknown option '%s'\n", a);
+        if (!d && strcmp(f, "--blocks")) {
+            fprintf(stderr, "sepal-server: unknown option '%s' (--help lists the options)\n", f);
             return 2;
         }
         if (!v) {
-            fprintf(stderr, "sepal-server: option '%s' needs a value\n", a);
+            fprintf(stderr, "sepal-server: option '%s' needs a value\n", f);
             return 2;
         }
-        if (d ? set_option(d, v, o) : parse_blocks(v, o))
+        if (d ? set_option(d, v, a) : parse_blocks(v, a))
             return 2;
-        have_blocks |= !d;
         i++;
     }
-    if (!o->model_dir || !have_blocks) {
-        fprintf(stderr, "sepal-server: --model DIR and --blocks A:B are required\n");
-        usage(stderr);
-        return 2;
+    return check_args(a);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the swarm */
+
+typedef struct app {
+    args a;
+    char id[SP_SERVER_ID_LEN];
+    sp_config cfg;
+    sp_server *srv;
+    sp_announce *ann;
+    sp_rng rng;
+    int port, bulk_port; /* kept across moves */
+} app;
+
+/* Sleeps up to s seconds, waking early on a stop signal. */
+static void nap(double s)
+{
+    double end = sp_now_s() + s;
+    while (!g_stop && sp_now_s() < end) {
+        double left = end - sp_now_s();
+        struct timespec ts = {0, (long)((left < 0.1 ? left : 0.1) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void new_id(char out[SP_SERVER_ID_LEN])
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = sp_now_ns() ^ ((uint64_t)getpid() << 32);
+    snprintf(out, SP_SERVER_ID_LEN, "%016llx", (unsigned long long)v);
+}
+
+/* The other servers' spans (joining or online), for block selection; *me_idx: where self goes (appended). */
+static int swarm_spans(app *p, sp_blk_span **out, sp_server_record **recs, int with_self, int *me_idx)
+{
+    int n = sp_view_snapshot(sp_announce_view(p->ann), recs);
+    sp_blk_span *s = malloc((size_t)(n + 1) * sizeof *s);
+    int k = 0;
+    for (int i = 0; s && i < n; i++) {
+        const sp_server_record *r = &(*recs)[i];
+        if (r->state == SP_SERVER_OFFLINE || !strcmp(r->id, p->id))
+            continue;
+        s[k++] = (sp_blk_span){.start = r->start, .end = r->end, .throughput = r->throughput, .id = r->id};
+    }
+    if (s && with_self) {
+        sp_server_record self;
+        sp_announce_record(p->ann, &self);
+        *me_idx = k;
+        s[k++] = (sp_blk_span){.start = self.start, .end = self.end, .throughput = self.throughput, .id = p->id};
+    }
+    *out = s;
+    return s ? k : 0;
+}
+
+static int choose_span(app *p, int *start, int *end)
+{
+    int L = p->cfg.n_layers, k = p->a.num_blocks < L ? p->a.num_blocks : L;
+    if (p->a.initial_peers && sp_dht_wait_peers(sp_announce_dht(p->ann), 10000))
+        sp_log(SP_LOG_WARN, "no DHT peer answered within 10 s (--initial-peers %s)", p->a.initial_peers);
+    if (sp_view_wait_round(sp_announce_view(p->ann), 10000))
+        sp_log(SP_LOG_WARN, "the swarm did not answer within 10 s; choosing blocks from what is known");
+    nap(2 * p->a.selection_delay * sp_rng_f32(&p->rng)); /* servers started together choose one by one */
+    sp_blk_span *spans = NULL;
+    sp_server_record *recs = NULL;
+    int n = swarm_spans(p, &spans, &recs, 0, NULL);
+    *start = sp_blocksel_choose(spans, n, L, k);
+    *end = *start + k;
+    free(spans);
+    free(recs);
+    return 0;
+}
+
+static void announce_state(app *p, int start, int end, sp_server_state state)
+{
+    if (!p->ann)
+        return;
+    int nb = end - start;
+    double inf = 0, fwd = 0;
+    if (p->srv)
+        sp_server_throughput(p->srv, &inf, &fwd);
+    sp_server_record r = {.start = start, .end = end, .state = state, .port = p->port};
+    r.network_rps = p->a.bandwidth_mbit * 1e6 / (p->cfg.hidden * 32.0); /* f32 activations on the wire */
+    r.inference_rps = inf * nb;                                      /* per block */
+    r.forward_rps = fwd * nb;
+    /* Petals: a request uses (nb + 1) / 2 of a span's blocks on average; before measuring, the network's rate */
+    r.throughput = fwd > 0 ? fmin(r.forward_rps / ((nb + 1) / 2.0), r.network_rps) : r.network_rps;
+    r.cache_tokens_left = p->srv ? sp_server_cache_left(p->srv) : 0;
+    sp_announce_update(p->ann, &r);
+}
+
+static void fill_record(void *user, sp_server_record *r)
+{
+    app *p = user;
+    if (p->srv && r->state != SP_SERVER_OFFLINE)
+        r->cache_tokens_left = sp_server_cache_left(p->srv);
+}
+
+/* Loads and serves [start, end); announces JOINING, then ONLINE. */
+static sp_status serve(app *p, int start, int end, sp_err *err)
+{
+    announce_state(p, start, end, SP_SERVER_JOINING);
+    sp_server_opts o = p->a.so;
+    o.start = start;
+    o.end = end;
+    o.port = p->port;
+    o.bulk_port = p->bulk_port;
+    o.id = p->id;
+    sp_status st = sp_server_start(&p->srv, &o, err);
+    if (st)
+        return st;
+    sp_server_span(p->srv, &start, &end);
+    p->port = sp_server_port(p->srv);
+    if (p->bulk_port == 0)
+        p->bulk_port = sp_server_bulk_port(p->srv);
+    announce_state(p, start, end, SP_SERVER_ONLINE);
+    double inf, fwd;
+    sp_server_throughput(p->srv, &inf, &fwd);
+    char dht[96] = "";
+    if (p->ann)
+        snprintf(dht, sizeof dht, ", DHT %s:%d", o.host, sp_announce_dht_port(p->ann));
+    printf("sepal-server: serving blocks %d:%d of %s at ws://%s:%d (bulk port %d%s), %.1f steps/s, %.0f tokens/s\n",
+           start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd);
+    fflush(stdout);
+    return SP_OK;
+}
+
+/* Petals' rebalancing: move when the swarm would gain enough; returns the status of serving the new span. */
+static sp_status maybe_move(app *p, sp_err *err)
+{
+    sp_blk_span *spans = NULL;
+    sp_server_record *recs = NULL;
+    int me = -1, n = swarm_spans(p, &spans, &recs, 1, &me);
+    int move = spans && sp_blocksel_should_move(spans, n, me, p->cfg.n_layers, p->a.balance_quality, &p->rng);
+    free(spans);
+    free(recs);
+    if (!move)
+        return SP_OK;
+    int start, end, old_start, old_end;
+    sp_server_span(p->srv, &old_start, &old_end);
+    announce_state(p, old_start, old_end, SP_SERVER_OFFLINE);
+    sp_server_stop(p->srv);
+    p->srv = NULL;
+    choose_span(p, &start, &end);
+    fprintf(stderr, "sepal-server: moving from blocks %d:%d to %d:%d (the swarm gains throughput)\n", old_start,
+            old_end, start, end);
+    return serve(p, start, end, err);
+}
+
+static int run(app *p)
+{
+    sp_err err = {0};
+    int start = p->a.so.start, end = p->a.so.end;
+    if (p->a.num_blocks > 0)
+        choose_span(p, &start, &end);
+    if (serve(p, start, end, &err)) {
+        fprintf(stderr, "sepal-server: %s\n", err.msg);
+        return err.code == SP_ERR_ARG || err.code == SP_ERR_UNSUPPORTED ? 2 : 1;
+    }
+    double next_check = sp_now_s() + 2 * p->a.balance_period * sp_rng_f32(&p->rng);
+    while (!g_stop) {
+        nap(0.2);
+        if (g_stop || !p->ann || p->a.num_blocks <= 0 || p->a.balance_period <= 0 || sp_now_s() < next_check)
+            continue;
+        if (maybe_move(p, &err)) {
+            fprintf(stderr, "sepal-server: %s\n", err.msg);
+            return 1;
+        }
+        next_check = sp_now_s() + 2 * p->a.balance_period * sp_rng_f32(&p->rng);
     }
     return 0;
+}
+
+static sp_status join_swarm(app *p, sp_err *err)
+{
+    char prefix[SP_MODEL_PREFIX_MAX];
+    sp_model_prefix(p->a.so.model_dir, prefix, sizeof prefix);
+    sp_announce_opts ao = {.dht_bind = p->a.so.host, .initial_peers = p->a.initial_peers, .period = p->a.update_period,
+                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture};
+    ao.dht_port = p->a.dht_port >= 0 ? p->a.dht_port : p->a.so.port;
+    sp_server_record *b = &ao.base;
+    snprintf(b->id, sizeof b->id, "%s", p->id);
+    snprintf(b->name, sizeof b->name, "%s", p->a.so.public_name ? p->a.so.public_name : "");
+    snprintf(b->host, sizeof b->host, "%s", p->a.so.host);
+    snprintf(b->model, sizeof b->model, "%s", prefix);
+    snprintf(b->dtype, sizeof b->dtype, "f32");
+    snprintf(b->quant, sizeof b->quant, "none");
+    snprintf(b->version, sizeof b->version, "%s", SEPAL_VERSION);
+    b->config_hash = p->cfg.hash;
+    b->num_blocks = p->cfg.n_layers;
+    sp_status st = sp_announce_start(&p->ann, &ao, err);
+    if (!st)
+        sp_announce_set_fill(p->ann, fill_record, p);
+    return st;
 }
 
 int main(int argc, char **argv)
 {
     sp_memtune();
-    sp_server_opts o;
-    sp_server_opts_default(&o);
-    o.bulk_port = 0;
-    int rc = parse_args(argc, argv, &o);
+    static app p;
+    sp_server_opts_default(&p.a.so);
+    p.a.so.bulk_port = 0;
+    p.a.dht_port = -1;
+    p.a.update_period = 30;
+    p.a.balance_period = 60;
+    p.a.balance_quality = 0.75;
+    p.a.selection_delay = 1;
+    p.a.bandwidth_mbit = 100;
+    int rc = parse_args(argc, argv, &p.a);
     if (rc)
-        return rc;
+        return rc == 1 ? 0 : rc;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    sp_server *s = NULL;
     sp_err err = {0};
-    if (sp_server_start(&s, &o, &err)) {
+    if (sp_config_load(&p.cfg, p.a.so.model_dir, &err)) {
         fprintf(stderr, "sepal-server: %s\n", err.msg);
-        return err.code == SP_ERR_ARG || err.code == SP_ERR_UNSUPPORTED ? 2 : 1;
+        return 1;
     }
-    double inf, fwd;
-    sp_server_throughput(s, &inf, &fwd);
-    printf("sepal-server: serving blocks %d:%d of %s at ws://%s:%d (bulk port %d), %.1f steps/s, %.0f tokens/s\n",
-           o.start, o.end < 0 ? -1 : o.end, o.model_dir, o.host, sp_server_port(s), sp_server_bulk_port(s), inf, fwd);
-    fflush(stdout);
-    while (!g_stop)
-        pause();
-    fprintf(stderr, "sepal-server: shutting down (%llu requests served)\n",
-            (unsigned long long)sp_server_requests(s));
-    sp_server_stop(s);
-    return 0;
+    new_id(p.id);
+    sp_rng_seed(&p.rng, sp_now_ns() ^ strtoull(p.id, NULL, 16));
+    p.port = p.a.so.port;
+    p.bulk_port = p.a.so.bulk_port;
+    if ((p.a.new_swarm || p.a.initial_peers) && join_swarm(&p, &err)) {
+        fprintf(stderr, "sepal-server: %s\n", err.msg);
+        return 1;
+    }
+    rc = run(&p);
+    if (p.srv)
+        fprintf(stderr, "sepal-server: shutting down (%llu requests served)\n",
+                (unsigned long long)sp_server_requests(p.srv));
+    sp_announce_stop(p.ann); /* OFFLINE first: clients stop choosing it before its connections close */
+    sp_server_stop(p.srv);
+    return rc;
 }

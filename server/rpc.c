@@ -548,9 +548,10 @@ static void rpc_hello(req *r)
                          SP_PROTO_MINOR);
     char meta[1024];
     snprintf(meta, sizeof meta,
-             "{\"version\":\"%d.%d\",\"server\":\"sepal-server 0.1.0\",\"model\":\"%s\",\"start\":%d,\"end\":%d,"
-             "\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
-             SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, r->s->m->first, r->s->m->last,
+             "{\"version\":\"%d.%d\",\"server\":\"sepal-server 0.1.0\",\"model\":\"%s\",\"config\":\"%016llx\","
+             "\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
+             SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, (unsigned long long)r->s->m->cfg.hash,
+             r->s->m->cfg.n_layers, r->s->m->first, r->s->m->last, r->s->o.id ? r->s->o.id : "",
              sp_ws_server_bulk_port(r->s->ws), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));
     reply(r, meta, NULL, 0);
 }

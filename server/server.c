@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include "log.h"
+#include "record.h"
 #include "server_impl.h"
 #include "timeutil.h"
 
@@ -171,10 +172,7 @@ static sp_status load(sp_server *s, sp_err *err)
 {
     const sp_server_opts *o = &s->o;
     snprintf(s->model_dir, sizeof s->model_dir, "%s", o->model_dir);
-    char *real = realpath(o->model_dir, NULL);
-    const char *base = strrchr(real ? real : o->model_dir, '/');
-    snprintf(s->model_name, sizeof s->model_name, "%s", base ? base + 1 : o->model_dir);
-    free(real);
+    sp_model_prefix(o->model_dir, s->model_name, sizeof s->model_name);
     sp_status st = sp_model_load(&s->m, o->model_dir, SP_LOAD_BLOCKS, o->start, o->end, err);
     if (st)
         return st;
@@ -248,6 +246,14 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
 
 int sp_server_port(const sp_server *s) { return sp_ws_server_port(s->ws); }
 int sp_server_bulk_port(const sp_server *s) { return sp_ws_server_bulk_port(s->ws); }
+
+void sp_server_span(const sp_server *s, int *start, int *end)
+{
+    *start = s->m->first;
+    *end = s->m->last;
+}
+
+long sp_server_cache_left(sp_server *s) { return sessions_tokens_available(s); }
 
 void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps)
 {

@@ -21,6 +21,7 @@ typedef struct sp_server_opts {
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
     int max_length;            /* largest session max_length accepted (default: the model's context) */
     const char *public_name;
+    const char *id;            /* the server's id in the swarm (16 hex digits; NULL: none), said in HELLO */
     double step_timeout_s;     /* a session idle this long is closed (default 300) */
     double session_timeout_s;  /* a session older than this is closed (default 1800) */
     int measure;               /* measure throughput at start (default 1); 0 reports 0 */
@@ -35,6 +36,10 @@ typedef struct sp_server sp_server;
 
 sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err);
 int sp_server_port(const sp_server *s);
+/* The blocks served, [start, end). */
+void sp_server_span(const sp_server *s, int *start, int *end);
+/* Positions a new session over the whole span can still get from the KV budget. */
+long sp_server_cache_left(sp_server *s);
 int sp_server_bulk_port(const sp_server *s);
 /* Measured (or cached) throughput: single-token inference steps/s over the span, 1024-token forward tok/s. */
 void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps);

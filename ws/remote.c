@@ -119,14 +119,19 @@ static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_e
         sp_reply_clear(&rep);
         return sp_err_prefix(err, "%s:%d: HELLO: ", r->host, port);
     }
-    int64_t a = 0, b = 0, bulk = -1;
+    int64_t a = 0, b = 0, bulk = -1, blocks = 0;
     const char *model = sp_meta_str(&rep.msg, "model"), *ver = sp_meta_str(&rep.msg, "version");
+    const char *id = sp_meta_str(&rep.msg, "id"), *config = sp_meta_str(&rep.msg, "config");
     const char *token = sp_meta_str(&rep.msg, "bulk_token");
     sp_meta_int(&rep.msg, "start", &a);
     sp_meta_int(&rep.msg, "end", &b);
     sp_meta_int(&rep.msg, "bulk_port", &bulk);
     snprintf(r->info.model, sizeof r->info.model, "%s", model ? model : "");
     snprintf(r->info.version, sizeof r->info.version, "%s", ver ? ver : "");
+    snprintf(r->info.id, sizeof r->info.id, "%s", id ? id : "");
+    sp_meta_int(&rep.msg, "blocks", &blocks);
+    r->info.num_blocks = blocks > 0 && blocks < (1 << 20) ? (int)blocks : 0;
+    r->info.config_hash = config ? strtoull(config, NULL, 16) : 0;
     r->info.start = (int)a;
     r->info.end = (int)b;
     if (!no_bulk && bulk > 0 && token)

@@ -14,8 +14,11 @@ typedef struct sp_remote sp_remote;
 /* What the server said in its HELLO reply. */
 typedef struct sp_remote_info {
     char model[256];
+    uint64_t config_hash; /* of the model's config.json (0 if not said) */
+    int num_blocks;       /* of the model (0 if not said) */
     int start, end;
     char version[16];
+    char id[24];          /* the server's id in the swarm ("" if it has none) */
 } sp_remote_info;
 
 /* Connects, says HELLO, and attaches the bulk channel unless no_bulk. */

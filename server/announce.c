@@ -1,0 +1,352 @@
+/* announce.c - the server's record in the DHT, refreshed every period, and the pings to its successors
+ * that clients' routing reads from it (Petals: up to 5 random servers inside the span's later blocks and up
+ * to 5 holding the block after it, smoothed with an EMA of 0.2, forgotten after 5 minutes). */
+#include "announce.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "remote.h"
+#include "rng.h"
+#include "timeutil.h"
+
+#define MAX_PINGED 5
+#define PING_TIMEOUT_MS 2000
+#define PING_ALPHA 0.2
+#define PING_TTL_S 300.0
+#define MAX_PING_ENTRIES 64
+
+typedef struct ping_entry {
+    char id[SP_SERVER_ID_LEN];
+    double rtt, when;
+} ping_entry;
+
+struct sp_announce {
+    sp_announce_opts o;
+    sp_dht *dht;
+    sp_view *view;
+    pthread_mutex_t view_lock; /* the DHT's callbacks use view under it; stopping clears view under it */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    sp_server_record rec;  /* what is published */
+    int published;         /* rec was set at least once */
+    int dirty;             /* publish at the next wake-up */
+    sp_announce_fill_fn fill;
+    void *fill_user;
+    ping_entry pings[MAX_PING_ENTRIES];
+    int npings;
+    sp_rng rng;
+    int stop;
+    pthread_t thread;
+    int thread_started;
+};
+
+/* ---------------------------------------------------------------------------------------------- */
+/* publishing */
+
+static int ttl_of(double period) { return (int)ceil(4 * period) + 1; }
+
+/* Puts r under every block key of its span and the model index (caller holds no lock). */
+static void publish(sp_announce *a, const sp_server_record *r)
+{
+    char buf[SP_RECORD_MAX], key[SP_MODEL_PREFIX_MAX + 16];
+    size_t len;
+    sp_err err = {0};
+    if (sp_record_encode(r, buf, sizeof buf, &len, &err)) {
+        sp_log(SP_LOG_ERROR, "announce: %s", err.msg);
+        return;
+    }
+    int ttl = ttl_of(r->period);
+    for (int b = r->start; b < r->end; b++) {
+        sp_block_key(r->model, b, key, sizeof key);
+        sp_dht_put(a->dht, key, r->id, ttl, buf, len);
+    }
+    sp_model_record m = {.config_hash = r->config_hash, .num_blocks = r->num_blocks, .hidden = a->o.hidden,
+                         .timestamp = r->timestamp, .period = r->period};
+    snprintf(m.model, sizeof m.model, "%s", r->model);
+    snprintf(m.architecture, sizeof m.architecture, "%s", a->o.architecture ? a->o.architecture : "");
+    if (!sp_model_record_encode(&m, buf, sizeof buf, &len, &err))
+        sp_dht_put(a->dht, SP_MODELS_KEY, r->model, ttl, buf, len);
+}
+
+/* Stamps the record, copies it out under the lock, publishes outside it. */
+static void publish_now(sp_announce *a)
+{
+    pthread_mutex_lock(&a->lock);
+    a->rec.timestamp = sp_wall_s();
+    a->rec.period = a->o.period;
+    a->rec.npings = 0;
+    double now = sp_now_s();
+    for (int i = 0; i < a->npings && a->rec.npings < SP_RECORD_MAX_PINGS; i++)
+        if (now - a->pings[i].when < PING_TTL_S)
+            a->rec.pings[a->rec.npings++] = (sp_next_ping){.rtt = a->pings[i].rtt};
+    for (int i = 0, k = 0; i < a->npings && k < a->rec.npings; i++)
+        if (now - a->pings[i].when < PING_TTL_S)
+            memcpy(a->rec.pings[k++].id, a->pings[i].id, SP_SERVER_ID_LEN);
+    sp_server_record r = a->rec;
+    a->dirty = 0;
+    pthread_mutex_unlock(&a->lock);
+    publish(a, &r);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* pings to successors */
+
+static void ping_record(sp_announce *a, const char *id, double rtt)
+{
+    pthread_mutex_lock(&a->lock);
+    int i = 0;
+    while (i < a->npings && strcmp(a->pings[i].id, id))
+        i++;
+    if (i == a->npings) {
+        if (a->npings == MAX_PING_ENTRIES) { /* replace the oldest */
+            i = 0;
+            for (int j = 1; j < a->npings; j++)
+                if (a->pings[j].when < a->pings[i].when)
+                    i = j;
+        } else {
+            a->npings++;
+        }
+        snprintf(a->pings[i].id, sizeof a->pings[i].id, "%s", id);
+        a->pings[i].rtt = rtt;
+    } else {
+        a->pings[i].rtt = PING_ALPHA * rtt + (1 - PING_ALPHA) * a->pings[i].rtt;
+    }
+    a->pings[i].when = sp_now_s();
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* Round trip of one PING to r (connection set-up not counted); < 0 on failure. */
+static double ping_once(const sp_server_record *r)
+{
+    sp_remote *c = NULL;
+    if (sp_remote_connect(&c, r->host, r->port, 1, PING_TIMEOUT_MS, NULL))
+        return -1;
+    sp_reply rep;
+    double t0 = sp_now_s();
+    sp_status st = sp_remote_call(c, SP_MSG_PING, NULL, NULL, 0, &rep, PING_TIMEOUT_MS, NULL);
+    double rtt = sp_now_s() - t0;
+    sp_reply_clear(&rep);
+    sp_remote_close(c);
+    return st ? -1 : rtt;
+}
+
+/* Up to MAX_PINGED random entries of cand[0..n) are pinged (cand is shuffled in place). */
+static void ping_some(sp_announce *a, sp_server_record *cand, int n)
+{
+    for (int i = 0; i < n && i < MAX_PINGED; i++) {
+        int j = i + (int)(sp_rng_u32(&a->rng) % (uint32_t)(n - i));
+        sp_server_record t = cand[i];
+        cand[i] = cand[j];
+        cand[j] = t;
+        double rtt = ping_once(&cand[i]);
+        if (rtt >= 0)
+            ping_record(a, cand[i].id, rtt);
+    }
+}
+
+static void ping_successors(sp_announce *a)
+{
+    sp_server_record self, *all = NULL;
+    sp_announce_record(a, &self);
+    int n = sp_view_snapshot(a->view, &all);
+    sp_server_record *inner = n ? malloc((size_t)n * sizeof *inner) : NULL, *next = n ? malloc((size_t)n * sizeof *next) : NULL;
+    int ni = 0, nn = 0;
+    for (int i = 0; inner && next && i < n; i++) {
+        const sp_server_record *r = &all[i];
+        if (!strcmp(r->id, self.id) || r->state != SP_SERVER_ONLINE)
+            continue;
+        if (r->start <= self.end && r->end > self.end)
+            next[nn++] = *r;
+        else if (r->end > self.start + 1 && r->start < self.end)
+            inner[ni++] = *r;
+    }
+    ping_some(a, inner, ni);
+    ping_some(a, next, nn);
+    free(inner);
+    free(next);
+    free(all);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the refresh thread */
+
+static void *announce_main(void *arg)
+{
+    sp_announce *a = arg;
+    double next = sp_now_s() + (a->o.period < 1 ? a->o.period : 1); /* the first pings soon after start */
+    pthread_mutex_lock(&a->lock);
+    while (!a->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&a->cond, &a->lock, &ts);
+        int due = a->published && (a->dirty || sp_now_s() >= next);
+        int periodic = sp_now_s() >= next;
+        if (a->stop || !due)
+            continue;
+        sp_announce_fill_fn fill = a->fill;
+        void *fu = a->fill_user;
+        pthread_mutex_unlock(&a->lock);
+        if (periodic) {
+            if (fill) {
+                sp_server_record r;
+                sp_announce_record(a, &r);
+                fill(fu, &r);
+                pthread_mutex_lock(&a->lock);
+                a->rec.cache_tokens_left = r.cache_tokens_left;
+                pthread_mutex_unlock(&a->lock);
+            }
+            ping_successors(a);
+            next = sp_now_s() + a->o.period;
+        }
+        publish_now(a);
+        pthread_mutex_lock(&a->lock);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* life cycle */
+
+static void on_value(void *user, const char *key, const uint8_t *data, size_t len, int expired)
+{
+    sp_announce *a = user;
+    pthread_mutex_lock(&a->view_lock);
+    if (a->view)
+        sp_view_on_value(a->view, key, data, len, expired);
+    pthread_mutex_unlock(&a->view_lock);
+}
+
+static void on_get_done(void *user, const char *key, int ok)
+{
+    sp_announce *a = user;
+    pthread_mutex_lock(&a->view_lock);
+    if (a->view)
+        sp_view_on_get_done(a->view, key, ok);
+    pthread_mutex_unlock(&a->view_lock);
+}
+
+static void on_event(void *user, const char *text)
+{
+    (void)user;
+    sp_log(SP_LOG_WARN, "%s", text);
+}
+
+sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err *err)
+{
+    *out = NULL;
+    sp_announce *a = calloc(1, sizeof *a);
+    if (!a)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    a->o = *o;
+    if (a->o.period <= 0)
+        a->o.period = 30;
+    a->rec = o->base;
+    a->rec.period = a->o.period;
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_mutex_init(&a->view_lock, NULL);
+    pthread_cond_init(&a->cond, NULL);
+    sp_rng_seed(&a->rng, sp_now_ns() ^ (uint64_t)getpid());
+    sp_dht_opts d = {.bind = o->dht_bind, .port = o->dht_port, .bootstrap = o->initial_peers, .on_value = on_value,
+                     .on_get_done = on_get_done, .on_event = on_event, .user = a};
+    sp_status st = sp_dht_start(&a->dht, &d, err);
+    if (!st) {
+        snprintf(a->rec.dht, sizeof a->rec.dht, "%s:%d", o->dht_bind ? o->dht_bind : "127.0.0.1", sp_dht_port(a->dht));
+        sp_view_opts vo = {.model = o->base.model, .config_hash = o->base.config_hash,
+                           .num_blocks = o->base.num_blocks, .refresh_s = a->o.period};
+        sp_view *v = NULL;
+        st = sp_view_new(&v, a->dht, &vo, err);
+        pthread_mutex_lock(&a->view_lock);
+        a->view = v;
+        pthread_mutex_unlock(&a->view_lock);
+    }
+    if (!st && pthread_create(&a->thread, NULL, announce_main, a))
+        st = sp_errf(err, SP_ERR_IO, "announce: cannot start its thread");
+    a->thread_started = !st;
+    if (st) {
+        sp_announce_stop(a);
+        return st;
+    }
+    *out = a;
+    return SP_OK;
+}
+
+void sp_announce_set_fill(sp_announce *a, sp_announce_fill_fn fn, void *user)
+{
+    pthread_mutex_lock(&a->lock);
+    a->fill = fn;
+    a->fill_user = user;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void sp_announce_update(sp_announce *a, const sp_server_record *r)
+{
+    pthread_mutex_lock(&a->lock);
+    sp_server_record *m = &a->rec;
+    m->start = r->start;
+    m->end = r->end;
+    m->state = r->state;
+    m->port = r->port;
+    m->throughput = r->throughput;
+    m->inference_rps = r->inference_rps;
+    m->forward_rps = r->forward_rps;
+    m->network_rps = r->network_rps;
+    m->cache_tokens_left = r->cache_tokens_left;
+    a->published = 1;
+    pthread_mutex_unlock(&a->lock);
+    publish_now(a);
+}
+
+void sp_announce_record(sp_announce *a, sp_server_record *r)
+{
+    pthread_mutex_lock(&a->lock);
+    *r = a->rec;
+    pthread_mutex_unlock(&a->lock);
+}
+
+sp_view *sp_announce_view(sp_announce *a) { return a->view; }
+sp_dht *sp_announce_dht(sp_announce *a) { return a->dht; }
+int sp_announce_dht_port(const sp_announce *a) { return sp_dht_port(a->dht); }
+pid_t sp_announce_dht_pid(const sp_announce *a) { return sp_dht_pid(a->dht); }
+
+void sp_announce_stop(sp_announce *a)
+{
+    if (!a)
+        return;
+    if (a->thread_started) {
+        pthread_mutex_lock(&a->lock);
+        a->stop = 1;
+        pthread_cond_broadcast(&a->cond);
+        pthread_mutex_unlock(&a->lock);
+        pthread_join(a->thread, NULL);
+    }
+    if (a->dht && a->published) {
+        pthread_mutex_lock(&a->lock);
+        a->rec.state = SP_SERVER_OFFLINE;
+        pthread_mutex_unlock(&a->lock);
+        publish_now(a);
+        sp_dht_flush(a->dht, 1000, NULL);
+    }
+    pthread_mutex_lock(&a->view_lock); /* no callback uses the view after this */
+    sp_view *v = a->view;
+    a->view = NULL;
+    pthread_mutex_unlock(&a->view_lock);
+    sp_view_free(v);
+    sp_dht_stop(a->dht);
+    pthread_mutex_destroy(&a->lock);
+    pthread_mutex_destroy(&a->view_lock);
+    pthread_cond_destroy(&a->cond);
+    free(a);
+}
