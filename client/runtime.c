@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "swarm_impl.h"
+#include "timeutil.h"
 
 void sp_rt_emit(sp_runtime *rt, sp_event_kind kind, const char *text, double done, double total, int row)
 {
@@ -58,7 +59,11 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     rt->on_event = on_event;
     rt->user = user;
-    pthread_mutex_init(&rt->keep_lock, NULL);
+    rt->set = (sp_rt_settings){.max_retries = 8, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 30};
+    pthread_mutex_init(&rt->lock, NULL);
+    pthread_mutex_init(&rt->view_lock, NULL);
+    pthread_cond_init(&rt->pinger_cond, NULL);
+    sp_rng_seed(&rt->rng, sp_now_ns() ^ (uint64_t)getpid());
     find_server_bin(rt);
     *out = rt;
     return SP_OK;
@@ -69,9 +74,16 @@ void sp_runtime_free(sp_runtime *rt)
     if (!rt)
         return;
     sp_runtime_swarm_down(rt);
+    sp_rt_leave(rt);
+    sp_rt_close_conns(rt);
+    for (int i = 0; i < rt->nservers; i++)
+        free(rt->servers[i]);
+    free(rt->servers);
     sp_model_free(rt->local);
     sp_tokenizer_free(rt->tok);
-    pthread_mutex_destroy(&rt->keep_lock);
+    pthread_mutex_destroy(&rt->lock);
+    pthread_mutex_destroy(&rt->view_lock);
+    pthread_cond_destroy(&rt->pinger_cond);
     free(rt);
 }
 
@@ -93,9 +105,10 @@ sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err)
     rt->local = m;
     rt->tok = tok;
     snprintf(rt->model_dir, sizeof rt->model_dir, "%s", dir);
+    sp_model_prefix(dir, rt->model_prefix, sizeof rt->model_prefix);
     sp_rt_emitf(rt, SP_EV_INFO, 0, "loaded %s: %s, %d blocks, hidden %d, vocab %d%s (%.1f MB of local parts)", dir,
-          m->cfg.architecture, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab, tok ? "" : ", no tokenizer",
-          (double)m->bytes_loaded / 1e6);
-    return SP_OK;
+                m->cfg.architecture, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab, tok ? "" : ", no tokenizer",
+                (double)m->bytes_loaded / 1e6);
+    return sp_rt_view_follow_model(rt, err); /* a swarm joined before: follow this model's servers */
 }
 

@@ -1,6 +1,15 @@
 /* runtime.h - the client runtime: a model's local parts (embeddings, final norm, LM head, tokenizer), the
- * servers it knows, the route (chain of servers covering blocks [0, L)), inference sessions along the
- * route, and forward/backward over it. It never prints: everything a front end shows arrives as events. */
+ * servers it knows (found through the DHT, started here, or connected by address), routes over them, and
+ * inference sessions and training chains that survive the death of a server. It never prints: everything a
+ * front end shows arrives as events.
+ *
+ * Servers: one entry per server id, never removed while the runtime lives (so an index stays valid); an
+ * entry whose server left the view is `gone`. Each failed request bans its server (15 s, doubling while it
+ * keeps failing, cleared by a success); requests are retried (after 0, 1, 2, 4 ... 60 s) on a route that
+ * avoids banned servers, up to the max_retries setting, and every retry is an SP_EV_RETRY event.
+ *
+ * Threads: generation runs on the caller's thread; training runs one thread per sub-batch and microbatch.
+ * The server table, bans and pings are under rt->lock; network calls are made without it. */
 #ifndef SEPAL_RUNTIME_H
 #define SEPAL_RUNTIME_H
 
@@ -11,18 +20,21 @@
 #include "generate.h"
 #include "model.h"
 #include "pipeline.h"
+#include "record.h"
 #include "remote.h"
+#include "rng.h"
 #include "tokenizer.h"
 
-#define SP_RT_MAX_SERVERS 64
+#define SP_RT_MAX_HOPS 64
 
 typedef enum {
     SP_EV_INFO,     /* text: something happened (server started, model loaded) */
     SP_EV_PROGRESS, /* text: what, done/total: how far */
     SP_EV_TOKEN,    /* row, token, text: a generated token */
-    SP_EV_ROUTE,    /* text: the chain the next request uses */
-    SP_EV_SERVER,   /* row: server index, text: its new state */
+    SP_EV_ROUTE,    /* text: the chain a request uses; row 1: a re-route after a failure */
+    SP_EV_SERVER,   /* row: server index, text: what happened to it (joined, state, left) */
     SP_EV_ERROR,    /* text: an error the runtime recovered from or reports */
+    SP_EV_RETRY,    /* row: server index, text: a request failed there, the server is banned, a retry follows */
 } sp_event_kind;
 
 typedef struct sp_event {
@@ -34,75 +46,135 @@ typedef struct sp_event {
 
 typedef void (*sp_event_fn)(const sp_event *ev, void *user);
 
+typedef struct sp_conn sp_conn; /* a shared connection to one server (swarm/servers.c) */
+
 typedef struct sp_server_entry {
-    char host[64];
-    int port;
-    sp_remote *conn;
-    int start, end;
-    double inference_rps, forward_tps;
-    long cache_left, cache_total;
-    char state[16]; /* "online", "unreachable" */
-    pid_t pid;      /* > 0: started by swarm up */
-    char log[256];  /* its stderr, for swarm-started servers */
+    sp_server_record rec;  /* as announced (DHT), or filled from HELLO + INFO (connect HOST:PORT) */
+    int from_dht;          /* found through the DHT view */
+    int gone;              /* left the view (stale, expired) or stopped */
+    sp_conn *conn;         /* opened on first use; NULL after a failure (the next use reconnects) */
+    double rtt;            /* smoothed client ping, seconds; < 0 unknown */
+    double rtt_when;       /* sp_now_s() of the last ping */
+    double banned_until;   /* sp_now_s() until which routing avoids it */
+    int failures;          /* since the last success */
+    long cache_total;      /* from INFO, for `servers` */
+    pid_t pid;             /* > 0: started by swarm up */
+    char log[256];         /* its stderr, for swarm-started servers */
 } sp_server_entry;
 
+/* One server's part of a chain. */
 typedef struct sp_hop {
-    int server, start, end;
+    int server;            /* index into rt->servers */
+    int start, end;        /* blocks [start, end) it runs for this chain */
+    double latency;        /* expected seconds of this hop per step (routing's estimate) */
+    uint64_t keep;         /* training: the id its FORWARD kept activations under (0: none) */
 } sp_hop;
+
+/* A chain over blocks [0, L) in stages: stage s runs blocks [stage_start[s], stage_start[s+1]) and is
+ * served by hops first[s] .. first[s+1]-1. A route starts with one hop per stage; when a server fails,
+ * its stage is served by the replacement's hops (several if no one server covers it), so the stages
+ * (the pipeline's) stay put. */
+typedef struct sp_route {
+    int nstages;
+    int stage_start[SP_RT_MAX_HOPS + 1];
+    int first[SP_RT_MAX_HOPS + 1];
+    int nhops;
+    sp_hop hop[SP_RT_MAX_HOPS];
+    double cost;           /* expected seconds per inference step (min-latency routes), else 0 */
+} sp_route;
+
+/* Settings of the runtime (front ends' `set`). */
+typedef struct sp_rt_settings {
+    int max_retries;         /* retries of one request after failures (default 8) */
+    double step_timeout_s;   /* per request; 0: derived from the expected time (a few s for a decode step) */
+    double ban_s;            /* first ban (default 15 s; doubles on repeated failures) */
+    double backoff_max_s;    /* longest pause between retries (default 60 s) */
+    char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
+    char blocked[1024];      /* never these */
+    double update_period_s;  /* view refresh and pings (default 30 s) */
+} sp_rt_settings;
 
 typedef struct sp_runtime {
     sp_event_fn on_event;
     void *user;
     char model_dir[4096];
-    sp_model *local;  /* embeddings + final norm + head only */
-    sp_tokenizer *tok; /* NULL if the model has none */
-    sp_server_entry servers[SP_RT_MAX_SERVERS];
-    int nservers;
-    sp_hop route[SP_RT_MAX_SERVERS];
-    int nroute;
+    char model_prefix[SP_MODEL_PREFIX_MAX];
+    sp_model *local;       /* embeddings + final norm + head only */
+    sp_tokenizer *tok;     /* NULL if the model has none */
+    sp_rt_settings set;
+
+    pthread_mutex_t lock;  /* servers, bans, pings, route, rng */
+    sp_server_entry **servers;
+    int nservers, capservers;
+    sp_route route;        /* the last inference route computed (route, servers) */
+    sp_rng rng;            /* training routes */
+    uint64_t next_keep;
+
+    /* discovery (swarm/discovery.c) */
+    struct sp_dht *dht;
+    struct sp_view *view;
+    pthread_mutex_t view_lock; /* the DHT's callbacks use view under it */
+    char initial_peers[1024];
+    pthread_t pinger;
+    int pinger_started, pinger_stop;
+    pthread_cond_t pinger_cond;
+
+    /* a local swarm (swarm/local.c) */
     char server_bin[4096];
-    /* FORWARDs whose servers keep activations for the BACKWARD that follows: boundaries -> per-hop ids */
-    pthread_mutex_t keep_lock;
-    struct sp_keep {
-        const float *boundaries;
-        uint64_t id[SP_RT_MAX_SERVERS];
-        int nhops;
-    } keeps[64];
-    int keep_next_slot;
-    uint64_t keep_next_id;
+    int swarm_started;     /* swarm up ran and its servers are ours */
 } sp_runtime;
 
 sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_err *err);
-void sp_runtime_free(sp_runtime *rt); /* also stops a swarm it started */
+void sp_runtime_free(sp_runtime *rt); /* also stops a swarm it started and its DHT node */
 
-/* Loads config, tokenizer (if present) and ONLY the local parts of the model in dir. */
+/* Loads config, tokenizer (if present) and ONLY the local parts of the model in dir; a DHT view then
+ * follows this model. */
 sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err);
-/* Connects to "host:port[,host:port...]" (HELLO + INFO each) and recomputes the route. */
-sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err);
-/* Starts n local sepal-server processes on free loopback ports splitting the loaded model (k blocks each,
- * k = 0: an even split), waits until all serve, connects to them. */
-sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err);
-/* Stops the servers this runtime started and forgets every server. */
-void sp_runtime_swarm_down(sp_runtime *rt);
-/* Refreshes every server's INFO (throughput, cache left, state). */
-void sp_runtime_refresh(sp_runtime *rt);
-/* Chooses the chain covering [0, L): from each position the reachable server reaching furthest. */
-sp_status sp_runtime_route(sp_runtime *rt, sp_err *err);
-/* "0:2 127.0.0.1:4001 -> 2:4 127.0.0.1:4002 -> ..." */
-void sp_runtime_route_text(const sp_runtime *rt, char *buf, size_t cap);
 
-/* The swarm as an LM for sp_generate: inference sessions along the route, hidden states of every step
- * kept per hop (the history a replacement server would be replayed). */
+/* Connects to servers by address, "host:port[,host:port...]" (HELLO + INFO each), without the DHT. */
+sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err);
+/* Joins a swarm through DHT nodes "host:port[,...]": a DHT node of our own (a supervised child) that
+ * announces nothing, and a live view of the loaded model's servers (and the swarm's models). */
+sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err);
+/* Models announced in the swarm (needs sp_runtime_join); *out is malloc'd. */
+int sp_runtime_models(sp_runtime *rt, sp_model_record **out);
+/* Starts n local sepal-server processes on loopback as a real swarm (the first starts it, the others join
+ * through its DHT node), each choosing its blocks (k each; k = 0: an even split), joins it, and waits until
+ * they all serve. */
+sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err);
+/* Stops the servers this runtime started (they announce OFFLINE) and leaves the swarm. */
+void sp_runtime_swarm_down(sp_runtime *rt);
+/* Refreshes every directly connected server's INFO; the DHT view refreshes by itself. */
+void sp_runtime_refresh(sp_runtime *rt);
+
+/* Inference route over [0, L) (min-latency, Petals' Dijkstra) into rt->route, with an SP_EV_ROUTE event. */
+sp_status sp_runtime_route(sp_runtime *rt, sp_err *err);
+/* "0:2 127.0.0.1:4001 (3.1 ms) -> 2:4 ... ; 312 steps/s expected" */
+void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t cap);
+/* Reports r as the route a request uses (SP_EV_ROUTE, row 0). */
+void sp_runtime_note_route(sp_runtime *rt, const sp_route *r);
+/* A min-latency route over [start, end) for sessions of cache_tokens positions / a max-throughput route
+ * (training, random by throughput); both avoid banned servers where they can. */
+sp_status sp_runtime_route_inference(sp_runtime *rt, int start, int end, long cache_tokens, sp_route *out, sp_err *err);
+sp_status sp_runtime_route_train(sp_runtime *rt, sp_route *out, sp_err *err);
+
+/* The swarm as an LM for sp_generate: inference sessions along a min-latency route. Every step's input of
+ * each hop is kept as its history, so a hop whose server fails is replaced (banned, re-routed over its
+ * blocks) and the replacement rebuilds its cache from that history in one step: the output is the same as
+ * without the failure. */
 typedef struct sp_lm_swarm {
     sp_runtime *rt;
     /* trained prompts (sp_lm_swarm_prompts): shallow [P, H] before the first token, deep [L, P, H] added by
      * the servers to the first P positions entering each block; P extra positions of every session */
     const float *shallow, *deep;
     int P;
-    int B, max_length, pos, nhops;
-    uint64_t session[SP_RT_MAX_SERVERS];
-    float *history[SP_RT_MAX_SERVERS]; /* [B, max_length, H] entering each hop */
-    int64_t *hypo;                     /* pending cache reorder, sent with the next step */
+    int B, max_length, pos;
+    sp_route route;
+    uint64_t session[SP_RT_MAX_HOPS];
+    float *history[SP_RT_MAX_HOPS]; /* [B, max_length, H] entering each hop */
+    int fresh[SP_RT_MAX_HOPS];      /* the hop's session has not stepped yet (a replacement: it replays) */
+    int64_t *hypo;                  /* pending cache reorder, sent with the next step */
+    int retries;                    /* failures recovered from so far */
 } sp_lm_swarm;
 
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);
@@ -111,14 +183,18 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);
  * every hop; the arrays must outlive the generation. Updates lm's max_pos (P positions fewer). */
 void sp_lm_swarm_prompts(sp_lm_swarm *s, sp_lm *lm, const float *shallow, const float *deep, int P);
 
-/* FORWARD / BACKWARD over the route for training: hidden [B, T, H] in place; boundaries receives the
- * hidden state entering each hop (nroute x [B, T, H]) for the backward. prompts (may be NULL) are the deep
+/* FORWARD / BACKWARD along route (training). hidden [B, T, H] in place; boundaries receives the hidden
+ * state entering each stage (route->nstages x [B, T, H]) for the backward. prompts (may be NULL) are the deep
  * prompts [L, B, P, H] of all L blocks (each hop gets its slice, added to the first P positions entering each
  * of its blocks); grad_prompts (may be NULL; [L, B, P, H]) receives their gradients. tk (may be NULL): a
- * pipelined microbatch's ticket; every hop then waits for its turn on that stage (pipeline.h). */
-sp_status sp_runtime_forward(sp_runtime *rt, float *hidden, int B, int T, const float *prompts, int P,
-                             float *boundaries, const sp_pipe_ticket *tk, sp_err *err);
-sp_status sp_runtime_backward(sp_runtime *rt, float *grad, int B, int T, const float *prompts, int P,
-                              const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk, sp_err *err);
+ * pipelined microbatch's ticket; every stage then waits for its turn (pipeline.h). A failed hop is replaced
+ * and its stage run again from its boundary (the backward re-runs the stage's forward there first), so the
+ * results equal those of a run without the failure. The route is updated in place (replacements, keep ids);
+ * pass the same one to the backward. */
+sp_status sp_runtime_forward(sp_runtime *rt, sp_route *route, float *hidden, int B, int T, const float *prompts,
+                             int P, float *boundaries, const sp_pipe_ticket *tk, sp_err *err);
+sp_status sp_runtime_backward(sp_runtime *rt, sp_route *route, float *grad, int B, int T, const float *prompts,
+                              int P, const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk,
+                              sp_err *err);
 
 #endif

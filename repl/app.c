@@ -20,7 +20,16 @@ void sp_app_init(sp_app *app)
     sp_app_define(app, "seed", SP_SET_INT, 0, 9.2e18, "0", "random seed of sampling");
     sp_app_define(app, "beams", SP_SET_INT, 1, 64, "1", "beam search width; 1 is no beam search");
     sp_app_define(app, "stop", SP_SET_STR, 0, 0, "", "generation stops after this text; empty is off");
-    sp_app_define(app, "blocks-per-server", SP_SET_INT, 1, 1e6, "2", "blocks each server of `swarm up` holds");
+    sp_app_define(app, "blocks-per-server", SP_SET_INT, 0, 1e6, "0",
+                  "blocks each server of `swarm up` holds; 0 is an even split");
+    sp_app_define(app, "max-retries", SP_SET_INT, 0, 1000, "8",
+                  "retries of a request after a server fails (each on another route)");
+    sp_app_define(app, "step-timeout", SP_SET_NUM, 0, 86400, "0",
+                  "seconds a server may take for one request before it counts as failed; 0 derives it from the "
+                  "server's announced speed (a few seconds for a decode step)");
+    sp_app_define(app, "allowed-servers", SP_SET_STR, 0, 0, "",
+                  "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
+    sp_app_define(app, "blocked-servers", SP_SET_STR, 0, 0, "", "never route through these servers (same forms)");
 }
 
 void sp_app_free(sp_app *app)

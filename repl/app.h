@@ -15,7 +15,7 @@ typedef enum sp_setting_kind { SP_SET_STR, SP_SET_INT, SP_SET_NUM } sp_setting_k
 
 typedef struct sp_setting {
     const char *name;  /* "max-new-tokens" */
-    char value[128];
+    char value[512];
     const char *help;
     sp_setting_kind kind;
     double min, max;   /* for SP_SET_INT / SP_SET_NUM */

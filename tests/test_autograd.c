@@ -440,7 +440,7 @@ static sp_runtime *swarm(const char *dir, int split, int L)
     char addrs[128];
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]), sp_server_port(srv[1]));
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(rt->nroute, 2);
+    ck_assert_int_eq(rt->route.nhops, 2);
     return rt;
 }
 

@@ -43,7 +43,7 @@ static sp_runtime *swarm_runtime(void)
     char addrs[128];
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]), sp_server_port(srv[1]));
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(rt->nroute, 2);
+    ck_assert_int_eq(rt->route.nhops, 2);
     return rt;
 }
 
@@ -254,7 +254,10 @@ START_TEST(t_forward_backward_over_route)
     sp_rng_fill_normal(&r, x, (long)N, 1.0f);
     sp_rng_fill_normal(&r, g, (long)N, 1.0f);
     memcpy(y, x, N * 4);
-    ck_assert_int_eq(sp_runtime_forward(rt, y, B, T, NULL, 0, bound, NULL, &err), SP_OK);
+    sp_route route;
+    ck_assert_int_eq(sp_runtime_route_train(rt, &route, &err), SP_OK);
+    ck_assert_int_eq(route.nstages, 2);
+    ck_assert_int_eq(sp_runtime_forward(rt, &route, y, B, T, NULL, 0, bound, NULL, &err), SP_OK);
     /* local: the 4 blocks in a row, keeping each input */
     sp_ws ws = {0};
     memcpy(acts, x, N * 4);
@@ -266,7 +269,7 @@ START_TEST(t_forward_backward_over_route)
     memcpy(gl, g, N * 4);
     for (int i = 3; i >= 0; i--)
         ck_assert_int_eq(sp_llama_block_backward(&blocks->blocks[i], gl, gl, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
-    ck_assert_int_eq(sp_runtime_backward(rt, g, B, T, NULL, 0, bound, NULL, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_backward(rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err), SP_OK);
     ck_assert_double_le(sp_max_abs_diff(g, gl, N), 1e-5);
     free(x), free(y), free(g), free(gl), free(bound), free(acts), free(out);
     sp_ws_free(&ws);

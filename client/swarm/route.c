@@ -1,47 +1,212 @@
-/* route.c - the chain of servers covering blocks [0, L). */
+/* route.c - routes over the servers the runtime knows: the table becomes routing spans (swarm/routing.h,
+ * pure functions), and the hops they return become sp_routes (stages of hops, runtime.h). Servers that
+ * are gone, not ONLINE, not allowed or blocked by the settings are left out; banned ones are used only
+ * where nothing else covers a block. */
 #include "swarm_impl.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "routing.h"
+#include "timeutil.h"
+
 /* ---------------------------------------------------------------------------------------------- */
-/* route */
+/* routes as stages */
+
+void sp_route_single_stage(sp_route *r, const sp_route *hops)
+{
+    *r = *hops;
+    r->nstages = hops->nhops;
+    for (int h = 0; h < hops->nhops; h++) {
+        r->stage_start[h] = hops->hop[h].start;
+        r->first[h] = h;
+    }
+    r->stage_start[r->nstages] = hops->nhops ? hops->hop[hops->nhops - 1].end : 0;
+    r->first[r->nstages] = r->nhops;
+}
+
+int sp_route_replace_stage(sp_route *r, int s, const sp_route *repl)
+{
+    int a = r->first[s], b = r->first[s + 1], k = repl->nhops, delta = k - (b - a);
+    if (r->nhops + delta > SP_RT_MAX_HOPS)
+        return -1;
+    memmove(&r->hop[a + k], &r->hop[b], (size_t)(r->nhops - b) * sizeof r->hop[0]);
+    for (int i = 0; i < k; i++) {
+        r->hop[a + i] = repl->hop[i];
+        r->hop[a + i].keep = 0;
+    }
+    r->nhops += delta;
+    for (int t = s + 1; t <= r->nstages; t++)
+        r->first[t] += delta;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the table as routing spans */
+
+/* 1 if server e is named in list ("id,host:port,name,..."; an id may be given by a prefix of 4+ digits). */
+static int listed(const char *list, const sp_server_entry *e)
+{
+    char buf[1024], addr[96];
+    snprintf(buf, sizeof buf, "%s", list);
+    snprintf(addr, sizeof addr, "%s:%d", e->rec.host, e->rec.port);
+    for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
+        if (!strcmp(t, addr) || (e->rec.name[0] && !strcmp(t, e->rec.name)) ||
+            (strlen(t) >= 4 && !strncmp(e->rec.id, t, strlen(t))))
+            return 1;
+    return 0;
+}
+
+static int usable(const sp_runtime *rt, const sp_server_entry *e)
+{
+    return !e->gone && e->rec.state == SP_SERVER_ONLINE && (!rt->set.allowed[0] || listed(rt->set.allowed, e)) &&
+           !(rt->set.blocked[0] && listed(rt->set.blocked, e));
+}
+
+/* The index of the server with this id, or -1; caller holds rt->lock. */
+static int find_id(const sp_runtime *rt, const char *id)
+{
+    for (int i = 0; i < rt->nservers; i++)
+        if (!strcmp(rt->servers[i]->rec.id, id))
+            return i;
+    return -1;
+}
+
+/* Routing spans of the usable servers, their next pings in nexts (room for SP_RECORD_MAX_PINGS each);
+ * caller holds rt->lock. */
+static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
+{
+    double now = sp_now_s();
+    int n = 0;
+    for (int i = 0; i < rt->nservers; i++) {
+        const sp_server_entry *e = rt->servers[i];
+        if (!usable(rt, e))
+            continue;
+        sp_route_next *nx = nexts + (size_t)n * SP_RECORD_MAX_PINGS;
+        int nn = 0;
+        for (int p = 0; p < e->rec.npings; p++) {
+            int to = find_id(rt, e->rec.pings[p].id);
+            if (to >= 0)
+                nx[nn++] = (sp_route_next){.server = to, .rtt = e->rec.pings[p].rtt};
+        }
+        sp_route_span *s = &sp[n++];
+        *s = (sp_route_span){.server = i, .start = e->rec.start, .end = e->rec.end,
+                             .inference_rps = e->rec.inference_rps, .throughput = e->rec.throughput,
+                             .cache_tokens_left = e->rec.cache_tokens_left, .client_rtt = e->rtt,
+                             .banned = e->banned_until > now, .next = nx, .nnext = nn};
+    }
+    return n;
+}
+
+/* Routing over the table: min-latency (inference) when train is 0, else max-throughput. */
+static int route_table(sp_runtime *rt, int train, int start, int end, long cache, sp_route_hop *hops, double *cost,
+                       int *missing)
+{
+    pthread_mutex_lock(&rt->lock);
+    size_t n = (size_t)rt->nservers + 1;
+    sp_route_span *sp = malloc(n * sizeof *sp);
+    sp_route_next *nx = malloc(n * SP_RECORD_MAX_PINGS * sizeof *nx);
+    int nh = -2;
+    *cost = 0;
+    if (sp && nx) {
+        int k = make_spans(rt, sp, nx);
+        nh = train ? sp_route_max_throughput(sp, k, start, end, &rt->rng, hops, SP_RT_MAX_HOPS, missing)
+                   : sp_route_min_latency(sp, k, start, end, cache, hops, SP_RT_MAX_HOPS, cost, missing);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    free(sp);
+    free(nx);
+    return nh;
+}
+
+static void to_route(sp_route *out, const sp_route_hop *hops, int n, double cost)
+{
+    sp_route flat = {.nhops = n, .cost = cost};
+    for (int h = 0; h < n; h++)
+        flat.hop[h] = (sp_hop){.server = hops[h].server, .start = hops[h].start, .end = hops[h].end,
+                               .latency = hops[h].latency};
+    sp_route_single_stage(out, &flat);
+}
+
+static sp_status no_route(sp_runtime *rt, int missing, int start, int end, sp_err *err)
+{
+    if (missing < 0)
+        return sp_errf(err, SP_ERR_RANGE, "a chain over blocks %d:%d needs more than %d hops", start, end,
+                       SP_RT_MAX_HOPS);
+    int L = rt->local ? rt->local->cfg.n_layers : end;
+    return sp_errf(err, SP_ERR_NOTFOUND, "no online server holds block %d (of 0..%d)", missing, L - 1);
+}
+
+static sp_status routed(sp_runtime *rt, int nh, const sp_route_hop *hops, double cost, int missing, int start, int end,
+                        sp_route *out, sp_err *err)
+{
+    if (nh == -2)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (nh < 0)
+        return no_route(rt, missing, start, end, err);
+    to_route(out, hops, nh, cost);
+    return SP_OK;
+}
+
+sp_status sp_runtime_route_inference(sp_runtime *rt, int start, int end, long cache_tokens, sp_route *out, sp_err *err)
+{
+    sp_route_hop hops[SP_RT_MAX_HOPS];
+    double cost;
+    int missing = -1, nh = route_table(rt, 0, start, end, cache_tokens, hops, &cost, &missing);
+    return routed(rt, nh, hops, cost, missing, start, end, out, err);
+}
+
+sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *out, sp_err *err)
+{
+    sp_route_hop hops[SP_RT_MAX_HOPS];
+    double cost;
+    int missing = -1, nh = route_table(rt, 1, start, end, 0, hops, &cost, &missing);
+    return routed(rt, nh, hops, cost, missing, start, end, out, err);
+}
+
+sp_status sp_runtime_route_train(sp_runtime *rt, sp_route *out, sp_err *err)
+{
+    if (!rt->local)
+        return sp_errf(err, SP_ERR_STATE, "no model loaded");
+    return sp_rt_route_span_train(rt, 0, rt->local->cfg.n_layers, out, err);
+}
 
 sp_status sp_runtime_route(sp_runtime *rt, sp_err *err)
 {
     if (!rt->local)
         return sp_errf(err, SP_ERR_STATE, "no model loaded");
-    int L = rt->local->cfg.n_layers, pos = 0;
-    rt->nroute = 0;
-    while (pos < L) {
-        int best = -1;
-        for (int i = 0; i < rt->nservers; i++) {
-            const sp_server_entry *e = &rt->servers[i];
-            if (strcmp(e->state, "online") || e->start > pos || e->end <= pos)
-                continue;
-            if (best < 0 || e->end > rt->servers[best].end ||
-                (e->end == rt->servers[best].end && e->inference_rps > rt->servers[best].inference_rps))
-                best = i;
-        }
-        if (best < 0)
-            return sp_errf(err, SP_ERR_NOTFOUND, "no online server holds block %d (of 0..%d)", pos, L - 1);
-        rt->route[rt->nroute++] = (sp_hop){best, pos, rt->servers[best].end};
-        pos = rt->servers[best].end;
-    }
-    char text[1024];
-    sp_runtime_route_text(rt, text, sizeof text);
-    sp_rt_emit(rt, SP_EV_ROUTE, text, 0, 0, 0);
+    sp_route r;
+    sp_status st = sp_runtime_route_inference(rt, 0, rt->local->cfg.n_layers, 0, &r, err);
+    if (st)
+        return st;
+    pthread_mutex_lock(&rt->lock);
+    rt->route = r;
+    pthread_mutex_unlock(&rt->lock);
+    sp_runtime_note_route(rt, &r);
     return SP_OK;
 }
 
-void sp_runtime_route_text(const sp_runtime *rt, char *buf, size_t cap)
+void sp_runtime_note_route(sp_runtime *rt, const sp_route *r)
+{
+    char text[2048];
+    sp_runtime_route_text(rt, r, text, sizeof text);
+    sp_rt_emit(rt, SP_EV_ROUTE, text, 0, 0, 0);
+}
+
+void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t cap)
 {
     size_t n = 0;
     buf[0] = '\0';
-    for (int i = 0; i < rt->nroute && n < cap; i++) {
-        const sp_hop *h = &rt->route[i];
-        const sp_server_entry *e = &rt->servers[h->server];
-        n += (size_t)snprintf(buf + n, cap - n, "%s%d:%d %s:%d", i ? " -> " : "", h->start, h->end, e->host, e->port);
+    for (int i = 0; i < r->nhops && n < cap; i++) {
+        const sp_hop *h = &r->hop[i];
+        char label[160];
+        sp_rt_server_label(rt, h->server, label, sizeof label);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d:%d %s", i ? " -> " : "", h->start, h->end, label);
+        if (n < cap && h->latency > 0)
+            n += (size_t)snprintf(buf + n, cap - n, " (%.1f ms)", h->latency * 1e3);
     }
+    if (n < cap && r->cost > 0)
+        snprintf(buf + n, cap - n, "; %.0f steps/s expected", 1.0 / r->cost);
 }
-

@@ -1,74 +1,249 @@
-/* servers.c - the servers a runtime knows: connected by address, or started here as a local swarm. */
+/* servers.c - the servers a runtime knows and its connections to them.
+ *
+ * An entry per server id (a server connected by address without the DHT is named by its address). Its
+ * connection is shared by every thread that calls it (sp_remote serialises the calls) and reference
+ * counted: a transport failure detaches it from the entry, and the last user closes it. */
 #include "swarm_impl.h"
 
 #include <cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "timeutil.h"
 
-/* ---------------------------------------------------------------------------------------------- */
-/* servers */
+struct sp_conn {
+    sp_remote *r;
+    int users;
+    int broken;
+};
 
-static void server_info(sp_runtime *rt, int i)
+/* ---------------------------------------------------------------------------------------------- */
+/* the table */
+
+int sp_rt_server_put(sp_runtime *rt, const sp_server_record *r, int from_dht)
 {
-    sp_server_entry *e = &rt->servers[i];
-    sp_reply rep;
-    sp_err err = {0};
-    if (!e->conn || sp_remote_call(e->conn, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, &err)) {
-        if (strcmp(e->state, "unreachable"))
-            sp_rt_emitf(rt, SP_EV_SERVER, i, "%s:%d unreachable%s%s", e->host, e->port, err.msg[0] ? ": " : "", err.msg);
-        snprintf(e->state, sizeof e->state, "unreachable");
-        if (e->conn)
-            sp_reply_clear(&rep);
-        return;
+    for (int i = 0; i < rt->nservers; i++) {
+        sp_server_entry *e = rt->servers[i];
+        if (!strcmp(e->rec.id, r->id)) {
+            e->rec = *r;
+            e->from_dht = from_dht;
+            e->gone = 0;
+            return i;
+        }
     }
-    int64_t v;
-    if (sp_meta_int(&rep.msg, "cache_tokens_available", &v))
-        e->cache_left = (long)v;
-    if (sp_meta_int(&rep.msg, "cache_tokens_total", &v))
-        e->cache_total = (long)v;
-    const cJSON *inf = cJSON_GetObjectItemCaseSensitive(rep.msg.meta, "inference_rps");
-    const cJSON *fwd = cJSON_GetObjectItemCaseSensitive(rep.msg.meta, "forward_tps");
-    e->inference_rps = cJSON_IsNumber(inf) ? inf->valuedouble : 0;
-    e->forward_tps = cJSON_IsNumber(fwd) ? fwd->valuedouble : 0;
-    snprintf(e->state, sizeof e->state, "online");
-    sp_reply_clear(&rep);
+    if (rt->nservers == rt->capservers) {
+        int cap = rt->capservers ? 2 * rt->capservers : 16;
+        sp_server_entry **n = realloc(rt->servers, (size_t)cap * sizeof *n);
+        if (!n)
+            return -1;
+        rt->servers = n;
+        rt->capservers = cap;
+    }
+    sp_server_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return -1;
+    e->rec = *r;
+    e->from_dht = from_dht;
+    e->rtt = -1;
+    rt->servers[rt->nservers] = e;
+    return rt->nservers++;
 }
 
-static sp_status add_server(sp_runtime *rt, const char *host, int port, pid_t pid, sp_err *err)
+void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap)
 {
-    if (rt->nservers >= SP_RT_MAX_SERVERS)
-        return sp_errf(err, SP_ERR_RANGE, "too many servers (%d)", SP_RT_MAX_SERVERS);
-    sp_server_entry *e = &rt->servers[rt->nservers];
-    memset(e, 0, sizeof *e);
-    snprintf(e->host, sizeof e->host, "%s", host);
-    e->port = port;
-    e->pid = pid;
-    sp_status st = sp_remote_connect(&e->conn, host, port, 0, 10000, err);
-    if (st)
-        return st;
-    const sp_remote_info *h = sp_remote_hello(e->conn);
-    e->start = h->start;
-    e->end = h->end;
-    rt->nservers++;
-    server_info(rt, rt->nservers - 1);
-    sp_rt_emitf(rt, SP_EV_SERVER, rt->nservers - 1, "%s:%d serves blocks %d:%d", host, port, e->start, e->end);
-    return SP_OK;
+    pthread_mutex_lock(&rt->lock);
+    const sp_server_record *r = &rt->servers[i]->rec;
+    if (r->name[0])
+        snprintf(buf, cap, "%s (%s:%d)", r->name, r->host, r->port);
+    else
+        snprintf(buf, cap, "%s:%d", r->host, r->port);
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* connections */
+
+/* Drops the caller's reference; `broken` also detaches c from the entry (dropping the entry's reference),
+ * once, whichever thread sees the failure first. The last reference closes it. */
+static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int broken)
+{
+    pthread_mutex_lock(&rt->lock);
+    if (broken && !c->broken) {
+        c->broken = 1;
+        if (e->conn == c) {
+            e->conn = NULL;
+            c->users--;
+        }
+    }
+    int last = --c->users == 0;
+    pthread_mutex_unlock(&rt->lock);
+    if (last) {
+        sp_remote_close(c->r);
+        free(c);
+    }
+}
+
+/* The shared connection of server i, opened if there is none (outside the lock: connecting takes a round
+ * trip or a timeout). */
+static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
+{
+    sp_server_entry *e = rt->servers[i];
+    pthread_mutex_lock(&rt->lock);
+    sp_conn *c = e->conn;
+    char host[64];
+    int port = e->rec.port;
+    snprintf(host, sizeof host, "%s", e->rec.host);
+    if (c)
+        c->users++;
+    pthread_mutex_unlock(&rt->lock);
+    if (c)
+        return c;
+    sp_remote *r = NULL;
+    if (sp_remote_connect(&r, host, port, 0, timeout_ms, err))
+        return NULL;
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        sp_remote_close(r);
+        sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    c->r = r;
+    c->users = 1;
+    pthread_mutex_lock(&rt->lock);
+    if (e->conn) { /* another thread connected meanwhile: use that one */
+        sp_conn *other = e->conn;
+        other->users++;
+        pthread_mutex_unlock(&rt->lock);
+        sp_remote_close(r);
+        free(c);
+        return other;
+    }
+    e->conn = c;
+    c->users++; /* the entry's own reference */
+    pthread_mutex_unlock(&rt->lock);
+    return c;
+}
+
+sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                     sp_reply *rep, int timeout_ms, sp_err *err)
+{
+    memset(rep, 0, sizeof *rep);
+    sp_conn *c = conn_acquire(rt, i, timeout_ms < 10000 ? timeout_ms : 10000, err);
+    if (!c)
+        return err && err->code ? err->code : SP_ERR_IO;
+    sp_status st = sp_remote_call(c->r, type, meta, t, n, rep, timeout_ms, err);
+    int broken = st && rep->msg.type != SP_MSG_ERROR; /* an ERROR reply leaves the connection sound */
+    conn_release(rt, rt->servers[i], c, broken);
+    return st;
+}
+
+void sp_rt_close_conns(sp_runtime *rt)
+{
+    for (int i = 0; i < rt->nservers; i++) {
+        pthread_mutex_lock(&rt->lock);
+        sp_conn *c = rt->servers[i]->conn;
+        if (c)
+            c->users++; /* as a caller would */
+        pthread_mutex_unlock(&rt->lock);
+        if (c)
+            conn_release(rt, rt->servers[i], c, 1);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* servers connected by address (no DHT): HELLO and INFO fill their entry */
+
+static void fill_from_info(sp_runtime *rt, int i, const sp_reply *rep)
+{
+    sp_server_entry *e = rt->servers[i];
+    int64_t v;
+    const cJSON *m = rep->msg.meta;
+    const cJSON *inf = cJSON_GetObjectItemCaseSensitive(m, "inference_rps");
+    const cJSON *fwd = cJSON_GetObjectItemCaseSensitive(m, "forward_tps");
+    const char *name = sp_meta_str(&rep->msg, "public_name");
+    pthread_mutex_lock(&rt->lock);
+    int nb = e->rec.end - e->rec.start;
+    if (sp_meta_int(&rep->msg, "cache_tokens_available", &v))
+        e->rec.cache_tokens_left = (long)v;
+    if (sp_meta_int(&rep->msg, "cache_tokens_total", &v))
+        e->cache_total = (long)v;
+    /* INFO gives the span's rates; records carry per-block ones */
+    e->rec.inference_rps = cJSON_IsNumber(inf) ? inf->valuedouble * nb : 0;
+    e->rec.forward_rps = cJSON_IsNumber(fwd) ? fwd->valuedouble * nb : 0;
+    e->rec.throughput = e->rec.forward_rps / ((nb + 1) / 2.0);
+    if (name)
+        snprintf(e->rec.name, sizeof e->rec.name, "%s", name);
+    e->rec.state = SP_SERVER_ONLINE;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* INFO of a directly connected server; a failure marks it offline. */
+static void server_info(sp_runtime *rt, int i)
+{
+    sp_reply rep;
+    sp_err err = {0};
+    sp_status st = sp_rt_call(rt, i, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, &err);
+    if (!st) {
+        fill_from_info(rt, i, &rep);
+    } else {
+        pthread_mutex_lock(&rt->lock);
+        int was = rt->servers[i]->rec.state;
+        rt->servers[i]->rec.state = SP_SERVER_OFFLINE;
+        pthread_mutex_unlock(&rt->lock);
+        char label[128];
+        sp_rt_server_label(rt, i, label, sizeof label);
+        if (was != SP_SERVER_OFFLINE)
+            sp_rt_emitf(rt, SP_EV_SERVER, i, "%s unreachable: %s", label, err.msg);
+    }
+    sp_reply_clear(&rep);
 }
 
 void sp_runtime_refresh(sp_runtime *rt)
 {
-    for (int i = 0; i < rt->nservers; i++)
-        server_info(rt, i);
+    pthread_mutex_lock(&rt->lock);
+    int n = rt->nservers;
+    pthread_mutex_unlock(&rt->lock);
+    for (int i = 0; i < n; i++)
+        if (!rt->servers[i]->from_dht && !rt->servers[i]->gone)
+            server_info(rt, i);
+}
+
+/* Connects to host:port, says HELLO, and adds it under its address. */
+static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *err)
+{
+    sp_remote *r = NULL;
+    sp_status st = sp_remote_connect(&r, host, port, 0, 10000, err);
+    if (st)
+        return st;
+    const sp_remote_info *h = sp_remote_hello(r);
+    sp_server_record rec = {.port = port, .start = h->start, .end = h->end, .state = SP_SERVER_ONLINE,
+                            .cache_tokens_left = -1, .config_hash = h->config_hash, .num_blocks = h->num_blocks};
+    snprintf(rec.id, sizeof rec.id, "%.*s", (int)sizeof rec.id - 1, h->id[0] ? h->id : "");
+    if (!rec.id[0]) /* an old server without an id: its address names it */
+        snprintf(rec.id, sizeof rec.id, "%08x%08x", (unsigned)(sp_now_ns() & 0xffffffffu), (unsigned)port);
+    snprintf(rec.host, sizeof rec.host, "%s", host);
+    snprintf(rec.model, sizeof rec.model, "%.*s", (int)sizeof rec.model - 1, h->model);
+    snprintf(rec.version, sizeof rec.version, "%s", h->version);
+    snprintf(rec.dtype, sizeof rec.dtype, "f32");
+    snprintf(rec.quant, sizeof rec.quant, "none");
+    sp_conn *c = calloc(1, sizeof *c);
+    pthread_mutex_lock(&rt->lock);
+    int i = c ? sp_rt_server_put(rt, &rec, 0) : -1;
+    if (i >= 0 && !rt->servers[i]->conn) { /* this connection becomes the shared one */
+        *c = (sp_conn){.r = r, .users = 1};
+        rt->servers[i]->conn = c;
+        r = NULL;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    sp_remote_close(r);
+    free(c);
+    if (i < 0)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    server_info(rt, i);
+    sp_rt_emitf(rt, SP_EV_SERVER, i, "%s:%d serves blocks %d:%d", host, port, rec.start, rec.end);
+    return SP_OK;
 }
 
 sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err)
@@ -82,137 +257,9 @@ sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err)
         if (!colon || colon == a || !end || *end || port <= 0 || port > 65535)
             return sp_errf(err, SP_ERR_ARG, "bad server address '%s' (expected HOST:PORT)", a);
         *colon = '\0';
-        sp_status st = add_server(rt, a, (int)port, 0, err);
+        sp_status st = add_direct(rt, a, (int)port, err);
         if (st)
             return st;
     }
     return rt->local ? sp_runtime_route(rt, err) : SP_OK;
 }
-
-/* ---------------------------------------------------------------------------------------------- */
-/* a local swarm */
-
-/* Starts one sepal-server for blocks [a, b); returns its pid and the read end of its stdout. */
-static pid_t spawn_server(sp_runtime *rt, int idx, int a, int b, int *out_fd, sp_err *err)
-{
-    int pfd[2];
-    if (pipe(pfd))
-        return sp_errf(err, SP_ERR_IO, "pipe: %s", strerror(errno)), -1;
-    sp_server_entry *e = &rt->servers[rt->nservers];
-    snprintf(e->log, sizeof e->log, "%s/sepal-swarm-%d-%d.log", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-             (int)getpid(), idx);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(pfd[0]);
-        close(pfd[1]);
-        return sp_errf(err, SP_ERR_IO, "fork: %s", strerror(errno)), -1;
-    }
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* servers never outlive the app */
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        int logfd = open(e->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (logfd >= 0)
-            dup2(logfd, 2);
-        char blocks[32];
-        snprintf(blocks, sizeof blocks, "%d:%d", a, b);
-        execl(rt->server_bin, "sepal-server", "--model", rt->model_dir, "--blocks", blocks, (char *)NULL);
-        fprintf(stderr, "cannot run %s: %s\n", rt->server_bin, strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-    *out_fd = pfd[0];
-    return pid;
-}
-
-/* Reads the server's "serving ... at ws://HOST:PORT" line (up to timeout); returns the port or -1. */
-static int read_port(int fd, double timeout_s)
-{
-    char line[1024];
-    size_t n = 0;
-    double t0 = sp_now_s();
-    while (n < sizeof line - 1 && sp_now_s() - t0 < timeout_s) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 200) <= 0)
-            continue;
-        ssize_t r = read(fd, line + n, 1);
-        if (r <= 0)
-            return -1;
-        if (line[n++] == '\n')
-            break;
-    }
-    line[n] = '\0';
-    const char *at = strstr(line, "ws://");
-    const char *colon = at ? strchr(at + 5, ':') : NULL;
-    return colon ? atoi(colon + 1) : -1;
-}
-
-static void split_blocks(int L, int n, int k, int i, int *a, int *b)
-{
-    if (k <= 0) { /* even split, the remainder spread over the first servers */
-        *a = i * L / n;
-        *b = (i + 1) * L / n;
-    } else { /* spans of k, spread so that together they cover [0, L) (with overlap if n*k > L) */
-        *a = n > 1 ? (int)((long)i * (L - k) / (n - 1)) : 0;
-        *b = *a + k;
-    }
-}
-
-sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
-{
-    if (!rt->local)
-        return sp_errf(err, SP_ERR_STATE, "no model loaded (load DIR first)");
-    int L = rt->local->cfg.n_layers;
-    if (n < 1 || n > SP_RT_MAX_SERVERS - rt->nservers)
-        return sp_errf(err, SP_ERR_ARG, "swarm up: %d servers is not between 1 and %d", n, SP_RT_MAX_SERVERS);
-    if (k < 0 || k > L || (k > 0 && (long)n * k < L) || (k == 0 && n > L))
-        return sp_errf(err, SP_ERR_ARG, "swarm up: %d servers of %s blocks cannot cover the model's %d blocks", n,
-                       k ? "k" : "at least one", L);
-    if (access(rt->server_bin, X_OK) != 0)
-        return sp_errf(err, SP_ERR_NOTFOUND, "sepal-server not found at %s (set SEPAL_SERVER_BIN)", rt->server_bin);
-    for (int i = 0; i < n; i++) {
-        int a, b, fd;
-        split_blocks(L, n, k, i, &a, &b);
-        sp_rt_emit(rt, SP_EV_PROGRESS, "starting servers", i, n, i);
-        pid_t pid = spawn_server(rt, i, a, b, &fd, err);
-        if (pid < 0)
-            return *err->msg ? err->code : SP_ERR_IO;
-        int port = read_port(fd, 300);
-        close(fd);
-        char log[256];
-        snprintf(log, sizeof log, "%s", rt->servers[rt->nservers].log);
-        if (port <= 0) {
-            kill(pid, SIGTERM);
-            waitpid(pid, NULL, 0);
-            return sp_errf(err, SP_ERR_IO, "server for blocks %d:%d did not start (see %s)", a, b, log);
-        }
-        sp_status st = add_server(rt, "127.0.0.1", port, pid, err);
-        if (st) {
-            kill(pid, SIGTERM);
-            waitpid(pid, NULL, 0);
-            return st;
-        }
-        snprintf(rt->servers[rt->nservers - 1].log, sizeof log, "%s", log);
-    }
-    sp_rt_emit(rt, SP_EV_PROGRESS, "starting servers", n, n, n);
-    return sp_runtime_route(rt, err);
-}
-
-void sp_runtime_swarm_down(sp_runtime *rt)
-{
-    for (int i = 0; i < rt->nservers; i++) {
-        sp_server_entry *e = &rt->servers[i];
-        sp_remote_close(e->conn);
-        e->conn = NULL;
-        if (e->pid > 0) {
-            kill(e->pid, SIGTERM);
-            waitpid(e->pid, NULL, 0);
-            unlink(e->log);
-            sp_rt_emitf(rt, SP_EV_SERVER, i, "%s:%d stopped", e->host, e->port);
-        }
-    }
-    rt->nservers = 0;
-    rt->nroute = 0;
-}
-

@@ -1,4 +1,14 @@
-/* session.c - the swarm as an LM for generation: inference sessions along the route. */
+/* session.c - the swarm as an LM for generation: inference sessions along a min-latency route, and their
+ * recovery (Petals' design, reference/petals-internals.md §5.5, without its bugs).
+ *
+ * Every hop keeps the history of the hidden states that entered it, [B, max_length, H], reordered whenever
+ * beam search reorders the caches. When a hop fails (its server died, hung past the step timeout, or
+ * answered with an error or non-finite values), the server is banned, the hop's blocks are routed anew
+ * (one or more replacement hops), and each replacement session is `fresh`: its first step sends the whole
+ * history from position 0 (with the deep prompts, if any) and gets the full-length output, which is also
+ * the history of the next fresh hop; the first hop after them that had already stepped gets only the new
+ * positions. The output is the same as without the failure. A failure of a replacement during that replay
+ * is handled the same way, up to the max_retries setting. */
 #include "swarm_impl.h"
 
 #include <stdio.h>
@@ -6,86 +16,208 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------- */
-/* the swarm as an LM: sessions along the route */
+/* sessions of hops */
 
-static void swarm_close_sessions(sp_lm_swarm *s)
+static void close_session(sp_lm_swarm *s, int h, int timeout_ms)
 {
-    for (int h = 0; h < s->nhops; h++) {
-        if (s->session[h]) {
-            char meta[64];
-            snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)s->session[h]);
-            sp_reply rep;
-            sp_remote_call(sp_rt_hop_conn(s->rt, h), SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, 5000, NULL);
-            sp_reply_clear(&rep);
-        }
+    if (!s->session[h])
+        return;
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)s->session[h]);
+    sp_reply rep;
+    sp_rt_call(s->rt, s->route.hop[h].server, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, timeout_ms, NULL);
+    sp_reply_clear(&rep);
+    s->session[h] = 0;
+}
+
+static void free_hops(sp_lm_swarm *s)
+{
+    for (int h = 0; h < s->route.nhops; h++) {
+        close_session(s, h, 2000);
         free(s->history[h]);
         s->history[h] = NULL;
-        s->session[h] = 0;
     }
+    s->route.nhops = 0;
     free(s->hypo);
     s->hypo = NULL;
-    s->nhops = 0;
 }
+
+/* INFERENCE_OPEN for hop (B rows, max_length positions): the session id into *id. */
+static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, sp_reply *rep, sp_err *err)
+{
+    sp_runtime *rt = s->rt;
+    char meta[160];
+    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%d,\"batch\":%d}", hop->start, hop->end,
+             s->max_length, s->B);
+    sp_status st = sp_rt_call(rt, hop->server, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, rep,
+                              sp_rt_timeout_ms(rt, hop->server, 0, 0, 1) + 5000, err);
+    int64_t v = 0;
+    if (!st && !sp_meta_int(&rep->msg, "session", &v))
+        st = sp_errf(err, SP_ERR_FORMAT, "INFERENCE_OPEN reply without a session id");
+    *id = (uint64_t)v;
+    if (st) {
+        char label[160];
+        sp_rt_server_label(rt, hop->server, label, sizeof label);
+        sp_err_prefix(err, "%s (blocks %d:%d): ", label, hop->start, hop->end);
+    }
+    return st;
+}
+
+static float *new_history(const sp_lm_swarm *s)
+{
+    return malloc((size_t)s->B * s->max_length * (size_t)s->rt->local->cfg.hidden * sizeof(float));
+}
+
+/* Replaces hop h by a new route over its blocks, with sessions open on every new hop, or changes nothing
+ * (a server that fails to open a session is banned: *failed names it, -1 if the failure was not a server's).
+ * The new hops are fresh; the first inherits h's history (what entered those blocks). The failed hop's
+ * session is closed when its server is alive (it answered with an error); a dead or hung one frees it when
+ * its connection closes. */
+static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *failed, sp_err *err)
+{
+    sp_runtime *rt = s->rt;
+    sp_hop old = s->route.hop[h];
+    sp_route r = {0};
+    *failed = -1;
+    sp_status st = sp_runtime_route_inference(rt, old.start, old.end, s->max_length, &r, err);
+    int k = st ? 0 : r.nhops, n = s->route.nhops;
+    if (!st && n - 1 + k > SP_RT_MAX_HOPS)
+        st = sp_errf(err, SP_ERR_RANGE, "a route of more than %d hops", SP_RT_MAX_HOPS);
+    uint64_t ids[SP_RT_MAX_HOPS] = {0};
+    float *hist[SP_RT_MAX_HOPS] = {0};
+    for (int i = 0; i < k && !st; i++) {
+        sp_reply rep;
+        st = open_session(s, &r.hop[i], &ids[i], &rep, err);
+        if (st && sp_rt_retryable(st, &rep))
+            *failed = r.hop[i].server;
+        sp_reply_clear(&rep);
+        if (!st && i > 0 && !(hist[i] = new_history(s)))
+            st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    if (st) { /* nothing changes: close what was opened */
+        for (int i = 0; i < k; i++) {
+            if (ids[i]) {
+                char meta[64];
+                snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)ids[i]);
+                sp_reply rep;
+                sp_rt_call(rt, r.hop[i].server, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, 1000, NULL);
+                sp_reply_clear(&rep);
+            }
+            free(hist[i]);
+        }
+        return st;
+    }
+    if (server_alive)
+        close_session(s, h, 1000);
+    hist[0] = s->history[h];
+    memmove(&s->route.hop[h + k], &s->route.hop[h + 1], (size_t)(n - h - 1) * sizeof s->route.hop[0]);
+    memmove(&s->session[h + k], &s->session[h + 1], (size_t)(n - h - 1) * sizeof s->session[0]);
+    memmove(&s->history[h + k], &s->history[h + 1], (size_t)(n - h - 1) * sizeof s->history[0]);
+    memmove(&s->fresh[h + k], &s->fresh[h + 1], (size_t)(n - h - 1) * sizeof s->fresh[0]);
+    s->route.nhops = n - 1 + k;
+    for (int i = 0; i < k; i++) {
+        s->route.hop[h + i] = r.hop[i];
+        s->session[h + i] = ids[i];
+        s->history[h + i] = hist[i];
+        s->fresh[h + i] = 1;
+    }
+    char text[2048];
+    sp_runtime_route_text(rt, &s->route, text, sizeof text);
+    sp_rt_emit(rt, SP_EV_ROUTE, text, 0, 0, 1);
+    return SP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* begin / end */
 
 static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
 {
     sp_lm_swarm *s = ctx;
     sp_runtime *rt = s->rt;
-    if (!rt->nroute && sp_runtime_route(rt, err))
-        return err ? err->code : SP_ERR_NOTFOUND;
+    int L = rt->local->cfg.n_layers;
     s->B = B;
     s->max_length = max_length + s->P; /* the prompts take the first P positions */
-    max_length = s->max_length;
     s->pos = 0;
-    s->nhops = rt->nroute;
-    size_t H = (size_t)rt->local->cfg.hidden;
-    for (int h = 0; h < s->nhops; h++) {
-        char meta[160];
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%d,\"batch\":%d}", rt->route[h].start,
-                 rt->route[h].end, max_length, B);
-        sp_reply rep;
-        sp_status st = sp_remote_call(sp_rt_hop_conn(rt, h), SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, CALL_TIMEOUT_MS, err);
-        int64_t id = 0;
-        if (!st && !sp_meta_int(&rep.msg, "session", &id))
-            st = sp_errf(err, SP_ERR_FORMAT, "INFERENCE_OPEN reply without a session id");
-        sp_reply_clear(&rep);
-        s->session[h] = (uint64_t)id;
-        s->history[h] = st ? NULL : malloc((size_t)B * max_length * H * sizeof(float));
-        if (!st && !s->history[h])
-            st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
-        if (st) {
-            s->nhops = h + 1;
-            swarm_close_sessions(s);
-            return sp_err_prefix(err, "%s:%d: ", rt->servers[rt->route[h].server].host,
-                                 rt->servers[rt->route[h].server].port);
+    s->retries = 0;
+    for (int attempt = 0;; attempt++) {
+        sp_status st = sp_runtime_route_inference(rt, 0, L, s->max_length, &s->route, err);
+        int failed = -1;
+        sp_reply rep = {0};
+        for (int h = 0; !st && h < s->route.nhops; h++) {
+            s->fresh[h] = 0;
+            s->history[h] = new_history(s);
+            st = s->history[h] ? open_session(s, &s->route.hop[h], &s->session[h], &rep, err)
+                               : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+            if (st)
+                failed = h;
+            else
+                sp_reply_clear(&rep);
         }
+        if (!st) {
+            sp_runtime_note_route(rt, &s->route);
+            return SP_OK;
+        }
+        int retry = failed < 0 ? st == SP_ERR_NOTFOUND /* no route: servers may still be joining */
+                               : sp_rt_retryable(st, &rep);
+        if (failed >= 0) {
+            if (retry)
+                sp_rt_failed(rt, s->route.hop[failed].server, attempt, err);
+            s->route.nhops = failed + 1; /* the hops that got a session or a history */
+        } else {
+            s->route.nhops = 0;
+        }
+        sp_reply_clear(&rep);
+        free_hops(s);
+        if (!retry || attempt >= rt->set.max_retries)
+            return st;
+        sp_rt_sleep(sp_rt_backoff(rt, attempt + 1));
     }
-    return SP_OK;
 }
 
-/* Appends x [B, T, H] to the history of hop h at positions pos.. */
-static void keep_history(sp_lm_swarm *s, int h, const float *x, int T)
+static void swarm_end(void *ctx) { free_hops(ctx); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* steps */
+
+/* Rows [B, from..to) of a history as one [B, to - from, H] buffer. */
+static float *gather(const sp_lm_swarm *s, const float *hist, int from, int to)
+{
+    size_t H = (size_t)s->rt->local->cfg.hidden, T = (size_t)(to - from);
+    float *x = malloc((size_t)s->B * T * H * sizeof(float));
+    for (int b = 0; x && b < s->B; b++)
+        memcpy(x + b * T * H, hist + ((size_t)b * s->max_length + from) * H, T * H * sizeof(float));
+    return x;
+}
+
+/* Writes x [B, T, H] into hist at positions from..from+T. */
+static void scatter(const sp_lm_swarm *s, float *hist, const float *x, int from, int T)
 {
     size_t H = (size_t)s->rt->local->cfg.hidden;
     for (int b = 0; b < s->B; b++)
-        memcpy(s->history[h] + ((size_t)b * s->max_length + s->pos) * H, x + (size_t)b * T * H, T * H * sizeof(float));
+        memcpy(hist + ((size_t)b * s->max_length + from) * H, x + (size_t)b * T * H, (size_t)T * H * sizeof(float));
 }
 
-/* One INFERENCE_STEP on hop h: x [B, T, H] in place; deep: the hop's deep prompts [n, B, P, H] or NULL. */
-static sp_status step_hop(sp_lm_swarm *s, int h, float *x, int T, const float *deep, sp_err *err)
+/* One INFERENCE_STEP of hop h on x [B, T, H] (in place); deep: [n, B, P, H] of its blocks or NULL; hypo:
+ * the cache reorder or NULL. *alive: the server answered (with an error, maybe). */
+static sp_status step_call(sp_lm_swarm *s, int h, float *x, int T, const float *deep, const int64_t *hypo,
+                           int *alive, sp_err *err)
 {
     sp_runtime *rt = s->rt;
-    int H = rt->local->cfg.hidden, nb = rt->route[h].end - rt->route[h].start;
+    const sp_hop *hop = &s->route.hop[h];
+    int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
     char meta[96];
     snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)s->session[h]);
     sp_tensor_src t[3] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x}};
     int n = 1;
     if (deep)
         t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, s->B, s->P, H}, .f32 = deep};
-    if (s->hypo)
-        t[n++] = (sp_tensor_src){.enc = SP_ENC_I64, .rank = 1, .shape = {s->B}, .raw = s->hypo};
+    if (hypo)
+        t[n++] = (sp_tensor_src){.enc = SP_ENC_I64, .rank = 1, .shape = {s->B}, .raw = hypo};
+    int timeout = T * s->B > 64 ? sp_rt_timeout_ms(rt, hop->server, nb, (long)s->B * T, 0)
+                                : sp_rt_timeout_ms(rt, hop->server, nb, s->B, 1);
     sp_reply rep;
-    sp_status st = sp_remote_call(sp_rt_hop_conn(rt, h), SP_MSG_INFERENCE_STEP, meta, t, n, &rep, CALL_TIMEOUT_MS, err);
+    sp_status st = sp_rt_call(rt, hop->server, SP_MSG_INFERENCE_STEP, meta, t, n, &rep, timeout, err);
+    *alive = !st || rep.msg.type == SP_MSG_ERROR;
     if (!st) {
         const sp_tensor_view *o = rep.msg.n_tensors ? &rep.msg.t[0] : NULL;
         if (!o || o->rank != 3 || o->shape[0] != s->B || o->shape[1] != T || o->shape[2] != H)
@@ -94,11 +226,118 @@ static sp_status step_hop(sp_lm_swarm *s, int h, float *x, int T, const float *d
             st = sp_errf(err, SP_ERR_FORMAT, "step reply holds non-finite values");
         else
             st = sp_tensor_to_f32(o, x, err);
+    } else if (!sp_rt_retryable(st, &rep)) {
+        *alive = -1; /* our request is at fault: no retry */
     }
     sp_reply_clear(&rep);
-    if (st)
-        sp_err_prefix(err, "%s:%d (blocks %d:%d): ", rt->servers[rt->route[h].server].host,
-                      rt->servers[rt->route[h].server].port, rt->route[h].start, rt->route[h].end);
+    return st;
+}
+
+/* The deep prompts [n, B, P, H] of hop h's blocks, out of all blocks' [L, B, P, H] (NULL: none). */
+static const float *hop_deep(const sp_lm_swarm *s, const float *deep, int h)
+{
+    size_t H = (size_t)s->rt->local->cfg.hidden;
+    return deep ? deep + (size_t)s->route.hop[h].start * s->B * s->P * H : NULL;
+}
+
+/* The trained deep prompts of hop h's blocks broadcast over the batch, [n, B, P, H], for a replay from
+ * position 0 (malloc'd; NULL: none, or out of memory: *err says which). */
+static float *replay_deep(const sp_lm_swarm *s, int h, sp_status *st, sp_err *err)
+{
+    *st = SP_OK;
+    if (!s->deep || s->P <= 0)
+        return NULL;
+    size_t H = (size_t)s->rt->local->cfg.hidden, P = (size_t)s->P, nb = (size_t)(s->route.hop[h].end - s->route.hop[h].start);
+    float *d = malloc(nb * s->B * P * H * sizeof(float));
+    if (!d) {
+        *st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    for (size_t l = 0; l < nb; l++)
+        for (int b = 0; b < s->B; b++)
+            memcpy(d + (l * s->B + b) * P * H, s->deep + (s->route.hop[h].start + l) * P * H, P * H * sizeof(float));
+    return d;
+}
+
+/* Runs hop h for the new positions [pos, pos+T): cur [B, T, H] in, out in place. A fresh hop replays its
+ * whole history [0, pos+T) instead, and passes the full output on as the next fresh hop's history. */
+static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *deep, int *alive, sp_err *err)
+{
+    scatter(s, s->history[h], cur, s->pos, T);
+    if (!s->fresh[h]) {
+        const float *d = s->pos == 0 ? hop_deep(s, deep, h) : NULL;
+        return step_call(s, h, cur, T, d, s->hypo, alive, err);
+    }
+    int full = s->pos + T;
+    sp_status st;
+    float *d = replay_deep(s, h, &st, err);
+    float *x = st ? NULL : gather(s, s->history[h], 0, full);
+    if (!x) {
+        free(d);
+        return st ? st : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    /* from position 0: the deep prompts go with it (the history is already in beam order: no hypo_ids) */
+    st = step_call(s, h, x, full, d, NULL, alive, err);
+    free(d);
+    if (!st) {
+        if (h + 1 < s->route.nhops && s->fresh[h + 1])
+            scatter(s, s->history[h + 1], x, 0, full);
+        size_t H = (size_t)s->rt->local->cfg.hidden;
+        for (int b = 0; b < s->B; b++)
+            memcpy(cur + (size_t)b * T * H, x + ((size_t)b * full + s->pos) * H, (size_t)T * H * sizeof(float));
+        s->fresh[h] = 0;
+    }
+    free(x);
+    return st;
+}
+
+/* cur [B, T, H] through every hop, recovering from failures. deep: all blocks' deep prompts [L, B, P, H]
+ * of a first step, or NULL. */
+static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, sp_err *err)
+{
+    sp_runtime *rt = s->rt;
+    size_t N = (size_t)s->B * T * rt->local->cfg.hidden;
+    float *in = malloc(N * sizeof(float)); /* the input of the hop being run, for a retry */
+    if (!in)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_status st = SP_OK;
+    int attempt = 0;
+    for (int h = 0; h < s->route.nhops;) {
+        memcpy(in, cur, N * sizeof(float));
+        int alive = 1, server = s->route.hop[h].server;
+        st = run_hop(s, h, cur, T, deep, &alive, err);
+        if (!st) {
+            sp_rt_succeeded(rt, server);
+            h++;
+            continue;
+        }
+        char label[160];
+        sp_rt_server_label(rt, server, label, sizeof label);
+        sp_err_prefix(err, "%s (blocks %d:%d): ", label, s->route.hop[h].start, s->route.hop[h].end);
+        if (alive < 0)
+            break; /* any server would refuse this request */
+        sp_rt_failed(rt, server, attempt, err);
+        /* retry until a replacement works or the retries run out; a failed replacement counts too */
+        for (;;) {
+            if (attempt++ >= rt->set.max_retries)
+                goto out;
+            s->retries++;
+            sp_rt_sleep(sp_rt_backoff(rt, attempt));
+            sp_err rerr = {0};
+            int bad = -1;
+            st = replace_hop(s, h, alive, &bad, &rerr);
+            if (!st)
+                break;
+            *err = rerr;
+            if (bad >= 0)
+                sp_rt_failed(rt, bad, attempt, err);
+            else if (st != SP_ERR_NOTFOUND) /* not a server's failure, nor a block without servers */
+                goto out;
+        }
+        memcpy(cur, in, N * sizeof(float));
+    }
+out:
+    free(in);
     return st;
 }
 
@@ -132,7 +371,7 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
 {
     sp_lm_swarm *s = ctx;
     sp_runtime *rt = s->rt;
-    int H = rt->local->cfg.hidden, V = rt->local->cfg.vocab;
+    int H = rt->local->cfg.hidden;
     float *x = malloc((size_t)B * T * H * sizeof(float)), *last = malloc((size_t)B * H * sizeof(float));
     float *deep = NULL;
     sp_status st = x && last ? sp_model_embed(rt->local, x, ids, B * T, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
@@ -140,11 +379,8 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
         st = with_prompts(s, &x, B, T, &deep, err);
         T += s->P;
     }
-    for (int h = 0; !st && h < s->nhops; h++) {
-        keep_history(s, h, x, T);
-        size_t off = (size_t)rt->route[h].start * B * s->P * H;
-        st = step_hop(s, h, x, T, deep ? deep + off : NULL, err);
-    }
+    if (!st)
+        st = run_hops(s, x, T, deep, err);
     free(deep);
     free(s->hypo); /* the reorder went out with this step to every hop */
     s->hypo = NULL;
@@ -156,7 +392,6 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
         s->pos += T;
     free(x);
     free(last);
-    (void)V;
     return st;
 }
 
@@ -174,7 +409,7 @@ static sp_status swarm_reorder(void *ctx, const int64_t *src, int B, sp_err *err
     }
     for (int b = 0; b < B; b++) /* two reorders before a step compose */
         composed[b] = s->hypo ? s->hypo[src[b]] : src[b];
-    for (int h = 0; h < s->nhops; h++) {
+    for (int h = 0; h < s->route.nhops; h++) {
         memcpy(tmp, s->history[h], (size_t)B * row * sizeof(float));
         for (int b = 0; b < B; b++)
             memcpy(s->history[h] + b * row, tmp + src[b] * row, (size_t)s->pos * H * sizeof(float));
@@ -184,8 +419,6 @@ static sp_status swarm_reorder(void *ctx, const int64_t *src, int B, sp_err *err
     s->hypo = composed;
     return SP_OK;
 }
-
-static void swarm_end(void *ctx) { swarm_close_sessions(ctx); }
 
 void sp_lm_swarm_prompts(sp_lm_swarm *s, sp_lm *lm, const float *shallow, const float *deep, int P)
 {
@@ -202,4 +435,3 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt)
     return (sp_lm){.ctx = s, .vocab = rt->local->cfg.vocab, .max_pos = rt->local->cfg.max_pos, .begin = swarm_begin,
                    .forward = swarm_forward, .reorder = swarm_reorder, .end = swarm_end};
 }
-

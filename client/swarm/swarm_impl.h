@@ -2,6 +2,8 @@
 #ifndef SEPAL_SWARM_IMPL_H
 #define SEPAL_SWARM_IMPL_H
 
+#include <stdarg.h>
+
 #include "runtime.h"
 
 #define CALL_TIMEOUT_MS 120000
@@ -10,7 +12,61 @@
 void sp_rt_emit(sp_runtime *rt, sp_event_kind kind, const char *text, double done, double total, int row);
 void sp_rt_emitf(sp_runtime *rt, sp_event_kind kind, int row, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* The connection of route hop h. */
-static inline sp_remote *sp_rt_hop_conn(sp_runtime *rt, int h) { return rt->servers[rt->route[h].server].conn; }
+/* ---------------------------------------------------------------------------------------------- */
+/* servers.c: the table and the connections */
+
+/* The entry of server i (entries never move; indices stay valid). */
+static inline sp_server_entry *sp_rt_entry(sp_runtime *rt, int i) { return rt->servers[i]; }
+/* Adds (or updates, by id) an entry; caller holds rt->lock. Index, or -1 when out of memory. */
+int sp_rt_server_put(sp_runtime *rt, const sp_server_record *r, int from_dht);
+/* "name (127.0.0.1:4001)" or "127.0.0.1:4001": how messages name server i. */
+void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap);
+/* One request to server i on its shared connection (opened if needed). A transport failure (closed,
+ * timed out, unreadable reply) breaks the connection: the next request opens a new one, and the server
+ * sees the old one close (a hung server frees its sessions when it wakes). An ERROR reply keeps it. */
+sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                     sp_reply *rep, int timeout_ms, sp_err *err);
+/* Closes every connection (swarm down, free). */
+void sp_rt_close_conns(sp_runtime *rt);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* policy.c: failures, bans, retries, timeouts */
+
+/* 1 if the failure st (with rep's ERROR code, if any) is the server's: ban and retry elsewhere. 0 for
+ * errors any server would give (a bad request of ours). */
+int sp_rt_retryable(sp_status st, const sp_reply *rep);
+/* Server i failed a request: ban it (ban_s * 2^failures), and report the retry that follows (attempt of
+ * max) or that none does. */
+void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why);
+void sp_rt_succeeded(sp_runtime *rt, int i);
+/* Seconds to wait before retry `attempt` (1, 2, ...): 0, 1, 2, 4 ... backoff_max_s. */
+double sp_rt_backoff(const sp_runtime *rt, int attempt);
+/* Sleeps s seconds. */
+void sp_rt_sleep(double s);
+/* How long a request may take on server i: the step_timeout setting, else 2 s plus 20 times what its
+ * announced rate predicts for `tokens` positions over `nblocks` blocks (decode: at its single-token step
+ * rate, tokens = the batch's rows; else at its forward rate). */
+int sp_rt_timeout_ms(sp_runtime *rt, int i, int nblocks, long tokens, int decode);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* route.c */
+
+/* r = the hops of `hops`, one stage each. */
+void sp_route_single_stage(sp_route *r, const sp_route *hops);
+/* A max-throughput route over blocks [start, end) (a training stage's replacement). */
+sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *out, sp_err *err);
+/* Replaces the hops of stage s with the hops of repl (a route over the stage's blocks). 0, or -1 when too
+ * many hops. Keep ids of the stage are cleared. */
+int sp_route_replace_stage(sp_route *r, int s, const sp_route *repl);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* discovery.c */
+
+/* Re-creates the view for the loaded model (after load). */
+sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err);
+/* Stops the view, the pinger and the DHT node; DHT entries become gone. */
+void sp_rt_leave(sp_runtime *rt);
+/* Waits until the view holds an ONLINE record of a server at port (on 127.0.0.1): its index, or -1. */
+int sp_rt_wait_server(sp_runtime *rt, int port, double timeout_s);
 
 #endif

@@ -34,17 +34,30 @@ typedef enum {
     OP_LOCAL,
 } op_kind;
 
-/* What the remote chain's backward needs: the route it ran over, the hidden state entering each hop and
- * the deep prompts, both laid out sub-batch after sub-batch. */
+/* What the remote chain's backward needs: the route each sub-batch ran over (with the servers that
+ * replaced failed ones, and the ids of the activations they keep), the hidden state entering each of its
+ * stages, and the deep prompts, laid out sub-batch after sub-batch. */
 typedef struct chain_saved {
     sp_runtime *rt;
-    int B, T, P, H, L, bsub, nroute;
-    sp_hop route[SP_RT_MAX_SERVERS];
-    float *bound;   /* sub-batch k (rows b0..b0+bs): nroute x [bs, T, H] at nroute * b0 * T * H */
-    float *prompts; /* sub-batch k: [L, bs, P, H] at L * b0 * P * H; NULL: no deep prompts */
-    sp_pipe *pipe;  /* a pipelined microbatch's pipe and index (sp_remote_chain_mb), or NULL */
+    int B, T, P, H, L, bsub, nsub;
+    sp_route *routes; /* one per sub-batch */
+    float *bound;     /* sub-batch k: routes[k].nstages x [bs, T, H] at boff[k] */
+    size_t *boff;
+    float *prompts;   /* sub-batch k: [L, bs, P, H] at L * b0 * P * H; NULL: no deep prompts */
+    sp_pipe *pipe;    /* a pipelined microbatch's pipe and index (sp_remote_chain_mb), or NULL */
     int mb;
 } chain_saved;
+
+static void chain_saved_free(chain_saved *cs)
+{
+    if (!cs)
+        return;
+    free(cs->routes);
+    free(cs->boff);
+    free(cs->bound);
+    free(cs->prompts);
+    free(cs);
+}
 
 struct sp_node {
     op_kind op;
@@ -158,11 +171,7 @@ static void pool_put(sp_graph *g, sp_block_acts *a)
 
 static void node_free(sp_graph *g, sp_node *nd)
 {
-    if (nd->chain) {
-        free(nd->chain->bound);
-        free(nd->chain->prompts);
-        free(nd->chain);
-    }
+    chain_saved_free(nd->chain);
     for (int i = 0; i < nd->nbacts; i++)
         pool_put(g, &nd->bacts[i]);
     free(nd->bacts);
@@ -654,9 +663,10 @@ sp_t *sp_bce_logits(sp_t *logits, const float *target, sp_err *err)
 
 typedef struct chain_job {
     sp_runtime *rt;
+    sp_route *route;     /* the sub-batch's, updated in place */
     float *hidden;       /* [bs, T, H], in place */
     const float *prompts; /* [L, bs, P, H] or NULL */
-    float *bound;        /* nroute x [bs, T, H] (forward: NULL when no backward will follow) */
+    float *bound;        /* route->nstages x [bs, T, H] (forward: NULL when no backward will follow) */
     float *grad_prompts; /* [L, bs, P, H] or NULL */
     int bs, T, P, backward;
     sp_pipe_ticket tk;
@@ -669,10 +679,10 @@ static void *chain_job_run(void *arg)
     chain_job *j = arg;
     j->err = (sp_err){0};
     if (j->backward)
-        j->st = sp_runtime_backward(j->rt, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound, j->grad_prompts,
-                                    j->tk.pipe ? &j->tk : NULL, &j->err);
+        j->st = sp_runtime_backward(j->rt, j->route, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound,
+                                    j->grad_prompts, j->tk.pipe ? &j->tk : NULL, &j->err);
     else
-        j->st = sp_runtime_forward(j->rt, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound,
+        j->st = sp_runtime_forward(j->rt, j->route, j->hidden, j->bs, j->T, j->prompts, j->P, j->bound,
                                    j->tk.pipe ? &j->tk : NULL, &j->err);
     return NULL;
 }
@@ -712,9 +722,9 @@ static chain_job *make_jobs(const chain_saved *cs, float *hidden, float *bound, 
     for (int k = 0; jobs && k < *n; k++) {
         size_t b0 = (size_t)k * cs->bsub, bs = cs->B - b0 < (size_t)cs->bsub ? cs->B - b0 : (size_t)cs->bsub;
         size_t row = (size_t)cs->T * cs->H, prow = (size_t)cs->L * cs->P * cs->H;
-        jobs[k] = (chain_job){.rt = cs->rt, .hidden = hidden + b0 * row, .bs = (int)bs, .T = cs->T, .P = cs->P,
-                              .backward = backward};
-        jobs[k].bound = bound ? bound + b0 * row * cs->nroute : NULL;
+        jobs[k] = (chain_job){.rt = cs->rt, .route = &cs->routes[k], .hidden = hidden + b0 * row, .bs = (int)bs,
+                              .T = cs->T, .P = cs->P, .backward = backward};
+        jobs[k].bound = bound ? bound + cs->boff[k] : NULL;
         jobs[k].prompts = cs->prompts ? cs->prompts + b0 * prow : NULL;
         jobs[k].grad_prompts = gp ? gp + b0 * prow : NULL;
         jobs[k].tk = (sp_pipe_ticket){.pipe = cs->pipe, .mb = cs->mb, .nsub = *n};
@@ -750,23 +760,47 @@ static sp_status chain_check(sp_runtime *rt, sp_t *x, sp_t *dp, sp_err *err)
                dp->shape[3] != H))
         return sp_errf(err, SP_ERR_ARG, "sp_remote_chain: deep prompts %s are not [%d, %lld, P <= %lld, %d]",
                        shp(dp).s, L, (long long)x->shape[0], (long long)x->shape[1], H);
-    return rt->nroute ? SP_OK : sp_runtime_route(rt, err);
+    return SP_OK;
 }
 
-static chain_saved *chain_saved_new(sp_runtime *rt, sp_t *x, sp_t *dp, int keep, sp_err *err)
+/* Each sub-batch's route: `route` (a pipelined step's, the same for all), else one max-throughput route
+ * each (Petals: every sub-batch is routed by itself); then the boundaries' offsets. */
+static sp_status chain_routes(chain_saved *cs, const sp_route *route, sp_err *err)
+{
+    cs->nsub = (cs->B + cs->bsub - 1) / cs->bsub;
+    cs->routes = calloc((size_t)cs->nsub, sizeof *cs->routes);
+    cs->boff = calloc((size_t)cs->nsub + 1, sizeof *cs->boff);
+    if (!cs->routes || !cs->boff)
+        return nomem(err, "sp_remote_chain");
+    for (int k = 0; k < cs->nsub; k++) {
+        sp_status st = route ? SP_OK : sp_runtime_route_train(cs->rt, &cs->routes[k], err);
+        if (st)
+            return st;
+        if (route)
+            cs->routes[k] = *route;
+        int b0 = k * cs->bsub, bs = cs->B - b0 < cs->bsub ? cs->B - b0 : cs->bsub;
+        cs->boff[k + 1] = cs->boff[k] + (size_t)cs->routes[k].nstages * bs * cs->T * cs->H;
+    }
+    return SP_OK;
+}
+
+static chain_saved *chain_saved_new(sp_runtime *rt, sp_t *x, sp_t *dp, const sp_route *route, int keep, sp_err *err)
 {
     chain_saved *cs = calloc(1, sizeof *cs);
     if (!cs)
         return nomem(err, "sp_remote_chain"), NULL;
     *cs = (chain_saved){.rt = rt, .B = (int)x->shape[0], .T = (int)x->shape[1], .P = dp ? (int)dp->shape[2] : 0,
-                        .H = rt->local->cfg.hidden, .L = rt->local->cfg.n_layers, .nroute = rt->nroute};
+                        .H = rt->local->cfg.hidden, .L = rt->local->cfg.n_layers};
     cs->bsub = CHAIN_MAX_TOKENS / cs->T > 0 ? CHAIN_MAX_TOKENS / cs->T : 1;
-    memcpy(cs->route, rt->route, (size_t)rt->nroute * sizeof *rt->route);
+    if (chain_routes(cs, route, err)) {
+        chain_saved_free(cs);
+        return NULL;
+    }
     size_t np = dp ? (size_t)dp->n : 0;
-    cs->bound = keep ? malloc((size_t)x->n * cs->nroute * sizeof(float)) : NULL;
+    cs->bound = keep ? malloc(cs->boff[cs->nsub] * sizeof(float)) : NULL;
     cs->prompts = np ? malloc(np * sizeof(float)) : NULL;
     if ((keep && !cs->bound) || (np && !cs->prompts)) {
-        free(cs->bound), free(cs->prompts), free(cs);
+        chain_saved_free(cs);
         return nomem(err, "sp_remote_chain"), NULL;
     }
     if (np)
@@ -774,12 +808,13 @@ static chain_saved *chain_saved_new(sp_runtime *rt, sp_t *x, sp_t *dp, int keep,
     return cs;
 }
 
-sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_pipe *pipe, int mb, sp_err *err)
+sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, const sp_route *route, sp_pipe *pipe,
+                         int mb, sp_err *err)
 {
     if (bad_inputs("sp_remote_chain", x, deep_prompts, err) || chain_check(rt, x, deep_prompts, err))
         return NULL;
     sp_t *o = op_out(x->g, 3, x->shape, OP_CHAIN, x, deep_prompts, NULL, err);
-    if (!o || !(o->node->chain = chain_saved_new(rt, x, deep_prompts, o->requires_grad, err)))
+    if (!o || !(o->node->chain = chain_saved_new(rt, x, deep_prompts, route, o->requires_grad, err)))
         return NULL;
     chain_saved *cs = o->node->chain;
     cs->pipe = pipe;
@@ -796,14 +831,12 @@ sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_
 
 sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err *err)
 {
-    return sp_remote_chain_mb(rt, x, deep_prompts, NULL, 0, err);
+    return sp_remote_chain_mb(rt, x, deep_prompts, NULL, NULL, 0, err);
 }
 
 static sp_status chain_backward(sp_node *nd, float **d, sp_err *err)
 {
     chain_saved *cs = nd->chain;
-    if (cs->rt->nroute != cs->nroute || memcmp(cs->rt->route, cs->route, (size_t)cs->nroute * sizeof *cs->route))
-        return sp_errf(err, SP_ERR_STATE, "remote chain backward: the route changed since the forward");
     int64_t n = nd->out->n;
     float *g = dup_floats(nd->gout, n);
     float *gp = d[1] ? calloc((size_t)nd->in[1]->n, sizeof(float)) : NULL;

@@ -23,6 +23,7 @@
 #include "status.h"
 
 struct sp_runtime;
+struct sp_route;
 struct sp_model;
 typedef struct sp_graph sp_graph;
 typedef struct sp_node sp_node;
@@ -88,13 +89,16 @@ sp_t *sp_scale(sp_t *a, float s, sp_err *err);
 sp_t *sp_cross_entropy(sp_t *logits, const int32_t *targets, sp_err *err); /* logits [N, C] */
 sp_t *sp_mse(sp_t *pred, const float *target, sp_err *err);
 sp_t *sp_bce_logits(sp_t *logits, const float *target, sp_err *err);
-/* The remote chain over rt's route: x [B, T, H] through every block; deep prompts [L, B, P, H] (NULL: none;
+/* The remote chain through the swarm: x [B, T, H] through every block; deep prompts [L, B, P, H] (NULL: none;
  * P <= T). The batch runs as sub-batches of max(1, 1024 / T) rows, concurrently (one thread each), forward
- * and backward; the result equals the unsplit computation. Its backward needs the route of the forward. */
+ * and backward, each over its own max-throughput route; the result equals the unsplit computation. Servers
+ * that fail are replaced (runtime.h), in the forward and in the backward. */
 sp_t *sp_remote_chain(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_err *err);
-/* The same for microbatch mb of a pipelined step: every hop of its forward and of its backward waits for
- * its turn on that stage of pipe (pipeline.h; pipe's stages are the route's hops). */
-sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, sp_pipe *pipe, int mb, sp_err *err);
+/* The same for microbatch mb of a pipelined step over route (every sub-batch uses it): every stage of its
+ * forward and of its backward waits for its turn on that stage of pipe (pipeline.h; pipe's stages are the
+ * route's stages). route NULL, pipe NULL: as sp_remote_chain. */
+sp_t *sp_remote_chain_mb(struct sp_runtime *rt, sp_t *x, sp_t *deep_prompts, const struct sp_route *route,
+                         sp_pipe *pipe, int mb, sp_err *err);
 /* The same op in this process over the blocks m holds (weights frozen), with the same prompt semantics
  * (deep prompts [nblocks, B, P, H]): the single-process baseline the swarm is compared with. m must outlive
  * the graph's backward calls. */

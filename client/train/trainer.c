@@ -37,6 +37,7 @@ struct sp_trainer {
     long positions[64]; /* B x (T + P) each microbatch ran (T: its longest row) */
     int nmicro;
     sp_pipe *pipe; /* the current (or last) pipelined step's stages; NULL: microbatches run one by one */
+    sp_route route; /* the pipelined step's route (its stages are the pipe's) */
     char errbuf[512];
 };
 
@@ -249,6 +250,7 @@ void sp_trainer_free(sp_trainer *t)
 }
 
 const sp_pipe *sp_trainer_last_pipe(const sp_trainer *t) { return t->pipe; }
+const sp_route *sp_trainer_last_route(const sp_trainer *t) { return t->pipe ? &t->route : NULL; }
 
 int sp_trainer_params(sp_trainer *t, sp_t ***params)
 {
@@ -335,7 +337,8 @@ static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, int tra
         deep = t->rep_deep[mb] = replicate(t, t->deep, B, 1, train);
     sp_t *h = !x           ? NULL
               : t->blocks ? sp_local_chain(t->blocks, x, deep, err)
-                          : sp_remote_chain_mb(t->rt, x, deep, train ? t->pipe : NULL, mb, err);
+                          : sp_remote_chain_mb(t->rt, x, deep, train && t->pipe ? &t->route : NULL,
+                                               train ? t->pipe : NULL, mb, err);
     if (h && P > 0)
         h = sp_slice_pos(h, P, P + T, err); /* the prefix goes before the final norm */
     if (h)
@@ -505,10 +508,12 @@ static void *mb_run(void *arg)
 static sp_status run_pipelined(sp_trainer *t, const int *idx, int n, int M, const int *starts, float *loss,
                                sp_err *err)
 {
-    if (!t->rt->nroute && sp_runtime_route(t->rt, err))
-        return err && err->code ? err->code : SP_ERR_NOTFOUND;
+    sp_status rst = sp_runtime_route_train(t->rt, &t->route, err); /* one route for the step: its stages */
+    if (rst)
+        return rst;
+    sp_runtime_note_route(t->rt, &t->route);
     sp_pipe_free(t->pipe);
-    t->pipe = sp_pipe_new(t->rt->nroute, M, t->o.schedule == SP_SCHED_AFAB ? SP_PIPE_AFAB : SP_PIPE_1F1B,
+    t->pipe = sp_pipe_new(t->route.nstages, M, t->o.schedule == SP_SCHED_AFAB ? SP_PIPE_AFAB : SP_PIPE_1F1B,
                           t->o.max_in_flight);
     mb_job jobs[64];
     pthread_t th[64];
@@ -564,7 +569,7 @@ static sp_status run_schedule(sp_trainer *t, const int *idx, int n, float *loss,
         sizes[m] = starts[m + 1] - starts[m];
     if (!t->blocks && M > 1)
         return run_pipelined(t, idx, n, M, starts, loss, err);
-    int stages = t->blocks ? 1 : (t->rt->nroute > 0 ? t->rt->nroute : 1);
+    int stages = 1; /* one microbatch (or the local baseline): no stages to fill */
     int warm = t->o.schedule == SP_SCHED_AFAB ? M : (stages < M ? stages : M);
     if (t->o.max_in_flight > 0 && warm > t->o.max_in_flight)
         warm = t->o.max_in_flight;

@@ -67,6 +67,8 @@ sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp
 int sp_trainer_params(sp_trainer *t, sp_t ***params);
 /* The stages of the last pipelined step (its per-stage traces), or NULL if none ran. */
 const sp_pipe *sp_trainer_last_pipe(const sp_trainer *t);
+/* The route of the last pipelined step (its stages are the pipe's); NULL before one ran. */
+const struct sp_route *sp_trainer_last_route(const sp_trainer *t);
 /* The whole run: epochs over shuffled batches, validation after each epoch. */
 sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err);
 /* Validation metrics into buf ("accuracy=0.8120 loss=0.41 n=1000"). */

@@ -32,7 +32,7 @@ rc=$?
 [ $rc -eq 0 ] && ok "swarm session exits 0" || { bad "swarm session exit $rc"; tail -5 "$TMP/err"; }
 for i in $(seq 0 $((n - 1))); do
     # the text between ==i== and the next marker (or the servers table)
-    awk -v s="==$i==" -v e="==$((i + 1))==" '$0==s{on=1;next} $0==e||/^address /{on=0} on' "$TMP/out" > "$TMP/got$i"
+    awk -v s="==$i==" -v e="==$((i + 1))==" '$0==s{on=1;next} $0==e||/^id +name /{on=0} on' "$TMP/out" > "$TMP/got$i"
     if cmp -s "$TMP/got$i" "$TMP/want$i"; then
         ok "stories15M line $i through 3 servers identical to run.c"
     else
@@ -40,8 +40,9 @@ for i in $(seq 0 $((n - 1))); do
         diff <(fold -w 80 "$TMP/want$i") <(fold -w 80 "$TMP/got$i") | head -6 | sed 's/^/    /'
     fi
 done
-grep -qE "^127\.0\.0\.1:[0-9]+ +0:2 .* online \(local\)" "$TMP/out" && ok "servers table lists 0:2 online" || bad "servers table"
-grep -qE "^0:2 127\.0\.0\.1:[0-9]+ -> 2:4 127\.0\.0\.1:[0-9]+ -> 4:6 127\.0\.0\.1:[0-9]+$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6" || bad "route"
+grep -qE "^[0-9a-f]{8} +- +127\.0\.0\.1:[0-9]+ +0:2 +online .* 0\.1\.0 +\(local\)$" "$TMP/out" && ok "servers table lists 0:2 online" || bad "servers table"
+hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
+grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop; [0-9]+ steps/s expected$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
 grep -q "stopped" "$TMP/err" && ok "swarm down stops the servers" || bad "swarm down"
 
 # llama-gqa (no tokenizer): ids in, ids out, against transformers' greedy.output
@@ -76,7 +77,7 @@ expect 1 "generate without servers" "no servers" -- "$SEPAL" -c "load $M; genera
 expect 1 "unreachable server" "127\.0\.0\.1:1" -- "$SEPAL" -c "load $M; connect 127.0.0.1:1"
 expect 1 "bad address" "HOST:PORT" -- "$SEPAL" -c "connect nowhere"
 expect 1 "swarm up without a model" "no model loaded" -- "$SEPAL" -c "swarm up 2"
-expect 1 "too many servers for the blocks" "cannot cover" -- "$SEPAL" -c "load $GQA; swarm up 9"
+expect 1 "too many servers for the blocks" "9 servers for 4 blocks leave some without a block" -- "$SEPAL" -c "load $GQA; swarm up 9"
 expect 1 "ids outside the vocabulary" "outside the vocabulary" -- "$SEPAL" -c "load $GQA; swarm up 1; generate --ids 1,99999"
 expect 1 "text prompt without a tokenizer" "no tokenizer" -- "$SEPAL" -c "load $GQA; swarm up 1; generate hello"
 expect 1 "bad option" "unknown option '--bogus'" -- "$SEPAL" -c "load $M; swarm up 1; generate hi --bogus 3"

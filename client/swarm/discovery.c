@@ -1,0 +1,250 @@
+/* discovery.c - the client in the DHT: a node of its own (a supervised child, dht/dht.h) that announces
+ * nothing, a live view of the loaded model's servers (dht/view.h) whose changes become server entries and
+ * events, and a pinger that measures the round trip to the servers routing will choose between (Petals:
+ * up to 3 of the first block's, of middle blocks' and of the last block's servers per round). */
+#include "swarm_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dht.h"
+#include "timeutil.h"
+#include "view.h"
+
+#define PINGS_PER_GROUP 3
+#define PING_ALPHA 0.2
+#define PING_TIMEOUT_MS 2000
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the view's changes become entries */
+
+static void on_change(void *user, sp_view_change what, const sp_server_record *r, const sp_server_record *prev)
+{
+    sp_runtime *rt = user;
+    pthread_mutex_lock(&rt->lock);
+    int i = -1;
+    if (what == SP_VIEW_GONE) {
+        for (int k = 0; k < rt->nservers; k++)
+            if (!strcmp(rt->servers[k]->rec.id, r->id)) {
+                rt->servers[k]->gone = 1;
+                i = k;
+            }
+    } else {
+        i = sp_rt_server_put(rt, r, 1);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    if (i < 0)
+        return;
+    const char *name = r->name[0] ? r->name : r->id;
+    if (what == SP_VIEW_NEW)
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s joined: blocks %d:%d at %s:%d (%s)", name, r->start, r->end,
+                    r->host, r->port, sp_server_state_name(r->state));
+    else if (what == SP_VIEW_GONE)
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s left (no announcement for %.0f s)", name, 3 * r->period);
+    else if (prev->state != r->state || prev->start != r->start || prev->end != r->end)
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s: blocks %d:%d, %s", name, r->start, r->end,
+                    sp_server_state_name(r->state));
+    if (what != SP_VIEW_CHANGED || prev->state != r->state)
+        pthread_cond_broadcast(&rt->pinger_cond); /* ping newcomers soon */
+}
+
+static void on_value(void *user, const char *key, const uint8_t *data, size_t len, int expired)
+{
+    sp_runtime *rt = user;
+    pthread_mutex_lock(&rt->view_lock);
+    if (rt->view)
+        sp_view_on_value(rt->view, key, data, len, expired);
+    pthread_mutex_unlock(&rt->view_lock);
+}
+
+static void on_get_done(void *user, const char *key, int ok)
+{
+    sp_runtime *rt = user;
+    pthread_mutex_lock(&rt->view_lock);
+    if (rt->view)
+        sp_view_on_get_done(rt->view, key, ok);
+    pthread_mutex_unlock(&rt->view_lock);
+}
+
+static void on_dht_event(void *user, const char *text) { sp_rt_emit(user, SP_EV_INFO, text, 0, 0, 0); }
+
+/* Replaces the view (NULL: none); entries found through the old one become gone. */
+static void set_view(sp_runtime *rt, sp_view *v)
+{
+    pthread_mutex_lock(&rt->view_lock);
+    sp_view *old = rt->view;
+    rt->view = v;
+    pthread_mutex_unlock(&rt->view_lock);
+    sp_view_free(old);
+    if (!old)
+        return;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        if (rt->servers[i]->from_dht)
+            rt->servers[i]->gone = 1;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
+{
+    if (!rt->dht)
+        return SP_OK;
+    set_view(rt, NULL);
+    sp_view_opts o = {.model = rt->local ? rt->model_prefix : NULL,
+                      .config_hash = rt->local ? rt->local->cfg.hash : 0,
+                      .num_blocks = rt->local ? rt->local->cfg.n_layers : 0,
+                      .refresh_s = rt->set.update_period_s, .on_change = on_change, .user = rt};
+    sp_view *v = NULL;
+    sp_status st = sp_view_new(&v, rt->dht, &o, err);
+    if (!st)
+        set_view(rt, v);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* pings */
+
+/* Pings server i once over its connection; updates its smoothed round trip. */
+static void ping_server(sp_runtime *rt, int i)
+{
+    sp_reply rep;
+    double t0 = sp_now_s();
+    sp_status st = sp_rt_call(rt, i, SP_MSG_PING, NULL, NULL, 0, &rep, PING_TIMEOUT_MS, NULL);
+    double rtt = sp_now_s() - t0;
+    sp_reply_clear(&rep);
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
+    if (st)
+        e->rtt = INFINITY;
+    else
+        e->rtt = e->rtt < 0 || isinf(e->rtt) ? rtt : PING_ALPHA * rtt + (1 - PING_ALPHA) * e->rtt;
+    e->rtt_when = sp_now_s();
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* Servers of the first block, of middle blocks and of the last block whose round trip is unknown or older
+ * than the update period: up to PINGS_PER_GROUP of each. */
+static int ping_candidates(sp_runtime *rt, int *out, int cap)
+{
+    int L = rt->local ? rt->local->cfg.n_layers : 0, n = 0, count[3] = {0, 0, 0};
+    double now = sp_now_s();
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers && n < cap && L > 0; i++) {
+        const sp_server_entry *e = rt->servers[i];
+        if (e->gone || e->rec.state != SP_SERVER_ONLINE || (e->rtt >= 0 && now - e->rtt_when < rt->set.update_period_s))
+            continue;
+        int g = e->rec.start == 0 ? 0 : e->rec.end == L ? 2 : 1;
+        if (count[g] < PINGS_PER_GROUP) {
+            count[g]++;
+            out[n++] = i;
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return n;
+}
+
+static void *pinger_main(void *arg)
+{
+    sp_runtime *rt = arg;
+    pthread_mutex_lock(&rt->lock);
+    while (!rt->pinger_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 2;
+        pthread_cond_timedwait(&rt->pinger_cond, &rt->lock, &ts);
+        if (rt->pinger_stop)
+            break;
+        pthread_mutex_unlock(&rt->lock);
+        int cand[3 * PINGS_PER_GROUP];
+        int n = ping_candidates(rt, cand, 3 * PINGS_PER_GROUP);
+        for (int k = 0; k < n && !rt->pinger_stop; k++)
+            ping_server(rt, cand[k]);
+        pthread_mutex_lock(&rt->lock);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* joining and leaving */
+
+/* 127.0.0.1 when every peer is on loopback (so the node is not reachable from elsewhere), else all. */
+static const char *bind_for(const char *peers)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", peers);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (strncmp(t, "127.", 4) && strncmp(t, "localhost:", 10))
+            return "0.0.0.0";
+    return "127.0.0.1";
+}
+
+sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err)
+{
+    if (rt->dht)
+        return sp_errf(err, SP_ERR_STATE, "already in a swarm (joined through %s)", rt->initial_peers);
+    sp_dht_opts o = {.bind = bind_for(initial_peers), .bootstrap = initial_peers, .on_value = on_value,
+                     .on_get_done = on_get_done, .on_event = on_dht_event, .user = rt};
+    sp_status st = sp_dht_start(&rt->dht, &o, err);
+    if (st)
+        return sp_err_prefix(err, "joining the swarm through %s: ", initial_peers);
+    snprintf(rt->initial_peers, sizeof rt->initial_peers, "%s", initial_peers);
+    st = sp_rt_view_follow_model(rt, err);
+    if (!st && !rt->pinger_started) {
+        rt->pinger_stop = 0;
+        rt->pinger_started = !pthread_create(&rt->pinger, NULL, pinger_main, rt);
+    }
+    if (st) {
+        sp_rt_leave(rt);
+        return st;
+    }
+    sp_rt_emitf(rt, SP_EV_INFO, 0, "joined the swarm through %s (DHT node on %s:%d)", initial_peers,
+                o.bind, sp_dht_port(rt->dht));
+    return SP_OK;
+}
+
+void sp_rt_leave(sp_runtime *rt)
+{
+    if (rt->pinger_started) {
+        pthread_mutex_lock(&rt->lock);
+        rt->pinger_stop = 1;
+        pthread_cond_broadcast(&rt->pinger_cond);
+        pthread_mutex_unlock(&rt->lock);
+        pthread_join(rt->pinger, NULL);
+        rt->pinger_started = 0;
+    }
+    set_view(rt, NULL);
+    sp_dht_stop(rt->dht);
+    rt->dht = NULL;
+    rt->initial_peers[0] = '\0';
+}
+
+int sp_runtime_models(sp_runtime *rt, sp_model_record **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&rt->view_lock);
+    int n = rt->view ? sp_view_models(rt->view, out) : 0;
+    pthread_mutex_unlock(&rt->view_lock);
+    return n;
+}
+
+int sp_rt_wait_server(sp_runtime *rt, int port, double timeout_s)
+{
+    double end = sp_now_s() + timeout_s;
+    for (;;) {
+        pthread_mutex_lock(&rt->lock);
+        int found = -1;
+        for (int i = 0; i < rt->nservers && found < 0; i++) {
+            const sp_server_entry *e = rt->servers[i];
+            if (!e->gone && e->from_dht && e->rec.port == port && e->rec.state == SP_SERVER_ONLINE)
+                found = i;
+        }
+        pthread_mutex_unlock(&rt->lock);
+        if (found >= 0 || sp_now_s() > end)
+            return found;
+        sp_rt_sleep(0.01);
+    }
+}

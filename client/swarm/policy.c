@@ -1,0 +1,92 @@
+/* policy.c - what the runtime does when a server fails (Petals' policy, reference/petals-internals.md §4.6,
+ * §9.7): the server is banned for ban_s * 2^k seconds (k: its failures since its last success), requests
+ * are retried after 0, 1, 2, 4 ... backoff_max_s seconds on a route that avoids it, and each retry is an
+ * event. Timeouts come from what the server's announced throughput predicts, so a hung server is noticed
+ * within seconds of a decode step. */
+#include "swarm_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "timeutil.h"
+
+int sp_rt_retryable(sp_status st, const sp_reply *rep)
+{
+    const char *code = rep ? sp_reply_error_code(rep) : NULL;
+    if (!code) /* transport failures, timeouts, replies that are malformed or hold non-finite values */
+        return st == SP_ERR_IO || st == SP_ERR_CLOSED || st == SP_ERR_TIMEOUT || st == SP_ERR_FORMAT ||
+               st == SP_ERR_RANGE || st == SP_ERR_NOTFOUND || st == SP_ERR_STATE;
+    /* errors any server would give for this request are ours, not the server's */
+    static const char *const ours[] = {"bad_request", "shape", "dtype", "non_finite", "version", "malformed"};
+    for (size_t i = 0; i < sizeof ours / sizeof *ours; i++)
+        if (!strcmp(code, ours[i]))
+            return 0;
+    return 1;
+}
+
+void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
+{
+    char label[160];
+    sp_rt_server_label(rt, i, label, sizeof label);
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
+    double ban = rt->set.ban_s * pow(2.0, e->failures < 20 ? e->failures : 20);
+    double now = sp_now_s();
+    if (e->banned_until < now) { /* a server already banned keeps its ban (Petals' Blacklist) */
+        e->banned_until = now + ban;
+        e->failures++;
+    } else {
+        ban = e->banned_until - now;
+    }
+    int start = e->rec.start, end = e->rec.end, max = rt->set.max_retries;
+    pthread_mutex_unlock(&rt->lock);
+    if (attempt < max)
+        sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; retry %d of %d in %.0f s",
+                    label, start, end, why && why->msg[0] ? why->msg : "?", ban, attempt + 1, max,
+                    sp_rt_backoff(rt, attempt + 1));
+    else
+        sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; no retries left (%d)",
+                    label, start, end, why && why->msg[0] ? why->msg : "?", ban, max);
+}
+
+void sp_rt_succeeded(sp_runtime *rt, int i)
+{
+    pthread_mutex_lock(&rt->lock);
+    rt->servers[i]->failures = 0;
+    rt->servers[i]->banned_until = 0;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+double sp_rt_backoff(const sp_runtime *rt, int attempt)
+{
+    if (attempt <= 1)
+        return 0;
+    double d = pow(2.0, attempt - 2);
+    return d < rt->set.backoff_max_s ? d : rt->set.backoff_max_s;
+}
+
+void sp_rt_sleep(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts))
+        ;
+}
+
+int sp_rt_timeout_ms(sp_runtime *rt, int i, int nblocks, long tokens, int decode)
+{
+    if (rt->set.step_timeout_s > 0)
+        return (int)(rt->set.step_timeout_s * 1000);
+    pthread_mutex_lock(&rt->lock);
+    const sp_server_record *r = &rt->servers[i]->rec;
+    double rate = decode ? r->inference_rps : r->forward_rps; /* per block */
+    pthread_mutex_unlock(&rt->lock);
+    if (rate <= 0)
+        rate = decode ? 50 : 500; /* unknown: slow, so that a slow server is not taken for a dead one */
+    double expected = (double)(tokens > 0 ? tokens : 1) * nblocks / rate;
+    double ms = 1000 * (2.0 + 20 * expected);
+    return ms < CALL_TIMEOUT_MS ? (int)ms : CALL_TIMEOUT_MS;
+}
