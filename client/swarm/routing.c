@@ -1,12 +1,29 @@
 /* routing.c - min-latency (Dijkstra) and max-throughput routes over server spans.
  *
- * The graph of the min-latency route has a node (span, block boundary) for every boundary a span touches
- * inside the range; compute edges join a span's consecutive boundaries. The transitions at a boundary b go
- * from every span ending at b to every span holding block b: all pairs would be ~10^7 edges for 10,000
- * servers. They are relaxed lazily and exactly instead: a switch without a known ping costs the same
- * 0.15 s + 0.018 s + the target's penalty whoever it comes from, so only the first span to reach b (the
- * closest, in Dijkstra's order) needs to relax those targets; a target it has a known ping to stays
- * "pending" for the next span to reach b, and every span also relaxes its own (at most 16) known pings. */
+ * Petals' min-latency graph has a node (span, block boundary) for every boundary a span touches inside
+ * the range, and an exit; compute edges join a span's consecutive boundaries. Two things keep it small
+ * here without changing any distance:
+ *
+ *   - the chain of a span is folded: a node inside a span has no edge out but the compute edge, so the
+ *     graph keeps one node per span (its last boundary in the range); entering the span at boundary b
+ *     relaxes that node with the entry edge plus the blocks b .. end - 1, added one by one.
+ *   - the transitions at a boundary b go from every span ending at b to every span holding block b: all
+ *     pairs would be ~10^7 edges for 10,000 servers over 80 blocks. They are relaxed lazily instead, and
+ *     exactly. A switch cur -> t without a known ping costs default(t) = 0.15 + 0.018 (+ 10 without
+ *     cache) whoever cur is. Dijkstra settles the spans ending at b in order of distance, so the first
+ *     one settled WITHOUT a known ping to t makes t the best default-priced offer there is; no later one
+ *     can beat it. So each boundary keeps a list of "pending" targets: the first span settled at b
+ *     relaxes every target it has no known ping to and drops it from the list; the targets it knows a
+ *     ping to stay pending for the next span settled at b, and so on. After the first, each span scans
+ *     only what is still pending (at most its predecessors' known pings). Every span also relaxes its
+ *     own known pings explicitly, at their real cost. A known ping slower than the default is never
+ *     undercut (as a single virtual node per boundary would): the span that knows it does not offer the
+ *     default price for that target; only spans with no ping to it do, as in the all-pairs graph.
+ *
+ * So every edge of Petals' graph is either relaxed or dominated by one that was: the distances are the
+ * all-pairs graph's, in O((N + P) log N) for N spans and P known pings, plus the blocks of each entry
+ * (bench/route.c checks against an all-pairs Dijkstra on 10,000 servers, tests/test_routing.c against
+ * exhaustive search). */
 #include "routing.h"
 
 #include <math.h>
@@ -15,9 +32,9 @@
 
 double sp_route_delay(double rtt)
 {
-    if (rtt < 0)
+    if (!(rtt >= 0)) /* < 0 or NaN: unknown */
         return SP_ROUTE_UNKNOWN_DELAY;
-    return rtt / 2 < 5 ? rtt / 2 : 5; /* INFINITY (unreachable) costs 5 s */
+    return rtt / 2 < SP_ROUTE_MAX_DELAY ? rtt / 2 : SP_ROUTE_MAX_DELAY; /* INFINITY (unreachable): 5 s */
 }
 
 int sp_route_has_cache(const sp_route_span *s, long cache_tokens)
@@ -25,58 +42,68 @@ int sp_route_has_cache(const sp_route_span *s, long cache_tokens)
     return cache_tokens <= 0 || s->cache_tokens_left < 0 || cache_tokens <= s->cache_tokens_left;
 }
 
-static double entry_cost(const sp_route_span *s, double rtt, long cache)
-{
-    return sp_route_delay(rtt) + SP_ROUTE_OVERHEAD + (sp_route_has_cache(s, cache) ? 0 : SP_ROUTE_NO_CACHE);
-}
-
 static double block_cost(const sp_route_span *s)
 {
     return 1.0 / (s->inference_rps > 0 ? s->inference_rps : SP_ROUTE_DEFAULT_RPS);
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* which spans take part: those meeting [start, end), banned ones only where a block has no other cover */
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
 
-static int *select_spans(const sp_route_span *s, int n, int start, int end, int *nsel)
+/* ---------------------------------------------------------------------------------------------- */
+/* which spans take part */
+
+static int meets(const sp_route_span *x, int start, int end)
 {
-    int L = end - start, k = 0;
-    char *cover = calloc((size_t)L, 1);
-    int *sel = malloc((size_t)(n > 0 ? n : 1) * sizeof *sel);
-    if (!cover || !sel) {
-        free(cover);
-        free(sel);
-        return NULL;
-    }
-    for (int j = 0; j < n; j++)
-        if (!s[j].banned)
-            for (int b = s[j].start > start ? s[j].start : start; b < s[j].end && b < end; b++)
-                cover[b - start] = 1;
-    for (int j = 0; j < n; j++) {
-        if (s[j].end <= start || s[j].start >= end || s[j].start >= s[j].end)
-            continue;
-        int take = !s[j].banned;
-        for (int b = s[j].start > start ? s[j].start : start; !take && b < s[j].end && b < end; b++)
-            take = !cover[b - start];
-        if (take)
-            sel[k++] = j;
-    }
-    free(cover);
-    *nsel = k;
-    return sel;
+    return x->start < x->end && x->start < end && x->end > start;
 }
 
-/* The first block of [start, end) no selected span covers, or -1. */
-static int first_missing(const sp_route_span *s, const int *sel, int k, int start, int end)
+static int unreachable(const sp_route_span *x)
 {
-    for (int b = start; b < end; b++) {
-        int ok = 0;
-        for (int i = 0; i < k && !ok; i++)
-            ok = s[sel[i]].start <= b && b < s[sel[i]].end;
-        if (!ok)
-            return b;
+    return isinf(x->client_rtt) && x->client_rtt > 0;
+}
+
+static int avoided(const sp_route_span *x)
+{
+    return x->banned || unreachable(x);
+}
+
+/* Fills sel (room for n) with the spans taking part: those meeting [start, end), avoided ones only where
+ * they hold a block nothing else holds. Returns their number (-2: out of memory), *missing the first
+ * block no span at all holds (-1: none). O(n + L) with difference arrays. */
+static int select_spans(const sp_route_span *s, int n, int start, int end, int *sel, int *missing)
+{
+    int L = end - start, k = 0;
+    int *all = calloc((size_t)L + 1, sizeof *all), *own = calloc((size_t)L + 1, sizeof *own);
+    int *unc = calloc((size_t)L + 1, sizeof *unc); /* unc[b]: blocks before b held by no unavoided span */
+    if (!all || !own || !unc) {
+        free(all), free(own), free(unc);
+        return -2;
     }
-    return -1;
+    for (int j = 0; j < n; j++) {
+        if (!meets(&s[j], start, end))
+            continue;
+        int lo = imax(s[j].start, start) - start, hi = imin(s[j].end, end) - start;
+        all[lo]++, all[hi]--;
+        if (!avoided(&s[j]))
+            own[lo]++, own[hi]--;
+    }
+    *missing = -1;
+    for (int b = 0, ca = 0, co = 0; b < L; b++) {
+        ca += all[b], co += own[b];
+        if (!ca && *missing < 0)
+            *missing = start + b;
+        unc[b + 1] = unc[b] + !co;
+    }
+    for (int j = 0; j < n; j++) {
+        if (!meets(&s[j], start, end))
+            continue;
+        int lo = imax(s[j].start, start) - start, hi = imin(s[j].end, end) - start;
+        if (!avoided(&s[j]) || unc[hi] > unc[lo])
+            sel[k++] = j;
+    }
+    free(all), free(own), free(unc);
+    return k;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -98,7 +125,7 @@ static int heap_push(heap *h, double d, int node)
         int cap = h->cap ? 2 * h->cap : 1024;
         heap_item *a = realloc(h->a, (size_t)cap * sizeof *a);
         if (!a)
-            return -1;
+            return -2;
         h->a = a;
         h->cap = cap;
     }
@@ -133,181 +160,263 @@ static heap_item heap_pop(heap *h)
 /* ---------------------------------------------------------------------------------------------- */
 /* the min-latency graph */
 
+/* Petals' node (span, boundary b) for b inside a span has one way out, the compute edge to b + 1, unless
+ * it is the span's last boundary hi (the exit, or the switches at the span's end). So the chain is folded:
+ * node i stands for (graph span i, hi[i]), and entering span i at boundary b relaxes node i directly with
+ * the entry and the compute edges of blocks b .. hi - 1, added one by one as Dijkstra would add them
+ * along the chain. Node k is the exit. */
 typedef struct graph {
     const sp_route_span *s;
-    const int *sel;   /* node spans: graph span i is s[sel[i]] */
+    const int *sel; /* graph span i is s[sel[i]] */
     int k, start, end;
     long cache;
-    int *base, *lo;   /* graph span i: nodes base[i] .. base[i] + hi - lo for boundaries lo .. hi */
-    int nodes;        /* the exit node is `nodes` */
-    int *span_of;     /* node -> graph span */
-    int *bstart, *blist, *blen; /* boundary b: graph spans holding block b, at blist[bstart[b - start]] */
-    int *gidx;        /* caller server index -> graph span, -1 */
-    int maxserver;
-    double *dist;
-    int *prev;
+    int *lo, *hi;     /* graph span i holds boundaries lo[i] .. hi[i] of the range */
+    double *bc, *pen; /* its cost per block, its cache penalty (read often: kept apart from the spans) */
+    int *pbeg, *ptgt; /* its known pings: to graph spans ptgt[pbeg[i] .. pbeg[i+1]), first known per target */
+    double *prtt;
+    int *bbeg, *blist, *blen; /* boundary b: pending targets (graph spans holding block b), blist[bbeg[b]..] */
+    double *dist;     /* node i: (span i, hi[i]); node k: the exit */
+    int *from, *entry; /* the best way into node i: from node from[i] (-1: the client), entering at entry[i] */
     heap h;
 } graph;
 
 static void graph_free(graph *g)
 {
-    free(g->base), free(g->lo), free(g->span_of), free(g->bstart), free(g->blist), free(g->blen);
-    free(g->gidx), free(g->dist), free(g->prev), free(g->h.a);
+    free(g->lo), free(g->hi), free(g->bc), free(g->pen), free(g->pbeg), free(g->ptgt), free(g->prtt);
+    free(g->bbeg), free(g->blist), free(g->blen), free(g->dist), free(g->from), free(g->entry), free(g->h.a);
 }
 
-static int graph_build(graph *g)
+typedef struct server_key {
+    int server, span;
+} server_key;
+
+static int cmp_key(const void *a, const void *b)
 {
-    int k = g->k, L = g->end - g->start;
-    g->base = malloc((size_t)k * sizeof(int));
-    g->lo = malloc((size_t)k * sizeof(int));
-    g->bstart = calloc((size_t)L + 1, sizeof(int));
-    g->blen = calloc((size_t)L + 1, sizeof(int));
-    if (!g->base || !g->lo || !g->bstart || !g->blen)
-        return -1;
-    g->maxserver = 0;
-    for (int i = 0; i < k; i++) {
-        const sp_route_span *s = &g->s[g->sel[i]];
-        g->lo[i] = s->start > g->start ? s->start : g->start;
-        int hi = s->end < g->end ? s->end : g->end;
-        g->base[i] = g->nodes;
-        g->nodes += hi - g->lo[i] + 1;
-        for (int b = g->lo[i] > g->start ? g->lo[i] : g->start + 1; b < hi; b++)
-            g->blen[b - g->start]++; /* holds block b, b a boundary inside the range */
-        if (s->server > g->maxserver)
-            g->maxserver = s->server;
+    const server_key *x = a, *y = b;
+    return (x->server > y->server) - (x->server < y->server);
+}
+
+/* Caller's server index -> graph span: a direct table when the indices are dense (the runtime's are
+ * array indices), else a sorted array searched by halves. */
+typedef struct server_map {
+    int *table, size; /* table[server], -1 */
+    server_key *keys;
+    int k;
+} server_map;
+
+static int map_find(const server_map *m, int server)
+{
+    if (m->table)
+        return server >= 0 && server < m->size ? m->table[server] : -1;
+    server_key key = {.server = server}, *f = bsearch(&key, m->keys, (size_t)m->k, sizeof *m->keys, cmp_key);
+    return f ? f->span : -1;
+}
+
+/* 0, -1 (a server index negative or repeated) or -2. */
+static int map_build(server_map *m, const graph *g)
+{
+    int maxs = -1;
+    m->k = g->k;
+    for (int i = 0; i < g->k; i++) {
+        int srv = g->s[g->sel[i]].server;
+        if (srv < 0)
+            return -1;
+        maxs = srv > maxs ? srv : maxs;
     }
-    for (int b = 0; b < L; b++)
-        g->bstart[b + 1] = g->bstart[b] + g->blen[b];
-    g->blist = malloc((size_t)(g->bstart[L] > 0 ? g->bstart[L] : 1) * sizeof(int));
-    g->span_of = malloc((size_t)g->nodes * sizeof(int));
-    g->gidx = malloc((size_t)(g->maxserver + 1) * sizeof(int));
-    g->dist = malloc((size_t)(g->nodes + 1) * sizeof(double));
-    g->prev = malloc((size_t)(g->nodes + 1) * sizeof(int));
-    if (!g->blist || !g->span_of || !g->gidx || !g->dist || !g->prev)
-        return -1;
-    memset(g->blen, 0, (size_t)L * sizeof(int));
-    for (int i = 0; i <= g->maxserver; i++)
-        g->gidx[i] = -1;
-    for (int i = 0; i < k; i++) {
-        const sp_route_span *s = &g->s[g->sel[i]];
-        int hi = s->end < g->end ? s->end : g->end;
-        for (int b = g->lo[i]; b <= hi; b++)
-            g->span_of[g->base[i] + b - g->lo[i]] = i;
-        for (int b = g->lo[i] > g->start ? g->lo[i] : g->start + 1; b < hi; b++)
-            g->blist[g->bstart[b - g->start] + g->blen[b - g->start]++] = i;
-        if (s->server >= 0)
-            g->gidx[s->server] = i;
+    if (maxs < 4 * g->k + 1024) {
+        m->size = maxs + 1;
+        m->table = malloc((size_t)(m->size > 0 ? m->size : 1) * sizeof(int));
+        if (!m->table)
+            return -2;
+        for (int i = 0; i < m->size; i++)
+            m->table[i] = -1;
+        for (int i = 0; i < g->k; i++) {
+            int *slot = &m->table[g->s[g->sel[i]].server];
+            if (*slot >= 0)
+                return -1;
+            *slot = i;
+        }
+        return 0;
     }
-    for (int i = 0; i <= g->nodes; i++) {
-        g->dist[i] = INFINITY;
-        g->prev[i] = -2;
-    }
+    m->keys = malloc((size_t)(g->k > 0 ? g->k : 1) * sizeof *m->keys);
+    if (!m->keys)
+        return -2;
+    for (int i = 0; i < g->k; i++)
+        m->keys[i] = (server_key){g->s[g->sel[i]].server, i};
+    qsort(m->keys, (size_t)g->k, sizeof *m->keys, cmp_key);
+    for (int i = 1; i < g->k; i++)
+        if (m->keys[i].server == m->keys[i - 1].server)
+            return -1;
     return 0;
 }
 
-static int relax(graph *g, int node, double d, int from)
+/* Resolves the spans' next pings to graph spans, the first known entry per target. 0, -1 or -2. */
+static int graph_pings(graph *g)
+{
+    server_map m = {0};
+    int k = g->k, total = 0, rc = map_build(&m, g);
+    for (int i = 0; i < k; i++)
+        total += g->s[g->sel[i]].nnext > 0 ? g->s[g->sel[i]].nnext : 0;
+    g->pbeg = malloc(((size_t)k + 1) * sizeof(int));
+    g->ptgt = malloc((size_t)(total > 0 ? total : 1) * sizeof(int));
+    g->prtt = malloc((size_t)(total > 0 ? total : 1) * sizeof(double));
+    if (!rc && (!g->pbeg || !g->ptgt || !g->prtt))
+        rc = -2;
+    for (int i = 0, n = 0; !rc && i < k; i++) {
+        const sp_route_span *x = &g->s[g->sel[i]];
+        g->pbeg[i] = n;
+        for (int p = 0; p < x->nnext; p++) {
+            int t = x->next[p].rtt >= 0 ? map_find(&m, x->next[p].server) : -1, dup = 0;
+            for (int q = g->pbeg[i]; q < n && !dup; q++)
+                dup = g->ptgt[q] == t;
+            if (t >= 0 && t != i && !dup) {
+                g->ptgt[n] = t;
+                g->prtt[n++] = x->next[p].rtt;
+            }
+        }
+        g->pbeg[i + 1] = n;
+    }
+    free(m.table);
+    free(m.keys);
+    return rc;
+}
+
+/* The spans' bounds and costs, the spans holding each inner boundary's block, the pings. 0, -1 or -2. */
+static int graph_build(graph *g)
+{
+    int k = g->k, L = g->end - g->start;
+    size_t nk = (size_t)k + 1;
+    g->lo = malloc(nk * sizeof(int));
+    g->hi = malloc(nk * sizeof(int));
+    g->bc = malloc(nk * sizeof(double));
+    g->pen = malloc(nk * sizeof(double));
+    g->dist = malloc(nk * sizeof(double));
+    g->from = malloc(nk * sizeof(int));
+    g->entry = malloc(nk * sizeof(int));
+    g->bbeg = calloc((size_t)L + 1, sizeof(int));
+    g->blen = calloc((size_t)L + 1, sizeof(int));
+    if (!g->lo || !g->hi || !g->bc || !g->pen || !g->dist || !g->from || !g->entry || !g->bbeg || !g->blen)
+        return -2;
+    for (int i = 0; i < k; i++) {
+        const sp_route_span *x = &g->s[g->sel[i]];
+        g->lo[i] = imax(x->start, g->start);
+        g->hi[i] = imin(x->end, g->end);
+        g->bc[i] = block_cost(x);
+        g->pen[i] = sp_route_has_cache(x, g->cache) ? 0 : SP_ROUTE_NO_CACHE;
+        for (int b = imax(g->lo[i], g->start + 1); b < g->hi[i]; b++)
+            g->blen[b - g->start]++; /* holds block b, b an inner boundary: a switch target at b */
+    }
+    for (int b = 0; b < L; b++)
+        g->bbeg[b + 1] = g->bbeg[b] + g->blen[b];
+    g->blist = malloc((size_t)(g->bbeg[L] > 0 ? g->bbeg[L] : 1) * sizeof(int));
+    if (!g->blist)
+        return -2;
+    memset(g->blen, 0, (size_t)L * sizeof(int));
+    for (int i = 0; i < k; i++)
+        for (int b = imax(g->lo[i], g->start + 1); b < g->hi[i]; b++)
+            g->blist[g->bbeg[b - g->start] + g->blen[b - g->start]++] = i;
+    for (int i = 0; i <= k; i++) {
+        g->dist[i] = INFINITY;
+        g->from[i] = g->entry[i] = -1;
+    }
+    return graph_pings(g);
+}
+
+static int relax(graph *g, int node, double d, int from, int entry)
 {
     if (d >= g->dist[node])
         return 0;
     g->dist[node] = d;
-    g->prev[node] = from;
+    g->from[node] = from;
+    g->entry[node] = entry;
     return heap_push(&g->h, d, node);
 }
 
-static int node_at(const graph *g, int i, int b) { return g->base[i] + b - g->lo[i]; }
+/* Span t entered at boundary b at distance d (its entry edge included): its blocks b .. hi - 1. */
+static int enter_span(graph *g, int t, int b, double d, int from)
+{
+    for (int j = b; j < g->hi[t]; j++)
+        d += g->bc[t];
+    return relax(g, t, d, from, b);
+}
+
+/* The entry edge into graph span t after a hop of this rtt (the client's or a known ping; < 0: unknown). */
+static double entry_at(const graph *g, int t, double rtt)
+{
+    return sp_route_delay(rtt) + SP_ROUTE_OVERHEAD + g->pen[t];
+}
 
 /* The known ping of graph span i to graph span t, or -1. */
 static double known_ping(const graph *g, int i, int t)
 {
-    const sp_route_span *s = &g->s[g->sel[i]];
-    int server = g->s[g->sel[t]].server;
-    for (int p = 0; p < s->nnext; p++)
-        if (s->next[p].server == server)
-            return s->next[p].rtt;
+    for (int p = g->pbeg[i]; p < g->pbeg[i + 1]; p++)
+        if (g->ptgt[p] == t)
+            return g->prtt[p];
     return -1;
 }
 
-/* Graph span i reached boundary b (its span's end) at distance d: switches to the spans holding block b. */
-static int transitions(graph *g, int i, int b, double d, int from)
+/* Graph span i, settled at boundary b (its span's end) at distance d, switches to the spans holding
+ * block b: the default price to the pending targets it has no ping to (they leave the list), its known
+ * pings at their own price. 0 or -2. */
+static int transitions(graph *g, int i, int b, double d)
 {
-    int *list = g->blist + g->bstart[b - g->start], *len = &g->blen[b - g->start], keep = 0;
-    for (int p = 0; p < *len; p++) { /* the pending targets: the default switch unless i knows a ping */
+    int *list = g->blist + g->bbeg[b - g->start], *len = &g->blen[b - g->start], keep = 0;
+    for (int p = 0; p < *len; p++) {
         int t = list[p];
         if (known_ping(g, i, t) >= 0)
             list[keep++] = t;
-        else if (relax(g, node_at(g, t, b), d + entry_cost(&g->s[g->sel[t]], -1, g->cache), from))
-            return -1;
+        else if (enter_span(g, t, b, d + entry_at(g, t, -1), i))
+            return -2;
     }
     *len = keep;
-    const sp_route_span *s = &g->s[g->sel[i]];
-    for (int p = 0; p < s->nnext; p++) { /* its own known pings, to every target holding block b */
-        int srv = s->next[p].server, t = srv >= 0 && srv <= g->maxserver ? g->gidx[srv] : -1;
-        if (t < 0 || t == i)
-            continue;
-        const sp_route_span *ts = &g->s[g->sel[t]];
-        if (ts->start <= b && b < ts->end &&
-            relax(g, node_at(g, t, b), d + entry_cost(ts, s->next[p].rtt, g->cache), from))
-            return -1;
+    for (int p = g->pbeg[i]; p < g->pbeg[i + 1]; p++) {
+        int t = g->ptgt[p];
+        if (g->lo[t] <= b && b < g->hi[t] && enter_span(g, t, b, d + entry_at(g, t, g->prtt[p]), i))
+            return -2;
     }
     return 0;
 }
 
+/* Dijkstra from the entry edges until the exit is settled. 0 or -2. */
 static int dijkstra(graph *g)
 {
-    for (int i = 0; i < g->k; i++) {
-        const sp_route_span *s = &g->s[g->sel[i]];
-        if (s->start <= g->start && g->start < s->end &&
-            relax(g, node_at(g, i, g->start), entry_cost(s, s->client_rtt, g->cache), -1))
-            return -1;
-    }
+    for (int i = 0; i < g->k; i++)
+        if (g->lo[i] == g->start &&
+            enter_span(g, i, g->start, entry_at(g, i, g->s[g->sel[i]].client_rtt), -1))
+            return -2;
     while (g->h.n > 0) {
         heap_item it = heap_pop(&g->h);
-        int u = it.node;
-        if (it.d > g->dist[u])
-            continue;
-        if (u == g->nodes)
+        int i = it.node;
+        if (it.d > g->dist[i])
+            continue; /* a stale entry */
+        if (i == g->k)
             return 0;
-        int i = g->span_of[u], b = g->lo[i] + u - g->base[i];
-        const sp_route_span *s = &g->s[g->sel[i]];
-        int hi = s->end < g->end ? s->end : g->end;
-        if (b < hi && relax(g, u + 1, it.d + block_cost(s), u))
-            return -1;
-        if (b == g->end && relax(g, g->nodes, it.d + sp_route_delay(s->client_rtt), u))
-            return -1;
-        if (b == s->end && b > g->start && b < g->end && transitions(g, i, b, it.d, u))
-            return -1;
+        const sp_route_span *x = &g->s[g->sel[i]];
+        if (g->hi[i] == g->end && relax(g, g->k, it.d + sp_route_delay(x->client_rtt), i, -1))
+            return -2;
+        if (g->hi[i] == x->end && x->end < g->end && transitions(g, i, x->end, it.d))
+            return -2;
     }
     return 0;
 }
 
-/* The path to the exit as hops (consecutive nodes of one span merge). */
+/* The path to the exit as hops; a span is on it at most once (its end comes after its predecessor's).
+ * Each hop's latency is the distance gained since the previous hop (the last hop's includes the exit).
+ * Returns the number of hops, -1 (more than max_hops) or -2. */
 static int path_hops(const graph *g, sp_route_hop *hops, int max_hops)
 {
     int len = 0;
-    for (int u = g->prev[g->nodes]; u >= 0; u = g->prev[u])
+    for (int i = g->from[g->k]; i >= 0; i = g->from[i])
         len++;
-    int *path = malloc((size_t)(len > 0 ? len : 1) * sizeof *path), k = len, nh = 0;
-    if (!path)
+    if (len > max_hops)
         return -1;
-    for (int u = g->prev[g->nodes]; u >= 0; u = g->prev[u])
-        path[--k] = u;
-    double before = 0;
-    for (int p = 0; p < len;) {
-        int i = g->span_of[path[p]], q = p;
-        while (q + 1 < len && g->span_of[path[q + 1]] == i)
-            q++;
-        if (nh == max_hops) {
-            free(path);
-            return -1;
-        }
-        int b0 = g->lo[i] + path[p] - g->base[i], b1 = g->lo[i] + path[q] - g->base[i];
-        double after = q + 1 < len ? g->dist[path[q]] : g->dist[g->nodes];
-        hops[nh++] = (sp_route_hop){.server = g->s[g->sel[i]].server, .start = b0, .end = b1, .latency = after - before};
-        before = after;
-        p = q + 1;
+    for (int i = g->from[g->k], h = len - 1; i >= 0; i = g->from[i], h--) {
+        double before = g->from[i] >= 0 ? g->dist[g->from[i]] : 0;
+        double after = h == len - 1 ? g->dist[g->k] : g->dist[i];
+        hops[h] = (sp_route_hop){.server = g->s[g->sel[i]].server, .start = g->entry[i], .end = g->hi[i],
+                                 .latency = after - before};
     }
-    free(path);
-    return nh;
+    return len;
 }
 
 int sp_route_min_latency(const sp_route_span *s, int n, int start, int end, long cache_tokens, sp_route_hop *hops,
@@ -317,21 +426,22 @@ int sp_route_min_latency(const sp_route_span *s, int n, int start, int end, long
     *cost = 0;
     if (end <= start)
         return 0;
-    int k = 0, *sel = select_spans(s, n, start, end, &k);
+    int *sel = malloc((size_t)(n > 0 ? n : 1) * sizeof *sel);
     if (!sel)
-        return -1;
-    int miss = first_missing(s, sel, k, start, end);
-    if (miss >= 0) {
+        return -2;
+    int k = select_spans(s, n, start, end, sel, missing);
+    if (k < 0 || *missing >= 0) {
         free(sel);
-        *missing = miss;
-        return -1;
+        return k < 0 ? k : -1;
     }
     graph g = {.s = s, .sel = sel, .k = k, .start = start, .end = end, .cache = cache_tokens};
-    int nh = -1;
-    if (!graph_build(&g) && !dijkstra(&g) && isfinite(g.dist[g.nodes])) {
-        nh = path_hops(&g, hops, max_hops);
-        *cost = g.dist[g.nodes];
-    }
+    int nh = graph_build(&g);
+    if (!nh)
+        nh = dijkstra(&g);
+    if (!nh)
+        nh = isfinite(g.dist[g.k]) ? path_hops(&g, hops, max_hops) : -1;
+    if (nh >= 0)
+        *cost = g.dist[g.k];
     graph_free(&g);
     free(sel);
     return nh;
@@ -339,44 +449,49 @@ int sp_route_min_latency(const sp_route_span *s, int n, int start, int end, long
 
 /* ---------------------------------------------------------------------------------------------- */
 
+static double weight(const sp_route_span *x)
+{
+    double w = isfinite(x->throughput) && x->throughput > 0 ? x->throughput : x->end - x->start;
+    return unreachable(x) ? w * SP_ROUTE_UNREACHABLE_WEIGHT : w;
+}
+
 int sp_route_max_throughput(const sp_route_span *s, int n, int start, int end, sp_rng *rng, sp_route_hop *hops,
                             int max_hops, int *missing)
 {
     *missing = -1;
-    int k = 0, *sel = select_spans(s, n, start, end, &k), nh = 0;
-    double *w = malloc((size_t)(k > 0 ? k : 1) * sizeof *w);
-    if (!sel || !w) {
-        free(sel);
-        free(w);
-        return -1;
-    }
-    for (int pos = start; pos < end;) {
-        double total = 0;
-        for (int i = 0; i < k; i++) {
-            const sp_route_span *x = &s[sel[i]];
-            w[i] = 0;
-            if (x->start <= pos && pos < x->end)
-                w[i] = (x->throughput > 0 ? x->throughput : x->end - x->start) * (isinf(x->client_rtt) ? 1e-6 : 1);
-            total += w[i];
-        }
-        if (total <= 0 || nh == max_hops) {
-            *missing = total <= 0 ? pos : -1;
+    if (end <= start)
+        return 0;
+    int *sel = malloc((size_t)(n > 0 ? n : 1) * sizeof *sel), *cand = malloc((size_t)(n > 0 ? n : 1) * sizeof *cand);
+    double *w = malloc((size_t)(n > 0 ? n : 1) * sizeof *w);
+    int k = sel && cand && w ? select_spans(s, n, start, end, sel, missing) : -2, nh = 0;
+    if (k < 0 || *missing >= 0)
+        nh = k < 0 ? k : -1;
+    for (int pos = start; nh >= 0 && pos < end;) {
+        if (nh == max_hops) {
             nh = -1;
             break;
         }
-        double r = sp_rng_f32(rng) * total;
-        int pick = -1;
-        for (int i = 0; i < k; i++)
-            if (w[i] > 0) {
-                pick = i;
-                if ((r -= w[i]) < 0)
-                    break;
+        double total = 0;
+        int nc = 0;
+        for (int i = 0; i < k; i++) {
+            const sp_route_span *x = &s[sel[i]];
+            if (x->start <= pos && pos < x->end) {
+                w[nc] = weight(x);
+                total += w[nc];
+                cand[nc++] = sel[i];
             }
-        const sp_route_span *x = &s[sel[pick]];
-        hops[nh++] = (sp_route_hop){.server = x->server, .start = pos, .end = x->end < end ? x->end : end};
+        }
+        double r = (double)sp_rng_u32(rng) / 4294967296.0 * total;
+        int pick = nc - 1; /* nc > 0: every block is held; rounding can leave r past the last weight */
+        for (int c = 0; c < nc - 1; c++)
+            if ((r -= w[c]) < 0) {
+                pick = c;
+                break;
+            }
+        const sp_route_span *x = &s[cand[pick]];
+        hops[nh++] = (sp_route_hop){.server = x->server, .start = pos, .end = imin(x->end, end)};
         pos = x->end;
     }
-    free(sel);
-    free(w);
+    free(sel), free(cand), free(w);
     return nh;
 }
