@@ -59,7 +59,7 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     rt->on_event = on_event;
     rt->user = user;
-    rt->set = (sp_rt_settings){.max_retries = 8, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 30};
+    rt->set = (sp_rt_settings){.max_retries = 8, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 10};
     pthread_mutex_init(&rt->lock, NULL);
     pthread_mutex_init(&rt->view_lock, NULL);
     pthread_cond_init(&rt->pinger_cond, NULL);

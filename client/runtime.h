@@ -91,7 +91,8 @@ typedef struct sp_rt_settings {
     double backoff_max_s;    /* longest pause between retries (default 60 s) */
     char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
     char blocked[1024];      /* never these */
-    double update_period_s;  /* view refresh and pings (default 30 s) */
+    double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
+                                the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;
 
 typedef struct sp_runtime {

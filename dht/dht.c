@@ -4,7 +4,9 @@
  * with EPIPE instead of raising SIGPIPE: MSG_NOSIGNAL). One thread reads its events and calls the
  * callbacks; when the child dies it is reaped, reported, and started again after a backoff (0.1 s doubling
  * to 5 s; back to 0.1 s once a child ran for 30 s) on the same port, and everything this side asked for is
- * asked again: the bootstrap peers, the listened keys and the last publication of every (key, slot). */
+ * asked again: the bootstrap peers, the listened keys and the last publication of every (key, slot). A
+ * node that still knows no peer is asked to bootstrap again every 2 s (a datagram lost under load would
+ * otherwise leave it alone for a long time). */
 #include "dht.h"
 
 #include <errno.h>
@@ -54,6 +56,7 @@ struct sp_dht {
     int fd;                /* our end of the socketpair, -1 while no child runs */
     int port, restarts, good;
     double started;        /* sp_now_s() of the child's start */
+    double last_boot;      /* sp_now_s() when the peers were last asked to bootstrap through */
     char **peers;          /* "host port" */
     int npeers;
     char **listens;
@@ -294,6 +297,14 @@ static int handle(sp_dht *d, const char *line)
     } else if (sscanf(line, "stats %d %d", &good, &dubious) == 2) {
         pthread_mutex_lock(&d->lock);
         d->good = good;
+        if (good == 0 && sp_now_s() - d->last_boot > 1.0) { /* a lost bootstrap datagram: OpenDHT retries late */
+            char l[200];
+            for (int i = 0; i < d->npeers; i++) {
+                snprintf(l, sizeof l, "boot %s\n", d->peers[i]);
+                send_locked(d, l, NULL, 0);
+            }
+            d->last_boot = sp_now_s();
+        }
         pthread_cond_broadcast(&d->cond);
         pthread_mutex_unlock(&d->lock);
     } else if (!strncmp(line, "error ", 6)) {

@@ -105,6 +105,10 @@ class Node {
         }
         dht::DhtRunner::Config cfg;
         cfg.dht_config.node_config.network = network;
+        // OpenDHT limits requests per source IP address. On loopback every node of the swarm is this machine
+        // and shares 127.0.0.1's budget, so the limit would throttle the swarm against itself.
+        if (ntohl(sin.sin_addr.s_addr) >> 24 == 127)
+            cfg.dht_config.node_config.max_peer_req_per_sec = -1;
         cfg.threaded = true;
         dht::DhtRunner::Context ctx;
         try {
@@ -128,7 +132,11 @@ class Node {
   private:
     dht::DhtRunner runner_;
     std::mt19937_64 rng_;
-    std::map<std::pair<std::string, std::string>, dht::Value::Id> published_;
+    struct Pub {
+        dht::Value::Id id = 0;
+        std::shared_ptr<std::atomic<bool>> reported; // its putdone went out (the parent counts them)
+    };
+    std::map<std::pair<std::string, std::string>, Pub> published_;
     std::map<std::string, bool> listening_;
     std::atomic<bool> stop_{false};
 
@@ -224,11 +232,18 @@ class Node {
         v->id = std::uniform_int_distribution<dht::Value::Id>{1}(rng_);
         auto h = dht::InfoHash::get(key);
         std::string tag = key + " " + slot;
-        runner_.put(h, v, [tag](bool ok) { emit("putdone " + tag + (ok ? " 1" : " 0")); });
+        auto reported = std::make_shared<std::atomic<bool>>(false);
+        runner_.put(h, v, [tag, reported](bool ok) {
+            if (!reported->exchange(true))
+                emit("putdone " + tag + (ok ? " 1" : " 0"));
+        });
         auto &old = published_[{key, slot}];
-        if (old)
-            runner_.cancelPut(h, old); // its remote copies expire at their TTL
-        old = v->id;
+        if (old.id) {
+            runner_.cancelPut(h, old.id); // its remote copies expire at their TTL
+            if (!old.reported->exchange(true)) // a cancelled put never calls back: it is done, superseded
+                emit("putdone " + tag + " 0");
+        }
+        old = Pub{v->id, reported};
     }
 };
 

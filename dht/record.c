@@ -244,7 +244,7 @@ static sp_status decode_fields(sp_server_record *r, const cJSON *o, sp_err *err)
         return st ? st : sp_errf(err, SP_ERR_FORMAT, "'id' is not 16 hex digits");
     if ((st = get_str(o, "name", r->name, sizeof r->name, CH_ANY, 0, err)) ||
         (st = get_str(o, "host", r->host, sizeof r->host, CH_HOST, 1, err)) ||
-        (st = get_int(o, "port", 1, 65535, &port, err)) ||
+        (st = get_int(o, "port", 0, 65535, &port, err)) || /* 0: not listening yet (joining) */
         (st = get_str(o, "dht", r->dht, sizeof r->dht, CH_HOST, 0, err)) ||
         (st = get_str(o, "model", r->model, sizeof r->model, CH_PREFIX, 1, err)) ||
         (st = get_hash(o, &r->config_hash, err)) || (st = get_int(o, "blocks", 1, 1 << 20, &blocks, err)) ||
@@ -271,6 +271,8 @@ static sp_status decode_fields(sp_server_record *r, const cJSON *o, sp_err *err)
 /* The record against what the reader expects: its model, the key's block, the clock. */
 static sp_status check_consistent(const sp_server_record *r, const sp_record_expect *x, sp_err *err)
 {
+    if (r->state == SP_SERVER_ONLINE && r->port == 0)
+        return sp_errf(err, SP_ERR_FORMAT, "online without a port");
     if (r->start >= r->end || r->end > r->num_blocks)
         return sp_errf(err, SP_ERR_FORMAT, "span %d:%d is not inside the model's %d blocks", r->start, r->end,
                        r->num_blocks);

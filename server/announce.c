@@ -337,7 +337,9 @@ void sp_announce_stop(sp_announce *a)
         a->rec.state = SP_SERVER_OFFLINE;
         pthread_mutex_unlock(&a->lock);
         publish_now(a);
-        sp_dht_flush(a->dht, 1000, NULL);
+        sp_err err = {0};
+        if (sp_dht_flush(a->dht, 1000, &err))
+            sp_log(SP_LOG_WARN, "announcing OFFLINE: %s", err.msg);
     }
     pthread_mutex_lock(&a->view_lock); /* no callback uses the view after this */
     sp_view *v = a->view;

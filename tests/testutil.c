@@ -1,9 +1,17 @@
 #include "testutil.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 int sp_test_run(Suite *s)
 {
@@ -55,4 +63,128 @@ const char *sp_test_write_file(const char *name, const void *data, size_t n)
     }
     fclose(f);
     return p;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* real server processes */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void print_log(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        fprintf(stderr, "    %s", line);
+    if (f)
+        fclose(f);
+}
+
+int sp_test_server_start(sp_test_proc *p, const char *const *args)
+{
+    memset(p, 0, sizeof *p);
+    p->dht_port = -1;
+    const char *dir = sp_test_tmpdir();
+    snprintf(p->log, sizeof p->log, "%s/server.log", dir ? dir : "/tmp");
+    const char *argv[64] = {"sepal-server"};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    int pfd[2];
+    if (pipe(pfd))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0)
+            dup2(fd, 2);
+        execv(SEPAL_BIN_DIR "/server/sepal-server", (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[1024];
+    size_t len = 0;
+    double end = now_s() + 60;
+    while (len < sizeof line - 1 && now_s() < end) {
+        struct pollfd q = {.fd = pfd[0], .events = POLLIN};
+        if (poll(&q, 1, 100) <= 0)
+            continue;
+        if (read(pfd[0], line + len, 1) != 1)
+            break;
+        if (line[len++] == '\n')
+            break;
+    }
+    line[len] = '\0';
+    close(pfd[0]);
+    const char *ws = strstr(line, "ws://"), *dht = strstr(line, "DHT ");
+    const char *c1 = ws ? strchr(ws + 5, ':') : NULL, *c2 = dht ? strchr(dht + 4, ':') : NULL;
+    p->pid = pid;
+    if (!c1) {
+        fprintf(stderr, "sepal-server did not start; its log:\n");
+        print_log(p->log);
+        sp_test_proc_signal(p, SIGKILL);
+        return -1;
+    }
+    p->port = atoi(c1 + 1);
+    p->dht_port = c2 ? atoi(c2 + 1) : -1;
+    return 0;
+}
+
+void sp_test_proc_signal(sp_test_proc *p, int sig)
+{
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, sig);
+    if (sig == SIGTERM || sig == SIGKILL) {
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+    }
+}
+
+pid_t sp_test_child_named(pid_t parent, const char *comm)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = -1;
+    while (d && found < 0 && (e = readdir(d))) {
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
+        int ppid = 0;
+        char state = 0;
+        if (open_paren && close_paren && sscanf(close_paren + 2, "%c %d", &state, &ppid) == 2 && ppid == parent &&
+            state != 'Z' && (size_t)(close_paren - open_paren - 1) == strlen(comm) &&
+            !strncmp(open_paren + 1, comm, strlen(comm)))
+            found = (pid_t)atoi(e->d_name);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+int sp_test_wait_for(int (*fn)(void *user), void *user, double timeout_s)
+{
+    double end = now_s() + timeout_s;
+    int v;
+    while (!(v = fn(user)) && now_s() < end) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return v;
 }

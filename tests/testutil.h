@@ -4,6 +4,7 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Runs one suite and returns the process exit status (non-zero on any failure). */
 int sp_test_run(Suite *s);
@@ -13,5 +14,22 @@ double sp_max_abs_diff(const float *a, const float *b, size_t n);
 const char *sp_test_write_file(const char *name, const void *data, size_t n);
 /* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp). */
 const char *sp_test_tmpdir(void);
+
+/* A sepal-server process of the build tree, for tests that kill, stop or restart real servers. */
+typedef struct sp_test_proc {
+    pid_t pid;
+    int port, dht_port;  /* from its "serving ... at ws://H:PORT (... DHT H:D)" line; dht_port -1 without */
+    char log[512];       /* its stderr */
+} sp_test_proc;
+
+/* Starts SEPAL_BIN_DIR/server/sepal-server with args (NULL-terminated) and waits up to 60 s for its
+ * serving line; it dies with the test process. 0, or -1 (the server's log is printed). */
+int sp_test_server_start(sp_test_proc *p, const char *const *args);
+/* Sends sig; SIGTERM/SIGKILL also reap it (pid becomes 0). */
+void sp_test_proc_signal(sp_test_proc *p, int sig);
+/* A child of parent whose command name is comm (the DHT node of a server: "sepal-dht"), or -1. */
+pid_t sp_test_child_named(pid_t parent, const char *comm);
+/* Blocks until fn(user) returns non-zero or timeout_s passes (polling every 10 ms); its last value. */
+int sp_test_wait_for(int (*fn)(void *user), void *user, double timeout_s);
 
 #endif

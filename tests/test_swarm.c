@@ -1,0 +1,439 @@
+/* test_swarm.c - discovery with real processes: sepal-server processes on loopback, each with its DHT node in
+ * a child process, and a client runtime that joins their swarm. Servers are found from one initial peer,
+ * refresh their records, announce OFFLINE when stopped, go stale when killed; hostile records are ignored;
+ * a server's DHT node can die (killed, or by the datagram that crashes OpenDHT 2.4.12) without the server
+ * noticing; --num-blocks servers cover the model and move to cover a departed server's blocks. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dht.h"
+#include "generate.h"
+#include "record.h"
+#include "runtime.h"
+#include "testutil.h"
+#include "timeutil.h"
+#include "view.h"
+
+#define M15 SEPAL_STORIES15M_DIR
+#define MAXP 8
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static sp_test_proc procs[MAXP];
+static int nprocs;
+
+/* sepal-server for blocks (or --num-blocks when blocks has no ':'), joining through peer (NULL: a new
+ * swarm), announcing every second. */
+static sp_test_proc *server(const char *blocks, int peer_dht)
+{
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", peer_dht);
+    const char *args[32] = {"--model", M15, "--no-measure", "--update-period", "1", "--selection-delay", "0",
+                            "--balance-period", "0"};
+    int n = 9;
+    args[n++] = strchr(blocks, ':') ? "--blocks" : "--num-blocks";
+    args[n++] = blocks;
+    if (peer_dht > 0) {
+        args[n++] = "--initial-peers";
+        args[n++] = peers;
+    } else {
+        args[n++] = "--new-swarm";
+    }
+    args[n] = NULL;
+    ck_assert_int_lt(nprocs, MAXP);
+    sp_test_proc *p = &procs[nprocs];
+    ck_assert_msg(sp_test_server_start(p, args) == 0, "server %s did not start", blocks);
+    ck_assert_int_gt(p->dht_port, 0);
+    nprocs++;
+    return p;
+}
+
+/* A failed check shows what the server said. */
+static void dump_log(const sp_test_proc *p)
+{
+    FILE *f = fopen(p->log, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        fprintf(stderr, "  server %d| %s", p->port, line);
+    if (f)
+        fclose(f);
+}
+
+static void stop_all(void)
+{
+    for (int i = 0; i < nprocs; i++)
+        sp_test_proc_signal(&procs[i], SIGKILL);
+    nprocs = 0;
+}
+
+static sp_runtime *joined(int dht_port)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", dht_port);
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    rt->set.update_period_s = 1; /* as often as the servers announce */
+    ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+    return rt;
+}
+
+/* The entry of the server at port (-1 if none). */
+static int entry_at(sp_runtime *rt, int port)
+{
+    pthread_mutex_lock(&rt->lock);
+    int found = -1;
+    for (int i = 0; i < rt->nservers; i++)
+        if (rt->servers[i]->rec.port == port && rt->servers[i]->from_dht)
+            found = i;
+    pthread_mutex_unlock(&rt->lock);
+    return found;
+}
+
+static int count_online(sp_runtime *rt)
+{
+    int n = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        n += !rt->servers[i]->gone && rt->servers[i]->rec.state == SP_SERVER_ONLINE;
+    pthread_mutex_unlock(&rt->lock);
+    return n;
+}
+
+typedef struct waiter {
+    sp_runtime *rt;
+    int n, port;
+    double ts;
+} waiter;
+
+static int has_online(void *u)
+{
+    waiter *w = u;
+    return count_online(w->rt) >= w->n;
+}
+
+static int state_is(void *u) /* w->n: the state wanted of the server at w->port */
+{
+    waiter *w = u;
+    int i = entry_at(w->rt, w->port);
+    return i >= 0 && !w->rt->servers[i]->gone && (int)w->rt->servers[i]->rec.state == w->n;
+}
+
+static int is_gone(void *u)
+{
+    waiter *w = u;
+    int i = entry_at(w->rt, w->port);
+    return i >= 0 && w->rt->servers[i]->gone;
+}
+
+static int refreshed(void *u) /* the record of the server at w->port is newer than w->ts */
+{
+    waiter *w = u;
+    int i = entry_at(w->rt, w->port);
+    return i >= 0 && w->rt->servers[i]->rec.timestamp > w->ts;
+}
+
+static double record_ts(sp_runtime *rt, int port)
+{
+    int i = entry_at(rt, port);
+    return i >= 0 ? rt->servers[i]->rec.timestamp : 0;
+}
+
+/* Greedy ids of a prompt through the swarm, and through every block in this process: they must agree. */
+static void check_generates(sp_runtime *rt)
+{
+    sp_err err = {0};
+    int32_t prompt[] = {1, 9038, 2501, 263, 931}; /* <s> Once upon a time */
+    const int32_t *pp = prompt;
+    int len = 5;
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = 12;
+    o.stop_at_eos = 0;
+    sp_lm_swarm s;
+    sp_lm lm = sp_lm_swarm_make(&s, rt);
+    sp_gen_result got, want;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
+    sp_model *all = NULL;
+    ck_assert_int_eq(sp_model_load(&all, M15, SP_LOAD_EMBED | SP_LOAD_HEAD | SP_LOAD_BLOCKS, 0, -1, &err), SP_OK);
+    sp_lm_local loc;
+    sp_lm llm = sp_lm_local_make(&loc, all);
+    ck_assert_int_eq(sp_generate(&llm, NULL, &pp, &len, 1, &o, NULL, NULL, &want, &err), SP_OK);
+    ck_assert_int_eq(got.n[0], want.n[0]);
+    ck_assert_int_eq(memcmp(got.ids[0], want.ids[0], (size_t)want.n[0] * sizeof(int32_t)), 0);
+    sp_gen_result_free(&got);
+    sp_gen_result_free(&want);
+    sp_model_free(all);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+START_TEST(t_discovery)
+{
+    sp_test_proc *p0 = server("0:2", 0);
+    const char *spans[] = {"2:4", "4:6", "0:3", "3:6"};
+    for (int i = 0; i < 4; i++)
+        server(spans[i], p0->dht_port);
+    double t0 = sp_now_s();
+    sp_runtime *rt = joined(p0->dht_port); /* one initial peer */
+    waiter w = {.rt = rt, .n = 5};
+    if (!sp_test_wait_for(has_online, &w, 15)) {
+        sp_view_stats vs;
+        sp_view_stats_get(rt->view, &vs);
+        ck_abort_msg("found %d of 5 servers (view: %llu accepted, %llu dropped, %d rounds, last drop: %s; %d DHT peers)",
+                     count_online(rt), (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.rounds,
+                     vs.last_drop, sp_dht_good_nodes(rt->dht));
+    }
+    printf("discovery: 5 servers seen %.2f s after joining\n", sp_now_s() - t0);
+    /* refresh: every record is announced again within its period (1 s) */
+    for (int i = 0; i < 5; i++) {
+        w.port = procs[i].port;
+        w.ts = record_ts(rt, w.port);
+        ck_assert_msg(sp_test_wait_for(refreshed, &w, 5), "server %d did not refresh", i);
+    }
+    check_generates(rt);
+    /* SIGTERM: OFFLINE before it goes */
+    w.port = procs[4].port;
+    w.n = SP_SERVER_OFFLINE;
+    sp_test_proc_signal(&procs[4], SIGTERM);
+    if (!sp_test_wait_for(state_is, &w, 5)) {
+        sp_view_stats vs;
+        sp_view_stats_get(rt->view, &vs);
+        dump_log(&procs[4]);
+        ck_abort_msg("no OFFLINE after SIGTERM (view: %llu accepted, %llu dropped, last: %s)",
+                     (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.last_drop);
+    }
+    /* SIGKILL: no goodbye; the record goes once stale (3 periods) */
+    w.port = procs[3].port;
+    double tk = sp_now_s();
+    sp_test_proc_signal(&procs[3], SIGKILL);
+    ck_assert_msg(!is_gone(&w), "gone at once");
+    ck_assert_msg(sp_test_wait_for(is_gone, &w, 10), "a killed server's record did not go");
+    double stale = sp_now_s() - tk;
+    printf("discovery: a killed server's record dropped after %.2f s (period 1 s)\n", stale);
+    ck_assert_msg(stale > 1.0, "dropped after %.2f s: before it could be stale", stale);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* A hostile DHT node writes bad values under the model's block keys: every one is dropped. */
+static void put_raw(sp_dht *d, const char *key, const char *slot, const char *data, size_t len)
+{
+    sp_dht_put(d, key, slot, 60, data, len);
+}
+
+static void hostile_record(sp_server_record *r, const char *model, uint64_t hash)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%s", "00000000deadbeef");
+    snprintf(r->host, sizeof r->host, "127.0.0.1");
+    r->port = 9;
+    snprintf(r->model, sizeof r->model, "%s", model);
+    r->config_hash = hash;
+    r->num_blocks = 6;
+    r->start = 0;
+    r->end = 6;
+    r->state = SP_SERVER_ONLINE;
+    snprintf(r->dtype, sizeof r->dtype, "f32");
+    snprintf(r->quant, sizeof r->quant, "none");
+    snprintf(r->version, sizeof r->version, "6.6.6");
+    r->timestamp = sp_wall_s();
+    r->period = 1;
+    r->throughput = 1e9; /* it would win every route */
+}
+
+START_TEST(t_hostile_records)
+{
+    sp_test_proc *p0 = server("0:6", 0);
+    sp_runtime *rt = joined(p0->dht_port);
+    waiter w = {.rt = rt, .n = 1};
+    ck_assert(sp_test_wait_for(has_online, &w, 15));
+    sp_dht *evil = NULL;
+    sp_err err = {0};
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", p0->dht_port);
+    sp_dht_opts o = {.bind = "127.0.0.2", .bootstrap = peers};
+    ck_assert_msg(sp_dht_start(&evil, &o, &err) == SP_OK, "%s", err.msg);
+    sp_dht_wait_peers(evil, 5000);
+    const char *garbage[] = {"not json at all", "{\"v\":1}", "{\"v\":2,\"id\":\"0000000000000001\"}", "[]"};
+    for (int i = 0; i < 4; i++) {
+        char slot[8];
+        snprintf(slot, sizeof slot, "g%d", i);
+        put_raw(evil, "stories15M.0", slot, garbage[i], strlen(garbage[i]));
+    }
+    sp_server_record r;
+    char buf[SP_RECORD_MAX];
+    size_t len;
+    uint64_t hash = rt->local->cfg.hash;
+    hostile_record(&r, "stories15M", hash ^ 1); /* another config */
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    put_raw(evil, "stories15M.0", "h1", buf, len);
+    hostile_record(&r, "stories15M", hash);
+    r.start = 3; /* a span that does not hold the key's block */
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    put_raw(evil, "stories15M.0", "h2", buf, len);
+    hostile_record(&r, "stories15M", hash);
+    r.timestamp += 3600; /* from the future */
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    put_raw(evil, "stories15M.0", "h3", buf, len);
+    hostile_record(&r, "stories15M", hash);
+    r.end = 7; /* past the model */
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    put_raw(evil, "stories15M.0", "h4", buf, len);
+    char big[6000]; /* oversized: valid JSON, too many bytes */
+    len = (size_t)snprintf(big, sizeof big, "{\"v\":1,\"pad\":\"%0*d\"}", 5900, 0);
+    put_raw(evil, "stories15M.0", "h5", big, len);
+    sp_view_stats vs = {0};
+    for (double end = sp_now_s() + 15; sp_now_s() < end; sleep_ms(50)) {
+        sp_view_stats_get(rt->view, &vs);
+        if (vs.dropped >= 9)
+            break;
+    }
+    printf("hostile records: %llu dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
+    ck_assert_msg(vs.dropped >= 9, "only %llu values dropped", (unsigned long long)vs.dropped);
+    ck_assert_int_eq(count_online(rt), 1); /* nothing of them in the table */
+    for (int i = 0; i < rt->nservers; i++)
+        ck_assert_str_ne(rt->servers[i]->rec.id, "00000000deadbeef");
+    check_generates(rt);
+    sp_dht_stop(evil);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* The server's DHT node dies (killed; then the datagram that crashes OpenDHT 2.4.12): the server serves on,
+ * its node comes back on the same port, and a client joining through that node finds both servers. */
+static int new_child(void *u)
+{
+    pid_t *p = u; /* p[0]: server, p[1]: the old child */
+    pid_t c = sp_test_child_named(p[0], "sepal-dht");
+    return c > 0 && c != p[1];
+}
+
+START_TEST(t_dht_node_dies)
+{
+    sp_test_proc *p0 = server("0:6", 0);
+    sp_test_proc *p1 = server("0:6", p0->dht_port);
+    sp_runtime *rt = joined(p1->dht_port);
+    waiter w = {.rt = rt, .n = 2};
+    ck_assert(sp_test_wait_for(has_online, &w, 15));
+    snprintf(rt->set.allowed, sizeof rt->set.allowed, "127.0.0.1:%d", p0->port); /* generate through p0 */
+    pid_t pp[2] = {p0->pid, sp_test_child_named(p0->pid, "sepal-dht")};
+    ck_assert_int_gt(pp[1], 0);
+    kill(pp[1], SIGKILL);
+    check_generates(rt); /* at once: sessions do not depend on the node */
+    ck_assert_msg(sp_test_wait_for(new_child, pp, 10), "the DHT node was not restarted");
+    w.port = p0->port;
+    w.ts = sp_wall_s();
+    ck_assert_msg(sp_test_wait_for(refreshed, &w, 10), "no announcement after the restart");
+    /* the crash datagram of reliability-anchors.md §4.4 */
+    pp[1] = sp_test_child_named(p0->pid, "sepal-dht");
+    const unsigned char dgram[] = {0x83, 0xa1, 'e', 0x90, 0xa1, 't', 0xc4, 0x04, 0, 0, 0, 2, 0xa1, 'y', 0xa1, 'e'};
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p0->dht_port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    sendto(fd, dgram, sizeof dgram, 0, (struct sockaddr *)&to, sizeof to);
+    close(fd);
+    int crashed = sp_test_wait_for(new_child, pp, 5);
+    printf("the crash datagram %s the DHT node\n", crashed ? "killed (and the server restarted)" : "did not kill");
+    check_generates(rt);
+    /* a client joining through the restarted node finds both servers */
+    sp_runtime *rt2 = joined(p0->dht_port);
+    waiter w2 = {.rt = rt2, .n = 2};
+    ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers", count_online(rt2));
+    sp_runtime_free(rt2);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* --num-blocks: servers started one after another cover [0, L); when one leaves, a redundant one moves. */
+static int covered(sp_runtime *rt, int L)
+{
+    int ok = 1;
+    pthread_mutex_lock(&rt->lock);
+    for (int b = 0; b < L && ok; b++) {
+        int c = 0;
+        for (int i = 0; i < rt->nservers; i++) {
+            const sp_server_entry *e = rt->servers[i];
+            c += !e->gone && e->rec.state == SP_SERVER_ONLINE && e->rec.start <= b && b < e->rec.end;
+        }
+        ok = c > 0;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return ok;
+}
+
+static int all_covered(void *u) { return covered(u, 6); }
+
+START_TEST(t_num_blocks)
+{
+    const char *args0[] = {"--model", M15, "--no-measure", "--update-period", "1", "--selection-delay", "0",
+                           "--balance-period", "1", "--num-blocks", "2", "--new-swarm", NULL};
+    ck_assert(sp_test_server_start(&procs[nprocs++], args0) == 0);
+    sp_runtime *rt = joined(procs[0].dht_port);
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
+    const char *args[] = {"--model", M15, "--no-measure", "--update-period", "1", "--selection-delay", "0",
+                          "--balance-period", "1", "--num-blocks", "2", "--initial-peers", peers, NULL};
+    waiter w = {.rt = rt, .n = 1};
+    ck_assert(sp_test_wait_for(has_online, &w, 15));
+    for (int i = 1; i < 4; i++) { /* as swarm up does: each once the one before is online */
+        ck_assert(sp_test_server_start(&procs[nprocs++], args) == 0);
+        w.n = i + 1;
+        ck_assert_msg(sp_test_wait_for(has_online, &w, 15), "server %d not seen", i);
+    }
+    ck_assert_msg(covered(rt, 6), "4 servers of 2 blocks do not cover 6 blocks");
+    int starts[4], holder = -1;
+    for (int i = 0; i < 4; i++) {
+        int e = entry_at(rt, procs[i].port);
+        starts[i] = rt->servers[e]->rec.start;
+        printf("--num-blocks 2: server %d chose %d:%d\n", i, starts[i], rt->servers[e]->rec.end);
+    }
+    ck_assert_int_eq(starts[0], 0); /* the first three fill the gaps, in order */
+    ck_assert_int_eq(starts[1], 2);
+    ck_assert_int_eq(starts[2], 4);
+    holder = 1;                     /* blocks 2:4, held once */
+    sp_test_proc_signal(&procs[holder], SIGTERM);
+    double t0 = sp_now_s();
+    sleep_ms(100);
+    ck_assert_msg(sp_test_wait_for(all_covered, rt, 30), "nobody moved to cover blocks 2:4");
+    printf("--num-blocks: blocks 2:4 covered again %.1f s after their server left\n", sp_now_s() - t0);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("swarm");
+    TCase *tc = tcase_create("discovery");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t_discovery);
+    tcase_add_test(tc, t_hostile_records);
+    tcase_add_test(tc, t_dht_node_dies);
+    tcase_add_test(tc, t_num_blocks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return sp_test_run(suite());
+}
