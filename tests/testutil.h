@@ -23,7 +23,8 @@ typedef struct sp_test_proc {
 } sp_test_proc;
 
 /* Starts SEPAL_BIN_DIR/server/sepal-server with args (NULL-terminated) and waits up to 60 s for its
- * serving line; it dies with the test process. 0, or -1 (the server's log is printed). */
+ * serving line; it dies with the calling thread (PR_SET_PDEATHSIG follows the thread that forks, so a
+ * helper thread that starts a server must outlive it). 0, or -1 (the server's log is printed). */
 int sp_test_server_start(sp_test_proc *p, const char *const *args);
 /* Sends sig; SIGTERM/SIGKILL also reap it (pid becomes 0). */
 void sp_test_proc_signal(sp_test_proc *p, int sig);

@@ -139,8 +139,12 @@ static sp_status recover_stage(sp_runtime *rt, sp_route *r, int s, int bad, int 
 {
     sp_rt_failed(rt, bad, attempt, err);
     for (;; attempt++) {
-        if (attempt >= rt->set.max_retries)
+        if (attempt >= rt->set.max_retries) {
+            if (err)
+                sp_err_prefix(err, "no server could run blocks %d:%d (%d retries): ", r->stage_start[s],
+                              r->stage_start[s + 1], rt->set.max_retries);
             return err && err->code ? err->code : SP_ERR_IO;
+        }
         sp_rt_sleep(sp_rt_backoff(rt, attempt + 1));
         sp_route repl;
         sp_err rerr = {0};

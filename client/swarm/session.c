@@ -319,8 +319,11 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
         sp_rt_failed(rt, server, attempt, err);
         /* retry until a replacement works or the retries run out; a failed replacement counts too */
         for (;;) {
-            if (attempt++ >= rt->set.max_retries)
+            if (attempt++ >= rt->set.max_retries) {
+                sp_err_prefix(err, "no server could run blocks %d:%d (%d retries): ", s->route.hop[h].start,
+                              s->route.hop[h].end, rt->set.max_retries);
                 goto out;
+            }
             s->retries++;
             sp_rt_sleep(sp_rt_backoff(rt, attempt));
             sp_err rerr = {0};

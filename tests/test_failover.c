@@ -1,0 +1,576 @@
+/* test_failover.c - a failure costs a retry, not the result. Real sepal-server processes on loopback in one
+ * DHT swarm, found by a client runtime through its own DHT node; the server a request uses is killed
+ * (SIGKILL) or hung (SIGSTOP) in the middle of it:
+ *  - generation (greedy from the prefill on, seeded sampling, beam search) gives the same tokens as every
+ *    block run in this process, also when the replacement dies too while it replays the history;
+ *  - a hung server stalls the generation for a bounded time (the step timeout) and frees the session when
+ *    it wakes;
+ *  - a FORWARD or BACKWARD whose server dies gives the same outputs and gradients as the run without
+ *    failure (1e-5);
+ *  - with no server left for some blocks, a clear error after the retries; a server that joins while the
+ *    client retries is used. */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "generate.h"
+#include "remote.h"
+#include "rng.h"
+#include "runtime.h"
+#include "testutil.h"
+#include "timeutil.h"
+
+#define M15 SEPAL_STORIES15M_DIR
+#define MAXP 8
+
+static sp_test_proc procs[MAXP];
+static int nprocs;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A sepal-server for blocks "a:b", joining the swarm of procs[0] (or starting it). */
+static sp_test_proc *server(const char *blocks)
+{
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", nprocs ? procs[0].dht_port : 0);
+    const char *args[16] = {"--model", M15, "--no-measure", "--update-period", "1", "--blocks", blocks};
+    int n = 7;
+    if (nprocs) {
+        args[n++] = "--initial-peers";
+        args[n++] = peers;
+    } else {
+        args[n++] = "--new-swarm";
+    }
+    args[n] = NULL;
+    ck_assert_int_lt(nprocs, MAXP);
+    sp_test_proc p;
+    ck_assert_msg(sp_test_server_start(&p, args) == 0, "server %s did not start", blocks);
+    procs[nprocs] = p; /* whole, once started (another thread may look) */
+    __atomic_add_fetch(&nprocs, 1, __ATOMIC_SEQ_CST);
+    return &procs[nprocs - 1];
+}
+
+static void stop_all(void)
+{
+    for (int i = 0; i < nprocs; i++) {
+        if (procs[i].pid > 0)
+            kill(procs[i].pid, SIGCONT);
+        sp_test_proc_signal(&procs[i], SIGKILL);
+    }
+    nprocs = 0;
+}
+
+/* The process serving at port (NULL if none of ours). */
+static sp_test_proc *proc_at(int port)
+{
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i].port == port && procs[i].pid > 0)
+            return &procs[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* what the test does to the servers, from inside the generation */
+
+typedef struct fault {
+    sp_runtime *rt;
+    sp_lm_swarm *sw;
+    sp_lm inner;
+    int at;            /* forward call (0: the prefill) before which the server is hit */
+    int block;         /* the server of the hop holding this block */
+    int sig;           /* SIGKILL or SIGSTOP */
+    int calls;
+    int port_hit;      /* the port of the server hit */
+    double stall;      /* seconds the forward call that met the failure took */
+    double normal;     /* the longest of the other forward calls */
+    int kill_replacement; /* also kill the first replacement when it is routed (a second failure) */
+    int port_second;   /* the replacement killed */
+    int reroutes;      /* SP_EV_ROUTE re-route events */
+    int retries;       /* SP_EV_RETRY events */
+    int port_now;      /* after the last forward call: the server of F.block */
+    char last_retry[512];
+} fault;
+
+static fault F;
+
+static int port_of_hop(sp_runtime *rt, const sp_route *r, int block)
+{
+    for (int h = 0; h < r->nhops; h++)
+        if (r->hop[h].start <= block && block < r->hop[h].end) {
+            pthread_mutex_lock(&rt->lock);
+            int port = rt->servers[r->hop[h].server]->rec.port;
+            pthread_mutex_unlock(&rt->lock);
+            return port;
+        }
+    return -1;
+}
+
+static void on_event(const sp_event *ev, void *user)
+{
+    (void)user;
+    if (getenv("SEPAL_TEST_VERBOSE"))
+        fprintf(stderr, "[%.2f] event %d/%d: %s\n", sp_now_s(), ev->kind, ev->row, ev->text ? ev->text : "");
+    if (ev->kind == SP_EV_RETRY) {
+        F.retries++;
+        snprintf(F.last_retry, sizeof F.last_retry, "%s", ev->text);
+    }
+    if (ev->kind != SP_EV_ROUTE || ev->row != 1)
+        return;
+    F.reroutes++;
+    if (F.kill_replacement && !F.port_second && F.sw) { /* the first fresh hop: a replacement about to replay */
+        for (int h = 0; h < F.sw->route.nhops; h++)
+            if (F.sw->fresh[h]) {
+                pthread_mutex_lock(&F.rt->lock);
+                int port = F.rt->servers[F.sw->route.hop[h].server]->rec.port;
+                pthread_mutex_unlock(&F.rt->lock);
+                sp_test_proc *p = proc_at(port);
+                ck_assert_msg(p != NULL, "replacement at port %d is not ours", port);
+                F.port_second = port;
+                sp_test_proc_signal(p, SIGKILL);
+                break;
+            }
+    }
+}
+
+static sp_status f_begin(void *ctx, int B, int max_length, sp_err *err)
+{
+    (void)ctx;
+    return F.inner.begin(F.inner.ctx, B, max_length, err);
+}
+
+static sp_status f_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    (void)ctx;
+    int hit = F.calls++ == F.at;
+    if (hit) {
+        F.port_hit = port_of_hop(F.rt, &F.sw->route, F.block);
+        sp_test_proc *p = proc_at(F.port_hit);
+        ck_assert_msg(p != NULL, "the server of block %d (port %d) is not ours", F.block, F.port_hit);
+        if (F.sig == SIGSTOP)
+            kill(p->pid, SIGSTOP);
+        else
+            sp_test_proc_signal(p, F.sig);
+    }
+    double t0 = sp_now_s();
+    sp_status st = F.inner.forward(F.inner.ctx, ids, B, T, logits, err);
+    double dt = sp_now_s() - t0;
+    F.port_now = port_of_hop(F.rt, &F.sw->route, F.block);
+    if (hit)
+        F.stall = dt;
+    else if (F.calls > 1 && dt > F.normal)
+        F.normal = dt;
+    return st;
+}
+
+static sp_status f_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
+{
+    (void)ctx;
+    return F.inner.reorder(F.inner.ctx, src, B, err);
+}
+
+static void f_end(void *ctx)
+{
+    (void)ctx;
+    F.inner.end(F.inner.ctx);
+}
+
+/* The swarm LM of rt, hit as F says. */
+static sp_lm faulty_lm(sp_runtime *rt, sp_lm_swarm *sw)
+{
+    F.rt = rt;
+    F.sw = sw;
+    F.inner = sp_lm_swarm_make(sw, rt);
+    F.calls = 0;
+    sp_lm lm = F.inner;
+    lm.ctx = &F;
+    lm.begin = f_begin;
+    lm.forward = f_forward;
+    lm.reorder = f_reorder;
+    lm.end = f_end;
+    return lm;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static int count_online(sp_runtime *rt)
+{
+    int n = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        n += !rt->servers[i]->gone && rt->servers[i]->rec.state == SP_SERVER_ONLINE;
+    pthread_mutex_unlock(&rt->lock);
+    return n;
+}
+
+typedef struct want_n {
+    sp_runtime *rt;
+    int n;
+} want_n;
+
+static int has_online(void *u)
+{
+    want_n *w = u;
+    return count_online(w->rt) >= w->n;
+}
+
+/* Servers for the spans (the first starts the swarm), and a client that has found them all. */
+static sp_runtime *swarm(const char *const *spans, int n)
+{
+    memset(&F, 0, sizeof F);
+    for (int i = 0; i < n; i++)
+        server(spans[i]);
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
+    ck_assert_int_eq(sp_runtime_new(&rt, on_event, NULL, &err), SP_OK);
+    rt->set.update_period_s = 1;
+    ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+    want_n w = {rt, n};
+    ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of %d servers", count_online(rt), n);
+    return rt;
+}
+
+static const int32_t PROMPT[] = {1, 9038, 2501, 263, 931, 29892, 727, 471}; /* <s> Once upon a time, there was */
+#define PROMPT_LEN 8
+
+static void gen_opts(sp_gen_opts *o, int mode)
+{
+    sp_gen_opts_default(o);
+    o->max_new = 16;
+    o->stop_at_eos = 0;
+    o->sample.seed = 7;
+    if (mode == 1) { /* seeded sampling */
+        o->sample.temperature = 0.9f;
+        o->sample.top_p = 0.95f;
+    } else if (mode == 2) {
+        o->beams = 3;
+    }
+}
+
+/* What every block run in this process gives. */
+static void reference(const sp_gen_opts *o, sp_gen_result *out)
+{
+    sp_err err = {0};
+    sp_model *all = NULL;
+    ck_assert_int_eq(sp_model_load(&all, M15, SP_LOAD_ALL, 0, -1, &err), SP_OK);
+    sp_lm_local loc;
+    sp_lm lm = sp_lm_local_make(&loc, all);
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, o, NULL, NULL, out, &err) == SP_OK, "%s", err.msg);
+    sp_model_free(all);
+}
+
+static void same_tokens(const sp_gen_result *a, const sp_gen_result *b)
+{
+    ck_assert_int_eq(a->n[0], b->n[0]);
+    for (int t = 0; t < a->n[0]; t++)
+        ck_assert_msg(a->ids[0][t] == b->ids[0][t], "token %d: %d vs %d without the failure", t, a->ids[0][t],
+                      b->ids[0][t]);
+}
+
+/* Generates with the server of block F.block hit before forward call F.at; the tokens must be those of the
+ * reference. */
+static void generate_through_failure(sp_runtime *rt, int mode)
+{
+    sp_gen_opts o;
+    gen_opts(&o, mode);
+    sp_gen_result want, got;
+    reference(&o, &want);
+    sp_lm_swarm sw;
+    sp_lm lm = faulty_lm(rt, &sw);
+    sp_err err = {0};
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(F.port_hit > 0, "no server was hit");
+    ck_assert_msg(sw.retries >= 1, "no failure was met");
+    ck_assert_int_ge(F.reroutes, 1);
+    same_tokens(&got, &want);
+    if (mode == 2)
+        ck_assert_float_eq_tol(got.best_score, want.best_score, 1e-4);
+    printf("failover (mode %d, hit before call %d): %d retries; the step took %.3f s (others at most %.3f s)\n",
+           mode, F.at, sw.retries, F.stall, F.normal);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&got);
+}
+
+static const char *const SPANS[] = {"0:6", "0:3", "3:6", "0:3", "3:6"};
+
+START_TEST(t_kill_greedy_decode)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    F.at = 5, F.block = 4, F.sig = SIGKILL;
+    generate_through_failure(rt, 0);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+START_TEST(t_kill_greedy_prefill)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    F.at = 0, F.block = 0, F.sig = SIGKILL;
+    generate_through_failure(rt, 0);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+START_TEST(t_kill_sampling)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    F.at = 7, F.block = 2, F.sig = SIGKILL;
+    generate_through_failure(rt, 1);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+START_TEST(t_kill_beams)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    F.at = 6, F.block = 5, F.sig = SIGKILL; /* beams have reordered the caches by then */
+    generate_through_failure(rt, 2);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* The replacement dies too, while it replays the history. */
+START_TEST(t_second_failure_in_recovery)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    F.at = 4, F.block = 1, F.sig = SIGKILL, F.kill_replacement = 1;
+    generate_through_failure(rt, 0);
+    ck_assert_msg(F.port_second > 0 && F.port_second != F.port_hit, "the replacement was not killed");
+    ck_assert_int_ge(F.reroutes, 2);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+static int sessions_of(int port)
+{
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    if (sp_remote_connect(&r, "127.0.0.1", port, 1, 2000, &err))
+        return -1;
+    sp_reply rep;
+    int64_t n = -1;
+    if (!sp_remote_call(r, SP_MSG_INFO, "{}", NULL, 0, &rep, 2000, &err)) {
+        if (!sp_meta_int(&rep.msg, "sessions", &n))
+            n = -1;
+        sp_reply_clear(&rep);
+    }
+    sp_remote_close(r);
+    return (int)n;
+}
+
+static int no_sessions(void *u) { return sessions_of(*(int *)u) == 0; }
+
+/* A hung server: the step times out, the replacement replays, the tokens are the same; once the server
+ * wakes it frees the session the client gave up. */
+START_TEST(t_hung_server)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    F.at = 6, F.block = 3, F.sig = SIGSTOP;
+    generate_through_failure(rt, 0);
+    sp_test_proc *p = proc_at(F.port_hit);
+    ck_assert_ptr_nonnull(p);
+    /* the step timeout a decode step gets: 2 s and 20 expected step times; with the replay, well under 10 s */
+    ck_assert_msg(F.stall < 10, "a hung server stalled the generation %.1f s", F.stall);
+    kill(p->pid, SIGCONT);
+    ck_assert_msg(sp_test_wait_for(no_sessions, &F.port_hit, 10), "the woken server still holds %d sessions",
+                  sessions_of(F.port_hit));
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* training chains */
+
+/* FORWARD then BACKWARD over a training route through the swarm; victim: 0 none, 1 the hop holding
+ * block 4 dies before the forward, 2 before the backward (it kept the activations). */
+static void chain_run(sp_runtime *rt, const float *x, const float *g0, const float *prompts, int B, int T, int P,
+                      float *y, float *g, float *gp, int victim)
+{
+    int H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
+    size_t N = (size_t)B * T * H;
+    sp_route route;
+    sp_err err = {0};
+    ck_assert_msg(sp_runtime_route_train(rt, &route, &err) == SP_OK, "%s", err.msg);
+    float *bound = malloc((size_t)route.nstages * N * sizeof(float));
+    memcpy(y, x, N * sizeof(float));
+    memcpy(g, g0, N * sizeof(float));
+    memset(gp, 0, (size_t)L * B * P * H * sizeof(float));
+    if (victim == 1) {
+        F.port_hit = port_of_hop(rt, &route, 4);
+        ck_assert_ptr_nonnull(proc_at(F.port_hit));
+        sp_test_proc_signal(proc_at(F.port_hit), SIGKILL);
+    }
+    ck_assert_msg(sp_runtime_forward(rt, &route, y, B, T, prompts, P, bound, NULL, &err) == SP_OK, "%s", err.msg);
+    if (victim == 2) {
+        F.port_hit = port_of_hop(rt, &route, 4);
+        ck_assert_ptr_nonnull(proc_at(F.port_hit));
+        sp_test_proc_signal(proc_at(F.port_hit), SIGKILL);
+    }
+    ck_assert_msg(sp_runtime_backward(rt, &route, g, B, T, prompts, P, bound, gp, NULL, &err) == SP_OK, "%s", err.msg);
+    free(bound);
+}
+
+START_TEST(t_kill_training)
+{
+    sp_runtime *rt = swarm(SPANS, 5);
+    int B = 2, T = 6, P = 2, H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
+    size_t N = (size_t)B * T * H, NP = (size_t)L * B * P * H;
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    float *x = malloc(N * 4), *g0 = malloc(N * 4), *prompts = malloc(NP * 4);
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g0, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, prompts, (long)NP, 0.1f);
+    float *y[3], *g[3], *gp[3];
+    for (int v = 0; v < 3; v++) {
+        y[v] = malloc(N * 4), g[v] = malloc(N * 4), gp[v] = malloc(NP * 4);
+        int before = F.retries;
+        chain_run(rt, x, g0, prompts, B, T, P, y[v], g[v], gp[v], v);
+        if (v)
+            ck_assert_msg(F.retries > before, "victim %d: no failure was met", v);
+    }
+    for (int v = 1; v < 3; v++) {
+        ck_assert_msg(sp_max_abs_diff(y[v], y[0], N) <= 1e-5, "outputs differ by %g", sp_max_abs_diff(y[v], y[0], N));
+        ck_assert_msg(sp_max_abs_diff(g[v], g[0], N) <= 1e-5, "input grads differ by %g", sp_max_abs_diff(g[v], g[0], N));
+        ck_assert_msg(sp_max_abs_diff(gp[v], gp[0], NP) <= 1e-5, "prompt grads differ by %g",
+                      sp_max_abs_diff(gp[v], gp[0], NP));
+    }
+    double gn = 0;
+    for (size_t i = 0; i < NP; i++)
+        gn += fabs(gp[0][i]);
+    ck_assert_msg(gn > 0, "prompt gradients are all zero");
+    for (int v = 0; v < 3; v++)
+        free(y[v]), free(g[v]), free(gp[v]);
+    free(x), free(g0), free(prompts);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Nobody holds blocks 3:6 any more: a clear error once the retries are spent. */
+START_TEST(t_no_server_left)
+{
+    const char *spans[] = {"0:3", "3:6"};
+    sp_runtime *rt = swarm(spans, 2);
+    rt->set.max_retries = 2;
+    F.at = 3, F.block = 4, F.sig = SIGKILL;
+    sp_gen_opts o;
+    gen_opts(&o, 0);
+    sp_lm_swarm sw;
+    sp_lm lm = faulty_lm(rt, &sw);
+    sp_err err = {0};
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    sp_gen_result got;
+    ck_assert_int_ne(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err), SP_OK);
+    printf("no server left: %s\n", err.msg);
+    ck_assert_msg(strstr(err.msg, "no server could run blocks 3:6 (2 retries)"), "unclear error: %s", err.msg);
+    ck_assert_msg(strstr(F.last_retry, "no retries left"), "last retry event: %s", F.last_retry);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* The thread that starts a server must outlive it: the server's death signal (PR_SET_PDEATHSIG) follows
+ * the thread that forked it. */
+static int late_done;
+
+static void *late_server(void *arg)
+{
+    sleep_ms(500);
+    server(arg);
+    while (!__atomic_load_n(&late_done, __ATOMIC_SEQ_CST))
+        sleep_ms(10);
+    return NULL;
+}
+
+/* Blocks 3:6 lose their server; one joins while the client is retrying, and the generation goes on there. */
+START_TEST(t_server_joins_later)
+{
+    const char *spans[] = {"0:3", "3:6"};
+    sp_runtime *rt = swarm(spans, 2);
+    F.at = 3, F.block = 4, F.sig = SIGKILL;
+    pthread_t th;
+    int joined = 0;
+    sp_gen_opts o;
+    gen_opts(&o, 0);
+    sp_gen_result want, got;
+    reference(&o, &want);
+    sp_lm_swarm sw;
+    sp_lm lm = faulty_lm(rt, &sw);
+    sp_err err = {0};
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    /* the kill happens inside the generation; the new server starts half a second after the generation
+     * does, and needs a second or two to load and announce: the retries (0, 1, 2, 4 s apart) wait for it */
+    joined = !pthread_create(&th, NULL, late_server, (void *)"3:6");
+    ck_assert(joined);
+    sp_status st = sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err);
+    int port = F.port_now;
+    ck_assert_msg(st == SP_OK, "%s", err.msg);
+    same_tokens(&got, &want);
+    ck_assert_int_eq(nprocs, 3);
+    ck_assert_msg(port == procs[2].port, "blocks 3:6 ran at port %d, not on the server that joined (%d)", port,
+                  procs[2].port);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&got);
+    sp_runtime_free(rt);
+    stop_all();
+    __atomic_store_n(&late_done, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("failover");
+    TCase *tc = tcase_create("generation");
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, t_kill_greedy_decode);
+    tcase_add_test(tc, t_kill_greedy_prefill);
+    tcase_add_test(tc, t_kill_sampling);
+    tcase_add_test(tc, t_kill_beams);
+    tcase_add_test(tc, t_second_failure_in_recovery);
+    tcase_add_test(tc, t_hung_server);
+    suite_add_tcase(s, tc);
+    TCase *tt = tcase_create("training");
+    tcase_set_timeout(tt, 180);
+    tcase_add_test(tt, t_kill_training);
+    suite_add_tcase(s, tt);
+    TCase *te = tcase_create("swarm");
+    tcase_set_timeout(te, 180);
+    tcase_add_test(te, t_no_server_left);
+    tcase_add_test(te, t_server_joins_later);
+    suite_add_tcase(s, te);
+    return s;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return sp_test_run(suite());
+}
