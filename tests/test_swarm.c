@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "dht.h"
 #include "generate.h"
 #include "record.h"
+#include "rng.h"
 #include "runtime.h"
 #include "testutil.h"
 #include "timeutil.h"
@@ -419,6 +421,163 @@ START_TEST(t_num_blocks)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* two clients on one swarm at once: one generates (greedy and seeded sampling), the other trains (FORWARD and
+ * BACKWARD with deep prompts); each gets exactly what it gets alone. */
+
+typedef struct client_run {
+    sp_runtime *rt;
+    int train;           /* 0: generations, 1: training chains */
+    int rounds;
+    int32_t ids[2][64];  /* generate: greedy, sampled */
+    int n[2];
+    float *y, *g, *gp;   /* train: outputs, input grads, prompt grads of the last round */
+    int changed;         /* rounds whose results differed from the first */
+    char err[600];
+} client_run;
+
+#define TC_B 2
+#define TC_T 7
+#define TC_P 3
+
+static void client_generate(client_run *c, int mode, int32_t *ids, int *n)
+{
+    sp_err err = {0};
+    int32_t prompt[] = {1, 9038, 2501, 263, 931}; /* <s> Once upon a time */
+    const int32_t *pp = prompt;
+    int len = 5;
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = 24;
+    o.stop_at_eos = 0;
+    if (mode) {
+        o.sample.temperature = 0.9f;
+        o.sample.top_p = 0.9f;
+        o.sample.seed = 1234;
+    }
+    sp_lm_swarm s;
+    sp_lm lm = sp_lm_swarm_make(&s, c->rt);
+    sp_gen_result got;
+    if (sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err)) {
+        snprintf(c->err, sizeof c->err, "generate: %s", err.msg);
+        *n = 0;
+        return;
+    }
+    *n = got.n[0] < 64 ? got.n[0] : 64;
+    memcpy(ids, got.ids[0], (size_t)*n * sizeof(int32_t));
+    sp_gen_result_free(&got);
+}
+
+static void client_train(client_run *c, float *y, float *g, float *gp)
+{
+    int H = c->rt->local->cfg.hidden, L = c->rt->local->cfg.n_layers;
+    size_t N = (size_t)TC_B * TC_T * H, NP = (size_t)L * TC_B * TC_P * H;
+    sp_rng r;
+    sp_rng_seed(&r, 99);
+    float *x = malloc(N * 4), *prompts = malloc(NP * 4);
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, prompts, (long)NP, 0.1f);
+    memcpy(y, x, N * 4);
+    memset(gp, 0, NP * 4);
+    sp_route route;
+    sp_err err = {0};
+    float *bound = NULL;
+    if (sp_runtime_route_train(c->rt, &route, &err) ||
+        !(bound = malloc((size_t)route.nstages * N * sizeof(float))) ||
+        sp_runtime_forward(c->rt, &route, y, TC_B, TC_T, prompts, TC_P, bound, NULL, &err) ||
+        sp_runtime_backward(c->rt, &route, g, TC_B, TC_T, prompts, TC_P, bound, gp, NULL, &err))
+        snprintf(c->err, sizeof c->err, "train: %s", err.msg[0] ? err.msg : "out of memory");
+    free(bound);
+    free(x);
+    free(prompts);
+}
+
+static void *client_main(void *arg)
+{
+    client_run *c = arg;
+    int H = c->rt->local->cfg.hidden, L = c->rt->local->cfg.n_layers;
+    size_t N = (size_t)TC_B * TC_T * H, NP = (size_t)L * TC_B * TC_P * H;
+    for (int k = 0; k < c->rounds && !c->err[0]; k++) {
+        if (!c->train) {
+            int32_t ids[2][64];
+            int n[2];
+            for (int m = 0; m < 2; m++)
+                client_generate(c, m, ids[m], &n[m]);
+            if (k == 0) {
+                memcpy(c->ids, ids, sizeof ids);
+                memcpy(c->n, n, sizeof n);
+            } else {
+                c->changed += memcmp(n, c->n, sizeof n) || memcmp(ids, c->ids, sizeof ids);
+            }
+        } else {
+            float *y = malloc(N * 4), *g = malloc(N * 4), *gp = malloc(NP * 4);
+            client_train(c, y, g, gp);
+            if (k == 0) {
+                c->y = y, c->g = g, c->gp = gp;
+                continue;
+            }
+            c->changed += memcmp(y, c->y, N * 4) || memcmp(g, c->g, N * 4) || memcmp(gp, c->gp, NP * 4);
+            free(y), free(g), free(gp);
+        }
+    }
+    return NULL;
+}
+
+START_TEST(t_two_clients)
+{
+    sp_test_proc *p0 = server("0:2", 0);
+    server("2:4", p0->dht_port);
+    server("4:6", p0->dht_port);
+    server("0:6", p0->dht_port);
+    sp_runtime *a = joined(p0->dht_port), *b = joined(procs[2].dht_port);
+    waiter wa = {.rt = a, .n = 4}, wb = {.rt = b, .n = 4};
+    ck_assert(sp_test_wait_for(has_online, &wa, 15) && sp_test_wait_for(has_online, &wb, 15));
+    /* alone, one after the other */
+    client_run alone[2] = {{.rt = a, .train = 0, .rounds = 1}, {.rt = b, .train = 1, .rounds = 1}};
+    for (int i = 0; i < 2; i++) {
+        client_main(&alone[i]);
+        ck_assert_msg(!alone[i].err[0], "alone: %s", alone[i].err);
+    }
+    /* together, several rounds each, on threads */
+    client_run both[2] = {{.rt = a, .train = 0, .rounds = 3}, {.rt = b, .train = 1, .rounds = 6}};
+    pthread_t th[2];
+    double t0 = sp_now_s();
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, client_main, &both[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    printf("two clients: 3 x 2 generations and 6 training chains at once in %.2f s\n", sp_now_s() - t0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(!both[i].err[0], "client %d together: %s", i, both[i].err);
+        ck_assert_msg(!both[i].changed, "client %d: %d rounds differed from its first", i, both[i].changed);
+    }
+    int H = a->local->cfg.hidden, L = a->local->cfg.n_layers;
+    size_t N = (size_t)TC_B * TC_T * H, NP = (size_t)L * TC_B * TC_P * H;
+    for (int m = 0; m < 2; m++) {
+        ck_assert_int_eq(both[0].n[m], alone[0].n[m]);
+        ck_assert_msg(!memcmp(both[0].ids[m], alone[0].ids[m], (size_t)alone[0].n[m] * 4),
+                      "generation %d differs with another client on the swarm", m);
+    }
+    ck_assert_msg(!memcmp(both[1].y, alone[1].y, N * 4), "training outputs differ with another client on the swarm");
+    ck_assert_msg(!memcmp(both[1].g, alone[1].g, N * 4), "input grads differ with another client on the swarm");
+    ck_assert_msg(!memcmp(both[1].gp, alone[1].gp, NP * 4), "prompt grads differ with another client on the swarm");
+    double gn = 0;
+    for (size_t i = 0; i < NP; i++)
+        gn += fabs(alone[1].gp[i]);
+    ck_assert_msg(gn > 0, "prompt gradients are all zero");
+    /* and the greedy text is the one every block in this process gives */
+    check_generates(a);
+    for (int i = 0; i < 2; i++) {
+        free(alone[i].y), free(alone[i].g), free(alone[i].gp);
+        free(both[i].y), free(both[i].g), free(both[i].gp);
+    }
+    sp_runtime_free(a);
+    sp_runtime_free(b);
+    stop_all();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("swarm");
@@ -428,6 +587,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_hostile_records);
     tcase_add_test(tc, t_dht_node_dies);
     tcase_add_test(tc, t_num_blocks);
+    tcase_add_test(tc, t_two_clients);
     suite_add_tcase(s, tc);
     return s;
 }
