@@ -39,14 +39,17 @@ static void on_change(void *user, sp_view_change what, const sp_server_record *r
     if (i < 0)
         return;
     const char *name = r->name[0] ? r->name : r->id;
-    if (what == SP_VIEW_NEW)
+    if (what == SP_VIEW_NEW && r->port > 0)
         sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s joined: blocks %d:%d at %s:%d (%s)", name, r->start, r->end,
                     r->host, r->port, sp_server_state_name(r->state));
+    else if (what == SP_VIEW_NEW) /* JOINING before its port is bound: it is loading */
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s joined: blocks %d:%d on %s (%s, loading)", name, r->start,
+                    r->end, r->host, sp_server_state_name(r->state));
     else if (what == SP_VIEW_GONE)
         sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s left (no announcement for %.0f s)", name, 3 * r->period);
     else if (prev->state != r->state || prev->start != r->start || prev->end != r->end)
-        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s: blocks %d:%d, %s", name, r->start, r->end,
-                    sp_server_state_name(r->state));
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s: blocks %d:%d at %s:%d, %s", name, r->start, r->end, r->host,
+                    r->port, sp_server_state_name(r->state));
     if (what != SP_VIEW_CHANGED || prev->state != r->state)
         pthread_cond_broadcast(&rt->pinger_cond); /* ping newcomers soon */
 }
@@ -158,6 +161,7 @@ static void *pinger_main(void *arg)
         if (rt->pinger_stop)
             break;
         pthread_mutex_unlock(&rt->lock);
+        sp_rt_reap_local(rt);
         int cand[3 * PINGS_PER_GROUP];
         int n = ping_candidates(rt, cand, 3 * PINGS_PER_GROUP);
         for (int k = 0; k < n && !rt->pinger_stop; k++)

@@ -175,6 +175,33 @@ sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
     return sp_runtime_route(rt, err);
 }
 
+void sp_rt_reap_local(sp_runtime *rt)
+{
+    pthread_mutex_lock(&rt->lock);
+    int n = rt->nservers;
+    pthread_mutex_unlock(&rt->lock);
+    for (int i = 0; i < n; i++) {
+        sp_server_entry *e = rt->servers[i];
+        pthread_mutex_lock(&rt->lock);
+        pid_t pid = e->pid;
+        pthread_mutex_unlock(&rt->lock);
+        int status;
+        if (pid <= 0 || waitpid(pid, &status, WNOHANG) != pid)
+            continue;
+        pthread_mutex_lock(&rt->lock);
+        e->pid = 0;
+        e->gone = 1;
+        pthread_mutex_unlock(&rt->lock);
+        char how[64];
+        if (WIFSIGNALED(status))
+            snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(status));
+        else
+            snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(status));
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s at %s:%d (blocks %d:%d) exited (%s); its log: %s", e->rec.id,
+                    e->rec.host, e->rec.port, e->rec.start, e->rec.end, how, e->log);
+    }
+}
+
 void sp_runtime_swarm_down(sp_runtime *rt)
 {
     pthread_mutex_lock(&rt->lock);

@@ -42,13 +42,29 @@ void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
     }
     int start = e->rec.start, end = e->rec.end, max = rt->set.max_retries;
     pthread_mutex_unlock(&rt->lock);
-    if (attempt < max)
-        sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; retry %d of %d in %.0f s",
-                    label, start, end, why && why->msg[0] ? why->msg : "?", ban, attempt + 1, max,
-                    sp_rt_backoff(rt, attempt + 1));
-    else
+    /* the error often names the server again: "HOST:PORT (blocks a:b): ..." */
+    const char *msg = why && why->msg[0] ? why->msg : "?";
+    size_t ll = strlen(label);
+    if (!strncmp(msg, label, ll)) {
+        const char *rest = msg + ll;
+        if (!strncmp(rest, " (blocks ", 9) && strchr(rest, ')'))
+            rest = strchr(rest, ')') + 1;
+        if (!strncmp(rest, ": ", 2))
+            msg = rest + 2;
+    }
+    if (attempt < max) {
+        double wait = sp_rt_backoff(rt, attempt + 1);
+        char when[32];
+        if (wait > 0)
+            snprintf(when, sizeof when, "in %.0f s", wait);
+        else
+            snprintf(when, sizeof when, "now");
+        sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; retry %d of %d %s", label,
+                    start, end, msg, ban, attempt + 1, max, when);
+    } else {
         sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; no retries left (%d)",
-                    label, start, end, why && why->msg[0] ? why->msg : "?", ban, max);
+                    label, start, end, msg, ban, max);
+    }
 }
 
 void sp_rt_succeeded(sp_runtime *rt, int i)

@@ -60,6 +60,12 @@ sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *o
 int sp_route_replace_stage(sp_route *r, int s, const sp_route *repl);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* local.c */
+
+/* Reaps servers of swarm up that died: their entries become gone, with an event saying how they ended. */
+void sp_rt_reap_local(sp_runtime *rt);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* discovery.c */
 
 /* Re-creates the view for the loaded model (after load). */

@@ -1,0 +1,483 @@
+/* failover.c - what a failure costs, and how fast a swarm is found.
+ *
+ * Stall: a local swarm of 4 servers (two for blocks 0:3, two for 3:6, as `swarm up 4 --blocks-per-server 3`
+ * makes it) generates greedily; before token K the server of the hop holding the last block is killed
+ * (SIGKILL) or hung (SIGSTOP). The step that meets the failure takes the stall: detection (a closed
+ * connection at once, a hung one after the step timeout), ban, re-route, and the replay of the K positions'
+ * history on the replacement. Baselines measured in the same run: the median of the other steps, and a
+ * prefill of the same K positions through the same swarm (what the replay must redo). Each failure on a
+ * fresh swarm, reps times; the texts must equal the run without failure (checked).
+ *
+ * Discovery: N DHT nodes (sepal-dht children, as every server runs) each announce one synthetic server record
+ * for an 8-block span of an 80-block model, all joining through the first; then a client node joins through
+ * the first and builds the live view every client keeps. Figures: time until the view holds all N records,
+ * records per block key, and each node's resident memory.
+ *
+ * usage: bench_failover [MODEL_DIR] [--reps N] [--at K] [--nodes 5,50,100] [--skip-stall] [--skip-discovery] */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dht.h"
+#include "generate.h"
+#include "memtune.h"
+#include "record.h"
+#include "runtime.h"
+#include "timeutil.h"
+#include "view.h"
+
+#define MAX_STEPS 256
+
+typedef struct opts {
+    const char *model;
+    int reps, at, skip_stall, skip_discovery;
+    int nodes[8], nnodes;
+} opts;
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n <= 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* stall */
+
+typedef struct hit {
+    sp_lm inner;
+    sp_lm_swarm *sw;
+    sp_runtime *rt;
+    int at, sig, calls, block;
+    pid_t victim;
+    double step[MAX_STEPS];
+    int nsteps;
+    double stall;
+} hit;
+
+static pid_t pid_of_block(sp_runtime *rt, const sp_route *r, int block)
+{
+    pid_t pid = -1;
+    pthread_mutex_lock(&rt->lock);
+    for (int h = 0; h < r->nhops; h++)
+        if (r->hop[h].start <= block && block < r->hop[h].end)
+            pid = rt->servers[r->hop[h].server]->pid;
+    pthread_mutex_unlock(&rt->lock);
+    return pid;
+}
+
+static sp_status h_begin(void *ctx, int B, int max_length, sp_err *err)
+{
+    hit *h = ctx;
+    return h->inner.begin(h->inner.ctx, B, max_length, err);
+}
+
+static sp_status h_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    hit *h = ctx;
+    int now = h->calls++ == h->at && h->sig;
+    if (now) {
+        h->victim = pid_of_block(h->rt, &h->sw->route, h->block);
+        if (h->victim > 0)
+            kill(h->victim, h->sig);
+    }
+    double t0 = sp_now_s();
+    sp_status st = h->inner.forward(h->inner.ctx, ids, B, T, logits, err);
+    double dt = sp_now_s() - t0;
+    if (now)
+        h->stall = dt;
+    else if (h->calls > 1 && h->nsteps < MAX_STEPS) /* decode steps only */
+        h->step[h->nsteps++] = dt;
+    return st;
+}
+
+static sp_status h_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
+{
+    hit *h = ctx;
+    return h->inner.reorder(h->inner.ctx, src, B, err);
+}
+
+static void h_end(void *ctx)
+{
+    hit *h = ctx;
+    h->inner.end(h->inner.ctx);
+}
+
+static const int32_t PROMPT[] = {1, 9038, 2501, 263, 931, 29892, 727, 471}; /* <s> Once upon a time, there was */
+#define PROMPT_LEN 8
+
+static int generate(sp_runtime *rt, hit *h, int max_new, sp_gen_result *out)
+{
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = max_new;
+    o.stop_at_eos = 0;
+    sp_lm_swarm sw;
+    h->rt = rt;
+    h->sw = &sw;
+    h->inner = sp_lm_swarm_make(&sw, rt);
+    sp_lm lm = h->inner;
+    lm.ctx = h;
+    lm.begin = h_begin;
+    lm.forward = h_forward;
+    lm.reorder = h_reorder;
+    lm.end = h_end;
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    sp_err err = {0};
+    if (sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, out, &err))
+        return fprintf(stderr, "bench: generate: %s\n", err.msg), -1;
+    return 0;
+}
+
+/* Time of a prefill of n positions (ids) through the swarm: one forward call of a fresh session. */
+static double prefill_time(sp_runtime *rt, const int32_t *ids, int n)
+{
+    sp_lm_swarm sw;
+    sp_lm lm = sp_lm_swarm_make(&sw, rt);
+    sp_err err = {0};
+    float *logits = malloc((size_t)lm.vocab * sizeof(float));
+    double dt = -1;
+    if (logits && !lm.begin(lm.ctx, 1, n + 1, &err)) {
+        double t0 = sp_now_s();
+        if (!lm.forward(lm.ctx, ids, 1, n, logits, &err))
+            dt = sp_now_s() - t0;
+        lm.end(lm.ctx);
+    }
+    free(logits);
+    return dt;
+}
+
+static void on_event(const sp_event *ev, void *user)
+{
+    (void)user;
+    if (getenv("SEPAL_BENCH_VERBOSE") && ev->text)
+        fprintf(stderr, "  event: %s\n", ev->text);
+}
+
+static sp_runtime *local_swarm(const char *model)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    if (sp_runtime_new(&rt, on_event, NULL, &err) || sp_runtime_load(rt, model, &err) ||
+        sp_runtime_swarm_up(rt, 4, 3, &err)) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        sp_runtime_free(rt);
+        return NULL;
+    }
+    return rt;
+}
+
+/* One failure of kind sig on a fresh swarm: its stall, the median step, and the prefill of the same length. */
+static int stall_once(const opts *o, int sig, const sp_gen_result *want, double *stall, double *step, double *prefill)
+{
+    sp_runtime *rt = local_swarm(o->model);
+    if (!rt)
+        return -1;
+    hit h = {.at = o->at, .sig = sig, .block = 5};
+    sp_gen_result got;
+    int rc = generate(rt, &h, want->n[0], &got);
+    if (!rc) {
+        if (got.n[0] != want->n[0] || memcmp(got.ids[0], want->ids[0], (size_t)want->n[0] * sizeof(int32_t))) {
+            fprintf(stderr, "bench: the text after the failure differs from the one without\n");
+            rc = -1;
+        }
+        sp_gen_result_free(&got);
+    }
+    if (h.victim > 0 && sig == SIGSTOP)
+        kill(h.victim, SIGCONT);
+    *stall = h.stall;
+    *step = median(h.step, h.nsteps);
+    /* the replay: the prompt and the first `at` new tokens (the step that meets the failure feeds the last) */
+    int32_t ids[PROMPT_LEN + 256];
+    memcpy(ids, PROMPT, sizeof PROMPT);
+    memcpy(ids + PROMPT_LEN, want->ids[0], (size_t)o->at * sizeof(int32_t));
+    *prefill = prefill_time(rt, ids, PROMPT_LEN + o->at);
+    sp_runtime_swarm_down(rt);
+    sp_runtime_free(rt);
+    return rc;
+}
+
+static int bench_stall(const opts *o)
+{
+    /* the text without failure, on a swarm of its own */
+    sp_runtime *rt = local_swarm(o->model);
+    if (!rt)
+        return 1;
+    hit h0 = {.at = -1};
+    sp_gen_result want;
+    int max_new = o->at + 24;
+    if (generate(rt, &h0, max_new, &want))
+        return 1;
+    sp_runtime_swarm_down(rt);
+    sp_runtime_free(rt);
+    printf("stall: stories15M, 4 servers (blocks 0:3 twice, 3:6 twice), greedy, the server of blocks 3:6 in use "
+           "hit before token %d\n", o->at);
+    static const int sigs[2] = {SIGKILL, SIGSTOP};
+    static const char *const names[2] = {"killed (SIGKILL)", "hung (SIGSTOP)"};
+    for (int k = 0; k < 2; k++) {
+        double st[16], sp[16], pf[16];
+        int n = 0;
+        for (int r = 0; r < o->reps && r < 16; r++) {
+            if (stall_once(o, sigs[k], &want, &st[n], &sp[n], &pf[n]))
+                return 1;
+            n++;
+        }
+        double ms = median(st, n), mstep = median(sp, n), mpf = median(pf, n);
+        qsort(st, (size_t)n, sizeof *st, cmp_d);
+        printf("  %-17s stall %.3f s (min %.3f, max %.3f over %d); a normal step %.4f s; a prefill of the %d "
+               "positions through the swarm %.4f s\n", names[k], ms, st[0], st[n - 1], n, mstep, PROMPT_LEN + o->at, mpf);
+        printf("  %-17s stall - replay = %.3f s (goal for a kill: <= 2 s); stall / normal step = %.0fx\n", "", ms - mpf,
+               mstep > 0 ? ms / mstep : 0);
+    }
+    printf("  a hung server is given up after the step timeout: 2 s + 20 expected step times by default\n");
+    sp_gen_result_free(&want);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* discovery */
+
+#define DISC_BLOCKS 80
+#define DISC_SPAN 8
+#define DISC_MODEL "bench-model"
+#define DISC_HASH 0x5e9a15e9a15e9a1ull
+
+typedef struct disc_node {
+    sp_dht *d;
+} disc_node;
+
+static void fake_record(sp_server_record *r, int i)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%016x", 0x1000 + i);
+    snprintf(r->name, sizeof r->name, "node%d", i);
+    snprintf(r->host, sizeof r->host, "127.0.0.1");
+    r->port = 20000 + i;
+    snprintf(r->model, sizeof r->model, DISC_MODEL);
+    r->config_hash = DISC_HASH;
+    r->num_blocks = DISC_BLOCKS;
+    r->start = (i * DISC_SPAN) % DISC_BLOCKS;
+    r->end = r->start + DISC_SPAN;
+    r->state = SP_SERVER_ONLINE;
+    r->throughput = 1000 + i;
+    r->inference_rps = 100;
+    r->forward_rps = 1000;
+    r->network_rps = 1000;
+    snprintf(r->dtype, sizeof r->dtype, "f32");
+    snprintf(r->quant, sizeof r->quant, "none");
+    r->cache_tokens_left = 8192;
+    snprintf(r->version, sizeof r->version, "bench");
+    r->timestamp = sp_wall_s();
+    r->period = 60;
+}
+
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6))
+            kib = atol(line + 6);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+typedef struct client_view {
+    pthread_mutex_t lock;
+    sp_view *view;
+} client_view;
+
+static void cv_value(void *user, const char *key, const uint8_t *data, size_t len, int expired)
+{
+    client_view *c = user;
+    pthread_mutex_lock(&c->lock);
+    if (c->view)
+        sp_view_on_value(c->view, key, data, len, expired);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void cv_done(void *user, const char *key, int ok)
+{
+    client_view *c = user;
+    pthread_mutex_lock(&c->lock);
+    if (c->view)
+        sp_view_on_get_done(c->view, key, ok);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int bench_discovery(int n)
+{
+    disc_node *nodes = calloc((size_t)n, sizeof *nodes);
+    sp_err err = {0};
+    char peers[64] = "";
+    double t0 = sp_now_s();
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        sp_dht_opts o = {.bind = "127.0.0.1", .bootstrap = i ? peers : NULL};
+        if (sp_dht_start(&nodes[i].d, &o, &err)) {
+            fprintf(stderr, "bench: DHT node %d: %s\n", i, err.msg);
+            rc = 1;
+            break;
+        }
+        if (!i)
+            snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_dht_port(nodes[0].d));
+        sp_server_record r;
+        fake_record(&r, i);
+        char buf[SP_RECORD_MAX], key[128];
+        size_t len;
+        if (sp_record_encode(&r, buf, sizeof buf, &len, &err)) {
+            fprintf(stderr, "bench: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        for (int b = r.start; b < r.end; b++) {
+            sp_block_key(r.model, b, key, sizeof key);
+            sp_dht_put(nodes[i].d, key, r.id, 512, buf, len);
+        }
+    }
+    double started = sp_now_s() - t0;
+    int acked = 0;
+    for (int i = 0; i < n && !rc; i++)
+        acked += sp_dht_flush(nodes[i].d, 20000, &err) == SP_OK;
+    double published = sp_now_s() - t0;
+    /* the client: a node that announces nothing, and the view */
+    client_view cv = {.view = NULL};
+    pthread_mutex_init(&cv.lock, NULL);
+    sp_dht *cd = NULL;
+    double tc = sp_now_s(), seen_all = -1, seen_half = -1;
+    int seen = 0;
+    if (!rc) {
+        sp_dht_opts o = {.bind = "127.0.0.1", .bootstrap = peers, .on_value = cv_value, .on_get_done = cv_done,
+                         .user = &cv};
+        sp_view_opts vo = {.model = DISC_MODEL, .config_hash = DISC_HASH, .num_blocks = DISC_BLOCKS, .refresh_s = 30};
+        sp_view *v = NULL;
+        if (sp_dht_start(&cd, &o, &err) || sp_view_new(&v, cd, &vo, &err)) {
+            fprintf(stderr, "bench: client: %s\n", err.msg);
+            rc = 1;
+        }
+        pthread_mutex_lock(&cv.lock);
+        cv.view = v;
+        pthread_mutex_unlock(&cv.lock);
+        while (!rc && sp_now_s() - tc < 60) {
+            sp_server_record *all = NULL;
+            seen = sp_view_snapshot(v, &all);
+            free(all);
+            if (seen_half < 0 && seen * 2 >= n)
+                seen_half = sp_now_s() - tc;
+            if (seen >= n) {
+                seen_all = sp_now_s() - tc;
+                break;
+            }
+            sleep_s(0.01);
+        }
+        /* records per block key, from what the client sees */
+        sp_server_record *all = NULL;
+        int m = v ? sp_view_snapshot(v, &all) : 0;
+        int per[DISC_BLOCKS] = {0}, lo = 1 << 30, hi = 0;
+        long sum = 0;
+        for (int i = 0; i < m; i++)
+            for (int b = all[i].start; b < all[i].end; b++)
+                per[b]++;
+        for (int b = 0; b < DISC_BLOCKS; b++) {
+            lo = per[b] < lo ? per[b] : lo;
+            hi = per[b] > hi ? per[b] : hi;
+            sum += per[b];
+        }
+        free(all);
+        long rsum = 0, rmax = 0;
+        int nr = 0;
+        for (int i = 0; i < n; i++) {
+            long k = rss_kib(sp_dht_pid(nodes[i].d));
+            if (k > 0) {
+                nr++;
+                rsum += k;
+                rmax = k > rmax ? k : rmax;
+            }
+        }
+        printf("  %3d nodes: started in %.2f s, %d/%d publications acknowledged after %.2f s; the client saw "
+               "%d/%d records: half after %.2f s, all after %s%.2f s\n",
+               n, started, acked, n, published, seen, n, seen_half, seen_all < 0 ? "(not all) " : "",
+               seen_all < 0 ? sp_now_s() - tc : seen_all);
+        printf("             records per block key %d..%d (mean %.1f); node RSS mean %.1f MiB, max %.1f MiB\n", lo,
+               hi, (double)sum / DISC_BLOCKS, nr ? (double)rsum / nr / 1024 : 0, (double)rmax / 1024);
+        if (seen_all < 0)
+            rc = 1;
+        pthread_mutex_lock(&cv.lock);
+        cv.view = NULL;
+        pthread_mutex_unlock(&cv.lock);
+        sp_view_free(v);
+        sp_dht_stop(cd);
+    }
+    for (int i = 0; i < n; i++)
+        sp_dht_stop(nodes[i].d);
+    pthread_mutex_destroy(&cv.lock);
+    free(nodes);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    sp_memtune();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN);
+    opts o = {.reps = 3, .at = 32, .nodes = {5, 50, 100}, .nnodes = 3};
+    const char *home = getenv("HOME");
+    static char def[4096];
+    snprintf(def, sizeof def, "%s/.cache/sepal/models/stories15M", home ? home : ".");
+    o.model = def;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            o.reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--at") && i + 1 < argc)
+            o.at = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--skip-stall"))
+            o.skip_stall = 1;
+        else if (!strcmp(argv[i], "--skip-discovery"))
+            o.skip_discovery = 1;
+        else if (!strcmp(argv[i], "--nodes") && i + 1 < argc) {
+            o.nnodes = 0;
+            for (char *save = NULL, *t = strtok_r(argv[++i], ",", &save); t && o.nnodes < 8;
+                 t = strtok_r(NULL, ",", &save))
+                o.nodes[o.nnodes++] = atoi(t);
+        } else if (argv[i][0] != '-')
+            o.model = argv[i];
+        else
+            return fprintf(stderr, "usage: bench_failover [MODEL_DIR] [--reps N] [--at K] [--nodes 5,50,100] "
+                                   "[--skip-stall] [--skip-discovery]\n"), 2;
+    }
+    if (o.reps < 1 || o.reps > 16 || o.at < 1 || o.at > 200)
+        return fprintf(stderr, "bench_failover: --reps 1..16, --at 1..200\n"), 2;
+    int rc = 0;
+    if (!o.skip_stall)
+        rc |= bench_stall(&o);
+    if (!o.skip_discovery) {
+        printf("discovery: N DHT nodes each announcing an 8-block span of an 80-block model, all joined through "
+               "the first; a client joins through the first\n");
+        for (int i = 0; i < o.nnodes; i++)
+            if (o.nodes[i] > 0 && o.nodes[i] <= 512)
+                rc |= bench_discovery(o.nodes[i]);
+    }
+    return rc;
+}
