@@ -3,6 +3,7 @@
 #include <cJSON.h>
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,8 +39,48 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
     sp_log(SP_LOG_DEBUG, "request %llu: %s: %s", (unsigned long long)request_id, code, msg);
 }
 
+/* A testing aid: SEPAL_SERVER_FAULT="nan:K" or "error:K" makes this process answer every FORWARD, BACKWARD
+ * and INFERENCE_STEP after its first K with non-finite values or an "internal" ERROR: a broken (or hostile)
+ * server, real on the wire, for the client's fault-tolerance tests. Unset: nothing changes. */
+static int fault_kind;        /* 0 none, 1 nan, 2 error */
+static long fault_after;
+static long fault_count;
+static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+
+static void fault_init(void)
+{
+    const char *f = getenv("SEPAL_SERVER_FAULT");
+    if (!f || !*f)
+        return;
+    const char *colon = strchr(f, ':');
+    fault_kind = !strncmp(f, "nan", 3) ? 1 : !strncmp(f, "error", 5) ? 2 : 0;
+    fault_after = colon ? atol(colon + 1) : 0;
+    if (fault_kind)
+        sp_log(SP_LOG_WARN, "SEPAL_SERVER_FAULT=%s: answering compute requests after the first %ld wrongly", f,
+               fault_after);
+}
+
+/* 0: reply as usual; 1: the reply's first value was made NaN; 2: an ERROR was sent instead. */
+static int fault_hit(req *r, const sp_tensor_src *t, int n)
+{
+    pthread_once(&fault_once, fault_init);
+    if (!fault_kind || (r->m.type != SP_MSG_FORWARD && r->m.type != SP_MSG_BACKWARD &&
+                        r->m.type != SP_MSG_INFERENCE_STEP))
+        return 0;
+    if (__atomic_fetch_add(&fault_count, 1, __ATOMIC_SEQ_CST) < fault_after)
+        return 0;
+    if (fault_kind == 2 || n < 1 || !t[0].f32) {
+        sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "injected fault (SEPAL_SERVER_FAULT)");
+        return 2;
+    }
+    ((float *)t[0].f32)[0] = NAN; /* the replies' tensors are this handler's own buffers */
+    return 1;
+}
+
 static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
 {
+    if (fault_hit(r, t, n) == 2)
+        return;
     sp_buf b = {0};
     sp_err err = {0};
     if (sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, meta, t, n, &err) != SP_OK) {

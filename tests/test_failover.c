@@ -545,6 +545,65 @@ START_TEST(t_server_joins_later)
 }
 END_TEST
 
+/* A server that answers with non-finite values, or with ERROR replies, to valid requests (a broken or hostile
+ * server: SEPAL_SERVER_FAULT makes a real sepal-server do it from its 4th compute request on) is banned like
+ * a dead one, and the generation gives the same tokens elsewhere. One hop over all blocks is the cheapest
+ * route, so the broken 0:6 server is the one used first. */
+static void broken_server(const char *spec, const char *why)
+{
+    memset(&F, 0, sizeof F);
+    setenv("SEPAL_SERVER_FAULT", spec, 1);
+    server("0:6");
+    unsetenv("SEPAL_SERVER_FAULT");
+    server("0:3");
+    server("3:6");
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
+    ck_assert_int_eq(sp_runtime_new(&rt, on_event, NULL, &err), SP_OK);
+    rt->set.update_period_s = 1;
+    ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+    want_n w = {rt, 3};
+    ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of 3 servers", count_online(rt));
+    sp_gen_opts o;
+    gen_opts(&o, 0);
+    sp_gen_result want, got;
+    reference(&o, &want);
+    F.at = -1; /* nobody is killed: the server breaks by itself */
+    sp_lm_swarm sw;
+    sp_lm lm = faulty_lm(rt, &sw);
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
+    same_tokens(&got, &want);
+    ck_assert_msg(sw.retries >= 1, "the broken server was never met (route: %d hops)", sw.route.nhops);
+    ck_assert_msg(strstr(F.last_retry, why), "retry event does not say why: %s", F.last_retry);
+    char port[16];
+    snprintf(port, sizeof port, ":%d", procs[0].port);
+    ck_assert_msg(strstr(F.last_retry, port), "retry event does not name the broken server: %s", F.last_retry);
+    printf("broken server (%s): %s\n", spec, F.last_retry);
+    int e = -1;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        if (rt->servers[i]->rec.port == procs[0].port)
+            e = i;
+    ck_assert_int_ge(e, 0);
+    ck_assert_msg(rt->servers[e]->banned_until > sp_now_s(), "the broken server is not banned");
+    pthread_mutex_unlock(&rt->lock);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&got);
+    sp_runtime_free(rt);
+    stop_all();
+}
+
+START_TEST(t_server_answers_nan) { broken_server("nan:3", "non-finite"); }
+END_TEST
+
+START_TEST(t_server_answers_error) { broken_server("error:3", "injected fault"); }
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("failover");
@@ -556,6 +615,8 @@ static Suite *suite(void)
     tcase_add_test(tc, t_kill_beams);
     tcase_add_test(tc, t_second_failure_in_recovery);
     tcase_add_test(tc, t_hung_server);
+    tcase_add_test(tc, t_server_answers_nan);
+    tcase_add_test(tc, t_server_answers_error);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("training");
     tcase_set_timeout(tt, 180);
