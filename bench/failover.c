@@ -420,8 +420,23 @@ static int bench_discovery(int n)
                seen_all < 0 ? sp_now_s() - tc : seen_all);
         printf("             records per block key %d..%d (mean %.1f); node RSS mean %.1f MiB, max %.1f MiB\n", lo,
                hi, (double)sum / DISC_BLOCKS, nr ? (double)rsum / nr / 1024 : 0, (double)rmax / 1024);
-        if (seen_all < 0)
+        if (seen_all < 0) {
             rc = 1;
+            sp_server_record *got = NULL;
+            int g = sp_view_snapshot(v, &got);
+            printf("             missing:");
+            for (int i = 0; i < n; i++) {
+                sp_server_record r;
+                fake_record(&r, i);
+                int found = 0;
+                for (int k = 0; k < g && !found; k++)
+                    found = !strcmp(got[k].id, r.id);
+                if (!found)
+                    printf(" node %d (blocks %d:%d)", i, r.start, r.end);
+            }
+            printf("\n");
+            free(got);
+        }
         pthread_mutex_lock(&cv.lock);
         cv.view = NULL;
         pthread_mutex_unlock(&cv.lock);

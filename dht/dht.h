@@ -6,9 +6,12 @@
  *
  * Keys are strings ("stories15M.3", "_sepal.models"), hashed to 160-bit ids by the child. A publication is
  * (key, slot) -> bytes: publishing again under the same (key, slot) replaces what this node published there
- * before (a fresh DHT value, the previous one withdrawn), so listeners see every update. Values live in the
- * DHT for their TTL after the last publication (a power of two of seconds, 1 s .. 65536 s, registered as
- * value types by every sepal node), so a node that dies takes its values with it within that time.
+ * before (a fresh DHT value, the previous one withdrawn), so listeners see every update. The node keeps its
+ * publications announced while it runs (OpenDHT's permanent puts): a value published while the swarm was
+ * small moves to the nodes closest to its key as they join (a one-shot put stays where it first landed and,
+ * among 40+ nodes, is often never found). Values live in the DHT for their TTL after the node stops
+ * announcing them (a power of two of seconds, 1 s .. 65536 s, registered as value types by every sepal
+ * node), so a node that dies takes its values with it within that time.
  * Values larger than SP_DHT_MAX_VALUE are neither stored nor delivered.
  *
  * Threads: callbacks run on this module's reader thread, one at a time. They may call sp_dht_listen / get /

@@ -233,10 +233,13 @@ class Node {
         auto h = dht::InfoHash::get(key);
         std::string tag = key + " " + slot;
         auto reported = std::make_shared<std::atomic<bool>>(false);
-        runner_.put(h, v, [tag, reported](bool ok) {
-            if (!reported->exchange(true))
-                emit("putdone " + tag + (ok ? " 1" : " 0"));
-        });
+        runner_.put(
+            h, v,
+            [tag, reported](bool ok) {
+                if (!reported->exchange(true))
+                    emit("putdone " + tag + (ok ? " 1" : " 0"));
+            },
+            dht::time_point::max(), true);
         auto &old = published_[{key, slot}];
         if (old.id) {
             runner_.cancelPut(h, old.id); // its remote copies expire at their TTL
