@@ -46,7 +46,7 @@ static void find_server_bin(sp_runtime *rt)
     char *slash = strrchr(self, '/');
     if (slash)
         *slash = '\0';
-    /* installed side by side, or the build tree (build/repl/sepal, build/server/sepal-server) */
+    /* installed side by side, or the build tree (build/app/sepal, build/server/sepal-server) */
     snprintf(rt->server_bin, sizeof rt->server_bin, "%s/sepal-server", self);
     if (access(rt->server_bin, X_OK) != 0)
         snprintf(rt->server_bin, sizeof rt->server_bin, "%s/../server/sepal-server", self);
@@ -68,6 +68,10 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
     *out = rt;
     return SP_OK;
 }
+
+void sp_runtime_cancel(sp_runtime *rt) { __atomic_store_n(&rt->cancel, 1, __ATOMIC_SEQ_CST); }
+void sp_runtime_cancel_clear(sp_runtime *rt) { __atomic_store_n(&rt->cancel, 0, __ATOMIC_SEQ_CST); }
+int sp_runtime_cancelled(const sp_runtime *rt) { return __atomic_load_n(&rt->cancel, __ATOMIC_SEQ_CST); }
 
 void sp_runtime_free(sp_runtime *rt)
 {

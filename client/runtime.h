@@ -123,9 +123,21 @@ typedef struct sp_runtime {
     /* a local swarm (swarm/local.c) */
     char server_bin[4096];
     int swarm_started;     /* swarm up ran and its servers are ours */
+
+    int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
 } sp_runtime;
 
 sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_err *err);
+
+/* Cancellation, the one path for Ctrl-C: sp_runtime_cancel (async-signal-safe: it only sets a flag) makes
+ * the work in progress stop soon: a pending network wait returns SP_ERR_CANCELLED within 100 ms, retries and
+ * their back-off end, `swarm up` stops starting servers, generation stops between tokens and training between
+ * steps (the callers check sp_runtime_cancelled). Nothing is banned for it, and the swarm and the sessions of
+ * later requests are unaffected. The flag stays set until sp_runtime_cancel_clear (the front end clears it
+ * before each command). */
+void sp_runtime_cancel(sp_runtime *rt);
+void sp_runtime_cancel_clear(sp_runtime *rt);
+int sp_runtime_cancelled(const sp_runtime *rt);
 void sp_runtime_free(sp_runtime *rt); /* also stops a swarm it started and its DHT node */
 
 /* Loads config, tokenizer (if present) and ONLY the local parts of the model in dir; a DHT view then

@@ -17,6 +17,7 @@ static const char *const status_names[SP_ERR__COUNT] = {
     [SP_ERR_STATE] = "invalid state",
     [SP_ERR_TIMEOUT] = "timed out",
     [SP_ERR_CLOSED] = "connection closed",
+    [SP_ERR_CANCELLED] = "cancelled",
 };
 
 const char *sp_status_str(sp_status s)

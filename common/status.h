@@ -25,6 +25,7 @@ typedef enum {
     SP_ERR_STATE,       /* call not valid in the current state */
     SP_ERR_TIMEOUT,     /* a wait ran out */
     SP_ERR_CLOSED,      /* the connection or peer is gone */
+    SP_ERR_CANCELLED,   /* the caller asked to stop (Ctrl-C) */
     SP_ERR__COUNT
 } sp_status;
 

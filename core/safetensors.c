@@ -34,6 +34,7 @@ struct sp_safetensors {
     st_entry *entries;
     int nentries;
     uint64_t bytes_read;
+    cJSON *meta; /* the __metadata__ object of the first header parsed (strings only), or NULL */
 };
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -209,6 +210,8 @@ static sp_status load_file(sp_safetensors *st, int fi, int register_all, sp_err 
     int ns = 0;
     s = spans ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (const cJSON *it = root->child; it && !s; it = it->next) {
+        if (it->string && !strcmp(it->string, "__metadata__") && cJSON_IsObject(it) && !st->meta)
+            st->meta = cJSON_Duplicate(it, 1);
         if (!it->string || strcmp(it->string, "__metadata__") == 0)
             continue;
         sp_st_tensor t = {0};
@@ -375,7 +378,14 @@ void sp_st_close(sp_safetensors *st)
         free(st->entries[i].name);
     free(st->files);
     free(st->entries);
+    cJSON_Delete(st->meta);
     free(st);
+}
+
+const char *sp_st_meta(const sp_safetensors *st, const char *key)
+{
+    const cJSON *v = st->meta ? cJSON_GetObjectItemCaseSensitive(st->meta, key) : NULL;
+    return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

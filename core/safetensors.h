@@ -41,6 +41,9 @@ int sp_st_has(sp_safetensors *st, const char *name);
 sp_status sp_st_read_f32(sp_safetensors *st, const char *name, float *dst, int ndim, const int64_t *shape,
                          sp_err *err);
 
+/* A string of the file's __metadata__ (the first header read), or NULL. */
+const char *sp_st_meta(const sp_safetensors *st, const char *key);
+
 /* Number of tensor names known (from the index or the single header) and the i-th name. */
 int sp_st_count(const sp_safetensors *st);
 const char *sp_st_name(const sp_safetensors *st, int i);

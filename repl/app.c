@@ -1,6 +1,6 @@
-/* app.c - the application state: settings (the defaults of generate and swarm) and error reporting. */
+/* app.c - the application state: settings (unique prefixes, close matches for a typo), output through the
+ * sink, the runtime and its events, cancellation. */
 #include "app.h"
-#include "runtime.h"
 
 #include <errno.h>
 #include <math.h>
@@ -8,135 +8,335 @@
 #include <stdlib.h>
 #include <string.h>
 
-void sp_app_init(sp_app *app)
+#include "runtime.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* output */
+
+void sp_emit(sp_app *app, const sp_ui_event *ev)
 {
-    memset(app, 0, sizeof *app);
-    sp_app_define(app, "max-new-tokens", SP_SET_INT, 0, 1e6, "64", "tokens that generate adds at most");
-    sp_app_define(app, "temperature", SP_SET_NUM, 0, 100, "0", "sampling temperature; 0 is greedy");
-    sp_app_define(app, "top-k", SP_SET_INT, 0, 1e9, "0", "sample among the k likeliest tokens; 0 is off");
-    sp_app_define(app, "top-p", SP_SET_NUM, 0, 1, "1", "nucleus sampling: smallest set of probability p; 1 is off");
-    sp_app_define(app, "repetition-penalty", SP_SET_NUM, 0.01, 100, "1",
-                  "divide the logits of tokens seen already; 1 is off");
-    sp_app_define(app, "seed", SP_SET_INT, 0, 9.2e18, "0", "random seed of sampling");
-    sp_app_define(app, "beams", SP_SET_INT, 1, 64, "1", "beam search width; 1 is no beam search");
-    sp_app_define(app, "stop", SP_SET_STR, 0, 0, "", "generation stops after this text; empty is off");
-    sp_app_define(app, "blocks-per-server", SP_SET_INT, 0, 1e6, "0",
-                  "blocks each server of `swarm up` holds; 0 is an even split");
-    sp_app_define(app, "max-retries", SP_SET_INT, 0, 1000, "8",
-                  "retries of a request after a server fails (each on another route)");
-    sp_app_define(app, "step-timeout", SP_SET_NUM, 0, 86400, "0",
-                  "seconds a server may take for one request before it counts as failed; 0 derives it from the "
-                  "server's announced speed (a few seconds for a decode step)");
-    sp_app_define(app, "allowed-servers", SP_SET_STR, 0, 0, "",
-                  "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
-    sp_app_define(app, "blocked-servers", SP_SET_STR, 0, 0, "", "never route through these servers (same forms)");
+    if (app->quiet && (ev->kind == SP_UI_NOTICE || ev->kind == SP_UI_PROGRESS || ev->kind == SP_UI_PROGRESS_END))
+        return;
+    if (app->sink.emit)
+        app->sink.emit(app->sink.user, ev);
 }
 
-void sp_app_free(sp_app *app)
+static void emit_text(sp_app *app, sp_ui_kind kind, const char *fmt, va_list ap)
 {
-    sp_runtime_free(app->rt); /* stops a swarm it started, closes connections, frees the local parts */
-    app->rt = NULL;
+    char stack[1024], *buf = stack;
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(stack, sizeof stack, fmt, ap);
+    if (n >= (int)sizeof stack && (buf = malloc((size_t)n + 1)))
+        vsnprintf(buf, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    sp_ui_event ev = {.kind = kind, .text = buf ? buf : stack, .where = app->where[0] ? app->where : NULL};
+    sp_emit(app, &ev);
+    if (buf != stack)
+        free(buf);
+}
+
+void sp_out(sp_app *app, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    emit_text(app, SP_UI_TEXT, fmt, ap);
+    va_end(ap);
+}
+
+void sp_note(sp_app *app, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    emit_text(app, SP_UI_NOTICE, fmt, ap);
+    va_end(ap);
+}
+
+void sp_warn(sp_app *app, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    emit_text(app, SP_UI_WARN, fmt, ap);
+    va_end(ap);
 }
 
 int sp_app_error(sp_app *app, const char *fmt, ...)
 {
-    fflush(stdout); /* keep the order of output and messages when both go to one pipe */
-    fputs("sepal: ", stderr);
-    if (app->where[0])
-        fprintf(stderr, "%s: ", app->where);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    emit_text(app, SP_UI_ERROR, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     app->nerrors++;
     return 1;
 }
 
-static const sp_setting *find(const sp_app *app, const char *name)
+void sp_progress(sp_app *app, const char *what, double done, double total, const char *unit)
 {
-    for (int i = 0; i < app->nsettings; i++)
+    sp_ui_event ev = {.kind = SP_UI_PROGRESS, .what = what, .done = done, .total = total, .unit = unit};
+    sp_emit(app, &ev);
+}
+
+void sp_progress_end(sp_app *app, const char *what)
+{
+    sp_ui_event ev = {.kind = SP_UI_PROGRESS_END, .what = what};
+    sp_emit(app, &ev);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* cancellation */
+
+void sp_app_cancel(sp_app *app)
+{
+    __atomic_store_n(&app->cancel, 1, __ATOMIC_SEQ_CST);
+    sp_runtime *rt = __atomic_load_n(&app->rt, __ATOMIC_SEQ_CST);
+    if (rt)
+        sp_runtime_cancel(rt);
+}
+
+void sp_app_cancel_clear(sp_app *app)
+{
+    __atomic_store_n(&app->cancel, 0, __ATOMIC_SEQ_CST);
+    if (app->rt)
+        sp_runtime_cancel_clear(app->rt);
+}
+
+int sp_app_cancelled(const sp_app *app) { return __atomic_load_n(&app->cancel, __ATOMIC_SEQ_CST); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the runtime */
+
+static void on_runtime_event(const sp_event *e, void *user)
+{
+    sp_app *app = user;
+    sp_ui_event ev = {.kind = SP_UI_RUNTIME, .rt = e};
+    sp_emit(app, &ev);
+}
+
+sp_runtime *sp_app_runtime(sp_app *app)
+{
+    if (!app->rt) {
+        sp_err err = {0};
+        sp_runtime *rt = NULL;
+        if (sp_runtime_new(&rt, on_runtime_event, app, &err)) {
+            sp_app_error(app, "%s", err.msg);
+            return NULL;
+        }
+        if (sp_app_cancelled(app))
+            sp_runtime_cancel(rt);
+        __atomic_store_n(&app->rt, rt, __ATOMIC_SEQ_CST);
+    }
+    sp_rt_settings *set = &app->rt->set;
+    pthread_mutex_lock(&app->rt->lock);
+    set->max_retries = (int)sp_app_num(app, "max-retries");
+    set->step_timeout_s = sp_app_num(app, "step-timeout");
+    snprintf(set->allowed, sizeof set->allowed, "%s", sp_app_get(app, "allowed-servers"));
+    snprintf(set->blocked, sizeof set->blocked, "%s", sp_app_get(app, "blocked-servers"));
+    pthread_mutex_unlock(&app->rt->lock);
+    return app->rt;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* settings */
+
+void sp_app_init(sp_app *app, sp_sink sink)
+{
+    memset(app, 0, sizeof *app);
+    app->sink = sink;
+    sp_app_define(app, "max-new-tokens", SP_OPT_INT, 0, 1e6, NULL, "64", "tokens that generate adds at most");
+    sp_app_define(app, "temperature", SP_OPT_NUM, 0, 100, NULL, "0", "sampling temperature; 0 is greedy");
+    sp_app_define(app, "top-k", SP_OPT_INT, 0, 1e9, NULL, "0", "sample among the k likeliest tokens; 0 is off");
+    sp_app_define(app, "top-p", SP_OPT_NUM, 1e-9, 1, NULL, "1",
+                  "nucleus sampling: the smallest set of tokens of probability p; 1 is off");
+    sp_app_define(app, "repetition-penalty", SP_OPT_NUM, 0.01, 100, NULL, "1",
+                  "divide the logits of tokens seen already; 1 is off");
+    sp_app_define(app, "seed", SP_OPT_STR, 0, 0, NULL, "random",
+                  "seed of sampling: an integer repeats a run, random draws a fresh one each time");
+    sp_app_define(app, "beams", SP_OPT_INT, 1, 64, NULL, "1", "beam search width; 1 is no beam search");
+    sp_app_define(app, "stop", SP_OPT_STR, 0, 0, NULL, "", "generation stops after this text; empty is off");
+    sp_app_define(app, "blocks-per-server", SP_OPT_INT, 0, 1e6, NULL, "0",
+                  "blocks each server of `swarm up` holds; 0 is an even split");
+    sp_app_define(app, "max-retries", SP_OPT_INT, 0, 1000, NULL, "8",
+                  "retries of a request after a server fails (each on another route)");
+    sp_app_define(app, "step-timeout", SP_OPT_NUM, 0, 86400, NULL, "0",
+                  "seconds a server may take for one request before it counts as failed; 0 derives it from the "
+                  "server's announced speed (a few seconds for a decode step)");
+    sp_app_define(app, "allowed-servers", SP_OPT_STR, 0, 0, NULL, "",
+                  "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
+    sp_app_define(app, "blocked-servers", SP_OPT_STR, 0, 0, NULL, "", "never route through these servers (same forms)");
+}
+
+void sp_app_free(sp_app *app)
+{
+    sp_runtime *rt = app->rt;
+    __atomic_store_n(&app->rt, NULL, __ATOMIC_SEQ_CST);
+    sp_runtime_free(rt); /* stops a swarm it started, closes connections, frees the local parts */
+}
+
+int sp_is_on(const char *v) { return !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes") || !strcmp(v, "true"); }
+
+/* Levenshtein distance of short strings (close matches for a typo). */
+static int distance(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 63 || m > 63)
+        return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int x = d[i - 1][j] + 1 < d[i][j - 1] + 1 ? d[i - 1][j] + 1 : d[i][j - 1] + 1;
+            d[i][j] = c < x ? c : x;
+        }
+    return d[n][m];
+}
+
+const sp_setting *sp_app_setting(const sp_app *app, const char *name, char *why, size_t cap)
+{
+    const sp_setting *hit = NULL;
+    int count = 0;
+    size_t n = strlen(name);
+    for (int i = 0; i < app->nsettings; i++) {
         if (!strcmp(app->settings[i].name, name))
             return &app->settings[i];
+        if (n && !strncmp(app->settings[i].name, name, n)) {
+            hit = &app->settings[i];
+            count++;
+        }
+    }
+    if (count == 1)
+        return hit;
+    if (!why || !cap)
+        return NULL;
+    size_t len = (size_t)snprintf(why, cap, count ? "ambiguous setting '%s': " : "unknown setting '%s'", name);
+    int listed = 0;
+    for (int i = 0; i < app->nsettings && len < cap; i++) {
+        const char *s = app->settings[i].name;
+        int match = count ? !strncmp(s, name, n) : distance(s, name) <= 3 || (n >= 3 && strstr(s, name));
+        if (match)
+            len += (size_t)snprintf(why + len, cap - len, "%s%s", listed++ ? ", " : count ? "" : " (did you mean ",
+                                    s);
+    }
+    if (!count && len < cap)
+        snprintf(why + len, cap - len, listed ? "?; `show` lists them)" : " (`show` lists them)");
     return NULL;
 }
 
 const char *sp_app_get(const sp_app *app, const char *name)
 {
-    const sp_setting *s = find(app, name);
-    return s ? s->value : NULL;
+    for (int i = 0; i < app->nsettings; i++)
+        if (!strcmp(app->settings[i].name, name))
+            return app->settings[i].value;
+    return NULL;
 }
 
-/* Parses a number of the setting's kind: 0, or -1 if value is not one. */
-static int parse_number(const sp_setting *s, const char *value, double *out)
+static int choice_index(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    int i = 0;
+    for (const char *p = choices; p && *p; i++) {
+        size_t len = strcspn(p, "|");
+        if (len == n && !strncmp(p, v, n))
+            return i;
+        p += len + (p[len] == '|');
+    }
+    return -1;
+}
+
+static int parse_number(sp_opt_kind kind, const char *value, double *out)
 {
     char *end;
     errno = 0;
-    if (s->kind == SP_SET_INT) {
-        long long v = strtoll(value, &end, 10);
-        *out = (double)v;
-    } else {
+    if (kind == SP_OPT_INT)
+        *out = (double)strtoll(value, &end, 10);
+    else
         *out = strtod(value, &end);
-    }
     return errno || end == value || *end || !isfinite(*out) ? -1 : 0;
 }
 
-static int check_value(const sp_setting *s, const char *value, char *why, size_t cap)
+int sp_check_value(const char *what, sp_opt_kind kind, double min, double max, const char *choices,
+                   const char *value, char *why, size_t cap)
 {
-    if (strlen(value) >= sizeof s->value) {
-        snprintf(why, cap, "%s: value too long (at most %zu bytes)", s->name, sizeof s->value - 1);
-        return -2;
+    if (strlen(value) >= 511) {
+        snprintf(why, cap, "%s: value too long (at most 511 bytes)", what);
+        return -1;
     }
-    if (s->kind == SP_SET_STR)
+    if (kind == SP_OPT_CHOICE && choice_index(choices, value) < 0) {
+        char list[256];
+        size_t n = 0;
+        for (const char *p = choices; *p && n + 3 < sizeof list; p++) {
+            if (*p == '|')
+                list[n++] = ',', list[n++] = ' ';
+            else
+                list[n++] = *p;
+        }
+        list[n] = 0;
+        snprintf(why, cap, "%s: '%s' is not one of %s", what, value, list);
+        return -1;
+    }
+    if (kind == SP_OPT_FLAG && !sp_is_on(value) && strcmp(value, "0") && strcmp(value, "off") &&
+        strcmp(value, "no") && strcmp(value, "false")) {
+        snprintf(why, cap, "%s: expected on or off, got '%s'", what, value);
+        return -1;
+    }
+    if (kind != SP_OPT_INT && kind != SP_OPT_NUM)
         return 0;
     double v;
-    const char *what = s->kind == SP_SET_INT ? "an integer" : "a number";
-    if (parse_number(s, value, &v) || v < s->min || v > s->max) {
-        snprintf(why, cap, "%s: expected %s in [%g, %g], got '%s'", s->name, what, s->min, s->max, value);
-        return -2;
+    if (parse_number(kind, value, &v) || v < min || v > max) {
+        char lo[32], hi[32];
+        snprintf(lo, sizeof lo, "%.15g", min);
+        snprintf(hi, sizeof hi, "%.15g", max);
+        if (min == 1e-9)
+            snprintf(why, cap, "%s: expected %s in (0, %s], got '%s'", what, kind == SP_OPT_INT ? "an integer" : "a number",
+                     hi, value);
+        else
+            snprintf(why, cap, "%s: expected %s in [%s, %s], got '%s'", what,
+                     kind == SP_OPT_INT ? "an integer" : "a number", lo, hi, value);
+        return -1;
     }
     return 0;
 }
 
-int sp_app_check(const sp_app *app, const char *name, const char *value, char *why, size_t cap)
+/* The seed setting: an integer, or "random". */
+static int check_setting(const sp_setting *s, const char *value, char *why, size_t cap)
 {
-    const sp_setting *s = find(app, name);
-    if (!s) {
-        snprintf(why, cap, "unknown setting '%s' (try 'show')", name);
-        return -1;
-    }
-    return check_value(s, value, why, cap);
+    if (!strcmp(s->name, "seed") && strcmp(value, "random"))
+        return sp_check_value(s->name, SP_OPT_INT, 0, 9.2e18, NULL, value, why, cap);
+    return sp_check_value(s->name, s->kind, s->min, s->max, s->choices, value, why, cap);
 }
 
-int sp_app_set(sp_app *app, const char *name, const char *value)
+int sp_app_set(sp_app *app, const char *name, const char *value, char *why, size_t cap)
 {
-    char why[256];
-    int rc = sp_app_check(app, name, value, why, sizeof why);
-    if (rc)
-        return rc;
-    sp_setting *s = (sp_setting *)find(app, name);
+    sp_setting *s = (sp_setting *)sp_app_setting(app, name, why, cap);
+    if (!s)
+        return -1;
+    if (check_setting(s, value, why, cap))
+        return -2;
     snprintf(s->value, sizeof s->value, "%s", value);
     return 0;
 }
 
 double sp_app_num(const sp_app *app, const char *name)
 {
-    const sp_setting *s = find(app, name);
-    double v;
-    if (!s || s->kind == SP_SET_STR || parse_number(s, s->value, &v))
+    const char *v = sp_app_get(app, name);
+    double x;
+    if (!v || parse_number(SP_OPT_NUM, v, &x))
         return NAN;
-    return v;
+    return x;
 }
 
-int sp_app_define(sp_app *app, const char *name, sp_setting_kind kind, double min, double max,
+int sp_app_define(sp_app *app, const char *name, sp_opt_kind kind, double min, double max, const char *choices,
                   const char *def, const char *help)
 {
-    if (app->nsettings >= SP_APP_MAX_SETTINGS || find(app, name))
+    if (app->nsettings >= SP_APP_MAX_SETTINGS || sp_app_get(app, name))
         return -1;
     sp_setting *s = &app->settings[app->nsettings];
-    *s = (sp_setting){.name = name, .help = help, .kind = kind, .min = min, .max = max};
+    *s = (sp_setting){.name = name, .help = help, .kind = kind, .min = min, .max = max, .choices = choices};
     char why[256];
-    if (check_value(s, def, why, sizeof why))
+    if (check_setting(s, def, why, sizeof why))
         return -1;
     snprintf(s->value, sizeof s->value, "%s", def);
     app->nsettings++;

@@ -1,5 +1,5 @@
-/* app.h - the state behind the `sepal` front ends: the loaded model, the swarm, the defaults that `set`
- * changes. Commands act on it; the runtime reports through its events. */
+/* app.h - the state behind every `sepal` front end: the client runtime (model, swarm), the settings that
+ * `set` changes, the output sink, and the cancel flag that Ctrl-C raises. Commands act on it. */
 #ifndef SEPAL_APP_H
 #define SEPAL_APP_H
 
@@ -7,44 +7,73 @@
 #include <stddef.h>
 
 #include "cmd.h"
+#include "sink.h"
 
 #define SP_APP_MAX_SETTINGS 64
 
-/* What a setting holds: `set` refuses a value that is not of its kind or outside [min, max]. */
-typedef enum sp_setting_kind { SP_SET_STR, SP_SET_INT, SP_SET_NUM } sp_setting_kind;
-
+/* What a setting holds (the kinds of options: SP_OPT_STR, _INT, _NUM, _CHOICE, _PATH; SP_OPT_FLAG is on/off):
+ * `set` refuses a value that is not of its kind, outside [min, max] or not one of its choices. */
 typedef struct sp_setting {
-    const char *name;  /* "max-new-tokens" */
+    const char *name;    /* "max-new-tokens" */
     char value[512];
     const char *help;
-    sp_setting_kind kind;
-    double min, max;   /* for SP_SET_INT / SP_SET_NUM */
+    sp_opt_kind kind;
+    double min, max;     /* SP_SET_INT / SP_SET_NUM */
+    const char *choices; /* SP_SET_CHOICE: "a|b" */
 } sp_setting;
 
 struct sp_app {
     int quit;          /* set by `quit` */
-    int interactive;   /* 1 in the REPL, 0 for -c / -f / piped stdin */
+    int interactive;   /* 1 in the REPL and the TUI, 0 for -c / -f / piped stdin */
+    int quiet;         /* --quiet: no progress lines or notices */
     sp_setting settings[SP_APP_MAX_SETTINGS];
     int nsettings;
-    struct sp_runtime *rt; /* client runtime state (model, swarm, chain): runtime.h */
-    char where[256];   /* "FILE:LINE" while a script line runs (sp_app_error prefixes it), else "" */
-    int nerrors;       /* messages printed by sp_app_error so far */
+    struct sp_runtime *rt; /* the client runtime (sp_app_runtime creates it) */
+    char where[256];   /* "FILE:LINE" while a script line runs, else "" */
+    int nerrors;       /* errors reported so far */
+    sp_sink sink;
+    int cancel;        /* sp_app_cancel: the command in progress stops (atomic) */
+    int width;         /* columns for help text (0: 100) */
 };
 
-void sp_app_init(sp_app *app);
+void sp_app_init(sp_app *app, sp_sink sink);
 void sp_app_free(sp_app *app);
-/* Prints "sepal: <message>" to stderr. Returns 1 so handlers can `return sp_app_error(...)`. */
+
+/* The runtime, created on first use with the current settings applied (NULL after an error message). */
+struct sp_runtime *sp_app_runtime(sp_app *app);
+
+/* Cancellation: async-signal-safe; the command in progress (and the runtime's waits) stop soon. Cleared
+ * before each command. */
+void sp_app_cancel(sp_app *app);
+void sp_app_cancel_clear(sp_app *app);
+int sp_app_cancelled(const sp_app *app);
+
+/* Output, through the sink. */
+void sp_emit(sp_app *app, const sp_ui_event *ev);
+void sp_out(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sp_note(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sp_warn(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Reports an error (with the script position if any). Returns 1 so handlers can `return sp_app_error(...)`. */
 int sp_app_error(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Settings (defaults of generate etc.): NULL if unknown. */
-const char *sp_app_get(const sp_app *app, const char *name);
-int sp_app_set(sp_app *app, const char *name, const char *value); /* 0, or -1 unknown name, -2 bad value */
-/* Checks a value for a setting without changing it: 0, -1 unknown name, -2 bad value; why says what is wrong. */
-int sp_app_check(const sp_app *app, const char *name, const char *value, char *why, size_t cap);
-/* A numeric setting's value (NAN if unknown or not a number): sp_app_num(app, "temperature"). */
+void sp_progress(sp_app *app, const char *what, double done, double total, const char *unit);
+void sp_progress_end(sp_app *app, const char *what);
+
+/* Settings (defaults of generate etc.). Names may be given as a unique prefix ("temp"). */
+const sp_setting *sp_app_setting(const sp_app *app, const char *name, char *why, size_t cap);
+const char *sp_app_get(const sp_app *app, const char *name); /* exact name; NULL if unknown */
+/* Checks and sets: 0, -1 unknown or ambiguous name, -2 bad value; why says what is wrong. */
+int sp_app_set(sp_app *app, const char *name, const char *value, char *why, size_t cap);
+/* A numeric setting's value (NAN if unknown or not a number). */
 double sp_app_num(const sp_app *app, const char *name);
-/* Registers a setting (sp_app_init registers the defaults; front ends may add more). 0, or -1 if the
- * table is full, the name exists or the default is not valid. */
-int sp_app_define(sp_app *app, const char *name, sp_setting_kind kind, double min, double max,
+/* Registers a setting: 0, or -1 if the table is full, the name exists or the default is not valid. */
+int sp_app_define(sp_app *app, const char *name, sp_opt_kind kind, double min, double max, const char *choices,
                   const char *def, const char *help);
+
+/* Whether value is valid for kind (what names the option or setting in the message): 0, or -1 with why
+ * ("--top-p: expected a number in [0, 1], got '2'"). */
+int sp_check_value(const char *what, sp_opt_kind kind, double min, double max, const char *choices,
+                   const char *value, char *why, size_t cap);
+/* 1 for "1", "on", "yes", "true"; 0 otherwise. */
+int sp_is_on(const char *v);
 
 #endif

@@ -1,19 +1,20 @@
-/* cmd.c - the command runner behind every front end: lookup by name, alias or unique prefix; splitting
- * with quotes and escapes; ';' and '#'; scripts; and the interactive loop on libedit (history, tab
- * completion). */
+/* cmd.c - the command layer: lookup by name, alias or unique prefix (subcommands too); splitting with quotes
+ * and escapes; ';' and '#'; scripts; option parsing from each command's table; help text generated from the
+ * same tables; completion candidates. Nothing here prints: output goes through the app's sink. */
 #include "cmd.h"
 
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
-#include <histedit.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "app.h"
+#include "host.h"
+#include "runtime.h"
 
 const sp_cmd_group sp_cmd_groups[] = {
     {"core", sp_cmds_core},
@@ -40,54 +41,276 @@ static int alias_match(const char *aliases, const char *name)
     return 0;
 }
 
-static const sp_cmd *find_exact(const char *name)
-{
-    for (const sp_cmd_group *g = sp_cmd_groups; g->cmds; g++)
-        for (const sp_cmd *c = g->cmds; c->name; c++)
-            if (!strcmp(c->name, name) || alias_match(c->aliases, name))
-                return c;
-    return NULL;
-}
+/* Calls fn for every command of table (NULL: of every group). */
+#define FOR_EACH_CMD(table, c)                                                                                     \
+    for (const sp_cmd_group *g_ = sp_cmd_groups, *once_ = NULL; (table) ? !once_ : g_->cmds != NULL;             \
+         (table) ? (void)(once_ = g_) : (void)g_++)                                                               \
+        for (const sp_cmd *c = (table) ? (table) : g_->cmds; c->name; c++)
 
-/* Appends ", name" (or "name") to the list in why, without overflowing it. */
 static void list_append(char *why, size_t cap, size_t *len, const char *name, int first)
 {
+    if (*len >= cap)
+        return;
     int n = snprintf(why + *len, cap - *len, "%s%s", first ? "" : ", ", name);
     if (n > 0)
         *len = *len + (size_t)n < cap ? *len + (size_t)n : cap - 1;
 }
 
-const sp_cmd *sp_cmd_find(const char *name, char *why, size_t cap)
+const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, size_t cap)
 {
-    const sp_cmd *hit = find_exact(name);
-    if (hit)
-        return hit;
+    FOR_EACH_CMD(table, c)
+    if (!strcmp(c->name, name) || alias_match(c->aliases, name))
+        return c;
     size_t n = strlen(name);
+    const sp_cmd *hit = NULL;
     int count = 0;
-    for (const sp_cmd_group *g = sp_cmd_groups; g->cmds; g++)
-        for (const sp_cmd *c = g->cmds; c->name; c++)
-            if (n && !strncmp(c->name, name, n) && !(hit && !strcmp(hit->name, c->name))) { /* distinct names */
-                hit = c;
-                count++;
-            }
+    FOR_EACH_CMD(table, c)
+    if (n && !strncmp(c->name, name, n)) {
+        hit = c;
+        count++;
+    }
     if (count == 1)
         return hit;
     if (!why || !cap)
         return NULL;
+    const char *what = table ? "subcommand" : "command";
     if (!count) {
-        snprintf(why, cap, "unknown command '%s' (try 'help')", name);
-        return NULL;
-    }
-    size_t len = (size_t)snprintf(why, cap, "ambiguous command '%s': ", name);
-    len = len < cap ? len : cap - 1;
-    int first = 1;
-    for (const sp_cmd_group *g = sp_cmd_groups; g->cmds; g++)
-        for (const sp_cmd *c = g->cmds; c->name; c++)
-            if (!strncmp(c->name, name, n)) {
+        size_t len = (size_t)snprintf(why, cap, "unknown %s '%s'", what, name);
+        if (table) {
+            len += (size_t)snprintf(why + len, len < cap ? cap - len : 0, " (one of: ");
+            int first = 1;
+            FOR_EACH_CMD(table, c)
+            {
                 list_append(why, cap, &len, c->name, first);
                 first = 0;
             }
+            if (len < cap)
+                snprintf(why + len, cap - len, ")");
+        } else if (len < cap) {
+            snprintf(why + len, cap - len, " (try 'help')");
+        }
+        return NULL;
+    }
+    size_t len = (size_t)snprintf(why, cap, "ambiguous %s '%s': ", what, name);
+    len = len < cap ? len : cap - 1;
+    int first = 1;
+    FOR_EACH_CMD(table, c)
+    if (!strncmp(c->name, name, n)) {
+        list_append(why, cap, &len, c->name, first);
+        first = 0;
+    }
     return NULL;
+}
+
+const sp_cmd *sp_cmd_find(const char *name, char *why, size_t cap) { return sp_cmd_find_in(NULL, name, why, cap); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* paths */
+
+char *sp_expand_tilde(const char *path)
+{
+    const char *home = getenv("HOME");
+    if (path[0] == '~' && (path[1] == '/' || !path[1]) && home && *home) {
+        size_t n = strlen(home) + strlen(path);
+        char *s = malloc(n + 1);
+        if (s)
+            snprintf(s, n + 1, "%s%s", home, path + 1);
+        return s;
+    }
+    return strdup(path);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* options */
+
+static int nopts(const sp_cmd *c)
+{
+    int n = 0;
+    while (c->opts && c->opts[n].name)
+        n++;
+    return n;
+}
+
+static int opt_index(const sp_cmd *c, const char *name)
+{
+    for (int i = 0; c->opts && c->opts[i].name; i++)
+        if (!strcmp(c->opts[i].name, name))
+            return i;
+    return -1;
+}
+
+void sp_args_free(sp_args *a)
+{
+    for (int i = 0; i < SP_MAX_OPTS; i++)
+        free(a->val[i]);
+    if (a->argv_owned) {
+        for (int i = 0; i < a->npos; i++)
+            free(a->argv_owned[i]);
+        free(a->argv_owned);
+    }
+    memset(a, 0, sizeof *a);
+}
+
+/* "--opt" of c by its full name or a unique prefix. */
+static int find_opt(sp_app *app, const sp_cmd *c, const char *path, const char *name)
+{
+    int exact = opt_index(c, name);
+    if (exact >= 0)
+        return exact;
+    int hit = -1, count = 0;
+    size_t n = strlen(name);
+    for (int i = 0; c->opts && c->opts[i].name; i++)
+        if (n > 2 && !strncmp(c->opts[i].name, name, n))
+            hit = i, count++;
+    if (count == 1)
+        return hit;
+    char list[512] = "";
+    size_t len = 0;
+    int first = 1;
+    for (int i = 0; c->opts && c->opts[i].name; i++)
+        if (!count || !strncmp(c->opts[i].name, name, n)) {
+            list_append(list, sizeof list, &len, c->opts[i].name, first);
+            first = 0;
+        }
+    const char *owner = NULL; /* an option of another command ("eval --lr") */
+    FOR_EACH_CMD(NULL, o)
+    {
+        for (int i = 0; !owner && o->opts && o->opts[i].name; i++)
+            if (!strcmp(o->opts[i].name, name) && o != c)
+                owner = o->name;
+    }
+    if (count)
+        sp_app_error(app, "%s: ambiguous option '%s': %s", path, name, list);
+    else if (owner)
+        sp_app_error(app, "%s: '%s' is an option of %s, not of %s", path, name, owner, path);
+    else if (len)
+        sp_app_error(app, "%s: unknown option '%s' (its options: %s)", path, name, list);
+    else
+        sp_app_error(app, "%s: unknown option '%s' (it takes none)", path, name);
+    return -1;
+}
+
+int sp_args_parse(sp_app *app, const sp_cmd *c, const char *path, int argc, char **argv, sp_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->cmd = c;
+    a->path = path;
+    a->argv_owned = calloc((size_t)argc + 1, sizeof *a->argv_owned);
+    if (!a->argv_owned)
+        return sp_app_error(app, "out of memory");
+    a->pos = a->argv_owned;
+    int rc = 0, only_pos = 0;
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *w = argv[i];
+        if (!only_pos && !strcmp(w, "--")) {
+            only_pos = 1;
+            continue;
+        }
+        if (only_pos || w[0] != '-' || !w[1] || (w[1] != '-' && (isdigit((unsigned char)w[1]) || w[1] == '.'))) {
+            char *p = c->pos_paths ? sp_expand_tilde(w) : strdup(w);
+            if (!p)
+                return sp_args_free(a), sp_app_error(app, "out of memory");
+            a->pos[a->npos++] = p;
+            continue;
+        }
+        const char *eq = strchr(w, '=');
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(eq && eq - w < 63 ? eq - w : (long)strlen(w)), w);
+        int k = find_opt(app, c, path, name);
+        if (k < 0) {
+            rc = 1;
+            break;
+        }
+        const sp_opt *o = &c->opts[k];
+        const char *v;
+        if (o->kind == SP_OPT_FLAG) {
+            if (eq) {
+                rc = sp_app_error(app, "%s: option '%s' takes no value", path, o->name);
+                break;
+            }
+            v = "1";
+        } else if (eq) {
+            v = eq + 1;
+        } else if (i + 1 < argc) {
+            v = argv[++i];
+        } else {
+            rc = sp_app_error(app, "%s: option '%s' needs a value (%s)", path, o->name, o->meta ? o->meta : "VALUE");
+            break;
+        }
+        char why[512];
+        if (sp_check_value(o->name, o->kind, o->min, o->max, o->choices, v, why, sizeof why)) {
+            rc = sp_app_error(app, "%s: %s", path, why);
+            break;
+        }
+        free(a->val[k]);
+        a->val[k] = o->kind == SP_OPT_PATH ? sp_expand_tilde(v) : strdup(v);
+        if (!a->val[k])
+            rc = sp_app_error(app, "out of memory");
+    }
+    if (!rc && a->npos < c->min_pos)
+        rc = sp_app_error(app, "%s: missing %s (usage: %s%s%s)", path, c->args && *c->args ? c->args : "arguments",
+                          path, c->args && *c->args ? " " : "", c->args ? c->args : "");
+    else if (!rc && c->max_pos >= 0 && a->npos > c->max_pos)
+        rc = c->max_pos == 0 ? sp_app_error(app, "%s: takes no arguments, got '%s'", path, a->pos[c->max_pos])
+                             : sp_app_error(app, "%s: unexpected argument '%s' (usage: %s %s; quote arguments with "
+                                                 "blanks)", path, a->pos[c->max_pos], path, c->args ? c->args : "");
+    if (rc)
+        sp_args_free(a);
+    return rc;
+}
+
+int sp_arg_given(const sp_args *a, const char *opt)
+{
+    int k = opt_index(a->cmd, opt);
+    return k >= 0 && a->val[k] != NULL;
+}
+
+const char *sp_arg(const sp_app *app, const sp_args *a, const char *opt)
+{
+    int k = opt_index(a->cmd, opt);
+    if (k < 0)
+        return NULL;
+    if (a->val[k])
+        return a->val[k];
+    const char *setting = a->cmd->opts[k].setting;
+    return setting ? sp_app_get(app, setting) : NULL;
+}
+
+long long sp_arg_int(const sp_app *app, const sp_args *a, const char *opt, long long def)
+{
+    const char *v = sp_arg(app, a, opt);
+    if (!v || !*v)
+        return def;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    return *end ? def : x;
+}
+
+double sp_arg_num(const sp_app *app, const sp_args *a, const char *opt, double def)
+{
+    const char *v = sp_arg(app, a, opt);
+    if (!v || !*v)
+        return def;
+    char *end;
+    double x = strtod(v, &end);
+    return *end || !isfinite(x) ? def : x;
+}
+
+int sp_arg_choice(const sp_app *app, const sp_args *a, const char *opt, int def)
+{
+    const char *v = sp_arg(app, a, opt);
+    int k = opt_index(a->cmd, opt);
+    if (!v || k < 0)
+        return def;
+    size_t n = strlen(v);
+    int i = 0;
+    for (const char *p = a->cmd->opts[k].choices; p && *p; i++) {
+        size_t len = strcspn(p, "|");
+        if (len == n && !strncmp(p, v, n))
+            return i;
+        p += len + (p[len] == '|');
+    }
+    return def;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -118,7 +341,6 @@ typedef struct argv_builder {
     int n, cap;
 } argv_builder;
 
-/* Moves the word in w (possibly empty) to the end of a. */
 static int av_push(argv_builder *a, strbuf *w)
 {
     if (a->n + 2 > a->cap) {
@@ -137,7 +359,6 @@ static int av_push(argv_builder *a, strbuf *w)
     return 0;
 }
 
-/* The escape "\c" inside double quotes: writes it into w. */
 static int put_dq_escape(strbuf *w, char c)
 {
     switch (c) {
@@ -149,7 +370,6 @@ static int put_dq_escape(strbuf *w, char c)
     }
 }
 
-/* One character of the line at *pp inside quotes; advances *pp past what it consumed. */
 static int split_quoted(const char **pp, char *quote, strbuf *w)
 {
     const char *p = *pp;
@@ -165,7 +385,6 @@ static int split_quoted(const char **pp, char *quote, strbuf *w)
     return sb_put(w, *p);
 }
 
-/* One character of the line at *pp; advances *pp past what it consumed. quote: 0, '\'' or '"'. */
 static int split_char(const char **pp, char *quote, int *inword, strbuf *w, argv_builder *a)
 {
     if (*quote)
@@ -208,7 +427,7 @@ int sp_cmd_split(const char *line, int *argc, char ***argv, char *why, size_t ca
         rc = split_char(&p, &quote, &inword, &w, &a);
     if (!rc && inword && !quote)
         rc = av_push(&a, &w);
-    if (!rc && !a.v && !(a.v = calloc(1, sizeof *a.v))) /* an empty argv still ends with NULL */
+    if (!rc && !a.v && !(a.v = calloc(1, sizeof *a.v)))
         rc = -1;
     if (rc)
         snprintf(why, cap, "out of memory");
@@ -225,11 +444,9 @@ int sp_cmd_split(const char *line, int *argc, char ***argv, char *why, size_t ca
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* lines and scripts */
+/* running */
 
-/* The end of the command starting at p: the first ';' or '#' outside quotes and escapes, or the end of
- * the line. An unbalanced quote runs to the end (sp_cmd_split then reports it). */
-static const char *command_end(const char *p)
+const char *sp_cmd_end(const char *p)
 {
     char quote = 0;
     for (; *p; p++) {
@@ -250,12 +467,33 @@ static const char *command_end(const char *p)
 
 static int run_argv(sp_app *app, int argc, char **argv)
 {
-    char why[512];
+    char why[512], path[128];
     const sp_cmd *c = sp_cmd_find(argv[0], why, sizeof why);
     if (!c)
         return sp_app_error(app, "%s", why);
-    int rc = c->fn(app, argc, argv);
-    fflush(stdout);
+    snprintf(path, sizeof path, "%s", c->name);
+    int skip = 0; /* words of argv that named (sub)commands, minus one */
+    while (c->subs) {
+        if (argc - skip < 2) {
+            if (c->fn)
+                break;
+            char syn[1024];
+            sp_cmd_synopsis(c, path, 1000, 0, syn, sizeof syn);
+            return sp_app_error(app, "%s: which one? usage: %s", path, syn);
+        }
+        const sp_cmd *s = sp_cmd_find_in(c->subs, argv[skip + 1], why, sizeof why);
+        if (!s)
+            return sp_app_error(app, "%s: %s", path, why);
+        c = s;
+        skip++;
+        size_t n = strlen(path);
+        snprintf(path + n, sizeof path - n, " %s", c->name);
+    }
+    sp_args a;
+    if (sp_args_parse(app, c, path, argc - skip, argv + skip, &a))
+        return 1;
+    int rc = c->fn(app, &a);
+    sp_args_free(&a);
     return rc ? 1 : 0;
 }
 
@@ -279,10 +517,12 @@ static int run_command(sp_app *app, const char *text, size_t len)
 int sp_cmd_run_line(sp_app *app, const char *line)
 {
     for (const char *p = line; !app->quit;) {
-        const char *end = command_end(p);
+        const char *end = sp_cmd_end(p);
         int rc = run_command(app, p, (size_t)(end - p));
         if (rc)
             return rc;
+        if (sp_app_cancelled(app))
+            return 1;
         if (*end != ';')
             break;
         p = end + 1;
@@ -296,41 +536,318 @@ int sp_cmd_run_file(sp_app *app, FILE *f, const char *name)
     size_t cap = 0;
     long lineno = 0;
     int rc = 0;
-    while (!rc && !app->quit && getline(&line, &cap, f) >= 0) {
+    while (!rc && !app->quit && !sp_app_cancelled(app) && getline(&line, &cap, f) >= 0) {
         line[strcspn(line, "\r\n")] = 0;
         snprintf(app->where, sizeof app->where, "%s:%ld", name, ++lineno);
         int before = app->nerrors;
         rc = sp_cmd_run_line(app, line);
-        if (rc && app->nerrors == before) /* the command printed its own message */
+        if (rc && app->nerrors == before && !sp_app_cancelled(app))
             sp_app_error(app, "command failed");
     }
-    if (!rc && ferror(f)) {
+    if (!rc && ferror(f) && !sp_app_cancelled(app)) {
         snprintf(app->where, sizeof app->where, "%s", name);
         rc = sp_app_error(app, "read error: %s", strerror(errno));
     }
     app->where[0] = 0;
     free(line);
-    return rc;
+    return rc || sp_app_cancelled(app);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* help */
+
+/* Appends a word to a wrapped synopsis: a new line (indent blanks) when it would pass width. */
+typedef struct wrap {
+    char *buf;
+    size_t cap, len;
+    int col, width, indent;
+} wrap;
+
+static void wrap_word(wrap *w, const char *word)
+{
+    int n = (int)strlen(word);
+    if (w->len >= w->cap)
+        return;
+    if (w->col > w->indent && w->col + 1 + n > w->width) {
+        w->len += (size_t)snprintf(w->buf + w->len, w->cap - w->len, "\n%*s", w->indent, "");
+        w->col = w->indent;
+    } else if (w->col > w->indent || (w->len && w->buf[w->len - 1] != ' ' && w->buf[w->len - 1] != '\n')) {
+        w->len += (size_t)snprintf(w->buf + w->len, w->cap - w->len, " ");
+        w->col++;
+    }
+    if (w->len < w->cap)
+        w->len += (size_t)snprintf(w->buf + w->len, w->cap - w->len, "%s", word);
+    w->col += n;
+    if (w->len >= w->cap)
+        w->len = w->cap - 1;
+}
+
+static void opt_synopsis(const sp_opt *o, char *buf, size_t cap)
+{
+    if (o->kind == SP_OPT_FLAG)
+        snprintf(buf, cap, "[%s]", o->name);
+    else if (o->kind == SP_OPT_CHOICE)
+        snprintf(buf, cap, "[%s %s]", o->name, o->choices);
+    else
+        snprintf(buf, cap, "[%s %s]", o->name, o->meta ? o->meta : "VALUE");
+}
+
+void sp_cmd_synopsis(const sp_cmd *c, const char *path, int width, int indent, char *buf, size_t cap)
+{
+    wrap w = {.buf = buf, .cap = cap, .width = width, .indent = indent, .col = 0};
+    buf[0] = 0;
+    wrap_word(&w, path);
+    if (c->subs && !c->fn) {
+        char subs[256] = "";
+        size_t len = 0;
+        int first = 1;
+        for (const sp_cmd *s = c->subs; s->name; s++) {
+            if (len < sizeof subs)
+                len += (size_t)snprintf(subs + len, sizeof subs - len, "%s%s", first ? "" : "|", s->name);
+            first = 0;
+        }
+        wrap_word(&w, subs);
+        wrap_word(&w, "...");
+        return;
+    }
+    if (c->args && *c->args) {
+        /* the positional synopsis stays whole per word */
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%s", c->args);
+        for (char *save = NULL, *t = strtok_r(tmp, " ", &save); t; t = strtok_r(NULL, " ", &save))
+            wrap_word(&w, t);
+    }
+    for (int i = 0; c->opts && c->opts[i].name; i++) {
+        char o[128];
+        opt_synopsis(&c->opts[i], o, sizeof o);
+        wrap_word(&w, o);
+    }
+}
+
+/* Text wrapped at width, each line indented by indent (the first too). */
+static void out_wrapped(sp_app *app, const char *text, int width, int indent)
+{
+    char line[1024];
+    int col = 0;
+    size_t len = 0;
+    const char *p = text;
+    while (*p) {
+        size_t n = strcspn(p, " \n");
+        if (col && col + 1 + (int)n > width) {
+            sp_out(app, "%s\n", line);
+            len = 0, col = 0;
+        }
+        if (!col) {
+            len = (size_t)snprintf(line, sizeof line, "%*s", indent, "");
+            col = indent;
+        } else if (len < sizeof line) {
+            len += (size_t)snprintf(line + len, sizeof line - len, " ");
+            col++;
+        }
+        if (len < sizeof line)
+            len += (size_t)snprintf(line + len, sizeof line - len, "%.*s", (int)n, p);
+        col += (int)n;
+        p += n;
+        if (*p == '\n') {
+            sp_out(app, "%s\n", line);
+            len = 0, col = 0;
+        }
+        if (*p)
+            p++;
+    }
+    if (col)
+        sp_out(app, "%s\n", line);
+}
+
+static void help_line(sp_app *app, const sp_cmd *c, const char *name, int width)
+{
+    char head[64], aliases[128] = "";
+    snprintf(head, sizeof head, "  %-16s ", name);
+    for (size_t i = 0, n = 0; c->aliases && c->aliases[i] && n + 3 < sizeof aliases; i++) {
+        if (c->aliases[i] == ',')
+            aliases[n++] = ',', aliases[n++] = ' ';
+        else
+            aliases[n++] = c->aliases[i];
+        aliases[n] = 0;
+    }
+    char text[512];
+    snprintf(text, sizeof text, "%s%s%s%s", c->summary ? c->summary : "", c->aliases ? " (also: " : "", aliases,
+             c->aliases ? ")" : "");
+    /* the summary in the column after the names, wrapped there; a longer name pushes it down a line */
+    char line[1024];
+    size_t len = (size_t)snprintf(line, sizeof line, "%s", head);
+    int col = (int)len, start = 19;
+    if (col > start) {
+        sp_out(app, "  %s\n", name);
+        len = (size_t)snprintf(line, sizeof line, "%*s", start, "");
+        col = start;
+    }
+    for (const char *p = text; *p;) {
+        size_t k = strcspn(p, " ");
+        if (col > start && col + 1 + (int)k > width) {
+            sp_out(app, "%s\n", line);
+            len = (size_t)snprintf(line, sizeof line, "%*s", start, "");
+            col = start;
+        }
+        if (len < sizeof line)
+            len += (size_t)snprintf(line + len, sizeof line - len, "%s%.*s", col > start ? " " : "", (int)k, p);
+        col += (int)k + (col > start);
+        p += k;
+        while (*p == ' ')
+            p++;
+    }
+    sp_out(app, "%s\n", line);
+}
+
+static void help_all(sp_app *app, int width)
+{
+    sp_out(app, "commands (a unique prefix of a name is enough; `help COMMAND` shows its options):\n");
+    for (const sp_cmd_group *g = sp_cmd_groups; g->cmds; g++) {
+        if (!g->cmds[0].name)
+            continue;
+        sp_out(app, "\n%s:\n", g->title);
+        for (const sp_cmd *c = g->cmds; c->name; c++) {
+            if (c->fn || !c->subs)
+                help_line(app, c, c->name, width);
+            for (const sp_cmd *s = c->subs; s && s->name; s++) { /* subcommands get rows of their own */
+                char name[64];
+                snprintf(name, sizeof name, "%s %s", c->name, s->name);
+                help_line(app, s, name, width);
+            }
+        }
+    }
+    sp_out(app, "\nCommands are separated by ';'; '#' starts a comment; quote arguments with \"...\" or '...'.\n"
+                "Ctrl-C stops the command that runs (the swarm stays up); Ctrl-D or `quit` leaves.\n");
+}
+
+static void help_opts(sp_app *app, const sp_cmd *c, int width)
+{
+    int w = 0;
+    for (int i = 0; c->opts && c->opts[i].name; i++) {
+        char o[128];
+        snprintf(o, sizeof o, "%s%s%s", c->opts[i].name, c->opts[i].meta ? " " : "",
+                 c->opts[i].meta ? c->opts[i].meta : c->opts[i].kind == SP_OPT_CHOICE ? " " : "");
+        if (c->opts[i].kind == SP_OPT_CHOICE)
+            snprintf(o, sizeof o, "%s %s", c->opts[i].name, c->opts[i].choices);
+        w = (int)strlen(o) > w ? (int)strlen(o) : w;
+    }
+    w = w > 30 ? 30 : w;
+    if (nopts(c))
+        sp_out(app, "\noptions:\n");
+    for (int i = 0; c->opts && c->opts[i].name; i++) {
+        const sp_opt *o = &c->opts[i];
+        char head[128], text[640];
+        if (o->kind == SP_OPT_CHOICE)
+            snprintf(head, sizeof head, "%s %s", o->name, o->choices);
+        else
+            snprintf(head, sizeof head, "%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
+        size_t n = (size_t)snprintf(text, sizeof text, "%s", o->help ? o->help : "");
+        if (o->setting && n < sizeof text)
+            n += (size_t)snprintf(text + n, sizeof text - n, " (default: the %s setting)", o->setting);
+        else if (o->def && n < sizeof text)
+            n += (size_t)snprintf(text + n, sizeof text - n, " (default %s)", o->def);
+        if ((o->kind == SP_OPT_INT || o->kind == SP_OPT_NUM) && n < sizeof text) {
+            char lo[32], hi[32];
+            snprintf(lo, sizeof lo, "%.15g", o->min);
+            snprintf(hi, sizeof hi, "%.15g", o->max);
+            if (o->min == 1e-9)
+                snprintf(text + n, sizeof text - n, " (0, %s]", hi);
+            else if (o->max >= 1e6)
+                snprintf(text + n, sizeof text - n, " [>= %s]", lo);
+            else
+                snprintf(text + n, sizeof text - n, " [%s, %s]", lo, hi);
+        }
+        if ((int)strlen(head) > w) {
+            sp_out(app, "  %s\n", head);
+            out_wrapped(app, text, width, w + 4);
+        } else {
+            char first[1024];
+            snprintf(first, sizeof first, "  %-*s  %s", w, head, text);
+            if ((int)strlen(first) <= width) {
+                sp_out(app, "%s\n", first);
+            } else {
+                /* wrap the help text in the column after the option */
+                char pad[64];
+                snprintf(pad, sizeof pad, "  %-*s  ", w, head);
+                char line[1024];
+                size_t len = (size_t)snprintf(line, sizeof line, "%s", pad);
+                int col = (int)len;
+                for (const char *p = text; *p;) {
+                    size_t k = strcspn(p, " ");
+                    if (col + (int)k + 1 > width && col > w + 4) {
+                        sp_out(app, "%s\n", line);
+                        len = (size_t)snprintf(line, sizeof line, "%*s", w + 4, "");
+                        col = w + 4;
+                    }
+                    if (len < sizeof line)
+                        len += (size_t)snprintf(line + len, sizeof line - len, "%s%.*s", col > w + 4 ? " " : "",
+                                                (int)k, p);
+                    col += (int)k + 1;
+                    p += k;
+                    while (*p == ' ')
+                        p++;
+                }
+                sp_out(app, "%s\n", line);
+            }
+        }
+    }
+}
+
+void sp_cmd_help(sp_app *app, const sp_cmd *c, const char *path, int width)
+{
+    if (width < 40)
+        width = 40;
+    if (!c) {
+        help_all(app, width);
+        return;
+    }
+    char syn[4096];
+    sp_cmd_synopsis(c, path, width, 7 + (int)strlen(path) + 1 > width / 2 ? 8 : 7 + (int)strlen(path) + 1, syn,
+                    sizeof syn);
+    sp_out(app, "usage: %s\n", syn);
+    if (c->aliases && *c->aliases)
+        sp_out(app, "aliases: %s\n", c->aliases);
+    if (c->summary) {
+        sp_out(app, "\n");
+        out_wrapped(app, c->summary, width, 0);
+    }
+    if (c->help) {
+        sp_out(app, "\n");
+        out_wrapped(app, c->help, width, 0);
+    }
+    if (c->subs) {
+        sp_out(app, "\nsubcommands (`help %s NAME` says more):\n", path);
+        for (const sp_cmd *s = c->subs; s->name; s++) {
+            char p2[128], syn2[1024];
+            snprintf(p2, sizeof p2, "%s %s", path, s->name);
+            sp_cmd_synopsis(s, p2, width - 2, 6, syn2, sizeof syn2);
+            sp_out(app, "  %s\n", syn2);
+            if (s->summary)
+                out_wrapped(app, s->summary, width, 6);
+        }
+    }
+    help_opts(app, c, width);
+    if (c->examples && *c->examples) {
+        sp_out(app, "\nexamples:\n");
+        char *ex = strdup(c->examples);
+        for (char *save = NULL, *l = ex ? strtok_r(ex, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save))
+            sp_out(app, "  %s\n", l);
+        free(ex);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* completion candidates */
 
-typedef struct strlist {
-    char **v;
-    int n, cap;
-} strlist;
-
-static void sl_free(strlist *l)
+void sp_strlist_free(sp_strlist *l)
 {
     for (int i = 0; i < l->n; i++)
         free(l->v[i]);
     free(l->v);
-    *l = (strlist){0};
+    *l = (sp_strlist){0};
 }
 
-/* Adds a copy of s (its first len bytes) if it starts with prefix and is not there yet. */
-static void sl_add(strlist *l, const char *s, size_t len, const char *prefix)
+void sp_strlist_add(sp_strlist *l, const char *s, size_t len, const char *prefix)
 {
     size_t np = strlen(prefix);
     if (len < np || strncmp(s, prefix, np))
@@ -351,30 +868,42 @@ static void sl_add(strlist *l, const char *s, size_t len, const char *prefix)
         l->v[l->n++] = copy;
 }
 
-static void command_candidates(strlist *out, const char *word, int with_aliases)
+static void add_commands(sp_strlist *out, const sp_cmd *table, const char *word, int with_aliases)
 {
-    for (const sp_cmd_group *g = sp_cmd_groups; g->cmds; g++)
-        for (const sp_cmd *c = g->cmds; c->name; c++) {
-            sl_add(out, c->name, strlen(c->name), word);
-            for (const char *p = with_aliases ? c->aliases : NULL; p && *p;) {
-                size_t len = strcspn(p, ",");
-                sl_add(out, p, len, word);
-                p += len + (p[len] == ',');
-            }
+    FOR_EACH_CMD(table, c)
+    {
+        sp_strlist_add(out, c->name, strlen(c->name), word);
+        for (const char *p = with_aliases ? c->aliases : NULL; p && *p;) {
+            size_t len = strcspn(p, ",");
+            sp_strlist_add(out, p, len, word);
+            p += len + (p[len] == ',');
         }
+    }
 }
 
-static void file_candidates(strlist *out, const char *word)
+static void add_choices(sp_strlist *out, const char *choices, const char *word)
 {
-    const char *slash = strrchr(word, '/');
-    size_t dlen = slash ? (size_t)(slash - word) + 1 : 0;
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", (int)dlen, word);
-    const char *base = word + dlen;
-    DIR *d = opendir(dlen ? dir : ".");
-    if (!d)
+    for (const char *p = choices; p && *p;) {
+        size_t len = strcspn(p, "|");
+        sp_strlist_add(out, p, len, word);
+        p += len + (p[len] == '|');
+    }
+}
+
+static void add_files(sp_strlist *out, const char *word)
+{
+    char *expanded = sp_expand_tilde(word);
+    if (!expanded)
         return;
-    for (struct dirent *e; (e = readdir(d));) {
+    int tilde = strcmp(expanded, word) != 0;
+    const char *slash = strrchr(expanded, '/');
+    size_t dlen = slash ? (size_t)(slash - expanded) + 1 : 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", (int)dlen, expanded);
+    const char *base = expanded + dlen;
+    DIR *d = opendir(dlen ? dir : ".");
+    const char *home = getenv("HOME");
+    for (struct dirent *e; d && (e = readdir(d));) {
         if ((e->d_name[0] == '.' && base[0] != '.') || !strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
         char path[PATH_MAX + 2];
@@ -384,276 +913,113 @@ static void file_candidates(strlist *out, const char *word)
             continue;
         if (!stat(path, &st) && S_ISDIR(st.st_mode))
             strcat(path, "/");
-        sl_add(out, path, strlen(path), word);
+        if (tilde && home) { /* show it as typed: ~/... */
+            char t[PATH_MAX + 4];
+            snprintf(t, sizeof t, "~%s", path + strlen(home));
+            sp_strlist_add(out, t, strlen(t), word);
+        } else {
+            sp_strlist_add(out, path, strlen(path), word);
+        }
     }
-    closedir(d);
+    if (d)
+        closedir(d);
+    free(expanded);
 }
 
-static const char *const model_subcommands[] = {"info", "check", "generate", "convert-llama2c", NULL};
+/* The option of c named by the word before the one being typed, if it takes a value. */
+static const sp_opt *pending_opt(const sp_cmd *c, const char *prev)
+{
+    int k = c ? opt_index(c, prev) : -1;
+    return k >= 0 && c->opts[k].kind != SP_OPT_FLAG ? &c->opts[k] : NULL;
+}
 
-/* Candidates for word, the argument after the words prior[0..nprior). Sets *files for file names. */
-static void candidates(const sp_app *app, int nprior, char **prior, const char *word, strlist *out, int *files)
+void sp_cmd_complete(const sp_app *app, int nprior, char **prior, const char *word, sp_strlist *out, int *files)
 {
     *files = 0;
     if (!nprior) {
-        command_candidates(out, word, 1);
+        add_commands(out, NULL, word, 1);
         return;
     }
     const sp_cmd *c = sp_cmd_find(prior[0], NULL, 0);
-    const char *name = c ? c->name : "";
-    int settings = !strcmp(name, "set") || !strcmp(name, "show");
-    if (!strcmp(name, "help") || settings) {
-        for (int i = 0; nprior == 1 && settings && i < app->nsettings; i++)
-            sl_add(out, app->settings[i].name, strlen(app->settings[i].name), word);
-        if (nprior == 1 && !settings)
-            command_candidates(out, word, 0);
+    if (!c)
+        return;
+    int k = 1;
+    while (c->subs && k < nprior) { /* descend into subcommands already typed */
+        const sp_cmd *s = sp_cmd_find_in(c->subs, prior[k], NULL, 0);
+        if (!s)
+            break;
+        c = s;
+        k++;
+    }
+    if (c->subs && k == nprior && !(c->fn && word[0] == '-')) {
+        add_commands(out, c->subs, word, 0);
         return;
     }
-    if (!strcmp(name, "model") && nprior == 1) {
-        for (int i = 0; model_subcommands[i]; i++)
-            sl_add(out, model_subcommands[i], strlen(model_subcommands[i]), word);
+    const sp_opt *o = pending_opt(c, prior[nprior - 1]);
+    if (o) { /* the value of an option */
+        if (o->kind == SP_OPT_CHOICE)
+            add_choices(out, o->choices, word);
+        else if (o->kind == SP_OPT_PATH)
+            *files = 1, add_files(out, word);
         return;
     }
-    *files = 1;
-    file_candidates(out, word);
+    if (word[0] == '-') {
+        for (int i = 0; c->opts && c->opts[i].name; i++)
+            sp_strlist_add(out, c->opts[i].name, strlen(c->opts[i].name), word);
+        return;
+    }
+    int npos = nprior - k; /* positionals before this one (roughly: options with values count too) */
+    if (!strcmp(c->name, "help")) {
+        if (npos == 0)
+            add_commands(out, NULL, word, 0);
+        return;
+    }
+    if (!strcmp(c->name, "set") || !strcmp(c->name, "show")) {
+        if (npos == 0) {
+            for (int i = 0; i < app->nsettings; i++)
+                sp_strlist_add(out, app->settings[i].name, strlen(app->settings[i].name), word);
+        } else if (npos == 1 && !strcmp(c->name, "set")) {
+            const sp_setting *s = sp_app_setting(app, prior[nprior - 1], NULL, 0);
+            if (s && s->kind == SP_OPT_CHOICE)
+                add_choices(out, s->choices, word);
+            else if (s && s->kind == SP_OPT_FLAG)
+                add_choices(out, "on|off", word);
+            else if (s && !strcmp(s->name, "seed"))
+                add_choices(out, "random", word);
+        }
+        return;
+    }
+    if ((!strcmp(c->name, "train") || !strcmp(c->name, "eval")) && npos == 0) {
+        sp_plugin_register_builtins();
+        for (int i = 0; i < sp_plugin_count(); i++)
+            sp_strlist_add(out, sp_plugin_at(i)->name, strlen(sp_plugin_at(i)->name), word);
+        return;
+    }
+    if (c->pos_paths) {
+        *files = 1;
+        add_files(out, word);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* completion in the line editor */
 
-/* Where the word that ends at cur begins: after an unescaped blank or a ';'. */
-static size_t word_start(const char *b, size_t cur)
+static void dump_cmd(sp_app *app, const sp_cmd *c, const char *path)
 {
-    size_t i = cur;
-    while (i > 0 && b[i - 1] != ';' && !(isspace((unsigned char)b[i - 1]) && !(i >= 2 && b[i - 2] == '\\')))
-        i--;
-    return i;
-}
-
-/* Inserts s, a backslash before each character the splitter would treat specially. */
-static void insert_escaped(EditLine *el, const char *s)
-{
-    char buf[2 * PATH_MAX + 4];
-    size_t n = 0;
-    for (; *s && n + 3 < sizeof buf; s++) {
-        if (strchr(" \t\\'\";#", *s))
-            buf[n++] = '\\';
-        buf[n++] = *s;
+    if (c->fn) {
+        sp_out(app, "%s", path);
+        for (int i = 0; c->opts && c->opts[i].name; i++)
+            sp_out(app, " %s", c->opts[i].name);
+        sp_out(app, "\n");
     }
-    buf[n] = 0;
-    el_insertstr(el, buf);
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Lists the candidates below the line in columns (without the directory part of file names). */
-static void show_candidates(EditLine *el, const strlist *l, size_t skip)
-{
-    int cols = 80;
-    el_get(el, EL_GETTC, "co", &cols);
-    size_t width = 0;
-    for (int i = 0; i < l->n; i++)
-        width = strlen(l->v[i]) - skip > width ? strlen(l->v[i]) - skip : width;
-    int per_row = cols > 0 && (size_t)cols > width + 2 ? (int)((size_t)cols / (width + 2)) : 1;
-    fputc('\n', stdout);
-    for (int i = 0; i < l->n; i++)
-        printf("%-*s%s", (int)(width + 2), l->v[i] + skip, (i + 1) % per_row && i + 1 < l->n ? "" : "\n");
-    fflush(stdout);
-}
-
-static size_t common_prefix(const strlist *l)
-{
-    size_t n = strlen(l->v[0]);
-    for (int i = 1; i < l->n; i++)
-        for (size_t j = 0; j < n; j++)
-            if (l->v[i][j] != l->v[0][j]) {
-                n = j;
-                break;
-            }
-    return n;
-}
-
-/* Completes word (as typed, unescaped) from the candidates: the unique one, else their common prefix,
- * else a list of them. */
-static unsigned char complete_from(EditLine *el, strlist *l, const char *word, int files)
-{
-    size_t wlen = strlen(word);
-    if (!l->n)
-        return CC_REFRESH_BEEP;
-    qsort(l->v, (size_t)l->n, sizeof *l->v, cmp_str);
-    size_t common = common_prefix(l);
-    if (l->n == 1) {
-        insert_escaped(el, l->v[0] + wlen);
-        if (!files || !common || l->v[0][common - 1] != '/')
-            el_insertstr(el, " ");
-        return CC_REFRESH;
-    }
-    if (common > wlen) {
-        char *extra = strndup(l->v[0] + wlen, common - wlen);
-        if (extra)
-            insert_escaped(el, extra);
-        free(extra);
-        return CC_REFRESH;
-    }
-    const char *slash = files ? strrchr(word, '/') : NULL;
-    show_candidates(el, l, slash ? (size_t)(slash - word) + 1 : 0);
-    return CC_REDISPLAY;
-}
-
-/* The text between begin and end without the backslashes of escapes. */
-static char *unescape(const char *begin, const char *end)
-{
-    char *s = malloc((size_t)(end - begin) + 1), *o = s;
-    for (const char *p = begin; s && p < end; p++)
-        *o++ = *p == '\\' && p + 1 < end ? *++p : *p;
-    if (s)
-        *o = 0;
-    return s;
-}
-
-static unsigned char complete(EditLine *el, int ch)
-{
-    (void)ch;
-    const LineInfo *li = el_line(el);
-    size_t cur = (size_t)(li->cursor - li->buffer), ws = word_start(li->buffer, cur), seg = ws;
-    while (seg > 0 && li->buffer[seg - 1] != ';')
-        seg--;
-    char *before = strndup(li->buffer + seg, ws - seg), *word = unescape(li->buffer + ws, li->cursor);
-    char why[64];
-    int argc = 0, files = 0;
-    char **argv = NULL;
-    unsigned char rc = CC_REFRESH_BEEP;
-    sp_app *app = NULL;
-    el_get(el, EL_CLIENTDATA, &app);
-    if (before && word && app && !sp_cmd_split(before, &argc, &argv, why, sizeof why)) {
-        strlist l = {0};
-        candidates(app, argc, argv, word, &l, &files);
-        rc = complete_from(el, &l, word, files);
-        sl_free(&l);
-    }
-    sp_cmd_free_argv(argc, argv);
-    free(before);
-    free(word);
-    return rc;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* history: one command per line, plain text */
-
-#define HISTORY_MAX 1000
-
-static char *history_path(void)
-{
-    const char *env = getenv("SEPAL_HISTORY"), *home = getenv("HOME");
-    char *path = NULL;
-    if (env && *env)
-        return strdup(env);
-    if (home && *home && asprintf(&path, "%s/.sepal_history", home) < 0)
-        return NULL;
-    return path;
-}
-
-static void history_load(History *h, const char *path)
-{
-    FILE *f = path ? fopen(path, "r") : NULL;
-    if (!f)
-        return;
-    HistEvent ev;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        line[strcspn(line, "\r\n")] = 0;
-        if (*line)
-            history(h, &ev, H_ENTER, line);
-    }
-    free(line);
-    fclose(f);
-}
-
-static void history_save(History *h, const char *path)
-{
-    FILE *f = path ? fopen(path, "w") : NULL;
-    if (!f)
-        return;
-    HistEvent ev;
-    /* libedit's list runs from the newest (H_FIRST) to the oldest (H_LAST); write oldest first */
-    for (int rc = history(h, &ev, H_LAST); rc != -1; rc = history(h, &ev, H_PREV))
-        fprintf(f, "%s\n", ev.str);
-    fclose(f);
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* the loop */
-
-static char *prompt(EditLine *el)
-{
-    (void)el;
-    return (char *)"sepal> ";
-}
-
-static EditLine *editor_new(sp_app *app, History *h)
-{
-    EditLine *el = el_init("sepal", stdin, stdout, stderr);
-    if (!el)
-        return NULL;
-    el_set(el, EL_EDITOR, "emacs");
-    el_set(el, EL_SIGNAL, 1);
-    el_set(el, EL_PROMPT, prompt);
-    el_set(el, EL_HIST, history, h);
-    el_set(el, EL_CLIENTDATA, app);
-    /* the wide call keeps these (static) strings; the narrow el_set would copy them and never free them */
-    el_wset(el, EL_ADDFN, L"sepal-complete", L"complete a command, setting or file name", complete);
-    el_set(el, EL_BIND, "^I", "sepal-complete", NULL);
-    el_source(el, NULL); /* ~/.editrc */
-    return el;
-}
-
-/* One line from the editor without its newline (malloc'd), or NULL at the end of input. */
-static char *read_line(EditLine *el)
-{
-    for (;;) {
-        int n = 0;
-        errno = 0;
-        const char *s = el_gets(el, &n);
-        if (s && n > 0)
-            return strndup(s, strcspn(s, "\r\n"));
-        if (n < 0 && errno == EINTR)
-            continue;
-        return NULL;
+    for (const sp_cmd *s = c->subs; s && s->name; s++) {
+        char p2[128];
+        snprintf(p2, sizeof p2, "%s %s", path, s->name);
+        dump_cmd(app, s, p2);
     }
 }
 
-int sp_cmd_repl(sp_app *app)
+void sp_cmd_dump(sp_app *app)
 {
-    HistEvent ev;
-    History *h = history_init();
-    char *path = history_path();
-    EditLine *el = h ? editor_new(app, h) : NULL;
-    if (!el) {
-        if (h)
-            history_end(h);
-        free(path);
-        return sp_app_error(app, "cannot start the line editor");
-    }
-    history(h, &ev, H_SETSIZE, HISTORY_MAX);
-    history(h, &ev, H_SETUNIQUE, 1);
-    history_load(h, path);
-    app->interactive = 1;
-    for (char *line; !app->quit && (line = read_line(el));) {
-        if (line[strspn(line, " \t")])
-            history(h, &ev, H_ENTER, line);
-        sp_cmd_run_line(app, line); /* a failed command has printed its message; go on */
-        fflush(stdout);
-        free(line);
-    }
-    if (!app->quit && isatty(STDOUT_FILENO))
-        fputc('\n', stdout); /* Ctrl-D: end the prompt's line */
-    history_save(h, path);
-    el_end(el);
-    history_end(h);
-    free(path);
-    return 0;
+    FOR_EACH_CMD(NULL, c)
+    dump_cmd(app, c, c->name);
 }

@@ -7,192 +7,158 @@
 #include <time.h>
 
 #include "app.h"
+#include "version.h"
 
-#define SYNOPSIS_WIDTH 32
+static int width_of(const sp_app *app) { return app->width > 0 ? app->width : 100; }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* help */
-
-/* "exit,q" as "exit, q". */
-static void print_aliases(const char *aliases)
+static int cmd_help(sp_app *app, const sp_args *a)
 {
-    for (const char *p = aliases; *p; p++) {
-        if (*p == ',')
-            fputs(", ", stdout);
-        else
-            putchar(*p);
-    }
-}
-
-static void help_line(const sp_cmd *c)
-{
-    char syn[256];
-    int n = snprintf(syn, sizeof syn, "%s%s%s", c->name, c->args && *c->args ? " " : "", c->args ? c->args : "");
-    if (n >= SYNOPSIS_WIDTH)
-        printf("  %s\n  %-*s  %s", syn, SYNOPSIS_WIDTH, "", c->summary ? c->summary : "");
-    else
-        printf("  %-*s  %s", SYNOPSIS_WIDTH, syn, c->summary ? c->summary : "");
-    if (c->aliases && *c->aliases) {
-        printf(" (also: ");
-        print_aliases(c->aliases);
-        printf(")");
-    }
-    printf("\n");
-}
-
-static void help_all(void)
-{
-    printf("commands (a unique prefix of a name is enough; `help COMMAND` says more):\n");
-    for (const sp_cmd_group *g = sp_cmd_groups; g->cmds; g++) {
-        if (!g->cmds[0].name)
-            continue;
-        printf("\n%s:\n", g->title);
-        for (const sp_cmd *c = g->cmds; c->name; c++)
-            help_line(c);
-    }
-    printf("\nCommands are separated by ';'; '#' starts a comment; quote arguments with \"...\" or '...'.\n");
-}
-
-static void help_one(const sp_cmd *c)
-{
-    printf("usage: %s%s%s\n", c->name, c->args && *c->args ? " " : "", c->args ? c->args : "");
-    if (c->aliases && *c->aliases) {
-        printf("aliases: ");
-        print_aliases(c->aliases);
-        printf("\n");
-    }
-    if (c->summary)
-        printf("\n%s\n", c->summary);
-    if (c->help)
-        printf("\n%s%s", c->help, c->help[0] && c->help[strlen(c->help) - 1] == '\n' ? "" : "\n");
-}
-
-static int cmd_help(sp_app *app, int argc, char **argv)
-{
-    if (argc > 2)
-        return sp_app_error(app, "usage: help [COMMAND]");
-    if (argc == 1) {
-        help_all();
+    if (a->npos == 0) {
+        sp_cmd_help(app, NULL, NULL, width_of(app));
         return 0;
     }
-    char why[512];
-    const sp_cmd *c = sp_cmd_find(argv[1], why, sizeof why);
+    char why[512], path[128];
+    const sp_cmd *c = sp_cmd_find(a->pos[0], why, sizeof why);
     if (!c)
         return sp_app_error(app, "help: %s", why);
-    help_one(c);
+    snprintf(path, sizeof path, "%s", c->name);
+    for (int i = 1; i < a->npos; i++) {
+        if (!c->subs)
+            return sp_app_error(app, "help: %s has no subcommands", path);
+        const sp_cmd *s = sp_cmd_find_in(c->subs, a->pos[i], why, sizeof why);
+        if (!s)
+            return sp_app_error(app, "help: %s: %s", path, why);
+        c = s;
+        size_t n = strlen(path);
+        snprintf(path + n, sizeof path - n, " %s", c->name);
+    }
+    sp_cmd_help(app, c, path, width_of(app));
     return 0;
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* quit, echo, sleep */
-
-static int cmd_quit(sp_app *app, int argc, char **argv)
+static int cmd_quit(sp_app *app, const sp_args *a)
 {
-    if (argc > 1)
-        return sp_app_error(app, "usage: quit");
+    (void)a;
     app->quit = 1;
     return 0;
 }
 
-static int cmd_echo(sp_app *app, int argc, char **argv)
+static int cmd_echo(sp_app *app, const sp_args *a)
 {
-    for (int i = 1; i < argc; i++)
-        printf("%s%s", argv[i], i + 1 < argc ? " " : "");
-    printf("\n");
+    for (int i = 0; i < a->npos; i++)
+        sp_out(app, "%s%s", a->pos[i], i + 1 < a->npos ? " " : "");
+    sp_out(app, "\n");
     return 0;
 }
 
-static int cmd_sleep(sp_app *app, int argc, char **argv)
+static int cmd_sleep(sp_app *app, const sp_args *a)
 {
-    if (argc != 2)
-        return sp_app_error(app, "usage: sleep SECONDS");
     char *end;
     errno = 0;
-    double s = strtod(argv[1], &end);
-    if (errno || end == argv[1] || *end || !isfinite(s) || s < 0 || s > 1e6)
-        return sp_app_error(app, "sleep: expected seconds in [0, 1e6], got '%s'", argv[1]);
-    fflush(stdout);
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) && errno == EINTR)
-        ;
-    return 0;
+    double s = strtod(a->pos[0], &end);
+    if (errno || end == a->pos[0] || *end || !isfinite(s) || s < 0 || s > 1e6)
+        return sp_app_error(app, "sleep: expected seconds in [0, 1e6], got '%s'", a->pos[0]);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) { /* in slices, so that Ctrl-C stops it */
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double left = s - ((double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9);
+        if (left <= 0)
+            return 0;
+        if (sp_app_cancelled(app))
+            return sp_app_error(app, "sleep: interrupted");
+        double d = left < 0.05 ? left : 0.05;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(d * 1e9)};
+        nanosleep(&ts, NULL);
+    }
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* set, show */
-
-static int cmd_set(sp_app *app, int argc, char **argv)
+static int cmd_set(sp_app *app, const sp_args *a)
 {
-    if (argc != 3)
-        return sp_app_error(app, "usage: set NAME VALUE (`show` lists the settings)");
     char why[512];
-    if (sp_app_check(app, argv[1], argv[2], why, sizeof why))
+    if (sp_app_set(app, a->pos[0], a->pos[1], why, sizeof why))
         return sp_app_error(app, "set: %s", why);
-    sp_app_set(app, argv[1], argv[2]);
     return 0;
 }
 
 /* A string setting as `set` would read it back: in double quotes, with escapes. */
-static void print_quoted(const char *s)
+static void quoted(const char *s, char *buf, size_t cap)
 {
-    putchar('"');
-    for (; *s; s++) {
+    size_t n = 0;
+    if (cap < 4)
+        return;
+    buf[n++] = '"';
+    for (; *s && n + 4 < cap; s++) {
         if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
+            buf[n++] = '\\', buf[n++] = *s;
         else if (*s == '\n' || *s == '\t')
-            printf("\\%c", *s == '\n' ? 'n' : 't');
+            buf[n++] = '\\', buf[n++] = *s == '\n' ? 'n' : 't';
         else
-            putchar(*s);
+            buf[n++] = *s;
     }
-    putchar('"');
+    buf[n++] = '"';
+    buf[n] = 0;
 }
 
-static void show_setting(const sp_setting *s, int with_help)
+static void show_setting(sp_app *app, const sp_setting *s)
 {
-    int len = (int)strlen(s->value) + (s->kind == SP_SET_STR ? 2 : 0);
-    printf("%-20s ", s->name);
-    if (s->kind == SP_SET_STR)
-        print_quoted(s->value);
+    char v[1100];
+    if (s->kind == SP_OPT_STR || s->kind == SP_OPT_PATH)
+        quoted(s->value, v, sizeof v);
     else
-        fputs(s->value, stdout);
-    if (with_help)
-        printf("%*s  %s", len < 8 ? 8 - len : 0, "", s->help ? s->help : "");
-    printf("\n");
+        snprintf(v, sizeof v, "%s", s->value);
+    sp_out(app, "%-20s %-8s  %s\n", s->name, v, s->help ? s->help : "");
 }
 
-static int cmd_show(sp_app *app, int argc, char **argv)
+static int cmd_show(sp_app *app, const sp_args *a)
 {
-    if (argc > 2)
-        return sp_app_error(app, "usage: show [NAME]");
-    for (int i = 0; i < app->nsettings; i++)
-        if (argc == 1 || !strcmp(app->settings[i].name, argv[1])) {
-            show_setting(&app->settings[i], 1);
-            if (argc == 2)
-                return 0;
-        }
-    if (argc == 2)
-        return sp_app_error(app, "show: unknown setting '%s' (try 'show')", argv[1]);
+    if (a->npos == 0) {
+        for (int i = 0; i < app->nsettings; i++)
+            show_setting(app, &app->settings[i]);
+        return 0;
+    }
+    char why[512];
+    const sp_setting *s = sp_app_setting(app, a->pos[0], why, sizeof why);
+    if (!s)
+        return sp_app_error(app, "show: %s", why);
+    show_setting(app, s);
+    return 0;
+}
+
+static int cmd_version(sp_app *app, const sp_args *a)
+{
+    (void)a;
+    sp_out(app, "sepal %s\n", SEPAL_VERSION);
     return 0;
 }
 
 const sp_cmd sp_cmds_core[] = {
-    {"help", "?", "[COMMAND]", "list the commands, or describe one",
-     "Without an argument, lists every command with its arguments and summary. With a COMMAND (a name, an\n"
-     "alias or a unique prefix), prints its usage and this longer help.",
-     cmd_help},
-    {"quit", "exit,q", "", "leave sepal (Ctrl-D too)",
-     "Ends the interactive session, or stops a script (-f, -c, stdin) without an error.", cmd_quit},
-    {"set", NULL, "NAME VALUE", "change a setting (`show` lists them)",
-     "Sets a default of the generate and swarm commands, e.g. `set temperature 0.7`. Numeric settings\n"
-     "refuse values that are not numbers or are out of their range. Quote a value with blanks:\n"
-     "`set stop \"\\n\\n\"`.",
-     cmd_set},
-    {"show", NULL, "[NAME]", "print the settings with their values and help",
-     "Without an argument, prints every setting, its value and what it does; with NAME, that setting only.\n"
-     "String values are printed quoted, the way `set` reads them.",
-     cmd_show},
-    {"echo", NULL, "[ARGS...]", "print the arguments, joined by spaces",
-     "Prints its arguments after quote removal, separated by single spaces; handy in scripts.", cmd_echo},
-    {"sleep", NULL, "SECONDS", "wait (fractions allowed)", "Waits SECONDS seconds, e.g. `sleep 0.5`.", cmd_sleep},
+    {.name = "help", .aliases = "?", .args = "[COMMAND [SUBCOMMAND]]", .min_pos = 0, .max_pos = 2,
+     .summary = "list the commands, or describe one with its options",
+     .help = "Without an argument, lists every command with its summary. With a COMMAND (a name, an alias or a "
+             "unique prefix), prints its usage, what it does, each option with its default and range, and examples.",
+     .examples = "help generate\nhelp swarm up", .fn = cmd_help},
+    {.name = "quit", .aliases = "exit,q", .args = "", .max_pos = 0, .summary = "leave sepal (Ctrl-D too)",
+     .help = "Ends the interactive session, or stops a script (-f, -c, stdin) without an error. Servers started by "
+             "`swarm up` stop (each announces that it goes offline).",
+     .fn = cmd_quit},
+    {.name = "set", .args = "NAME VALUE", .min_pos = 2, .max_pos = 2, .summary = "change a setting (`show` lists them)",
+     .help = "Sets a default of the generate and swarm commands, e.g. `set temperature 0.7`; a unique prefix of a "
+             "name is enough (`set temp 0.7`). Numeric settings refuse values that are not numbers or are out of "
+             "their range. Quote a value with blanks: `set stop \"\\n\\n\"`.",
+     .examples = "set temperature 0.8\nset temp 0\nset seed random", .fn = cmd_set},
+    {.name = "show", .args = "[NAME]", .max_pos = 1, .summary = "print the settings with their values and help",
+     .help = "Without an argument, prints every setting, its value and what it does; with NAME (or a unique "
+             "prefix), that setting only. String values are printed quoted, the way `set` reads them.",
+     .examples = "show\nshow max-new", .fn = cmd_show},
+    {.name = "echo", .args = "[ARGS...]", .max_pos = -1, .summary = "print the arguments, joined by spaces",
+     .help = "Prints its arguments after quote removal, separated by single spaces; handy in scripts.",
+     .examples = "echo hello world", .fn = cmd_echo},
+    {.name = "sleep", .args = "SECONDS", .min_pos = 1, .max_pos = 1, .summary = "wait (fractions allowed)",
+     .help = "Waits SECONDS seconds, e.g. `sleep 0.5` (Ctrl-C ends the wait).", .examples = "sleep 0.1",
+     .fn = cmd_sleep},
+    {.name = "version", .args = "", .max_pos = 0, .summary = "print the version", .examples = "version",
+     .fn = cmd_version},
     {0},
 };

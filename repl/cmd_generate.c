@@ -1,73 +1,25 @@
 /* cmd_generate.c - `generate`: text (or ids) through the swarm, streamed as it comes. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "app.h"
-#include "cli.h"
 #include "runtime.h"
+#include "timeutil.h"
 #include "trainer.h"
 
-sp_runtime *sp_app_runtime(sp_app *app);
-
-typedef struct gen_args {
-    const char *prompt, *ids, *stop, *prompts;
-    sp_gen_opts o;
-} gen_args;
-
-/* Defaults from `set`, then the options given. */
-static int parse(sp_app *app, int argc, char **argv, gen_args *g)
+/* A fresh seed: from the kernel, else the clock. */
+static unsigned long long fresh_seed(void)
 {
-    memset(g, 0, sizeof *g);
-    sp_gen_opts_default(&g->o);
-    const char *names[] = {"--max-new-tokens", "--temperature", "--top-k", "--top-p", "--repetition-penalty",
-                           "--beams", "--seed", "--stop", "--ids", "--prompts"};
-    const char *vals[10] = {NULL};
-    for (int k = 0; k < 8; k++)
-        vals[k] = sp_app_get(app, names[k] + 2);
-    for (int i = 1; i < argc; i++) {
-        int k = 0;
-        while (k < 10 && strcmp(argv[i], names[k]))
-            k++;
-        if (!strcmp(argv[i], "--greedy")) {
-            vals[1] = "0";
-        } else if (k < 10) {
-            if (i + 1 >= argc)
-                return sp_app_error(app, "generate: option '%s' needs a value", argv[i]);
-            vals[k] = argv[++i];
-        } else if (!strncmp(argv[i], "--", 2)) {
-            return sp_app_error(app, "generate: unknown option '%s'", argv[i]);
-        } else if (g->prompt) {
-            return sp_app_error(app, "generate: one prompt only (quote it): extra '%s'", argv[i]);
-        } else {
-            g->prompt = argv[i];
-        }
-    }
-    long n = 64, topk = 0, beams = 1, seed = 0;
-    double t = 0, p = 1, rep = 1;
-    if ((vals[0] && cli_parse_int("--max-new-tokens", vals[0], 0, 1 << 20, &n)) ||
-        (vals[1] && cli_parse_float("--temperature", vals[1], &t)) ||
-        (vals[2] && cli_parse_int("--top-k", vals[2], 0, 1 << 30, &topk)) ||
-        (vals[3] && cli_parse_float("--top-p", vals[3], &p)) ||
-        (vals[4] && cli_parse_float("--repetition-penalty", vals[4], &rep)) ||
-        (vals[5] && cli_parse_int("--beams", vals[5], 1, 64, &beams)) ||
-        (vals[6] && cli_parse_int("--seed", vals[6], 0, __LONG_MAX__, &seed)))
-        return 1;
-    if (t < 0 || p <= 0 || p > 1 || rep <= 0)
-        return sp_app_error(app, "generate: need temperature >= 0, 0 < top-p <= 1, repetition-penalty > 0");
-    g->o.max_new = (int)n;
-    g->o.sample.temperature = (float)t;
-    g->o.sample.top_k = (int)topk;
-    g->o.sample.top_p = (float)p;
-    g->o.sample.repetition_penalty = (float)rep;
-    g->o.sample.seed = (uint64_t)seed;
-    g->o.beams = (int)beams;
-    g->stop = vals[7] && *vals[7] ? vals[7] : NULL;
-    g->ids = vals[8];
-    g->prompts = vals[9];
-    if (!g->prompt == !g->ids)
-        return sp_app_error(app, "usage: generate PROMPT [options] | generate --ids I,J,K [options]");
-    return 0;
+    unsigned long long s = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &s, sizeof s) != (ssize_t)sizeof s)
+        s = sp_now_ns() ^ ((unsigned long long)getpid() << 32);
+    if (fd >= 0)
+        close(fd);
+    return s & 0x7fffffffffffffffull; /* as --seed accepts it */
 }
 
 /* "1,2,3" -> ids (malloc'd). */
@@ -75,112 +27,190 @@ static int parse_ids(sp_app *app, const char *s, int32_t **ids, int *n)
 {
     *n = 0;
     *ids = malloc((strlen(s) / 2 + 2) * sizeof **ids);
-    for (const char *p = s; *ids && *p;) {
+    if (!*ids)
+        return sp_app_error(app, "out of memory");
+    for (const char *p = s; *p;) {
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 0 || v > 1 << 30 || (*end && *end != ','))
-            return free(*ids), *ids = NULL, sp_app_error(app, "generate --ids: expected I,J,K, got '%s'", s);
+            return free(*ids), *ids = NULL, sp_app_error(app, "generate: --ids: expected I,J,K, got '%s'", s);
         (*ids)[(*n)++] = (int32_t)v;
         p = *end ? end + 1 : end;
     }
-    return *n ? 0 : sp_app_error(app, "generate --ids: no ids");
+    return *n ? 0 : (free(*ids), *ids = NULL, sp_app_error(app, "generate: --ids: no ids"));
 }
+
+typedef struct stream_ctx {
+    sp_app *app;
+    int quiet;
+} stream_ctx;
 
 static int stream(int row, int token, const char *text, void *user)
 {
     (void)row;
     (void)token;
-    if (text && !*(int *)user) {
-        fputs(text, stdout);
-        fflush(stdout);
+    stream_ctx *s = user;
+    if (text && !s->quiet) {
+        sp_ui_event ev = {.kind = SP_UI_GEN_TEXT, .text = text};
+        sp_emit(s->app, &ev);
     }
     return 0;
 }
 
-static int cmd_generate(sp_app *app, int argc, char **argv)
+/* The generation options from the command line and the settings; 0, or 1 after a message. */
+static int gen_opts(sp_app *app, const sp_args *a, sp_gen_opts *o, unsigned long long *seed)
 {
-    gen_args g;
-    if (parse(app, argc, argv, &g))
+    sp_gen_opts_default(o);
+    o->max_new = (int)sp_arg_int(app, a, "--max-new-tokens", 64);
+    o->sample.temperature = sp_arg_given(a, "--greedy") ? 0.0f : (float)sp_arg_num(app, a, "--temperature", 0);
+    o->sample.top_k = (int)sp_arg_int(app, a, "--top-k", 0);
+    o->sample.top_p = (float)sp_arg_num(app, a, "--top-p", 1);
+    o->sample.repetition_penalty = (float)sp_arg_num(app, a, "--repetition-penalty", 1);
+    o->beams = (int)sp_arg_int(app, a, "--beams", 1);
+    const char *sv = sp_arg(app, a, "--seed");
+    if (sv && strcmp(sv, "random")) {
+        *seed = (unsigned long long)sp_arg_int(app, a, "--seed", 0);
+    } else {
+        *seed = fresh_seed();
+    }
+    o->sample.seed = *seed;
+    o->cancel = &app->cancel;
+    return 0;
+}
+
+static int cmd_generate(sp_app *app, const sp_args *a)
+{
+    const char *ids_arg = sp_arg(app, a, "--ids"), *prompts_file = sp_arg(app, a, "--prompts");
+    const char *stop = sp_arg(app, a, "--stop");
+    if (!a->npos == !ids_arg)
+        return sp_app_error(app, "usage: generate PROMPT [options] | generate --ids I,J,K [options]");
+    sp_gen_opts o;
+    unsigned long long seed;
+    if (gen_opts(app, a, &o, &seed))
         return 1;
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
     if (!rt->local)
-        return sp_app_error(app, "no model loaded (load DIR first)");
+        return sp_app_error(app, "generate: no model loaded (load DIR first)");
     if (!rt->nservers)
-        return sp_app_error(app, "no servers (swarm up N, or connect HOST:PORT)");
-    if (g.prompt && !rt->tok)
-        return sp_app_error(app, "the model has no tokenizer: use generate --ids I,J,K");
+        return sp_app_error(app, "generate: no servers (swarm up N, or connect HOST:PORT)");
+    if (a->npos && !rt->tok)
+        return sp_app_error(app, "generate: the model has no tokenizer: use generate --ids I,J,K");
+    sp_err err = {0};
+    float *shallow = NULL, *deep = NULL;
+    int P = 0;
+    if (prompts_file && sp_prompts_load(prompts_file, rt->local->cfg.n_layers, rt->local->cfg.hidden, &shallow, &deep,
+                                        &P, &err))
+        return sp_app_error(app, "generate: --prompts %s: %s", prompts_file, err.msg);
     int32_t *ids = NULL;
     int n = 0, *raw = NULL;
-    sp_err err = {0};
-    if (g.ids) {
-        if (parse_ids(app, g.ids, &ids, &n))
-            return 1;
+    if (ids_arg) {
+        if (parse_ids(app, ids_arg, &ids, &n))
+            return free(shallow), free(deep), 1;
     } else {
-        if (sp_tokenizer_encode(rt->tok, g.prompt, 1, &raw, &n, &err))
-            return sp_app_error(app, "%s", err.msg);
-        ids = malloc((size_t)n * sizeof *ids);
+        if (sp_tokenizer_encode(rt->tok, a->pos[0], 1, &raw, &n, &err))
+            return free(shallow), free(deep), sp_app_error(app, "generate: %s", err.msg);
+        ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
         for (int i = 0; ids && i < n; i++)
             ids[i] = raw[i];
         free(raw);
-    }
-    const char *stops[2] = {g.stop, NULL};
-    g.o.stop = g.stop ? stops : NULL;
-    g.o.eos_id = rt->local->cfg.eos_id;
-    g.o.bos_id = rt->local->cfg.bos_id;
-    int quiet = g.ids != NULL || g.stop; /* with a stop string the text is printed once it is cut */
-    if (g.prompt) {
-        fputs(g.prompt, stdout);
-        fflush(stdout);
+        if (!ids)
+            return free(shallow), free(deep), sp_app_error(app, "out of memory");
     }
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
-    float *shallow = NULL, *deep = NULL;
-    if (g.prompts) {
-        int P;
-        if (sp_prompts_load(g.prompts, rt->local->cfg.n_layers, rt->local->cfg.hidden, &shallow, &deep, &P, &err)) {
-            free(ids);
-            return sp_app_error(app, "generate: %s", err.msg);
-        }
+    if (prompts_file)
         sp_lm_swarm_prompts(&sw, &lm, shallow, deep, P);
+    /* one rule (model generate too): refuse a prompt that does not fit; clamp what it may add */
+    int ctx = lm.max_pos;
+    if (n > ctx) {
+        free(ids), free(shallow), free(deep);
+        return sp_app_error(app, "generate: the prompt has %d tokens, more than the model's context of %d%s", n, ctx,
+                            P ? " (less the trained prompts)" : "");
     }
+    if (n + o.max_new - 1 > ctx) {
+        sp_warn(app, "--max-new-tokens %d: %d prompt tokens leave room for %d in the context of %d", o.max_new, n,
+                ctx - n + 1, ctx);
+        o.max_new = ctx - n + 1;
+    }
+    const char *stops[2] = {stop && *stop ? stop : NULL, NULL};
+    o.stop = stops[0] ? stops : NULL;
+    o.eos_id = rt->local->cfg.eos_id;
+    o.bos_id = rt->local->cfg.bos_id;
+    stream_ctx sc = {.app = app, .quiet = ids_arg != NULL || o.stop}; /* with a stop string: printed once cut */
+    sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = ids_arg ? NULL : a->pos[0]};
+    sp_emit(app, &begin);
     sp_gen_result r;
     const int32_t *ps[1] = {ids};
-    sp_status st = sp_generate(&lm, g.ids ? NULL : rt->tok, ps, &n, 1, &g.o, stream, &quiet, &r, &err);
+    sp_status st = sp_generate(&lm, ids_arg ? NULL : rt->tok, ps, &n, 1, &o, stream, &sc, &r, &err);
     free(shallow);
     free(deep);
     if (st) {
-        if (g.prompt)
-            printf("\n");
+        sp_ui_event end = {.kind = SP_UI_GEN_TEXT, .text = "\n"};
+        if (!ids_arg)
+            sp_emit(app, &end);
         free(ids);
-        return sp_app_error(app, "%s", err.msg);
+        return sp_app_error(app, "generate: %s", err.msg);
     }
-    if (g.prompt && g.stop)
-        fputs(r.text[0], stdout);
-    if (g.ids) { /* the whole sequence, prompt included */
-        for (int i = 0; i < n; i++)
-            printf("%s%d", i ? " " : "", ids[i]);
-        for (int i = 0; i < r.n[0]; i++)
-            printf(" %d", r.ids[0][i]);
+    if (sc.quiet && !ids_arg) {
+        sp_ui_event t = {.kind = SP_UI_GEN_TEXT, .text = r.text[0]};
+        sp_emit(app, &t);
     }
-    printf("\n");
-    fflush(stdout);
-    fprintf(stderr, "sepal: %d prompt + %d new tokens in %.3f s (%.1f tok/s)\n", n, r.n[0], r.seconds, r.tokens_per_s);
+    if (ids_arg) { /* the whole sequence, prompt included */
+        size_t cap = (size_t)(n + r.n[0]) * 12 + 2, len = 0;
+        char *line = malloc(cap);
+        for (int i = 0; line && i < n + r.n[0]; i++)
+            len += (size_t)snprintf(line + len, cap - len, "%s%d", i ? " " : "", i < n ? ids[i] : r.ids[0][i - n]);
+        if (line) {
+            sp_ui_event t = {.kind = SP_UI_GEN_TEXT, .text = line};
+            sp_emit(app, &t);
+        }
+        free(line);
+    }
+    sp_ui_gen g = {.prompt_tokens = n, .new_tokens = r.n[0], .prefill_s = r.prefill_s,
+                   .decode_s = r.seconds - r.prefill_s, .first_token_s = r.first_token_s, .stop = r.stop_reason,
+                   .seed = seed, .sampled = o.sample.temperature > 0 && o.beams <= 1};
+    sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
+    sp_emit(app, &end);
+    int cancelled = r.stop_reason == SP_GEN_STOP_CANCELLED;
+    if (cancelled)
+        sp_note(app, "^C (stopped after %d token%s)", r.n[0], r.n[0] == 1 ? "" : "s");
     sp_gen_result_free(&r);
     free(ids);
-    return 0;
+    return cancelled; /* a script stops at an interrupted command */
 }
 
+static const sp_opt generate_opts[] = {
+    {"--max-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, "max-new-tokens", NULL,
+     "tokens to add at most (clamped to the model's context)"},
+    {"--temperature", SP_OPT_NUM, "T", 0, 100, NULL, "temperature", NULL, "sampling temperature; 0 is greedy"},
+    {"--top-k", SP_OPT_INT, "K", 0, 1 << 30, NULL, "top-k", NULL, "sample among the K likeliest tokens; 0 is off"},
+    {"--top-p", SP_OPT_NUM, "P", 1e-9, 1, NULL, "top-p", NULL, "nucleus sampling; 1 is off"},
+    {"--repetition-penalty", SP_OPT_NUM, "R", 0.01, 100, NULL, "repetition-penalty", NULL,
+     "divide the logits of tokens seen already; 1 is off"},
+    {"--stop", SP_OPT_STR, "TEXT", 0, 0, NULL, "stop", NULL, "stop after this text (it is cut off)"},
+    {"--beams", SP_OPT_INT, "N", 1, 64, NULL, "beams", NULL, "beam search width; 1 is no beam search"},
+    {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, "seed", NULL,
+     "seed of sampling: the same seed repeats a run (the setting's `random` draws one)"},
+    {"--greedy", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "temperature 0, whatever the settings say"},
+    {"--ids", SP_OPT_STR, "I,J,K", 0, 0, NULL, NULL, NULL,
+     "token ids instead of a prompt; prints the whole id sequence, prompt included"},
+    {"--prompts", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, NULL,
+     "generate with prompts trained by `train --tuning ptune|deep_ptune --save FILE`"},
+    {0},
+};
+
 const sp_cmd sp_cmds_generate[] = {
-    {"generate", "gen",
-     "PROMPT [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--stop S] "
-     "[--beams N] [--seed S] [--greedy] [--prompts FILE] | --ids I,J,K [...]",
-     "generate text through the swarm, streaming it",
-     "Prints the prompt followed by the continuation as it is generated (greedy at temperature 0, the default).\n"
-     "With --ids the prompt is token ids and the whole id sequence is printed, prompt included.\n"
-     "--prompts FILE: generate with prompts trained by `train --tuning ptune|deep_ptune --save FILE`.\n"
-     "Defaults come from `set` (see `show`).",
-     cmd_generate},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {.name = "generate", .aliases = "gen", .args = "PROMPT", .min_pos = 0, .max_pos = 1, .opts = generate_opts,
+     .summary = "generate text through the swarm, streaming it",
+     .help = "Prints the prompt followed by the continuation as it is generated (greedy at temperature 0, the "
+             "default), then the prefill and decode speeds, the time to the first token, why it stopped, and the "
+             "seed when it sampled. Defaults come from `set` (see `show`). Ctrl-C stops it and keeps the text so "
+             "far. A prompt longer than the model's context is refused; --max-new-tokens is clamped to what fits.",
+     .examples = "generate \"Once upon a time\" --max-new-tokens 40\n"
+                 "generate \"Lily and Tom\" --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 30\n"
+                 "generate --ids 1,9038,2501,263,931 --max-new-tokens 8",
+     .fn = cmd_generate},
+    {0},
 };

@@ -1,11 +1,12 @@
-/* cmd_model.c - `sepal model info|check|generate|convert-llama2c`. */
+/* cmd_model.c - `model info|check|generate|convert-llama2c`: a model directory used locally, without the swarm
+ * (also `sepal model ...` from the shell). Exit statuses there: 0, 1 failure, 2 unsupported or usage. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "block.h"
-#include "cli.h"
+#include "app.h"
 #include "config.h"
 #include "convert_llama2c.h"
 #include "model.h"
@@ -16,9 +17,11 @@
 #define TOL_OUT 1e-4
 #define TOL_GRAD 1e-3
 
-static int fail_err(const sp_err *err)
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+static int fail_err(sp_app *app, const sp_err *err)
 {
-    fprintf(stderr, "sepal: %s\n", err->msg);
+    sp_app_error(app, "%s", err->msg);
     return err->code == SP_ERR_UNSUPPORTED ? CLI_USAGE : CLI_FAIL;
 }
 
@@ -30,42 +33,42 @@ static const char *rope_name(sp_rope_type t)
     return t == SP_ROPE_LLAMA3 ? "llama3" : t == SP_ROPE_LINEAR ? "linear" : "default";
 }
 
-static int model_info(const char *dir)
+static int model_info(sp_app *app, const char *dir)
 {
     sp_err err = {0};
     sp_config c;
     if (sp_config_load(&c, dir, &err))
-        return fail_err(&err);
+        return fail_err(app, &err);
     sp_safetensors *st = NULL;
     if (sp_st_open(&st, dir, &err))
-        return fail_err(&err);
+        return fail_err(app, &err);
     long long params = 0;
     int dtype_count[SP_DTYPE__COUNT] = {0};
     for (int i = 0; i < sp_st_count(st); i++) {
         const sp_st_tensor *t = sp_st_get(st, sp_st_name(st, i), &err);
         if (!t) {
             sp_st_close(st);
-            return fail_err(&err);
+            return fail_err(app, &err);
         }
         params += (long long)t->numel;
         dtype_count[t->dtype]++;
     }
-    printf("architecture:   %s (%s)\n", c.architecture, c.arch == SP_ARCH_LLAMA ? "supported" : "unsupported");
-    printf("layers:         %d\n", c.n_layers);
-    printf("hidden size:    %d\n", c.hidden);
-    printf("intermediate:   %d\n", c.intermediate);
-    printf("heads:          %d (kv heads %d, head dim %d)\n", c.n_heads, c.n_kv_heads, c.head_dim);
-    printf("vocab:          %d\n", c.vocab);
-    printf("context:        %d\n", c.max_pos);
+    sp_out(app, "architecture:   %s (%s)\n", c.architecture, c.arch == SP_ARCH_LLAMA ? "supported" : "unsupported");
+    sp_out(app, "layers:         %d\n", c.n_layers);
+    sp_out(app, "hidden size:    %d\n", c.hidden);
+    sp_out(app, "intermediate:   %d\n", c.intermediate);
+    sp_out(app, "heads:          %d (kv heads %d, head dim %d)\n", c.n_heads, c.n_kv_heads, c.head_dim);
+    sp_out(app, "vocab:          %d\n", c.vocab);
+    sp_out(app, "context:        %d\n", c.max_pos);
     if (c.arch == SP_ARCH_LLAMA)
-        printf("rope:           %s, theta %g\n", rope_name(c.rope_type), c.rope_theta);
-    printf("tied embedding: %s\n", c.tie_embeddings ? "yes" : "no");
-    printf("parameters:     %lld (%.2fM)\n", params, (double)params / 1e6);
-    printf("dtype:          %s (config)", sp_dtype_name(c.dtype));
+        sp_out(app, "rope:           %s, theta %g\n", rope_name(c.rope_type), c.rope_theta);
+    sp_out(app, "tied embedding: %s\n", c.tie_embeddings ? "yes" : "no");
+    sp_out(app, "parameters:     %lld (%.2fM)\n", params, (double)params / 1e6);
+    sp_out(app, "dtype:          %s (config)", sp_dtype_name(c.dtype));
     for (int i = 0; i < SP_DTYPE__COUNT; i++)
         if (dtype_count[i])
-            printf(", %d tensors %s", dtype_count[i], sp_dtype_name((sp_dtype)i));
-    printf("\n");
+            sp_out(app, ", %d tensors %s", dtype_count[i], sp_dtype_name((sp_dtype)i));
+    sp_out(app, "\n");
     sp_st_close(st);
     return CLI_OK;
 }
@@ -74,6 +77,7 @@ static int model_info(const char *dir)
 /* check */
 
 typedef struct check_ctx {
+    sp_app *app;
     sp_model *m;
     sp_safetensors *golden;
     int failures;
@@ -83,7 +87,7 @@ typedef struct check_ctx {
 static void report(check_ctx *c, const char *what, double e, double tol)
 {
     int ok = e <= tol;
-    printf("%-22s max|err| %.3e  %s (tol %.0e)\n", what, e, ok ? "ok" : "FAIL", tol);
+    sp_out(c->app, "%-22s max|err| %.3e  %s (tol %.0e)\n", what, e, ok ? "ok" : "FAIL", tol);
     c->failures += !ok;
 }
 
@@ -217,7 +221,7 @@ static int check_greedy(check_ctx *c)
         int mismatches = n_new != ot - pt;
         for (int i = 0; i < n_new && i < ot - pt; i++)
             mismatches += got[i] != want[pt + i];
-        printf("%-22s %d/%d ids identical  %s\n", "greedy ids", ot - pt - mismatches, ot - pt,
+        sp_out(c->app, "%-22s %d/%d ids identical  %s\n", "greedy ids", ot - pt - mismatches, ot - pt,
                mismatches ? "FAIL" : "ok");
         c->failures += mismatches != 0;
     }
@@ -227,24 +231,24 @@ static int check_greedy(check_ctx *c)
     return rc;
 }
 
-static int model_check(const char *dir, const char *golden_path)
+static int model_check(sp_app *app, const char *dir, const char *golden_path)
 {
-    check_ctx c = {0};
+    check_ctx c = {.app = app};
     char gp[4096];
     if (!golden_path) {
         snprintf(gp, sizeof gp, "%s/golden.safetensors", dir);
         golden_path = gp;
     }
     if (sp_model_load(&c.m, dir, SP_LOAD_ALL, 0, -1, &c.err))
-        return fail_err(&c.err);
+        return fail_err(app, &c.err);
     if (sp_st_open(&c.golden, golden_path, &c.err)) {
         sp_model_free(c.m);
-        return fail_err(&c.err);
+        return fail_err(app, &c.err);
     }
     int B = 0, T = 0;
     int32_t *ids = golden_ids(&c, "input_ids", &B, &T);
     int rc = ids ? 0 : -1;
-    printf("model %s (%s, %d layers), golden %s\n", dir, c.m->cfg.architecture, c.m->cfg.n_layers, golden_path);
+    sp_out(app, "model %s (%s, %d layers), golden %s\n", dir, c.m->cfg.architecture, c.m->cfg.n_layers, golden_path);
     if (!rc)
         rc = check_logits(&c, ids, B, T);
     if (!rc)
@@ -255,8 +259,8 @@ static int model_check(const char *dir, const char *golden_path)
     sp_st_close(c.golden);
     sp_model_free(c.m);
     if (rc)
-        return fail_err(&c.err);
-    printf("%s: %d check(s) failed\n", c.failures ? "FAIL" : "PASS", c.failures);
+        return fail_err(app, &c.err);
+    sp_out(app, "%s: %d check(s) failed\n", c.failures ? "FAIL" : "PASS", c.failures);
     return c.failures ? CLI_FAIL : CLI_OK;
 }
 
@@ -264,6 +268,7 @@ static int model_check(const char *dir, const char *golden_path)
 /* generate */
 
 typedef struct stream_ctx {
+    sp_app *app;
     sp_detok detok;
     int count;
 } stream_ctx;
@@ -271,15 +276,18 @@ typedef struct stream_ctx {
 static int stream_token(int token, void *user)
 {
     stream_ctx *s = user;
-    char buf[SP_DETOK_BUF];
-    size_t n = sp_detok_push(&s->detok, token, buf, sizeof buf);
-    fwrite(buf, 1, n, stdout);
-    fflush(stdout);
+    char buf[SP_DETOK_BUF + 1];
+    size_t n = sp_detok_push(&s->detok, token, buf, sizeof buf - 1);
+    buf[n] = 0;
+    sp_ui_event ev = {.kind = SP_UI_GEN_TEXT, .text = buf};
+    if (n)
+        sp_emit(s->app, &ev);
     s->count++;
-    return 0;
+    return sp_app_cancelled(s->app);
 }
 
-static int model_generate(const char *dir, const char *prompt, long max_new, double temperature, long seed)
+static int model_generate(sp_app *app, const char *dir, const char *prompt, long max_new, double temperature,
+                          long seed)
 {
     sp_err err = {0};
     sp_tokenizer *tok = NULL;
@@ -288,40 +296,57 @@ static int model_generate(const char *dir, const char *prompt, long max_new, dou
     int *raw = NULL, n = 0, n_out = 0, rc = CLI_OK;
     if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load(&m, dir, SP_LOAD_ALL, 0, -1, &err) ||
         sp_tokenizer_encode(tok, prompt, 1, &raw, &n, &err)) {
-        rc = fail_err(&err);
+        rc = fail_err(app, &err);
         goto done;
+    }
+    if (n > m->cfg.max_pos) { /* the rule of `generate` too: refuse what does not fit, clamp what it may add */
+        rc = sp_app_error(app, "model generate: the prompt has %d tokens, more than the model's context of %d", n,
+                          m->cfg.max_pos);
+        goto done;
+    }
+    if (n + max_new - 1 > m->cfg.max_pos) {
+        sp_warn(app, "--max-new-tokens %ld: %d prompt tokens leave room for %d in the context of %d", max_new, n,
+                m->cfg.max_pos - n + 1, m->cfg.max_pos);
+        max_new = m->cfg.max_pos - n + 1;
     }
     ids = malloc((size_t)n * sizeof *ids);
     out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
     if (!ids || !out) {
-        fprintf(stderr, "sepal: out of memory\n");
-        rc = CLI_FAIL;
+        rc = sp_app_error(app, "out of memory");
         goto done;
     }
     for (int i = 0; i < n; i++)
         ids[i] = raw[i];
-    if (n + max_new - 1 > m->cfg.max_pos)
-        max_new = m->cfg.max_pos - n + 1; /* clamp to the context, as llama2.c does */
-    if (max_new < 0)
-        max_new = 0;
-    stream_ctx sc = {0};
+    stream_ctx sc = {.app = app};
     sp_detok_init(&sc.detok, tok);
     for (int i = 0; i < n; i++) /* prime the decoder with the prompt so spacing continues correctly */
         sc.detok.prev = ids[i], sc.detok.at_start = 0;
-    fputs(prompt, stdout);
+    sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = prompt};
+    sp_emit(app, &begin);
     sp_sampler s = {.temperature = (float)temperature};
     sp_rng_seed(&s.rng, (uint64_t)seed);
     double t0 = sp_now_s();
     sp_status st = sp_model_generate(m, ids, n, (int)max_new, &s, 1, out, &n_out, stream_token, &sc, &err);
     double dt = sp_now_s() - t0;
-    char tail[SP_DETOK_BUF];
-    fwrite(tail, 1, sp_detok_flush(&sc.detok, tail, sizeof tail), stdout);
-    printf("\n");
-    if (st)
-        rc = fail_err(&err);
-    else
-        fprintf(stderr, "sepal: %d prompt + %d new tokens in %.3f s (%.1f tok/s)\n", n, n_out, dt,
-                dt > 0 ? n_out / dt : 0.0);
+    char tail[SP_DETOK_BUF + 1];
+    size_t nt = sp_detok_flush(&sc.detok, tail, sizeof tail - 1);
+    tail[nt] = 0;
+    sp_ui_event t = {.kind = SP_UI_GEN_TEXT, .text = tail};
+    if (nt)
+        sp_emit(app, &t);
+    if (st) {
+        sp_ui_event nl = {.kind = SP_UI_GEN_TEXT, .text = "\n"};
+        sp_emit(app, &nl);
+        rc = fail_err(app, &err);
+    } else {
+        sp_ui_gen g = {.prompt_tokens = n, .new_tokens = n_out, .decode_s = dt, .seed = (unsigned long long)seed,
+                       .sampled = temperature > 0,
+                       .stop = sp_app_cancelled(app) ? SP_GEN_STOP_CANCELLED
+                               : n_out < max_new     ? SP_GEN_STOP_EOS
+                                                     : SP_GEN_STOP_LENGTH};
+        sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
+        sp_emit(app, &end);
+    }
 done:
     free(raw);
     free(ids);
@@ -332,73 +357,65 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* dispatch */
+/* the commands */
 
-static void model_usage(void)
+static int cmd_info(sp_app *app, const sp_args *a) { return model_info(app, a->pos[0]); }
+
+static int cmd_check(sp_app *app, const sp_args *a)
 {
-    fprintf(stderr, "usage: sepal model info DIR\n"
-                    "       sepal model check DIR [--golden FILE]\n"
-                    "       sepal model generate DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--seed S]\n"
-                    "       sepal model convert-llama2c MODEL.bin TOKENIZER.bin OUTDIR\n");
+    return model_check(app, a->pos[0], sp_arg(app, a, "--golden"));
 }
 
-static int parse_generate(int argc, char **argv)
+static int cmd_gen(sp_app *app, const sp_args *a)
 {
-    const char *prompt = NULL;
-    long max_new = 64, seed = 0;
-    double temperature = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "sepal: option '%s' needs a value\n", a);
-            return CLI_USAGE;
-        }
-        if (!strcmp(a, "--prompt"))
-            prompt = v;
-        else if (!strcmp(a, "--max-new-tokens")) {
-            if (cli_parse_int(a, v, 0, 1 << 20, &max_new))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "--temperature")) {
-            if (cli_parse_float(a, v, &temperature) || temperature < 0) {
-                fprintf(stderr, "sepal: --temperature must be >= 0\n");
-                return CLI_USAGE;
-            }
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, v, 0, __LONG_MAX__, &seed))
-                return CLI_USAGE;
-        } else {
-            fprintf(stderr, "sepal: unknown option '%s'\n", a);
-            return CLI_USAGE;
-        }
-        i++;
-    }
-    if (!prompt) {
-        fprintf(stderr, "sepal: model generate needs --prompt TEXT\n");
-        return CLI_USAGE;
-    }
-    return model_generate(argv[0], prompt, max_new, temperature, seed);
+    const char *prompt = sp_arg(app, a, "--prompt");
+    if (!prompt)
+        return sp_app_error(app, "model generate: needs --prompt TEXT"), CLI_USAGE;
+    return model_generate(app, a->pos[0], prompt, (long)sp_arg_int(app, a, "--max-new-tokens", 64),
+                          sp_arg_num(app, a, "--temperature", 0), (long)sp_arg_int(app, a, "--seed", 0));
 }
 
-int cmd_model(int argc, char **argv)
+static int cmd_convert(sp_app *app, const sp_args *a)
 {
-    if (argc < 2) {
-        model_usage();
-        return CLI_USAGE;
-    }
-    const char *sub = argv[0];
-    if (!strcmp(sub, "info") && argc == 2)
-        return model_info(argv[1]);
-    if (!strcmp(sub, "check") && (argc == 2 || (argc == 4 && !strcmp(argv[2], "--golden"))))
-        return model_check(argv[1], argc == 4 ? argv[3] : NULL);
-    if (!strcmp(sub, "generate"))
-        return parse_generate(argc - 1, argv + 1);
-    if (!strcmp(sub, "convert-llama2c") && argc == 4) {
-        sp_err err = {0};
-        if (sp_convert_llama2c(argv[1], argv[2], argv[3], &err))
-            return fail_err(&err);
-        printf("%s\n", argv[3]);
-        return CLI_OK;
-    }
-    model_usage();
-    return CLI_USAGE;
+    sp_err err = {0};
+    if (sp_convert_llama2c(a->pos[0], a->pos[1], a->pos[2], &err))
+        return fail_err(app, &err);
+    sp_out(app, "%s\n", a->pos[2]);
+    return CLI_OK;
 }
+
+static const sp_opt check_opts[] = {
+    {"--golden", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, "DIR/golden.safetensors", "the golden outputs to compare with"},
+    {0},
+};
+
+static const sp_opt gen_opts[] = {
+    {"--prompt", SP_OPT_STR, "TEXT", 0, 0, NULL, NULL, NULL, "the prompt (needed)"},
+    {"--max-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "64", "tokens to add at most"},
+    {"--temperature", SP_OPT_NUM, "T", 0, 100, NULL, NULL, "0", "sampling temperature; 0 is greedy"},
+    {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, NULL, "0", "seed of sampling"},
+    {0},
+};
+
+static const sp_cmd model_subs[] = {
+    {.name = "info", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1,
+     .summary = "architecture, sizes, parameter count, dtypes", .examples = "model info ~/.cache/sepal/models/stories15M",
+     .fn = cmd_info},
+    {.name = "check", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, .opts = check_opts,
+     .summary = "run the model in this process against golden outputs (logits, every block and its input gradient, "
+                "greedy ids)",
+     .fn = cmd_check},
+    {.name = "generate", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, .opts = gen_opts,
+     .summary = "generate in this process, without the swarm",
+     .examples = "model generate ~/.cache/sepal/models/stories15M --prompt \"Once upon a time\" --max-new-tokens 20",
+     .fn = cmd_gen},
+    {.name = "convert-llama2c", .args = "MODEL.bin TOKENIZER.bin OUTDIR", .min_pos = 3, .max_pos = 3, .pos_paths = 1,
+     .summary = "convert a llama2.c checkpoint to a Hugging Face directory", .fn = cmd_convert},
+    {0},
+};
+
+const sp_cmd sp_cmds_model[] = {
+    {.name = "model", .args = "info|check|generate|convert-llama2c ...", .subs = model_subs,
+     .summary = "inspect, check or run a model directory locally"},
+    {0},
+};

@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-model=$(scripts/fetch-model.sh build/repl/sepal | tail -n 1)
+model=$(scripts/fetch-model.sh build/app/sepal | tail -n 1)
 scripts/fetch-sentiment.sh > /dev/null
-build/repl/sepal model info "$model"
+build/app/sepal model info "$model"
 echo
-exec build/repl/sepal -c "load $model" -f share/demo.sepal --repl
+exec build/app/sepal -c "load $model" -f share/demo.sepal --repl

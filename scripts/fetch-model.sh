@@ -19,7 +19,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FETCH_NAME=fetch-model
 # shellcheck source=fetch-lib.sh
 . "$REPO_ROOT/scripts/fetch-lib.sh"
-SEPAL_BIN="${1:-$REPO_ROOT/build/repl/sepal}"
+SEPAL_BIN="${1:-$REPO_ROOT/build/app/sepal}"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
 MODEL_DIR="$CACHE/models/stories15M"
 STAMP="$MODEL_DIR/converted-from.sha256"

@@ -11,7 +11,7 @@ else
     export SEPAL_BUILD_DIR=build
     scripts/build.sh -DSEPAL_WERROR=ON
 fi
-scripts/fetch-model.sh "$SEPAL_BUILD_DIR/repl/sepal" | tail -n 1
+scripts/fetch-model.sh "$SEPAL_BUILD_DIR/app/sepal" | tail -n 1
 scripts/fetch-gpt2-tokenizer.sh | tail -n 1
 scripts/fetch-sentiment.sh | tail -n 1
 ctest --test-dir "$SEPAL_BUILD_DIR" --output-on-failure -j2

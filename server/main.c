@@ -27,9 +27,7 @@
 #include "server.h"
 #include "timeutil.h"
 
-#ifndef SEPAL_VERSION
-#define SEPAL_VERSION "0.1.0"
-#endif
+#include "version.h"
 
 static volatile sig_atomic_t g_stop;
 

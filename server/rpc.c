@@ -12,6 +12,7 @@
 #include "log.h"
 #include "server_impl.h"
 #include "timeutil.h"
+#include "version.h"
 
 typedef struct req {
     sp_server *s;
@@ -589,8 +590,8 @@ static void rpc_hello(req *r)
                          SP_PROTO_MINOR);
     char meta[1024];
     snprintf(meta, sizeof meta,
-             "{\"version\":\"%d.%d\",\"server\":\"sepal-server 0.1.0\",\"model\":\"%s\",\"config\":\"%016llx\","
-             "\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
+             "{\"version\":\"%d.%d\",\"server\":\"sepal-server " SEPAL_VERSION "\",\"model\":\"%s\","
+             "\"config\":\"%016llx\",\"dtype\":\"f32\",\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
              SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, (unsigned long long)r->s->m->cfg.hash,
              r->s->m->cfg.n_layers, r->s->m->first, r->s->m->last, r->s->o.id ? r->s->o.id : "",
              sp_ws_server_bulk_port(r->s->ws), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "timeutil.h"
 #include "transport.h"
+#include "version.h"
 
 struct sp_remote {
     sp_ws_client *c;
@@ -16,7 +18,34 @@ struct sp_remote {
     uint64_t next_id;
     sp_proto_limits limits;
     sp_remote_info info;
+    const int *cancel;    /* sp_remote_set_cancel */
 };
+
+void sp_remote_set_cancel(sp_remote *r, const int *flag) { r->cancel = flag; }
+
+static int cancelled(const sp_remote *r) { return r->cancel && __atomic_load_n(r->cancel, __ATOMIC_RELAXED); }
+
+/* sp_ws_client_recv, in slices of 100 ms when the call can be cancelled. */
+static sp_status recv_some(sp_remote *r, sp_buf *b, int timeout_ms, sp_err *err)
+{
+    if (!r->cancel)
+        return sp_ws_client_recv(r->c, b, timeout_ms, err);
+    double end = timeout_ms < 0 ? 0 : sp_now_s() + timeout_ms / 1e3;
+    for (;;) {
+        if (cancelled(r))
+            return sp_errf(err, SP_ERR_CANCELLED, "cancelled while waiting for %s", r->host);
+        int slice = 100;
+        if (timeout_ms >= 0) {
+            double left = end - sp_now_s();
+            if (left <= 0)
+                return sp_ws_client_recv(r->c, b, 0, err);
+            slice = left < 0.1 ? (int)(left * 1e3) + 1 : 100;
+        }
+        sp_status st = sp_ws_client_recv(r->c, b, slice, err);
+        if (st != SP_ERR_TIMEOUT)
+            return st;
+    }
+}
 
 void sp_reply_clear(sp_reply *rep)
 {
@@ -49,7 +78,7 @@ static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeou
 {
     for (;;) {
         sp_buf b = {0};
-        sp_status st = sp_ws_client_recv(r->c, &b, timeout_ms, err);
+        sp_status st = recv_some(r, &b, timeout_ms, err);
         if (st)
             return st;
         sp_msg m;
@@ -113,7 +142,7 @@ sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)
 {
     sp_reply rep;
-    sp_status st = sp_remote_call(r, SP_MSG_HELLO, "{\"version\":\"1.0\",\"client\":\"sepal 0.1.0\"}", NULL, 0, &rep,
+    sp_status st = sp_remote_call(r, SP_MSG_HELLO, "{\"version\":\"1.0\",\"client\":\"sepal " SEPAL_VERSION "\"}", NULL, 0, &rep,
                                   timeout_ms, err);
     if (st) {
         sp_reply_clear(&rep);

@@ -39,6 +39,10 @@ void sp_reply_clear(sp_reply *rep);
  * still returned so the caller can read the code. */
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                          sp_reply *rep, int timeout_ms, sp_err *err);
+/* While waiting for a reply, a call looks at *flag every 100 ms and returns SP_ERR_CANCELLED once it is
+ * non-zero (the reply, if it comes later, is dropped by the next call). NULL: never. */
+void sp_remote_set_cancel(sp_remote *r, const int *flag);
+
 /* Sends raw bytes as a request (for tests of malformed input) and waits for whatever reply comes. */
 sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_reply *rep, int timeout_ms, sp_err *err);
 

@@ -58,6 +58,14 @@ sp_lm sp_lm_local_make(sp_lm_local *l, sp_model *m)
 /* ---------------------------------------------------------------------------------------------- */
 /* results */
 
+const char *sp_gen_stop_name(sp_gen_stop s)
+{
+    static const char *const names[] = {"length", "eos", "stop string", "stopped", "cancelled"};
+    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "?";
+}
+
+static int is_cancelled(const sp_gen_opts *o) { return o->cancel && __atomic_load_n(o->cancel, __ATOMIC_RELAXED); }
+
 void sp_gen_opts_default(sp_gen_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -111,6 +119,7 @@ typedef struct row_state {
     int done;
     int32_t *context;  /* prompt + generated, for the repetition penalty */
     int ncontext;
+    sp_gen_stop reason;
     sp_detok detok;
     size_t textlen;
 } row_state;
@@ -148,18 +157,21 @@ static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2
     int tok_id = sp_sampler2_next(smp, logits, rs->context, rs->ncontext);
     if (o->stop_at_eos && (tok_id == o->eos_id || tok_id == o->bos_id)) {
         rs->done = 1;
+        rs->reason = SP_GEN_STOP_EOS;
         return tok_id;
     }
     r->ids[b][r->n[b]++] = tok_id;
+    if (b == 0 && r->n[0] == 1)
+        r->first_token_s = sp_now_s(); /* absolute here; sp_generate makes it relative */
     rs->context[rs->ncontext++] = tok_id;
     char piece[SP_DETOK_BUF] = "";
     size_t np = tok ? sp_detok_push(&rs->detok, tok_id, piece, sizeof piece) : 0;
     if (tok && append_text(r, b, rs, piece, np, o->stop))
-        rs->done = 1;
-    if (cb && cb(b, tok_id, tok ? piece : NULL, user))
-        rs->done = 1;
-    if (r->n[b] >= o->max_new)
-        rs->done = 1;
+        rs->done = 1, rs->reason = SP_GEN_STOP_STRING;
+    if (cb && cb(b, tok_id, tok ? piece : NULL, user) && !rs->done)
+        rs->done = 1, rs->reason = SP_GEN_STOP_CALLBACK;
+    if (r->n[b] >= o->max_new && !rs->done)
+        rs->done = 1, rs->reason = SP_GEN_STOP_LENGTH;
     return tok_id;
 }
 
@@ -174,9 +186,16 @@ static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state
                                                                             : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int b = 0; !st && b < B; b++) /* prefill the common prefix */
         memcpy(ids + (size_t)b * minlen, rs[b].prompt, (size_t)minlen * sizeof(int32_t));
+    double t0 = sp_now_s();
     if (!st)
         st = lm->forward(lm->ctx, ids, B, minlen, logits, err);
+    r->prefill_tokens = B * minlen;
+    r->prefill_s = sp_now_s() - t0;
     while (!st) {
+        if (is_cancelled(o)) {
+            st = SP_ERR_CANCELLED;
+            break;
+        }
         int all_done = 1;
         for (int b = 0; b < B; b++) {
             ids[b] = next_input(o, tok, &smp, logits + (size_t)b * V, b, &rs[b], r, cb, user);
@@ -187,6 +206,13 @@ static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state
             break;
         st = lm->forward(lm->ctx, ids, B, 1, logits, err);
     }
+    if (st == SP_ERR_CANCELLED) { /* what came so far stands */
+        for (int b = 0; b < B; b++)
+            if (!rs[b].done)
+                rs[b].done = 1, rs[b].reason = SP_GEN_STOP_CANCELLED;
+        st = SP_OK;
+    }
+    r->stop_reason = rs[0].reason;
     if (logits && ids)
         sp_sampler2_free(&smp);
     free(logits);
@@ -343,6 +369,10 @@ static sp_status beam_loop(const sp_lm *lm, beams *bm, const sp_gen_opts *o, flo
     int32_t *next = malloc((size_t)K * sizeof *next), *tok_new = malloc((size_t)K * bm->max_new * sizeof(int32_t));
     sp_status st = lp && c && src && next && tok_new ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     while (!st && bm->len < bm->max_new) {
+        if (is_cancelled(o)) {
+            st = SP_ERR_CANCELLED;
+            break;
+        }
         int n = collect(bm, logits, lp, c);
         int live = select_beams(bm, c, n, o, src, next, tok_new);
         if (live == 0 || bm->len >= bm->max_new || bm->ndone >= K)
@@ -375,10 +405,18 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
             memcpy(ids + (size_t)k * len, prompt, (size_t)len * sizeof(int32_t));
             bm.score[k] = k ? -INFINITY : 0.0f;
         }
+        double t0 = sp_now_s();
         st = lm->forward(lm->ctx, ids, K, len, logits, err);
+        r->prefill_tokens = len;
+        r->prefill_s = sp_now_s() - t0;
         if (!st)
             st = beam_loop(lm, &bm, o, logits, err);
         lm->end(lm->ctx);
+        r->stop_reason = bm.ndone ? SP_GEN_STOP_EOS : SP_GEN_STOP_LENGTH;
+        if (st == SP_ERR_CANCELLED) { /* the best hypothesis so far */
+            st = SP_OK;
+            r->stop_reason = SP_GEN_STOP_CANCELLED;
+        }
     }
     if (!st) { /* the best of the finished hypotheses and the live beams, by score per token */
         int best = 0;
@@ -397,6 +435,7 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
             d.at_start = 0;
         }
         row_state rs = {0};
+        r->first_token_s = n ? sp_now_s() : 0;
         for (int i = 0; i < n; i++) {
             r->ids[0][r->n[0]++] = chosen[i];
             char piece[SP_DETOK_BUF] = "";
@@ -404,8 +443,10 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
             int stop = tok && append_text(r, 0, &rs, piece, np, o->stop);
             if (cb)
                 cb(0, chosen[i], tok ? piece : NULL, user);
-            if (stop)
+            if (stop) {
+                r->stop_reason = SP_GEN_STOP_STRING;
                 break;
+            }
         }
     }
     free(bm.score), free(bm.tokens), free(bm.done_tokens), free(logits), free(ids);
@@ -435,6 +476,8 @@ sp_status sp_generate(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *c
     st = o->beams > 1 ? generate_beams(lm, tok, prompts[0], lens[0], o, cb, user, out, err)
                       : generate_sampled(lm, tok, prompts, lens, n, o, cb, user, out, err);
     out->seconds = sp_now_s() - t0;
+    if (out->first_token_s > 0)
+        out->first_token_s -= t0;
     int total = 0;
     for (int i = 0; i < n; i++)
         total += out->n[i];

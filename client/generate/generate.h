@@ -41,6 +41,7 @@ typedef struct sp_gen_opts {
     const char *const *stop; /* NULL-terminated stop strings (need a tokenizer), may be NULL */
     int stop_at_eos;         /* stop a row at EOS (and BOS, as llama2.c does) */
     int eos_id, bos_id;
+    const int *cancel;       /* non-zero (read atomically) stops the generation between steps; may be NULL */
 } sp_gen_opts;
 
 void sp_gen_opts_default(sp_gen_opts *o);
@@ -49,6 +50,17 @@ void sp_gen_opts_default(sp_gen_opts *o);
  * Return non-zero to stop generating. */
 typedef int (*sp_gen_token_fn)(int row, int token, const char *text, void *user);
 
+/* Why row 0 stopped. */
+typedef enum {
+    SP_GEN_STOP_LENGTH,    /* max_new tokens */
+    SP_GEN_STOP_EOS,       /* the model ended it */
+    SP_GEN_STOP_STRING,    /* a stop string */
+    SP_GEN_STOP_CALLBACK,  /* the token callback asked */
+    SP_GEN_STOP_CANCELLED, /* opts.cancel, or an LM call that returned SP_ERR_CANCELLED: what came so far is kept */
+} sp_gen_stop;
+
+const char *sp_gen_stop_name(sp_gen_stop s); /* "length", "eos", "stop string", "stopped", "cancelled" */
+
 typedef struct sp_gen_result {
     int nrows;
     int32_t **ids; /* per row: the new tokens (the EOS that stopped a row is not included) */
@@ -56,6 +68,10 @@ typedef struct sp_gen_result {
     char **text;   /* per row: the decoded continuation if a tokenizer was given, cut before a stop string */
     double seconds, tokens_per_s;
     float best_score; /* beam search: the chosen hypothesis' score */
+    sp_gen_stop stop_reason;
+    int prefill_tokens;   /* positions of the first LM call (the prompts' common prefix, all rows) */
+    double prefill_s;     /* time of that call */
+    double first_token_s; /* from the start to row 0's first new token (0: none) */
 } sp_gen_result;
 
 void sp_gen_result_free(sp_gen_result *r);

@@ -145,7 +145,8 @@ static sp_status recover_stage(sp_runtime *rt, sp_route *r, int s, int bad, int 
                               r->stage_start[s + 1], rt->set.max_retries);
             return err && err->code ? err->code : SP_ERR_IO;
         }
-        sp_rt_sleep(sp_rt_backoff(rt, attempt + 1));
+        if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt + 1)))
+            return sp_errf(err, SP_ERR_CANCELLED, "cancelled");
         sp_route repl;
         sp_err rerr = {0};
         sp_status st = sp_rt_route_span_train(rt, r->stage_start[s], r->stage_start[s + 1], &repl, &rerr);

@@ -249,6 +249,7 @@ int sp_rt_wait_server(sp_runtime *rt, int port, double timeout_s)
         pthread_mutex_unlock(&rt->lock);
         if (found >= 0 || sp_now_s() > end)
             return found;
-        sp_rt_sleep(0.01);
+        if (sp_rt_sleep(rt, 0.01))
+            return -1;
     }
 }

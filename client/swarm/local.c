@@ -60,12 +60,15 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
 
 /* Reads the server's "serving ... at ws://HOST:PORT (... DHT HOST:D) ..." line (up to timeout): its ws
  * port (or -1) and its DHT port. */
-static int read_ports(int fd, double timeout_s, int *dht_port)
+static int read_ports(sp_runtime *rt, int fd, double timeout_s, int *dht_port)
 {
     char line[1024];
     size_t n = 0;
     double t0 = sp_now_s();
+    *dht_port = -1;
     while (n < sizeof line - 1 && sp_now_s() - t0 < timeout_s) {
+        if (sp_runtime_cancelled(rt))
+            return -1;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 200) <= 0)
             continue;
@@ -121,17 +124,21 @@ static sp_status start_one(sp_runtime *rt, int i, int k, char *peers, size_t cap
     pid_t pid = spawn_server(rt, k, i ? peers : NULL, log, &fd, err);
     if (pid < 0)
         return err && err->code ? err->code : SP_ERR_IO;
-    int port = read_ports(fd, START_TIMEOUT_S, &dht_port);
+    int port = read_ports(rt, fd, START_TIMEOUT_S, &dht_port);
     close(fd);
     sp_status st = SP_OK;
-    if (port <= 0 || dht_port <= 0)
+    if (sp_runtime_cancelled(rt))
+        st = sp_errf(err, SP_ERR_CANCELLED, "swarm up: cancelled while server %d started", i + 1);
+    else if (port <= 0 || dht_port <= 0)
         st = sp_errf(err, SP_ERR_IO, "server %d did not start (see %s)", i + 1, log);
     if (!st && i == 0) {
         snprintf(peers, cap, "127.0.0.1:%d", dht_port);
         st = sp_runtime_join(rt, peers, err);
     }
     int idx = st ? -1 : sp_rt_wait_server(rt, port, 30);
-    if (!st && idx < 0)
+    if (!st && idx < 0 && sp_runtime_cancelled(rt))
+        st = sp_errf(err, SP_ERR_CANCELLED, "swarm up: cancelled while server %d joined", i + 1);
+    else if (!st && idx < 0)
         st = sp_errf(err, SP_ERR_TIMEOUT, "server %d (port %d) did not appear in the swarm within 30 s (see %s)", i + 1,
                      port, log);
     if (st) {

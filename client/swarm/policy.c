@@ -83,13 +83,19 @@ double sp_rt_backoff(const sp_runtime *rt, int attempt)
     return d < rt->set.backoff_max_s ? d : rt->set.backoff_max_s;
 }
 
-void sp_rt_sleep(double s)
+int sp_rt_sleep(sp_runtime *rt, double s)
 {
-    if (s <= 0)
-        return;
-    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts))
-        ;
+    double end = sp_now_s() + s;
+    for (;;) {
+        if (sp_runtime_cancelled(rt))
+            return -1;
+        double left = end - sp_now_s();
+        if (left <= 0)
+            return 0;
+        double d = left < 0.05 ? left : 0.05;
+        struct timespec ts = {(time_t)d, (long)((d - floor(d)) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int sp_rt_timeout_ms(sp_runtime *rt, int i, int nblocks, long tokens, int decode)

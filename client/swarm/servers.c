@@ -110,6 +110,7 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     }
     c->r = r;
     c->users = 1;
+    sp_remote_set_cancel(r, &rt->cancel);
     pthread_mutex_lock(&rt->lock);
     if (e->conn) { /* another thread connected meanwhile: use that one */
         sp_conn *other = e->conn;
@@ -133,7 +134,8 @@ sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, 
     if (!c)
         return err && err->code ? err->code : SP_ERR_IO;
     sp_status st = sp_remote_call(c->r, type, meta, t, n, rep, timeout_ms, err);
-    int broken = st && rep->msg.type != SP_MSG_ERROR; /* an ERROR reply leaves the connection sound */
+    /* an ERROR reply leaves the connection sound, and so does a cancelled wait (the late reply is dropped) */
+    int broken = st && st != SP_ERR_CANCELLED && rep->msg.type != SP_MSG_ERROR;
     conn_release(rt, rt->servers[i], c, broken);
     return st;
 }

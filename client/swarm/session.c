@@ -170,7 +170,8 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
         free_hops(s);
         if (!retry || attempt >= rt->set.max_retries)
             return st;
-        sp_rt_sleep(sp_rt_backoff(rt, attempt + 1));
+        if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt + 1)))
+            return sp_errf(err, SP_ERR_CANCELLED, "cancelled");
     }
 }
 
@@ -325,7 +326,10 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
                 goto out;
             }
             s->retries++;
-            sp_rt_sleep(sp_rt_backoff(rt, attempt));
+            if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt))) {
+                st = sp_errf(err, SP_ERR_CANCELLED, "cancelled");
+                goto out;
+            }
             sp_err rerr = {0};
             int bad = -1;
             st = replace_hop(s, h, alive, &bad, &rerr);

@@ -41,8 +41,8 @@ void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why);
 void sp_rt_succeeded(sp_runtime *rt, int i);
 /* Seconds to wait before retry `attempt` (1, 2, ...): 0, 1, 2, 4 ... backoff_max_s. */
 double sp_rt_backoff(const sp_runtime *rt, int attempt);
-/* Sleeps s seconds. */
-void sp_rt_sleep(double s);
+/* Sleeps s seconds, or less when the runtime is cancelled: 0, or -1 if it was. */
+int sp_rt_sleep(sp_runtime *rt, double s);
 /* How long a request may take on server i: the step_timeout setting, else 2 s plus 20 times what its
  * announced rate predicts for `tokens` positions over `nblocks` blocks (decode: at its single-token step
  * rate, tokens = the batch's rows; else at its forward rate). */

@@ -39,7 +39,20 @@ struct sp_trainer {
     sp_pipe *pipe; /* the current (or last) pipelined step's stages; NULL: microbatches run one by one */
     sp_route route; /* the pipelined step's route (its stages are the pipe's) */
     char errbuf[512];
+    sp_train_cb progress;  /* sp_trainer_on_progress */
+    void *progress_user;
+    int steps_done;        /* applied by fit */
 };
+
+int sp_trainer_steps_done(const sp_trainer *t) { return t->steps_done; }
+
+void sp_trainer_on_progress(sp_trainer *t, sp_train_cb cb, void *user)
+{
+    t->progress = cb;
+    t->progress_user = user;
+}
+
+static int cancelled(const sp_trainer *t) { return t->rt && sp_runtime_cancelled(t->rt); }
 
 void sp_train_opts_default(sp_train_opts *o)
 {
@@ -646,8 +659,17 @@ sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err)
         t->task->metrics_reset(t->task_ctx);
     int *idx = malloc((size_t)bs * sizeof *idx);
     sp_status st = idx ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    int nb = (n + bs - 1) / bs;
     for (int s = 0; !st && s < n; s += bs) {
         int k = n - s < bs ? n - s : bs;
+        if (t->progress) {
+            sp_train_event ev = {.eval_done = s / bs, .eval_total = nb};
+            t->progress(&ev, t->progress_user);
+        }
+        if (cancelled(t)) {
+            st = sp_errf(err, SP_ERR_CANCELLED, "validation stopped after %d of %d batches", s / bs, nb);
+            break;
+        }
         for (int i = 0; i < k; i++)
             idx[i] = s + i;
         sepal_batch b;
@@ -671,6 +693,10 @@ sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err)
     free(idx);
     if (st)
         return st;
+    if (t->progress) {
+        sp_train_event ev = {.eval_done = nb, .eval_total = nb};
+        t->progress(&ev, t->progress_user);
+    }
     char extra[256] = "";
     if (t->task->metrics_get)
         t->task->metrics_get(t->task_ctx, extra, sizeof extra);
@@ -707,10 +733,19 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
         for (int s = 0; !st && s < n && step < total; s += bs) {
             int k = n - s < bs ? n - s : bs;
             float loss, lr = sp_optim_lr(t->opt);
+            if (cancelled(t)) {
+                st = sp_errf(err, SP_ERR_CANCELLED, "stopped after step %d of %d", step, total);
+                break;
+            }
             double t0 = sp_now_s();
             memset(t->positions, 0, sizeof t->positions);
             st = sp_trainer_step(t, order + s, k, &loss, err);
+            if (st == SP_ERR_CANCELLED) {
+                sp_errf(err, SP_ERR_CANCELLED, "stopped during step %d of %d (not applied)", step + 1, total);
+                break;
+            }
             step++;
+            t->steps_done += !st;
             long pos = 0;
             for (int m = 0; m < 64; m++)
                 pos += t->positions[m];
@@ -744,11 +779,46 @@ sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err)
         for (int d = 0; d < t->params[i]->ndim; d++)
             w[i].shape[d] = t->params[i]->shape[d];
     }
-    char meta[256];
-    snprintf(meta, sizeof meta, "{\"sepal\":\"prompt tuning\",\"task\":\"%s\",\"tuning\":\"%s\",\"pre_seq_len\":\"%d\"}",
+    char meta[512];
+    snprintf(meta, sizeof meta,
+             "{\"sepal\":\"prompt tuning\",\"task\":\"%s\",\"tuning\":\"%s\",\"pre_seq_len\":\"%d\","
+             "\"model\":\"%s\",\"config\":\"%016llx\"}",
              t->task->name, t->o.tuning == SP_TUNE_DEEP ? "deep_ptune" : t->o.tuning == SP_TUNE_PTUNE ? "ptune" : "head",
-             t->P);
+             t->P, t->rt && t->rt->model_prefix[0] ? t->rt->model_prefix : "",
+             (unsigned long long)(t->rt && t->rt->local ? t->rt->local->cfg.hash : 0));
     return sp_st_write(path, w, t->nparams, meta, err);
+}
+
+sp_status sp_params_info_read(const char *path, sp_params_info *out, sp_err *err)
+{
+    memset(out, 0, sizeof *out);
+    sp_safetensors *st = NULL;
+    sp_status s = sp_st_open(&st, path, err);
+    if (s)
+        return s;
+    const char *task = sp_st_meta(st, "task"), *tuning = sp_st_meta(st, "tuning"), *p = sp_st_meta(st, "pre_seq_len");
+    const char *model = sp_st_meta(st, "model"), *cfg = sp_st_meta(st, "config");
+    if (task && tuning && p) {
+        out->has_meta = 1;
+        snprintf(out->task, sizeof out->task, "%s", task);
+        out->tuning = !strcmp(tuning, "deep_ptune") ? SP_TUNE_DEEP : !strcmp(tuning, "ptune") ? SP_TUNE_PTUNE
+                                                                                                : SP_TUNE_HEAD;
+        out->pre_seq_len = atoi(p);
+        snprintf(out->model, sizeof out->model, "%s", model ? model : "");
+        out->config_hash = cfg ? strtoull(cfg, NULL, 16) : 0;
+    }
+    sp_st_close(st);
+    return SP_OK;
+}
+
+sp_status sp_params_check_model(const char *path, const sp_params_info *info, const char *model,
+                                unsigned long long config_hash, sp_err *err)
+{
+    if (info->config_hash && config_hash && info->config_hash != config_hash)
+        return sp_errf(err, SP_ERR_ARG, "%s was trained for %s (config %016llx), not for the loaded %s (config %016llx)",
+                       path, info->model[0] ? info->model : "another model", info->config_hash, model,
+                       config_hash);
+    return SP_OK;
 }
 
 sp_status sp_prompts_load(const char *path, int L, int H, float **shallow, float **deep, int *P, sp_err *err)
@@ -787,8 +857,14 @@ sp_status sp_prompts_load(const char *path, int L, int H, float **shallow, float
 
 sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err)
 {
+    sp_params_info info;
+    sp_status s = sp_params_info_read(path, &info, err);
+    if (!s && t->rt && t->rt->local)
+        s = sp_params_check_model(path, &info, t->rt->model_prefix, t->rt->local->cfg.hash, err);
+    if (s)
+        return s;
     sp_safetensors *st = NULL;
-    sp_status s = sp_st_open(&st, path, err);
+    s = sp_st_open(&st, path, err);
     for (int i = 0; !s && i < t->nparams; i++)
         s = sp_st_read_f32(st, t->params[i]->name, t->params[i]->data, t->params[i]->ndim, t->params[i]->shape, err);
     sp_st_close(st);

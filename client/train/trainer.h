@@ -48,6 +48,7 @@ typedef struct sp_train_event {
     float loss, lr, grad_norm;
     double tokens_per_s; /* positions the step ran (B x (T + P), T each microbatch's longest row) per second */
     const char *metrics; /* non-NULL at the end of an epoch's validation */
+    int eval_done, eval_total; /* eval_total > 0: progress of a validation (batches done of total), nothing else */
 } sp_train_event;
 typedef void (*sp_train_cb)(const sp_train_event *ev, void *user);
 
@@ -58,6 +59,10 @@ typedef struct sp_trainer sp_trainer;
 sp_status sp_trainer_new(sp_trainer **out, struct sp_runtime *rt, sp_model *blocks, const sepal_task *task,
                          const char *task_args, const sp_train_opts *o, sp_err *err);
 void sp_trainer_free(sp_trainer *t);
+/* Optimizer steps applied by sp_trainer_fit so far. */
+int sp_trainer_steps_done(const sp_trainer *t);
+/* Also report the progress of evaluations (sp_trainer_eval, and fit's) to cb. */
+void sp_trainer_on_progress(sp_trainer *t, sp_train_cb cb, void *user);
 
 /* One optimizer step over the batch of examples idx[0..n) of the train split (split into microbatches
  * per the schedule). Reports the mean loss. */
@@ -74,8 +79,24 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
 /* Validation metrics into buf ("accuracy=0.8120 loss=0.41 n=1000"). */
 sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err);
 /* Trained parameters to / from a safetensors file. */
+/* Writes the trained parameters with what they are (task, tuning, pre_seq_len, the model's prefix and config
+ * hash) in the file's metadata. */
 sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err);
+/* Reads parameters saved by sp_trainer_save; a file saved for another model (config hash) is refused. */
 sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err);
+
+/* What a parameter file says about itself (files of older versions say nothing: has_meta 0). */
+typedef struct sp_params_info {
+    int has_meta;
+    char task[64], model[96];
+    sp_tuning tuning;
+    int pre_seq_len;
+    unsigned long long config_hash; /* 0: not said */
+} sp_params_info;
+sp_status sp_params_info_read(const char *path, sp_params_info *out, sp_err *err);
+/* SP_ERR_ARG naming both models when info says the file is for another model than config_hash. */
+sp_status sp_params_check_model(const char *path, const sp_params_info *info, const char *model,
+                                unsigned long long config_hash, sp_err *err);
 /* What a task's host encode does: text -> ids with BOS, at most cap; -1 if the model has no tokenizer. */
 int sp_task_encode(struct sp_runtime *rt, const char *text, int32_t *ids, int cap);
 /* The prompts of a file saved by sp_trainer_save, for generation (runtime.h's sp_lm_swarm_prompts): shallow

@@ -3,7 +3,7 @@
 set -u
 PASS=0
 FAIL=0
-SEPAL="${SEPAL_BIN_DIR:?}/repl/sepal"
+SEPAL="${SEPAL_BIN_DIR:?}/app/sepal"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sepal-cli-XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 

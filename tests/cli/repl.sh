@@ -82,7 +82,7 @@ expect_not "-f stops at the failing line" "never" -- "$SEPAL" -f "$TMP/s.sepal"
 printf 'echo ok\nbogus arg\n' > "$TMP/u.sepal"
 expect 1 "-f unknown command with its line" "u.sepal:2: unknown command 'bogus'" -- "$SEPAL" -f "$TMP/u.sepal"
 printf 'model info %s/nope\n' "$TMP" > "$TMP/m.sepal"
-expect 1 "-f failing model command names its line" "m.sepal:1: command failed" -- "$SEPAL" -f "$TMP/m.sepal"
+expect 1 "-f failing model command names its line and the file" "m.sepal:1: .*/nope: No such file" -- "$SEPAL" -f "$TMP/m.sepal"
 expect 1 "-f of a missing file" "nope.sepal: No such file" -- "$SEPAL" -f "$TMP/nope.sepal"
 expect 0 "-f - reads stdin" "^dash$" -- bash -c "echo 'echo dash' | \"$SEPAL\" -f -"
 # the shipped demo: a 3-server swarm of stories15M, two generations (the greedy one is run.c's text) and a

@@ -1,0 +1,53 @@
+/* sink.h - where commands' output goes. A command never prints: it emits events, and each front end gives
+ * the app a sink that shows them its way (the line front end: stdout for results, stderr for notices, errors
+ * and progress lines redrawn in place; the TUI: its panels). Runtime events (servers, routes, retries) arrive
+ * the same way. A sink may be called from any thread (the runtime's included) and must not block for long. */
+#ifndef SEPAL_SINK_H
+#define SEPAL_SINK_H
+
+#include "generate.h"
+#include "runtime.h"
+#include "trainer.h"
+
+typedef enum sp_ui_kind {
+    SP_UI_TEXT,       /* text: command output (results, tables); may hold several lines */
+    SP_UI_NOTICE,     /* text: something worth knowing (dim) */
+    SP_UI_WARN,       /* text: a warning */
+    SP_UI_ERROR,      /* text: an error (where, if any, is the script position) */
+    SP_UI_PROGRESS,   /* what, done, total, unit: long work going on (rate and ETA are the sink's to show) */
+    SP_UI_PROGRESS_END, /* what: that work ended */
+    SP_UI_GEN_BEGIN,  /* text: the prompt as the user typed it (NULL: ids) */
+    SP_UI_GEN_TEXT,   /* text: the next piece of the continuation */
+    SP_UI_GEN_END,    /* gen: the result's figures; text: extra (the seed) */
+    SP_UI_TRAIN,      /* train: a step, an epoch's metrics, or validation progress */
+    SP_UI_TRAIN_BEGIN,/* text: what is trained ("sst2 deep_ptune, 375 steps") */
+    SP_UI_TRAIN_END,  /* text: how it ended */
+    SP_UI_RUNTIME,    /* rt: an event of the client runtime */
+} sp_ui_kind;
+
+/* The figures of a finished generation. */
+typedef struct sp_ui_gen {
+    int prompt_tokens, new_tokens;
+    double prefill_s, decode_s, first_token_s;
+    sp_gen_stop stop;
+    unsigned long long seed;
+    int sampled; /* the seed matters */
+} sp_ui_gen;
+
+typedef struct sp_ui_event {
+    sp_ui_kind kind;
+    const char *text;
+    const char *what, *unit;
+    double done, total;
+    const char *where;          /* SP_UI_ERROR: "FILE:LINE" of a script, or NULL */
+    const sp_ui_gen *gen;
+    const sp_train_event *train;
+    const sp_event *rt;
+} sp_ui_event;
+
+typedef struct sp_sink {
+    void (*emit)(void *user, const sp_ui_event *ev);
+    void *user;
+} sp_sink;
+
+#endif
