@@ -111,6 +111,7 @@ static sp_status spawn(sp_dht *d, sp_err *err)
         return sp_errf(err, SP_ERR_IO, "DHT node: fork: %s", strerror(errno));
     }
     if (pid == 0) {
+        setpgid(0, 0); /* not in the terminal's foreground group: a Ctrl-C there is for our process to handle */
         dup2(sv[1], 0); /* dup2 clears close-on-exec */
         dup2(sv[1], 1);
         closefrom(3);

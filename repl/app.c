@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "runtime.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -138,10 +139,21 @@ sp_runtime *sp_app_runtime(sp_app *app)
 /* ---------------------------------------------------------------------------------------------- */
 /* settings */
 
+/* Library logs (the transport's, the DHT's): errors only, as notices; SEPAL_VERBOSE=1 shows warnings too. */
+static void on_log(sp_log_level level, const char *msg, void *user)
+{
+    sp_app *app = user;
+    sp_ui_event ev = {.kind = level >= SP_LOG_ERROR ? SP_UI_WARN : SP_UI_NOTICE, .text = msg};
+    sp_emit(app, &ev);
+}
+
 void sp_app_init(sp_app *app, sp_sink sink)
 {
     memset(app, 0, sizeof *app);
     app->sink = sink;
+    const char *v = getenv("SEPAL_VERBOSE");
+    sp_log_set_level(v && *v && strcmp(v, "0") ? SP_LOG_DEBUG : SP_LOG_ERROR);
+    sp_log_set_sink(on_log, app);
     sp_app_define(app, "max-new-tokens", SP_OPT_INT, 0, 1e6, NULL, "64", "tokens that generate adds at most");
     sp_app_define(app, "temperature", SP_OPT_NUM, 0, 100, NULL, "0", "sampling temperature; 0 is greedy");
     sp_app_define(app, "top-k", SP_OPT_INT, 0, 1e9, NULL, "0", "sample among the k likeliest tokens; 0 is off");
@@ -170,6 +182,7 @@ void sp_app_free(sp_app *app)
     sp_runtime *rt = app->rt;
     __atomic_store_n(&app->rt, NULL, __ATOMIC_SEQ_CST);
     sp_runtime_free(rt); /* stops a swarm it started, closes connections, frees the local parts */
+    sp_log_set_sink(NULL, NULL);
 }
 
 int sp_is_on(const char *v) { return !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes") || !strcmp(v, "true"); }

@@ -44,6 +44,21 @@ static void line_init(void)
     L.color = L.tty_err && !(nc && *nc) && !(term && !strcmp(term, "dumb"));
 }
 
+/* A Ctrl-C during a command: the terminal echoed "^C" where the cursor was; the next output starts a line. */
+static volatile sig_atomic_t g_caret;
+
+static void after_caret(void)
+{
+    if (!g_caret)
+        return;
+    g_caret = 0;
+    if (L.tty_out || L.tty_err) {
+        fputc('\n', L.tty_out ? stdout : stderr);
+        fflush(L.tty_out ? stdout : stderr);
+        L.out_col0 = 1;
+    }
+}
+
 #define C_RED "\033[31m"
 #define C_YEL "\033[33m"
 #define C_DIM "\033[2m"
@@ -61,6 +76,7 @@ static void clear_progress(void)
 static void out_text(const char *s)
 {
     clear_progress();
+    after_caret();
     fputs(s, stdout);
     size_t n = strlen(s);
     if (n)
@@ -73,6 +89,7 @@ static void err_line(const char *color, const char *prefix, const char *where, c
 {
     fflush(stdout);
     clear_progress();
+    after_caret();
     if (!L.out_col0 && L.tty_out && L.tty_err) { /* both on the terminal: do not glue it to the text */
         fputc('\n', stdout);
         fflush(stdout);
@@ -179,7 +196,10 @@ static void runtime_event(const sp_event *e)
 static void gen_end(const sp_ui_event *ev)
 {
     const sp_ui_gen *g = ev->gen;
-    out_text("\n"); /* the text ends with a newline, as run.c's does (also after one of its own) */
+    if (g_caret) /* the newline after "^C" ends the text */
+        after_caret();
+    else
+        out_text("\n"); /* the text ends with a newline, as run.c's does (also after one of its own) */
     char t[512];
     int n = snprintf(t, sizeof t, "%d prompt tokens in %.3f s (%.0f tok/s), %d new in %.3f s (%.1f tok/s)",
                      g->prompt_tokens, g->prefill_s, g->prefill_s > 0 ? g->prompt_tokens / g->prefill_s : 0,
@@ -232,8 +252,8 @@ static void line_emit(void *user, const sp_ui_event *ev)
     case SP_UI_GEN_TEXT: out_text(ev->text); break;
     case SP_UI_GEN_END: gen_end(ev); break;
     case SP_UI_TRAIN: train_event(ev->train); break;
-    case SP_UI_TRAIN_BEGIN:
-    case SP_UI_TRAIN_END: err_line(C_DIM, "", NULL, ev->text); break;
+    case SP_UI_TRAIN_BEGIN: err_line(C_DIM, "", NULL, ev->text); break;
+    case SP_UI_TRAIN_END: break; /* the command says how it ended */
     case SP_UI_RUNTIME: runtime_event(ev->rt); break;
     }
     pthread_mutex_unlock(&L.lock);
@@ -260,6 +280,8 @@ static void on_signal(int sig)
     if (g_running || !g_interactive) {
         if (g_app)
             sp_app_cancel(g_app);
+        if (g_running && g_interactive)
+            g_caret = 1;
         if (++g_signals >= 2 && g_emergency[1] >= 0) {
             char c = (char)sig;
             ssize_t w = write(g_emergency[1], &c, 1);

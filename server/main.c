@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -423,6 +426,36 @@ static sp_status join_swarm(app *p, sp_err *err)
     return st;
 }
 
+/* Whether host:port can be bound (type: SOCK_STREAM or SOCK_DGRAM): 0, or -1 after a message that says why,
+ * before anything else starts (lws would log its internals instead). */
+static int check_bind(const char *host, int port, int type, const char *what)
+{
+    if (port < 0)
+        return 0; /* port 0: any free one; the address is still checked */
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &sin.sin_addr) != 1) {
+        fprintf(stderr, "sepal-server: --host %s: not an IPv4 address\n", host);
+        return -1;
+    }
+    int fd = socket(AF_INET, type | SOCK_CLOEXEC, 0), e = 0;
+    int one = 1;
+    if (fd >= 0 && type == SOCK_STREAM)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sin, sizeof sin))
+        e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (e == EADDRINUSE)
+        fprintf(stderr, "sepal-server: port %d is in use (%s)\n", port, what);
+    else if (e == EADDRNOTAVAIL)
+        fprintf(stderr, "sepal-server: --host %s: not an address of this machine\n", host);
+    else if (e == EACCES)
+        fprintf(stderr, "sepal-server: port %d (%s): permission denied (ports below 1024 need root)\n", port, what);
+    else if (e)
+        fprintf(stderr, "sepal-server: cannot bind %s:%d (%s): %s\n", host, port, what, strerror(e));
+    return e ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     sp_memtune();
@@ -438,6 +471,13 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &p.a);
     if (rc)
         return rc == 1 ? 0 : rc;
+    const char *host = p.a.so.host ? p.a.so.host : "127.0.0.1";
+    int swarm = p.a.new_swarm || p.a.initial_peers;
+    int dht_port = p.a.dht_port >= 0 ? p.a.dht_port : p.a.so.port;
+    if (check_bind(host, p.a.so.port, SOCK_STREAM, "websockets") ||
+        (p.a.so.bulk_port > 0 && check_bind(host, p.a.so.bulk_port, SOCK_STREAM, "--bulk-port")) ||
+        (swarm && dht_port > 0 && check_bind(host, dht_port, SOCK_DGRAM, "UDP, the DHT")))
+        return 1;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);

@@ -17,7 +17,8 @@ typedef struct sp_remote_info {
     uint64_t config_hash; /* of the model's config.json (0 if not said) */
     int num_blocks;       /* of the model (0 if not said) */
     int start, end;
-    char version[16];
+    char version[16];     /* the protocol's */
+    char server_version[16]; /* the server program's ("0.1.0"; "" if not said) */
     char id[24];          /* the server's id in the swarm ("" if it has none) */
 } sp_remote_info;
 

@@ -36,6 +36,7 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
     }
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* servers never outlive the app */
+        setpgid(0, 0); /* a Ctrl-C at the terminal stops the app's command, not its servers */
         dup2(pfd[1], 1);
         close(pfd[0]);
         close(pfd[1]);

@@ -6,6 +6,11 @@
 #include "swarm_impl.h"
 
 #include <cJSON.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,14 +216,65 @@ void sp_runtime_refresh(sp_runtime *rt)
             server_info(rt, i);
 }
 
-/* Connects to host:port, says HELLO, and adds it under its address. */
+/* A plain TCP connection to host:port, to say what is wrong when the websocket fails: 0 it accepts, or
+ * SP_ERR_IO with "connection refused", "no such host", "unreachable" ... in err. */
+static sp_status tcp_probe(const char *host, int port, int timeout_ms, sp_err *err)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int g = getaddrinfo(host, ps, &hints, &ai);
+    if (g)
+        return sp_errf(err, SP_ERR_IO, "%s:%d: no such host (%s)", host, port, gai_strerror(g));
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), e = 0;
+    if (fd < 0 || (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS)) {
+        e = errno;
+    } else {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int n = poll(&p, 1, timeout_ms);
+        socklen_t len = sizeof e;
+        if (n == 0)
+            e = ETIMEDOUT;
+        else if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len))
+            e = errno;
+    }
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    if (!e)
+        return SP_OK;
+    if (e == ECONNREFUSED)
+        return sp_errf(err, SP_ERR_IO, "%s:%d: connection refused (no server listens there)", host, port);
+    if (e == ETIMEDOUT)
+        return sp_errf(err, SP_ERR_IO, "%s:%d: unreachable (no answer within %d s)", host, port, timeout_ms / 1000);
+    return sp_errf(err, SP_ERR_IO, "%s:%d: unreachable (%s)", host, port, strerror(e));
+}
+
+/* Connects to host:port, says HELLO, checks that it serves the loaded model, and adds it under its address. */
 static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *err)
 {
-    sp_remote *r = NULL;
-    sp_status st = sp_remote_connect(&r, host, port, 0, 10000, err);
+    sp_status st = tcp_probe(host, port, 5000, err);
     if (st)
         return st;
+    sp_remote *r = NULL;
+    sp_err werr = {0};
+    st = sp_remote_connect(&r, host, port, 0, 10000, &werr);
+    if (st == SP_ERR_UNSUPPORTED) /* a sepal server of another protocol version */
+        return sp_errf(err, st, "%s:%d: %s", host, port, werr.msg);
+    if (st)
+        return sp_errf(err, SP_ERR_IO, "%s:%d: not a sepal server (%s)", host, port,
+                       st == SP_ERR_TIMEOUT ? "no answer to the websocket handshake" : "the websocket handshake failed");
     const sp_remote_info *h = sp_remote_hello(r);
+    if (rt->local && ((h->config_hash && h->config_hash != rt->local->cfg.hash) ||
+                      (h->num_blocks && h->num_blocks != rt->local->cfg.n_layers))) {
+        sp_errf(err, SP_ERR_ARG,
+                "%s:%d serves %s (config %016llx, %d blocks), but the loaded model is %s (config %016llx, %d blocks)",
+                host, port, h->model[0] ? h->model : "another model", (unsigned long long)h->config_hash,
+                h->num_blocks, rt->model_prefix, (unsigned long long)rt->local->cfg.hash, rt->local->cfg.n_layers);
+        sp_remote_close(r);
+        return SP_ERR_ARG;
+    }
+    sp_remote_set_cancel(r, &rt->cancel);
     sp_server_record rec = {.port = port, .start = h->start, .end = h->end, .state = SP_SERVER_ONLINE,
                             .cache_tokens_left = -1, .config_hash = h->config_hash, .num_blocks = h->num_blocks};
     snprintf(rec.id, sizeof rec.id, "%.*s", (int)sizeof rec.id - 1, h->id[0] ? h->id : "");
@@ -226,7 +282,7 @@ static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *
         snprintf(rec.id, sizeof rec.id, "%08x%08x", (unsigned)(sp_now_ns() & 0xffffffffu), (unsigned)port);
     snprintf(rec.host, sizeof rec.host, "%s", host);
     snprintf(rec.model, sizeof rec.model, "%.*s", (int)sizeof rec.model - 1, h->model);
-    snprintf(rec.version, sizeof rec.version, "%s", h->version);
+    snprintf(rec.version, sizeof rec.version, "%s", h->server_version[0] ? h->server_version : h->version);
     snprintf(rec.dtype, sizeof rec.dtype, "f32");
     snprintf(rec.quant, sizeof rec.quant, "none");
     sp_conn *c = calloc(1, sizeof *c);
@@ -253,6 +309,11 @@ sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err)
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", addrs);
     for (char *save = NULL, *a = strtok_r(buf, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+        if (!strncmp(a, "ws://", 5))
+            a += 5;
+        size_t al = strlen(a);
+        if (al && a[al - 1] == '/')
+            a[al - 1] = '\0';
         char *colon = strrchr(a, ':');
         char *end = NULL;
         long port = colon ? strtol(colon + 1, &end, 10) : 0;
@@ -263,5 +324,10 @@ sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err)
         if (st)
             return st;
     }
-    return rt->local ? sp_runtime_route(rt, err) : SP_OK;
+    if (rt->local) { /* servers may join later: a missing block is news, not a failure of connect */
+        sp_err rerr = {0};
+        if (sp_runtime_route(rt, &rerr))
+            sp_rt_emitf(rt, SP_EV_INFO, 0, "no complete route yet: %s", rerr.msg);
+    }
+    return SP_OK;
 }
