@@ -95,15 +95,22 @@ sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err)
 {
     sp_model *m = NULL;
     sp_tokenizer *tok = NULL;
+    char what[160];
+    snprintf(what, sizeof what, "loading %.140s", dir);
+    sp_rt_emit(rt, SP_EV_PROGRESS, what, 0, 2, 0);
     sp_status st = sp_model_load(&m, dir, SP_LOAD_EMBED | SP_LOAD_HEAD, 0, 0, err);
-    if (st)
+    if (st) {
+        sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
         return st;
+    }
+    sp_rt_emit(rt, SP_EV_PROGRESS, what, 1, 2, 0);
     char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (access(path, R_OK) == 0 && (st = sp_tokenizer_load(&tok, dir, err))) {
         sp_model_free(m);
         return st;
     }
+    sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
     sp_model_free(rt->local);
     sp_tokenizer_free(rt->tok);
     rt->local = m;

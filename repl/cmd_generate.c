@@ -100,6 +100,10 @@ static int cmd_generate(sp_app *app, const sp_args *a)
     sp_err err = {0};
     float *shallow = NULL, *deep = NULL;
     int P = 0;
+    sp_params_info info;
+    if (prompts_file && (sp_params_info_read(prompts_file, &info, &err) ||
+                         sp_params_check_model(prompts_file, &info, rt->model_prefix, rt->local->cfg.hash, &err)))
+        return sp_app_error(app, "generate: --prompts: %s", err.msg);
     if (prompts_file && sp_prompts_load(prompts_file, rt->local->cfg.n_layers, rt->local->cfg.hidden, &shallow, &deep,
                                         &P, &err))
         return sp_app_error(app, "generate: --prompts %s: %s", prompts_file, err.msg);

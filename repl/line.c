@@ -158,7 +158,7 @@ static void show_progress(const sp_ui_event *ev)
             L.progress_shown = 0;
         }
         fflush(stderr);
-    } else if (last || now - L.progress_plain_last >= 10) { /* plain lines: the end, and every 10 s */
+    } else if ((last && el >= 2) || now - L.progress_plain_last >= 10) { /* plain: every 10 s, the end of long work */
         L.progress_plain_last = now;
         fflush(stdout);
         fprintf(stderr, "%s\n", line);
@@ -227,6 +227,11 @@ static void train_event(const sp_train_event *e)
         snprintf(t, sizeof t, "epoch %d step %d/%d: loss %.4f lr %.2e (%.0f tok/s)\n", e->epoch, e->step,
                  e->steps_total, e->loss, e->lr, e->tokens_per_s);
         out_text(t);
+        if (L.tty_err) { /* a line below the steps: how far, how fast, how long still */
+            sp_ui_event p = {.kind = SP_UI_PROGRESS, .what = "training", .done = e->step, .total = e->steps_total,
+                             .unit = "steps"};
+            show_progress(&p);
+        }
     }
 }
 

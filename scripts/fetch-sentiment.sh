@@ -22,6 +22,7 @@ FETCH_NAME=fetch-sentiment
 # shellcheck source=fetch-lib.sh
 . "$REPO_ROOT/scripts/fetch-lib.sh"
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
+CACHE="${CACHE/#\~/$HOME}" # a quoted ~ (SEPAL_CACHE="~/x"), expanded as a shell would
 DIR="$CACHE/sentiment"
 TGZ="$CACHE/npm/$TGZ_NAME"
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "paths.h"
 #include "rng.h"
 #include "server_impl.h"
 #include "timeutil.h"
@@ -20,11 +21,9 @@ static void cache_path(const sp_server *s, char *buf, size_t cap)
         snprintf(buf, cap, "%s", s->o.throughput_cache);
         return;
     }
-    const char *c = getenv("SEPAL_CACHE"), *home = getenv("HOME");
-    if (c && *c)
-        snprintf(buf, cap, "%s/throughput.json", c);
-    else
-        snprintf(buf, cap, "%s/.cache/sepal/throughput.json", home ? home : "/tmp");
+    char dir[3800];
+    sp_cache_dir(dir, sizeof dir);
+    snprintf(buf, cap, "%.3800s/throughput.json", dir);
 }
 
 static void cache_key(const sp_server *s, char *buf, size_t cap)

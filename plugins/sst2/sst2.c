@@ -79,7 +79,9 @@ static int parse_args(const char *args, char *dir, size_t cap, char *err, size_t
 static void default_dir(char *dir, size_t cap)
 {
     const char *c = getenv("SEPAL_CACHE"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (c && *c)
+    if (c && c[0] == '~' && (c[1] == '/' || !c[1]) && h && *h) /* "~/..." as a shell would read it */
+        snprintf(dir, cap, "%s%s/sentiment", h, c + 1);
+    else if (c && *c)
         snprintf(dir, cap, "%s/sentiment", c);
     else if (x && *x)
         snprintf(dir, cap, "%s/sepal/sentiment", x);
