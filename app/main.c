@@ -13,7 +13,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sepal [--repl] [--quiet] [-c \"CMD; CMD\"]... [-f FILE]...\n"
+    fprintf(f, "usage: sepal [--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
                "       sepal model info|check|generate|convert-llama2c ...\n"
                "\n"
                "front ends:\n"
@@ -22,8 +22,11 @@ static void usage(FILE *f)
                "  -c \"CMD; CMD\"         run commands (several -c and -f run in order)\n"
                "  -f FILE               run a script (- is stdin); `help` lists the commands\n"
                "  -q, --quiet           no progress lines or notices\n"
+               "  -k, --keep-going      scripts go on after a failed command (the exit status is still 1)\n"
                "  --version             print the version\n"
+               "  --dry-run             check the commands of -c / -f (names, options, values) without running them\n"
                "  --dump-commands       every command with its options, one per line\n"
+               "  --dump-examples       every example of `help`, one per line\n"
                "\n"
                "model tools (the same as the `model` command):\n"
                "  model info DIR                       architecture, sizes, parameter count, dtype\n"
@@ -56,7 +59,7 @@ static int run_script(sp_app *app, const char *path)
 }
 
 typedef struct front {
-    int repl, quiet, dump;
+    int repl, quiet, dump, examples, dry, keep;
 } front;
 
 /* Checks the front-end options: 0, or -1 (message printed) on a usage error. */
@@ -70,6 +73,12 @@ static int check_options(int argc, char **argv, front *fe)
             fe->quiet = 1;
         } else if (!strcmp(argv[i], "--dump-commands")) {
             fe->dump = 1;
+        } else if (!strcmp(argv[i], "--dump-examples")) {
+            fe->examples = 1;
+        } else if (!strcmp(argv[i], "--dry-run")) {
+            fe->dry = 1;
+        } else if (!strcmp(argv[i], "-k") || !strcmp(argv[i], "--keep-going")) {
+            fe->keep = 1;
         } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "-f")) {
             if (++i == argc) {
                 fprintf(stderr, "sepal: %s needs an argument\n", argv[i - 1]);
@@ -94,10 +103,15 @@ static int run_front_ends(int argc, char **argv)
     sp_app app;
     sp_app_init(&app, sp_line_sink());
     app.quiet = fe.quiet;
-    if (fe.dump) {
-        sp_cmd_dump(&app);
+    if (fe.dump || fe.examples) {
+        if (fe.dump)
+            sp_cmd_dump(&app);
+        else
+            sp_cmd_dump_examples(&app);
         return 0;
     }
+    app.dry_run = fe.dry;
+    app.keep_going = fe.keep;
     int scripts = 0;
     for (int i = 1; i < argc; i++)
         scripts += !strcmp(argv[i], "-c") || !strcmp(argv[i], "-f");
@@ -119,7 +133,7 @@ static int run_front_ends(int argc, char **argv)
     sp_app_free(&app); /* stops the servers of swarm up (each announces OFFLINE) */
     fflush(stdout);
     int sig = sp_line_exit_status();
-    return sig ? sig : rc ? 1 : 0;
+    return sig ? sig : rc || app.failed ? 1 : 0;
 }
 
 /* `sepal model ...`: the model command through the same layer; its exit status (0, 1, 2). */

@@ -273,10 +273,6 @@ static int parse_number(sp_opt_kind kind, const char *value, double *out)
 int sp_check_value(const char *what, sp_opt_kind kind, double min, double max, const char *choices,
                    const char *value, char *why, size_t cap)
 {
-    if (strlen(value) >= 511) {
-        snprintf(why, cap, "%s: value too long (at most 511 bytes)", what);
-        return -1;
-    }
     if (kind == SP_OPT_CHOICE && choice_index(choices, value) < 0) {
         char list[256];
         size_t n = 0;
@@ -316,6 +312,10 @@ int sp_check_value(const char *what, sp_opt_kind kind, double min, double max, c
 /* The seed setting: an integer, or "random". */
 static int check_setting(const sp_setting *s, const char *value, char *why, size_t cap)
 {
+    if (strlen(value) >= sizeof s->value) {
+        snprintf(why, cap, "%s: value too long (at most %zu bytes)", s->name, sizeof s->value - 1);
+        return -1;
+    }
     if (!strcmp(s->name, "seed") && strcmp(value, "random"))
         return sp_check_value(s->name, SP_OPT_INT, 0, 9.2e18, NULL, value, why, cap);
     return sp_check_value(s->name, s->kind, s->min, s->max, s->choices, value, why, cap);

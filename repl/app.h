@@ -34,6 +34,9 @@ struct sp_app {
     sp_sink sink;
     int cancel;        /* sp_app_cancel: the command in progress stops (atomic) */
     int width;         /* columns for help text (0: 100) */
+    int dry_run;       /* --dry-run: commands and their options are checked, not run */
+    int keep_going;    /* -k: scripts go on after a failed command (the exit status still says it failed) */
+    int failed;        /* commands that failed under keep_going */
 };
 
 void sp_app_init(sp_app *app, sp_sink sink);

@@ -492,7 +492,7 @@ static int run_argv(sp_app *app, int argc, char **argv)
     sp_args a;
     if (sp_args_parse(app, c, path, argc - skip, argv + skip, &a))
         return 1;
-    int rc = c->fn(app, &a);
+    int rc = app->dry_run ? 0 : c->fn(app, &a);
     sp_args_free(&a);
     return rc ? 1 : 0;
 }
@@ -516,18 +516,21 @@ static int run_command(sp_app *app, const char *text, size_t len)
 
 int sp_cmd_run_line(sp_app *app, const char *line)
 {
+    int failed = 0;
     for (const char *p = line; !app->quit;) {
         const char *end = sp_cmd_end(p);
         int rc = run_command(app, p, (size_t)(end - p));
-        if (rc)
+        if (rc && (!app->keep_going || sp_app_cancelled(app)))
             return rc;
+        if (rc)
+            failed = 1, app->failed++;
         if (sp_app_cancelled(app))
             return 1;
         if (*end != ';')
             break;
         p = end + 1;
     }
-    return 0;
+    return failed && !app->keep_going;
 }
 
 int sp_cmd_run_file(sp_app *app, FILE *f, const char *name)
@@ -1022,4 +1025,18 @@ void sp_cmd_dump(sp_app *app)
 {
     FOR_EACH_CMD(NULL, c)
     dump_cmd(app, c, c->name);
+}
+
+static void dump_examples(sp_app *app, const sp_cmd *c)
+{
+    if (c->examples && *c->examples)
+        sp_out(app, "%s%s", c->examples, c->examples[strlen(c->examples) - 1] == '\n' ? "" : "\n");
+    for (const sp_cmd *s = c->subs; s && s->name; s++)
+        dump_examples(app, s);
+}
+
+void sp_cmd_dump_examples(sp_app *app)
+{
+    FOR_EACH_CMD(NULL, c)
+    dump_examples(app, c);
 }

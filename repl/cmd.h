@@ -128,7 +128,9 @@ void sp_strlist_free(sp_strlist *l);
 void sp_strlist_add(sp_strlist *l, const char *s, size_t len, const char *prefix);
 void sp_cmd_complete(const sp_app *app, int nprior, char **prior, const char *word, sp_strlist *out, int *files);
 
-/* Every command with its options, one per line ("generate --max-new-tokens N ..."): for the README check. */
+/* Every command with its options, one per line ("generate --max-new-tokens ..."): for the README check. */
 void sp_cmd_dump(sp_app *app);
+/* Every example line of every command's help. */
+void sp_cmd_dump_examples(sp_app *app);
 
 #endif

@@ -86,7 +86,8 @@ static void usage(FILE *f)
             "  --session-timeout S     close sessions older than S seconds (default 1800)\n"
             "  --no-measure            skip the throughput measurement at start\n"
             "  --verbose               log requests and sessions\n"
-            "  --version               print the version and exit\n");
+            "  --version               print the version and exit\n"
+            "  --help                  this text\n");
 }
 
 static int parse_num(const char *opt, const char *v, double lo, double hi, int integer, double *out)

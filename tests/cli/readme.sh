@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The README and `help` cannot drift from the program:
+#  - every command's option table (`sepal --dump-commands`) is in its README row and in `help CMD`, and the
+#    README's row names no option the command does not take; the front-end options and the settings are in
+#    the README;
+#  - the README's `sepal>` session runs, in order, against a real local swarm;
+#  - every `sepal ...` shell line of the README passes `--dry-run` (its commands, options and values exist);
+#  - every example of `help` runs (`sepal --dump-examples`), each in the context it needs.
+. "$(dirname "$0")/lib.bash"
+M="${SEPAL_STORIES15M_DIR:?}"
+R="${SEPAL_SRC_DIR:?}/README.md"
+export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
+if [ ! -f "$M/model.safetensors" ]; then
+    bad "$M: no converted stories15M; run scripts/fetch-model.sh first"
+    finish
+fi
+# the README says ~/.cache/sepal/models/stories15M; the test's model may live elsewhere
+sub_model() { sed "s#~/.cache/sepal/models/stories15M#$M#g"; }
+
+# ---- options: table, help, README ------------------------------------------------------------------------
+"$SEPAL" --dump-commands > "$TMP/cmds" || bad "--dump-commands failed"
+while read -r line; do
+    words=($line)
+    path=""
+    opts=()
+    for w in "${words[@]}"; do
+        if [[ $w == --* ]]; then opts+=("$w"); else path="${path:+$path }$w"; fi
+    done
+    row=$(grep -E "^\| \`$path( |\`)" "$R" | head -1)
+    if [ -z "$row" ]; then
+        bad "README has no row for '$path'"
+        continue
+    fi
+    helptext=$("$SEPAL" -c "help $path" 2>&1)
+    missing=""
+    for o in "${opts[@]}"; do
+        printf '%s\n' "$row" | grep -qE -- "$o([^a-z0-9-]|$)" || missing="$missing $o"
+        printf '%s\n' "$helptext" | grep -qE -- "^  $o([^a-z0-9-]|$)" || bad "help $path lacks $o"
+    done
+    [ -z "$missing" ] && ok "README row of '$path' names its ${#opts[@]} options" || bad "README row of '$path' lacks$missing"
+    extra=""
+    cell=$(printf '%s\n' "$row" | cut -d'|' -f2)
+    for o in $(printf '%s\n' "$cell" | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u); do
+        printf ' %s ' "${opts[@]}" | grep -q -- " $o " || extra="$extra $o"
+    done
+    [ -z "$extra" ] && ok "README row of '$path' names no other option" || bad "README row of '$path' names options it does not take:$extra"
+done < "$TMP/cmds"
+for o in $("$SEPAL" --help | grep -oE -- '(^| )--?[a-z][a-z-]*' | sort -u); do
+    grep -qE -- "(^|[^a-z-])$o([^a-z0-9-]|$)" "$R" && ok "README mentions sepal $o" || bad "README lacks sepal $o"
+done
+for s in $("$SEPAL" -c show | awk '{print $1}'); do
+    grep -q -- "\`$s\`" "$R" && ok "README names the setting $s" || bad "README lacks the setting $s"
+done
+for e in SEPAL_CACHE SEPAL_HISTORY SEPAL_SERVER_BIN NO_COLOR; do
+    "$SEPAL" --help | grep -q "$e" && grep -q "$e" "$R" && ok "$e in --help and README" || bad "$e missing in --help or README"
+done
+
+# ---- the README's sepal> session --------------------------------------------------------------------------
+mkdir -p "$TMP/run"
+# the code blocks made of prompt lines only (a transcript with output is an illustration, not a session)
+awk '/^```/{ if (inb) { if (ok && n) printf "%s", buf; inb = 0 } else { inb = 1; ok = 1; n = 0; buf = "" } next }
+     inb { if ($0 ~ /^sepal> /) { buf = buf substr($0, 8) "\n"; n++ } else if ($0 !~ /^#/) ok = 0 }' "$R" |
+    sub_model > "$TMP/session.sepal"
+n=$(wc -l < "$TMP/session.sepal")
+if [ "$n" -lt 5 ]; then
+    bad "the README's sepal> session has only $n lines"
+else
+    out=$(cd "$TMP/run" && "$SEPAL" -f "$TMP/session.sepal" 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] && ok "the README's sepal> session ($n commands) runs" || { bad "the README's session: exit $rc"; printf '%s\n' "$out" | tail -6 | sed 's/^/    /'; }
+fi
+
+# ---- the README's shell lines pass --dry-run ----------------------------------------------------------------
+# code blocks only; a trailing backslash continues a line
+awk '/^```/{inb=!inb; next} inb' "$R" | sed -e ':a' -e '/\\$/N; s/\\\n *//; ta' | grep -E '^sepal ' | sub_model > "$TMP/shell"
+n=0
+while IFS= read -r line; do
+    n=$((n + 1))
+    args="${line#sepal }"
+    printf '%s\n' "$args" | grep -qE '(^| )(DIR|FILE|TEXT|MODEL\.bin)( |$)|\[-|\|' && continue # a synopsis
+    case "$args" in
+    model\ *) eval "set -- $args"; cmdline="$*"; check=("$SEPAL" --dry-run -c "$cmdline") ;;
+    -* | \[*) eval "set -- $args" 2>/dev/null || set --; check=("$SEPAL" --dry-run "$@") ;;
+    *) continue ;;
+    esac
+    case "$args" in \[*) continue ;; esac # a synopsis, not a command
+    out=$("${check[@]}" < /dev/null 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] && ok "README: $line" || { bad "README: $line: exit $rc"; printf '%s\n' "$out" | tail -3 | sed 's/^/    /'; }
+done < "$TMP/shell"
+[ "$n" -ge 3 ] && ok "$n shell lines of the README checked" || bad "only $n shell lines found"
+
+# ---- every example of help ----------------------------------------------------------------------------------
+"$SEPAL" --dump-examples | sub_model > "$TMP/examples"
+# a server for the connect examples: ws and DHT on 127.0.0.1:31330
+"$SEPAL_SERVER_BIN" --model "$M" --blocks 0:6 --port 31330 --new-swarm --no-measure > "$TMP/srv.out" 2>&1 &
+SRV=$!
+trap 'kill $SRV 2>/dev/null; rm -rf "$TMP"' EXIT
+for i in $(seq 200); do grep -q "^sepal-server: serving" "$TMP/srv.out" && break; sleep 0.05; done
+grep -q "^sepal-server: serving" "$TMP/srv.out" || bad "the server on 31330 did not start: $(cat "$TMP/srv.out")"
+n=0
+while IFS= read -r ex; do
+    n=$((n + 1))
+    case "$ex" in
+    swarm\ up* | connect* | load* | model\ * | help* | set* | show* | echo* | sleep* | version* | plugin*) ctx="load $M" ;;
+    *) ctx="load $M; swarm up 3" ;;
+    esac
+    out=$(cd "$TMP/run" && timeout 120 "$SEPAL" -c "$ctx" -c "$ex" < /dev/null 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] && ok "help example: $ex" || { bad "help example: $ex: exit $rc"; printf '%s\n' "$out" | grep -vE '^server |stopped$' | tail -6 | sed 's/^/    /'; }
+done < "$TMP/examples"
+[ "$n" -ge 10 ] && ok "$n help examples ran" || bad "only $n help examples"
+finish
