@@ -69,6 +69,31 @@ check "Tab completes a setting name" "^temperature +0.5 "
 keys "model i" Tab "$SEPAL_TEST_DATA/hf-t" Tab "llama-g" Tab Enter
 check "Tab completes model subcommands and paths" "parameters: +250432"
 
+# Options, their values, subcommands and task names complete too.
+keys C-l
+keys "generate --max-n" Tab
+check "Tab completes an option" "^sepal> generate --max-new-tokens ?$"
+keys C-u
+keys "swarm " Tab
+check "Tab lists the subcommands" "^down +up"
+keys C-u
+keys "train sst2 --tun" Tab "deep" Tab
+check "Tab completes an option and its choice" "^sepal> train sst2 --tuning deep_ptune ?$"
+keys C-u
+keys "train s" Tab
+check "Tab completes a task" "^sepal> train sst2 ?$"
+keys C-u
+keys "set seed r" Tab
+check "Tab completes a setting's value" "^sepal> set seed random ?$"
+keys C-u
+# Errors are red on a terminal (NO_COLOR turns it off: checked below).
+keys C-l
+keys "bogus" Enter
+if wait_for "unknown command 'bogus'" && tmux -L "$SOCK" capture-pane -p -e | grep -q $'\e\[31msepal: unknown command'; then
+    ok "errors are red on a terminal"
+else
+    bad "errors are not red"
+fi
 # A failed command prints its message and the loop goes on.
 keys "bogus" Enter
 check "failed command prints its error" "^sepal: unknown command 'bogus'"
@@ -82,6 +107,7 @@ SOCK="$BASE-2" # a fresh server: the old one may still be going away
 # The history file holds the commands, in order.
 if [ -f "$HIST" ]; then ok "history file written"; else bad "no history file at $HIST"; fi
 want=$(printf 'help\nshow top-k\nset temperature 0.5\nshow temperature\nmodel info %s/hf-tiny/llama-gqa/\nbogus\necho still here\nquit' "$SEPAL_TEST_DATA")
+# (the second bogus is the same line as the first: libedit keeps one)
 got=$(cat "$HIST" 2>/dev/null)
 [ "$got" = "$want" ] && ok "history holds the commands" || bad "history: '$got'"
 
@@ -93,10 +119,14 @@ check "Up recalls the history" "^sepal> echo still here"
 keys C-u C-d
 if ended; then ok "Ctrl-D ends the REPL"; else bad "Ctrl-D: still running"; fi
 
-# Without arguments on a terminal, sepal is the REPL too.
+# Without arguments on a terminal, sepal is the REPL too; NO_COLOR keeps it plain.
 SOCK="$BASE-3"
-start ""
+tmux -L "$SOCK" new-session -d -x 100 -y 30 \
+    "env SEPAL_HISTORY=$HIST HOME=$TMP LANG=C.UTF-8 NO_COLOR=1 $SEPAL; echo \"[exit \$?]\"; sleep 30"
 check "no arguments on a tty: the REPL" "^sepal> ?$"
+keys "bogus" Enter
+wait_for "unknown command 'bogus'"
+tmux -L "$SOCK" capture-pane -p -e | grep -q $'\e\[31m' && bad "NO_COLOR: still coloured" || ok "NO_COLOR: no colour"
 keys "echo no-args" Enter "q" Enter
 check "no arguments: commands run" "^no-args$"
 if ended; then ok "no arguments: q ends it"; else bad "no arguments: still running"; fi
