@@ -1,0 +1,75 @@
+/* kern.h - weight matrices in the encodings servers hold blocks in, and the products with them: decode
+ * matvecs (own kernels: scalar, AVX2 and AVX-512, chosen at run time), small batches, and large products
+ * (prefill, training) through sgemm on dequantised tiles.
+ *
+ * A matrix is [rows, cols] in the Hugging Face layout (out, in): y[r] = sum_c W[r][c] x[c].
+ *   SP_W_F32   4 bytes a weight.
+ *   SP_W_BF16  the upper half of each f32 (2 bytes), rounded to nearest even.
+ *   SP_W_Q8    llama.cpp's Q8_0 idea: each row in blocks of 32 (the last one may be shorter), int8 values and
+ *              one f32 scale per block (absmax / 127); 1.125 bytes a weight.
+ *   SP_W_NF4   bitsandbytes' NF4: each row in blocks of 64 (the last one may be shorter), 4-bit indices into
+ *              the 16 NormalFloat levels, one f32 absmax per block; a block's first half sits in the low
+ *              nibbles of its 32 bytes, its second half in the high nibbles; 0.5625 bytes a weight.
+ * Quantisation is deterministic (round to nearest; NF4: nearest level).
+ *
+ * The SIMD levels multiply SP_W_Q8 matrices in integers, as llama.cpp's Q8_0 x Q8_0 does: each vector x is
+ * quantised the same way (blocks of 32, absmax / 127; sp_q8_quantize), the int8 products of a block are summed
+ * exactly, and the block's sum is scaled by both scales in f32. A row's last, shorter block is done in f32. */
+#ifndef SEPAL_KERN_H
+#define SEPAL_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "status.h"
+
+typedef enum { SP_W_F32, SP_W_BF16, SP_W_Q8, SP_W_NF4, SP_W__COUNT } sp_wtype;
+
+typedef struct sp_qmat {
+    sp_wtype type;
+    int rows, cols;
+    void *q;         /* values: f32, bf16 (uint16), int8, or packed nibbles */
+    float *scale;    /* Q8 / NF4: one per block, rows x blocks_per_row */
+    size_t row_bytes;/* bytes of one row of q */
+    int owned;       /* q and scale were allocated by sp_qmat_encode */
+} sp_qmat;
+
+const char *sp_wtype_name(sp_wtype t);        /* "f32", "bf16", "int8", "nf4" */
+int sp_wtype_parse(const char *name, sp_wtype *t); /* 0, or -1 for an unknown name */
+/* Bytes a matrix of this shape takes (values and scales). */
+size_t sp_qmat_bytes(sp_wtype t, int rows, int cols);
+
+/* W as an f32 matrix that refers to w (not copied, not owned). */
+sp_qmat sp_qmat_f32(const float *w, int rows, int cols);
+/* Encodes w [rows, cols] (f32) in type t into a new matrix. */
+sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int cols, sp_err *err);
+void sp_qmat_free(sp_qmat *m);
+/* Row r, decoded to f32 (out: cols floats). */
+void sp_qmat_row(const sp_qmat *m, int r, float *out);
+
+/* Y[B, rows] = X[B, cols] W^T. B <= 8 runs the decode kernels (W read once for all B rows of X), split over
+ * the pool by rows; larger B decodes tiles of W to f32 and multiplies them with sgemm. */
+void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool);
+/* dX[B, cols] += dY[B, rows] W (the input gradient through W, weights frozen). */
+void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_pool *pool);
+
+/* Which kernels run: 0 scalar, 1 AVX2+FMA, 2 AVX-512 (the best this CPU has, or what sp_kern_force set). */
+int sp_kern_level(void);
+/* Tests and benchmarks: use at most this level (-1: the best again). */
+void sp_kern_force(int level);
+/* The level's name ("scalar", "avx2", "avx512"). */
+const char *sp_kern_level_name(int level);
+
+/* 1 if Q8 products run in integers at the current level (x quantised; see above). */
+int sp_kern_q8_integer(void);
+/* One row's dot product with x in the current level's f32 kernel (tests). */
+float sp_qmat_dot(const sp_qmat *m, int r, const float *x);
+
+/* x [n] -> q [blocks of 32, the last one padded with zeros] and s [ceil(n / 32)]: how Q8 products quantise x. */
+void sp_q8_quantize(const float *x, int n, int8_t *q, float *s);
+
+/* The 16 NF4 levels (bitsandbytes' code book, ascending, in [-1, 1]). */
+extern const float sp_nf4_levels[16];
+
+#endif

@@ -1,0 +1,214 @@
+/* pool.c - a persistent thread pool: a job generation counter the workers wait on (spinning briefly, then
+ * FUTEX_WAIT), a count of workers still in the job the caller waits on the same way. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "pool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
+#endif
+
+struct sp_pool {
+    int n;                /* threads, the caller included */
+    pthread_t *th;
+    int started;          /* workers created */
+    sp_pool_fn fn;
+    void *ctx;
+    uint32_t gen;         /* futex: bumped for every job (and for stop) */
+    uint32_t pending;     /* futex: workers still in the job */
+    uint32_t sleepers;    /* workers in FUTEX_WAIT on gen (a job wakes them only if some sleep) */
+    uint32_t waiting;     /* the caller is in FUTEX_WAIT on pending */
+    int stop;
+    int spin_ns;
+    pthread_mutex_t busy; /* one job at a time */
+};
+
+static __thread int in_job; /* this thread runs a job: a nested call runs inline */
+
+static long futex(uint32_t *addr, int op, uint32_t val)
+{
+    return syscall(SYS_futex, addr, op | FUTEX_PRIVATE_FLAG, val, NULL, NULL, 0);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int sp_cpu_count(void)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0)
+            return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+typedef struct worker_arg {
+    sp_pool *p;
+    int id;
+} worker_arg;
+
+static void *worker_main(void *arg)
+{
+    worker_arg *w = arg;
+    sp_pool *p = w->p;
+    int id = w->id;
+    free(w);
+    uint32_t seen = 0; /* the generation at creation: a job posted before this thread ran is still seen */
+    for (;;) {
+        /* spin for the next job, then sleep */
+        uint64_t until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+        uint32_t g;
+        int spins = 0;
+        while ((g = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE)) == seen) {
+            if ((++spins & 63) == 0 && now_ns() >= until) {
+                __atomic_add_fetch(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+                if (__atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == seen)
+                    futex(&p->gen, FUTEX_WAIT, seen);
+                __atomic_sub_fetch(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+                until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+            } else {
+                CPU_RELAX();
+            }
+        }
+        seen = g;
+        if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
+            return NULL;
+        in_job = 1;
+        p->fn(p->ctx, id, p->n);
+        in_job = 0;
+        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0 &&
+            __atomic_load_n(&p->waiting, __ATOMIC_SEQ_CST))
+            futex(&p->pending, FUTEX_WAKE, 1);
+    }
+}
+
+sp_pool *sp_pool_new(int nthreads)
+{
+    sp_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->n = nthreads > 0 ? nthreads : sp_cpu_count();
+    if (p->n > 256)
+        p->n = 256;
+    p->spin_ns = 50 * 1000;
+    pthread_mutex_init(&p->busy, NULL);
+    p->th = calloc((size_t)p->n, sizeof *p->th);
+    if (!p->th) {
+        free(p);
+        return NULL;
+    }
+    for (int i = 1; i < p->n; i++) {
+        worker_arg *w = malloc(sizeof *w);
+        if (w)
+            *w = (worker_arg){p, i};
+        if (!w || pthread_create(&p->th[i], NULL, worker_main, w)) {
+            free(w);
+            p->n = i; /* fewer threads: still a working pool */
+            break;
+        }
+        p->started = i;
+    }
+    return p;
+}
+
+void sp_pool_free(sp_pool *p)
+{
+    if (!p)
+        return;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
+    futex(&p->gen, FUTEX_WAKE, INT_MAX);
+    for (int i = 1; i <= p->started; i++)
+        pthread_join(p->th[i], NULL);
+    pthread_mutex_destroy(&p->busy);
+    free(p->th);
+    free(p);
+}
+
+int sp_pool_threads(const sp_pool *p) { return p ? p->n : 1; }
+
+void sp_pool_set_spin(sp_pool *p, int us) { __atomic_store_n(&p->spin_ns, us > 0 ? us * 1000 : 0, __ATOMIC_RELAXED); }
+
+void sp_pool_run(sp_pool *p, sp_pool_fn fn, void *ctx)
+{
+    if (!p || p->n <= 1 || in_job || pthread_mutex_trylock(&p->busy)) {
+        int was = in_job;
+        in_job = 1;
+        fn(ctx, 0, 1);
+        in_job = was;
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    __atomic_store_n(&p->pending, (uint32_t)(p->n - 1), __ATOMIC_RELEASE);
+    __atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST))
+        futex(&p->gen, FUTEX_WAKE, INT_MAX);
+    in_job = 1;
+    fn(ctx, 0, p->n);
+    in_job = 0;
+    /* wait for the others: spin briefly, then sleep on pending */
+    uint64_t until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+    int spins = 0;
+    uint32_t left;
+    while ((left = __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) != 0) {
+        if ((++spins & 63) == 0 && now_ns() >= until) {
+            __atomic_store_n(&p->waiting, 1, __ATOMIC_SEQ_CST);
+            if ((left = __atomic_load_n(&p->pending, __ATOMIC_SEQ_CST)) != 0)
+                futex(&p->pending, FUTEX_WAIT, left);
+            __atomic_store_n(&p->waiting, 0, __ATOMIC_SEQ_CST);
+        } else {
+            CPU_RELAX();
+        }
+    }
+    pthread_mutex_unlock(&p->busy);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static sp_pool *default_pool;
+static int default_threads;
+
+static void default_init(void) { default_pool = sp_pool_new(default_threads); }
+
+sp_pool *sp_pool_default(void)
+{
+    pthread_once(&default_once, default_init);
+    return default_pool;
+}
+
+void sp_pool_default_threads(int n) { default_threads = n; }
+
+void sp_pool_split(long n, int i, int parts, long align, long *lo, long *hi)
+{
+    if (align < 1)
+        align = 1;
+    long units = (n + align - 1) / align;
+    long a = units * i / parts, b = units * (i + 1) / parts;
+    *lo = a * align < n ? a * align : n;
+    *hi = i == parts - 1 ? n : (b * align < n ? b * align : n);
+}

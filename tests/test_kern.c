@@ -1,0 +1,358 @@
+/* test_kern.c - the weight encodings and the decode kernels: every level (scalar, AVX2, AVX-512 where the CPU
+ * has them) against a double-precision reference on odd shapes and batch sizes; the encoders' error bounds;
+ * the sgemm paths for large batches; the thread pool (every part once, nested and concurrent calls inline,
+ * idle workers asleep). */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kern.h"
+#include "pool.h"
+#include "rng.h"
+#include "testutil.h"
+
+static float *randn(sp_rng *r, size_t n, float scale)
+{
+    float *x = malloc(n * sizeof(float));
+    sp_rng_fill_normal(r, x, (long)n, scale);
+    return x;
+}
+
+/* y[b][r] = sum_c decode(W)[r][c] * X[b][c] in double, and sum |w||x| for the tolerance */
+static void reference(const sp_qmat *W, const float *X, int B, double *y, double *mag)
+{
+    float *row = malloc((size_t)W->cols * sizeof(float));
+    for (int r = 0; r < W->rows; r++) {
+        sp_qmat_row(W, r, row);
+        for (int b = 0; b < B; b++) {
+            double s = 0, m = 0;
+            for (int c = 0; c < W->cols; c++) {
+                s += (double)row[c] * X[(size_t)b * W->cols + c];
+                m += fabs((double)row[c] * X[(size_t)b * W->cols + c]);
+            }
+            y[(size_t)b * W->rows + r] = s;
+            mag[(size_t)b * W->rows + r] = m;
+        }
+    }
+    free(row);
+}
+
+/* What the integer Q8 path computes: x quantised by blocks of 32 (sp_q8_quantize), each whole block's int8
+ * products summed exactly and scaled by both scales; the short last block in f32. */
+static void reference_q8int(const sp_qmat *W, const float *X, int B, double *y, double *mag)
+{
+    int C = W->cols, nb = (C + 31) / 32, nfull = C / 32;
+    int8_t *xq = malloc((size_t)nb * 32);
+    float *xs = malloc((size_t)nb * sizeof(float)), *row = malloc((size_t)C * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        sp_q8_quantize(X + (size_t)b * C, C, xq, xs);
+        for (int r = 0; r < W->rows; r++) {
+            const int8_t *q = (const int8_t *)W->q + (size_t)r * W->row_bytes;
+            double s = 0, m = 0;
+            for (int blk = 0; blk < nfull; blk++) {
+                long acc = 0;
+                for (int k = 0; k < 32; k++)
+                    acc += (long)q[blk * 32 + k] * xq[blk * 32 + k];
+                s += (double)acc * W->scale[(size_t)r * nb + blk] * xs[blk];
+            }
+            sp_qmat_row(W, r, row);
+            for (int c = nfull * 32; c < C; c++)
+                s += (double)row[c] * X[(size_t)b * C + c];
+            for (int c = 0; c < C; c++)
+                m += fabs((double)row[c] * X[(size_t)b * C + c]);
+            y[(size_t)b * W->rows + r] = s;
+            mag[(size_t)b * W->rows + r] = m;
+        }
+    }
+    free(xq), free(xs), free(row);
+}
+
+START_TEST(t_encode_bounds)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 1);
+    int rows = 7, cols = 133;
+    float *w = randn(&r, (size_t)rows * cols, 0.5f), *d = malloc((size_t)cols * sizeof(float));
+    w[3] = 0; /* exact zeros stay zero */
+    w[cols + 5] = 1e-30f;
+    sp_err err = {0};
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        sp_qmat m;
+        ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
+        ck_assert_uint_eq(sp_qmat_bytes((sp_wtype)t, rows, cols) >= (size_t)rows * cols / 2, 1);
+        double worst = 0;
+        for (int i = 0; i < rows; i++) {
+            sp_qmat_row(&m, i, d);
+            for (int c = 0; c < cols; c++) {
+                float x = w[(size_t)i * cols + c];
+                double e = fabs((double)d[c] - x);
+                if (t == SP_W_F32)
+                    ck_assert_float_eq(d[c], x);
+                else if (t == SP_W_BF16) /* round to nearest: half a unit of the 8-bit mantissa */
+                    ck_assert_msg(e <= fabs(x) * (1.0 / 256) + 1e-38, "bf16 %g -> %g", x, d[c]);
+                if (x == 0)
+                    ck_assert_float_eq(d[c], 0);
+                worst = e > worst ? e : worst;
+            }
+            if (t == SP_W_Q8) /* within half a step of the block's scale */
+                for (int c = 0; c < cols; c++) {
+                    int b0 = c / 32 * 32, b1 = b0 + 32 < cols ? b0 + 32 : cols;
+                    float amax = 0;
+                    for (int k = b0; k < b1; k++)
+                        amax = fmaxf(amax, fabsf(w[(size_t)i * cols + k]));
+                    ck_assert(fabs((double)d[c] - w[(size_t)i * cols + c]) <= amax / 127.0 * 0.5 + 1e-7);
+                }
+            if (t == SP_W_NF4) /* the nearest of the 16 levels times the block's absmax */
+                for (int c = 0; c < cols; c++) {
+                    int b0 = c / 64 * 64, b1 = b0 + 64 < cols ? b0 + 64 : cols;
+                    float amax = 0;
+                    for (int k = b0; k < b1; k++)
+                        amax = fmaxf(amax, fabsf(w[(size_t)i * cols + k]));
+                    double best = 1e30;
+                    for (int l = 0; l < 16; l++)
+                        best = fmin(best, fabs((double)sp_nf4_levels[l] * amax - w[(size_t)i * cols + c]));
+                    ck_assert_msg(fabs(fabs((double)d[c] - w[(size_t)i * cols + c]) - best) < 1e-6 * (amax + 1),
+                                  "nf4 not the nearest level at %d", c);
+                }
+        }
+        printf("encode %-5s: max |error| %.3g (weights N(0, 0.5))\n", sp_wtype_name((sp_wtype)t), worst);
+        sp_qmat_free(&m);
+    }
+    ck_assert_int_ne(sp_qmat_encode(&(sp_qmat){0}, SP_W__COUNT, w, rows, cols, &err), SP_OK);
+    ck_assert_int_ne(sp_qmat_encode(&(sp_qmat){0}, SP_W_Q8, w, rows, 0, &err), SP_OK);
+    sp_wtype t;
+    ck_assert_int_eq(sp_wtype_parse("nf4", &t), 0);
+    ck_assert_int_eq(t, SP_W_NF4);
+    ck_assert_int_eq(sp_wtype_parse("int8", &t), 0);
+    ck_assert_int_eq(t, SP_W_Q8);
+    ck_assert_int_ne(sp_wtype_parse("int4", &t), 0);
+    free(w);
+    free(d);
+}
+END_TEST
+
+/* Every level's kernels against the double reference, for shapes around every vector and block size. */
+START_TEST(t_kernels_levels)
+{
+    static const int cols_list[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, 288, 300, 1000};
+    sp_rng r;
+    sp_rng_seed(&r, 2);
+    sp_err err = {0};
+    sp_pool *pool = sp_pool_new(2);
+    int best = sp_kern_level();
+    printf("kernels: this CPU runs %s%s\n", sp_kern_level_name(best), sp_kern_q8_integer() ? " (Q8 in integers)" : "");
+    for (int lv = 0; lv <= best; lv++) {
+        sp_kern_force(lv);
+        ck_assert_int_eq(sp_kern_level(), lv);
+        for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+            int cols = cols_list[ci], rows = 37;
+            float *w = randn(&r, (size_t)rows * cols, 1.0f);
+            for (int t = 0; t < SP_W__COUNT; t++) {
+                sp_qmat m;
+                ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
+                for (int B = 1; B <= 8; B += (B < 3 ? 1 : 5)) {
+                    float *X = randn(&r, (size_t)B * cols, 1.0f), *Y = malloc((size_t)B * rows * sizeof(float));
+                    double *ref = malloc((size_t)B * rows * sizeof(double)), *mag = malloc((size_t)B * rows * sizeof(double));
+                    int integer = t == SP_W_Q8 && sp_kern_q8_integer();
+                    if (integer)
+                        reference_q8int(&m, X, B, ref, mag);
+                    else
+                        reference(&m, X, B, ref, mag);
+                    sp_qmat_mul(&m, X, Y, B, pool);
+                    for (int i = 0; i < B * rows; i++)
+                        ck_assert_msg(fabs(Y[i] - ref[i]) <= 1e-5 * mag[i] + 1e-6,
+                                      "%s %s [%d x %d] B=%d: %g vs %g", sp_kern_level_name(lv),
+                                      sp_wtype_name((sp_wtype)t), rows, cols, B, Y[i], ref[i]);
+                    if (!integer)
+                        ck_assert(fabs(sp_qmat_dot(&m, 5, X) - ref[5]) <= 1e-5 * mag[5] + 1e-6);
+                    free(X), free(Y), free(ref), free(mag);
+                }
+                sp_qmat_free(&m);
+            }
+            free(w);
+        }
+    }
+    sp_kern_force(-1);
+    ck_assert_int_eq(sp_kern_level(), best);
+    sp_pool_free(pool);
+}
+END_TEST
+
+/* Batches above 8 go through sgemm on decoded tiles; the input gradient too. */
+START_TEST(t_large_batches)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 3);
+    sp_err err = {0};
+    int rows = 300, cols = 129, B = 21;
+    float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)B * cols, 1.0f);
+    float *dY = randn(&r, (size_t)B * rows, 1.0f);
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        sp_qmat m;
+        ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
+        float *Y = malloc((size_t)B * rows * sizeof(float)), *dX = malloc((size_t)B * cols * sizeof(float));
+        double *ref = malloc((size_t)B * rows * sizeof(double)), *mag = malloc((size_t)B * rows * sizeof(double));
+        reference(&m, X, B, ref, mag);
+        sp_qmat_mul(&m, X, Y, B, sp_pool_default());
+        for (int i = 0; i < B * rows; i++)
+            ck_assert(fabs(Y[i] - ref[i]) <= 1e-5 * mag[i] + 1e-6);
+        for (int i = 0; i < B * cols; i++)
+            dX[i] = 1.0f; /* accumulates onto what is there */
+        sp_qmat_mul_t_acc(&m, dY, dX, B, sp_pool_default());
+        float *row = malloc((size_t)cols * sizeof(float));
+        double *want = calloc((size_t)B * cols, sizeof(double));
+        for (int i = 0; i < rows; i++) {
+            sp_qmat_row(&m, i, row);
+            for (int b = 0; b < B; b++)
+                for (int c = 0; c < cols; c++)
+                    want[(size_t)b * cols + c] += (double)dY[(size_t)b * rows + i] * row[c];
+        }
+        for (int i = 0; i < B * cols; i++)
+            ck_assert_msg(fabs(dX[i] - 1.0 - want[i]) <= 1e-4 * (1 + fabs(want[i])), "%s: dX %g vs %g",
+                          sp_wtype_name((sp_wtype)t), dX[i] - 1.0, want[i]);
+        free(Y), free(dX), free(ref), free(mag), free(row), free(want);
+        sp_qmat_free(&m);
+    }
+    free(w), free(X), free(dY);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the pool */
+
+typedef struct count_job {
+    int hits[64];
+    int n_seen;
+    sp_pool *pool;
+    int nested;
+} count_job;
+
+static void count_part(void *ctx, int i, int n)
+{
+    count_job *j = ctx;
+    __atomic_add_fetch(&j->hits[i], 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&j->n_seen, n, __ATOMIC_SEQ_CST);
+    if (j->nested && i == 0) { /* a call from inside a job runs inline, whole */
+        count_job inner = {0};
+        sp_pool_run(j->pool, count_part, &inner);
+        ck_assert_int_eq(inner.n_seen, 1);
+        ck_assert_int_eq(inner.hits[0], 1);
+    }
+}
+
+START_TEST(t_pool_parts)
+{
+    sp_pool *p = sp_pool_new(3);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sp_pool_threads(p), 3);
+    for (int k = 0; k < 2000; k++) {
+        count_job j = {.pool = p, .nested = k % 7 == 0};
+        sp_pool_run(p, count_part, &j);
+        ck_assert_int_eq(j.n_seen, 3);
+        for (int i = 0; i < 3; i++)
+            ck_assert_int_eq(j.hits[i], 1);
+        if (k == 1000)
+            sp_pool_set_spin(p, 0); /* workers sleep at once: still every part once */
+    }
+    sp_pool_free(p);
+    ck_assert_int_ge(sp_cpu_count(), 1);
+    long lo, hi, total = 0;
+    for (int i = 0; i < 5; i++) {
+        sp_pool_split(1003, i, 5, 16, &lo, &hi);
+        ck_assert(lo % 16 == 0 || lo == 1003);
+        total += hi - lo;
+    }
+    ck_assert_int_eq(total, 1003);
+}
+END_TEST
+
+static void *concurrent_caller(void *arg)
+{
+    sp_pool *p = arg;
+    for (int k = 0; k < 3000; k++) {
+        count_job j = {.pool = p};
+        sp_pool_run(p, count_part, &j);
+        int sum = 0;
+        for (int i = 0; i < j.n_seen; i++) {
+            ck_assert_int_eq(j.hits[i], 1);
+            sum += j.hits[i];
+        }
+        ck_assert_int_eq(sum, j.n_seen); /* the pool's threads, or 1 when another job held it */
+    }
+    return NULL;
+}
+
+START_TEST(t_pool_concurrent)
+{
+    sp_pool *p = sp_pool_new(2);
+    pthread_t a, b;
+    pthread_create(&a, NULL, concurrent_caller, p);
+    pthread_create(&b, NULL, concurrent_caller, p);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    sp_pool_free(p);
+}
+END_TEST
+
+static long cpu_ticks(void)
+{
+    FILE *f = fopen("/proc/self/stat", "r");
+    char buf[1024];
+    long ut = 0, st = 0;
+    if (f && fgets(buf, sizeof buf, f)) {
+        char *p = strrchr(buf, ')');
+        /* fields after the command: state ppid ... utime(14) stime(15) */
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st) == 2) {
+        }
+    }
+    if (f)
+        fclose(f);
+    return ut + st;
+}
+
+static void spin_part(void *ctx, int i, int n)
+{
+    (void)i, (void)n;
+    volatile double *x = ctx;
+    for (int k = 0; k < 1000; k++)
+        *x += 1e-9;
+}
+
+/* An idle pool gives its cores back: after a burst of jobs, a second of nothing costs (almost) no CPU. */
+START_TEST(t_pool_idle)
+{
+    sp_pool *p = sp_pool_new(2);
+    volatile double x = 0;
+    for (int k = 0; k < 5000; k++)
+        sp_pool_run(p, spin_part, (void *)&x);
+    long t0 = cpu_ticks();
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    long used = cpu_ticks() - t0;
+    printf("pool: %ld CPU ticks in 1 s idle (%ld ticks/s)\n", used, sysconf(_SC_CLK_TCK));
+    ck_assert_msg(used <= 5, "an idle pool used %ld ticks in 1 s", used);
+    sp_pool_free(p);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("kern");
+    TCase *tc = tcase_create("kern");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t_encode_bounds);
+    tcase_add_test(tc, t_kernels_levels);
+    tcase_add_test(tc, t_large_batches);
+    tcase_add_test(tc, t_pool_parts);
+    tcase_add_test(tc, t_pool_concurrent);
+    tcase_add_test(tc, t_pool_idle);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return sp_test_run(suite()); }
