@@ -3,11 +3,16 @@
 #include "tokenizer.h"
 
 #include <cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define TOK_MAX_ID 10000000 /* ids above this are rejected as malformed */
 #define TOK_MAX_PIECE 1000  /* longest piece, so SP_DETOK_BUF always suffices */
@@ -173,7 +178,7 @@ static long char_cp(const unsigned char *s, size_t len)
     return cp;
 }
 
-/* Writes code point cp (< 0x10000) as UTF-8; returns its length. */
+/* Writes code point cp as UTF-8; returns its length. */
 static size_t put_utf8(char *o, unsigned cp)
 {
     if (cp < 0x80) {
@@ -184,6 +189,13 @@ static size_t put_utf8(char *o, unsigned cp)
         o[0] = (char)(0xC0 | cp >> 6);
         o[1] = (char)(0x80 | (cp & 0x3F));
         return 2;
+    }
+    if (cp >= 0x10000) {
+        o[0] = (char)(0xF0 | cp >> 18);
+        o[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+        o[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+        o[3] = (char)(0x80 | (cp & 0x3F));
+        return 4;
     }
     o[0] = (char)(0xE0 | cp >> 12);
     o[1] = (char)(0x80 | (cp >> 6 & 0x3F));
@@ -251,6 +263,257 @@ static sp_status parse_json_file(const char *path, cJSON **out, sp_err *err)
     return SP_OK;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* a light reader for the two big parts of tokenizer.json (model.vocab, model.merges: up to hundreds of
+ * thousands of entries), read in place from the file's text without building a tree; everything else is small
+ * and goes through cJSON. */
+
+typedef struct jspan {
+    const char *p, *end; /* a JSON value's text */
+} jspan;
+
+static const char *jws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* The end of the string starting at p ('"'), or NULL. */
+static const char *jstr_end(const char *p, const char *end)
+{
+    for (p++; p < end; p++) {
+        if (*p == '\\')
+            p++;
+        else if (*p == '"')
+            return p + 1;
+    }
+    return NULL;
+}
+
+/* The end of the value starting at p (after white space), or NULL if malformed. */
+static const char *jskip(const char *p, const char *end, int depth)
+{
+    p = jws(p, end);
+    if (p >= end || depth > 64)
+        return NULL;
+    if (*p == '"')
+        return jstr_end(p, end);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = jws(p + 1, end);
+        if (p < end && *p == close)
+            return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (p >= end || *p != '"' || !(p = jstr_end(p, end)))
+                    return NULL;
+                p = jws(p, end);
+                if (p >= end || *p++ != ':')
+                    return NULL;
+            }
+            if (!(p = jskip(p, end, depth + 1)))
+                return NULL;
+            p = jws(p, end);
+            if (p < end && *p == ',') {
+                p = jws(p + 1, end);
+                continue;
+            }
+            return p < end && *p == close ? p + 1 : NULL;
+        }
+    }
+    const char *s = p; /* a number or a literal */
+    while (p < end && (isalnum((unsigned char)*p) || *p == '-' || *p == '+' || *p == '.'))
+        p++;
+    return p > s ? p : NULL;
+}
+
+static int hexval(const char *p, unsigned *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = (unsigned char)p[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        *v = *v << 4 | (unsigned)d;
+    }
+    return 0;
+}
+
+/* Decodes the string at *pp into out (NUL-terminated, at most cap - 1 bytes) and moves *pp past it: its length,
+ * or -1 if malformed or too long. */
+static long jstr(const char **pp, const char *end, char *out, size_t cap)
+{
+    const char *p = jws(*pp, end);
+    if (p >= end || *p != '"')
+        return -1;
+    size_t n = 0;
+    for (p++; p < end && *p != '"'; p++) {
+        char tmp[4];
+        size_t k = 1;
+        if (*p == '\\') {
+            if (++p >= end)
+                return -1;
+            switch (*p) {
+            case 'b': tmp[0] = '\b'; break;
+            case 'f': tmp[0] = '\f'; break;
+            case 'n': tmp[0] = '\n'; break;
+            case 'r': tmp[0] = '\r'; break;
+            case 't': tmp[0] = '\t'; break;
+            case 'u': {
+                unsigned cp, lo;
+                if (end - p < 5 || hexval(p + 1, &cp))
+                    return -1;
+                p += 4;
+                if (cp >= 0xd800 && cp < 0xdc00) { /* a surrogate pair */
+                    if (end - p < 7 || p[1] != '\\' || p[2] != 'u' || hexval(p + 3, &lo) || lo < 0xdc00 || lo >= 0xe000)
+                        return -1;
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                    p += 6;
+                } else if (cp >= 0xdc00 && cp < 0xe000) {
+                    return -1;
+                }
+                k = put_utf8(tmp, cp);
+                break;
+            }
+            default: tmp[0] = *p; /* \" \\ \/ */
+            }
+        } else {
+            tmp[0] = *p;
+        }
+        if (n + k >= cap)
+            return -1;
+        memcpy(out + n, tmp, k);
+        n += k;
+    }
+    if (p >= end)
+        return -1;
+    out[n] = '\0';
+    *pp = p + 1;
+    return (long)n;
+}
+
+/* Member iteration of the object in s: *pp starts at its '{' (first call) or after the previous member.
+ * 1 with key (decoded into key) and the value's span, 0 at the end, -1 if malformed. */
+static int jmember(const char **pp, const char *end, char *key, size_t cap, jspan *val)
+{
+    const char *p = jws(*pp, end);
+    if (p < end && *p == '{')
+        p = jws(p + 1, end);
+    else if (p < end && *p == ',')
+        p = jws(p + 1, end);
+    if (p < end && *p == '}')
+        return *pp = p + 1, 0;
+    if (jstr(&p, end, key, cap) < 0)
+        return -1;
+    p = jws(p, end);
+    if (p >= end || *p++ != ':')
+        return -1;
+    val->p = jws(p, end);
+    if (!(val->end = jskip(val->p, end, 0)))
+        return -1;
+    *pp = val->end;
+    return 1;
+}
+
+/* Element iteration of the array in s, the same way. */
+static int jelem(const char **pp, const char *end, jspan *val)
+{
+    const char *p = jws(*pp, end);
+    if (p < end && (*p == '[' || *p == ','))
+        p = jws(p + 1, end);
+    if (p < end && *p == ']')
+        return *pp = p + 1, 0;
+    val->p = p;
+    if (!(val->end = jskip(p, end, 0)))
+        return -1;
+    *pp = val->end;
+    return 1;
+}
+
+/* A JSON integer in [0, TOK_MAX_ID] at the span, or -1. */
+static int jid(jspan v)
+{
+    long x = 0;
+    const char *p = v.p;
+    if (p >= v.end || *p < '0' || *p > '9')
+        return -1;
+    for (; p < v.end && *p >= '0' && *p <= '9'; p++)
+        if ((x = x * 10 + (*p - '0')) > TOK_MAX_ID)
+            return -1;
+    return p == v.end ? (int)x : -1;
+}
+
+/* Adds the member key: value (its JSON text) to obj, parsed by cJSON; -1 if malformed. */
+static int add_parsed(cJSON *obj, const char *key, jspan v)
+{
+    cJSON *item = cJSON_ParseWithLength(v.p, (size_t)(v.end - v.p));
+    if (!item)
+        return -1;
+    cJSON_AddItemToObject(obj, key, item);
+    return 0;
+}
+
+/* Maps tokenizer.json and reads it: model.vocab and model.merges stay spans of the mapped text (read later in
+ * place); every other member, at the top and inside "model", goes through cJSON into *root (small). The
+ * mapping is the caller's to unmap. A syntax error names the file and the byte offset. */
+static sp_status map_json_file(const char *path, char **text, size_t *len, cJSON **root, jspan *vocab, jspan *merges,
+                               sp_err *err)
+{
+    *text = NULL;
+    *root = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return sp_errf(err, errno == ENOENT ? SP_ERR_NOTFOUND : SP_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || st.st_size <= 0) {
+        close(fd);
+        return sp_errf(err, SP_ERR_FORMAT, "%s: empty or unreadable", path);
+    }
+    char *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return sp_errf(err, SP_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+    madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
+    *text = m;
+    *len = (size_t)st.st_size;
+    const char *end = m + st.st_size, *p = jws(m, end);
+    if (p >= end || *p != '{')
+        return sp_errf(err, SP_ERR_FORMAT, "%s: not a JSON object", path);
+    if (!jskip(p, end, 0))
+        return sp_errf(err, SP_ERR_FORMAT, "%s: malformed JSON", path);
+    *root = cJSON_CreateObject();
+    cJSON *model = NULL;
+    char key[256];
+    jspan v;
+    int r;
+    while (*root && (r = jmember(&p, end, key, sizeof key, &v)) > 0) {
+        if (strcmp(key, "model") || *v.p != '{') {
+            if (add_parsed(*root, key, v))
+                return sp_errf(err, SP_ERR_FORMAT, "%s: malformed JSON near byte %zu", path, (size_t)(v.p - m));
+            continue;
+        }
+        if (!(model = cJSON_AddObjectToObject(*root, "model")))
+            break;
+        const char *q = v.p;
+        jspan mv;
+        while ((r = jmember(&q, v.end, key, sizeof key, &mv)) > 0) {
+            if (!strcmp(key, "vocab"))
+                *vocab = mv;
+            else if (!strcmp(key, "merges"))
+                *merges = mv;
+            else if (add_parsed(model, key, mv))
+                return sp_errf(err, SP_ERR_FORMAT, "%s: malformed JSON near byte %zu", path, (size_t)(mv.p - m));
+        }
+        if (r < 0)
+            return sp_errf(err, SP_ERR_FORMAT, "%s: malformed \"model\" object", path);
+    }
+    if (!*root)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    return SP_OK;
+}
+
 /* A JSON integer in [0, TOK_MAX_ID], or -1. */
 static int json_id(const cJSON *j)
 {
@@ -270,15 +533,20 @@ static const char *json_type(const cJSON *o)
 /* loading: vocab */
 
 /* Largest id in model.vocab and added_tokens; -1 on a malformed entry. */
-static int max_id(load_ctx *c, const cJSON *vocab, const cJSON *added)
+static int max_id(load_ctx *c, jspan vocab, const cJSON *added)
 {
-    int m = -1;
-    for (const cJSON *e = vocab->child; e; e = e->next) {
-        int id = json_id(e);
+    int m = -1, r;
+    char key[TOK_MAX_PIECE * 2 + 8];
+    jspan v;
+    for (const char *p = vocab.p; (r = jmember(&p, vocab.end, key, sizeof key, &v)) > 0;) {
+        int id = jid(v);
         if (id < 0)
-            return sp_errf(c->err, SP_ERR_FORMAT, "%s: vocab entry '%s' has no valid id", c->path, e->string), -1;
+            return sp_errf(c->err, SP_ERR_FORMAT, "%s: vocab entry '%s' has no valid id", c->path, key), -1;
         m = id > m ? id : m;
     }
+    if (r < 0)
+        return sp_errf(c->err, SP_ERR_FORMAT, "%s: model.vocab is malformed (or a token is longer than %d bytes)",
+                       c->path, TOK_MAX_PIECE), -1;
     for (const cJSON *e = added ? added->child : NULL; e; e = e->next) {
         int id = json_id(cJSON_GetObjectItemCaseSensitive(e, "id"));
         if (id < 0 || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "content")))
@@ -423,10 +691,9 @@ static sp_status derive_texts(load_ctx *c)
     return SP_OK;
 }
 
-static sp_status load_vocab(load_ctx *c, const cJSON *model, const cJSON *added)
+static sp_status load_vocab(load_ctx *c, jspan vocab, const cJSON *added)
 {
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    if (!cJSON_IsObject(vocab))
+    if (!vocab.p || vocab.p >= vocab.end || *vocab.p != '{')
         return sp_errf(c->err, SP_ERR_FORMAT, "%s: model.vocab is missing or not an object", c->path);
     if (added && !cJSON_IsArray(added))
         return sp_errf(c->err, SP_ERR_FORMAT, "%s: added_tokens is not an array", c->path);
@@ -434,8 +701,10 @@ static sp_status load_vocab(load_ctx *c, const cJSON *model, const cJSON *added)
     if (m < 0)
         return SP_ERR_FORMAT;
     sp_status s = alloc_vocab(c->t, m + 1, c->err);
-    for (const cJSON *e = vocab->child; s == SP_OK && e; e = e->next)
-        s = set_piece(c, json_id(e), e->string);
+    char key[TOK_MAX_PIECE * 2 + 8];
+    jspan v;
+    for (const char *p = vocab.p; s == SP_OK && jmember(&p, vocab.end, key, sizeof key, &v) > 0;)
+        s = set_piece(c, jid(v), key);
     for (const cJSON *e = added ? added->child : NULL; s == SP_OK && e; e = e->next) {
         int id = json_id(cJSON_GetObjectItemCaseSensitive(e, "id"));
         s = set_piece(c, id, cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring);
@@ -447,37 +716,50 @@ static sp_status load_vocab(load_ctx *c, const cJSON *model, const cJSON *added)
 /* ---------------------------------------------------------------------------------------------- */
 /* loading: merges */
 
-/* Splits merge entry `e` (["a", "b"] or "a b") into the ids of its two parts. */
-static int merge_parts(const sp_tokenizer *t, const cJSON *e, int *a, int *b)
+/* Splits merge entry e (["a", "b"] or "a b") into the ids of its two parts. */
+static int merge_parts(const sp_tokenizer *t, jspan e, int *a, int *b)
 {
-    if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2) {
-        const cJSON *x = cJSON_GetArrayItem(e, 0), *y = cJSON_GetArrayItem(e, 1);
-        if (!cJSON_IsString(x) || !cJSON_IsString(y))
+    char x[TOK_MAX_PIECE * 2 + 8], y[TOK_MAX_PIECE * 2 + 8];
+    const char *p = e.p;
+    if (*p == '[') {
+        jspan v;
+        const char *q = p;
+        if (jelem(&q, e.end, &v) <= 0)
             return 0;
-        *a = piece_find(t, x->valuestring, strlen(x->valuestring));
-        *b = piece_find(t, y->valuestring, strlen(y->valuestring));
+        const char *vp = v.p;
+        long nx = jstr(&vp, v.end, x, sizeof x);
+        if (nx < 0 || jelem(&q, e.end, &v) <= 0)
+            return 0;
+        vp = v.p;
+        long ny = jstr(&vp, v.end, y, sizeof y);
+        if (ny < 0 || jelem(&q, e.end, &v) != 0)
+            return 0;
+        *a = piece_find(t, x, (size_t)nx);
+        *b = piece_find(t, y, (size_t)ny);
         return *a >= 0 && *b >= 0;
     }
-    if (!cJSON_IsString(e))
+    long n = jstr(&p, e.end, x, sizeof x);
+    if (n < 0)
         return 0;
     /* "a b": pieces may hold spaces themselves, so take the first split whose halves are both pieces. */
-    const char *s = e->valuestring;
-    for (const char *sp = strchr(s, ' '); sp; sp = strchr(sp + 1, ' ')) {
-        *a = piece_find(t, s, (size_t)(sp - s));
-        *b = piece_find(t, sp + 1, strlen(sp + 1));
+    for (const char *sp = memchr(x, ' ', (size_t)n); sp; sp = memchr(sp + 1, ' ', (size_t)(x + n - sp - 1))) {
+        *a = piece_find(t, x, (size_t)(sp - x));
+        *b = piece_find(t, sp + 1, (size_t)(x + n - sp - 1));
         if (*a >= 0 && *b >= 0)
             return 1;
     }
     return 0;
 }
 
-static sp_status load_merges(load_ctx *c, const cJSON *model)
+static sp_status load_merges(load_ctx *c, jspan merges)
 {
     sp_tokenizer *t = c->t;
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (merges && !cJSON_IsArray(merges))
+    if (merges.p && (merges.p >= merges.end || *merges.p != '['))
         return sp_errf(c->err, SP_ERR_FORMAT, "%s: model.merges is not an array", c->path);
-    int n = merges ? cJSON_GetArraySize(merges) : 0;
+    int n = 0, r;
+    jspan e;
+    for (const char *p = merges.p; p && (r = jelem(&p, merges.end, &e)) > 0;)
+        n++;
     int *first_rank = malloc((size_t)t->n_vocab * sizeof *first_rank);
     t->pair_mask = pow2_at_least((size_t)n * 2) - 1;
     t->pairs = calloc(t->pair_mask + 1, sizeof *t->pairs);
@@ -490,7 +772,7 @@ static sp_status load_merges(load_ctx *c, const cJSON *model)
     char buf[2 * TOK_MAX_PIECE + 1];
     int rank = 0;
     sp_status s = SP_OK;
-    for (const cJSON *e = merges ? merges->child : NULL; e; e = e->next, rank++) {
+    for (const char *p = merges.p; p && jelem(&p, merges.end, &e) > 0; rank++) {
         int a, b;
         if (!merge_parts(t, e, &a, &b)) {
             s = sp_errf(c->err, SP_ERR_FORMAT, "%s: merge %d is malformed or names a piece not in the vocab",
@@ -778,7 +1060,7 @@ static sp_status load_config(sp_tokenizer *t, const char *dir, sp_err *err)
     return SP_OK;
 }
 
-static sp_status load_tokenizer_json(load_ctx *c, const cJSON *root)
+static sp_status load_tokenizer_json(load_ctx *c, const cJSON *root, jspan vocab, jspan merges)
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
@@ -786,9 +1068,9 @@ static sp_status load_tokenizer_json(load_ctx *c, const cJSON *root)
         return sp_errf(c->err, SP_ERR_FORMAT, "%s: no \"model\" object", c->path);
     sp_status s = detect_kind(c, model, pre);
     if (s == SP_OK)
-        s = load_vocab(c, model, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+        s = load_vocab(c, vocab, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
     if (s == SP_OK)
-        s = load_merges(c, model);
+        s = load_merges(c, merges);
     if (s == SP_OK)
         s = load_normalizer(c, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
     if (s == SP_OK)
@@ -841,12 +1123,16 @@ sp_status sp_tokenizer_load(sp_tokenizer **out, const char *dir, sp_err *err)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     t->tmpl_bos = -1;
     cJSON *root = NULL;
-    sp_status s = parse_json_file(path, &root, err);
+    jspan vocab = {0}, merges = {0};
+    char *text = NULL;
+    size_t len = 0;
+    sp_status s = map_json_file(path, &text, &len, &root, &vocab, &merges, err);
     load_ctx c = {.t = t, .path = path, .err = err};
     if (s == SP_OK)
-        s = cJSON_IsObject(root) ? load_tokenizer_json(&c, root)
-                                 : sp_errf(err, SP_ERR_FORMAT, "%s: not a JSON object", path);
+        s = load_tokenizer_json(&c, root, vocab, merges);
     cJSON_Delete(root);
+    if (text)
+        munmap(text, len);
     if (s == SP_OK)
         s = load_config(t, dir, err);
     if (s != SP_OK) {
