@@ -164,6 +164,10 @@ void sp_app_init(sp_app *app, sp_sink sink)
     sp_app_define(app, "seed", SP_OPT_STR, 0, 0, NULL, "random",
                   "seed of sampling: an integer repeats a run, random draws a fresh one each time");
     sp_app_define(app, "beams", SP_OPT_INT, 1, 64, NULL, "1", "beam search width; 1 is no beam search");
+    sp_app_define(app, "min-new-tokens", SP_OPT_INT, 0, 1e6, NULL, "0",
+                  "the end-of-text token cannot come before this many new tokens");
+    sp_app_define(app, "ignore-eos", SP_OPT_FLAG, 0, 0, NULL, "off",
+                  "generation goes on past the end-of-text token (on, off)");
     sp_app_define(app, "stop", SP_OPT_STR, 0, 0, NULL, "", "generation stops after this text; empty is off");
     sp_app_define(app, "blocks-per-server", SP_OPT_INT, 0, 1e6, NULL, "0",
                   "blocks each server of `swarm up` holds; 0 is an even split");

@@ -75,6 +75,8 @@ static int gen_opts(sp_app *app, const sp_args *a, sp_gen_opts *o, unsigned long
     }
     o->sample.seed = *seed;
     o->cancel = &app->cancel;
+    o->stop_at_eos = !sp_arg_given(a, "--ignore-eos") && !sp_is_on(sp_app_get(app, "ignore-eos"));
+    o->min_new = (int)sp_arg_int(app, a, "--min-new-tokens", 0);
     return 0;
 }
 
@@ -198,6 +200,10 @@ static const sp_opt generate_opts[] = {
     {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, "seed", NULL,
      "seed of sampling: the same seed repeats a run (the setting's `random` draws one)"},
     {"--greedy", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "temperature 0, whatever the settings say"},
+    {"--ignore-eos", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL,
+     "go on past the end-of-text token (it stays in the text) until --max-new-tokens"},
+    {"--min-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, "min-new-tokens", NULL,
+     "the end-of-text token cannot come before N new tokens"},
     {"--ids", SP_OPT_STR, "I,J,K", 0, 0, NULL, NULL, NULL,
      "token ids instead of a prompt; prints the whole id sequence, prompt included"},
     {"--prompts", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, NULL,

@@ -7,6 +7,7 @@
 
 #include "block.h"
 #include "app.h"
+#include "generate.h"
 #include "config.h"
 #include "convert_llama2c.h"
 #include "model.h"
@@ -269,31 +270,27 @@ static int model_check(sp_app *app, const char *dir, const char *golden_path)
 
 typedef struct stream_ctx {
     sp_app *app;
-    sp_detok detok;
-    int count;
 } stream_ctx;
 
-static int stream_token(int token, void *user)
+static int stream_piece(int row, int token, const char *text, void *user)
 {
+    (void)row, (void)token;
     stream_ctx *s = user;
-    char buf[SP_DETOK_BUF + 1];
-    size_t n = sp_detok_push(&s->detok, token, buf, sizeof buf - 1);
-    buf[n] = 0;
-    sp_ui_event ev = {.kind = SP_UI_GEN_TEXT, .text = buf};
-    if (n)
+    sp_ui_event ev = {.kind = SP_UI_GEN_TEXT, .text = text};
+    if (text && *text)
         sp_emit(s->app, &ev);
-    s->count++;
-    return sp_app_cancelled(s->app);
+    return 0;
 }
 
-static int model_generate(sp_app *app, const char *dir, const char *prompt, long max_new, double temperature,
-                          long seed)
+/* Generation with every block in this process: the same generator, sampler and options as `generate`. */
+static int model_generate(sp_app *app, const char *dir, const char *prompt, const sp_gen_opts *opts)
 {
     sp_err err = {0};
     sp_tokenizer *tok = NULL;
     sp_model *m = NULL;
-    int32_t *ids = NULL, *out = NULL;
-    int *raw = NULL, n = 0, n_out = 0, rc = CLI_OK;
+    int32_t *ids = NULL;
+    int *raw = NULL, n = 0, rc = CLI_OK;
+    sp_gen_opts o = *opts;
     if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load(&m, dir, SP_LOAD_ALL, 0, -1, &err) ||
         sp_tokenizer_encode(tok, prompt, 1, &raw, &n, &err)) {
         rc = fail_err(app, &err);
@@ -304,53 +301,43 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, long
                           m->cfg.max_pos);
         goto done;
     }
-    if (n + max_new - 1 > m->cfg.max_pos) {
-        sp_warn(app, "--max-new-tokens %ld: %d prompt tokens leave room for %d in the context of %d", max_new, n,
+    if (n + o.max_new - 1 > m->cfg.max_pos) {
+        sp_warn(app, "--max-new-tokens %d: %d prompt tokens leave room for %d in the context of %d", o.max_new, n,
                 m->cfg.max_pos - n + 1, m->cfg.max_pos);
-        max_new = m->cfg.max_pos - n + 1;
+        o.max_new = m->cfg.max_pos - n + 1;
     }
-    ids = malloc((size_t)n * sizeof *ids);
-    out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
-    if (!ids || !out) {
+    if (!(ids = malloc((size_t)(n ? n : 1) * sizeof *ids))) {
         rc = sp_app_error(app, "out of memory");
         goto done;
     }
     for (int i = 0; i < n; i++)
         ids[i] = raw[i];
+    o.eos_id = m->cfg.eos_id;
+    o.bos_id = m->cfg.bos_id;
     stream_ctx sc = {.app = app};
-    sp_detok_init(&sc.detok, tok);
-    for (int i = 0; i < n; i++) /* prime the decoder with the prompt so spacing continues correctly */
-        sc.detok.prev = ids[i], sc.detok.at_start = 0;
     sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = prompt};
     sp_emit(app, &begin);
-    sp_sampler s = {.temperature = (float)temperature};
-    sp_rng_seed(&s.rng, (uint64_t)seed);
-    double t0 = sp_now_s();
-    sp_status st = sp_model_generate(m, ids, n, (int)max_new, &s, 1, out, &n_out, stream_token, &sc, &err);
-    double dt = sp_now_s() - t0;
-    char tail[SP_DETOK_BUF + 1];
-    size_t nt = sp_detok_flush(&sc.detok, tail, sizeof tail - 1);
-    tail[nt] = 0;
-    sp_ui_event t = {.kind = SP_UI_GEN_TEXT, .text = tail};
-    if (nt)
-        sp_emit(app, &t);
-    if (st) {
+    sp_lm_local loc;
+    sp_lm lm = sp_lm_local_make(&loc, m);
+    sp_gen_result r;
+    const int32_t *ps[1] = {ids};
+    if (sp_generate(&lm, tok, ps, &n, 1, &o, stream_piece, &sc, &r, &err)) {
         sp_ui_event nl = {.kind = SP_UI_GEN_TEXT, .text = "\n"};
         sp_emit(app, &nl);
         rc = fail_err(app, &err);
-    } else {
-        sp_ui_gen g = {.prompt_tokens = n, .new_tokens = n_out, .decode_s = dt, .seed = (unsigned long long)seed,
-                       .sampled = temperature > 0,
-                       .stop = sp_app_cancelled(app) ? SP_GEN_STOP_CANCELLED
-                               : n_out < max_new     ? SP_GEN_STOP_EOS
-                                                     : SP_GEN_STOP_LENGTH};
-        sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
-        sp_emit(app, &end);
+        goto done;
     }
+    sp_ui_gen g = {.prompt_tokens = n, .new_tokens = r.n[0], .prefill_s = r.prefill_s,
+                   .decode_s = r.seconds - r.prefill_s, .first_token_s = r.first_token_s, .stop = r.stop_reason,
+                   .seed = (unsigned long long)o.sample.seed, .sampled = o.sample.temperature > 0};
+    sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
+    sp_emit(app, &end);
+    if (r.stop_reason == SP_GEN_STOP_CANCELLED)
+        sp_note(app, "^C (stopped after %d token%s)", r.n[0], r.n[0] == 1 ? "" : "s");
+    sp_gen_result_free(&r);
 done:
     free(raw);
     free(ids);
-    free(out);
     sp_model_free(m);
     sp_tokenizer_free(tok);
     return rc;
@@ -371,8 +358,17 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     const char *prompt = sp_arg(app, a, "--prompt");
     if (!prompt)
         return sp_app_error(app, "model generate: needs --prompt TEXT"), CLI_USAGE;
-    return model_generate(app, a->pos[0], prompt, (long)sp_arg_int(app, a, "--max-new-tokens", 64),
-                          sp_arg_num(app, a, "--temperature", 0), (long)sp_arg_int(app, a, "--seed", 0));
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = (int)sp_arg_int(app, a, "--max-new-tokens", 64);
+    o.sample.temperature = (float)sp_arg_num(app, a, "--temperature", 0);
+    o.sample.top_k = (int)sp_arg_int(app, a, "--top-k", 0);
+    o.sample.top_p = (float)sp_arg_num(app, a, "--top-p", 1);
+    o.sample.seed = (uint64_t)sp_arg_int(app, a, "--seed", 0);
+    o.stop_at_eos = !sp_arg_given(a, "--ignore-eos");
+    o.min_new = (int)sp_arg_int(app, a, "--min-new-tokens", 0);
+    o.cancel = &app->cancel;
+    return model_generate(app, a->pos[0], prompt, &o);
 }
 
 static int cmd_convert(sp_app *app, const sp_args *a)
@@ -393,7 +389,13 @@ static const sp_opt gen_opts[] = {
     {"--prompt", SP_OPT_STR, "TEXT", 0, 0, NULL, NULL, NULL, "the prompt (needed)"},
     {"--max-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "64", "tokens to add at most"},
     {"--temperature", SP_OPT_NUM, "T", 0, 100, NULL, NULL, "0", "sampling temperature; 0 is greedy"},
+    {"--top-k", SP_OPT_INT, "K", 0, 1 << 30, NULL, NULL, "0", "sample among the K likeliest tokens; 0 is off"},
+    {"--top-p", SP_OPT_NUM, "P", 1e-9, 1, NULL, NULL, "1", "nucleus sampling; 1 is off"},
     {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, NULL, "0", "seed of sampling"},
+    {"--ignore-eos", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL,
+     "go on past the end-of-text token until --max-new-tokens"},
+    {"--min-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "0",
+     "the end-of-text token cannot come before N new tokens"},
     {0},
 };
 

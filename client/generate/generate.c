@@ -154,6 +154,12 @@ static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2
         return rs->prompt[rs->pos];
     if (rs->done)
         return rs->context[rs->ncontext - 1]; /* a filler the row never reads */
+    if (r->n[b] < o->min_new) { /* not yet: the ends cannot be chosen */
+        if (o->eos_id >= 0 && o->eos_id < smp->V)
+            logits[o->eos_id] = -INFINITY;
+        if (o->bos_id >= 0 && o->bos_id < smp->V)
+            logits[o->bos_id] = -INFINITY;
+    }
     int tok_id = sp_sampler2_next(smp, logits, rs->context, rs->ncontext);
     if (o->stop_at_eos && (tok_id == o->eos_id || tok_id == o->bos_id)) {
         rs->done = 1;
@@ -372,6 +378,12 @@ static sp_status beam_loop(const sp_lm *lm, beams *bm, const sp_gen_opts *o, flo
         if (is_cancelled(o)) {
             st = SP_ERR_CANCELLED;
             break;
+        }
+        for (int k = 0; bm->len < o->min_new && k < K; k++) { /* not yet: the ends cannot be chosen */
+            if (o->eos_id >= 0 && o->eos_id < bm->V)
+                logits[(size_t)k * bm->V + o->eos_id] = -INFINITY;
+            if (o->bos_id >= 0 && o->bos_id < bm->V)
+                logits[(size_t)k * bm->V + o->bos_id] = -INFINITY;
         }
         int n = collect(bm, logits, lp, c);
         int live = select_beams(bm, c, n, o, src, next, tok_new);

@@ -39,7 +39,8 @@ typedef struct sp_gen_opts {
     int max_new;
     int beams;               /* 1: no beam search */
     const char *const *stop; /* NULL-terminated stop strings (need a tokenizer), may be NULL */
-    int stop_at_eos;         /* stop a row at EOS (and BOS, as llama2.c does) */
+    int stop_at_eos;         /* stop a row at EOS (and BOS, as llama2.c does); 0: go on past them (--ignore-eos) */
+    int min_new;             /* EOS and BOS cannot be chosen before this many new tokens (--min-new-tokens) */
     int eos_id, bos_id;
     const int *cancel;       /* non-zero (read atomically) stops the generation between steps; may be NULL */
 } sp_gen_opts;

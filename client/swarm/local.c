@@ -47,10 +47,10 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
         snprintf(blocks, sizeof blocks, "%d", k);
         if (peers)
             execl(rt->server_bin, "sepal-server", "--model", rt->model_dir, "--num-blocks", blocks, "--initial-peers",
-                  peers, "--selection-delay", "0", (char *)NULL);
+                  peers, "--selection-delay", "0", "--balance-period", "5", (char *)NULL);
         else
             execl(rt->server_bin, "sepal-server", "--model", rt->model_dir, "--num-blocks", blocks, "--new-swarm",
-                  "--selection-delay", "0", (char *)NULL);
+                  "--selection-delay", "0", "--balance-period", "5", (char *)NULL);
         fprintf(stderr, "cannot run %s: %s\n", rt->server_bin, strerror(errno));
         _exit(127);
     }
@@ -154,6 +154,24 @@ static sp_status start_one(sp_runtime *rt, int i, int k, char *peers, size_t cap
     return SP_OK;
 }
 
+/* The first block no online server of ours holds, or -1. */
+static int first_hole(sp_runtime *rt, int L)
+{
+    int hole = -1;
+    pthread_mutex_lock(&rt->lock);
+    for (int b = 0; b < L && hole < 0; b++) {
+        int held = 0;
+        for (int i = 0; i < rt->nservers && !held; i++) {
+            const sp_server_entry *e = rt->servers[i];
+            held = e->pid > 0 && !e->gone && e->rec.state == SP_SERVER_ONLINE && e->rec.start <= b && b < e->rec.end;
+        }
+        if (!held)
+            hole = b;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return hole;
+}
+
 sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
 {
     sp_status st = check_swarm_args(rt, n, k, err);
@@ -171,6 +189,22 @@ sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
         return st;
     }
     sp_rt_emit(rt, SP_EV_PROGRESS, "starting servers", n, n, n);
+    /* each server chose its blocks from what it saw; on a busy machine one may have seen too little and doubled
+     * another's span: they rebalance (every few seconds here), and the swarm is up once every block is served */
+    int L2 = rt->local->cfg.n_layers, hole = -1;
+    for (double end = sp_now_s() + 30; !st;) {
+        hole = first_hole(rt, L2);
+        if (hole < 0 || sp_now_s() > end)
+            break;
+        if (sp_rt_sleep(rt, 0.05))
+            st = sp_errf(err, SP_ERR_CANCELLED, "swarm up: cancelled while the servers rebalanced");
+    }
+    if (!st && hole >= 0)
+        st = sp_errf(err, SP_ERR_TIMEOUT, "swarm up: no server took block %d within 30 s", hole);
+    if (st) {
+        sp_runtime_swarm_down(rt);
+        return st;
+    }
     char spans[1024];
     size_t m = 0;
     pthread_mutex_lock(&rt->lock);

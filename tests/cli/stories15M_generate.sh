@@ -31,5 +31,9 @@ PY
 done
 expect 0 "sampling with a seed is repeatable" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" = \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" ]"
 expect 0 "different seeds differ" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" != \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 8 --max-new-tokens 20 2>/dev/null)\" ]"
+# the greedy story ends (EOS) after 217 new tokens; --ignore-eos goes on to the limit, --min-new-tokens past 217
+expect 0 "the story ends by itself" "217 new in .* stop: eos" -- "$SEPAL" model generate "$M" --prompt "Once upon a time" --max-new-tokens 250
+expect 0 "--ignore-eos goes on to --max-new-tokens" "250 new in .* stop: length" -- "$SEPAL" model generate "$M" --prompt "Once upon a time" --max-new-tokens 250 --ignore-eos
+expect 0 "--min-new-tokens holds the end back" " 2(4[0-9]|50) new in " -- "$SEPAL" model generate "$M" --prompt "Once upon a time" --max-new-tokens 250 --min-new-tokens 240
 expect 1 "missing tokenizer" "tokenizer.json" -- "$SEPAL" model generate "$SEPAL_TEST_DATA/hf-tiny/llama-gqa" --prompt Hi
 finish
