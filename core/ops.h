@@ -49,7 +49,20 @@ static inline float sp_expf_vec(float x)
 typedef struct sp_attn_dims {
     int B, T, S, past, nh, nkv, hd, kv_cap;
     int keep_probs; /* 1: probs is [B, nh, T, S] and kept for backward; 0: probs is one [T, S] scratch */
+    const float *alibi; /* ALiBi slopes [nh] (NULL: none): head h's score of query position i for key position
+                           j gets + alibi[h] * (j - i), the bias BLOOM adds (slope * j there: the same after the
+                           softmax, which ignores a per-row constant, and exact for any position offset) */
 } sp_attn_dims;
+
+/* ALiBi slopes for nh heads as BLOOM computes them: for the largest power of two n <= nh, 2^(-8i/n),
+ * i = 1..n; the remaining heads take every other slope of 2n heads, 2^(-4i/n), i = 1, 3, 5, ... */
+void sp_alibi_slopes(float *slopes, int nh);
+
+/* Mixture-of-experts routing (Mixtral): the router's logits [N, E] -> for each row the K experts of highest
+ * softmax probability (idx [N, K], in decreasing order; ties: the lower index) and their weights renormalised
+ * to sum to 1 (w [N, K]): p_k / sum of the chosen p. w is the softmax over the chosen logits alone, so
+ * the backward (selection held fixed, as autograd through topk does) is dlogits[n, e_k] += w_k (dw_k -
+ * sum_j w_j dw_j), zero for the experts not chosen. */
 
 #define SP_OPS_DECLARE(REAL, SFX)                                                                               \
     void sp_embedding_forward##SFX(REAL *out, const int32_t *ids, const REAL *table, int N, int C);            \
@@ -84,6 +97,9 @@ typedef struct sp_attn_dims {
     void sp_gelu_tanh_backward##SFX(REAL *dinp, const REAL *dout, const REAL *inp, long n);                    \
     void sp_softmax_forward##SFX(REAL *out, const REAL *inp, int N, int C);                                    \
     void sp_softmax_backward##SFX(REAL *dinp, const REAL *dout, const REAL *out, int N, int C);                \
+    void sp_moe_route_forward##SFX(REAL *w, int32_t *idx, const REAL *logits, int N, int E, int K);             \
+    void sp_moe_route_backward##SFX(REAL *dlogits, const REAL *dw, const REAL *w, const int32_t *idx, int N,    \
+                                    int E, int K);                                                              \
     void sp_crossentropy_forward##SFX(REAL *losses, const REAL *logits, const int32_t *targets, int N, int V); \
     void sp_crossentropy_backward##SFX(REAL *dlogits, const REAL *dlosses, const REAL *logits,                 \
                                        const int32_t *targets, int N, int V);
@@ -118,6 +134,8 @@ long sp_attention_scratch_size(const sp_attn_dims *d);
 #define sp_gelu_tanh_backward sp_gelu_tanh_backward_f32
 #define sp_softmax_forward sp_softmax_forward_f32
 #define sp_softmax_backward sp_softmax_backward_f32
+#define sp_moe_route_forward sp_moe_route_forward_f32
+#define sp_moe_route_backward sp_moe_route_backward_f32
 #define sp_crossentropy_forward sp_crossentropy_forward_f32
 #define sp_crossentropy_backward sp_crossentropy_backward_f32
 #endif

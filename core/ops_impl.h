@@ -207,6 +207,17 @@ static void FN(masked_softmax_rows)(REAL *P, int T, int S, int past)
     }
 }
 
+/* + slope * (key position - query position) over the visible keys of each row (ALiBi). */
+static void FN(alibi_rows)(REAL *P, int T, int S, int past, float slope)
+{
+    for (int t = 0; t < T; t++) {
+        REAL *p = P + (long)t * S;
+        int n = past + t + 1;
+        for (int s = 0; s < n; s++)
+            p[s] += (REAL)slope * (REAL)(s - (past + t));
+    }
+}
+
 void FN(sp_attention_forward)(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,
                               const sp_attn_dims *d)
 {
@@ -220,6 +231,8 @@ void FN(sp_attention_forward)(REAL *out, REAL *probs, const REAL *q, const REAL 
             REAL *P = d->keep_probs ? probs + ((long)b * d->nh + h) * T * S : probs;
             REAL *O = out + (long)b * T * ldq + (long)h * hd;
             GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, S, hd, scale, Q, ldq, K, ldk, 0, P, S);
+            if (d->alibi)
+                FN(alibi_rows)(P, T, S, d->past, d->alibi[h]);
             FN(masked_softmax_rows)(P, T, S, d->past);
             GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, S, 1, P, S, Vv, ldk, 0, O, ldq);
         }
@@ -347,6 +360,54 @@ void FN(sp_softmax_backward)(REAL *dinp, const REAL *dout, const REAL *out, int 
             dot += dy[c] * y[c];
         for (int c = 0; c < C; c++)
             dinp[(long)i * C + c] += y[c] * (dy[c] - dot);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* mixture-of-experts routing */
+
+void FN(sp_moe_route_forward)(REAL *w, int32_t *idx, const REAL *logits, int N, int E, int K)
+{
+    for (int n = 0; n < N; n++) {
+        const REAL *x = logits + (long)n * E;
+        REAL *wn = w + (long)n * K;
+        int32_t *in = idx + (long)n * K;
+        REAL mx = x[0], sum = 0;
+        for (int e = 1; e < E; e++)
+            mx = x[e] > mx ? x[e] : mx;
+        for (int e = 0; e < E; e++)
+            sum += EXP(x[e] - mx);
+        /* the K largest, in order (E is small: a selection pass per pick) */
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++)
+                    taken |= in[j] == e;
+                if (!taken && (best < 0 || x[e] > x[best]))
+                    best = e;
+            }
+            in[k] = best;
+            wn[k] = EXP(x[best] - mx) / sum; /* the softmax probability, as transformers computes it */
+        }
+        REAL tot = 0;
+        for (int k = 0; k < K; k++)
+            tot += wn[k];
+        for (int k = 0; k < K; k++)
+            wn[k] /= tot;
+    }
+}
+
+void FN(sp_moe_route_backward)(REAL *dlogits, const REAL *dw, const REAL *w, const int32_t *idx, int N, int E,
+                               int K)
+{
+    for (int n = 0; n < N; n++) {
+        const REAL *wn = w + (long)n * K, *gn = dw + (long)n * K;
+        REAL dot = 0;
+        for (int k = 0; k < K; k++)
+            dot += wn[k] * gn[k];
+        for (int k = 0; k < K; k++)
+            dlogits[(long)n * E + idx[(long)n * K + k]] += wn[k] * (gn[k] - dot);
     }
 }
 
