@@ -30,7 +30,7 @@ typedef struct opts {
 typedef struct bench {
     opts o;
     int nthreads;
-    sp_llama_block b;
+    sp_block b;
     sp_rope rope;
     sp_ws ws;
     sp_kv_cache kv;
@@ -214,7 +214,7 @@ static int decode_once(bench *c, double *secs)
 {
     c->kv.len = c->o.K;
     double t0 = sp_now_s();
-    sp_status s = sp_llama_block_forward(&c->b, c->y, c->x, 1, 1, c->o.K, &c->kv, &c->ws, &c->err);
+    sp_status s = sp_block_forward(&c->b, c->y, c->x, 1, 1, c->o.K, &c->kv, &c->ws, &c->err);
     *secs = sp_now_s() - t0;
     return s ? -1 : 0;
 }
@@ -224,7 +224,7 @@ static int prefill_cache(bench *c)
 {
     if (sp_kv_init(&c->kv, 1, c->o.K + 1, c->b.nkv, c->b.hd, &c->err))
         return -1;
-    return sp_llama_block_forward(&c->b, c->y, c->x, 1, c->o.K, 0, &c->kv, &c->ws, &c->err) ? -1 : 0;
+    return sp_block_forward(&c->b, c->y, c->x, 1, c->o.K, 0, &c->kv, &c->ws, &c->err) ? -1 : 0;
 }
 
 static int run_decode(bench *c)
@@ -255,7 +255,7 @@ static int run_decode(bench *c)
 static int forward_once(bench *c, double *secs)
 {
     double t0 = sp_now_s();
-    sp_status s = sp_llama_block_forward(&c->b, c->y, c->x, 1, c->o.T, 0, NULL, &c->ws, &c->err);
+    sp_status s = sp_block_forward(&c->b, c->y, c->x, 1, c->o.T, 0, NULL, &c->ws, &c->err);
     *secs = sp_now_s() - t0;
     return s ? -1 : 0;
 }
@@ -263,7 +263,7 @@ static int forward_once(bench *c, double *secs)
 /* The block's seven projections as bare GEMMs: C[T, out] = A[T, in] W[out, in]^T. */
 static int sgemm_once(bench *c, double *secs)
 {
-    const sp_llama_block *b = &c->b;
+    const sp_block *b = &c->b;
     int T = c->o.T, H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd, FF = b->FF;
     const float *W[7] = {b->wq, b->wk, b->wv, b->wo, b->w_gate, b->w_up, b->w_down};
     int in[7] = {H, H, H, Q, H, H, FF}, out[7] = {Q, KV, KV, H, FF, FF, H};
@@ -275,14 +275,14 @@ static int sgemm_once(bench *c, double *secs)
     return 0;
 }
 
-static double linear_flops(const sp_llama_block *b, int T)
+static double linear_flops(const sp_block *b, int T)
 {
     double H = b->H, Q = (double)b->nh * b->hd, KV = (double)b->nkv * b->hd, FF = b->FF;
     return 2.0 * T * (H * Q + 2 * H * KV + Q * H + 3 * H * FF);
 }
 
 /* Causal: QK^T and PV each take 2 * hd flops per (head, query, visible key), ~T^2/2 pairs. */
-static double attention_flops(const sp_llama_block *b, int T)
+static double attention_flops(const sp_block *b, int T)
 {
     return 2.0 * 2.0 * b->nh * b->hd * (double)T * T / 2.0;
 }
@@ -301,7 +301,7 @@ static void print_forward(const bench *c, stats sb, stats sg)
 
 static int alloc_gemm_operands(bench *c, sp_rng *rng)
 {
-    const sp_llama_block *b = &c->b;
+    const sp_block *b = &c->b;
     size_t T = (size_t)c->o.T, Q = (size_t)b->nh * b->hd, FF = (size_t)b->FF, H = (size_t)b->H;
     size_t wide = FF > Q ? FF : Q;
     wide = wide > H ? wide : H;
@@ -335,18 +335,18 @@ static int run_forward(bench *c, sp_rng *rng)
 
 /* Random N(0, 0.02) projections; the RMSNorm gains are 1 as in a trained model's neighbourhood, so
  * activations keep a realistic scale (no denormals skewing the timing). */
-static void fill_weights(sp_llama_block *b, sp_rng *rng)
+static void fill_weights(sp_block *b, sp_rng *rng)
 {
     sp_rng_fill_normal(rng, b->mem, (long)b->numel, 0.02f);
     for (int i = 0; i < b->H; i++)
-        b->attn_norm[i] = b->ffn_norm[i] = 1.0f;
+        b->ln1_w[i] = b->ln2_w[i] = 1.0f;
 }
 
 static int setup(bench *c, sp_rng *rng)
 {
     sp_config cfg;
     make_config(&cfg, &c->o);
-    if (sp_rope_init(&c->rope, &cfg, &c->err) || sp_llama_block_init(&c->b, &cfg, &c->rope, &c->err))
+    if (sp_rope_init(&c->rope, &cfg, &c->err) || sp_block_init(&c->b, &cfg, &c->rope, &c->err))
         return -1;
     fill_weights(&c->b, rng);
     int T = c->o.T > c->o.K ? c->o.T : c->o.K;
@@ -362,7 +362,7 @@ static int setup(bench *c, sp_rng *rng)
 
 static void teardown(bench *c)
 {
-    sp_llama_block_free(&c->b);
+    sp_block_free(&c->b);
     sp_kv_free(&c->kv);
     sp_ws_free(&c->ws);
     free(c->x);

@@ -482,11 +482,11 @@ static void local_chain(sp_model *m, chain_ref *c)
         if (c->dp)
             add_prompt(c->y, c->dp + i * NP, c, NULL);
         memcpy(acts + i * N, c->y, N * sizeof(float));
-        ck_assert_int_eq(sp_llama_block_forward(&m->blocks[i], c->y, acts + i * N, c->B, c->T, 0, NULL, &ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_forward(&m->blocks[i], c->y, acts + i * N, c->B, c->T, 0, NULL, &ws, &err), SP_OK);
     }
     memcpy(c->gx, c->g, N * sizeof(float));
     for (int i = c->L - 1; i >= 0; i--) {
-        ck_assert_int_eq(sp_llama_block_backward(&m->blocks[i], c->gx, c->gx, acts + i * N, c->B, c->T, 0, NULL, &ws,
+        ck_assert_int_eq(sp_block_backward(&m->blocks[i], c->gx, c->gx, acts + i * N, c->B, c->T, 0, NULL, &ws,
                                                  &err), SP_OK);
         if (c->dp)
             add_prompt(c->gx, NULL, c, c->gdp + i * NP);

@@ -907,9 +907,9 @@ static sp_status local_forward(sp_node *nd, float *acts, sp_err *err)
         if (acts)
             memcpy(acts + i * x->n, o->data, (size_t)x->n * sizeof(float));
         if (nd->bacts)
-            st = sp_llama_block_forward_keep(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, &nd->bacts[i], err);
+            st = sp_block_forward_keep(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, &nd->bacts[i], err);
         else
-            st = sp_llama_block_forward(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, NULL, ws, err);
+            st = sp_block_forward(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, NULL, ws, err);
         if (st)
             sp_err_prefix(err, "sp_local_chain: block %d: ", m->first + i);
     }
@@ -951,7 +951,7 @@ static sp_status local_backward(sp_node *nd, float **d, sp_err *err)
     sp_ws *ws = local_ws_acquire(m);
     sp_status st = SP_OK;
     for (int i = m->last - m->first - 1; !st && i >= 0; i--) {
-        st = sp_llama_block_backward_kept(&m->blocks[i], g, g, nd->saved + i * x->n, &nd->bacts[i], NULL, ws, err);
+        st = sp_block_backward_kept(&m->blocks[i], g, g, nd->saved + i * x->n, &nd->bacts[i], NULL, ws, err);
         if (!st && d[1])
             prompt_rows(g, d[1] + i * B * P * H, B, T, P, H, 1);
     }
