@@ -23,6 +23,7 @@ typedef enum {
     OP_SLICE,
     OP_RESHAPE,
     OP_RMSNORM,
+    OP_LAYERNORM,
     OP_LINEAR,
     OP_POOL,
     OP_ADD,
@@ -66,7 +67,7 @@ struct sp_node {
     int nin;
     float f;       /* rmsnorm eps, scale factor */
     int64_t a, b;  /* slice range; counted elements of a loss */
-    float *saved;  /* rmsnorm rstd, mse/bce targets */
+    float *saved;  /* rmsnorm rstd, layernorm mean and rstd, mse/bce targets */
     int32_t *ids;  /* embedding ids, cross-entropy targets */
     int64_t *idx;  /* pooled positions */
     chain_saved *chain;
@@ -520,6 +521,28 @@ sp_t *sp_rmsnorm(sp_t *x, sp_t *w, float eps, sp_err *err)
     }
     if (o)
         sp_rmsnorm_forward_f32(o->data, o->node->saved, x->data, w->data, (int)N, (int)C, eps);
+    return o;
+}
+
+sp_t *sp_layernorm(sp_t *x, sp_t *w, sp_t *b, float eps, sp_err *err)
+{
+    if (bad_inputs("sp_layernorm", x, w, err) || (b && bad_inputs("sp_layernorm", x, b, err)))
+        return NULL;
+    if (!w || x->ndim < 1 || w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1] ||
+        (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
+        sp_errf(err, SP_ERR_ARG, "sp_layernorm: weight %s, bias %s do not match the last dimension of x %s",
+                w ? shp(w).s : "NULL", b ? shp(b).s : "none", shp(x).s);
+        return NULL;
+    }
+    int64_t C = w->shape[0], N = x->n / C;
+    sp_t *o = op_out(x->g, x->ndim, x->shape, OP_LAYERNORM, x, w, b, err);
+    if (o && !(o->node->saved = malloc((size_t)N * 2 * sizeof(float)))) {
+        nomem(err, "sp_layernorm");
+        return NULL;
+    }
+    if (o)
+        sp_layernorm_forward_f32(o->data, o->node->saved, o->node->saved + N, x->data, w->data, b ? b->data : NULL,
+                                 (int)N, (int)C, eps);
     return o;
 }
 
@@ -1042,6 +1065,11 @@ static sp_status op_backward(sp_node *nd, float **d, sp_err *err)
     case OP_RMSNORM:
         sp_rmsnorm_backward_f32(d[0], d[1], g, x->data, w->data, nd->saved, (int)(x->n / C), (int)C);
         return SP_OK;
+    case OP_LAYERNORM: {
+        int64_t N = x->n / C;
+        sp_layernorm_backward_f32(d[0], d[1], d[2], g, x->data, w->data, nd->saved, nd->saved + N, (int)N, (int)C);
+        return SP_OK;
+    }
     case OP_LINEAR:
         sp_linear_backward_f32(d[0], d[1], d[2], g, x->data, w->data, (int)(x->n / C), (int)C, (int)w->shape[0]);
         return SP_OK;
