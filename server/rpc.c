@@ -567,6 +567,11 @@ static void rpc_info(req *r)
     cJSON_AddStringToObject(o, "dtype", "f32");
     cJSON_AddStringToObject(o, "protocol", "1.0");
     cJSON_AddNumberToObject(o, "hidden_size", s->m->cfg.hidden);
+    cJSON_AddStringToObject(o, "family", sp_arch_name(s->m->cfg.arch));
+    cJSON_AddNumberToObject(o, "kv_heads", s->m->cfg.n_kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", s->m->cfg.head_dim);
+    cJSON_AddNumberToObject(o, "cache_bytes_per_token", (double)s->st.kv_bytes); /* one position, one block */
+    cJSON_AddNumberToObject(o, "cache_bytes_total", (double)s->st.budget);
     cJSON_AddNumberToObject(o, "cache_tokens_total", (double)s->o.cache_tokens);
     cJSON_AddNumberToObject(o, "cache_tokens_available", (double)sessions_tokens_available(s));
     cJSON_AddNumberToObject(o, "max_batch_tokens", s->o.max_batch_tokens);
