@@ -383,11 +383,14 @@ static void kv_append(sp_kv_cache *kv, const float *k, const float *v, int B, in
     }
 }
 
-/* The experts' weights: gate/up [FF, H] and down [H, FF] of expert e (dense blocks: e = 0). */
+/* The experts' weights: gate/up [FF, H] and down [H, FF] of expert e (dense blocks: e = 0), and their
+ * gradients' (NULL when not asked for). */
 static const float *expert_w(const float *w, int e, const sp_block *b)
 {
     return w ? w + (size_t)e * b->FF * b->H : NULL;
 }
+
+static float *expert_g(float *g, int e, const sp_block *b) { return g ? g + (size_t)e * b->FF * b->H : NULL; }
 
 /* MoE: route each token to its top-k experts, run every expert on its tokens (grouped: one GEMM per expert),
  * y[n] = sum_k w[n, k] * expert_k(x[n]), summed in expert order as transformers does. */
@@ -574,12 +577,12 @@ static void moe_backward(const sp_block *b, float *dx, sp_block *gw, const float
         if (!cnt)
             continue;
         size_t of = (size_t)o * FF, oh = (size_t)o * H;
-        sp_linear_backward(g->dact + of, (float *)expert_w(GRAD(w_down), e, b), NULL, g->dys + oh, a->act + of,
+        sp_linear_backward(g->dact + of, expert_g(GRAD(w_down), e, b), NULL, g->dys + oh, a->act + of,
                            expert_w(b->w_down, e, b), cnt, FF, H);
         sp_swiglu_backward(g->dgate + of, g->dup + of, g->dact + of, a->gate + of, a->up + of, (long)cnt * FF);
-        sp_linear_backward(g->dxs + oh, (float *)expert_w(GRAD(w_gate), e, b), NULL, g->dgate + of, a->xs + oh,
+        sp_linear_backward(g->dxs + oh, expert_g(GRAD(w_gate), e, b), NULL, g->dgate + of, a->xs + oh,
                            expert_w(b->w_gate, e, b), cnt, H, FF);
-        sp_linear_backward(g->dxs + oh, (float *)expert_w(GRAD(w_up), e, b), NULL, g->dup + of, a->xs + oh,
+        sp_linear_backward(g->dxs + oh, expert_g(GRAD(w_up), e, b), NULL, g->dup + of, a->xs + oh,
                            expert_w(b->w_up, e, b), cnt, H, FF);
     }
     for (int s = 0; s < N * K; s++) { /* scatter the slots' input gradients back to their tokens */
