@@ -32,8 +32,7 @@ void sp_alibi_slopes(float *slopes, int nh)
 #define EXP expf
 #define VEXP sp_expf_vec
 #define LOG logf
-#define ERF erff
-#define TANH tanhf
+#define VERF sp_erff_vec
 #include "ops_impl.h"
 #undef REAL
 #undef SFX
@@ -43,8 +42,7 @@ void sp_alibi_slopes(float *slopes, int nh)
 #undef EXP
 #undef VEXP
 #undef LOG
-#undef ERF
-#undef TANH
+#undef VERF
 
 #define REAL double
 #define SFX _f64
@@ -54,6 +52,5 @@ void sp_alibi_slopes(float *slopes, int nh)
 #define EXP exp
 #define VEXP exp
 #define LOG log
-#define ERF erf
-#define TANH tanh
+#define VERF erf
 #include "ops_impl.h"

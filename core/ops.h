@@ -43,6 +43,36 @@ static inline float sp_expf_vec(float x)
     return p * s;
 }
 
+/* erf for the f32 GELU loops, odd in x: |x| < 1: x * P(x^2), P of degree 6; 1 <= |x| < 4: 1 - exp(Q(|x| - 2.5)),
+ * Q of degree 8 fitting log(erfc) (both least-squares fits on Chebyshev nodes, made for this file); |x| >= 4: +-1
+ * (erf(4) rounds to 1 in f32). Within 2 ulp of 1 near +-1 and 4 ulp relative for |x| < 1 (test_ops checks it
+ * against erf in double). Branch-free like sp_expf_vec: both sides are computed and one is selected, so the
+ * loops using it vectorise (glibc's erff is a call of ~12 ns an element). */
+static inline float sp_erff_vec(float x)
+{
+    float a = x < 0.0f ? -x : x;
+    float s = a < 1.0f ? a : 1.0f, z = s * s;
+    float p = 7.933493885e-05f;
+    p = p * z - 8.034846650e-04f;
+    p = p * z + 5.191218377e-03f;
+    p = p * z - 2.685539945e-02f;
+    p = p * z + 1.128362573e-01f;
+    p = p * z - 3.761262988e-01f;
+    p = p * z + 1.128379167e+00f;
+    float t = (a < 4.0f ? a : 4.0f) - 2.5f;
+    float q = 1.614061655e-06f;
+    q = q * t - 1.330939039e-05f;
+    q = q * t + 7.739442559e-05f;
+    q = q * t - 4.201445675e-04f;
+    q = q * t + 2.165160310e-03f;
+    q = q * t - 1.085851701e-02f;
+    q = q * t - 9.438936403e-01f;
+    q = q * t - 5.352680681e+00f;
+    q = q * t - 7.806815277e+00f;
+    float r = a < 1.0f ? s * p : 1.0f - sp_expf_vec(q);
+    return x < 0.0f ? -r : r;
+}
+
 /* Causal attention geometry. Keys/values for batch b, position s, kv head g live at
  * k + ((b * kv_cap + s) * nkv + g) * hd, so a KV cache [B, kv_cap, nkv, hd] is used in place.
  * Query t (0..T-1) is at absolute position past + t and sees keys 0..past + t (S = past + T). */

@@ -300,34 +300,39 @@ void FN(sp_swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL
 void FN(sp_gelu_forward)(REAL *out, const REAL *inp, long n)
 {
     for (long i = 0; i < n; i++)
-        out[i] = (REAL)0.5 * inp[i] * ((REAL)1 + ERF(inp[i] * (REAL)0.70710678118654752440));
+        out[i] = (REAL)0.5 * inp[i] * ((REAL)1 + VERF(inp[i] * (REAL)0.70710678118654752440));
 }
 
 void FN(sp_gelu_backward)(REAL *dinp, const REAL *dout, const REAL *inp, long n)
 {
     for (long i = 0; i < n; i++) {
         REAL x = inp[i];
-        REAL cdf = (REAL)0.5 * ((REAL)1 + ERF(x * (REAL)0.70710678118654752440));
-        REAL pdf = (REAL)0.39894228040143267794 * EXP((REAL)-0.5 * x * x);
+        REAL cdf = (REAL)0.5 * ((REAL)1 + VERF(x * (REAL)0.70710678118654752440));
+        REAL pdf = (REAL)0.39894228040143267794 * VEXP((REAL)-0.5 * x * x);
         dinp[i] += dout[i] * (cdf + x * pdf);
     }
 }
 
+/* The tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), which the
+ * vectorised exp computes without tanh's call. */
 #define GELU_K ((REAL)0.79788456080286535588) /* sqrt(2/pi) */
 void FN(sp_gelu_tanh_forward)(REAL *out, const REAL *inp, long n)
 {
     for (long i = 0; i < n; i++) {
         REAL x = inp[i];
-        out[i] = (REAL)0.5 * x * ((REAL)1 + TANH(GELU_K * (x + (REAL)0.044715 * x * x * x)));
+        out[i] = x / ((REAL)1 + VEXP((REAL)-2 * GELU_K * (x + (REAL)0.044715 * x * x * x)));
     }
 }
 
 void FN(sp_gelu_tanh_backward)(REAL *dinp, const REAL *dout, const REAL *inp, long n)
 {
+    /* d/dx x s(2u) = s + 2 x s (1 - s) u', with 1 - s = e s (e = exp(-2u)): no cancellation where s nears 1;
+     * e is kept finite (exponent <= 80) so that e s stays a number where s underflows */
     for (long i = 0; i < n; i++) {
-        REAL x = inp[i], u = GELU_K * (x + (REAL)0.044715 * x * x * x);
-        REAL th = TANH(u), du = GELU_K * ((REAL)1 + (REAL)3 * (REAL)0.044715 * x * x);
-        dinp[i] += dout[i] * ((REAL)0.5 * ((REAL)1 + th) + (REAL)0.5 * x * ((REAL)1 - th * th) * du);
+        REAL x = inp[i], u = GELU_K * (x + (REAL)0.044715 * x * x * x), m = (REAL)-2 * u;
+        REAL e = VEXP(m < (REAL)80 ? m : (REAL)80), s = (REAL)1 / ((REAL)1 + e);
+        REAL du = GELU_K * ((REAL)1 + (REAL)3 * (REAL)0.044715 * x * x);
+        dinp[i] += dout[i] * (s + (REAL)2 * x * (e * s) * s * du);
     }
 }
 #undef GELU_K

@@ -122,6 +122,53 @@ START_TEST(t_expf_vec)
 }
 END_TEST
 
+/* The vectorisable erf of the f32 GELU: within 4 ulp (relative) of erf in double below 1, within 2 ulp of 1 (absolute)
+ * above; odd; exactly +-1 far out; and the f32 GELUs (erf and tanh forms) within a few ulp of their f64 twins. */
+START_TEST(t_erff_vec)
+{
+    const double ulp = 1.1920929e-7;
+    double worst_rel = 0, worst_abs = 0;
+    for (double x = 1e-6; x <= 6.0; x *= 1.0001) {
+        float xf = (float)x;
+        double want = erf((double)xf), got = sp_erff_vec(xf);
+        if (xf < 1.0f)
+            worst_rel = fmax(worst_rel, fabs(got - want) / want);
+        else
+            worst_abs = fmax(worst_abs, fabs(got - want));
+        ck_assert_float_eq(sp_erff_vec(-xf), -sp_erff_vec(xf));
+    }
+    ck_assert_msg(worst_rel <= 4 * ulp, "sp_erff_vec: relative error %g below 1", worst_rel);
+    ck_assert_msg(worst_abs <= 2 * ulp, "sp_erff_vec: error %g above 1", worst_abs);
+    ck_assert_float_eq(sp_erff_vec(0.0f), 0.0f);
+    ck_assert_float_eq(sp_erff_vec(100.0f), 1.0f);
+    ck_assert_float_eq(sp_erff_vec(-1e30f), -1.0f);
+    long n = 4099;
+    float *x = malloc(n * sizeof(float)), *o = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+    double *xd = malloc(n * sizeof(double)), *od = malloc(n * sizeof(double)), *gd = malloc(n * sizeof(double));
+    sp_rng r;
+    sp_rng_seed(&r, 4);
+    for (long i = 0; i < n; i++)
+        xd[i] = x[i] = (float)(sp_rng_normal(&r) * 4.0);
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+        memset(g, 0, n * sizeof(float));
+        memset(gd, 0, n * sizeof(double));
+        double ones[1] = {1.0};
+        float onef[1] = {1.0f};
+        (tanh_form ? sp_gelu_tanh_forward_f32 : sp_gelu_forward_f32)(o, x, n);
+        (tanh_form ? sp_gelu_tanh_forward_f64 : sp_gelu_forward_f64)(od, xd, n);
+        for (long i = 0; i < n; i++) {
+            ck_assert_msg(fabs(o[i] - od[i]) <= 4 * ulp * fmax(1.0, fabs(od[i])), "gelu %d [%ld]: %g vs %g", tanh_form,
+                          i, o[i], od[i]);
+            (tanh_form ? sp_gelu_tanh_backward_f32 : sp_gelu_backward_f32)(g + i, onef, x + i, 1);
+            (tanh_form ? sp_gelu_tanh_backward_f64 : sp_gelu_backward_f64)(gd + i, ones, xd + i, 1);
+            ck_assert_msg(fabs(g[i] - gd[i]) <= 8 * ulp * fmax(1.0, fabs(gd[i])), "gelu' %d [%ld]: %.9g vs %.9g (x %g)", tanh_form,
+                          i, g[i], gd[i], xd[i]);
+        }
+    }
+    free(x), free(o), free(g), free(xd), free(od), free(gd);
+}
+END_TEST
+
 START_TEST(t_rmsnorm)
 {
     norm_ctx c = {.N = 3, .C = 7};
@@ -582,6 +629,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, t_gelu_values);
     tcase_add_test(tc, t_crossentropy);
     tcase_add_test(tc, t_expf_vec);
+    tcase_add_test(tc, t_erff_vec);
     suite_add_tcase(s, tc);
     return s;
 }
