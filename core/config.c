@@ -236,12 +236,14 @@ static sp_status check_mixtral(sp_config *c, const cJSON *root, const char *src,
         !get_int(root, &c->blk.top_k, "num_experts_per_tok", NULL, NULL))
         return sp_errf(err, SP_ERR_FORMAT, "%s: missing field 'num_local_experts' or 'num_experts_per_tok'", src);
     if (c->blk.n_experts < 1 || c->blk.n_experts > 1024 || c->blk.top_k < 1 || c->blk.top_k > c->blk.n_experts)
-        return sp_errf(err, SP_ERR_FORMAT, "%s: num_experts_per_tok %d must be in 1..num_local_experts (%d, at most 1024)",
-                       src, c->blk.top_k, c->blk.n_experts);
+        return sp_errf(err, SP_ERR_FORMAT,
+                       "%s: num_experts_per_tok %d must be in 1..num_local_experts (%d, at most 1024)", src,
+                       c->blk.top_k, c->blk.n_experts);
     int window = 0; /* a sliding window shorter than the context changes the mask: not implemented */
     if (get_int(root, &window, "sliding_window", NULL, NULL) && window < c->max_pos)
-        return sp_errf(err, SP_ERR_UNSUPPORTED, "%s: sliding_window %d (shorter than the context of %d) is not supported",
-                       src, window, c->max_pos);
+        return sp_errf(err, SP_ERR_UNSUPPORTED,
+                       "%s: sliding_window %d (shorter than the context of %d) is not supported", src, window,
+                       c->max_pos);
     return SP_OK;
 }
 
@@ -281,7 +283,8 @@ static sp_status check_falcon(sp_config *c, const cJSON *root, const char *src, 
         c->blk.norms = nln ? nln : 2;
     } else {
         if (parallel && nln == 2)
-            return sp_errf(err, SP_ERR_UNSUPPORTED, "%s: num_ln_in_parallel_attn 2 needs new_decoder_architecture", src);
+            return sp_errf(err, SP_ERR_UNSUPPORTED, "%s: num_ln_in_parallel_attn 2 needs new_decoder_architecture",
+                           src);
         c->blk.norms = parallel ? 1 : 2;
         int given = c->n_kv_heads != c->n_heads;
         if (!mq && given)

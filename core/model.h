@@ -1,6 +1,6 @@
 /* model.h - a model of any supported family (or a part of one) on the CPU: embeddings (and BLOOM's embedding
- * LayerNorm), a span of blocks [first, last), final norm and LM head. The whole model in one process is the baseline the swarm is compared with;
- * a server loads only its blocks, a client only the local parts. */
+ * LayerNorm), a span of blocks [first, last), final norm and LM head. The whole model in one process is the
+ * baseline the swarm is compared with; a server loads only its blocks, a client only the local parts. */
 #ifndef SEPAL_MODEL_H
 #define SEPAL_MODEL_H
 

@@ -47,8 +47,9 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
         t->used += cost; /* reserve before allocating, so concurrent opens cannot overshoot */
     pthread_mutex_unlock(&t->lock);
     if (!fits)
-        return sp_errf(err, SP_ERR_RANGE, "out of cache: %d x %d positions over %d blocks need %ld KiB, %ld of %ld KiB free",
-                       B, max_length, end - start, cost >> 10, (t->budget - t->used) >> 10, t->budget >> 10);
+        return sp_errf(err, SP_ERR_RANGE,
+                       "out of cache: %d x %d positions over %d blocks need %ld KiB, %ld of %ld KiB free", B,
+                       max_length, end - start, cost >> 10, (t->budget - t->used) >> 10, t->budget >> 10);
     session *x = calloc(1, sizeof *x);
     sp_status st = x ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st) {

@@ -223,8 +223,8 @@ static void weight_grads_case(const char *model)
             }
             params[p][idx] = keep;
             double num = (l[0] - l[1]) / (2.0 * h);
-            ck_assert_msg(fabs(num - grads[p][idx]) <= 2e-3 * fmax(1.0, fabs(num)), "%s: tensor %d idx %ld: fd %g vs %g",
-                          model, p, idx, num, grads[p][idx]);
+            ck_assert_msg(fabs(num - grads[p][idx]) <= 2e-3 * fmax(1.0, fabs(num)),
+                          "%s: tensor %d idx %ld: fd %g vs %g", model, p, idx, num, grads[p][idx]);
         }
     }
     sp_block_free(&g);
@@ -305,7 +305,8 @@ START_TEST(t_partial_load_reads_only_its_part)
         const sp_config *c = &full->cfg;
         ck_assert_int_eq((long long)full->bytes_loaded, sp_config_total_params(c) * 4);
         ck_assert_int_eq((long long)blocks->bytes_loaded, sp_config_block_params(c) * 4);
-        long long emb = (long long)c->vocab * c->hidden, norm = c->blk.norm == SP_NORM_LAYER ? 2 * c->hidden : c->hidden;
+        long long emb = (long long)c->vocab * c->hidden;
+        long long norm = c->blk.norm == SP_NORM_LAYER ? 2 * c->hidden : c->hidden;
         long long want = emb * (c->tie_embeddings ? 1 : 2) + norm + (c->embed_norm ? 2 * c->hidden : 0);
         ck_assert_int_eq((long long)local->bytes_loaded, want * 4);
         ck_assert_int_eq(local->head_is_embed, c->tie_embeddings);
@@ -339,7 +340,8 @@ START_TEST(t_bloom_unprefixed_names)
     sp_st_close(st);
     free(w), free(names);
     char cmd[1400];
-    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/golden.safetensors' '%s/'", tiny("bloom-bias"), tiny("bloom-bias"), dir);
+    const char *src = tiny("bloom-bias");
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/golden.safetensors' '%s/'", src, src, dir);
     ck_assert_int_eq(system(cmd), 0);
     sp_model *a = load("bloom-bias", SP_LOAD_ALL, 0, -1), *b = NULL;
     ck_assert_msg(sp_model_load(&b, dir, SP_LOAD_ALL, 0, -1, &err) == SP_OK, "%s", err.msg);

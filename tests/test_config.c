@@ -110,7 +110,8 @@ START_TEST(t_param_count)
         sp_config c;
         snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, want[i].dir);
         ck_assert_int_eq(sp_config_load(&c, dir, NULL), SP_OK);
-        ck_assert_msg(sp_config_total_params(&c) == want[i].params, "%s: %lld", want[i].dir, sp_config_total_params(&c));
+        long long got = sp_config_total_params(&c);
+        ck_assert_msg(got == want[i].params, "%s: %lld parameters", want[i].dir, got);
     }
 }
 END_TEST

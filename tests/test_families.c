@@ -180,8 +180,8 @@ static void check_rollback(fixture *f)
                 lm_step(lm, after, 2, 1, lg[k]);
             }
         }
-        ck_assert_msg(sp_max_abs_diff(lg[0], lg[1], (size_t)2 * V) <= 1e-4, "%s: phase %d: local and swarm differ by %g",
-                      f->dir, phase, sp_max_abs_diff(lg[0], lg[1], (size_t)2 * V));
+        double d = sp_max_abs_diff(lg[0], lg[1], (size_t)2 * V);
+        ck_assert_msg(d <= 1e-4, "%s: phase %d: local and swarm differ by %g", f->dir, phase, d);
         if (phase < 4)
             continue;
         /* fresh: [pre, step 0, other (, after)] in one prefill */
@@ -321,8 +321,10 @@ static int task_batch(void *p, int split, const int *idx, int n, int max_length,
     for (int i = 0; i < n; i++) {
         int len = 4 + idx[i] % 6;
         len = len < T ? len : T;
-        for (int k = 0; k < len; k++) /* right-padded with 0 */
-            t->b.ids[i * T + k] = 3 + (int32_t)(((uint32_t)idx[i] * 2654435761u + (uint32_t)k * 40503u) % (uint32_t)(t->vocab - 3));
+        for (int k = 0; k < len; k++) { /* right-padded with 0 */
+            uint32_t hash = (uint32_t)idx[i] * 2654435761u + (uint32_t)k * 40503u;
+            t->b.ids[i * T + k] = 3 + (int32_t)(hash % (uint32_t)(t->vocab - 3));
+        }
         t->b.last[i] = len - 1;
         t->b.labels[i] = idx[i] % 2;
     }

@@ -161,8 +161,8 @@ START_TEST(t_erff_vec)
                           i, o[i], od[i]);
             (tanh_form ? sp_gelu_tanh_backward_f32 : sp_gelu_backward_f32)(g + i, onef, x + i, 1);
             (tanh_form ? sp_gelu_tanh_backward_f64 : sp_gelu_backward_f64)(gd + i, ones, xd + i, 1);
-            ck_assert_msg(fabs(g[i] - gd[i]) <= 8 * ulp * fmax(1.0, fabs(gd[i])), "gelu' %d [%ld]: %.9g vs %.9g (x %g)", tanh_form,
-                          i, g[i], gd[i], xd[i]);
+            ck_assert_msg(fabs(g[i] - gd[i]) <= 8 * ulp * fmax(1.0, fabs(gd[i])), "gelu' %d [%ld]: %.9g vs %.9g (x %g)",
+                          tanh_form, i, g[i], gd[i], xd[i]);
         }
     }
     free(x), free(o), free(g), free(xd), free(od), free(gd);

@@ -433,7 +433,8 @@ static sp_status swarm_rewind(void *ctx, int pos, sp_err *err)
     sp_lm_swarm *s = ctx;
     int to = pos > 0 ? pos + s->P : 0;
     if (pos < 0 || to > s->pos)
-        return sp_errf(err, SP_ERR_ARG, "rewind to %d: only %d positions so far", pos, s->pos > s->P ? s->pos - s->P : 0);
+        return sp_errf(err, SP_ERR_ARG, "rewind to %d: only %d positions so far", pos,
+                       s->pos > s->P ? s->pos - s->P : 0);
     s->pos = to;
     return SP_OK;
 }
