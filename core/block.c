@@ -304,7 +304,8 @@ typedef struct acts {
 
 static size_t mlp_rows(const sp_block *b, size_t N) { return is_moe(b) ? N * (size_t)b->k.top_k : N; }
 
-/* Floats the activation buffers take; with base non-NULL, points a's buffers into base. */
+/* Floats the activation buffers take; with base non-NULL, points a's buffers into base (the MoE's index arrays
+ * too: int32 values in float-sized slots of the same memory). */
 static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
@@ -312,15 +313,22 @@ static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_att
     size_t two = b->ln2_w != NULL, moe = is_moe(b), E = moe ? (size_t)b->k.n_experts : 0, NK = moe ? R : 0;
     size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, (size_t)sp_attention_probs_size(ad),
                       N * Q, N * H, two * N * H, two * N, two * N, is_gelu(b) ? 0 : R * FF, R * FF, R * FF,
-                      N * E, NK, NK * H, NK * H, NK, NK, moe ? E + 1 : 0};
+                      N * E, NK, NK * H, NK * H};
     float **ptrs[] = {&a->cos, &a->sin, &a->ln1, &a->mean1, &a->rstd1, &a->q, &a->k, &a->v, &a->probs,
                       &a->att, &a->h1, &a->ln2, &a->mean2, &a->rstd2, &a->gate, &a->up, &a->act,
-                      &a->rlog, &a->rw, &a->xs, &a->ys, (float **)&a->ridx, (float **)&a->slot, (float **)&a->off};
+                      &a->rlog, &a->rw, &a->xs, &a->ys};
+    size_t isizes[] = {NK, NK, moe ? E + 1 : 0};
+    int32_t **iptrs[] = {&a->ridx, &a->slot, &a->off};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         if (base)
             *ptrs[i] = sizes[i] ? base + total : NULL;
         total += (sizes[i] + 15) & ~(size_t)15; /* keep every buffer 64-byte aligned relative to base */
+    }
+    for (size_t i = 0; i < sizeof isizes / sizeof *isizes; i++) {
+        if (base)
+            *iptrs[i] = isizes[i] ? (int32_t *)(void *)(base + total) : NULL;
+        total += (isizes[i] + 15) & ~(size_t)15;
     }
     return total;
 }
