@@ -1,6 +1,9 @@
-/* block.c - Llama block forward/backward as a flat list of op calls. */
+/* block.c - the transformer block of every family as one flat list of op calls; sp_block_kind (config.h)
+ * switches the norm, the positions, the residual structure and the MLP. Loading is where the families'
+ * checkpoints differ (tensor names, fused QKV). */
 #include "block.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,67 +32,209 @@ void sp_ws_free(sp_ws *ws)
 /* ---------------------------------------------------------------------------------------------- */
 /* weights */
 
-sp_status sp_llama_block_init(sp_llama_block *b, const sp_config *cfg, const sp_rope *rope, sp_err *err)
+enum { W_LN1W, W_LN1B, W_WQ, W_BQ, W_WK, W_BK, W_WV, W_BV, W_WO, W_BO, W_LN2W, W_LN2B,
+       W_GATE, W_UP, W_BUP, W_DOWN, W_BDOWN, W_ROUTER, W__COUNT };
+
+static int is_moe(const sp_block *b) { return b->k.mlp == SP_MLP_MOE; }
+static int is_gelu(const sp_block *b) { return b->k.mlp == SP_MLP_GELU || b->k.mlp == SP_MLP_GELU_TANH; }
+
+/* Floats of each weight tensor of b's kind (0: the family has none). */
+static void weight_sizes(const sp_block *b, size_t n[W__COUNT])
+{
+    size_t H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd, FF = (size_t)b->FF;
+    size_t E = is_moe(b) ? (size_t)b->k.n_experts : 1, ln = b->k.norm == SP_NORM_LAYER, two = b->k.norms == 2;
+    size_t qb = (size_t)b->k.qkv_bias, mb = (size_t)(b->k.mlp_bias && is_gelu(b));
+    size_t w[W__COUNT] = {
+        [W_LN1W] = H,       [W_LN1B] = ln * H,  [W_WQ] = Q * H,           [W_BQ] = qb * Q,
+        [W_WK] = KV * H,    [W_BK] = qb * KV,   [W_WV] = KV * H,          [W_BV] = qb * KV,
+        [W_WO] = H * Q,     [W_BO] = (size_t)b->k.out_bias * H,           [W_LN2W] = two * H,
+        [W_LN2B] = two * ln * H,                [W_GATE] = is_gelu(b) ? 0 : E * FF * H,
+        [W_UP] = E * FF * H, [W_BUP] = mb * FF, [W_DOWN] = E * H * FF,    [W_BDOWN] = mb * H,
+        [W_ROUTER] = is_moe(b) ? E * H : 0,
+    };
+    memcpy(n, w, sizeof w);
+}
+
+static float **weight_slot(sp_block *b, int i)
+{
+    float **slots[W__COUNT] = {&b->ln1_w, &b->ln1_b, &b->wq,   &b->bq,     &b->wk, &b->bk,   &b->wv,
+                               &b->bv,    &b->wo,    &b->bo,   &b->ln2_w,  &b->ln2_b, &b->w_gate, &b->w_up,
+                               &b->b_up,  &b->w_down, &b->b_down, &b->router};
+    return slots[i];
+}
+
+sp_status sp_block_init(sp_block *b, const sp_config *cfg, const sp_rope *rope, sp_err *err)
 {
     memset(b, 0, sizeof *b);
+    if (cfg->arch == SP_ARCH_UNKNOWN)
+        return sp_config_check_supported(cfg, err);
+    b->arch = cfg->arch;
+    b->k = cfg->blk;
     b->H = cfg->hidden;
     b->nh = cfg->n_heads;
     b->nkv = cfg->n_kv_heads;
     b->hd = cfg->head_dim;
     b->FF = cfg->intermediate;
     b->eps = cfg->norm_eps;
-    b->rope = rope;
-    size_t H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd, FF = (size_t)b->FF;
-    size_t sizes[9] = {H, Q * H, KV * H, KV * H, H * Q, H, FF * H, FF * H, H * FF};
-    float **ptrs[9] = {&b->attn_norm, &b->wq, &b->wk, &b->wv, &b->wo, &b->ffn_norm, &b->w_gate, &b->w_up, &b->w_down};
-    size_t total = 0;
-    for (int i = 0; i < 9; i++)
-        total += sizes[i];
+    b->rope = b->k.pos == SP_POS_ROPE ? rope : NULL;
+    if (b->k.pos == SP_POS_ROPE && !rope)
+        return sp_errf(err, SP_ERR_ARG, "block: a RoPE family needs its rope tables");
+    size_t n[W__COUNT], total = 0;
+    weight_sizes(b, n);
+    for (int i = 0; i < W__COUNT; i++)
+        total += n[i];
     b->mem = calloc(total, sizeof(float));
-    if (!b->mem)
+    b->alibi = b->k.pos == SP_POS_ALIBI ? malloc((size_t)b->nh * sizeof(float)) : NULL;
+    if (!b->mem || (b->k.pos == SP_POS_ALIBI && !b->alibi)) {
+        sp_block_free(b);
         return sp_errf(err, SP_ERR_NOMEM, "out of memory: block of %zu floats", total);
+    }
+    if (b->alibi)
+        sp_alibi_slopes(b->alibi, b->nh);
     b->numel = total;
     float *p = b->mem;
-    for (int i = 0; i < 9; i++) {
-        *ptrs[i] = p;
-        p += sizes[i];
+    for (int i = 0; i < W__COUNT; i++) {
+        *weight_slot(b, i) = n[i] ? p : NULL;
+        p += n[i];
     }
     return SP_OK;
 }
 
-void sp_llama_block_free(sp_llama_block *b)
+void sp_block_free(sp_block *b)
 {
     free(b->mem);
-    b->mem = NULL;
+    free(b->alibi);
+    b->mem = b->alibi = NULL;
 }
 
-sp_status sp_llama_block_load(sp_llama_block *b, sp_safetensors *st, int layer, sp_err *err)
+/* ---------------------------------------------------------------------------------------------- */
+/* loading: the families' tensor names */
+
+/* "model.layers.3." (llama, mixtral), "transformer.h.3." (falcon, bloom) or "h.3." (BLOOM's own checkpoints,
+ * saved from BloomModel). */
+static void block_prefix(const sp_block *b, sp_safetensors *st, int layer, char *buf, size_t cap)
 {
-    int64_t H = b->H, Q = (int64_t)b->nh * b->hd, KV = (int64_t)b->nkv * b->hd, FF = b->FF;
-    struct {
-        const char *name;
-        float *dst;
-        int ndim;
-        int64_t shape[2];
-    } t[] = {
-        {"input_layernorm.weight", b->attn_norm, 1, {H}},
-        {"self_attn.q_proj.weight", b->wq, 2, {Q, H}},
-        {"self_attn.k_proj.weight", b->wk, 2, {KV, H}},
-        {"self_attn.v_proj.weight", b->wv, 2, {KV, H}},
-        {"self_attn.o_proj.weight", b->wo, 2, {H, Q}},
-        {"post_attention_layernorm.weight", b->ffn_norm, 1, {H}},
-        {"mlp.gate_proj.weight", b->w_gate, 2, {FF, H}},
-        {"mlp.up_proj.weight", b->w_up, 2, {FF, H}},
-        {"mlp.down_proj.weight", b->w_down, 2, {H, FF}},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-        char name[256];
-        snprintf(name, sizeof name, "model.layers.%d.%s", layer, t[i].name);
-        sp_status s = sp_st_read_f32(st, name, t[i].dst, t[i].ndim, t[i].shape, err);
-        if (s)
-            return s;
+    if (b->arch == SP_ARCH_LLAMA || b->arch == SP_ARCH_MIXTRAL) {
+        snprintf(buf, cap, "model.layers.%d.", layer);
+        return;
     }
-    return SP_OK;
+    snprintf(buf, cap, "transformer.h.%d.input_layernorm.weight", layer);
+    if (b->arch == SP_ARCH_BLOOM && !sp_st_has(st, buf))
+        snprintf(buf, cap, "h.%d.", layer);
+    else
+        snprintf(buf, cap, "transformer.h.%d.", layer);
+}
+
+/* Reads prefix + name into dst, checking its shape [d0] or [d0, d1]. */
+static sp_status read_t(sp_safetensors *st, const char *prefix, const char *name, float *dst, int64_t d0, int64_t d1,
+                        sp_err *err)
+{
+    char full[320];
+    int64_t shape[2] = {d0, d1};
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    return sp_st_read_f32(st, full, dst, d1 ? 2 : 1, shape, err);
+}
+
+/* A norm's weight (and bias for LayerNorm) under `name`. */
+static sp_status read_norm(const sp_block *b, sp_safetensors *st, const char *prefix, const char *name, float *w,
+                           float *bias, sp_err *err)
+{
+    char n[96];
+    snprintf(n, sizeof n, "%s.weight", name);
+    sp_status s = read_t(st, prefix, n, w, b->H, 0, err);
+    snprintf(n, sizeof n, "%s.bias", name);
+    return s || !bias ? s : read_t(st, prefix, n, bias, b->H, 0, err);
+}
+
+/* A linear layer's weight [out, in] and its bias [out] when the block has one. */
+static sp_status read_linear(sp_safetensors *st, const char *prefix, const char *name, float *w, float *bias,
+                             int64_t out, int64_t in, sp_err *err)
+{
+    char n[96];
+    snprintf(n, sizeof n, "%s.weight", name);
+    sp_status s = read_t(st, prefix, n, w, out, in, err);
+    snprintf(n, sizeof n, "%s.bias", name);
+    return s || !bias ? s : read_t(st, prefix, n, bias, out, 0, err);
+}
+
+/* Fused query_key_value [nkv * (g + 2) * hd, H] with g = nh / nkv: per KV group, g query heads, its key head,
+ * its value head (BLOOM and Falcon's MHA: g = 1, [nh, 3, hd]; Falcon-7B: one group, [nh + 2, hd]). Row r of
+ * the fused weight (and bias) goes to its q, k or v row. */
+static sp_status read_fused_qkv(sp_block *b, sp_safetensors *st, const char *prefix, sp_err *err)
+{
+    int g = b->nh / b->nkv, hd = b->hd, H = b->H, R = b->nkv * (g + 2) * hd;
+    float *tmp = malloc((size_t)R * H * sizeof(float)), *tb = b->bq ? malloc((size_t)R * sizeof(float)) : NULL;
+    sp_status s = tmp && (tb || !b->bq) ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory loading query_key_value");
+    if (!s)
+        s = read_linear(st, prefix, "self_attention.query_key_value", tmp, tb, R, H, err);
+    for (int r = 0; !s && r < R; r++) {
+        int grp = r / ((g + 2) * hd), j = (r / hd) % (g + 2), i = r % hd;
+        float *w = j < g ? b->wq : j == g ? b->wk : b->wv, *bias = j < g ? b->bq : j == g ? b->bk : b->bv;
+        int row = j < g ? (grp * g + j) * hd + i : grp * hd + i;
+        memcpy(w + (size_t)row * H, tmp + (size_t)r * H, (size_t)H * sizeof(float));
+        if (tb)
+            bias[row] = tb[r];
+    }
+    free(tmp);
+    free(tb);
+    return s;
+}
+
+static sp_status read_attention(sp_block *b, sp_safetensors *st, const char *prefix, sp_err *err)
+{
+    int64_t H = b->H, Q = (int64_t)b->nh * b->hd, KV = (int64_t)b->nkv * b->hd;
+    if (b->k.qkv == SP_QKV_FUSED) {
+        sp_status s = read_fused_qkv(b, st, prefix, err);
+        return s ? s : read_linear(st, prefix, "self_attention.dense", b->wo, b->bo, H, Q, err);
+    }
+    sp_status s = read_linear(st, prefix, "self_attn.q_proj", b->wq, b->bq, Q, H, err);
+    if (!s)
+        s = read_linear(st, prefix, "self_attn.k_proj", b->wk, b->bk, KV, H, err);
+    if (!s)
+        s = read_linear(st, prefix, "self_attn.v_proj", b->wv, b->bv, KV, H, err);
+    return s ? s : read_linear(st, prefix, "self_attn.o_proj", b->wo, b->bo, H, Q, err);
+}
+
+static sp_status read_mlp(sp_block *b, sp_safetensors *st, const char *prefix, sp_err *err)
+{
+    int64_t H = b->H, FF = b->FF;
+    if (is_gelu(b)) {
+        sp_status s = read_linear(st, prefix, "mlp.dense_h_to_4h", b->w_up, b->b_up, FF, H, err);
+        return s ? s : read_linear(st, prefix, "mlp.dense_4h_to_h", b->w_down, b->b_down, H, FF, err);
+    }
+    if (!is_moe(b)) {
+        sp_status s = read_linear(st, prefix, "mlp.gate_proj", b->w_gate, NULL, FF, H, err);
+        if (!s)
+            s = read_linear(st, prefix, "mlp.up_proj", b->w_up, NULL, FF, H, err);
+        return s ? s : read_linear(st, prefix, "mlp.down_proj", b->w_down, NULL, H, FF, err);
+    }
+    sp_status s = read_linear(st, prefix, "block_sparse_moe.gate", b->router, NULL, b->k.n_experts, H, err);
+    for (int e = 0; !s && e < b->k.n_experts; e++) { /* w1: gate, w3: up, w2: down */
+        char n[3][64];
+        for (int j = 0; j < 3; j++)
+            snprintf(n[j], sizeof n[j], "block_sparse_moe.experts.%d.w%d", e, j + 1);
+        size_t o = (size_t)e * FF * H;
+        s = read_linear(st, prefix, n[0], b->w_gate + o, NULL, FF, H, err);
+        if (!s)
+            s = read_linear(st, prefix, n[2], b->w_up + o, NULL, FF, H, err);
+        if (!s)
+            s = read_linear(st, prefix, n[1], b->w_down + o, NULL, H, FF, err);
+    }
+    return s;
+}
+
+sp_status sp_block_load(sp_block *b, sp_safetensors *st, int layer, sp_err *err)
+{
+    char prefix[96];
+    block_prefix(b, st, layer, prefix, sizeof prefix);
+    /* norm names: Falcon's parallel block with two norms calls them ln_attn / ln_mlp */
+    int falcon2 = b->arch == SP_ARCH_FALCON && b->k.parallel && b->k.norms == 2;
+    sp_status s = read_norm(b, st, prefix, falcon2 ? "ln_attn" : "input_layernorm", b->ln1_w, b->ln1_b, err);
+    if (!s && b->ln2_w)
+        s = read_norm(b, st, prefix, falcon2 ? "ln_mlp" : "post_attention_layernorm", b->ln2_w, b->ln2_b, err);
+    if (!s)
+        s = read_attention(b, st, prefix, err);
+    return s ? s : read_mlp(b, st, prefix, err);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -135,51 +280,61 @@ sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err)
     return SP_OK;
 }
 
-/* Copies the step's k/v rows [B, T, nkv*hd] into the cache at positions len..len+T. */
-static void kv_append(sp_kv_cache *kv, const float *k, const float *v, int B, int T)
-{
-    size_t row = (size_t)kv->nkv * kv->hd;
-    for (int b = 0; b < B; b++) {
-        size_t dst = ((size_t)b * kv->cap + kv->len) * row, src = (size_t)b * T * row;
-        memcpy(kv->k + dst, k + src, (size_t)T * row * sizeof(float));
-        memcpy(kv->v + dst, v + src, (size_t)T * row * sizeof(float));
-    }
-}
+
 
 /* ---------------------------------------------------------------------------------------------- */
-/* forward */
+/* activations */
 
-/* Activations of one forward pass; the backward needs all of them. */
+/* Activations of one forward pass; the backward needs all of them. R = rows through the MLP: the tokens
+ * (dense), or one per (token, chosen expert) pair ("slots", grouped by expert) for a MoE block. */
 typedef struct acts {
-    float *cos, *sin;        /* [T, hd/2] */
-    float *ln1, *rstd1;      /* [N, H], [N] */
-    float *q, *k, *v;        /* [N, nh*hd], [N, nkv*hd] x2 (after RoPE) */
-    float *probs;            /* [B, nh, T, S] or [T, S] */
-    float *att;              /* [N, nh*hd] */
-    float *h1, *ln2, *rstd2; /* [N, H], [N, H], [N] */
-    float *gate, *up, *act;  /* [N, FF] */
+    float *cos, *sin;            /* [T, hd/2] (RoPE) */
+    float *ln1, *mean1, *rstd1;  /* [N, H], [N], [N] */
+    float *q, *k, *v;            /* [N, nh*hd], [N, nkv*hd] x2 (after RoPE) */
+    float *probs;                /* [B, nh, T, S] or [T, S] */
+    float *att;                  /* [N, nh*hd] */
+    float *h1;                   /* x + attention output [N, H] */
+    float *ln2, *mean2, *rstd2;  /* [N, H], [N], [N]; absent when the MLP shares n1 */
+    float *gate, *up, *act;      /* [R, FF]: SwiGLU gate/up/product; GELU: up = pre-activation */
+    float *rlog, *rw;            /* MoE: router logits [N, E], weights of the chosen experts [N, K] */
+    float *xs, *ys;              /* MoE: each slot's input row and its expert's (unweighted) output [N*K, H] */
+    int32_t *ridx, *slot, *off;  /* MoE: chosen experts [N, K]; slot -> n*K + k [N*K]; expert e's slots start
+                                    at off[e] [E + 1] */
 } acts;
 
-/* Floats the activation buffers take; with base non-NULL, points a's buffers into base. */
-static size_t acts_layout(acts *a, const sp_llama_block *b, int B, int T, const sp_attn_dims *ad, float *base)
+static size_t mlp_rows(const sp_block *b, size_t N) { return is_moe(b) ? N * (size_t)b->k.top_k : N; }
+
+/* Floats the activation buffers take; with base non-NULL, points a's buffers into base (the MoE's index arrays
+ * too: int32 values in float-sized slots of the same memory). */
+static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
-    size_t FF = (size_t)b->FF, half = (size_t)b->hd / 2;
-    size_t sizes[] = {T * half, T * half, N * H, N, N * Q, N * KV, N * KV, (size_t)sp_attention_probs_size(ad),
-                      N * Q, N * H, N * H, N, N * FF, N * FF, N * FF};
-    float **ptrs[] = {&a->cos, &a->sin, &a->ln1, &a->rstd1, &a->q, &a->k, &a->v, &a->probs,
-                      &a->att, &a->h1, &a->ln2, &a->rstd2, &a->gate, &a->up, &a->act};
+    size_t FF = (size_t)b->FF, half = b->rope ? (size_t)b->hd / 2 : 0, R = mlp_rows(b, N);
+    size_t two = b->ln2_w != NULL, moe = is_moe(b), E = moe ? (size_t)b->k.n_experts : 0, NK = moe ? R : 0;
+    size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, (size_t)sp_attention_probs_size(ad),
+                      N * Q, N * H, two * N * H, two * N, two * N, is_gelu(b) ? 0 : R * FF, R * FF, R * FF,
+                      N * E, NK, NK * H, NK * H};
+    float **ptrs[] = {&a->cos, &a->sin, &a->ln1, &a->mean1, &a->rstd1, &a->q, &a->k, &a->v, &a->probs,
+                      &a->att, &a->h1, &a->ln2, &a->mean2, &a->rstd2, &a->gate, &a->up, &a->act,
+                      &a->rlog, &a->rw, &a->xs, &a->ys};
+    size_t isizes[] = {NK, NK, moe ? E + 1 : 0};
+    int32_t **iptrs[] = {&a->ridx, &a->slot, &a->off};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         if (base)
-            *ptrs[i] = base + total;
+            *ptrs[i] = sizes[i] ? base + total : NULL;
         total += (sizes[i] + 15) & ~(size_t)15; /* keep every buffer 64-byte aligned relative to base */
+    }
+    for (size_t i = 0; i < sizeof isizes / sizeof *isizes; i++) {
+        if (base)
+            *iptrs[i] = isizes[i] ? (int32_t *)(void *)(base + total) : NULL;
+        total += (isizes[i] + 15) & ~(size_t)15;
     }
     return total;
 }
 
 /* Carves the activation buffers out of ws, after `extra` floats kept for the caller. */
-static sp_status acts_alloc(acts *a, const sp_llama_block *b, int B, int T, const sp_attn_dims *ad, sp_ws *ws,
+static sp_status acts_alloc(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, sp_ws *ws,
                             size_t extra, sp_err *err)
 {
     sp_status s = sp_ws_reserve(ws, extra + acts_layout(a, b, B, T, ad, NULL), err);
@@ -189,7 +344,7 @@ static sp_status acts_alloc(acts *a, const sp_llama_block *b, int B, int T, cons
     return SP_OK;
 }
 
-static sp_status check_dims(const sp_llama_block *b, int B, int T, int pos0, const sp_kv_cache *kv, sp_err *err)
+static sp_status check_dims(const sp_block *b, int B, int T, int pos0, const sp_kv_cache *kv, sp_err *err)
 {
     if (B <= 0 || T <= 0 || pos0 < 0)
         return sp_errf(err, SP_ERR_ARG, "block: bad batch %d / length %d / position %d", B, T, pos0);
@@ -204,19 +359,126 @@ static sp_status check_dims(const sp_llama_block *b, int B, int T, int pos0, con
     return SP_OK;
 }
 
-/* The forward pass proper; fills `a`. */
-static void forward_acts(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
-                         sp_kv_cache *kv, const sp_attn_dims *ad, acts *a)
+static sp_attn_dims attn_dims(const sp_block *b, int B, int T, const sp_kv_cache *kv, int keep)
 {
-    int N = B * T, H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd, FF = b->FF;
-    sp_rope_tables(b->rope, pos0, T, a->cos, a->sin);
-    /* attention: rmsnorm, q/k/v projections, RoPE on q and k */
-    sp_rmsnorm_forward(a->ln1, a->rstd1, inp, b->attn_norm, N, H, b->eps);
-    sp_linear_forward(a->q, a->ln1, b->wq, NULL, N, H, Q);
-    sp_linear_forward(a->k, a->ln1, b->wk, NULL, N, H, KV);
-    sp_linear_forward(a->v, a->ln1, b->wv, NULL, N, H, KV);
-    sp_rope_forward(a->q, a->q, a->cos, a->sin, B, T, b->nh, b->hd);
-    sp_rope_forward(a->k, a->k, a->cos, a->sin, B, T, b->nkv, b->hd);
+    sp_attn_dims d = {.B = B, .T = T, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .keep_probs = keep, .alibi = b->alibi};
+    d.past = kv ? kv->len : 0;
+    d.S = d.past + T;
+    d.kv_cap = kv ? kv->cap : T;
+    return d;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* forward */
+
+static void norm_forward(const sp_block *b, float *out, float *mean, float *rstd, const float *x, const float *w,
+                         const float *bias, int N)
+{
+    if (b->k.norm == SP_NORM_RMS)
+        sp_rmsnorm_forward(out, rstd, x, w, N, b->H, b->eps);
+    else
+        sp_layernorm_forward(out, mean, rstd, x, w, bias, N, b->H, b->eps);
+}
+
+/* Copies the step's k/v rows [B, T, nkv*hd] into the cache at positions len..len+T. */
+static void kv_append(sp_kv_cache *kv, const float *k, const float *v, int B, int T)
+{
+    size_t row = (size_t)kv->nkv * kv->hd;
+    for (int b = 0; b < B; b++) {
+        size_t dst = ((size_t)b * kv->cap + kv->len) * row, src = (size_t)b * T * row;
+        memcpy(kv->k + dst, k + src, (size_t)T * row * sizeof(float));
+        memcpy(kv->v + dst, v + src, (size_t)T * row * sizeof(float));
+    }
+}
+
+/* The experts' weights: gate/up [FF, H] and down [H, FF] of expert e (dense blocks: e = 0), and their
+ * gradients' (NULL when not asked for). */
+static const float *expert_w(const float *w, int e, const sp_block *b)
+{
+    return w ? w + (size_t)e * b->FF * b->H : NULL;
+}
+
+static float *expert_g(float *g, int e, const sp_block *b) { return g ? g + (size_t)e * b->FF * b->H : NULL; }
+
+/* MoE: route each token to its top-k experts, run every expert on its tokens (grouped: one GEMM per expert),
+ * y[n] = sum_k w[n, k] * expert_k(x[n]), summed in expert order as transformers does. */
+static void moe_forward(const sp_block *b, float *y, const float *x, int N, acts *a)
+{
+    int H = b->H, FF = b->FF, E = b->k.n_experts, K = b->k.top_k;
+    sp_linear_forward(a->rlog, x, b->router, NULL, N, H, E);
+    sp_moe_route_forward(a->rw, a->ridx, a->rlog, N, E, K);
+    memset(a->off, 0, (size_t)(E + 1) * sizeof *a->off); /* counting sort of the (token, k) pairs by expert */
+    for (int i = 0; i < N * K; i++)
+        a->off[a->ridx[i] + 1]++;
+    for (int e = 0; e < E; e++)
+        a->off[e + 1] += a->off[e];
+    for (int e = 0, s = 0; e < E; e++)
+        for (int i = 0; i < N * K; i++)
+            if (a->ridx[i] == e)
+                a->slot[s++] = i;
+    for (int s = 0; s < N * K; s++)
+        memcpy(a->xs + (size_t)s * H, x + (size_t)(a->slot[s] / K) * H, (size_t)H * sizeof(float));
+    memset(y, 0, (size_t)N * H * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int o = a->off[e], cnt = a->off[e + 1] - o;
+        if (!cnt)
+            continue;
+        size_t of = (size_t)o * FF, oh = (size_t)o * H;
+        sp_linear_forward(a->gate + of, a->xs + oh, expert_w(b->w_gate, e, b), NULL, cnt, H, FF);
+        sp_linear_forward(a->up + of, a->xs + oh, expert_w(b->w_up, e, b), NULL, cnt, H, FF);
+        sp_swiglu_forward(a->act + of, a->gate + of, a->up + of, (long)cnt * FF);
+        sp_linear_forward(a->ys + oh, a->act + of, expert_w(b->w_down, e, b), NULL, cnt, FF, H);
+        for (int s = o; s < o + cnt; s++) {
+            float w = a->rw[a->slot[s]], *dst = y + (size_t)(a->slot[s] / K) * H;
+            const float *src = a->ys + (size_t)s * H;
+            for (int c = 0; c < H; c++)
+                dst[c] += w * src[c];
+        }
+    }
+}
+
+/* y[N, H] = mlp(x[N, H]). */
+static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts *a)
+{
+    int H = b->H, FF = b->FF;
+    long n = (long)N * FF;
+    switch (b->k.mlp) {
+    case SP_MLP_SWIGLU:
+        sp_linear_forward(a->gate, x, b->w_gate, NULL, N, H, FF);
+        sp_linear_forward(a->up, x, b->w_up, NULL, N, H, FF);
+        sp_swiglu_forward(a->act, a->gate, a->up, n);
+        sp_linear_forward(y, a->act, b->w_down, NULL, N, FF, H);
+        break;
+    case SP_MLP_GELU:
+    case SP_MLP_GELU_TANH:
+        sp_linear_forward(a->up, x, b->w_up, b->b_up, N, H, FF);
+        if (b->k.mlp == SP_MLP_GELU)
+            sp_gelu_forward(a->act, a->up, n);
+        else
+            sp_gelu_tanh_forward(a->act, a->up, n);
+        sp_linear_forward(y, a->act, b->w_down, b->b_down, N, FF, H);
+        break;
+    case SP_MLP_MOE:
+        moe_forward(b, y, x, N, a);
+        break;
+    }
+}
+
+/* The forward pass proper; fills `a`. */
+static void forward_acts(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
+                         const sp_attn_dims *ad, acts *a)
+{
+    int N = B * T, H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd;
+    /* attention: norm, q/k/v projections, RoPE on q and k (ALiBi goes into the scores instead) */
+    norm_forward(b, a->ln1, a->mean1, a->rstd1, inp, b->ln1_w, b->ln1_b, N);
+    sp_linear_forward(a->q, a->ln1, b->wq, b->bq, N, H, Q);
+    sp_linear_forward(a->k, a->ln1, b->wk, b->bk, N, H, KV);
+    sp_linear_forward(a->v, a->ln1, b->wv, b->bv, N, H, KV);
+    if (b->rope) {
+        sp_rope_tables(b->rope, pos0, T, a->cos, a->sin);
+        sp_rope_forward(a->q, a->q, a->cos, a->sin, B, T, b->nh, b->hd);
+        sp_rope_forward(a->k, a->k, a->cos, a->sin, B, T, b->nkv, b->hd);
+    }
     const float *K = a->k, *V = a->v;
     if (kv) { /* append this step, attend over the whole cached prefix */
         kv_append(kv, a->k, a->v, B, T);
@@ -224,33 +486,25 @@ static void forward_acts(const sp_llama_block *b, float *out, const float *inp, 
         V = kv->v;
     }
     sp_attention_forward(a->att, a->probs, a->q, K, V, ad);
-    /* residual: h1 = x + att Wo^T */
-    sp_linear_forward(a->h1, a->att, b->wo, NULL, N, Q, H);
+    /* residual: h1 = x + att Wo^T + bo */
+    sp_linear_forward(a->h1, a->att, b->wo, b->bo, N, Q, H);
     for (long i = 0; i < (long)N * H; i++)
         a->h1[i] += inp[i];
-    /* MLP: rmsnorm, SwiGLU, down projection, residual */
-    sp_rmsnorm_forward(a->ln2, a->rstd2, a->h1, b->ffn_norm, N, H, b->eps);
-    sp_linear_forward(a->gate, a->ln2, b->w_gate, NULL, N, H, FF);
-    sp_linear_forward(a->up, a->ln2, b->w_up, NULL, N, H, FF);
-    sp_swiglu_forward(a->act, a->gate, a->up, (long)N * FF);
-    sp_linear_forward(out, a->act, b->w_down, NULL, N, FF, H);
+    /* MLP on n2(h1) (sequential) or n2(x) (parallel; n1(x) itself with one norm), residual */
+    const float *m = a->ln1;
+    if (b->ln2_w) {
+        norm_forward(b, a->ln2, a->mean2, a->rstd2, b->k.parallel ? inp : a->h1, b->ln2_w, b->ln2_b, N);
+        m = a->ln2;
+    }
+    mlp_forward(b, out, m, N, a);
     for (long i = 0; i < (long)N * H; i++)
         out[i] += a->h1[i];
     if (kv)
         kv->len += T;
 }
 
-static sp_attn_dims attn_dims(const sp_llama_block *b, int B, int T, const sp_kv_cache *kv, int keep)
-{
-    sp_attn_dims d = {.B = B, .T = T, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .keep_probs = keep};
-    d.past = kv ? kv->len : 0;
-    d.S = d.past + T;
-    d.kv_cap = kv ? kv->cap : T;
-    return d;
-}
-
-sp_status sp_llama_block_forward(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
-                                 sp_kv_cache *kv, sp_ws *ws, sp_err *err)
+sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
+                           sp_ws *ws, sp_err *err)
 {
     sp_status s = check_dims(b, B, T, pos0, kv, err);
     if (s)
@@ -267,72 +521,174 @@ sp_status sp_llama_block_forward(const sp_llama_block *b, float *out, const floa
 /* ---------------------------------------------------------------------------------------------- */
 /* backward */
 
-/* Floats of the gradient buffers a backward needs in front of the activations: dh1, dln, the output copy,
- * dact, dgate, dup, datt, dq, dk, dv, dq/dk before RoPE, and the attention scratch. */
-static size_t grads_size(const sp_llama_block *b, int B, int T, const sp_attn_dims *ad)
+/* Gradient buffers a backward needs in front of the activations. */
+typedef struct grads {
+    float *out;                   /* the recomputed forward's output (unused) [N, H] */
+    float *dh1, *dln1, *dln2;     /* [N, H]; dh1 ends as the input's gradient */
+    float *datt, *dq, *dk, *dv;   /* [N, Q], [N, Q], [N, KV] x2 */
+    float *dq_pre, *dk_pre;       /* before RoPE */
+    float *scratch;               /* attention: one [T, S] */
+    float *dact, *dgate, *dup;    /* [R, FF] */
+    float *dys, *dxs, *dw, *dlog; /* MoE: [NK, H] x2, [N, K], [N, E] */
+} grads;
+
+static size_t grads_layout(grads *g, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
-    size_t FF = (size_t)b->FF;
-    return 3 * N * H + 3 * N * FF + 3 * N * Q + 3 * N * KV + (size_t)sp_attention_scratch_size(ad);
+    size_t FF = (size_t)b->FF, R = mlp_rows(b, N), moe = is_moe(b), NK = moe ? R : 0;
+    size_t E = moe ? (size_t)b->k.n_experts : 0, rope = b->rope != NULL;
+    size_t sizes[] = {N * H, N * H, N * H, N * H, N * Q, N * Q, N * KV, N * KV, rope * N * Q, rope * N * KV,
+                      (size_t)sp_attention_scratch_size(ad), R * FF, is_gelu(b) ? 0 : R * FF, R * FF, NK * H, NK * H,
+                      NK, N * E};
+    float **ptrs[] = {&g->out, &g->dh1, &g->dln1, &g->dln2, &g->datt, &g->dq, &g->dk, &g->dv, &g->dq_pre,
+                      &g->dk_pre, &g->scratch, &g->dact, &g->dgate, &g->dup, &g->dys, &g->dxs, &g->dw, &g->dlog};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        if (base)
+            *ptrs[i] = sizes[i] ? base + total : NULL;
+        total += (sizes[i] + 15) & ~(size_t)15;
+    }
+    return total;
 }
 
-/* The backward proper over the activations of a forward; gbuf: grads_size() floats. */
-static void backward_acts(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
-                          const sp_attn_dims *adp, const acts *ap, sp_llama_block *g, float *gbuf)
+/* dx += norm'(x)^T dy; weight (and bias) gradients into gw, gb when non-NULL. */
+static void norm_backward(const sp_block *b, float *dx, float *gw, float *gb, const float *dy, const float *x,
+                          const float *w, const float *mean, const float *rstd, int N)
 {
-    size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
-    size_t FF = (size_t)b->FF;
+    if (b->k.norm == SP_NORM_RMS)
+        sp_rmsnorm_backward(dx, gw, dy, x, w, rstd, N, b->H);
+    else
+        sp_layernorm_backward(dx, gw, gb, dy, x, w, mean, rstd, N, b->H);
+}
+
+#define GRAD(t) (gw ? gw->t : NULL)
+
+/* MoE backward: each slot's gradient is its weight times the token's; the routing weights' gradient
+ * dw[n, k] = dy[n] . expert_k(x[n]) goes through the renormalised softmax to the router logits. */
+static void moe_backward(const sp_block *b, float *dx, sp_block *gw, const float *dy, const float *x, const acts *a,
+                         const grads *g, int N)
+{
+    int H = b->H, FF = b->FF, E = b->k.n_experts, K = b->k.top_k;
+    for (int s = 0; s < N * K; s++) {
+        const float *d = dy + (size_t)(a->slot[s] / K) * H, *ys = a->ys + (size_t)s * H;
+        float w = a->rw[a->slot[s]], dot = 0, *dys = g->dys + (size_t)s * H;
+        for (int c = 0; c < H; c++) {
+            dot += d[c] * ys[c];
+            dys[c] = w * d[c];
+        }
+        g->dw[a->slot[s]] = dot;
+    }
+    sp_moe_route_backward(g->dlog, g->dw, a->rw, a->ridx, N, E, K);
+    sp_linear_backward(dx, GRAD(router), NULL, g->dlog, x, b->router, N, H, E);
+    for (int e = 0; e < E; e++) {
+        int o = a->off[e], cnt = a->off[e + 1] - o;
+        if (!cnt)
+            continue;
+        size_t of = (size_t)o * FF, oh = (size_t)o * H;
+        sp_linear_backward(g->dact + of, expert_g(GRAD(w_down), e, b), NULL, g->dys + oh, a->act + of,
+                           expert_w(b->w_down, e, b), cnt, FF, H);
+        sp_swiglu_backward(g->dgate + of, g->dup + of, g->dact + of, a->gate + of, a->up + of, (long)cnt * FF);
+        sp_linear_backward(g->dxs + oh, expert_g(GRAD(w_gate), e, b), NULL, g->dgate + of, a->xs + oh,
+                           expert_w(b->w_gate, e, b), cnt, H, FF);
+        sp_linear_backward(g->dxs + oh, expert_g(GRAD(w_up), e, b), NULL, g->dup + of, a->xs + oh,
+                           expert_w(b->w_up, e, b), cnt, H, FF);
+    }
+    for (int s = 0; s < N * K; s++) { /* scatter the slots' input gradients back to their tokens */
+        float *d = dx + (size_t)(a->slot[s] / K) * H;
+        const float *src = g->dxs + (size_t)s * H;
+        for (int c = 0; c < H; c++)
+            d[c] += src[c];
+    }
+}
+
+/* dx += mlp'(x)^T dy. */
+static void mlp_backward(const sp_block *b, float *dx, sp_block *gw, const float *dy, const float *x, const acts *a,
+                         const grads *g, int N)
+{
+    int H = b->H, FF = b->FF;
+    long n = (long)N * FF;
+    switch (b->k.mlp) {
+    case SP_MLP_SWIGLU:
+        sp_linear_backward(g->dact, GRAD(w_down), NULL, dy, a->act, b->w_down, N, FF, H);
+        sp_swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, n);
+        sp_linear_backward(dx, GRAD(w_gate), NULL, g->dgate, x, b->w_gate, N, H, FF);
+        sp_linear_backward(dx, GRAD(w_up), NULL, g->dup, x, b->w_up, N, H, FF);
+        break;
+    case SP_MLP_GELU:
+    case SP_MLP_GELU_TANH:
+        sp_linear_backward(g->dact, GRAD(w_down), GRAD(b_down), dy, a->act, b->w_down, N, FF, H);
+        if (b->k.mlp == SP_MLP_GELU)
+            sp_gelu_backward(g->dup, g->dact, a->up, n);
+        else
+            sp_gelu_tanh_backward(g->dup, g->dact, a->up, n);
+        sp_linear_backward(dx, GRAD(w_up), GRAD(b_up), g->dup, x, b->w_up, N, H, FF);
+        break;
+    case SP_MLP_MOE:
+        moe_backward(b, dx, gw, dy, x, a, g, N);
+        break;
+    }
+}
+
+/* The backward proper over the activations of a forward; gbuf: grads_layout() floats. */
+static void backward_acts(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                          const sp_attn_dims *adp, const acts *ap, sp_block *gw, float *gbuf)
+{
+    int N = B * T, H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd;
     sp_attn_dims ad = *adp;
     acts a = *ap;
-    float *dh1 = gbuf, *dln = dh1 + N * H, *outbuf = dln + N * H, *dact = outbuf + N * H;
-    float *dgate = dact + N * FF, *dup = dgate + N * FF, *datt = dup + N * FF, *dq = datt + N * Q;
-    float *dk = dq + N * Q, *dv = dk + N * KV, *dq_pre = dv + N * KV, *dk_pre = dq_pre + N * Q;
-    float *scratch = dk_pre + N * KV;
-    memset(gbuf, 0, grads_size(b, B, T, &ad) * sizeof(float)); /* every gradient buffer below accumulates */
+    grads g;
+    size_t total = grads_layout(&g, b, B, T, &ad, gbuf);
+    memset(gbuf, 0, total * sizeof(float)); /* every gradient buffer below accumulates */
 
-    /* out = h1 + act Wdown^T */
-    memcpy(dh1, dout, N * H * sizeof(float));
-    sp_linear_backward(dact, g ? g->w_down : NULL, NULL, dout, a.act, b->w_down, (int)N, (int)FF, (int)H);
-    sp_swiglu_backward(dgate, dup, dact, a.gate, a.up, (long)(N * FF));
-    sp_linear_backward(dln, g ? g->w_gate : NULL, NULL, dgate, a.ln2, b->w_gate, (int)N, (int)H, (int)FF);
-    sp_linear_backward(dln, g ? g->w_up : NULL, NULL, dup, a.ln2, b->w_up, (int)N, (int)H, (int)FF);
-    sp_rmsnorm_backward(dh1, g ? g->ffn_norm : NULL, dln, a.h1, b->ffn_norm, a.rstd2, (int)N, (int)H);
-    /* h1 = x + att Wo^T */
-    sp_linear_backward(datt, g ? g->wo : NULL, NULL, dh1, a.att, b->wo, (int)N, (int)Q, (int)H);
-    sp_attention_backward(dq, dk, dv, scratch, datt, a.probs, a.q, a.k, a.v, &ad);
-    /* RoPE is a rotation: back-propagate through its transpose */
-    memset(dln, 0, N * H * sizeof(float));
-    sp_rope_backward(dq_pre, dq, a.cos, a.sin, B, T, b->nh, b->hd);
-    sp_rope_backward(dk_pre, dk, a.cos, a.sin, B, T, b->nkv, b->hd);
-    sp_linear_backward(dln, g ? g->wq : NULL, NULL, dq_pre, a.ln1, b->wq, (int)N, (int)H, (int)Q);
-    sp_linear_backward(dln, g ? g->wk : NULL, NULL, dk_pre, a.ln1, b->wk, (int)N, (int)H, (int)KV);
-    sp_linear_backward(dln, g ? g->wv : NULL, NULL, dv, a.ln1, b->wv, (int)N, (int)H, (int)KV);
-    /* x feeds both the residual (dh1) and the first rmsnorm */
-    sp_rmsnorm_backward(dh1, g ? g->attn_norm : NULL, dln, inp, b->attn_norm, a.rstd1, (int)N, (int)H);
-    memcpy(dinp, dh1, N * H * sizeof(float));
+    /* out = h1 + mlp(m): h1 gets dout, the MLP's input its share (into dln1 directly when it shares n1) */
+    memcpy(g.dh1, dout, (size_t)N * H * sizeof(float));
+    mlp_backward(b, b->ln2_w ? g.dln2 : g.dln1, gw, dout, b->ln2_w ? a.ln2 : a.ln1, &a, &g, N);
+    if (b->ln2_w && !b->k.parallel) /* sequential: n2 is of h1 */
+        norm_backward(b, g.dh1, GRAD(ln2_w), GRAD(ln2_b), g.dln2, a.h1, b->ln2_w, a.mean2, a.rstd2, N);
+    /* h1 = x + att Wo^T + bo */
+    sp_linear_backward(g.datt, GRAD(wo), GRAD(bo), g.dh1, a.att, b->wo, N, Q, H);
+    sp_attention_backward(g.dq, g.dk, g.dv, g.scratch, g.datt, a.probs, a.q, a.k, a.v, &ad);
+    float *dq = g.dq, *dk = g.dk;
+    if (b->rope) { /* RoPE is a rotation: back-propagate through its transpose */
+        sp_rope_backward(g.dq_pre, g.dq, a.cos, a.sin, B, T, b->nh, b->hd);
+        sp_rope_backward(g.dk_pre, g.dk, a.cos, a.sin, B, T, b->nkv, b->hd);
+        dq = g.dq_pre;
+        dk = g.dk_pre;
+    }
+    sp_linear_backward(g.dln1, GRAD(wq), GRAD(bq), dq, a.ln1, b->wq, N, H, Q);
+    sp_linear_backward(g.dln1, GRAD(wk), GRAD(bk), dk, a.ln1, b->wk, N, H, KV);
+    sp_linear_backward(g.dln1, GRAD(wv), GRAD(bv), g.dv, a.ln1, b->wv, N, H, KV);
+    /* x feeds the residual (dh1), n1, and in a parallel block with two norms n2 */
+    if (b->ln2_w && b->k.parallel)
+        norm_backward(b, g.dh1, GRAD(ln2_w), GRAD(ln2_b), g.dln2, inp, b->ln2_w, a.mean2, a.rstd2, N);
+    norm_backward(b, g.dh1, GRAD(ln1_w), GRAD(ln1_b), g.dln1, inp, b->ln1_w, a.mean1, a.rstd1, N);
+    memcpy(dinp, g.dh1, (size_t)N * H * sizeof(float));
 }
 
-sp_status sp_llama_block_backward(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B,
-                                  int T, int pos0, sp_llama_block *g, sp_ws *ws, sp_err *err)
+#undef GRAD
+
+sp_status sp_block_backward(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                            int pos0, sp_block *gw, sp_ws *ws, sp_err *err)
 {
     sp_status s = check_dims(b, B, T, pos0, NULL, err);
     if (s)
         return s;
     sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
-    size_t gsz = grads_size(b, B, T, &ad);
+    grads g;
+    size_t gsz = grads_layout(&g, b, B, T, &ad, NULL);
     acts a;
     s = acts_alloc(&a, b, B, T, &ad, ws, gsz, err);
     if (s)
         return s;
-    forward_acts(b, ws->buf + 2 * (size_t)B * T * b->H, inp, B, T, pos0, NULL, &ad, &a); /* into the output copy */
-    backward_acts(b, dinp, dout, inp, B, T, &ad, &a, g, ws->buf);
+    forward_acts(b, ws->buf, inp, B, T, pos0, NULL, &ad, &a); /* into grads' `out`, which nothing reads */
+    backward_acts(b, dinp, dout, inp, B, T, &ad, &a, gw, ws->buf);
     return SP_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* forward keeping the activations, backward from them */
 
-size_t sp_llama_block_acts_floats(const sp_llama_block *b, int B, int T)
+size_t sp_block_acts_floats(const sp_block *b, int B, int T)
 {
     acts a;
     sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
@@ -345,8 +701,8 @@ void sp_block_acts_free(sp_block_acts *k)
     memset(k, 0, sizeof *k);
 }
 
-sp_status sp_llama_block_forward_keep(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
-                                      sp_block_acts *k, sp_err *err)
+sp_status sp_block_forward_keep(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                sp_block_acts *k, sp_err *err)
 {
     sp_status s = check_dims(b, B, T, pos0, NULL, err);
     if (s)
@@ -369,8 +725,8 @@ sp_status sp_llama_block_forward_keep(const sp_llama_block *b, float *out, const
     return SP_OK;
 }
 
-sp_status sp_llama_block_backward_kept(const sp_llama_block *b, float *dinp, const float *dout, const float *inp,
-                                       const sp_block_acts *k, sp_llama_block *g, sp_ws *ws, sp_err *err)
+sp_status sp_block_backward_kept(const sp_block *b, float *dinp, const float *dout, const float *inp,
+                                 const sp_block_acts *k, sp_block *gw, sp_ws *ws, sp_err *err)
 {
     if (!k || !k->buf)
         return sp_errf(err, SP_ERR_STATE, "block: no kept activations");
@@ -379,9 +735,10 @@ sp_status sp_llama_block_backward_kept(const sp_llama_block *b, float *dinp, con
     if (acts_layout(&a, b, k->B, k->T, &ad, NULL) > k->cap)
         return sp_errf(err, SP_ERR_STATE, "block: kept activations are too small for [%d, %d]", k->B, k->T);
     acts_layout(&a, b, k->B, k->T, &ad, k->buf);
-    sp_status s = sp_ws_reserve(ws, grads_size(b, k->B, k->T, &ad), err);
+    grads g;
+    sp_status s = sp_ws_reserve(ws, grads_layout(&g, b, k->B, k->T, &ad, NULL), err);
     if (s)
         return s;
-    backward_acts(b, dinp, dout, inp, k->B, k->T, &ad, &a, g, ws->buf);
+    backward_acts(b, dinp, dout, inp, k->B, k->T, &ad, &a, gw, ws->buf);
     return SP_OK;
 }

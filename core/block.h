@@ -1,9 +1,16 @@
-/* block.h - the Llama transformer block on the CPU: forward for a span of positions (batch, position
- * offset, optional KV cache) and backward to the block input (weights frozen) and optionally to the
- * weights.
+/* block.h - one transformer block on the CPU, for every supported family (llama, bloom, falcon, mixtral):
+ * forward for a span of positions (batch, position offset, optional KV cache) and backward to the block input
+ * (weights frozen) and optionally to the weights. What the block computes comes from the config's
+ * sp_block_kind (config.h), chosen by the family at load; the code below it is one implementation:
  *
- *   h   = x + Wo * attn(rope(Wq * rms(x)), rope(Wk * rms(x)), Wv * rms(x))
- *   out = h + Wdown * (silu(Wgate * rms(h)) * (Wup * rms(h)))                                        */
+ *   a   = Wo attn(pos(Wq n1(x) + bq), pos(Wk n1(x) + bk), Wv n1(x) + bv) + bo      pos: RoPE, or ALiBi scores
+ *   h   = x + a
+ *   out = h + mlp(n2(h))                     sequential (llama, mixtral, bloom)
+ *   out = h + mlp(n2(x)), n2 = n1 if 1 norm  parallel (falcon)
+ *
+ * n1, n2: RMSNorm or LayerNorm; mlp: SwiGLU, GELU (erf or tanh) with biases, or a sparse mixture of SwiGLU
+ * experts (a router picks each token's top-k experts, their outputs summed with the renormalised softmax
+ * weights). Fused QKV checkpoints (BLOOM, Falcon) are split into q, k, v at load. */
 #ifndef SEPAL_BLOCK_H
 #define SEPAL_BLOCK_H
 
@@ -23,28 +30,35 @@ typedef struct sp_ws {
 sp_status sp_ws_reserve(sp_ws *ws, size_t nfloats, sp_err *err);
 void sp_ws_free(sp_ws *ws);
 
-/* Weights of one block, f32, HF layout [out, in], carved out of one allocation. The same struct holds
- * weight gradients. */
-typedef struct sp_llama_block {
+/* Weights of one block, f32, HF layout [out, in], carved out of one allocation; a tensor the family does not
+ * have is NULL. The same struct holds weight gradients. */
+typedef struct sp_block {
+    sp_arch arch;
+    sp_block_kind k;
     int H, nh, nkv, hd, FF;
     float eps;
-    const sp_rope *rope;
+    const sp_rope *rope;  /* RoPE tables (NULL for ALiBi) */
+    float *alibi;         /* ALiBi slopes [nh] (NULL for RoPE); not a weight */
     float *mem;
     size_t numel;
-    float *attn_norm;     /* [H] */
-    float *wq;            /* [nh*hd, H] */
-    float *wk, *wv;       /* [nkv*hd, H] */
-    float *wo;            /* [H, nh*hd] */
-    float *ffn_norm;      /* [H] */
-    float *w_gate, *w_up; /* [FF, H] */
-    float *w_down;        /* [H, FF] */
-} sp_llama_block;
+    float *ln1_w, *ln1_b; /* [H]; b: LayerNorm only */
+    float *wq, *bq;       /* [nh*hd, H], [nh*hd] */
+    float *wk, *bk;       /* [nkv*hd, H], [nkv*hd] */
+    float *wv, *bv;
+    float *wo, *bo;       /* [H, nh*hd], [H] */
+    float *ln2_w, *ln2_b; /* [H]; NULL when the MLP shares n1 */
+    float *w_gate;        /* SwiGLU [FF, H]; MoE [E, FF, H] (w1) */
+    float *w_up, *b_up;   /* SwiGLU [FF, H]; GELU: dense_h_to_4h [FF, H], [FF]; MoE [E, FF, H] (w3) */
+    float *w_down, *b_down; /* [H, FF], [H]; MoE [E, H, FF] (w2) */
+    float *router;        /* MoE [E, H] */
+} sp_block;
 
 /* Allocates zeroed weights shaped by cfg (zero also suits gradients). */
-sp_status sp_llama_block_init(sp_llama_block *b, const sp_config *cfg, const sp_rope *rope, sp_err *err);
-void sp_llama_block_free(sp_llama_block *b);
-/* Reads model.layers.{layer}.* from the checkpoint (any float dtype, converted to f32). */
-sp_status sp_llama_block_load(sp_llama_block *b, sp_safetensors *st, int layer, sp_err *err);
+sp_status sp_block_init(sp_block *b, const sp_config *cfg, const sp_rope *rope, sp_err *err);
+void sp_block_free(sp_block *b);
+/* Reads block `layer`'s tensors from the checkpoint under the family's names (any float dtype, converted to
+ * f32); a fused query_key_value is split into q, k, v. */
+sp_status sp_block_load(sp_block *b, sp_safetensors *st, int layer, sp_err *err);
 
 /* KV cache of one block for B sequences of up to `cap` positions: k, v are [B, cap, nkv, hd]. */
 typedef struct sp_kv_cache {
@@ -61,17 +75,18 @@ sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err);
 /* out[B,T,H] = block(inp[B,T,H]) at positions pos0..pos0+T-1. With a cache, pos0 must equal kv->len:
  * the step's keys/values are appended and attention sees the whole cached prefix; kv->len += T.
  * out may equal inp. */
-sp_status sp_llama_block_forward(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
-                                 sp_kv_cache *kv, sp_ws *ws, sp_err *err);
+sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
+                           sp_ws *ws, sp_err *err);
 
 /* Recomputes the forward (no cache, positions pos0..) and back-propagates: dinp[B,T,H] is WRITTEN with
- * d(out . dout)/d(inp); if grads is non-NULL (from sp_llama_block_init) the weight gradients are
- * ACCUMULATED into it. dinp may equal dout. */
-sp_status sp_llama_block_backward(const sp_llama_block *b, float *dinp, const float *dout, const float *inp, int B,
-                                  int T, int pos0, sp_llama_block *grads, sp_ws *ws, sp_err *err);
+ * d(out . dout)/d(inp); if grads is non-NULL (from sp_block_init) the weight gradients are ACCUMULATED into
+ * it. A MoE block back-propagates through the routing weights of the experts it chose (the choice itself is
+ * piecewise constant), as autograd does in transformers. dinp may equal dout. */
+sp_status sp_block_backward(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                            int pos0, sp_block *grads, sp_ws *ws, sp_err *err);
 
 /* The activations of one forward, kept for its backward so that it need not recompute them (what PyTorch
- * keeps; about B*T*(5H + 3Q + 3FF) + B*heads*T*T floats). buf grows as needed; free with
+ * keeps; about B*T*(5H + 3Q + 3FF) + B*heads*T*T floats for a dense block). buf grows as needed; free with
  * sp_block_acts_free. */
 typedef struct sp_block_acts {
     float *buf;
@@ -79,13 +94,13 @@ typedef struct sp_block_acts {
     int B, T, pos0;
 } sp_block_acts;
 
-size_t sp_llama_block_acts_floats(const sp_llama_block *b, int B, int T);
+size_t sp_block_acts_floats(const sp_block *b, int B, int T);
 void sp_block_acts_free(sp_block_acts *k);
-/* sp_llama_block_forward without a cache, keeping the activations in k (out may equal inp). */
-sp_status sp_llama_block_forward_keep(const sp_llama_block *b, float *out, const float *inp, int B, int T, int pos0,
-                                      sp_block_acts *k, sp_err *err);
-/* sp_llama_block_backward from k (inp: the block's input of that forward): the same results, no recompute. */
-sp_status sp_llama_block_backward_kept(const sp_llama_block *b, float *dinp, const float *dout, const float *inp,
-                                       const sp_block_acts *k, sp_llama_block *grads, sp_ws *ws, sp_err *err);
+/* sp_block_forward without a cache, keeping the activations in k (out may equal inp). */
+sp_status sp_block_forward_keep(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                sp_block_acts *k, sp_err *err);
+/* sp_block_backward from k (inp: the block's input of that forward): the same results, no recompute. */
+sp_status sp_block_backward_kept(const sp_block *b, float *dinp, const float *dout, const float *inp,
+                                 const sp_block_acts *k, sp_block *grads, sp_ws *ws, sp_err *err);
 
 #endif

@@ -1,4 +1,4 @@
-/* model.c - loading a (partial) Llama model and running it in one process. */
+/* model.c - loading a (partial) model of any supported family and running it in one process. */
 #include "model.h"
 
 #include <math.h>
@@ -22,15 +22,53 @@ static sp_status read_tensor(sp_model *m, sp_safetensors *st, const char *name, 
     return s;
 }
 
+/* The local parts' tensor names: Llama/Mixtral "model.*"; Falcon "transformer.*"; BLOOM "transformer.*" or, in
+ * its own checkpoints (saved from BloomModel), without the prefix. */
+typedef struct local_names {
+    char embed[96], embed_norm[96], norm[96];
+} local_names;
+
+static void local_names_of(const sp_model *m, sp_safetensors *st, local_names *n)
+{
+    if (m->cfg.arch == SP_ARCH_LLAMA || m->cfg.arch == SP_ARCH_MIXTRAL) {
+        snprintf(n->embed, sizeof n->embed, "model.embed_tokens.weight");
+        snprintf(n->norm, sizeof n->norm, "model.norm");
+        return;
+    }
+    const char *p = m->cfg.arch == SP_ARCH_BLOOM && !sp_st_has(st, "transformer.word_embeddings.weight") &&
+                            sp_st_has(st, "word_embeddings.weight")
+                        ? ""
+                        : "transformer.";
+    snprintf(n->embed, sizeof n->embed, "%sword_embeddings.weight", p);
+    snprintf(n->embed_norm, sizeof n->embed_norm, "%sword_embeddings_layernorm", p);
+    snprintf(n->norm, sizeof n->norm, "%sln_f", p);
+}
+
+/* A norm's weight and, for LayerNorm, its bias ("<name>.weight", "<name>.bias"). */
+static sp_status read_norm(sp_model *m, sp_safetensors *st, const char *name, float **w, float **b, sp_err *err)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.weight", name);
+    sp_status s = read_tensor(m, st, full, w, m->cfg.hidden, 0, err);
+    if (s || m->cfg.blk.norm != SP_NORM_LAYER)
+        return s;
+    snprintf(full, sizeof full, "%s.bias", name);
+    return read_tensor(m, st, full, b, m->cfg.hidden, 0, err);
+}
+
 static sp_status load_local_parts(sp_model *m, sp_safetensors *st, unsigned parts, sp_err *err)
 {
     const sp_config *c = &m->cfg;
+    local_names n = {0};
+    local_names_of(m, st, &n);
     sp_status s = SP_OK;
     int need_embed = (parts & SP_LOAD_EMBED) || ((parts & SP_LOAD_HEAD) && c->tie_embeddings);
     if (need_embed)
-        s = read_tensor(m, st, "model.embed_tokens.weight", &m->embed, c->vocab, c->hidden, err);
+        s = read_tensor(m, st, n.embed, &m->embed, c->vocab, c->hidden, err);
+    if (!s && (parts & SP_LOAD_EMBED) && c->embed_norm)
+        s = read_norm(m, st, n.embed_norm, &m->embed_norm_w, &m->embed_norm_b, err);
     if (!s && (parts & SP_LOAD_HEAD)) {
-        s = read_tensor(m, st, "model.norm.weight", &m->norm, c->hidden, 0, err);
+        s = read_norm(m, st, n.norm, &m->norm, &m->norm_b, err);
         if (!s && c->tie_embeddings) {
             m->lm_head = m->embed;
             m->head_is_embed = 1;
@@ -48,9 +86,9 @@ static sp_status load_blocks(sp_model *m, sp_safetensors *st, sp_err *err)
     if (!m->blocks)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        sp_status s = sp_llama_block_init(&m->blocks[i], &m->cfg, &m->rope, err);
+        sp_status s = sp_block_init(&m->blocks[i], &m->cfg, &m->rope, err);
         if (!s)
-            s = sp_llama_block_load(&m->blocks[i], st, m->first + i, err);
+            s = sp_block_load(&m->blocks[i], st, m->first + i, err);
         if (s)
             return s;
         m->bytes_loaded += m->blocks[i].numel * sizeof(float);
@@ -66,9 +104,9 @@ sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int fir
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_safetensors *st = NULL;
     sp_status s = sp_config_load(&m->cfg, dir, err);
-    if (!s && m->cfg.arch != SP_ARCH_LLAMA)
-        s = sp_errf(err, SP_ERR_UNSUPPORTED, "unsupported architecture: %s", m->cfg.architecture);
     if (!s)
+        s = sp_config_check_supported(&m->cfg, err);
+    if (!s && m->cfg.blk.pos == SP_POS_ROPE)
         s = sp_rope_init(&m->rope, &m->cfg, err);
     if (!s && (parts & SP_LOAD_BLOCKS)) {
         if (last < 0)
@@ -100,12 +138,15 @@ void sp_model_free(sp_model *m)
     if (!m)
         return;
     for (int i = 0; m->blocks && i < m->last - m->first; i++)
-        sp_llama_block_free(&m->blocks[i]);
+        sp_block_free(&m->blocks[i]);
     free(m->blocks);
     if (!m->head_is_embed)
         free(m->lm_head);
     free(m->embed);
+    free(m->embed_norm_w);
+    free(m->embed_norm_b);
     free(m->norm);
+    free(m->norm_b);
     sp_ws_free(&m->ws);
     free(m);
 }
@@ -162,11 +203,37 @@ sp_status sp_model_embed(sp_model *m, float *hidden, const int32_t *ids, int n, 
 sp_status sp_model_blocks(sp_model *m, float *hidden, int B, int T, int pos0, sp_model_cache *cache, sp_err *err)
 {
     for (int i = 0; i < m->last - m->first; i++) {
-        sp_status s = sp_llama_block_forward(&m->blocks[i], hidden, hidden, B, T, pos0, cache ? &cache->kv[i] : NULL,
-                                             &m->ws, err);
+        sp_status s = sp_block_forward(&m->blocks[i], hidden, hidden, B, T, pos0, cache ? &cache->kv[i] : NULL,
+                                       &m->ws, err);
         if (s)
             return sp_err_prefix(err, "block %d: ", m->first + i);
     }
+    return SP_OK;
+}
+
+void sp_model_embed_norm(const sp_model *m, float *hidden, int n)
+{
+    int H = m->cfg.hidden;
+    for (int i = 0; m->embed_norm_w && i < n; i++) { /* a row at a time: in place, the statistics are scratch */
+        float st[2];
+        sp_layernorm_forward(hidden + (size_t)i * H, st, st + 1, hidden + (size_t)i * H, m->embed_norm_w,
+                             m->embed_norm_b, 1, H, m->cfg.norm_eps);
+    }
+}
+
+sp_status sp_model_final_norm(const sp_model *m, float *out, const float *hidden, int n, sp_err *err)
+{
+    if (!m->norm)
+        return sp_errf(err, SP_ERR_STATE, "model: final norm not loaded");
+    if (m->cfg.blk.norm == SP_NORM_RMS) {
+        sp_rmsnorm_forward(out, NULL, hidden, m->norm, n, m->cfg.hidden, m->cfg.norm_eps);
+        return SP_OK;
+    }
+    float *stats = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof(float));
+    if (!stats)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_layernorm_forward(out, stats, stats + n, hidden, m->norm, m->norm_b, n, m->cfg.hidden, m->cfg.norm_eps);
+    free(stats);
     return SP_OK;
 }
 
@@ -178,10 +245,11 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     float *tmp = malloc((size_t)n * H * sizeof(float));
     if (!tmp)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    sp_rmsnorm_forward(tmp, NULL, hidden, m->norm, n, H, m->cfg.norm_eps);
-    sp_linear_forward(logits, tmp, m->lm_head, NULL, n, H, m->cfg.vocab);
+    sp_status s = sp_model_final_norm(m, tmp, hidden, n, err);
+    if (!s)
+        sp_linear_forward(logits, tmp, m->lm_head, NULL, n, H, m->cfg.vocab);
     free(tmp);
-    return SP_OK;
+    return s;
 }
 
 sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B, int T, int pos0,
@@ -192,6 +260,8 @@ sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B
     if (!hidden)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status s = sp_model_embed(m, hidden, ids, B * T, err);
+    if (!s)
+        sp_model_embed_norm(m, hidden, B * T);
     if (!s)
         s = sp_model_blocks(m, hidden, B, T, pos0, cache, err);
     if (!s && !last_only)

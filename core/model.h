@@ -1,6 +1,6 @@
-/* model.h - a Llama model (or a part of one) on the CPU: embeddings, a span of blocks [first, last),
- * final norm and LM head. The whole model in one process is the baseline the swarm is compared with;
- * a server loads only its blocks, a client only the local parts. */
+/* model.h - a model of any supported family (or a part of one) on the CPU: embeddings (and BLOOM's embedding
+ * LayerNorm), a span of blocks [first, last), final norm and LM head. The whole model in one process is the
+ * baseline the swarm is compared with; a server loads only its blocks, a client only the local parts. */
 #ifndef SEPAL_MODEL_H
 #define SEPAL_MODEL_H
 
@@ -12,9 +12,9 @@
 #include "safetensors.h"
 
 enum {
-    SP_LOAD_EMBED = 1,  /* model.embed_tokens */
-    SP_LOAD_HEAD = 2,   /* model.norm + lm_head (or the tied embedding) */
-    SP_LOAD_BLOCKS = 4, /* model.layers.[first, last) */
+    SP_LOAD_EMBED = 1,  /* model.embed_tokens / word_embeddings (+ word_embeddings_layernorm) */
+    SP_LOAD_HEAD = 2,   /* model.norm / ln_f + lm_head (or the tied embedding) */
+    SP_LOAD_BLOCKS = 4, /* model.layers / h .[first, last) */
     SP_LOAD_ALL = 7,
 };
 
@@ -23,18 +23,19 @@ typedef struct sp_model {
     sp_rope rope;
     int first, last;        /* blocks held: [first, last) */
     float *embed;           /* [V, H] or NULL */
-    float *norm;            /* [H] or NULL */
+    float *embed_norm_w, *embed_norm_b; /* [H]: BLOOM's LayerNorm after the embeddings (NULL: none) */
+    float *norm, *norm_b;   /* final norm [H] or NULL; norm_b: its bias (LayerNorm families) */
     float *lm_head;         /* [V, H]; == embed when tied and both loaded */
     int head_is_embed;      /* lm_head aliases embed */
-    sp_llama_block *blocks; /* last - first of them */
+    sp_block *blocks;       /* last - first of them */
     sp_ws ws;               /* scratch for the runner's own calls */
     uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
     int files_mapped;       /* checkpoint files opened (a sharded checkpoint maps only the shards it needs) */
 } sp_model;
 
 /* Loads `parts` of the model in directory `dir`. first/last select the blocks when SP_LOAD_BLOCKS is
- * set (last = -1 means all). Fails with SP_ERR_UNSUPPORTED ("unsupported architecture: X") for
- * architectures without an implementation. */
+ * set (last = -1 means all). Fails with SP_ERR_UNSUPPORTED ("unsupported architecture: X (supported: llama,
+ * bloom, falcon, mixtral)") for other families. */
 sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_err *err);
 void sp_model_free(sp_model *m);
 
@@ -48,12 +49,18 @@ sp_status sp_model_cache_init(sp_model_cache *c, const sp_model *m, int B, int c
 void sp_model_cache_free(sp_model_cache *c);
 void sp_model_cache_rewind(sp_model_cache *c, int len);
 
-/* hidden[B*T, H] = embed(ids[B*T]); ids are checked against the vocabulary. */
+/* hidden[B*T, H] = embed(ids[B*T]); ids are checked against the vocabulary. The raw lookup: shallow prompts go
+ * in front of it before sp_model_embed_norm. */
 sp_status sp_model_embed(sp_model *m, float *hidden, const int32_t *ids, int n, sp_err *err);
+/* The family's normalisation of the block input, in place on hidden[n, H]: BLOOM's word_embeddings_layernorm
+ * (applied after shallow prompts are prepended, as Petals does); nothing for the other families. */
+void sp_model_embed_norm(const sp_model *m, float *hidden, int n);
 /* Runs the held blocks in place on hidden[B, T, H] at positions pos0.. (cache optional). */
 sp_status sp_model_blocks(sp_model *m, float *hidden, int B, int T, int pos0, sp_model_cache *cache, sp_err *err);
-/* logits[n, V] = lm_head(norm(hidden[n, H])). */
+/* logits[n, V] = lm_head(norm(hidden[n, H])), norm: the family's final RMSNorm or LayerNorm. */
 sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, sp_err *err);
+/* The final norm alone, out[n, H] = norm(hidden[n, H]). */
+sp_status sp_model_final_norm(const sp_model *m, float *out, const float *hidden, int n, sp_err *err);
 /* The whole model: logits[B, T, V] for ids[B, T]; with a cache only the last position's logits
  * (logits[B, V]) are computed when last_only. */
 sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B, int T, int pos0,

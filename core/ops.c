@@ -13,6 +13,17 @@ long sp_attention_probs_size(const sp_attn_dims *d)
 
 long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S; }
 
+void sp_alibi_slopes(float *slopes, int nh)
+{
+    int n = 1;
+    while (n * 2 <= nh)
+        n *= 2;
+    for (int i = 0; i < n; i++)
+        slopes[i] = (float)pow(2.0, -8.0 * (i + 1) / n);
+    for (int i = 0; i < nh - n; i++)
+        slopes[n + i] = (float)pow(2.0, -4.0 * (2 * i + 1) / n);
+}
+
 #define REAL float
 #define SFX _f32
 #define GEMM cblas_sgemm
@@ -21,8 +32,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S
 #define EXP expf
 #define VEXP sp_expf_vec
 #define LOG logf
-#define ERF erff
-#define TANH tanhf
+#define VERF sp_erff_vec
 #include "ops_impl.h"
 #undef REAL
 #undef SFX
@@ -32,8 +42,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S
 #undef EXP
 #undef VEXP
 #undef LOG
-#undef ERF
-#undef TANH
+#undef VERF
 
 #define REAL double
 #define SFX _f64
@@ -43,6 +52,5 @@ long sp_attention_scratch_size(const sp_attn_dims *d) { return (long)d->T * d->S
 #define EXP exp
 #define VEXP exp
 #define LOG log
-#define ERF erf
-#define TANH tanh
+#define VERF erf
 #include "ops_impl.h"

@@ -43,13 +43,56 @@ static inline float sp_expf_vec(float x)
     return p * s;
 }
 
+/* erf for the f32 GELU loops, odd in x: |x| < 1: x * P(x^2), P of degree 6; 1 <= |x| < 4: 1 - exp(Q(|x| - 2.5)),
+ * Q of degree 8 fitting log(erfc) (both least-squares fits on Chebyshev nodes, made for this file); |x| >= 4: +-1
+ * (erf(4) rounds to 1 in f32). Within 2 ulp of 1 near +-1 and 4 ulp relative for |x| < 1 (test_ops checks it
+ * against erf in double). Branch-free like sp_expf_vec: both sides are computed and one is selected, so the
+ * loops using it vectorise (glibc's erff is a call of ~12 ns an element). */
+static inline float sp_erff_vec(float x)
+{
+    float a = x < 0.0f ? -x : x;
+    float s = a < 1.0f ? a : 1.0f, z = s * s;
+    float p = 7.933493885e-05f;
+    p = p * z - 8.034846650e-04f;
+    p = p * z + 5.191218377e-03f;
+    p = p * z - 2.685539945e-02f;
+    p = p * z + 1.128362573e-01f;
+    p = p * z - 3.761262988e-01f;
+    p = p * z + 1.128379167e+00f;
+    float t = (a < 4.0f ? a : 4.0f) - 2.5f;
+    float q = 1.614061655e-06f;
+    q = q * t - 1.330939039e-05f;
+    q = q * t + 7.739442559e-05f;
+    q = q * t - 4.201445675e-04f;
+    q = q * t + 2.165160310e-03f;
+    q = q * t - 1.085851701e-02f;
+    q = q * t - 9.438936403e-01f;
+    q = q * t - 5.352680681e+00f;
+    q = q * t - 7.806815277e+00f;
+    float r = a < 1.0f ? s * p : 1.0f - sp_expf_vec(q);
+    return x < 0.0f ? -r : r;
+}
+
 /* Causal attention geometry. Keys/values for batch b, position s, kv head g live at
  * k + ((b * kv_cap + s) * nkv + g) * hd, so a KV cache [B, kv_cap, nkv, hd] is used in place.
  * Query t (0..T-1) is at absolute position past + t and sees keys 0..past + t (S = past + T). */
 typedef struct sp_attn_dims {
     int B, T, S, past, nh, nkv, hd, kv_cap;
     int keep_probs; /* 1: probs is [B, nh, T, S] and kept for backward; 0: probs is one [T, S] scratch */
+    const float *alibi; /* ALiBi slopes [nh] (NULL: none): head h's score of query position i for key position
+                           j gets + alibi[h] * (j - i), the bias BLOOM adds (slope * j there: the same after the
+                           softmax, which ignores a per-row constant, and exact for any position offset) */
 } sp_attn_dims;
+
+/* ALiBi slopes for nh heads as BLOOM computes them: for the largest power of two n <= nh, 2^(-8i/n),
+ * i = 1..n; the remaining heads take every other slope of 2n heads, 2^(-4i/n), i = 1, 3, 5, ... */
+void sp_alibi_slopes(float *slopes, int nh);
+
+/* Mixture-of-experts routing (Mixtral): the router's logits [N, E] -> for each row the K experts of highest
+ * softmax probability (idx [N, K], in decreasing order; ties: the lower index) and their weights renormalised
+ * to sum to 1 (w [N, K]): p_k / sum of the chosen p. w is the softmax over the chosen logits alone, so
+ * the backward (selection held fixed, as autograd through topk does) is dlogits[n, e_k] += w_k (dw_k -
+ * sum_j w_j dw_j), zero for the experts not chosen. */
 
 #define SP_OPS_DECLARE(REAL, SFX)                                                                               \
     void sp_embedding_forward##SFX(REAL *out, const int32_t *ids, const REAL *table, int N, int C);            \
@@ -84,6 +127,9 @@ typedef struct sp_attn_dims {
     void sp_gelu_tanh_backward##SFX(REAL *dinp, const REAL *dout, const REAL *inp, long n);                    \
     void sp_softmax_forward##SFX(REAL *out, const REAL *inp, int N, int C);                                    \
     void sp_softmax_backward##SFX(REAL *dinp, const REAL *dout, const REAL *out, int N, int C);                \
+    void sp_moe_route_forward##SFX(REAL *w, int32_t *idx, const REAL *logits, int N, int E, int K);             \
+    void sp_moe_route_backward##SFX(REAL *dlogits, const REAL *dw, const REAL *w, const int32_t *idx, int N,    \
+                                    int E, int K);                                                              \
     void sp_crossentropy_forward##SFX(REAL *losses, const REAL *logits, const int32_t *targets, int N, int V); \
     void sp_crossentropy_backward##SFX(REAL *dlogits, const REAL *dlosses, const REAL *logits,                 \
                                        const int32_t *targets, int N, int V);
@@ -118,6 +164,8 @@ long sp_attention_scratch_size(const sp_attn_dims *d);
 #define sp_gelu_tanh_backward sp_gelu_tanh_backward_f32
 #define sp_softmax_forward sp_softmax_forward_f32
 #define sp_softmax_backward sp_softmax_backward_f32
+#define sp_moe_route_forward sp_moe_route_forward_f32
+#define sp_moe_route_backward sp_moe_route_backward_f32
 #define sp_crossentropy_forward sp_crossentropy_forward_f32
 #define sp_crossentropy_backward sp_crossentropy_backward_f32
 #endif

@@ -207,6 +207,17 @@ static void FN(masked_softmax_rows)(REAL *P, int T, int S, int past)
     }
 }
 
+/* + slope * (key position - query position) over the visible keys of each row (ALiBi). */
+static void FN(alibi_rows)(REAL *P, int T, int S, int past, float slope)
+{
+    for (int t = 0; t < T; t++) {
+        REAL *p = P + (long)t * S;
+        int n = past + t + 1;
+        for (int s = 0; s < n; s++)
+            p[s] += (REAL)slope * (REAL)(s - (past + t));
+    }
+}
+
 void FN(sp_attention_forward)(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,
                               const sp_attn_dims *d)
 {
@@ -220,6 +231,8 @@ void FN(sp_attention_forward)(REAL *out, REAL *probs, const REAL *q, const REAL 
             REAL *P = d->keep_probs ? probs + ((long)b * d->nh + h) * T * S : probs;
             REAL *O = out + (long)b * T * ldq + (long)h * hd;
             GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, S, hd, scale, Q, ldq, K, ldk, 0, P, S);
+            if (d->alibi)
+                FN(alibi_rows)(P, T, S, d->past, d->alibi[h]);
             FN(masked_softmax_rows)(P, T, S, d->past);
             GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, S, 1, P, S, Vv, ldk, 0, O, ldq);
         }
@@ -287,34 +300,39 @@ void FN(sp_swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL
 void FN(sp_gelu_forward)(REAL *out, const REAL *inp, long n)
 {
     for (long i = 0; i < n; i++)
-        out[i] = (REAL)0.5 * inp[i] * ((REAL)1 + ERF(inp[i] * (REAL)0.70710678118654752440));
+        out[i] = (REAL)0.5 * inp[i] * ((REAL)1 + VERF(inp[i] * (REAL)0.70710678118654752440));
 }
 
 void FN(sp_gelu_backward)(REAL *dinp, const REAL *dout, const REAL *inp, long n)
 {
     for (long i = 0; i < n; i++) {
         REAL x = inp[i];
-        REAL cdf = (REAL)0.5 * ((REAL)1 + ERF(x * (REAL)0.70710678118654752440));
-        REAL pdf = (REAL)0.39894228040143267794 * EXP((REAL)-0.5 * x * x);
+        REAL cdf = (REAL)0.5 * ((REAL)1 + VERF(x * (REAL)0.70710678118654752440));
+        REAL pdf = (REAL)0.39894228040143267794 * VEXP((REAL)-0.5 * x * x);
         dinp[i] += dout[i] * (cdf + x * pdf);
     }
 }
 
+/* The tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), which the
+ * vectorised exp computes without tanh's call. */
 #define GELU_K ((REAL)0.79788456080286535588) /* sqrt(2/pi) */
 void FN(sp_gelu_tanh_forward)(REAL *out, const REAL *inp, long n)
 {
     for (long i = 0; i < n; i++) {
         REAL x = inp[i];
-        out[i] = (REAL)0.5 * x * ((REAL)1 + TANH(GELU_K * (x + (REAL)0.044715 * x * x * x)));
+        out[i] = x / ((REAL)1 + VEXP((REAL)-2 * GELU_K * (x + (REAL)0.044715 * x * x * x)));
     }
 }
 
 void FN(sp_gelu_tanh_backward)(REAL *dinp, const REAL *dout, const REAL *inp, long n)
 {
+    /* d/dx x s(2u) = s + 2 x s (1 - s) u', with 1 - s = e s (e = exp(-2u)): no cancellation where s nears 1;
+     * e is kept finite (exponent <= 80) so that e s stays a number where s underflows */
     for (long i = 0; i < n; i++) {
-        REAL x = inp[i], u = GELU_K * (x + (REAL)0.044715 * x * x * x);
-        REAL th = TANH(u), du = GELU_K * ((REAL)1 + (REAL)3 * (REAL)0.044715 * x * x);
-        dinp[i] += dout[i] * ((REAL)0.5 * ((REAL)1 + th) + (REAL)0.5 * x * ((REAL)1 - th * th) * du);
+        REAL x = inp[i], u = GELU_K * (x + (REAL)0.044715 * x * x * x), m = (REAL)-2 * u;
+        REAL e = VEXP(m < (REAL)80 ? m : (REAL)80), s = (REAL)1 / ((REAL)1 + e);
+        REAL du = GELU_K * ((REAL)1 + (REAL)3 * (REAL)0.044715 * x * x);
+        dinp[i] += dout[i] * (s + (REAL)2 * x * (e * s) * s * du);
     }
 }
 #undef GELU_K
@@ -347,6 +365,54 @@ void FN(sp_softmax_backward)(REAL *dinp, const REAL *dout, const REAL *out, int 
             dot += dy[c] * y[c];
         for (int c = 0; c < C; c++)
             dinp[(long)i * C + c] += y[c] * (dy[c] - dot);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* mixture-of-experts routing */
+
+void FN(sp_moe_route_forward)(REAL *w, int32_t *idx, const REAL *logits, int N, int E, int K)
+{
+    for (int n = 0; n < N; n++) {
+        const REAL *x = logits + (long)n * E;
+        REAL *wn = w + (long)n * K;
+        int32_t *in = idx + (long)n * K;
+        REAL mx = x[0], sum = 0;
+        for (int e = 1; e < E; e++)
+            mx = x[e] > mx ? x[e] : mx;
+        for (int e = 0; e < E; e++)
+            sum += EXP(x[e] - mx);
+        /* the K largest, in order (E is small: a selection pass per pick) */
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++)
+                    taken |= in[j] == e;
+                if (!taken && (best < 0 || x[e] > x[best]))
+                    best = e;
+            }
+            in[k] = best;
+            wn[k] = EXP(x[best] - mx) / sum; /* the softmax probability, as transformers computes it */
+        }
+        REAL tot = 0;
+        for (int k = 0; k < K; k++)
+            tot += wn[k];
+        for (int k = 0; k < K; k++)
+            wn[k] /= tot;
+    }
+}
+
+void FN(sp_moe_route_backward)(REAL *dlogits, const REAL *dw, const REAL *w, const int32_t *idx, int N, int E,
+                               int K)
+{
+    for (int n = 0; n < N; n++) {
+        const REAL *wn = w + (long)n * K, *gn = dw + (long)n * K;
+        REAL dot = 0;
+        for (int k = 0; k < K; k++)
+            dot += wn[k] * gn[k];
+        for (int k = 0; k < K; k++)
+            dlogits[(long)n * E + idx[(long)n * K + k]] += wn[k] * (gn[k] - dot);
     }
 }
 

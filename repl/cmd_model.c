@@ -34,6 +34,43 @@ static const char *rope_name(sp_rope_type t)
     return t == SP_ROPE_LLAMA3 ? "llama3" : t == SP_ROPE_LINEAR ? "linear" : "default";
 }
 
+static const char *mlp_name(const sp_config *c)
+{
+    switch (c->blk.mlp) {
+    case SP_MLP_SWIGLU: return "SwiGLU";
+    case SP_MLP_GELU: return "GELU";
+    case SP_MLP_GELU_TANH: return "GELU (tanh)";
+    default: return "sparse mixture of SwiGLU experts";
+    }
+}
+
+/* The family-specific lines: block structure, attention, MLP / experts, local parts. */
+static void describe_family(sp_app *app, const sp_config *c)
+{
+    const char *norm = c->blk.norm == SP_NORM_RMS ? "RMSNorm" : "LayerNorm";
+    char attn[160];
+    sp_config_attention_desc(c, attn, sizeof attn);
+    sp_out(app, "block:          %s, %d %s%s%s\n", c->blk.parallel ? "parallel attention + MLP" : "attention then MLP",
+           c->blk.norms, norm, c->blk.norms > 1 ? "s" : "",
+           c->blk.qkv_bias ? ", biases" : c->blk.out_bias || c->blk.mlp_bias ? ", some biases" : ", no biases");
+    sp_out(app, "attention:      %s%s\n", attn, c->blk.qkv == SP_QKV_FUSED ? ", fused QKV" : "");
+    if (c->blk.mlp == SP_MLP_MOE) {
+        sp_out(app, "mlp:            %s: %d experts of %d, %d per token\n", mlp_name(c), c->blk.n_experts, c->intermediate,
+               c->blk.top_k);
+        long long all = sp_config_block_params(c), active = sp_config_block_active_params(c);
+        sp_out(app, "experts:        a token uses %d of %d: %lld of the block's %lld parameters (%.0f%%)\n", c->blk.top_k,
+               c->blk.n_experts, active, all, 100.0 * (double)active / (double)all);
+    } else {
+        sp_out(app, "mlp:            %s, %d\n", mlp_name(c), c->intermediate);
+    }
+    if (c->blk.pos == SP_POS_ROPE)
+        sp_out(app, "rope:           %s, theta %.10g\n", rope_name(c->rope_type), c->rope_theta);
+    sp_out(app, "local parts:    embeddings%s, final %s, %s\n", c->embed_norm ? " + embedding LayerNorm" : "", norm,
+           c->tie_embeddings ? "head tied to the embeddings" : "LM head");
+    sp_out(app, "KV cache:       %lld bytes per position per block (f32 K and V of %d KV head%s)\n",
+           sp_config_kv_bytes_per_token(c), c->n_kv_heads, c->n_kv_heads > 1 ? "s" : "");
+}
+
 static int model_info(sp_app *app, const char *dir)
 {
     sp_err err = {0};
@@ -54,18 +91,24 @@ static int model_info(sp_app *app, const char *dir)
         params += (long long)t->numel;
         dtype_count[t->dtype]++;
     }
-    sp_out(app, "architecture:   %s (%s)\n", c.architecture, c.arch == SP_ARCH_LLAMA ? "supported" : "unsupported");
+    int ok = c.arch != SP_ARCH_UNKNOWN;
+    sp_out(app, "architecture:   %s (%s, %s)\n", c.architecture, ok ? sp_arch_name(c.arch) : c.model_type,
+           ok ? "supported" : "unsupported; supported: " SP_SUPPORTED_ARCHS);
     sp_out(app, "layers:         %d\n", c.n_layers);
     sp_out(app, "hidden size:    %d\n", c.hidden);
     sp_out(app, "intermediate:   %d\n", c.intermediate);
     sp_out(app, "heads:          %d (kv heads %d, head dim %d)\n", c.n_heads, c.n_kv_heads, c.head_dim);
     sp_out(app, "vocab:          %d\n", c.vocab);
     sp_out(app, "context:        %d\n", c.max_pos);
-    if (c.arch == SP_ARCH_LLAMA)
-        sp_out(app, "rope:           %s, theta %g\n", rope_name(c.rope_type), c.rope_theta);
+    if (ok)
+        describe_family(app, &c);
     sp_out(app, "tied embedding: %s\n", c.tie_embeddings ? "yes" : "no");
-    sp_out(app, "parameters:     %lld (%.2fM)\n", params, (double)params / 1e6);
-    sp_out(app, "dtype:          %s (config)", sp_dtype_name(c.dtype));
+    sp_out(app, "parameters:     %lld (%.2fM)", params, (double)params / 1e6);
+    if (ok) {
+        long long blk = sp_config_block_params(&c);
+        sp_out(app, ": %d blocks of %lld, %lld local", c.n_layers, blk, params - (long long)c.n_layers * blk);
+    }
+    sp_out(app, "\ndtype:          %s (config)", sp_dtype_name(c.dtype));
     for (int i = 0; i < SP_DTYPE__COUNT; i++)
         if (dtype_count[i])
             sp_out(app, ", %d tensors %s", dtype_count[i], sp_dtype_name((sp_dtype)i));
@@ -171,6 +214,8 @@ static int check_blocks(check_ctx *c, const int32_t *ids, int B, int T)
     size_t n = (size_t)B * T * m->cfg.hidden;
     float *got = malloc(n * sizeof(float)), *emb = malloc(n * sizeof(float));
     int rc = got && emb && !sp_model_embed(m, emb, ids, B * T, &c->err) ? 0 : -1;
+    if (!rc)
+        sp_model_embed_norm(m, emb, B * T); /* what enters block 0 (BLOOM: after its embedding LayerNorm) */
     for (int i = 0; !rc && i < m->cfg.n_layers; i++) {
         static const char *const parts[4] = {"in", "out", "grad_out", "grad_in"};
         float *g[4] = {NULL, NULL, NULL, NULL};
@@ -184,11 +229,11 @@ static int check_blocks(check_ctx *c, const int32_t *ids, int B, int T)
         if (!rc && i == 0)
             report(c, "embeddings", max_abs(emb, in, n), TOL_OUT);
         if (!rc)
-            rc = sp_llama_block_forward(&m->blocks[i], got, in, B, T, 0, NULL, &m->ws, &c->err) ? -1 : 0;
+            rc = sp_block_forward(&m->blocks[i], got, in, B, T, 0, NULL, &m->ws, &c->err) ? -1 : 0;
         if (!rc) {
             snprintf(what, sizeof what, "block %d out", i);
             report(c, what, max_abs(got, out, n), TOL_OUT);
-            rc = sp_llama_block_backward(&m->blocks[i], got, gout, in, B, T, 0, NULL, &m->ws, &c->err) ? -1 : 0;
+            rc = sp_block_backward(&m->blocks[i], got, gout, in, B, T, 0, NULL, &m->ws, &c->err) ? -1 : 0;
         }
         if (!rc) {
             snprintf(what, sizeof what, "block %d grad_in", i);

@@ -81,6 +81,8 @@ static void usage(FILE *f)
             "  --threads N             worker threads (default 1)\n"
             "  --max-batch-tokens N    batch x positions per request (default 2048)\n"
             "  --cache-tokens N        KV-cache budget in positions over the span (default 8192)\n"
+            "  --cache-bytes N         KV-cache budget in bytes instead: the positions it holds follow the\n"
+            "                          family's KV heads and head size (2 x kv_heads x head_dim x 4 per block)\n"
             "  --max-length N          largest inference session (default: the model's context)\n"
             "  --step-timeout S        close sessions idle for S seconds (default 300)\n"
             "  --session-timeout S     close sessions older than S seconds (default 1800)\n"
@@ -143,6 +145,7 @@ static const opt_def opt_table[] = {
     {"--threads", OPT_INT, 1, 256, SO(threads)},
     {"--max-batch-tokens", OPT_INT, 1, 1 << 24, SO(max_batch_tokens)},
     {"--cache-tokens", OPT_LONG, 1, 1e12, SO(cache_tokens)},
+    {"--cache-bytes", OPT_LONG, 1, 1e15, SO(cache_bytes)},
     {"--max-length", OPT_INT, 1, 1 << 24, SO(max_length)},
     {"--step-timeout", OPT_DOUBLE, 0.1, 1e9, SO(step_timeout_s)},
     {"--session-timeout", OPT_DOUBLE, 0.1, 1e9, SO(session_timeout_s)},

@@ -253,9 +253,9 @@ static sp_status run_keeping(sp_server *s, int start, int end, float *x, int B, 
             add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
         if (inputs)
             memcpy(inputs + i * N, x, N * sizeof(float));
-        const sp_llama_block *blk = &s->m->blocks[start + i - s->m->first];
-        sp_status st = acts ? sp_llama_block_forward_keep(blk, x, x, B, T, 0, &acts[i], err)
-                            : sp_llama_block_forward(blk, x, x, B, T, 0, NULL, ws, err);
+        const sp_block *blk = &s->m->blocks[start + i - s->m->first];
+        sp_status st = acts ? sp_block_forward_keep(blk, x, x, B, T, 0, &acts[i], err)
+                            : sp_block_forward(blk, x, x, B, T, 0, NULL, ws, err);
         if (st)
             return st;
     }
@@ -267,7 +267,7 @@ static size_t kept_size(sp_server *s, int start, int end, int B, int T, int acts
 {
     size_t n = (size_t)(end - start) * B * T * s->m->cfg.hidden;
     for (int i = start; acts && i < end; i++)
-        n += sp_llama_block_acts_floats(&s->m->blocks[i - s->m->first], B, T);
+        n += sp_block_acts_floats(&s->m->blocks[i - s->m->first], B, T);
     return n * sizeof(float);
 }
 
@@ -365,9 +365,9 @@ static void rpc_backward(req *r, sp_ws *ws)
     if (!k)
         memcpy(inputs + (n - 1) * N, x, N * sizeof(float));
     for (int i = n - 1; i >= 0; i--) {
-        const sp_llama_block *blk = &r->s->m->blocks[start + i - r->s->m->first];
-        if (k && k->acts ? sp_llama_block_backward_kept(blk, g, g, inputs + i * N, &k->acts[i], NULL, ws, &err)
-                         : sp_llama_block_backward(blk, g, g, inputs + i * N, B, T, 0, NULL, ws, &err)) {
+        const sp_block *blk = &r->s->m->blocks[start + i - r->s->m->first];
+        if (k && k->acts ? sp_block_backward_kept(blk, g, g, inputs + i * N, &k->acts[i], NULL, ws, &err)
+                         : sp_block_backward(blk, g, g, inputs + i * N, B, T, 0, NULL, ws, &err)) {
             bad(r, "internal", "backward: %s", err.msg);
             goto done;
         }
@@ -506,7 +506,7 @@ static void step_compute(req *r, session *x, sp_ws *ws)
             kv->len = x->len + t0;
             if (prompts)
                 add_prompt(buf, prompts + (size_t)(i - x->start) * B * P * H, B, tc, t0, P, H);
-            if (sp_llama_block_forward(&r->s->m->blocks[i - r->s->m->first], buf, buf, B, tc, x->len + t0, kv, ws,
+            if (sp_block_forward(&r->s->m->blocks[i - r->s->m->first], buf, buf, B, tc, x->len + t0, kv, ws,
                                        &err)) {
                 free(buf);
                 bad(r, "internal", "step: %s", err.msg);
@@ -609,6 +609,11 @@ static void rpc_info(req *r)
     cJSON_AddStringToObject(o, "dtype", "f32");
     cJSON_AddStringToObject(o, "protocol", "1.0");
     cJSON_AddNumberToObject(o, "hidden_size", s->m->cfg.hidden);
+    cJSON_AddStringToObject(o, "family", sp_arch_name(s->m->cfg.arch));
+    cJSON_AddNumberToObject(o, "kv_heads", s->m->cfg.n_kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", s->m->cfg.head_dim);
+    cJSON_AddNumberToObject(o, "cache_bytes_per_token", (double)s->st.kv_bytes); /* one position, one block */
+    cJSON_AddNumberToObject(o, "cache_bytes_total", (double)s->st.budget);
     cJSON_AddNumberToObject(o, "cache_tokens_total", (double)s->o.cache_tokens);
     cJSON_AddNumberToObject(o, "cache_tokens_available", (double)sessions_tokens_available(s));
     cJSON_AddNumberToObject(o, "max_batch_tokens", s->o.max_batch_tokens);

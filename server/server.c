@@ -181,6 +181,20 @@ static sp_status load(sp_server *s, sp_err *err)
     return SP_OK;
 }
 
+/* The KV budget in bytes, from the family's bytes per position (2 x kv_heads x head_dim x 4 per block). */
+static sp_status cache_budget(sp_server *s, sp_err *err)
+{
+    long kv = (long)sp_config_kv_bytes_per_token(&s->m->cfg), span = s->m->last - s->m->first;
+    if (s->o.cache_bytes > 0) {
+        s->o.cache_tokens = span > 0 ? s->o.cache_bytes / (kv * span) : 0;
+        if (s->o.cache_tokens < 1)
+            return sp_errf(err, SP_ERR_ARG, "a KV cache of %ld bytes holds no position of %ld blocks (%ld bytes each)",
+                           s->o.cache_bytes, span, kv * span);
+    }
+    sessions_init(&s->st, s->o.cache_tokens * span * kv, kv);
+    return SP_OK;
+}
+
 static sp_status start_threads(sp_server *s, sp_err *err)
 {
     s->nworkers = s->o.threads > 0 ? s->o.threads : 1;
@@ -218,8 +232,9 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     s->limits.max_message = o->max_message;
     s->blas_threads = openblas_get_num_threads();
     sp_status st = load(s, err);
+    if (!st)
+        st = cache_budget(s, err);
     if (!st) {
-        sessions_init(&s->st, s->o.cache_tokens * (s->m->last - s->m->first));
         if (s->o.measure)
             sp_throughput_measure(s);
         /* a single-token step that takes under a millisecond costs less than the hand-off to a worker */

@@ -19,6 +19,10 @@ typedef struct sp_server_opts {
     int threads;               /* worker threads (default 1; OpenBLAS threads come on top) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
+    long cache_bytes;          /* KV budget in bytes instead (0: cache_tokens decides). One position of one block
+                                  takes 2 x kv_heads x head_dim x 4 bytes, so the positions it holds depend on the
+                                  family: a multi-query block (Falcon-7B) fits heads times more than a multi-head
+                                  one of the same width (BLOOM), a grouped one (Llama-70B, Mixtral) heads/kv_heads */
     int max_length;            /* largest session max_length accepted (default: the model's context) */
     const char *public_name;
     const char *id;            /* the server's id in the swarm (16 hex digits; NULL: none), said in HELLO */

@@ -19,7 +19,7 @@ typedef struct session {
     int start, end;       /* global block indices [start, end) */
     int B, max_length;
     int len;              /* positions cached */
-    long cost;            /* block-token positions charged to the budget: B * max_length * (end - start) */
+    long cost;            /* bytes charged to the budget: B * max_length * (end - start) * kv_bytes */
     double created, last_used;
     int busy;             /* a worker is stepping it */
     int closed;           /* freed once not busy */
@@ -31,7 +31,8 @@ typedef struct session_table {
     pthread_mutex_t lock;
     session *head;
     uint64_t next_id;
-    long budget, used; /* block-token positions */
+    long budget, used; /* bytes of KV cache */
+    long kv_bytes;     /* one position of one block: 2 * kv_heads * head_dim * 4 (the model's family decides) */
     int count;
 } session_table;
 
@@ -114,7 +115,7 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
     __attribute__((format(printf, 5, 6)));
 
 /* session.c */
-void sessions_init(session_table *t, long budget);
+void sessions_init(session_table *t, long budget, long kv_bytes);
 void sessions_destroy(session_table *t);
 /* Opens a session (fails with SP_ERR_RANGE "out of cache" if the budget does not allow it). */
 sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, int max_length, uint64_t *id,

@@ -7,11 +7,12 @@
 #include "server_impl.h"
 #include "timeutil.h"
 
-void sessions_init(session_table *t, long budget)
+void sessions_init(session_table *t, long budget, long kv_bytes)
 {
     memset(t, 0, sizeof *t);
     pthread_mutex_init(&t->lock, NULL);
     t->budget = budget;
+    t->kv_bytes = kv_bytes > 0 ? kv_bytes : 1;
     t->next_id = 1;
 }
 
@@ -39,15 +40,16 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
                        sp_err *err)
 {
     session_table *t = &s->st;
-    long cost = (long)B * max_length * (end - start);
+    long cost = (long)B * max_length * (end - start) * t->kv_bytes;
     pthread_mutex_lock(&t->lock);
     int fits = t->used + cost <= t->budget;
     if (fits)
         t->used += cost; /* reserve before allocating, so concurrent opens cannot overshoot */
     pthread_mutex_unlock(&t->lock);
     if (!fits)
-        return sp_errf(err, SP_ERR_RANGE, "out of cache: %d x %d positions over %d blocks need %ld block-tokens, %ld of %ld free",
-                       B, max_length, end - start, cost, t->budget - t->used, t->budget);
+        return sp_errf(err, SP_ERR_RANGE,
+                       "out of cache: %d x %d positions over %d blocks need %ld KiB, %ld of %ld KiB free", B,
+                       max_length, end - start, cost >> 10, (t->budget - t->used) >> 10, t->budget >> 10);
     session *x = calloc(1, sizeof *x);
     sp_status st = x ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st) {
@@ -189,5 +191,5 @@ long sessions_tokens_available(sp_server *s)
     pthread_mutex_lock(&s->st.lock);
     long free_bt = s->st.budget - s->st.used;
     pthread_mutex_unlock(&s->st.lock);
-    return nb > 0 ? free_bt / nb : 0;
+    return nb > 0 ? free_bt / ((long)nb * s->st.kv_bytes) : 0;
 }

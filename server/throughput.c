@@ -105,7 +105,7 @@ static int run(sp_server *s, float *x, int T, int pos0, sp_kv_cache *kv, sp_ws *
 {
     sp_err err = {0};
     for (int i = 0; i < s->m->last - s->m->first; i++)
-        if (sp_llama_block_forward(&s->m->blocks[i], x, x, 1, T, pos0, kv ? &kv[i] : NULL, ws, &err))
+        if (sp_block_forward(&s->m->blocks[i], x, x, 1, T, pos0, kv ? &kv[i] : NULL, ws, &err))
             return -1;
     return 0;
 }

@@ -153,6 +153,24 @@ START_TEST(t_fd_rmsnorm)
 }
 END_TEST
 
+static sp_t *b_layernorm(fd_case *c, sp_err *err) { return sp_layernorm(c->p[0], c->p[1], c->p[2], 1e-5f, err); }
+
+/* BLOOM's embedding LayerNorm and the LayerNorm families' final norm: input, weight and bias. */
+START_TEST(t_fd_layernorm)
+{
+    int64_t xs[3] = {2, 3, 5}, ws[1] = {5};
+    fd_case c = {.g = sp_graph_new(), .np = 3, .build = b_layernorm};
+    c.p[0] = rand_leaf(c.g, 3, xs, 1.5f, 1, "x");
+    c.p[1] = rand_leaf(c.g, 1, ws, 1.0f, 1, "w");
+    c.p[2] = rand_leaf(c.g, 1, ws, 1.0f, 1, "b");
+    sp_err err = {0}; /* a bias of another width is refused */
+    int64_t bad[1] = {4};
+    ck_assert_ptr_null(sp_layernorm(c.p[0], c.p[1], rand_leaf(c.g, 1, bad, 1.0f, 0, "b4"), 1e-5f, &err));
+    ck_assert_ptr_nonnull(strstr(err.msg, "sp_layernorm"));
+    fd_assert(&c, "layernorm"); /* frees the graph */
+}
+END_TEST
+
 static sp_t *b_linear(fd_case *c, sp_err *err) { return sp_linear(c->p[0], c->p[1], c->p[2], err); }
 
 START_TEST(t_fd_linear)
@@ -482,11 +500,11 @@ static void local_chain(sp_model *m, chain_ref *c)
         if (c->dp)
             add_prompt(c->y, c->dp + i * NP, c, NULL);
         memcpy(acts + i * N, c->y, N * sizeof(float));
-        ck_assert_int_eq(sp_llama_block_forward(&m->blocks[i], c->y, acts + i * N, c->B, c->T, 0, NULL, &ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_forward(&m->blocks[i], c->y, acts + i * N, c->B, c->T, 0, NULL, &ws, &err), SP_OK);
     }
     memcpy(c->gx, c->g, N * sizeof(float));
     for (int i = c->L - 1; i >= 0; i--) {
-        ck_assert_int_eq(sp_llama_block_backward(&m->blocks[i], c->gx, c->gx, acts + i * N, c->B, c->T, 0, NULL, &ws,
+        ck_assert_int_eq(sp_block_backward(&m->blocks[i], c->gx, c->gx, acts + i * N, c->B, c->T, 0, NULL, &ws,
                                                  &err), SP_OK);
         if (c->dp)
             add_prompt(c->gx, NULL, c, c->gdp + i * NP);
@@ -590,6 +608,7 @@ int main(void)
     tcase_add_test(ops, t_fd_embedding);
     tcase_add_test(ops, t_fd_concat_slice_reshape);
     tcase_add_test(ops, t_fd_rmsnorm);
+    tcase_add_test(ops, t_fd_layernorm);
     tcase_add_test(ops, t_fd_linear);
     tcase_add_test(ops, t_fd_pool_add_scale);
     tcase_add_test(ops, t_fd_losses);

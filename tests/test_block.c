@@ -1,5 +1,7 @@
-/* test_block.c - the Llama block and the whole-model runner against transformers' golden outputs, the
- * KV cache against a full forward, and weight gradients against finite differences. */
+/* test_block.c - the block of every family and the whole-model runner against golden outputs (transformers'
+ * own for llama-gqa, llama3-rope, bloom, falcon-new, mixtral; tools/hf_reference.py's, checked against
+ * transformers', for bloom-bias, falcon-7b, falcon-bias, falcon-seq), the KV cache against a full forward, kept
+ * activations against recomputation, and weight gradients against finite differences. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,18 +72,23 @@ static void golden_blocks(const char *model)
         float *gin = golden(model, name, &n);
         float *got = malloc(n * sizeof(float));
         int T = 12, B = (int)(n / (size_t)T / (size_t)m->cfg.hidden);
-        ck_assert_int_eq(sp_llama_block_forward(&m->blocks[i], got, in, B, T, 0, NULL, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_forward(&m->blocks[i], got, in, B, T, 0, NULL, &m->ws, &err), SP_OK);
         ck_assert_double_le(sp_max_abs_diff(got, out, n), 1e-4);
-        ck_assert_int_eq(sp_llama_block_backward(&m->blocks[i], got, gout, in, B, T, 0, NULL, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_backward(&m->blocks[i], got, gout, in, B, T, 0, NULL, &m->ws, &err), SP_OK);
         ck_assert_double_le(sp_max_abs_diff(got, gin, n), 1e-3);
         free(in), free(out), free(gout), free(gin), free(got);
     }
     sp_model_free(m);
 }
 
-START_TEST(t_golden_blocks_gqa) { golden_blocks("llama-gqa"); }
-END_TEST
-START_TEST(t_golden_blocks_llama3) { golden_blocks("llama3-rope"); }
+/* Every golden checkpoint: llama (sharded GQA, llama3 RoPE), BLOOM (transformers' and with random biases and
+ * LayerNorms, 6 heads), Falcon (new_decoder_architecture; 7B-style multi-query with one LayerNorm; biases with 2
+ * KV groups of 4; the old sequential block), Mixtral. */
+static const char *const families[] = {"llama-gqa", "llama3-rope", "bloom",      "bloom-bias", "falcon-new",
+                                       "falcon-7b", "falcon-bias", "falcon-seq", "mixtral"};
+#define NFAM ((int)(sizeof families / sizeof *families))
+
+START_TEST(t_golden_blocks) { golden_blocks(families[_i]); }
 END_TEST
 
 /* Full-model logits and greedy decoding with a KV cache. */
@@ -99,6 +106,8 @@ static void golden_model(const char *model)
     ck_assert_double_le(sp_max_abs_diff(got, want, nl), 1e-4);
     float *pf = golden(model, "greedy.prompt", &np), *of = golden(model, "greedy.output", &no);
     int32_t prompt[16], out[32];
+    ck_assert_uint_le(np, 16);
+    ck_assert_uint_le(no - np, 32);
     for (size_t i = 0; i < np; i++)
         prompt[i] = (int32_t)pf[i];
     int n_out = 0;
@@ -112,15 +121,14 @@ static void golden_model(const char *model)
     sp_model_free(m);
 }
 
-START_TEST(t_golden_model_gqa) { golden_model("llama-gqa"); }
-END_TEST
-START_TEST(t_golden_model_llama3) { golden_model("llama3-rope"); }
+START_TEST(t_golden_model) { golden_model(families[_i]); }
 END_TEST
 
-/* Decoding step by step through the cache (with a rollback in the middle) equals one full forward. */
-START_TEST(t_kv_cache_matches_full)
+/* Decoding step by step through the cache (with a rollback in the middle) equals one full forward, for every
+ * family: RoPE and ALiBi positions continue from the cache, and a rollback rewrites them. */
+static void kv_cache_case(const char *model)
 {
-    sp_model *m = load("llama-gqa", SP_LOAD_BLOCKS, 1, 3);
+    sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 2);
     sp_err err = {0};
     int B = 2, T = 7, H = m->cfg.hidden;
     size_t n = (size_t)B * T * H;
@@ -132,7 +140,9 @@ START_TEST(t_kv_cache_matches_full)
     ck_assert_int_eq(sp_model_blocks(m, full, B, T, 0, NULL, &err), SP_OK);
     sp_model_cache cache;
     ck_assert_int_eq(sp_model_cache_init(&cache, m, B, 16, &err), SP_OK);
-    /* prefill 3, then 4 single steps; after the 2nd single step roll back one position and redo it */
+    ck_assert_int_eq(cache.kv[0].nkv, m->cfg.n_kv_heads); /* the cache is as wide as the family's KV heads */
+    /* prefill 3, then 4 single steps; after the 2nd single step roll back one position and redo it, first with
+     * other inputs (which the rollback must forget) */
     int chunks[] = {3, 1, 1, 1, 1}, pos = 0;
     float *buf = malloc((size_t)B * 3 * H * sizeof(float));
     for (int c = 0; c < 5; c++) {
@@ -142,13 +152,15 @@ START_TEST(t_kv_cache_matches_full)
                 sp_model_cache_rewind(&cache, pos);
             for (int b = 0; b < B; b++)
                 memcpy(buf + (size_t)b * t * H, x + ((size_t)b * T + pos) * H, (size_t)t * H * sizeof(float));
+            if (c == 2 && !redo)
+                sp_rng_fill_normal(&r, buf, (long)B * t * H, 1.0f);
             ck_assert_int_eq(sp_model_blocks(m, buf, B, t, pos, &cache, &err), SP_OK);
         }
         for (int b = 0; b < B; b++)
             memcpy(step + ((size_t)b * T + pos) * H, buf + (size_t)b * t * H, (size_t)t * H * sizeof(float));
         pos += t;
     }
-    ck_assert_double_le(sp_max_abs_diff(step, full, n), 1e-5);
+    ck_assert_msg(sp_max_abs_diff(step, full, n) <= 1e-5, "%s: %g", model, sp_max_abs_diff(step, full, n));
     /* a step that does not continue the cache is refused, as is one past its capacity */
     ck_assert_int_eq(sp_model_blocks(m, buf, B, 1, 3, &cache, &err), SP_ERR_ARG);
     ck_assert_int_eq(sp_model_blocks(m, buf, B, 10, pos, &cache, &err), SP_ERR_RANGE);
@@ -157,15 +169,33 @@ START_TEST(t_kv_cache_matches_full)
     free(x), free(full), free(step), free(buf);
     sp_model_free(m);
 }
+
+START_TEST(t_kv_cache_matches_full) { kv_cache_case(families[_i]); }
 END_TEST
 
-/* Weight gradients of a block (f32) against central differences on a few entries of every tensor. */
-START_TEST(t_weight_grads_fd)
+/* The weight tensors of a block (NULL: the family has none) and their sizes: they are carved from mem in this
+ * order, so each ends where the next present one starts. */
+#define NW 18
+static int block_tensors(sp_block *b, float **t, size_t *size)
 {
-    sp_model *m = load("llama3-rope", SP_LOAD_BLOCKS, 0, 1);
-    sp_llama_block *b = &m->blocks[0], g;
+    float *all[NW] = {b->ln1_w, b->ln1_b, b->wq, b->bq, b->wk, b->bk, b->wv, b->bv, b->wo,
+                      b->bo, b->ln2_w, b->ln2_b, b->w_gate, b->w_up, b->b_up, b->w_down, b->b_down, b->router};
+    int n = 0;
+    for (int i = 0; i < NW; i++)
+        if (all[i])
+            t[n++] = all[i];
+    for (int i = 0; i < n; i++)
+        size[i] = (size_t)((i + 1 < n ? t[i + 1] : b->mem + b->numel) - t[i]);
+    return n;
+}
+
+/* Weight gradients of a block (f32) against central differences on a few entries of every tensor. */
+static void weight_grads_case(const char *model)
+{
+    sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+    sp_block *b = &m->blocks[0], g;
     sp_err err = {0};
-    ck_assert_int_eq(sp_llama_block_init(&g, &m->cfg, &m->rope, &err), SP_OK);
+    ck_assert_int_eq(sp_block_init(&g, &m->cfg, &m->rope, &err), SP_OK);
     int B = 1, T = 5, H = b->H;
     size_t n = (size_t)B * T * H;
     sp_rng r;
@@ -174,66 +204,68 @@ START_TEST(t_weight_grads_fd)
     float *dx = malloc(n * sizeof(float));
     sp_rng_fill_normal(&r, x, (long)n, 1.0f);
     sp_rng_fill_normal(&r, G, (long)n, 1.0f);
-    ck_assert_int_eq(sp_llama_block_backward(b, dx, G, x, B, T, 3, &g, &m->ws, &err), SP_OK);
-    float *params[] = {b->attn_norm, b->wq, b->wk, b->wv, b->wo, b->ffn_norm, b->w_gate, b->w_up, b->w_down};
-    float *grads[] = {g.attn_norm, g.wq, g.wk, g.wv, g.wo, g.ffn_norm, g.w_gate, g.w_up, g.w_down};
-    for (int p = 0; p < 9; p++) {
+    ck_assert_int_eq(sp_block_backward(b, dx, G, x, B, T, 3, &g, &m->ws, &err), SP_OK);
+    float *params[NW], *grads[NW];
+    size_t size[NW], gsize[NW];
+    int np = block_tensors(b, params, size);
+    ck_assert_int_eq(block_tensors(&g, grads, gsize), np);
+    for (int p = 0; p < np; p++) {
         for (int k = 0; k < 4; k++) {
-            long idx = (long)(sp_rng_u32(&r) % 64u);
+            long idx = (long)(sp_rng_u32(&r) % (uint32_t)size[p]);
             float keep = params[p][idx], h = 1e-2f;
             double l[2];
             for (int s = 0; s < 2; s++) {
                 params[p][idx] = keep + (s ? -h : h);
-                ck_assert_int_eq(sp_llama_block_forward(b, y, x, B, T, 3, NULL, &m->ws, &err), SP_OK);
+                ck_assert_int_eq(sp_block_forward(b, y, x, B, T, 3, NULL, &m->ws, &err), SP_OK);
                 l[s] = 0;
                 for (size_t i = 0; i < n; i++)
                     l[s] += (double)y[i] * G[i];
             }
             params[p][idx] = keep;
             double num = (l[0] - l[1]) / (2.0 * h);
-            ck_assert_msg(fabs(num - grads[p][idx]) <= 2e-3 * fmax(1.0, fabs(num)), "tensor %d idx %ld: fd %g vs %g", p,
-                          idx, num, grads[p][idx]);
+            ck_assert_msg(fabs(num - grads[p][idx]) <= 2e-3 * fmax(1.0, fabs(num)),
+                          "%s: tensor %d idx %ld: fd %g vs %g", model, p, idx, num, grads[p][idx]);
         }
     }
-    sp_llama_block_free(&g);
+    sp_block_free(&g);
     free(x), free(G), free(y), free(dx);
     sp_model_free(m);
 }
+
+START_TEST(t_weight_grads_fd) { weight_grads_case(families[_i]); }
 END_TEST
 
 /* Forward keeping the activations, then backward from them: the same output, input gradient and weight
  * gradients as the recomputing backward, bit for bit (the same operations in the same order); a kept buffer
  * is reused for a smaller batch; a backward without kept activations is refused. */
-START_TEST(t_kept_activations)
+static void kept_case(const char *model)
 {
-    sp_model *m = load("llama-gqa", SP_LOAD_BLOCKS, 0, 1);
-    sp_llama_block *b = &m->blocks[0], g1, g2;
+    sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+    sp_block *b = &m->blocks[0], g1, g2;
     sp_err err = {0};
-    ck_assert_int_eq(sp_llama_block_init(&g1, &m->cfg, &m->rope, &err), SP_OK);
-    ck_assert_int_eq(sp_llama_block_init(&g2, &m->cfg, &m->rope, &err), SP_OK);
+    ck_assert_int_eq(sp_block_init(&g1, &m->cfg, &m->rope, &err), SP_OK);
+    ck_assert_int_eq(sp_block_init(&g2, &m->cfg, &m->rope, &err), SP_OK);
     sp_block_acts k = {0};
     sp_rng r;
     sp_rng_seed(&r, 5);
     for (int round = 0; round < 2; round++) {
         int B = round ? 1 : 2, T = round ? 4 : 7, H = b->H, pos0 = round ? 0 : 2;
-        size_t n = (size_t)B * T * H, nw = (size_t)b->H * b->nh * b->hd;
+        size_t n = (size_t)B * T * H;
         float *x = malloc(n * sizeof(float)), *G = malloc(n * sizeof(float)), *y1 = malloc(n * sizeof(float));
         float *y2 = malloc(n * sizeof(float)), *d1 = malloc(n * sizeof(float)), *d2 = malloc(n * sizeof(float));
         sp_rng_fill_normal(&r, x, (long)n, 1.0f);
         sp_rng_fill_normal(&r, G, (long)n, 1.0f);
-        ck_assert_int_eq(sp_llama_block_forward(b, y1, x, B, T, pos0, NULL, &m->ws, &err), SP_OK);
-        ck_assert_int_eq(sp_llama_block_forward_keep(b, y2, x, B, T, pos0, &k, &err), SP_OK);
+        ck_assert_int_eq(sp_block_forward(b, y1, x, B, T, pos0, NULL, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_forward_keep(b, y2, x, B, T, pos0, &k, &err), SP_OK);
         ck_assert_int_eq(memcmp(y1, y2, n * sizeof(float)), 0);
-        ck_assert_uint_ge(k.cap, sp_llama_block_acts_floats(b, B, T));
-        ck_assert_int_eq(sp_llama_block_backward(b, d1, G, x, B, T, pos0, &g1, &m->ws, &err), SP_OK);
-        ck_assert_int_eq(sp_llama_block_backward_kept(b, d2, G, x, &k, &g2, &m->ws, &err), SP_OK);
+        ck_assert_uint_ge(k.cap, sp_block_acts_floats(b, B, T));
+        ck_assert_int_eq(sp_block_backward(b, d1, G, x, B, T, pos0, &g1, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_backward_kept(b, d2, G, x, &k, &g2, &m->ws, &err), SP_OK);
         ck_assert_int_eq(memcmp(d1, d2, n * sizeof(float)), 0);
-        ck_assert_int_eq(memcmp(g1.wq, g2.wq, nw * sizeof(float)), 0);
+        ck_assert_int_eq(memcmp(g1.mem, g2.mem, b->numel * sizeof(float)), 0); /* every weight gradient */
         /* the backward leaves the kept activations as they were: a second one gives the same */
-        ck_assert_int_eq(sp_llama_block_backward_kept(b, d1, G, x, &k, NULL, &m->ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_backward_kept(b, d1, G, x, &k, NULL, &m->ws, &err), SP_OK);
         ck_assert_int_eq(memcmp(d1, d2, n * sizeof(float)), 0);
-        ck_assert_int_eq(memcmp(g1.w_down, g2.w_down, (size_t)b->H * b->FF * sizeof(float)), 0);
-        ck_assert_int_eq(memcmp(g1.attn_norm, g2.attn_norm, (size_t)b->H * sizeof(float)), 0);
         double dn = 0;
         for (size_t i = 0; i < n; i++)
             dn += fabs(d2[i]);
@@ -242,16 +274,19 @@ START_TEST(t_kept_activations)
     }
     sp_block_acts none = {0};
     float z[64] = {0};
-    ck_assert_int_eq(sp_llama_block_backward_kept(b, z, z, z, &none, NULL, &m->ws, &err), SP_ERR_STATE);
+    ck_assert_int_eq(sp_block_backward_kept(b, z, z, z, &none, NULL, &m->ws, &err), SP_ERR_STATE);
     sp_block_acts_free(&k);
     ck_assert_ptr_null(k.buf);
-    sp_llama_block_free(&g1);
-    sp_llama_block_free(&g2);
+    sp_block_free(&g1);
+    sp_block_free(&g2);
     sp_model_free(m);
 }
+
+START_TEST(t_kept_activations) { kept_case(families[_i]); }
 END_TEST
 
-/* A server-style load reads only its blocks' tensors, and maps only the shards that hold them. */
+/* A server-style load reads only its blocks' tensors, and maps only the shards that hold them; a client-style
+ * load only the local parts (BLOOM: with its embedding LayerNorm and ln_f's bias; tied heads read once). */
 START_TEST(t_partial_load_reads_only_its_part)
 {
     sp_model *full = load("llama-gqa", SP_LOAD_ALL, 0, -1), *blocks = load("llama-gqa", SP_LOAD_BLOCKS, 1, 2);
@@ -263,6 +298,60 @@ START_TEST(t_partial_load_reads_only_its_part)
     ck_assert_int_eq(local->last - local->first, 0);
     ck_assert_int_eq((long long)full->bytes_loaded, sp_config_total_params(&full->cfg) * 4);
     sp_model_free(full), sp_model_free(blocks), sp_model_free(local);
+    for (int f = 2; f < NFAM; f++) {
+        full = load(families[f], SP_LOAD_ALL, 0, -1);
+        blocks = load(families[f], SP_LOAD_BLOCKS, 1, 2);
+        local = load(families[f], SP_LOAD_EMBED | SP_LOAD_HEAD, 0, 0);
+        const sp_config *c = &full->cfg;
+        ck_assert_int_eq((long long)full->bytes_loaded, sp_config_total_params(c) * 4);
+        ck_assert_int_eq((long long)blocks->bytes_loaded, sp_config_block_params(c) * 4);
+        long long emb = (long long)c->vocab * c->hidden;
+        long long norm = c->blk.norm == SP_NORM_LAYER ? 2 * c->hidden : c->hidden;
+        long long want = emb * (c->tie_embeddings ? 1 : 2) + norm + (c->embed_norm ? 2 * c->hidden : 0);
+        ck_assert_int_eq((long long)local->bytes_loaded, want * 4);
+        ck_assert_int_eq(local->head_is_embed, c->tie_embeddings);
+        ck_assert_int_eq(local->embed_norm_w != NULL, c->arch == SP_ARCH_BLOOM);
+        sp_model_free(full), sp_model_free(blocks), sp_model_free(local);
+    }
+}
+END_TEST
+
+/* BLOOM's own checkpoints name tensors without "transformer." (saved from BloomModel): the same model. */
+START_TEST(t_bloom_unprefixed_names)
+{
+    const char *dir = sp_test_tmpdir();
+    char path[600];
+    sp_safetensors *st = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_st_open(&st, tiny("bloom-bias"), &err), SP_OK);
+    int n = sp_st_count(st);
+    sp_st_wtensor *w = calloc((size_t)n, sizeof *w);
+    char (*names)[128] = calloc((size_t)n, sizeof *names);
+    for (int i = 0; i < n; i++) {
+        const sp_st_tensor *t = sp_st_get(st, sp_st_name(st, i), &err);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_ptr_nonnull(strstr(t->name, "transformer."));
+        snprintf(names[i], sizeof names[i], "%s", t->name + strlen("transformer."));
+        w[i] = (sp_st_wtensor){.name = names[i], .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        memcpy(w[i].shape, t->shape, sizeof t->shape);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ck_assert_int_eq(sp_st_write(path, w, n, NULL, &err), SP_OK);
+    sp_st_close(st);
+    free(w), free(names);
+    char cmd[1400];
+    const char *src = tiny("bloom-bias");
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/golden.safetensors' '%s/'", src, src, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    sp_model *a = load("bloom-bias", SP_LOAD_ALL, 0, -1), *b = NULL;
+    ck_assert_msg(sp_model_load(&b, dir, SP_LOAD_ALL, 0, -1, &err) == SP_OK, "%s", err.msg);
+    int32_t ids[6] = {5, 77, 300, 2, 9, 411};
+    float *la = malloc(6 * 512 * sizeof(float)), *lb = malloc(6 * 512 * sizeof(float));
+    ck_assert_int_eq(sp_model_forward(a, la, ids, 1, 6, 0, NULL, 0, &err), SP_OK);
+    ck_assert_int_eq(sp_model_forward(b, lb, ids, 1, 6, 0, NULL, 0, &err), SP_OK);
+    ck_assert_int_eq(memcmp(la, lb, 6 * 512 * sizeof(float)), 0);
+    free(la), free(lb);
+    sp_model_free(a), sp_model_free(b);
 }
 END_TEST
 
@@ -270,8 +359,16 @@ START_TEST(t_unsupported_architecture)
 {
     sp_model *m = NULL;
     sp_err err = {0};
-    ck_assert_int_eq(sp_model_load(&m, tiny("bloom"), SP_LOAD_ALL, 0, -1, &err), SP_ERR_UNSUPPORTED);
-    ck_assert_str_eq(err.msg, "unsupported architecture: BloomForCausalLM");
+    const char *dir = sp_test_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"architectures\":[\"GPT2LMHeadModel\"],\"model_type\":\"gpt2\",\"n_embd\":64,\"n_layer\":2,"
+          "\"n_head\":4,\"vocab_size\":512}", f);
+    fclose(f);
+    ck_assert_int_eq(sp_model_load(&m, dir, SP_LOAD_ALL, 0, -1, &err), SP_ERR_UNSUPPORTED);
+    ck_assert_str_eq(err.msg, "unsupported architecture: gpt2 (supported: llama, bloom, falcon, mixtral)");
     ck_assert_ptr_null(m);
     ck_assert_int_eq(sp_model_load(&m, tiny("llama-gqa"), SP_LOAD_BLOCKS, 3, 9, &err), SP_ERR_ARG);
 }
@@ -280,15 +377,15 @@ END_TEST
 static Suite *block_suite(void)
 {
     Suite *s = suite_create("block");
-    TCase *tc = tcase_create("llama");
-    tcase_add_test(tc, t_golden_blocks_gqa);
-    tcase_add_test(tc, t_golden_blocks_llama3);
-    tcase_add_test(tc, t_golden_model_gqa);
-    tcase_add_test(tc, t_golden_model_llama3);
-    tcase_add_test(tc, t_kv_cache_matches_full);
-    tcase_add_test(tc, t_weight_grads_fd);
-    tcase_add_test(tc, t_kept_activations);
+    TCase *tc = tcase_create("families");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, t_golden_blocks, 0, NFAM);
+    tcase_add_loop_test(tc, t_golden_model, 0, NFAM);
+    tcase_add_loop_test(tc, t_kv_cache_matches_full, 0, NFAM);
+    tcase_add_loop_test(tc, t_weight_grads_fd, 0, NFAM);
+    tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
     tcase_add_test(tc, t_partial_load_reads_only_its_part);
+    tcase_add_test(tc, t_bloom_unprefixed_names);
     tcase_add_test(tc, t_unsupported_architecture);
     suite_add_tcase(s, tc);
     return s;

@@ -1,4 +1,5 @@
-/* test_config.c - config.json parsing: real HF configs, both RoPE spellings, missing fields. */
+/* test_config.c - config.json parsing: real HF configs of every family, both RoPE spellings, missing fields,
+ * the Falcon variants and the settings we refuse. */
 #include <stdio.h>
 #include <string.h>
 
@@ -98,11 +99,120 @@ END_TEST
 
 START_TEST(t_param_count)
 {
+    /* transformers' parameter counts of the golden checkpoints (golden-summary.json) */
+    static const struct {
+        const char *dir;
+        long long params;
+    } want[] = {{"llama-gqa", 250432}, {"llama3-rope", 156096}, {"bloom", 182976}, {"falcon-new", 168832},
+                {"mixtral", 287552}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        char dir[512];
+        sp_config c;
+        snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, want[i].dir);
+        ck_assert_int_eq(sp_config_load(&c, dir, NULL), SP_OK);
+        long long got = sp_config_total_params(&c);
+        ck_assert_msg(got == want[i].params, "%s: %lld parameters", want[i].dir, got);
+    }
+}
+END_TEST
+
+static sp_config parse_ok(const char *json)
+{
+    sp_config c;
+    sp_err err = {0};
+    ck_assert_msg(sp_config_parse(&c, json, "cfg.json", &err) == SP_OK, "%s", err.msg);
+    return c;
+}
+
+static void parse_fails(const char *json, sp_status code, const char *needle)
+{
+    sp_config c;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_config_parse(&c, json, "cfg.json", &err), code);
+    ck_assert_msg(strstr(err.msg, needle) && strstr(err.msg, "cfg.json"), "'%s' lacks '%s'", err.msg, needle);
+}
+
+#define FALCON(extra) "{\"model_type\":\"falcon\",\"hidden_size\":64,\"num_hidden_layers\":2," \
+                      "\"num_attention_heads\":8,\"vocab_size\":512" extra "}"
+#define MIXTRAL(extra) "{\"model_type\":\"mixtral\",\"hidden_size\":64,\"intermediate_size\":128," \
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2," \
+                       "\"vocab_size\":512,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":32768" extra "}"
+
+/* The families' blocks as their configs describe them. */
+START_TEST(t_families)
+{
     char dir[512];
     sp_config c;
-    snprintf(dir, sizeof dir, "%s/hf-tiny/llama-gqa", SEPAL_TEST_DATA);
-    ck_assert_int_eq(sp_config_load(&c, dir, NULL), SP_OK);
-    ck_assert_int_eq(sp_config_total_params(&c), 250432); /* the index's metadata.total_parameters */
+    sp_err err = {0};
+    snprintf(dir, sizeof dir, "%s/hf-tiny/bloom", SEPAL_TEST_DATA);
+    ck_assert_int_eq(sp_config_load(&c, dir, &err), SP_OK);
+    ck_assert_int_eq(c.n_kv_heads, 4);
+    ck_assert_int_eq(c.intermediate, 256);
+    ck_assert_int_eq(c.blk.pos, SP_POS_ALIBI);
+    ck_assert_int_eq(c.blk.norm, SP_NORM_LAYER);
+    ck_assert_int_eq(c.blk.mlp, SP_MLP_GELU_TANH);
+    ck_assert(c.embed_norm && c.tie_embeddings && c.blk.qkv_bias && c.blk.mlp_bias && !c.blk.parallel);
+    ck_assert_int_eq(sp_config_kv_bytes_per_token(&c), 2 * 4 * 16 * 4);
+    snprintf(dir, sizeof dir, "%s/hf-tiny/falcon-new", SEPAL_TEST_DATA);
+    ck_assert_int_eq(sp_config_load(&c, dir, &err), SP_OK);
+    ck_assert(c.blk.parallel && c.blk.norms == 2 && c.n_kv_heads == 2 && !c.blk.qkv_bias && !c.embed_norm);
+    ck_assert_int_eq(c.blk.mlp, SP_MLP_GELU);
+    snprintf(dir, sizeof dir, "%s/hf-tiny/mixtral", SEPAL_TEST_DATA);
+    ck_assert_int_eq(sp_config_load(&c, dir, &err), SP_OK);
+    ck_assert(c.blk.mlp == SP_MLP_MOE && c.blk.n_experts == 4 && c.blk.top_k == 2 && !c.tie_embeddings);
+    ck_assert_int_eq(c.rope_theta, 1e6);
+    ck_assert_int_eq(sp_config_block_active_params(&c), sp_config_block_params(&c) - 2LL * 3 * 64 * 128);
+    /* Falcon-7B: multi-query (FalconConfig's default), one LayerNorm, parallel */
+    c = parse_ok(FALCON(""));
+    ck_assert(c.n_kv_heads == 1 && c.blk.norms == 1 && c.blk.parallel && c.tie_embeddings);
+    ck_assert_int_eq(c.intermediate, 256);
+    ck_assert_int_eq(sp_config_kv_bytes_per_token(&c), 2 * 1 * 8 * 4);
+    char desc[128];
+    sp_config_attention_desc(&c, desc, sizeof desc);
+    ck_assert_str_eq(desc, "multi-query (8 heads of 8 on 1 KV head), RoPE");
+    /* 40B: grouped; Falcon2: new architecture with one LayerNorm; the old MHA, sequential block */
+    c = parse_ok(FALCON(",\"new_decoder_architecture\":true,\"num_kv_heads\":2,\"bias\":true"));
+    ck_assert(c.n_kv_heads == 2 && c.blk.norms == 2 && c.blk.qkv_bias && c.blk.out_bias && c.blk.mlp_bias);
+    c = parse_ok(FALCON(",\"new_decoder_architecture\":true,\"num_kv_heads\":2,\"num_ln_in_parallel_attn\":1"));
+    ck_assert_int_eq(c.blk.norms, 1);
+    c = parse_ok(FALCON(",\"multi_query\":false,\"parallel_attn\":false,\"activation\":\"gelu_new\""));
+    ck_assert(c.n_kv_heads == 8 && c.blk.norms == 2 && !c.blk.parallel && c.blk.mlp == SP_MLP_GELU_TANH);
+    /* the family comes from model_type; without one, from the architecture's name */
+    c = parse_ok("{\"architectures\":[\"BloomForCausalLM\"],\"hidden_size\":64,\"n_layer\":2,\"n_head\":4,"
+                 "\"vocab_size\":512}");
+    ck_assert_int_eq(c.arch, SP_ARCH_BLOOM);
+    c = parse_ok("{\"architectures\":[\"GPT2LMHeadModel\"],\"model_type\":\"gpt2\",\"n_embd\":64,\"n_layer\":2,"
+                 "\"n_head\":4,\"vocab_size\":512}");
+    ck_assert_int_eq(c.arch, SP_ARCH_UNKNOWN);
+    ck_assert_int_eq(sp_config_check_supported(&c, &err), SP_ERR_UNSUPPORTED);
+    ck_assert_str_eq(err.msg, "unsupported architecture: gpt2 (supported: llama, bloom, falcon, mixtral)");
+}
+END_TEST
+
+/* What we refuse, each with the file and the setting named. */
+START_TEST(t_family_errors)
+{
+    parse_fails(FALCON(",\"alibi\":true"), SP_ERR_UNSUPPORTED, "alibi");
+    parse_fails(FALCON(",\"new_decoder_architecture\":true,\"num_kv_heads\":2,\"parallel_attn\":false"),
+                SP_ERR_UNSUPPORTED, "parallel_attn");
+    parse_fails(FALCON(",\"num_ln_in_parallel_attn\":2"), SP_ERR_UNSUPPORTED, "num_ln_in_parallel_attn");
+    parse_fails(FALCON(",\"num_ln_in_parallel_attn\":3"), SP_ERR_FORMAT, "num_ln_in_parallel_attn");
+    parse_fails(FALCON(",\"activation\":\"relu\""), SP_ERR_UNSUPPORTED, "relu");
+    parse_fails(FALCON(",\"multi_query\":false,\"num_kv_heads\":2"), SP_ERR_FORMAT, "num_kv_heads");
+    parse_fails(FALCON(",\"new_decoder_architecture\":true,\"num_kv_heads\":3"), SP_ERR_FORMAT, "num_kv_heads");
+    parse_fails("{\"model_type\":\"bloom\",\"hidden_size\":64,\"n_layer\":2,\"n_head\":5,\"vocab_size\":512}",
+                SP_ERR_FORMAT, "num_attention_heads");
+    parse_fails("{\"model_type\":\"bloom\",\"hidden_size\":64,\"n_layer\":2,\"n_head\":4,\"vocab_size\":512,"
+                "\"apply_residual_connection_post_layernorm\":true}",
+                SP_ERR_UNSUPPORTED, "apply_residual_connection_post_layernorm");
+    parse_fails(MIXTRAL(""), SP_ERR_FORMAT, "num_local_experts");
+    parse_fails(MIXTRAL(",\"num_local_experts\":4,\"num_experts_per_tok\":5"), SP_ERR_FORMAT, "num_experts_per_tok");
+    parse_fails(MIXTRAL(",\"num_local_experts\":8,\"num_experts_per_tok\":2,\"sliding_window\":4096"),
+                SP_ERR_UNSUPPORTED, "sliding_window");
+    sp_config c = parse_ok(MIXTRAL(",\"num_local_experts\":8,\"num_experts_per_tok\":2,\"sliding_window\":null"));
+    ck_assert_int_eq(c.blk.n_experts, 8);
+    c = parse_ok(MIXTRAL(",\"num_local_experts\":8,\"num_experts_per_tok\":2,\"sliding_window\":32768"));
+    ck_assert_int_eq(c.blk.top_k, 2);
 }
 END_TEST
 
@@ -115,6 +225,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, t_missing_fields);
     tcase_add_test(tc, t_bad_values);
     tcase_add_test(tc, t_param_count);
+    tcase_add_test(tc, t_families);
+    tcase_add_test(tc, t_family_errors);
     suite_add_tcase(s, tc);
     return s;
 }

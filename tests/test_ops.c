@@ -122,6 +122,53 @@ START_TEST(t_expf_vec)
 }
 END_TEST
 
+/* The vectorisable erf of the f32 GELU: within 4 ulp (relative) of erf in double below 1, within 2 ulp of 1 (absolute)
+ * above; odd; exactly +-1 far out; and the f32 GELUs (erf and tanh forms) within a few ulp of their f64 twins. */
+START_TEST(t_erff_vec)
+{
+    const double ulp = 1.1920929e-7;
+    double worst_rel = 0, worst_abs = 0;
+    for (double x = 1e-6; x <= 6.0; x *= 1.0001) {
+        float xf = (float)x;
+        double want = erf((double)xf), got = sp_erff_vec(xf);
+        if (xf < 1.0f)
+            worst_rel = fmax(worst_rel, fabs(got - want) / want);
+        else
+            worst_abs = fmax(worst_abs, fabs(got - want));
+        ck_assert_float_eq(sp_erff_vec(-xf), -sp_erff_vec(xf));
+    }
+    ck_assert_msg(worst_rel <= 4 * ulp, "sp_erff_vec: relative error %g below 1", worst_rel);
+    ck_assert_msg(worst_abs <= 2 * ulp, "sp_erff_vec: error %g above 1", worst_abs);
+    ck_assert_float_eq(sp_erff_vec(0.0f), 0.0f);
+    ck_assert_float_eq(sp_erff_vec(100.0f), 1.0f);
+    ck_assert_float_eq(sp_erff_vec(-1e30f), -1.0f);
+    long n = 4099;
+    float *x = malloc(n * sizeof(float)), *o = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+    double *xd = malloc(n * sizeof(double)), *od = malloc(n * sizeof(double)), *gd = malloc(n * sizeof(double));
+    sp_rng r;
+    sp_rng_seed(&r, 4);
+    for (long i = 0; i < n; i++)
+        xd[i] = x[i] = (float)(sp_rng_normal(&r) * 4.0);
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+        memset(g, 0, n * sizeof(float));
+        memset(gd, 0, n * sizeof(double));
+        double ones[1] = {1.0};
+        float onef[1] = {1.0f};
+        (tanh_form ? sp_gelu_tanh_forward_f32 : sp_gelu_forward_f32)(o, x, n);
+        (tanh_form ? sp_gelu_tanh_forward_f64 : sp_gelu_forward_f64)(od, xd, n);
+        for (long i = 0; i < n; i++) {
+            ck_assert_msg(fabs(o[i] - od[i]) <= 4 * ulp * fmax(1.0, fabs(od[i])), "gelu %d [%ld]: %g vs %g", tanh_form,
+                          i, o[i], od[i]);
+            (tanh_form ? sp_gelu_tanh_backward_f32 : sp_gelu_backward_f32)(g + i, onef, x + i, 1);
+            (tanh_form ? sp_gelu_tanh_backward_f64 : sp_gelu_backward_f64)(gd + i, ones, xd + i, 1);
+            ck_assert_msg(fabs(g[i] - gd[i]) <= 8 * ulp * fmax(1.0, fabs(gd[i])), "gelu' %d [%ld]: %.9g vs %.9g (x %g)",
+                          tanh_form, i, g[i], gd[i], xd[i]);
+        }
+    }
+    free(x), free(o), free(g), free(xd), free(od), free(gd);
+}
+END_TEST
+
 START_TEST(t_rmsnorm)
 {
     norm_ctx c = {.N = 3, .C = 7};
@@ -334,6 +381,126 @@ static void attention_case(int past)
 START_TEST(t_attention) { attention_case(0); attention_case(2); }
 END_TEST
 
+/* ALiBi: the backward (the bias is a constant of the scores) against finite differences with a cached prefix,
+ * and the forward against the scores written out: head h's score of query i for key j is
+ * q_i . k_j / sqrt(hd) + slope_h * (j - i) for j <= i. */
+START_TEST(t_attention_alibi)
+{
+    float slopes[3] = {0.5f, 0.125f, 0.03125f};
+    att_ctx c = {.d = {.B = 2, .T = 3, .past = 2, .nh = 3, .nkv = 3, .hd = 4, .keep_probs = 1, .alibi = slopes}};
+    c.d.S = c.d.past + c.d.T;
+    c.d.kv_cap = c.d.S;
+    long nq = (long)c.d.B * c.d.T * c.d.nh * c.d.hd, nk = (long)c.d.B * c.d.kv_cap * c.d.nkv * c.d.hd;
+    c.q = rand_vec(nq, 1.5);
+    c.k = rand_vec(nk, 1.5);
+    c.v = rand_vec(nk, 1.5);
+    c.G = rand_vec(nq, 1.0);
+    c.out = zeros(nq);
+    c.probs = zeros(sp_attention_probs_size(&c.d));
+    double *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk), *scratch = zeros(sp_attention_scratch_size(&c.d));
+    att_loss(&c);
+    sp_attention_backward_f64(dq, dk, dv, scratch, c.G, c.probs, c.q, c.k, c.v, &c.d);
+    ck_assert_double_le(fd_check(att_loss, &c, c.q, dq, nq), FD_TOL);
+    ck_assert_double_le(fd_check(att_loss, &c, c.k, dk, nk), FD_TOL);
+    ck_assert_double_le(fd_check(att_loss, &c, c.v, dv, nk), FD_TOL);
+    int hd = c.d.hd, nh = c.d.nh, S = c.d.S, T = c.d.T;
+    for (int b = 0; b < c.d.B; b++)
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < T; t++) {
+                int i = c.d.past + t;
+                double sc[8], mx = -1e300, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += c.q[((b * T + t) * nh + h) * hd + e] * c.k[((b * S + j) * nh + h) * hd + e];
+                    sc[j] = d / 2.0 + slopes[h] * (double)(j - i);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j <= i; j++)
+                    sum += exp(sc[j] - mx);
+                const double *p = c.probs + (((long)b * nh + h) * T + t) * S;
+                for (int j = 0; j < S; j++)
+                    ck_assert_double_eq_tol(p[j], j <= i ? exp(sc[j] - mx) / sum : 0.0, 1e-12);
+            }
+    free(c.q), free(c.k), free(c.v), free(c.G), free(c.out), free(c.probs), free(dq), free(dk), free(dv), free(scratch);
+}
+END_TEST
+
+/* BLOOM's slopes: powers of two of heads get 2^(-8i/n); other counts add every other slope of 2n heads. */
+START_TEST(t_alibi_slopes)
+{
+    float s4[4], s6[6], s8[8];
+    sp_alibi_slopes(s4, 4);
+    sp_alibi_slopes(s6, 6);
+    sp_alibi_slopes(s8, 8);
+    const float w4[4] = {0.25f, 0.0625f, 0.015625f, 0.00390625f};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_float_eq(s4[i], w4[i]);
+        ck_assert_float_eq(s6[i], w4[i]);
+    }
+    ck_assert_float_eq(s6[4], 0.5f);   /* 2^(-4/4 * 1) */
+    ck_assert_float_eq(s6[5], 0.125f); /* 2^(-4/4 * 3) */
+    for (int i = 0; i < 8; i++)
+        ck_assert_double_eq_tol(s8[i], pow(2.0, -(i + 1.0)), 1e-9);
+}
+END_TEST
+
+/* MoE routing: the chosen experts are the top-k of the softmax, in order, their weights the renormalised
+ * probabilities; the backward (choice fixed) against finite differences. */
+typedef struct {
+    int N, E, K;
+    double *logits, *w, *G;
+    int32_t *idx;
+} route_ctx;
+
+static double route_loss(void *p)
+{
+    route_ctx *c = p;
+    sp_moe_route_forward_f64(c->w, c->idx, c->logits, c->N, c->E, c->K);
+    return dot(c->w, c->G, (long)c->N * c->K);
+}
+
+START_TEST(t_moe_route)
+{
+    route_ctx c = {.N = 4, .E = 6, .K = 3};
+    long nl = (long)c.N * c.E, nw = (long)c.N * c.K;
+    c.logits = rand_vec(nl, 3.0);
+    c.G = rand_vec(nw, 1.0);
+    c.w = zeros(nw);
+    c.idx = calloc((size_t)nw, sizeof(int32_t));
+    route_loss(&c);
+    for (int n = 0; n < c.N; n++) {
+        const double *x = c.logits + n * c.E;
+        double wsum = 0, z = 0;
+        for (int k = 0; k < c.K; k++)
+            z += exp(x[c.idx[n * c.K + k]]);
+        for (int k = 0; k < c.K; k++) {
+            int e = c.idx[n * c.K + k];
+            if (k) /* decreasing */
+                ck_assert(x[e] < x[c.idx[n * c.K + k - 1]]);
+            int above = 0; /* exactly k logits are larger */
+            for (int j = 0; j < c.E; j++)
+                above += x[j] > x[e];
+            ck_assert_int_eq(above, k);
+            ck_assert_double_eq_tol(c.w[n * c.K + k], exp(x[e]) / z, 1e-12);
+            wsum += c.w[n * c.K + k];
+        }
+        ck_assert_double_eq_tol(wsum, 1.0, 1e-12);
+    }
+    double *dl = zeros(nl);
+    sp_moe_route_backward_f64(dl, c.G, c.w, c.idx, c.N, c.E, c.K);
+    ck_assert_double_le(fd_check(route_loss, &c, c.logits, dl, nl), FD_TOL);
+    /* f32 agrees */
+    float *lf = to_f32(c.logits, nl), *wf = malloc((size_t)nw * sizeof(float));
+    int32_t *idxf = malloc((size_t)nw * sizeof(int32_t));
+    sp_moe_route_forward_f32(wf, idxf, lf, c.N, c.E, c.K);
+    ck_assert_int_eq(memcmp(idxf, c.idx, (size_t)nw * sizeof(int32_t)), 0);
+    ck_assert_double_le(max_diff_fd(wf, c.w, nw), 1e-6);
+    free(lf), free(wf), free(idxf), free(dl);
+    free(c.logits), free(c.G), free(c.w), free(c.idx);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* elementwise activations, softmax, cross-entropy */
 
@@ -455,10 +622,14 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, t_rope);
     tcase_add_test(tc, t_rope_llama3_frequencies);
     tcase_add_test(tc, t_attention);
+    tcase_add_test(tc, t_attention_alibi);
+    tcase_add_test(tc, t_alibi_slopes);
+    tcase_add_test(tc, t_moe_route);
     tcase_add_test(tc, t_activations);
     tcase_add_test(tc, t_gelu_values);
     tcase_add_test(tc, t_crossentropy);
     tcase_add_test(tc, t_expf_vec);
+    tcase_add_test(tc, t_erff_vec);
     suite_add_tcase(s, tc);
     return s;
 }

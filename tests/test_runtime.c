@@ -262,13 +262,13 @@ START_TEST(t_forward_backward_over_route)
     sp_ws ws = {0};
     memcpy(acts, x, N * 4);
     for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(sp_llama_block_forward(&blocks->blocks[i], acts + (i + 1) * N, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_forward(&blocks->blocks[i], acts + (i + 1) * N, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
     float *out = malloc(N * 4);
-    ck_assert_int_eq(sp_llama_block_forward(&blocks->blocks[3], out, acts + 3 * N, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_forward(&blocks->blocks[3], out, acts + 3 * N, B, T, 0, NULL, &ws, &err), SP_OK);
     ck_assert_double_le(sp_max_abs_diff(y, out, N), 1e-5);
     memcpy(gl, g, N * 4);
     for (int i = 3; i >= 0; i--)
-        ck_assert_int_eq(sp_llama_block_backward(&blocks->blocks[i], gl, gl, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
+        ck_assert_int_eq(sp_block_backward(&blocks->blocks[i], gl, gl, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
     ck_assert_int_eq(sp_runtime_backward(rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err), SP_OK);
     ck_assert_double_le(sp_max_abs_diff(g, gl, N), 1e-5);
     free(x), free(y), free(g), free(gl), free(bound), free(acts), free(out);

@@ -143,9 +143,9 @@ START_TEST(t_forward_backward_golden)
     sp_ws ws = {0};
     sp_err err = {0};
     float *mid = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
-    ck_assert_int_eq(sp_llama_block_forward(&m->blocks[0], mid, in, B, T, 0, NULL, &ws, &err), SP_OK);
-    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[1], want, gout, mid, B, T, 0, NULL, &ws, &err), SP_OK);
-    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[0], want, want, in, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_forward(&m->blocks[0], mid, in, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_backward(&m->blocks[1], want, gout, mid, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_backward(&m->blocks[0], want, want, in, B, T, 0, NULL, &ws, &err), SP_OK);
     sp_tensor_src args[2] = {t3(in, B, T), t3(gout, B, T)};
     got = call_ok(r, SP_MSG_BACKWARD, "{\"start\":1,\"end\":3}", args, 2, 1, &rep);
     ck_assert_double_le(sp_max_abs_diff(got, want, n), 1e-5);
@@ -188,17 +188,17 @@ START_TEST(t_deep_prompts)
     for (int k = 0; k < 2; k++) {
         float *cur = k ? x1 : x0;
         if (k)
-            ck_assert_int_eq(sp_llama_block_forward(&m->blocks[0], x1, x0, B, T, 0, NULL, &ws, &err), SP_OK);
+            ck_assert_int_eq(sp_block_forward(&m->blocks[0], x1, x0, B, T, 0, NULL, &ws, &err), SP_OK);
         for (int b = 0; b < B; b++)
             for (int p = 0; p < P; p++)
                 for (int c = 0; c < H; c++)
                     cur[((size_t)b * T + p) * H + c] += pr[(((size_t)k * B + b) * P + p) * H + c];
     }
-    ck_assert_int_eq(sp_llama_block_forward(&m->blocks[1], y, x1, B, T, 0, NULL, &ws, &err), SP_OK);
-    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[1], gin, gout, x1, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_forward(&m->blocks[1], y, x1, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_backward(&m->blocks[1], gin, gout, x1, B, T, 0, NULL, &ws, &err), SP_OK);
     for (int b = 0; b < B; b++)
         memcpy(gp + ((size_t)(1 * B + b) * P) * H, gin + (size_t)b * T * H, (size_t)P * H * 4);
-    ck_assert_int_eq(sp_llama_block_backward(&m->blocks[0], gin, gin, x0, B, T, 0, NULL, &ws, &err), SP_OK);
+    ck_assert_int_eq(sp_block_backward(&m->blocks[0], gin, gin, x0, B, T, 0, NULL, &ws, &err), SP_OK);
     for (int b = 0; b < B; b++)
         memcpy(gp + ((size_t)b * P) * H, gin + (size_t)b * T * H, (size_t)P * H * 4);
     sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};

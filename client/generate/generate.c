@@ -42,6 +42,16 @@ static sp_status local_reorder(void *ctx, const int64_t *src, int B, sp_err *err
     return SP_OK;
 }
 
+static sp_status local_rewind(void *ctx, int pos, sp_err *err)
+{
+    sp_lm_local *l = ctx;
+    if (pos < 0 || pos > l->pos)
+        return sp_errf(err, SP_ERR_ARG, "rewind to %d: only %d positions so far", pos, l->pos);
+    l->pos = pos;
+    sp_model_cache_rewind(&l->cache, pos);
+    return SP_OK;
+}
+
 static void local_end(void *ctx)
 {
     sp_model_cache_free(&((sp_lm_local *)ctx)->cache);
@@ -52,7 +62,7 @@ sp_lm sp_lm_local_make(sp_lm_local *l, sp_model *m)
     memset(l, 0, sizeof *l);
     l->m = m;
     return (sp_lm){.ctx = l, .vocab = m->cfg.vocab, .max_pos = m->cfg.max_pos, .begin = local_begin,
-                   .forward = local_forward, .reorder = local_reorder, .end = local_end};
+                   .forward = local_forward, .reorder = local_reorder, .rewind = local_rewind, .end = local_end};
 }
 
 /* ---------------------------------------------------------------------------------------------- */

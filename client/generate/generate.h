@@ -22,6 +22,9 @@ typedef struct sp_lm {
     sp_status (*forward)(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err);
     /* Row b of the caches becomes old row src[b] (beam search). */
     sp_status (*reorder)(void *ctx, const int64_t *src, int B, sp_err *err);
+    /* Rolls every row back to its first pos positions (0 <= pos <= the positions so far): the next forward
+     * continues from there (Petals' start_from_position). */
+    sp_status (*rewind)(void *ctx, int pos, sp_err *err);
     void (*end)(void *ctx);
 } sp_lm;
 

@@ -198,16 +198,17 @@ static void scatter(const sp_lm_swarm *s, float *hist, const float *x, int from,
         memcpy(hist + ((size_t)b * s->max_length + from) * H, x + (size_t)b * T * H, (size_t)T * H * sizeof(float));
 }
 
-/* One INFERENCE_STEP of hop h on x [B, T, H] (in place); deep: [n, B, P, H] of its blocks or NULL; hypo:
+/* One INFERENCE_STEP of hop h on x [B, T, H] (in place) at positions from..from+T; deep: [n, B, P, H] of its blocks or NULL; hypo:
  * the cache reorder or NULL. *alive: the server answered (with an error, maybe). */
-static sp_status step_call(sp_lm_swarm *s, int h, float *x, int T, const float *deep, const int64_t *hypo,
+static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, const float *deep, const int64_t *hypo,
                            int *alive, sp_err *err)
 {
     sp_runtime *rt = s->rt;
     const sp_hop *hop = &s->route.hop[h];
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
-    char meta[96];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)s->session[h]);
+    char meta[128]; /* every step says where it starts (Petals' start_from_position): a rollback is a lower one */
+    snprintf(meta, sizeof meta, "{\"session\":%llu,\"start_from_position\":%d}", (unsigned long long)s->session[h],
+             from);
     sp_tensor_src t[3] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x}};
     int n = 1;
     if (deep)
@@ -267,7 +268,7 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
     scatter(s, s->history[h], cur, s->pos, T);
     if (!s->fresh[h]) {
         const float *d = s->pos == 0 ? hop_deep(s, deep, h) : NULL;
-        return step_call(s, h, cur, T, d, s->hypo, alive, err);
+        return step_call(s, h, cur, s->pos, T, d, s->hypo, alive, err);
     }
     int full = s->pos + T;
     sp_status st;
@@ -278,7 +279,7 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
         return st ? st : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     }
     /* from position 0: the deep prompts go with it (the history is already in beam order: no hypo_ids) */
-    st = step_call(s, h, x, full, d, NULL, alive, err);
+    st = step_call(s, h, x, 0, full, d, NULL, alive, err);
     free(d);
     if (!st) {
         if (h + 1 < s->route.nhops && s->fresh[h + 1])
@@ -386,6 +387,8 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
         st = with_prompts(s, &x, B, T, &deep, err);
         T += s->P;
     }
+    if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
+        sp_model_embed_norm(rt->local, x, B * T);
     if (!st)
         st = run_hops(s, x, T, deep, err);
     free(deep);
@@ -427,6 +430,19 @@ static sp_status swarm_reorder(void *ctx, const int64_t *src, int B, sp_err *err
     return SP_OK;
 }
 
+/* Back to `pos` token positions (the prompts' P come on top): the next step of every hop starts there; a hop
+ * that replays (fresh) sends its history up to there. Back to 0, the prompts go again with the next step. */
+static sp_status swarm_rewind(void *ctx, int pos, sp_err *err)
+{
+    sp_lm_swarm *s = ctx;
+    int to = pos > 0 ? pos + s->P : 0;
+    if (pos < 0 || to > s->pos)
+        return sp_errf(err, SP_ERR_ARG, "rewind to %d: only %d positions so far", pos,
+                       s->pos > s->P ? s->pos - s->P : 0);
+    s->pos = to;
+    return SP_OK;
+}
+
 void sp_lm_swarm_prompts(sp_lm_swarm *s, sp_lm *lm, const float *shallow, const float *deep, int P)
 {
     s->shallow = shallow;
@@ -440,5 +456,5 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt)
     memset(s, 0, sizeof *s);
     s->rt = rt;
     return (sp_lm){.ctx = s, .vocab = rt->local->cfg.vocab, .max_pos = rt->local->cfg.max_pos, .begin = swarm_begin,
-                   .forward = swarm_forward, .reorder = swarm_reorder, .end = swarm_end};
+                   .forward = swarm_forward, .reorder = swarm_reorder, .rewind = swarm_rewind, .end = swarm_end};
 }

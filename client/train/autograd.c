@@ -23,6 +23,7 @@ typedef enum {
     OP_SLICE,
     OP_RESHAPE,
     OP_RMSNORM,
+    OP_LAYERNORM,
     OP_LINEAR,
     OP_POOL,
     OP_ADD,
@@ -66,7 +67,7 @@ struct sp_node {
     int nin;
     float f;       /* rmsnorm eps, scale factor */
     int64_t a, b;  /* slice range; counted elements of a loss */
-    float *saved;  /* rmsnorm rstd, mse/bce targets */
+    float *saved;  /* rmsnorm rstd, layernorm mean and rstd, mse/bce targets */
     int32_t *ids;  /* embedding ids, cross-entropy targets */
     int64_t *idx;  /* pooled positions */
     chain_saved *chain;
@@ -523,6 +524,28 @@ sp_t *sp_rmsnorm(sp_t *x, sp_t *w, float eps, sp_err *err)
     return o;
 }
 
+sp_t *sp_layernorm(sp_t *x, sp_t *w, sp_t *b, float eps, sp_err *err)
+{
+    if (bad_inputs("sp_layernorm", x, w, err) || (b && bad_inputs("sp_layernorm", x, b, err)))
+        return NULL;
+    if (!w || x->ndim < 1 || w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1] ||
+        (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
+        sp_errf(err, SP_ERR_ARG, "sp_layernorm: weight %s, bias %s do not match the last dimension of x %s",
+                w ? shp(w).s : "NULL", b ? shp(b).s : "none", shp(x).s);
+        return NULL;
+    }
+    int64_t C = w->shape[0], N = x->n / C;
+    sp_t *o = op_out(x->g, x->ndim, x->shape, OP_LAYERNORM, x, w, b, err);
+    if (o && !(o->node->saved = malloc((size_t)N * 2 * sizeof(float)))) {
+        nomem(err, "sp_layernorm");
+        return NULL;
+    }
+    if (o)
+        sp_layernorm_forward_f32(o->data, o->node->saved, o->node->saved + N, x->data, w->data, b ? b->data : NULL,
+                                 (int)N, (int)C, eps);
+    return o;
+}
+
 sp_t *sp_linear(sp_t *x, sp_t *W, sp_t *b, sp_err *err)
 {
     if (bad_inputs("sp_linear", x, W, err) || (b && bad_inputs("sp_linear", x, b, err)))
@@ -907,9 +930,9 @@ static sp_status local_forward(sp_node *nd, float *acts, sp_err *err)
         if (acts)
             memcpy(acts + i * x->n, o->data, (size_t)x->n * sizeof(float));
         if (nd->bacts)
-            st = sp_llama_block_forward_keep(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, &nd->bacts[i], err);
+            st = sp_block_forward_keep(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, &nd->bacts[i], err);
         else
-            st = sp_llama_block_forward(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, NULL, ws, err);
+            st = sp_block_forward(&m->blocks[i], o->data, o->data, (int)B, (int)T, 0, NULL, ws, err);
         if (st)
             sp_err_prefix(err, "sp_local_chain: block %d: ", m->first + i);
     }
@@ -951,7 +974,7 @@ static sp_status local_backward(sp_node *nd, float **d, sp_err *err)
     sp_ws *ws = local_ws_acquire(m);
     sp_status st = SP_OK;
     for (int i = m->last - m->first - 1; !st && i >= 0; i--) {
-        st = sp_llama_block_backward_kept(&m->blocks[i], g, g, nd->saved + i * x->n, &nd->bacts[i], NULL, ws, err);
+        st = sp_block_backward_kept(&m->blocks[i], g, g, nd->saved + i * x->n, &nd->bacts[i], NULL, ws, err);
         if (!st && d[1])
             prompt_rows(g, d[1] + i * B * P * H, B, T, P, H, 1);
     }
@@ -1042,6 +1065,11 @@ static sp_status op_backward(sp_node *nd, float **d, sp_err *err)
     case OP_RMSNORM:
         sp_rmsnorm_backward_f32(d[0], d[1], g, x->data, w->data, nd->saved, (int)(x->n / C), (int)C);
         return SP_OK;
+    case OP_LAYERNORM: {
+        int64_t N = x->n / C;
+        sp_layernorm_backward_f32(d[0], d[1], d[2], g, x->data, w->data, nd->saved, nd->saved + N, (int)N, (int)C);
+        return SP_OK;
+    }
     case OP_LINEAR:
         sp_linear_backward_f32(d[0], d[1], d[2], g, x->data, w->data, (int)(x->n / C), (int)C, (int)w->shape[0]);
         return SP_OK;

@@ -78,6 +78,8 @@ sp_t *sp_slice_pos(sp_t *x, int64_t from, int64_t to, sp_err *err);
 sp_t *sp_reshape(sp_t *x, int ndim, const int64_t *shape, sp_err *err);
 /* x [.., H] rmsnorm with weight [H]. */
 sp_t *sp_rmsnorm(sp_t *x, sp_t *w, float eps, sp_err *err);
+/* x [.., H] layernorm with weight [H] and bias [H] (b may be NULL). */
+sp_t *sp_layernorm(sp_t *x, sp_t *w, sp_t *b, float eps, sp_err *err);
 /* x [.., I] @ W[O, I]^T + b[O] (b may be NULL) -> [.., O]. */
 sp_t *sp_linear(sp_t *x, sp_t *W, sp_t *b, sp_err *err);
 /* x [B, T, H] -> [B, H]: row b's position idx[b] (-T <= idx[b] < T; negative counts from the end). */

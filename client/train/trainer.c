@@ -25,7 +25,8 @@ struct sp_trainer {
     int H, L, V, C, P;
     sp_graph *g;
     sp_t *prompts, *deep, *score; /* parameters ([P, H], [L, P, H], [C, H]); NULL when unused */
-    sp_t *norm, *lm_head;         /* frozen */
+    sp_t *norm, *norm_b, *lm_head; /* frozen; norm_b: a LayerNorm's bias */
+    sp_t *emb_norm, *emb_norm_b;   /* frozen: BLOOM's embedding LayerNorm (NULL: none) */
     sp_t *params[3];
     int nparams;
     sp_optim *opt;
@@ -186,9 +187,15 @@ static sp_status make_params(sp_trainer *t, sp_err *err)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (t->C > 0 && !(t->score = t->params[t->nparams++] = normal_leaf(t, 2, sh, "score.weight")))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    t->norm = sp_leaf(t->g, 1, nh, t->rt->local->norm, 0, "model.norm.weight");
+    const sp_model *m = t->rt->local;
+    t->norm = sp_leaf(t->g, 1, nh, m->norm, 0, "norm.weight");
+    if (m->norm_b && !(t->norm_b = sp_leaf(t->g, 1, nh, m->norm_b, 0, "norm.bias")))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (m->embed_norm_w && (!(t->emb_norm = sp_leaf(t->g, 1, nh, m->embed_norm_w, 0, "embed_norm.weight")) ||
+                            !(t->emb_norm_b = sp_leaf(t->g, 1, nh, m->embed_norm_b, 0, "embed_norm.bias"))))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (t->C == 0)
-        t->lm_head = sp_leaf(t->g, 2, vh, t->rt->local->lm_head, 0, "lm_head.weight");
+        t->lm_head = sp_leaf(t->g, 2, vh, m->lm_head, 0, "lm_head.weight");
     if (!t->norm || (t->C == 0 && !t->lm_head))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     return SP_OK;
@@ -346,6 +353,8 @@ static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, int tra
         t->rep_prompts[mb] = replicate(t, t->prompts, B, 0, train);
         x = t->rep_prompts[mb] ? sp_concat_pos(t->rep_prompts[mb], x, err) : NULL;
     }
+    if (x && t->emb_norm) /* BLOOM: after the shallow prompts, as Petals does (they go through it too) */
+        x = sp_layernorm(x, t->emb_norm, t->emb_norm_b, t->rt->local->cfg.norm_eps, err);
     if (x && t->deep)
         deep = t->rep_deep[mb] = replicate(t, t->deep, B, 1, train);
     sp_t *h = !x           ? NULL
@@ -354,8 +363,9 @@ static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, int tra
                                                train ? t->pipe : NULL, mb, err);
     if (h && P > 0)
         h = sp_slice_pos(h, P, P + T, err); /* the prefix goes before the final norm */
-    if (h)
-        h = sp_rmsnorm(h, t->norm, t->rt->local->cfg.norm_eps, err);
+    float eps = t->rt->local->cfg.norm_eps;
+    if (h) /* the family's final norm */
+        h = t->norm_b ? sp_layernorm(h, t->norm, t->norm_b, eps, err) : sp_rmsnorm(h, t->norm, eps, err);
     if (!h)
         return NULL;
     if (t->C == 0) {

@@ -7,12 +7,64 @@ expect 0 "check llama-gqa (sharded)" "^PASS: 0 check" -- "$SEPAL" model check "$
 expect 0 "check llama3-rope" "^PASS: 0 check" -- "$SEPAL" model check "$T/llama3-rope"
 expect 0 "check with --golden" "greedy ids +16/16 ids identical +ok" -- \
     "$SEPAL" model check "$T/llama3-rope" --golden "$T/llama3-rope/golden.safetensors"
-for m in bloom falcon-new mixtral; do
-    expect 2 "check $m is unsupported" "unsupported architecture: [A-Za-z]+ForCausalLM" -- "$SEPAL" model check "$T/$m"
+# every family: transformers' goldens, and tools/hf_reference.py's for the variants transformers did not make
+for m in bloom bloom-bias falcon-new falcon-7b falcon-bias falcon-seq mixtral; do
+    expect 0 "check $m" "^PASS: 0 check" -- "$SEPAL" model check "$T/$m"
 done
 expect 0 "info llama-gqa" "parameters: +250432" -- "$SEPAL" model info "$T/llama-gqa"
 expect 0 "info llama3-rope" "rope: +llama3, theta 500000" -- "$SEPAL" model info "$T/llama3-rope"
-expect 0 "info bloom (unsupported still described)" "BloomForCausalLM \(unsupported\)" -- "$SEPAL" model info "$T/bloom"
+expect 0 "info bloom" "attention: +multi-head \(4 heads of 16\), ALiBi, fused QKV" -- "$SEPAL" model info "$T/bloom"
+expect 0 "info bloom local parts" "local parts: +embeddings \+ embedding LayerNorm, final LayerNorm, head tied" -- \
+    "$SEPAL" model info "$T/bloom"
+expect 0 "info falcon-new" "block: +parallel attention \+ MLP, 2 LayerNorms" -- "$SEPAL" model info "$T/falcon-new"
+expect 0 "info falcon-7b" "multi-query \(4 heads of 16 on 1 KV head\), RoPE" -- "$SEPAL" model info "$T/falcon-7b"
+expect 0 "info falcon-7b kv" "KV cache: +128 bytes per position" -- "$SEPAL" model info "$T/falcon-7b"
+expect 0 "info mixtral" "experts: +a token uses 2 of 4: 61824 of the block's 110976 parameters" -- \
+    "$SEPAL" model info "$T/mixtral"
+expect 0 "info mixtral parameters" "parameters: +287552 \(0.29M\): 2 blocks of 110976, 65600 local" -- \
+    "$SEPAL" model info "$T/mixtral"
+
+# A family we do not serve: described, refused by check with exit 2.
+mkdir -p "$TMP/gpt2"
+cp "$T/bloom/model.safetensors" "$TMP/gpt2/"
+echo '{"architectures":["GPT2LMHeadModel"],"model_type":"gpt2","n_embd":64,"n_layer":3,"n_head":4,"vocab_size":512}' \
+    > "$TMP/gpt2/config.json"
+expect 2 "check gpt2 is unsupported" "unsupported architecture: gpt2 \(supported: llama, bloom, falcon, mixtral\)" -- \
+    "$SEPAL" model check "$TMP/gpt2"
+expect 0 "info gpt2 (unsupported, still described)" "GPT2LMHeadModel \(gpt2, unsupported; supported: llama" -- \
+    "$SEPAL" model info "$TMP/gpt2"
+
+# Family checks that can fail: BLOOM's biases and LayerNorms, Falcon's fused QKV rows, Mixtral's router.
+cp -r "$T/bloom-bias" "$TMP/bloom-flipped"
+python3 - "$TMP/bloom-flipped/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+for name in ("transformer.h.1.self_attention.query_key_value.bias", "transformer.h.0.post_attention_layernorm.bias"):
+    s, e = h[name]["data_offsets"]
+    b[8 + n + s:8 + n + e] = bytes(e - s)  # zeros
+open(p, "wb").write(b)
+PY
+expect 1 "check detects zeroed BLOOM biases" "FAIL: [1-9][0-9]* check\(s\) failed" -- "$SEPAL" model check "$TMP/bloom-flipped"
+cp -r "$T/mixtral" "$TMP/mixtral-router"
+python3 - "$TMP/mixtral-router/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+s, e = h["model.layers.0.block_sparse_moe.gate.weight"]["data_offsets"]
+rows = [b[8 + n + s + r * (e - s) // 4:8 + n + s + (r + 1) * (e - s) // 4] for r in range(4)]
+b[8 + n + s:8 + n + e] = rows[1] + rows[0] + rows[3] + rows[2]  # experts 0<->1, 2<->3 swapped in the router
+open(p, "wb").write(b)
+PY
+expect 1 "check detects a swapped router" "FAIL: [1-9][0-9]* check\(s\) failed" -- "$SEPAL" model check "$TMP/mixtral-router"
+cp -r "$T/falcon-7b" "$TMP/falcon-mq"
+sed -i 's/"multi_query": true/"multi_query": false/' "$TMP/falcon-mq/config.json"
+expect 1 "falcon-7b read as multi-head: a clear shape error" "query_key_value.weight.*shape" -- \
+    "$SEPAL" model check "$TMP/falcon-mq"
 
 # A check that can fail: flip bytes inside one weight tensor's data.
 cp -r "$T/llama3-rope" "$TMP/flipped"

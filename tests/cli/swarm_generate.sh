@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End to end through real processes: `sepal -c` loads a model's local parts, starts a loopback swarm of
 # sepal-server processes, and generates through it. stories15M (3 servers x 2 blocks) must print exactly
-# what llama2.c's run.c printed; llama-gqa (servers 0:2 and 2:4) must give transformers' greedy ids.
+# what llama2.c's run.c printed; the tiny checkpoints of every family (2 servers) must give their golden greedy ids.
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
 G="$SEPAL_TEST_DATA/stories15M/golden.jsonl"
@@ -45,18 +45,24 @@ hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
 grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop; [0-9]+ steps/s expected$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
 grep -q "stopped" "$TMP/err" && ok "swarm down stops the servers" || bad "swarm down"
 
-# llama-gqa (no tokenizer): ids in, ids out, against transformers' greedy.output
-want=$(python3 -c "
+# The tiny checkpoints (no tokenizer): ids in, ids out, against the golden greedy.output (transformers' for
+# llama-gqa, bloom, falcon-new, mixtral; tools/hf_reference.py's for falcon-7b), through `swarm up 2`.
+golden_greedy() {
+    python3 -c "
 import struct, json
-f = open('$GQA/golden.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); base = 8 + n
+f = open('$1/golden.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); base = 8 + n
 def ids(name):
     e = h[name]; f.seek(base + e['data_offsets'][0]); b = f.read(e['data_offsets'][1] - e['data_offsets'][0])
     return list(struct.unpack('<%dq' % (len(b) // 8), b))
-print(','.join(map(str, ids('greedy.prompt'))), ' '.join(map(str, ids('greedy.output'))))")
-prompt=${want%% *}
-out=${want#* }
-expect 0 "llama-gqa through servers 0:2 + 2:4 gives transformers' greedy ids" "^$out\$" -- \
-    "$SEPAL" -c "load $GQA; swarm up 2; route; generate --ids $prompt --max-new-tokens 16; swarm down"
+print(','.join(map(str, ids('greedy.prompt'))), ' '.join(map(str, ids('greedy.output'))))"
+}
+for m in llama-gqa bloom falcon-new falcon-7b mixtral; do
+    want=$(golden_greedy "$SEPAL_TEST_DATA/hf-tiny/$m")
+    prompt=${want%% *}
+    out=${want#* }
+    expect 0 "$m through a swarm of 2 gives the golden greedy ids" "^$out\$" -- \
+        "$SEPAL" -c "load $SEPAL_TEST_DATA/hf-tiny/$m; swarm up 2; route; generate --ids $prompt --max-new-tokens 16; swarm down"
+done
 
 # sampling with a seed is reproducible through the swarm, and differs with another seed
 s1=$("$SEPAL" -c "load $M; swarm up 2 --blocks-per-server 3; generate 'The dog' --temperature 0.9 --top-k 40 --seed 5 --max-new-tokens 30; generate 'The dog' --temperature 0.9 --top-k 40 --seed 5 --max-new-tokens 30; generate 'The dog' --temperature 0.9 --top-k 40 --seed 6 --max-new-tokens 30" 2>/dev/null)
@@ -83,6 +89,6 @@ expect 1 "text prompt without a tokenizer" "no tokenizer" -- "$SEPAL" -c "load $
 expect 1 "bad option" "unknown option '--bogus'" -- "$SEPAL" -c "load $M; swarm up 1; generate hi --bogus 3"
 # no server process is left behind by any of the above
 sleep 0.5
-left=$(pgrep -f "sepal-server --model .*(stories15M|llama-gqa)" -u "$(id -u)" -P $$ | wc -l)
+left=$(pgrep -f "sepal-server --model .*(stories15M|hf-tiny)" -u "$(id -u)" -P $$ | wc -l)
 [ "$left" -eq 0 ] && ok "no sepal-server left running" || bad "$left sepal-server processes left"
 finish
