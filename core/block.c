@@ -63,6 +63,40 @@ static float **weight_slot(sp_block *b, int i)
     return slots[i];
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* the projection matrices as sp_qmat */
+
+enum { M_Q, M_K, M_V, M_O, M_DENSE };
+static int n_mats(const sp_block *b) { return M_DENSE + 3 * (is_moe(b) ? b->k.n_experts : 1); }
+/* which: 0 gate, 1 up, 2 down */
+static const sp_qmat *mlp_mat(const sp_block *b, int which, int e) { return &b->qm[M_DENSE + 3 * e + which]; }
+
+/* f32 views of the block's matrices (its qm when they are not re-encoded). */
+static sp_status make_views(sp_block *b, sp_err *err)
+{
+    b->nqm = n_mats(b);
+    b->qm = calloc((size_t)b->nqm, sizeof *b->qm);
+    if (!b->qm)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    int H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd, FF = b->FF;
+    b->qm[M_Q] = sp_qmat_f32(b->wq, Q, H);
+    b->qm[M_K] = sp_qmat_f32(b->wk, KV, H);
+    b->qm[M_V] = sp_qmat_f32(b->wv, KV, H);
+    b->qm[M_O] = sp_qmat_f32(b->wo, H, Q);
+    int E = is_moe(b) ? b->k.n_experts : 1;
+    for (int e = 0; e < E; e++) {
+        size_t off = (size_t)e * FF * H;
+        if (b->w_gate)
+            b->qm[M_DENSE + 3 * e] = sp_qmat_f32(b->w_gate + off, FF, H);
+        b->qm[M_DENSE + 3 * e + 1] = sp_qmat_f32(b->w_up + off, FF, H);
+        b->qm[M_DENSE + 3 * e + 2] = sp_qmat_f32(b->w_down + off, H, FF);
+    }
+    b->wtype = SP_W_F32;
+    if (!b->pool)
+        b->pool = sp_pool_default();
+    return SP_OK;
+}
+
 sp_status sp_block_init(sp_block *b, const sp_config *cfg, const sp_rope *rope, sp_err *err)
 {
     memset(b, 0, sizeof *b);
@@ -97,14 +131,115 @@ sp_status sp_block_init(sp_block *b, const sp_config *cfg, const sp_rope *rope, 
         *weight_slot(b, i) = n[i] ? p : NULL;
         p += n[i];
     }
-    return SP_OK;
+    sp_status st = make_views(b, err);
+    if (st)
+        sp_block_free(b);
+    return st;
 }
 
 void sp_block_free(sp_block *b)
 {
+    for (int i = 0; b->qm && i < b->nqm; i++)
+        sp_qmat_free(&b->qm[i]);
+    free(b->qm);
     free(b->mem);
     free(b->alibi);
+    b->qm = NULL;
+    b->nqm = 0;
     b->mem = b->alibi = NULL;
+}
+
+static int is_matrix(int slot) { return slot == W_WQ || slot == W_WK || slot == W_WV || slot == W_WO ||
+                                        slot == W_GATE || slot == W_UP || slot == W_DOWN; }
+
+sp_status sp_block_quantize(sp_block *b, sp_wtype t, sp_err *err)
+{
+    if (t == b->wtype)
+        return SP_OK;
+    if (b->wtype != SP_W_F32)
+        return sp_errf(err, SP_ERR_STATE, "block: already encoded as %s", sp_wtype_name(b->wtype));
+    sp_qmat *q = calloc((size_t)b->nqm, sizeof *q);
+    if (!q)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < b->nqm; i++) {
+        const sp_qmat *v = &b->qm[i];
+        if (!v->q)
+            continue;
+        sp_status st = sp_qmat_encode(&q[i], t, (const float *)v->q, v->rows, v->cols, err);
+        if (st) {
+            for (int k = 0; k < i; k++)
+                sp_qmat_free(&q[k]);
+            free(q);
+            return st;
+        }
+    }
+    /* the rest (norms, biases, router) into a small allocation of its own; the f32 matrices go */
+    size_t n[W__COUNT], keep = 0;
+    weight_sizes(b, n);
+    for (int i = 0; i < W__COUNT; i++)
+        keep += is_matrix(i) ? 0 : n[i];
+    float *mem = malloc((keep ? keep : 1) * sizeof(float)), *p = mem;
+    if (!mem) {
+        for (int k = 0; k < b->nqm; k++)
+            sp_qmat_free(&q[k]);
+        free(q);
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < W__COUNT; i++) {
+        float **slot = weight_slot(b, i);
+        if (is_matrix(i) || !n[i]) {
+            *slot = NULL;
+            continue;
+        }
+        memcpy(p, *slot, n[i] * sizeof(float));
+        *slot = p;
+        p += n[i];
+    }
+    free(b->mem);
+    b->mem = mem;
+    b->numel = keep;
+    free(b->qm);
+    b->qm = q;
+    b->wtype = t;
+    return SP_OK;
+}
+
+size_t sp_block_bytes(const sp_block *b)
+{
+    size_t bytes = b->numel * sizeof(float);
+    if (b->wtype != SP_W_F32) /* the matrices live apart from mem */
+        for (int i = 0; i < b->nqm; i++)
+            bytes += b->qm[i].q ? sp_qmat_bytes(b->qm[i].type, b->qm[i].rows, b->qm[i].cols) : 0;
+    return bytes;
+}
+
+/* out[N, Cout] = in[N, Cin] W^T (+ bias), through m: the engine's kernels for decode-sized N or encoded
+ * weights, sgemm on the f32 tensor W otherwise. */
+static void lin(const sp_block *b, const sp_qmat *m, const float *W, float *out, const float *in, const float *bias,
+                int N, int Cin, int Cout)
+{
+    if (m->q && (N <= 8 || !W)) {
+        sp_qmat_mul(m, in, out, N, b->pool);
+        for (int i = 0; bias && i < N; i++)
+            for (int c = 0; c < Cout; c++)
+                out[(size_t)i * Cout + c] += bias[c];
+        return;
+    }
+    sp_linear_forward(out, in, W, bias, N, Cin, Cout);
+}
+
+/* The backward of lin: dinp += dout W, dW and dbias accumulated when asked (dW needs the f32 tensor W). */
+static void lin_bwd(const sp_qmat *m, const float *W, float *dinp, float *dW, float *dbias, const float *dout,
+                    const float *inp, int N, int Cin, int Cout, sp_pool *pool)
+{
+    if (W) {
+        sp_linear_backward(dinp, dW, dbias, dout, inp, W, N, Cin, Cout);
+        return;
+    }
+    sp_qmat_mul_t_acc(m, dout, dinp, N, pool);
+    for (int i = 0; dbias && i < N; i++)
+        for (int c = 0; c < Cout; c++)
+            dbias[c] += dout[(size_t)i * Cout + c];
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -405,7 +540,7 @@ static float *expert_g(float *g, int e, const sp_block *b) { return g ? g + (siz
 static void moe_forward(const sp_block *b, float *y, const float *x, int N, acts *a)
 {
     int H = b->H, FF = b->FF, E = b->k.n_experts, K = b->k.top_k;
-    sp_linear_forward(a->rlog, x, b->router, NULL, N, H, E);
+    sp_linear_forward(a->rlog, x, b->router, NULL, N, H, E); /* the router stays f32 */
     sp_moe_route_forward(a->rw, a->ridx, a->rlog, N, E, K);
     memset(a->off, 0, (size_t)(E + 1) * sizeof *a->off); /* counting sort of the (token, k) pairs by expert */
     for (int i = 0; i < N * K; i++)
@@ -424,10 +559,10 @@ static void moe_forward(const sp_block *b, float *y, const float *x, int N, acts
         if (!cnt)
             continue;
         size_t of = (size_t)o * FF, oh = (size_t)o * H;
-        sp_linear_forward(a->gate + of, a->xs + oh, expert_w(b->w_gate, e, b), NULL, cnt, H, FF);
-        sp_linear_forward(a->up + of, a->xs + oh, expert_w(b->w_up, e, b), NULL, cnt, H, FF);
+        lin(b, mlp_mat(b, 0, e), expert_w(b->w_gate, e, b), a->gate + of, a->xs + oh, NULL, cnt, H, FF);
+        lin(b, mlp_mat(b, 1, e), expert_w(b->w_up, e, b), a->up + of, a->xs + oh, NULL, cnt, H, FF);
         sp_swiglu_forward(a->act + of, a->gate + of, a->up + of, (long)cnt * FF);
-        sp_linear_forward(a->ys + oh, a->act + of, expert_w(b->w_down, e, b), NULL, cnt, FF, H);
+        lin(b, mlp_mat(b, 2, e), expert_w(b->w_down, e, b), a->ys + oh, a->act + of, NULL, cnt, FF, H);
         for (int s = o; s < o + cnt; s++) {
             float w = a->rw[a->slot[s]], *dst = y + (size_t)(a->slot[s] / K) * H;
             const float *src = a->ys + (size_t)s * H;
@@ -444,19 +579,19 @@ static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts
     long n = (long)N * FF;
     switch (b->k.mlp) {
     case SP_MLP_SWIGLU:
-        sp_linear_forward(a->gate, x, b->w_gate, NULL, N, H, FF);
-        sp_linear_forward(a->up, x, b->w_up, NULL, N, H, FF);
+        lin(b, mlp_mat(b, 0, 0), b->w_gate, a->gate, x, NULL, N, H, FF);
+        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, NULL, N, H, FF);
         sp_swiglu_forward(a->act, a->gate, a->up, n);
-        sp_linear_forward(y, a->act, b->w_down, NULL, N, FF, H);
+        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, NULL, N, FF, H);
         break;
     case SP_MLP_GELU:
     case SP_MLP_GELU_TANH:
-        sp_linear_forward(a->up, x, b->w_up, b->b_up, N, H, FF);
+        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, b->b_up, N, H, FF);
         if (b->k.mlp == SP_MLP_GELU)
             sp_gelu_forward(a->act, a->up, n);
         else
             sp_gelu_tanh_forward(a->act, a->up, n);
-        sp_linear_forward(y, a->act, b->w_down, b->b_down, N, FF, H);
+        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, b->b_down, N, FF, H);
         break;
     case SP_MLP_MOE:
         moe_forward(b, y, x, N, a);
@@ -471,9 +606,9 @@ static void forward_acts(const sp_block *b, float *out, const float *inp, int B,
     int N = B * T, H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd;
     /* attention: norm, q/k/v projections, RoPE on q and k (ALiBi goes into the scores instead) */
     norm_forward(b, a->ln1, a->mean1, a->rstd1, inp, b->ln1_w, b->ln1_b, N);
-    sp_linear_forward(a->q, a->ln1, b->wq, b->bq, N, H, Q);
-    sp_linear_forward(a->k, a->ln1, b->wk, b->bk, N, H, KV);
-    sp_linear_forward(a->v, a->ln1, b->wv, b->bv, N, H, KV);
+    lin(b, &b->qm[M_Q], b->wq, a->q, a->ln1, b->bq, N, H, Q);
+    lin(b, &b->qm[M_K], b->wk, a->k, a->ln1, b->bk, N, H, KV);
+    lin(b, &b->qm[M_V], b->wv, a->v, a->ln1, b->bv, N, H, KV);
     if (b->rope) {
         sp_rope_tables(b->rope, pos0, T, a->cos, a->sin);
         sp_rope_forward(a->q, a->q, a->cos, a->sin, B, T, b->nh, b->hd);
@@ -487,7 +622,7 @@ static void forward_acts(const sp_block *b, float *out, const float *inp, int B,
     }
     sp_attention_forward(a->att, a->probs, a->q, K, V, ad);
     /* residual: h1 = x + att Wo^T + bo */
-    sp_linear_forward(a->h1, a->att, b->wo, b->bo, N, Q, H);
+    lin(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H);
     for (long i = 0; i < (long)N * H; i++)
         a->h1[i] += inp[i];
     /* MLP on n2(h1) (sequential) or n2(x) (parallel; n1(x) itself with one norm), residual */
@@ -585,13 +720,13 @@ static void moe_backward(const sp_block *b, float *dx, sp_block *gw, const float
         if (!cnt)
             continue;
         size_t of = (size_t)o * FF, oh = (size_t)o * H;
-        sp_linear_backward(g->dact + of, expert_g(GRAD(w_down), e, b), NULL, g->dys + oh, a->act + of,
-                           expert_w(b->w_down, e, b), cnt, FF, H);
+        lin_bwd(mlp_mat(b, 2, e), expert_w(b->w_down, e, b), g->dact + of, expert_g(GRAD(w_down), e, b), NULL,
+                g->dys + oh, a->act + of, cnt, FF, H, b->pool);
         sp_swiglu_backward(g->dgate + of, g->dup + of, g->dact + of, a->gate + of, a->up + of, (long)cnt * FF);
-        sp_linear_backward(g->dxs + oh, expert_g(GRAD(w_gate), e, b), NULL, g->dgate + of, a->xs + oh,
-                           expert_w(b->w_gate, e, b), cnt, H, FF);
-        sp_linear_backward(g->dxs + oh, expert_g(GRAD(w_up), e, b), NULL, g->dup + of, a->xs + oh,
-                           expert_w(b->w_up, e, b), cnt, H, FF);
+        lin_bwd(mlp_mat(b, 0, e), expert_w(b->w_gate, e, b), g->dxs + oh, expert_g(GRAD(w_gate), e, b), NULL,
+                g->dgate + of, a->xs + oh, cnt, H, FF, b->pool);
+        lin_bwd(mlp_mat(b, 1, e), expert_w(b->w_up, e, b), g->dxs + oh, expert_g(GRAD(w_up), e, b), NULL,
+                g->dup + of, a->xs + oh, cnt, H, FF, b->pool);
     }
     for (int s = 0; s < N * K; s++) { /* scatter the slots' input gradients back to their tokens */
         float *d = dx + (size_t)(a->slot[s] / K) * H;
@@ -609,19 +744,19 @@ static void mlp_backward(const sp_block *b, float *dx, sp_block *gw, const float
     long n = (long)N * FF;
     switch (b->k.mlp) {
     case SP_MLP_SWIGLU:
-        sp_linear_backward(g->dact, GRAD(w_down), NULL, dy, a->act, b->w_down, N, FF, H);
+        lin_bwd(mlp_mat(b, 2, 0), b->w_down, g->dact, GRAD(w_down), NULL, dy, a->act, N, FF, H, b->pool);
         sp_swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, n);
-        sp_linear_backward(dx, GRAD(w_gate), NULL, g->dgate, x, b->w_gate, N, H, FF);
-        sp_linear_backward(dx, GRAD(w_up), NULL, g->dup, x, b->w_up, N, H, FF);
+        lin_bwd(mlp_mat(b, 0, 0), b->w_gate, dx, GRAD(w_gate), NULL, g->dgate, x, N, H, FF, b->pool);
+        lin_bwd(mlp_mat(b, 1, 0), b->w_up, dx, GRAD(w_up), NULL, g->dup, x, N, H, FF, b->pool);
         break;
     case SP_MLP_GELU:
     case SP_MLP_GELU_TANH:
-        sp_linear_backward(g->dact, GRAD(w_down), GRAD(b_down), dy, a->act, b->w_down, N, FF, H);
+        lin_bwd(mlp_mat(b, 2, 0), b->w_down, g->dact, GRAD(w_down), GRAD(b_down), dy, a->act, N, FF, H, b->pool);
         if (b->k.mlp == SP_MLP_GELU)
             sp_gelu_backward(g->dup, g->dact, a->up, n);
         else
             sp_gelu_tanh_backward(g->dup, g->dact, a->up, n);
-        sp_linear_backward(dx, GRAD(w_up), GRAD(b_up), g->dup, x, b->w_up, N, H, FF);
+        lin_bwd(mlp_mat(b, 1, 0), b->w_up, dx, GRAD(w_up), GRAD(b_up), g->dup, x, N, H, FF, b->pool);
         break;
     case SP_MLP_MOE:
         moe_backward(b, dx, gw, dy, x, a, g, N);
@@ -646,7 +781,7 @@ static void backward_acts(const sp_block *b, float *dinp, const float *dout, con
     if (b->ln2_w && !b->k.parallel) /* sequential: n2 is of h1 */
         norm_backward(b, g.dh1, GRAD(ln2_w), GRAD(ln2_b), g.dln2, a.h1, b->ln2_w, a.mean2, a.rstd2, N);
     /* h1 = x + att Wo^T + bo */
-    sp_linear_backward(g.datt, GRAD(wo), GRAD(bo), g.dh1, a.att, b->wo, N, Q, H);
+    lin_bwd(&b->qm[M_O], b->wo, g.datt, GRAD(wo), GRAD(bo), g.dh1, a.att, N, Q, H, b->pool);
     sp_attention_backward(g.dq, g.dk, g.dv, g.scratch, g.datt, a.probs, a.q, a.k, a.v, &ad);
     float *dq = g.dq, *dk = g.dk;
     if (b->rope) { /* RoPE is a rotation: back-propagate through its transpose */
@@ -655,9 +790,9 @@ static void backward_acts(const sp_block *b, float *dinp, const float *dout, con
         dq = g.dq_pre;
         dk = g.dk_pre;
     }
-    sp_linear_backward(g.dln1, GRAD(wq), GRAD(bq), dq, a.ln1, b->wq, N, H, Q);
-    sp_linear_backward(g.dln1, GRAD(wk), GRAD(bk), dk, a.ln1, b->wk, N, H, KV);
-    sp_linear_backward(g.dln1, GRAD(wv), GRAD(bv), g.dv, a.ln1, b->wv, N, H, KV);
+    lin_bwd(&b->qm[M_Q], b->wq, g.dln1, GRAD(wq), GRAD(bq), dq, a.ln1, N, H, Q, b->pool);
+    lin_bwd(&b->qm[M_K], b->wk, g.dln1, GRAD(wk), GRAD(bk), dk, a.ln1, N, H, KV, b->pool);
+    lin_bwd(&b->qm[M_V], b->wv, g.dln1, GRAD(wv), GRAD(bv), g.dv, a.ln1, N, H, KV, b->pool);
     /* x feeds the residual (dh1), n1, and in a parallel block with two norms n2 */
     if (b->ln2_w && b->k.parallel)
         norm_backward(b, g.dh1, GRAD(ln2_w), GRAD(ln2_b), g.dln2, inp, b->ln2_w, a.mean2, a.rstd2, N);
@@ -673,6 +808,9 @@ sp_status sp_block_backward(const sp_block *b, float *dinp, const float *dout, c
     sp_status s = check_dims(b, B, T, pos0, NULL, err);
     if (s)
         return s;
+    if (gw && b->wtype != SP_W_F32)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "block: weight gradients need f32 weights, not %s",
+                       sp_wtype_name(b->wtype));
     sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
     grads g;
     size_t gsz = grads_layout(&g, b, B, T, &ad, NULL);
@@ -730,6 +868,9 @@ sp_status sp_block_backward_kept(const sp_block *b, float *dinp, const float *do
 {
     if (!k || !k->buf)
         return sp_errf(err, SP_ERR_STATE, "block: no kept activations");
+    if (gw && b->wtype != SP_W_F32)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "block: weight gradients need f32 weights, not %s",
+                       sp_wtype_name(b->wtype));
     sp_attn_dims ad = attn_dims(b, k->B, k->T, NULL, 1);
     acts a;
     if (acts_layout(&a, b, k->B, k->T, &ad, NULL) > k->cap)

@@ -17,6 +17,8 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "kern.h"
+#include "pool.h"
 #include "rope.h"
 #include "safetensors.h"
 #include "status.h"
@@ -51,11 +53,25 @@ typedef struct sp_block {
     float *w_up, *b_up;   /* SwiGLU [FF, H]; GELU: dense_h_to_4h [FF, H], [FF]; MoE [E, FF, H] (w3) */
     float *w_down, *b_down; /* [H, FF], [H]; MoE [E, H, FF] (w2) */
     float *router;        /* MoE [E, H] */
+    /* The projection matrices as sp_qmat (kern.h): views of the f32 tensors above, or, after sp_block_quantize,
+     * their only copy (the f32 pointers of those are then NULL). Order: q, k, v, o, then gate, up, down of each
+     * expert (one "expert" for a dense MLP; gate absent for GELU). Decode-sized products (<= 8 rows) run on the
+     * engine's kernels and thread pool, larger ones on sgemm. */
+    sp_wtype wtype;
+    sp_qmat *qm;
+    int nqm;
+    sp_pool *pool;        /* the engine's default pool unless set */
 } sp_block;
 
 /* Allocates zeroed weights shaped by cfg (zero also suits gradients). */
 sp_status sp_block_init(sp_block *b, const sp_config *cfg, const sp_rope *rope, sp_err *err);
 void sp_block_free(sp_block *b);
+/* Re-encodes the projection matrices (wq, wk, wv, wo and the MLP's; norms, biases and a router stay f32) in t
+ * and frees their f32 copies: the block then serves forward, inference and the backward to its input (through
+ * the decoded weights, as Petals does), not weight gradients. */
+sp_status sp_block_quantize(sp_block *b, sp_wtype t, sp_err *err);
+/* Bytes the block's weights take (what a server holds). */
+size_t sp_block_bytes(const sp_block *b);
 /* Reads block `layer`'s tensors from the checkpoint under the family's names (any float dtype, converted to
  * f32); a fused query_key_value is split into q, k, v. */
 sp_status sp_block_load(sp_block *b, sp_safetensors *st, int layer, sp_err *err);

@@ -24,6 +24,7 @@
 #include "announce.h"
 #include "blocksel.h"
 #include "config.h"
+#include "kern.h"
 #include "log.h"
 #include "memtune.h"
 #include "rng.h"
@@ -78,7 +79,10 @@ static void usage(FILE *f)
             "  --bandwidth MBIT        the network's rate, announced as tokens/s (default 100)\n"
             "\n"
             "work:\n"
-            "  --threads N             worker threads (default 1)\n"
+            "  --dtype T               hold the blocks as f32, bf16, int8 (blocks of 32, like Q8_0) or nf4 (as\n"
+            "                          bitsandbytes; blocks of 64), encoded at load (default f32)\n"
+            "  --threads N             compute threads (default: the CPUs this process may run on)\n"
+            "  --workers N             request worker threads (default 1)\n"
             "  --max-batch-tokens N    batch x positions per request (default 2048)\n"
             "  --cache-tokens N        KV-cache budget in positions over the span (default 8192)\n"
             "  --cache-bytes N         KV-cache budget in bytes instead: the positions it holds follow the\n"
@@ -143,6 +147,7 @@ static const opt_def opt_table[] = {
     {"--dht-port", OPT_INT, 0, 65535, offsetof(args, dht_port)},
     {"--num-blocks", OPT_INT, 1, 1 << 20, offsetof(args, num_blocks)},
     {"--threads", OPT_INT, 1, 256, SO(threads)},
+    {"--workers", OPT_INT, 1, 256, SO(workers)},
     {"--max-batch-tokens", OPT_INT, 1, 1 << 24, SO(max_batch_tokens)},
     {"--cache-tokens", OPT_LONG, 1, 1e12, SO(cache_tokens)},
     {"--cache-bytes", OPT_LONG, 1, 1e15, SO(cache_bytes)},
@@ -220,13 +225,23 @@ static int parse_args(int argc, char **argv, args *a)
         for (size_t k = 0; k < sizeof opt_table / sizeof *opt_table; k++)
             if (!strcmp(f, opt_table[k].name))
                 d = &opt_table[k];
-        if (!d && strcmp(f, "--blocks")) {
+        if (!d && strcmp(f, "--blocks") && strcmp(f, "--dtype")) {
             fprintf(stderr, "sepal-server: unknown option '%s' (--help lists the options)\n", f);
             return 2;
         }
         if (!v) {
             fprintf(stderr, "sepal-server: option '%s' needs a value\n", f);
             return 2;
+        }
+        if (!d && !strcmp(f, "--dtype")) {
+            sp_wtype t;
+            if (sp_wtype_parse(v, &t)) {
+                fprintf(stderr, "sepal-server: --dtype: '%s' is not one of f32, bf16, int8, nf4\n", v);
+                return 2;
+            }
+            a->so.dtype = (int)t;
+            i++;
+            continue;
         }
         if (d ? set_option(d, v, a) : parse_blocks(v, a))
             return 2;
@@ -355,8 +370,10 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
     char dht[96] = "";
     if (p->ann)
         snprintf(dht, sizeof dht, ", DHT %s:%d", o.host, sp_announce_dht_port(p->ann));
-    printf("sepal-server: serving blocks %d:%d of %s at ws://%s:%d (bulk port %d%s), %.1f steps/s, %.0f tokens/s\n",
-           start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd);
+    printf("sepal-server: serving blocks %d:%d of %s at ws://%s:%d (bulk port %d%s), %.1f steps/s, %.0f tokens/s; "
+           "%s weights, %.1f MB\n",
+           start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd,
+           sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6);
     fflush(stdout);
     return SP_OK;
 }
@@ -419,8 +436,9 @@ static sp_status join_swarm(app *p, sp_err *err)
     snprintf(b->name, sizeof b->name, "%s", p->a.so.public_name ? p->a.so.public_name : "");
     snprintf(b->host, sizeof b->host, "%s", p->a.so.host);
     snprintf(b->model, sizeof b->model, "%s", prefix);
-    snprintf(b->dtype, sizeof b->dtype, "f32");
-    snprintf(b->quant, sizeof b->quant, "none");
+    snprintf(b->dtype, sizeof b->dtype, "%s", sp_wtype_name((sp_wtype)p->a.so.dtype));
+    snprintf(b->quant, sizeof b->quant, "%s",
+             p->a.so.dtype == SP_W_Q8 || p->a.so.dtype == SP_W_NF4 ? sp_wtype_name((sp_wtype)p->a.so.dtype) : "none");
     snprintf(b->version, sizeof b->version, "%s", SEPAL_VERSION);
     b->config_hash = p->cfg.hash;
     b->num_blocks = p->cfg.n_layers;

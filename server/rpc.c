@@ -591,9 +591,9 @@ static void rpc_hello(req *r)
     char meta[1024];
     snprintf(meta, sizeof meta,
              "{\"version\":\"%d.%d\",\"server\":\"sepal-server " SEPAL_VERSION "\",\"model\":\"%s\","
-             "\"config\":\"%016llx\",\"dtype\":\"f32\",\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
+             "\"config\":\"%016llx\",\"dtype\":\"%s\",\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
              SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, (unsigned long long)r->s->m->cfg.hash,
-             r->s->m->cfg.n_layers, r->s->m->first, r->s->m->last, r->s->o.id ? r->s->o.id : "",
+             sp_server_dtype(r->s), r->s->m->cfg.n_layers, r->s->m->first, r->s->m->last, r->s->o.id ? r->s->o.id : "",
              sp_ws_server_bulk_port(r->s->ws), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));
     reply(r, meta, NULL, 0);
 }
@@ -606,7 +606,8 @@ static void rpc_info(req *r)
     cJSON_AddStringToObject(o, "architecture", s->m->cfg.architecture);
     cJSON_AddNumberToObject(o, "start", s->m->first);
     cJSON_AddNumberToObject(o, "end", s->m->last);
-    cJSON_AddStringToObject(o, "dtype", "f32");
+    cJSON_AddStringToObject(o, "dtype", sp_server_dtype(r->s));
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)sp_server_weight_bytes(r->s));
     cJSON_AddStringToObject(o, "protocol", "1.0");
     cJSON_AddNumberToObject(o, "hidden_size", s->m->cfg.hidden);
     cJSON_AddStringToObject(o, "family", sp_arch_name(s->m->cfg.arch));

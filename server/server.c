@@ -18,7 +18,9 @@ void sp_server_opts_default(sp_server_opts *o)
     memset(o, 0, sizeof *o);
     o->end = -1;
     o->host = "127.0.0.1";
-    o->threads = 1;
+    o->threads = 0;
+    o->workers = 1;
+    o->dtype = SP_W_F32;
     o->max_batch_tokens = 2048;
     o->cache_tokens = 8192;
     o->step_timeout_s = 300;
@@ -176,6 +178,11 @@ static sp_status load(sp_server *s, sp_err *err)
     sp_status st = sp_model_load(&s->m, o->model_dir, SP_LOAD_BLOCKS, o->start, o->end, err);
     if (st)
         return st;
+    if ((unsigned)o->dtype >= SP_W__COUNT)
+        return sp_errf(err, SP_ERR_ARG, "server: unknown weight encoding %d", o->dtype);
+    for (int i = 0; i < s->m->last - s->m->first; i++) /* encoded at load, from the checkpoint's weights */
+        if ((st = sp_block_quantize(&s->m->blocks[i], (sp_wtype)o->dtype, err)))
+            return sp_err_prefix(err, "block %d to %s: ", s->m->first + i, sp_wtype_name((sp_wtype)o->dtype));
     if (s->o.max_length <= 0 || s->o.max_length > s->m->cfg.max_pos)
         s->o.max_length = s->m->cfg.max_pos;
     return SP_OK;
@@ -197,7 +204,7 @@ static sp_status cache_budget(sp_server *s, sp_err *err)
 
 static sp_status start_threads(sp_server *s, sp_err *err)
 {
-    s->nworkers = s->o.threads > 0 ? s->o.threads : 1;
+    s->nworkers = s->o.workers > 0 ? s->o.workers : 1;
     s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
     if (!s->workers)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
@@ -230,7 +237,10 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->inline_lock, NULL);
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
-    s->blas_threads = openblas_get_num_threads();
+    if (o->threads > 0) /* the engine's pool (decode kernels), created by the first block that loads */
+        sp_pool_default_threads(o->threads);
+    s->blas_threads = o->threads > 0 ? o->threads : sp_cpu_count(); /* OpenBLAS: large products only */
+    openblas_set_num_threads(s->blas_threads);
     sp_status st = load(s, err);
     if (!st)
         st = cache_budget(s, err);
@@ -269,6 +279,16 @@ void sp_server_span(const sp_server *s, int *start, int *end)
 }
 
 long sp_server_cache_left(sp_server *s) { return sessions_tokens_available(s); }
+
+const char *sp_server_dtype(const sp_server *s) { return sp_wtype_name((sp_wtype)s->o.dtype); }
+
+size_t sp_server_weight_bytes(const sp_server *s)
+{
+    size_t n = 0;
+    for (int i = 0; s->m && i < s->m->last - s->m->first; i++)
+        n += sp_block_bytes(&s->m->blocks[i]);
+    return n;
+}
 
 void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps)
 {

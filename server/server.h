@@ -16,7 +16,10 @@ typedef struct sp_server_opts {
     const char *host;          /* bind address, default 127.0.0.1 */
     int port;                  /* ws port, 0 = ephemeral */
     int bulk_port;             /* bulk TCP port, 0 = ephemeral, -1 = none */
-    int threads;               /* worker threads (default 1; OpenBLAS threads come on top) */
+    int threads;               /* compute threads (the engine's pool, and OpenBLAS for large products); 0: the CPUs
+                                  this process may run on */
+    int workers;               /* request worker threads (default 1) */
+    int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
     long cache_bytes;          /* KV budget in bytes instead (0: cache_tokens decides). One position of one block
@@ -45,6 +48,9 @@ void sp_server_span(const sp_server *s, int *start, int *end);
 /* Positions a new session over the whole span can still get from the KV budget. */
 long sp_server_cache_left(sp_server *s);
 int sp_server_bulk_port(const sp_server *s);
+/* The encoding the blocks are held in ("f32", "bf16", "int8", "nf4"), and their bytes. */
+const char *sp_server_dtype(const sp_server *s);
+size_t sp_server_weight_bytes(const sp_server *s);
 /* Measured (or cached) throughput: single-token inference steps/s over the span, 1024-token forward tok/s. */
 void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps);
 /* Sessions open now, and requests served so far. */

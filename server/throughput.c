@@ -31,8 +31,8 @@ static void cache_key(const sp_server *s, char *buf, size_t cap)
     char host[128] = "localhost";
     gethostname(host, sizeof host - 1);
     char *real = realpath(s->model_dir, NULL);
-    snprintf(buf, cap, "%s|%d:%d|f32|%s|threads=%d", real ? real : s->model_dir, s->m->first, s->m->last, host,
-             s->o.threads);
+    snprintf(buf, cap, "%s|%d:%d|%s|%s|threads=%d", real ? real : s->model_dir, s->m->first, s->m->last,
+             sp_wtype_name((sp_wtype)s->o.dtype), host, s->blas_threads);
     free(real);
 }
 

@@ -374,6 +374,81 @@ START_TEST(t_unsupported_architecture)
 }
 END_TEST
 
+/* Blocks re-encoded (bf16, int8, nf4): forward and the backward to the input equal an f32 block holding the
+ * decoded weights (the encoding is the only difference); decoding with a KV cache equals the full forward
+ * (int8 decode quantises its input, as llama.cpp's Q8_0 does: a looser bound); weight gradients are refused;
+ * the bytes shrink. */
+static void encoded_case(const char *model)
+{
+    sp_err err = {0};
+    for (int t = SP_W_BF16; t < SP_W__COUNT; t++) {
+        sp_model *q = load(model, SP_LOAD_BLOCKS, 0, -1), *ref = load(model, SP_LOAD_BLOCKS, 0, -1);
+        for (int i = 0; i < q->cfg.n_layers; i++) {
+            sp_block *bq = &q->blocks[i], *br = &ref->blocks[i];
+            size_t before = sp_block_bytes(bq);
+            ck_assert_int_eq(sp_block_quantize(bq, (sp_wtype)t, &err), SP_OK);
+            ck_assert_int_eq(bq->wtype, t);
+            ck_assert_msg(sp_block_bytes(bq) < before, "%s %s: %zu bytes, f32 %zu", model, sp_wtype_name((sp_wtype)t),
+                          sp_block_bytes(bq), before);
+            ck_assert_int_eq(bq->nqm, br->nqm);
+            for (int k = 0; k < bq->nqm; k++) /* the reference holds the decoded weights */
+                for (int r = 0; bq->qm[k].q && r < bq->qm[k].rows; r++)
+                    sp_qmat_row(&bq->qm[k], r, (float *)br->qm[k].q + (size_t)r * br->qm[k].cols);
+            char name[64];
+            size_t n;
+            snprintf(name, sizeof name, "block.%d.in", i);
+            float *in = golden(model, name, &n);
+            snprintf(name, sizeof name, "block.%d.grad_out", i);
+            float *gout = golden(model, name, &n);
+            float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+            int H = q->cfg.hidden, T = 12, B = (int)(n / (size_t)T / (size_t)H);
+            ck_assert_int_eq(sp_block_forward(bq, a, in, B, T, 0, NULL, &q->ws, &err), SP_OK);
+            ck_assert_int_eq(sp_block_forward(br, b, in, B, T, 0, NULL, &ref->ws, &err), SP_OK);
+            /* int8 products of up to 8 rows (a decode step; a MoE expert's few tokens) quantise their input */
+            double big = 0;
+            for (size_t k = 0; k < n; k++)
+                big = fmax(big, fabs((double)b[k]));
+            double otol = t == SP_W_Q8 && (strstr(model, "mixtral") || B * T <= 8) ? 2e-2 * big : 1e-4;
+            ck_assert_msg(sp_max_abs_diff(a, b, n) <= otol, "%s %s block %d out: %g", model,
+                          sp_wtype_name((sp_wtype)t), i, sp_max_abs_diff(a, b, n));
+            ck_assert_int_eq(sp_block_backward(bq, a, gout, in, B, T, 0, NULL, &q->ws, &err), SP_OK);
+            ck_assert_int_eq(sp_block_backward(br, b, gout, in, B, T, 0, NULL, &ref->ws, &err), SP_OK);
+            big = 0;
+            for (size_t k = 0; k < n; k++)
+                big = fmax(big, fabs((double)b[k]));
+            ck_assert_msg(sp_max_abs_diff(a, b, n) <= (otol > 1e-4 ? 5e-2 * big : 1e-3), "%s %s block %d grad_in: %g",
+                          model, sp_wtype_name((sp_wtype)t), i, sp_max_abs_diff(a, b, n));
+            /* decode one position at a time through a cache, row 0 of the batch */
+            sp_kv_cache kv;
+            ck_assert_int_eq(sp_kv_init(&kv, 1, T, q->cfg.n_kv_heads, q->cfg.head_dim, &err), SP_OK);
+            ck_assert_int_eq(sp_block_forward(br, b, in, 1, T, 0, NULL, &ref->ws, &err), SP_OK);
+            double worst = 0, scale = 0;
+            for (int p = 0; p < T; p++) {
+                float *x = a + (size_t)p * H;
+                ck_assert_int_eq(sp_block_forward(bq, x, in + (size_t)p * H, 1, 1, p, &kv, &q->ws, &err), SP_OK);
+                for (int c = 0; c < H; c++) {
+                    worst = fmax(worst, fabs((double)x[c] - b[(size_t)p * H + c]));
+                    scale = fmax(scale, fabs((double)b[(size_t)p * H + c]));
+                }
+            }
+            double tol = t == SP_W_Q8 ? 2e-2 * scale : 1e-4;
+            ck_assert_msg(worst <= tol, "%s %s block %d decode vs full: %g (scale %g)", model,
+                          sp_wtype_name((sp_wtype)t), i, worst, scale);
+            sp_kv_free(&kv);
+            sp_block grads;
+            ck_assert_int_eq(sp_block_init(&grads, &q->cfg, &q->rope, &err), SP_OK);
+            ck_assert_int_eq(sp_block_backward(bq, a, gout, in, B, T, 0, &grads, &q->ws, &err), SP_ERR_UNSUPPORTED);
+            sp_block_free(&grads);
+            free(in), free(gout), free(a), free(b);
+        }
+        sp_model_free(q);
+        sp_model_free(ref);
+    }
+}
+
+START_TEST(t_encoded_blocks) { encoded_case(families[_i]); }
+END_TEST
+
 static Suite *block_suite(void)
 {
     Suite *s = suite_create("block");
@@ -384,6 +459,7 @@ static Suite *block_suite(void)
     tcase_add_loop_test(tc, t_kv_cache_matches_full, 0, NFAM);
     tcase_add_loop_test(tc, t_weight_grads_fd, 0, NFAM);
     tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
+    tcase_add_loop_test(tc, t_encoded_blocks, 0, NFAM);
     tcase_add_test(tc, t_partial_load_reads_only_its_part);
     tcase_add_test(tc, t_bloom_unprefixed_names);
     tcase_add_test(tc, t_unsupported_architecture);

@@ -157,6 +157,8 @@ static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_e
     sp_meta_int(&rep.msg, "bulk_port", &bulk);
     snprintf(r->info.model, sizeof r->info.model, "%s", model ? model : "");
     snprintf(r->info.version, sizeof r->info.version, "%s", ver ? ver : "");
+    const char *dt = sp_meta_str(&rep.msg, "dtype");
+    snprintf(r->info.dtype, sizeof r->info.dtype, "%s", dt ? dt : "");
     const char *sv = sp_meta_str(&rep.msg, "server"), *sp = sv ? strrchr(sv, ' ') : NULL;
     snprintf(r->info.server_version, sizeof r->info.server_version, "%s", sp ? sp + 1 : "");
     snprintf(r->info.id, sizeof r->info.id, "%s", id ? id : "");

@@ -19,6 +19,7 @@ typedef struct sp_remote_info {
     int start, end;
     char version[16];     /* the protocol's */
     char server_version[16]; /* the server program's ("0.1.0"; "" if not said) */
+    char dtype[16];       /* how it holds its blocks ("f32", "int8", ...; "" if not said) */
     char id[24];          /* the server's id in the swarm ("" if it has none) */
 } sp_remote_info;
 

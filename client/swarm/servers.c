@@ -283,8 +283,9 @@ static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *
     snprintf(rec.host, sizeof rec.host, "%s", host);
     snprintf(rec.model, sizeof rec.model, "%.*s", (int)sizeof rec.model - 1, h->model);
     snprintf(rec.version, sizeof rec.version, "%s", h->server_version[0] ? h->server_version : h->version);
-    snprintf(rec.dtype, sizeof rec.dtype, "f32");
-    snprintf(rec.quant, sizeof rec.quant, "none");
+    snprintf(rec.dtype, sizeof rec.dtype, "%s", h->dtype[0] ? h->dtype : "f32");
+    snprintf(rec.quant, sizeof rec.quant, "%s",
+             !strcmp(rec.dtype, "int8") || !strcmp(rec.dtype, "nf4") ? rec.dtype : "none");
     sp_conn *c = calloc(1, sizeof *c);
     pthread_mutex_lock(&rt->lock);
     int i = c ? sp_rt_server_put(rt, &rec, 0) : -1;
