@@ -22,6 +22,25 @@ static sp_status read_tensor(sp_model *m, sp_safetensors *st, const char *name, 
     return s;
 }
 
+/* A [rows, cols] tensor in place when the checkpoint holds it as f32 (aligned): *dst points into the mapping,
+ * which the model then keeps open; else a converted copy. */
+static sp_status map_tensor(sp_model *m, sp_safetensors *st, const char *name, float **dst, int64_t rows,
+                            int64_t cols, int *mapped, sp_err *err)
+{
+    *mapped = 0;
+    const sp_st_tensor *t = sp_st_get(st, name, err);
+    if (!t)
+        return err && err->code ? err->code : SP_ERR_NOTFOUND;
+    if (t->dtype == SP_F32 && t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols &&
+        ((uintptr_t)t->data & 3) == 0) {
+        *dst = (float *)t->data;
+        *mapped = 1;
+        m->bytes_loaded += (uint64_t)rows * (uint64_t)cols * sizeof(float);
+        return SP_OK;
+    }
+    return read_tensor(m, st, name, dst, rows, cols, err);
+}
+
 /* The local parts' tensor names: Llama/Mixtral "model.*"; Falcon "transformer.*"; BLOOM "transformer.*" or, in
  * its own checkpoints (saved from BloomModel), without the prefix. */
 typedef struct local_names {
@@ -64,7 +83,7 @@ static sp_status load_local_parts(sp_model *m, sp_safetensors *st, unsigned part
     sp_status s = SP_OK;
     int need_embed = (parts & SP_LOAD_EMBED) || ((parts & SP_LOAD_HEAD) && c->tie_embeddings);
     if (need_embed)
-        s = read_tensor(m, st, n.embed, &m->embed, c->vocab, c->hidden, err);
+        s = map_tensor(m, st, n.embed, &m->embed, c->vocab, c->hidden, &m->embed_mapped, err);
     if (!s && (parts & SP_LOAD_EMBED) && c->embed_norm)
         s = read_norm(m, st, n.embed_norm, &m->embed_norm_w, &m->embed_norm_b, err);
     if (!s && (parts & SP_LOAD_HEAD)) {
@@ -72,8 +91,9 @@ static sp_status load_local_parts(sp_model *m, sp_safetensors *st, unsigned part
         if (!s && c->tie_embeddings) {
             m->lm_head = m->embed;
             m->head_is_embed = 1;
+            m->head_mapped = m->embed_mapped;
         } else if (!s) {
-            s = read_tensor(m, st, "lm_head.weight", &m->lm_head, c->vocab, c->hidden, err);
+            s = map_tensor(m, st, "lm_head.weight", &m->lm_head, c->vocab, c->hidden, &m->head_mapped, err);
         }
     }
     return s;
@@ -124,7 +144,10 @@ sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int fir
         s = load_blocks(m, st, err);
     if (st)
         m->files_mapped = sp_st_files_mapped(st);
-    sp_st_close(st);
+    if (m->embed_mapped || m->head_mapped)
+        m->st = st; /* the tensors in place live as long as the model */
+    else
+        sp_st_close(st);
     if (s) {
         sp_model_free(m);
         return s;
@@ -140,9 +163,11 @@ void sp_model_free(sp_model *m)
     for (int i = 0; m->blocks && i < m->last - m->first; i++)
         sp_block_free(&m->blocks[i]);
     free(m->blocks);
-    if (!m->head_is_embed)
+    if (!m->head_is_embed && !m->head_mapped)
         free(m->lm_head);
-    free(m->embed);
+    if (!m->embed_mapped)
+        free(m->embed);
+    sp_st_close(m->st);
     free(m->embed_norm_w);
     free(m->embed_norm_b);
     free(m->norm);
@@ -242,13 +267,18 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     if (!m->norm || !m->lm_head)
         return sp_errf(err, SP_ERR_STATE, "model: final norm / LM head not loaded");
     int H = m->cfg.hidden;
-    float *tmp = malloc((size_t)n * H * sizeof(float));
+    float small[8 * 1024], *tmp = n <= 8 && H <= 1024 ? small : malloc((size_t)n * H * sizeof(float));
     if (!tmp)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status s = sp_model_final_norm(m, tmp, hidden, n, err);
-    if (!s)
+    if (!s && n <= 8) { /* a decode step: the engine's kernels over the pool */
+        sp_qmat W = sp_qmat_f32(m->lm_head, m->cfg.vocab, H);
+        sp_qmat_mul(&W, tmp, logits, n, sp_pool_default());
+    } else if (!s) {
         sp_linear_forward(logits, tmp, m->lm_head, NULL, n, H, m->cfg.vocab);
-    free(tmp);
+    }
+    if (tmp != small)
+        free(tmp);
     return s;
 }
 

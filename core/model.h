@@ -30,6 +30,10 @@ typedef struct sp_model {
     sp_block *blocks;       /* last - first of them */
     sp_ws ws;               /* scratch for the runner's own calls */
     uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
+    /* f32 embeddings and head are not copied: they point into the checkpoint's mapping, kept open in st (read
+     * only, and resident only once used); a tensor in another dtype is converted into memory of its own */
+    sp_safetensors *st;
+    int embed_mapped, head_mapped;
     int files_mapped;       /* checkpoint files opened (a sharded checkpoint maps only the shards it needs) */
 } sp_model;
 
