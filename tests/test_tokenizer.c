@@ -354,6 +354,38 @@ START_TEST(test_synthetic_merges)
 }
 END_TEST
 
+/* The vocab and the merges are read in place by the tokenizer's own small JSON reader (not cJSON): its string
+ * escapes must decode as JSON says: \uXXXX (with surrogate pairs), \" \\ \/ \n \t; a merge may hold them too. */
+START_TEST(test_json_escapes)
+{
+    const char *dir = write_dir("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\u0041\":0,\"b\":1,\"Ab\":2,"
+                                "\"q\\\"\\\\\\/\":3,\"\\ud83d\\ude00\":4,\"\\u00e9\\n\\t\":5,\"x\":6},"
+                                "\"merges\":[\"\\u0041 b\"]},\"added_tokens\":[]}",
+                                NULL);
+    sp_tokenizer *t = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_tokenizer_load(&t, dir, &err) == SP_OK, "%s", err.msg);
+    ck_assert_str_eq(sp_tokenizer_piece(t, 0), "A");
+    ck_assert_str_eq(sp_tokenizer_piece(t, 2), "Ab");
+    ck_assert_str_eq(sp_tokenizer_piece(t, 3), "q\"\\/");
+    ck_assert_str_eq(sp_tokenizer_piece(t, 4), "\xF0\x9F\x98\x80");
+    ck_assert_str_eq(sp_tokenizer_piece(t, 5), "\xC3\xA9\n\t");
+    int *ids, n;
+    ck_assert(sp_tokenizer_encode(t, "Ab", 0, &ids, &n, &err) == SP_OK);
+    int want[] = {2}; /* the escaped merge "A b" applies */
+    assert_ids(ids, n, want, 1, "Ab");
+    free(ids);
+    sp_tokenizer_free(t);
+    /* malformed strings in the vocab: each is an error naming the file */
+    expect_load_error(write_dir("{\"model\":{\"vocab\":{\"\\x41\":0}}}", NULL), "tokenizer.json");
+    expect_load_error(write_dir("{\"model\":{\"vocab\":{\"\\udc00\":0}}}", NULL), "tokenizer.json");
+    expect_load_error(write_dir("{\"model\":{\"vocab\":{\"\\ud83d\":0}}}", NULL), "tokenizer.json");
+    expect_load_error(write_dir("{\"model\":{\"vocab\":{\"a\":0,\"b}}}", NULL), "tokenizer.json");
+    expect_load_error(write_dir("{\"model\":{\"vocab\":{\"a\" 0}}}", NULL), "tokenizer.json");
+    expect_load_error(write_dir("{\"model\":{\"vocab\":{\"a\":0},\"merges\":[\"a a\",]}}", NULL), "tokenizer.json");
+}
+END_TEST
+
 START_TEST(test_bad_input)
 {
     expect_load_error(write_dir(NULL, NULL), "tokenizer.json");
@@ -389,6 +421,7 @@ static Suite *tokenizer_suite(void)
     suite_add_tcase(s, tc);
     TCase *syn = tcase_create("synthetic");
     tcase_add_test(syn, test_synthetic_merges);
+    tcase_add_test(syn, test_json_escapes);
     tcase_add_test(syn, test_bad_input);
     suite_add_tcase(s, syn);
     return s;

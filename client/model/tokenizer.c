@@ -377,7 +377,10 @@ static long jstr(const char **pp, const char *end, char *out, size_t cap)
                 k = put_utf8(tmp, cp);
                 break;
             }
-            default: tmp[0] = *p; /* \" \\ \/ */
+            case '"':
+            case '\\':
+            case '/': tmp[0] = *p; break;
+            default: return -1; /* no other escape is JSON */
             }
         } else {
             tmp[0] = *p;
