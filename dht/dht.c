@@ -496,7 +496,7 @@ void sp_dht_stop(sp_dht *d)
     if (d->fd >= 0)
         shutdown(d->fd, SHUT_WR);
     pthread_cond_broadcast(&d->cond);
-    double end = sp_now_s() + 2;
+    double end = sp_now_s() + 0.1; /* a node that does not quit at once is killed: its values expire anyway */
     while (d->thread_started && !d->exited && d->pid > 0 && sp_now_s() < end)
         wait_locked(d, 0.05);
     if (!d->exited && d->pid > 0)

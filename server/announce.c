@@ -364,7 +364,7 @@ void sp_announce_stop(sp_announce *a)
         pthread_mutex_unlock(&a->lock);
         publish_now(a);
         sp_err err = {0};
-        if (sp_dht_flush(a->dht, 1000, &err))
+        if (sp_dht_flush(a->dht, 100, &err)) /* best effort: a server exits within 200 ms of SIGTERM */
             sp_log(SP_LOG_WARN, "announcing OFFLINE: %s", err.msg);
     }
     pthread_mutex_lock(&a->view_lock); /* no callback uses the view after this */

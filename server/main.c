@@ -522,7 +522,8 @@ int main(int argc, char **argv)
     if (p.srv)
         fprintf(stderr, "sepal-server: shutting down (%llu requests served)\n",
                 (unsigned long long)sp_server_requests(p.srv));
-    sp_announce_stop(p.ann); /* OFFLINE first: clients stop choosing it before its connections close */
+    sp_server_goodbye(p.srv); /* clients in a session hear why, and route around it at once */
+    sp_announce_stop(p.ann);   /* OFFLINE: clients stop choosing it before its connections close */
     sp_server_stop(p.srv);
     return rc;
 }

@@ -320,10 +320,32 @@ uint64_t sp_server_requests(sp_server *s)
     return n;
 }
 
+/* Every connection with an open session hears why it is about to close: an ERROR "shutdown" (request id 0,
+ * which a waiting client takes as its answer), so a client prints that reason rather than "connection closed". */
+void sp_server_goodbye(sp_server *s)
+{
+    if (!s || !s->ws || !s->m)
+        return;
+    uint64_t conns[256];
+    int n = 0;
+    pthread_mutex_lock(&s->st.lock);
+    for (session *x = s->st.head; x && n < 256; x = x->next) {
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++)
+            seen = conns[i] == x->conn;
+        if (!seen && !x->closed)
+            conns[n++] = x->conn;
+    }
+    pthread_mutex_unlock(&s->st.lock);
+    for (int i = 0; i < n; i++)
+        sp_rpc_error(s, conns[i], 0, "shutdown", "the server is shutting down");
+}
+
 void sp_server_stop(sp_server *s)
 {
     if (!s)
         return;
+    sp_server_goodbye(s); /* (again: a session opened since is told too) */
     /* workers finish the task in hand (their replies still go out), then the transport closes every
      * connection, which frees the sessions */
     pthread_mutex_lock(&s->q.lock);

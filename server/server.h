@@ -58,6 +58,9 @@ int sp_server_sessions(sp_server *s);
 uint64_t sp_server_requests(sp_server *s);
 /* Bytes of activations kept now for BACKWARDs to come (FORWARD with meta "keep"). */
 size_t sp_server_kept_bytes(sp_server *s);
+/* Tells every connection with an open session that the server is shutting down (an ERROR "shutdown" its
+ * client takes as the answer to what it waits for), before the connections close. */
+void sp_server_goodbye(sp_server *s);
 void sp_server_stop(sp_server *s);
 
 #endif

@@ -97,10 +97,33 @@ static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeou
     }
 }
 
+/* The connection is closed: if the server said why before it closed (an ERROR addressed to no request, e.g.
+ * "shutdown"), that is the answer. */
+static sp_status why_closed(sp_remote *r, sp_reply *rep, sp_status st, sp_err *err)
+{
+    sp_buf b = {0};
+    sp_err e2 = {0};
+    while (sp_ws_client_recv(r->c, &b, 0, &e2) == SP_OK) {
+        sp_msg m;
+        if (sp_msg_decode(&m, b.data, b.len, &r->limits, &e2) == SP_OK) {
+            if (m.type == SP_MSG_ERROR && m.request_id == 0) {
+                rep->buf = b;
+                rep->msg = m;
+                return error_status(rep, err);
+            }
+            sp_msg_clear(&m);
+        }
+        sp_buf_free(&b);
+    }
+    return st;
+}
+
 static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
 {
     memset(rep, 0, sizeof *rep);
     sp_status st = sp_ws_client_send(r->c, b, err);
+    if (st == SP_ERR_CLOSED)
+        return why_closed(r, rep, st, err);
     return st ? st : wait_reply(r, id, rep, timeout_ms, err);
 }
 
