@@ -124,9 +124,9 @@ int tui_utf8_decode(const char *str, size_t n, uint32_t *cp)
     }
     uint32_t v = c & (0x7F >> len);
     for (int i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
+        if ((s[i] & 0xC0) != 0x80) { /* a truncated sequence: one U+FFFD for what there is of it */
             *cp = 0xFFFD;
-            return 1;
+            return i;
         }
         v = v << 6 | (s[i] & 0x3F);
     }

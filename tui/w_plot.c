@@ -12,7 +12,17 @@ void tui_tick_label(double v, char *buf, size_t cap)
     if (fabs(v) < 1e-12)
         v = 0;
     char t[32];
-    snprintf(t, sizeof t, "%.3g", v);
+    if (v != 0 && (fabs(v) < 1e-3 || fabs(v) >= 1e5)) { /* 1e-4, 2.5e6: a mantissa without trailing zeros */
+        snprintf(t, sizeof t, "%.2e", v);
+        char *e = strchr(t, 'e'), *z = e;
+        while (z > t && z[-1] == '0')
+            z--;
+        if (z > t && z[-1] == '.')
+            z--;
+        memmove(z, e, strlen(e) + 1);
+    } else {
+        snprintf(t, sizeof t, "%.3g", v);
+    }
     char *e = strchr(t, 'e');
     if (e) { /* 1e-04 -> 1e-4, 2.5e+03 -> 2.5e3 */
         char *d = e + 1, *s = d;
@@ -276,7 +286,7 @@ void tui_plot(tui_cb *cb, int y, int x, int h, int w, const double *xs, const do
     double lo, hi;
     y_range(ys, n, o, scale, &lo, &hi);
     tui_axis ax;
-    int max_ticks = ph / 2 + 1 > 5 ? 5 : ph / 2 + 1;
+    int max_ticks = ph / 2 + 2 > 5 ? 5 : ph / 2 + 2; /* a label every other row at most */
     if (o->logy)
         tui_log_ticks(lo, hi, max_ticks, &ax);
     else
