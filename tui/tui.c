@@ -35,7 +35,8 @@
 enum { M_NORMAL, M_CMD, M_HELP, M_CONFIRM };
 
 typedef struct job {
-    int kind; /* 0 a line, 1 a script file, 2 the end of the start-up scripts */
+    int kind;    /* 0 a line, 1 a script file, 2 the end of the start-up scripts */
+    int startup; /* a -c / -f of the command line: a failure skips the others (as without the TUI) */
     char *arg;
     struct job *next;
 } job;
@@ -359,13 +360,14 @@ static int run_script(tui *t, const char *path)
     return rc;
 }
 
-static void drop_jobs_locked(tui *t, int kind)
+/* Drops the start-up scripts still queued (not the end marker). */
+static void drop_startup_locked(tui *t)
 {
     job **pp = &t->jobs;
     t->jtail = NULL;
     while (*pp) {
         job *j = *pp;
-        if (j->kind == kind) {
+        if (j->startup && j->kind != 2) {
             *pp = j->next;
             free(j->arg);
             free(j);
@@ -419,9 +421,9 @@ static void *worker_main(void *arg)
             kick_feeder(t);
             if (t->app->quit)
                 post(t, tui_ev_new(TE_QUIT));
-            if (rc && j->kind == 1) { /* a failed start-up script: the others do not run */
+            if (rc && j->startup && (!t->app->keep_going || cancelled)) { /* the others do not run */
                 pthread_mutex_lock(&t->jlock);
-                drop_jobs_locked(t, 1);
+                drop_startup_locked(t);
                 pthread_mutex_unlock(&t->jlock);
             }
         }
@@ -433,7 +435,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static void submit(tui *t, int kind, const char *arg)
+static void submit(tui *t, int kind, int startup, const char *arg)
 {
     job *j = calloc(1, sizeof *j);
     if (!j || !(j->arg = strdup(arg ? arg : ""))) {
@@ -441,6 +443,7 @@ static void submit(tui *t, int kind, const char *arg)
         return;
     }
     j->kind = kind;
+    j->startup = startup;
     pthread_mutex_lock(&t->jlock);
     if (t->jtail)
         t->jtail->next = j;
@@ -622,12 +625,16 @@ static void *replay_main(void *arg)
             }
             continue;
         }
+        if (e->kind == TE_READY || e->kind == TE_QUIT) { /* what the user did then is not for now */
+            tui_ev_free(e);
+            continue;
+        }
         double at = base + (t->replay_speed > 0 ? e->t / t->replay_speed : 0);
         if (replay_wait(t, at)) {
             tui_ev_free(e);
             break;
         }
-        e->t = sp_now_s();
+        e->t += base; /* the recorded times: rates come out as they were, at any pace */
         post(t, e);
         n++;
     }
@@ -948,7 +955,7 @@ static void cmd_key(tui *t, int key, int is_char)
         const char *line = t->cl.buf;
         if (line[strspn(line, " \t")]) {
             int waits = t->busy || t->queued > 0;
-            submit(t, 0, line);
+            submit(t, 0, 0, line);
             if (waits)
                 say(t, "queued: it runs after the command running");
         }
@@ -1266,9 +1273,9 @@ static int start_threads(tui *t, const tui_opts *o)
     if (!t->worker_on || !t->feeder_on)
         return -1;
     for (int i = 0; i < o->nscripts; i++)
-        submit(t, o->scripts[i].file ? 1 : 0, o->scripts[i].arg);
+        submit(t, o->scripts[i].file ? 1 : 0, 1, o->scripts[i].arg);
     if (o->nscripts)
-        submit(t, 2, "");
+        submit(t, 2, 1, "");
     return 0;
 }
 
