@@ -775,7 +775,7 @@ static void help_opts(sp_app *app, const sp_cmd *c, int width)
                 sp_out(app, "%s\n", first);
             } else {
                 /* wrap the help text in the column after the option */
-                char pad[64];
+                char pad[160];
                 snprintf(pad, sizeof pad, "  %-*s  ", w, head);
                 char line[1024];
                 size_t len = (size_t)snprintf(line, sizeof line, "%s", pad);
