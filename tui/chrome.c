@@ -160,7 +160,7 @@ static const char *focus_name(const tui_view *v) { return PANEL_NAMES[v->zoom >=
 void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const tui_status_info *si)
 {
     tui_cb_fill(cb, 0, 0, 1, cb->w, ' ', R_STATUS, 0);
-    char t[300], right[96];
+    char t[300], right[96] = "";
     int x = 0;
     snprintf(t, sizeof t, " %s ", si->mode ? si->mode : "NORMAL");
     x += tui_cb_text(cb, 0, x, cb->w, t, R_STATUS, TUI_REV | TUI_BOLD);
@@ -175,7 +175,7 @@ void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const t
     int rx = tui_strwidth(right) + 1 < cb->w - x ? cb->w - tui_strwidth(right) - 1 : cb->w;
     if (rx < cb->w)
         tui_cb_text(cb, 0, rx, cb->w - rx, right, R_DIM, 0);
-    int room = rx - x - 1;
+    int room = rx - x - 2; /* a blank each side */
     x++;
     if (room <= 0)
         return;
@@ -202,12 +202,14 @@ void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const t
 
 void tui_draw_too_small(tui_cb *cb, int rows, int cols)
 {
-    char t[96];
-    snprintf(t, sizeof t, "terminal too small (%dx%d, %dx%d needed)", cols, rows, TUI_MIN_COLS, TUI_MIN_ROWS);
-    int w = tui_strwidth(t), y = cb->h / 2, x = w < cb->w ? (cb->w - w) / 2 : 0;
-    tui_cb_text(cb, y, x, cb->w - x, t, R_WARN, TUI_BOLD);
-    if (y + 1 < cb->h)
-        tui_cb_text(cb, y + 1, 0, cb->w, "q quits, : runs a command", R_DIM, 0);
+    char size[64];
+    snprintf(size, sizeof size, "%dx%d, needs %dx%d", cols, rows, TUI_MIN_COLS, TUI_MIN_ROWS);
+    const char *lines[3] = {"terminal too small", size, "q quits, : runs a command"};
+    int y = (cb->h - 3) / 2;
+    for (int i = 0; i < 3; i++) {
+        int w = tui_strwidth(lines[i]), x = w < cb->w ? (cb->w - w) / 2 : 0;
+        tui_cb_text(cb, y + i, x, cb->w - x, lines[i], i ? R_DIM : R_WARN, i ? 0 : TUI_BOLD);
+    }
 }
 
 tui_rect tui_draw_box(tui_cb *cb, const char *title, const char *const *lines, int n, int first, const char *footer)

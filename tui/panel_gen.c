@@ -101,15 +101,17 @@ void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
         return;
     int y = 1 + ph;
     tui_tick_label(st->lr, a, sizeof a);
-    int n = snprintf(t, sizeof t, "step %d/%d  loss %.4g  lr %s", st->step, st->total, st->loss, a);
+    int n = snprintf(t, sizeof t, "step %d/%d  loss %.3g", st->step, st->total, st->loss);
+    if (!isnan(st->val_last)) /* the validation metric early: narrow panels cut the end */
+        n += snprintf(t + n, sizeof t - (size_t)n, "  %s %.3g",
+                      !strcmp(st->val_name, "accuracy") ? "acc" : st->val_name, st->val_last);
+    n += snprintf(t + n, sizeof t - (size_t)n, "  lr %s", a);
     if (st->step_rate > 0)
-        n += snprintf(t + n, sizeof t - (size_t)n, "  %.2f st/s", st->step_rate);
+        n += snprintf(t + n, sizeof t - (size_t)n, "  %.3g st/s", st->step_rate);
     if (st->tokens_s > 0) {
         tui_fmt_count(st->tokens_s, b, sizeof b);
-        n += snprintf(t + n, sizeof t - (size_t)n, "  %s tok/s", b);
+        snprintf(t + n, sizeof t - (size_t)n, "  %s tok/s", b);
     }
-    if (!isnan(st->val_last))
-        snprintf(t + n, sizeof t - (size_t)n, "  %s %.4g", st->val_name, st->val_last);
     tui_cb_text(cb, y, 0, cb->w, t, R_TEXT, 0);
     if (info_rows < 2)
         return;
