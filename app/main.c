@@ -169,8 +169,11 @@ static int run_front_ends(int argc, char **argv)
     }
     if (!fe.repl && !fe.dry && (fe.tui || fe.record || fe.replay || !scripts) && tui_terminal()) {
         int rc = run_tui(&app, argc, argv, &fe);
-        sp_app_free(&app); /* stops the servers of swarm up (each announces OFFLINE) */
-        return rc;
+        if (rc != -1) {
+            sp_app_free(&app); /* stops the servers of swarm up (each announces OFFLINE) */
+            return rc;
+        }
+        fe.repl = 1; /* curses cannot use this terminal: the line front end */
     }
     if (fe.tui)
         fe.repl = 1; /* no terminal: the line front end, as --repl */

@@ -121,6 +121,15 @@ void tui_crt_signals(int wake_fd, void (*on_int)(void))
     sigaction(SIGABRT, &sc, NULL);
 }
 
+void tui_crt_signals_off(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        signal(sigs[i], SIG_DFL);
+    g_wake_fd = -1;
+    g_on_int = NULL;
+}
+
 tui_signals tui_crt_take_signals(void)
 {
     tui_signals s = {.intr = g_int, .term = g_term, .hup = g_hup, .winch = g_winch};

@@ -21,6 +21,8 @@ typedef struct tui_crt {
 /* Before initscr: the handlers. wake_fd is written (8 bytes, an eventfd) on each signal; on_int (may be NULL) is
  * called from the SIGINT handler itself (it must be async-signal-safe: it cancels the command running). */
 void tui_crt_signals(int wake_fd, void (*on_int)(void));
+/* Puts every handler of tui_crt_signals back to the default (SIGPIPE stays ignored). */
+void tui_crt_signals_off(void);
 /* Signals seen since the last call (and clears them). */
 typedef struct tui_signals {
     int intr, term, hup, winch;

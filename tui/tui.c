@@ -1316,8 +1316,9 @@ int tui_run(sp_app *app, const tui_opts *o)
     g_tui = t;
     tui_crt_signals(t->q.efd, on_sigint); /* before curses: ncurses then installs none of its own */
     if (tui_crt_init(&t->crt, 0)) {
-        fprintf(stderr, "sepal: cannot start the TUI on this terminal (TERM=%s); try --repl\n",
+        fprintf(stderr, "sepal: no TUI on this terminal (TERM=%s): the line REPL instead\n",
                 getenv("TERM") ? getenv("TERM") : "");
+        rc = -1;
         goto out;
     }
     tui_cb *cbs[] = {&t->pcb[0], &t->pcb[1], &t->pcb[2], &t->pcb[3], &t->pcb[4], &t->hdr, &t->cmdrow, &t->status,
@@ -1346,8 +1347,7 @@ out:
     app->quiet = 1; /* the servers stopping after this say nothing; errors still show */
     tui_cmdline_save(&t->cl, t->history_path);
     g_tui = NULL;
-    signal(SIGINT, SIG_DFL);
-    signal(SIGWINCH, SIG_DFL);
+    tui_crt_signals_off();
     tui_queue_destroy(&t->q);
     close_files(t);
     free_ui(t);

@@ -26,8 +26,9 @@ typedef struct tui_opts {
 } tui_opts;
 
 /* Runs the TUI on the terminal (stdin and stdout) until the user quits; the app's sink is the TUI's meanwhile.
- * Returns the exit status: 0 (q, `quit`), 130 (quit with Ctrl-C), 143 / 129 (SIGTERM / SIGHUP), 1 if the terminal
- * cannot be used or a file cannot be opened (said on stderr). */
+ * Returns the exit status: 0 (q, `quit`), 130 (quit with Ctrl-C), 143 / 129 (SIGTERM / SIGHUP), 1 if a file cannot
+ * be opened (said on stderr); -1 if curses cannot use the terminal (said on stderr; nothing was run, the app is
+ * as it was: the caller may use another front end). */
 int tui_run(sp_app *app, const tui_opts *o);
 
 #endif
