@@ -329,7 +329,9 @@ static void cmd_key(tui *t, int key, int is_char)
     if (r == TUI_CL_RUN) {
         const char *line = t->cl.buf;
         if (line[strspn(line, " \t")]) {
+            pthread_mutex_lock(&t->jlock);
             int waits = t->busy || t->queued > 0;
+            pthread_mutex_unlock(&t->jlock);
             tui_submit(t, 0, 0, line);
             if (waits)
                 say(t, "queued: it runs after the command running");
@@ -717,10 +719,12 @@ int tui_run(sp_app *app, const tui_opts *o)
     stop_threads(t);
 out:
     stop_threads(t);
-    app->sink = t->saved_sink.emit ? t->saved_sink : app->sink;
-    tui_close_sink();
-    app->quiet = 1; /* the servers stopping after this say nothing; errors still show */
-    tui_cmdline_save(&t->cl, t->history_path);
+    if (t->saved_sink.emit) { /* the TUI ran */
+        app->sink = t->saved_sink;
+        tui_close_sink();
+        app->quiet = 1; /* the servers stopping after this say nothing; errors still show */
+        tui_cmdline_save(&t->cl, t->history_path);
+    }
     tui_g = NULL;
     tui_crt_signals_off();
     tui_queue_destroy(&t->q);
