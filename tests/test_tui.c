@@ -486,15 +486,21 @@ START_TEST(t_text_wrap)
     ck_assert_int_eq((int)l[0].off, 5);
     tui_cb cb = grid(3, 6, 1);
     const char *w = "日本語のテキスト"; /* 16 columns of wide characters in 6: 3 a row */
-    int below = tui_text_draw(&cb, 0, 0, 3, 6, w, strlen(w), 0, 0, R_TEXT, R_TEXT);
+    int zero = 0, one = 1, far = 1 << 20;
+    int below = tui_text_draw(&cb, 0, 0, 3, 6, w, strlen(w), 0, &zero, R_TEXT, R_TEXT);
     ck_assert_int_eq(below, 0);
     ck_assert_str_eq(row(&cb, 0), "日本語");
     ck_assert_str_eq(row(&cb, 1), "のテキ");
     ck_assert_str_eq(row(&cb, 2), "スト  ");
     tui_cb_clear(&cb);
     const char *p = "Prompt: and the rest of it";
-    below = tui_text_draw(&cb, 0, 0, 3, 6, p, strlen(p), 7, 1, R_GEN_PROMPT, R_TEXT); /* scrolled up a line */
+    below = tui_text_draw(&cb, 0, 0, 3, 6, p, strlen(p), 7, &one, R_GEN_PROMPT, R_TEXT); /* scrolled up a line */
     ck_assert_int_eq(below, 1);
+    ck_assert_int_eq(one, 1);
+    tui_cb_clear(&cb);
+    tui_text_draw(&cb, 0, 0, 3, 6, p, strlen(p), 7, &far, R_GEN_PROMPT, R_TEXT); /* Home: clamped to the top */
+    ck_assert_int_eq(far, 2);
+    ck_assert_str_eq(row(&cb, 0), "Prompt");
     tui_cb_free(&cb);
     tui_cb big = grid(4, 20, 1); /* a long text: only its end is wrapped */
     size_t L = 200000;
@@ -503,7 +509,7 @@ START_TEST(t_text_wrap)
         t[i] = i % 7 == 6 ? ' ' : 'a' + (char)(i % 7);
     memcpy(t + L - 4, "END.", 4);
     t[L] = 0;
-    tui_text_draw(&big, 0, 0, 4, 20, t, L, 0, 0, R_TEXT, R_TEXT);
+    tui_text_draw(&big, 0, 0, 4, 20, t, L, 0, &zero, R_TEXT, R_TEXT);
     ck_assert(strstr(row(&big, 3), "END.") != NULL);
     free(t);
     tui_cb_free(&big);

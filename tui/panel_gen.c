@@ -28,7 +28,7 @@ void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
     if (v->gen_scroll < 0)
         v->gen_scroll = 0;
     int below = tui_text_draw(cb, 1, 0, text_rows, cb->w, st->gen ? st->gen : "", st->gen_len, st->gen_mark,
-                              v->gen_scroll, R_GEN_PROMPT, R_TEXT);
+                              &v->gen_scroll, R_GEN_PROMPT, R_TEXT);
     if (below)
         tui_cb_text_right(cb, text_rows, cb->w, cb->w, " more below (End) ", R_DIM, TUI_REV);
     if (rows < 3)

@@ -75,21 +75,25 @@ int tui_text_wrap(const char *s, size_t n, int width, tui_line *lines, int cap, 
     return count;
 }
 
-int tui_text_draw(tui_cb *cb, int y, int x, int h, int w, const char *s, size_t n, size_t mark, int scroll,
+int tui_text_draw(tui_cb *cb, int y, int x, int h, int w, const char *s, size_t n, size_t mark, int *scrollp,
                   int role_a, int role_b)
 {
     if (h <= 0 || w <= 0)
         return 0;
-    if (scroll < 0)
-        scroll = 0;
+    int scroll = *scrollp < 0 ? 0 : *scrollp;
+    if ((size_t)scroll > n + 1) /* no text has more lines than bytes (+ 1) */
+        scroll = (int)n + 1;
     int cap = h + scroll, more;
     tui_line *l = malloc((size_t)cap * sizeof *l);
     if (!l)
         return 0;
     int count = tui_text_wrap(s, n, w, l, cap, &more);
     int first = count > h + scroll ? count - h - scroll : 0;
-    if (count < cap) /* the top was reached: show from it */
+    if (count < cap) { /* the top was reached: show from it */
         first = 0;
+        scroll = count > h ? count - h : 0;
+    }
+    *scrollp = scroll;
     int below = first + h < count;
     for (int i = 0; i < h && first + i < count; i++) {
         const tui_line *li = &l[first + i];

@@ -91,9 +91,10 @@ typedef struct tui_line {
  * many. *more is set when lines above them exist. Only the last paragraphs are looked at, so the cost does not
  * grow with the text. */
 int tui_text_wrap(const char *s, size_t n, int width, tui_line *lines, int cap, int *more);
-/* Draws s wrapped into h x w, `scroll` lines up from the end (0: following the end); bytes before `mark` in
- * role_a, the rest in role_b. Returns 1 if there is text below the view (scrolled up), so the caller can say so. */
-int tui_text_draw(tui_cb *cb, int y, int x, int h, int w, const char *s, size_t n, size_t mark, int scroll,
+/* Draws s wrapped into h x w, *scroll lines up from the end (0: following the end; clamped to the text's top);
+ * bytes before `mark` in role_a, the rest in role_b. Returns 1 if there is text below the view (scrolled up), so
+ * the caller can say so. */
+int tui_text_draw(tui_cb *cb, int y, int x, int h, int w, const char *s, size_t n, size_t mark, int *scroll,
                   int role_a, int role_b);
 
 #endif
