@@ -101,14 +101,18 @@ static void check_layout(int rows, int cols, const tui_layout_opts *o)
 
 START_TEST(t_layout_sweep)
 {
-    static const int swarm_rows[] = {0, 3, 40};
     for (int rows = 1; rows <= 100; rows++)
-        for (int cols = 1; cols <= 300; cols++)
-            for (int z = -1; z < TUI_NPANELS; z++)
-                for (int s = 0; s < 3; s++) {
-                    tui_layout_opts o = {.zoom = z, .focus = (rows + cols) % TUI_NPANELS, .swarm_rows = swarm_rows[s]};
-                    check_layout(rows, cols, &o);
-                }
+        for (int cols = 1; cols <= 300; cols++) {
+            int focus = (rows + cols) % TUI_NPANELS;
+            for (int z = -1; z < TUI_NPANELS; z++) { /* every zoom, a few servers */
+                tui_layout_opts o = {.zoom = z, .focus = focus, .swarm_rows = 3};
+                check_layout(rows, cols, &o);
+            }
+            for (int sr = 0; sr <= 40; sr += 40) { /* no servers, many */
+                tui_layout_opts o = {.zoom = -1, .focus = focus, .swarm_rows = sr};
+                check_layout(rows, cols, &o);
+            }
+        }
 }
 END_TEST
 
@@ -905,6 +909,56 @@ START_TEST(t_panels)
     ck_assert(screen_has(&r, "retry: 127.0.0.1:4001"));
     ck_assert(screen_has(&r, "retries 1"));
     tui_cb_free(&r);
+    /* progress bars in the command row: loading, starting servers */
+    e = tui_ev_new(TE_PROGRESS);
+    e->what = strdup("starting servers");
+    e->a = 1;
+    e->b = 3;
+    apply(&st, e, 5);
+    tui_cb c = grid(1, 100, 1);
+    tui_draw_cmdrow(&c, &st);
+    ck_assert(screen_has(&c, "starting servers [█████") && screen_has(&c, "1/3"));
+    tui_cb_free(&c);
+    /* generation: prompt, text, figures */
+    apply(&st, ev(TE_GEN_BEGIN, "Once upon a time"), 10);
+    for (int i = 0; i < 60; i++) {
+        e = ev(TE_GEN_TEXT, " word");
+        e->n = 1;
+        apply(&st, e, 10.1 + i * 0.05);
+    }
+    e = ev(TE_GEN_END, NULL);
+    e->what = strdup("eos");
+    e->n = 60;
+    e->b = 3;
+    apply(&st, e, 13.2);
+    tui_cb g = grid(8, 50, 1);
+    tui_draw_gen(&g, &st, &v, 0);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < g.h; y++)
+        printf("%s\n", row(&g, y));
+    ck_assert(screen_has(&g, "3 Generate"));
+    ck_assert(screen_has(&g, "20.0 tok/s") && screen_has(&g, "stop: eos"));
+    ck_assert(screen_has(&g, "word word"));
+    ck_assert_int_eq(g.c[7 * 50].ch >= 0x2581 && g.c[7 * 50].ch <= 0x2588, 1); /* the sparkline */
+    tui_cb_free(&g);
+    /* training: the plot, the figures, the progress bar */
+    apply(&st, ev(TE_TRAIN_BEGIN, "training sst2"), 20);
+    for (int i = 1; i <= 20; i++) {
+        e = ev(TE_TRAIN_STEP, NULL);
+        e->step = i;
+        e->total = 40;
+        e->a = 2.0 / i;
+        e->b = 1e-3;
+        apply(&st, e, 20 + i * 0.25);
+    }
+    tui_cb tr = grid(12, 50, 1);
+    tui_draw_train(&tr, &st, &v, 1);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < tr.h; y++)
+        printf("%s\n", row(&tr, y));
+    ck_assert(screen_has(&tr, "4 Train"));
+    ck_assert(screen_has(&tr, "step 20/40  loss 0.1  lr 0.001  4 st/s"));
+    ck_assert(screen_has(&tr, "] ") && screen_has(&tr, "50%  ETA 5s"));
+    ck_assert(screen_has(&tr, "step") && screen_has(&tr, "20"));
+    tui_cb_free(&tr);
     /* too small */
     tui_cb s = grid(5, 30, 1);
     tui_draw_too_small(&s, 6, 30);
