@@ -381,10 +381,15 @@ static void key(tui *t, int k, int is_char)
 }
 
 /* Ctrl-C: stops the command running; with none, a second one within FLASH_S quits. In the `:` line it clears
- * the line first. */
+ * the line first; at the quit question it is a yes. */
 static void interrupt(tui *t)
 {
     double now = sp_now_s();
+    if (t->mode == M_CONFIRM) {
+        sp_app_cancel(t->app);
+        t->quit = 1;
+        return;
+    }
     if (t->mode == M_CMD && t->cl.len) {
         tui_cmdline_open(&t->cl);
         t->dirty |= TUI_D_CMD;
