@@ -13,7 +13,7 @@ M="${SEPAL_CACHE:-$HOME/.cache/sepal}/models/stories15M"
 OUT=share/doc/screens
 SOCK="sepal-screens-$$"
 TMP=$(mktemp -d)
-trap 'tmux -L "$SOCK" kill-server 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'tmux -L "$SOCK" kill-server 2>/dev/null; rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$SOCK"; rm -rf "$TMP"' EXIT
 [ -x "$SEPAL" ] || { echo "tui-screens: build first ($SEPAL)" >&2; exit 1; }
 [ -f "$M/model.safetensors" ] || { echo "tui-screens: run scripts/fetch-model.sh first" >&2; exit 1; }
 mkdir -p "$OUT"
