@@ -1,5 +1,5 @@
-/* main.c - the `sepal` program: picks a front end (the line REPL, -c / -f scripts, commands from stdin, the
- * `model` tools) over the one command layer (repl/cmd.h). */
+/* main.c - the `sepal` program: picks a front end (the TUI on a terminal, the line REPL, -c / -f scripts,
+ * commands from stdin, the `model` tools) over the one command layer (repl/cmd.h). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,16 +9,22 @@
 #include "app.h"
 #include "line.h"
 #include "memtune.h"
+#include "tui.h"
 #include "version.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sepal [--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
+    fprintf(f, "usage: sepal [--tui|--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
+               "       sepal [--record-events FILE] [--replay-events FILE]\n"
                "       sepal model info|check|generate|convert-llama2c ...\n"
                "\n"
                "front ends:\n"
-               "  (no arguments)        the REPL if stdin is a terminal, else commands from stdin\n"
-               "  --repl                the interactive REPL (after any -c / -f)\n"
+               "  (no arguments)        the TUI on a terminal, else commands from stdin\n"
+               "  --tui                 the TUI, running any -c / -f in it first (without a terminal: as --repl)\n"
+               "  --repl                the interactive line REPL (after any -c / -f)\n"
+               "  --record-events FILE  (TUI) write every event the screen shows to FILE, as JSON lines\n"
+               "  --replay-events FILE  (TUI) show a recorded FILE again (SEPAL_TUI_REPLAY_SPEED: 1 as recorded,\n"
+               "                        0 at once)\n"
                "  -c \"CMD; CMD\"         run commands (several -c and -f run in order)\n"
                "  -f FILE               run a script (- is stdin); `help` lists the commands\n"
                "  -q, --quiet           no progress lines or notices\n"
@@ -35,9 +41,9 @@ static void usage(FILE *f)
                "  model convert-llama2c MODEL.bin TOKENIZER.bin OUTDIR\n"
                "\n"
                "environment: SEPAL_CACHE (default ~/.cache/sepal), SEPAL_HISTORY (default ~/.sepal_history),\n"
-               "  SEPAL_SERVER_BIN (the sepal-server of `swarm up`), NO_COLOR\n"
+               "  SEPAL_SERVER_BIN (the sepal-server of `swarm up`), NO_COLOR, SEPAL_TUI_REPLAY_SPEED\n"
                "exit status: 0 success, 1 a command failed, 2 usage error or unsupported, 130/143 stopped by\n"
-               "  SIGINT/SIGTERM\n");
+               "  SIGINT/SIGTERM (the TUI: 130 when Ctrl-C twice quits it)\n");
 }
 
 /* Runs one -f argument: a file, or stdin for "-". */
@@ -59,7 +65,8 @@ static int run_script(sp_app *app, const char *path)
 }
 
 typedef struct front {
-    int repl, quiet, dump, examples, dry, keep;
+    int repl, tui, quiet, dump, examples, dry, keep;
+    const char *record, *replay;
 } front;
 
 /* Checks the front-end options: 0, or -1 (message printed) on a usage error. */
@@ -69,6 +76,17 @@ static int check_options(int argc, char **argv, front *fe)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--repl")) {
             fe->repl = 1;
+        } else if (!strcmp(argv[i], "--tui")) {
+            fe->tui = 1;
+        } else if (!strcmp(argv[i], "--record-events") || !strcmp(argv[i], "--replay-events")) {
+            if (++i == argc) {
+                fprintf(stderr, "sepal: %s needs a file\n", argv[i - 1]);
+                return -1;
+            }
+            if (!strcmp(argv[i - 1], "--record-events"))
+                fe->record = argv[i];
+            else
+                fe->replay = argv[i];
         } else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) {
             fe->quiet = 1;
         } else if (!strcmp(argv[i], "--dump-commands")) {
@@ -89,7 +107,37 @@ static int check_options(int argc, char **argv, front *fe)
             return -1;
         }
     }
+    if (fe->repl && (fe->tui || fe->record || fe->replay)) {
+        fprintf(stderr, "sepal: --repl is the line front end; --tui, --record-events and --replay-events are the TUI's\n");
+        return -1;
+    }
     return 0;
+}
+
+/* A terminal the TUI can draw on: stdin and stdout are one, and TERM is not missing or dumb. */
+static int tui_terminal(void)
+{
+    const char *term = getenv("TERM");
+    return isatty(STDIN_FILENO) && isatty(STDOUT_FILENO) && term && *term && strcmp(term, "dumb");
+}
+
+/* The TUI, with the -c / -f of the command line run in it first. */
+static int run_tui(sp_app *app, int argc, char **argv, const front *fe)
+{
+    tui_script *s = calloc((size_t)argc, sizeof *s);
+    int n = 0;
+    for (int i = 1; s && i < argc; i++) {
+        if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "-f")) {
+            s[n].file = argv[i][1] == 'f';
+            s[n++].arg = argv[++i];
+        } else if (!strcmp(argv[i], "--record-events") || !strcmp(argv[i], "--replay-events")) {
+            i++;
+        }
+    }
+    tui_opts o = {.scripts = s, .nscripts = n, .record = fe->record, .replay = fe->replay};
+    int rc = s ? tui_run(app, &o) : 1;
+    free(s);
+    return rc;
 }
 
 /* The front ends: -c and -f in order, then --repl; with no arguments the REPL or stdin. */
@@ -115,6 +163,20 @@ static int run_front_ends(int argc, char **argv)
     int scripts = 0;
     for (int i = 1; i < argc; i++)
         scripts += !strcmp(argv[i], "-c") || !strcmp(argv[i], "-f");
+    if ((fe.record || fe.replay) && !tui_terminal()) {
+        fprintf(stderr, "sepal: --record-events and --replay-events need the TUI, on a terminal\n");
+        return 2;
+    }
+    if (!fe.repl && !fe.dry && (fe.tui || fe.record || fe.replay || !scripts) && tui_terminal()) {
+        int rc = run_tui(&app, argc, argv, &fe);
+        if (rc != -1) {
+            sp_app_free(&app); /* stops the servers of swarm up (each announces OFFLINE) */
+            return rc;
+        }
+        fe.repl = 1; /* curses cannot use this terminal: the line front end */
+    }
+    if (fe.tui)
+        fe.repl = 1; /* no terminal: the line front end, as --repl */
     int interactive = !scripts && isatty(STDIN_FILENO);
     sp_line_signals(&app, interactive || fe.repl);
     int rc = 0;

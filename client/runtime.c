@@ -20,6 +20,15 @@ void sp_rt_emit(sp_runtime *rt, sp_event_kind kind, const char *text, double don
     rt->on_event(&ev, rt->user);
 }
 
+void sp_rt_emit_route(sp_runtime *rt, sp_event_kind kind, const char *text, int row, const sp_route *r,
+                      const double *hop_s)
+{
+    if (!rt->on_event)
+        return;
+    sp_event ev = {.kind = kind, .text = text, .row = row, .route = r, .hop_s = hop_s};
+    rt->on_event(&ev, rt->user);
+}
+
 void sp_rt_emitf(sp_runtime *rt, sp_event_kind kind, int row, const char *fmt, ...)
 {
     char buf[512];

@@ -35,13 +35,18 @@ typedef enum {
     SP_EV_SERVER,   /* row: server index, text: what happened to it (joined, state, left) */
     SP_EV_ERROR,    /* text: an error the runtime recovered from or reports */
     SP_EV_RETRY,    /* row: server index, text: a request failed there, the server is banned, a retry follows */
+    SP_EV_STEP,     /* route, hop_s: a generation step went through route; hop_s[h]: seconds hop h took */
 } sp_event_kind;
+
+struct sp_route;
 
 typedef struct sp_event {
     sp_event_kind kind;
     const char *text;
     double done, total;
     int row, token;
+    const struct sp_route *route; /* SP_EV_ROUTE, SP_EV_STEP: the chain itself (NULL: none) */
+    const double *hop_s;          /* SP_EV_STEP: seconds each hop took in the step */
 } sp_event;
 
 typedef void (*sp_event_fn)(const sp_event *ev, void *user);
@@ -188,6 +193,7 @@ typedef struct sp_lm_swarm {
     int fresh[SP_RT_MAX_HOPS];      /* the hop's session has not stepped yet (a replacement: it replays) */
     int64_t *hypo;                  /* pending cache reorder, sent with the next step */
     int retries;                    /* failures recovered from so far */
+    double hop_s[SP_RT_MAX_HOPS];   /* seconds each hop took in the last step (SP_EV_STEP) */
 } sp_lm_swarm;
 
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);

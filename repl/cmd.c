@@ -542,6 +542,11 @@ int sp_cmd_run_file(sp_app *app, FILE *f, const char *name)
     while (!rc && !app->quit && !sp_app_cancelled(app) && getline(&line, &cap, f) >= 0) {
         line[strcspn(line, "\r\n")] = 0;
         snprintf(app->where, sizeof app->where, "%s:%ld", name, ++lineno);
+        const char *first = line + strspn(line, " \t");
+        if (*first && *first != '#') {
+            sp_ui_event ev = {.kind = SP_UI_LINE, .text = line, .where = app->where};
+            sp_emit(app, &ev);
+        }
         int before = app->nerrors;
         rc = sp_cmd_run_line(app, line);
         if (rc && app->nerrors == before && !sp_app_cancelled(app))

@@ -176,6 +176,7 @@ static void runtime_event(const sp_event *e)
         break;
     }
     case SP_EV_TOKEN:
+    case SP_EV_STEP:
         break; /* generate streams its tokens itself */
     case SP_EV_ERROR:
     case SP_EV_RETRY:
@@ -260,6 +261,7 @@ static void line_emit(void *user, const sp_ui_event *ev)
     case SP_UI_TRAIN_BEGIN: err_line(C_DIM, "", NULL, ev->text); break;
     case SP_UI_TRAIN_END: break; /* the command says how it ended */
     case SP_UI_RUNTIME: runtime_event(ev->rt); break;
+    case SP_UI_LINE: break; /* scripts run quietly */
     }
     pthread_mutex_unlock(&L.lock);
 }

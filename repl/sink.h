@@ -23,6 +23,7 @@ typedef enum sp_ui_kind {
     SP_UI_TRAIN_BEGIN,/* text: what is trained ("sst2 deep_ptune, 375 steps") */
     SP_UI_TRAIN_END,  /* text: how it ended */
     SP_UI_RUNTIME,    /* rt: an event of the client runtime */
+    SP_UI_LINE,       /* text: a script's line about to run (where: "FILE:LINE"); not for comments or blank lines */
 } sp_ui_kind;
 
 /* The figures of a finished generation. */

@@ -155,7 +155,7 @@ static sp_status recover_stage(sp_runtime *rt, sp_route *r, int s, int bad, int 
         if (!st) {
             char text[2048];
             sp_runtime_route_text(rt, r, text, sizeof text);
-            sp_rt_emit(rt, SP_EV_ROUTE, text, 0, 0, 1);
+            sp_rt_emit_route(rt, SP_EV_ROUTE, text, 1, r, NULL);
             return SP_OK;
         }
         if (st != SP_ERR_NOTFOUND) { /* no route for other reasons: give up */

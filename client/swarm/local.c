@@ -37,6 +37,9 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* servers never outlive the app */
         setpgid(0, 0); /* a Ctrl-C at the terminal stops the app's command, not its servers */
+        sigset_t none; /* the thread that forked may block signals (the TUI's workers do): not the server */
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(pfd[1], 1);
         close(pfd[0]);
         close(pfd[1]);

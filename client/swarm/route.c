@@ -192,7 +192,7 @@ void sp_runtime_note_route(sp_runtime *rt, const sp_route *r)
 {
     char text[2048];
     sp_runtime_route_text(rt, r, text, sizeof text);
-    sp_rt_emit(rt, SP_EV_ROUTE, text, 0, 0, 0);
+    sp_rt_emit_route(rt, SP_EV_ROUTE, text, 0, r, NULL);
 }
 
 void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t cap)

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "timeutil.h"
+
 /* ---------------------------------------------------------------------------------------------- */
 /* sessions of hops */
 
@@ -123,7 +125,7 @@ static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *faile
     }
     char text[2048];
     sp_runtime_route_text(rt, &s->route, text, sizeof text);
-    sp_rt_emit(rt, SP_EV_ROUTE, text, 0, 0, 1);
+    sp_rt_emit_route(rt, SP_EV_ROUTE, text, 1, &s->route, NULL);
     return SP_OK;
 }
 
@@ -307,8 +309,10 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
     for (int h = 0; h < s->route.nhops;) {
         memcpy(in, cur, N * sizeof(float));
         int alive = 1, server = s->route.hop[h].server;
+        double t0 = sp_now_s();
         st = run_hop(s, h, cur, T, deep, &alive, err);
         if (!st) {
+            s->hop_s[h] = sp_now_s() - t0;
             sp_rt_succeeded(rt, server);
             h++;
             continue;
@@ -344,6 +348,8 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
         }
         memcpy(cur, in, N * sizeof(float));
     }
+    if (!st)
+        sp_rt_emit_route(rt, SP_EV_STEP, NULL, 0, &s->route, s->hop_s);
 out:
     free(in);
     return st;

@@ -10,6 +10,9 @@
 
 /* Events to the front end (runtime.c). */
 void sp_rt_emit(sp_runtime *rt, sp_event_kind kind, const char *text, double done, double total, int row);
+/* An event about a route (SP_EV_ROUTE, SP_EV_STEP) that carries the route and, for a step, its hops' times. */
+void sp_rt_emit_route(sp_runtime *rt, sp_event_kind kind, const char *text, int row, const sp_route *r,
+                      const double *hop_s);
 void sp_rt_emitf(sp_runtime *rt, sp_event_kind kind, int row, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -559,6 +559,12 @@ static sp_status run_pipelined(sp_trainer *t, const int *idx, int n, int M, cons
     sp_graph_set_shared(t->g, 0);
     t->nmicro = M;
     sp_status st = SP_OK;
+    for (int m = 0; m < M && !st; m++) /* a Ctrl-C: the others were aborted because of it, whatever came first */
+        if (jobs[m].st == SP_ERR_CANCELLED) {
+            st = jobs[m].st;
+            if (err)
+                *err = jobs[m].err;
+        }
     for (int m = 0; m < M && !st; m++) /* the first microbatch that failed by itself */
         if (jobs[m].st && jobs[m].origin) {
             st = jobs[m].st;

@@ -14,11 +14,15 @@ if [ ! -f "$M/model.safetensors" ]; then
     bad "$M: no converted stories15M; run scripts/fetch-model.sh first"
     finish
 fi
-SOCK="sepal-ctrlc-$$"
+BASE="sepal-ctrlc-$$"
+SOCK="$BASE"
 SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
 cleanup() {
-    tmux -L "$SOCK" kill-server 2>/dev/null
-    rm -f "$SOCKDIR/$SOCK"
+    local s
+    for s in "$BASE" "$BASE-2"; do
+        tmux -L "$s" kill-server 2>/dev/null
+        rm -f "$SOCKDIR/$s"
+    done
     [ -n "${BGPID:-}" ] && kill -9 "$BGPID" 2>/dev/null
     rm -rf "$TMP"
 }
@@ -134,6 +138,7 @@ sleep 1
 sleep 0.3
 if [ -s "$TMP/stty.before" ] && cmp -s "$TMP/stty.before" "$TMP/stty.after"; then ok "stty -g is the same"; else bad "stty -g changed"; fi
 tmux -L "$SOCK" kill-server 2>/dev/null
+SOCK="$BASE-2" # a fresh server: the old one may still be going away ("server exited unexpectedly")
 
 # two Ctrl-C at once: leave at once, history saved
 rm -f "$TMP/stty.before" "$TMP/stty.after"

@@ -12,7 +12,7 @@ HIST="$TMP/hist"
 SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
 cleanup() {
     local s
-    for s in "$BASE" "$BASE-2" "$BASE-3"; do
+    for s in "$BASE" "$BASE-2" "$BASE-3" "$BASE-4"; do
         tmux -L "$s" kill-server 2>/dev/null
         rm -f "$SOCKDIR/$s" # kill-server can leave the socket file behind
     done
@@ -119,15 +119,24 @@ check "Up recalls the history" "^sepal> echo still here"
 keys C-u C-d
 if ended; then ok "Ctrl-D ends the REPL"; else bad "Ctrl-D: still running"; fi
 
-# Without arguments on a terminal, sepal is the REPL too; NO_COLOR keeps it plain.
+# NO_COLOR keeps the REPL plain.
 SOCK="$BASE-3"
 tmux -L "$SOCK" new-session -d -x 100 -y 30 \
-    "env SEPAL_HISTORY=$HIST HOME=$TMP LANG=C.UTF-8 NO_COLOR=1 $SEPAL; echo \"[exit \$?]\"; sleep 30"
-check "no arguments on a tty: the REPL" "^sepal> ?$"
+    "env SEPAL_HISTORY=$HIST HOME=$TMP LANG=C.UTF-8 NO_COLOR=1 $SEPAL --repl; echo \"[exit \$?]\"; sleep 30"
+check "--repl with NO_COLOR: the REPL" "^sepal> ?$"
 keys "bogus" Enter
 wait_for "unknown command 'bogus'"
 tmux -L "$SOCK" capture-pane -p -e | grep -q $'\e\[31m' && bad "NO_COLOR: still coloured" || ok "NO_COLOR: no colour"
 keys "echo no-args" Enter "q" Enter
-check "no arguments: commands run" "^no-args$"
-if ended; then ok "no arguments: q ends it"; else bad "no arguments: still running"; fi
+check "--repl: commands run" "^no-args$"
+if ended; then ok "--repl: q ends it"; else bad "--repl: still running"; fi
+tmux -L "$SOCK" kill-server 2>/dev/null
+
+# Without arguments on a terminal, sepal is the TUI (tests/cli/tui.sh tests it); `quit` at its : line leaves.
+SOCK="$BASE-4"
+tmux -L "$SOCK" new-session -d -x 100 -y 30 \
+    "env SEPAL_HISTORY=$HIST HOME=$TMP LANG=C.UTF-8 $SEPAL; echo \"[exit \$?]\"; sleep 30"
+check "no arguments on a tty: the TUI" "1 Swarm"
+keys ":" "quit" Enter
+if ended; then ok "the TUI: :quit ends it"; else bad "the TUI: still running"; fi
 finish

@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# The TUI: the real `sepal` in tmux (a private server, LANG=C.UTF-8, SEPAL_TUI_TEST=1 so the status row counts
+# frames) against a real loopback swarm. Every check polls the screen; none sleeps a fixed time and hopes.
+#  - swarm rows with span bars; after :generate the route shows the chain with each hop's time and the text
+#    streams; after :train the loss plot has points; Ctrl-C stops a generation and a training run, not the
+#    program; a server killed from outside changes its row's state; help; resize to 80x24, 60x16 (tabs),
+#    30x8 ("too small", keys still work) and back; q exits with `stty -g` unchanged and no server left;
+#  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
+#  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
+#  - the UI's CPU: idle (from /proc: at most 2 ticks in 5 s) and streaming 50 tokens/s (under 2% of a core).
+. "$(dirname "$0")/lib.bash"
+M="${SEPAL_STORIES15M_DIR:?}"
+if ! command -v tmux >/dev/null; then
+    echo "tmux not found: skipped"
+    finish
+fi
+if [ ! -f "$M/model.safetensors" ] || [ ! -f "${SEPAL_SENTIMENT_DIR:?}/imdb.json" ]; then
+    bad "run scripts/fetch-model.sh and scripts/fetch-sentiment.sh first"
+    finish
+fi
+export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
+mkdir -p "$TMP/cache"
+ln -s "$SEPAL_SENTIMENT_DIR" "$TMP/cache/sentiment"
+SOCK="sepal-tui-$$"
+SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
+cleanup() {
+    tmux -L "$SOCK" kill-server 2>/dev/null
+    rm -f "$SOCKDIR/$SOCK"
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+T() { tmux -L "$SOCK" -f /dev/null "$@"; }
+# under a sanitizer everything is slower
+SLOW=1
+"$SEPAL" --version >/dev/null 2>&1 && ldd "$SEPAL" 2>/dev/null | grep -q libasan && SLOW=3
+
+# start NAME COLSxROWS ENV... -- ARGS...: sepal in a new session; the pane keeps the shell's view afterwards
+start() {
+    local name=$1 size=$2 envs=() args=()
+    shift 2
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    args=("$@")
+    local cmd="stty -g > $TMP/$name.before; env SEPAL_TUI_TEST=1 SEPAL_HISTORY=$TMP/hist SEPAL_CACHE=$TMP/cache HOME=$TMP"
+    cmd="$cmd ${envs[*]} $SEPAL ${args[*]}; echo \"[exit \$?]\"; stty -g > $TMP/$name.after; sleep 600"
+    T new-session -d -s "$name" -x "${size%x*}" -y "${size#*x}" "$cmd"
+}
+pane() { T capture-pane -p -t "$1" 2>/dev/null; }
+keys() { local s=$1; shift; T send-keys -t "$s" "$@"; }
+text() { T send-keys -t "$1" -l -- "$2"; }
+# wait_for NAME PATTERN [SECONDS]: polls the pane every 50 ms
+wait_for() {
+    local i n=$(( ${3:-20} * 20 * SLOW ))
+    for i in $(seq "$n"); do
+        pane "$1" | grep -qE -- "$2" && return 0
+        sleep 0.05
+    done
+    return 1
+}
+check() { if wait_for "$1" "$3" "${4:-20}"; then ok "$2"; else bad "$2: the screen lacks /$3/"; pane "$1" | sed 's/^/    | /'; fi; }
+# the frame number in the status row
+frame() { pane "$1" | grep -oE 'f=[0-9]+' | tail -1 | cut -d= -f2; }
+# after_frame NAME N: a frame later than N has been drawn
+after_frame() {
+    local i
+    for i in $(seq $((100 * SLOW))); do
+        local f
+        f=$(frame "$1")
+        [ -n "$f" ] && [ "$f" -gt "$2" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+sepal_pid() { pgrep -P "$(T display -p -t "$1" '#{pane_pid}')" -x sepal | head -1; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
+# stty_same NAME: the terminal's settings after sepal (written by the pane's shell once it has exited) are those
+# from before it
+stty_same() {
+    local i
+    for i in $(seq 100); do
+        [ -s "$TMP/$1.after" ] && break
+        sleep 0.05
+    done
+    [ -s "$TMP/$1.before" ] && cmp -s "$TMP/$1.before" "$TMP/$1.after"
+}
+
+# ---- a session against a real swarm ---------------------------------------------------------------------
+start a 100x30 LANG=C.UTF-8 -- -c "'load $M; swarm up 3'" --record-events "$TMP/rec.jsonl" --tui
+check a "the swarm: 3 servers online" "3/3 online" 60
+check a "span bars and spans" "█+.* 0:2$"
+n=$(pane a | grep -cE '^● [0-9a-f]{8} .*[█▌▐]+.* [0-9]:[0-9]$')
+[ "$n" -eq 3 ] && ok "three server rows, each with a state glyph, id and span bar" || bad "server rows: $n"
+check a "coverage: every block served" "servers per block +1+ ok"
+PID=$(sepal_pid a)
+[ -n "$PID" ] && ok "sepal runs (pid $PID)" || bad "no sepal process"
+# the start-up scripts have run: the : line is open for the user
+check a "the : line opens after the scripts" "^:$"
+text a 'generate "Once upon a time" --max-new-tokens 40'
+keys a Enter
+check a "the generated text streams" "^Once upon a time, there was a little girl named" 30
+check a "generation: tok/s, first token, stop reason" "tok/s +first [0-9.]+(us|ms|s) +stop: length" 30
+check a "the route: the chain with each hop's time" \
+    "you ▶ [0-9a-f]{8}\[0:2\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[2:4\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[4:6\) [0-9.]+(us|ms|s)"
+check a "the header: covered, tok/s" "covered ✓ +[0-9.]+ tok/s"
+
+keys a :
+text a "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 6 --eval-batches 1"
+keys a Enter
+check a "training: every step" "step 6/6 +loss [0-9.]+" 90
+# the loss plot: braille dots right of the divider, under the training title
+if wait_for a "accuracy" 30 && pane a | awk -F'│' '/4 Train/{on=1; next} on && NF > 1 {print $NF}' |
+    LC_ALL=C.UTF-8 grep -qP '[\x{2801}-\x{28ff}]'; then
+    ok "the loss plot has points"
+else
+    bad "no points in the loss plot"; pane a | sed 's/^/    | /'
+fi
+check a "the plot's axis and x labels" "└─+"
+check a "training: a progress bar at 100%" "\] 100%"
+
+# Ctrl-C stops a generation, not the program (a sampled story may end before the Ctrl-C lands: then again)
+for try in 1 2 3; do
+    keys a :
+    text a "generate 'Lily and Tom' --temperature 0.9 --max-new-tokens 250"
+    keys a Enter
+    wait_for a "─ 3 Generate ─+ generating ─" 30 || break
+    keys a C-c
+    wait_for a "stop: (cancelled|eos|length)" 10 || break
+    pane a | grep -q "stop: cancelled" && break
+done
+check a "Ctrl-C stops the generation (its text kept)" "stop: cancelled" 1
+check a "the text so far is kept" "^Lily and Tom" 1
+f=$(frame a)
+keys a 2
+after_frame a "$f" && ok "the TUI is still running after Ctrl-C" || bad "no frame after Ctrl-C"
+check a "the swarm is intact" "3/3 online"
+# ... and a training run, between steps
+keys a :
+text a "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 400"
+keys a Enter
+check a "a long training runs" "step [1-9][0-9]*/400" 60
+keys a C-c
+check a "Ctrl-C stops the training" "stopped (after|during) step" 20
+check a "the program goes on: stopped, not quit" "NORMAL .*stopped"
+
+# help, generated from the key table
+keys a '?'
+check a "? opens the help" "sepal keys"
+check a "the help lists the keys" "Tab +focus the next panel"
+keys a Escape
+check a "Esc closes the help" "^─ 5 Log"
+
+# a server killed from outside: its row turns offline
+victim=$(pgrep -P "$PID" -f "sepal-server" | head -1)
+[ -n "$victim" ] && kill -9 "$victim"
+check a "a killed server's row changes state (offline)" "^_ [0-9a-f]{8} " 20
+check a "the swarm title counts it" "2/3 online"
+check a "coverage shows the hole" "![!1]* gap"
+
+# resize: 80x24 (everything), 60x16 (tabs), 30x8 (too small, keys still work), back
+T resize-window -t a -x 80 -y 24
+check a "80x24: the swarm panel" "^▶ 1 Swarm|^─ 1 Swarm"
+check a "80x24: generation and training side by side" "─ 3 Generate .*┬─ 4 Train"
+n=$(pane a | wc -l)
+[ "$n" -eq 24 ] && ok "80x24: 24 rows" || bad "80x24: $n rows"
+T resize-window -t a -x 60 -y 16
+check a "60x16: one panel at a time, tabs in the header" "^ 1 Swarm +2 Route +3 Generate +4 Train +5 Log"
+keys a 4
+check a "60x16: 4 shows the training" "▶ 4 Train"
+T resize-window -t a -x 30 -y 8
+check a "30x8: terminal too small" "terminal too small"
+keys a :
+check a "30x8: : still opens the line" "^:$"
+keys a Escape
+T resize-window -t a -x 100 -y 30
+check a "back to 100x30: every panel" "─ 3 Generate .*┬. 4 Train"
+check a "back to 100x30: the swarm" "^● [0-9a-f]{8} .* 4:6$"
+
+# q quits: the shell's screen back, stty unchanged, no server left
+kids=$(pgrep -P "$PID" | tr '\n' ' ')
+keys a q
+check a "q quits (exit 0)" "^\[exit 0\]$" 30
+pane a | grep -q "1 Swarm" && bad "the TUI's screen is still shown after q" || ok "the shell's screen is back after q"
+stty_same a && ok "stty -g unchanged after q" || bad "stty -g changed after q"
+left=0
+for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
+[ -n "$kids" ] && [ "$left" -eq 0 ] && ok "no server left after q" || bad "children '$kids': $left left after q"
+[ -s "$TMP/rec.jsonl" ] && ok "--record-events wrote $(wc -l < "$TMP/rec.jsonl") events" || bad "no recording"
+grep -q "^generate \"Once upon a time\" --max-new-tokens 40$" "$TMP/hist" && ok ": lines go to the history" ||
+    bad "history lacks the : line"
+
+# ---- quitting: Ctrl-C twice, a crash, SIGTERM --------------------------------------------------------------
+start b 100x30 LANG=C.UTF-8 -- --tui
+check b "without a swarm: the TUI starts" "no model loaded"
+PID=$(sepal_pid b)
+# idle: nothing to do, nothing drawn, no CPU
+f0=$(frame b)
+t0=$(ticks "$PID")
+sleep 5
+t1=$(ticks "$PID")
+f1=$(frame b)
+[ -n "$t0" ] && [ $((t1 - t0)) -le 2 ] && ok "idle: $((t1 - t0)) CPU ticks in 5 s" || bad "idle: $((t1 - t0)) CPU ticks in 5 s"
+[ "$f0" = "$f1" ] && ok "idle: no frame drawn in 5 s" || bad "idle: frames $f0 -> $f1"
+keys b C-c
+check b "one Ctrl-C: it asks for another" "Ctrl-C again to quit"
+keys b C-c
+check b "Ctrl-C twice quits (exit 130)" "^\[exit 130\]$" 10
+stty_same b && ok "stty -g unchanged after Ctrl-C" || bad "stty -g changed after Ctrl-C"
+
+start c 100x30 LANG=C.UTF-8 -- --tui
+check c "the TUI (c)" "no model loaded"
+PID=$(sepal_pid c)
+kill -SEGV "$PID"
+check c "a crash: the terminal is restored and says so" "crashed \(the terminal was restored\)" 10
+check c "a crash: it dies of SIGSEGV" "^\[exit 139\]$" 10
+stty_same c && ok "stty -g unchanged after a crash" || bad "stty -g changed after a crash"
+pane c | grep -q "no model loaded" && bad "the TUI's screen is still shown after the crash" || ok "the shell's screen is back after a crash"
+
+start d 100x30 LANG=C.UTF-8 -- --tui
+check d "the TUI (d)" "no model loaded"
+kill -TERM "$(sepal_pid d)"
+check d "SIGTERM quits (exit 143)" "^\[exit 143\]$" 10
+stty_same d && ok "stty -g unchanged after SIGTERM" || bad "stty -g changed after SIGTERM"
+
+# ---- variants, replaying the recording ----------------------------------------------------------------------
+start e 100x30 LANG=C.UTF-8 SEPAL_TUI_REPLAY_SPEED=0 -- --replay-events "$TMP/rec.jsonl"
+check e "replay: the swarm again" "^● [0-9a-f]{8} .* 4:6$"
+check e "replay: the loss plot" "step [0-9]+/400"
+T capture-pane -p -e -t e > "$TMP/colour.txt"
+grep -qP '\e\[[0-9;]*(3[0-7]|9[0-7]|38;5;[0-9]+)[;m]' "$TMP/colour.txt" && ok "colours by default" || bad "no colour"
+keys e q
+
+start f 100x30 LANG=C.UTF-8 NO_COLOR=1 SEPAL_TUI_REPLAY_SPEED=0 -- --replay-events "$TMP/rec.jsonl"
+check f "NO_COLOR: the screen" "/[23] online"
+check f "NO_COLOR: state glyphs carry the state" "^● [0-9a-f]{8} "
+T capture-pane -p -e -t f > "$TMP/mono.txt"
+grep -qP '\e\[[0-9;]*(3[0-7]|9[0-7]|4[0-7]|38;5;[0-9]+|48;5;[0-9]+)[;m]' "$TMP/mono.txt" && bad "NO_COLOR: colour escapes" ||
+    ok "NO_COLOR: no colour, attributes only"
+grep -q $'\e\[[0-9;]*7[;m]' "$TMP/mono.txt" && ok "NO_COLOR: the focus in reverse video" || bad "NO_COLOR: no reverse video"
+keys f q
+
+start g 100x30 LC_ALL=C LANG=C SEPAL_TUI_REPLAY_SPEED=0 -- --replay-events "$TMP/rec.jsonl"
+check g "LC_ALL=C: the screen" "/[23] online" 30
+check g "LC_ALL=C: ASCII span bars" "^# [0-9a-f]{8} .*#+.* [0-9]:[0-9]$"
+check g "LC_ALL=C: ASCII rules" "^[->] 1 Swarm -+"
+n=$(pane g | LC_ALL=C grep -c '[^ -~]')
+[ "$n" -eq 0 ] && ok "LC_ALL=C: only ASCII on the screen" || bad "LC_ALL=C: $n lines with non-ASCII"
+keys g q
+
+start h 100x30 LANG=C.UTF-8 SEPAL_TUI_REPLAY_SPEED=0 TERM=vt100 -- --replay-events "$TMP/rec.jsonl"
+check h "TERM=vt100: the screen" "/[23] online"
+check h "TERM=vt100: box drawing, not ACS letters" "─ 2 Route ───"
+pane h | grep -qE 'qqqq|lqq|xxxx' && bad "TERM=vt100: ACS garbage" || ok "TERM=vt100: no lqqk garbage"
+keys h q
+check h "TERM=vt100: q quits" "^\[exit 0\]" 10 # no alternate screen on a vt100: the shell goes on below
+stty_same h && ok "TERM=vt100: stty -g unchanged" || bad "TERM=vt100: stty -g changed"
+
+# ---- the UI's cost while streaming 50 tokens/s (with a swarm snapshot and the hops' times each second) ---------
+awk 'BEGIN {
+    s = "{\"model\":\"stories15M\",\"nblocks\":6,\"servers\":["
+    for (i = 0; i < 3; i++)
+        s = s sprintf("%s{\"idx\":%d,\"id\":\"%08x\",\"start\":%d,\"end\":%d,\"state\":0,\"tput\":1000,\"prec\":\"f32\",\"cache\":8192,\"best_ping\":0.001,\"npings\":1,\"rtt\":0.001}", i ? "," : "", i, 1000 + i, 2 * i, 2 * i + 2)
+    s = s "]}"
+    printf "{\"t\":0,\"k\":\"gen_begin\",\"text\":\"Once upon a time\"}\n"
+    for (k = 0; k < 600; k++) {
+        t = 0.2 + k * 0.02
+        if (k % 50 == 0) printf "{\"t\":%.3f,\"k\":\"swarm\",\"swarm\":%s}\n", t, s
+        printf "{\"t\":%.3f,\"k\":\"hops\",\"hops\":[{\"server\":0,\"start\":0,\"end\":2,\"latency\":0.001},{\"server\":1,\"start\":2,\"end\":4,\"latency\":0.001},{\"server\":2,\"start\":4,\"end\":6,\"latency\":0.001}]}\n", t
+        printf "{\"t\":%.3f,\"k\":\"gen_text\",\"n\":1,\"text\":\" word%d\"}\n", t, k
+    }
+    printf "{\"t\":12.4,\"k\":\"gen_end\",\"n\":600,\"b\":12,\"what\":\"length\"}\n"
+}' > "$TMP/stream.jsonl"
+start s 100x30 LANG=C.UTF-8 SEPAL_TUI_STATS=1 -- --replay-events "$TMP/stream.jsonl"
+check s "streaming: the text comes" "word10" 10
+PID=$(sepal_pid s)
+t0=$(ticks "$PID")
+sleep 8
+t1=$(ticks "$PID")
+check s "streaming: it ended" "stop: length" 20
+hz=$(getconf CLK_TCK)
+used=$((t1 - t0))
+limit=$((hz * 8 * 2 * SLOW / 100)) # 2% of a core for 8 s (x3 under a sanitizer)
+[ -n "$t0" ] && [ "$used" -le "$limit" ] && ok "streaming 50 tok/s: $used ticks in 8 s (limit $limit)" ||
+    bad "streaming 50 tok/s: $used ticks in 8 s (limit $limit)"
+keys s q
+check s "streaming: q quits" "^\[exit 0\]$" 10
+pane s | grep "frames" | sed 's/^/    /'
+finish

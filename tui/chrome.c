@@ -1,0 +1,247 @@
+/* chrome.c - the rows around the panels (header, command row, status row), boxes (help, confirm), the "terminal
+ * too small" notice, and number formats. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "panels.h"
+#include "version.h"
+#include "widgets.h"
+
+static const char *const PANEL_NAMES[TUI_NPANELS] = {"Swarm", "Route", "Generate", "Train", "Log"};
+
+void tui_view_init(tui_view *v)
+{
+    memset(v, 0, sizeof *v);
+    v->zoom = -1;
+    v->focus = TUI_P_SWARM;
+    v->sort_col = TUI_COL_SPAN;
+}
+
+void tui_fmt_secs(double s, char *buf, size_t cap)
+{
+    if (!(s >= 0) || isinf(s))
+        snprintf(buf, cap, "-");
+    else if (s < 1e-3)
+        snprintf(buf, cap, "%.0fus", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, cap, "%.*fms", s < 0.01 ? 2 : 1, s * 1e3);
+    else
+        snprintf(buf, cap, "%.2fs", s);
+}
+
+void tui_fmt_count(double v, char *buf, size_t cap)
+{
+    if (!isfinite(v))
+        snprintf(buf, cap, "-");
+    else if (fabs(v) < 1000)
+        snprintf(buf, cap, "%.0f", v);
+    else if (fabs(v) < 1e6)
+        snprintf(buf, cap, "%.*fk", fabs(v) < 1e4 ? 1 : 0, v / 1e3);
+    else if (fabs(v) < 1e9)
+        snprintf(buf, cap, "%.*fM", fabs(v) < 1e7 ? 1 : 0, v / 1e6);
+    else
+        snprintf(buf, cap, "%.1fG", v / 1e9);
+}
+
+void tui_fmt_duration(double s, char *buf, size_t cap)
+{
+    if (!isfinite(s) || s < 0)
+        snprintf(buf, cap, "?");
+    else if (s < 60)
+        snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600)
+        snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else
+        snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s, 3600) / 60);
+}
+
+/* Appends " | text" pieces while they fit. */
+typedef struct row {
+    tui_cb *cb;
+    int x, y;
+} row;
+
+static void piece(row *r, const char *s, int role, int flags)
+{
+    int w = tui_strwidth(s);
+    if (r->x + w + 2 > r->cb->w)
+        return;
+    if (r->x > 1)
+        r->x += tui_cb_text(r->cb, r->y, r->x, 2, "  ", R_STATUS, 0);
+    r->x += tui_cb_text(r->cb, r->y, r->x, w, s, role, flags);
+}
+
+void tui_draw_header(tui_cb *cb, const tui_state *st, const tui_view *v, int tabs)
+{
+    const tui_glyphs *g = tui_cb_glyphs(cb);
+    tui_cb_fill(cb, 0, 0, 1, cb->w, ' ', R_STATUS, 0);
+    row r = {cb, 1, 0};
+    char t[160];
+    if (tabs) { /* the panels as tabs: the one shown in reverse */
+        for (int p = 0; p < TUI_NPANELS; p++) {
+            snprintf(t, sizeof t, "%d %s", p + 1, cb->w < 60 ? (const char[]){PANEL_NAMES[p][0], 0} : PANEL_NAMES[p]);
+            int shown = v->zoom >= 0 ? p == v->zoom : p == v->focus;
+            piece(&r, t, shown ? R_TITLE_FOCUS : R_STATUS, shown ? TUI_REV | TUI_BOLD : 0);
+        }
+        return;
+    }
+    piece(&r, "sepal " SEPAL_VERSION, R_TITLE, TUI_BOLD);
+    if (st->model[0]) {
+        snprintf(t, sizeof t, "%s  %d blocks", st->model, st->nblocks);
+        piece(&r, t, R_STATUS, 0);
+    } else {
+        piece(&r, "no model", R_DIM, 0);
+    }
+    const tui_swarm *s = st->swarm;
+    if (s && s->n) {
+        int online = 0, L = s->nblocks > 0 ? s->nblocks : st->nblocks, covered = L > 0;
+        for (int i = 0; i < s->n; i++)
+            online += s->s[i].state == TUI_ST_ONLINE && !s->s[i].banned;
+        for (int b = 0; b < L && covered; b++) { /* every block has an online server */
+            int any = 0;
+            for (int i = 0; i < s->n && !any; i++)
+                any = s->s[i].state == TUI_ST_ONLINE && !s->s[i].banned && s->s[i].start <= b && b < s->s[i].end;
+            covered = any;
+        }
+        snprintf(t, sizeof t, "%d server%s online", online, online == 1 ? "" : "s");
+        piece(&r, t, R_STATUS, 0);
+        char mark[8];
+        int k = tui_utf8_encode(covered ? g->check : g->cross, mark);
+        mark[k] = 0;
+        snprintf(t, sizeof t, "%s %s", covered ? "covered" : "not covered", mark);
+        piece(&r, t, covered ? R_GOOD : R_ERR, TUI_BOLD);
+    }
+    if (st->gen_count) {
+        snprintf(t, sizeof t, "%.1f tok/s", st->gen_tps);
+        piece(&r, t, R_STATUS, 0);
+    }
+    if (st->train_runs && st->total > 0) {
+        snprintf(t, sizeof t, "train %.0f%%", 100.0 * st->step / st->total);
+        piece(&r, t, R_STATUS, 0);
+    }
+}
+
+void tui_draw_cmdrow(tui_cb *cb, const tui_state *st)
+{
+    int x = 0, any = 0;
+    for (int i = 0; i < TUI_PROGRESS; i++) {
+        const tui_bar *b = &st->bars[i];
+        if (!b->active || x >= cb->w)
+            continue;
+        char t[200], eta[32] = "";
+        double el = b->t - b->t0, rate = el > 0 ? (b->done - b->done0) / el : 0;
+        if (rate > 0 && b->total > b->done) {
+            char d[24];
+            tui_fmt_duration((b->total - b->done) / rate, d, sizeof d);
+            snprintf(eta, sizeof eta, " ETA %s", d);
+        }
+        if (b->total > 0)
+            snprintf(t, sizeof t, " %.0f/%.0f%s%s%s", b->done, b->total, b->unit[0] ? " " : "", b->unit, eta);
+        else
+            snprintf(t, sizeof t, " %.0f%s%s", b->done, b->unit[0] ? " " : "", b->unit);
+        x += tui_cb_text(cb, 0, x, cb->w - x, b->what, R_TEXT, TUI_BOLD) + 1;
+        int bw = cb->w - x - tui_strwidth(t);
+        bw = bw > 30 ? 30 : bw;
+        if (bw >= 6 && b->total > 0) {
+            tui_progress(cb, 0, x, bw, b->done / b->total, R_BAR);
+            x += bw;
+        }
+        x += tui_cb_text(cb, 0, x, cb->w - x, t, R_DIM, 0) + 2;
+        any = 1;
+    }
+    if (!any)
+        tui_cb_text(cb, 0, 0, cb->w, st->cmd_running ? "" : ": runs a command (Tab completes), ? shows the keys",
+                    R_DIM, 0);
+}
+
+static const char *focus_name(const tui_view *v) { return PANEL_NAMES[v->zoom >= 0 ? v->zoom : v->focus]; }
+
+void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const tui_status_info *si)
+{
+    tui_cb_fill(cb, 0, 0, 1, cb->w, ' ', R_STATUS, 0);
+    char t[300], right[96] = "";
+    int x = 0;
+    snprintf(t, sizeof t, " %s ", si->mode ? si->mode : "NORMAL");
+    x += tui_cb_text(cb, 0, x, cb->w, t, R_STATUS, TUI_REV | TUI_BOLD);
+    /* the right end: hints (and the frame counter in test mode) */
+    size_t k = 0;
+    if (v->paused)
+        k += (size_t)snprintf(right + k, sizeof right - k, "PAUSED  ");
+    if (cb->w >= 70)
+        k += (size_t)snprintf(right + k, sizeof right - k, "q quit  : cmd  ? help");
+    if (si->frame >= 0)
+        snprintf(right + k, sizeof right - k, "%sf=%ld", k ? "  " : "", si->frame);
+    int rx = tui_strwidth(right) + 1 < cb->w - x ? cb->w - tui_strwidth(right) - 1 : cb->w;
+    if (rx < cb->w)
+        tui_cb_text(cb, 0, rx, cb->w - rx, right, R_DIM, 0);
+    int room = rx - x - 2; /* a blank each side */
+    x++;
+    if (room <= 0)
+        return;
+    int role = R_STATUS;
+    if (si->flash) {
+        snprintf(t, sizeof t, "%s", si->flash);
+        role = R_WARN;
+    } else if (st->cmd_running) {
+        snprintf(t, sizeof t, "running: %s  (Ctrl-C stops it)", st->cmd_line);
+        role = R_GOOD;
+    } else if (st->toast[0]) {
+        snprintf(t, sizeof t, "%s", st->toast);
+        role = st->toast_level == TUI_LOG_ERROR ? R_ERR : R_WARN;
+    } else if (si->ascii_note) {
+        snprintf(t, sizeof t, "ASCII mode (the locale is not UTF-8)");
+    } else if (st->cmds_done) {
+        snprintf(t, sizeof t, "%s: %s", focus_name(v),
+                 st->cmd_cancelled ? "stopped" : st->cmd_rc ? "the command failed" : "done");
+    } else {
+        snprintf(t, sizeof t, "%s", focus_name(v));
+    }
+    tui_cb_text(cb, 0, x, room, t, role, role == R_STATUS ? 0 : TUI_BOLD);
+}
+
+void tui_draw_too_small(tui_cb *cb, int rows, int cols)
+{
+    char size[64];
+    snprintf(size, sizeof size, "%dx%d, needs %dx%d", cols, rows, TUI_MIN_COLS, TUI_MIN_ROWS);
+    const char *lines[3] = {"terminal too small", size, "q quits, : runs a command"};
+    int y = (cb->h - 3) / 2;
+    for (int i = 0; i < 3; i++) {
+        int w = tui_strwidth(lines[i]), x = w < cb->w ? (cb->w - w) / 2 : 0;
+        tui_cb_text(cb, y + i, x, cb->w - x, lines[i], i ? R_DIM : R_WARN, i ? 0 : TUI_BOLD);
+    }
+}
+
+tui_rect tui_draw_box(tui_cb *cb, const char *title, const char *const *lines, int n, int first, const char *footer)
+{
+    const tui_glyphs *g = tui_cb_glyphs(cb);
+    int w = 0;
+    for (int i = 0; i < n; i++)
+        w = tui_strwidth(lines[i]) > w ? tui_strwidth(lines[i]) : w;
+    w += 4;
+    int fw = footer ? tui_strwidth(footer) + 4 : 0;
+    w = w < fw ? fw : w;
+    if (w > cb->w)
+        w = cb->w;
+    int h = n + 2 > cb->h ? cb->h : n + 2, y0 = (cb->h - h) / 2, x0 = (cb->w - w) / 2;
+    tui_rect r = {.y = y0, .x = x0, .h = h, .w = w};
+    if (w < 4 || h < 3)
+        return (tui_rect){0};
+    tui_cb_fill(cb, y0, x0, h, w, ' ', R_TEXT, 0);
+    tui_cb_fill(cb, y0, x0 + 1, 1, w - 2, g->h, R_BORDER, 0);
+    tui_cb_fill(cb, y0 + h - 1, x0 + 1, 1, w - 2, g->h, R_BORDER, 0);
+    tui_cb_fill(cb, y0 + 1, x0, h - 2, 1, g->v, R_BORDER, 0);
+    tui_cb_fill(cb, y0 + 1, x0 + w - 1, h - 2, 1, g->v, R_BORDER, 0);
+    tui_cb_put(cb, y0, x0, g->tl, R_BORDER, 0);
+    tui_cb_put(cb, y0, x0 + w - 1, g->tr, R_BORDER, 0);
+    tui_cb_put(cb, y0 + h - 1, x0, g->bl, R_BORDER, 0);
+    tui_cb_put(cb, y0 + h - 1, x0 + w - 1, g->br, R_BORDER, 0);
+    char t[160];
+    snprintf(t, sizeof t, " %s ", title);
+    tui_cb_text(cb, y0, x0 + 2, w - 4, t, R_TITLE, TUI_BOLD);
+    if (footer)
+        tui_cb_text(cb, y0 + h - 1, x0 + 2, w - 4, footer, R_DIM, 0);
+    for (int i = 0; i < h - 2 && first + i < n; i++)
+        tui_cb_text(cb, y0 + 1 + i, x0 + 2, w - 4, lines[first + i], R_TEXT, 0);
+    return r;
+}

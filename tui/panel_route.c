@@ -1,0 +1,92 @@
+/* panel_route.c - the chain the current request uses (each hop: server, blocks, its time per step: measured in
+ * the last step, or routing's estimate with ~), and below it what happened to the route: retries, bans,
+ * re-routes, newest first. */
+#include <stdio.h>
+#include <string.h>
+
+#include "panels.h"
+#include "widgets.h"
+
+static const tui_server *server_at(const tui_state *st, int idx)
+{
+    for (int i = 0; st->swarm && i < st->swarm->n; i++)
+        if (st->swarm->s[i].idx == idx)
+            return &st->swarm->s[i];
+    return NULL;
+}
+
+/* Flows a piece of text at (*y, *x), moving to the next row when it does not fit. */
+static void flow(tui_cb *cb, int *y, int *x, int ymax, const char *s, int role, int flags)
+{
+    int w = tui_strwidth(s);
+    if (*x > 0 && *x + w > cb->w) {
+        (*y)++;
+        *x = 2;
+    }
+    if (*y >= ymax)
+        return;
+    *x += tui_cb_text(cb, *y, *x, cb->w - *x, s, role, flags);
+}
+
+void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
+{
+    (void)v;
+    const tui_glyphs *g = tui_cb_glyphs(cb);
+    char right[96] = "";
+    if (st->retries || st->reroutes)
+        snprintf(right, sizeof right, "retries %d  re-routes %d", st->retries, st->reroutes);
+    tui_draw_title(cb, 2, "Route", focused, right);
+    if (cb->h < 2)
+        return;
+    int y = 1, x = 0, ymax = cb->h;
+    if (!st->nhops) {
+        tui_cb_text(cb, 1, 0, cb->w, st->route_seen ? "(no route)" : "no route yet (:route, or a :generate)", R_DIM, 0);
+        y = 2;
+    } else {
+        char arrow[8], t[160];
+        int k = tui_utf8_encode(g->arrow, arrow);
+        arrow[k] = 0;
+        flow(cb, &y, &x, ymax, "you", R_DIM, 0);
+        for (int h = 0; h < st->nhops; h++) {
+            const tui_hop *hp = &st->hops[h];
+            const tui_server *s = server_at(st, hp->server);
+            static const int roles[4] = {R_ONLINE, R_JOINING, R_UNREACH, R_OFFLINE};
+            char lat[32];
+            double m = st->measured[h];
+            if (m > 0)
+                tui_fmt_secs(m, lat, sizeof lat);
+            else if (hp->latency > 0) {
+                lat[0] = '~';
+                tui_fmt_secs(hp->latency, lat + 1, sizeof lat - 1);
+            } else {
+                lat[0] = 0; /* a training route: no estimate per step */
+            }
+            snprintf(t, sizeof t, " %s ", arrow);
+            flow(cb, &y, &x, ymax, t, R_DIM, 0);
+            if (s && s->name[0])
+                snprintf(t, sizeof t, "%.12s", s->name);
+            else if (s)
+                snprintf(t, sizeof t, "%.8s", s->id);
+            else
+                snprintf(t, sizeof t, "#%d", hp->server);
+            flow(cb, &y, &x, ymax, t, s ? roles[s->state & 3] : R_TEXT, TUI_BOLD);
+            snprintf(t, sizeof t, "[%d:%d)%s%s", hp->start, hp->end, lat[0] ? " " : "", lat);
+            flow(cb, &y, &x, ymax, t, R_TEXT, 0);
+        }
+        if (st->route_cost > 0) {
+            char t2[64];
+            snprintf(t2, sizeof t2, "   %d hop%s, ~%.0f steps/s", st->nhops, st->nhops == 1 ? "" : "s",
+                     1.0 / st->route_cost);
+            flow(cb, &y, &x, ymax, t2, R_DIM, 0);
+        }
+        y++;
+    }
+    /* what happened, newest first */
+    int shown = st->nnotes < TUI_ROUTE_NOTES ? st->nnotes : TUI_ROUTE_NOTES;
+    for (int i = 0; i < shown && y < cb->h; i++, y++) {
+        const tui_note *n = &st->notes[(st->nnotes - 1 - i) % TUI_ROUTE_NOTES];
+        const char *kind = n->kind == 1 ? "re-routed: " : "retry: ";
+        int kw = tui_cb_text(cb, y, 0, cb->w, kind, n->kind == 1 ? R_WARN : R_ERR, TUI_BOLD);
+        tui_cb_text(cb, y, kw, cb->w - kw, n->text, R_TEXT, 0);
+    }
+}
