@@ -87,6 +87,7 @@ static const char *const type_names[SP_MSG__END] = {
     [SP_MSG_INFERENCE_CLOSE] = "INFERENCE_CLOSE",
     [SP_MSG_PING] = "PING",
     [SP_MSG_ERROR] = "ERROR",
+    [SP_MSG_AUTH] = "AUTH",
 };
 
 static const char *const enc_names[SP_ENC__END] = {

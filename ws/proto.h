@@ -22,7 +22,7 @@
 
 #define SP_PROTO_MAGIC 0x4c504553u /* "SEPL" as little-endian bytes */
 #define SP_PROTO_MAJOR 1
-#define SP_PROTO_MINOR 0
+#define SP_PROTO_MINOR 1
 #define SP_PROTO_HEADER_SIZE 40
 #define SP_PROTO_DESC_SIZE 48
 #define SP_PROTO_MAX_TENSORS 8
@@ -39,6 +39,7 @@ typedef enum {
     SP_MSG_INFERENCE_CLOSE = 7,
     SP_MSG_PING = 8,
     SP_MSG_ERROR = 9,
+    SP_MSG_AUTH = 10, /* the swarm key exchange (1.1; the transport answers it, see transport.h) */
     SP_MSG__END
 } sp_msg_type;
 
