@@ -27,23 +27,47 @@ void tp_wake_bulk(sp_ws_server *s)
         sp_log(SP_LOG_WARN, "transport: bulk wake-up failed: %s", strerror(errno));
 }
 
+static sp_log_limit g_bulk_log;
+
+/* A new bulk socket waits for its token; at most BULK_MAX_PENDING such, and max_pending_per_ip per address. */
 static void bulk_accept(sp_ws_server *s)
 {
-    for (;;) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    for (int k = 0; k < 64; k++) {
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* EAGAIN, or a transient error that the next POLLIN retries */
+        uint8_t addr[16];
+        tp_addr_of((struct sockaddr *)&sa, addr);
         size_t pending = 0;
         for (size_t i = 0; i < s->nsocks; i++)
             pending += s->socks[i]->c == NULL;
         bsock *b = pending < BULK_MAX_PENDING ? calloc(1, sizeof *b) : NULL;
-        if (!b || tp_grow((void **)&s->socks, &s->capsocks, s->nsocks + 1, sizeof *s->socks)) {
+        pthread_mutex_lock(&s->mu);
+        src_entry *e = b ? tp_src_get(s, addr) : NULL;
+        int ok = e && e->bulk_pending < s->o.max_pending_per_ip &&
+                 !tp_grow((void **)&s->socks, &s->capsocks, s->nsocks + 1, sizeof *s->socks);
+        if (ok) {
+            e->bulk_pending++;
+            b->src = e;
+        } else {
+            s->st.refused++;
+            tp_src_put(s, e);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!ok) {
+            char name[48];
+            tp_src_name(addr, name, sizeof name);
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: refused a bulk socket from %s: too many waiting for "
+                           "their token", name);
             free(b);
             close(fd);
             continue;
         }
         tp_tune_socket(fd);
         b->fd = fd;
+        b->server = s;
         b->deadline_ns = sp_now_ns() + BULK_ATTACH_NS;
         s->socks[s->nsocks++] = b;
     }
@@ -68,6 +92,9 @@ static void bulk_attach(sp_ws_server *s, bsock *b)
             c->bulk = b;
             c->refs++;
             b->c = c;
+            b->src->bulk_pending--;
+            tp_src_put(s, b->src);
+            b->src = NULL;
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -75,16 +102,73 @@ static void bulk_attach(sp_ws_server *s, bsock *b)
     put_le32(ack + 4, c ? 0 : 1);
     if (send(b->fd, ack, sizeof ack, MSG_NOSIGNAL) != (ssize_t)sizeof ack || !c) {
         if (!c)
-            sp_log(SP_LOG_WARN, "transport: bulk socket refused: bad preamble or unknown/used token");
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket refused: bad preamble or unknown/used token");
         b->dead = 1;
         return;
     }
     atomic_store(&c->last_ns, sp_now_ns());
 }
 
+/* tp_admit_fn for a bulk socket (bulk thread). */
+static int bulk_admit(void *u, uint64_t total, int *code, sp_err *err)
+{
+    bsock *b = u;
+    conn *c = b->c;
+    sp_ws_server *s = b->server;
+    uint64_t now = sp_now_ns();
+    pthread_mutex_lock(&s->mu);
+    int r = tp_admit(s, c, total);
+    uint64_t share = s->o.rx_budget_conn;
+    if (r == 1) {
+        b->reserved = total;
+        b->msg_deadline_ns = s->o.min_rate > 0 ? now + MSG_GRACE_NS + (uint64_t)((double)total / s->o.min_rate * 1e9) : 0;
+    }
+    if (r == 0 && !b->wait_ns) {
+        b->wait_ns = now;
+        b->wait_reqid = le64(b->rx.hdr + 16);
+        s->waiting++;
+        s->st.waits++;
+    } else if (r != 0 && b->wait_ns) {
+        b->wait_ns = 0;
+        s->waiting--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (r < 0) {
+        *code = LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE;
+        sp_errf(err, SP_ERR_RANGE, "message of %llu bytes exceeds this connection's budget of %llu bytes",
+                (unsigned long long)total, (unsigned long long)share);
+    }
+    return r;
+}
+
+/* A message of an attached socket: RX_WAIT leaves the socket unread until there is budget for it. */
+static int bulk_take(sp_ws_server *s, bsock *b, size_t got)
+{
+    sp_buf msg;
+    sp_err err = {0};
+    int code = 0;
+    int st = tp_rxstream_advance(&b->rx, got, &s->lim, bulk_admit, b, &msg, &code, &err);
+    if (got)
+        atomic_store(&b->c->last_ns, sp_now_ns());
+    if (st == RX_BAD) {
+        sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: conn %llu bulk socket closed: %s",
+                       (unsigned long long)b->c->id, err.msg);
+        b->dead = 1;
+    } else if (st == RX_DONE) {
+        pthread_mutex_lock(&s->mu);
+        b->reserved = 0; /* the charge goes with the message */
+        b->msg_deadline_ns = 0;
+        pthread_mutex_unlock(&s->mu);
+        tp_deliver(s, b->c, &msg, 0);
+    }
+    return st;
+}
+
 /* Reads what is there (up to a budget) and delivers complete messages under the ws conn's id. */
 static void bulk_read(sp_ws_server *s, bsock *b)
 {
+    if (b->c && b->rx.hlen == HDR && !b->rx.want && bulk_take(s, b, 0) == RX_WAIT)
+        return; /* still no room */
     size_t budget = BULK_READ_BUDGET;
     while (budget && !b->dead) {
         uint8_t *p;
@@ -109,18 +193,8 @@ static void bulk_read(sp_ws_server *s, bsock *b)
             b->prelen += (size_t)r;
             if (b->prelen == BULK_PREAMBLE)
                 bulk_attach(s, b);
-            continue;
-        }
-        sp_buf msg;
-        sp_err err = {0};
-        int code = 0;
-        int st = tp_rxstream_advance(&b->rx, (size_t)r, &s->lim, &msg, &code, &err);
-        atomic_store(&b->c->last_ns, sp_now_ns());
-        if (st == RX_BAD) {
-            sp_log(SP_LOG_WARN, "transport: conn %llu bulk socket closed: %s", (unsigned long long)b->c->id, err.msg);
-            b->dead = 1;
-        } else if (st == RX_DONE) {
-            s->on_message(s->user, b->c->id, &msg);
+        } else if (bulk_take(s, b, (size_t)r) == RX_WAIT) {
+            return;
         }
     }
 }
@@ -132,6 +206,7 @@ static void bulk_write(sp_ws_server *s, bsock *b)
         if (!b->busy) {
             pthread_mutex_lock(&s->mu);
             b->busy = tp_msgq_pop(&b->txq, &b->cur);
+            b->tx_charge = b->busy ? b->cur.len : 0;
             pthread_mutex_unlock(&s->mu);
             if (!b->busy)
                 return;
@@ -151,6 +226,11 @@ static void bulk_write(sp_ws_server *s, bsock *b)
         if (b->cur_off == b->cur.len) {
             sp_buf_free(&b->cur);
             b->busy = 0;
+            pthread_mutex_lock(&s->mu);
+            if (b->c)
+                tp_charge(s, b->c, 0, -(int64_t)b->tx_charge);
+            b->tx_charge = 0;
+            pthread_mutex_unlock(&s->mu);
             if (b->c)
                 atomic_store(&b->c->last_ns, sp_now_ns());
         }
@@ -161,28 +241,32 @@ static void bulk_write(sp_ws_server *s, bsock *b)
 void tp_bulk_close(sp_ws_server *s, bsock *b)
 {
     conn *c = b->c;
-    int last = 0, cancel = 0;
+    int last = 0;
     pthread_mutex_lock(&s->mu);
+    uint64_t out = tp_msgq_clear(&b->txq) + b->tx_charge;
     if (c) {
+        tp_charge(s, c, -(int64_t)b->reserved, -(int64_t)out);
+        if (b->wait_ns)
+            s->waiting--;
         c->bulk = NULL;
         c->dead = 1;
         if (c->wsi) {
             c->close_req = 1;
-            cancel = 1;
+            tp_flag(s, c);
         }
         last = --c->refs == 0;
-        if (last)
-            tp_remove_conn(s, c);
         b->c = NULL;
     }
-    tp_msgq_clear(&b->txq);
+    if (b->src) {
+        b->src->bulk_pending--;
+        tp_src_put(s, b->src);
+        b->src = NULL;
+    }
     pthread_mutex_unlock(&s->mu);
     close(b->fd);
     sp_buf_free(&b->rx.buf);
     sp_buf_free(&b->cur);
     free(b);
-    if (cancel)
-        lws_cancel_service(s->ctx);
     if (c)
         tp_conn_release(s, c, last);
 }
@@ -199,9 +283,12 @@ static int bulk_prepare(sp_ws_server *s, struct pollfd *pfd)
         bsock *b = s->socks[i];
         if (b->kill)
             b->dead = 1;
-        short ev = POLLIN;
+        /* not read while its message waits for budget, or its conn's output is over tx_bound */
+        short ev = b->wait_ns || (b->c && b->c->out_full) ? 0 : POLLIN;
         if (b->busy || b->txq.head)
             ev |= POLLOUT;
+        if (b->wait_ns && s->waiting) /* budget may have been freed: look again soon */
+            next = now + 20000000ull < next ? now + 20000000ull : next;
         pfd[2 + i] = (struct pollfd){.fd = b->fd, .events = ev};
         if (!b->c && b->deadline_ns < next)
             next = b->deadline_ns;
@@ -253,7 +340,7 @@ void *tp_bulk_main(void *arg)
         for (size_t i = 0; i < polled; i++) {
             bsock *b = s->socks[i];
             short re = pfd[2 + i].revents;
-            if (!b->dead && (re & (POLLIN | POLLHUP | POLLERR)))
+            if (!b->dead && ((re & (POLLIN | POLLHUP | POLLERR)) || b->wait_ns))
                 bulk_read(s, b);
             if (!b->dead && (re & POLLOUT))
                 bulk_write(s, b);
@@ -402,16 +489,17 @@ static void *cli_reader_main(void *arg)
             break;
         sp_buf msg;
         int code = 0;
-        int st = tp_rxstream_advance(&rs, (size_t)r, &c->lim, &msg, &code, &err);
+        int st = tp_rxstream_advance(&rs, (size_t)r, &c->lim, NULL, NULL, &msg, &code, &err);
         if (st == RX_BAD) {
             sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, err.msg);
             why = err.msg;
             break;
         }
-        if (st == RX_DONE) {
+        if (st == RX_DONE) { /* then no more reading while rx_queue_max bytes wait for recv */
+            tp_cli_queue(c, &msg);
             pthread_mutex_lock(&c->mu);
-            if (tp_msgq_push(&c->rxq, &msg) == 0)
-                pthread_cond_signal(&c->cv);
+            while (c->rx_full && c->state == C_OPEN)
+                pthread_cond_wait(&c->cv, &c->mu);
             pthread_mutex_unlock(&c->mu);
         }
     }
@@ -485,12 +573,16 @@ static int ms_left(uint64_t abs_ns)
     return t >= abs_ns ? 0 : (int)((abs_ns - t + 999999) / 1000000);
 }
 
+/* direct_recv with the bulk socket attached: the caller polls the bulk socket and the wake eventfd itself, and
+ * reassembles bulk messages on its own thread; websocket messages still come through rxq. */
 sp_status tp_cli_recv_direct(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err)
 {
     uint64_t until = timeout_ms < 0 ? 0 : tp_deadline_after(timeout_ms);
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int got = tp_msgq_pop(&c->rxq, out), open = c->state == C_OPEN;
+        if (got)
+            tp_cli_taken_locked(c);
         char why[sizeof c->why];
         snprintf(why, sizeof why, "%s", c->why);
         pthread_mutex_unlock(&c->mu);
@@ -525,7 +617,7 @@ sp_status tp_cli_recv_direct(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_er
         }
         sp_err e2 = {0};
         int code = 0;
-        int st = tp_rxstream_advance(&c->drs, (size_t)n, &c->lim, out, &code, &e2);
+        int st = tp_rxstream_advance(&c->drs, (size_t)n, &c->lim, NULL, NULL, out, &code, &e2);
         if (st == RX_BAD) {
             sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, e2.msg);
             tp_cli_fail(c, e2.msg);

@@ -37,16 +37,12 @@ void tp_resolve_opts(sp_transport_opts *dst, const sp_transport_opts *src)
     sp_transport_opts_default(dst);
     if (!src)
         return;
-    if (src->host && *src->host)
-        dst->host = src->host;
-    dst->port = src->port;
-    dst->bulk_port = src->bulk_port;
-    if (src->max_message)
-        dst->max_message = src->max_message < HDR ? HDR : src->max_message;
-    if (src->bulk_threshold)
-        dst->bulk_threshold = src->bulk_threshold;
-    dst->idle_timeout_s = src->idle_timeout_s;
-    dst->direct_recv = src->direct_recv;
+    sp_transport_opts d = *dst;
+    *dst = *src; /* the limits: 0 stays "the default", resolved by the server at start */
+    dst->host = src->host && *src->host ? src->host : d.host;
+    dst->max_message = !src->max_message ? d.max_message : src->max_message < HDR ? HDR : src->max_message;
+    dst->bulk_threshold = src->bulk_threshold ? src->bulk_threshold : d.bulk_threshold;
+    dst->rx_queue_max = src->rx_queue_max ? src->rx_queue_max : d.rx_queue_max;
 }
 
 sp_proto_limits tp_limits_for(const sp_transport_opts *o)
@@ -62,7 +58,8 @@ void sp_transport_opts_default(sp_transport_opts *o)
                              .bulk_port = 0,
                              .max_message = SP_PROTO_DEFAULT_MAX_MESSAGE,
                              .bulk_threshold = DEFAULT_BULK_THRESHOLD,
-                             .idle_timeout_s = 0};
+                             .idle_timeout_s = 0,
+                             .rx_queue_max = 64ull << 20};
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -78,6 +75,7 @@ int tp_msgq_push(msgq *q, sp_buf *msg)
     }
     n->next = NULL;
     n->buf = buf_take(msg);
+    q->bytes += n->buf.len;
     if (q->tail)
         q->tail->next = n;
     else
@@ -95,15 +93,18 @@ int tp_msgq_pop(msgq *q, sp_buf *out)
     if (!q->head)
         q->tail = NULL;
     *out = n->buf;
+    q->bytes -= n->buf.len;
     free(n);
     return 1;
 }
 
-void tp_msgq_clear(msgq *q)
+uint64_t tp_msgq_clear(msgq *q)
 {
+    uint64_t n = q->bytes;
     sp_buf b;
     while (tp_msgq_pop(q, &b))
         sp_buf_free(&b);
+    return n;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -144,6 +145,7 @@ void tp_rxasm_reset(rxasm *a)
 {
     sp_buf_free(&a->buf);
     a->want = 0;
+    a->admitted = 0;
 }
 
 /* Appends up to the first 40 bytes and checks the header once they are all in. */
@@ -158,16 +160,26 @@ static int rxasm_header(rxasm *a, const uint8_t **p, size_t *n, const sp_proto_l
     *n -= k;
     if (a->buf.len < HDR)
         return 0;
-    if (check_header(a->buf.data, lim, &a->want, code, err))
-        return -1;
-    return reserve_message(&a->buf, a->want, code, err);
+    return check_header(a->buf.data, lim, &a->want, code, err);
 }
 
-/* Feeds one piece of a ws message. RX_DONE moves the complete message to *out. The cap is checked before
- * anything is buffered, so an oversize message costs at most one piece. */
-int tp_rxasm_feed(rxasm *a, const uint8_t *p, size_t n, int final, const sp_proto_limits *lim, sp_buf *out,
-                      int *code, sp_err *err)
+/* Asks admit for a message whose header is in; reserves its buffer once admitted. */
+static int rxasm_admit(rxasm *a, tp_admit_fn admit, void *au, int *code, sp_err *err)
 {
+    int r = admit ? admit(au, a->want, code, err) : 1;
+    if (r <= 0)
+        return r < 0 ? RX_BAD : RX_WAIT;
+    if (reserve_message(&a->buf, a->want, code, err))
+        return RX_BAD;
+    a->admitted = 1;
+    return RX_MORE;
+}
+
+int tp_rxasm_feed(rxasm *a, const uint8_t *p, size_t n, int final, const sp_proto_limits *lim, tp_admit_fn admit,
+                  void *au, size_t *used, sp_buf *out, int *code, sp_err *err)
+{
+    size_t n0 = n;
+    *used = 0;
     if (n > lim->max_message - a->buf.len) {
         *code = LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE;
         sp_errf(err, SP_ERR_RANGE, "message exceeds max_message %llu", (unsigned long long)lim->max_message);
@@ -175,6 +187,13 @@ int tp_rxasm_feed(rxasm *a, const uint8_t *p, size_t n, int final, const sp_prot
     }
     if (a->want == 0 && rxasm_header(a, &p, &n, lim, code, err))
         return RX_BAD;
+    if (a->want && !a->admitted) {
+        int r = rxasm_admit(a, admit, au, code, err);
+        if (r == RX_WAIT)
+            *used = n0 - n;
+        if (r != RX_MORE)
+            return r;
+    }
     if (n) {
         if (n > a->want - a->buf.len) {
             *code = LWS_CLOSE_STATUS_PROTOCOL_ERR;
@@ -185,6 +204,7 @@ int tp_rxasm_feed(rxasm *a, const uint8_t *p, size_t n, int final, const sp_prot
         memcpy(a->buf.data + a->buf.len, p, n);
         a->buf.len += n;
     }
+    *used = n0;
     if (!final)
         return RX_MORE;
     if (a->want == 0 || a->buf.len != a->want) {
@@ -195,6 +215,7 @@ int tp_rxasm_feed(rxasm *a, const uint8_t *p, size_t n, int final, const sp_prot
     }
     *out = buf_take(&a->buf);
     a->want = 0;
+    a->admitted = 0;
     return RX_DONE;
 }
 
@@ -210,15 +231,20 @@ void tp_rxstream_target(rxstream *r, uint8_t **p, size_t *n)
     }
 }
 
-/* Accounts for got bytes read at rxstream_target. */
-int tp_rxstream_advance(rxstream *r, size_t got, const sp_proto_limits *lim, sp_buf *out, int *code, sp_err *err)
+int tp_rxstream_advance(rxstream *r, size_t got, const sp_proto_limits *lim, tp_admit_fn admit, void *au, sp_buf *out,
+                        int *code, sp_err *err)
 {
     if (r->want == 0) {
         r->hlen += got;
         if (r->hlen < HDR)
             return RX_MORE;
         uint64_t total;
-        if (check_header(r->hdr, lim, &total, code, err) || reserve_message(&r->buf, total, code, err))
+        if (check_header(r->hdr, lim, &total, code, err))
+            return RX_BAD;
+        int a = admit ? admit(au, total, code, err) : 1;
+        if (a <= 0)
+            return a < 0 ? RX_BAD : RX_WAIT; /* hlen stays at 40: called again with got = 0 */
+        if (reserve_message(&r->buf, total, code, err))
             return RX_BAD;
         memcpy(r->buf.data, r->hdr, HDR);
         r->buf.len = HDR;

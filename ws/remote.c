@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "transport.h"
+
+static sp_log_limit g_bulk_log;
 
 struct sp_remote {
     sp_ws_client *c;
@@ -134,14 +137,31 @@ static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_e
     r->info.config_hash = config ? strtoull(config, NULL, 16) : 0;
     r->info.start = (int)a;
     r->info.end = (int)b;
-    if (!no_bulk && bulk > 0 && token)
-        st = sp_ws_client_attach_bulk(r->c, (int)bulk, strtoull(token, NULL, 10), timeout_ms, err);
+    if (!no_bulk && bulk > 0 && token) {
+        sp_err berr = {0};
+        sp_status bst = sp_ws_client_attach_bulk(r->c, (int)bulk, strtoull(token, NULL, 10), timeout_ms, &berr);
+        if (bst && sp_ws_client_is_open(r->c)) /* slower, but served */
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "%s:%d: no bulk channel (%s); using the websocket alone",
+                           r->host, port, berr.msg);
+        else if (bst)
+            st = sp_errf(err, bst, "%s", berr.msg);
+    }
     sp_reply_clear(&rep);
     return st;
 }
 
 sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_bulk, int timeout_ms, sp_err *err)
 {
+    sp_remote_opts o = {.no_bulk = no_bulk};
+    return sp_remote_connect_opts(out, host, port, &o, timeout_ms, err);
+}
+
+int sp_remote_is_open(const sp_remote *r) { return r && sp_ws_client_is_open(r->c); }
+
+sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, const sp_remote_opts *ro, int timeout_ms,
+                                 sp_err *err)
+{
+    int no_bulk = ro && ro->no_bulk;
     *out = NULL;
     sp_remote *r = calloc(1, sizeof *r);
     if (!r)
@@ -154,6 +174,7 @@ sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_
     sp_transport_opts_default(&o);
     o.bulk_threshold = 1; /* once attached, every request goes out over the bulk socket from this thread, */
     o.direct_recv = 1;    /* and replies are read on it by this thread: no hand-offs (calls are serialised) */
+    o.key = ro ? ro->key : NULL;
     sp_status st = sp_ws_client_connect(&r->c, host, port, &o, timeout_ms, err);
     if (!st)
         st = hello(r, no_bulk, port, timeout_ms, err);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "timeutil.h"
 #include "transport_impl.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -49,6 +50,39 @@ void tp_cli_fail(sp_ws_client *c, const char *why)
     lws_cancel_service(c->ctx);
 }
 
+void tp_cli_queue(sp_ws_client *c, sp_buf *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    if (tp_msgq_push(&c->rxq, msg) == 0) {
+        pthread_cond_broadcast(&c->cv);
+        cli_poke_locked(c);
+    }
+    if (!c->rx_full && c->rxq.bytes > c->o.rx_queue_max)
+        c->rx_full = 1; /* the ws is not read (cli_flow), the bulk reader waits */
+    pthread_mutex_unlock(&c->mu);
+}
+
+void tp_cli_taken_locked(sp_ws_client *c)
+{
+    if (c->rx_full && c->rxq.bytes <= c->o.rx_queue_max / 2) {
+        c->rx_full = 0;
+        pthread_cond_broadcast(&c->cv);
+        lws_cancel_service(c->ctx); /* cli_wake turns reading back on */
+    }
+}
+
+/* Reading the ws stops while rx_queue_max bytes wait for recv (service thread). */
+static void cli_flow(sp_ws_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int off = c->rx_full;
+    pthread_mutex_unlock(&c->mu);
+    if (c->wsi && off != c->rx_off) {
+        lws_rx_flow_control(c->wsi, !off);
+        c->rx_off = off;
+    }
+}
+
 static int cli_receive(sp_ws_client *c, struct lws *wsi, const void *in, size_t len)
 {
     if (c->fail.failed)
@@ -57,10 +91,11 @@ static int cli_receive(sp_ws_client *c, struct lws *wsi, const void *in, size_t 
     sp_err err = {0};
     int code = LWS_CLOSE_STATUS_UNACCEPTABLE_OPCODE;
     int r = RX_BAD;
+    size_t used;
     if (!lws_frame_is_binary(wsi))
         sp_errf(&err, SP_ERR_FORMAT, "a text frame (binary messages only)");
     else
-        r = tp_rxasm_feed(&c->rx, in, len, lws_is_final_fragment(wsi), &c->lim, &msg, &code, &err);
+        r = tp_rxasm_feed(&c->rx, in, len, lws_is_final_fragment(wsi), &c->lim, NULL, NULL, &used, &msg, &code, &err);
     if (r == RX_BAD) {
         sp_log(SP_LOG_WARN, "transport: connection to %s:%d closed: %s", c->host, c->port, err.msg);
         pthread_mutex_lock(&c->mu);
@@ -69,12 +104,8 @@ static int cli_receive(sp_ws_client *c, struct lws *wsi, const void *in, size_t 
         return tp_defer_close(wsi, &c->fail, code, err.msg);
     }
     if (r == RX_DONE) {
-        pthread_mutex_lock(&c->mu);
-        if (tp_msgq_push(&c->rxq, &msg) == 0) {
-            pthread_cond_signal(&c->cv);
-            cli_poke_locked(c);
-        }
-        pthread_mutex_unlock(&c->mu);
+        tp_cli_queue(c, &msg);
+        cli_flow(c);
     }
     return 0;
 }
@@ -118,6 +149,24 @@ static void cli_wake(sp_ws_client *c)
     pthread_mutex_unlock(&c->mu);
     if (need)
         lws_callback_on_writable(c->wsi);
+    cli_flow(c);
+}
+
+/* The server refused the upgrade: a connection cap answers 503 with its reason. */
+static void cli_refused(sp_ws_client *c, struct lws *wsi, const char *in, size_t len)
+{
+    char why[160];
+    unsigned status = wsi ? lws_http_client_http_response(wsi) : 0;
+    if (status == 503)
+        snprintf(why, sizeof why, "refused by the server (HTTP 503: it is at a connection cap)");
+    else if (status)
+        snprintf(why, sizeof why, "refused by the server (HTTP %u)", status);
+    else
+        snprintf(why, sizeof why, "%.*s", in && len ? (int)(len < 150 ? len : 150) : 17,
+                 in && len ? in : "connection failed");
+    pthread_mutex_lock(&c->mu);
+    cli_closed_locked(c, why);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* The server's close frame: status (big-endian u16) and reason, kept for the caller's error message. */
@@ -146,9 +195,7 @@ static int cli_ws_cb(struct lws *wsi, enum lws_callback_reasons reason, void *us
         pthread_mutex_unlock(&c->mu);
         return 0;
     case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
-        pthread_mutex_lock(&c->mu);
-        cli_closed_locked(c, in && len ? (const char *)in : "connection failed");
-        pthread_mutex_unlock(&c->mu);
+        cli_refused(c, wsi, in, len);
         c->wsi = NULL;
         return 0;
     case LWS_CALLBACK_CLIENT_RECEIVE:
@@ -205,6 +252,11 @@ static sp_status cli_init(sp_ws_client *c, const char *host, int port, const sp_
     c->bulk_fd = -1;
     c->wake_fd = c->o.direct_recv ? eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) : -1;
     c->state = C_CONNECTING;
+    if (c->o.key) {
+        c->key = *c->o.key;
+        c->has_key = 1;
+    }
+    c->o.key = NULL;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->bulk_wmu, NULL);
     pthread_condattr_t ca;
@@ -287,9 +339,14 @@ sp_status sp_ws_client_connect(sp_ws_client **out, const char *host, int port, c
     if (!c)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     cli_init(c, host, port, o);
+    uint64_t t0 = sp_now_ns();
     sp_status st = cli_create_context(c, timeout_ms, err);
     if (!st)
         st = cli_handshake(c, timeout_ms, err);
+    if (!st && c->has_key) { /* the rest of the caller's time */
+        int spent = (int)((sp_now_ns() - t0) / 1000000);
+        st = tp_auth_client(c, timeout_ms < 0 ? -1 : spent < timeout_ms ? timeout_ms - spent : 1, err);
+    }
     if (st) {
         sp_ws_client_close(c);
         return st;
@@ -324,8 +381,6 @@ sp_status sp_ws_client_send(sp_ws_client *c, sp_buf *msg, sp_err *err)
     return SP_OK;
 }
 
-/* direct_recv with the bulk socket attached: the caller polls the bulk socket and the wake eventfd itself, and
- * reassembles bulk messages on its own thread; websocket messages still come through rxq. */
 sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err)
 {
     if (!c || !out)
@@ -341,9 +396,10 @@ sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err
     while (!c->rxq.head && c->state == C_OPEN && st == SP_OK)
         if (timeout_ms == 0 || cli_wait(c, until) == ETIMEDOUT)
             st = SP_ERR_TIMEOUT;
-    if (tp_msgq_pop(&c->rxq, out))
+    if (tp_msgq_pop(&c->rxq, out)) {
         st = SP_OK;
-    else if (c->state != C_OPEN)
+        tp_cli_taken_locked(c);
+    } else if (c->state != C_OPEN)
         st = SP_ERR_CLOSED;
     char why[sizeof c->why];
     snprintf(why, sizeof why, "%s", c->why);
