@@ -30,6 +30,9 @@ void sp_app_init(sp_app *app)
     sp_app_define(app, "allowed-servers", SP_SET_STR, 0, 0, "",
                   "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
     sp_app_define(app, "blocked-servers", SP_SET_STR, 0, 0, "", "never route through these servers (same forms)");
+    sp_app_define(app, "swarm-key", SP_SET_STR, 0, 0, "",
+                  "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove it both ways and "
+                  "DHT records without its tag are dropped; empty is none");
 }
 
 void sp_app_free(sp_app *app)

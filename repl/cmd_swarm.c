@@ -55,6 +55,13 @@ sp_runtime *sp_app_runtime(sp_app *app)
         snprintf(set->allowed, sizeof set->allowed, "%s", sp_app_get(app, "allowed-servers"));
         snprintf(set->blocked, sizeof set->blocked, "%s", sp_app_get(app, "blocked-servers"));
         pthread_mutex_unlock(&app->rt->lock);
+        const char *key = sp_app_get(app, "swarm-key");
+        sp_err err = {0};
+        if (strcmp(key, app->rt->key_path) && sp_runtime_set_swarm_key(app->rt, key, &err)) {
+            sp_app_error(app, "%s", err.msg);
+            sp_app_set(app, "swarm-key", app->rt->key_path); /* the key in use stays */
+            return NULL;
+        }
     }
     return app->rt;
 }
@@ -103,14 +110,28 @@ static int cmd_swarm(sp_app *app, int argc, char **argv)
 
 static int cmd_connect(sp_app *app, int argc, char **argv)
 {
-    int dht = argc == 3 && !strcmp(argv[1], "--initial-peers");
-    if (argc != 2 && !dht)
-        return sp_app_error(app, "usage: connect HOST:PORT[,HOST:PORT...] | connect --initial-peers HOST:PORT[,...]");
+    const char *usage = "usage: connect [--swarm-key FILE] HOST:PORT[,HOST:PORT...] | "
+                        "connect [--swarm-key FILE] --initial-peers HOST:PORT[,...]";
+    const char *peers = NULL, *addrs = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--swarm-key") && i + 1 < argc) {
+            if (sp_app_set(app, "swarm-key", argv[++i])) /* the setting: later commands keep the key */
+                return sp_app_error(app, "connect: bad --swarm-key '%s'", argv[i]);
+        } else if (!strcmp(argv[i], "--initial-peers") && i + 1 < argc && !peers && !addrs) {
+            peers = argv[++i];
+        } else if (argv[i][0] != '-' && !peers && !addrs) {
+            addrs = argv[i];
+        } else {
+            return sp_app_error(app, "%s", usage);
+        }
+    }
+    if (!peers && !addrs)
+        return sp_app_error(app, "%s", usage);
     sp_runtime *rt = sp_app_runtime(app);
     sp_err err = {0};
     if (!rt)
         return 1;
-    if (dht ? sp_runtime_join(rt, argv[2], &err) : sp_runtime_connect(rt, argv[1], &err))
+    if (peers ? sp_runtime_join(rt, peers, &err) : sp_runtime_connect(rt, addrs, &err))
         return sp_app_error(app, "%s", err.msg);
     return 0;
 }
@@ -228,10 +249,14 @@ const sp_cmd sp_cmds_swarm[] = {
      "N x K above the model's blocks gives redundancy). It waits until all serve.\n"
      "swarm down stops them (each announces OFFLINE) and leaves the swarm.",
      cmd_swarm},
-    {"connect", NULL, "HOST:PORT[,...] | --initial-peers HOST:PORT[,...]", "join a swarm, or use servers by address",
+    {"connect", NULL, "[--swarm-key FILE] HOST:PORT[,...] | [--swarm-key FILE] --initial-peers HOST:PORT[,...]",
+     "join a swarm, or use servers by address",
      "connect --initial-peers HOST:PORT,... joins a swarm through its DHT nodes (any server's DHT port): a DHT\n"
      "node of this app's own keeps a live view of the loaded model's servers, and routing picks among them.\n"
-     "connect HOST:PORT,... uses servers by their websocket address, without the DHT.",
+     "connect HOST:PORT,... uses servers by their websocket address, without the DHT.\n"
+     "--swarm-key FILE joins a private swarm (it sets the swarm-key setting): every connection proves the key\n"
+     "both ways before anything else, and DHT records without its tag are dropped. swarm up then starts its\n"
+     "servers with the key too.",
      cmd_connect},
     {"servers", NULL, "", "the servers: id, name, address, blocks, state, throughput, rps, cache, pings, version",
      "One row per server: its id (and public name), websocket address, blocks, state (online, joining,\n"

@@ -64,6 +64,27 @@ void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap)
 /* ---------------------------------------------------------------------------------------------- */
 /* connections */
 
+/* A connection with the bulk channel, proving the swarm key first when there is one. */
+static sp_status rt_connect(sp_runtime *rt, sp_remote **r, const char *host, int port, int timeout_ms, sp_err *err)
+{
+    sp_remote_opts o = {.key = rt->has_key ? &rt->key : NULL};
+    return sp_remote_connect_opts(r, host, port, &o, timeout_ms, err);
+}
+
+sp_status sp_runtime_set_swarm_key(sp_runtime *rt, const char *path, sp_err *err)
+{
+    sp_swarm_key k;
+    if (path && *path && sp_swarm_key_load(&k, path, err))
+        return err ? err->code : SP_ERR_ARG;
+    pthread_mutex_lock(&rt->lock);
+    rt->has_key = path && *path;
+    if (rt->has_key)
+        rt->key = k;
+    snprintf(rt->key_path, sizeof rt->key_path, "%s", rt->has_key ? path : "");
+    pthread_mutex_unlock(&rt->lock);
+    return SP_OK;
+}
+
 /* Drops the caller's reference; `broken` also detaches c from the entry (dropping the entry's reference),
  * once, whichever thread sees the failure first. The last reference closes it. */
 static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int broken)
@@ -97,10 +118,12 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     if (c)
         c->users++;
     pthread_mutex_unlock(&rt->lock);
-    if (c)
+    if (c && sp_remote_is_open(c->r))
         return c;
+    if (c) /* the server closed it while it was idle (its idle timeout): a new one, no failure */
+        conn_release(rt, e, c, 1);
     sp_remote *r = NULL;
-    if (sp_remote_connect(&r, host, port, 0, timeout_ms, err))
+    if (rt_connect(rt, &r, host, port, timeout_ms, err))
         return NULL;
     c = calloc(1, sizeof *c);
     if (!c) {
@@ -213,7 +236,7 @@ void sp_runtime_refresh(sp_runtime *rt)
 static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *err)
 {
     sp_remote *r = NULL;
-    sp_status st = sp_remote_connect(&r, host, port, 0, 10000, err);
+    sp_status st = rt_connect(rt, &r, host, port, 10000, err);
     if (st)
         return st;
     const sp_remote_info *h = sp_remote_hello(r);
