@@ -71,3 +71,20 @@ void sp_log_limited(sp_log_limit *lim, sp_log_level level, const char *fmt, ...)
     else
         sp_log(level, "%s", msg);
 }
+
+void sp_log_limited_flush(sp_log_limit *lim)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    pthread_mutex_lock(&g_lock);
+    unsigned long n = lim->suppressed && now - lim->window_start >= SP_LOG_WINDOW_S ? lim->suppressed : 0;
+    if (n) {
+        lim->suppressed = 0;
+        lim->window_start = now;
+        lim->in_window = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (n)
+        sp_log(SP_LOG_WARN, "(%lu similar lines suppressed in %.0f s)", n, SP_LOG_WINDOW_S);
+}

@@ -22,5 +22,8 @@ typedef struct sp_log_limit {
     unsigned long suppressed;
 } sp_log_limit;
 void sp_log_limited(sp_log_limit *lim, sp_log_level level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Once a window is over, says how many lines it suppressed (call it now and then: a burst that stops would
+ * otherwise never be counted). */
+void sp_log_limited_flush(sp_log_limit *lim);
 
 #endif

@@ -60,8 +60,6 @@ static void add_hex(cJSON *o, const char *name, const uint8_t *p, size_t n)
 /* ---------------------------------------------------------------------------------------------- */
 /* server */
 
-static sp_log_limit g_refused_log;
-
 static int refuse(sp_ws_server *s, conn *c, uint64_t reqid, const char *why)
 {
     pthread_mutex_lock(&s->mu);
@@ -69,7 +67,7 @@ static int refuse(sp_ws_server *s, conn *c, uint64_t reqid, const char *why)
     char who[48];
     snprintf(who, sizeof who, "%s", c->src ? c->src->name : "?");
     pthread_mutex_unlock(&s->mu);
-    sp_log_limited(&g_refused_log, SP_LOG_WARN, "transport: conn %llu from %s refused: %s", (unsigned long long)c->id,
+    sp_log_limited(&tp_log_refused, SP_LOG_WARN, "transport: conn %llu from %s refused: %s", (unsigned long long)c->id,
                    who, why);
     c->fail.reply = 1;
     c->fail.reqid = reqid;

@@ -68,6 +68,7 @@ static void bulk_accept(sp_ws_server *s)
         tp_tune_socket(fd);
         b->fd = fd;
         b->server = s;
+        b->rx.map_from = MAP_FROM;
         b->deadline_ns = sp_now_ns() + BULK_ATTACH_NS;
         s->socks[s->nsocks++] = b;
     }
@@ -346,6 +347,7 @@ void *tp_bulk_main(void *arg)
                 bulk_write(s, b);
         }
         bulk_sweep(s);
+        sp_log_limited_flush(&g_bulk_log);
     }
     free(pfd);
     return NULL;

@@ -130,10 +130,11 @@ static int check_header(const uint8_t *h, const sp_proto_limits *lim, uint64_t *
 }
 
 /* Sizes the buffer for the whole message at once: the header is checked against max_message first, and
- * malloc of a large block only reserves address space until the bytes arrive. */
-static int reserve_message(sp_buf *b, uint64_t total, int *code, sp_err *err)
+ * a large block only reserves address space until the bytes arrive. */
+static int reserve_message(sp_buf *b, uint64_t total, uint64_t map_from, int *code, sp_err *err)
 {
-    if (total > SIZE_MAX || sp_buf_reserve(b, (size_t)total, err) != SP_OK) {
+    if (total > SIZE_MAX || (map_from && total >= map_from ? sp_buf_reserve_mapped(b, (size_t)total, err)
+                                                           : sp_buf_reserve(b, (size_t)total, err)) != SP_OK) {
         *code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
         sp_errf(err, SP_ERR_NOMEM, "out of memory for a %llu-byte message", (unsigned long long)total);
         return -1;
@@ -169,7 +170,7 @@ static int rxasm_admit(rxasm *a, tp_admit_fn admit, void *au, int *code, sp_err 
     int r = admit ? admit(au, a->want, code, err) : 1;
     if (r <= 0)
         return r < 0 ? RX_BAD : RX_WAIT;
-    if (reserve_message(&a->buf, a->want, code, err))
+    if (reserve_message(&a->buf, a->want, a->map_from, code, err))
         return RX_BAD;
     a->admitted = 1;
     return RX_MORE;
@@ -244,7 +245,7 @@ int tp_rxstream_advance(rxstream *r, size_t got, const sp_proto_limits *lim, tp_
         int a = admit ? admit(au, total, code, err) : 1;
         if (a <= 0)
             return a < 0 ? RX_BAD : RX_WAIT; /* hlen stays at 40: called again with got = 0 */
-        if (reserve_message(&r->buf, total, code, err))
+        if (reserve_message(&r->buf, total, r->map_from, code, err))
             return RX_BAD;
         memcpy(r->buf.data, r->hdr, HDR);
         r->buf.len = HDR;

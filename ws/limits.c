@@ -167,6 +167,8 @@ void tp_charge(sp_ws_server *s, conn *c, int64_t din, int64_t dout)
     add(&s->used, d);
     if (s->used > s->st.budget_peak)
         s->st.budget_peak = s->used;
+    if (s->used > s->trim_mark)
+        s->trim_mark = s->used;
     if (!c->out_full && c->out_bytes > s->o.tx_bound) {
         c->out_full = 1; /* the service thread stops reading the ws; the bulk thread stops polling it */
         s->st.paused++;
@@ -188,8 +190,8 @@ int tp_admit(sp_ws_server *s, conn *c, uint64_t total)
 {
     if (total > s->o.rx_budget_conn)
         return -1;
-    uint64_t held = c->in_bytes + c->out_bytes;
-    if (held + total > s->o.rx_budget_conn || (c->src && c->src->used + total > s->o.rx_budget_ip) ||
+    /* a connection's share is of its input (its output has tx_bound); the address's and the total count both */
+    if (c->in_bytes + total > s->o.rx_budget_conn || (c->src && c->src->used + total > s->o.rx_budget_ip) ||
         s->used + total > s->o.rx_budget)
         return 0;
     tp_charge(s, c, (int64_t)total, 0);

@@ -87,9 +87,13 @@ typedef struct sp_buf {
     uint8_t *base; /* allocation; data = base + SP_BUF_HEADROOM */
     uint8_t *data;
     size_t len, cap; /* cap excludes the headroom */
+    size_t mapped;   /* bytes of its own anonymous mapping (sp_buf_reserve_mapped), 0: from malloc */
 } sp_buf;
 
 sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err);
+/* As sp_buf_reserve, but the buffer gets a mapping of its own: freeing it gives the memory back to the system at
+ * once (the allocator keeps a freed block of its heap). For large received messages of a server. */
+sp_status sp_buf_reserve_mapped(sp_buf *b, size_t cap, sp_err *err);
 sp_status sp_buf_append(sp_buf *b, const void *p, size_t n, sp_err *err);
 void sp_buf_free(sp_buf *b);
 

@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "log.h"
 #include "transport.h"
 
 #define FRAG_SIZE (64u << 10)       /* ws fragment and lws rx/tx buffer size: the spike's best setting */
@@ -116,8 +117,9 @@ typedef int (*tp_admit_fn)(void *user, uint64_t total, int *code, sp_err *err);
 
 typedef struct rxasm {
     sp_buf buf;
-    uint64_t want; /* 40 + body_len once the header is in, else 0 */
-    int admitted;  /* want's bytes are reserved */
+    uint64_t want;     /* 40 + body_len once the header is in, else 0 */
+    int admitted;      /* want's bytes are reserved */
+    uint64_t map_from; /* messages of at least this size get a mapping of their own (0: never) */
 } rxasm;
 
 void tp_rxasm_reset(rxasm *a);
@@ -132,7 +134,8 @@ typedef struct rxstream {
     uint8_t hdr[HDR];
     size_t hlen;
     sp_buf buf;
-    uint64_t want; /* 0 while reading the header (or waiting for its admission) */
+    uint64_t want;     /* 0 while reading the header (or waiting for its admission) */
+    uint64_t map_from; /* as rxasm's */
 } rxstream;
 
 /* Where the next read should land and how much it may take. */
@@ -180,6 +183,7 @@ int tp_confirm_upgrade(struct lws *wsi);
 #define PREAUTH_MAX 4096       /* bytes of a message before the handshake is complete */
 #define SWEEP_US 100000        /* the service thread's sweep: deadlines, idle, waits */
 #define MSG_GRACE_NS 10000000000ull /* an admitted message has this long plus size / min_rate to arrive */
+#define MAP_FROM (1u << 20)    /* received messages this large get their own mapping: freed, they leave the RSS */
 
 /* A source address and what it holds (mu). IPv4 as IPv4-mapped IPv6. */
 typedef struct src_entry {
@@ -320,6 +324,9 @@ struct sp_ws_server {
     uint64_t *scratch; /* service thread: ids taken off wakeq */
     size_t capscratch;
 };
+
+/* ws_server.c: rate-limited logs of refused and failed peers (the sweep flushes their counts) */
+extern sp_log_limit tp_log_refused, tp_log_failed;
 
 /* limits.c (mu held unless said): the connection table, sources, the budget */
 conn *tp_find_conn(sp_ws_server *s, uint64_t id);

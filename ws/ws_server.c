@@ -26,7 +26,8 @@
 #include "timeutil.h"
 #include "transport_impl.h"
 
-static sp_log_limit g_refuse_log, g_fail_log, g_fd_log;
+sp_log_limit tp_log_refused, tp_log_failed;
+static sp_log_limit g_fd_log;
 
 static uint64_t secs_ns(double s) { return (uint64_t)(s * 1e9); }
 
@@ -153,6 +154,7 @@ static const char *gate(sp_ws_server *s, const uint8_t addr[16], conn **out)
         c->phase = PH_HTTP;
         c->accepted_ns = sp_now_ns();
         c->pending_counted = 1;
+        c->rx.map_from = MAP_FROM;
         atomic_store(&c->last_ns, c->accepted_ns);
         if (tp_conn_insert(s, c)) {
             free(c);
@@ -231,7 +233,7 @@ static void srv_accept(sp_ws_server *s)
         if (why) {
             char name[48];
             tp_src_name(addr, name, sizeof name);
-            sp_log_limited(&g_refuse_log, SP_LOG_WARN, "transport: refused a connection from %s: %s", name, why);
+            sp_log_limited(&tp_log_refused, SP_LOG_WARN, "transport: refused a connection from %s: %s", name, why);
             refuse_fd(fd, why);
             continue;
         }
@@ -383,7 +385,7 @@ static void srv_feed(sp_ws_server *s, conn *c, const uint8_t *p, size_t n, int f
         return;
     }
     if (r == RX_BAD) {
-        sp_log_limited(&g_fail_log, SP_LOG_WARN, "transport: conn %llu closed: %s", (unsigned long long)c->id, err.msg);
+        sp_log_limited(&tp_log_failed, SP_LOG_WARN, "transport: conn %llu closed: %s", (unsigned long long)c->id, err.msg);
         sp_msg_header h = {0};
         sp_msg_header_read(c->rx.buf.data, c->rx.buf.len, &h);
         const char *ec = sp_msg_reject_code(c->rx.buf.data, c->rx.buf.len, err.code);
@@ -428,7 +430,7 @@ static int srv_receive(sp_ws_server *s, struct lws *wsi, conn *c, const void *in
     if (c->fail.failed)
         return 0;
     if (!lws_frame_is_binary(wsi)) {
-        sp_log_limited(&g_fail_log, SP_LOG_WARN, "transport: conn %llu closed: a text frame", (unsigned long long)c->id);
+        sp_log_limited(&tp_log_failed, SP_LOG_WARN, "transport: conn %llu closed: a text frame", (unsigned long long)c->id);
         return srv_refuse(s, c, LWS_CLOSE_STATUS_UNACCEPTABLE_OPCODE, NULL, 0, "binary messages only");
     }
     int final = lws_is_final_fragment(wsi);
@@ -632,7 +634,14 @@ static int sweep_one(sp_ws_server *s, conn *c, uint64_t now, uint64_t *reqid)
 
 static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
 {
-    char why[160];
+    static const char *const what[] = {"", "handshake timeout", "handshake timeout", "idle", "busy", "too slow"};
+    char why[160], who[48];
+    pthread_mutex_lock(&s->mu);
+    snprintf(who, sizeof who, "%s", c->src ? c->src->name : "?");
+    pthread_mutex_unlock(&s->mu);
+    if (act != ACT_RETRY && act != ACT_IDLE)
+        sp_log_limited(&tp_log_failed, SP_LOG_WARN, "transport: conn %llu from %s closed: %s", (unsigned long long)c->id,
+                       who, what[act]);
     switch (act) {
     case ACT_KILL: /* not a websocket yet: no close frame to send */
         lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
@@ -672,7 +681,7 @@ static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
 static void maybe_trim(sp_ws_server *s, uint64_t now)
 {
     pthread_mutex_lock(&s->mu);
-    int trim = s->trim_mark > s->used + (16ull << 20) && now - s->last_trim_ns > 1000000000ull;
+    int trim = s->trim_mark > s->used + (4ull << 20) && now - s->last_trim_ns > 1000000000ull;
     if (trim) {
         s->trim_mark = s->used;
         s->last_trim_ns = now;
@@ -714,6 +723,9 @@ static void srv_sweep(lws_sorted_usec_list_t *sul)
             sweep_act(s, c, (int)(s->scratch[i + 1] & 0xff), s->scratch[i + 1] >> 8);
     }
     maybe_trim(s, now);
+    sp_log_limited_flush(&tp_log_refused);
+    sp_log_limited_flush(&tp_log_failed);
+    sp_log_limited_flush(&g_fd_log);
     if (!atomic_load(&s->svc_stop))
         lws_sul_schedule(s->ctx, 0, &s->sweep, srv_sweep, SWEEP_US);
 }
