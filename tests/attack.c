@@ -103,7 +103,7 @@ int sp_atk_upgrade(int fd)
 }
 
 /* A client frame header (masked) for a payload of len bytes; returns its size. */
-static size_t frame_header(uint8_t *h, int opcode, int fin, uint64_t len, const uint8_t mask[4])
+size_t sp_atk_frame_header(uint8_t *h, int opcode, int fin, uint64_t len, const uint8_t mask[4])
 {
     size_t k = 2;
     h[0] = (uint8_t)((fin ? 0x80 : 0) | opcode);
@@ -124,12 +124,28 @@ static size_t frame_header(uint8_t *h, int opcode, int fin, uint64_t len, const 
     return k + 4;
 }
 
+int sp_atk_send_masked(int fd, const uint8_t *p, size_t n, uint64_t at, const uint8_t mask[4])
+{
+    uint8_t buf[CHUNK];
+    while (n) {
+        size_t k = n < sizeof buf ? n : sizeof buf;
+        for (size_t i = 0; i < k; i++)
+            buf[i] = p[i] ^ mask[(at + i) & 3];
+        if (send_all(fd, buf, k))
+            return -1;
+        p += k;
+        n -= k;
+        at += k;
+    }
+    return 0;
+}
+
 int sp_atk_send_msg(int fd, const uint8_t *p, size_t n)
 {
     uint8_t mask[4] = {0x12, 0x34, 0x56, 0x78}, *b = malloc(n + 14);
     if (!b)
         return -1;
-    size_t h = frame_header(b, 2, 1, n, mask);
+    size_t h = sp_atk_frame_header(b, 2, 1, n, mask);
     for (size_t i = 0; i < n; i++)
         b[h + i] = p[i] ^ mask[i & 3];
     int r = send_all(fd, b, h + n);
@@ -297,7 +313,7 @@ static void pump_message(sp_atk *a, slot *s)
     while (s->pos < total) {
         size_t k = 0;
         if (s->pos == 0)
-            k = frame_header(buf, 2, 0, a->o.msg_bytes, mask);
+            k = sp_atk_frame_header(buf, 2, 0, a->o.msg_bytes, mask);
         size_t room = CHUNK, start = k;
         for (; k - start < room && s->pos + (k - start) < total; k++) {
             uint64_t at = s->pos + (k - start);
@@ -472,7 +488,7 @@ int sp_atk_start(sp_atk **out, const sp_atk_opts *o)
     a->hello_len = b.len;
     sp_msg_encode(&b, SP_MSG_INFO, 0, 7, NULL, NULL, 0, NULL);
     static const uint8_t mask[4] = {9, 8, 7, 6};
-    size_t h = frame_header(a->req, 2, 1, b.len, mask);
+    size_t h = sp_atk_frame_header(a->req, 2, 1, b.len, mask);
     for (size_t i = 0; i < b.len; i++)
         a->req[h + i] = b.data[i] ^ mask[i & 3];
     a->req_len = h + b.len;

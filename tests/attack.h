@@ -58,5 +58,9 @@ int sp_atk_connect(const char *src, int port);
 int sp_atk_upgrade(int fd);
 int sp_atk_send_msg(int fd, const uint8_t *p, size_t n);
 int sp_atk_recv_msg(int fd, uint8_t **out, size_t *n);
+/* A client frame header for len payload bytes (masked with mask): its size (at most 14). */
+size_t sp_atk_frame_header(uint8_t *h, int opcode, int fin, uint64_t len, const uint8_t mask[4]);
+/* n payload bytes p of a frame, masked as at payload offset `at` (blocking; 0 / -1). */
+int sp_atk_send_masked(int fd, const uint8_t *p, size_t n, uint64_t at, const uint8_t mask[4]);
 
 #endif

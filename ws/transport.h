@@ -156,6 +156,8 @@ sp_status sp_ws_client_send(sp_ws_client *c, sp_buf *msg, sp_err *err);
  * 0 = poll), SP_ERR_CLOSED once closed and drained. */
 sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err);
 int sp_ws_client_is_open(const sp_ws_client *c);
+/* Bytes received and not yet taken by recv; *paused (may be NULL): 1 while the client does not read for that. */
+uint64_t sp_ws_client_queued(sp_ws_client *c, int *paused);
 void sp_ws_client_close(sp_ws_client *c);
 
 #endif

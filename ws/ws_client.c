@@ -411,6 +411,16 @@ sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err
     return SP_OK;
 }
 
+uint64_t sp_ws_client_queued(sp_ws_client *c, int *paused)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t n = c->rxq.bytes;
+    if (paused)
+        *paused = c->rx_full;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 int sp_ws_client_is_open(const sp_ws_client *c)
 {
     if (!c)
