@@ -7,7 +7,8 @@
  * draws the CSV as an SVG (RSS, descriptors and threads, latencies over time).
  *
  * usage: bench_soak [MODEL_DIR] [--seconds S] [--clients N] [--servers K] [--interval S] [--warmup S]
- *                   [--csv FILE] [--svg FILE] [--check]
+ *                   [--pace MS] [--csv FILE] [--svg FILE] [--check]
+ * --pace: a pause after each client turn (a lighter load for long runs on a shared machine).
  * --check (CI): after the warm-up, the servers' RSS at the end is within max(2%, 8 MiB) of its level at the start
  * (the median of the first and of the last three samples), their descriptors within 2, and the decode p99 (the
  * median of the per-interval p99s of the second half against the first half) rises by less than 20%; no errors.
@@ -35,7 +36,7 @@
 
 typedef struct opts {
     const char *model, *csv, *svg;
-    double seconds, interval, warmup;
+    double seconds, interval, warmup, pace;
     int clients, servers, check;
 } opts;
 
@@ -212,6 +213,8 @@ static void *client_main(void *arg)
             c->s->errors++;
             pthread_mutex_unlock(&c->s->mu);
         }
+        if (c->s->o.pace > 0)
+            usleep((useconds_t)(c->s->o.pace * 1e6));
     }
     return NULL;
 }
@@ -399,6 +402,8 @@ static int parse(int argc, char **argv, opts *o)
             o->interval = atof(v), i++;
         else if (v && !strcmp(a, "--warmup"))
             o->warmup = atof(v), i++;
+        else if (v && !strcmp(a, "--pace"))
+            o->pace = atof(v) / 1000, i++;
         else if (v && !strcmp(a, "--clients"))
             o->clients = atoi(v), i++;
         else if (v && !strcmp(a, "--servers"))
@@ -439,7 +444,7 @@ int main(int argc, char **argv)
     static soak s;
     if (parse(argc, argv, &s.o))
         return fprintf(stderr, "usage: bench_soak [MODEL_DIR] [--seconds S] [--clients N] [--servers K] "
-                               "[--interval S] [--warmup S] [--csv FILE] [--svg FILE] [--check]\n"), 2;
+                               "[--interval S] [--warmup S] [--pace MS] [--csv FILE] [--svg FILE] [--check]\n"), 2;
     sp_memtune();
     signal(SIGPIPE, SIG_IGN);
     pthread_mutex_init(&s.mu, NULL);

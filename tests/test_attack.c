@@ -17,11 +17,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "attack.h"
 #include "generate.h"
+#include "log.h"
 #include "remote.h"
 #include "runtime.h"
 #include "testutil.h"
@@ -369,6 +371,72 @@ START_TEST(t_idle_connections)
 }
 END_TEST
 
+/* The server's descriptors run out (its open-file limit lowered to 96 and its caps set above it on purpose):
+ * each connection it cannot take is refused at once with the spare descriptor, the log says so a few times
+ * rather than once per connection (the issue: 34k lines), and it serves again once the attacker is gone. */
+static int count_lines(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static int fds_back(void *u)
+{
+    settle_arg *s = u;
+    return nfds(s->f->p.pid) <= s->fds;
+}
+
+START_TEST(t_fd_exhaustion)
+{
+    const char *args[40];
+    int n = 0;
+    for (; SERVER_ARGS[n]; n++)
+        args[n] = SERVER_ARGS[n];
+    const char *more[] = {"--max-connections", "1000", "--max-connections-per-ip", "1000", "--max-handshakes", "1000",
+                          "--max-handshakes-per-ip", "1000", NULL};
+    for (int i = 0; more[i]; i++)
+        args[n++] = more[i];
+    args[n] = NULL;
+    struct rlimit old, low;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 96; /* the server inherits it at the fork */
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    fixture f;
+    memset(&f, 0, sizeof f);
+    int started = sp_test_server_start(&f.p, args);
+    setrlimit(RLIMIT_NOFILE, &old);
+    ck_assert_int_eq(started, 0);
+    char ref[1024], text[1024];
+    ck_assert(legit(f.p.port, ref, sizeof ref) >= 0);
+    int base = nfds(f.p.pid);
+    sp_atk_opts o = {.kind = SP_ATK_IDLE, .src = ATTACKER, .port = f.p.port, .conns = 300};
+    sp_atk *a = NULL;
+    ck_assert_int_eq(sp_atk_start(&a, &o), 0);
+    atk_wait w = {&f, a, idle_ok};
+    ck_assert_msg(sp_test_wait_for(biting, &w, 30), "the descriptors never ran out");
+    sp_atk_stats st;
+    sp_atk_stats_get(a, &st);
+    int lines = count_lines(f.p.log, "out of file descriptors");
+    fprintf(stderr, "fd exhaustion: %ld upgraded, %ld refused; %d log lines about it\n", st.upgraded, st.refused, lines);
+    ck_assert_int_ge(lines, 1);
+    ck_assert_int_le(lines, 2 * SP_LOG_BURST);
+    ck_assert(kill(f.p.pid, 0) == 0);
+    sp_atk_stop(a);
+    settle_arg sa = {&f, 0, base + 1};
+    ck_assert_msg(sp_test_wait_for(fds_back, &sa, 30), "descriptors: %d, base %d", nfds(f.p.pid), base);
+    double dt = legit(f.p.port, text, sizeof text);
+    ck_assert_msg(dt >= 0 && dt <= DEADLINE_S && !strcmp(text, ref), "after: %.2f s, \"%s\"", dt, text);
+    sp_test_proc_signal(&f.p, SIGTERM);
+}
+END_TEST
+
 static Suite *attack_suite(void)
 {
     Suite *s = suite_create("attack");
@@ -379,6 +447,7 @@ static Suite *attack_suite(void)
     tcase_add_test(tc, t_flood_without_reading);
     tcase_add_test(tc, t_slowloris);
     tcase_add_test(tc, t_idle_connections);
+    tcase_add_test(tc, t_fd_exhaustion);
     suite_add_tcase(s, tc);
     return s;
 }

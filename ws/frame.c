@@ -25,7 +25,8 @@ static void lws_emit(int level, const char *line)
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = '\0';
-    sp_log(level & LLL_ERR ? SP_LOG_ERROR : SP_LOG_WARN, "lws: %s", msg);
+    static sp_log_limit lim; /* a peer can make lws complain: at most a few lines per window */
+    sp_log_limited(&lim, level & LLL_ERR ? SP_LOG_ERROR : SP_LOG_WARN, "lws: %s", msg);
 }
 
 static pthread_once_t lws_log_once = PTHREAD_ONCE_INIT;
