@@ -116,8 +116,9 @@ sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)
 {
     sp_reply rep;
-    sp_status st = sp_remote_call(r, SP_MSG_HELLO, "{\"version\":\"1.0\",\"client\":\"sepal 0.1.0\"}", NULL, 0, &rep,
-                                  timeout_ms, err);
+    char meta[96];
+    snprintf(meta, sizeof meta, "{\"version\":\"%d.%d\",\"client\":\"sepal 0.1.0\"}", SP_PROTO_MAJOR, SP_PROTO_MINOR);
+    sp_status st = sp_remote_call(r, SP_MSG_HELLO, meta, NULL, 0, &rep, timeout_ms, err);
     if (st) {
         sp_reply_clear(&rep);
         return sp_err_prefix(err, "%s:%d: HELLO: ", r->host, port);
