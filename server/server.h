@@ -23,7 +23,7 @@ typedef struct sp_server_limits {
     uint64_t input_budget_conn;           /* ... for one connection (default: the largest request the span accepts);
                                              also the largest message accepted */
     uint64_t input_budget_ip;             /* ... for one address (default half of the total) */
-    uint64_t output_bound;                /* unsent replies over which a connection is not read (default 8 MiB) */
+    uint64_t output_bound;                /* unsent replies over which a connection is not read (default 1 MiB) */
     double busy_timeout_s;                /* a request waits this long for budget, then "busy" (default 10) */
     double min_rate;                      /* bytes/s a request must arrive at (default 64 KiB/s; < 0: none) */
 } sp_server_limits;

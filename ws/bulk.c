@@ -29,7 +29,7 @@ void tp_wake_bulk(sp_ws_server *s)
 
 static sp_log_limit g_bulk_log;
 
-/* A new bulk socket waits for its token; at most BULK_MAX_PENDING such, and max_pending_per_ip per address. */
+/* A new bulk socket waits for its token; at most BULK_MAX_PENDING such, BULK_PENDING_PER_IP per address. */
 static void bulk_accept(sp_ws_server *s)
 {
     for (int k = 0; k < 64; k++) {
@@ -46,7 +46,7 @@ static void bulk_accept(sp_ws_server *s)
         bsock *b = pending < BULK_MAX_PENDING ? calloc(1, sizeof *b) : NULL;
         pthread_mutex_lock(&s->mu);
         src_entry *e = b ? tp_src_get(s, addr) : NULL;
-        int ok = e && e->bulk_pending < s->o.max_pending_per_ip &&
+        int ok = e && e->bulk_pending < BULK_PENDING_PER_IP &&
                  !tp_grow((void **)&s->socks, &s->capsocks, s->nsocks + 1, sizeof *s->socks);
         if (ok) {
             e->bulk_pending++;

@@ -227,9 +227,9 @@ void tp_resolve_limits(sp_ws_server *s)
     if (o->max_conns_per_ip <= 0)
         o->max_conns_per_ip = imin(256, o->max_conns);
     if (o->max_pending <= 0)
-        o->max_pending = imin(128, o->max_conns);
+        o->max_pending = imin(256, o->max_conns);
     if (o->max_pending_per_ip <= 0)
-        o->max_pending_per_ip = imin(16, o->max_pending);
+        o->max_pending_per_ip = imin(64, o->max_pending); /* a burst of local clients */
     if (o->handshake_timeout_s <= 0)
         o->handshake_timeout_s = 5;
     if (!o->rx_budget_conn)
@@ -242,7 +242,7 @@ void tp_resolve_limits(sp_ws_server *s)
         o->rx_budget_ip = umax(o->rx_budget / 2, o->rx_budget_conn);
     o->rx_budget_ip = umin(umax(o->rx_budget_ip, o->rx_budget_conn), o->rx_budget);
     if (!o->tx_bound)
-        o->tx_bound = 8ull << 20;
+        o->tx_bound = 1ull << 20; /* a client has one reply outstanding: only a peer that does not read meets it */
     if (o->busy_timeout_s <= 0)
         o->busy_timeout_s = 10;
     if (o->min_rate == 0)

@@ -60,8 +60,8 @@ typedef struct sp_transport_opts {
     /* server limits; 0 (or less) = the default */
     int max_conns;              /* connections at once (default min(4096, (RLIMIT_NOFILE - 64) / 2)) */
     int max_conns_per_ip;       /* from one address (default min(256, max_conns)) */
-    int max_pending;            /* connections still in their handshake (default min(128, max_conns)) */
-    int max_pending_per_ip;     /* ... from one address (default 16) */
+    int max_pending;            /* connections still in their handshake (default min(256, max_conns)) */
+    int max_pending_per_ip;     /* ... from one address (default 64) */
     double handshake_timeout_s; /* the HTTP upgrade within this of the accept, the first message (after the swarm
                                    key exchange) within this of the upgrade (default 5) */
     int first_type;             /* the first message must be of this type (sp_msg_type; 0: any) */
@@ -70,7 +70,7 @@ typedef struct sp_transport_opts {
                                    rx_budget_conn) */
     uint64_t rx_budget_conn;    /* one connection's share (default max_message); caps its messages too */
     uint64_t rx_budget_ip;      /* one address's share (default max(rx_budget / 2, rx_budget_conn)) */
-    uint64_t tx_bound;          /* unsent output over which a connection is not read (default 8 MiB) */
+    uint64_t tx_bound;          /* unsent output over which a connection is not read (default 1 MiB) */
     double busy_timeout_s;      /* how long a message waits for budget before "busy" (default 10) */
     double min_rate;            /* bytes/s an admitted message must arrive at, after 10 s (default 64 KiB/s;
                                    < 0: no minimum) */

@@ -32,6 +32,7 @@
 #define HDR SP_PROTO_HEADER_SIZE    /* 40 */
 #define BULK_PREAMBLE 16            /* "SPBK", u32 status/zero, u64 token */
 #define BULK_MAX_PENDING 64         /* bulk sockets that have not presented a token yet */
+#define BULK_PENDING_PER_IP 16      /* ... from one address */
 #define BULK_ATTACH_NS (5000000000ull) /* ... and how long they may take to do it */
 #define BULK_READ_BUDGET (8u << 20) /* bytes read from one socket per poll round (fairness) */
 #define DEFAULT_BULK_THRESHOLD (64u << 10)
@@ -229,14 +230,8 @@ typedef struct conn {
     int holds;               /* sp_ws_server_hold */
     int out_full;            /* out_bytes went over tx_bound (cleared at half of it) */
     int flagged;             /* queued on s->wakeq */
-    int attention;           /* the service thread should look at it (flow control, waits, a fail) */
     size_t slot;             /* index in s->conns */
     uint64_t accepted_ns, upgraded_ns;
-    /* a failure found by another thread (a bulk message's wait or deadline): the service thread closes */
-    int ext_fail_code;
-    char ext_fail_why[121];
-    const char *ext_fail_err;
-    uint64_t ext_fail_reqid;
     const char *close_why;   /* with close_req: the close frame's reason */
     /* service thread only */
     txstate tx;
@@ -353,9 +348,6 @@ void tp_conn_release(sp_ws_server *s, conn *c, int last);
 /* Delivers a complete message of c (ws: from the service thread, else the bulk thread): the handshake's
  * gates, then on_message. */
 void tp_deliver(sp_ws_server *s, conn *c, sp_buf *msg, int ws);
-/* A failure found off the service thread: the service thread sends ERROR err_code/why for reqid, then closes
- * with ws status code. */
-void tp_fail_conn(sp_ws_server *s, conn *c, int code, const char *err_code, uint64_t reqid, const char *why);
 
 /* bulk.c (server side) */
 sp_status tp_bulk_listen(sp_ws_server *s, sp_err *err);

@@ -247,9 +247,8 @@ static void srv_accept(sp_ws_server *s)
 
 /* Closes c for what it did: an ERROR err_code/why to reqid (err_code NULL: none), then the close frame with
  * status code. Service thread. */
-static int srv_refuse(sp_ws_server *s, conn *c, int code, const char *err_code, uint64_t reqid, const char *why)
+static int srv_refuse(conn *c, int code, const char *err_code, uint64_t reqid, const char *why)
 {
-    (void)s;
     if (c->fail.failed || !c->wsi)
         return 0;
     c->fail.reply = err_code != NULL;
@@ -257,17 +256,6 @@ static int srv_refuse(sp_ws_server *s, conn *c, int code, const char *err_code, 
     c->fail.errcode = err_code;
     tp_defer_close(c->wsi, &c->fail, code, why);
     return 0;
-}
-
-void tp_fail_conn(sp_ws_server *s, conn *c, int code, const char *err_code, uint64_t reqid, const char *why)
-{
-    if (c->ext_fail_code)
-        return;
-    c->ext_fail_code = code;
-    c->ext_fail_err = err_code;
-    c->ext_fail_reqid = reqid;
-    snprintf(c->ext_fail_why, sizeof c->ext_fail_why, "%.120s", why);
-    tp_flag(s, c);
 }
 
 /* After bad input: an ERROR message {"code": errcode, "message": why} for the failed request, unless another
@@ -380,7 +368,7 @@ static void srv_feed(sp_ws_server *s, conn *c, const uint8_t *p, size_t n, int f
     int r = tp_rxasm_feed(&c->rx, p, n, final, &s->lim, ws_admit, &ac, &used, &msg, &code, &err);
     if (r == RX_WAIT) {
         if ((n - used || final) && stash_add(c, p + used, n - used, final, from_stash))
-            srv_refuse(s, c, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, "internal", 0, "out of memory holding input");
+            srv_refuse(c, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, "internal", 0, "out of memory holding input");
         srv_flow(s, c);
         return;
     }
@@ -393,7 +381,7 @@ static void srv_feed(sp_ws_server *s, conn *c, const uint8_t *p, size_t n, int f
         tp_charge(s, c, -(int64_t)c->ws_reserved, 0);
         c->ws_reserved = 0;
         pthread_mutex_unlock(&s->mu);
-        srv_refuse(s, c, code, ec, h.request_id, err.msg);
+        srv_refuse(c, code, ec, h.request_id, err.msg);
         return;
     }
     atomic_store(&c->last_ns, sp_now_ns());
@@ -431,12 +419,12 @@ static int srv_receive(sp_ws_server *s, struct lws *wsi, conn *c, const void *in
         return 0;
     if (!lws_frame_is_binary(wsi)) {
         sp_log_limited(&tp_log_failed, SP_LOG_WARN, "transport: conn %llu closed: a text frame", (unsigned long long)c->id);
-        return srv_refuse(s, c, LWS_CLOSE_STATUS_UNACCEPTABLE_OPCODE, NULL, 0, "binary messages only");
+        return srv_refuse(c, LWS_CLOSE_STATUS_UNACCEPTABLE_OPCODE, NULL, 0, "binary messages only");
     }
     int final = lws_is_final_fragment(wsi);
     if (c->wait_ns || c->stash) { /* behind a message that waits: held in order */
         if (stash_add(c, in, len, final, 0))
-            srv_refuse(s, c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "bad_request", 0, "input while paused");
+            srv_refuse(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "bad_request", 0, "input while paused");
         return 0;
     }
     srv_feed(s, c, in, len, final, 0);
@@ -458,7 +446,7 @@ static int srv_gate_first(sp_ws_server *s, conn *c, const sp_buf *msg)
         char why[120];
         snprintf(why, sizeof why, "the first message must be %s (got %s)", sp_msg_type_name(s->o.first_type),
                  sp_msg_type_name(h.type));
-        srv_refuse(s, c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "bad_request", h.request_id, why);
+        srv_refuse(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "bad_request", h.request_id, why);
         return 0;
     }
     pthread_mutex_lock(&s->mu);
@@ -524,14 +512,6 @@ static int srv_writeable(sp_ws_server *s, struct lws *wsi, conn *c)
     if (!c)
         return -1;
     pthread_mutex_lock(&s->mu);
-    if (c->ext_fail_code && !c->fail.failed) {
-        c->fail.reply = c->ext_fail_err != NULL;
-        c->fail.reqid = c->ext_fail_reqid;
-        c->fail.errcode = c->ext_fail_err;
-        c->fail.failed = 1;
-        c->fail.code = c->ext_fail_code;
-        snprintf(c->fail.why, sizeof c->fail.why, "%s", c->ext_fail_why);
-    }
     int close_req = c->close_req && !c->fail.failed;
     if (!close_req && !c->fail.failed && !c->tx.busy && tp_msgq_pop(&c->txq, &c->tx.cur)) {
         c->tx.busy = 1;
@@ -565,7 +545,7 @@ static int srv_writeable(sp_ws_server *s, struct lws *wsi, conn *c)
 }
 
 /* LWS_CALLBACK_EVENT_WAIT_CANCELLED: other threads flagged conns (output queued, a close asked for, the flow
- * control to change, a failure to act on), or freed budget that waiting messages may take. A conn whose ws
+ * control to change), or freed budget that waiting messages may take. A conn whose ws
  * is live cannot be freed but on this thread, so the ids taken under the lock stay valid outside it. */
 static void srv_wake(sp_ws_server *s)
 {
@@ -591,7 +571,7 @@ static void srv_wake(sp_ws_server *s)
         pthread_mutex_lock(&s->mu);
         conn *c = tp_find_conn(s, s->scratch[i]);
         struct lws *w = c ? c->wsi : NULL; /* live ws: c cannot be freed but on this thread */
-        int writable = w && (c->close_req || c->txq.head || c->ext_fail_code);
+        int writable = w && (c->close_req || c->txq.head);
         pthread_mutex_unlock(&s->mu);
         if (!w)
             continue;
@@ -620,7 +600,8 @@ static int sweep_one(sp_ws_server *s, conn *c, uint64_t now, uint64_t *reqid)
     if (c->phase == PH_WS && now - c->upgraded_ns > hs)
         return ACT_HANDSHAKE;
     if ((c->wait_ns && now - c->wait_ns > busy) || (b && b->wait_ns && now - b->wait_ns > busy)) {
-        *reqid = c->wait_ns ? 0 : b->wait_reqid;
+        /* the waiting message's request id, from its header (the service thread's own state, or the bulk's) */
+        *reqid = !c->wait_ns ? b->wait_reqid : c->rx.buf.len >= HDR ? le64(c->rx.buf.data + 16) : 0;
         return ACT_BUSY;
     }
     if (!c->out_full && ((c->ws_deadline_ns && now > c->ws_deadline_ns) ||
@@ -649,16 +630,16 @@ static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
     case ACT_HANDSHAKE:
         snprintf(why, sizeof why, "the %s did not come within %.3g s of the upgrade",
                  s->has_key && c->auth != AUTH_DONE ? "swarm key exchange" : "first message", s->o.handshake_timeout_s);
-        srv_refuse(s, c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "timeout", 0, why);
+        srv_refuse(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "timeout", 0, why);
         break;
     case ACT_BUSY:
         snprintf(why, sizeof why, "no room for the message within %.3g s (the server's input budget is in use)",
                  s->o.busy_timeout_s);
-        srv_refuse(s, c, 1013 /* try again later */, "busy", reqid, why);
+        srv_refuse(c, 1013 /* try again later */, "busy", reqid, why);
         break;
     case ACT_SLOW:
         snprintf(why, sizeof why, "a message arrived slower than %.0f bytes/s", s->o.min_rate);
-        srv_refuse(s, c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "timeout", 0, why);
+        srv_refuse(c, LWS_CLOSE_STATUS_POLICY_VIOLATION, "timeout", 0, why);
         break;
     case ACT_IDLE:
         pthread_mutex_lock(&s->mu);
@@ -699,11 +680,11 @@ static void srv_sweep(lws_sorted_usec_list_t *sul)
     uint64_t now = sp_now_ns();
     pthread_mutex_lock(&s->mu);
     size_t n = 0;
-    if (tp_grow((void **)&s->scratch, &s->capscratch, 2 * s->nconns, sizeof *s->scratch) == 0)
+    if (tp_grow((void **)&s->scratch, &s->capscratch, 3 * s->nconns, sizeof *s->scratch) == 0)
         for (size_t i = 0; i < s->nconns; i++) {
             conn *c = s->conns[i];
             uint64_t reqid = 0;
-            int act = c->wsi && !c->fail.failed && !c->ext_fail_code ? sweep_one(s, c, now, &reqid) : 0;
+            int act = c->wsi && !c->fail.failed ? sweep_one(s, c, now, &reqid) : 0;
             if (!act)
                 continue;
             s->st.handshake_timeouts += act == ACT_KILL || act == ACT_HANDSHAKE;
@@ -711,16 +692,17 @@ static void srv_sweep(lws_sorted_usec_list_t *sul)
             s->st.slow += act == ACT_SLOW;
             s->st.idle_closed += act == ACT_IDLE;
             s->scratch[n++] = c->id;
-            s->scratch[n++] = (uint64_t)act | reqid << 8;
+            s->scratch[n++] = (uint64_t)act;
+            s->scratch[n++] = reqid;
         }
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < n; i += 2) {
+    for (size_t i = 0; i < n; i += 3) {
         pthread_mutex_lock(&s->mu);
         conn *c = tp_find_conn(s, s->scratch[i]);
         struct lws *w = c ? c->wsi : NULL;
         pthread_mutex_unlock(&s->mu);
         if (w)
-            sweep_act(s, c, (int)(s->scratch[i + 1] & 0xff), s->scratch[i + 1] >> 8);
+            sweep_act(s, c, (int)s->scratch[i + 1], s->scratch[i + 2]);
     }
     maybe_trim(s, now);
     sp_log_limited_flush(&tp_log_refused);
