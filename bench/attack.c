@@ -294,6 +294,23 @@ static void run_phase(const opts *o, server *srv, legit *l, phase *ph)
     ph->rss_after_mib = rss_kb(srv->pid) / 1024.0;
 }
 
+/* "1.23ms", or "-" when there was no sample (the client never got through). */
+static void ms(char *b, double v)
+{
+    if (v < 0)
+        snprintf(b, 16, "-");
+    else
+        snprintf(b, 16, "%.2fms", v);
+}
+
+static void ratio(char *b, double v, double base)
+{
+    if (v < 0 || base <= 0)
+        snprintf(b, 16, "-");
+    else
+        snprintf(b, 16, "%.2fx", v / base);
+}
+
 static int parse(int argc, char **argv, opts *o)
 {
     const char *home = getenv("HOME");
@@ -361,10 +378,11 @@ int main(int argc, char **argv)
         if (o.only && i && strcmp(o.only, ph[i].name))
             continue;
         run_phase(&o, &srv, &l, &ph[i]);
-        printf("%-10s %8d %7.2fms %7.2fms %8d %6.2fms %6.2fms %6d %6.1fMiB %6.1fMiB %7.2fx %7.2fx\n", ph[i].name,
-               ph[i].connects, ph[i].c50, ph[i].c99, ph[i].steps, ph[i].s50, ph[i].s99, ph[i].failures,
-               ph[i].rss_peak_mib, ph[i].rss_after_mib, ph[0].c99 > 0 ? ph[i].c99 / ph[0].c99 : 0,
-               ph[0].s99 > 0 ? ph[i].s99 / ph[0].s99 : 0);
+        char c50[16], c99[16], s50[16], s99[16], cx[16], sx[16];
+        ms(c50, ph[i].c50), ms(c99, ph[i].c99), ms(s50, ph[i].s50), ms(s99, ph[i].s99);
+        ratio(cx, ph[i].c99, ph[0].c99), ratio(sx, ph[i].s99, ph[0].s99);
+        printf("%-10s %8d %9s %9s %8d %8s %8s %6d %6.1fMiB %6.1fMiB %8s %8s\n", ph[i].name, ph[i].connects, c50, c99,
+               ph[i].steps, s50, s99, ph[i].failures, ph[i].rss_peak_mib, ph[i].rss_after_mib, cx, sx);
         fflush(stdout);
     }
     printf("(p99 ratios against the no-attack phase of this run; RSS peak of the server process)\n");
