@@ -183,17 +183,19 @@ static void adopt(sp_ws_server *s, conn *c, int fd)
 {
     lws_adopt_desc_t d = {.vh = s->vh, .type = LWS_ADOPT_SOCKET | LWS_ADOPT_HTTP, .opaque = c};
     d.fd.sockfd = fd;
-    s->adopting = c; /* a failed adoption reports WSI_DESTROY from inside the call: c must outlive it */
+    s->adopting = c; /* a failed adoption may report WSI_DESTROY from inside the call: c must outlive it */
     struct lws *w = lws_adopt_descriptor_vhost_via_info(&d);
     s->adopting = NULL;
-    pthread_mutex_lock(&s->mu);
-    c->wsi = c->ws_gone ? NULL : w;
-    pthread_mutex_unlock(&s->mu);
-    if (!w) {
-        srv_ws_gone(s, c); /* nothing if WSI_DESTROY came already */
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        c->wsi = w;
+        pthread_mutex_unlock(&s->mu);
+    } else if (c->ws_gone) { /* WSI_DESTROY came during the call: the free it put off */
         pthread_mutex_lock(&s->mu);
         conn_free_if_done(s, c);
         pthread_mutex_unlock(&s->mu);
+    } else { /* lws never made a wsi (and closed the socket) */
+        srv_ws_gone(s, c);
     }
 }
 
