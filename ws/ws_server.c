@@ -492,7 +492,7 @@ static void srv_flow(sp_ws_server *s, conn *c)
     if (out_full && !c->paused_ns)
         c->paused_ns = now;
     if (!out_full && c->paused_ns) {
-        uint64_t d = now - c->paused_ns;
+        uint64_t d = now > c->paused_ns ? now - c->paused_ns : 0;
         if (c->ws_deadline_ns)
             c->ws_deadline_ns += d;
         if (c->bulk && c->bulk->msg_deadline_ns)
@@ -597,11 +597,12 @@ static int sweep_one(sp_ws_server *s, conn *c, uint64_t now, uint64_t *reqid)
     const sp_transport_opts *o = &s->o;
     uint64_t hs = secs_ns(o->handshake_timeout_s), busy = secs_ns(o->busy_timeout_s);
     bsock *b = c->bulk;
-    if (c->phase == PH_HTTP && now - c->accepted_ns > hs)
+    /* times another thread wrote may be later than now: compare, never subtract */
+    if (c->phase == PH_HTTP && now > c->accepted_ns + hs)
         return ACT_KILL;
-    if (c->phase == PH_WS && now - c->upgraded_ns > hs)
+    if (c->phase == PH_WS && now > c->upgraded_ns + hs)
         return ACT_HANDSHAKE;
-    if ((c->wait_ns && now - c->wait_ns > busy) || (b && b->wait_ns && now - b->wait_ns > busy)) {
+    if ((c->wait_ns && now > c->wait_ns + busy) || (b && b->wait_ns && now > b->wait_ns + busy)) {
         /* the waiting message's request id, from its header (the service thread's own state, or the bulk's) */
         *reqid = !c->wait_ns ? b->wait_reqid : c->rx.buf.len >= HDR ? le64(c->rx.buf.data + 16) : 0;
         return ACT_BUSY;
@@ -610,7 +611,7 @@ static int sweep_one(sp_ws_server *s, conn *c, uint64_t now, uint64_t *reqid)
                          (b && b->msg_deadline_ns && now > b->msg_deadline_ns)))
         return ACT_SLOW;
     if (c->phase == PH_READY && o->idle_timeout_s > 0 && !c->holds && !c->in_bytes && !c->out_bytes && !c->pins &&
-        now - atomic_load(&c->last_ns) > secs_ns(o->idle_timeout_s))
+        now > atomic_load(&c->last_ns) + secs_ns(o->idle_timeout_s))
         return ACT_IDLE;
     return c->wait_ns && s->waiting ? ACT_RETRY : 0;
 }
@@ -664,7 +665,7 @@ static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
 static void maybe_trim(sp_ws_server *s, uint64_t now)
 {
     pthread_mutex_lock(&s->mu);
-    int trim = s->trim_mark > s->used + (4ull << 20) && now - s->last_trim_ns > 1000000000ull;
+    int trim = s->trim_mark > s->used + (4ull << 20) && now > s->last_trim_ns + 1000000000ull;
     if (trim) {
         s->trim_mark = s->used;
         s->last_trim_ns = now;
