@@ -11,7 +11,10 @@
  * --pace: a pause after each client turn (a lighter load for long runs on a shared machine).
  * --check (CI): after the warm-up, the servers' RSS at the end is within max(2%, 8 MiB) of its level at the start
  * (the median of the first and of the last three samples), their descriptors within 2, and the decode p99 (the
- * median of the per-interval p99s of the second half against the first half) rises by less than 20%; no errors.
+ * median of the per-interval p99s of the second half against the first half) rises by less than 20% at equal
+ * machine speed; no errors. The speed is a fixed loop timed at every sample (calib_ms in the CSV, with the load
+ * average): on a shared machine other work slows the swarm and the loop alike, and only the swarm's own drift
+ * should fail the check; the raw drift is printed too.
  * Exit 1 when a check fails. The servers run with their default limits. */
 #include <dirent.h>
 #include <limits.h>
@@ -48,6 +51,7 @@ typedef struct lat {
 typedef struct row {
     double t, srv_rss, srv_fds, srv_threads, cli_rss, cli_fds;
     double step50, step99, train50, train99;
+    double calib, load; /* the machine's speed now: ms of a fixed loop; the 1-minute load average */
     long tokens, trains, errors;
 } row;
 
@@ -238,6 +242,33 @@ static int client_init(soak *s, client *c, int index)
 /* ---------------------------------------------------------------------------------------------- */
 /* sampling */
 
+/* Milliseconds of a fixed single-threaded loop: how much of a core the machine gives us right now (a shared
+ * machine's other work slows the swarm and this loop alike). */
+static double calibrate(void)
+{
+    double t0 = sp_now_s();
+    volatile uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 3000000; i++) {
+        uint64_t v = x;
+        v ^= v << 13;
+        v ^= v >> 7;
+        v ^= v << 17;
+        x = v;
+    }
+    return (sp_now_s() - t0) * 1e3;
+}
+
+static double loadavg(void)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l = NAN;
+    if (f && fscanf(f, "%lf", &l) != 1)
+        l = NAN;
+    if (f)
+        fclose(f);
+    return l;
+}
+
 static void sample(soak *s, row *r, double t0)
 {
     r->t = sp_now_s() - t0;
@@ -249,6 +280,8 @@ static void sample(soak *s, row *r, double t0)
     }
     r->cli_rss = status_field(0, "VmRSS:") / 1024.0;
     r->cli_fds = fds_of(0);
+    r->calib = calibrate();
+    r->load = loadavg();
     pthread_mutex_lock(&s->mu);
     r->step50 = pct(s->steps.v, s->steps.n, 0.5) * 1e3;
     r->step99 = pct(s->steps.v, s->steps.n, 0.99) * 1e3;
@@ -264,9 +297,9 @@ static void sample(soak *s, row *r, double t0)
 
 static void write_row(FILE *f, const row *r)
 {
-    fprintf(f, "%.1f,%.2f,%.0f,%.0f,%.2f,%.0f,%.3f,%.3f,%.2f,%.2f,%ld,%ld,%ld\n", r->t, r->srv_rss, r->srv_fds,
-            r->srv_threads, r->cli_rss, r->cli_fds, r->step50, r->step99, r->train50, r->train99, r->tokens, r->trains,
-            r->errors);
+    fprintf(f, "%.1f,%.2f,%.0f,%.0f,%.2f,%.0f,%.3f,%.3f,%.2f,%.2f,%ld,%ld,%ld,%.2f,%.2f\n", r->t, r->srv_rss,
+            r->srv_fds, r->srv_threads, r->cli_rss, r->cli_fds, r->step50, r->step99, r->train50, r->train99, r->tokens,
+            r->trains, r->errors, r->calib, r->load);
     fflush(f);
 }
 
@@ -368,10 +401,13 @@ static int check(const row *rows, int n, const opts *o)
     double fd0 = median_of(rows, w, w + 3, offsetof(row, srv_fds)), fd1 = median_of(rows, n - 3, n, offsetof(row, srv_fds));
     int mid = w + (n - w) / 2;
     double p0 = median_of(rows, w, mid, offsetof(row, step99)), p1 = median_of(rows, mid, n, offsetof(row, step99));
-    double rss_room = fmax(0.02 * rss0, 8.0), drift = (p1 - p0) / p0;
+    double c0 = median_of(rows, w, mid, offsetof(row, calib)), c1 = median_of(rows, mid, n, offsetof(row, calib));
+    /* the drift at the machine's speed of the first half: a busier machine slows the loop as much as the swarm */
+    double rss_room = fmax(0.02 * rss0, 8.0), raw = (p1 - p0) / p0, drift = (p1 * c0 / c1 - p0) / p0;
     int bad = 0;
     printf("check: servers' RSS %.1f -> %.1f MiB (allowed +%.1f), fds %.0f -> %.0f (allowed +-2), decode p99 %.2f -> "
-           "%.2f ms (%+.0f%%, allowed +20%%), %ld errors\n", rss0, rss1, rss_room, fd0, fd1, p0, p1, drift * 100, errors);
+           "%.2f ms (%+.0f%%; the machine's speed %.2f -> %.2f ms a loop: %+.0f%% at equal speed, allowed +20%%), "
+           "%ld errors\n", rss0, rss1, rss_room, fd0, fd1, p0, p1, raw * 100, c0, c1, drift * 100, errors);
     if (rss1 > rss0 + rss_room)
         bad = fprintf(stderr, "soak: the servers' RSS grew\n") > 0;
     if (fabs(fd1 - fd0) > 2)
@@ -460,7 +496,7 @@ int main(int argc, char **argv)
     if (!csv)
         return fprintf(stderr, "soak: cannot write %s\n", s.o.csv), 1;
     fprintf(csv, "t_s,servers_rss_mib,servers_fds,servers_threads,client_rss_mib,client_fds,step_p50_ms,step_p99_ms,"
-                 "train_p50_ms,train_p99_ms,tokens,train_steps,errors\n");
+                 "train_p50_ms,train_p99_ms,tokens,train_steps,errors,calib_ms,loadavg\n");
     printf("soak: %d servers (%s), %d clients, %.0f s, a sample every %.0f s into %s\n", s.o.servers, s.addrs,
            s.o.clients, s.o.seconds, s.o.interval, s.o.csv);
     s.steps.n = s.trains.n = 0;
