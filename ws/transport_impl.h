@@ -233,6 +233,7 @@ typedef struct conn {
     size_t slot;             /* index in s->conns */
     uint64_t accepted_ns, upgraded_ns;
     const char *close_why;   /* with close_req: the close frame's reason */
+    int closing;             /* the sweep closed it (idle, handshake): not counted again */
     /* service thread only */
     txstate tx;
     rxasm rx;

@@ -618,7 +618,7 @@ static int sweep_one(sp_ws_server *s, conn *c, uint64_t now, uint64_t *reqid)
 
 static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
 {
-    static const char *const what[] = {"", "handshake timeout", "handshake timeout", "idle", "busy", "too slow"};
+    static const char *const what[] = {"", "handshake timeout", "handshake timeout", "idle", "busy", "too slow", ""};
     char why[160], who[48];
     pthread_mutex_lock(&s->mu);
     snprintf(who, sizeof who, "%s", c->src ? c->src->name : "?");
@@ -628,6 +628,9 @@ static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
                        who, what[act]);
     switch (act) {
     case ACT_KILL: /* not a websocket yet: no close frame to send */
+        pthread_mutex_lock(&s->mu);
+        c->closing = 1;
+        pthread_mutex_unlock(&s->mu);
         lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
         break;
     case ACT_HANDSHAKE:
@@ -646,7 +649,7 @@ static void sweep_act(sp_ws_server *s, conn *c, int act, uint64_t reqid)
         break;
     case ACT_IDLE:
         pthread_mutex_lock(&s->mu);
-        c->close_req = 1;
+        c->close_req = c->closing = 1;
         c->close_why = "idle";
         pthread_mutex_unlock(&s->mu);
         lws_callback_on_writable(c->wsi);
@@ -687,7 +690,7 @@ static void srv_sweep(lws_sorted_usec_list_t *sul)
         for (size_t i = 0; i < s->nconns; i++) {
             conn *c = s->conns[i];
             uint64_t reqid = 0;
-            int act = c->wsi && !c->fail.failed ? sweep_one(s, c, now, &reqid) : 0;
+            int act = c->wsi && !c->fail.failed && !c->closing ? sweep_one(s, c, now, &reqid) : 0;
             if (!act)
                 continue;
             s->st.handshake_timeouts += act == ACT_KILL || act == ACT_HANDSHAKE;
