@@ -1,7 +1,8 @@
 /* soak.c - a small swarm under steady use for a long time: does anything grow? `sepal swarm up` starts K
  * servers (a real swarm: DHT, announcements, pings); N clients (threads, each with a runtime of its own,
  * connected to the servers by address) generate 32 greedy tokens (checked against the reference text) and, one
- * turn in four, run a training step (FORWARD keeping activations, then BACKWARD, through a max-throughput route).
+ * turn in four at random, run a training step (FORWARD keeping activations, then BACKWARD, through a
+ * max-throughput route); turns start 0-20 ms apart at random, so the clients never fall into lockstep.
  * Every interval it samples the servers' RSS, descriptors and threads (from /proc), the client process's RSS and
  * descriptors, and the p50/p99 of the decode steps and training steps of that interval, into a CSV; at the end it
  * draws the CSV as an SVG (RSS, descriptors and threads, latencies over time).
@@ -209,9 +210,12 @@ static void *client_main(void *arg)
     client *c = arg;
     sp_rng rng;
     sp_rng_seed(&rng, 1000 + (uint64_t)c->index);
-    for (long turn = 0; !atomic_load(&c->s->stop); turn++) {
+    while (!atomic_load(&c->s->stop)) {
+        /* one turn in four trains, at random, and turns start 0-20 ms apart: the clients never fall into
+         * lockstep, so how often a decode step meets another client's training step stays the same all along */
+        usleep(sp_rng_u32(&rng) % 20000);
         char text[1024];
-        int bad = turn % 4 == 3 ? train_step(c, &rng) : generate(c, text, sizeof text) || strcmp(text, c->s->ref);
+        int bad = sp_rng_u32(&rng) % 4 == 0 ? train_step(c, &rng) : generate(c, text, sizeof text) || strcmp(text, c->s->ref);
         if (bad) {
             pthread_mutex_lock(&c->s->mu);
             c->s->errors++;
