@@ -130,6 +130,11 @@ typedef struct sp_runtime {
     int swarm_started;     /* swarm up ran and its servers are ours */
 
     int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
+    /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records without
+     * its tag are dropped, and swarm up starts its servers with it */
+    int has_key;
+    sp_swarm_key key;
+    char key_path[4096];
 } sp_runtime;
 
 sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_err *err);
@@ -148,6 +153,10 @@ void sp_runtime_free(sp_runtime *rt); /* also stops a swarm it started and its D
 /* Loads config, tokenizer (if present) and ONLY the local parts of the model in dir; a DHT view then
  * follows this model. */
 sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err);
+
+/* Uses the swarm key in path (swarmkey.h; NULL or "" forgets it) for the connections and the DHT view made from
+ * now on. */
+sp_status sp_runtime_set_swarm_key(sp_runtime *rt, const char *path, sp_err *err);
 
 /* Connects to servers by address, "host:port[,host:port...]" (HELLO + INFO each), without the DHT. */
 sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 
 static sp_log_level g_min = SP_LOG_WARN;
 static sp_log_sink g_sink;
@@ -35,4 +36,55 @@ void sp_log(sp_log_level level, const char *fmt, ...)
     else
         fprintf(stderr, "sepal: %s: %s\n", names[level], msg);
     pthread_mutex_unlock(&g_lock);
+}
+
+void sp_log_limited(sp_log_limit *lim, sp_log_level level, const char *fmt, ...)
+{
+    if (level < g_min)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    pthread_mutex_lock(&g_lock);
+    if (now - lim->window_start >= SP_LOG_WINDOW_S) {
+        lim->window_start = now;
+        lim->in_window = 0;
+    }
+    int pass = lim->in_window < SP_LOG_BURST;
+    unsigned long suppressed = pass ? lim->suppressed : 0;
+    if (pass) {
+        lim->in_window++;
+        lim->suppressed = 0;
+    } else {
+        lim->suppressed++;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (!pass)
+        return;
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (suppressed)
+        sp_log(level, "%s (%lu similar suppressed)", msg, suppressed);
+    else
+        sp_log(level, "%s", msg);
+}
+
+void sp_log_limited_flush(sp_log_limit *lim)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    pthread_mutex_lock(&g_lock);
+    unsigned long n = lim->suppressed && now - lim->window_start >= SP_LOG_WINDOW_S ? lim->suppressed : 0;
+    if (n) {
+        lim->suppressed = 0;
+        lim->window_start = now;
+        lim->in_window = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (n)
+        sp_log(SP_LOG_WARN, "(%lu similar lines suppressed in %.0f s)", n, SP_LOG_WINDOW_S);
 }

@@ -329,3 +329,52 @@ sp_status sp_model_record_decode(sp_model_record *m, const void *data, size_t le
     m->hidden = (int)hidden;
     return st ? sp_err_prefix(err, "model record: ") : SP_OK;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* tags of a private swarm */
+
+static const char TAG_HEAD[] = ",\"tag\":\"";
+
+sp_status sp_record_seal(char *buf, size_t cap, size_t *len, const sp_swarm_key *k, sp_err *err)
+{
+    size_t n = *len, lim = cap < SP_RECORD_MAX ? cap : SP_RECORD_MAX;
+    if (n < 2 || buf[n - 1] != '}')
+        return sp_errf(err, SP_ERR_FORMAT, "record: not a JSON object to tag");
+    if (n - 1 + SP_RECORD_TAG_SUFFIX + 1 > lim)
+        return sp_errf(err, SP_ERR_RANGE, "record: %zu bytes with its tag, at most %zu fit", n - 1 + SP_RECORD_TAG_SUFFIX,
+                       lim - 1);
+    uint8_t tag[SP_HMAC_BYTES];
+    const void *parts[1] = {buf};
+    if (sp_hmac_sha256(k->record, parts, &n, 1, tag))
+        return sp_errf(err, SP_ERR_IO, "record: HMAC failed");
+    char hex[2 * SP_HMAC_BYTES + 1];
+    sp_hex_encode(tag, sizeof tag, hex);
+    snprintf(buf + n - 1, lim - (n - 1), "%s%s\"}", TAG_HEAD, hex);
+    *len = n - 1 + SP_RECORD_TAG_SUFFIX;
+    return SP_OK;
+}
+
+sp_status sp_record_unseal(const void *data, size_t len, const sp_swarm_key *k, char *out, size_t cap, size_t *out_len,
+                           sp_err *err)
+{
+    const char *d = data;
+    size_t head = sizeof TAG_HEAD - 1, plain = len - SP_RECORD_TAG_SUFFIX;
+    uint8_t got[SP_HMAC_BYTES], want[SP_HMAC_BYTES];
+    char hex[2 * SP_HMAC_BYTES + 1];
+    if (len < SP_RECORD_TAG_SUFFIX + 2 || len > SP_RECORD_MAX || memcmp(d + plain, TAG_HEAD, head) ||
+        memcmp(d + len - 2, "\"}", 2))
+        return sp_errf(err, SP_ERR_FORMAT, "record: no tag (not from this private swarm)");
+    memcpy(hex, d + plain + head, 2 * SP_HMAC_BYTES);
+    hex[2 * SP_HMAC_BYTES] = '\0';
+    if (plain + 2 > cap || sp_hex_decode(hex, got, sizeof got))
+        return sp_errf(err, SP_ERR_FORMAT, "record: malformed tag");
+    memcpy(out, d, plain);
+    out[plain] = '}';
+    out[plain + 1] = '\0';
+    size_t n = plain + 1;
+    const void *parts[1] = {out};
+    if (sp_hmac_sha256(k->record, parts, &n, 1, want) || !sp_ct_equal(got, want, sizeof got))
+        return sp_errf(err, SP_ERR_FORMAT, "record: wrong tag (forged, or another swarm's key)");
+    *out_len = n;
+    return SP_OK;
+}

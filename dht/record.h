@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "status.h"
+#include "swarmkey.h"
 
 #define SP_RECORD_VERSION 1
 #define SP_RECORD_MAX 4096      /* bytes of an encoded record; larger values are dropped */
@@ -89,6 +90,18 @@ sp_status sp_record_decode(sp_server_record *r, const void *data, size_t len, co
 int sp_record_is_stale(const sp_server_record *r, double now);
 
 sp_status sp_model_record_encode(const sp_model_record *m, char *buf, size_t cap, size_t *len, sp_err *err);
+
+/* A private swarm's records (server records and model index entries alike) carry a tag: the JSON ends with
+ * ,"tag":"<64 hex>"} where the tag is HMAC-SHA256(the swarm key's record subkey, the same JSON without the tag
+ * field). Readers holding the key drop records without a tag or with a wrong one: outsiders can still store
+ * values under the keys, but cannot make clients route to them. */
+#define SP_RECORD_TAG_SUFFIX (8 + 2 * SP_HMAC_BYTES + 2) /* ,"tag":" + hex + "} */
+/* Tags the encoded JSON in buf (*len bytes, NUL-terminated) in place. SP_ERR_RANGE if it no longer fits. */
+sp_status sp_record_seal(char *buf, size_t cap, size_t *len, const sp_swarm_key *k, sp_err *err);
+/* Checks a tagged value and writes the JSON without its tag to out (NUL-terminated). SP_ERR_FORMAT with "no tag"
+ * or "wrong tag" otherwise. */
+sp_status sp_record_unseal(const void *data, size_t len, const sp_swarm_key *k, char *out, size_t cap, size_t *out_len,
+                           sp_err *err);
 sp_status sp_model_record_decode(sp_model_record *m, const void *data, size_t len, double now, sp_err *err);
 
 #endif

@@ -29,6 +29,8 @@ struct sp_view {
     sp_model_record *models;
     int nmodels, capmodels;
     sp_view_stats stats;
+    int has_key;
+    sp_swarm_key key;
     int round_pending;      /* gets of the current round not finished */
     int round_started;      /* rounds started so far */
     int round_done;         /* the value of round_started when a round last finished */
@@ -102,11 +104,29 @@ static void note_drop(sp_view *v, const char *key, const char *why)
 }
 
 /* A server record arrived under block `block`: keep it if it is the newest of its server. */
+/* A private swarm's value without a valid tag is dropped; its JSON without the tag goes to buf. */
+static int unseal(sp_view *v, const char *key, const uint8_t **data, size_t *len, char *buf, size_t cap, int expired)
+{
+    sp_err err = {0};
+    if (!v->has_key)
+        return 0;
+    if (sp_record_unseal(*data, *len, &v->key, buf, cap, len, &err)) {
+        if (!expired)
+            note_drop(v, key, err.msg);
+        return -1;
+    }
+    *data = (const uint8_t *)buf;
+    return 0;
+}
+
 static void take_record(sp_view *v, const char *key, int block, const uint8_t *data, size_t len, int expired,
                         change *ch, int *nch)
 {
     sp_server_record r;
     sp_err err = {0};
+    char plain[SP_RECORD_MAX + 2];
+    if (unseal(v, key, &data, &len, plain, sizeof plain, expired))
+        return;
     sp_record_expect x = {.model = v->model, .config_hash = v->o.config_hash, .num_blocks = v->o.num_blocks,
                           .block = block, .now = sp_wall_s()};
     if (sp_record_decode(&r, data, len, &x, &err)) {
@@ -138,8 +158,11 @@ static void take_model(sp_view *v, const uint8_t *data, size_t len, int expired)
 {
     sp_model_record m;
     sp_err err = {0};
+    char plain[SP_RECORD_MAX + 2];
     if (expired)
         return; /* model entries go when stale */
+    if (unseal(v, SP_MODELS_KEY, &data, &len, plain, sizeof plain, 0))
+        return;
     if (sp_model_record_decode(&m, data, len, sp_wall_s(), &err)) {
         note_drop(v, SP_MODELS_KEY, err.msg);
         return;
@@ -315,6 +338,11 @@ sp_status sp_view_new(sp_view **out, sp_dht *dht, const sp_view_opts *o, sp_err 
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     v->dht = dht;
     v->o = *o;
+    if (o->key) {
+        v->key = *o->key;
+        v->has_key = 1;
+    }
+    v->o.key = NULL;
     if (v->o.refresh_s <= 0)
         v->o.refresh_s = 30;
     snprintf(v->model, sizeof v->model, "%s", o->model ? o->model : "");

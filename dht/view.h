@@ -30,6 +30,7 @@ typedef struct sp_view_opts {
     double refresh_s;     /* full lookups every refresh_s seconds (default 30) */
     sp_view_fn on_change;
     void *user;
+    const sp_swarm_key *key; /* a private swarm: records without its tag are dropped (NULL: none; copied) */
 } sp_view_opts;
 
 typedef struct sp_view sp_view;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "paths.h"
 #include "runtime.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -133,6 +134,15 @@ sp_runtime *sp_app_runtime(sp_app *app)
     snprintf(set->allowed, sizeof set->allowed, "%s", sp_app_get(app, "allowed-servers"));
     snprintf(set->blocked, sizeof set->blocked, "%s", sp_app_get(app, "blocked-servers"));
     pthread_mutex_unlock(&app->rt->lock);
+    const char *key = sp_app_get(app, "swarm-key");
+    char path[sizeof app->rt->key_path];
+    sp_expand_home(key, path, sizeof path);
+    sp_err err = {0};
+    if (strcmp(path, app->rt->key_path) && sp_runtime_set_swarm_key(app->rt, path, &err)) {
+        sp_app_error(app, "%s", err.msg);
+        sp_app_set(app, "swarm-key", app->rt->key_path, NULL, 0); /* the key in use stays */
+        return NULL;
+    }
     return app->rt;
 }
 
@@ -179,6 +189,9 @@ void sp_app_init(sp_app *app, sp_sink sink)
     sp_app_define(app, "allowed-servers", SP_OPT_STR, 0, 0, NULL, "",
                   "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
     sp_app_define(app, "blocked-servers", SP_OPT_STR, 0, 0, NULL, "", "never route through these servers (same forms)");
+    sp_app_define(app, "swarm-key", SP_OPT_STR, 0, 0, NULL, "",
+                  "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove it both ways and "
+                  "DHT records without its tag are dropped; empty is none");
 }
 
 void sp_app_free(sp_app *app)

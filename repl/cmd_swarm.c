@@ -53,9 +53,13 @@ static int cmd_swarm_down(sp_app *app, const sp_args *a)
 
 static int cmd_connect(sp_app *app, const sp_args *a)
 {
-    const char *peers = sp_arg(app, a, "--initial-peers");
+    const char *peers = sp_arg(app, a, "--initial-peers"), *key = sp_arg(app, a, "--swarm-key");
     if (!peers == !a->npos)
-        return sp_app_error(app, "usage: connect HOST:PORT[,...] | connect --initial-peers HOST:PORT[,...]");
+        return sp_app_error(app, "usage: connect [--swarm-key FILE] HOST:PORT[,...] | "
+                                 "connect [--swarm-key FILE] --initial-peers HOST:PORT[,...]");
+    char why[256];
+    if (sp_arg_given(a, "--swarm-key") && sp_app_set(app, "swarm-key", key, why, sizeof why)) /* the setting: later connections keep it */
+        return sp_app_error(app, "connect: %s", why);
     sp_runtime *rt = sp_app_runtime(app);
     sp_err err = {0};
     if (!rt)
@@ -200,6 +204,8 @@ static const sp_cmd swarm_subs[] = {
 static const sp_opt connect_opts[] = {
     {"--initial-peers", SP_OPT_STR, "HOST:PORT[,...]", 0, 0, NULL, NULL, NULL,
      "join a swarm through these DHT nodes (any server's DHT port)"},
+    {"--swarm-key", SP_OPT_PATH, "FILE", 0, 0, NULL, "swarm-key", NULL,
+     "a private swarm's key (sepal-server --gen-swarm-key FILE); it becomes the swarm-key setting"},
     {0},
 };
 
@@ -216,7 +222,8 @@ const sp_cmd sp_cmds_swarm[] = {
      .help = "connect --initial-peers HOST:PORT,... joins a swarm through its DHT nodes (any server's DHT port): a "
              "DHT node of this app's own keeps a live view of the loaded model's servers, and routing picks among "
              "them. connect HOST:PORT,... (or ws://HOST:PORT) uses servers by their websocket address, without "
-             "the DHT; a server of another model is refused.",
+             "the DHT; a server of another model is refused. --swarm-key FILE joins a private swarm: every "
+             "connection proves the key both ways and DHT records without its tag are dropped.",
      .examples = "connect --initial-peers 127.0.0.1:31330\nconnect 127.0.0.1:31330", .fn = cmd_connect},
     {.name = "servers", .args = "", .max_pos = 0,
      .summary = "the servers: id, name, address, blocks, state, throughput, rps, cache, pings, version",

@@ -29,6 +29,7 @@ typedef struct ping_entry {
 
 struct sp_announce {
     sp_announce_opts o;
+    sp_swarm_key key; /* o.key points here */
     sp_dht *dht;
     sp_view *view;
     pthread_mutex_t view_lock; /* the DHT's callbacks use view under it; stopping clears view under it */
@@ -59,7 +60,8 @@ static void publish(sp_announce *a, const sp_server_record *r)
     char buf[SP_RECORD_MAX], key[SP_MODEL_PREFIX_MAX + 16];
     size_t len;
     sp_err err = {0};
-    if (sp_record_encode(r, buf, sizeof buf, &len, &err)) {
+    if (sp_record_encode(r, buf, sizeof buf, &len, &err) ||
+        (a->o.key && sp_record_seal(buf, sizeof buf, &len, a->o.key, &err))) {
         sp_log(SP_LOG_ERROR, "announce: %s", err.msg);
         return;
     }
@@ -72,7 +74,8 @@ static void publish(sp_announce *a, const sp_server_record *r)
                          .timestamp = r->timestamp, .period = r->period};
     snprintf(m.model, sizeof m.model, "%s", r->model);
     snprintf(m.architecture, sizeof m.architecture, "%s", a->o.architecture ? a->o.architecture : "");
-    if (!sp_model_record_encode(&m, buf, sizeof buf, &len, &err))
+    if (!sp_model_record_encode(&m, buf, sizeof buf, &len, &err) &&
+        (!a->o.key || !sp_record_seal(buf, sizeof buf, &len, a->o.key, &err)))
         sp_dht_put(a->dht, SP_MODELS_KEY, r->model, ttl, buf, len);
 }
 
@@ -123,11 +126,13 @@ static void ping_record(sp_announce *a, const char *id, double rtt)
     pthread_mutex_unlock(&a->lock);
 }
 
-/* Round trip of one PING to r (connection set-up not counted); < 0 on failure. */
-static double ping_once(const sp_server_record *r)
+/* Round trip of one PING to r (connection set-up not counted); < 0 on failure. In a private swarm the
+ * connection proves the key both ways first: a server without it is never pinged, so never routed through. */
+static double ping_once(sp_announce *a, const sp_server_record *r)
 {
     sp_remote *c = NULL;
-    if (sp_remote_connect(&c, r->host, r->port, 1, PING_TIMEOUT_MS, NULL))
+    sp_remote_opts ro = {.no_bulk = 1, .key = a->o.key};
+    if (sp_remote_connect_opts(&c, r->host, r->port, &ro, PING_TIMEOUT_MS, NULL))
         return -1;
     sp_reply rep;
     double t0 = sp_now_s();
@@ -146,7 +151,7 @@ static void ping_some(sp_announce *a, sp_server_record *cand, int n)
         sp_server_record t = cand[i];
         cand[i] = cand[j];
         cand[j] = t;
-        double rtt = ping_once(&cand[i]);
+        double rtt = ping_once(a, &cand[i]);
         if (rtt >= 0)
             ping_record(a, cand[i].id, rtt);
     }
@@ -274,6 +279,10 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
     if (!a)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     a->o = *o;
+    if (o->key) {
+        a->key = *o->key;
+        a->o.key = &a->key;
+    }
     if (a->o.period <= 0)
         a->o.period = 30;
     a->rec = o->base;
@@ -289,7 +298,7 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
         snprintf(a->rec.dht, sizeof a->rec.dht, "%s:%d", o->dht_bind ? o->dht_bind : "127.0.0.1", sp_dht_port(a->dht));
         sp_view_opts vo = {.model = o->base.model, .config_hash = o->base.config_hash,
                            .num_blocks = o->base.num_blocks, .refresh_s = a->o.period,
-                           .on_change = on_change, .user = a};
+                           .on_change = on_change, .user = a, .key = a->o.key};
         sp_view *v = NULL;
         st = sp_view_new(&v, a->dht, &vo, err);
         pthread_mutex_lock(&a->view_lock);

@@ -19,6 +19,8 @@ typedef struct sp_announce_opts {
     int hidden;                /* the model's hidden size (model index) */
     const char *architecture;
     sp_server_record base;     /* id, name, host, model, config_hash, num_blocks, dtype, quant, version */
+    const sp_swarm_key *key;   /* a private swarm: records are tagged, others' untagged ones dropped, and the
+                                  pings prove the key (NULL: none; copied) */
 } sp_announce_opts;
 
 typedef struct sp_announce sp_announce;

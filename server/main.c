@@ -53,6 +53,10 @@ typedef struct args {
     double balance_quality;
     double selection_delay;   /* mean seconds to wait before choosing blocks */
     double bandwidth_mbit;    /* the network's rate, for the announced network_rps */
+    const char *swarm_key;    /* --swarm-key FILE */
+    const char *gen_swarm_key;/* --gen-swarm-key FILE: write one and exit */
+    double mib[4];            /* --input-budget, --input-budget-per-conn, --input-budget-per-ip, --output-bound */
+    double min_rate_kib;      /* --min-rate (KiB/s; 0: none); < 0: the default */
 } args;
 
 static void usage(FILE *f)
@@ -77,6 +81,24 @@ static void usage(FILE *f)
             "  --balance-quality Q     move when the swarm's throughput would rise by more than 1/Q (default 0.75)\n"
             "  --selection-delay S     mean seconds to wait before choosing blocks (default 1)\n"
             "  --bandwidth MBIT        the network's rate, announced as tokens/s (default 100)\n"
+            "  --swarm-key FILE        a private swarm: peers must prove this key (servers and clients alike)\n"
+            "  --gen-swarm-key FILE    write a new swarm key to FILE (mode 0600) and exit\n"
+            "\n"
+            "limits (what one peer can make the server hold; defaults from the span and the machine, printed at start):\n"
+            "  --max-connections N     connections at once (default min(4096, (open-file limit - 64) / 2))\n"
+            "  --max-connections-per-ip N   from one address (default min(256, max-connections))\n"
+            "  --max-handshakes N      connections before their HELLO (default 256)\n"
+            "  --max-handshakes-per-ip N    ... from one address (default 64)\n"
+            "  --handshake-timeout S   for the HTTP upgrade, then again for the swarm key and HELLO (default 5)\n"
+            "  --idle-timeout S        close connections without sessions silent this long (default 120; 0: never)\n"
+            "  --input-budget MIB      requests and unsent replies held, in total (default max(2 x per-conn, 512),\n"
+            "                          at most a quarter of the memory)\n"
+            "  --input-budget-per-conn MIB  one connection's share, also its largest message (default: the\n"
+            "                          largest request the span accepts)\n"
+            "  --input-budget-per-ip MIB    one address's share (default half the budget)\n"
+            "  --output-bound MIB      unsent replies over which a connection is not read (default 1)\n"
+            "  --busy-timeout S        how long a request waits for budget before \"busy\" (default 10)\n"
+            "  --min-rate KIB          KiB/s a request must arrive at, after 10 s (default 64; 0: none)\n"
             "\n"
             "work:\n"
             "  --dtype T               hold the blocks as f32, bf16, int8 (blocks of 32, like Q8_0) or nf4 (as\n"
@@ -159,6 +181,20 @@ static const opt_def opt_table[] = {
     {"--balance-quality", OPT_DOUBLE, 0, 10, offsetof(args, balance_quality)},
     {"--selection-delay", OPT_DOUBLE, 0, 3600, offsetof(args, selection_delay)},
     {"--bandwidth", OPT_DOUBLE, 0.001, 1e7, offsetof(args, bandwidth_mbit)},
+    {"--swarm-key", OPT_STR, 0, 0, offsetof(args, swarm_key)},
+    {"--gen-swarm-key", OPT_STR, 0, 0, offsetof(args, gen_swarm_key)},
+    {"--max-connections", OPT_INT, 1, 1 << 20, SO(limits.max_conns)},
+    {"--max-connections-per-ip", OPT_INT, 1, 1 << 20, SO(limits.max_conns_per_ip)},
+    {"--max-handshakes", OPT_INT, 1, 1 << 20, SO(limits.max_pending)},
+    {"--max-handshakes-per-ip", OPT_INT, 1, 1 << 20, SO(limits.max_pending_per_ip)},
+    {"--handshake-timeout", OPT_DOUBLE, 0.05, 3600, SO(limits.handshake_timeout_s)},
+    {"--idle-timeout", OPT_DOUBLE, 0, 1e9, SO(limits.idle_timeout_s)},
+    {"--busy-timeout", OPT_DOUBLE, 0.05, 3600, SO(limits.busy_timeout_s)},
+    {"--input-budget", OPT_DOUBLE, 1, 1 << 24, offsetof(args, mib[0])},
+    {"--input-budget-per-conn", OPT_DOUBLE, 1, 1 << 24, offsetof(args, mib[1])},
+    {"--input-budget-per-ip", OPT_DOUBLE, 1, 1 << 24, offsetof(args, mib[2])},
+    {"--output-bound", OPT_DOUBLE, 0.0625, 1 << 20, offsetof(args, mib[3])},
+    {"--min-rate", OPT_DOUBLE, 0, 1 << 30, offsetof(args, min_rate_kib)},
 };
 
 static int set_option(const opt_def *d, const char *v, args *a)
@@ -190,9 +226,23 @@ static int parse_flag(const char *f, args *a)
     return 1;
 }
 
+/* Options in MiB and KiB/s into the server's limits. */
+static void apply_units(args *a)
+{
+    sp_server_limits *l = &a->so.limits;
+    uint64_t *dst[4] = {&l->input_budget, &l->input_budget_conn, &l->input_budget_ip, &l->output_bound};
+    for (int i = 0; i < 4; i++)
+        if (a->mib[i] > 0)
+            *dst[i] = (uint64_t)(a->mib[i] * 1048576.0);
+    if (a->min_rate_kib >= 0)
+        l->min_rate = a->min_rate_kib > 0 ? a->min_rate_kib * 1024.0 : -1;
+}
+
 static int check_args(const args *a)
 {
     const char *why = NULL;
+    if (a->gen_swarm_key)
+        return 0;
     if (!a->so.model_dir)
         why = "--model DIR is required";
     else if (a->have_blocks == (a->num_blocks > 0))
@@ -247,6 +297,7 @@ static int parse_args(int argc, char **argv, args *a)
             return 2;
         i++;
     }
+    apply_units(a);
     return check_args(a);
 }
 
@@ -347,6 +398,24 @@ static void fill_record(void *user, sp_server_record *r)
         r->cache_tokens_left = sp_server_cache_left(p->srv);
 }
 
+static void print_limits(app *p)
+{
+    sp_server_limits l;
+    sp_server_limits_get(p->srv, &l);
+    const double mib = 1048576.0;
+    char idle[32] = "never", rate[32] = "none";
+    if (l.idle_timeout_s > 0)
+        snprintf(idle, sizeof idle, "%.0f s", l.idle_timeout_s);
+    if (l.min_rate > 0)
+        snprintf(rate, sizeof rate, "%.0f KiB/s", l.min_rate / 1024);
+    printf("sepal-server: limits: %d connections (%d per address), %d in their handshake (%d per address), "
+           "handshake %.3g s, idle %s; input budget %.0f MiB (%.1f per connection, %.0f per address), output bound "
+           "%.1f MiB, busy after %.3g s, min rate %s; swarm key: %s\n",
+           l.max_conns, l.max_conns_per_ip, l.max_pending, l.max_pending_per_ip, l.handshake_timeout_s, idle,
+           (double)l.input_budget / mib, (double)l.input_budget_conn / mib, (double)l.input_budget_ip / mib,
+           (double)l.output_bound / mib, l.busy_timeout_s, rate, p->a.so.key ? p->a.so.key->id_hex : "none");
+}
+
 /* Loads and serves [start, end); announces JOINING, then ONLINE. */
 static sp_status serve(app *p, int start, int end, sp_err *err)
 {
@@ -374,6 +443,7 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
            "%s weights, %.1f MB\n",
            start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd,
            sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6);
+    print_limits(p);
     fflush(stdout);
     return SP_OK;
 }
@@ -429,7 +499,7 @@ static sp_status join_swarm(app *p, sp_err *err)
     char prefix[SP_MODEL_PREFIX_MAX];
     sp_model_prefix(p->a.so.model_dir, prefix, sizeof prefix);
     sp_announce_opts ao = {.dht_bind = p->a.so.host, .initial_peers = p->a.initial_peers, .period = p->a.update_period,
-                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture};
+                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture, .key = p->a.so.key};
     ao.dht_port = p->a.dht_port >= 0 ? p->a.dht_port : p->a.so.port;
     sp_server_record *b = &ao.base;
     snprintf(b->id, sizeof b->id, "%s", p->id);
@@ -490,9 +560,22 @@ int main(int argc, char **argv)
     p.a.balance_quality = 0.75;
     p.a.selection_delay = 1;
     p.a.bandwidth_mbit = 100;
+    p.a.min_rate_kib = -1;
     int rc = parse_args(argc, argv, &p.a);
     if (rc)
         return rc == 1 ? 0 : rc;
+    sp_err err = {0};
+    static sp_swarm_key key;
+    if (p.a.gen_swarm_key) {
+        if (sp_swarm_key_generate(p.a.gen_swarm_key, &err) || sp_swarm_key_load(&key, p.a.gen_swarm_key, &err)) {
+            fprintf(stderr, "sepal-server: %s\n", err.msg);
+            return 1;
+        }
+        printf("sepal-server: wrote a swarm key to %s (swarm id %s); give it to every server and client of the swarm "
+               "(--swarm-key %s, connect --swarm-key %s)\n", p.a.gen_swarm_key, key.id_hex, p.a.gen_swarm_key,
+               p.a.gen_swarm_key);
+        return 0;
+    }
     const char *host = p.a.so.host ? p.a.so.host : "127.0.0.1";
     int swarm = p.a.new_swarm || p.a.initial_peers;
     int dht_port = p.a.dht_port >= 0 ? p.a.dht_port : p.a.so.port;
@@ -500,12 +583,18 @@ int main(int argc, char **argv)
         (p.a.so.bulk_port > 0 && check_bind(host, p.a.so.bulk_port, SOCK_STREAM, "--bulk-port")) ||
         (swarm && dht_port > 0 && check_bind(host, dht_port, SOCK_DGRAM, "UDP, the DHT")))
         return 1;
+    if (p.a.swarm_key) {
+        if (sp_swarm_key_load(&key, p.a.swarm_key, &err)) {
+            fprintf(stderr, "sepal-server: %s\n", err.msg);
+            return 2;
+        }
+        p.a.so.key = &key;
+    }
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    sp_err err = {0};
     if (sp_config_load(&p.cfg, p.a.so.model_dir, &err)) {
         fprintf(stderr, "sepal-server: %s\n", err.msg);
         return 1;

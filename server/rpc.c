@@ -598,6 +598,34 @@ static void rpc_hello(req *r)
     reply(r, meta, NULL, 0);
 }
 
+/* INFO's "transport": connections and what the limits did (ws/transport.h, sp_ws_server_stats). */
+static void add_transport(cJSON *o, sp_server *s)
+{
+    sp_ws_server_stats t;
+    sp_ws_server_stats_get(s->ws, &t);
+    cJSON *x = cJSON_AddObjectToObject(o, "transport");
+    if (!x)
+        return;
+    cJSON_AddNumberToObject(x, "conns", t.conns);
+    cJSON_AddNumberToObject(x, "pending", t.pending);
+    cJSON_AddNumberToObject(x, "accepted", (double)t.accepted);
+    cJSON_AddNumberToObject(x, "refused", (double)t.refused);
+    cJSON_AddNumberToObject(x, "refused_ip", (double)t.refused_ip);
+    cJSON_AddNumberToObject(x, "handshake_timeouts", (double)t.handshake_timeouts);
+    cJSON_AddNumberToObject(x, "idle_closed", (double)t.idle_closed);
+    cJSON_AddNumberToObject(x, "busy", (double)t.busy);
+    cJSON_AddNumberToObject(x, "slow", (double)t.slow);
+    cJSON_AddNumberToObject(x, "auth_failed", (double)t.auth_failed);
+    cJSON_AddNumberToObject(x, "waits", (double)t.waits);
+    cJSON_AddNumberToObject(x, "paused", (double)t.paused);
+    cJSON_AddNumberToObject(x, "delivered", (double)t.delivered);
+    cJSON_AddNumberToObject(x, "budget_used", (double)t.budget_used);
+    cJSON_AddNumberToObject(x, "budget_peak", (double)t.budget_peak);
+    cJSON_AddNumberToObject(x, "budget", (double)t.limits.rx_budget);
+    cJSON_AddNumberToObject(x, "budget_conn", (double)t.limits.rx_budget_conn);
+    cJSON_AddBoolToObject(x, "swarm_key", s->o.key != NULL);
+}
+
 static void rpc_info(req *r)
 {
     sp_server *s = r->s;
@@ -608,7 +636,9 @@ static void rpc_info(req *r)
     cJSON_AddNumberToObject(o, "end", s->m->last);
     cJSON_AddStringToObject(o, "dtype", sp_server_dtype(r->s));
     cJSON_AddNumberToObject(o, "weight_bytes", (double)sp_server_weight_bytes(r->s));
-    cJSON_AddStringToObject(o, "protocol", "1.0");
+    char proto[16];
+    snprintf(proto, sizeof proto, "%d.%d", SP_PROTO_MAJOR, SP_PROTO_MINOR);
+    cJSON_AddStringToObject(o, "protocol", proto);
     cJSON_AddNumberToObject(o, "hidden_size", s->m->cfg.hidden);
     cJSON_AddStringToObject(o, "family", sp_arch_name(s->m->cfg.arch));
     cJSON_AddNumberToObject(o, "kv_heads", s->m->cfg.n_kv_heads);
@@ -624,6 +654,8 @@ static void rpc_info(req *r)
     cJSON_AddStringToObject(o, "public_name", s->o.public_name ? s->o.public_name : "");
     cJSON_AddNumberToObject(o, "sessions", sp_server_sessions(s));
     cJSON_AddNumberToObject(o, "kept_bytes", (double)sp_server_kept_bytes(s));
+    cJSON_AddNumberToObject(o, "requests", (double)sp_server_requests(s));
+    add_transport(o, s);
     char *meta = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     reply(r, meta, NULL, 0);

@@ -1,6 +1,7 @@
 /* server.c - the server's life cycle: loading the span, the transport callbacks, worker threads that run
  * the queue (inference before training), and the reaper that enforces session timeouts. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,19 @@ void sp_server_opts_default(sp_server_opts *o)
     o->step_timeout_s = 300;
     o->session_timeout_s = 1800;
     o->measure = 1;
-    o->max_message = SP_PROTO_DEFAULT_MAX_MESSAGE;
+    o->max_message = 0;
     o->keep_bytes = (size_t)512 << 20;
+    o->limits.idle_timeout_s = 120;
+}
+
+uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens)
+{
+    /* BACKWARD: hidden_in + grad_out + prompts [n, B, P <= T, H]; a step: hidden + prompts, B x T <= the cache */
+    uint64_t bwd = (uint64_t)(2 + nblocks) * (uint64_t)max_batch_tokens;
+    uint64_t step = (uint64_t)(1 + nblocks) * (uint64_t)cache_tokens;
+    uint64_t positions = bwd > step ? bwd : step;
+    return positions * (uint64_t)hidden * 4 + SP_PROTO_HEADER_SIZE + SP_PROTO_DEFAULT_MAX_META +
+           SP_PROTO_MAX_TENSORS * SP_PROTO_DESC_SIZE;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -96,8 +108,10 @@ static void *worker_main(void *arg)
     sp_ws ws = {0};
     task *t;
     while ((t = queue_pop(&s->q))) {
+        uint64_t len = t->msg.len;
         sp_rpc_handle(s, t->conn, &t->msg, &ws);
         sp_buf_free(&t->msg);
+        sp_ws_server_release(s->ws, t->conn, len); /* its bytes go back to the input budget */
         free(t);
     }
     sp_ws_free(&ws);
@@ -107,6 +121,14 @@ static void *worker_main(void *arg)
 /* ---------------------------------------------------------------------------------------------- */
 /* transport callbacks (transport thread: no compute here) */
 
+/* A request handled here or dropped: its bytes go back to the input budget. */
+static void done_inline(sp_server *s, uint64_t conn, sp_buf *msg)
+{
+    uint64_t len = msg->len;
+    sp_buf_free(msg);
+    sp_ws_server_release(s->ws, conn, len);
+}
+
 static void on_message(void *user, uint64_t conn, sp_buf *msg)
 {
     sp_server *s = user;
@@ -114,7 +136,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     s->requests++;
     pthread_mutex_unlock(&s->stats_lock);
     if (sp_rpc_handle_inline(s, conn, msg)) {
-        sp_buf_free(msg);
+        done_inline(s, conn, msg);
         return;
     }
     sp_msg_header h = {0};
@@ -124,13 +146,13 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
         pthread_mutex_trylock(&s->inline_lock) == 0) {
         sp_rpc_handle(s, conn, msg, &s->inline_ws);
         pthread_mutex_unlock(&s->inline_lock);
-        sp_buf_free(msg);
+        done_inline(s, conn, msg);
         return;
     }
     task *t = calloc(1, sizeof *t);
     if (!t) {
         sp_rpc_error(s, conn, 0, "internal", "out of memory");
-        sp_buf_free(msg);
+        done_inline(s, conn, msg);
         return;
     }
     int type = h.type;
@@ -219,6 +241,70 @@ static sp_status start_threads(sp_server *s, sp_err *err)
     return SP_OK;
 }
 
+/* The transport's limits from the server's, sized from the span: a connection's share holds the largest request
+ * the span accepts (a smaller one given is refused: legitimate requests would never fit). */
+static sp_status transport_limits(sp_server *s, sp_transport_opts *to, sp_err *err)
+{
+    const sp_server_limits *l = &s->o.limits;
+    uint64_t need = sp_server_largest_request(s->m->cfg.hidden, s->m->last - s->m->first, s->o.max_batch_tokens,
+                                              s->o.cache_tokens);
+    uint64_t mib = 1ull << 20, conn = l->input_budget_conn ? l->input_budget_conn : (need + mib - 1) / mib * mib;
+    if (conn < need || (s->o.max_message && s->o.max_message < need))
+        return sp_errf(err, SP_ERR_ARG, "the input budget per connection (%.1f MiB) is below the largest request "
+                       "this span accepts (%.1f MiB: (2 + %d blocks) x %d max-batch-tokens, or (1 + blocks) x %ld "
+                       "cache-tokens, x hidden %d x 4 bytes); raise it or lower --max-batch-tokens / --cache-tokens",
+                       (double)(s->o.max_message && s->o.max_message < conn ? s->o.max_message : conn) / mib,
+                       (double)need / mib, s->m->last - s->m->first, s->o.max_batch_tokens, s->o.cache_tokens,
+                       s->m->cfg.hidden);
+    to->max_message = s->o.max_message && s->o.max_message < conn ? s->o.max_message : conn;
+    to->rx_budget_conn = conn;
+    to->rx_budget = l->input_budget;
+    to->rx_budget_ip = l->input_budget_ip;
+    to->tx_bound = l->output_bound;
+    to->max_conns = l->max_conns;
+    to->max_conns_per_ip = l->max_conns_per_ip;
+    to->max_pending = l->max_pending;
+    to->max_pending_per_ip = l->max_pending_per_ip;
+    to->handshake_timeout_s = l->handshake_timeout_s;
+    to->idle_timeout_s = l->idle_timeout_s > 0 ? (int)ceil(l->idle_timeout_s) : 0;
+    to->busy_timeout_s = l->busy_timeout_s;
+    to->min_rate = l->min_rate;
+    return SP_OK;
+}
+
+static sp_status start_transport(sp_server *s, sp_err *err)
+{
+    sp_transport_opts to;
+    sp_transport_opts_default(&to);
+    sp_status st = transport_limits(s, &to, err);
+    if (st)
+        return st;
+    to.host = s->o.host;
+    to.port = s->o.port;
+    to.bulk_port = s->o.bulk_port;
+    to.bulk_threshold = 1; /* replies go back on the channel a client attached, small ones too */
+    to.first_type = SP_MSG_HELLO;
+    to.app_releases = 1; /* a request holds its budget until a worker is done with it */
+    to.key = s->o.key;
+    st = sp_ws_server_start(&s->ws, &to, on_message, on_close, s, err);
+    if (!st)
+        s->limits.max_message = to.max_message; /* the decoder's cap is the transport's */
+    return st;
+}
+
+void sp_server_limits_get(sp_server *s, sp_server_limits *out)
+{
+    sp_ws_server_stats ts;
+    sp_ws_server_stats_get(s->ws, &ts);
+    const sp_transport_opts *t = &ts.limits;
+    *out = (sp_server_limits){.max_conns = t->max_conns, .max_conns_per_ip = t->max_conns_per_ip,
+                              .max_pending = t->max_pending, .max_pending_per_ip = t->max_pending_per_ip,
+                              .handshake_timeout_s = t->handshake_timeout_s, .idle_timeout_s = t->idle_timeout_s,
+                              .input_budget = t->rx_budget, .input_budget_conn = t->rx_budget_conn,
+                              .input_budget_ip = t->rx_budget_ip, .output_bound = t->tx_bound,
+                              .busy_timeout_s = t->busy_timeout_s, .min_rate = t->min_rate};
+}
+
 sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
 {
     *out = NULL;
@@ -228,6 +314,10 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     if (!s)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     s->o = *o;
+    if (o->key) { /* a copy: the caller's may go */
+        s->key = *o->key;
+        s->o.key = &s->key;
+    }
     pthread_mutex_init(&s->q.lock, NULL);
     pthread_cond_init(&s->q.cond, NULL);
     pthread_mutex_init(&s->stats_lock, NULL);
@@ -251,16 +341,8 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
         s->inline_steps = s->inference_rps > 1000.0;
         st = start_threads(s, err);
     }
-    if (!st) {
-        sp_transport_opts to;
-        sp_transport_opts_default(&to);
-        to.host = o->host;
-        to.port = o->port;
-        to.bulk_port = o->bulk_port;
-        to.max_message = o->max_message;
-        to.bulk_threshold = 1; /* replies go back on the channel a client attached, small ones too */
-        st = sp_ws_server_start(&s->ws, &to, on_message, on_close, s, err);
-    }
+    if (!st)
+        st = start_transport(s, err);
     if (st) {
         sp_server_stop(s);
         return st;

@@ -9,6 +9,24 @@
 #include <stdint.h>
 
 #include "status.h"
+#include "swarmkey.h"
+
+/* What one peer can make the server hold (ws/transport.h has the details); 0 = the default, sized from the span
+ * and the machine at start (sp_server_limits_get says what they came to). */
+typedef struct sp_server_limits {
+    int max_conns, max_conns_per_ip;      /* connections at once, in total and from one address */
+    int max_pending, max_pending_per_ip;  /* ... still in their handshake (upgrade, swarm key, HELLO) */
+    double handshake_timeout_s;           /* for the upgrade, and again for HELLO (default 5) */
+    double idle_timeout_s;                /* a connection without sessions, silent this long, closes (default 120;
+                                             < 0: never) */
+    uint64_t input_budget;                /* bytes of requests and replies held, in total */
+    uint64_t input_budget_conn;           /* ... for one connection (default: the largest request the span accepts);
+                                             also the largest message accepted */
+    uint64_t input_budget_ip;             /* ... for one address (default half of the total) */
+    uint64_t output_bound;                /* unsent replies over which a connection is not read (default 1 MiB) */
+    double busy_timeout_s;                /* a request waits this long for budget, then "busy" (default 10) */
+    double min_rate;                      /* bytes/s a request must arrive at (default 64 KiB/s; < 0: none) */
+} sp_server_limits;
 
 typedef struct sp_server_opts {
     const char *model_dir;
@@ -33,8 +51,10 @@ typedef struct sp_server_opts {
     double session_timeout_s;  /* a session older than this is closed (default 1800) */
     int measure;               /* measure throughput at start (default 1); 0 reports 0 */
     const char *throughput_cache; /* file caching measured throughput (default $SEPAL_CACHE/throughput.json) */
-    uint64_t max_message;      /* transport cap (default 256 MiB) */
+    uint64_t max_message;      /* transport cap (default 0: the connection's budget, limits.input_budget_conn) */
     size_t keep_bytes;         /* activations kept between FORWARD and BACKWARD (default 512 MiB; 0: never) */
+    const sp_swarm_key *key;   /* a private swarm's key: peers must prove it first (NULL: anyone may connect) */
+    sp_server_limits limits;
 } sp_server_opts;
 
 void sp_server_opts_default(sp_server_opts *o);
@@ -61,6 +81,11 @@ size_t sp_server_kept_bytes(sp_server *s);
 /* Tells every connection with an open session that the server is shutting down (an ERROR "shutdown" its
  * client takes as the answer to what it waits for), before the connections close. */
 void sp_server_goodbye(sp_server *s);
+/* The limits in force, defaults resolved. */
+void sp_server_limits_get(sp_server *s, sp_server_limits *out);
+/* The largest request (bytes on the wire, f32) the span's limits accept: BACKWARD of max_batch_tokens positions
+ * with deep prompts, or an INFERENCE_STEP prefill of cache_tokens positions with prompts. */
+uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens);
 void sp_server_stop(sp_server *s);
 
 #endif

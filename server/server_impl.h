@@ -104,6 +104,7 @@ struct sp_server {
     pthread_mutex_t inline_lock; /* one inline step at a time (ws and bulk threads may both try) */
     pthread_mutex_t stats_lock;
     uint64_t requests;
+    sp_swarm_key key; /* o.key points here */
 };
 
 /* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply. */

@@ -81,13 +81,16 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
     t->head = x;
     t->count++;
     *id = x->id;
+    sp_ws_server_hold(s->ws, conn, +1); /* a connection with a session is not idle */
     pthread_mutex_unlock(&t->lock);
     return SP_OK;
 }
 
-/* Unlinks x (lock held) and frees it unless a worker holds it (then the worker frees it on release). */
-static void unlink_locked(session_table *t, session *x)
+/* Unlinks x (lock held) and frees it unless a worker holds it (then the worker frees it on release); its
+ * connection may be closed for idleness again once it has no session. */
+static void unlink_locked(sp_server *s, session_table *t, session *x)
 {
+    sp_ws_server_hold(s->ws, x->conn, -1);
     for (session **p = &t->head; *p; p = &(*p)->next) {
         if (*p == x) {
             *p = x->next;
@@ -144,7 +147,7 @@ sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err)
         pthread_mutex_unlock(&t->lock);
         return sp_errf(err, SP_ERR_NOTFOUND, "no session %llu on this connection", (unsigned long long)id);
     }
-    unlink_locked(t, x);
+    unlink_locked(s, t, x);
     pthread_mutex_unlock(&t->lock);
     return SP_OK;
 }
@@ -157,7 +160,7 @@ void sessions_close_conn(sp_server *s, uint64_t conn)
     while (x) {
         session *n = x->next;
         if (x->conn == conn)
-            unlink_locked(t, x);
+            unlink_locked(s, t, x);
         x = n;
     }
     pthread_mutex_unlock(&t->lock);
@@ -176,7 +179,7 @@ int sessions_reap(sp_server *s, double now)
         if (idle || old) {
             sp_log(SP_LOG_INFO, "closing session %llu: %s", (unsigned long long)x->id,
                    idle ? "step timeout" : "session timeout");
-            unlink_locked(t, x);
+            unlink_locked(s, t, x);
             n++;
         }
         x = nx;

@@ -536,7 +536,7 @@ START_TEST(t_cache_budget_and_info)
     ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &v) && v == 100);
     ck_assert(sp_meta_int(&rep.msg, "hidden_size", &v) && v == H);
     ck_assert(sp_meta_int(&rep.msg, "start", &v) && v == 0);
-    ck_assert_str_eq(sp_meta_str(&rep.msg, "protocol"), "1.0");
+    ck_assert_str_eq(sp_meta_str(&rep.msg, "protocol"), "1.1");
     sp_reply_clear(&rep);
     uint64_t id = open_session(r, 0, 2, 60, 1);
     call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":2,\"max_length\":50,\"batch\":1}", NULL, 0, "out_of_cache");

@@ -1,9 +1,13 @@
 /* test_transport.c - the ws + bulk transport over real sockets on ephemeral 127.0.0.1 ports: byte-exact
  * echoes of 40 B .. 32 MiB on both channels, many messages in flight, concurrent clients, the size cap,
  * malformed framing, bulk tokens, close semantics, refused connections, the 127.0.0.1 bind (from
- * /proc/net/tcp), and the lws hardening (404 for HTTP, no h2c, binary only). */
+ * /proc/net/tcp), and the lws hardening (404 for HTTP, no h2c, binary only). The limits (transport.h): connection
+ * caps per address and in total refused at once, handshake deadlines a trickle does not extend, the first message's
+ * gate, the budget (admitted, waiting then served, waiting then busy, over the share), backpressure both ways, holds
+ * against the idle timeout; raw peers bind 127.0.0.2.. as other hosts would. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +17,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "attack.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "transport.h"
@@ -779,6 +784,376 @@ START_TEST(t_http_hardening)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* limits: raw peers from other loopback addresses (tests/attack.h) */
+
+static sp_ws_server_stats stats_of(srv *v)
+{
+    sp_ws_server_stats st;
+    sp_ws_server_stats_get(v->s, &st);
+    return st;
+}
+
+typedef struct stat_wait {
+    srv *v;
+    int which; /* 0 conns, 1 waits, 2 paused, 3 budget_used, 4 busy */
+    uint64_t at_least;
+} stat_wait;
+
+static int stat_reached(void *u)
+{
+    stat_wait *w = u;
+    sp_ws_server_stats st = stats_of(w->v);
+    uint64_t x = w->which == 0 ? (uint64_t)st.conns : w->which == 1 ? st.waits : w->which == 2 ? st.paused
+               : w->which == 3 ? st.budget_used : st.busy;
+    return x >= w->at_least;
+}
+
+static int stat_below(void *u)
+{
+    stat_wait *w = u;
+    return (uint64_t)stats_of(w->v).conns <= w->at_least;
+}
+
+/* A raw websocket from src (upgraded). */
+static int raw_ws(const char *src, int port)
+{
+    int fd = sp_atk_connect(src, port);
+    ck_assert_msg(fd >= 0, "cannot connect from %s", src);
+    ck_assert_int_eq(sp_atk_upgrade(fd), 0);
+    return fd;
+}
+
+/* 1 if a connection from src is refused at once (503, or closed), 0 if upgraded. */
+static int refused_from(const char *src, int port)
+{
+    int fd = sp_atk_connect(src, port);
+    if (fd < 0)
+        return 1;
+    int r = sp_atk_upgrade(fd);
+    close(fd);
+    ck_assert_int_ge(r, 0);
+    return r == 1;
+}
+
+/* Reads messages until the connection ends; returns the ERROR code seen ("" if none). */
+static const char *raw_error_then_close(int fd)
+{
+    static char code[64];
+    code[0] = '\0';
+    struct timeval tv = {.tv_sec = 30}; /* the server's deadlines come first */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t *m;
+    size_t n;
+    while (sp_atk_recv_msg(fd, &m, &n) == 0) {
+        sp_msg msg;
+        sp_proto_limits lim = sp_proto_default_limits();
+        if (sp_msg_decode(&msg, m, n, &lim, NULL) == SP_OK) {
+            if (msg.type == SP_MSG_ERROR && sp_meta_str(&msg, "code"))
+                snprintf(code, sizeof code, "%s", sp_meta_str(&msg, "code"));
+            sp_msg_clear(&msg);
+        }
+        free(m);
+    }
+    return code;
+}
+
+START_TEST(t_conn_caps)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.bulk_port = -1;
+    o.max_conns = 5;
+    o.max_conns_per_ip = 3;
+    o.handshake_timeout_s = 60;
+    srv_start(&v, &o);
+    int port = sp_ws_server_port(v.s), fd[5];
+    for (int i = 0; i < 3; i++)
+        fd[i] = raw_ws("127.0.0.2", port);
+    ck_assert(refused_from("127.0.0.2", port)); /* that address's cap */
+    fd[3] = raw_ws("127.0.0.3", port);
+    fd[4] = raw_ws("127.0.0.3", port);
+    ck_assert(refused_from("127.0.0.4", port)); /* the total cap */
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_ws_client_connect(&c, "127.0.0.1", port, NULL, 5000, &err), SP_ERR_IO);
+    ck_assert_msg(strstr(err.msg, "503"), "%s", err.msg);
+    close(fd[0]); /* room again */
+    stat_wait w = {&v, 0, 4};
+    ck_assert(sp_test_wait_for(stat_below, &w, 10));
+    int again = raw_ws("127.0.0.4", port);
+    sp_ws_server_stats st = stats_of(&v);
+    ck_assert_int_ge((int)st.refused, 3);
+    ck_assert_int_ge((int)st.refused_ip, 1);
+    ck_assert_int_eq(st.conns, 5);
+    close(again);
+    for (int i = 1; i < 5; i++)
+        close(fd[i]);
+    srv_stop(&v);
+}
+END_TEST
+
+/* The handshake's deadlines are absolute: a peer trickling header bytes past them is closed all the same. */
+START_TEST(t_handshake_deadlines)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.bulk_port = -1;
+    o.handshake_timeout_s = 0.5;
+    o.max_pending_per_ip = 2;
+    o.first_type = SP_MSG_HELLO;
+    srv_start(&v, &o);
+    int port = sp_ws_server_port(v.s);
+    /* a trickle of the upgrade: one byte every 100 ms for up to 5 s */
+    int fd = sp_atk_connect("127.0.0.2", port);
+    const char *req = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    int sent = 0, closed = 0;
+    for (; !closed && req[sent] && sent < 50; sent++) {
+        closed = send(fd, req + sent, 1, MSG_NOSIGNAL) != 1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (!closed && poll(&p, 1, 100) == 1) {
+            char b[256];
+            closed = recv(fd, b, sizeof b, 0) <= 0;
+        }
+    }
+    close(fd);
+    /* closed long before its 50 bytes were in, though a byte came every 100 ms all along */
+    ck_assert_msg(closed, "a trickling upgrade was not closed after %d bytes over %.1f s", sent, sent * 0.1);
+    ck_assert_int_ge(sent, 3);
+    /* upgraded, then silent: an ERROR "timeout", then the close */
+    fd = raw_ws("127.0.0.3", port);
+    ck_assert_str_eq(raw_error_then_close(fd), "timeout");
+    close(fd);
+    uint8_t *m;
+    size_t n;
+    /* two connections of an address in their handshake; the third is refused at once, another address not */
+    int a = raw_ws("127.0.0.4", port), b = raw_ws("127.0.0.4", port);
+    ck_assert(refused_from("127.0.0.4", port));
+    ck_assert(!refused_from("127.0.0.5", port));
+    close(a);
+    close(b);
+    /* the first message must be HELLO, and small */
+    fd = raw_ws("127.0.0.6", port);
+    sp_buf ping = make_msg(5, 100);
+    ck_assert_int_eq(sp_atk_send_msg(fd, ping.data, ping.len), 0);
+    ck_assert_str_eq(raw_error_then_close(fd), "bad_request");
+    close(fd);
+    fd = raw_ws("127.0.0.6", port);
+    sp_buf big = {0};
+    ck_assert_int_eq(sp_msg_encode(&big, SP_MSG_HELLO, 0, 6, NULL, NULL, 0, NULL), SP_OK);
+    put64(big.data + 32, 10000); /* declares 10040 bytes */
+    uint8_t mask[4] = {1, 2, 3, 4}, h[14];
+    size_t hl = sp_atk_frame_header(h, 2, 1, 10040, mask);
+    ck_assert_int_eq(send(fd, h, hl, MSG_NOSIGNAL), (ssize_t)hl);
+    ck_assert_int_eq(sp_atk_send_masked(fd, big.data, HDR, 0, mask), 0);
+    ck_assert_str_eq(raw_error_then_close(fd), "malformed");
+    close(fd);
+    ck_assert_int_eq(srv_get(&v, &v.nmsg), 0);
+    /* HELLO first: then anything */
+    fd = raw_ws("127.0.0.6", port);
+    sp_buf hello = {0};
+    ck_assert_int_eq(sp_msg_encode(&hello, SP_MSG_HELLO, 0, 7, NULL, NULL, 0, NULL), SP_OK);
+    ck_assert_int_eq(sp_atk_send_msg(fd, hello.data, hello.len), 0);
+    ck_assert_int_eq(sp_atk_send_msg(fd, ping.data, ping.len), 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(sp_atk_recv_msg(fd, &m, &n), 0);
+        free(m);
+    }
+    close(fd);
+    ck_assert_int_eq(srv_get(&v, &v.nmsg), 2);
+    sp_ws_server_stats st = stats_of(&v);
+    ck_assert_int_ge((int)st.handshake_timeouts, 2);
+    sp_buf_free(&ping);
+    sp_buf_free(&big);
+    sp_buf_free(&hello);
+    srv_stop(&v);
+}
+END_TEST
+
+/* Sends the frame header of a total-byte message (id) and its first `part` bytes; the rest with raw_finish. */
+static void raw_start(int fd, uint64_t id, uint64_t total, uint64_t part)
+{
+    static const uint8_t mask[4] = {5, 6, 7, 8};
+    sp_buf m = make_msg(id, (size_t)total);
+    uint8_t h[14];
+    size_t hl = sp_atk_frame_header(h, 2, 1, total, mask);
+    ck_assert_int_eq(send(fd, h, hl, MSG_NOSIGNAL), (ssize_t)hl);
+    ck_assert_int_eq(sp_atk_send_masked(fd, m.data, (size_t)part, 0, mask), 0);
+    sp_buf_free(&m);
+}
+
+static void raw_finish(int fd, uint64_t id, uint64_t total, uint64_t part)
+{
+    static const uint8_t mask[4] = {5, 6, 7, 8};
+    sp_buf m = make_msg(id, (size_t)total);
+    ck_assert_int_eq(sp_atk_send_masked(fd, m.data + part, (size_t)(total - part), part, mask), 0);
+    sp_buf_free(&m);
+}
+
+/* The echo of make_msg(id, total) arrives whole. */
+static void raw_echo(int fd, uint64_t id, uint64_t total)
+{
+    uint8_t *m;
+    size_t n;
+    ck_assert_int_eq(sp_atk_recv_msg(fd, &m, &n), 0);
+    sp_buf b = {.data = m, .len = n};
+    ck_assert(msg_ok(&b, id, (size_t)total));
+    free(m);
+}
+
+START_TEST(t_budget)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.bulk_port = -1;
+    o.rx_budget_conn = 1 << 20;
+    o.rx_budget = 2 << 20;
+    o.rx_budget_ip = 2 << 20;
+    o.busy_timeout_s = 2;
+    o.handshake_timeout_s = 60;
+    srv_start(&v, &o);
+    int port = sp_ws_server_port(v.s);
+    uint64_t big = 900 << 10, part = 100 << 10;
+    int a = raw_ws("127.0.0.2", port), b = raw_ws("127.0.0.3", port), c = raw_ws("127.0.0.4", port);
+    raw_start(a, 1, big, part);
+    raw_start(b, 2, big, part);
+    stat_wait w = {&v, 3, 2 * big};
+    ck_assert(sp_test_wait_for(stat_reached, &w, 10)); /* both admitted: 1.8 of 2 MiB */
+    raw_start(c, 3, big, part);                        /* no room: it waits, unread, then gets "busy" */
+    ck_assert_str_eq(raw_error_then_close(c), "busy");
+    close(c);
+    ck_assert_int_eq((int)stats_of(&v).busy, 1);
+    /* a waiting message goes on once there is room */
+    int d = raw_ws("127.0.0.5", port);
+    raw_start(d, 4, big, part);
+    w = (stat_wait){&v, 1, 2};
+    ck_assert(sp_test_wait_for(stat_reached, &w, 10));
+    raw_finish(a, 1, big, part);
+    raw_echo(a, 1, big); /* its echo sent: the room is back */
+    raw_finish(d, 4, big, part);
+    raw_echo(d, 4, big);
+    /* a message larger than a connection's share is refused at once */
+    int e = raw_ws("127.0.0.6", port);
+    raw_start(e, 5, (1 << 20) + 1000, 1000);
+    ck_assert_str_eq(raw_error_then_close(e), "malformed");
+    close(e);
+    ck_assert_int_eq(srv_get(&v, &v.nmsg), 2);
+    close(a);
+    close(b);
+    close(d);
+    srv_stop(&v);
+}
+END_TEST
+
+/* A peer that sends without reading is not read once its unsent replies pass tx_bound; it gets every reply
+ * once it reads. */
+START_TEST(t_backpressure)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.bulk_port = -1;
+    o.tx_bound = 256 << 10;
+    o.handshake_timeout_s = 60;
+    srv_start(&v, &o);
+    int fd = raw_ws("127.0.0.2", sp_ws_server_port(v.s));
+    struct timeval tv = {.tv_usec = 300000}; /* a send blocked this long: the server stopped reading */
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int sent = 0;
+    for (;; sent++) {
+        sp_buf m = make_msg(100 + (uint64_t)sent, 4096);
+        int r = sp_atk_send_msg(fd, m.data, m.len);
+        sp_buf_free(&m);
+        if (r)
+            break;
+        ck_assert_int_lt(sent, 100000);
+    }
+    ck_assert_int_gt(sent, 64);
+    sp_ws_server_stats st = stats_of(&v);
+    ck_assert_int_ge((int)st.paused, 1);
+    ck_assert_msg(st.budget_used <= o.tx_bound + (256 << 10), "%llu bytes held", (unsigned long long)st.budget_used);
+    /* the message cut by the timeout may be partial: every complete one gets its echo, in order */
+    tv = (struct timeval){.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < sent; i++)
+        raw_echo(fd, 100 + (uint64_t)i, 4096);
+    close(fd);
+    srv_stop(&v);
+}
+END_TEST
+
+/* A client stops reading once rx_queue_max bytes wait for recv (both channels); all arrive once it reads. */
+typedef struct qwait {
+    sp_ws_client *c;
+} qwait;
+
+static uint64_t queued(sp_ws_client *c) { return sp_ws_client_queued(c, NULL); }
+
+static int queue_full(void *u)
+{
+    int paused = 0;
+    sp_ws_client_queued(((qwait *)u)->c, &paused);
+    return paused;
+}
+
+START_TEST(t_client_backpressure)
+{
+    srv v;
+    srv_start(&v, NULL);
+    for (int bulk = 0; bulk < 2; bulk++) {
+        sp_transport_opts o;
+        sp_transport_opts_default(&o);
+        o.rx_queue_max = 256 << 10;
+        sp_ws_client *c = connect_to(&v, &o);
+        uint64_t conn = bulk ? attach_bulk(&v, c) : learn_conn(c);
+        const int n = 64;
+        for (int i = 0; i < n; i++) {
+            sp_buf m = make_msg(1000 + (uint64_t)i, 64 << 10);
+            ck_assert_int_eq(sp_ws_server_send(v.s, conn, &m, NULL), SP_OK);
+        }
+        qwait q = {c};
+        ck_assert(sp_test_wait_for(queue_full, &q, 10));
+        usleep(200000); /* reading stopped: the queue does not grow on */
+        ck_assert_msg(queued(c) <= (256 << 10) + 3 * (64 << 10), "%llu bytes queued", (unsigned long long)queued(c));
+        for (int i = 0; i < n; i++) {
+            sp_buf r = {0};
+            sp_err err = {0};
+            ck_assert_msg(sp_ws_client_recv(c, &r, WAIT_MS, &err) == SP_OK, "%d: %s", i, err.msg);
+            ck_assert(msg_ok(&r, 1000 + (uint64_t)i, 64 << 10));
+            sp_buf_free(&r);
+        }
+        sp_ws_client_close(c);
+    }
+    srv_stop(&v);
+}
+END_TEST
+
+/* A held connection is not closed for being idle; once let go it is. */
+START_TEST(t_idle_hold)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.idle_timeout_s = 1;
+    srv_start(&v, &o);
+    sp_ws_client *c = connect_to(&v, NULL);
+    uint64_t conn = learn_conn(c);
+    sp_ws_server_hold(v.s, conn, 1);
+    usleep(2500000); /* two and a half idle timeouts */
+    ck_assert(sp_ws_client_is_open(c));
+    echo_one(c, 1, 100);
+    sp_ws_server_hold(v.s, conn, -1);
+    expect_closed(c);
+    sp_ws_client_close(c);
+    ck_assert_int_ge((int)stats_of(&v).idle_closed, 1);
+    srv_stop(&v);
+}
+END_TEST
+
 static Suite *transport_suite(void)
 {
     Suite *s = suite_create("transport");
@@ -797,6 +1172,12 @@ static Suite *transport_suite(void)
     tcase_add_test(tc, t_refused);
     tcase_add_test(tc, t_binds_loopback);
     tcase_add_test(tc, t_http_hardening);
+    tcase_add_test(tc, t_conn_caps);
+    tcase_add_test(tc, t_handshake_deadlines);
+    tcase_add_test(tc, t_budget);
+    tcase_add_test(tc, t_backpressure);
+    tcase_add_test(tc, t_client_backpressure);
+    tcase_add_test(tc, t_idle_hold);
     suite_add_tcase(s, tc);
     return s;
 }

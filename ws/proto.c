@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "half.h"
 
@@ -87,6 +88,7 @@ static const char *const type_names[SP_MSG__END] = {
     [SP_MSG_INFERENCE_CLOSE] = "INFERENCE_CLOSE",
     [SP_MSG_PING] = "PING",
     [SP_MSG_ERROR] = "ERROR",
+    [SP_MSG_AUTH] = "AUTH",
 };
 
 static const char *const enc_names[SP_ENC__END] = {
@@ -154,6 +156,8 @@ sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err)
         return sp_errf(err, SP_ERR_ARG, "sp_buf_reserve: no buffer");
     if (b->base && cap <= b->cap)
         return SP_OK;
+    if (b->mapped)
+        return sp_buf_reserve_mapped(b, cap, err);
     if (cap > SIZE_MAX - SP_BUF_HEADROOM)
         return sp_errf(err, SP_ERR_NOMEM, "buffer of %zu bytes is too large", cap);
     uint8_t *nb = realloc(b->base, SP_BUF_HEADROOM + cap); /* realloc keeps the bytes already there */
@@ -183,11 +187,39 @@ sp_status sp_buf_append(sp_buf *b, const void *p, size_t n, sp_err *err)
     return SP_OK;
 }
 
+sp_status sp_buf_reserve_mapped(sp_buf *b, size_t cap, sp_err *err)
+{
+    if (!b)
+        return sp_errf(err, SP_ERR_ARG, "sp_buf_reserve_mapped: no buffer");
+    if (b->base && cap <= b->cap)
+        return SP_OK;
+    size_t page = 4096, size = SP_BUF_HEADROOM + cap;
+    if (cap > SIZE_MAX - SP_BUF_HEADROOM - page)
+        return sp_errf(err, SP_ERR_NOMEM, "buffer of %zu bytes is too large", cap);
+    size = (size + page - 1) / page * page;
+    uint8_t *nb = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (nb == MAP_FAILED)
+        return sp_errf(err, SP_ERR_NOMEM, "cannot map a buffer of %zu bytes", cap);
+    if (b->len)
+        memcpy(nb + SP_BUF_HEADROOM, b->data, b->len);
+    size_t len = b->len;
+    sp_buf_free(b);
+    b->base = nb;
+    b->data = nb + SP_BUF_HEADROOM;
+    b->len = len;
+    b->cap = size - SP_BUF_HEADROOM;
+    b->mapped = size;
+    return SP_OK;
+}
+
 void sp_buf_free(sp_buf *b)
 {
     if (!b)
         return;
-    free(b->base);
+    if (b->mapped)
+        munmap(b->base, b->mapped);
+    else
+        free(b->base);
     memset(b, 0, sizeof *b);
 }
 

@@ -22,7 +22,7 @@
 
 #define SP_PROTO_MAGIC 0x4c504553u /* "SEPL" as little-endian bytes */
 #define SP_PROTO_MAJOR 1
-#define SP_PROTO_MINOR 0
+#define SP_PROTO_MINOR 1
 #define SP_PROTO_HEADER_SIZE 40
 #define SP_PROTO_DESC_SIZE 48
 #define SP_PROTO_MAX_TENSORS 8
@@ -39,6 +39,7 @@ typedef enum {
     SP_MSG_INFERENCE_CLOSE = 7,
     SP_MSG_PING = 8,
     SP_MSG_ERROR = 9,
+    SP_MSG_AUTH = 10, /* the swarm key exchange (1.1; the transport answers it, see transport.h) */
     SP_MSG__END
 } sp_msg_type;
 
@@ -86,9 +87,13 @@ typedef struct sp_buf {
     uint8_t *base; /* allocation; data = base + SP_BUF_HEADROOM */
     uint8_t *data;
     size_t len, cap; /* cap excludes the headroom */
+    size_t mapped;   /* bytes of its own anonymous mapping (sp_buf_reserve_mapped), 0: from malloc */
 } sp_buf;
 
 sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err);
+/* As sp_buf_reserve, but the buffer gets a mapping of its own: freeing it gives the memory back to the system at
+ * once (the allocator keeps a freed block of its heap). For large received messages of a server. */
+sp_status sp_buf_reserve_mapped(sp_buf *b, size_t cap, sp_err *err);
 sp_status sp_buf_append(sp_buf *b, const void *p, size_t n, sp_err *err);
 void sp_buf_free(sp_buf *b);
 

@@ -8,8 +8,11 @@
 #include <string.h>
 
 #include "timeutil.h"
+#include "log.h"
 #include "transport.h"
 #include "version.h"
+
+static sp_log_limit g_bulk_log;
 
 struct sp_remote {
     sp_ws_client *c;
@@ -118,6 +121,18 @@ static sp_status why_closed(sp_remote *r, sp_reply *rep, sp_status st, sp_err *e
     return st;
 }
 
+sp_status sp_remote_last_word(sp_remote *r, sp_err *err)
+{
+    if (!r || sp_ws_client_is_open(r->c))
+        return SP_OK;
+    pthread_mutex_lock(&r->lock);
+    sp_reply rep = {0};
+    sp_status st = why_closed(r, &rep, SP_OK, err);
+    sp_reply_clear(&rep);
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
 static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
 {
     memset(rep, 0, sizeof *rep);
@@ -165,8 +180,10 @@ sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)
 {
     sp_reply rep;
-    sp_status st = sp_remote_call(r, SP_MSG_HELLO, "{\"version\":\"1.0\",\"client\":\"sepal " SEPAL_VERSION "\"}", NULL, 0, &rep,
-                                  timeout_ms, err);
+    char meta[128];
+    snprintf(meta, sizeof meta, "{\"version\":\"%d.%d\",\"client\":\"sepal " SEPAL_VERSION "\"}", SP_PROTO_MAJOR,
+             SP_PROTO_MINOR);
+    sp_status st = sp_remote_call(r, SP_MSG_HELLO, meta, NULL, 0, &rep, timeout_ms, err);
     if (st) {
         sp_reply_clear(&rep);
         return sp_err_prefix(err, "%s:%d: HELLO: ", r->host, port);
@@ -190,14 +207,31 @@ static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_e
     r->info.config_hash = config ? strtoull(config, NULL, 16) : 0;
     r->info.start = (int)a;
     r->info.end = (int)b;
-    if (!no_bulk && bulk > 0 && token)
-        st = sp_ws_client_attach_bulk(r->c, (int)bulk, strtoull(token, NULL, 10), timeout_ms, err);
+    if (!no_bulk && bulk > 0 && token) {
+        sp_err berr = {0};
+        sp_status bst = sp_ws_client_attach_bulk(r->c, (int)bulk, strtoull(token, NULL, 10), timeout_ms, &berr);
+        if (bst && sp_ws_client_is_open(r->c)) /* slower, but served */
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "%s:%d: no bulk channel (%s); using the websocket alone",
+                           r->host, port, berr.msg);
+        else if (bst)
+            st = sp_errf(err, bst, "%s", berr.msg);
+    }
     sp_reply_clear(&rep);
     return st;
 }
 
 sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_bulk, int timeout_ms, sp_err *err)
 {
+    sp_remote_opts o = {.no_bulk = no_bulk};
+    return sp_remote_connect_opts(out, host, port, &o, timeout_ms, err);
+}
+
+int sp_remote_is_open(const sp_remote *r) { return r && sp_ws_client_is_open(r->c); }
+
+sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, const sp_remote_opts *ro, int timeout_ms,
+                                 sp_err *err)
+{
+    int no_bulk = ro && ro->no_bulk;
     *out = NULL;
     sp_remote *r = calloc(1, sizeof *r);
     if (!r)
@@ -210,6 +244,7 @@ sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_
     sp_transport_opts_default(&o);
     o.bulk_threshold = 1; /* once attached, every request goes out over the bulk socket from this thread, */
     o.direct_recv = 1;    /* and replies are read on it by this thread: no hand-offs (calls are serialised) */
+    o.key = ro ? ro->key : NULL;
     sp_status st = sp_ws_client_connect(&r->c, host, port, &o, timeout_ms, err);
     if (!st)
         st = hello(r, no_bulk, port, timeout_ms, err);

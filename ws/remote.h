@@ -8,6 +8,7 @@
 
 #include "proto.h"
 #include "status.h"
+#include "swarmkey.h"
 
 typedef struct sp_remote sp_remote;
 
@@ -23,8 +24,22 @@ typedef struct sp_remote_info {
     char id[24];          /* the server's id in the swarm ("" if it has none) */
 } sp_remote_info;
 
-/* Connects, says HELLO, and attaches the bulk channel unless no_bulk. */
+typedef struct sp_remote_opts {
+    int no_bulk;             /* websocket only */
+    const sp_swarm_key *key; /* a private swarm: the key exchange comes first (NULL: none) */
+} sp_remote_opts;
+
+/* Connects (the swarm key exchange first, with a key), says HELLO, and attaches the bulk channel unless
+ * no_bulk; when the server refuses the bulk socket the connection goes on over the websocket alone. */
+sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, const sp_remote_opts *o, int timeout_ms,
+                                 sp_err *err);
+/* sp_remote_connect_opts without a key. */
 sp_status sp_remote_connect(sp_remote **out, const char *host, int port, int no_bulk, int timeout_ms, sp_err *err);
+/* 0 once the connection is closed (by the server's idle timeout, say): calls on it fail at once. */
+int sp_remote_is_open(const sp_remote *r);
+/* A closed connection's last word: the error a server sent to no request before it closed (ERROR "shutdown"),
+ * or SP_OK when it said nothing (or the connection is open). */
+sp_status sp_remote_last_word(sp_remote *r, sp_err *err);
 const sp_remote_info *sp_remote_hello(const sp_remote *r);
 void sp_remote_close(sp_remote *r);
 

@@ -15,7 +15,26 @@
  * channels are ordered per channel only (a small ws message may overtake a large bulk one).
  *
  * A "message" here is the complete byte string of one protocol message (proto.h); the transport checks
- * only its framing and size, the caller decodes it. */
+ * only its framing and size, the caller decodes it.
+ *
+ * A server bounds what one peer can make it hold (share/doc/transport.md, "Limits"):
+ *   - connections: in total and per source address, and those that have not finished their handshake (the
+ *     HTTP upgrade, the swarm key exchange, the first message), in total and per address. Over a cap a new
+ *     connection is refused at once (an HTTP 503 and a close), never left waiting. The handshake has absolute
+ *     deadlines (a trickle of bytes does not extend them); a ready connection with nothing in flight and no
+ *     hold (the server's sessions) closes after idle_timeout_s.
+ *   - memory: every message is charged to a budget from its header on (the declared size), until it is
+ *     delivered (or, with app_releases, until sp_ws_server_release), and so is every queued reply until it
+ *     is sent. Per connection, per source address and in total. A message that does not fit waits, its
+ *     connection not read, for busy_timeout_s; then the peer gets ERROR "busy" and a close. Once admitted a
+ *     message must arrive at min_rate or faster (plus 10 s). A message larger than the connection's share is
+ *     refused at once, like one over max_message.
+ *   - backpressure: a connection whose unsent output exceeds tx_bound is not read (lws_rx_flow_control; no
+ *     POLLIN on its bulk socket) until it drains to half of it. A client does the same: it stops reading a
+ *     server once rx_queue_max bytes wait for sp_ws_client_recv.
+ *   - a swarm key (opts.key): the first exchange is a mutual HMAC-SHA256 challenge-response (AUTH messages,
+ *     share/doc/protocol.md); until it completes a peer can send nothing else, and no message reaches
+ *     on_message. A client with a key checks the server's proof inside sp_ws_client_connect. */
 #ifndef SEPAL_TRANSPORT_H
 #define SEPAL_TRANSPORT_H
 
@@ -23,6 +42,7 @@
 
 #include "proto.h"
 #include "status.h"
+#include "swarmkey.h"
 
 typedef struct sp_transport_opts {
     const char *host;        /* server: bind address (default "127.0.0.1"); client: unused */
@@ -31,9 +51,32 @@ typedef struct sp_transport_opts {
     uint64_t max_message;    /* largest message accepted on either channel (default 256 MiB; 0 = default) */
     uint64_t bulk_threshold; /* messages of at least this many bytes use the bulk channel (default 64 KiB;
                                 0 = default) */
-    int idle_timeout_s;      /* server: close connections silent this long on both channels (0 = never) */
+    int idle_timeout_s;      /* server: close a ready connection silent this long on both channels, with nothing
+                                in flight and no hold (0 = never) */
     int direct_recv;         /* client: once the bulk channel is attached, sp_ws_client_recv reads it on the
                                 caller's thread (no reader thread, no hand-off); for one receiving thread */
+    const sp_swarm_key *key; /* both: the swarm key exchange comes first (NULL: none); the key is copied */
+
+    /* server limits; 0 (or less) = the default */
+    int max_conns;              /* connections at once (default min(4096, (RLIMIT_NOFILE - 64) / 2)) */
+    int max_conns_per_ip;       /* from one address (default min(256, max_conns)) */
+    int max_pending;            /* connections still in their handshake (default min(256, max_conns)) */
+    int max_pending_per_ip;     /* ... from one address (default 64) */
+    double handshake_timeout_s; /* the HTTP upgrade within this of the accept, the first message (after the swarm
+                                   key exchange) within this of the upgrade (default 5) */
+    int first_type;             /* the first message must be of this type (sp_msg_type; 0: any) */
+    uint64_t rx_budget;         /* bytes of messages and replies held, in total (default max(2 x rx_budget_conn,
+                                   512 MiB), at most a quarter of the machine's memory but never below
+                                   rx_budget_conn) */
+    uint64_t rx_budget_conn;    /* one connection's share (default max_message); caps its messages too */
+    uint64_t rx_budget_ip;      /* one address's share (default max(rx_budget / 2, rx_budget_conn)) */
+    uint64_t tx_bound;          /* unsent output over which a connection is not read (default 1 MiB) */
+    double busy_timeout_s;      /* how long a message waits for budget before "busy" (default 10) */
+    double min_rate;            /* bytes/s an admitted message must arrive at, after 10 s (default 64 KiB/s;
+                                   < 0: no minimum) */
+    int app_releases;           /* delivered messages stay charged until sp_ws_server_release */
+    /* client */
+    uint64_t rx_queue_max;      /* received bytes waiting for recv before the socket is not read (default 64 MiB) */
 } sp_transport_opts;
 
 void sp_transport_opts_default(sp_transport_opts *o);
@@ -65,14 +108,41 @@ sp_status sp_ws_server_send(sp_ws_server *s, uint64_t conn, sp_buf *msg, sp_err 
 void sp_ws_server_close(sp_ws_server *s, uint64_t conn);
 /* Closes every connection (on_close for each, from this thread), stops the threads, frees s. */
 void sp_ws_server_stop(sp_ws_server *s);
+/* With app_releases: the app is done with a message of `bytes` bytes of conn (after on_close too); its charge
+ * goes back to the budget. Thread-safe. */
+void sp_ws_server_release(sp_ws_server *s, uint64_t conn, uint64_t bytes);
+/* Holds (delta > 0) or lets go of (delta < 0) conn: a held connection is not closed for being idle (the server
+ * holds one per open session). Thread-safe. */
+void sp_ws_server_hold(sp_ws_server *s, uint64_t conn, int delta);
+
+/* The limits in force (defaults resolved) and what they did. */
+typedef struct sp_ws_server_stats {
+    sp_transport_opts limits;    /* host and key pointers not meaningful */
+    int conns, pending;          /* now: connections, and those in their handshake */
+    uint64_t accepted;           /* connections taken */
+    uint64_t refused;            /* refused at once over a connection cap (all of them) */
+    uint64_t refused_ip;         /* ... of them, over a per-address cap */
+    uint64_t handshake_timeouts; /* closed for not finishing the upgrade or the first message in time */
+    uint64_t idle_closed;        /* closed for being idle */
+    uint64_t busy;               /* messages that waited for budget past busy_timeout_s ("busy" + close) */
+    uint64_t slow;               /* messages that arrived slower than min_rate (close) */
+    uint64_t auth_failed;        /* connections that failed the swarm key exchange or skipped it */
+    uint64_t waits;              /* messages that had to wait for budget */
+    uint64_t paused;             /* times a connection was not read because of its unsent output */
+    uint64_t budget_used, budget_peak; /* bytes charged now, and the most at once */
+    uint64_t delivered;          /* messages delivered to on_message */
+} sp_ws_server_stats;
+void sp_ws_server_stats_get(sp_ws_server *s, sp_ws_server_stats *st);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* client: one connection to one server */
 
 typedef struct sp_ws_client sp_ws_client;
 
-/* Connects a websocket to host:port (blocking, up to timeout_ms; -1 = lws's limits). SP_ERR_IO names host:port
- * when the server refuses or cannot be reached, SP_ERR_TIMEOUT when the handshake does not finish in time. */
+/* Connects a websocket to host:port (blocking, up to timeout_ms; -1 = lws's limits), and with opts->key runs
+ * the swarm key exchange. SP_ERR_IO names host:port when the server refuses (a connection cap: "HTTP 503") or
+ * cannot be reached, SP_ERR_TIMEOUT when the handshake does not finish in time, SP_ERR_STATE when the swarm
+ * key exchange fails (the message says which side lacks the key or holds another). */
 sp_status sp_ws_client_connect(sp_ws_client **out, const char *host, int port, const sp_transport_opts *o,
                                int timeout_ms, sp_err *err);
 /* Opens the bulk socket to host:bulk_port and presents token (blocking). SP_ERR_STATE if the server refuses
@@ -86,6 +156,8 @@ sp_status sp_ws_client_send(sp_ws_client *c, sp_buf *msg, sp_err *err);
  * 0 = poll), SP_ERR_CLOSED once closed and drained. */
 sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err);
 int sp_ws_client_is_open(const sp_ws_client *c);
+/* Bytes received and not yet taken by recv; *paused (may be NULL): 1 while the client does not read for that. */
+uint64_t sp_ws_client_queued(sp_ws_client *c, int *paused);
 void sp_ws_client_close(sp_ws_client *c);
 
 #endif

@@ -99,7 +99,8 @@ sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
     sp_view_opts o = {.model = rt->local ? rt->model_prefix : NULL,
                       .config_hash = rt->local ? rt->local->cfg.hash : 0,
                       .num_blocks = rt->local ? rt->local->cfg.n_layers : 0,
-                      .refresh_s = rt->set.update_period_s, .on_change = on_change, .user = rt};
+                      .refresh_s = rt->set.update_period_s, .on_change = on_change, .user = rt,
+                      .key = rt->has_key ? &rt->key : NULL};
     sp_view *v = NULL;
     sp_status st = sp_view_new(&v, rt->dht, &o, err);
     if (!st)

@@ -48,12 +48,21 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
             dup2(logfd, 2);
         char blocks[32];
         snprintf(blocks, sizeof blocks, "%d", k);
-        if (peers)
-            execl(rt->server_bin, "sepal-server", "--model", rt->model_dir, "--num-blocks", blocks, "--initial-peers",
-                  peers, "--selection-delay", "0", "--balance-period", "5", (char *)NULL);
-        else
-            execl(rt->server_bin, "sepal-server", "--model", rt->model_dir, "--num-blocks", blocks, "--new-swarm",
-                  "--selection-delay", "0", "--balance-period", "5", (char *)NULL);
+        const char *argv[16] = {"sepal-server", "--model", rt->model_dir, "--num-blocks", blocks,
+                                "--selection-delay", "0", "--balance-period", "5"};
+        int n = 9;
+        if (peers) {
+            argv[n++] = "--initial-peers";
+            argv[n++] = peers;
+        } else {
+            argv[n++] = "--new-swarm";
+        }
+        if (rt->has_key) { /* a private swarm: the servers hold its key too */
+            argv[n++] = "--swarm-key";
+            argv[n++] = rt->key_path;
+        }
+        argv[n] = NULL;
+        execv(rt->server_bin, (char *const *)argv);
         fprintf(stderr, "cannot run %s: %s\n", rt->server_bin, strerror(errno));
         _exit(127);
     }

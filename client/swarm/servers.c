@@ -69,6 +69,27 @@ void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap)
 /* ---------------------------------------------------------------------------------------------- */
 /* connections */
 
+/* A connection with the bulk channel, proving the swarm key first when there is one. */
+static sp_status rt_connect(sp_runtime *rt, sp_remote **r, const char *host, int port, int timeout_ms, sp_err *err)
+{
+    sp_remote_opts o = {.key = rt->has_key ? &rt->key : NULL};
+    return sp_remote_connect_opts(r, host, port, &o, timeout_ms, err);
+}
+
+sp_status sp_runtime_set_swarm_key(sp_runtime *rt, const char *path, sp_err *err)
+{
+    sp_swarm_key k;
+    if (path && *path && sp_swarm_key_load(&k, path, err))
+        return err ? err->code : SP_ERR_ARG;
+    pthread_mutex_lock(&rt->lock);
+    rt->has_key = path && *path;
+    if (rt->has_key)
+        rt->key = k;
+    snprintf(rt->key_path, sizeof rt->key_path, "%s", rt->has_key ? path : "");
+    pthread_mutex_unlock(&rt->lock);
+    return SP_OK;
+}
+
 /* Drops the caller's reference; `broken` also detaches c from the entry (dropping the entry's reference),
  * once, whichever thread sees the failure first. The last reference closes it. */
 static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int broken)
@@ -102,10 +123,18 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     if (c)
         c->users++;
     pthread_mutex_unlock(&rt->lock);
-    if (c)
+    if (c && sp_remote_is_open(c->r))
         return c;
+    if (c && sp_remote_last_word(c->r, err)) { /* it closed saying why (shutting down): that is the failure */
+        if (err)
+            err->code = SP_ERR_CLOSED; /* the server's, not the request's: retried elsewhere */
+        conn_release(rt, e, c, 1);
+        return NULL;
+    }
+    if (c) /* the server closed it while it was idle (its idle timeout): a new one, no failure */
+        conn_release(rt, e, c, 1);
     sp_remote *r = NULL;
-    if (sp_remote_connect(&r, host, port, 0, timeout_ms, err))
+    if (rt_connect(rt, &r, host, port, timeout_ms, err))
         return NULL;
     c = calloc(1, sizeof *c);
     if (!c) {
@@ -258,12 +287,16 @@ static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *
         return st;
     sp_remote *r = NULL;
     sp_err werr = {0};
-    st = sp_remote_connect(&r, host, port, 0, 10000, &werr);
+    st = rt_connect(rt, &r, host, port, 10000, &werr);
     if (st == SP_ERR_UNSUPPORTED) /* a sepal server of another protocol version */
         return sp_errf(err, st, "%s:%d: %s", host, port, werr.msg);
-    if (st)
+    /* a sepal server that refused us: the swarm key exchange failed, or HELLO answered with an ERROR */
+    int refused = st == SP_ERR_STATE || (st == SP_ERR_ARG && strstr(werr.msg, "HELLO: "));
+    if (st && !refused) /* the websocket handshake itself failed */
         return sp_errf(err, SP_ERR_IO, "%s:%d: not a sepal server (%s)", host, port,
                        st == SP_ERR_TIMEOUT ? "no answer to the websocket handshake" : "the websocket handshake failed");
+    if (st) /* a websocket server that refused us or broke off (the swarm key, a limit): its reason */
+        return sp_errf(err, st, "%s", werr.msg);
     const sp_remote_info *h = sp_remote_hello(r);
     if (rt->local && ((h->config_hash && h->config_hash != rt->local->cfg.hash) ||
                       (h->num_blocks && h->num_blocks != rt->local->cfg.n_layers))) {

@@ -7,7 +7,7 @@
 #    30x8 ("too small", keys still work) and back; q exits with `stty -g` unchanged and no server left;
 #  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
-#  - the UI's CPU: idle (from /proc: at most 2 ticks in 5 s) and streaming 50 tokens/s (under 2% of a core).
+#  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
 if ! command -v tmux >/dev/null; then
@@ -198,7 +198,7 @@ t0=$(ticks "$PID")
 sleep 5
 t1=$(ticks "$PID")
 f1=$(frame b)
-[ -n "$t0" ] && [ $((t1 - t0)) -le 2 ] && ok "idle: $((t1 - t0)) CPU ticks in 5 s" || bad "idle: $((t1 - t0)) CPU ticks in 5 s"
+[ -n "$t0" ] && [ $((t1 - t0)) -le 5 ] && ok "idle: $((t1 - t0)) CPU ticks in 5 s" || bad "idle: $((t1 - t0)) CPU ticks in 5 s"
 [ "$f0" = "$f1" ] && ok "idle: no frame drawn in 5 s" || bad "idle: frames $f0 -> $f1"
 keys b C-c
 check b "one Ctrl-C: it asks for another" "Ctrl-C again to quit"

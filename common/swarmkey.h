@@ -1,0 +1,52 @@
+/* swarmkey.h - a private swarm's key, and the HMAC-SHA256 it signs with (OpenSSL libcrypto).
+ *
+ * A swarm key is 32 random bytes in a file of one line, "sepal-swarm-key/1 <64 hex digits>", readable by its
+ * owner only (mode 0600; a file others can read is refused, as ssh refuses such private keys). Every key
+ * holder is trusted: the key proves membership, not identity. Three subkeys are derived from it, each
+ * HMAC-SHA256(key, label), so that a tag made for one purpose never verifies for another:
+ *
+ *   auth    "sepal/v1/auth"    the challenge-response on a connection (ws/auth.c, share/doc/protocol.md)
+ *   record  "sepal/v1/record"  the tag on DHT records (dht/record.h)
+ *   id      "sepal/v1/id"      the swarm id: its first 8 bytes, public, say which swarm a peer is in
+ *
+ * Compare tags with sp_ct_equal (constant time), never memcmp. */
+#ifndef SEPAL_SWARMKEY_H
+#define SEPAL_SWARMKEY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define SP_SWARM_KEY_BYTES 32
+#define SP_HMAC_BYTES 32
+#define SP_SWARM_ID_BYTES 8
+
+typedef struct sp_swarm_key {
+    uint8_t auth[SP_HMAC_BYTES];
+    uint8_t record[SP_HMAC_BYTES];
+    uint8_t id[SP_SWARM_ID_BYTES];
+    char id_hex[2 * SP_SWARM_ID_BYTES + 1];
+} sp_swarm_key;
+
+/* Writes a new key to path (created with mode 0600; an existing file is never overwritten). */
+sp_status sp_swarm_key_generate(const char *path, sp_err *err);
+/* Reads a key file (format and mode checked; the message names the file and what is wrong). */
+sp_status sp_swarm_key_load(sp_swarm_key *k, const char *path, sp_err *err);
+/* Derives the subkeys of a raw 32-byte key. */
+void sp_swarm_key_derive(sp_swarm_key *k, const uint8_t raw[SP_SWARM_KEY_BYTES]);
+
+/* HMAC-SHA256 of the concatenation of n parts; -1 if libcrypto fails. */
+int sp_hmac_sha256(const uint8_t key[SP_HMAC_BYTES], const void *const *parts, const size_t *lens, int n,
+                   uint8_t out[SP_HMAC_BYTES]);
+/* 1 if a and b hold the same n bytes, in time that does not depend on where they differ. */
+int sp_ct_equal(const void *a, const void *b, size_t n);
+/* Cryptographically random bytes (RAND_bytes); -1 on failure. */
+int sp_random_bytes(void *p, size_t n);
+
+/* Lower-case hex of n bytes into out (2n + 1 bytes). */
+void sp_hex_encode(const uint8_t *p, size_t n, char *out);
+/* Exactly 2n hex digits into n bytes; -1 otherwise. */
+int sp_hex_decode(const char *s, uint8_t *out, size_t n);
+
+#endif

@@ -1,0 +1,680 @@
+/* test_swarmkey.c - a private swarm: the key file, HMAC-SHA256 (a known answer from the openssl command), tagged
+ * DHT records; the swarm key exchange over real sockets (in-process transport and a real sepal-server): a keyed
+ * client and server work, an unkeyed or wrong-keyed client is refused before anything reaches a handler (the
+ * server's counters say so), a client refuses a server without the key, a replayed proof is refused by the server
+ * and a replayed challenge by the client; and a keyed swarm over the DHT, where an unkeyed server and a forged
+ * record stay out of a keyed client's view and the servers ping only each other. */
+#include <arpa/inet.h>
+#include <cJSON.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "attack.h"
+#include "dht.h"
+#include "generate.h"
+#include "record.h"
+#include "remote.h"
+#include "runtime.h"
+#include "swarmkey.h"
+#include "testutil.h"
+#include "timeutil.h"
+#include "transport.h"
+#include "view.h"
+
+#define M15 SEPAL_STORIES15M_DIR
+#define TMO 20000
+
+/* A fresh key file (mode 0600) and its key. */
+static const char *new_key(sp_swarm_key *k)
+{
+    static char paths[4][512];
+    static int next;
+    char *p = paths[next++ % 4];
+    snprintf(p, 512, "%s/swarm.key", sp_test_tmpdir());
+    sp_err err = {0};
+    ck_assert_msg(sp_swarm_key_generate(p, &err) == SP_OK, "%s", err.msg);
+    if (k)
+        ck_assert_msg(sp_swarm_key_load(k, p, &err) == SP_OK, "%s", err.msg);
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the key, the MAC, the records */
+
+START_TEST(t_key_file)
+{
+    sp_swarm_key a, b, c;
+    const char *pa = new_key(&a), *pc = new_key(&c);
+    sp_err err = {0};
+    struct stat st;
+    ck_assert_int_eq(stat(pa, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0600);
+    ck_assert_int_eq(sp_swarm_key_load(&b, pa, &err), SP_OK); /* the same file, the same subkeys */
+    ck_assert(!memcmp(&a, &b, sizeof a));
+    ck_assert_str_ne(a.id_hex, c.id_hex);
+    ck_assert(memcmp(a.auth, c.auth, sizeof a.auth));
+    ck_assert_int_eq(sp_swarm_key_generate(pa, &err), SP_ERR_STATE); /* never overwritten */
+    ck_assert_msg(strstr(err.msg, "never overwritten"), "%s", err.msg);
+    ck_assert_int_eq(sp_swarm_key_load(&b, pa, &err), SP_OK);
+    ck_assert(!memcmp(&a, &b, sizeof a));
+    ck_assert_int_eq(chmod(pc, 0644), 0); /* readable by others: refused, with the fix */
+    ck_assert_int_eq(sp_swarm_key_load(&b, pc, &err), SP_ERR_STATE);
+    ck_assert_msg(strstr(err.msg, "chmod 600"), "%s", err.msg);
+    const char *bad[] = {"", "sepal-swarm-key/1 00", "sepal-swarm-key/2 " "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+                         "sepal-swarm-key/1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1g"};
+    for (int i = 0; i < 4; i++) {
+        const char *p = sp_test_write_file("k", bad[i], strlen(bad[i]));
+        ck_assert_int_eq(chmod(p, 0600), 0);
+        ck_assert_int_eq(sp_swarm_key_load(&b, p, &err), SP_ERR_FORMAT);
+        ck_assert_msg(strstr(err.msg, "--gen-swarm-key"), "%s", err.msg);
+    }
+    ck_assert_int_eq(sp_swarm_key_load(&b, "/nonexistent/swarm.key", &err), SP_ERR_NOTFOUND);
+    /* the subkeys: HMAC(key, label), as `openssl dgst -sha256 -mac HMAC -macopt hexkey:KEY` computes them */
+    const char *line = "sepal-swarm-key/1 9f73d8f518d16a8833d61b20d3001d38849de17cf5ea0c39fe7d260164f6fc24\n";
+    const char *p = sp_test_write_file("k", line, strlen(line));
+    ck_assert_int_eq(chmod(p, 0600), 0);
+    ck_assert_int_eq(sp_swarm_key_load(&b, p, &err), SP_OK);
+    ck_assert_str_eq(b.id_hex, "1fa12f6d7037158e");
+    char hex[65];
+    sp_hex_encode(b.auth, 32, hex);
+    ck_assert_str_eq(hex, "f1491a44d11c4338bdc279e67cd2509a97b62a3f67bc6b377025d49f07510f92");
+}
+END_TEST
+
+START_TEST(t_hmac)
+{
+    uint8_t key[32], out[32];
+    for (int i = 0; i < 32; i++)
+        key[i] = (uint8_t)i;
+    const char *a = "sepal hmac ", *b = "known answer";
+    const void *parts[2] = {a, b};
+    size_t lens[2] = {strlen(a), strlen(b)};
+    ck_assert_int_eq(sp_hmac_sha256(key, parts, lens, 2, out), 0); /* parts are concatenated */
+    char hex[65];
+    sp_hex_encode(out, 32, hex);
+    ck_assert_str_eq(hex, "b0859910f7a9d3372222b3542d90e2500cfc868c832c16ae17224b2abe20b1a7");
+    uint8_t x[32];
+    memcpy(x, out, 32);
+    ck_assert(sp_ct_equal(x, out, 32));
+    x[31] ^= 1;
+    ck_assert(!sp_ct_equal(x, out, 32));
+    ck_assert_int_eq(sp_hex_decode(hex, x, 32), 0);
+    ck_assert(sp_ct_equal(x, out, 32));
+    ck_assert_int_eq(sp_hex_decode("0g", x, 1), -1);
+}
+END_TEST
+
+static void some_record(sp_server_record *r)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "0123456789abcdef");
+    snprintf(r->host, sizeof r->host, "127.0.0.1");
+    r->port = 4001;
+    snprintf(r->model, sizeof r->model, "stories15M");
+    r->num_blocks = 6;
+    r->end = 6;
+    r->state = SP_SERVER_ONLINE;
+    snprintf(r->dtype, sizeof r->dtype, "f32");
+    snprintf(r->quant, sizeof r->quant, "none");
+    snprintf(r->version, sizeof r->version, "0.1.0");
+    r->timestamp = sp_wall_s();
+    r->period = 30;
+}
+
+START_TEST(t_record_tags)
+{
+    sp_swarm_key k, other;
+    new_key(&k);
+    new_key(&other);
+    sp_server_record r, back;
+    some_record(&r);
+    char buf[SP_RECORD_MAX], plain[SP_RECORD_MAX + 2];
+    size_t len, plen, raw;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    raw = len;
+    ck_assert_int_eq(sp_record_unseal(buf, len, &k, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT); /* untagged */
+    ck_assert_msg(strstr(err.msg, "no tag"), "%s", err.msg);
+    ck_assert_int_eq(sp_record_seal(buf, sizeof buf, &len, &k, &err), SP_OK);
+    ck_assert_uint_eq(len, raw - 1 + SP_RECORD_TAG_SUFFIX);
+    ck_assert_int_eq(sp_record_unseal(buf, len, &k, plain, sizeof plain, &plen, &err), SP_OK);
+    ck_assert_int_eq(sp_record_decode(&back, plain, plen, NULL, &err), SP_OK);
+    ck_assert_str_eq(back.id, r.id);
+    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK); /* a reader without the key ignores it */
+    ck_assert_int_eq(sp_record_unseal(buf, len, &other, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "wrong tag"), "%s", err.msg);
+    char forged[SP_RECORD_MAX];
+    memcpy(forged, buf, len);
+    char *port = strstr(forged, "4001");
+    ck_assert_ptr_nonnull(port);
+    port[3] = '2'; /* another address, the same tag */
+    ck_assert_int_eq(sp_record_unseal(forged, len, &k, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "wrong tag"), "%s", err.msg);
+    ck_assert_int_eq(sp_record_seal(buf, len + 10, &len, &k, &err), SP_ERR_RANGE); /* no room for a tag */
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the exchange over the transport */
+
+typedef struct echo {
+    sp_ws_server *s;
+    pthread_mutex_t mu;
+    int nmsg;
+} echo;
+
+static void on_msg(void *u, uint64_t conn, sp_buf *m)
+{
+    echo *e = u;
+    pthread_mutex_lock(&e->mu);
+    e->nmsg++;
+    sp_ws_server *s = e->s;
+    pthread_mutex_unlock(&e->mu);
+    sp_ws_server_send(s, conn, m, NULL);
+}
+
+static void on_close(void *u, uint64_t conn)
+{
+    (void)u, (void)conn;
+}
+
+static void echo_start(echo *e, const sp_swarm_key *key)
+{
+    memset(e, 0, sizeof *e);
+    pthread_mutex_init(&e->mu, NULL);
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.key = key;
+    sp_err err = {0};
+    sp_ws_server *s = NULL;
+    ck_assert_msg(sp_ws_server_start(&s, &o, on_msg, on_close, e, &err) == SP_OK, "%s", err.msg);
+    pthread_mutex_lock(&e->mu);
+    e->s = s;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int echo_count(echo *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int n = e->nmsg;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+static sp_status client(int port, const sp_swarm_key *key, sp_ws_client **c, sp_err *err)
+{
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.key = key;
+    return sp_ws_client_connect(c, "127.0.0.1", port, &o, 5000, err);
+}
+
+static void ping(sp_ws_client *c, uint64_t id)
+{
+    sp_buf b = {0}, r = {0};
+    sp_err err = {0};
+    ck_assert_int_eq(sp_msg_encode(&b, SP_MSG_PING, 0, id, NULL, NULL, 0, NULL), SP_OK);
+    ck_assert_int_eq(sp_ws_client_send(c, &b, NULL), SP_OK);
+    ck_assert_msg(sp_ws_client_recv(c, &r, TMO, &err) == SP_OK, "%s", err.msg);
+    sp_buf_free(&r);
+}
+
+/* The first message of a client without the key gets ERROR "unauthorized", then the close. */
+static void refused_unkeyed(int port)
+{
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(client(port, NULL, &c, &err), SP_OK); /* nothing to prove: it connects */
+    sp_buf b = {0}, r = {0};
+    ck_assert_int_eq(sp_msg_encode(&b, SP_MSG_PING, 0, 9, NULL, NULL, 0, NULL), SP_OK);
+    ck_assert_int_eq(sp_ws_client_send(c, &b, NULL), SP_OK);
+    ck_assert_msg(sp_ws_client_recv(c, &r, TMO, &err) == SP_OK, "%s", err.msg);
+    sp_msg m;
+    sp_proto_limits lim = sp_proto_default_limits();
+    ck_assert_int_eq(sp_msg_decode(&m, r.data, r.len, &lim, NULL), SP_OK);
+    ck_assert_int_eq(m.type, SP_MSG_ERROR);
+    ck_assert_str_eq(sp_meta_str(&m, "code"), "unauthorized");
+    ck_assert_msg(strstr(sp_meta_str(&m, "message"), "--swarm-key"), "%s", sp_meta_str(&m, "message"));
+    sp_msg_clear(&m);
+    sp_buf_free(&r);
+    ck_assert_int_eq(sp_ws_client_recv(c, &r, TMO, &err), SP_ERR_CLOSED);
+    sp_ws_client_close(c);
+}
+
+START_TEST(t_transport_exchange)
+{
+    sp_swarm_key k, other;
+    new_key(&k);
+    new_key(&other);
+    echo e;
+    echo_start(&e, &k);
+    int port = sp_ws_server_port(e.s);
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    ck_assert_msg(client(port, &k, &c, &err) == SP_OK, "%s", err.msg);
+    ping(c, 1);
+    ping(c, 2);
+    sp_ws_client_close(c);
+    ck_assert_int_eq(echo_count(&e), 2);
+    refused_unkeyed(port);
+    ck_assert_int_eq(client(port, &other, &c, &err), SP_ERR_STATE);
+    ck_assert_msg(strstr(err.msg, "another swarm key"), "%s", err.msg);
+    ck_assert_int_eq(echo_count(&e), 2); /* nothing of theirs reached on_message */
+    sp_ws_server_stats st;
+    sp_ws_server_stats_get(e.s, &st);
+    ck_assert_int_eq((int)st.auth_failed, 2);
+    /* a client with a key refuses a server without one */
+    echo open;
+    echo_start(&open, NULL);
+    ck_assert_int_eq(client(sp_ws_server_port(open.s), &k, &c, &err), SP_ERR_STATE);
+    ck_assert_msg(strstr(err.msg, "has no swarm key"), "%s", err.msg);
+    ck_assert_int_eq(echo_count(&open), 0);
+    sp_ws_server_stop(open.s);
+    sp_ws_server_stop(e.s);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* replays */
+
+static sp_buf auth_msg(uint64_t id, const char *nonce_hex, const char *proof_hex)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (nonce_hex)
+        cJSON_AddStringToObject(o, "nonce", nonce_hex);
+    if (proof_hex)
+        cJSON_AddStringToObject(o, "proof", proof_hex);
+    char *json = cJSON_PrintUnformatted(o);
+    sp_buf b = {0};
+    ck_assert_int_eq(sp_msg_encode(&b, SP_MSG_AUTH, 0, id, json, NULL, 0, NULL), SP_OK);
+    cJSON_free(json);
+    cJSON_Delete(o);
+    return b;
+}
+
+/* Sends m on a raw connection and returns the answer, decoded (caller clears it and frees *raw). */
+static sp_msg exchange(int fd, sp_buf *m, uint8_t **raw)
+{
+    size_t n;
+    ck_assert_int_eq(sp_atk_send_msg(fd, m->data, m->len), 0);
+    sp_buf_free(m);
+    ck_assert_int_eq(sp_atk_recv_msg(fd, raw, &n), 0);
+    sp_msg r;
+    sp_proto_limits lim = sp_proto_default_limits();
+    ck_assert_int_eq(sp_msg_decode(&r, *raw, n, &lim, NULL), SP_OK);
+    return r;
+}
+
+/* The client's proof for a challenge (what a key holder sends). */
+static void client_proof(const sp_swarm_key *k, const uint8_t ns[32], const uint8_t nc[32], char hex[65])
+{
+    const char *label = "sepal/v1/client";
+    const void *parts[3] = {label, ns, nc};
+    size_t lens[3] = {strlen(label), 32, 32};
+    uint8_t p[32];
+    ck_assert_int_eq(sp_hmac_sha256(k->auth, parts, lens, 3, p), 0);
+    sp_hex_encode(p, 32, hex);
+}
+
+/* A recorded exchange does not open another connection: the server's nonce is fresh each time. */
+START_TEST(t_replayed_proof)
+{
+    sp_swarm_key k;
+    new_key(&k);
+    echo e;
+    echo_start(&e, &k);
+    int port = sp_ws_server_port(e.s);
+    uint8_t nc[32], ns[32];
+    char nc_hex[65], proof[65];
+    for (int i = 0; i < 32; i++)
+        nc[i] = (uint8_t)(i * 7);
+    sp_hex_encode(nc, 32, nc_hex);
+    /* a key holder's exchange, recorded */
+    int fd = sp_atk_connect("127.0.0.1", port);
+    ck_assert_int_eq(sp_atk_upgrade(fd), 0);
+    uint8_t *raw;
+    sp_buf m = auth_msg(1, nc_hex, NULL);
+    sp_msg r = exchange(fd, &m, &raw);
+    ck_assert_int_eq(r.type, SP_MSG_AUTH);
+    ck_assert_int_eq(sp_hex_decode(sp_meta_str(&r, "nonce"), ns, 32), 0);
+    client_proof(&k, ns, nc, proof);
+    sp_msg_clear(&r);
+    free(raw);
+    m = auth_msg(2, NULL, proof);
+    r = exchange(fd, &m, &raw);
+    ck_assert_int_eq(r.type, SP_MSG_AUTH); /* accepted: {"ok": true} */
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r.meta, "ok")));
+    sp_msg_clear(&r);
+    free(raw);
+    close(fd);
+    /* the same messages again, by someone without the key */
+    fd = sp_atk_connect("127.0.0.2", port);
+    ck_assert_int_eq(sp_atk_upgrade(fd), 0);
+    m = auth_msg(1, nc_hex, NULL);
+    r = exchange(fd, &m, &raw);
+    ck_assert_int_eq(r.type, SP_MSG_AUTH);
+    uint8_t ns2[32];
+    ck_assert_int_eq(sp_hex_decode(sp_meta_str(&r, "nonce"), ns2, 32), 0);
+    ck_assert(memcmp(ns, ns2, 32)); /* a new challenge */
+    sp_msg_clear(&r);
+    free(raw);
+    m = auth_msg(2, NULL, proof);
+    r = exchange(fd, &m, &raw);
+    ck_assert_int_eq(r.type, SP_MSG_ERROR);
+    ck_assert_str_eq(sp_meta_str(&r, "code"), "unauthorized");
+    sp_msg_clear(&r);
+    free(raw);
+    size_t n;
+    ck_assert_int_eq(sp_atk_recv_msg(fd, &raw, &n), -1); /* closed */
+    close(fd);
+    ck_assert_int_eq(echo_count(&e), 0);
+    sp_ws_server_stop(e.s);
+}
+END_TEST
+
+/* A fake server that answers the upgrade, reads the client's first frame and replays a recorded challenge. */
+typedef struct fake {
+    int listen_fd, port;
+    uint8_t *frame; /* the recorded AUTH reply, as a server frame */
+    size_t len;
+    pthread_t th;
+} fake;
+
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    int fd = accept(f->listen_fd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    char req[4096];
+    size_t n = 0;
+    while (n < sizeof req - 1 && !strstr(req, "\r\n\r\n")) {
+        ssize_t r = recv(fd, req + n, sizeof req - 1 - n, 0);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        req[n] = '\0';
+    }
+    char key[128] = "", *k = strcasestr(req, "Sec-WebSocket-Key:");
+    if (k)
+        sscanf(k + 18, " %127[^\r]", key);
+    char cat[256];
+    snprintf(cat, sizeof cat, "%s258EAFA5-E914-47DA-95CA-C5AB0DC85B11", key);
+    unsigned char sha[20], acc[64];
+    unsigned int sl = 0;
+    EVP_Digest(cat, strlen(cat), sha, &sl, EVP_sha1(), NULL);
+    EVP_EncodeBlock(acc, sha, 20);
+    char resp[512];
+    int rn = snprintf(resp, sizeof resp, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      "Sec-WebSocket-Accept: %s\r\nSec-WebSocket-Protocol: sepal\r\n\r\n", acc);
+    send(fd, resp, (size_t)rn, MSG_NOSIGNAL);
+    uint8_t buf[4096];
+    ssize_t r = recv(fd, buf, sizeof buf, 0); /* the client's AUTH (its fresh nonce): ignored */
+    if (r > 0)
+        send(fd, f->frame, f->len, MSG_NOSIGNAL);
+    r = recv(fd, buf, sizeof buf, 0); /* the client closes */
+    close(fd);
+    return NULL;
+}
+
+START_TEST(t_replayed_challenge)
+{
+    sp_swarm_key k;
+    new_key(&k);
+    echo e;
+    echo_start(&e, &k);
+    /* record a real challenge */
+    int fd = sp_atk_connect("127.0.0.1", sp_ws_server_port(e.s));
+    ck_assert_int_eq(sp_atk_upgrade(fd), 0);
+    char nc_hex[65];
+    uint8_t nc[32] = {1}, *raw;
+    sp_hex_encode(nc, 32, nc_hex);
+    sp_buf m = auth_msg(1, nc_hex, NULL);
+    ck_assert_int_eq(sp_atk_send_msg(fd, m.data, m.len), 0);
+    sp_buf_free(&m);
+    size_t n;
+    ck_assert_int_eq(sp_atk_recv_msg(fd, &raw, &n), 0);
+    close(fd);
+    fake f = {0};
+    f.frame = malloc(n + 4);
+    f.frame[0] = 0x82; /* a server frame: final, binary, unmasked */
+    f.frame[1] = 126;
+    f.frame[2] = (uint8_t)(n >> 8);
+    f.frame[3] = (uint8_t)n;
+    memcpy(f.frame + 4, raw, n);
+    f.len = n + 4;
+    free(raw);
+    f.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    ck_assert_int_eq(bind(f.listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(f.listen_fd, 1), 0);
+    getsockname(f.listen_fd, (struct sockaddr *)&a, &al);
+    pthread_create(&f.th, NULL, fake_main, &f);
+    /* a key holder connecting to the fake gets the replayed challenge: its own nonce is not in the proof */
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(client(ntohs(a.sin_port), &k, &c, &err), SP_ERR_STATE);
+    ck_assert_msg(strstr(err.msg, "is not in this private swarm"), "%s", err.msg);
+    pthread_join(f.th, NULL);
+    close(f.listen_fd);
+    free(f.frame);
+    sp_ws_server_stop(e.s);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* a real server */
+
+static sp_runtime *runtime_with(const char *key_path)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
+    if (key_path)
+        ck_assert_msg(sp_runtime_set_swarm_key(rt, key_path, &err) == SP_OK, "%s", err.msg);
+    return rt;
+}
+
+static void generates(sp_runtime *rt)
+{
+    int *ids = NULL, n = 0;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, "Once upon a time", 1, &ids, &n, &err), SP_OK);
+    sp_lm_swarm sw;
+    sp_lm lm = sp_lm_swarm_make(&sw, rt);
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = 8;
+    const int32_t *ps[1] = {ids};
+    sp_gen_result r;
+    ck_assert_msg(sp_generate(&lm, rt->tok, ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK, "%s", err.msg);
+    ck_assert_str_eq(r.text[0], ", there was a little girl named L");
+    sp_gen_result_free(&r);
+    free(ids);
+}
+
+/* INFO through a keyed connection: the server's counters. */
+static double info_number(int port, const sp_swarm_key *k, const char *section, const char *name)
+{
+    sp_remote *r = NULL;
+    sp_remote_opts o = {.no_bulk = 1, .key = k};
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_connect_opts(&r, "127.0.0.1", port, &o, TMO, &err) == SP_OK, "%s", err.msg);
+    sp_reply rep;
+    ck_assert_int_eq(sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, TMO, &err), SP_OK);
+    cJSON *obj = section ? cJSON_GetObjectItemCaseSensitive(rep.msg.meta, section) : rep.msg.meta;
+    cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, name);
+    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+    sp_reply_clear(&rep);
+    sp_remote_close(r);
+    return v;
+}
+
+START_TEST(t_keyed_server)
+{
+    sp_swarm_key k;
+    const char *path = new_key(&k), *wrong = new_key(NULL);
+    const char *args[] = {"--model", M15, "--blocks", "0:6", "--no-measure", "--swarm-key", path, NULL};
+    sp_test_proc p;
+    ck_assert(sp_test_server_start(&p, args) == 0);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", p.port);
+    sp_runtime *rt = runtime_with(path);
+    sp_err err = {0};
+    ck_assert_msg(sp_runtime_connect(rt, addr, &err) == SP_OK, "%s", err.msg);
+    generates(rt);
+    sp_runtime_free(rt);
+    double served = info_number(p.port, &k, NULL, "requests"); /* the key holder's, this HELLO and INFO included */
+    ck_assert_double_gt(served, 10);
+    rt = runtime_with(NULL);
+    ck_assert_int_ne(sp_runtime_connect(rt, addr, &err), SP_OK);
+    ck_assert_msg(strstr(err.msg, "unauthorized") && strstr(err.msg, "--swarm-key"), "%s", err.msg);
+    sp_runtime_free(rt);
+    rt = runtime_with(wrong);
+    ck_assert_int_ne(sp_runtime_connect(rt, addr, &err), SP_OK);
+    ck_assert_msg(strstr(err.msg, "another swarm key"), "%s", err.msg);
+    sp_runtime_free(rt);
+    /* the refused peers reached no handler: two more requests, the HELLO and INFO that ask */
+    ck_assert_double_eq(info_number(p.port, &k, NULL, "requests"), served + 2);
+    ck_assert_double_eq(info_number(p.port, &k, "transport", "auth_failed"), 2);
+    /* sepal-server's own refusals: a wrong file */
+    const char *bad_args[] = {"--model", M15, "--blocks", "0:6", "--no-measure", "--swarm-key", "/nonexistent", NULL};
+    sp_test_proc q;
+    ck_assert_int_ne(sp_test_server_start(&q, bad_args), 0);
+    sp_test_proc_signal(&p, SIGTERM);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* a keyed swarm over the DHT */
+
+static sp_test_proc procs[4];
+
+static void swarm_server(sp_test_proc *p, const char *blocks, int peer_dht, const char *key)
+{
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", peer_dht);
+    const char *args[24] = {"--model", M15, "--no-measure", "--update-period", "1", "--balance-period", "0",
+                            "--blocks", blocks};
+    int n = 9;
+    if (peer_dht > 0) {
+        args[n++] = "--initial-peers";
+        args[n++] = peers;
+    } else {
+        args[n++] = "--new-swarm";
+    }
+    if (key) {
+        args[n++] = "--swarm-key";
+        args[n++] = key;
+    }
+    args[n] = NULL;
+    ck_assert_msg(sp_test_server_start(p, args) == 0, "server %s did not start", blocks);
+}
+
+typedef struct view_wait {
+    sp_runtime *rt;
+    int ports[2];
+} view_wait;
+
+/* Both keyed servers are in the view, and each has pinged the other. */
+static int keyed_seen(void *u)
+{
+    view_wait *w = u;
+    int found = 0, pinged = 0;
+    pthread_mutex_lock(&w->rt->lock);
+    for (int i = 0; i < w->rt->nservers; i++) {
+        const sp_server_record *r = &w->rt->servers[i]->rec;
+        if (w->rt->servers[i]->gone || r->state != SP_SERVER_ONLINE)
+            continue;
+        found += r->port == w->ports[0] || r->port == w->ports[1];
+        pinged += r->npings > 0;
+    }
+    pthread_mutex_unlock(&w->rt->lock);
+    return found == 2 && pinged >= 1;
+}
+
+START_TEST(t_keyed_swarm)
+{
+    sp_swarm_key k;
+    const char *path = new_key(&k);
+    swarm_server(&procs[0], "0:3", 0, path);          /* keyed, starts the swarm */
+    swarm_server(&procs[1], "3:6", procs[0].dht_port, path);
+    swarm_server(&procs[2], "0:6", procs[0].dht_port, NULL); /* no key, same DHT: its records are untagged */
+    sp_runtime *rt = runtime_with(path);
+    rt->set.update_period_s = 1;
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
+    sp_err err = {0};
+    ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+    /* a forged record: the right form, a tag made with another key */
+    sp_swarm_key other;
+    new_key(&other);
+    sp_dht *evil = NULL;
+    sp_dht_opts d = {.bind = "127.0.0.2", .bootstrap = peers};
+    ck_assert_msg(sp_dht_start(&evil, &d, &err) == SP_OK, "%s", err.msg);
+    sp_dht_wait_peers(evil, 5000);
+    sp_server_record r;
+    some_record(&r);
+    r.config_hash = rt->local->cfg.hash;
+    r.throughput = 1e9;
+    char buf[SP_RECORD_MAX];
+    size_t len;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(sp_record_seal(buf, sizeof buf, &len, &other, &err), SP_OK);
+    sp_dht_put(evil, "stories15M.0", "forged", 60, buf, len);
+    view_wait w = {rt, {procs[0].port, procs[1].port}};
+    ck_assert_msg(sp_test_wait_for(keyed_seen, &w, 30), "the keyed servers did not show up (or never pinged)");
+    sp_view_stats vs = {0};
+    for (double end = sp_now_s() + 15; sp_now_s() < end && vs.dropped < 2; usleep(50000))
+        sp_view_stats_get(rt->view, &vs);
+    printf("keyed swarm: %llu values dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
+    ck_assert_int_ge((int)vs.dropped, 2);
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++) { /* the unkeyed server and the forged record never got in */
+        const sp_server_record *x = &rt->servers[i]->rec;
+        ck_assert_int_ne(x->port, procs[2].port);
+        ck_assert_str_ne(x->id, "0123456789abcdef");
+        for (int j = 0; j < x->npings; j++) /* a keyed server pings only key holders */
+            ck_assert_msg(strcmp(x->pings[j].id, "0123456789abcdef"), "pinged the forged server");
+    }
+    pthread_mutex_unlock(&rt->lock);
+    sp_route route;
+    ck_assert_msg(sp_runtime_route_inference(rt, 0, 6, 0, &route, &err) == SP_OK, "%s", err.msg);
+    generates(rt);
+    sp_dht_stop(evil);
+    sp_runtime_free(rt);
+    for (int i = 0; i < 3; i++)
+        sp_test_proc_signal(&procs[i], SIGKILL);
+}
+END_TEST
+
+static Suite *swarmkey_suite(void)
+{
+    Suite *s = suite_create("swarmkey");
+    TCase *tc = tcase_create("swarmkey");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, t_key_file);
+    tcase_add_test(tc, t_hmac);
+    tcase_add_test(tc, t_record_tags);
+    tcase_add_test(tc, t_transport_exchange);
+    tcase_add_test(tc, t_replayed_proof);
+    tcase_add_test(tc, t_replayed_challenge);
+    tcase_add_test(tc, t_keyed_server);
+    tcase_add_test(tc, t_keyed_swarm);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return sp_test_run(swarmkey_suite()); }

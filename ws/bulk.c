@@ -1,0 +1,655 @@
+/* bulk.c - the bulk channel: a plain TCP socket beside each websocket for large messages (lws 4.1.6 parses
+ * received ws payloads a byte at a time). The server serves its bulk sockets from one poll() thread; a client
+ * writes from the sending thread and reads on a reader thread, or with direct_recv on the caller's thread.
+ * Attaching: "SPBK" + u32 0 + u64 token from the client, "SPBK" + u32 status + u64 0 back (transport.h). */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "timeutil.h"
+#include "transport_impl.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* server: the bulk thread */
+
+void tp_wake_bulk(sp_ws_server *s)
+{
+    uint64_t one = 1;
+    if (s->wake_fd >= 0 && write(s->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        sp_log(SP_LOG_WARN, "transport: bulk wake-up failed: %s", strerror(errno));
+}
+
+static sp_log_limit g_bulk_log;
+
+/* A new bulk socket waits for its token; at most BULK_MAX_PENDING such, BULK_PENDING_PER_IP per address. */
+static void bulk_accept(sp_ws_server *s)
+{
+    for (int k = 0; k < 64; k++) {
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or a transient error that the next POLLIN retries */
+        uint8_t addr[16];
+        tp_addr_of((struct sockaddr *)&sa, addr);
+        size_t pending = 0;
+        for (size_t i = 0; i < s->nsocks; i++)
+            pending += s->socks[i]->c == NULL;
+        bsock *b = pending < BULK_MAX_PENDING ? calloc(1, sizeof *b) : NULL;
+        pthread_mutex_lock(&s->mu);
+        src_entry *e = b ? tp_src_get(s, addr) : NULL;
+        int ok = e && e->bulk_pending < BULK_PENDING_PER_IP &&
+                 !tp_grow((void **)&s->socks, &s->capsocks, s->nsocks + 1, sizeof *s->socks);
+        if (ok) {
+            e->bulk_pending++;
+            b->src = e;
+        } else {
+            s->st.refused++;
+            tp_src_put(s, e);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!ok) {
+            char name[48];
+            tp_src_name(addr, name, sizeof name);
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: refused a bulk socket from %s: too many waiting for "
+                           "their token", name);
+            free(b);
+            close(fd);
+            continue;
+        }
+        tp_tune_socket(fd);
+        b->fd = fd;
+        b->server = s;
+        b->rx.map_from = MAP_FROM;
+        b->deadline_ns = sp_now_ns() + BULK_ATTACH_NS;
+        s->socks[s->nsocks++] = b;
+    }
+}
+
+/* The preamble is complete: bind the socket to the conn holding the token (one use), and answer
+ * "SPBK" + status (0 accepted, 1 refused) + 8 zero bytes. The answer goes straight out: the socket is fresh,
+ * nothing else can be queued on it yet, and 16 bytes always fit its buffer. */
+static void bulk_attach(sp_ws_server *s, bsock *b)
+{
+    uint64_t token = le64(b->pre + 8);
+    conn *c = NULL;
+    if (memcmp(b->pre, "SPBK", 4) == 0 && le32(b->pre + 4) == 0 && token != 0) {
+        pthread_mutex_lock(&s->mu);
+        for (size_t i = 0; i < s->nconns && !c; i++) {
+            conn *x = s->conns[i];
+            if (x->token == token && !x->dead && !x->bulk)
+                c = x;
+        }
+        if (c) {
+            c->token = 0;
+            c->bulk = b;
+            c->refs++;
+            b->c = c;
+            b->src->bulk_pending--;
+            tp_src_put(s, b->src);
+            b->src = NULL;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    uint8_t ack[BULK_PREAMBLE] = {'S', 'P', 'B', 'K'};
+    put_le32(ack + 4, c ? 0 : 1);
+    if (send(b->fd, ack, sizeof ack, MSG_NOSIGNAL) != (ssize_t)sizeof ack || !c) {
+        if (!c)
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket refused: bad preamble or unknown/used token");
+        b->dead = 1;
+        return;
+    }
+    atomic_store(&c->last_ns, sp_now_ns());
+}
+
+/* tp_admit_fn for a bulk socket (bulk thread). */
+static int bulk_admit(void *u, uint64_t total, int *code, sp_err *err)
+{
+    bsock *b = u;
+    conn *c = b->c;
+    sp_ws_server *s = b->server;
+    uint64_t now = sp_now_ns();
+    pthread_mutex_lock(&s->mu);
+    int r = tp_admit(s, c, total);
+    uint64_t share = s->o.rx_budget_conn;
+    if (r == 1) {
+        b->reserved = total;
+        b->msg_deadline_ns = s->o.min_rate > 0 ? now + MSG_GRACE_NS + (uint64_t)((double)total / s->o.min_rate * 1e9) : 0;
+    }
+    if (r == 0 && !b->wait_ns) {
+        b->wait_ns = now;
+        b->wait_reqid = le64(b->rx.hdr + 16);
+        s->waiting++;
+        s->st.waits++;
+    } else if (r != 0 && b->wait_ns) {
+        b->wait_ns = 0;
+        s->waiting--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (r < 0) {
+        *code = LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE;
+        sp_errf(err, SP_ERR_RANGE, "message of %llu bytes exceeds this connection's budget of %llu bytes",
+                (unsigned long long)total, (unsigned long long)share);
+    }
+    return r;
+}
+
+/* A message of an attached socket: RX_WAIT leaves the socket unread until there is budget for it. */
+static int bulk_take(sp_ws_server *s, bsock *b, size_t got)
+{
+    sp_buf msg;
+    sp_err err = {0};
+    int code = 0;
+    int st = tp_rxstream_advance(&b->rx, got, &s->lim, bulk_admit, b, &msg, &code, &err);
+    if (got)
+        atomic_store(&b->c->last_ns, sp_now_ns());
+    if (st == RX_BAD) {
+        sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: conn %llu bulk socket closed: %s",
+                       (unsigned long long)b->c->id, err.msg);
+        b->dead = 1;
+    } else if (st == RX_DONE) {
+        pthread_mutex_lock(&s->mu);
+        b->reserved = 0; /* the charge goes with the message */
+        b->msg_deadline_ns = 0;
+        pthread_mutex_unlock(&s->mu);
+        tp_deliver(s, b->c, &msg, 0);
+    }
+    return st;
+}
+
+/* Reads what is there (up to a budget) and delivers complete messages under the ws conn's id. */
+static void bulk_read(sp_ws_server *s, bsock *b)
+{
+    if (b->c && b->rx.hlen == HDR && !b->rx.want && bulk_take(s, b, 0) == RX_WAIT)
+        return; /* still no room */
+    size_t budget = BULK_READ_BUDGET;
+    while (budget && !b->dead) {
+        uint8_t *p;
+        size_t n;
+        if (!b->c) {
+            p = b->pre + b->prelen;
+            n = BULK_PREAMBLE - b->prelen;
+        } else {
+            tp_rxstream_target(&b->rx, &p, &n);
+        }
+        ssize_t r = recv(b->fd, p, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (r <= 0) {
+            b->dead = 1; /* EOF or error */
+            return;
+        }
+        budget -= (size_t)r < budget ? (size_t)r : budget;
+        if (!b->c) {
+            b->prelen += (size_t)r;
+            if (b->prelen == BULK_PREAMBLE)
+                bulk_attach(s, b);
+        } else if (bulk_take(s, b, (size_t)r) == RX_WAIT) {
+            return;
+        }
+    }
+}
+
+/* Writes queued output until the socket is full. */
+static void bulk_write(sp_ws_server *s, bsock *b)
+{
+    while (!b->dead) {
+        if (!b->busy) {
+            pthread_mutex_lock(&s->mu);
+            b->busy = tp_msgq_pop(&b->txq, &b->cur);
+            b->tx_charge = b->busy ? b->cur.len : 0;
+            pthread_mutex_unlock(&s->mu);
+            if (!b->busy)
+                return;
+            b->cur_off = 0;
+        }
+        size_t left = b->cur.len - b->cur_off;
+        ssize_t w = left ? send(b->fd, b->cur.data + b->cur_off, left, MSG_NOSIGNAL) : 0;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (w < 0) {
+            b->dead = 1;
+            return;
+        }
+        b->cur_off += (size_t)w;
+        if (b->cur_off == b->cur.len) {
+            sp_buf_free(&b->cur);
+            b->busy = 0;
+            pthread_mutex_lock(&s->mu);
+            if (b->c)
+                tp_charge(s, b->c, 0, -(int64_t)b->tx_charge);
+            b->tx_charge = 0;
+            pthread_mutex_unlock(&s->mu);
+            if (b->c)
+                atomic_store(&b->c->last_ns, sp_now_ns());
+        }
+    }
+}
+
+/* Closes a bulk socket; an attached conn loses its ws too (one logical connection). */
+void tp_bulk_close(sp_ws_server *s, bsock *b)
+{
+    conn *c = b->c;
+    int last = 0;
+    pthread_mutex_lock(&s->mu);
+    uint64_t out = tp_msgq_clear(&b->txq) + b->tx_charge;
+    if (c) {
+        tp_charge(s, c, -(int64_t)b->reserved, -(int64_t)out);
+        if (b->wait_ns)
+            s->waiting--;
+        c->bulk = NULL;
+        c->dead = 1;
+        if (c->wsi) {
+            c->close_req = 1;
+            tp_flag(s, c);
+        }
+        last = --c->refs == 0;
+        b->c = NULL;
+    }
+    if (b->src) {
+        b->src->bulk_pending--;
+        tp_src_put(s, b->src);
+        b->src = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    close(b->fd);
+    sp_buf_free(&b->rx.buf);
+    sp_buf_free(&b->cur);
+    free(b);
+    if (c)
+        tp_conn_release(s, c, last);
+}
+
+/* Fills the pollfd array: the wake-up eventfd, the listener, then every socket (POLLOUT only with output
+ * pending). Kill requests from other threads are picked up here. Returns the poll timeout in ms. */
+static int bulk_prepare(sp_ws_server *s, struct pollfd *pfd)
+{
+    uint64_t now = sp_now_ns(), next = now + 1000000000ull;
+    pfd[0] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+    pfd[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nsocks; i++) {
+        bsock *b = s->socks[i];
+        if (b->kill)
+            b->dead = 1;
+        /* not read while its message waits for budget, or its conn's output is over tx_bound */
+        short ev = b->wait_ns || (b->c && b->c->out_full) ? 0 : POLLIN;
+        if (b->busy || b->txq.head)
+            ev |= POLLOUT;
+        if (b->wait_ns && s->waiting) /* budget may have been freed: look again soon */
+            next = now + 20000000ull < next ? now + 20000000ull : next;
+        pfd[2 + i] = (struct pollfd){.fd = b->fd, .events = ev};
+        if (!b->c && b->deadline_ns < next)
+            next = b->deadline_ns;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return next <= now ? 0 : (int)((next - now) / 1000000 + 1);
+}
+
+/* Closes dead sockets and those that did not present a token in time. */
+static void bulk_sweep(sp_ws_server *s)
+{
+    uint64_t now = sp_now_ns();
+    for (size_t i = 0; i < s->nsocks;) {
+        bsock *b = s->socks[i];
+        if (!b->c && now > b->deadline_ns)
+            b->dead = 1;
+        if (b->dead) {
+            s->socks[i] = s->socks[--s->nsocks];
+            tp_bulk_close(s, b);
+        } else {
+            i++;
+        }
+    }
+}
+
+void *tp_bulk_main(void *arg)
+{
+    sp_ws_server *s = arg;
+    struct pollfd *pfd = NULL;
+    size_t cap = 0;
+    while (!atomic_load(&s->bulk_stop)) {
+        size_t n = 2 + s->nsocks;
+        if (tp_grow((void **)&pfd, &cap, n, sizeof *pfd)) {
+            sp_log(SP_LOG_ERROR, "transport: out of memory in the bulk thread");
+            poll(NULL, 0, 100);
+            continue;
+        }
+        int timeout = bulk_prepare(s, pfd);
+        if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR)
+            break;
+        if (pfd[0].revents & POLLIN) {
+            uint64_t v;
+            if (read(s->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
+                break;
+        }
+        size_t polled = n - 2; /* sockets accepted below are polled next round */
+        if (pfd[1].revents & POLLIN)
+            bulk_accept(s);
+        for (size_t i = 0; i < polled; i++) {
+            bsock *b = s->socks[i];
+            short re = pfd[2 + i].revents;
+            if (!b->dead && ((re & (POLLIN | POLLHUP | POLLERR)) || b->wait_ns))
+                bulk_read(s, b);
+            if (!b->dead && (re & POLLOUT))
+                bulk_write(s, b);
+        }
+        bulk_sweep(s);
+        sp_log_limited_flush(&g_bulk_log);
+    }
+    free(pfd);
+    return NULL;
+}
+
+/* Binds the bulk listener on host:port (IPv4; "0.0.0.0" for every interface). */
+sp_status tp_bulk_listen(sp_ws_server *s, sp_err *err)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->o.bulk_port);
+    int rc = getaddrinfo(s->host, port, &hints, &ai);
+    if (rc)
+        return sp_errf(err, SP_ERR_ARG, "bulk listener %s:%d: %s", s->host, s->o.bulk_port, gai_strerror(rc));
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 64)) {
+        int e = errno;
+        freeaddrinfo(ai);
+        if (fd >= 0)
+            close(fd);
+        return sp_errf(err, SP_ERR_IO, "bulk listener %s:%d: %s", s->host, s->o.bulk_port, strerror(e));
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    s->listen_fd = fd;
+    s->bulk_port = ntohs(sa.sin_port);
+    return SP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* client: the bulk socket */
+
+/* Connects a TCP socket with a deadline (non-blocking connect + poll), left in blocking mode. */
+static int tcp_connect(const char *host, int port, int timeout_ms, sp_err *err)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai, *a;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &ai), fd = -1, e = ECONNREFUSED;
+    if (rc) {
+        sp_errf(err, SP_ERR_IO, "bulk channel %s:%d: %s", host, port, gai_strerror(rc));
+        return -1;
+    }
+    for (a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+            break;
+        if (errno == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            socklen_t sl = sizeof e;
+            int pr = poll(&p, 1, timeout_ms);
+            if (pr == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) == 0 && e == 0)
+                break;
+            if (pr == 0)
+                e = ETIMEDOUT;
+        } else {
+            e = errno;
+        }
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        sp_errf(err, e == ETIMEDOUT ? SP_ERR_TIMEOUT : SP_ERR_IO, "bulk channel %s:%d: %s", host, port, strerror(e));
+    else
+        tp_set_nonblock(fd, 0);
+    return fd;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes, waiting at most until the deadline (blocking socket; poll gives the timeout). */
+static int read_all_timed(int fd, uint8_t *p, size_t n, int timeout_ms)
+{
+    uint64_t end = sp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (n) {
+        uint64_t now = sp_now_ns();
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int left = now >= end ? 0 : (int)((end - now) / 1000000 + 1);
+        if (poll(&pf, 1, left) != 1)
+            return -1;
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Presents the token and waits for the server's verdict. */
+static sp_status bulk_handshake(sp_ws_client *c, int fd, int bulk_port, uint64_t token, int timeout_ms, sp_err *err)
+{
+    uint8_t pre[BULK_PREAMBLE] = {'S', 'P', 'B', 'K'}, ack[BULK_PREAMBLE];
+    put_le64(pre + 8, token);
+    if (write_all(fd, pre, sizeof pre))
+        return sp_errf(err, SP_ERR_IO, "bulk channel %s:%d: %s", c->host, bulk_port, strerror(errno));
+    if (read_all_timed(fd, ack, sizeof ack, timeout_ms < 0 ? 60000 : timeout_ms))
+        return sp_errf(err, SP_ERR_IO, "bulk channel %s:%d: no answer to the token", c->host, bulk_port);
+    if (memcmp(ack, "SPBK", 4) != 0 || le32(ack + 4) != 0)
+        return sp_errf(err, SP_ERR_STATE, "bulk channel %s:%d: token refused", c->host, bulk_port);
+    return SP_OK;
+}
+
+/* Reads messages from the bulk socket until it ends; then the whole connection is over. */
+static void *cli_reader_main(void *arg)
+{
+    sp_ws_client *c = arg;
+    int fd = c->bulk_fd; /* set before this thread started, never changed afterwards */
+    rxstream rs = {0};
+    sp_err err = {0};
+    const char *why = "bulk channel closed";
+    for (;;) {
+        uint8_t *p;
+        size_t n;
+        tp_rxstream_target(&rs, &p, &n);
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        sp_buf msg;
+        int code = 0;
+        int st = tp_rxstream_advance(&rs, (size_t)r, &c->lim, NULL, NULL, &msg, &code, &err);
+        if (st == RX_BAD) {
+            sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, err.msg);
+            why = err.msg;
+            break;
+        }
+        if (st == RX_DONE) { /* then no more reading while rx_queue_max bytes wait for recv */
+            tp_cli_queue(c, &msg);
+            pthread_mutex_lock(&c->mu);
+            while (c->rx_full && c->state == C_OPEN)
+                pthread_cond_wait(&c->cv, &c->mu);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    sp_buf_free(&rs.buf);
+    tp_cli_fail(c, why);
+    return NULL;
+}
+
+sp_status sp_ws_client_attach_bulk(sp_ws_client *c, int bulk_port, uint64_t token, int timeout_ms, sp_err *err)
+{
+    if (!c || bulk_port <= 0 || bulk_port > 65535)
+        return sp_errf(err, SP_ERR_ARG, "sp_ws_client_attach_bulk: bad bulk port %d", bulk_port);
+    pthread_mutex_lock(&c->mu);
+    sp_status st = c->state != C_OPEN ? SP_ERR_CLOSED : c->bulk_fd >= 0 || c->attaching ? SP_ERR_STATE : SP_OK;
+    c->attaching = st == SP_OK;
+    pthread_mutex_unlock(&c->mu);
+    if (st)
+        return sp_errf(err, st, "bulk channel %s:%d: %s", c->host, bulk_port,
+                       st == SP_ERR_CLOSED ? "connection is closed" : "already attached");
+    int fd = tcp_connect(c->host, bulk_port, timeout_ms < 0 ? 60000 : timeout_ms, err);
+    if (fd >= 0) {
+        tp_tune_socket(fd);
+        st = bulk_handshake(c, fd, bulk_port, token, timeout_ms, err);
+    } else {
+        st = err ? err->code : SP_ERR_IO;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->attaching = 0;
+    if (!st && c->state != C_OPEN)
+        st = sp_errf(err, SP_ERR_CLOSED, "bulk channel %s:%d: connection closed meanwhile", c->host, bulk_port);
+    if (!st)
+        c->bulk_fd = fd;
+    pthread_mutex_unlock(&c->mu);
+    if (st) {
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    if (c->o.direct_recv && c->wake_fd >= 0)
+        return SP_OK; /* sp_ws_client_recv reads the bulk socket itself */
+    if (pthread_create(&c->reader, NULL, cli_reader_main, c)) {
+        tp_cli_fail(c, "cannot start the bulk reader");
+        return sp_errf(err, SP_ERR_NOMEM, "bulk channel %s:%d: cannot start the reader thread", c->host, bulk_port);
+    }
+    c->reader_started = 1;
+    return SP_OK;
+}
+
+/* Bulk write from the sending thread (blocking; the server always drains its sockets). */
+sp_status tp_cli_bulk_send(sp_ws_client *c, int fd, sp_buf *msg, sp_err *err)
+{
+    pthread_mutex_lock(&c->bulk_wmu);
+    int bad = write_all(fd, msg->data, msg->len);
+    pthread_mutex_unlock(&c->bulk_wmu);
+    sp_buf_free(msg);
+    if (bad) {
+        tp_cli_fail(c, "bulk channel write failed");
+        return sp_errf(err, SP_ERR_CLOSED, "connection to %s:%d: bulk channel closed", c->host, c->port);
+    }
+    return SP_OK;
+}
+
+/* Milliseconds left until abs_ns (0 = no deadline: -1). */
+static int ms_left(uint64_t abs_ns)
+{
+    if (!abs_ns)
+        return -1;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t t = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    return t >= abs_ns ? 0 : (int)((abs_ns - t + 999999) / 1000000);
+}
+
+/* direct_recv with the bulk socket attached: the caller polls the bulk socket and the wake eventfd itself, and
+ * reassembles bulk messages on its own thread; websocket messages still come through rxq. */
+/* The connection is closed: a whole message the server sent before it closed is still delivered (what the
+ * socket holds, without waiting), then SP_ERR_CLOSED. */
+static sp_status drain_closed(sp_ws_client *c, sp_buf *out, const char *why, sp_err *err)
+{
+    for (int fd = c->bulk_fd; fd >= 0;) {
+        uint8_t *dst;
+        size_t want;
+        tp_rxstream_target(&c->drs, &dst, &want);
+        ssize_t n = recv(fd, dst, want, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        sp_err e2 = {0};
+        int code = 0;
+        int st = tp_rxstream_advance(&c->drs, (size_t)n, &c->lim, NULL, NULL, out, &code, &e2);
+        if (st == RX_BAD)
+            break;
+        if (st == RX_DONE)
+            return SP_OK;
+    }
+    return sp_errf(err, SP_ERR_CLOSED, "connection to %s:%d closed (%s)", c->host, c->port, why);
+}
+
+sp_status tp_cli_recv_direct(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err *err)
+{
+    uint64_t until = timeout_ms < 0 ? 0 : tp_deadline_after(timeout_ms);
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        int got = tp_msgq_pop(&c->rxq, out), open = c->state == C_OPEN;
+        if (got)
+            tp_cli_taken_locked(c);
+        char why[sizeof c->why];
+        snprintf(why, sizeof why, "%s", c->why);
+        pthread_mutex_unlock(&c->mu);
+        if (got)
+            return SP_OK;
+        if (!open)
+            return drain_closed(c, out, why, err);
+        struct pollfd p[2] = {{.fd = c->bulk_fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
+        int r = poll(p, 2, timeout_ms == 0 ? 0 : ms_left(until));
+        if (r == 0)
+            return sp_errf(err, SP_ERR_TIMEOUT, "no message from %s:%d within %d ms", c->host, c->port, timeout_ms);
+        if (r < 0 && errno != EINTR)
+            return sp_errf(err, SP_ERR_IO, "poll: %s", strerror(errno));
+        if (r < 0)
+            continue;
+        if (p[1].revents) {
+            uint64_t v;
+            ssize_t n = read(c->wake_fd, &v, sizeof v);
+            (void)n;
+        }
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        uint8_t *dst;
+        size_t want;
+        tp_rxstream_target(&c->drs, &dst, &want);
+        ssize_t n = recv(c->bulk_fd, dst, want, 0);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n <= 0) {
+            tp_cli_fail(c, "bulk channel closed");
+            continue;
+        }
+        sp_err e2 = {0};
+        int code = 0;
+        int st = tp_rxstream_advance(&c->drs, (size_t)n, &c->lim, NULL, NULL, out, &code, &e2);
+        if (st == RX_BAD) {
+            sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, e2.msg);
+            tp_cli_fail(c, e2.msg);
+        } else if (st == RX_DONE) {
+            return SP_OK;
+        }
+    }
+}
+
