@@ -682,6 +682,16 @@ static q8i_fn q8i_for(void)
 
 #define TILE_ROWS 256
 
+/* Parts of a product for the pool: about 64K weights each (a part a preempted thread holds is what the
+ * others may wait for), at least one per thread, at most one per 16 rows. */
+static int mul_parts(const sp_qmat *W, sp_pool *pool)
+{
+    long units = (W->rows + 15) / 16, want = (long)W->rows * W->cols / 65536, n = sp_pool_threads(pool);
+    if (want < n)
+        want = n;
+    return (int)(want < units ? want : units);
+}
+
 void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
 {
     if (B <= 0 || W->rows <= 0)
@@ -702,7 +712,7 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
                 j.q8i = NULL; /* no room: the f32 kernel */
             }
         }
-        sp_pool_run(pool, mul_part, &j);
+        sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
         return;
     }
     if (W->type == SP_W_F32) {
@@ -718,7 +728,7 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
             if (!tmp)
                 return;
             mul_job j = {W, X + (size_t)b0 * W->cols, tmp, nb, dot_for(W), NULL, NULL, NULL};
-            sp_pool_run(pool, mul_part, &j);
+            sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
             for (int b = 0; b < nb; b++)
                 memcpy(Y + (size_t)(b0 + b) * W->rows, tmp + (size_t)b * W->rows, (size_t)W->rows * sizeof(float));
             free(tmp);

@@ -95,6 +95,8 @@ static sp_status load_local_parts(sp_model *m, sp_safetensors *st, unsigned part
         } else if (!s) {
             s = map_tensor(m, st, "lm_head.weight", &m->lm_head, c->vocab, c->hidden, &m->head_mapped, err);
         }
+        if (!s)
+            m->head_q = sp_qmat_f32(m->lm_head, c->vocab, c->hidden);
     }
     return s;
 }
@@ -163,6 +165,7 @@ void sp_model_free(sp_model *m)
     for (int i = 0; m->blocks && i < m->last - m->first; i++)
         sp_block_free(&m->blocks[i]);
     free(m->blocks);
+    sp_qmat_free(&m->head_q);
     if (!m->head_is_embed && !m->head_mapped)
         free(m->lm_head);
     if (!m->embed_mapped)
@@ -174,6 +177,32 @@ void sp_model_free(sp_model *m)
     free(m->norm_b);
     sp_ws_free(&m->ws);
     free(m);
+}
+
+sp_status sp_model_quantize(sp_model *m, sp_wtype t, int head, sp_err *err)
+{
+    for (int i = 0; i < m->last - m->first; i++) {
+        sp_status s = sp_block_quantize(&m->blocks[i], t, err);
+        if (s)
+            return sp_err_prefix(err, "block %d to %s: ", m->first + i, sp_wtype_name(t));
+    }
+    if (!head || !m->lm_head || t == m->head_q.type)
+        return SP_OK;
+    sp_qmat q;
+    sp_status s = t == SP_W_F32 ? (q = sp_qmat_f32(m->lm_head, m->cfg.vocab, m->cfg.hidden), SP_OK)
+                                : sp_qmat_encode(&q, t, m->lm_head, m->cfg.vocab, m->cfg.hidden, err);
+    if (s)
+        return sp_err_prefix(err, "LM head to %s: ", sp_wtype_name(t));
+    sp_qmat_free(&m->head_q);
+    m->head_q = q;
+    return SP_OK;
+}
+
+void sp_model_set_pool(sp_model *m, sp_pool *pool)
+{
+    m->pool = pool;
+    for (int i = 0; i < m->last - m->first; i++)
+        m->blocks[i].pool = pool ? pool : sp_pool_default();
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -271,12 +300,10 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     if (!tmp)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status s = sp_model_final_norm(m, tmp, hidden, n, err);
-    if (!s && n <= 8) { /* a decode step: the engine's kernels over the pool */
-        sp_qmat W = sp_qmat_f32(m->lm_head, m->cfg.vocab, H);
-        sp_qmat_mul(&W, tmp, logits, n, sp_pool_default());
-    } else if (!s) {
+    if (!s && m->head_q.q) /* decode on the engine's kernels and pool (no BLAS threads), a batch on sgemm */
+        sp_qmat_mul(&m->head_q, tmp, logits, n, m->pool ? m->pool : sp_pool_default());
+    else if (!s)
         sp_linear_forward(logits, tmp, m->lm_head, NULL, n, H, m->cfg.vocab);
-    }
     if (tmp != small)
         free(tmp);
     return s;

@@ -27,6 +27,9 @@ typedef struct sp_model {
     float *norm, *norm_b;   /* final norm [H] or NULL; norm_b: its bias (LayerNorm families) */
     float *lm_head;         /* [V, H]; == embed when tied and both loaded */
     int head_is_embed;      /* lm_head aliases embed */
+    sp_qmat head_q;         /* the head as the engine's kernels read it: a view of lm_head, or its encoding after
+                             * sp_model_quantize (lm_head then stays for the embeddings and training) */
+    sp_pool *pool;          /* the blocks' and the head's thread pool (NULL: the engine's default; sp_model_set_pool) */
     sp_block *blocks;       /* last - first of them */
     sp_ws ws;               /* scratch for the runner's own calls */
     uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
@@ -42,6 +45,12 @@ typedef struct sp_model {
  * bloom, falcon, mixtral)") for other families. */
 sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_err *err);
 void sp_model_free(sp_model *m);
+
+/* Re-encodes the held blocks' projections (sp_block_quantize) and, with head set, the LM head in t, as a
+ * server holding those blocks in --dtype t would (decode through the engine's kernels for that encoding). */
+sp_status sp_model_quantize(sp_model *m, sp_wtype t, int head, sp_err *err);
+/* The thread pool the held blocks and the head run on (NULL: the engine's default pool). */
+void sp_model_set_pool(sp_model *m, sp_pool *pool);
 
 /* A KV cache for every held block. */
 typedef struct sp_model_cache {

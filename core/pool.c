@@ -1,5 +1,6 @@
 /* pool.c - a persistent thread pool: a job generation counter the workers wait on (spinning briefly, then
- * FUTEX_WAIT), a count of workers still in the job the caller waits on the same way. */
+ * FUTEX_WAIT); the job's parts taken one at a time from a ticket by whichever thread is running (the caller
+ * too), and a count of parts done the caller waits on the same way. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -27,12 +28,13 @@ struct sp_pool {
     int n;                /* threads, the caller included */
     pthread_t *th;
     int started;          /* workers created */
-    sp_pool_fn fn;
+    sp_pool_fn fn;        /* the job: valid while one of its parts is untaken or running */
     void *ctx;
+    uint64_t ticket;      /* the job's generation << 32 | its parts << 16 | the next part to take */
     uint32_t gen;         /* futex: bumped for every job (and for stop) */
-    uint32_t pending;     /* futex: workers still in the job */
+    uint32_t done;        /* futex: parts of the job finished */
     uint32_t sleepers;    /* workers in FUTEX_WAIT on gen (a job wakes them only if some sleep) */
-    uint32_t waiting;     /* the caller is in FUTEX_WAIT on pending */
+    uint32_t waiting;     /* the caller is in FUTEX_WAIT on done */
     int stop;
     int spin_ns;
     pthread_mutex_t busy; /* one job at a time */
@@ -65,6 +67,31 @@ int sp_cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
+/* Takes and runs parts of job `gen` until none is left; the parts it ran are counted in done. A thread that
+ * comes late (the job is over, or another one has begun) takes nothing: the generation in the ticket differs,
+ * or every part is taken. A part taken means its job cannot end before it is done, so fn and ctx, read after
+ * the take, are that job's. */
+static void take_parts(sp_pool *p, uint32_t gen)
+{
+    uint64_t t = __atomic_load_n(&p->ticket, __ATOMIC_ACQUIRE);
+    for (;;) {
+        uint32_t parts = (uint32_t)(t >> 16) & 0xffff, i = (uint32_t)t & 0xffff;
+        if ((uint32_t)(t >> 32) != gen || i >= parts)
+            return;
+        if (!__atomic_compare_exchange_n(&p->ticket, &t, t + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue; /* t now holds the current ticket */
+        sp_pool_fn fn = p->fn;
+        void *ctx = p->ctx;
+        int was = in_job;
+        in_job = 1;
+        fn(ctx, (int)i, (int)parts);
+        in_job = was;
+        if (__atomic_add_fetch(&p->done, 1, __ATOMIC_ACQ_REL) == parts && __atomic_load_n(&p->waiting, __ATOMIC_SEQ_CST))
+            futex(&p->done, FUTEX_WAKE, 1);
+        t = __atomic_load_n(&p->ticket, __ATOMIC_ACQUIRE);
+    }
+}
+
 typedef struct worker_arg {
     sp_pool *p;
     int id;
@@ -74,7 +101,6 @@ static void *worker_main(void *arg)
 {
     worker_arg *w = arg;
     sp_pool *p = w->p;
-    int id = w->id;
     free(w);
     uint32_t seen = 0; /* the generation at creation: a job posted before this thread ran is still seen */
     for (;;) {
@@ -96,12 +122,7 @@ static void *worker_main(void *arg)
         seen = g;
         if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
             return NULL;
-        in_job = 1;
-        p->fn(p->ctx, id, p->n);
-        in_job = 0;
-        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0 &&
-            __atomic_load_n(&p->waiting, __ATOMIC_SEQ_CST))
-            futex(&p->pending, FUTEX_WAKE, 1);
+        take_parts(p, g);
     }
 }
 
@@ -152,33 +173,42 @@ int sp_pool_threads(const sp_pool *p) { return p ? p->n : 1; }
 
 void sp_pool_set_spin(sp_pool *p, int us) { __atomic_store_n(&p->spin_ns, us > 0 ? us * 1000 : 0, __ATOMIC_RELAXED); }
 
-void sp_pool_run(sp_pool *p, sp_pool_fn fn, void *ctx)
+void sp_pool_run_parts(sp_pool *p, sp_pool_fn fn, void *ctx, int parts)
 {
-    if (!p || p->n <= 1 || in_job || pthread_mutex_trylock(&p->busy)) {
+    if (parts < 1)
+        parts = 1;
+    if (parts > 0xffff)
+        parts = 0xffff;
+    if (!p || p->n <= 1 || parts == 1 || in_job || pthread_mutex_trylock(&p->busy)) {
         int was = in_job;
         in_job = 1;
-        fn(ctx, 0, 1);
+        fn(ctx, 0, 1); /* the whole job as one part */
         in_job = was;
         return;
     }
+    /* publish the job: fn, ctx and done first, then the ticket, then the generation the workers wait on */
+    uint32_t g = __atomic_load_n(&p->gen, __ATOMIC_RELAXED) + 1;
+    if (g == 0) /* the ticket's generation 0 never names a job */
+        g = 1;
     p->fn = fn;
     p->ctx = ctx;
-    __atomic_store_n(&p->pending, (uint32_t)(p->n - 1), __ATOMIC_RELEASE);
-    __atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->ticket, (uint64_t)g << 32 | (uint64_t)parts << 16, __ATOMIC_RELEASE);
+    __atomic_store_n(&p->gen, g, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST))
         futex(&p->gen, FUTEX_WAKE, INT_MAX);
-    in_job = 1;
-    fn(ctx, 0, p->n);
-    in_job = 0;
-    /* wait for the others: spin briefly, then sleep on pending */
+    /* the caller takes parts too: a worker that is not running (asleep, or its core taken by another
+     * process) takes none, and nothing waits for it */
+    take_parts(p, g);
+    /* wait for the parts others took: spin briefly, then sleep on done */
     uint64_t until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
     int spins = 0;
-    uint32_t left;
-    while ((left = __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) != 0) {
+    uint32_t d;
+    while ((d = __atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) != (uint32_t)parts) {
         if ((++spins & 63) == 0 && now_ns() >= until) {
             __atomic_store_n(&p->waiting, 1, __ATOMIC_SEQ_CST);
-            if ((left = __atomic_load_n(&p->pending, __ATOMIC_SEQ_CST)) != 0)
-                futex(&p->pending, FUTEX_WAIT, left);
+            if ((d = __atomic_load_n(&p->done, __ATOMIC_SEQ_CST)) != (uint32_t)parts)
+                futex(&p->done, FUTEX_WAIT, d);
             __atomic_store_n(&p->waiting, 0, __ATOMIC_SEQ_CST);
         } else {
             CPU_RELAX();
@@ -186,6 +216,8 @@ void sp_pool_run(sp_pool *p, sp_pool_fn fn, void *ctx)
     }
     pthread_mutex_unlock(&p->busy);
 }
+
+void sp_pool_run(sp_pool *p, sp_pool_fn fn, void *ctx) { sp_pool_run_parts(p, fn, ctx, p ? p->n : 1); }
 
 /* ---------------------------------------------------------------------------------------------- */
 

@@ -1,9 +1,14 @@
 /* pool.h - the engine's one persistent thread pool (decode matvecs, attention, element-wise work).
  *
- * sp_pool_run(p, fn, ctx) runs fn(ctx, i, n) for every i in 0..n-1 on n threads, the caller being thread 0,
- * and returns when all are done. Workers that have no job spin for a short while (a decode step's next matvec
- * comes within microseconds) and then sleep on a futex, so an idle process, or one whose cores are taken by
- * others, gives them back: nothing spins for longer than the spin budget.
+ * sp_pool_run_parts(p, fn, ctx, n) runs fn(ctx, i, n) once for every part i in 0..n-1 and returns when all
+ * are done. The parts are taken one at a time by whichever of the pool's threads is running, the caller
+ * included: a worker that is asleep or whose core another process holds takes none, and the caller never
+ * waits for it (it waits only for parts already taken), so a contended machine costs a job at most the part
+ * a preempted thread holds, not a whole time slice per job. More parts than threads balance better; each costs
+ * an atomic operation. sp_pool_run(p, fn, ctx) is sp_pool_run_parts with one part per thread.
+ * Workers that have no job spin for a short while (a decode step's next matvec comes within microseconds) and
+ * then sleep on a futex, so an idle process, or one whose cores are taken by others, gives them back: nothing
+ * spins for longer than the spin budget.
  *
  * One job at a time: a call while another thread's job runs (two server workers, say), or from inside a job,
  * runs fn(ctx, 0, 1) on the calling thread instead of waiting. fn must accept any n >= 1. */
@@ -21,6 +26,8 @@ int sp_pool_threads(const sp_pool *p);
 void sp_pool_set_spin(sp_pool *p, int us);
 
 void sp_pool_run(sp_pool *p, sp_pool_fn fn, void *ctx);
+/* n parts (at most 65535), taken by whichever thread is free. */
+void sp_pool_run_parts(sp_pool *p, sp_pool_fn fn, void *ctx, int n);
 
 /* The CPUs this process may run on (at least 1). */
 int sp_cpu_count(void);

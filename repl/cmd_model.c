@@ -1,5 +1,6 @@
 /* cmd_model.c - `model info|check|generate|convert-llama2c`: a model directory used locally, without the swarm
  * (also `sepal model ...` from the shell). Exit statuses there: 0, 1 failure, 2 unsupported or usage. */
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -327,17 +328,25 @@ static int stream_piece(int row, int token, const char *text, void *user)
     return 0;
 }
 
-/* Generation with every block in this process: the same generator, sampler and options as `generate`. */
-static int model_generate(sp_app *app, const char *dir, const char *prompt, const sp_gen_opts *opts)
+/* Generation with every block in this process: the same generator, sampler and options as `generate`; the
+ * blocks and the head encoded in dtype (as a server's --dtype encodes its blocks), on a pool of `threads`
+ * threads (0: the engine's default pool, every CPU) with OpenBLAS (prefill, large products) at as many. */
+static int model_generate(sp_app *app, const char *dir, const char *prompt, const sp_gen_opts *opts, sp_wtype dtype,
+                          int threads)
 {
     sp_err err = {0};
     sp_tokenizer *tok = NULL;
     sp_model *m = NULL;
+    sp_pool *pool = NULL;
     int32_t *ids = NULL;
-    int *raw = NULL, n = 0, rc = CLI_OK;
+    int *raw = NULL, n = 0, rc = CLI_OK, blas_was = openblas_get_num_threads();
     sp_gen_opts o = *opts;
+    if (threads > 0 && !(pool = sp_pool_new(threads))) {
+        rc = sp_app_error(app, "model generate: cannot start %d threads", threads);
+        goto done;
+    }
     if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load(&m, dir, SP_LOAD_ALL, 0, -1, &err) ||
-        sp_tokenizer_encode(tok, prompt, 1, &raw, &n, &err)) {
+        sp_model_quantize(m, dtype, 1, &err) || sp_tokenizer_encode(tok, prompt, 1, &raw, &n, &err)) {
         rc = fail_err(app, &err);
         goto done;
     }
@@ -362,6 +371,10 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
     stream_ctx sc = {.app = app};
     sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = prompt};
     sp_emit(app, &begin);
+    if (pool) {
+        sp_model_set_pool(m, pool);
+        openblas_set_num_threads(threads);
+    }
     sp_lm_local loc;
     sp_lm lm = sp_lm_local_make(&loc, m);
     sp_gen_result r;
@@ -385,6 +398,10 @@ done:
     free(ids);
     sp_model_free(m);
     sp_tokenizer_free(tok);
+    if (pool) {
+        sp_pool_free(pool);
+        openblas_set_num_threads(blas_was);
+    }
     return rc;
 }
 
@@ -413,7 +430,8 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     o.stop_at_eos = !sp_arg_given(a, "--ignore-eos");
     o.min_new = (int)sp_arg_int(app, a, "--min-new-tokens", 0);
     o.cancel = &app->cancel;
-    return model_generate(app, a->pos[0], prompt, &o);
+    return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, "--dtype", SP_W_F32),
+                          (int)sp_arg_int(app, a, "--threads", 0));
 }
 
 static int cmd_convert(sp_app *app, const sp_args *a)
@@ -441,6 +459,9 @@ static const sp_opt gen_opts[] = {
      "go on past the end-of-text token until --max-new-tokens"},
     {"--min-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "0",
      "the end-of-text token cannot come before N new tokens"},
+    {"--dtype", SP_OPT_CHOICE, NULL, 0, 0, "f32|bf16|int8|nf4", NULL, "f32",
+     "the blocks and the LM head encoded so, as sepal-server --dtype encodes its blocks"},
+    {"--threads", SP_OPT_INT, "N", 1, 256, NULL, NULL, "all CPUs", "compute threads (the engine's pool and OpenBLAS)"},
     {0},
 };
 

@@ -271,6 +271,41 @@ START_TEST(t_pool_parts)
 }
 END_TEST
 
+typedef struct many_job {
+    int hits[600];
+    int n_seen;
+} many_job;
+
+static void many_part(void *ctx, int i, int n)
+{
+    many_job *j = ctx;
+    __atomic_add_fetch(&j->hits[i], 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&j->n_seen, n, __ATOMIC_SEQ_CST);
+}
+
+/* More parts than threads: each part once, whichever thread takes it; workers asleep or busy elsewhere take
+ * none and the job still ends (the caller takes what is left). */
+START_TEST(t_pool_many_parts)
+{
+    for (int threads = 1; threads <= 3; threads++) {
+        sp_pool *p = sp_pool_new(threads);
+        ck_assert_ptr_nonnull(p);
+        for (int k = 0; k < 3000; k++) {
+            int parts = 1 + (k * 37) % 599;
+            if (k == 1500)
+                sp_pool_set_spin(p, 0);
+            many_job j = {0};
+            sp_pool_run_parts(p, many_part, &j, parts);
+            int want = threads == 1 ? 1 : parts; /* one thread runs the job whole, as one part */
+            ck_assert_int_eq(j.n_seen, want);
+            for (int i = 0; i < 600; i++)
+                ck_assert_int_eq(j.hits[i], i < want ? 1 : 0);
+        }
+        sp_pool_free(p);
+    }
+}
+END_TEST
+
 static void *concurrent_caller(void *arg)
 {
     sp_pool *p = arg;
@@ -349,6 +384,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_kernels_levels);
     tcase_add_test(tc, t_large_batches);
     tcase_add_test(tc, t_pool_parts);
+    tcase_add_test(tc, t_pool_many_parts);
     tcase_add_test(tc, t_pool_concurrent);
     tcase_add_test(tc, t_pool_idle);
     suite_add_tcase(s, tc);
