@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kern.h"
 #include "swarm_impl.h"
 #include "timeutil.h"
 
@@ -100,6 +101,21 @@ void sp_runtime_free(sp_runtime *rt)
     free(rt);
 }
 
+sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err)
+{
+    if (t < 0 || t >= SP_W__COUNT)
+        return sp_errf(err, SP_ERR_ARG, "head dtype %d: expected f32, bf16, int8 or nf4", t);
+    if (rt->local && t != rt->head_dtype) {
+        sp_status st = sp_model_quantize(rt->local, (sp_wtype)t, 1, err);
+        if (st)
+            return st;
+        sp_rt_emitf(rt, SP_EV_INFO, 0, "the LM head is now %s (%.1f MB)", sp_wtype_name((sp_wtype)t),
+                    (double)sp_qmat_bytes((sp_wtype)t, rt->local->cfg.vocab, rt->local->cfg.hidden) / 1e6);
+    }
+    rt->head_dtype = t;
+    return SP_OK;
+}
+
 sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err)
 {
     sp_model *m = NULL;
@@ -119,6 +135,11 @@ sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err)
         sp_model_free(m);
         return st;
     }
+    if (!st && rt->head_dtype != SP_W_F32 && (st = sp_model_quantize(m, (sp_wtype)rt->head_dtype, 1, err))) {
+        sp_tokenizer_free(tok);
+        sp_model_free(m);
+        return st;
+    }
     sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
     sp_model_free(rt->local);
     sp_tokenizer_free(rt->tok);
@@ -126,9 +147,12 @@ sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err)
     rt->tok = tok;
     snprintf(rt->model_dir, sizeof rt->model_dir, "%s", dir);
     sp_model_prefix(dir, rt->model_prefix, sizeof rt->model_prefix);
-    sp_rt_emitf(rt, SP_EV_INFO, 0, "loaded %s: %s, %d blocks, hidden %d, vocab %d%s (%.1f MB of local parts)", dir,
+    char head[48] = "";
+    if (rt->head_dtype != SP_W_F32)
+        snprintf(head, sizeof head, "; LM head in %s", sp_wtype_name((sp_wtype)rt->head_dtype));
+    sp_rt_emitf(rt, SP_EV_INFO, 0, "loaded %s: %s, %d blocks, hidden %d, vocab %d%s (%.1f MB of local parts%s)", dir,
                 m->cfg.architecture, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab, tok ? "" : ", no tokenizer",
-                (double)m->bytes_loaded / 1e6);
+                (double)m->bytes_loaded / 1e6, head);
     return sp_rt_view_follow_model(rt, err); /* a swarm joined before: follow this model's servers */
 }
 

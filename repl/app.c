@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern.h"
 #include "log.h"
 #include "paths.h"
 #include "runtime.h"
@@ -134,6 +135,14 @@ sp_runtime *sp_app_runtime(sp_app *app)
     snprintf(set->allowed, sizeof set->allowed, "%s", sp_app_get(app, "allowed-servers"));
     snprintf(set->blocked, sizeof set->blocked, "%s", sp_app_get(app, "blocked-servers"));
     pthread_mutex_unlock(&app->rt->lock);
+    sp_wtype ht;
+    sp_err derr = {0};
+    if (!sp_wtype_parse(sp_app_get(app, "dtype"), &ht) && (int)ht != app->rt->head_dtype &&
+        sp_runtime_set_head_dtype(app->rt, (int)ht, &derr)) {
+        sp_app_error(app, "dtype: %s", derr.msg);
+        sp_app_set(app, "dtype", sp_wtype_name((sp_wtype)app->rt->head_dtype), NULL, 0); /* the one in use stays */
+        return NULL;
+    }
     const char *key = sp_app_get(app, "swarm-key");
     char path[sizeof app->rt->key_path];
     sp_expand_home(key, path, sizeof path);
@@ -189,6 +198,9 @@ void sp_app_init(sp_app *app, sp_sink sink)
     sp_app_define(app, "allowed-servers", SP_OPT_STR, 0, 0, NULL, "",
                   "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
     sp_app_define(app, "blocked-servers", SP_OPT_STR, 0, 0, NULL, "", "never route through these servers (same forms)");
+    sp_app_define(app, "dtype", SP_OPT_CHOICE, 0, 0, "f32|bf16|int8|nf4", "f32",
+                  "the client's LM head for generation: f32 uses the checkpoint's tensor in place; bf16, int8 (blocks "
+                  "of 32 with a scale) and nf4 are encoded copies, smaller and faster per token (training keeps f32)");
     sp_app_define(app, "swarm-key", SP_OPT_STR, 0, 0, NULL, "",
                   "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove it both ways and "
                   "DHT records without its tag are dropped; empty is none");

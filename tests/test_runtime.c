@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "generate.h"
+#include "kern.h"
 #include "rng.h"
 #include "runtime.h"
 #include "server.h"
@@ -278,6 +279,63 @@ START_TEST(t_forward_backward_over_route)
 }
 END_TEST
 
+/* The local LM head in another encoding (the `dtype` setting): set before a load it applies at the load, set
+ * after it re-encodes; logits stay close to f32's (bounds from the encodings' precision), f32 again is exact. */
+START_TEST(t_head_dtype)
+{
+    sp_err err = {0};
+    sp_runtime *ref = NULL, *rt = NULL;
+    ck_assert_int_eq(sp_runtime_new(&ref, NULL, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(ref, GQA, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(sp_runtime_set_head_dtype(rt, SP_W_Q8, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(rt->local->head_q.type, SP_W_Q8);
+    ck_assert_int_eq(ref->local->head_q.type, SP_W_F32);
+    int H = ref->local->cfg.hidden, V = ref->local->cfg.vocab, N = 3;
+    float *x = malloc(sizeof(float) * N * H), *want = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
+    sp_rng rng;
+    sp_rng_seed(&rng, 11);
+    for (int i = 0; i < N * H; i++)
+        x[i] = sp_rng_normal(&rng);
+    ck_assert_int_eq(sp_model_head(ref->local, want, x, N, &err), SP_OK);
+    const struct { sp_wtype t; double tol; } cases[] = {{SP_W_Q8, 0.03}, {SP_W_BF16, 0.01}, {SP_W_NF4, 0.25}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ck_assert_int_eq(sp_runtime_set_head_dtype(rt, cases[c].t, &err), SP_OK);
+        ck_assert_int_eq(rt->local->head_q.type, cases[c].t);
+        ck_assert_int_eq(sp_model_head(rt->local, got, x, N, &err), SP_OK);
+        for (int n = 0; n < N; n++) {
+            const float *w = want + (size_t)n * V, *g = got + (size_t)n * V;
+            double ss = 0, es = 0;
+            int am = 0, gm = 0;
+            for (int v = 0; v < V; v++) {
+                ss += (double)w[v] * w[v];
+                es += ((double)g[v] - w[v]) * ((double)g[v] - w[v]);
+                am = w[v] > w[am] ? v : am;
+                gm = g[v] > g[gm] ? v : gm;
+            }
+            double rel = sqrt(es / ss);
+            ck_assert_msg(rel < cases[c].tol, "%s: relative error %.4f of the logits (bound %.2f)",
+                          sp_wtype_name(cases[c].t), rel, cases[c].tol);
+            ck_assert_msg(rel > 0 || cases[c].t == SP_W_F32, "%s: the head was not re-encoded", sp_wtype_name(cases[c].t));
+            /* the chosen token is the best one, or one within the error of it */
+            ck_assert_msg(w[am] - w[gm] <= 3 * rel * sqrt(ss / V), "%s: argmax %d (%.4f) vs %d (%.4f)",
+                          sp_wtype_name(cases[c].t), gm, w[gm], am, w[am]);
+        }
+    }
+    ck_assert_int_eq(sp_runtime_set_head_dtype(rt, SP_W_F32, &err), SP_OK);
+    ck_assert_int_eq(sp_model_head(rt->local, got, x, N, &err), SP_OK);
+    ck_assert_msg(!memcmp(got, want, sizeof(float) * N * V), "f32 again is not f32's logits");
+    ck_assert_int_ne(sp_runtime_set_head_dtype(rt, 99, &err), SP_OK);
+    ck_assert_ptr_nonnull(strstr(err.msg, "expected f32, bf16, int8 or nf4"));
+    free(x);
+    free(want);
+    free(got);
+    sp_runtime_free(rt);
+    sp_runtime_free(ref);
+}
+END_TEST
+
 START_TEST(t_errors)
 {
     sp_runtime *rt = NULL;
@@ -312,6 +370,7 @@ int main(void)
     tcase_add_test(tc, t_swarm_equals_local);
     tcase_add_test(tc, t_beams_score_at_least_greedy);
     tcase_add_test(tc, t_forward_backward_over_route);
+    tcase_add_test(tc, t_head_dtype);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
