@@ -56,10 +56,17 @@ void tp_conn_release(sp_ws_server *s, conn *c, int last)
     s->live--;
     int report = c->opened && !c->reported;
     c->reported = 1;
+    if (report)
+        c->pins++; /* c stays while on_close runs: a worker releasing its last message cannot free it meanwhile */
+    else
+        conn_free_if_done(s, c);
     pthread_mutex_unlock(&s->mu);
-    if (report) /* on_close exactly once, after every on_message (each channel delivers only before it lets go) */
-        s->on_close(s->user, c->id);
+    if (!report)
+        return;
+    s->on_close(s->user, c->id); /* exactly once, after every on_message (each channel delivers only before it
+                                  * lets go) */
     pthread_mutex_lock(&s->mu);
+    c->pins--;
     conn_free_if_done(s, c);
     pthread_mutex_unlock(&s->mu);
 }
