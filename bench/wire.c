@@ -190,10 +190,16 @@ static int ws_round(sp_ws_client *c, sp_buf *b, sp_err *err)
     return sp_ws_client_recv(c, b, 60000, err) ? -1 : 0;
 }
 
+/* bulk 0: websocket only; 1: the bulk channel for messages >= 64 KiB; 2: every message over the bulk channel
+ * and replies read on it by the caller (sp_remote's mode: bulk_threshold 1, direct_recv). */
 static sp_ws_client *ws_connect(int bulk, sp_err *err)
 {
     sp_ws_client *c = NULL;
-    if (sp_ws_client_connect(&c, "127.0.0.1", sp_ws_server_port(g_server), NULL, 5000, err))
+    sp_transport_opts to;
+    sp_transport_opts_default(&to);
+    if (bulk == 2)
+        to.bulk_threshold = 1, to.direct_recv = 1;
+    if (sp_ws_client_connect(&c, "127.0.0.1", sp_ws_server_port(g_server), &to, 5000, err))
         return NULL;
     if (!bulk)
         return c;
@@ -222,7 +228,7 @@ typedef struct paths {
     int raw_fd;
     uint8_t *raw_buf;
     int echo_started;
-    sp_ws_client *ws, *bulk;
+    sp_ws_client *ws, *bulk, *direct;
     sp_buf ws_buf, bulk_buf; /* travel back and forth: the echo of one round is the next message */
     sp_err err;
 } paths;
@@ -262,20 +268,24 @@ static int run_throughput(paths *p, const opts *o, double mbs[3])
 }
 
 /* Small-message round trips: median and p99 in microseconds, after 100 warm-up rounds. */
-static int run_rtt(paths *p, const opts *o, double ws[2], double raw[2])
+static int run_rtt(paths *p, const opts *o, double ws[2], double raw[2], double direct[2])
 {
     double *ts = calloc((size_t)o->rtt, sizeof(double)), *tr = calloc((size_t)o->rtt, sizeof(double));
-    sp_buf b = {0};
-    int bad = !ts || !tr || make_msg(&b, (size_t)o->small);
+    double *td = calloc((size_t)o->rtt, sizeof(double));
+    sp_buf b = {0}, d = {0};
+    int bad = !ts || !tr || !td || make_msg(&b, (size_t)o->small) || make_msg(&d, (size_t)o->small);
     for (int i = -100; i < o->rtt && !bad; i++) {
         uint64_t t0 = sp_now_ns();
         bad = ws_round(p->ws, &b, &p->err);
         uint64_t t1 = sp_now_ns();
         bad = bad || raw_round(p->raw_fd, 1, p->raw_buf, (size_t)o->small);
         uint64_t t2 = sp_now_ns();
+        bad = bad || ws_round(p->direct, &d, &p->err);
+        uint64_t t3 = sp_now_ns();
         if (i >= 0) {
             ts[i] = (double)(t1 - t0) / 1e3;
             tr[i] = (double)(t2 - t1) / 1e3;
+            td[i] = (double)(t3 - t2) / 1e3;
         }
     }
     if (!bad) {
@@ -283,10 +293,14 @@ static int run_rtt(paths *p, const opts *o, double ws[2], double raw[2])
         ws[1] = ts[(size_t)((o->rtt - 1) * 0.99)];
         raw[0] = median(tr, o->rtt);
         raw[1] = tr[(size_t)((o->rtt - 1) * 0.99)];
+        direct[0] = median(td, o->rtt);
+        direct[1] = td[(size_t)((o->rtt - 1) * 0.99)];
     }
     sp_buf_free(&b);
+    sp_buf_free(&d);
     free(ts);
     free(tr);
+    free(td);
     return bad ? -1 : 0;
 }
 
@@ -306,7 +320,10 @@ static int setup(paths *p, const opts *o, raw_echo *re, pthread_t *th, int fds[2
 {
     size_t n = (size_t)o->size_mib << 20;
     sp_err err = {0};
-    if (sp_ws_server_start(&g_server, NULL, on_message, on_close, NULL, &err)) {
+    sp_transport_opts so;
+    sp_transport_opts_default(&so);
+    so.bulk_threshold = 1; /* replies go back on the channel a client attached (as sepal-server does) */
+    if (sp_ws_server_start(&g_server, &so, on_message, on_close, NULL, &err)) {
         fprintf(stderr, "wire: %s\n", err.msg);
         return -1;
     }
@@ -322,7 +339,8 @@ static int setup(paths *p, const opts *o, raw_echo *re, pthread_t *th, int fds[2
     p->echo_started = 1;
     p->ws = ws_connect(0, &p->err);
     p->bulk = p->ws ? ws_connect(1, &p->err) : NULL;
-    if (!p->bulk) {
+    p->direct = p->bulk ? ws_connect(2, &p->err) : NULL;
+    if (!p->direct) {
         fprintf(stderr, "wire: %s\n", p->err.msg);
         return -1;
     }
@@ -338,12 +356,12 @@ int main(int argc, char **argv)
     raw_echo re;
     pthread_t th;
     int fds[2] = {-1, -1}, rc = 1;
-    double mbs[3], ws[2], raw[2];
+    double mbs[3], ws[2], raw[2], direct[2];
     if (setup(&p, &o, &re, &th, fds) == 0) {
         printf("wire: loopback, %d MiB messages echoed, %d round trips per rep, %d reps (A B C alternating, "
                "median)\n", o.size_mib, o.msgs, o.reps);
         fflush(stdout);
-        if (run_throughput(&p, &o, mbs) || run_rtt(&p, &o, ws, raw) || verify(&p, &o)) {
+        if (run_throughput(&p, &o, mbs) || run_rtt(&p, &o, ws, raw, direct) || verify(&p, &o)) {
             fprintf(stderr, "wire: run failed: %s\n", p.err.msg[0] ? p.err.msg : "echo differs");
         } else {
             printf("  raw TCP          %8.1f MB/s\n", mbs[0]);
@@ -351,12 +369,16 @@ int main(int argc, char **argv)
             printf("  sp_ws + bulk     %8.1f MB/s   bulk/raw %.3f   (goal >= 0.5)\n", mbs[2], mbs[2] / mbs[0]);
             printf("small message RTT, %d B, %d round trips:\n", o.small, o.rtt);
             printf("  sp_ws            median %7.1f us   p99 %7.1f us\n", ws[0], ws[1]);
+            printf("  sp_ws + bulk, direct (sp_remote's mode) median %7.1f us   p99 %7.1f us\n", direct[0], direct[1]);
             printf("  raw TCP          median %7.1f us   p99 %7.1f us\n", raw[0], raw[1]);
+            printf("  ratios to raw TCP (medians): ws only %.2f, bulk direct %.2f   (goal <= 2)\n", ws[0] / raw[0],
+                   direct[0] / raw[0]);
             rc = 0;
         }
     }
     sp_ws_client_close(p.ws);
     sp_ws_client_close(p.bulk);
+    sp_ws_client_close(p.direct);
     sp_ws_server_stop(g_server);
     if (fds[0] >= 0)
         shutdown(fds[0], SHUT_RDWR);

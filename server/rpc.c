@@ -19,7 +19,16 @@ typedef struct req {
     uint64_t conn;
     sp_msg m;
     sp_encoding reply_enc;
+    struct session *held; /* a session this request steps: released before its answer goes out (the client's
+                           * next step may arrive at once, on another thread) */
 } req;
+
+static void let_go(req *r)
+{
+    if (r->held)
+        session_release(r->s, r->held);
+    r->held = NULL;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* replies */
@@ -80,6 +89,7 @@ static int fault_hit(req *r, const sp_tensor_src *t, int n)
 
 static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
 {
+    let_go(r);
     if (fault_hit(r, t, n) == 2)
         return;
     sp_buf b = {0};
@@ -108,6 +118,7 @@ static int bad(req *r, const char *code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    let_go(r);
     sp_rpc_error(r->s, r->conn, r->m.request_id, code, "%s", msg);
     return -1;
 }
@@ -540,8 +551,9 @@ static void rpc_step(req *r, sp_ws *ws)
     session *x = session_acquire(r->s, r->conn, (uint64_t)id, &err);
     if (!x)
         return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
+    r->held = x;
     step_compute(r, x, ws);
-    session_release(r->s, x);
+    let_go(r); /* (the answer went out already, unless a fault was injected) */
 }
 
 /* ---------------------------------------------------------------------------------------------- */

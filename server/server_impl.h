@@ -69,6 +69,7 @@ typedef struct task {
     uint64_t conn;
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
+    int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
     struct task *next;
 } task;
 
@@ -99,6 +100,8 @@ struct sp_server {
     int reaper_stop, reaper_started;
     double inference_rps, forward_tps;
     int inline_steps; /* short inference steps run on the transport thread (no hand-off to a worker) */
+    uint64_t step_ns; /* atomic: recent INFERENCE_STEPs' handling time (a moving average, seeded from the measured
+                       * speed): steps run inline while it is under 1 ms, whatever a stale measurement said */
     int blas_threads; /* OpenBLAS threads for large requests (its setting at start) */
     sp_ws inline_ws;  /* scratch of the inline steps */
     pthread_mutex_t inline_lock; /* one inline step at a time (ws and bulk threads may both try) */

@@ -20,6 +20,10 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* server: the bulk thread */
 
+static __thread const sp_ws_server *tl_bulk_thread_of; /* set in the bulk thread: the server it serves */
+
+int tp_on_bulk_thread(const sp_ws_server *s) { return tl_bulk_thread_of == s; }
+
 void tp_wake_bulk(sp_ws_server *s)
 {
     uint64_t one = 1;
@@ -318,6 +322,7 @@ static void bulk_sweep(sp_ws_server *s)
 void *tp_bulk_main(void *arg)
 {
     sp_ws_server *s = arg;
+    tl_bulk_thread_of = s;
     struct pollfd *pfd = NULL;
     size_t cap = 0;
     while (!atomic_load(&s->bulk_stop)) {
@@ -341,9 +346,12 @@ void *tp_bulk_main(void *arg)
         for (size_t i = 0; i < polled; i++) {
             bsock *b = s->socks[i];
             short re = pfd[2 + i].revents;
+            int was_read = 0;
             if (!b->dead && ((re & (POLLIN | POLLHUP | POLLERR)) || b->wait_ns))
-                bulk_read(s, b);
-            if (!b->dead && (re & POLLOUT))
+                bulk_read(s, b), was_read = 1;
+            /* a reply the app sent from this thread while it read (an inline request) goes out now, not after
+             * another round of poll */
+            if (!b->dead && ((re & POLLOUT) || was_read))
                 bulk_write(s, b);
         }
         bulk_sweep(s);

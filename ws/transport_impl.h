@@ -355,6 +355,8 @@ sp_status tp_bulk_listen(sp_ws_server *s, sp_err *err);
 void *tp_bulk_main(void *arg);
 void tp_bulk_close(sp_ws_server *s, bsock *b);
 void tp_wake_bulk(sp_ws_server *s);
+/* Whether the caller is s's bulk thread (which writes what it queued before it polls again: no wake-up). */
+int tp_on_bulk_thread(const sp_ws_server *s);
 
 /* auth.c: the swarm key exchange, server side (service thread): handles an AUTH message (or refuses a
  * message that came before the exchange finished). 0 while it goes on or once done, -1 after c was failed. */

@@ -1002,7 +1002,7 @@ sp_status sp_ws_server_send(sp_ws_server *s, uint64_t id, sp_buf *msg, sp_err *e
     }
     if (bad)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory queueing a message");
-    if (wake_b)
+    if (wake_b && !tp_on_bulk_thread(s))
         tp_wake_bulk(s);
     return SP_OK;
 }
