@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "model.h"
@@ -725,6 +726,98 @@ END_TEST
 /* ---------------------------------------------------------------------------------------------- */
 /* the real binary */
 
+/* The throughput cache: a measurement is stored with the load it ran under and when; a calm, recent entry is
+ * used as is; one taken on an overloaded machine, a week old, or without those fields is measured again. */
+static sp_server *start_measured(const char *cache)
+{
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.start = 0;
+    o.end = 2;
+    o.measure = 1;
+    o.throughput_cache = cache;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
+static cJSON *read_json(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    ck_assert_msg(cJSON_IsObject(j) && j->child, "%s: not a JSON object with an entry", path);
+    return j;
+}
+
+/* Rewrites the file's one entry; a field < -1e299 is left out. */
+static void write_entry(const char *path, const char *key, double rps, double load, double at)
+{
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, key);
+    cJSON_AddNumberToObject(e, "inference_rps", rps);
+    cJSON_AddNumberToObject(e, "forward_tps", 54321);
+    if (load > -1e299)
+        cJSON_AddNumberToObject(e, "load_per_cpu", load);
+    if (at > -1e299)
+        cJSON_AddNumberToObject(e, "measured_at", at);
+    char *text = cJSON_Print(root);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static double rps_of(const char *cache)
+{
+    sp_server *s = start_measured(cache);
+    double inf = 0, fwd = 0;
+    sp_server_throughput(s, &inf, &fwd);
+    sp_server_stop(s);
+    return inf;
+}
+
+START_TEST(t_throughput_cache)
+{
+    char dir[] = "/tmp/sepal-tput-XXXXXX", path[64], key[4096];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/throughput.json", dir);
+    double measured = rps_of(path);
+    ck_assert(measured > 0);
+    cJSON *j = read_json(path);
+    snprintf(key, sizeof key, "%s", j->child->string);
+    const cJSON *e = j->child, *load = cJSON_GetObjectItem(e, "load_per_cpu"), *at = cJSON_GetObjectItem(e, "measured_at");
+    ck_assert_msg(cJSON_IsNumber(load) && load->valuedouble >= 0, "no load_per_cpu in the entry");
+    ck_assert_msg(cJSON_IsNumber(at) && fabs(at->valuedouble - (double)time(NULL)) < 60, "no measured_at in the entry");
+    ck_assert_double_eq_tol(cJSON_GetObjectItem(e, "inference_rps")->valuedouble, measured, 1e-6 * measured);
+    cJSON_Delete(j);
+    double now = (double)time(NULL);
+    write_entry(path, key, 12345, 0.1, now); /* calm and recent: used */
+    ck_assert_double_eq(rps_of(path), 12345);
+    const struct { double load, at; const char *what; } stale[] = {
+        {5.0, now, "overloaded"}, {0.1, now - 8 * 86400.0, "a week old"}, {-1e300, -1e300, "an old entry"}};
+    for (size_t i = 0; i < sizeof stale / sizeof *stale; i++) {
+        write_entry(path, key, 1.0, stale[i].load, stale[i].at);
+        double got = rps_of(path);
+        ck_assert_msg(got != 1.0 && got > 0, "%s entry was used (%.1f steps/s)", stale[i].what, got);
+        j = read_json(path);
+        double stored = cJSON_GetObjectItem(j->child, "inference_rps")->valuedouble;
+        ck_assert_msg(fabs(stored - got) <= 1e-9 * got, "%s: not stored again (%.17g in the file, %.17g measured)", stale[i].what,
+                      stored, got);
+        cJSON_Delete(j);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(t_binary_serves_and_stops)
 {
     int out[2];
@@ -804,6 +897,7 @@ int main(void)
     tcase_add_test(tc, t_bad_requests);
     tcase_add_test(tc, t_malformed_messages);
     tcase_add_test(tc, t_reply_encodings);
+    tcase_add_test(tc, t_throughput_cache);
     tcase_add_test(tc, t_binary_serves_and_stops);
     tcase_add_test(tc, t_binary_bad_arguments);
     suite_add_tcase(s, tc);
