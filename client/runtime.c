@@ -9,7 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "kern.h"
+#include "pool.h"
 #include "swarm_impl.h"
 #include "timeutil.h"
 
@@ -94,6 +97,7 @@ void sp_runtime_free(sp_runtime *rt)
         free(rt->servers[i]);
     free(rt->servers);
     sp_model_free(rt->local);
+    sp_pool_free(rt->pool);
     sp_tokenizer_free(rt->tok);
     pthread_mutex_destroy(&rt->lock);
     pthread_mutex_destroy(&rt->view_lock);
@@ -113,6 +117,24 @@ sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err)
                     (double)sp_qmat_bytes((sp_wtype)t, rt->local->cfg.vocab, rt->local->cfg.hidden) / 1e6);
     }
     rt->head_dtype = t;
+    return SP_OK;
+}
+
+sp_status sp_runtime_set_threads(sp_runtime *rt, int n, sp_err *err)
+{
+    if (n < 0 || n > 256)
+        return sp_errf(err, SP_ERR_ARG, "threads %d: expected 0 (every CPU) to 256", n);
+    if (n == rt->threads)
+        return SP_OK;
+    sp_pool *p = NULL;
+    if (n > 0 && !(p = sp_pool_new(n)))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory starting %d threads", n);
+    if (rt->local)
+        sp_model_set_pool(rt->local, p); /* NULL: the engine's default pool */
+    sp_pool_free(rt->pool);
+    rt->pool = p;
+    rt->threads = n;
+    openblas_set_num_threads(n > 0 ? n : sp_cpu_count()); /* training's large products */
     return SP_OK;
 }
 
@@ -140,6 +162,8 @@ sp_status sp_runtime_load(sp_runtime *rt, const char *dir, sp_err *err)
         sp_model_free(m);
         return st;
     }
+    if (rt->pool)
+        sp_model_set_pool(m, rt->pool);
     sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
     sp_model_free(rt->local);
     sp_tokenizer_free(rt->tok);

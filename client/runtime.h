@@ -107,6 +107,8 @@ typedef struct sp_runtime {
     char model_prefix[SP_MODEL_PREFIX_MAX];
     sp_model *local;       /* embeddings + final norm + head only */
     int head_dtype;        /* sp_wtype of the local LM head (sp_runtime_set_head_dtype; f32: the mapping) */
+    struct sp_pool *pool;  /* the local parts' compute threads (sp_runtime_set_threads; NULL: the engine's default) */
+    int threads;           /* 0: every CPU the process may run on */
     sp_tokenizer *tok;     /* NULL if the model has none */
     sp_rt_settings set;
 
@@ -169,6 +171,10 @@ int sp_runtime_models(sp_runtime *rt, sp_model_record **out);
 /* Encodes the local LM head in t (f32, bf16, int8, nf4) for generation, now if a model is loaded and at every
  * later load; f32 (the default) uses the checkpoint's tensor in place. Training always uses the f32 head. */
 sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err);
+
+/* The client's compute threads (the LM head, training's products): n, or 0 for every CPU the process may run
+ * on; applies to the loaded model and later loads. */
+sp_status sp_runtime_set_threads(sp_runtime *rt, int n, sp_err *err);
 
 /* Starts n local sepal-server processes on loopback as a real swarm (the first starts it, the others join
  * through its DHT node), each choosing its blocks (k each; k = 0: an even split), joins it, and waits until

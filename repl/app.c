@@ -135,6 +135,15 @@ sp_runtime *sp_app_runtime(sp_app *app)
     snprintf(set->allowed, sizeof set->allowed, "%s", sp_app_get(app, "allowed-servers"));
     snprintf(set->blocked, sizeof set->blocked, "%s", sp_app_get(app, "blocked-servers"));
     pthread_mutex_unlock(&app->rt->lock);
+    sp_err terr = {0};
+    double th = sp_app_num(app, "threads");
+    if (!isnan(th) && (int)th != app->rt->threads && sp_runtime_set_threads(app->rt, (int)th, &terr)) {
+        sp_app_error(app, "threads: %s", terr.msg);
+        char v[16];
+        snprintf(v, sizeof v, "%d", app->rt->threads);
+        sp_app_set(app, "threads", v, NULL, 0); /* the count in use stays */
+        return NULL;
+    }
     sp_wtype ht;
     sp_err derr = {0};
     if (!sp_wtype_parse(sp_app_get(app, "dtype"), &ht) && (int)ht != app->rt->head_dtype &&
@@ -198,6 +207,8 @@ void sp_app_init(sp_app *app, sp_sink sink)
     sp_app_define(app, "allowed-servers", SP_OPT_STR, 0, 0, NULL, "",
                   "route only through these servers (ids, id prefixes, names or HOST:PORT, comma-separated)");
     sp_app_define(app, "blocked-servers", SP_OPT_STR, 0, 0, NULL, "", "never route through these servers (same forms)");
+    sp_app_define(app, "threads", SP_OPT_INT, 0, 256, NULL, "0",
+                  "the client's compute threads (its LM head, training's products); 0 is every CPU it may run on");
     sp_app_define(app, "dtype", SP_OPT_CHOICE, 0, 0, "f32|bf16|int8|nf4", "f32",
                   "the client's LM head for generation: f32 uses the checkpoint's tensor in place; bf16, int8 (blocks "
                   "of 32 with a scale) and nf4 are encoded copies, smaller and faster per token (training keeps f32)");

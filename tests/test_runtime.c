@@ -9,6 +9,7 @@
 
 #include "generate.h"
 #include "kern.h"
+#include "pool.h"
 #include "rng.h"
 #include "runtime.h"
 #include "server.h"
@@ -336,6 +337,41 @@ START_TEST(t_head_dtype)
 }
 END_TEST
 
+/* The `threads` setting: the local parts get a pool of their own (1 thread here), the head's logits are the
+ * same bits as on the default pool (each row is one thread's dot product), 0 goes back to the default. */
+START_TEST(t_threads)
+{
+    sp_err err = {0};
+    sp_runtime *rt = NULL;
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_set_threads(rt, 1, &err), SP_OK); /* before the load: applied at it */
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    ck_assert_ptr_eq(rt->local->pool, rt->pool);
+    ck_assert_int_eq(sp_pool_threads(rt->pool), 1);
+    int H = rt->local->cfg.hidden, V = rt->local->cfg.vocab;
+    float *x = malloc(sizeof(float) * 2 * H), *a = malloc(sizeof(float) * 2 * V), *b = malloc(sizeof(float) * 2 * V);
+    sp_rng rng;
+    sp_rng_seed(&rng, 5);
+    for (int i = 0; i < 2 * H; i++)
+        x[i] = sp_rng_normal(&rng);
+    ck_assert_int_eq(sp_model_head(rt->local, a, x, 2, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_set_threads(rt, 0, &err), SP_OK);
+    ck_assert_ptr_null(rt->local->pool);
+    ck_assert_ptr_null(rt->pool);
+    ck_assert_int_eq(sp_model_head(rt->local, b, x, 2, &err), SP_OK);
+    ck_assert_msg(!memcmp(a, b, sizeof(float) * 2 * V), "1 thread and the default pool differ");
+    ck_assert_int_eq(sp_runtime_set_threads(rt, 2, &err), SP_OK);
+    ck_assert_int_eq(sp_pool_threads(rt->local->pool), 2);
+    ck_assert_int_ne(sp_runtime_set_threads(rt, 300, &err), SP_OK);
+    ck_assert_ptr_nonnull(strstr(err.msg, "expected 0 (every CPU) to 256"));
+    ck_assert_int_eq(sp_pool_threads(rt->local->pool), 2); /* the pool in use stays */
+    free(x);
+    free(a);
+    free(b);
+    sp_runtime_free(rt);
+}
+END_TEST
+
 START_TEST(t_errors)
 {
     sp_runtime *rt = NULL;
@@ -371,6 +407,7 @@ int main(void)
     tcase_add_test(tc, t_beams_score_at_least_greedy);
     tcase_add_test(tc, t_forward_backward_over_route);
     tcase_add_test(tc, t_head_dtype);
+    tcase_add_test(tc, t_threads);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
