@@ -31,6 +31,9 @@ echo '{"architectures":["GPT2LMHeadModel"],"model_type":"gpt2","n_embd":64,"n_la
     > "$TMP/gpt2/config.json"
 expect 2 "check gpt2 is unsupported" "unsupported architecture: gpt2 \(supported: llama, bloom, falcon, mixtral\)" -- \
     "$SEPAL" model check "$TMP/gpt2"
+expect 2 "sepal-server refuses gpt2 before loading" \
+    "^sepal-server: unsupported architecture: gpt2 \(supported: llama, bloom, falcon, mixtral\)" -- \
+    "${SEPAL_BIN_DIR:?}/server/sepal-server" --model "$TMP/gpt2" --blocks 0:1 --port 0
 expect 0 "info gpt2 (unsupported, still described)" "GPT2LMHeadModel \(gpt2, unsupported; supported: llama" -- \
     "$SEPAL" model info "$TMP/gpt2"
 
