@@ -100,6 +100,7 @@ typedef struct fault {
     int port_now;      /* after the last forward call: the server of F.block */
     int unblock;       /* clear the blocked-servers setting at the first retry */
     char last_retry[512];
+    double exit_s;     /* SIGTERM: seconds from the signal to the server's exit */
 } fault;
 
 static fault F;
@@ -162,10 +163,12 @@ static sp_status f_forward(void *ctx, const int32_t *ids, int B, int T, float *l
         F.port_hit = port_of_hop(F.rt, &F.sw->route, F.block);
         sp_test_proc *p = proc_at(F.port_hit);
         ck_assert_msg(p != NULL, "the server of block %d (port %d) is not ours", F.block, F.port_hit);
+        double t_sig = sp_now_s();
         if (F.sig == SIGSTOP)
             kill(p->pid, SIGSTOP);
         else
-            sp_test_proc_signal(p, F.sig);
+            sp_test_proc_signal(p, F.sig); /* (SIGTERM and SIGKILL: returns once it has exited) */
+        F.exit_s = sp_now_s() - t_sig;
     }
     double t0 = sp_now_s();
     sp_status st = F.inner.forward(F.inner.ctx, ids, B, T, logits, err);
@@ -373,6 +376,9 @@ START_TEST(t_term_server_in_use)
         }
     ck_assert_msg(strstr(F.last_retry, "shutdown: the server is shutting down"), "the client was not told why: %s",
                   F.last_retry);
+    /* the goal is 200 ms (bench_failover measures it); the bound only catches the seconds it used to take */
+    fprintf(stderr, "SIGTERM in use: the server exited %.3f s after the signal\n", F.exit_s);
+    ck_assert_msg(F.exit_s < 2.0, "the server took %.2f s to exit after SIGTERM", F.exit_s);
     sp_runtime_free(rt);
     stop_all();
 }
