@@ -123,8 +123,11 @@ static sp_status h_forward(void *ctx, const int32_t *ids, int B, int T, float *l
     double t0 = sp_now_s();
     sp_status st = h->inner.forward(h->inner.ctx, ids, B, T, logits, err);
     double dt = sp_now_s() - t0;
-    if (now)
+    if (now) {
         h->stall = dt;
+        if (getenv("SEPAL_BENCH_VERBOSE"))
+            fprintf(stderr, "  [%.3f] the step that met the failure took %.3f s\n", sp_now_s(), dt);
+    }
     else if (h->calls > 1 && h->nsteps < MAX_STEPS) /* decode steps only */
         h->step[h->nsteps++] = dt;
     return st;
@@ -191,7 +194,7 @@ static void on_event(const sp_event *ev, void *user)
 {
     (void)user;
     if (getenv("SEPAL_BENCH_VERBOSE") && ev->text)
-        fprintf(stderr, "  event: %s\n", ev->text);
+        fprintf(stderr, "  [%.3f] event: %s\n", sp_now_s(), ev->text);
 }
 
 static sp_runtime *local_swarm(const char *model)

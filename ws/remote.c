@@ -17,6 +17,7 @@ static sp_log_limit g_bulk_log;
 struct sp_remote {
     sp_ws_client *c;
     char host[256];
+    int port;
     pthread_mutex_t lock; /* one call at a time */
     uint64_t next_id;
     sp_proto_limits limits;
@@ -40,8 +41,12 @@ static sp_status recv_some(sp_remote *r, sp_buf *b, int timeout_ms, sp_err *err)
         int slice = 100;
         if (timeout_ms >= 0) {
             double left = end - sp_now_s();
-            if (left <= 0)
-                return sp_ws_client_recv(r->c, b, 0, err);
+            if (left <= 0) { /* a last look; a timeout names the whole wait, not this slice */
+                sp_status st = sp_ws_client_recv(r->c, b, 0, err);
+                if (st == SP_ERR_TIMEOUT)
+                    sp_errf(err, st, "no reply from %s:%d within %d ms", r->host, r->port, timeout_ms);
+                return st;
+            }
             slice = left < 0.1 ? (int)(left * 1e3) + 1 : 100;
         }
         sp_status st = sp_ws_client_recv(r->c, b, slice, err);
@@ -237,6 +242,7 @@ sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, co
     if (!r)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     snprintf(r->host, sizeof r->host, "%s", host);
+    r->port = port;
     pthread_mutex_init(&r->lock, NULL);
     r->next_id = 1;
     r->limits = sp_proto_default_limits();
