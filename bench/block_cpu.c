@@ -16,6 +16,10 @@
  *   mixtral   Mixtral-8x7B    H 4096, 32 heads on 8 KV heads, 8 SwiGLU experts of FF 14336, top-2
  * The block is built from a config.json text, through the same family parsing as a real checkpoint.
  *
+ * --dtype bf16|int8|nf4 adds a third part: after the f32 figures, the same block re-encoded as a server
+ * holds it (sp_block_quantize) decodes again, against a read of as many bytes as its encoded weights take,
+ * and against the f32 decode of the same run (tokens/s; goal for int8 >= 3x).
+ *
  * Block and baseline reps alternate (A B A B ...) so that drift on a noisy shared VM (another build,
  * frequency changes) hits both sides alike and the ratios stay meaningful. */
 #include <cblas.h>
@@ -36,6 +40,7 @@ typedef struct opts {
     int H, FF, nh, nkv, experts, T, K;
     int reps_decode, reps_forward;
     const char *family;
+    sp_wtype dtype; /* SP_W_F32: no encoded part */
 } opts;
 
 /* A family at a realistic shape: its config.json, the family's fields plus the shape's under the family's
@@ -76,6 +81,9 @@ typedef struct bench {
     float *x, *y;         /* block input/output, [T, H] */
     float *ga, *gc;       /* sgemm baseline operands: A [T, max in], C [T, max out] */
     size_t decode_bytes;  /* weight bytes one decode step reads (a MoE block: the experts it uses) */
+    const void *rd;       /* what the read baseline reads: the block's f32 weights, or rdbuf */
+    void *rdbuf;          /* as many bytes as the encoded weights a decode step reads */
+    int kv_ready;
     uint64_t sink;        /* read-baseline sums, kept so the reads cannot be optimised away */
     sp_err err;
 } bench;
@@ -86,6 +94,7 @@ typedef int (*timed_fn)(bench *c, double *secs);
 typedef struct result {
     const preset *pre;
     double mb, decode_ms, decode_gbs, read_gbs, decode_ratio, fwd_s, fwd_gflops, sgemm_gflops, fwd_ratio;
+    double q_mb, q_ms, q_ratio, q_speedup; /* --dtype: encoded MB, decode ms, / its read, f32 ms / its ms */
 } result;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -115,7 +124,8 @@ static int *opt_slot(opts *o, const char *name)
 
 static void usage(const char *argv0, const char *bad)
 {
-    fprintf(stderr, "usage: %s [--family llama|bloom|falcon|falcon7b|mixtral|all] [--threads N] [--hidden H]\n"
+    fprintf(stderr, "usage: %s [--family llama|bloom|falcon|falcon7b|mixtral|all] [--dtype bf16|int8|nf4]\n"
+                    "       [--threads N] [--hidden H]\n"
                     "       [--ff F] [--heads N] [--kv-heads N] [--experts E] [--tokens T] [--kv K]\n"
                     "       [--reps-decode N] [--reps-forward N]   (bad or missing: %s)\n",
             argv0, bad);
@@ -127,6 +137,13 @@ static int parse_args(int argc, char **argv, opts *o)
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 < argc && strcmp(argv[i], "--family") == 0) {
             o->family = argv[i + 1];
+            continue;
+        }
+        if (i + 1 < argc && strcmp(argv[i], "--dtype") == 0) {
+            if (sp_wtype_parse(argv[i + 1], &o->dtype)) {
+                usage(argv[0], argv[i + 1]);
+                return -1;
+            }
             continue;
         }
         int *slot = opt_slot(o, argv[i]);
@@ -237,7 +254,7 @@ static int read_once(bench *c, double *secs)
     read_job jobs[MAX_READ_THREADS];
     pthread_t tid[MAX_READ_THREADS];
     for (int k = 0; k < nt; k++)
-        jobs[k] = (read_job){(const uint64_t *)c->b.mem + words * k / nt, words * (k + 1) / nt - words * k / nt, 0};
+        jobs[k] = (read_job){(const uint64_t *)c->rd + words * k / nt, words * (k + 1) / nt - words * k / nt, 0};
     double t0 = sp_now_s();
     int started = 1;
     for (; started < nt; started++)
@@ -272,6 +289,8 @@ static int decode_once(bench *c, double *secs)
 /* Fills the cache with K positions by one prefill forward, as a real session would. */
 static int prefill_cache(bench *c)
 {
+    if (c->kv_ready++)
+        return 0; /* (the encoded block decodes over the f32 block's cache) */
     if (sp_kv_init(&c->kv, 1, c->o.K + 1, c->b.nkv, c->b.hd, &c->err))
         return -1;
     return sp_block_forward(&c->b, c->y, c->x, 1, c->o.K, 0, &c->kv, &c->ws, &c->err) ? -1 : 0;
@@ -447,6 +466,7 @@ static int setup(bench *c, sp_rng *rng)
     /* a decode step reads every weight but the experts the token does not use; the read baseline reads as many
      * bytes (the first decode_bytes of the block's memory: which bytes does not matter to the bandwidth) */
     c->decode_bytes = (size_t)sp_config_block_active_params(&c->cfg) * sizeof(float);
+    c->rd = c->b.mem;
     int T = c->o.T > c->o.K ? c->o.T : c->o.K, H = c->cfg.hidden;
     c->x = malloc((size_t)T * H * sizeof(float));
     c->y = malloc((size_t)T * H * sizeof(float));
@@ -462,6 +482,7 @@ static void teardown(bench *c)
 {
     sp_block_free(&c->b);
     sp_kv_free(&c->kv);
+    free(c->rdbuf);
     sp_ws_free(&c->ws);
     free(c->x);
     free(c->y);
@@ -472,6 +493,38 @@ static void teardown(bench *c)
     memset(c, 0, sizeof *c);
     c->o = o;
     c->nthreads = nt;
+}
+
+/* The block re-encoded in o.dtype (its f32 matrices go), decoding over the same cache: against a read of as
+ * many bytes as the encoded weights a step reads, and against the f32 decode measured before. */
+static int run_encoded(bench *c, result *res)
+{
+    size_t f32_bytes = sp_block_bytes(&c->b);
+    double t0 = sp_now_s();
+    if (sp_block_quantize(&c->b, c->o.dtype, &c->err))
+        return -1;
+    double enc_s = sp_now_s() - t0;
+    size_t q_bytes = sp_block_bytes(&c->b);
+    /* a MoE step reads the encoded bytes of what it uses: the same share of the whole as in f32 */
+    c->decode_bytes = (size_t)((double)c->decode_bytes * (double)q_bytes / (double)f32_bytes) & ~(size_t)7;
+    c->rdbuf = malloc(c->decode_bytes + 8);
+    if (!c->rdbuf)
+        return -1;
+    memset(c->rdbuf, 1, c->decode_bytes + 8);
+    c->rd = c->rdbuf;
+    const char *name = sp_wtype_name(c->o.dtype);
+    printf("%s: the block re-encoded in %.1f s, %.1f MB (%.2f of f32)\n", name, enc_s, (double)q_bytes / 1e6,
+           (double)q_bytes / (double)f32_bytes);
+    result q = *res;
+    if (run_decode(c, &q))
+        return -1;
+    res->q_mb = (double)q_bytes / 1e6;
+    res->q_ms = q.decode_ms;
+    res->q_ratio = q.decode_ratio;
+    res->q_speedup = res->decode_ms / q.decode_ms;
+    printf("%s decode: %.2f ms/token vs f32 %.2f ms/token: %.2fx the tokens/s%s\n", name, q.decode_ms,
+           res->decode_ms, res->q_speedup, c->o.dtype == SP_W_Q8 ? " (goal >= 3)" : "");
+    return 0;
 }
 
 /* One family: setup, decode, forward; its figures into res. */
@@ -498,6 +551,8 @@ static int run_family(bench *c, const preset *p, result *res)
         rc = run_decode(c, res);
     if (!rc)
         rc = run_forward(c, &rng, res);
+    if (!rc && c->o.dtype != SP_W_F32)
+        rc = run_encoded(c, res);
     if (rc)
         fprintf(stderr, "bench_block_cpu: %s: %s\n", p->name, c->err.msg[0] ? c->err.msg : "out of memory");
     teardown(c);
@@ -532,6 +587,12 @@ int main(int argc, char **argv)
             printf("%-13s %9.0f %7.1fms %9.2f %9.2f %7.2f %9.1f %9.1f %7.2f\n", res[i].pre->model, res[i].mb,
                    res[i].decode_ms, res[i].decode_gbs, res[i].read_gbs, res[i].decode_ratio, res[i].fwd_gflops,
                    res[i].sgemm_gflops, res[i].fwd_ratio);
+        if (c.o.dtype != SP_W_F32) {
+            printf("\n%-13s %9s %9s %7s %9s\n", "block", sp_wtype_name(c.o.dtype), "decode", "ratio", "vs f32");
+            for (int i = 0; i < n; i++)
+                printf("%-13s %7.0fMB %7.1fms %7.2f %8.2fx\n", res[i].pre->model, res[i].q_mb, res[i].q_ms,
+                       res[i].q_ratio, res[i].q_speedup);
+        }
     }
     return rc ? 1 : 0;
 }
