@@ -852,6 +852,82 @@ START_TEST(t_binary_serves_and_stops)
 }
 END_TEST
 
+/* A server's peak memory stays within its weights, its KV budget and 32 MB, with the whole budget in use:
+ * sessions that fill it, each prefilled to its full length and stepped once more (issue 14). Not under ASan,
+ * whose shadow memory and quarantine are not the server's. */
+START_TEST(t_binary_memory_bound)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    fprintf(stderr, "t_binary_memory_bound: skipped under ASan\n");
+#else
+    enum { TOKENS = 65536, B = 32, L = 256 }; /* 8 sessions of 32 x 256 positions fill the budget */
+    int out[2];
+    ck_assert_int_eq(pipe(out), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        execl(SEPAL_BIN_DIR "/server/sepal-server", "sepal-server", "--model", GQA, "--blocks", "0:4", "--no-measure",
+              "--cache-tokens", "65536", (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[512] = "";
+    FILE *f = fdopen(out[0], "r");
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    const char *p = strstr(line, "ws://127.0.0.1:"), *w = strstr(line, " weights, ");
+    ck_assert_msg(p && w, "%s", line);
+    int port = atoi(p + strlen("ws://127.0.0.1:"));
+    double weights = atof(w + strlen(" weights, ")) * 1e6;
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    sp_reply rep;
+    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
+    int64_t per = 0, avail = 0;
+    ck_assert(sp_meta_int(&rep.msg, "cache_bytes_per_token", &per) && per > 0); /* one position, one block */
+    ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &avail) && avail == TOKENS);
+    sp_reply_clear(&rep);
+    double kv = (double)TOKENS * (double)per * 4;
+    float *x = malloc((size_t)B * L * H * sizeof(float)), *y = malloc((size_t)B * L * H * sizeof(float));
+    ck_assert(x && y);
+    sp_rng rng;
+    sp_rng_seed(&rng, 7);
+    sp_rng_fill_normal(&rng, x, (long)B * L * H, 1.0f);
+    uint64_t ids[TOKENS / (B * L)];
+    for (int i = 0; i < TOKENS / (B * L); i++) {
+        ids[i] = open_session(r, 0, 4, L, B);
+        step(r, ids[i], x, B, L - 1, y, -1, NULL);
+        step(r, ids[i], x, B, 1, y, -1, NULL);
+    }
+    call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":4,\"max_length\":1,\"batch\":1}", NULL, 0,
+             "out_of_cache");
+    char path[64], buf[2048];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *st = fopen(path, "r");
+    ck_assert_ptr_nonnull(st);
+    size_t n = fread(buf, 1, sizeof buf - 1, st);
+    fclose(st);
+    buf[n] = '\0';
+    const char *hwm = strstr(buf, "VmHWM:");
+    ck_assert_ptr_nonnull(hwm);
+    double peak = atof(hwm + strlen("VmHWM:")) * 1024;
+    fprintf(stderr, "server peak RSS %.1f MB: weights %.1f MB + KV budget %.1f MB (all in use) + %.1f MB\n",
+            peak / 1e6, weights / 1e6, kv / 1e6, (peak - weights - kv) / 1e6);
+    ck_assert_msg(peak <= weights + kv + 32.0 * 1048576, "peak RSS %.1f MB > weights %.1f + KV %.1f + 32 MiB",
+                  peak / 1e6, weights / 1e6, kv / 1e6);
+    (void)ids;
+    sp_remote_close(r);
+    free(x);
+    free(y);
+    kill(pid, SIGTERM);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    fclose(f);
+#endif
+}
+END_TEST
+
 START_TEST(t_binary_bad_arguments)
 {
     const char *cases[][6] = {
@@ -900,6 +976,7 @@ int main(void)
     tcase_add_test(tc, t_throughput_cache);
     tcase_add_test(tc, t_binary_serves_and_stops);
     tcase_add_test(tc, t_binary_bad_arguments);
+    tcase_add_test(tc, t_binary_memory_bound);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }
