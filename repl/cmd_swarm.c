@@ -123,7 +123,7 @@ static int cmd_servers(sp_app *app, const sp_args *a)
            "blocks", "state", "tok/s", "inf rps", "fwd rps", "net rps", "type", "cache", "next pings", "ping",
            "version");
     int shown = 0;
-    double now = sp_now_s();
+    double now = sp_runtime_now(rt);
     pthread_mutex_lock(&rt->lock);
     for (int i = 0; i < rt->nservers; i++) {
         const sp_server_entry *e = rt->servers[i];
