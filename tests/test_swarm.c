@@ -2,8 +2,9 @@
  * a child process, and a client runtime that joins their swarm. Servers are found from one initial peer,
  * refresh their records, announce OFFLINE when stopped, go stale when killed; hostile records are ignored;
  * a server's DHT node can die (killed, or by the datagram that crashes OpenDHT 2.4.12) without the server
- * noticing; --num-blocks servers cover the model and move to cover a departed server's blocks; two clients
- * generate and train at once, each getting what it gets alone (needs scripts/fetch-sentiment.sh). */
+ * noticing; --num-blocks servers cover the model, move to cover a departed server's blocks, and are seen
+ * JOINING (with their --public-name) before ONLINE; two clients generate and train at once, each getting what
+ * it gets alone (needs scripts/fetch-sentiment.sh). */
 #include <arpa/inet.h>
 #include <check.h>
 #include <math.h>
@@ -425,6 +426,119 @@ START_TEST(t_num_blocks)
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
+/* a --num-blocks server seen JOINING (while it loads: SEPAL_SERVER_LOAD_DELAY makes that last 3 s) before
+ * ONLINE, by a client whose view listens while the server starts; its --public-name in every record */
+
+#define JN_MAX 32
+
+typedef struct seen_state {
+    int state, start, end, port;
+    char name[64];
+    double t;
+} seen_state;
+
+static seen_state jn_seen[JN_MAX];
+static int jn_n;
+static sp_runtime *jn_rt;
+static char jn_text[JN_MAX][256];
+static int jn_ntext;
+
+/* The client's SP_EV_SERVER events: each change of the server named "joiner" as the view showed it. */
+static void jn_event(const sp_event *ev, void *user)
+{
+    (void)user;
+    if (ev->kind != SP_EV_SERVER || !jn_rt || ev->row < 0)
+        return;
+    seen_state s = {.t = sp_now_s()};
+    pthread_mutex_lock(&jn_rt->lock);
+    if (ev->row < jn_rt->nservers) {
+        const sp_server_record *r = &jn_rt->servers[ev->row]->rec;
+        s.state = r->state, s.start = r->start, s.end = r->end, s.port = r->port;
+        snprintf(s.name, sizeof s.name, "%s", r->name);
+    }
+    pthread_mutex_unlock(&jn_rt->lock);
+    if (!strstr(ev->text, "joiner"))
+        return;
+    if (jn_n < JN_MAX)
+        jn_seen[jn_n++] = s;
+    if (jn_ntext < JN_MAX)
+        snprintf(jn_text[jn_ntext++], sizeof jn_text[0], "%s", ev->text);
+}
+
+static int joiner_online(void *u)
+{
+    (void)u;
+    return jn_n > 0 && jn_seen[jn_n - 1].state == SP_SERVER_ONLINE;
+}
+
+START_TEST(t_joining)
+{
+    sp_test_proc *p0 = server("0:3", 0);
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", p0->dht_port);
+    jn_n = jn_ntext = 0;
+    ck_assert_int_eq(sp_runtime_new(&rt, jn_event, NULL, &err), SP_OK);
+    jn_rt = rt;
+    rt->set.update_period_s = 1;
+    ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+    waiter w = {.rt = rt, .n = 1};
+    ck_assert(sp_test_wait_for(has_online, &w, 15));
+    /* it announces JOINING, loads for 3 s more than it needs, then ONLINE (its serving line) */
+    const char *args[] = {"--model", M15, "--no-measure", "--update-period", "1", "--selection-delay", "0",
+                          "--balance-period", "0", "--num-blocks", "3", "--initial-peers", peers,
+                          "--public-name", "joiner", NULL};
+    setenv("SEPAL_SERVER_LOAD_DELAY", "3", 1);
+    sp_test_proc *p1 = &procs[nprocs];
+    double t0 = sp_now_s();
+    int started = sp_test_server_start(p1, args) == 0;
+    unsetenv("SEPAL_SERVER_LOAD_DELAY");
+    ck_assert_msg(started, "the joiner did not start");
+    nprocs++;
+    double t_serving = sp_now_s();
+    ck_assert_msg(sp_test_wait_for(joiner_online, NULL, 10), "the joiner never showed ONLINE (%d changes seen)", jn_n);
+    for (int i = 0; i < jn_ntext; i++)
+        printf("joining: %s\n", jn_text[i]);
+    /* the first record seen: JOINING, before the server served, with its span and name, no port yet */
+    ck_assert_int_ge(jn_n, 2);
+    const seen_state *j = &jn_seen[0], *o = &jn_seen[jn_n - 1];
+    ck_assert_msg(j->state == SP_SERVER_JOINING, "first seen as %s", sp_server_state_name(j->state));
+    ck_assert_msg(j->t < t_serving, "JOINING seen %.2f s after the server served", j->t - t_serving);
+    ck_assert_int_eq(j->start, 3); /* blocks 0:3 are served: it takes the others */
+    ck_assert_int_eq(j->end, 6);
+    ck_assert_str_eq(j->name, "joiner");
+    ck_assert_msg(strstr(jn_text[0], "joiner joined: blocks 3:6") && strstr(jn_text[0], "joining"), "%s",
+                  jn_text[0]);
+    /* then ONLINE, at its port, the same span and name; never JOINING again after */
+    int online_at = -1;
+    for (int i = 0; i < jn_n; i++) {
+        if (jn_seen[i].state == SP_SERVER_ONLINE && online_at < 0)
+            online_at = i;
+        if (online_at >= 0)
+            ck_assert_msg(jn_seen[i].state == SP_SERVER_ONLINE, "change %d after ONLINE: %s", i,
+                          sp_server_state_name(jn_seen[i].state));
+    }
+    ck_assert_int_gt(online_at, 0);
+    ck_assert_int_eq(o->port, p1->port);
+    ck_assert_int_eq(o->start, 3);
+    ck_assert_int_eq(o->end, 6);
+    ck_assert_str_eq(o->name, "joiner");
+    printf("joining: JOINING seen %.2f s after the start, ONLINE %.2f s after (serving line at %.2f s)\n", j->t - t0,
+           jn_seen[online_at].t - t0, t_serving - t0);
+    /* the name is in the view's entry, and routes use the server */
+    int e = entry_at(rt, p1->port);
+    ck_assert_int_ge(e, 0);
+    ck_assert_str_eq(rt->servers[e]->rec.name, "joiner");
+    check_generates(rt);
+    jn_rt = NULL;
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
 /* two clients on one swarm at once, each generating (greedy and seeded sampling) and prompt-tuning (sst2, deep
  * prompts, its own seed and batches) at the same time: each gets what it gets alone, the same tokens and the
  * same losses (1e-5). */
@@ -613,6 +727,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_hostile_records);
     tcase_add_test(tc, t_dht_node_dies);
     tcase_add_test(tc, t_num_blocks);
+    tcase_add_test(tc, t_joining);
     tcase_add_test(tc, t_two_clients);
     suite_add_tcase(s, tc);
     return s;
