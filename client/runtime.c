@@ -85,6 +85,7 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
 void sp_runtime_cancel(sp_runtime *rt) { __atomic_store_n(&rt->cancel, 1, __ATOMIC_SEQ_CST); }
 void sp_runtime_cancel_clear(sp_runtime *rt) { __atomic_store_n(&rt->cancel, 0, __ATOMIC_SEQ_CST); }
 int sp_runtime_cancelled(const sp_runtime *rt) { return __atomic_load_n(&rt->cancel, __ATOMIC_SEQ_CST); }
+double sp_runtime_now(const sp_runtime *rt) { return rt->clock ? rt->clock->now(rt->clock->user) : sp_now_s(); }
 
 void sp_runtime_free(sp_runtime *rt)
 {

@@ -100,6 +100,15 @@ typedef struct sp_rt_settings {
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;
 
+/* The clock of the failure policy: bans are measured on now(), the pauses between retries are sleep()s. The
+ * runtime's own (rt->clock NULL) is the monotonic clock and real sleeps; a test sets one that it moves itself,
+ * to check the policy without waiting. */
+typedef struct sp_rt_clock {
+    double (*now)(void *user);
+    void (*sleep)(void *user, double s);
+    void *user;
+} sp_rt_clock;
+
 typedef struct sp_runtime {
     sp_event_fn on_event;
     void *user;
@@ -132,6 +141,7 @@ typedef struct sp_runtime {
     char server_bin[4096];
     int swarm_started;     /* swarm up ran and its servers are ours */
 
+    const sp_rt_clock *clock; /* NULL: sp_now_s and real sleeps (see sp_rt_clock) */
     int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
     /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records without
      * its tag are dropped, and swarm up starts its servers with it */
@@ -151,6 +161,8 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
 void sp_runtime_cancel(sp_runtime *rt);
 void sp_runtime_cancel_clear(sp_runtime *rt);
 int sp_runtime_cancelled(const sp_runtime *rt);
+/* Seconds on the clock bans are measured on (rt->clock's, else sp_now_s): compare banned_until with it. */
+double sp_runtime_now(const sp_runtime *rt);
 void sp_runtime_free(sp_runtime *rt); /* also stops a swarm it started and its DHT node */
 
 /* Loads config, tokenizer (if present) and ONLY the local parts of the model in dir; a DHT view then

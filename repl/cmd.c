@@ -131,8 +131,41 @@ static int nopts(const sp_cmd *c)
     return n;
 }
 
+/* The short name of option long_name in c->short_opts ("-l --long,..."), or NULL; and the reverse. */
+static const char *opt_short(const sp_cmd *c, const char *long_name, char *buf, size_t cap)
+{
+    for (const char *p = c->short_opts; p && *p;) {
+        size_t k = strcspn(p, ",");
+        const char *sp = memchr(p, ' ', k);
+        if (sp && (size_t)(p + k - sp - 1) == strlen(long_name) && !strncmp(sp + 1, long_name, strlen(long_name))) {
+            snprintf(buf, cap, "%.*s", (int)(sp - p), p);
+            return buf;
+        }
+        p += k + (p[k] == ',');
+    }
+    return NULL;
+}
+
+static const char *opt_long(const sp_cmd *c, const char *short_name, char *buf, size_t cap)
+{
+    for (const char *p = c->short_opts; p && *p;) {
+        size_t k = strcspn(p, ",");
+        const char *sp = memchr(p, ' ', k);
+        if (sp && (size_t)(sp - p) == strlen(short_name) && !strncmp(p, short_name, strlen(short_name))) {
+            snprintf(buf, cap, "%.*s", (int)(p + k - sp - 1), sp + 1);
+            return buf;
+        }
+        p += k + (p[k] == ',');
+    }
+    return NULL;
+}
+
 static int opt_index(const sp_cmd *c, const char *name)
 {
+    char buf[64];
+    const char *l = name[0] == '-' && name[1] != '-' ? opt_long(c, name, buf, sizeof buf) : NULL;
+    if (l)
+        name = l;
     for (int i = 0; c->opts && c->opts[i].name; i++)
         if (!strcmp(c->opts[i].name, name))
             return i;
@@ -737,16 +770,20 @@ static void help_opts(sp_app *app, const sp_cmd *c, int width)
                  c->opts[i].meta ? c->opts[i].meta : c->opts[i].kind == SP_OPT_CHOICE ? " " : "");
         if (c->opts[i].kind == SP_OPT_CHOICE)
             snprintf(o, sizeof o, "%s %s", c->opts[i].name, c->opts[i].choices);
-        w = (int)strlen(o) > w ? (int)strlen(o) : w;
+        char sh[32];
+        int ow = (int)strlen(o) + (opt_short(c, c->opts[i].name, sh, sizeof sh) ? (int)strlen(sh) + 2 : 0);
+        w = ow > w ? ow : w;
     }
     w = w > 30 ? 30 : w;
     if (nopts(c))
         sp_out(app, "\noptions:\n");
     for (int i = 0; c->opts && c->opts[i].name; i++) {
         const sp_opt *o = &c->opts[i];
-        char head[128], text[640];
+        char head[128], text[640], sh[32];
         if (o->kind == SP_OPT_CHOICE)
             snprintf(head, sizeof head, "%s %s", o->name, o->choices);
+        else if (opt_short(c, o->name, sh, sizeof sh))
+            snprintf(head, sizeof head, "%s, %s%s%s", o->name, sh, o->meta ? " " : "", o->meta ? o->meta : "");
         else
             snprintf(head, sizeof head, "%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
         size_t n = (size_t)snprintf(text, sizeof text, "%s", o->help ? o->help : "");

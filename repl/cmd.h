@@ -61,6 +61,7 @@ typedef struct sp_cmd {
     const char *help;           /* more, for `help NAME`; may be NULL */
     const char *examples;       /* example lines ("generate \"Hi\" --greedy\n..."), run by the README test */
     sp_cmd_fn fn;               /* NULL when subs says what to do */
+    const char *short_opts;     /* short names of options, "-l --long[,-x --other]"; may be NULL */
 } sp_cmd;
 
 /* Each command group (repl/cmd_*.c) exports a table ending with {NULL}. */

@@ -112,18 +112,67 @@ static void server_row(sp_app *app, const sp_server_entry *e, double now)
            r->network_rps, r->dtype, cache, pings, rtt, r->version, e->pid > 0 ? " (local)" : "");
 }
 
+/* servers --long: every field of server i's record, one per line, nothing cut; caller holds rt->lock. */
+static void server_long(sp_app *app, sp_runtime *rt, int i, double now, double wall)
+{
+    const sp_server_entry *e = rt->servers[i];
+    const sp_server_record *r = &e->rec;
+    char rtt[32], state[64];
+    sp_out(app, "server %s%s\n", r->id, e->pid > 0 ? " (local: started by swarm up)" : "");
+    sp_out(app, "  name        %s\n", r->name[0] ? r->name : "- (no --public-name)");
+    sp_out(app, "  address     ws://%s:%d\n", r->host, r->port);
+    sp_out(app, "  dht node    %s\n", r->dht[0] ? r->dht : "-");
+    sp_out(app, "  model       %s (config %016llx, %d blocks)\n", r->model[0] ? r->model : "-",
+           (unsigned long long)r->config_hash, r->num_blocks);
+    sp_out(app, "  blocks      %d:%d (%d)\n", r->start, r->end, r->end - r->start);
+    if (e->banned_until > now)
+        snprintf(state, sizeof state, ", banned for %.0f s more (%d failures)", e->banned_until - now, e->failures);
+    else
+        state[0] = '\0';
+    sp_out(app, "  state       %s%s\n", sp_server_state_name(r->state), state);
+    sp_out(app, "  throughput  %.1f tokens/s per block\n", r->throughput);
+    sp_out(app, "  rps         inference %.1f steps/s, forward %.1f tokens/s, network %.1f tokens/s\n",
+           r->inference_rps, r->forward_rps, r->network_rps);
+    sp_out(app, "  dtype       %s\n", r->dtype[0] ? r->dtype : "-");
+    sp_out(app, "  quant       %s\n", r->quant[0] ? r->quant : "none");
+    if (r->cache_tokens_left >= 0)
+        sp_out(app, "  cache left  %ld tokens\n", r->cache_tokens_left);
+    else
+        sp_out(app, "  cache left  -\n");
+    if (!r->npings)
+        sp_out(app, "  next pings  none\n");
+    for (int p = 0; p < r->npings; p++) {
+        char who[96] = "";
+        for (int j = 0; j < rt->nservers; j++)
+            if (!strcmp(rt->servers[j]->rec.id, r->pings[p].id)) {
+                const sp_server_record *n = &rt->servers[j]->rec;
+                snprintf(who, sizeof who, " (%s:%d, blocks %d:%d)", n->host, n->port, n->start, n->end);
+            }
+        fmt_rtt(rtt, sizeof rtt, r->pings[p].rtt);
+        sp_out(app, "  %-11s %s %s%s\n", p ? "" : "next pings", r->pings[p].id, rtt, who);
+    }
+    fmt_rtt(rtt, sizeof rtt, e->rtt);
+    sp_out(app, "  ping        %s (from this app)\n", rtt);
+    sp_out(app, "  version     %s\n", r->version[0] ? r->version : "-");
+    if (e->from_dht && r->timestamp > 0)
+        sp_out(app, "  announced   %.1f s ago (every %.0f s)\n", wall - r->timestamp, r->period);
+    else
+        sp_out(app, "  announced   - (connected by address, not through the DHT)\n");
+}
+
 static int cmd_servers(sp_app *app, const sp_args *a)
 {
-    (void)a;
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
+    int lng = sp_arg_given(a, "--long");
     sp_runtime_refresh(rt);
-    sp_out(app, "%-8s %-12s %-21s %-7s %-11s %9s %9s %9s %9s %-4s %9s %-13s %-8s %-6s\n", "id", "name", "address",
-           "blocks", "state", "tok/s", "inf rps", "fwd rps", "net rps", "type", "cache", "next pings", "ping",
-           "version");
+    if (!lng)
+        sp_out(app, "%-8s %-12s %-21s %-7s %-11s %9s %9s %9s %9s %-4s %9s %-13s %-8s %-6s\n", "id", "name",
+               "address", "blocks", "state", "tok/s", "inf rps", "fwd rps", "net rps", "type", "cache", "next pings",
+               "ping", "version");
     int shown = 0;
-    double now = sp_now_s();
+    double now = sp_runtime_now(rt), wall = sp_wall_s();
     pthread_mutex_lock(&rt->lock);
     for (int i = 0; i < rt->nservers; i++) {
         const sp_server_entry *e = rt->servers[i];
@@ -135,7 +184,12 @@ static int cmd_servers(sp_app *app, const sp_args *a)
                     !strcmp(rt->servers[j]->rec.host, e->rec.host) && rt->servers[j]->rec.timestamp > e->rec.timestamp;
         if (newer)
             continue;
-        server_row(app, e, now);
+        if (lng && shown)
+            sp_out(app, "\n");
+        if (lng)
+            server_long(app, rt, i, now, wall);
+        else
+            server_row(app, e, now);
         shown++;
     }
     pthread_mutex_unlock(&rt->lock);
@@ -201,6 +255,11 @@ static const sp_cmd swarm_subs[] = {
     {0},
 };
 
+static const sp_opt servers_opts[] = {
+    {"--long", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "every field of each record, one per line, nothing cut"},
+    {0},
+};
+
 static const sp_opt connect_opts[] = {
     {"--initial-peers", SP_OPT_STR, "HOST:PORT[,...]", 0, 0, NULL, NULL, NULL,
      "join a swarm through these DHT nodes (any server's DHT port)"},
@@ -225,13 +284,16 @@ const sp_cmd sp_cmds_swarm[] = {
              "the DHT; a server of another model is refused. --swarm-key FILE joins a private swarm: every "
              "connection proves the key both ways and DHT records without its tag are dropped.",
      .examples = "connect --initial-peers 127.0.0.1:31330\nconnect 127.0.0.1:31330", .fn = cmd_connect},
-    {.name = "servers", .args = "", .max_pos = 0,
+    {.name = "servers", .args = "", .max_pos = 0, .opts = servers_opts,
      .summary = "the servers: id, name, address, blocks, state, throughput, rps, cache, pings, version",
      .help = "One row per server: its id (and public name), websocket address, blocks, state (online, joining, "
              "offline, banned), throughput (tokens/s per block it offers), inference / forward / network rps, "
              "precision, cache left (positions a session over its span can get), its pings to its successors "
-             "(count, best), this app's ping to it, and its version.",
-     .examples = "servers", .fn = cmd_servers},
+             "(count, best), this app's ping to it, and its version. Long ids and names are cut to fit; "
+             "--long (-l) shows every field of each server's record instead, nothing cut: the full id, name, "
+             "address, DHT node, model, blocks, state (and ban), throughput, the three rps, dtype, quantisation, "
+             "cache left, each of its next-hop pings, this app's ping, version, and how long ago it announced.",
+     .examples = "servers\nservers -l", .fn = cmd_servers, .short_opts = "-l --long"},
     {.name = "models", .args = "", .max_pos = 0, .summary = "the models announced in the swarm", .examples = "models",
      .fn = cmd_models},
     {.name = "route", .args = "", .max_pos = 0,

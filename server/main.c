@@ -416,10 +416,24 @@ static void print_limits(app *p)
            (double)l.output_bound / mib, l.busy_timeout_s, rate, p->a.so.key ? p->a.so.key->id_hex : "none");
 }
 
+/* A testing aid: SEPAL_SERVER_LOAD_DELAY=S makes loading take S seconds longer (stories15M loads in
+ * milliseconds), so that a test can watch the JOINING record before ONLINE. Unset: no delay. */
+static double load_delay(void)
+{
+    const char *d = getenv("SEPAL_SERVER_LOAD_DELAY");
+    double s = d && *d ? strtod(d, NULL) : 0;
+    return s > 0 && s < 3600 ? s : 0;
+}
+
 /* Loads and serves [start, end); announces JOINING, then ONLINE. */
 static sp_status serve(app *p, int start, int end, sp_err *err)
 {
     announce_state(p, start, end, SP_SERVER_JOINING);
+    if (load_delay() > 0) {
+        fprintf(stderr, "sepal-server: SEPAL_SERVER_LOAD_DELAY: loading blocks %d:%d %.1f s late\n", start, end,
+                load_delay());
+        nap(load_delay());
+    }
     sp_server_opts o = p->a.so;
     o.start = start;
     o.end = end;

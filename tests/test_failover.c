@@ -6,7 +6,8 @@
  *  - a hung server stalls the generation for a bounded time (the step timeout) and frees the session when
  *    it wakes;
  *  - a FORWARD or BACKWARD whose server dies gives the same outputs and gradients as the run without
- *    failure (1e-5);
+ *    failure (1e-5); so does the trainer (its losses and parameters, step after step), the server killed
+ *    between two steps or inside one (after the FORWARD, before the BACKWARD), also pipelined;
  *  - with no server left for some blocks, a clear error after the retries; a server that joins while the
  *    client retries is used. */
 #include <check.h>
@@ -20,11 +21,13 @@
 #include <unistd.h>
 
 #include "generate.h"
+#include "host.h"
 #include "remote.h"
 #include "rng.h"
 #include "runtime.h"
 #include "testutil.h"
 #include "timeutil.h"
+#include "trainer.h"
 
 #define M15 SEPAL_STORIES15M_DIR
 #define MAXP 8
@@ -505,6 +508,131 @@ START_TEST(t_kill_training)
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
+/* the trainer: prompt tuning (sst2, deep prompts) through the swarm, its server of blocks 3:6 killed between two
+ * steps (the next FORWARD meets the dead server) or inside a step, after its FORWARD kept the activations and
+ * before its BACKWARD (in the task's loss): every step's loss, and the parameters after every step, equal those
+ * of the same run without the failure (1e-5). The replacement is blocked until the first retry, so the route
+ * of the run without failure, and of the failed step, is the one through the victim. */
+
+#define TR_STEPS 3
+
+static sepal_task kill_task;  /* sst2, with a loss that kills the victim at its kill_at-th call */
+static int loss_calls, kill_at = -1;
+static sp_test_proc *victim;
+
+static sepal_tensor *kill_loss(void *task, const sepal_host *host, sepal_tensor *logits, const sepal_batch *b)
+{
+    (void)task;
+    if (__atomic_fetch_add(&loss_calls, 1, __ATOMIC_SEQ_CST) == kill_at && victim) {
+        F.port_hit = victim->port;
+        sp_test_proc_signal(victim, SIGKILL);
+    }
+    return host->cross_entropy(host->ctx, logits, b->labels); /* what the trainer does for sst2 */
+}
+
+static void trainer_opts(sp_train_opts *o, int micro)
+{
+    sp_train_opts_default(o);
+    o->tuning = SP_TUNE_DEEP;
+    o->pre_seq_len = 4;
+    o->max_length = 24;
+    o->batch = 8;
+    o->microbatches = micro;
+    o->schedule = SP_SCHED_1F1B;
+    o->seed = 21;
+    o->device = 0;
+}
+
+/* TR_STEPS steps; losses into loss, the flattened parameters after each step into params[s] (malloc'd).
+ * between: the victim is killed after step 1 (before step 2's FORWARD); in_step: at the loss call kill_at. */
+static int64_t train_steps(sp_runtime *rt, int micro, int between, float *loss, float **params)
+{
+    sp_plugin_register_builtins();
+    const sepal_task *sst2 = sp_plugin_find("sst2");
+    ck_assert_ptr_nonnull(sst2);
+    kill_task = *sst2;
+    kill_task.loss = kill_loss;
+    loss_calls = 0;
+    sp_train_opts o;
+    trainer_opts(&o, micro);
+    sp_trainer *t = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_trainer_new(&t, rt, NULL, &kill_task, "", &o, &err) == SP_OK, "%s", err.msg);
+    int64_t total = 0;
+    for (int s = 0; s < TR_STEPS; s++) {
+        if (between && s == 2 && victim) {
+            F.port_hit = victim->port;
+            sp_test_proc_signal(victim, SIGKILL);
+        }
+        int idx[8];
+        for (int i = 0; i < 8; i++)
+            idx[i] = (17 + 131 * (s * 8 + i)) % 2000;
+        ck_assert_msg(sp_trainer_step(t, idx, 8, &loss[s], &err) == SP_OK, "step %d: %s", s, err.msg);
+        sp_t **p;
+        int np = sp_trainer_params(t, &p);
+        total = 0;
+        for (int i = 0; i < np; i++)
+            total += p[i]->n;
+        float *q = params[s] = malloc((size_t)total * sizeof(float));
+        for (int i = 0; i < np; i++, q += p[i - 1]->n)
+            memcpy(q, p[i]->data, (size_t)p[i]->n * sizeof(float));
+    }
+    sp_trainer_free(t);
+    return total;
+}
+
+static void trainer_through_failure(int micro, int between)
+{
+    FILE *f = fopen(SEPAL_SENTIMENT_DIR "/imdb.json", "r");
+    ck_assert_msg(f != NULL, "no sentiment data: run scripts/fetch-sentiment.sh first");
+    fclose(f);
+    const char *spans[] = {"0:3", "3:6", "3:6"};
+    sp_runtime *rt = swarm(spans, 3);
+    victim = &procs[1];
+    snprintf(rt->set.blocked, sizeof rt->set.blocked, "127.0.0.1:%d", procs[2].port); /* the replacement */
+    float want[TR_STEPS], got[TR_STEPS], *pw[TR_STEPS], *pg[TR_STEPS];
+    kill_at = -1;
+    int64_t n = train_steps(rt, micro, 0, want, pw); /* without failure, through the victim */
+    ck_assert_int_eq(F.retries, 0);
+    F.rt = rt;
+    F.unblock = 1; /* the replacement becomes usable at the first retry */
+    kill_at = between ? -1 : micro; /* the first microbatch of step 1, between its FORWARD and BACKWARD */
+    int64_t n2 = train_steps(rt, micro, between, got, pg);
+    ck_assert_int_eq(n2, n);
+    ck_assert_msg(F.port_hit == procs[1].port && procs[1].pid == 0, "the victim was not killed");
+    ck_assert_msg(F.retries >= 1, "no failure was met");
+    ck_assert_msg(strstr(F.last_retry, ":") && F.reroutes >= 1, "no re-route: %s", F.last_retry);
+    char port[16];
+    snprintf(port, sizeof port, ":%d", procs[1].port);
+    ck_assert_msg(strstr(F.last_retry, port), "the retry does not name the victim: %s", F.last_retry);
+    for (int s = 0; s < TR_STEPS; s++) {
+        ck_assert_msg(isfinite(want[s]) && want[s] > 0, "step %d: loss %g", s, want[s]);
+        ck_assert_msg(fabsf(got[s] - want[s]) <= 1e-5f * fmaxf(1.0f, fabsf(want[s])),
+                      "step %d: loss %.7f through the failure, %.7f without", s, got[s], want[s]);
+        double d = sp_max_abs_diff(pg[s], pw[s], (size_t)n);
+        ck_assert_msg(d <= 1e-5, "step %d: parameters differ by %g from the run without failure", s, d);
+        if (s)
+            ck_assert_msg(sp_max_abs_diff(pw[s], pw[s - 1], (size_t)n) > 1e-4, "step %d changed nothing", s);
+        printf("trainer, %d microbatch(es), victim killed %s: step %d loss %.6f (without failure %.6f), "
+               "parameters within %g\n", micro, between ? "between steps" : "inside step 1", s, got[s], want[s], d);
+        free(pw[s]), free(pg[s]);
+    }
+    printf("trainer: %d retries, %d re-routes; last retry: %s\n", F.retries, F.reroutes, F.last_retry);
+    victim = NULL;
+    sp_runtime_free(rt);
+    stop_all();
+}
+
+START_TEST(t_kill_trainer_between_steps) { trainer_through_failure(1, 1); }
+END_TEST
+
+START_TEST(t_kill_trainer_in_step) { trainer_through_failure(1, 0); }
+END_TEST
+
+START_TEST(t_kill_trainer_pipelined) { trainer_through_failure(2, 0); }
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
 
 /* Nobody holds blocks 3:6 any more: a clear error once the retries are spent. */
 START_TEST(t_no_server_left)
@@ -661,6 +789,9 @@ static Suite *suite(void)
     TCase *tt = tcase_create("training");
     tcase_set_timeout(tt, 180);
     tcase_add_test(tt, t_kill_training);
+    tcase_add_test(tt, t_kill_trainer_between_steps);
+    tcase_add_test(tt, t_kill_trainer_in_step);
+    tcase_add_test(tt, t_kill_trainer_pipelined);
     suite_add_tcase(s, tt);
     TCase *te = tcase_create("swarm");
     tcase_set_timeout(te, 180);

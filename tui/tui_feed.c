@@ -432,7 +432,7 @@ static tui_swarm *snapshot(tui *t, sp_runtime *rt)
     tui_swarm *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    double now = sp_now_s();
+    double now = sp_now_s(), ban_now = sp_runtime_now(rt); /* bans are on the runtime's clock */
     pthread_mutex_lock(&rt->lock);
     int n = rt->nservers;
     if (n > t->ngone) {
@@ -455,7 +455,7 @@ static tui_swarm *snapshot(tui *t, sp_runtime *rt)
             if (e->gone && now - t->gone_since[i] > GONE_KEEP_S)
                 continue;
         }
-        server_of(e, i, now, &s->s[s->n++]);
+        server_of(e, i, ban_now, &s->s[s->n++]);
         if (e->rec.num_blocks > s->nblocks)
             s->nblocks = e->rec.num_blocks;
         if (!s->model[0])

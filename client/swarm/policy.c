@@ -33,7 +33,7 @@ void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
     pthread_mutex_lock(&rt->lock);
     sp_server_entry *e = rt->servers[i];
     double ban = rt->set.ban_s * pow(2.0, e->failures < 20 ? e->failures : 20);
-    double now = sp_now_s();
+    double now = sp_runtime_now(rt);
     if (e->banned_until < now) { /* a server already banned keeps its ban (Petals' Blacklist) */
         e->banned_until = now + ban;
         e->failures++;
@@ -85,6 +85,12 @@ double sp_rt_backoff(const sp_runtime *rt, int attempt)
 
 int sp_rt_sleep(sp_runtime *rt, double s)
 {
+    if (rt->clock) { /* a test's clock: it moves by itself */
+        if (sp_runtime_cancelled(rt))
+            return -1;
+        rt->clock->sleep(rt->clock->user, s);
+        return 0;
+    }
     double end = sp_now_s() + s;
     for (;;) {
         if (sp_runtime_cancelled(rt))

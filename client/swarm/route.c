@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "routing.h"
-#include "timeutil.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* routes as stages */
@@ -78,7 +77,7 @@ static int find_id(const sp_runtime *rt, const char *id)
  * caller holds rt->lock. */
 static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
 {
-    double now = sp_now_s();
+    double now = sp_runtime_now(rt);
     int n = 0;
     for (int i = 0; i < rt->nservers; i++) {
         const sp_server_entry *e = rt->servers[i];

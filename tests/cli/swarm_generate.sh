@@ -26,7 +26,7 @@ print(shlex.quote(d["prompt"]), "--max-new-tokens", d["steps"] - len(d["prompt_i
 PY
     script="$script; echo ==$i==; generate $(cat "$TMP/args$i")"
 done
-script="$script; servers; route; swarm down"
+script="$script; servers; servers -l; servers --long; route; swarm down"
 "$SEPAL" -c "$script" > "$TMP/out" 2> "$TMP/err"
 rc=$?
 [ $rc -eq 0 ] && ok "swarm session exits 0" || { bad "swarm session exit $rc"; tail -5 "$TMP/err"; }
@@ -41,6 +41,51 @@ for i in $(seq 0 $((n - 1))); do
     fi
 done
 grep -qE "^[0-9a-f]{8} +- +127\.0\.0\.1:[0-9]+ +0:2 +online .* 0\.1\.0 +\(local\)$" "$TMP/out" && ok "servers table lists 0:2 online" || bad "servers table"
+# servers -l (and --long): every field of each record, one block per server, nothing cut
+awk '/^server [0-9a-f]+ /{on=1} /^[0-9]+:[0-9]+ 127\.0\.0\.1/{on=0} on' "$TMP/out" > "$TMP/long"
+nlong=$(grep -cE "^server [0-9a-f]{16} \(local: started by swarm up\)$" "$TMP/long")
+[ "$nlong" -eq 6 ] && ok "servers -l and --long: 3 servers each, full ids" ||
+    bad "servers -l: $nlong server blocks, want 6"
+for f in "name        - \(no --public-name\)" "address     ws://127\.0\.0\.1:[0-9]+" "dht node    127\.0\.0\.1:[0-9]+" \
+         "model       stories15M \(config [0-9a-f]{16}, 6 blocks\)" "state       online" \
+         "throughput  [0-9]+\.[0-9] tokens/s per block" \
+         "rps         inference [0-9.]+ steps/s, forward [0-9.]+ tokens/s, network [0-9.]+ tokens/s" \
+         "dtype       f32" "quant       none" "cache left  [0-9]+ tokens" \
+         "ping        ([0-9.]+ (ms|us)|-) \(from this app\)" \
+         "version     0\.1\.0" "announced   [0-9]+\.[0-9] s ago \(every [0-9]+ s\)"; do
+    n=$(grep -cE "^  $f$" "$TMP/long")
+    [ "$n" -eq 6 ] && ok "servers -l shows /$f/ for each server" || bad "servers -l: /$f/ $n times, want 6"
+done
+for span in "0:2 \(2\)" "2:4 \(2\)" "4:6 \(2\)"; do
+    n=$(grep -cE "^  blocks      $span$" "$TMP/long")
+    [ "$n" -eq 2 ] && ok "servers -l shows blocks $span" || bad "servers -l: blocks $span $n times, want 2"
+done
+# the servers before the last block ping their successors: each ping names one of the swarm's servers in full
+id24=$(awk '/^server /{id=$2} /^  blocks      2:4/{print id; exit}' "$TMP/long")
+grep -qE "^  next pings  $id24 ([0-9.]+ (ms|us)) \(127\.0\.0\.1:[0-9]+, blocks 2:4\)$" "$TMP/long" &&
+    ok "servers -l: 0:2's next-hop ping to 2:4's server ($id24)" || bad "servers -l: no next-hop ping to $id24"
+n=$(grep -cE "^  next pings  none$" "$TMP/long")
+[ "$n" -eq 2 ] && ok "servers -l: the last block's server pings nobody" ||
+    bad "servers -l: 'next pings none' $n times, want 2"
+
+# a server's --public-name, whole in servers --long (the table cuts it), through connect --initial-peers
+"$SEPAL_SERVER_BIN" --model "$M" --blocks 0:6 --new-swarm --public-name alice-with-a-long-public-name --no-measure \
+    --port 0 > "$TMP/named.out" 2> "$TMP/named.err" &
+named=$!
+for _ in $(seq 100); do grep -q "^sepal-server: serving" "$TMP/named.out" && break; sleep 0.1; done
+dht=$(grep -oE "DHT 127\.0\.0\.1:[0-9]+" "$TMP/named.out" | head -1 | cut -d' ' -f2)
+for _ in 1 2 3 4 5; do # discovery takes a moment: a fresh client each time
+    "$SEPAL" -c "load $M; connect --initial-peers $dht; sleep 1; servers; servers --long" > "$TMP/named" 2>&1
+    grep -q "alice" "$TMP/named" && break
+done
+grep -qE "^  name        alice-with-a-long-public-name$" "$TMP/named" &&
+    ok "servers --long shows the whole public name" ||
+    { bad "servers --long lacks the public name"; tail -5 "$TMP/named"; }
+grep -qE "^[0-9a-f]{8} alice-with-a +127\.0\.0\.1:[0-9]+ +0:6 +online " "$TMP/named" && ok "servers cuts it to 12" ||
+    bad "servers table row of the named server"
+grep -qE "^server [0-9a-f]{16}$" "$TMP/named" && ok "servers --long: a server not started here" ||
+    bad "servers --long id line"
+kill "$named"; wait "$named"
 hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
 grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop; [0-9]+ steps/s expected$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
 grep -q "stopped" "$TMP/err" && ok "swarm down stops the servers" || bad "swarm down"
