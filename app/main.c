@@ -151,6 +151,7 @@ static int run_front_ends(int argc, char **argv)
     sp_app app;
     sp_app_init(&app, sp_line_sink());
     app.quiet = fe.quiet;
+    sp_line_set_quiet(fe.quiet);
     if (fe.dump || fe.examples) {
         if (fe.dump)
             sp_cmd_dump(&app);
