@@ -87,7 +87,7 @@ int sp_rt_sleep(sp_runtime *rt, double s)
 {
     double end = sp_now_s() + s;
     for (;;) {
-        if (sp_runtime_cancelled(rt))
+        if (sp_runtime_waits_cancelled(rt))
             return -1;
         double left = end - sp_now_s();
         if (left <= 0)
