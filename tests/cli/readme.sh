@@ -105,6 +105,25 @@ while IFS= read -r line; do
 done < "$TMP/shell"
 [ "$n" -ge 3 ] && ok "$n shell lines of the README checked" || bad "only $n shell lines found"
 
+# ---- the README's `$ sepal model info|check ...` transcripts run, and print what the README shows -------------
+# (cheap: the tiny checkpoints of tests/data; run from the source tree, where their paths are)
+awk '/^```/ { inb = !inb; act = 0; next } inb && /^\$ / { n++; act = 1 } inb && act { print n "\t" $0 }' "$R" \
+    > "$TMP/transcripts"
+nt=0
+for i in $(cut -f1 "$TMP/transcripts" | sort -un); do
+    cmd=$(awk -F'\t' -v i="$i" '$1 == i' "$TMP/transcripts" | head -1 | cut -f2- | sed 's/^\$ //')
+    case "$cmd" in "sepal model info "* | "sepal model check "*) ;; *) continue ;; esac
+    awk -F'\t' -v i="$i" '$1 == i' "$TMP/transcripts" | tail -n +2 | cut -f2- > "$TMP/want"
+    nt=$((nt + 1))
+    (cd "$SEPAL_SRC_DIR" && SEPAL="$SEPAL" bash -c "\"\$SEPAL\"${cmd#sepal}") > "$TMP/got" 2>&1
+    if [ -s "$TMP/want" ] && cmp -s "$TMP/want" "$TMP/got"; then
+        ok "README: \$ $cmd prints what the README shows"
+    else
+        bad "README: \$ $cmd differs from the README"; diff "$TMP/want" "$TMP/got" | head -6 | sed 's/^/    /'
+    fi
+done
+[ "$nt" -ge 3 ] && ok "$nt model transcripts of the README run" || bad "only $nt model transcripts found"
+
 # ---- every example of help ----------------------------------------------------------------------------------
 "$SEPAL" --dump-examples | sub_model > "$TMP/examples"
 # a server for the connect examples: ws and DHT on 127.0.0.1:31330
