@@ -147,9 +147,9 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
 /* Cancellation, the one path for Ctrl-C: sp_runtime_cancel (async-signal-safe: it only sets a flag) makes
  * the work in progress stop soon: a pending network wait returns SP_ERR_CANCELLED within 100 ms, retries and
  * their back-off end, `swarm up` stops starting servers, generation stops between tokens and training after
- * the step in flight (the callers check sp_runtime_cancelled; see sp_runtime_finish_steps). Nothing is banned for it, and the swarm and the sessions of
- * later requests are unaffected. The flag stays set until sp_runtime_cancel_clear (the front end clears it
- * before each command). */
+ * the step in flight (the callers check sp_runtime_cancelled; see sp_runtime_finish_steps). Nothing is banned
+ * for it, and the swarm and the sessions of later requests are unaffected. The flag stays set until
+ * sp_runtime_cancel_clear (the front end clears it before each command). */
 void sp_runtime_cancel(sp_runtime *rt);
 void sp_runtime_cancel_clear(sp_runtime *rt);
 int sp_runtime_cancelled(const sp_runtime *rt);

@@ -100,13 +100,16 @@ keys C-l
 keys "train sst2 --tuning deep_ptune --max-steps 500 --epochs 1 --save $TMP/ctrlc.safetensors" Enter
 check "training runs" "step 2/" 60
 keys C-c
-if prompt_within 1; then ok "training: the prompt is back within 1 s"; else bad "training: no prompt within 1 s"; pane | tail -5 | sed 's/^/    /'; fi
+if prompt_within 1; then ok "training: the prompt is back within 1 s"; else
+    bad "training: no prompt within 1 s"; pane | tail -5 | sed 's/^/    /'; fi
 check "training: stopped after the step in flight" "^\^C \(stopped after step [0-9]+ of [0-9]+\)$"
 done_steps=$(pane | grep -oE '^\^C \(stopped after step [0-9]+' | tail -1 | grep -oE '[0-9]+$')
 last_step=$(pane | grep -oE '^epoch 1 step [0-9]+/' | tail -1 | grep -oE '[0-9]+/' | tr -d /)
-[ -n "$done_steps" ] && [ "$done_steps" = "$last_step" ] && ok "training: every step begun was applied and shown ($done_steps)" ||
+[ -n "$done_steps" ] && [ "$done_steps" = "$last_step" ] &&
+    ok "training: every step begun was applied and shown ($done_steps)" ||
     bad "training: stopped after '$done_steps', last step shown '$last_step'"
-check "training: --save says what it saved" "^saved the parameters after ${done_steps:-X} steps? to $TMP/ctrlc\.safetensors$"
+check "training: --save says what it saved" \
+    "^saved the parameters after ${done_steps:-X} steps? to $TMP/ctrlc\.safetensors$"
 keys C-l
 keys "eval --load $TMP/ctrlc.safetensors --eval-batches 1" Enter
 check "training: the saved file is valid (eval --load reads it)" "^sst2: accuracy=[0-9.]+ " 60
@@ -117,7 +120,8 @@ keys C-l
 keys "eval sst2 --tuning deep_ptune" Enter
 check "eval runs" "validation: [0-9]+/[0-9]{2,} batches" 60
 keys C-c
-if prompt_within 1; then ok "eval: the prompt is back within 1 s"; else bad "eval: no prompt within 1 s"; pane | tail -5 | sed 's/^/    /'; fi
+if prompt_within 1; then ok "eval: the prompt is back within 1 s"; else
+    bad "eval: no prompt within 1 s"; pane | tail -5 | sed 's/^/    /'; fi
 check "eval: it says how far it went" "^\^C \(validation stopped after [0-9]+ of [0-9]+ batches\)$"
 keys "servers" Enter
 sleep 0.5
@@ -231,12 +235,15 @@ for how in -f stdin; do
         rc=$?
         BGPID=
         want=$([ $sig = INT ] && echo 130 || echo 143)
-        [ "$rc" -eq "$want" ] && ok "$how script: SIG$sig exits $want" || { bad "$how script: SIG$sig exit $rc"; tail -3 "$TMP/out"; }
+        [ "$rc" -eq "$want" ] && ok "$how script: SIG$sig exits $want" ||
+            { bad "$how script: SIG$sig exit $rc"; tail -3 "$TMP/out"; }
         sleep 0.5
         left=0
         for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
-        [ -n "$kids" ] && [ "$left" -eq 0 ] && ok "$how script: SIG$sig stops its server" || bad "$how script: servers '$kids', $left left"
-        grep -q "not reached" "$TMP/out" && bad "$how script: SIG$sig: the script went on" || ok "$how script: SIG$sig stops the script"
+        [ -n "$kids" ] && [ "$left" -eq 0 ] && ok "$how script: SIG$sig stops its server" ||
+            bad "$how script: servers '$kids', $left left"
+        grep -q "not reached" "$TMP/out" && bad "$how script: SIG$sig: the script went on" ||
+            ok "$how script: SIG$sig stops the script"
     done
 done
 finish

@@ -36,8 +36,10 @@ has "eval: plain progress lines" "^validation: 2/2 batches( .*)? in [0-9.]+s$" "
 has "train: its validation's progress line" "^validation: 1/1 batches( .*)? in [0-9.]+s$" "$TMP/err"
 has "train: the steps on stdout" "^epoch 1 step 2/2: loss [0-9.]+" "$TMP/out"
 has "eval reads sst2 from SEPAL_CACHE=~/cache" "^sst2: accuracy=[0-9.]+ n=32 " "$TMP/out"
-[ -s "$H/p.safetensors" ] && ok "train --save ~/p.safetensors writes \$HOME/p.safetensors" || bad "nothing in $H/p.safetensors"
-[ -s "$H/cache/throughput.json" ] && ok "the servers' throughput cache is in \$HOME/cache" || bad "no $H/cache/throughput.json"
+[ -s "$H/p.safetensors" ] && ok "train --save ~/p.safetensors writes \$HOME/p.safetensors" ||
+    bad "nothing in $H/p.safetensors"
+[ -s "$H/cache/throughput.json" ] && ok "the servers' throughput cache is in \$HOME/cache" ||
+    bad "no $H/cache/throughput.json"
 n=$(find "$TMP" -name '~' | wc -l)
 [ "$n" -eq 0 ] && ok "no directory named ~" || bad "$n paths named ~: $(find "$TMP" -name '~')"
 
@@ -46,7 +48,8 @@ n=$(find "$TMP" -name '~' | wc -l)
     "$SEPAL" --quiet -c "$SCRIPT; $TRAIN" > "$TMP/qout" 2> "$TMP/qerr")
 rc=$?
 [ $rc -eq 0 ] && ok "--quiet: the session exits 0" || bad "--quiet: exit $rc"
-[ ! -s "$TMP/qerr" ] && ok "--quiet: nothing on stderr" || { bad "--quiet: stderr says"; head -5 "$TMP/qerr" | sed 's/^/    /'; }
+[ ! -s "$TMP/qerr" ] && ok "--quiet: nothing on stderr" ||
+    { bad "--quiet: stderr says"; head -5 "$TMP/qerr" | sed 's/^/    /'; }
 has "--quiet: the results still come" "^sst2: accuracy=[0-9.]+ n=32 " "$TMP/qout"
 has "--quiet: the training steps still come" "^epoch 1: validation accuracy=" "$TMP/qout"
 
@@ -58,6 +61,7 @@ exec "$SEPAL_SERVER_BIN" "\$@"
 EOF
 chmod +x "$TMP/slow-server"
 SEPAL_SERVER_BIN="$TMP/slow-server" "$SEPAL" -c "load $M; swarm up 3" > /dev/null 2> "$TMP/derr"
-has "default interval: a swarm up of 2 s or more ends with its line" "^starting servers: 3/3( .*)? in [0-9.]+s$" "$TMP/derr"
+has "default interval: a swarm up of 2 s or more ends with its line" "^starting servers: 3/3( .*)? in [0-9.]+s$" \
+    "$TMP/derr"
 has "swarm up: the exact span line" "^3 servers: blocks 0:2, 2:4, 4:6$" "$TMP/derr"
 finish

@@ -50,12 +50,16 @@ while read -r line; do
     [ -z "$extra" ] && ok "README row of '$path' names no other option" || bad "README row of '$path' names options it does not take:$extra"
     # its aliases (help's "aliases: a,b"): each in its README row and in `help`'s list, each one the command
     read -ra als <<< "$(printf '%s\n' "$helptext" | sed -n 's/^aliases: //p' | tr ',' ' ')" # no globbing of `?`
-    also=$(printf '%s\n' "$helplist" | grep -E "^  $path " | grep -oE '\(also: [^)]*\)' | sed 's/^(also: //; s/)$//; s/, /\n/g')
+    also=$(printf '%s\n' "$helplist" | grep -E "^  $path " | grep -oE '\(also: [^)]*\)' |
+        sed 's/^(also: //; s/)$//; s/, /\n/g')
     for al in "${als[@]}"; do
         naliases=$((naliases + 1))
-        printf '%s\n' "$row" | grep -qF -- "\`$al\`" && ok "README row of '$path' names its alias $al" || bad "README row of '$path' lacks its alias $al"
-        printf '%s\n' "$also" | grep -qxF -- "$al" && ok "help lists the alias $al of $path" || bad "help does not list the alias $al of $path"
-        "$SEPAL" -c "help $al" 2>&1 | grep -qE "^usage: $path( |$)" && ok "the alias $al is $path" || bad "help $al is not $path's"
+        printf '%s\n' "$row" | grep -qF -- "\`$al\`" && ok "README row of '$path' names its alias $al" ||
+            bad "README row of '$path' lacks its alias $al"
+        printf '%s\n' "$also" | grep -qxF -- "$al" && ok "help lists the alias $al of $path" ||
+            bad "help does not list the alias $al of $path"
+        "$SEPAL" -c "help $al" 2>&1 | grep -qE "^usage: $path( |$)" && ok "the alias $al is $path" ||
+            bad "help $al is not $path's"
     done
 done < "$TMP/cmds"
 [ "$naliases" -ge 4 ] && ok "$naliases aliases checked" || bad "only $naliases aliases found"

@@ -29,7 +29,8 @@ done
     bad "model generate: --seed $sa twice differs"
 cmp -s "$TMP/a.out" "$TMP/c.out" && ok "model generate: --seed S repeats the run that printed S" ||
     bad "model generate: --seed $sa does not repeat its run: '$(cat "$TMP/a.out")' vs '$(cat "$TMP/c.out")'"
-[ "$(seed_of "$TMP/c.err")" = "$sa" ] && ok "model generate: --seed S prints S" || bad "model generate: --seed S printed another"
+[ "$(seed_of "$TMP/c.err")" = "$sa" ] && ok "model generate: --seed S prints S" ||
+    bad "model generate: --seed S printed another"
 "$SEPAL" model generate "$M" --prompt "The cat" --max-new-tokens 8 2> "$TMP/g.err" > /dev/null
 grep -q "seed" "$TMP/g.err" && bad "greedy model generate prints a seed" || ok "greedy model generate prints no seed"
 
@@ -53,8 +54,10 @@ echo "load $M; swarm up 2" >&3
 g="generate 'The cat' ${SAMPLE[*]}"
 printf 'echo ==1==; %s\necho ==2==; %s\n' "$g" "$g" >&3
 wait_err 2 || bad "the swarm session did not generate twice: $(tail -3 "$TMP/s.err")"
-s1=$(grep -oE '; seed [0-9]+$' "$TMP/s.err" | sed -n 1p | grep -oE '[0-9]+'); s2=$(grep -oE '; seed [0-9]+$' "$TMP/s.err" | sed -n 2p | grep -oE '[0-9]+')
-[ -n "$s1" ] && [ -n "$s2" ] && [ "$s1" != "$s2" ] && ok "generate: two runs without --seed draw different seeds ($s1, $s2)" ||
+seed_n() { grep -oE '; seed [0-9]+$' "$TMP/s.err" | sed -n "$1p" | grep -oE '[0-9]+'; }
+s1=$(seed_n 1); s2=$(seed_n 2)
+[ -n "$s1" ] && [ -n "$s2" ] && [ "$s1" != "$s2" ] &&
+    ok "generate: two runs without --seed draw different seeds ($s1, $s2)" ||
     bad "generate: seeds '$s1' and '$s2'"
 printf 'echo ==3==; %s --seed %s\necho ==4==; %s --seed %s\necho ==5==\nquit\n' "$g" "${s1:-1}" "$g" "${s1:-1}" >&3
 exec 3>&-
@@ -63,9 +66,10 @@ rc=$?
 [ $rc -eq 0 ] && ok "the swarm session exits 0" || bad "the swarm session: exit $rc; $(tail -3 "$TMP/s.err")"
 text() { awk -v s="==$1==" -v e="==$(($1 + 1))==" '$0==s{on=1;next} $0==e{on=0} on' "$TMP/s.out"; }
 t1=$(text 1); t3=$(text 3); t4=$(text 4)
-[ -n "$t3" ] && [ "$t3" = "$t4" ] && ok "generate: --seed S twice, the same text" || bad "generate: --seed S twice: '$t3' vs '$t4'"
+[ -n "$t3" ] && [ "$t3" = "$t4" ] && ok "generate: --seed S twice, the same text" ||
+    bad "generate: --seed S twice: '$t3' vs '$t4'"
 [ -n "$t1" ] && [ "$t1" = "$t3" ] && ok "generate: --seed S repeats the run that printed S" ||
     bad "generate: --seed $s1 does not repeat its run: '$t1' vs '$t3'"
-s3=$(grep -oE '; seed [0-9]+$' "$TMP/s.err" | sed -n 3p | grep -oE '[0-9]+')
+s3=$(seed_n 3)
 [ "$s3" = "$s1" ] && ok "generate: --seed S prints S" || bad "generate: --seed $s1 printed '$s3'"
 finish

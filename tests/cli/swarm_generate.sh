@@ -94,10 +94,15 @@ RS=$!
 exec 4> "$TMP/rin"
 trap 'exec 4>&-; kill $RA $RB $RS 2>/dev/null; rm -rf "$TMP"' EXIT
 # wait_n N PATTERN FILE: until FILE has N lines matching PATTERN (60 s at most)
-wait_n() { local i; for i in $(seq 1200); do [ "$(grep -cE -- "$2" "$3")" -ge "$1" ] && return 0; sleep 0.05; done; return 1; }
+wait_n() {
+    local i
+    for i in $(seq 1200); do [ "$(grep -cE -- "$2" "$3")" -ge "$1" ] && return 0; sleep 0.05; done
+    return 1
+}
 trap '' PIPE # a session that ended early: the writes below fail, the checks say why
 echo "load $M; connect --initial-peers 127.0.0.1:$DA" >&4
-wait_n 1 "^server [0-9a-f]+ joined: blocks 0:3" "$TMP/rerr" && wait_n 1 "^server [0-9a-f]+ joined: blocks 3:6" "$TMP/rerr" ||
+wait_n 1 "^server [0-9a-f]+ joined: blocks 0:3" "$TMP/rerr" &&
+    wait_n 1 "^server [0-9a-f]+ joined: blocks 3:6" "$TMP/rerr" ||
     bad "restart: the client did not find both servers: $(tail -2 "$TMP/rerr")"
 echo "generate 'Tom had a red kite' --greedy --max-new-tokens 12" >&4
 wait_n 1 "; stop: " "$TMP/rerr" || bad "restart: the first generation: $(tail -2 "$TMP/rerr")"
@@ -113,12 +118,16 @@ rc=$?
 [ $rc -eq 0 ] && ok "restart: the session exits 0" || bad "restart: exit $rc: $(tail -3 "$TMP/rerr")"
 n=$(grep -cE "^[0-9a-f]{8} .* 127\.0\.0\.1:$PB +3:6 " "$TMP/rout")
 rows=$(grep -cE "^[0-9a-f]{8} " "$TMP/rout")
-[ "$n" -eq 1 ] && [ "$rows" -eq 2 ] && ok "restart: servers shows one row per server" || bad "restart: $n rows for :$PB, $rows in all"
+[ "$n" -eq 1 ] && [ "$rows" -eq 2 ] && ok "restart: servers shows one row per server" ||
+    bad "restart: $n rows for :$PB, $rows in all"
 grep -vE "^(Tom had|id |[0-9a-f]{8} )" "$TMP/rout" > "$TMP/rroute"
-grep -qE "^0:3 127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\) -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\); [0-9]+ steps/s expected$" "$TMP/rroute" &&
-    [ "$(wc -l < "$TMP/rroute")" -eq 1 ] && ok "restart: route prints one chain" || { bad "restart: route"; sed 's/^/    /' "$TMP/rroute"; }
+hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
+grep -qE "^0:3 $hop -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\); [0-9]+ steps/s expected$" "$TMP/rroute" &&
+    [ "$(wc -l < "$TMP/rroute")" -eq 1 ] && ok "restart: route prints one chain" ||
+    { bad "restart: route"; sed 's/^/    /' "$TMP/rroute"; }
 t1=$(grep '^Tom had' "$TMP/rout" | head -1); t2=$(grep '^Tom had' "$TMP/rout" | tail -1)
-[ "$(grep -c '^Tom had' "$TMP/rout")" -eq 2 ] && [ "$t1" = "$t2" ] && ok "restart: the same greedy text" || bad "restart: '$t1' vs '$t2'"
+[ "$(grep -c '^Tom had' "$TMP/rout")" -eq 2 ] && [ "$t1" = "$t2" ] && ok "restart: the same greedy text" ||
+    bad "restart: '$t1' vs '$t2'"
 kill $RA $RB 2>/dev/null
 wait $RA $RB 2>/dev/null
 
