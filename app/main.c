@@ -40,8 +40,10 @@ static void usage(FILE *f)
                "  model generate DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--seed S]\n"
                "  model convert-llama2c MODEL.bin TOKENIZER.bin OUTDIR\n"
                "\n"
-               "environment: SEPAL_CACHE (default ~/.cache/sepal), SEPAL_HISTORY (default ~/.sepal_history),\n"
-               "  SEPAL_SERVER_BIN (the sepal-server of `swarm up`), NO_COLOR, SEPAL_TUI_REPLAY_SPEED\n"
+               "environment: SEPAL_CACHE (default $XDG_CACHE_HOME/sepal, else ~/.cache/sepal), SEPAL_HISTORY\n"
+               "  (default ~/.sepal_history), SEPAL_SERVER_BIN (the sepal-server of `swarm up`), SEPAL_VERBOSE=1\n"
+               "  (library warnings too), SEPAL_PROGRESS_INTERVAL (seconds between progress lines when stderr is\n"
+               "  not a terminal; default 10), NO_COLOR, SEPAL_TUI_REPLAY_SPEED\n"
                "exit status: 0 success, 1 a command failed, 2 usage error or unsupported, 130/143 stopped by\n"
                "  SIGINT/SIGTERM (the TUI: 130 when Ctrl-C twice quits it)\n");
 }
@@ -151,6 +153,7 @@ static int run_front_ends(int argc, char **argv)
     sp_app app;
     sp_app_init(&app, sp_line_sink());
     app.quiet = fe.quiet;
+    sp_line_set_quiet(fe.quiet);
     if (fe.dump || fe.examples) {
         if (fe.dump)
             sp_cmd_dump(&app);

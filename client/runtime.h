@@ -143,6 +143,8 @@ typedef struct sp_runtime {
 
     const sp_rt_clock *clock; /* NULL: sp_now_s and real sleeps (see sp_rt_clock) */
     int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
+    int cancel_waits;      /* ... and its network waits and back-offs end now (atomic) */
+    int finish_steps;      /* sp_runtime_finish_steps: a first cancel lets the step in flight finish (atomic) */
     /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records without
      * its tag are dropped, and swarm up starts its servers with it */
     int has_key;
@@ -154,15 +156,21 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
 
 /* Cancellation, the one path for Ctrl-C: sp_runtime_cancel (async-signal-safe: it only sets a flag) makes
  * the work in progress stop soon: a pending network wait returns SP_ERR_CANCELLED within 100 ms, retries and
- * their back-off end, `swarm up` stops starting servers, generation stops between tokens and training between
- * steps (the callers check sp_runtime_cancelled). Nothing is banned for it, and the swarm and the sessions of
- * later requests are unaffected. The flag stays set until sp_runtime_cancel_clear (the front end clears it
- * before each command). */
+ * their back-off end, `swarm up` stops starting servers, generation stops between tokens and training after
+ * the step in flight (the callers check sp_runtime_cancelled; see sp_runtime_finish_steps). Nothing is banned
+ * for it, and the swarm and the sessions of later requests are unaffected. The flag stays set until
+ * sp_runtime_cancel_clear (the front end clears it before each command). */
 void sp_runtime_cancel(sp_runtime *rt);
 void sp_runtime_cancel_clear(sp_runtime *rt);
 int sp_runtime_cancelled(const sp_runtime *rt);
 /* Seconds on the clock bans are measured on (rt->clock's, else sp_now_s): compare banned_until with it. */
 double sp_runtime_now(const sp_runtime *rt);
+/* While on (training's steps), a first sp_runtime_cancel only asks the work to stop: the step in flight
+ * finishes, its network waits and retries running as usual, and the caller stops after it; a second cancel
+ * (or one when off) ends the waits too. Turning it off after a cancel ends them as well. */
+void sp_runtime_finish_steps(sp_runtime *rt, int on);
+/* Whether network waits and back-offs must end now (what the connections' waits check). */
+int sp_runtime_waits_cancelled(const sp_runtime *rt);
 void sp_runtime_free(sp_runtime *rt); /* also stops a swarm it started and its DHT node */
 
 /* Loads config, tokenizer (if present) and ONLY the local parts of the model in dir; a DHT view then

@@ -1,6 +1,10 @@
 #include "rng.h"
 
+#include <fcntl.h>
 #include <math.h>
+#include <unistd.h>
+
+#include "timeutil.h"
 
 void sp_rng_seed(sp_rng *r, uint64_t seed)
 {
@@ -43,4 +47,15 @@ void sp_rng_fill_normal(sp_rng *r, float *x, long n, float std)
 {
     for (long i = 0; i < n; i++)
         x[i] = std * sp_rng_normal(r);
+}
+
+uint64_t sp_rng_fresh_seed(void)
+{
+    uint64_t s = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &s, sizeof s) != (ssize_t)sizeof s)
+        s = (uint64_t)sp_now_ns() ^ ((uint64_t)getpid() << 32);
+    if (fd >= 0)
+        close(fd);
+    return s & 0x7fffffffffffffffull;
 }

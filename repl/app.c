@@ -20,6 +20,9 @@ void sp_emit(sp_app *app, const sp_ui_event *ev)
 {
     if (app->quiet && (ev->kind == SP_UI_NOTICE || ev->kind == SP_UI_PROGRESS || ev->kind == SP_UI_PROGRESS_END))
         return;
+    if (app->quiet && ev->kind == SP_UI_RUNTIME && ev->rt && /* the runtime's progress and notices too */
+        (ev->rt->kind == SP_EV_PROGRESS || ev->rt->kind == SP_EV_INFO || ev->rt->kind == SP_EV_SERVER))
+        return;
     if (app->sink.emit)
         app->sink.emit(app->sink.user, ev);
 }

@@ -14,6 +14,7 @@
 
 #include "app.h"
 #include "host.h"
+#include "paths.h"
 #include "runtime.h"
 
 const sp_cmd_group sp_cmd_groups[] = {
@@ -110,14 +111,11 @@ const sp_cmd *sp_cmd_find(const char *name, char *why, size_t cap) { return sp_c
 char *sp_expand_tilde(const char *path)
 {
     const char *home = getenv("HOME");
-    if (path[0] == '~' && (path[1] == '/' || !path[1]) && home && *home) {
-        size_t n = strlen(home) + strlen(path);
-        char *s = malloc(n + 1);
-        if (s)
-            snprintf(s, n + 1, "%s%s", home, path + 1);
-        return s;
-    }
-    return strdup(path);
+    size_t cap = strlen(path) + (home ? strlen(home) : 0) + 1;
+    char *s = malloc(cap);
+    if (s)
+        sp_expand_home(path, s, cap); /* the one rule, common/paths.c's */
+    return s;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -110,7 +110,8 @@ void sp_cmd_free_argv(int argc, char **argv);
 /* The end of the command that starts at p: the first ';' or '#' outside quotes and escapes, or the end. */
 const char *sp_cmd_end(const char *p);
 
-/* "~" and "~/x" -> $HOME, "~/x"; anything else copied. malloc'd (NULL when out of memory). */
+/* "~" and "~/x" -> $HOME, "$HOME/x"; anything else copied (common/paths.c sp_expand_home, malloc'd: NULL when
+ * out of memory). */
 char *sp_expand_tilde(const char *path);
 
 /* Help text. The synopsis of c ("generate PROMPT [--max-new-tokens N] ...") wrapped at width columns, each

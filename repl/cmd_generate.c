@@ -1,26 +1,13 @@
 /* cmd_generate.c - `generate`: text (or ids) through the swarm, streamed as it comes. */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "app.h"
+#include "rng.h"
 #include "runtime.h"
 #include "timeutil.h"
 #include "trainer.h"
-
-/* A fresh seed: from the kernel, else the clock. */
-static unsigned long long fresh_seed(void)
-{
-    unsigned long long s = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || read(fd, &s, sizeof s) != (ssize_t)sizeof s)
-        s = sp_now_ns() ^ ((unsigned long long)getpid() << 32);
-    if (fd >= 0)
-        close(fd);
-    return s & 0x7fffffffffffffffull; /* as --seed accepts it */
-}
 
 /* "1,2,3" -> ids (malloc'd). */
 static int parse_ids(sp_app *app, const char *s, int32_t **ids, int *n)
@@ -71,7 +58,7 @@ static int gen_opts(sp_app *app, const sp_args *a, sp_gen_opts *o, unsigned long
     if (sv && strcmp(sv, "random")) {
         *seed = (unsigned long long)sp_arg_int(app, a, "--seed", 0);
     } else {
-        *seed = fresh_seed();
+        *seed = sp_rng_fresh_seed();
     }
     o->sample.seed = *seed;
     o->cancel = &app->cancel;

@@ -12,6 +12,7 @@
 #include "config.h"
 #include "convert_llama2c.h"
 #include "model.h"
+#include "rng.h"
 #include "safetensors.h"
 #include "timeutil.h"
 #include "tokenizer.h"
@@ -426,7 +427,8 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     o.sample.temperature = (float)sp_arg_num(app, a, "--temperature", 0);
     o.sample.top_k = (int)sp_arg_int(app, a, "--top-k", 0);
     o.sample.top_p = (float)sp_arg_num(app, a, "--top-p", 1);
-    o.sample.seed = (uint64_t)sp_arg_int(app, a, "--seed", 0);
+    /* no --seed: a fresh one, printed at the end so that --seed S repeats the run (as `generate` does) */
+    o.sample.seed = sp_arg_given(a, "--seed") ? (uint64_t)sp_arg_int(app, a, "--seed", 0) : sp_rng_fresh_seed();
     o.stop_at_eos = !sp_arg_given(a, "--ignore-eos");
     o.min_new = (int)sp_arg_int(app, a, "--min-new-tokens", 0);
     o.cancel = &app->cancel;
@@ -454,7 +456,8 @@ static const sp_opt gen_opts[] = {
     {"--temperature", SP_OPT_NUM, "T", 0, 100, NULL, NULL, "0", "sampling temperature; 0 is greedy"},
     {"--top-k", SP_OPT_INT, "K", 0, 1 << 30, NULL, NULL, "0", "sample among the K likeliest tokens; 0 is off"},
     {"--top-p", SP_OPT_NUM, "P", 1e-9, 1, NULL, NULL, "1", "nucleus sampling; 1 is off"},
-    {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, NULL, "0", "seed of sampling"},
+    {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, NULL, "a fresh one",
+     "seed of sampling (printed at the end when it sampled): the same seed repeats a run"},
     {"--ignore-eos", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL,
      "go on past the end-of-text token until --max-new-tokens"},
     {"--min-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "0",

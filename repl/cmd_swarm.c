@@ -248,7 +248,9 @@ static const sp_cmd swarm_subs[] = {
      .summary = "start N sepal-server processes on 127.0.0.1 as a real swarm, and join it",
      .help = "The first server starts the swarm (its DHT node), the others and this app join through it, and each "
              "server chooses its blocks where the swarm needs them: an even split, or K each. It waits until all "
-             "serve. Ctrl-C stops it and the servers it started. A second `swarm up` is refused while one is up.",
+             "serve. Ctrl-C stops it and the servers it started. A second `swarm up` is refused while one is up. "
+             "Server I writes its log to $TMPDIR/sepal-swarm-PID-I.log (TMPDIR: /tmp when unset; PID: this "
+             "app's), removed by `swarm down` and kept when the server dies (the message names it).",
      .examples = "swarm up 3\nswarm up 4 --blocks-per-server 3", .fn = cmd_swarm_up},
     {.name = "down", .args = "", .max_pos = 0, .summary = "stop the servers of swarm up (each announces OFFLINE)",
      .examples = "swarm down", .fn = cmd_swarm_down},

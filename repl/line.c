@@ -24,11 +24,13 @@
 static struct {
     pthread_mutex_t lock;
     int init;
+    int quiet;            /* sp_line_set_quiet */
     int tty_err, tty_out, color;
     int progress_shown;   /* a progress line is on stderr's current line (tty) */
     char progress_what[96];
     double progress_t0, progress_last, progress_done0;
     double progress_plain_last;
+    double plain_every;   /* not a tty: a plain progress line every this many seconds (SEPAL_PROGRESS_INTERVAL) */
     int gen_open;         /* a generation's text is being streamed on stdout */
     int out_col0;         /* stdout is at the start of a line */
 } L = {.lock = PTHREAD_MUTEX_INITIALIZER, .out_col0 = 1};
@@ -42,6 +44,10 @@ static void line_init(void)
     L.tty_out = isatty(STDOUT_FILENO);
     const char *term = getenv("TERM"), *nc = getenv("NO_COLOR");
     L.color = L.tty_err && !(nc && *nc) && !(term && !strcmp(term, "dumb"));
+    const char *pe = getenv("SEPAL_PROGRESS_INTERVAL");
+    char *end = NULL;
+    double every = pe && *pe ? strtod(pe, &end) : NAN;
+    L.plain_every = end && !*end && isfinite(every) && every >= 0 ? every : 10;
 }
 
 /* A Ctrl-C during a command: the terminal echoed "^C" where the cursor was; the next output starts a line. */
@@ -158,7 +164,8 @@ static void show_progress(const sp_ui_event *ev)
             L.progress_shown = 0;
         }
         fflush(stderr);
-    } else if ((last && el >= 2) || now - L.progress_plain_last >= 10) { /* plain: every 10 s, the end of long work */
+    } else if ((last && el >= L.plain_every / 5) || now - L.progress_plain_last >= L.plain_every) {
+        /* plain lines: every 10 s, and the end of work that took 2 s or more */
         L.progress_plain_last = now;
         fflush(stdout);
         fprintf(stderr, "%s\n", line);
@@ -217,7 +224,9 @@ static void gen_end(const sp_ui_event *ev)
 static void train_event(const sp_train_event *e)
 {
     char t[640];
-    if (e->eval_total > 0) {
+    if (e->eval_total > 0 && L.quiet) {
+        return;
+    } else if (e->eval_total > 0) {
         sp_ui_event p = {.kind = SP_UI_PROGRESS, .what = "validation", .done = e->eval_done, .total = e->eval_total,
                          .unit = "batches"};
         show_progress(&p);
@@ -228,7 +237,7 @@ static void train_event(const sp_train_event *e)
         snprintf(t, sizeof t, "epoch %d step %d/%d: loss %.4f lr %.2e (%.0f tok/s)\n", e->epoch, e->step,
                  e->steps_total, e->loss, e->lr, e->tokens_per_s);
         out_text(t);
-        if (L.tty_err) { /* a line below the steps: how far, how fast, how long still */
+        if (L.tty_err && !L.quiet) { /* a line below the steps: how far, how fast, how long still */
             sp_ui_event p = {.kind = SP_UI_PROGRESS, .what = "training", .done = e->step, .total = e->steps_total,
                              .unit = "steps"};
             show_progress(&p);
@@ -258,7 +267,10 @@ static void line_emit(void *user, const sp_ui_event *ev)
     case SP_UI_GEN_TEXT: out_text(ev->text); break;
     case SP_UI_GEN_END: gen_end(ev); break;
     case SP_UI_TRAIN: train_event(ev->train); break;
-    case SP_UI_TRAIN_BEGIN: err_line(C_DIM, "", NULL, ev->text); break;
+    case SP_UI_TRAIN_BEGIN:
+        if (!L.quiet)
+            err_line(C_DIM, "", NULL, ev->text);
+        break;
     case SP_UI_TRAIN_END: break; /* the command says how it ended */
     case SP_UI_RUNTIME: runtime_event(ev->rt); break;
     case SP_UI_LINE: break; /* scripts run quietly */
@@ -267,6 +279,13 @@ static void line_emit(void *user, const sp_ui_event *ev)
 }
 
 sp_sink sp_line_sink(void) { return (sp_sink){.emit = line_emit, .user = NULL}; }
+
+void sp_line_set_quiet(int quiet)
+{
+    pthread_mutex_lock(&L.lock);
+    L.quiet = quiet;
+    pthread_mutex_unlock(&L.lock);
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* signals */

@@ -8,6 +8,9 @@
 
 /* The sink of the line front end (its state is static: one per process). */
 sp_sink sp_line_sink(void);
+/* --quiet: what the sink draws itself is quiet too (training's progress line, what is trained); the app
+ * drops notices and progress events before they reach it (sp_emit). */
+void sp_line_set_quiet(int quiet);
 
 /* Signals: SIGINT and SIGTERM cancel the command in progress (sp_app_cancel); at the REPL's prompt Ctrl-C
  * clears the line. A second one while the first is being honoured leaves at once (the history saved; the

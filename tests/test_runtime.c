@@ -372,6 +372,36 @@ START_TEST(t_threads)
 }
 END_TEST
 
+/* Cancellation: a first cancel while steps are to finish leaves the waits alone; a second one, a cancel
+ * outside such steps, or their end after a cancel, ends the waits too; clearing resets both. */
+START_TEST(t_cancel_finish_steps)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    sp_runtime_cancel(rt);
+    ck_assert(sp_runtime_cancelled(rt) && sp_runtime_waits_cancelled(rt));
+    sp_runtime_cancel_clear(rt);
+    ck_assert(!sp_runtime_cancelled(rt) && !sp_runtime_waits_cancelled(rt));
+    sp_runtime_finish_steps(rt, 1);
+    sp_runtime_cancel(rt);
+    ck_assert(sp_runtime_cancelled(rt));
+    ck_assert_msg(!sp_runtime_waits_cancelled(rt), "the first cancel lets the step finish");
+    sp_runtime_cancel(rt);
+    ck_assert_msg(sp_runtime_waits_cancelled(rt), "a second cancel ends the waits");
+    sp_runtime_cancel_clear(rt);
+    sp_runtime_cancel(rt);
+    ck_assert(!sp_runtime_waits_cancelled(rt));
+    sp_runtime_finish_steps(rt, 0);
+    ck_assert_msg(sp_runtime_waits_cancelled(rt), "the step over, nothing is waited for");
+    sp_runtime_cancel_clear(rt);
+    sp_runtime_finish_steps(rt, 1);
+    sp_runtime_finish_steps(rt, 0);
+    ck_assert(!sp_runtime_cancelled(rt) && !sp_runtime_waits_cancelled(rt));
+    sp_runtime_free(rt);
+}
+END_TEST
+
 START_TEST(t_errors)
 {
     sp_runtime *rt = NULL;
@@ -402,6 +432,7 @@ int main(void)
     TCase *tc = tcase_create("runtime");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_local_parts_only);
+    tcase_add_test(tc, t_cancel_finish_steps);
     tcase_add_test(tc, t_greedy_matches_transformers);
     tcase_add_test(tc, t_swarm_equals_local);
     tcase_add_test(tc, t_beams_score_at_least_greedy);

@@ -86,14 +86,14 @@ double sp_rt_backoff(const sp_runtime *rt, int attempt)
 int sp_rt_sleep(sp_runtime *rt, double s)
 {
     if (rt->clock) { /* a test's clock: it moves by itself */
-        if (sp_runtime_cancelled(rt))
+        if (sp_runtime_waits_cancelled(rt))
             return -1;
         rt->clock->sleep(rt->clock->user, s);
         return 0;
     }
     double end = sp_now_s() + s;
     for (;;) {
-        if (sp_runtime_cancelled(rt))
+        if (sp_runtime_waits_cancelled(rt))
             return -1;
         double left = end - sp_now_s();
         if (left <= 0)

@@ -144,7 +144,7 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     }
     c->r = r;
     c->users = 1;
-    sp_remote_set_cancel(r, &rt->cancel);
+    sp_remote_set_cancel(r, &rt->cancel_waits);
     pthread_mutex_lock(&rt->lock);
     if (e->conn) { /* another thread connected meanwhile: use that one */
         sp_conn *other = e->conn;
@@ -307,7 +307,7 @@ static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *
         sp_remote_close(r);
         return SP_ERR_ARG;
     }
-    sp_remote_set_cancel(r, &rt->cancel);
+    sp_remote_set_cancel(r, &rt->cancel_waits);
     sp_server_record rec = {.port = port, .start = h->start, .end = h->end, .state = SP_SERVER_ONLINE,
                             .cache_tokens_left = -1, .config_hash = h->config_hash, .num_blocks = h->num_blocks};
     snprintf(rec.id, sizeof rec.id, "%.*s", (int)sizeof rec.id - 1, h->id[0] ? h->id : "");

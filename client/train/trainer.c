@@ -693,6 +693,8 @@ sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err)
         sp_t *logits = st ? NULL : forward_logits(t, &b, 0, 0, err);
         if (!st && !logits)
             st = err && err->code ? err->code : SP_ERR_IO;
+        if (st == SP_ERR_CANCELLED) /* a wait the cancel ended: say so as between batches */
+            st = sp_errf(err, SP_ERR_CANCELLED, "validation stopped after %d of %d batches", s / bs, nb);
         if (!st) {
             sp_t *l = default_loss(t, logits, &b, err);
             if (l) {
@@ -755,7 +757,11 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
             }
             double t0 = sp_now_s();
             memset(t->positions, 0, sizeof t->positions);
+            if (t->rt) /* a Ctrl-C lets this step finish (a second one ends it, not applied) */
+                sp_runtime_finish_steps(t->rt, 1);
             st = sp_trainer_step(t, order + s, k, &loss, err);
+            if (t->rt)
+                sp_runtime_finish_steps(t->rt, 0);
             if (st == SP_ERR_CANCELLED) {
                 sp_errf(err, SP_ERR_CANCELLED, "stopped during step %d of %d (not applied)", step + 1, total);
                 break;

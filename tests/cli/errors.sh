@@ -107,6 +107,14 @@ expect 0 "model generate clamps the same way" "warning: --max-new-tokens 1000: .
 expect 1 "model generate refuses an over-long prompt" "the prompt has [0-9]+ tokens, more than the model's context of 256" -- \
     "$SEPAL" model generate "$M" --prompt "$LONG"
 
+# ---- swarm up: the blocks-per-server setting that cannot cover the model, nothing started -------------------
+expect 1 "swarm up: servers of K blocks that cannot cover the model" \
+    "^sepal: swarm up: 2 servers of 2 blocks cannot cover the model's 6 blocks \(need at least 3 servers\)$" -- \
+    "$SEPAL" -c "load $M; set blocks-per-server 2; swarm up 2"
+expect 1 "swarm up: more blocks per server than the model has" \
+    "^sepal: swarm up: --blocks-per-server 7 is more than the model's 6 blocks$" -- \
+    "$SEPAL" -c "load $M; swarm up 2 --blocks-per-server 7"
+
 # ---- parameters of another model ---------------------------------------------------------------------------
 "$SEPAL" -c "load $M; swarm up 2; train sst2 --tuning ptune --pre-seq-len 4 --max-steps 2 --eval-batches 1 --save $TMP/p15.safetensors" > /dev/null 2>&1
 [ -s "$TMP/p15.safetensors" ] && ok "train --save wrote a file" || bad "train --save wrote nothing"

@@ -19,6 +19,10 @@ sub_model() { sed "s#~/.cache/sepal/models/stories15M#$M#g"; }
 
 # ---- options: table, help, README ------------------------------------------------------------------------
 "$SEPAL" --dump-commands > "$TMP/cmds" || bad "--dump-commands failed"
+# `help`'s list, a command's wrapped summary joined into its line
+helplist=$("$SEPAL" -c help | awk '/^  [a-z?]/ { if (l != "") print l; l = $0; next }
+    /^   +/ { sub(/^ +/, " "); l = l $0; next } { if (l != "") print l; l = "" } END { if (l != "") print l }')
+naliases=0
 while read -r line; do
     words=($line)
     path=""
@@ -44,14 +48,29 @@ while read -r line; do
         printf ' %s ' "${opts[@]}" | grep -q -- " $o " || extra="$extra $o"
     done
     [ -z "$extra" ] && ok "README row of '$path' names no other option" || bad "README row of '$path' names options it does not take:$extra"
+    # its aliases (help's "aliases: a,b"): each in its README row and in `help`'s list, each one the command
+    read -ra als <<< "$(printf '%s\n' "$helptext" | sed -n 's/^aliases: //p' | tr ',' ' ')" # no globbing of `?`
+    also=$(printf '%s\n' "$helplist" | grep -E "^  $path " | grep -oE '\(also: [^)]*\)' |
+        sed 's/^(also: //; s/)$//; s/, /\n/g')
+    for al in "${als[@]}"; do
+        naliases=$((naliases + 1))
+        printf '%s\n' "$row" | grep -qF -- "\`$al\`" && ok "README row of '$path' names its alias $al" ||
+            bad "README row of '$path' lacks its alias $al"
+        printf '%s\n' "$also" | grep -qxF -- "$al" && ok "help lists the alias $al of $path" ||
+            bad "help does not list the alias $al of $path"
+        "$SEPAL" -c "help $al" 2>&1 | grep -qE "^usage: $path( |$)" && ok "the alias $al is $path" ||
+            bad "help $al is not $path's"
+    done
 done < "$TMP/cmds"
+[ "$naliases" -ge 4 ] && ok "$naliases aliases checked" || bad "only $naliases aliases found"
 for o in $("$SEPAL" --help | grep -oE -- '(^| )--?[a-z][a-z-]*' | sort -u); do
     grep -qE -- "(^|[^a-z-])$o([^a-z0-9-]|$)" "$R" && ok "README mentions sepal $o" || bad "README lacks sepal $o"
 done
 for s in $("$SEPAL" -c show | awk '{print $1}'); do
     grep -q -- "\`$s\`" "$R" && ok "README names the setting $s" || bad "README lacks the setting $s"
 done
-for e in SEPAL_CACHE SEPAL_HISTORY SEPAL_SERVER_BIN NO_COLOR; do
+for e in SEPAL_CACHE XDG_CACHE_HOME SEPAL_HISTORY SEPAL_SERVER_BIN SEPAL_VERBOSE SEPAL_PROGRESS_INTERVAL NO_COLOR \
+    SEPAL_TUI_REPLAY_SPEED; do
     "$SEPAL" --help | grep -q "$e" && grep -q "$e" "$R" && ok "$e in --help and README" || bad "$e missing in --help or README"
 done
 
@@ -89,6 +108,25 @@ while IFS= read -r line; do
     [ $rc -eq 0 ] && ok "README: $line" || { bad "README: $line: exit $rc"; printf '%s\n' "$out" | tail -3 | sed 's/^/    /'; }
 done < "$TMP/shell"
 [ "$n" -ge 3 ] && ok "$n shell lines of the README checked" || bad "only $n shell lines found"
+
+# ---- the README's `$ sepal model info|check ...` transcripts run, and print what the README shows -------------
+# (cheap: the tiny checkpoints of tests/data; run from the source tree, where their paths are)
+awk '/^```/ { inb = !inb; act = 0; next } inb && /^\$ / { n++; act = 1 } inb && act { print n "\t" $0 }' "$R" \
+    > "$TMP/transcripts"
+nt=0
+for i in $(cut -f1 "$TMP/transcripts" | sort -un); do
+    cmd=$(awk -F'\t' -v i="$i" '$1 == i' "$TMP/transcripts" | head -1 | cut -f2- | sed 's/^\$ //')
+    case "$cmd" in "sepal model info "* | "sepal model check "*) ;; *) continue ;; esac
+    awk -F'\t' -v i="$i" '$1 == i' "$TMP/transcripts" | tail -n +2 | cut -f2- > "$TMP/want"
+    nt=$((nt + 1))
+    (cd "$SEPAL_SRC_DIR" && SEPAL="$SEPAL" bash -c "\"\$SEPAL\"${cmd#sepal}") > "$TMP/got" 2>&1
+    if [ -s "$TMP/want" ] && cmp -s "$TMP/want" "$TMP/got"; then
+        ok "README: \$ $cmd prints what the README shows"
+    else
+        bad "README: \$ $cmd differs from the README"; diff "$TMP/want" "$TMP/got" | head -6 | sed 's/^/    /'
+    fi
+done
+[ "$nt" -ge 3 ] && ok "$nt model transcripts of the README run" || bad "only $nt model transcripts found"
 
 # ---- every example of help ----------------------------------------------------------------------------------
 "$SEPAL" --dump-examples | sub_model > "$TMP/examples"

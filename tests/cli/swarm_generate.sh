@@ -122,6 +122,60 @@ expect 0 "beam search through the swarm" "^Once upon a time" -- \
 expect 0 "stop string cuts the text" "^Once upon a time, there was a little girl named Lily\.$" -- \
     "$SEPAL" -c "load $M; swarm up 3; generate 'Once upon a time' --stop ' She' --max-new-tokens 60"
 
+# a server restarted on the same address (kill -9, then the same --port: a new id, the old record still in the
+# DHT): `servers` shows one row per server, `route` one chain, and the greedy text is the same as before
+S="$SEPAL_BIN_DIR/server/sepal-server"
+"$S" --model "$M" --blocks 0:3 --new-swarm --no-measure > "$TMP/ra.out" 2>&1 &
+RA=$!
+for i in $(seq 200); do grep -q "^sepal-server: serving" "$TMP/ra.out" && break; sleep 0.05; done
+DA=$(grep -oE 'DHT 127\.0\.0\.1:[0-9]+' "$TMP/ra.out" | cut -d: -f2)
+"$S" --model "$M" --blocks 3:6 --initial-peers "127.0.0.1:$DA" --no-measure > "$TMP/rb.out" 2>&1 &
+RB=$!
+for i in $(seq 200); do grep -q "^sepal-server: serving" "$TMP/rb.out" && break; sleep 0.05; done
+PB=$(grep -oE 'ws://127\.0\.0\.1:[0-9]+' "$TMP/rb.out" | cut -d: -f3)
+mkfifo "$TMP/rin"
+"$SEPAL" < "$TMP/rin" > "$TMP/rout" 2> "$TMP/rerr" &
+RS=$!
+exec 4> "$TMP/rin"
+trap 'exec 4>&-; kill $RA $RB $RS 2>/dev/null; rm -rf "$TMP"' EXIT
+# wait_n N PATTERN FILE: until FILE has N lines matching PATTERN (60 s at most)
+wait_n() {
+    local i
+    for i in $(seq 1200); do [ "$(grep -cE -- "$2" "$3")" -ge "$1" ] && return 0; sleep 0.05; done
+    return 1
+}
+trap '' PIPE # a session that ended early: the writes below fail, the checks say why
+echo "load $M; connect --initial-peers 127.0.0.1:$DA" >&4
+wait_n 1 "^server [0-9a-f]+ joined: blocks 0:3" "$TMP/rerr" &&
+    wait_n 1 "^server [0-9a-f]+ joined: blocks 3:6" "$TMP/rerr" ||
+    bad "restart: the client did not find both servers: $(tail -2 "$TMP/rerr")"
+echo "generate 'Tom had a red kite' --greedy --max-new-tokens 12" >&4
+wait_n 1 "; stop: " "$TMP/rerr" || bad "restart: the first generation: $(tail -2 "$TMP/rerr")"
+kill -9 $RB
+{ wait $RB; } 2>/dev/null
+"$S" --model "$M" --blocks 3:6 --port "$PB" --initial-peers "127.0.0.1:$DA" --no-measure > "$TMP/rb.out" 2>&1 &
+RB=$!
+wait_n 2 "^server [0-9a-f]+ joined: blocks 3:6" "$TMP/rerr" || bad "restart: the client never saw the new record"
+echo "generate 'Tom had a red kite' --greedy --max-new-tokens 12; servers; route; quit" >&4
+exec 4>&-
+wait $RS
+rc=$?
+[ $rc -eq 0 ] && ok "restart: the session exits 0" || bad "restart: exit $rc: $(tail -3 "$TMP/rerr")"
+n=$(grep -cE "^[0-9a-f]{8} .* 127\.0\.0\.1:$PB +3:6 " "$TMP/rout")
+rows=$(grep -cE "^[0-9a-f]{8} " "$TMP/rout")
+[ "$n" -eq 1 ] && [ "$rows" -eq 2 ] && ok "restart: servers shows one row per server" ||
+    bad "restart: $n rows for :$PB, $rows in all"
+grep -vE "^(Tom had|id |[0-9a-f]{8} )" "$TMP/rout" > "$TMP/rroute"
+hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
+grep -qE "^0:3 $hop -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\); [0-9]+ steps/s expected$" "$TMP/rroute" &&
+    [ "$(wc -l < "$TMP/rroute")" -eq 1 ] && ok "restart: route prints one chain" ||
+    { bad "restart: route"; sed 's/^/    /' "$TMP/rroute"; }
+t1=$(grep '^Tom had' "$TMP/rout" | head -1); t2=$(grep '^Tom had' "$TMP/rout" | tail -1)
+[ "$(grep -c '^Tom had' "$TMP/rout")" -eq 2 ] && [ "$t1" = "$t2" ] && ok "restart: the same greedy text" ||
+    bad "restart: '$t1' vs '$t2'"
+kill $RA $RB 2>/dev/null
+wait $RA $RB 2>/dev/null
+
 # errors: clear message, non-zero exit, no crash
 expect 1 "generate before load" "no model loaded" -- "$SEPAL" -c "generate hello"
 expect 1 "generate without servers" "no servers" -- "$SEPAL" -c "load $M; generate hello"
