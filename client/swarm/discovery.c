@@ -17,6 +17,7 @@
 #define PINGS_PER_GROUP 3
 #define PING_ALPHA 0.2
 #define PING_TIMEOUT_MS 2000
+#define FIRST_ROUND_MS 5000 /* the longest a join or a load waits for the view's first round of gets */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the view's changes become entries */
@@ -103,9 +104,13 @@ sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
                       .key = rt->has_key ? &rt->key : NULL};
     sp_view *v = NULL;
     sp_status st = sp_view_new(&v, rt->dht, &o, err);
-    if (!st)
-        set_view(rt, v);
-    return st;
+    if (st)
+        return st;
+    set_view(rt, v);
+    /* the first round of gets (a few ms on a LAN): the next command finds the servers there already, as a
+     * Petals client waits for its first update before it routes */
+    sp_view_wait_round(v, FIRST_ROUND_MS);
+    return SP_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -206,8 +211,13 @@ sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err
         sp_rt_leave(rt);
         return st;
     }
-    sp_rt_emitf(rt, SP_EV_INFO, 0, "joined the swarm through %s (DHT node on %s:%d)", initial_peers,
-                o.bind, sp_dht_port(rt->dht));
+    int n = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        n += rt->servers[i]->from_dht && !rt->servers[i]->gone;
+    pthread_mutex_unlock(&rt->lock);
+    sp_rt_emitf(rt, SP_EV_INFO, 0, "joined the swarm through %s (DHT node on %s:%d): %d server%s seen%s", initial_peers,
+                o.bind, sp_dht_port(rt->dht), n, n == 1 ? "" : "s", rt->local ? "" : " (load a model to see its servers)");
     return SP_OK;
 }
 
