@@ -112,6 +112,7 @@ static void note_step(sp_server *s, uint64_t t0)
 static void *worker_main(void *arg)
 {
     sp_server *s = arg;
+    pthread_setname_np(pthread_self(), "sp-worker");
     sp_ws ws = {0};
     task *t;
     while ((t = queue_pop(&s->q))) {
@@ -151,7 +152,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     sp_msg_header h = {0};
     sp_msg_header_read(msg->data, msg->len, &h);
     /* A small decode step of a fast span: answer right here, unless another transport thread is doing so */
-    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps &&
+    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && !s->o.workers_only &&
         __atomic_load_n(&s->step_ns, __ATOMIC_RELAXED) < 1000000 && msg->len <= 32768 && queue_idle(&s->q) &&
         pthread_mutex_trylock(&s->inline_lock) == 0) {
         uint64_t t0 = sp_now_ns();
@@ -187,6 +188,7 @@ static void on_close(void *user, uint64_t conn)
 static void *reaper_main(void *arg)
 {
     sp_server *s = arg;
+    pthread_setname_np(pthread_self(), "sp-reaper");
     pthread_mutex_lock(&s->reaper_lock);
     while (!s->reaper_stop) {
         struct timespec ts;
