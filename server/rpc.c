@@ -199,7 +199,8 @@ static int prompts_arg(req *r, int idx, int n, int B, int T, float **prompts, in
 
 static int reply_encoding(req *r, int hidden_idx)
 {
-    const char *e = sp_meta_str(&r->m, "reply_encoding");
+    char buf[16]; /* read in place: no tree per request (a longer name, unknown anyway, comes from the tree) */
+    const char *e = sp_meta_strcpy(&r->m, "reply_encoding", buf, sizeof buf) ? buf : sp_meta_str(&r->m, "reply_encoding");
     if (e) {
         int enc = sp_encoding_from_name(e);
         if (enc < 0 || !sp_encoding_is_float(enc))
@@ -690,7 +691,8 @@ int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg)
     else if (r.m.type == SP_MSG_INFO)
         rpc_info(&r);
     else {
-        char *meta = cJSON_PrintUnformatted(r.m.meta);
+        const cJSON *t = sp_msg_meta(&r.m);
+        char *meta = t ? cJSON_PrintUnformatted(t) : NULL;
         reply(&r, meta, NULL, 0);
         free(meta);
     }

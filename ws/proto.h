@@ -114,7 +114,10 @@ typedef struct sp_msg {
     sp_msg_type type;
     uint16_t flags;
     uint64_t request_id;
-    struct cJSON *meta; /* parsed metadata object (never NULL after a successful decode); owned */
+    const char *meta_json; /* the metadata as it is in the buffer: meta_len bytes of valid UTF-8 JSON, an object
+                              (not NUL-terminated; meta_len 0 = {}). Decoding checks it without allocating */
+    uint32_t meta_len;
+    struct cJSON *meta;    /* NULL until sp_msg_meta builds the tree (then owned: sp_msg_clear frees it) */
     int n_tensors;
     sp_tensor_view t[SP_PROTO_MAX_TENSORS];
 } sp_msg;
@@ -138,10 +141,13 @@ int sp_msg_header_read(const uint8_t *buf, size_t len, sp_msg_header *h);
  * major version), "unknown_type", "internal" (out of memory) or "malformed". */
 const char *sp_msg_reject_code(const uint8_t *buf, size_t len, sp_status s);
 
-/* Decodes and validates a whole message of exactly len bytes. On success m->meta must be released
- * with sp_msg_clear. On failure nothing is left allocated. */
+/* Decodes and validates a whole message of exactly len bytes, metadata included (strict JSON, an object), without
+ * allocating anything: views point into buf. Release with sp_msg_clear (which frees a tree sp_msg_meta built). */
 sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_proto_limits *lim, sp_err *err);
 void sp_msg_clear(sp_msg *m);
+/* The metadata as a cJSON object, parsed on first use and kept in m->meta (NULL when out of memory). For
+ * callers that walk nested members; the sp_meta_* readers below need no tree. */
+struct cJSON *sp_msg_meta(const sp_msg *m);
 
 /* Converts a float tensor to f32 (dst holds numel floats). Integer encodings are refused. */
 sp_status sp_tensor_to_f32(const sp_tensor_view *t, float *dst, sp_err *err);
@@ -150,11 +156,18 @@ sp_status sp_tensor_to_i64(const sp_tensor_view *t, int64_t *dst, sp_err *err);
 /* 1 if every value of a float tensor is finite. */
 int sp_tensor_all_finite(const sp_tensor_view *t);
 
-/* Metadata helpers (NULL/-1 defaults when absent or of the wrong JSON type): sp_meta_int sets *out to the
- * value and returns 1, or sets *out = -1 and returns 0 (absent, not a number, or not an integer that fits
- * int64; JSON numbers are doubles, so integers above 2^53 are not exact: send those as strings). */
+/* Metadata helpers over the top-level members (the first of a repeated key; NULL/-1 defaults when absent or of the
+ * wrong JSON type). sp_meta_int sets *out to the value and returns 1, or sets *out = -1 and returns 0 (absent, not
+ * a number, or not an integer that fits int64; JSON numbers are doubles, so integers above 2^53 are not exact:
+ * send those as strings). sp_meta_int, sp_meta_num and sp_meta_strcpy read the text in place and allocate
+ * nothing; sp_meta_str returns a NUL-terminated string out of the tree (sp_msg_meta builds it on the first string
+ * found, so it allocates once per message). */
 const char *sp_meta_str(const sp_msg *m, const char *key);
 int sp_meta_int(const sp_msg *m, const char *key, int64_t *out); /* 1 if present and an integer */
+int sp_meta_num(const sp_msg *m, const char *key, double *out);  /* 1 if present and a number (else *out = 0) */
+/* Copies a string member (unescaped, NUL-terminated) into out: 1, or 0 when absent, not a string, or longer than
+ * cap - 1 bytes (out = ""). */
+int sp_meta_strcpy(const sp_msg *m, const char *key, char *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* encoding */
