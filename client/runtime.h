@@ -214,6 +214,8 @@ typedef struct sp_lm_swarm {
     int64_t *hypo;                  /* pending cache reorder, sent with the next step */
     int retries;                    /* failures recovered from so far */
     double hop_s[SP_RT_MAX_HOPS];   /* seconds each hop took in the last step (SP_EV_STEP) */
+    float *step_buf;                /* a decode step's hidden states, last positions and retry copy ([3, B, H]):
+                                     * sized at begin, so steps allocate nothing */
 } sp_lm_swarm;
 
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);

@@ -638,6 +638,16 @@ static void forward_acts(const sp_block *b, float *out, const float *inp, int B,
         kv->len += T;
 }
 
+size_t sp_block_ws_floats(const sp_block *b, int B, int T, int cap)
+{
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 0);
+    ad.S = cap > T ? cap : T;
+    ad.past = ad.S - T;
+    ad.kv_cap = ad.S;
+    acts a;
+    return acts_layout(&a, b, B, T, &ad, NULL);
+}
+
 sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
                            sp_ws *ws, sp_err *err)
 {
@@ -646,6 +656,8 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
         return s;
     sp_attn_dims ad = attn_dims(b, B, T, kv, 0);
     acts a;
+    if (kv && (s = sp_ws_reserve(ws, sp_block_ws_floats(b, B, T, kv->cap > ad.S ? kv->cap : ad.S), err)))
+        return s; /* room for the cache's whole length at once: the decode steps that follow reserve nothing more */
     s = acts_alloc(&a, b, B, T, &ad, ws, 0, err);
     if (s)
         return s;

@@ -93,6 +93,9 @@ sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err);
  * out may equal inp. */
 sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
                            sp_ws *ws, sp_err *err);
+/* The workspace floats sp_block_forward needs for a [B, T] step with a KV cache of cap positions: reserved once
+ * (a session's open), the steps of that cache reserve nothing more (each reserves for the whole cap). */
+size_t sp_block_ws_floats(const sp_block *b, int B, int T, int cap);
 
 /* Recomputes the forward (no cache, positions pos0..) and back-propagates: dinp[B,T,H] is WRITTEN with
  * d(out . dout)/d(inp); if grads is non-NULL (from sp_block_init) the weight gradients are ACCUMULATED into

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,115 @@ sp_proto_limits sp_proto_default_limits(void)
 /* ---------------------------------------------------------------------------------------------- */
 /* buffers */
 
+/* Freed heap buffers are kept for reuse, so that the messages of a decode step cost no allocation: the buffer a
+ * request arrived in goes back here and becomes the next reply's, and so on, on either side and across threads.
+ * At most SPARE_SLOTS buffers of at most SPARE_MAX_CAP bytes, SPARE_MAX_BYTES in all, per process; larger ones
+ * (and mapped ones) are freed as before. Under ASan a kept buffer is poisoned, so a use after sp_buf_free is
+ * still caught. */
+#define SPARE_SLOTS 32
+#define SPARE_MAX_CAP ((size_t)256 << 10)
+#define SPARE_MAX_BYTES ((size_t)4 << 20)
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define SPARE_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define SPARE_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define SPARE_POISON(p, n) ((void)(p), (void)(n))
+#define SPARE_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+static struct {
+    pthread_mutex_t mu;
+    int n;
+    size_t bytes;
+    uint8_t *base[SPARE_SLOTS];
+    size_t cap[SPARE_SLOTS];
+} g_spare = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The smallest kept buffer that holds cap bytes, into the empty b: 1, or 0 if none does. */
+static int spare_take(sp_buf *b, size_t cap)
+{
+    if (cap > SPARE_MAX_CAP)
+        return 0;
+    pthread_mutex_lock(&g_spare.mu);
+    int best = -1;
+    for (int i = 0; i < g_spare.n; i++)
+        if (g_spare.cap[i] >= cap && (best < 0 || g_spare.cap[i] < g_spare.cap[best]))
+            best = i;
+    if (best >= 0) {
+        b->base = g_spare.base[best];
+        b->cap = g_spare.cap[best];
+        g_spare.bytes -= b->cap;
+        g_spare.n--;
+        g_spare.base[best] = g_spare.base[g_spare.n];
+        g_spare.cap[best] = g_spare.cap[g_spare.n];
+    }
+    pthread_mutex_unlock(&g_spare.mu);
+    if (best < 0)
+        return 0;
+    SPARE_UNPOISON(b->base, SP_BUF_HEADROOM + b->cap);
+    b->data = b->base + SP_BUF_HEADROOM;
+    b->len = 0;
+    return 1;
+}
+
+/* Keeps a heap buffer of cap bytes (headroom excluded): 1, or 0 when it is too large or there is no room. */
+static int spare_put(uint8_t *base, size_t cap)
+{
+    if (cap > SPARE_MAX_CAP)
+        return 0;
+    pthread_mutex_lock(&g_spare.mu);
+    int ok = g_spare.n < SPARE_SLOTS && g_spare.bytes + cap <= SPARE_MAX_BYTES;
+    if (ok) {
+        SPARE_POISON(base, SP_BUF_HEADROOM + cap);
+        g_spare.base[g_spare.n] = base;
+        g_spare.cap[g_spare.n++] = cap;
+        g_spare.bytes += cap;
+    }
+    pthread_mutex_unlock(&g_spare.mu);
+    return ok;
+}
+
+/* The capacity sp_buf_reserve gives a fresh heap buffer for cap bytes: a power of two with room to spare (the next
+ * message, a few bytes longer because its position has one more digit, still fits a kept buffer). */
+static size_t spare_round(size_t cap)
+{
+    if (cap > SPARE_MAX_CAP)
+        return cap;
+    size_t want = cap + cap / 8, c = 256;
+    while (c < want && c < SPARE_MAX_CAP)
+        c *= 2;
+    return c > cap ? c : cap;
+}
+
+void sp_buf_spare_seed(size_t cap, int n)
+{
+    cap = spare_round(cap);
+    if (cap > SPARE_MAX_CAP)
+        return;
+    pthread_mutex_lock(&g_spare.mu);
+    int have = 0;
+    for (int i = 0; i < g_spare.n; i++)
+        have += g_spare.cap[i] >= cap;
+    pthread_mutex_unlock(&g_spare.mu);
+    for (; have < n; have++) {
+        uint8_t *p = malloc(SP_BUF_HEADROOM + cap);
+        if (!p || !spare_put(p, cap)) {
+            free(p);
+            return;
+        }
+    }
+}
+
+size_t sp_msg_size_f32(size_t meta_max, const size_t *numel, int n)
+{
+    size_t bytes = SP_PROTO_HEADER_SIZE + meta_max;
+    for (int i = 0; i < n; i++)
+        bytes += SP_PROTO_DESC_SIZE + numel[i] * 4;
+    return bytes;
+}
+
 sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err)
 {
     if (!b)
@@ -159,6 +269,9 @@ sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err)
         return SP_OK;
     if (b->mapped)
         return sp_buf_reserve_mapped(b, cap, err);
+    if (!b->base && spare_take(b, cap))
+        return SP_OK;
+    cap = spare_round(cap);
     if (cap > SIZE_MAX - SP_BUF_HEADROOM)
         return sp_errf(err, SP_ERR_NOMEM, "buffer of %zu bytes is too large", cap);
     uint8_t *nb = realloc(b->base, SP_BUF_HEADROOM + cap); /* realloc keeps the bytes already there */
@@ -219,7 +332,7 @@ void sp_buf_free(sp_buf *b)
         return;
     if (b->mapped)
         munmap(b->base, b->mapped);
-    else
+    else if (b->base && !spare_put(b->base, b->cap))
         free(b->base);
     memset(b, 0, sizeof *b);
 }

@@ -81,7 +81,9 @@ sp_proto_limits sp_proto_default_limits(void);
  * there without copying) */
 
 #define SP_BUF_HEADROOM 32
-/* A zeroed sp_buf is a valid empty buffer; sp_buf_reserve gives it an allocation (headroom included). */
+/* A zeroed sp_buf is a valid empty buffer; sp_buf_reserve gives it an allocation (headroom included). sp_buf_free
+ * keeps a few small heap buffers (a process-wide free list: 32 of at most 256 KiB, 4 MiB in all) that the next
+ * sp_buf_reserve of an empty buffer takes, so a message's buffer is reused for the next, not reallocated. */
 
 typedef struct sp_buf {
     uint8_t *base; /* allocation; data = base + SP_BUF_HEADROOM */
@@ -96,6 +98,13 @@ sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err);
 sp_status sp_buf_reserve_mapped(sp_buf *b, size_t cap, sp_err *err);
 sp_status sp_buf_append(sp_buf *b, const void *p, size_t n, sp_err *err);
 void sp_buf_free(sp_buf *b);
+/* Sees that the free list holds at least n buffers that take a message of cap bytes (as far as its limits go): a
+ * session about to exchange such messages sizes its buffers up front, so that none of its steps allocates, however
+ * the threads of the process interleave. */
+void sp_buf_spare_seed(size_t cap, int n);
+/* Bytes of a message with meta_max bytes of metadata and tensors of the given f32 element counts (a bound for
+ * sp_buf_spare_seed). */
+size_t sp_msg_size_f32(size_t meta_max, const size_t *numel, int n);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* decoding (zero-copy: views point into the decoded buffer) */

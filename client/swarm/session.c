@@ -156,6 +156,15 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
                 sp_reply_clear(&rep);
         }
         if (!st) {
+            /* buffers for the decode steps' messages (hidden [B, 1, H], hypo_ids [B]) out and back on every hop */
+            size_t numel[2] = {(size_t)B * rt->local->cfg.hidden, 2 * (size_t)B};
+            sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 2 + 2 * s->route.nhops);
+            free(s->step_buf);
+            s->step_buf = malloc((size_t)3 * B * rt->local->cfg.hidden * sizeof(float));
+            if (!s->step_buf) {
+                free_hops(s);
+                return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+            }
             sp_runtime_note_route(rt, &s->route);
             return SP_OK;
         }
@@ -177,7 +186,13 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     }
 }
 
-static void swarm_end(void *ctx) { free_hops(ctx); }
+static void swarm_end(void *ctx)
+{
+    sp_lm_swarm *s = ctx;
+    free_hops(s);
+    free(s->step_buf);
+    s->step_buf = NULL;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* steps */
@@ -296,13 +311,13 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
 }
 
 /* cur [B, T, H] through every hop, recovering from failures. deep: all blocks' deep prompts [L, B, P, H]
- * of a first step, or NULL. */
-static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, sp_err *err)
+ * of a first step, or NULL. in: room for [B, T, H] (the input of the hop being run, for a retry), or NULL. */
+static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, sp_err *err)
 {
     sp_runtime *rt = s->rt;
     size_t N = (size_t)s->B * T * rt->local->cfg.hidden;
-    float *in = malloc(N * sizeof(float)); /* the input of the hop being run, for a retry */
-    if (!in)
+    float *own = in ? NULL : malloc(N * sizeof(float));
+    if (!in && !(in = own))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status st = SP_OK;
     int attempt = 0;
@@ -351,7 +366,7 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
     if (!st)
         sp_rt_emit_route(rt, SP_EV_STEP, NULL, 0, &s->route, s->hop_s);
 out:
-    free(in);
+    free(own);
     return st;
 }
 
@@ -386,7 +401,11 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     sp_lm_swarm *s = ctx;
     sp_runtime *rt = s->rt;
     int H = rt->local->cfg.hidden;
-    float *x = malloc((size_t)B * T * H * sizeof(float)), *last = malloc((size_t)B * H * sizeof(float));
+    /* a decode step in the buffer sized at begin; a prefill (maybe with prompts) in memory of its own */
+    int decode = T == 1 && B == s->B && s->step_buf && !(s->pos == 0 && s->P > 0);
+    size_t BH = (size_t)B * H;
+    float *x = decode ? s->step_buf : malloc((size_t)B * T * H * sizeof(float));
+    float *last = decode ? s->step_buf + BH : malloc(BH * sizeof(float)), *in = decode ? s->step_buf + 2 * BH : NULL;
     float *deep = NULL;
     sp_status st = x && last ? sp_model_embed(rt->local, x, ids, B * T, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st && s->pos == 0 && s->P > 0) {
@@ -396,7 +415,7 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
         sp_model_embed_norm(rt->local, x, B * T);
     if (!st)
-        st = run_hops(s, x, T, deep, err);
+        st = run_hops(s, x, T, deep, in, err);
     free(deep);
     free(s->hypo); /* the reorder went out with this step to every hop */
     s->hypo = NULL;
@@ -406,8 +425,10 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
         st = sp_model_head(rt->local, logits, last, B, err);
     if (!st)
         s->pos += T;
-    free(x);
-    free(last);
+    if (!decode) {
+        free(x);
+        free(last);
+    }
     return st;
 }
 
