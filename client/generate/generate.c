@@ -305,9 +305,8 @@ typedef struct cand {
     int beam, token;
 } cand;
 
-static int cand_cmp(const void *a, const void *b)
+static int cand_cmp(const cand *x, const cand *y)
 {
-    const cand *x = a, *y = b;
     if (x->score != y->score)
         return x->score > y->score ? -1 : 1;
     if (x->beam != y->beam)
@@ -315,9 +314,22 @@ static int cand_cmp(const void *a, const void *b)
     return x->token - y->token;
 }
 
+/* Sorts the 2K x K candidates in place (insertion: few, and no allocation, unlike glibc's qsort). */
+static void cand_sort(cand *c, int n)
+{
+    for (int i = 1; i < n; i++) {
+        cand x = c[i];
+        int j = i;
+        for (; j > 0 && cand_cmp(&x, &c[j - 1]) < 0; j--)
+            c[j] = c[j - 1];
+        c[j] = x;
+    }
+}
+
 typedef struct beams {
     int K, max_new, V;
     float *score;      /* [K] cumulative log-probability, -inf for unused beams */
+    float *nscore;     /* [K] scratch */
     int32_t *tokens;   /* [K, max_new] */
     int len;           /* tokens so far in every live beam */
     float best_done;   /* best finished hypothesis, length-normalised */
@@ -344,7 +356,7 @@ static int collect(beams *bm, const float *logits, float *lp, cand *c)
             lp[best] = -INFINITY;
         }
     }
-    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    cand_sort(c, n);
     return n;
 }
 
@@ -354,8 +366,8 @@ static int select_beams(beams *bm, const cand *c, int n, const sp_gen_opts *o, i
                         int32_t *tok_new)
 {
     int K = bm->K, live = 0;
-    float *nscore = malloc((size_t)K * sizeof(float));
-    for (int i = 0; i < n && live < K && nscore; i++) {
+    float *nscore = bm->nscore;
+    for (int i = 0; i < n && live < K; i++) {
         if (o->stop_at_eos && (c[i].token == o->eos_id || c[i].token == o->bos_id)) {
             float norm = c[i].score / (float)(bm->len + 1);
             if (i < K && (!bm->ndone || norm > bm->best_done)) { /* only EOS among the top K counts */
@@ -375,14 +387,13 @@ static int select_beams(beams *bm, const cand *c, int n, const sp_gen_opts *o, i
         live++;
     }
     for (int k = 0; k < K; k++) {
-        bm->score[k] = k < live && nscore ? nscore[k] : -INFINITY;
+        bm->score[k] = k < live ? nscore[k] : -INFINITY;
         if (k >= live) { /* keep the batch full: dead rows copy beam 0 and are ignored */
             src[k] = src[0];
             next[k] = next[0];
         }
     }
     memcpy(bm->tokens, tok_new, (size_t)K * bm->max_new * sizeof(int32_t));
-    free(nscore);
     bm->len++;
     return live;
 }
@@ -427,11 +438,12 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
                        o->max_new, lm->max_pos);
     beams bm = {.K = K, .max_new = o->max_new, .V = V};
     bm.score = malloc((size_t)K * sizeof(float));
+    bm.nscore = malloc((size_t)K * sizeof(float));
     bm.tokens = calloc((size_t)K * o->max_new, sizeof(int32_t));
     bm.done_tokens = calloc((size_t)o->max_new, sizeof(int32_t));
     float *logits = malloc((size_t)K * V * sizeof(float));
     int32_t *ids = malloc((size_t)K * len * sizeof(int32_t));
-    sp_status st = bm.score && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, positions, err)
+    sp_status st = bm.score && bm.nscore && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, positions, err)
                                                                            : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st) {
         for (int k = 0; k < K; k++) { /* K copies of the prompt; only beam 0 is live at first */
@@ -482,7 +494,7 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
             }
         }
     }
-    free(bm.score), free(bm.tokens), free(bm.done_tokens), free(logits), free(ids);
+    free(bm.score), free(bm.nscore), free(bm.tokens), free(bm.done_tokens), free(logits), free(ids);
     return st;
 }
 

@@ -40,7 +40,6 @@ static void free_hops(sp_lm_swarm *s)
         s->history[h] = NULL;
     }
     s->route.nhops = 0;
-    free(s->hypo);
     s->hypo = NULL;
 }
 
@@ -160,8 +159,10 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
             size_t numel[2] = {(size_t)B * rt->local->cfg.hidden, 2 * (size_t)B};
             sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 2 + 2 * s->route.nhops);
             free(s->step_buf);
+            free(s->hypo_buf);
             s->step_buf = malloc((size_t)3 * B * rt->local->cfg.hidden * sizeof(float));
-            if (!s->step_buf) {
+            s->hypo_buf = malloc((size_t)B * sizeof *s->hypo_buf);
+            if (!s->step_buf || !s->hypo_buf) {
                 free_hops(s);
                 return sp_errf(err, SP_ERR_NOMEM, "out of memory");
             }
@@ -191,7 +192,9 @@ static void swarm_end(void *ctx)
     sp_lm_swarm *s = ctx;
     free_hops(s);
     free(s->step_buf);
+    free(s->hypo_buf);
     s->step_buf = NULL;
+    s->hypo_buf = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -417,8 +420,7 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     if (!st)
         st = run_hops(s, x, T, deep, in, err);
     free(deep);
-    free(s->hypo); /* the reorder went out with this step to every hop */
-    s->hypo = NULL;
+    s->hypo = NULL; /* the reorder went out with this step to every hop */
     for (int b = 0; !st && b < B; b++)
         memcpy(last + (size_t)b * H, x + ((size_t)b * T + T - 1) * H, (size_t)H * sizeof(float));
     if (!st)
@@ -432,28 +434,32 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     return st;
 }
 
-/* The servers reorder with the next step (hypo_ids); the history is reordered here, now. */
+/* The servers reorder with the next step (hypo_ids); the history is reordered here, now, in place. */
 static sp_status swarm_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
 {
     sp_lm_swarm *s = ctx;
     size_t H = (size_t)s->rt->local->cfg.hidden, row = (size_t)s->max_length * H;
-    int64_t *composed = malloc((size_t)B * sizeof *composed);
-    float *tmp = malloc((size_t)B * row * sizeof(float));
-    if (!composed || !tmp) {
-        free(composed);
-        free(tmp);
+    if (B != s->B || !s->hypo_buf)
+        return sp_errf(err, SP_ERR_ARG, "reorder of %d rows in a sequence batch of %d", B, s->B);
+    for (int b = 0; b < B; b++)
+        if (src[b] < 0 || src[b] >= B)
+            return sp_errf(err, SP_ERR_ARG, "reorder: row %d from %lld, outside 0..%d", b, (long long)src[b], B - 1);
+    sp_status st = SP_OK;
+    for (int h = 0; !st && h < s->route.nhops; h++)
+        st = sp_rows_gather(s->history[h], row, (size_t)s->pos * H, src, B, err);
+    if (st)
+        return st;
+    /* two reorders before a step compose: new row b is row hypo[src[b]] of the servers' caches */
+    int64_t small[64], *old = s->hypo && B <= 64 ? small : NULL;
+    if (s->hypo && !old && !(old = malloc((size_t)B * sizeof *old)))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    }
-    for (int b = 0; b < B; b++) /* two reorders before a step compose */
-        composed[b] = s->hypo ? s->hypo[src[b]] : src[b];
-    for (int h = 0; h < s->route.nhops; h++) {
-        memcpy(tmp, s->history[h], (size_t)B * row * sizeof(float));
-        for (int b = 0; b < B; b++)
-            memcpy(s->history[h] + b * row, tmp + src[b] * row, (size_t)s->pos * H * sizeof(float));
-    }
-    free(tmp);
-    free(s->hypo);
-    s->hypo = composed;
+    if (old)
+        memcpy(old, s->hypo, (size_t)B * sizeof *old);
+    for (int b = 0; b < B; b++)
+        s->hypo_buf[b] = old ? old[src[b]] : src[b];
+    if (old != small)
+        free(old);
+    s->hypo = s->hypo_buf;
     return SP_OK;
 }
 
