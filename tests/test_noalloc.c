@@ -269,6 +269,8 @@ static int on_token(int row, int token, const char *text, void *user)
     return 0;
 }
 
+static int g_ws_only; /* servers without a bulk port: every message over the websocket (libwebsockets) */
+
 static sp_server *start_server(int a, int b, int workers_only)
 {
     sp_server_opts o;
@@ -278,6 +280,8 @@ static sp_server *start_server(int a, int b, int workers_only)
     o.end = b;
     o.measure = 0;
     o.workers_only = workers_only;
+    if (g_ws_only)
+        o.bulk_port = -1;
     sp_server *s = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
@@ -381,6 +385,18 @@ START_TEST(t_beams)
 }
 END_TEST
 
+START_TEST(t_websocket_only)
+{
+    sp_sample_opts so;
+    sp_sample_opts_default(&so);
+    long client, server;
+    g_ws_only = 1;
+    long total = decode_window("websocket only", 0, &so, 1, &client, &server);
+    ck_assert_msg(total == 0, "%ld allocations or frees in %d decode steps (client %ld, server %ld): see above",
+                  total, STEPS, client, server);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("noalloc");
@@ -389,6 +405,7 @@ int main(void)
     tcase_add_test(tc, t_greedy_inline);
     tcase_add_test(tc, t_sampled_workers);
     tcase_add_test(tc, t_beams);
+    tcase_add_test(tc, t_websocket_only);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }
