@@ -231,9 +231,12 @@ typedef struct sp_lm_swarm {
     uint64_t session[SP_RT_MAX_HOPS];
     float *history[SP_RT_MAX_HOPS]; /* [B, max_length, H] entering each hop */
     int fresh[SP_RT_MAX_HOPS];      /* the hop's session has not stepped yet (a replacement: it replays) */
-    int64_t *hypo;                  /* pending cache reorder, sent with the next step */
+    int64_t *hypo;                  /* pending cache reorder, sent with the next step (NULL: none; else hypo_buf) */
+    int64_t *hypo_buf;              /* [B], sized at begin */
     int retries;                    /* failures recovered from so far */
     double hop_s[SP_RT_MAX_HOPS];   /* seconds each hop took in the last step (SP_EV_STEP) */
+    float *step_buf;                /* a decode step's hidden states, last positions and retry copy ([3, B, H]):
+                                     * sized at begin, so steps allocate nothing */
 } sp_lm_swarm;
 
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);

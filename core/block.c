@@ -399,20 +399,66 @@ void sp_kv_free(sp_kv_cache *kv)
     kv->k = kv->v = NULL;
 }
 
+sp_status sp_rows_gather(float *rows, size_t stride, size_t used, const int64_t *src, int B, sp_err *err)
+{
+    int small_need[64];
+    unsigned char small_done[64];
+    int *need = B <= 64 ? small_need : malloc((size_t)B * sizeof *need);
+    unsigned char *done = B <= 64 ? small_done : malloc((size_t)B);
+    if (!need || !done) {
+        if (need != small_need)
+            free(need);
+        if (done != small_done)
+            free(done);
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory reordering %d rows", B);
+    }
+    for (int b = 0; b < B; b++)
+        need[b] = 0, done[b] = src[b] == b; /* a row that stays is done */
+    for (int b = 0; b < B; b++)
+        if (src[b] != b)
+            need[src[b]]++; /* rows still to write that read row src[b] */
+    /* rows no row still to write reads: written from their source, which then has one reader fewer */
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int b = 0; b < B; b++)
+            if (!done[b] && need[b] == 0) {
+                memcpy(rows + (size_t)b * stride, rows + (size_t)src[b] * stride, used * sizeof(float));
+                done[b] = 1;
+                need[src[b]]--;
+                progress = 1;
+            }
+    }
+    /* what is left reads only what is left, once each: cycles, rotated a piece at a time through the stack */
+    float tmp[1024];
+    for (int b = 0; b < B; b++) {
+        if (done[b])
+            continue;
+        for (size_t o = 0; o < used; o += 1024) {
+            size_t n = used - o < 1024 ? used - o : 1024;
+            memcpy(tmp, rows + (size_t)b * stride + o, n * sizeof(float));
+            int cur = b;
+            for (; src[cur] != b; cur = (int)src[cur])
+                memcpy(rows + (size_t)cur * stride + o, rows + (size_t)src[cur] * stride + o, n * sizeof(float));
+            memcpy(rows + (size_t)cur * stride + o, tmp, n * sizeof(float));
+        }
+        int cur = b;
+        do {
+            done[cur] = 1;
+            cur = (int)src[cur];
+        } while (cur != b);
+    }
+    if (need != small_need)
+        free(need);
+    if (done != small_done)
+        free(done);
+    return SP_OK;
+}
+
 sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err)
 {
     size_t row = (size_t)kv->cap * kv->nkv * kv->hd, used = (size_t)kv->len * kv->nkv * kv->hd;
-    float *tmp = malloc((size_t)kv->B * row * sizeof(float));
-    if (!tmp)
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory reordering a KV cache");
-    for (int pass = 0; pass < 2; pass++) {
-        float *c = pass ? kv->v : kv->k;
-        memcpy(tmp, c, (size_t)kv->B * row * sizeof(float));
-        for (int b = 0; b < kv->B; b++)
-            memcpy(c + b * row, tmp + src[b] * row, used * sizeof(float));
-    }
-    free(tmp);
-    return SP_OK;
+    sp_status st = sp_rows_gather(kv->k, row, used, src, kv->B, err);
+    return st ? st : sp_rows_gather(kv->v, row, used, src, kv->B, err);
 }
 
 
@@ -638,6 +684,16 @@ static void forward_acts(const sp_block *b, float *out, const float *inp, int B,
         kv->len += T;
 }
 
+size_t sp_block_ws_floats(const sp_block *b, int B, int T, int cap)
+{
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 0);
+    ad.S = cap > T ? cap : T;
+    ad.past = ad.S - T;
+    ad.kv_cap = ad.S;
+    acts a;
+    return acts_layout(&a, b, B, T, &ad, NULL);
+}
+
 sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
                            sp_ws *ws, sp_err *err)
 {
@@ -646,6 +702,8 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
         return s;
     sp_attn_dims ad = attn_dims(b, B, T, kv, 0);
     acts a;
+    if (kv && (s = sp_ws_reserve(ws, sp_block_ws_floats(b, B, T, kv->cap > ad.S ? kv->cap : ad.S), err)))
+        return s; /* room for the cache's whole length at once: the decode steps that follow reserve nothing more */
     s = acts_alloc(&a, b, B, T, &ad, ws, 0, err);
     if (s)
         return s;

@@ -85,14 +85,21 @@ typedef struct sp_kv_cache {
 
 sp_status sp_kv_init(sp_kv_cache *kv, int B, int cap, int nkv, int hd, sp_err *err);
 void sp_kv_free(sp_kv_cache *kv);
-/* Row b of the batch takes old row src[b] (positions [0, kv->len)); src values must be in [0, B). */
+/* Row b of the batch takes old row src[b] (positions [0, kv->len)); src values must be in [0, B). In place. */
 sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err);
+/* Row b of B rows (stride floats apart, the first used floats of each) becomes old row src[b] (src[b] in [0, B),
+ * repeats allowed), in place: rows nothing else reads are written first, what is left (cycles) is rotated through
+ * a small buffer on the stack. Allocates nothing for B <= 64. */
+sp_status sp_rows_gather(float *rows, size_t stride, size_t used, const int64_t *src, int B, sp_err *err);
 
 /* out[B,T,H] = block(inp[B,T,H]) at positions pos0..pos0+T-1. With a cache, pos0 must equal kv->len:
  * the step's keys/values are appended and attention sees the whole cached prefix; kv->len += T.
  * out may equal inp. */
 sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
                            sp_ws *ws, sp_err *err);
+/* The workspace floats sp_block_forward needs for a [B, T] step with a KV cache of cap positions: reserved once
+ * (a session's open), the steps of that cache reserve nothing more (each reserves for the whole cap). */
+size_t sp_block_ws_floats(const sp_block *b, int B, int T, int cap);
 
 /* Recomputes the forward (no cache, positions pos0..) and back-propagates: dinp[B,T,H] is WRITTEN with
  * d(out . dout)/d(inp); if grads is non-NULL (from sp_block_init) the weight gradients are ACCUMULATED into

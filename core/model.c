@@ -283,11 +283,13 @@ sp_status sp_model_final_norm(const sp_model *m, float *out, const float *hidden
         sp_rmsnorm_forward(out, NULL, hidden, m->norm, n, m->cfg.hidden, m->cfg.norm_eps);
         return SP_OK;
     }
-    float *stats = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof(float));
+    float small[2 * 64]; /* a decode batch's rows: no allocation */
+    float *stats = n <= 64 ? small : malloc((size_t)n * 2 * sizeof(float));
     if (!stats)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_layernorm_forward(out, stats, stats + n, hidden, m->norm, m->norm_b, n, m->cfg.hidden, m->cfg.norm_eps);
-    free(stats);
+    if (stats != small)
+        free(stats);
     return SP_OK;
 }
 
@@ -296,14 +298,25 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     if (!m->norm || !m->lm_head)
         return sp_errf(err, SP_ERR_STATE, "model: final norm / LM head not loaded");
     int H = m->cfg.hidden;
-    float small[8 * 1024], *tmp = n <= 8 && H <= 1024 ? small : malloc((size_t)n * H * sizeof(float));
+    /* a decode batch (up to 8 rows) goes through a buffer on the stack, as many rows at a time as fit (all of them
+     * up to H = 2048, one at a time up to 16384): no allocation per token; a larger batch gets one of its own */
+    enum { SMALL = 16 * 1024 };
+    float small[SMALL];
+    int rows = H <= SMALL ? SMALL / H : 0, chunk = n <= rows ? n : n <= 8 && rows ? rows : n;
+    float *tmp = chunk == n && n * (size_t)H > SMALL ? malloc((size_t)n * H * sizeof(float)) : small;
     if (!tmp)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    sp_status s = sp_model_final_norm(m, tmp, hidden, n, err);
-    if (!s && m->head_q.q) /* decode on the engine's kernels and pool (no BLAS threads), a batch on sgemm */
-        sp_qmat_mul(&m->head_q, tmp, logits, n, m->pool ? m->pool : sp_pool_default());
-    else if (!s)
-        sp_linear_forward(logits, tmp, m->lm_head, NULL, n, H, m->cfg.vocab);
+    sp_status s = SP_OK;
+    for (int r0 = 0; !s && r0 < n; r0 += chunk) {
+        int k = n - r0 < chunk ? n - r0 : chunk;
+        const float *h = hidden + (size_t)r0 * H;
+        float *out = logits + (size_t)r0 * m->cfg.vocab;
+        s = sp_model_final_norm(m, tmp, h, k, err);
+        if (!s && m->head_q.q) /* decode on the engine's kernels and pool (no BLAS threads), a batch on sgemm */
+            sp_qmat_mul(&m->head_q, tmp, out, k, m->pool ? m->pool : sp_pool_default());
+        else if (!s)
+            sp_linear_forward(out, tmp, m->lm_head, NULL, k, H, m->cfg.vocab);
+    }
     if (tmp != small)
         free(tmp);
     return s;

@@ -100,6 +100,7 @@ typedef struct worker_arg {
 static void *worker_main(void *arg)
 {
     worker_arg *w = arg;
+    pthread_setname_np(pthread_self(), "sp-pool");
     sp_pool *p = w->p;
     free(w);
     uint32_t seen = 0; /* the generation at creation: a job posted before this thread ran is still seen */

@@ -186,6 +186,7 @@ static void ping_successors(sp_announce *a)
 static void *announce_main(void *arg)
 {
     sp_announce *a = arg;
+    pthread_setname_np(pthread_self(), "sp-announce");
     double next = sp_now_s() + (a->o.period < 1 ? a->o.period : 1); /* the first pings soon after start */
     pthread_mutex_lock(&a->lock);
     while (!a->stop) {

@@ -17,6 +17,7 @@
 typedef struct req {
     sp_server *s;
     uint64_t conn;
+    sp_buf *msg; /* the request's bytes (m's views point into them): its buffer carries the answer back */
     sp_msg m;
     sp_encoding reply_enc;
     struct session *held; /* a session this request steps: released before its answer goes out (the client's
@@ -70,7 +71,7 @@ static void fault_init(void)
                fault_after);
 }
 
-/* 0: reply as usual; 1: the reply's first value was made NaN; 2: an ERROR was sent instead. */
+/* 0: reply as usual; 1: the reply's first value was made NaN; 2: an ERROR is to be sent instead. */
 static int fault_hit(req *r, const sp_tensor_src *t, int n)
 {
     pthread_once(&fault_once, fault_init);
@@ -79,24 +80,32 @@ static int fault_hit(req *r, const sp_tensor_src *t, int n)
         return 0;
     if (__atomic_fetch_add(&fault_count, 1, __ATOMIC_SEQ_CST) < fault_after)
         return 0;
-    if (fault_kind == 2 || n < 1 || !t[0].f32) {
-        sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "injected fault (SEPAL_SERVER_FAULT)");
+    if (fault_kind == 2 || n < 1 || !t[0].f32)
         return 2;
-    }
-    ((float *)t[0].f32)[0] = NAN; /* the replies' tensors are this handler's own buffers */
+    ((float *)t[0].f32)[0] = NAN; /* the replies' tensors are this handler's (or its session's) own buffers */
     return 1;
 }
 
+/* Encodes the answer, then lets go of the session it stepped (whose scratch the tensors may be in), then sends:
+ * the client's next step may arrive at once, on another thread. */
 static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
 {
-    let_go(r);
-    if (fault_hit(r, t, n) == 2)
-        return;
     sp_buf b = {0};
     sp_err err = {0};
-    if (sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, meta, t, n, &err) != SP_OK) {
+    if (r->msg) { /* the request is read: its buffer takes the answer (no allocation, nothing to find) */
+        b = *r->msg;
+        memset(r->msg, 0, sizeof *r->msg);
+        r->msg = NULL;
+    }
+    int fault = fault_hit(r, t, n);
+    sp_status st = fault == 2 ? SP_OK : sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, meta, t, n, &err);
+    let_go(r);
+    if (fault == 2 || st != SP_OK) {
         sp_buf_free(&b);
-        sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "encoding the reply: %s", err.msg);
+        if (fault == 2)
+            sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "injected fault (SEPAL_SERVER_FAULT)");
+        else
+            sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "encoding the reply: %s", err.msg);
         return;
     }
     sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
@@ -199,7 +208,8 @@ static int prompts_arg(req *r, int idx, int n, int B, int T, float **prompts, in
 
 static int reply_encoding(req *r, int hidden_idx)
 {
-    const char *e = sp_meta_str(&r->m, "reply_encoding");
+    char buf[16]; /* read in place: no tree per request (a longer name, unknown anyway, comes from the tree) */
+    const char *e = sp_meta_strcpy(&r->m, "reply_encoding", buf, sizeof buf) ? buf : sp_meta_str(&r->m, "reply_encoding");
     if (e) {
         int enc = sp_encoding_from_name(e);
         if (enc < 0 || !sp_encoding_is_float(enc))
@@ -417,6 +427,9 @@ static void rpc_open(req *r)
     sp_err err = {0};
     if (session_open(r->s, r->conn, start, end, (int)B, (int)L, &id, &err))
         return (void)bad(r, err.code == SP_ERR_RANGE ? "out_of_cache" : "internal", "%s", err.msg);
+    /* buffers for its decode steps' messages (hidden [B, 1, H], hypo_ids [B]), whichever thread takes them */
+    size_t numel[2] = {(size_t)B * r->s->m->cfg.hidden, 2 * (size_t)B};
+    sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 3);
     char meta[128];
     snprintf(meta, sizeof meta, "{\"session\":%llu,\"max_length\":%lld}", (unsigned long long)id, (long long)L);
     reply(r, meta, NULL, 0);
@@ -439,15 +452,18 @@ static int reorder_cache(req *r, session *x, int idx)
     const sp_tensor_view *t = &r->m.t[idx];
     if (t->enc != SP_ENC_I64 || t->rank != 1 || t->shape[0] != x->B)
         return bad(r, "shape", "hypo_ids must be an i64 tensor [%d]", x->B);
-    int64_t *hypo = malloc((size_t)x->B * sizeof *hypo);
+    int64_t small[64]; /* a beam search's few rows: no allocation per step */
+    int64_t *hypo = x->B <= 64 ? small : malloc((size_t)x->B * sizeof *hypo);
     if (!hypo || sp_tensor_to_i64(t, hypo, NULL) != SP_OK) {
-        free(hypo);
+        if (hypo != small)
+            free(hypo);
         return bad(r, "internal", "out of memory");
     }
     for (int b = 0; b < x->B; b++)
         if (hypo[b] < 0 || hypo[b] >= x->B) {
             int64_t v = hypo[b];
-            free(hypo);
+            if (hypo != small)
+                free(hypo);
             return bad(r, "bad_request", "hypo_ids[%d] = %lld outside 0..%d", b, (long long)v, x->B - 1);
         }
     int rc = 0;
@@ -457,7 +473,8 @@ static int reorder_cache(req *r, session *x, int idx)
         if (sp_kv_reorder(&x->kv[i], hypo, &err))
             rc = bad(r, "internal", "%s", err.msg);
     }
-    free(hypo);
+    if (hypo != small)
+        free(hypo);
     return rc;
 }
 
@@ -473,14 +490,43 @@ static void step_roles(const req *r, int *prompts_idx, int *hypo_idx)
     }
 }
 
+/* Runs the session's blocks on x [B, T, H] in place at positions len.., in chunks of at most max_batch_tokens
+ * positions x batch (a long prefill); buf holds one chunk when T is over it (else it is unused). */
+static sp_status step_blocks(req *r, session *x, float *h, float *buf, int B, int T, const float *prompts, int P,
+                             sp_ws *ws, sp_err *err)
+{
+    int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int tc = T - t0 < chunk ? T - t0 : chunk;
+        float *cur = T <= chunk ? h : buf; /* a decode step runs on h itself */
+        for (int b = 0; cur != h && b < B; b++)
+            memcpy(cur + (size_t)b * tc * H, h + ((size_t)b * T + t0) * H, (size_t)tc * H * sizeof(float));
+        for (int i = x->start; i < x->end; i++) {
+            sp_kv_cache *kv = &x->kv[i - x->start];
+            kv->len = x->len + t0;
+            if (prompts)
+                add_prompt(cur, prompts + (size_t)(i - x->start) * B * P * H, B, tc, t0, P, H);
+            sp_status st = sp_block_forward(&r->s->m->blocks[i - r->s->m->first], cur, cur, B, tc, x->len + t0, kv, ws,
+                                            err);
+            if (st)
+                return st;
+        }
+        for (int b = 0; cur != h && b < B; b++)
+            memcpy(h + ((size_t)b * T + t0) * H, cur + (size_t)b * tc * H, (size_t)tc * H * sizeof(float));
+    }
+    return SP_OK;
+}
+
 static void step_compute(req *r, session *x, sp_ws *ws)
 {
     int B, T, P, pi, hi;
     int64_t from;
-    float *h = NULL, *prompts = NULL;
+    float *h = NULL, *prompts = NULL, *big = NULL;
     step_roles(r, &pi, &hi);
-    if (reply_encoding(r, 0) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
+    if (reply_encoding(r, 0) || float_tensor(r, 0, "hidden", 3))
         goto done;
+    B = (int)r->m.t[0].shape[0];
+    T = (int)r->m.t[0].shape[1];
     if (sp_meta_int(&r->m, "start_from_position", &from)) { /* roll back */
         if (from < 0 || from > x->len) {
             bad(r, "bad_request", "start_from_position %lld outside 0..%d", (long long)from, x->len);
@@ -503,42 +549,31 @@ static void step_compute(req *r, session *x, sp_ws *ws)
     }
     if (prompts_arg(r, pi, x->end - x->start, B, T, &prompts, &P) || (hi < r->m.n_tensors && reorder_cache(r, x, hi)))
         goto done;
-    /* long prefills run in chunks of at most max_batch_tokens positions x batch */
+    /* a decode step in the session's scratch; a prefill (and its chunk buffer) in memory of its own, let go after */
     int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
-    float *buf = malloc((size_t)B * (chunk < T ? chunk : T) * H * sizeof(float));
+    size_t n = (size_t)B * T * H, nbuf = T > chunk ? (size_t)B * chunk * H : 0;
+    h = n + nbuf <= x->scratch_floats ? x->scratch : (big = malloc((n + nbuf) * sizeof(float)));
     sp_err err = {0};
-    blas_threads_for(r->s, (long)B * T);
-    for (int t0 = 0; buf && t0 < T; t0 += chunk) {
-        int tc = T - t0 < chunk ? T - t0 : chunk;
-        for (int b = 0; b < B; b++)
-            memcpy(buf + (size_t)b * tc * H, h + ((size_t)b * T + t0) * H, (size_t)tc * H * sizeof(float));
-        for (int i = x->start; i < x->end; i++) {
-            sp_kv_cache *kv = &x->kv[i - x->start];
-            kv->len = x->len + t0;
-            if (prompts)
-                add_prompt(buf, prompts + (size_t)(i - x->start) * B * P * H, B, tc, t0, P, H);
-            if (sp_block_forward(&r->s->m->blocks[i - r->s->m->first], buf, buf, B, tc, x->len + t0, kv, ws,
-                                       &err)) {
-                free(buf);
-                bad(r, "internal", "step: %s", err.msg);
-                goto done;
-            }
-        }
-        for (int b = 0; b < B; b++)
-            memcpy(h + ((size_t)b * T + t0) * H, buf + (size_t)b * tc * H, (size_t)tc * H * sizeof(float));
-    }
-    if (!buf) {
+    if (!h) {
         bad(r, "internal", "out of memory");
         goto done;
     }
-    free(buf);
+    if (sp_tensor_to_f32(&r->m.t[0], h, &err)) {
+        bad(r, "internal", "decoding tensor 0: %s", err.msg);
+        goto done;
+    }
+    blas_threads_for(r->s, (long)B * T);
+    if (step_blocks(r, x, h, h + n, B, T, prompts, P, T == 1 ? &x->ws : ws, &err)) { /* a decode step: the session's */
+        bad(r, "internal", "step: %s", err.msg);
+        goto done;
+    }
     x->len += T;
     char meta[64];
     snprintf(meta, sizeof meta, "{\"position\":%d}", x->len);
     sp_tensor_src out = tensor3(r, h, B, T, H);
     reply(r, meta, &out, 1);
 done:
-    free(h);
+    free(big);
     free(prompts);
 }
 
@@ -583,6 +618,7 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
     req r;
     if (decode(&r, s, conn, msg))
         return;
+    r.msg = msg;
     switch (r.m.type) {
     case SP_MSG_FORWARD: rpc_forward(&r, ws); break;
     case SP_MSG_BACKWARD: rpc_backward(&r, ws); break;
@@ -690,7 +726,8 @@ int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg)
     else if (r.m.type == SP_MSG_INFO)
         rpc_info(&r);
     else {
-        char *meta = cJSON_PrintUnformatted(r.m.meta);
+        const cJSON *t = sp_msg_meta(&r.m);
+        char *meta = t ? cJSON_PrintUnformatted(t) : NULL;
         reply(&r, meta, NULL, 0);
         free(meta);
     }

@@ -100,6 +100,44 @@ static void queue_drain(task_queue *q)
             free(t);
         }
     q->tail[0] = q->tail[1] = NULL;
+    while (q->spare) {
+        task *t = q->spare;
+        q->spare = t->next;
+        free(t);
+    }
+    q->nspare = 0;
+}
+
+/* A zeroed task: a spare one, or a new one (NULL when out of memory). */
+static task *task_new(task_queue *q)
+{
+    pthread_mutex_lock(&q->lock);
+    task *t = q->spare;
+    if (t) {
+        q->spare = t->next;
+        q->nspare--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (t) {
+        memset(t, 0, sizeof *t);
+        return t;
+    }
+    return calloc(1, sizeof *t);
+}
+
+/* A handled task (its message already freed): kept for the next request, a few of them. */
+static void task_done(task_queue *q, task *t)
+{
+    pthread_mutex_lock(&q->lock);
+    int keep = q->nspare < 16;
+    if (keep) {
+        t->next = q->spare;
+        q->spare = t;
+        q->nspare++;
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (!keep)
+        free(t);
 }
 
 /* A handled INFERENCE_STEP's time into the moving average (3/4 old, 1/4 new). */
@@ -112,6 +150,7 @@ static void note_step(sp_server *s, uint64_t t0)
 static void *worker_main(void *arg)
 {
     sp_server *s = arg;
+    pthread_setname_np(pthread_self(), "sp-worker");
     sp_ws ws = {0};
     task *t;
     while ((t = queue_pop(&s->q))) {
@@ -121,7 +160,7 @@ static void *worker_main(void *arg)
             note_step(s, t0);
         sp_buf_free(&t->msg);
         sp_ws_server_release(s->ws, t->conn, len); /* its bytes go back to the input budget */
-        free(t);
+        task_done(&s->q, t);
     }
     sp_ws_free(&ws);
     return NULL;
@@ -130,10 +169,9 @@ static void *worker_main(void *arg)
 /* ---------------------------------------------------------------------------------------------- */
 /* transport callbacks (transport thread: no compute here) */
 
-/* A request handled here or dropped: its bytes go back to the input budget. */
-static void done_inline(sp_server *s, uint64_t conn, sp_buf *msg)
+/* A request of len bytes handled here or dropped: its bytes go back to the input budget. */
+static void done_inline(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t len)
 {
-    uint64_t len = msg->len;
     sp_buf_free(msg);
     sp_ws_server_release(s->ws, conn, len);
 }
@@ -144,27 +182,28 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     pthread_mutex_lock(&s->stats_lock);
     s->requests++;
     pthread_mutex_unlock(&s->stats_lock);
+    uint64_t len = msg->len;
     if (sp_rpc_handle_inline(s, conn, msg)) {
-        done_inline(s, conn, msg);
+        done_inline(s, conn, msg, len);
         return;
     }
     sp_msg_header h = {0};
     sp_msg_header_read(msg->data, msg->len, &h);
     /* A small decode step of a fast span: answer right here, unless another transport thread is doing so */
-    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps &&
+    if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && !s->o.workers_only &&
         __atomic_load_n(&s->step_ns, __ATOMIC_RELAXED) < 1000000 && msg->len <= 32768 && queue_idle(&s->q) &&
         pthread_mutex_trylock(&s->inline_lock) == 0) {
         uint64_t t0 = sp_now_ns();
         sp_rpc_handle(s, conn, msg, &s->inline_ws);
         note_step(s, t0);
         pthread_mutex_unlock(&s->inline_lock);
-        done_inline(s, conn, msg);
+        done_inline(s, conn, msg, len);
         return;
     }
-    task *t = calloc(1, sizeof *t);
+    task *t = task_new(&s->q);
     if (!t) {
         sp_rpc_error(s, conn, 0, "internal", "out of memory");
-        done_inline(s, conn, msg);
+        done_inline(s, conn, msg, len);
         return;
     }
     int type = h.type;
@@ -187,6 +226,7 @@ static void on_close(void *user, uint64_t conn)
 static void *reaper_main(void *arg)
 {
     sp_server *s = arg;
+    pthread_setname_np(pthread_self(), "sp-reaper");
     pthread_mutex_lock(&s->reaper_lock);
     while (!s->reaper_stop) {
         struct timespec ts;
@@ -240,6 +280,14 @@ static sp_status cache_budget(sp_server *s, sp_err *err)
 static sp_status start_threads(sp_server *s, sp_err *err)
 {
     s->nworkers = s->o.workers > 0 ? s->o.workers : 1;
+    /* tasks for the requests in flight: one per worker, one arriving meanwhile (a worker lets go of its task
+     * just after its answer went out, and the next request may come first) */
+    for (int i = 0; i < 2 * s->nworkers + 2; i++) {
+        task *t = calloc(1, sizeof *t);
+        if (!t)
+            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        task_done(&s->q, t);
+    }
     s->workers = calloc((size_t)s->nworkers, sizeof *s->workers);
     if (!s->workers)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");

@@ -37,6 +37,7 @@ typedef struct sp_server_opts {
     int threads;               /* compute threads (the engine's pool, and OpenBLAS for large products); 0: the CPUs
                                   this process may run on */
     int workers;               /* request worker threads (default 1) */
+    int workers_only;          /* every request goes through a worker, even a short step (tests; default 0) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */

@@ -24,6 +24,9 @@ typedef struct session {
     int busy;             /* a worker is stepping it */
     int closed;           /* freed once not busy */
     sp_kv_cache *kv;      /* end - start caches */
+    float *scratch;       /* a decode step's hidden states, sized at open (B x H floats) */
+    size_t scratch_floats;
+    sp_ws ws;             /* a decode step's block workspace, sized at open for max_length: steps allocate nothing */
     struct session *next;
 } session;
 
@@ -77,6 +80,8 @@ typedef struct task_queue {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     task *head[2], *tail[2];
+    task *spare; /* handled tasks, for the next requests (no allocation per request) */
+    int nspare;
     int stop;
 } task_queue;
 
@@ -110,7 +115,8 @@ struct sp_server {
     sp_swarm_key key; /* o.key points here */
 };
 
-/* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply. */
+/* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply, in msg's buffer (which is
+ * then taken: *msg is left empty; its length must be read before, for the budget). */
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
 /* rpc.c: requests answered on the transport thread (HELLO, INFO, PING); 1 if handled. */
 int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg);

@@ -21,6 +21,8 @@ static void session_free(session *x)
     for (int i = 0; x->kv && i < x->end - x->start; i++)
         sp_kv_free(&x->kv[i]);
     free(x->kv);
+    free(x->scratch);
+    sp_ws_free(&x->ws);
     free(x);
 }
 
@@ -58,6 +60,18 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
     }
     for (int i = 0; !st && i < end - start; i++)
         st = sp_kv_init(&x->kv[i], B, max_length, s->m->cfg.n_kv_heads, s->m->cfg.head_dim, err);
+    if (!st) { /* one position of every row: a decode step's input, computed in place */
+        x->scratch_floats = (size_t)B * s->m->cfg.hidden;
+        x->scratch = malloc(x->scratch_floats * sizeof(float));
+        st = x->scratch ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
+    size_t wsf = 0;
+    for (int i = start; !st && i < end; i++) {
+        size_t f = sp_block_ws_floats(&s->m->blocks[i - s->m->first], B, 1, max_length);
+        wsf = f > wsf ? f : wsf;
+    }
+    if (!st)
+        st = sp_ws_reserve(&x->ws, wsf, err);
     pthread_mutex_lock(&t->lock);
     if (st) {
         t->used -= cost;

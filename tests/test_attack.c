@@ -116,7 +116,7 @@ static double counter(fixture *f, const char *name)
     if (sp_remote_connect(&r, "127.0.0.1", f->p.port, 1, 5000, NULL))
         return -1;
     if (sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, NULL) == SP_OK) {
-        cJSON *t = cJSON_GetObjectItemCaseSensitive(rep.msg.meta, "transport");
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), "transport");
         cJSON *x = cJSON_GetObjectItemCaseSensitive(t, name);
         if (cJSON_IsNumber(x))
             v = x->valuedouble;

@@ -449,6 +449,32 @@ static void encoded_case(const char *model)
 START_TEST(t_encoded_blocks) { encoded_case(families[_i]); }
 END_TEST
 
+/* In-place row gathers (beam search's cache reorders) equal a gather through a copy: permutations with long
+ * cycles, repeated and dropped rows, rows that stay; rows longer than the stack piece. */
+START_TEST(t_rows_gather)
+{
+    sp_rng rng;
+    sp_rng_seed(&rng, 7);
+    for (int trial = 0; trial < 400; trial++) {
+        int B = 1 + trial % 9;
+        size_t used = trial % 3 == 0 ? 2500 : 1 + trial % 37, stride = used + trial % 5;
+        int64_t src[9];
+        for (int b = 0; b < B; b++)
+            src[b] = trial % 4 == 0 ? (b + 1) % B : (int64_t)(sp_rng_f32(&rng) * B) % B; /* a cycle, or anything */
+        float *rows = malloc((size_t)B * stride * sizeof(float)), *want = malloc((size_t)B * stride * sizeof(float));
+        for (size_t i = 0; i < (size_t)B * stride; i++)
+            rows[i] = (float)i;
+        memcpy(want, rows, (size_t)B * stride * sizeof(float));
+        for (int b = 0; b < B; b++)
+            memcpy(want + (size_t)b * stride, rows + (size_t)src[b] * stride, used * sizeof(float));
+        sp_err err = {0};
+        ck_assert_int_eq(sp_rows_gather(rows, stride, used, src, B, &err), SP_OK);
+        ck_assert_msg(memcmp(rows, want, (size_t)B * stride * sizeof(float)) == 0, "trial %d (B %d)", trial, B);
+        free(rows), free(want);
+    }
+}
+END_TEST
+
 static Suite *block_suite(void)
 {
     Suite *s = suite_create("block");
@@ -463,6 +489,7 @@ static Suite *block_suite(void)
     tcase_add_test(tc, t_partial_load_reads_only_its_part);
     tcase_add_test(tc, t_bloom_unprefixed_names);
     tcase_add_test(tc, t_unsupported_architecture);
+    tcase_add_test(tc, t_rows_gather);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -281,7 +281,8 @@ START_TEST(t_empty_meta_is_object)
     enc_ok(&b, SP_MSG_INFO, 0, 5, NULL, NULL, 0);
     ck_assert_uint_eq(b.len, SP_PROTO_HEADER_SIZE);
     ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
-    ck_assert(cJSON_IsObject(m.meta));
+    ck_assert_ptr_null(m.meta); /* no tree until asked for */
+    ck_assert(cJSON_IsObject(sp_msg_meta(&m)));
     ck_assert_ptr_null(m.meta->child);
     ck_assert_ptr_null(sp_meta_str(&m, "x"));
     sp_msg_clear(&m);
@@ -428,6 +429,88 @@ START_TEST(t_meta_helpers)
     ck_assert_int_eq(sp_meta_int(NULL, "a", &v), 0);
     sp_msg_clear(&m);
     sp_msg_clear(&m); /* twice is harmless */
+    sp_buf_free(&b);
+}
+END_TEST
+
+/* The metadata reader that works in place (no tree): strict JSON, and whatever it accepts cJSON parses too, with
+ * the same values; the members are found at the top level only, the first of a repeated key. */
+START_TEST(t_meta_reader)
+{
+    const char *good[] = {
+        "{}", " {\"a\" : [ 1 , { \"b\" : [ ] } , \"x\" ] , \"c\":null } ", "{\"a\":-0,\"b\":1.5e-3,\"c\":2E+2}",
+        "{\"s\":\"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\"}", "{\"u\":\"\\u00e9\\ud83d\\ude00\\u0041\"}",
+        "\xef\xbb\xbf{\"bom\":true}", "{\"t\":true,\"f\":false,\"n\":null,\"o\":{\"p\":{}}}",
+    };
+    const char *bad[] = {
+        "{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":+1}", "{\"a\":1e}", "{\"a\":-}", "{\"a\":0x1}",
+        "{\"a\":tru}", "{\"a\":nul}", "{\"a\":NaN}", "{\"a\":1,}", "{,}", "{\"a\"}", "{\"a\" 1}", "{a:1}",
+        "{\"a\":[1,]}", "{\"a\":[1 2]}", "{\"a\":\"\x01\"}", "{\"a\":\"\\x\"}", "{\"a\":\"\\u12\"}",
+        "{\"a\":\"\\ud800\"}", "{\"a\":\"\\udc00\"}", "{\"a\":\"\\ud800\\u0041\"}", "{\"a\":\"x}",
+        "{\"a\":{}", "{\"a\":1}}", "{}{}", "{\"a\":[}", "{\"a\":]}", "\x0c{}", " ",
+    };
+    sp_buf b = {0};
+    sp_msg m;
+    sp_err err = {0};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        enc_ok(&b, SP_MSG_PING, 0, 1, good[i], NULL, 0);
+        ck_assert_msg(sp_msg_decode(&m, b.data, b.len, NULL, &err) == SP_OK, "%s: %s", good[i], err.msg);
+        ck_assert_msg(cJSON_IsObject(sp_msg_meta(&m)), "cJSON refuses %s", good[i]);
+        sp_msg_clear(&m);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ck_assert_msg(sp_msg_encode(&b, SP_MSG_PING, 0, 1, bad[i], NULL, 0, &err) == SP_ERR_ARG, "accepted %s", bad[i]);
+    /* nesting as deep as cJSON takes (1000), and no deeper */
+    for (int depth = 1000; depth <= 1001; depth++) {
+        char *deep = malloc(2 * (size_t)depth + 16);
+        size_t n = 0;
+        n += (size_t)sprintf(deep, "{\"d\":");
+        for (int k = 1; k < depth; k++)
+            deep[n++] = '[';
+        for (int k = 1; k < depth; k++)
+            deep[n++] = ']';
+        deep[n++] = '}';
+        deep[n] = '\0';
+        if (depth == 1000) {
+            enc_ok(&b, SP_MSG_PING, 0, 1, deep, NULL, 0);
+            ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+            ck_assert_ptr_nonnull(sp_msg_meta(&m));
+            sp_msg_clear(&m);
+        } else {
+            ck_assert_int_eq(sp_msg_encode(&b, SP_MSG_PING, 0, 1, deep, NULL, 0, &err), SP_ERR_ARG);
+        }
+        free(deep);
+    }
+    /* values read in place equal cJSON's */
+    const char *meta = "{\"o\":{\"k\":1,\"s\":\"in\"},\"k\":2,\"k\":3,\"s\":\"a\\u00e9\\n\\\"z\",\"x\":-12.5e1,"
+                       "\"big\":123456789012345678,\"l\":\"0123456789abcdef\",\"e\\u0073c\":7}";
+    enc_ok(&b, SP_MSG_PING, 0, 1, meta, NULL, 0);
+    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+    int64_t v = 0;
+    double d = 0;
+    char s[16];
+    ck_assert_int_eq(sp_meta_int(&m, "k", &v), 1);
+    ck_assert_int_eq(v, 2); /* the first, and not the nested one */
+    ck_assert_int_eq(sp_meta_int(&m, "esc", &v), 1); /* an escaped key */
+    ck_assert_int_eq(v, 7);
+    ck_assert_int_eq(sp_meta_num(&m, "x", &d), 1);
+    ck_assert(d == -125.0);
+    ck_assert_int_eq(sp_meta_num(&m, "s", &d), 0);
+    ck_assert(d == 0);
+    ck_assert_int_eq(sp_meta_int(&m, "big", &v), 1);
+    ck_assert(v == (int64_t)123456789012345678.0); /* the double cJSON gives */
+    ck_assert_int_eq(sp_meta_strcpy(&m, "s", s, sizeof s), 1);
+    ck_assert_str_eq(s, "a\xc3\xa9\n\"z");
+    ck_assert_int_eq(sp_meta_strcpy(&m, "l", s, sizeof s), 0); /* 16 bytes do not fit 15 + NUL */
+    ck_assert_str_eq(s, "");
+    ck_assert_int_eq(sp_meta_strcpy(&m, "k", s, sizeof s), 0);
+    ck_assert_int_eq(sp_meta_strcpy(&m, "missing", s, sizeof s), 0);
+    ck_assert_ptr_null(m.meta); /* none of the above built a tree */
+    ck_assert_str_eq(sp_meta_str(&m, "s"), "a\xc3\xa9\n\"z");
+    ck_assert_str_eq(sp_meta_str(&m, "l"), "0123456789abcdef");
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&m), "big");
+    ck_assert(k && k->valuedouble == 123456789012345678.0);
+    sp_msg_clear(&m);
     sp_buf_free(&b);
 }
 END_TEST
@@ -835,6 +918,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, t_q8_edges);
     tcase_add_test(tc, t_finite_and_conversions);
     tcase_add_test(tc, t_meta_helpers);
+    tcase_add_test(tc, t_meta_reader);
     tcase_add_test(tc, t_error_reply);
     tcase_add_test(tc, t_encode_rejects);
     tcase_add_test(tc, t_malformed_table);

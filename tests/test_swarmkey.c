@@ -352,7 +352,7 @@ START_TEST(t_replayed_proof)
     m = auth_msg(2, NULL, proof);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH); /* accepted: {"ok": true} */
-    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r.meta, "ok")));
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&r), "ok")));
     sp_msg_clear(&r);
     free(raw);
     close(fd);
@@ -514,7 +514,7 @@ static double info_number(int port, const sp_swarm_key *k, const char *section, 
     ck_assert_msg(sp_remote_connect_opts(&r, "127.0.0.1", port, &o, TMO, &err) == SP_OK, "%s", err.msg);
     sp_reply rep;
     ck_assert_int_eq(sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, TMO, &err), SP_OK);
-    cJSON *obj = section ? cJSON_GetObjectItemCaseSensitive(rep.msg.meta, section) : rep.msg.meta;
+    cJSON *obj = section ? cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), section) : sp_msg_meta(&rep.msg);
     cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, name);
     double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
     sp_reply_clear(&rep);

@@ -216,7 +216,7 @@ sp_status tp_auth_client(sp_ws_client *c, int timeout_ms, sp_err *err)
     st = exchange(c, 2, o, &m, &b, until, err);
     if (st)
         return st;
-    if (m.type != SP_MSG_AUTH || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m.meta, "ok")))
+    if (m.type != SP_MSG_AUTH || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&m), "ok")))
         st = unexpected(c, &m, err);
     sp_msg_clear(&m);
     sp_buf_free(&b);

@@ -322,6 +322,7 @@ static void bulk_sweep(sp_ws_server *s)
 void *tp_bulk_main(void *arg)
 {
     sp_ws_server *s = arg;
+    pthread_setname_np(pthread_self(), "sp-bulk-srv");
     tl_bulk_thread_of = s;
     struct pollfd *pfd = NULL;
     size_t cap = 0;
@@ -484,6 +485,7 @@ static sp_status bulk_handshake(sp_ws_client *c, int fd, int bulk_port, uint64_t
 static void *cli_reader_main(void *arg)
 {
     sp_ws_client *c = arg;
+    pthread_setname_np(pthread_self(), "sp-bulk-cli");
     int fd = c->bulk_fd; /* set before this thread started, never changed afterwards */
     rxstream rs = {0};
     sp_err err = {0};

@@ -69,7 +69,13 @@ void sp_transport_opts_default(sp_transport_opts *o)
 /* Takes *msg (also on failure, when it is freed). */
 int tp_msgq_push(msgq *q, sp_buf *msg)
 {
-    qnode *n = malloc(sizeof *n);
+    qnode *n = q->spare;
+    if (n) {
+        q->spare = n->next;
+        q->nspare--;
+    } else {
+        n = malloc(sizeof *n);
+    }
     if (!n) {
         sp_buf_free(msg);
         return -1;
@@ -95,7 +101,13 @@ int tp_msgq_pop(msgq *q, sp_buf *out)
         q->tail = NULL;
     *out = n->buf;
     q->bytes -= n->buf.len;
-    free(n);
+    if (q->nspare < MSGQ_SPARE) {
+        n->next = q->spare;
+        q->spare = n;
+        q->nspare++;
+    } else {
+        free(n);
+    }
     return 1;
 }
 
@@ -105,6 +117,12 @@ uint64_t tp_msgq_clear(msgq *q)
     sp_buf b;
     while (tp_msgq_pop(q, &b))
         sp_buf_free(&b);
+    while (q->spare) {
+        qnode *x = q->spare;
+        q->spare = x->next;
+        free(x);
+    }
+    q->nspare = 0;
     return n;
 }
 

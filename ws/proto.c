@@ -5,7 +5,9 @@
 
 #include <cJSON.h>
 #include <inttypes.h>
+#include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +152,115 @@ sp_proto_limits sp_proto_default_limits(void)
 /* ---------------------------------------------------------------------------------------------- */
 /* buffers */
 
+/* Freed heap buffers are kept for reuse, so that the messages of a decode step cost no allocation: the buffer a
+ * request arrived in goes back here and becomes the next reply's, and so on, on either side and across threads.
+ * At most SPARE_SLOTS buffers of at most SPARE_MAX_CAP bytes, SPARE_MAX_BYTES in all, per process; larger ones
+ * (and mapped ones) are freed as before. Under ASan a kept buffer is poisoned, so a use after sp_buf_free is
+ * still caught. */
+#define SPARE_SLOTS 32
+#define SPARE_MAX_CAP ((size_t)256 << 10)
+#define SPARE_MAX_BYTES ((size_t)4 << 20)
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define SPARE_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define SPARE_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define SPARE_POISON(p, n) ((void)(p), (void)(n))
+#define SPARE_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+static struct {
+    pthread_mutex_t mu;
+    int n;
+    size_t bytes;
+    uint8_t *base[SPARE_SLOTS];
+    size_t cap[SPARE_SLOTS];
+} g_spare = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The smallest kept buffer that holds cap bytes, into the empty b: 1, or 0 if none does. */
+static int spare_take(sp_buf *b, size_t cap)
+{
+    if (cap > SPARE_MAX_CAP)
+        return 0;
+    pthread_mutex_lock(&g_spare.mu);
+    int best = -1;
+    for (int i = 0; i < g_spare.n; i++)
+        if (g_spare.cap[i] >= cap && (best < 0 || g_spare.cap[i] < g_spare.cap[best]))
+            best = i;
+    if (best >= 0) {
+        b->base = g_spare.base[best];
+        b->cap = g_spare.cap[best];
+        g_spare.bytes -= b->cap;
+        g_spare.n--;
+        g_spare.base[best] = g_spare.base[g_spare.n];
+        g_spare.cap[best] = g_spare.cap[g_spare.n];
+    }
+    pthread_mutex_unlock(&g_spare.mu);
+    if (best < 0)
+        return 0;
+    SPARE_UNPOISON(b->base, SP_BUF_HEADROOM + b->cap);
+    b->data = b->base + SP_BUF_HEADROOM;
+    b->len = 0;
+    return 1;
+}
+
+/* Keeps a heap buffer of cap bytes (headroom excluded): 1, or 0 when it is too large or there is no room. */
+static int spare_put(uint8_t *base, size_t cap)
+{
+    if (cap > SPARE_MAX_CAP)
+        return 0;
+    pthread_mutex_lock(&g_spare.mu);
+    int ok = g_spare.n < SPARE_SLOTS && g_spare.bytes + cap <= SPARE_MAX_BYTES;
+    if (ok) {
+        SPARE_POISON(base, SP_BUF_HEADROOM + cap);
+        g_spare.base[g_spare.n] = base;
+        g_spare.cap[g_spare.n++] = cap;
+        g_spare.bytes += cap;
+    }
+    pthread_mutex_unlock(&g_spare.mu);
+    return ok;
+}
+
+/* The capacity sp_buf_reserve gives a fresh heap buffer for cap bytes: a power of two with room to spare (the next
+ * message, a few bytes longer because its position has one more digit, still fits a kept buffer). */
+static size_t spare_round(size_t cap)
+{
+    if (cap > SPARE_MAX_CAP)
+        return cap;
+    size_t want = cap + cap / 8, c = 256;
+    while (c < want && c < SPARE_MAX_CAP)
+        c *= 2;
+    return c > cap ? c : cap;
+}
+
+void sp_buf_spare_seed(size_t cap, int n)
+{
+    cap = spare_round(cap);
+    if (cap > SPARE_MAX_CAP)
+        return;
+    pthread_mutex_lock(&g_spare.mu);
+    int have = 0;
+    for (int i = 0; i < g_spare.n; i++)
+        have += g_spare.cap[i] >= cap;
+    pthread_mutex_unlock(&g_spare.mu);
+    for (; have < n; have++) {
+        uint8_t *p = malloc(SP_BUF_HEADROOM + cap);
+        if (!p || !spare_put(p, cap)) {
+            free(p);
+            return;
+        }
+    }
+}
+
+size_t sp_msg_size_f32(size_t meta_max, const size_t *numel, int n)
+{
+    size_t bytes = SP_PROTO_HEADER_SIZE + meta_max;
+    for (int i = 0; i < n; i++)
+        bytes += SP_PROTO_DESC_SIZE + numel[i] * 4;
+    return bytes;
+}
+
 sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err)
 {
     if (!b)
@@ -158,6 +269,9 @@ sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err)
         return SP_OK;
     if (b->mapped)
         return sp_buf_reserve_mapped(b, cap, err);
+    if (!b->base && spare_take(b, cap))
+        return SP_OK;
+    cap = spare_round(cap);
     if (cap > SIZE_MAX - SP_BUF_HEADROOM)
         return sp_errf(err, SP_ERR_NOMEM, "buffer of %zu bytes is too large", cap);
     uint8_t *nb = realloc(b->base, SP_BUF_HEADROOM + cap); /* realloc keeps the bytes already there */
@@ -218,7 +332,7 @@ void sp_buf_free(sp_buf *b)
         return;
     if (b->mapped)
         munmap(b->base, b->mapped);
-    else
+    else if (b->base && !spare_put(b->base, b->cap))
         free(b->base);
     memset(b, 0, sizeof *b);
 }
@@ -356,50 +470,357 @@ static size_t utf8_valid_prefix(const uint8_t *s, size_t n)
     return n;
 }
 
-/* Parses n bytes of metadata into a JSON object (an empty one for n == 0). */
-static sp_status parse_meta(const uint8_t *p, size_t n, cJSON **out, sp_err *err)
+/* A strict JSON reader (RFC 8259) over the metadata in place: it checks a message's metadata and finds its
+ * top-level members without building a tree, so decoding a message allocates nothing. Its text was checked
+ * for UTF-8 (no NUL bytes) first. Nesting is limited like cJSON's, so that whatever passes here cJSON parses too
+ * (sp_msg_meta). */
+#define META_MAX_DEPTH 1000
+
+typedef struct jcur {
+    const char *p, *end;
+} jcur;
+
+static void j_space(jcur *c)
 {
-    *out = NULL;
-    if (n == 0) {
-        *out = cJSON_CreateObject();
-        return *out ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory for metadata");
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+static int j_hex4(const char *p, const char *end, unsigned *out)
+{
+    unsigned v = 0;
+    if (end - p < 4)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        char ch = p[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v << 4 | (unsigned)d;
     }
+    *out = v;
+    return 0;
+}
+
+/* Reads the string at c->p (its opening quote), unescaped into out[0..cap) when out is non-NULL (*len: its
+ * whole unescaped length, which may exceed cap); leaves c->p after the closing quote. -1 if malformed: a raw
+ * control character, an unknown escape, a \u that is not 4 hex digits or a lone surrogate (cJSON refuses those
+ * too). */
+static int j_string(jcur *c, char *out, size_t cap, size_t *len)
+{
+    size_t n = 0;
+    if (c->p >= c->end || *c->p != '"')
+        return -1;
+    c->p++;
+    for (;;) {
+        if (c->p >= c->end)
+            return -1;
+        unsigned char ch = (unsigned char)*c->p++;
+        char buf[4];
+        size_t k = 1;
+        if (ch == '"')
+            break;
+        if (ch < 0x20)
+            return -1;
+        buf[0] = (char)ch;
+        if (ch == '\\') {
+            if (c->p >= c->end)
+                return -1;
+            char e = *c->p++;
+            unsigned cp;
+            switch (e) {
+            case '"': case '\\': case '/': buf[0] = e; break;
+            case 'b': buf[0] = '\b'; break;
+            case 'f': buf[0] = '\f'; break;
+            case 'n': buf[0] = '\n'; break;
+            case 'r': buf[0] = '\r'; break;
+            case 't': buf[0] = '\t'; break;
+            case 'u':
+                if (j_hex4(c->p, c->end, &cp))
+                    return -1;
+                c->p += 4;
+                if (cp >= 0xdc00 && cp <= 0xdfff)
+                    return -1;
+                if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: its low one must follow */
+                    unsigned lo;
+                    if (c->end - c->p < 6 || c->p[0] != '\\' || c->p[1] != 'u' || j_hex4(c->p + 2, c->end, &lo) ||
+                        lo < 0xdc00 || lo > 0xdfff)
+                        return -1;
+                    c->p += 6;
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                }
+                if (cp < 0x80) {
+                    buf[0] = (char)cp;
+                } else if (cp < 0x800) {
+                    buf[0] = (char)(0xc0 | cp >> 6), buf[1] = (char)(0x80 | (cp & 0x3f)), k = 2;
+                } else if (cp < 0x10000) {
+                    buf[0] = (char)(0xe0 | cp >> 12), buf[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                    buf[2] = (char)(0x80 | (cp & 0x3f)), k = 3;
+                } else {
+                    buf[0] = (char)(0xf0 | cp >> 18), buf[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                    buf[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), buf[3] = (char)(0x80 | (cp & 0x3f)), k = 4;
+                }
+                break;
+            default: return -1;
+            }
+        }
+        for (size_t i = 0; out && i < k; i++)
+            if (n + i < cap)
+                out[n + i] = buf[i];
+        n += k;
+    }
+    if (len)
+        *len = n;
+    return 0;
+}
+
+static int j_digits(jcur *c)
+{
+    const char *p0 = c->p;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
+        c->p++;
+    return c->p > p0 ? 0 : -1;
+}
+
+/* -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+static int j_number(jcur *c)
+{
+    if (c->p < c->end && *c->p == '-')
+        c->p++;
+    if (c->p < c->end && *c->p == '0')
+        c->p++;
+    else if (j_digits(c))
+        return -1;
+    if (c->p < c->end && *c->p == '.') {
+        c->p++;
+        if (j_digits(c))
+            return -1;
+    }
+    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        c->p++;
+        if (c->p < c->end && (*c->p == '+' || *c->p == '-'))
+            c->p++;
+        if (j_digits(c))
+            return -1;
+    }
+    return 0;
+}
+
+static int j_literal(jcur *c, const char *lit)
+{
+    size_t n = strlen(lit);
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, lit, n) != 0)
+        return -1;
+    c->p += n;
+    return 0;
+}
+
+/* A scalar at c->p (string, number, true, false, null). */
+static int j_scalar(jcur *c)
+{
+    if (c->p >= c->end)
+        return -1;
+    switch (*c->p) {
+    case '"': return j_string(c, NULL, 0, NULL);
+    case 't': return j_literal(c, "true");
+    case 'f': return j_literal(c, "false");
+    case 'n': return j_literal(c, "null");
+    default: return *c->p == '-' || (*c->p >= '0' && *c->p <= '9') ? j_number(c) : -1;
+    }
+}
+
+/* One whole value at c->p, containers included (iterative: the nesting is a bit stack, 1 = object). */
+static int j_value(jcur *c)
+{
+    uint8_t stack[(META_MAX_DEPTH + 7) / 8];
+    int depth = 0;
+    for (;;) {
+        j_space(c);
+        if (c->p < c->end && (*c->p == '{' || *c->p == '[')) { /* open a container */
+            int obj = *c->p++ == '{';
+            if (depth >= META_MAX_DEPTH)
+                return -1;
+            if (obj)
+                stack[depth / 8] |= (uint8_t)(1u << (depth % 8));
+            else
+                stack[depth / 8] &= (uint8_t)~(1u << (depth % 8));
+            depth++;
+            j_space(c);
+            if (c->p < c->end && *c->p == (obj ? '}' : ']')) {
+                c->p++;
+                depth--;
+            } else if (obj) { /* its first key */
+                if (j_string(c, NULL, 0, NULL))
+                    return -1;
+                j_space(c);
+                if (c->p >= c->end || *c->p++ != ':')
+                    return -1;
+                continue;
+            } else {
+                continue; /* its first element */
+            }
+        } else if (j_scalar(c)) {
+            return -1;
+        }
+        /* after a value: the end, a separator, or closing brackets */
+        for (;;) {
+            if (depth == 0)
+                return 0;
+            int obj = stack[(depth - 1) / 8] >> ((depth - 1) % 8) & 1;
+            j_space(c);
+            if (c->p >= c->end)
+                return -1;
+            char ch = *c->p++;
+            if (ch == (obj ? '}' : ']')) {
+                depth--;
+                continue;
+            }
+            if (ch != ',')
+                return -1;
+            if (obj) {
+                j_space(c);
+                if (j_string(c, NULL, 0, NULL))
+                    return -1;
+                j_space(c);
+                if (c->p >= c->end || *c->p++ != ':')
+                    return -1;
+            }
+            break;
+        }
+    }
+}
+
+/* Checks n bytes of metadata: valid UTF-8 without NUL bytes, one JSON object, nothing else but whitespace (an
+ * empty text stands for {}). Allocates nothing. */
+static sp_status check_meta(const uint8_t *p, size_t n, sp_err *err)
+{
     size_t ok = utf8_valid_prefix(p, n);
     if (ok != n)
         return sp_errf(err, SP_ERR_FORMAT, "metadata is not valid UTF-8 (byte %zu of %zu: 0x%02x)", ok, n, p[ok]);
-    /* cJSON gets a NUL-terminated copy so that it cannot read past the metadata, and must consume all of
-     * it (trailing whitespace aside). */
-    char *s = malloc(n + 1);
-    if (!s)
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory for %zu bytes of metadata", n);
-    memcpy(s, p, n);
-    s[n] = '\0';
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithOpts(s, &end, 1);
-    size_t at = end && end >= s && end <= s + n ? (size_t)(end - s) : 0;
-    free(s);
-    if (!j)
-        return sp_errf(err, SP_ERR_FORMAT, "metadata is not valid JSON (near byte %zu of %zu)", at, n);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return sp_errf(err, SP_ERR_FORMAT, "metadata is JSON but not an object");
+    jcur c = {(const char *)p, (const char *)p + n};
+    if (n >= 3 && p[0] == 0xef && p[1] == 0xbb && p[2] == 0xbf)
+        c.p += 3; /* a byte order mark, as cJSON allows */
+    j_space(&c);
+    if (c.p == c.end && c.p == (const char *)p)
+        return SP_OK;
+    int object = c.p < c.end && *c.p == '{';
+    if (j_value(&c) == 0) {
+        j_space(&c);
+        if (c.p == c.end)
+            return object ? SP_OK : sp_errf(err, SP_ERR_FORMAT, "metadata is JSON but not an object");
     }
-    *out = j;
-    return SP_OK;
+    return sp_errf(err, SP_ERR_FORMAT, "metadata is not valid JSON (near byte %zu of %zu)",
+                   (size_t)(c.p - (const char *)p), n);
+}
+
+/* The value of the first top-level member named key in the (checked) metadata, or NULL. */
+static const char *meta_find(const sp_msg *m, const char *key)
+{
+    if (!m || !key || !m->meta_json || !m->meta_len)
+        return NULL;
+    jcur c = {m->meta_json, m->meta_json + m->meta_len};
+    size_t want = strlen(key);
+    while (c.p < c.end && *c.p != '{')
+        c.p++;
+    c.p++;
+    for (;;) {
+        j_space(&c);
+        if (c.p >= c.end || *c.p != '"')
+            return NULL; /* "}": not there */
+        char name[256];
+        size_t len = 0;
+        if (j_string(&c, name, sizeof name, &len))
+            return NULL;
+        j_space(&c);
+        c.p++; /* ':' */
+        j_space(&c);
+        if (len == want && len <= sizeof name && memcmp(name, key, len) == 0)
+            return c.p;
+        if (j_value(&c))
+            return NULL;
+        j_space(&c);
+        if (c.p >= c.end || *c.p++ != ',')
+            return NULL;
+    }
+}
+
+struct cJSON *sp_msg_meta(const sp_msg *m)
+{
+    if (!m)
+        return NULL;
+    sp_msg *w = (sp_msg *)m; /* the tree is a cache of the text: building it changes nothing a reader sees */
+    if (!w->meta)
+        w->meta = m->meta_len ? cJSON_ParseWithLength(m->meta_json, m->meta_len) : cJSON_CreateObject();
+    return w->meta;
 }
 
 const char *sp_meta_str(const sp_msg *m, const char *key)
 {
-    if (!m || !m->meta || !key)
+    const char *v = meta_find(m, key);
+    if (!v || *v != '"')
         return NULL;
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m->meta, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(m), key);
+    return cJSON_IsString(s) ? s->valuestring : NULL;
+}
+
+int sp_meta_strcpy(const sp_msg *m, const char *key, char *out, size_t cap)
+{
+    const char *v = meta_find(m, key);
+    size_t len = 0;
+    if (!out || !cap)
+        return 0;
+    out[0] = '\0';
+    if (!v || *v != '"')
+        return 0;
+    jcur c = {v, m->meta_json + m->meta_len};
+    if (j_string(&c, out, cap - 1, &len) || len > cap - 1) {
+        out[0] = '\0';
+        return 0;
+    }
+    out[len] = '\0';
+    return 1;
+}
+
+int sp_meta_num(const sp_msg *m, const char *key, double *out)
+{
+    const char *v = meta_find(m, key);
+    if (out)
+        *out = 0;
+    if (!v || !(*v == '-' || (*v >= '0' && *v <= '9')))
+        return 0;
+    jcur c = {v, m->meta_json + m->meta_len};
+    j_number(&c);
+    size_t n = (size_t)(c.p - v);
+    double d = 0;
+    int plain = n - (*v == '-') <= 15; /* up to 15 digits: exact in a double, read directly */
+    for (size_t i = *v == '-'; plain && i < n; i++)
+        plain = v[i] >= '0' && v[i] <= '9';
+    if (plain) {
+        for (size_t i = *v == '-'; i < n; i++)
+            d = d * 10 + (v[i] - '0');
+        d = *v == '-' ? -d : d;
+    } else { /* strtod on a copy, with the locale's decimal point as cJSON does */
+        char small[64], *s = n < sizeof small ? small : malloc(n + 1);
+        if (!s)
+            return 0;
+        char point = localeconv()->decimal_point[0];
+        for (size_t i = 0; i < n; i++)
+            s[i] = v[i] == '.' ? point : v[i];
+        s[n] = '\0';
+        d = strtod(s, NULL);
+        if (s != small)
+            free(s);
+    }
+    if (out)
+        *out = d;
+    return 1;
 }
 
 int sp_meta_int(const sp_msg *m, const char *key, int64_t *out)
 {
-    const cJSON *v = m && m->meta && key ? cJSON_GetObjectItemCaseSensitive(m->meta, key) : NULL;
-    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    double d = NAN;
+    if (!sp_meta_num(m, key, &d))
+        d = NAN;
     /* the range test also excludes NaN; 2^63 itself does not fit int64 */
     int ok = d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == floor(d);
     if (out)
@@ -529,9 +950,8 @@ sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_prot
     sp_msg_header_read(buf, len, &h);
     const uint8_t *body = buf + SP_PROTO_HEADER_SIZE;
     s = read_tensors(m, &h, body, lim->max_message, err);
-    cJSON *meta = NULL;
     if (!s)
-        s = parse_meta(body, h.meta_len, &meta, err); /* last: nothing to free if an earlier check fails */
+        s = check_meta(body, h.meta_len, err);
     if (s) {
         memset(m, 0, sizeof *m);
         return s;
@@ -541,7 +961,8 @@ sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_prot
     m->type = (sp_msg_type)h.type;
     m->flags = h.flags;
     m->request_id = h.request_id;
-    m->meta = meta;
+    m->meta_json = (const char *)body;
+    m->meta_len = h.meta_len;
     m->n_tensors = (int)h.n_tensors;
     return SP_OK;
 }
@@ -810,11 +1231,9 @@ static void write_header(uint8_t *p, int type, uint16_t flags, uint64_t request_
 /* The metadata we send must pass the peer's decoder: UTF-8 JSON object, length in 32 bits. */
 static sp_status check_meta_out(const char *meta, size_t n, sp_err *err)
 {
-    cJSON *j = NULL;
     if (n > UINT32_MAX)
         return sp_errf(err, SP_ERR_ARG, "metadata of %zu bytes does not fit 32 bits", n);
-    sp_status s = parse_meta((const uint8_t *)meta, n, &j, err);
-    cJSON_Delete(j);
+    sp_status s = check_meta((const uint8_t *)meta, n, err);
     return s == SP_ERR_FORMAT ? as_arg_error(err) : s;
 }
 

@@ -81,7 +81,9 @@ sp_proto_limits sp_proto_default_limits(void);
  * there without copying) */
 
 #define SP_BUF_HEADROOM 32
-/* A zeroed sp_buf is a valid empty buffer; sp_buf_reserve gives it an allocation (headroom included). */
+/* A zeroed sp_buf is a valid empty buffer; sp_buf_reserve gives it an allocation (headroom included). sp_buf_free
+ * keeps a few small heap buffers (a process-wide free list: 32 of at most 256 KiB, 4 MiB in all) that the next
+ * sp_buf_reserve of an empty buffer takes, so a message's buffer is reused for the next, not reallocated. */
 
 typedef struct sp_buf {
     uint8_t *base; /* allocation; data = base + SP_BUF_HEADROOM */
@@ -96,6 +98,13 @@ sp_status sp_buf_reserve(sp_buf *b, size_t cap, sp_err *err);
 sp_status sp_buf_reserve_mapped(sp_buf *b, size_t cap, sp_err *err);
 sp_status sp_buf_append(sp_buf *b, const void *p, size_t n, sp_err *err);
 void sp_buf_free(sp_buf *b);
+/* Sees that the free list holds at least n buffers that take a message of cap bytes (as far as its limits go): a
+ * session about to exchange such messages sizes its buffers up front, so that none of its steps allocates, however
+ * the threads of the process interleave. */
+void sp_buf_spare_seed(size_t cap, int n);
+/* Bytes of a message with meta_max bytes of metadata and tensors of the given f32 element counts (a bound for
+ * sp_buf_spare_seed). */
+size_t sp_msg_size_f32(size_t meta_max, const size_t *numel, int n);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* decoding (zero-copy: views point into the decoded buffer) */
@@ -114,7 +123,10 @@ typedef struct sp_msg {
     sp_msg_type type;
     uint16_t flags;
     uint64_t request_id;
-    struct cJSON *meta; /* parsed metadata object (never NULL after a successful decode); owned */
+    const char *meta_json; /* the metadata as it is in the buffer: meta_len bytes of valid UTF-8 JSON, an object
+                              (not NUL-terminated; meta_len 0 = {}). Decoding checks it without allocating */
+    uint32_t meta_len;
+    struct cJSON *meta;    /* NULL until sp_msg_meta builds the tree (then owned: sp_msg_clear frees it) */
     int n_tensors;
     sp_tensor_view t[SP_PROTO_MAX_TENSORS];
 } sp_msg;
@@ -138,10 +150,13 @@ int sp_msg_header_read(const uint8_t *buf, size_t len, sp_msg_header *h);
  * major version), "unknown_type", "internal" (out of memory) or "malformed". */
 const char *sp_msg_reject_code(const uint8_t *buf, size_t len, sp_status s);
 
-/* Decodes and validates a whole message of exactly len bytes. On success m->meta must be released
- * with sp_msg_clear. On failure nothing is left allocated. */
+/* Decodes and validates a whole message of exactly len bytes, metadata included (strict JSON, an object), without
+ * allocating anything: views point into buf. Release with sp_msg_clear (which frees a tree sp_msg_meta built). */
 sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_proto_limits *lim, sp_err *err);
 void sp_msg_clear(sp_msg *m);
+/* The metadata as a cJSON object, parsed on first use and kept in m->meta (NULL when out of memory). For
+ * callers that walk nested members; the sp_meta_* readers below need no tree. */
+struct cJSON *sp_msg_meta(const sp_msg *m);
 
 /* Converts a float tensor to f32 (dst holds numel floats). Integer encodings are refused. */
 sp_status sp_tensor_to_f32(const sp_tensor_view *t, float *dst, sp_err *err);
@@ -150,11 +165,18 @@ sp_status sp_tensor_to_i64(const sp_tensor_view *t, int64_t *dst, sp_err *err);
 /* 1 if every value of a float tensor is finite. */
 int sp_tensor_all_finite(const sp_tensor_view *t);
 
-/* Metadata helpers (NULL/-1 defaults when absent or of the wrong JSON type): sp_meta_int sets *out to the
- * value and returns 1, or sets *out = -1 and returns 0 (absent, not a number, or not an integer that fits
- * int64; JSON numbers are doubles, so integers above 2^53 are not exact: send those as strings). */
+/* Metadata helpers over the top-level members (the first of a repeated key; NULL/-1 defaults when absent or of the
+ * wrong JSON type). sp_meta_int sets *out to the value and returns 1, or sets *out = -1 and returns 0 (absent, not
+ * a number, or not an integer that fits int64; JSON numbers are doubles, so integers above 2^53 are not exact:
+ * send those as strings). sp_meta_int, sp_meta_num and sp_meta_strcpy read the text in place and allocate
+ * nothing; sp_meta_str returns a NUL-terminated string out of the tree (sp_msg_meta builds it on the first string
+ * found, so it allocates once per message). */
 const char *sp_meta_str(const sp_msg *m, const char *key);
 int sp_meta_int(const sp_msg *m, const char *key, int64_t *out); /* 1 if present and an integer */
+int sp_meta_num(const sp_msg *m, const char *key, double *out);  /* 1 if present and a number (else *out = 0) */
+/* Copies a string member (unescaped, NUL-terminated) into out: 1, or 0 when absent, not a string, or longer than
+ * cap - 1 bytes (out = ""). */
+int sp_meta_strcpy(const sp_msg *m, const char *key, char *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* encoding */

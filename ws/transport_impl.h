@@ -99,12 +99,16 @@ typedef struct qnode {
 typedef struct msgq {
     qnode *head, *tail;
     uint64_t bytes; /* of the messages in it */
+    qnode *spare;   /* nodes of popped messages, for the next pushes (no allocation per message) */
+    int nspare;
 } msgq;
+
+#define MSGQ_SPARE 8 /* spare nodes a queue keeps */
 
 /* Takes *msg (also on failure, when it is freed). */
 int tp_msgq_push(msgq *q, sp_buf *msg);
 int tp_msgq_pop(msgq *q, sp_buf *out);
-/* Frees every message; returns their bytes. */
+/* Frees every message and the spare nodes; returns the messages' bytes. */
 uint64_t tp_msgq_clear(msgq *q);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -225,6 +225,7 @@ static int cli_ws_cb(struct lws *wsi, enum lws_callback_reasons reason, void *us
 static void *cli_svc_main(void *arg)
 {
     sp_ws_client *c = arg;
+    pthread_setname_np(pthread_self(), "sp-ws-cli");
     while (!atomic_load(&c->svc_stop))
         if (lws_service(c->ctx, 0) < 0) {
             pthread_mutex_lock(&c->mu);

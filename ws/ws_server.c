@@ -807,6 +807,7 @@ static int srv_listen_cb(struct lws *wsi, enum lws_callback_reasons reason, void
 static void *srv_svc_main(void *arg)
 {
     sp_ws_server *s = arg;
+    pthread_setname_np(pthread_self(), "sp-ws-srv");
     while (!atomic_load(&s->svc_stop))
         if (lws_service(s->ctx, 0) < 0) {
             sp_log(SP_LOG_ERROR, "transport: the lws service loop failed; the server stops serving ws");

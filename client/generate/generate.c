@@ -100,6 +100,10 @@ void sp_gen_result_free(sp_gen_result *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Bytes a row's text starts with: room for max_new tokens of a typical length, so that decoding rarely grows it
+ * (it doubles when it must). */
+static size_t text_cap_for(int max_new) { return (size_t)(max_new > 0 ? max_new : 0) * 8 + 64; }
+
 static sp_status result_alloc(sp_gen_result *r, int n, int max_new, sp_err *err)
 {
     memset(r, 0, sizeof *r);
@@ -110,7 +114,7 @@ static sp_status result_alloc(sp_gen_result *r, int n, int max_new, sp_err *err)
     int ok = r->ids && r->n && r->text;
     for (int i = 0; ok && i < n; i++) {
         r->ids[i] = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof **r->ids);
-        r->text[i] = calloc(1, 1);
+        r->text[i] = calloc(1, text_cap_for(max_new));
         ok = r->ids[i] && r->text[i];
     }
     if (!ok) {
@@ -131,22 +135,29 @@ typedef struct row_state {
     int ncontext;
     sp_gen_stop reason;
     sp_detok detok;
-    size_t textlen;
+    size_t textlen, textcap; /* the text's length, and the bytes its buffer holds */
 } row_state;
 
-/* Appends a piece to the row's text; returns 1 if a stop string now appears (the text is cut there). */
+/* Appends a piece to the row's text; returns 1 if a stop string now appears (the text is cut there). Only the
+ * new end of the text is searched: what came before held no stop string. */
 static int append_text(sp_gen_result *r, int row, row_state *rs, const char *piece, size_t n,
                        const char *const *stop)
 {
-    char *t = realloc(r->text[row], rs->textlen + n + 1);
-    if (!t)
-        return 1;
+    char *t = r->text[row];
+    if (rs->textlen + n + 1 > rs->textcap) { /* geometric: a long text is copied a few times, not per token */
+        size_t cap = rs->textcap * 2 > rs->textlen + n + 1 ? rs->textcap * 2 : rs->textlen + n + 1;
+        if (!(t = realloc(t, cap)))
+            return 1;
+        r->text[row] = t;
+        rs->textcap = cap;
+    }
+    size_t old = rs->textlen;
     memcpy(t + rs->textlen, piece, n);
     rs->textlen += n;
     t[rs->textlen] = '\0';
-    r->text[row] = t;
     for (int i = 0; stop && stop[i]; i++) {
-        char *hit = *stop[i] ? strstr(t, stop[i]) : NULL;
+        size_t k = strlen(stop[i]), from = old + 1 > k ? old + 1 - k : 0;
+        char *hit = k ? strstr(t + from, stop[i]) : NULL;
         if (hit) {
             *hit = '\0';
             rs->textlen = (size_t)(hit - t);
@@ -254,7 +265,7 @@ static sp_status generate_sampled(const sp_lm *lm, const sp_tokenizer *tok, cons
     row_state *rs = calloc((size_t)B, sizeof *rs);
     sp_status st = rs ? lm->begin(lm->ctx, B, max_length, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int b = 0; !st && b < B; b++) {
-        rs[b] = (row_state){.prompt = prompts[b], .len = lens[b], .pos = minlen};
+        rs[b] = (row_state){.prompt = prompts[b], .len = lens[b], .pos = minlen, .textcap = text_cap_for(o->max_new)};
         rs[b].context = malloc((size_t)(lens[b] + o->max_new + 1) * sizeof(int32_t)); /* prompt + every new id */
         if (!rs[b].context) {
             st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
@@ -294,9 +305,8 @@ typedef struct cand {
     int beam, token;
 } cand;
 
-static int cand_cmp(const void *a, const void *b)
+static int cand_cmp(const cand *x, const cand *y)
 {
-    const cand *x = a, *y = b;
     if (x->score != y->score)
         return x->score > y->score ? -1 : 1;
     if (x->beam != y->beam)
@@ -304,9 +314,22 @@ static int cand_cmp(const void *a, const void *b)
     return x->token - y->token;
 }
 
+/* Sorts the 2K x K candidates in place (insertion: few, and no allocation, unlike glibc's qsort). */
+static void cand_sort(cand *c, int n)
+{
+    for (int i = 1; i < n; i++) {
+        cand x = c[i];
+        int j = i;
+        for (; j > 0 && cand_cmp(&x, &c[j - 1]) < 0; j--)
+            c[j] = c[j - 1];
+        c[j] = x;
+    }
+}
+
 typedef struct beams {
     int K, max_new, V;
     float *score;      /* [K] cumulative log-probability, -inf for unused beams */
+    float *nscore;     /* [K] scratch */
     int32_t *tokens;   /* [K, max_new] */
     int len;           /* tokens so far in every live beam */
     float best_done;   /* best finished hypothesis, length-normalised */
@@ -333,7 +356,7 @@ static int collect(beams *bm, const float *logits, float *lp, cand *c)
             lp[best] = -INFINITY;
         }
     }
-    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    cand_sort(c, n);
     return n;
 }
 
@@ -343,8 +366,8 @@ static int select_beams(beams *bm, const cand *c, int n, const sp_gen_opts *o, i
                         int32_t *tok_new)
 {
     int K = bm->K, live = 0;
-    float *nscore = malloc((size_t)K * sizeof(float));
-    for (int i = 0; i < n && live < K && nscore; i++) {
+    float *nscore = bm->nscore;
+    for (int i = 0; i < n && live < K; i++) {
         if (o->stop_at_eos && (c[i].token == o->eos_id || c[i].token == o->bos_id)) {
             float norm = c[i].score / (float)(bm->len + 1);
             if (i < K && (!bm->ndone || norm > bm->best_done)) { /* only EOS among the top K counts */
@@ -364,14 +387,13 @@ static int select_beams(beams *bm, const cand *c, int n, const sp_gen_opts *o, i
         live++;
     }
     for (int k = 0; k < K; k++) {
-        bm->score[k] = k < live && nscore ? nscore[k] : -INFINITY;
+        bm->score[k] = k < live ? nscore[k] : -INFINITY;
         if (k >= live) { /* keep the batch full: dead rows copy beam 0 and are ignored */
             src[k] = src[0];
             next[k] = next[0];
         }
     }
     memcpy(bm->tokens, tok_new, (size_t)K * bm->max_new * sizeof(int32_t));
-    free(nscore);
     bm->len++;
     return live;
 }
@@ -416,11 +438,12 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
                        o->max_new, lm->max_pos);
     beams bm = {.K = K, .max_new = o->max_new, .V = V};
     bm.score = malloc((size_t)K * sizeof(float));
+    bm.nscore = malloc((size_t)K * sizeof(float));
     bm.tokens = calloc((size_t)K * o->max_new, sizeof(int32_t));
     bm.done_tokens = calloc((size_t)o->max_new, sizeof(int32_t));
     float *logits = malloc((size_t)K * V * sizeof(float));
     int32_t *ids = malloc((size_t)K * len * sizeof(int32_t));
-    sp_status st = bm.score && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, positions, err)
+    sp_status st = bm.score && bm.nscore && bm.tokens && bm.done_tokens && logits && ids ? lm->begin(lm->ctx, K, positions, err)
                                                                            : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st) {
         for (int k = 0; k < K; k++) { /* K copies of the prompt; only beam 0 is live at first */
@@ -456,7 +479,7 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
             d.prev = prompt[len - 1];
             d.at_start = 0;
         }
-        row_state rs = {0};
+        row_state rs = {.textcap = text_cap_for(o->max_new)};
         r->first_token_s = n ? sp_now_s() : 0;
         for (int i = 0; i < n; i++) {
             r->ids[0][r->n[0]++] = chosen[i];
@@ -471,7 +494,7 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
             }
         }
     }
-    free(bm.score), free(bm.tokens), free(bm.done_tokens), free(logits), free(ids);
+    free(bm.score), free(bm.nscore), free(bm.tokens), free(bm.done_tokens), free(logits), free(ids);
     return st;
 }
 

@@ -36,20 +36,31 @@ void sp_sampler2_free(sp_sampler2 *s)
     s->idx = NULL;
 }
 
-void sp_repetition_penalty(float *logits, int V, const int32_t *context, int n, float penalty)
+/* The penalty with seen[V] as scratch: a token seen twice is penalised once (its first occurrence clears its
+ * mark, the pass after penalises it and sets the mark). Allocates nothing. */
+static void penalize(float *logits, int V, const int32_t *context, int n, float penalty, int *seen)
 {
-    if (penalty == 1.0f || n <= 0)
-        return;
-    /* gather every original value first, then scatter: a token seen twice is penalised once */
-    float *orig = malloc((size_t)n * sizeof *orig);
-    if (!orig)
-        return;
-    for (int i = 0; i < n; i++)
-        orig[i] = context[i] >= 0 && context[i] < V ? logits[context[i]] : 0.0f;
     for (int i = 0; i < n; i++)
         if (context[i] >= 0 && context[i] < V)
-            logits[context[i]] = orig[i] > 0 ? orig[i] / penalty : orig[i] * penalty;
-    free(orig);
+            seen[context[i]] = 0;
+    for (int i = 0; i < n; i++) {
+        int c = context[i];
+        if (c >= 0 && c < V && !seen[c]) {
+            logits[c] = logits[c] > 0 ? logits[c] / penalty : logits[c] * penalty;
+            seen[c] = 1;
+        }
+    }
+}
+
+void sp_repetition_penalty(float *logits, int V, const int32_t *context, int n, float penalty)
+{
+    if (penalty == 1.0f || n <= 0 || V <= 0)
+        return;
+    int *seen = malloc((size_t)V * sizeof *seen);
+    if (!seen)
+        return;
+    penalize(logits, V, context, n, penalty, seen);
+    free(seen);
 }
 
 static int argmax(const float *x, int V)
@@ -61,20 +72,44 @@ static int argmax(const float *x, int V)
     return best;
 }
 
-/* Orders indices by probability, descending (lower id first on ties). */
-static const float *g_sort_probs;
-static int by_prob_desc(const void *a, const void *b)
-{
-    float pa = g_sort_probs[*(const int *)a], pb = g_sort_probs[*(const int *)b];
-    if (pa != pb)
-        return pa > pb ? -1 : 1;
-    return *(const int *)a - *(const int *)b;
-}
-
 /* 1 if token a ranks below token b (lower probability, or equal and a higher id). */
 static int ranks_below(const float *p, int a, int b)
 {
     return p[a] < p[b] || (p[a] == p[b] && a > b);
+}
+
+/* Orders idx[0..n) by probability, descending (lower id first on ties): a heap sort in place, so that sampling
+ * allocates nothing (glibc's qsort mallocs a buffer for arrays over 1 KiB). The order is total: the result is
+ * the same as any sort's. */
+static void sort_by_prob(const float *p, int *idx, int n)
+{
+    /* a heap whose root ranks lowest; moving each root to the end leaves the best first */
+    for (int end = n, start = n / 2 - 1;;) {
+        int root;
+        if (start >= 0) {
+            root = start--;
+        } else {
+            if (--end <= 0)
+                break;
+            int t = idx[0];
+            idx[0] = idx[end];
+            idx[end] = t;
+            root = 0;
+        }
+        for (;;) { /* sift down */
+            int l = 2 * root + 1, m = root;
+            if (l < end && ranks_below(p, idx[l], idx[m]))
+                m = l;
+            if (l + 1 < end && ranks_below(p, idx[l + 1], idx[m]))
+                m = l + 1;
+            if (m == root)
+                break;
+            int t = idx[root];
+            idx[root] = idx[m];
+            idx[m] = t;
+            root = m;
+        }
+    }
 }
 
 /* The k most probable tokens into idx[0..k) via a min-heap (O(V log k)); returns k. */
@@ -124,8 +159,7 @@ static int candidates(sp_sampler2 *s, int *n_sorted)
             if (s->probs[v] >= cutoff)
                 s->idx[n++] = v;
     }
-    g_sort_probs = s->probs; /* the sampler is used from one thread at a time */
-    qsort(s->idx, (size_t)n, sizeof *s->idx, by_prob_desc);
+    sort_by_prob(s->probs, s->idx, n);
     *n_sorted = n;
     return n;
 }
@@ -147,7 +181,8 @@ static int draw(sp_sampler2 *s, const int *idx, int n)
 int sp_sampler2_next(sp_sampler2 *s, float *logits, const int32_t *context, int n)
 {
     int V = s->V;
-    sp_repetition_penalty(logits, V, context, n, s->o.repetition_penalty);
+    if (s->o.repetition_penalty != 1.0f && n > 0)
+        penalize(logits, V, context, n, s->o.repetition_penalty, s->idx); /* idx is free until candidates() */
     if (s->o.temperature <= 0.0f)
         return argmax(logits, V);
     /* softmax at the temperature */

@@ -158,6 +158,7 @@ static int ping_candidates(sp_runtime *rt, int *out, int cap)
 static void *pinger_main(void *arg)
 {
     sp_runtime *rt = arg;
+    pthread_setname_np(pthread_self(), "sp-ping-cli");
     pthread_mutex_lock(&rt->lock);
     while (!rt->pinger_stop) {
         struct timespec ts;

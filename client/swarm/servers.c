@@ -5,7 +5,6 @@
  * counted: a transport failure detaches it from the entry, and the last user closes it. */
 #include "swarm_impl.h"
 
-#include <cJSON.h>
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
@@ -194,9 +193,8 @@ static void fill_from_info(sp_runtime *rt, int i, const sp_reply *rep)
 {
     sp_server_entry *e = rt->servers[i];
     int64_t v;
-    const cJSON *m = rep->msg.meta;
-    const cJSON *inf = cJSON_GetObjectItemCaseSensitive(m, "inference_rps");
-    const cJSON *fwd = cJSON_GetObjectItemCaseSensitive(m, "forward_tps");
+    double inf = 0, fwd = 0;
+    int has_inf = sp_meta_num(&rep->msg, "inference_rps", &inf), has_fwd = sp_meta_num(&rep->msg, "forward_tps", &fwd);
     const char *name = sp_meta_str(&rep->msg, "public_name");
     pthread_mutex_lock(&rt->lock);
     int nb = e->rec.end - e->rec.start;
@@ -205,8 +203,8 @@ static void fill_from_info(sp_runtime *rt, int i, const sp_reply *rep)
     if (sp_meta_int(&rep->msg, "cache_tokens_total", &v))
         e->cache_total = (long)v;
     /* INFO gives the span's rates; records carry per-block ones */
-    e->rec.inference_rps = cJSON_IsNumber(inf) ? inf->valuedouble * nb : 0;
-    e->rec.forward_rps = cJSON_IsNumber(fwd) ? fwd->valuedouble * nb : 0;
+    e->rec.inference_rps = has_inf ? inf * nb : 0;
+    e->rec.forward_rps = has_fwd ? fwd * nb : 0;
     e->rec.throughput = e->rec.forward_rps / ((nb + 1) / 2.0);
     if (name)
         snprintf(e->rec.name, sizeof e->rec.name, "%s", name);

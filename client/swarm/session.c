@@ -40,7 +40,6 @@ static void free_hops(sp_lm_swarm *s)
         s->history[h] = NULL;
     }
     s->route.nhops = 0;
-    free(s->hypo);
     s->hypo = NULL;
 }
 
@@ -156,6 +155,17 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
                 sp_reply_clear(&rep);
         }
         if (!st) {
+            /* buffers for the decode steps' messages (hidden [B, 1, H], hypo_ids [B]) out and back on every hop */
+            size_t numel[2] = {(size_t)B * rt->local->cfg.hidden, 2 * (size_t)B};
+            sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 2 + 2 * s->route.nhops);
+            free(s->step_buf);
+            free(s->hypo_buf);
+            s->step_buf = malloc((size_t)3 * B * rt->local->cfg.hidden * sizeof(float));
+            s->hypo_buf = malloc((size_t)B * sizeof *s->hypo_buf);
+            if (!s->step_buf || !s->hypo_buf) {
+                free_hops(s);
+                return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+            }
             sp_runtime_note_route(rt, &s->route);
             return SP_OK;
         }
@@ -177,7 +187,15 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     }
 }
 
-static void swarm_end(void *ctx) { free_hops(ctx); }
+static void swarm_end(void *ctx)
+{
+    sp_lm_swarm *s = ctx;
+    free_hops(s);
+    free(s->step_buf);
+    free(s->hypo_buf);
+    s->step_buf = NULL;
+    s->hypo_buf = NULL;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* steps */
@@ -296,13 +314,13 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
 }
 
 /* cur [B, T, H] through every hop, recovering from failures. deep: all blocks' deep prompts [L, B, P, H]
- * of a first step, or NULL. */
-static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, sp_err *err)
+ * of a first step, or NULL. in: room for [B, T, H] (the input of the hop being run, for a retry), or NULL. */
+static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, sp_err *err)
 {
     sp_runtime *rt = s->rt;
     size_t N = (size_t)s->B * T * rt->local->cfg.hidden;
-    float *in = malloc(N * sizeof(float)); /* the input of the hop being run, for a retry */
-    if (!in)
+    float *own = in ? NULL : malloc(N * sizeof(float));
+    if (!in && !(in = own))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status st = SP_OK;
     int attempt = 0;
@@ -351,7 +369,7 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
     if (!st)
         sp_rt_emit_route(rt, SP_EV_STEP, NULL, 0, &s->route, s->hop_s);
 out:
-    free(in);
+    free(own);
     return st;
 }
 
@@ -386,7 +404,11 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     sp_lm_swarm *s = ctx;
     sp_runtime *rt = s->rt;
     int H = rt->local->cfg.hidden;
-    float *x = malloc((size_t)B * T * H * sizeof(float)), *last = malloc((size_t)B * H * sizeof(float));
+    /* a decode step in the buffer sized at begin; a prefill (maybe with prompts) in memory of its own */
+    int decode = T == 1 && B == s->B && s->step_buf && !(s->pos == 0 && s->P > 0);
+    size_t BH = (size_t)B * H;
+    float *x = decode ? s->step_buf : malloc((size_t)B * T * H * sizeof(float));
+    float *last = decode ? s->step_buf + BH : malloc(BH * sizeof(float)), *in = decode ? s->step_buf + 2 * BH : NULL;
     float *deep = NULL;
     sp_status st = x && last ? sp_model_embed(rt->local, x, ids, B * T, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st && s->pos == 0 && s->P > 0) {
@@ -396,43 +418,48 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
         sp_model_embed_norm(rt->local, x, B * T);
     if (!st)
-        st = run_hops(s, x, T, deep, err);
+        st = run_hops(s, x, T, deep, in, err);
     free(deep);
-    free(s->hypo); /* the reorder went out with this step to every hop */
-    s->hypo = NULL;
+    s->hypo = NULL; /* the reorder went out with this step to every hop */
     for (int b = 0; !st && b < B; b++)
         memcpy(last + (size_t)b * H, x + ((size_t)b * T + T - 1) * H, (size_t)H * sizeof(float));
     if (!st)
         st = sp_model_head(rt->local, logits, last, B, err);
     if (!st)
         s->pos += T;
-    free(x);
-    free(last);
+    if (!decode) {
+        free(x);
+        free(last);
+    }
     return st;
 }
 
-/* The servers reorder with the next step (hypo_ids); the history is reordered here, now. */
+/* The servers reorder with the next step (hypo_ids); the history is reordered here, now, in place. */
 static sp_status swarm_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
 {
     sp_lm_swarm *s = ctx;
     size_t H = (size_t)s->rt->local->cfg.hidden, row = (size_t)s->max_length * H;
-    int64_t *composed = malloc((size_t)B * sizeof *composed);
-    float *tmp = malloc((size_t)B * row * sizeof(float));
-    if (!composed || !tmp) {
-        free(composed);
-        free(tmp);
+    if (B != s->B || !s->hypo_buf)
+        return sp_errf(err, SP_ERR_ARG, "reorder of %d rows in a sequence batch of %d", B, s->B);
+    for (int b = 0; b < B; b++)
+        if (src[b] < 0 || src[b] >= B)
+            return sp_errf(err, SP_ERR_ARG, "reorder: row %d from %lld, outside 0..%d", b, (long long)src[b], B - 1);
+    sp_status st = SP_OK;
+    for (int h = 0; !st && h < s->route.nhops; h++)
+        st = sp_rows_gather(s->history[h], row, (size_t)s->pos * H, src, B, err);
+    if (st)
+        return st;
+    /* two reorders before a step compose: new row b is row hypo[src[b]] of the servers' caches */
+    int64_t small[64], *old = s->hypo && B <= 64 ? small : NULL;
+    if (s->hypo && !old && !(old = malloc((size_t)B * sizeof *old)))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    }
-    for (int b = 0; b < B; b++) /* two reorders before a step compose */
-        composed[b] = s->hypo ? s->hypo[src[b]] : src[b];
-    for (int h = 0; h < s->route.nhops; h++) {
-        memcpy(tmp, s->history[h], (size_t)B * row * sizeof(float));
-        for (int b = 0; b < B; b++)
-            memcpy(s->history[h] + b * row, tmp + src[b] * row, (size_t)s->pos * H * sizeof(float));
-    }
-    free(tmp);
-    free(s->hypo);
-    s->hypo = composed;
+    if (old)
+        memcpy(old, s->hypo, (size_t)B * sizeof *old);
+    for (int b = 0; b < B; b++)
+        s->hypo_buf[b] = old ? old[src[b]] : src[b];
+    if (old != small)
+        free(old);
+    s->hypo = s->hypo_buf;
     return SP_OK;
 }
 

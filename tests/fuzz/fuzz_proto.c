@@ -74,7 +74,7 @@ static void reencode(const sp_msg *m, const values *v)
         src[i].f32 = sp_encoding_is_float(t->enc) ? v->f[i] : NULL;
         src[i].raw = t->enc == SP_ENC_I64 ? (const void *)v->i64[i] : t->enc == SP_ENC_I32 ? (const void *)v->i32[i] : NULL;
     }
-    char *meta = cJSON_PrintUnformatted(m->meta);
+    char *meta = cJSON_PrintUnformatted(sp_msg_meta(m));
     check(meta != NULL);
     sp_buf b = {0};
     sp_err err = {0};
@@ -116,7 +116,7 @@ static void run_one(const uint8_t *data, size_t size, const sp_proto_limits *lim
         sp_msg_clear(&m);
         return;
     }
-    check(ps == SP_OK && body + SP_PROTO_HEADER_SIZE == size && m.meta != NULL);
+    check(ps == SP_OK && body + SP_PROTO_HEADER_SIZE == size && sp_msg_meta(&m) != NULL);
     values v = {0};
     convert_all(&m, &v, &derr);
     (void)sp_meta_str(&m, "code");
