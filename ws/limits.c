@@ -2,6 +2,8 @@
  * hold"): the connection table, per-address records, and the budget every message and queued reply is charged
  * to. Everything here runs under the server's mutex (mu) unless said otherwise. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +152,32 @@ void tp_src_put(sp_ws_server *s, src_entry *e)
             free(e);
             return;
         }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* out of descriptors */
+
+int tp_shed(int lfd, int *spare, void (*refuse)(int fd))
+{
+    if (*spare < 0) /* lost to another thread last time: take it back first */
+        *spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (*spare < 0)
+        return -1;
+    close(*spare);
+    *spare = -1;
+    int n = 0, none = 0;
+    while (n < 64) { /* once one is accepted and closed, its slot serves the next */
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            refuse(fd);
+            n++;
+        } else if (errno != EINTR) {
+            none = errno == EMFILE || errno == ENFILE; /* another thread took the slot the spare left */
+            break;
+        }
+    }
+    *spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return n == 0 && none ? -1 : n;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

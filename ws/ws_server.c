@@ -206,19 +206,18 @@ static void adopt(sp_ws_server *s, conn *c, int fd)
     }
 }
 
-/* Out of descriptors: the spare one is given up to accept and refuse one connection (so the backlog does not
- * fill with connections nobody answers), then taken back. */
+static void refuse_no_fd(int fd) { refuse_fd(fd, "the server is out of file descriptors"); }
+
+/* Out of descriptors: what waits is refused with the spare descriptor's help (tp_shed), so the backlog does not
+ * fill with connections nobody answers. */
 static void shed(sp_ws_server *s)
 {
+    int e = errno, n = tp_shed(s->ws_fd, &s->spare_fd, refuse_no_fd);
+    pthread_mutex_lock(&s->mu);
+    s->st.out_of_fds += n > 0 ? (uint64_t)n : 0;
+    pthread_mutex_unlock(&s->mu);
     sp_log_limited(&g_fd_log, SP_LOG_WARN, "transport: out of file descriptors (%s): refusing connections",
-                   strerror(errno));
-    if (s->spare_fd < 0)
-        return;
-    close(s->spare_fd);
-    int fd = accept4(s->ws_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0)
-        refuse_fd(fd, "the server is out of file descriptors");
-    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                   strerror(e));
 }
 
 /* LWS_CALLBACK_RAW_RX_FILE on the listening socket: takes what is waiting (a bounded batch per turn). */
@@ -926,7 +925,7 @@ sp_status sp_ws_server_start(sp_ws_server **out, const sp_transport_opts *o, sp_
     s->on_message = on_message;
     s->on_close = on_close;
     s->user = user;
-    s->listen_fd = s->wake_fd = s->ws_fd = s->spare_fd = -1;
+    s->listen_fd = s->wake_fd = s->ws_fd = s->spare_fd = s->bulk_spare_fd = -1;
     s->bulk_port = -1;
     pthread_mutex_init(&s->mu, NULL);
     sp_status st = SP_OK;
@@ -1106,6 +1105,8 @@ void sp_ws_server_stop(sp_ws_server *s)
         close(s->ws_fd);
     if (s->spare_fd >= 0)
         close(s->spare_fd);
+    if (s->bulk_spare_fd >= 0)
+        close(s->bulk_spare_fd);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->wake_fd >= 0)
