@@ -78,7 +78,7 @@ static void bulk_accept(sp_ws_server *s)
     for (int k = 0; k < 64; k++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
-        int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = tp_accept(s->listen_fd, (struct sockaddr *)&sa, &sl);
         if (fd < 0) {
             bulk_accept_failed(s, errno);
             return;
@@ -416,8 +416,7 @@ void *tp_bulk_main(void *arg)
         bulk_sweep(s);
         sp_log_limited_flush(&g_bulk_log);
         sp_log_limited_flush(&g_bulk_fd_log);
-        if (s->bulk_spare_fd < 0) /* lost to another thread while shedding: taken back when one is free */
-            s->bulk_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        tp_spare_retake(&s->bulk_spare_fd); /* if it was lost while shedding: taken back when one is free */
     }
     free(pfd);
     return NULL;

@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "log.h"
 #include "transport.h"
@@ -309,6 +310,8 @@ struct sp_ws_server {
     sp_ws_server_stats st; /* mu: counters */
 
     int ws_fd;         /* our listening socket (lws polls it as a raw file) */
+    struct lws *ws_listen_wsi; /* ... its wsi (service thread) */
+    uint64_t ws_listen_rest_ns; /* service thread: not polled until then (rx flow control; 0: it is) */
     int ws_fd_owned_by_lws; /* ... and closes it with the context */
     int spare_fd;      /* held open to be given up when accept runs out of descriptors */
     conn *adopting;    /* service thread: the conn being handed to lws */
@@ -344,11 +347,17 @@ int tp_admit(sp_ws_server *s, conn *c, uint64_t total);
 void tp_flag(sp_ws_server *s, conn *c);
 /* Resolves the limits' defaults into s->o. */
 void tp_resolve_limits(sp_ws_server *s);
-/* Out of descriptors on listener lfd (either thread, no lock): the spare descriptor *spare is given up so that
- * what waits in the backlog can be accepted and refused (refuse answers and closes it; at most 64), then taken
- * back (or again later, when another thread took the slot). Returns how many were refused, or -1 when none could
- * be for want of a descriptor: the caller rests the listener rather than poll it again at once. */
+/* Descriptors of the listeners (either thread; mu not held). accept4 (non-blocking, close-on-exec) on a listener;
+ * every accept of both goes through here, under one process-wide lock that tp_shed holds too. */
+int tp_accept(int lfd, struct sockaddr *sa, socklen_t *sl);
+/* Out of descriptors on listener lfd: the spare descriptor *spare is given up so that what waits in the backlog
+ * can be accepted and refused (refuse answers and closes it; at most 64), then taken back. Returns how many were
+ * refused, or -1 when none could be for want of a descriptor (the spare was lost and cannot be had again yet):
+ * the caller rests the listener LISTEN_PAUSE_NS rather than poll it again at once (level-triggered, it would
+ * spin). */
 int tp_shed(int lfd, int *spare, void (*refuse)(int fd));
+/* A spare lost to another thread, taken back when a descriptor is free (no-op while it is held). */
+void tp_spare_retake(int *spare);
 
 /* ws_server.c */
 /* A channel lets go of c (mu not held): the last one out reports the close; the conn is freed once nothing

@@ -218,6 +218,10 @@ static void shed(sp_ws_server *s)
     pthread_mutex_unlock(&s->mu);
     sp_log_limited(&g_fd_log, SP_LOG_WARN, "transport: out of file descriptors (%s): refusing connections",
                    strerror(e));
+    if (n < 0 && s->ws_listen_wsi && !s->ws_listen_rest_ns) { /* nothing could be done: rest (the sweep wakes it) */
+        s->ws_listen_rest_ns = sp_now_ns() + LISTEN_PAUSE_NS;
+        lws_rx_flow_control(s->ws_listen_wsi, 0);
+    }
 }
 
 /* LWS_CALLBACK_RAW_RX_FILE on the listening socket: takes what is waiting (a bounded batch per turn). */
@@ -226,7 +230,7 @@ static void srv_accept(sp_ws_server *s)
     for (int k = 0; k < 64; k++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
-        int fd = accept4(s->ws_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = tp_accept(s->ws_fd, (struct sockaddr *)&sa, &sl);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE)
                 shed(s);
@@ -717,6 +721,11 @@ static void srv_sweep(lws_sorted_usec_list_t *sul)
             sweep_act(s, c, (int)s->scratch[i + 1], s->scratch[i + 2]);
     }
     maybe_trim(s, now);
+    tp_spare_retake(&s->spare_fd);
+    if (s->ws_listen_rest_ns && now >= s->ws_listen_rest_ns) { /* the listener's rest is over */
+        s->ws_listen_rest_ns = 0;
+        lws_rx_flow_control(s->ws_listen_wsi, 1);
+    }
     sp_log_limited_flush(&tp_log_refused);
     sp_log_limited_flush(&tp_log_failed);
     sp_log_limited_flush(&g_fd_log);
@@ -880,7 +889,8 @@ static sp_status srv_create_context(sp_ws_server *s, sp_err *err)
     if (!s->vh)
         return sp_errf(err, SP_ERR_IO, "cannot start the websocket server (lws context)");
     lws_sock_file_fd_type fd = {.filefd = s->ws_fd};
-    if (!lws_adopt_descriptor_vhost(s->vh, LWS_ADOPT_RAW_FILE_DESC, fd, "sepal-listen", NULL))
+    s->ws_listen_wsi = lws_adopt_descriptor_vhost(s->vh, LWS_ADOPT_RAW_FILE_DESC, fd, "sepal-listen", NULL);
+    if (!s->ws_listen_wsi)
         return sp_errf(err, SP_ERR_IO, "cannot poll the listening socket");
     s->ws_fd_owned_by_lws = 1;
     lws_sul_schedule(s->ctx, 0, &s->sweep, srv_sweep, SWEEP_US);
