@@ -169,21 +169,35 @@ static double legit(int port, char *text, size_t cap)
     return dt;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* The machine is shared (a load average of 20 on its 2 cores has been seen): of ATTEMPTS fresh clients every one
  * must get the reference text, and one at least within the deadline (before this issue, slowloris left none
- * served in 10 s). */
+ * served in 10 s). The median is printed, not demanded: over 3 runs of each build at load 8-15 (200 clients) the
+ * plain build's median client took 0.047 s (none over 2 s, the slowest 1.81 s), but under ASan the INFO flood's
+ * median was 1.995 s in one run of four (its clients 0.39-3.23 s; 0.27-0.68 s in the others). Not a first-connect
+ * cost (the fixture warms the server with two generations; a client's load is not timed), nor the paused flooder
+ * (per-thread CPU: the service thread, which answers INFO inline, works only on the flood's first burst and when
+ * the flooder reads again); the shared machine's load, which moves within a run, is what is left. */
 static void served(int port, const char *ref, const char *name)
 {
-    double best = 1e9;
+    double t[ATTEMPTS];
     for (int i = 0; i < ATTEMPTS; i++) {
         char text[1024];
         double dt = legit(port, text, sizeof text);
         fprintf(stderr, "%s: legitimate client served in %.3f s\n", name, dt);
         ck_assert_msg(dt >= 0, "%s: the legitimate client failed: %s", name, text);
         ck_assert_msg(!strcmp(text, ref), "%s: got \"%s\", expected \"%s\"", name, text, ref);
-        best = dt < best ? dt : best;
+        t[i] = dt;
     }
-    ck_assert_msg(best <= DEADLINE_S, "%s: the legitimate client took %.2f s at best", name, best);
+    qsort(t, ATTEMPTS, sizeof *t, cmp_double);
+    fprintf(stderr, "%s: legitimate clients served in %.3f s at best, %.3f s at the median\n", name, t[0],
+            t[ATTEMPTS / 2]);
+    ck_assert_msg(t[0] <= DEADLINE_S, "%s: the legitimate client took %.2f s at best", name, t[0]);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
