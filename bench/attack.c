@@ -8,7 +8,13 @@
  * usage: bench_attack [MODEL_DIR] [--seconds S] [--only NAME] [--defaults]
  * The server runs the model's blocks with a small budget (as test_attack: --max-batch-tokens 256 --cache-tokens
  * 1024 --input-budget 24 and short deadlines) unless --defaults, which leaves every limit at its default (then the
- * attacks declare messages sized to the default share). SEPAL_SERVER_BIN names the server binary. */
+ * attacks declare messages sized to the default share). SEPAL_SERVER_BIN names the server binary.
+ *
+ * The "fds" phase runs against a second server whose descriptors run out on purpose, as test_attack's
+ * t_fd_exhaustion: its open-file limit 128, its connection caps above it, the idle timeout long; 300 idle
+ * websockets take its descriptors while 50 sockets keep knocking on its bulk port. The legitimate client's kept
+ * connection (opened before) goes on generating; its new connections are refused at once (counted as failures:
+ * "refused"), so connect p50/p99 there are of refusals. */
 #include <cJSON.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -21,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,13 +50,15 @@ typedef struct opts {
 
 typedef struct server {
     pid_t pid;
-    int port;
+    int port, bulk_port;
 } server;
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the server process */
 
-static int start_server(const opts *o, server *s)
+/* Starts the server: the small-budget limits unless --defaults; fd_limit > 0: its open-file limit that, and its
+ * caps above it (the "fds" phase). */
+static int start_server(const opts *o, server *s, int fd_limit)
 {
     char bin[PATH_MAX];
     const char *env = getenv("SEPAL_SERVER_BIN");
@@ -69,10 +78,14 @@ static int start_server(const opts *o, server *s)
     const char *small[] = {"--max-batch-tokens", "256", "--cache-tokens", "1024", "--input-budget", "24",
                            "--busy-timeout", "2", "--handshake-timeout", "2", "--idle-timeout", "3",
                            "--max-connections-per-ip", "64", "--max-handshakes-per-ip", "16", NULL};
-    const char *argv[40] = {"sepal-server", "--model", o->model, "--blocks", "0:", "--no-measure"};
+    const char *above[] = {"--max-connections", "1000", "--max-connections-per-ip", "1000", "--max-handshakes", "1000",
+                           "--max-handshakes-per-ip", "1000", "--idle-timeout", "60", NULL};
+    const char *argv[48] = {"sepal-server", "--model", o->model, "--blocks", "0:", "--no-measure"};
     int n = 6;
     for (int i = 0; !o->defaults && small[i]; i++)
         argv[n++] = small[i];
+    for (int i = 0; fd_limit > 0 && above[i]; i++) /* later flags win */
+        argv[n++] = above[i];
     argv[n] = NULL;
     int pfd[2];
     if (pipe(pfd))
@@ -85,6 +98,11 @@ static int start_server(const opts *o, server *s)
         close(pfd[1]);
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 2);
+        struct rlimit rl;
+        if (fd_limit > 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            rl.rlim_cur = (rlim_t)fd_limit;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
         execv(bin, (char *const *)argv);
         _exit(127);
     }
@@ -100,8 +118,9 @@ static int start_server(const opts *o, server *s)
     }
     line[len] = '\0';
     close(pfd[0]);
-    const char *ws = strstr(line, "ws://"), *c = ws ? strchr(ws + 5, ':') : NULL;
+    const char *ws = strstr(line, "ws://"), *c = ws ? strchr(ws + 5, ':') : NULL, *b = strstr(line, "(bulk port ");
     s->port = c ? atoi(c + 1) : -1;
+    s->bulk_port = b ? atoi(b + strlen("(bulk port ")) : -1;
     if (s->port <= 0)
         fprintf(stderr, "bench: %s did not start\n", bin);
     return s->port > 0 ? 0 : -1;
@@ -173,6 +192,7 @@ typedef struct legit {
     double last;
     sample connects, steps;
     int failures;
+    int time_refusals; /* connects: refused attempts are timed too */
     atomic_int stop;
 } legit;
 
@@ -225,10 +245,13 @@ static void *legit_main(void *arg)
     legit *l = arg;
     while (!atomic_load(&l->stop)) {
         double dt;
-        if (connect_once(l, &dt) == 0)
+        if (connect_once(l, &dt) == 0) {
             add(&l->connects, dt);
-        else
+        } else {
             l->failures++;
+            if (l->time_refusals)
+                add(&l->connects, dt);
+        }
         char text[1024];
         if (generate(l, text, sizeof text) || strcmp(text, l->ref))
             l->failures++;
@@ -245,6 +268,9 @@ typedef struct phase {
     const char *name;
     int attack; /* 0: none */
     sp_atk_opts ao;
+    int attack2; /* a second attack at once (on the bulk port if its kind is BULK) */
+    sp_atk_opts ao2;
+    int fds;     /* against the server whose descriptors run out */
     double c50, c99, s50, s99;
     int connects, steps, failures;
     double rss_peak_mib, rss_after_mib;
@@ -255,13 +281,21 @@ static void run_phase(const opts *o, server *srv, legit *l, phase *ph)
     l->connects.n = l->steps.n = 0;
     l->failures = 0;
     atomic_store(&l->stop, 0);
-    sp_atk *a = NULL;
+    sp_atk *a = NULL, *a2 = NULL;
     if (ph->attack) {
-        ph->ao.src = "127.0.0.2";
-        ph->ao.port = srv->port;
+        ph->ao.src = ph->ao2.src = "127.0.0.2";
+        ph->ao.port = ph->ao.kind == SP_ATK_BULK ? srv->bulk_port : srv->port;
+        ph->ao2.port = ph->ao2.kind == SP_ATK_BULK ? srv->bulk_port : srv->port;
         if (sp_atk_start(&a, &ph->ao))
             return;
         double t0 = sp_now_s(); /* let it take hold */
+        while (ph->attack2 && sp_now_s() - t0 < 1.5)
+            usleep(20000);
+        if (ph->attack2 && sp_atk_start(&a2, &ph->ao2)) {
+            sp_atk_stop(a);
+            return;
+        }
+        t0 = sp_now_s();
         while (sp_now_s() - t0 < 1.5)
             usleep(20000);
     }
@@ -278,6 +312,7 @@ static void run_phase(const opts *o, server *srv, legit *l, phase *ph)
     pthread_join(th, NULL);
     if (a && ph->ao.kind == SP_ATK_FLOOD)
         sp_atk_drain(a, 30);
+    sp_atk_stop(a2);
     sp_atk_stop(a);
     ph->connects = l->connects.n;
     ph->steps = l->steps.n;
@@ -311,6 +346,32 @@ static void ratio(char *b, double v, double base)
         snprintf(b, 16, "%.2fx", v / base);
 }
 
+/* The "fds" phase: a server of its own (open-file limit 128, caps above it), a kept connection to it opened
+ * before the attack, new connections timed whether refused or not. */
+static int run_fds_phase(const opts *o, const legit *base, phase *ph)
+{
+    server srv2;
+    if (start_server(o, &srv2, 128))
+        return -1;
+    legit l2 = *base;
+    l2.srv = &srv2;
+    l2.rt = NULL;
+    l2.time_refusals = 1;
+    sp_err err = {0};
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", srv2.port);
+    int bad = sp_runtime_new(&l2.rt, NULL, NULL, &err) || sp_runtime_load(l2.rt, o->model, &err) ||
+              sp_runtime_connect(l2.rt, addr, &err);
+    if (bad)
+        fprintf(stderr, "bench: the fds phase's server: %s\n", err.msg);
+    else
+        run_phase(o, &srv2, &l2, ph);
+    sp_runtime_free(l2.rt);
+    kill(srv2.pid, SIGTERM);
+    waitpid(srv2.pid, NULL, 0);
+    return bad ? -1 : 0;
+}
+
 static int parse(int argc, char **argv, opts *o)
 {
     const char *home = getenv("HOME");
@@ -340,7 +401,7 @@ int main(int argc, char **argv)
     sp_memtune();
     signal(SIGPIPE, SIG_IGN);
     server srv;
-    if (start_server(&o, &srv))
+    if (start_server(&o, &srv, 0))
         return 1;
     legit l = {.o = &o, .srv = &srv};
     l.connects.v = malloc(MAXS * sizeof(double));
@@ -365,9 +426,12 @@ int main(int argc, char **argv)
                              .reconnect = 1}},
         {.name = "budget", 1, {.kind = SP_ATK_BUDGET, .conns = 8, .msg_bytes = share - (512 << 10),
                                .send_bytes = share - (1 << 20), .reconnect = 1}},
-        {.name = "flood", 1, {.kind = SP_ATK_FLOOD, .conns = 1}},
+        {.name = "flood", 1, {.kind = SP_ATK_FLOOD, .conns = 1, .max_requests = 200000}}, /* drained in the time */
         {.name = "slowloris", 1, {.kind = SP_ATK_SLOWLORIS, .conns = 200, .reconnect = 1}},
         {.name = "idle", 1, {.kind = SP_ATK_IDLE, .conns = 2000}},
+        {.name = "bulk", 1, {.kind = SP_ATK_BULK, .conns = 200, .reconnect = 1}},
+        {.name = "fds", 1, {.kind = SP_ATK_IDLE, .conns = 300}, 1, {.kind = SP_ATK_BULK, .conns = 50, .reconnect = 1},
+         .fds = 1},
     };
     int nph = (int)(sizeof ph / sizeof *ph);
     printf("bench_attack: %s, blocks 0:, %s limits, %.0f s per phase; legitimate client on 127.0.0.1, attacker on "
@@ -377,7 +441,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < nph; i++) {
         if (o.only && i && strcmp(o.only, ph[i].name))
             continue;
-        run_phase(&o, &srv, &l, &ph[i]);
+        if (ph[i].fds) {
+            if (run_fds_phase(&o, &l, &ph[i]))
+                continue;
+        } else {
+            run_phase(&o, &srv, &l, &ph[i]);
+        }
         char c50[16], c99[16], s50[16], s99[16], cx[16], sx[16];
         ms(c50, ph[i].c50), ms(c99, ph[i].c99), ms(s50, ph[i].s50), ms(s99, ph[i].s99);
         ratio(cx, ph[i].c99, ph[0].c99), ratio(sx, ph[i].s99, ph[0].s99);
@@ -385,7 +454,8 @@ int main(int argc, char **argv)
                ph[i].steps, s50, s99, ph[i].failures, ph[i].rss_peak_mib, ph[i].rss_after_mib, cx, sx);
         fflush(stdout);
     }
-    printf("(p99 ratios against the no-attack phase of this run; RSS peak of the server process)\n");
+    printf("(p99 ratios against the no-attack phase of this run; RSS peak of the server process; \"fds\": a server "
+           "of its own whose descriptors run out, its new connections refused at once (the failures), timed too)\n");
     sp_runtime_free(l.rt);
     kill(srv.pid, SIGTERM);
     waitpid(srv.pid, NULL, 0);

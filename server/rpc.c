@@ -667,6 +667,9 @@ static void add_transport(cJSON *o, sp_server *s)
     cJSON_AddNumberToObject(x, "waits", (double)t.waits);
     cJSON_AddNumberToObject(x, "paused", (double)t.paused);
     cJSON_AddNumberToObject(x, "delivered", (double)t.delivered);
+    cJSON_AddNumberToObject(x, "bulk_refused", (double)t.bulk_refused);
+    cJSON_AddNumberToObject(x, "bulk_timeouts", (double)t.bulk_timeouts);
+    cJSON_AddNumberToObject(x, "out_of_fds", (double)t.out_of_fds);
     cJSON_AddNumberToObject(x, "budget_used", (double)t.budget_used);
     cJSON_AddNumberToObject(x, "budget_peak", (double)t.budget_peak);
     cJSON_AddNumberToObject(x, "budget", (double)t.limits.rx_budget);

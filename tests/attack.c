@@ -223,6 +223,7 @@ typedef struct slot {
     uint64_t pos;    /* bytes of the message (frame payload) sent */
     int partial;     /* FLOOD: bytes of the current request sent */
     int trickle;     /* SLOWLORIS: bytes trickled so far */
+    double opened_at; /* BULK: when the connection was made */
 } slot;
 
 struct sp_atk {
@@ -268,7 +269,17 @@ static void slot_open(sp_atk *a, slot *s)
         return;
     }
     bump(a, &a->st.connects, 1);
-    if (a->o.kind == SP_ATK_SLOWLORIS) {
+    if (a->o.kind == SP_ATK_BULK) { /* part of "SPBK" + 0 + token, then nothing */
+        s->opened_at = now_s();
+        if (send(s->fd, "SPB", 3, MSG_NOSIGNAL) != 3) {
+            close(s->fd);
+            s->fd = -1;
+            s->state = a->o.reconnect ? S_WAIT : S_DONE;
+            s->next_at = now_s() + 0.05;
+            bump(a, &a->st.refused, 1);
+            return;
+        }
+    } else if (a->o.kind == SP_ATK_SLOWLORIS) {
         static const char start[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n";
         send_all(s->fd, start, sizeof start - 1);
         s->next_at = now_s() + 0.5;
@@ -299,7 +310,8 @@ static void slot_closed(sp_atk *a, slot *s)
     close(s->fd);
     s->fd = -1;
     bump(a, &a->st.open, -1);
-    bump(a, &a->st.closed, 1);
+    int at_once = a->o.kind == SP_ATK_BULK && now_s() - s->opened_at < 1.0;
+    bump(a, at_once ? &a->st.refused : &a->st.closed, 1);
     s->state = a->o.reconnect ? S_WAIT : S_DONE;
     s->next_at = now_s() + 0.05;
 }
@@ -336,6 +348,8 @@ static void pump_message(sp_atk *a, slot *s)
 static void pump_requests(sp_atk *a, slot *s)
 {
     for (;;) {
+        if (a->o.max_requests && !s->partial && a->st.sent >= a->o.max_requests) /* this thread alone writes it */
+            return;
         ssize_t w = send(s->fd, a->req + s->partial, a->req_len - (size_t)s->partial, MSG_NOSIGNAL);
         if (w <= 0)
             return;
@@ -448,8 +462,10 @@ static void *atk_main(void *arg)
         for (int i = 0; i < n; i++) {
             slot *s = &a->slots[i];
             short ev = POLLIN;
-            if (a->o.kind == SP_ATK_FLOOD || ((a->o.kind == SP_ATK_HUGE || a->o.kind == SP_ATK_BUDGET) &&
-                                              s->pos < SP_PROTO_HEADER_SIZE + a->o.send_bytes))
+            int more = !a->o.max_requests || s->partial || a->st.sent < a->o.max_requests;
+            if ((a->o.kind == SP_ATK_FLOOD && more) ||
+                ((a->o.kind == SP_ATK_HUGE || a->o.kind == SP_ATK_BUDGET) &&
+                 s->pos < SP_PROTO_HEADER_SIZE + a->o.send_bytes))
                 ev |= POLLOUT;
             pfd[i] = (struct pollfd){.fd = s->state == S_ACTIVE ? s->fd : -1, .events = ev};
         }
@@ -516,9 +532,16 @@ void sp_atk_drain(sp_atk *a, double timeout_s)
 {
     atomic_store(&a->drain, 1);
     double end = now_s() + timeout_s;
+    long seen = -1;
     while (!atomic_load(&a->drained) && now_s() < end) {
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
+        pthread_mutex_lock(&a->mu);
+        long got = a->st.replies + a->st.bad;
+        pthread_mutex_unlock(&a->mu);
+        if (got != seen) /* still coming: the kernel's buffers may have held a million requests */
+            end = now_s() + timeout_s;
+        seen = got;
     }
 }
 

@@ -5,9 +5,13 @@
  *   HUGE       conns connections, each after HELLO sends the start of one message declaring msg_bytes (more
  *              than a connection may hold) and waits
  *   BUDGET     the same with messages a connection may hold: together they want more than the budget
- *   FLOOD      one connection sends INFO requests as fast as the server takes them and never reads
+ *   FLOOD      one connection sends INFO requests as fast as the server takes them (up to max_requests) and
+ *              never reads
  *   SLOWLORIS  conns sockets each send part of an HTTP upgrade, then a byte every 500 ms
  *   IDLE       conns websocket connections complete HELLO and then do nothing
+ *   BULK       conns TCP connections to the bulk port (port is the bulk port) each send 3 bytes of the 16-byte
+ *              attach preamble and wait: a refusal (closed within 1 s of the connect) counts in refused, a close
+ *              after that (the token's deadline) in closed
  *
  * With reconnect, a connection the server closes (or refuses) is opened again after 50 ms. */
 #ifndef SEPAL_ATTACK_H
@@ -16,16 +20,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { SP_ATK_HUGE, SP_ATK_BUDGET, SP_ATK_FLOOD, SP_ATK_SLOWLORIS, SP_ATK_IDLE } sp_atk_kind;
+typedef enum { SP_ATK_HUGE, SP_ATK_BUDGET, SP_ATK_FLOOD, SP_ATK_SLOWLORIS, SP_ATK_IDLE, SP_ATK_BULK } sp_atk_kind;
 
 typedef struct sp_atk_opts {
     sp_atk_kind kind;
     const char *src;     /* source address to bind ("127.0.0.2") */
-    int port;            /* the server's websocket port */
+    int port;            /* the server's websocket port (BULK: its bulk port) */
     int conns;
     uint64_t msg_bytes;  /* HUGE, BUDGET: the size each message declares */
     uint64_t send_bytes; /* HUGE, BUDGET: how much of it is sent before waiting */
     int reconnect;
+    long max_requests;   /* FLOOD: stop sending after this many (0: never) */
 } sp_atk_opts;
 
 typedef struct sp_atk_stats {
@@ -45,7 +50,8 @@ typedef struct sp_atk sp_atk;
 int sp_atk_start(sp_atk **out, const sp_atk_opts *o);
 void sp_atk_stats_get(sp_atk *a, sp_atk_stats *s);
 /* FLOOD: stops sending more, finishes the request half sent, and reads replies until every request sent has
- * one or timeout_s passes (writing and reading together: the server reads only as its output drains). */
+ * one or timeout_s passes without a reply (writing and reading together: the server reads only as its output
+ * drains; "sent" counts what the kernel took, and loopback's autotuned buffers can hold a million requests). */
 void sp_atk_drain(sp_atk *a, double timeout_s);
 /* Stops the thread and closes every socket. */
 void sp_atk_stop(sp_atk *a);

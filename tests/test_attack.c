@@ -11,6 +11,7 @@
 #include <cJSON.h>
 #include <check.h>
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +64,7 @@ typedef struct fixture {
     pthread_t sampler;
     atomic_int stop;
     atomic_long peak_kb;
+    atomic_int peak_fds;
 } fixture;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -99,8 +102,11 @@ static void *sampler_main(void *arg)
     fixture *f = arg;
     while (!atomic_load(&f->stop)) {
         long kb = rss_kb(f->p.pid);
+        int fds = nfds(f->p.pid);
         if (kb > atomic_load(&f->peak_kb))
             atomic_store(&f->peak_kb, kb);
+        if (fds > atomic_load(&f->peak_fds))
+            atomic_store(&f->peak_fds, fds);
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -163,21 +169,35 @@ static double legit(int port, char *text, size_t cap)
     return dt;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* The machine is shared (a load average of 20 on its 2 cores has been seen): of ATTEMPTS fresh clients every one
  * must get the reference text, and one at least within the deadline (before this issue, slowloris left none
- * served in 10 s). */
+ * served in 10 s). The median is printed, not demanded: over 3 runs of each build at load 8-15 (200 clients) the
+ * plain build's median client took 0.047 s (none over 2 s, the slowest 1.81 s), but under ASan the INFO flood's
+ * median was 1.995 s in one run of four (its clients 0.39-3.23 s; 0.27-0.68 s in the others). Not a first-connect
+ * cost (the fixture warms the server with two generations; a client's load is not timed), nor the paused flooder
+ * (per-thread CPU: the service thread, which answers INFO inline, works only on the flood's first burst and when
+ * the flooder reads again); the shared machine's load, which moves within a run, is what is left. */
 static void served(int port, const char *ref, const char *name)
 {
-    double best = 1e9;
+    double t[ATTEMPTS];
     for (int i = 0; i < ATTEMPTS; i++) {
         char text[1024];
         double dt = legit(port, text, sizeof text);
         fprintf(stderr, "%s: legitimate client served in %.3f s\n", name, dt);
         ck_assert_msg(dt >= 0, "%s: the legitimate client failed: %s", name, text);
         ck_assert_msg(!strcmp(text, ref), "%s: got \"%s\", expected \"%s\"", name, text, ref);
-        best = dt < best ? dt : best;
+        t[i] = dt;
     }
-    ck_assert_msg(best <= DEADLINE_S, "%s: the legitimate client took %.2f s at best", name, best);
+    qsort(t, ATTEMPTS, sizeof *t, cmp_double);
+    fprintf(stderr, "%s: legitimate clients served in %.3f s at best, %.3f s at the median\n", name, t[0],
+            t[ATTEMPTS / 2]);
+    ck_assert_msg(t[0] <= DEADLINE_S, "%s: the legitimate client took %.2f s at best", name, t[0]);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -219,6 +239,7 @@ static void start(fixture *f)
     f->base_fds = fds;
     f->base_rss_kb = rss_kb(f->p.pid);
     atomic_store(&f->peak_kb, f->base_rss_kb);
+    atomic_store(&f->peak_fds, f->base_fds);
     pthread_create(&f->sampler, NULL, sampler_main, f);
     fprintf(stderr, "server: RSS %.1f MiB, %d fds; reference: \"%s\"\n", f->base_rss_kb / 1024.0, f->base_fds, f->ref);
 }
@@ -245,7 +266,7 @@ static void attack_case(const char *name, sp_atk_opts ao, int (*ok)(fixture *, c
     fixture f;
     start(&f);
     ao.src = ATTACKER;
-    ao.port = f.p.port;
+    ao.port = ao.kind == SP_ATK_BULK ? f.p.bulk_port : f.p.port;
     sp_atk *a = NULL;
     ck_assert_int_eq(sp_atk_start(&a, &ao), 0);
     atk_wait w = {&f, a, ok};
@@ -322,7 +343,7 @@ static int flood_ok(fixture *f, const sp_atk_stats *s)
 static void flood_after(fixture *f, sp_atk *a)
 {
     (void)f;
-    sp_atk_drain(a, 60);
+    sp_atk_drain(a, 20); /* 20 s without a reply: it stopped */
     sp_atk_stats s;
     sp_atk_stats_get(a, &s);
     fprintf(stderr, "flood: %ld requests sent, %ld replies read, %ld bad\n", s.sent, s.replies, s.bad);
@@ -333,7 +354,9 @@ static void flood_after(fixture *f, sp_atk *a)
 
 START_TEST(t_flood_without_reading)
 {
-    sp_atk_opts o = {.kind = SP_ATK_FLOOD, .conns = 1};
+    /* 200k requests: 160 MB of replies, that the server would hold without the output bound (the kernel's
+     * autotuned buffers could take 10^6 requests unbounded, more than a loaded machine drains in the time) */
+    sp_atk_opts o = {.kind = SP_ATK_FLOOD, .conns = 1, .max_requests = 200000};
     attack_case("INFO flood", o, flood_ok, flood_after);
 }
 END_TEST
@@ -383,9 +406,38 @@ START_TEST(t_idle_connections)
 }
 END_TEST
 
+/* 200 sockets connect to the bulk port, send 3 bytes of the attach preamble and wait, reconnecting when closed:
+ * 16 from an address may wait for their token (BULK_PENDING_PER_IP), the rest are refused at once, and those
+ * waiting are closed at the 2 s handshake deadline; so the bulk port holds at most 16 of the server's descriptors
+ * for the attacker. */
+static int bulk_ok(fixture *f, const sp_atk_stats *s)
+{
+    return s->refused >= 100 && s->closed >= 16 && counter(f, "bulk_timeouts") >= 16;
+}
+
+static void bulk_after(fixture *f, sp_atk *a)
+{
+    (void)a;
+    int peak = atomic_load(&f->peak_fds);
+    double refused = counter(f, "bulk_refused");
+    fprintf(stderr, "bulk port: server fds peak %d (base %d), %.0f bulk sockets refused\n", peak, f->base_fds, refused);
+    ck_assert_double_ge(refused, 100);
+    /* the attacker's 16 waiting sockets, a legitimate client's two, the counters' connection, a refusal in flight */
+    ck_assert_msg(peak <= f->base_fds + 16 + 8, "the server held %d descriptors (base %d)", peak, f->base_fds);
+}
+
+START_TEST(t_bulk_port)
+{
+    sp_atk_opts o = {.kind = SP_ATK_BULK, .conns = 200, .reconnect = 1};
+    attack_case("bulk port", o, bulk_ok, bulk_after);
+}
+END_TEST
+
 /* The server's descriptors run out (its open-file limit lowered to 96 and its caps set above it on purpose):
- * each connection it cannot take is refused at once with the spare descriptor, the log says so a few times
- * rather than once per connection (the issue: 34k lines), and it serves again once the attacker is gone. */
+ * each connection it cannot take, on the ws port or the bulk port, is refused at once with the listener's spare
+ * descriptor (before, a bulk socket was left unanswered in the backlog while the bulk thread spun on its
+ * level-triggered listener), the log says so a few times rather than once per connection (the issue: 34k lines),
+ * and it serves again once the attacker is gone. */
 static int count_lines(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
@@ -396,6 +448,50 @@ static int count_lines(const char *path, const char *needle)
     if (f)
         fclose(f);
     return n;
+}
+
+/* CPU seconds the process has used (user + system). */
+static double cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* BULK_PROBES sockets from the attacker's address present a token to the bulk port; 2 s later each must have had
+ * its answer: the refusal ("SPBK" + 1) or the close. Returns how many had; *cpu gets the server's CPU seconds
+ * over those 2 s. */
+#define BULK_PROBES 8
+static int bulk_probes(fixture *f, int bulk_port, double *cpu)
+{
+    int fds[BULK_PROBES], answered = 0;
+    uint8_t pre[16] = {'S', 'P', 'B', 'K', 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+    double c0 = cpu_s(f->p.pid);
+    for (int i = 0; i < BULK_PROBES; i++) {
+        fds[i] = sp_atk_connect(ATTACKER, bulk_port); /* the kernel completes it: the backlog has room */
+        ck_assert_msg(fds[i] >= 0, "no TCP connection to the bulk port");
+        ck_assert_int_eq((int)send(fds[i], pre, sizeof pre, MSG_NOSIGNAL), (int)sizeof pre);
+    }
+    struct timespec ts = {2, 0};
+    nanosleep(&ts, NULL);
+    *cpu = cpu_s(f->p.pid) - c0;
+    for (int i = 0; i < BULK_PROBES; i++) {
+        uint8_t ack[16];
+        ssize_t r = recv(fds[i], ack, sizeof ack, MSG_DONTWAIT);
+        answered += r == 0 || (r < 0 && errno == ECONNRESET) ||
+                    (r == (ssize_t)sizeof ack && !memcmp(ack, "SPBK", 4) && ack[4] == 1);
+        close(fds[i]);
+    }
+    return answered;
 }
 
 static int fds_back(void *u)
@@ -410,8 +506,9 @@ START_TEST(t_fd_exhaustion)
     int n = 0;
     for (; SERVER_ARGS[n]; n++)
         args[n] = SERVER_ARGS[n];
+    /* (and the idle connections stay while the bulk port is probed: they would give their descriptors back) */
     const char *more[] = {"--max-connections", "1000", "--max-connections-per-ip", "1000", "--max-handshakes", "1000",
-                          "--max-handshakes-per-ip", "1000", NULL};
+                          "--max-handshakes-per-ip", "1000", "--idle-timeout", "60", NULL};
     for (int i = 0; more[i]; i++)
         args[n++] = more[i];
     args[n] = NULL;
@@ -435,14 +532,27 @@ START_TEST(t_fd_exhaustion)
     ck_assert_msg(sp_test_wait_for(biting, &w, 30), "the descriptors never ran out");
     sp_atk_stats st;
     sp_atk_stats_get(a, &st);
-    int lines = count_lines(f.p.log, "out of file descriptors");
-    fprintf(stderr, "fd exhaustion: %ld upgraded, %ld refused; %d log lines about it\n", st.upgraded, st.refused, lines);
+    double cpu = -1;
+    int answered = bulk_probes(&f, f.p.bulk_port, &cpu);
+    int lines = count_lines(f.p.log, "out of file descriptors (Too many open files): refusing connections");
+    int bulk_lines = count_lines(f.p.log, "out of file descriptors (Too many open files): refusing bulk sockets");
+    fprintf(stderr, "fd exhaustion: %ld upgraded, %ld refused; %d of %d bulk sockets answered at once, server CPU "
+            "%.2f s in those 2 s; %d + %d log lines about it\n", st.upgraded, st.refused, answered, BULK_PROBES, cpu,
+            lines, bulk_lines);
     ck_assert_int_ge(lines, 1);
     ck_assert_int_le(lines, 2 * SP_LOG_BURST);
+    ck_assert_int_eq(answered, BULK_PROBES);
+    ck_assert_int_ge(bulk_lines, 1);
+    ck_assert_int_le(bulk_lines, 2 * SP_LOG_BURST);
+    /* a generous bound: a thread spinning on the listener would use a whole core; this server has nothing to do */
+    ck_assert_msg(cpu >= 0 && cpu < 1.0, "the server used %.2f s of CPU in 2 s with nothing to do", cpu);
     ck_assert(kill(f.p.pid, 0) == 0);
     sp_atk_stop(a);
     settle_arg sa = {&f, 0, base + 1};
     ck_assert_msg(sp_test_wait_for(fds_back, &sa, 30), "descriptors: %d, base %d", nfds(f.p.pid), base);
+    /* the server's count of the sockets it refused for want of a descriptor (no connection could ask before) */
+    ck_assert_double_ge(counter(&f, "out_of_fds"), BULK_PROBES);
+    ck_assert_double_ge(counter(&f, "bulk_refused"), BULK_PROBES);
     served(f.p.port, ref, "after the descriptors ran out");
     sp_test_proc_signal(&f.p, SIGTERM);
 }
@@ -458,6 +568,7 @@ static Suite *attack_suite(void)
     tcase_add_test(tc, t_flood_without_reading);
     tcase_add_test(tc, t_slowloris);
     tcase_add_test(tc, t_idle_connections);
+    tcase_add_test(tc, t_bulk_port);
     tcase_add_test(tc, t_fd_exhaustion);
     suite_add_tcase(s, tc);
     return s;

@@ -1,7 +1,8 @@
 /* test_server.c - sepal-server's RPCs over real websockets on loopback (servers run as threads in this
  * process; one test runs the real binary): forward/backward against transformers' golden outputs and the
  * local engine, deep prompts, inference sessions (decode == forward, rollback, hypo_ids, two clients),
- * cache budget, timeouts, and bad input that must get an ERROR while the server keeps serving. */
+ * cache budget, timeouts, bad input that must get an ERROR while the server keeps serving, and the largest
+ * requests the span allows within a connection's default share (a smaller share given is refused at start). */
 #include <cJSON.h>
 #include <fcntl.h>
 #include <math.h>
@@ -818,6 +819,94 @@ START_TEST(t_throughput_cache)
 }
 END_TEST
 
+/* The largest request of each kind the span accepts fits a connection's share with the default limits (sized by
+ * sp_server_largest_request): a step that fills the cache with deep prompts on every block ((1 + blocks) x
+ * cache-tokens positions), and a BACKWARD of max-batch-tokens positions with its prompts ((2 + blocks) x ...). */
+static double transport_number(sp_remote *r, const char *name)
+{
+    sp_reply rep;
+    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
+    cJSON *x = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(rep.msg.meta, "transport"), name);
+    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+    sp_reply_clear(&rep);
+    return v;
+}
+
+START_TEST(t_largest_requests)
+{
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.start = 0;
+    o.end = 4;
+    o.measure = 0;
+    o.cache_tokens = 4096;
+    o.max_batch_tokens = 2048;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_remote *r = connect_to(s);
+    int nb = 4, L = 256, B = 4096 / L; /* the model's context, and the batch that fills the cache with it */
+    double share = transport_number(r, "budget_conn");
+    uint64_t step_bytes = (uint64_t)(1 + nb) * B * L * H * 4, bwd_bytes = (uint64_t)(2 + nb) * 2048 * H * 4;
+    printf("largest requests: step %.2f MiB, backward %.2f MiB, a connection's share %.2f MiB\n",
+           step_bytes / 1048576.0, bwd_bytes / 1048576.0, share / 1048576.0);
+    ck_assert_double_eq(share, (double)((sp_server_largest_request(H, nb, 2048, 4096) + (1u << 20) - 1) >> 20 << 20));
+    /* the share is the step's tensors, the rest of a message at most, rounded up to whole MiB */
+    ck_assert_msg(share - (double)step_bytes <= (1u << 20) + SP_PROTO_DEFAULT_MAX_META + 1024,
+                  "the step is not the largest request the share is sized for");
+    size_t N = (size_t)B * L * H, NP = (size_t)nb * N;
+    float *x = calloc(N, 4), *pr = calloc(NP, 4), *y = malloc(N * 4);
+    for (size_t i = 0; i < N; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    uint64_t id = open_session(r, 0, nb, L, B);
+    sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, L, H}, .f32 = pr};
+    step(r, id, x, B, L, y, -1, &prompts);
+    for (size_t i = 0; i < N; i += 997)
+        ck_assert(isfinite(y[i]));
+    int Bb = 2048 / L; /* BACKWARD: max-batch-tokens positions, hidden in, grad out and prompts */
+    sp_tensor_src bp = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, Bb, L, H}, .f32 = pr};
+    sp_tensor_src ba[3] = {t3(x, Bb, L), t3(x, Bb, L), bp};
+    sp_reply rep;
+    free(call_ok(r, SP_MSG_BACKWARD, "{\"start\":0,\"end\":4}", ba, 3, 2, &rep));
+    ck_assert_int_eq(rep.msg.t[1].rank, 4);
+    sp_reply_clear(&rep);
+    ck_assert_double_eq(transport_number(r, "busy"), 0);
+    free(x), free(pr), free(y);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* A share below the largest request is refused at start, saying why and what to change; the smallest one that
+ * holds it starts (the default rounds the request up to whole MiB: 10 MiB of positions here, plus the header,
+ * metadata and descriptors). */
+START_TEST(t_binary_small_budget)
+{
+    const char *small[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--input-budget-per-conn", "10", NULL};
+    sp_test_proc p;
+    ck_assert_int_ne(sp_test_server_start(&p, small), 0);
+    FILE *f = fopen(p.log, "r");
+    char log[2048] = "";
+    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = '\0';
+    if (f)
+        fclose(f);
+    ck_assert_msg(strstr(log, "the input budget per connection (10.0 MiB) is below the largest request this span "
+                              "accepts (10.1 MiB: (2 + 4 blocks) x 2048 max-batch-tokens, or (1 + blocks) x 8192 "
+                              "cache-tokens, x hidden 64 x 4 bytes); raise it or lower --max-batch-tokens / "
+                              "--cache-tokens"), "%s", log);
+    const char *enough[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--input-budget-per-conn", "11", NULL};
+    ck_assert_int_eq(sp_test_server_start(&p, enough), 0);
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    ck_assert_double_eq(transport_number(r, "budget_conn"), 11 << 20);
+    sp_remote_close(r);
+    sp_test_proc_signal(&p, SIGTERM);
+}
+END_TEST
+
 START_TEST(t_binary_serves_and_stops)
 {
     int out[2];
@@ -977,6 +1066,8 @@ int main(void)
     tcase_add_test(tc, t_binary_serves_and_stops);
     tcase_add_test(tc, t_binary_bad_arguments);
     tcase_add_test(tc, t_binary_memory_bound);
+    tcase_add_test(tc, t_largest_requests);
+    tcase_add_test(tc, t_binary_small_budget);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

@@ -3,7 +3,8 @@
  * client and server work, an unkeyed or wrong-keyed client is refused before anything reaches a handler (the
  * server's counters say so), a client refuses a server without the key, a replayed proof is refused by the server
  * and a replayed challenge by the client; and a keyed swarm over the DHT, where an unkeyed server and a forged
- * record stay out of a keyed client's view and the servers ping only each other. */
+ * record stay out of a keyed client's view and the servers ping only each other; a keyed server's ping of an
+ * unkeyed one fails the key exchange and counts as no ping. */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <check.h>
@@ -11,6 +12,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -660,6 +662,153 @@ START_TEST(t_keyed_swarm)
 }
 END_TEST
 
+/* A keyed server pings the servers likely to follow it (issue 11) through the key exchange: one that lacks the key
+ * fails it (its transport counts the refusal) and gets no ping entry, as if unreachable, while the keyed successor
+ * gets one. The unkeyed server is named by a record sealed with the key (a member that lost its key, or a key
+ * holder's mistake): without it no keyed reader would see the server at all. A view of our own (not a runtime,
+ * whose own pings would reach the unkeyed server too) reads the records. */
+typedef struct view_fwd {
+    sp_view *_Atomic v;
+} view_fwd;
+
+static void fwd_value(void *u, const char *key, const uint8_t *data, size_t len, int expired)
+{
+    sp_view *v = atomic_load(&((view_fwd *)u)->v);
+    if (v)
+        sp_view_on_value(v, key, data, len, expired);
+}
+
+static void fwd_done(void *u, const char *key, int ok)
+{
+    sp_view *v = atomic_load(&((view_fwd *)u)->v);
+    if (v)
+        sp_view_on_get_done(v, key, ok);
+}
+
+/* The record of the server at port (1 if in the view). */
+static int record_at(sp_view *v, int port, sp_server_record *out)
+{
+    sp_server_record *all = NULL;
+    int n = sp_view_snapshot(v, &all), found = 0;
+    for (int i = 0; i < n && !found; i++)
+        if (all[i].port == port && all[i].state == SP_SERVER_ONLINE) {
+            *out = all[i];
+            found = 1;
+        }
+    free(all);
+    return found;
+}
+
+static int has_ping(const sp_server_record *r, const char *id)
+{
+    for (int j = 0; j < r->npings; j++)
+        if (!strcmp(r->pings[j].id, id))
+            return 1;
+    return 0;
+}
+
+typedef struct ping_wait {
+    sp_view *v;
+    char keyed_id[SP_SERVER_ID_LEN];
+} ping_wait;
+
+/* The keyed servers are in the view, and the first has pinged the second. */
+static int keyed_pinged(void *u)
+{
+    ping_wait *w = u;
+    sp_server_record a, b;
+    if (!record_at(w->v, procs[0].port, &a) || !record_at(w->v, procs[1].port, &b))
+        return 0;
+    snprintf(w->keyed_id, sizeof w->keyed_id, "%s", b.id);
+    return has_ping(&a, b.id);
+}
+
+/* Both keyed servers tried the unkeyed one (twice each, say). */
+static int unkeyed_tried(void *u)
+{
+    (void)u;
+    return info_number(procs[2].port, NULL, "transport", "auth_failed") >= 4;
+}
+
+typedef struct published_wait {
+    sp_view *v;
+    double after;
+} published_wait;
+
+/* Both keyed servers published a record after `after` (wall clock). */
+static int published_since(void *u)
+{
+    published_wait *w = u;
+    sp_server_record a, b;
+    return record_at(w->v, procs[0].port, &a) && record_at(w->v, procs[1].port, &b) && a.timestamp > w->after &&
+           b.timestamp > w->after;
+}
+
+START_TEST(t_keyed_pings_unkeyed)
+{
+    sp_swarm_key k;
+    const char *path = new_key(&k);
+    swarm_server(&procs[0], "0:3", 0, path);
+    swarm_server(&procs[1], "3:6", procs[0].dht_port, path);
+    swarm_server(&procs[2], "3:6", procs[0].dht_port, NULL);
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
+    view_fwd fwd = {NULL};
+    sp_dht *d = NULL;
+    sp_err err = {0};
+    sp_dht_opts dopts = {.bind = "127.0.0.2", .bootstrap = peers, .on_value = fwd_value, .on_get_done = fwd_done,
+                         .user = &fwd};
+    ck_assert_msg(sp_dht_start(&d, &dopts, &err) == SP_OK, "%s", err.msg);
+    sp_dht_wait_peers(d, 5000);
+    sp_view_opts vo = {.model = "stories15M", .num_blocks = 6, .refresh_s = 1, .key = &k};
+    sp_view *v = NULL;
+    ck_assert_msg(sp_view_new(&v, d, &vo, &err) == SP_OK, "%s", err.msg);
+    atomic_store(&fwd.v, v);
+    ping_wait w = {v, ""};
+    ck_assert_msg(sp_test_wait_for(keyed_pinged, &w, 30), "the keyed servers never pinged each other");
+    /* a record sealed with the key that names the unkeyed server, as a successor of the first and beside the
+     * second */
+    sp_server_record b, r;
+    ck_assert(record_at(v, procs[1].port, &b));
+    some_record(&r);
+    snprintf(r.id, sizeof r.id, "fedcba9876543210");
+    r.port = procs[2].port;
+    r.start = 3;
+    r.config_hash = b.config_hash;
+    char buf[SP_RECORD_MAX];
+    size_t len;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(sp_record_seal(buf, sizeof buf, &len, &k, &err), SP_OK);
+    for (int blk = 3; blk < 6; blk++) {
+        char key[32];
+        snprintf(key, sizeof key, "stories15M.%d", blk);
+        sp_dht_put(d, key, r.id, 60, buf, len);
+    }
+    ck_assert_msg(sp_test_wait_for(unkeyed_tried, NULL, 30), "the keyed servers never tried the unkeyed one (%.0f "
+                  "refused)", info_number(procs[2].port, NULL, "transport", "auth_failed"));
+    sp_server_record seen;
+    published_wait pw = {v, sp_wall_s()};
+    ck_assert_msg(sp_test_wait_for(published_since, &pw, 10), "the keyed servers did not publish again");
+    ck_assert_msg(keyed_pinged(&w), "the keyed servers stopped pinging each other");
+    ck_assert_msg(record_at(v, procs[2].port, &seen), "the record naming the unkeyed server is not in the view");
+    printf("keyed pings: the unkeyed server refused %.0f key exchanges\n",
+           info_number(procs[2].port, NULL, "transport", "auth_failed"));
+    double requests = info_number(procs[2].port, NULL, NULL, "requests"); /* this call's HELLO and INFO included */
+    for (int i = 0; i < 2; i++) {
+        sp_server_record x;
+        ck_assert(record_at(v, procs[i].port, &x));
+        ck_assert_msg(!has_ping(&x, r.id), "server %d recorded a ping of the server without the key", i);
+    }
+    /* and no PING of theirs reached a handler there: only our INFOs (and their HELLOs) did */
+    ck_assert_double_eq(info_number(procs[2].port, NULL, NULL, "requests"), requests + 2);
+    atomic_store(&fwd.v, NULL);
+    sp_view_free(v);
+    sp_dht_stop(d);
+    for (int i = 0; i < 3; i++)
+        sp_test_proc_signal(&procs[i], SIGKILL);
+}
+END_TEST
+
 static Suite *swarmkey_suite(void)
 {
     Suite *s = suite_create("swarmkey");
@@ -673,6 +822,7 @@ static Suite *swarmkey_suite(void)
     tcase_add_test(tc, t_replayed_challenge);
     tcase_add_test(tc, t_keyed_server);
     tcase_add_test(tc, t_keyed_swarm);
+    tcase_add_test(tc, t_keyed_pings_unkeyed);
     suite_add_tcase(s, tc);
     return s;
 }

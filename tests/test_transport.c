@@ -4,7 +4,7 @@
  * /proc/net/tcp), and the lws hardening (404 for HTTP, no h2c, binary only). The limits (transport.h): connection
  * caps per address and in total refused at once, handshake deadlines a trickle does not extend, the first message's
  * gate, the budget (admitted, waiting then served, waiting then busy, over the share), backpressure both ways, holds
- * against the idle timeout; raw peers bind 127.0.0.2.. as other hosts would. */
+ * against the idle timeout, the rate-limited log's lines; raw peers bind 127.0.0.2.. as other hosts would. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "attack.h"
+#include "log.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "transport.h"
@@ -678,6 +679,53 @@ START_TEST(t_refused)
 }
 END_TEST
 
+/* The rate-limited log that refused and failed peers go through (log.h): SP_LOG_BURST lines a window, then
+ * silence; the first line of the next window carries the count ("(3 similar suppressed)"), and a flush after a
+ * window that ended in silence says it alone ("(2 similar lines suppressed in 10 s)"). Time passes by moving the
+ * limiter's window back. */
+typedef struct log_capture {
+    char lines[32][256];
+    int n;
+} log_capture;
+
+static void capture_sink(sp_log_level level, const char *msg, void *user)
+{
+    log_capture *c = user;
+    if (level == SP_LOG_WARN && c->n < 32)
+        snprintf(c->lines[c->n++], sizeof c->lines[0], "%s", msg);
+}
+
+START_TEST(t_log_limited)
+{
+    log_capture cap = {0};
+    sp_log_limit lim = {0};
+    sp_log_set_sink(capture_sink, &cap);
+    for (int i = 0; i < SP_LOG_BURST + 3; i++)
+        sp_log_limited(&lim, SP_LOG_WARN, "refused a connection from 127.0.0.%d", i);
+    ck_assert_int_eq(cap.n, SP_LOG_BURST);
+    ck_assert_str_eq(cap.lines[SP_LOG_BURST - 1], "refused a connection from 127.0.0.4");
+    sp_log_limited_flush(&lim); /* the window is not over: nothing yet */
+    ck_assert_int_eq(cap.n, SP_LOG_BURST);
+    lim.window_start -= SP_LOG_WINDOW_S;
+    sp_log_limited(&lim, SP_LOG_WARN, "refused a connection from %s", "10.0.0.1");
+    ck_assert_int_eq(cap.n, SP_LOG_BURST + 1);
+    ck_assert_str_eq(cap.lines[SP_LOG_BURST], "refused a connection from 10.0.0.1 (3 similar suppressed)");
+    for (int i = 0; i < SP_LOG_BURST + 1; i++) /* the rest of this window's burst, then two suppressed */
+        sp_log_limited(&lim, SP_LOG_WARN, "x");
+    ck_assert_int_eq(cap.n, 2 * SP_LOG_BURST);
+    ck_assert_str_eq(cap.lines[2 * SP_LOG_BURST - 1], "x");
+    lim.window_start -= SP_LOG_WINDOW_S;
+    sp_log_limited_flush(&lim);
+    ck_assert_int_eq(cap.n, 2 * SP_LOG_BURST + 1);
+    ck_assert_str_eq(cap.lines[2 * SP_LOG_BURST], "(2 similar lines suppressed in 10 s)");
+    sp_log_limited_flush(&lim); /* said once */
+    sp_log_limited(&lim, SP_LOG_WARN, "y"); /* and not again on the next line */
+    ck_assert_int_eq(cap.n, 2 * SP_LOG_BURST + 2);
+    ck_assert_str_eq(cap.lines[2 * SP_LOG_BURST + 1], "y");
+    sp_log_set_sink(NULL, NULL);
+}
+END_TEST
+
 /* Finds listeners on `port` in /proc/net/tcp{,6}: returns how many, and the hex address of the last. */
 static int listeners(const char *path, int port, char *addr)
 {
@@ -1170,6 +1218,7 @@ static Suite *transport_suite(void)
     tcase_add_test(tc, t_close_semantics);
     tcase_add_test(tc, t_idle_timeout);
     tcase_add_test(tc, t_refused);
+    tcase_add_test(tc, t_log_limited);
     tcase_add_test(tc, t_binds_loopback);
     tcase_add_test(tc, t_http_hardening);
     tcase_add_test(tc, t_conn_caps);

@@ -126,7 +126,7 @@ int sp_test_server_start(sp_test_proc *p, const char *const *args)
     }
     line[len] = '\0';
     close(pfd[0]);
-    const char *ws = strstr(line, "ws://"), *dht = strstr(line, "DHT ");
+    const char *ws = strstr(line, "ws://"), *dht = strstr(line, "DHT "), *bulk = strstr(line, "(bulk port ");
     const char *c1 = ws ? strchr(ws + 5, ':') : NULL, *c2 = dht ? strchr(dht + 4, ':') : NULL;
     p->pid = pid;
     if (!c1) {
@@ -137,6 +137,7 @@ int sp_test_server_start(sp_test_proc *p, const char *const *args)
     }
     p->port = atoi(c1 + 1);
     p->dht_port = c2 ? atoi(c2 + 1) : -1;
+    p->bulk_port = bulk ? atoi(bulk + strlen("(bulk port ")) : -1;
     return 0;
 }
 

@@ -18,7 +18,9 @@ const char *sp_test_tmpdir(void);
 /* A sepal-server process of the build tree, for tests that kill, stop or restart real servers. */
 typedef struct sp_test_proc {
     pid_t pid;
-    int port, dht_port;  /* from its "serving ... at ws://H:PORT (... DHT H:D)" line; dht_port -1 without */
+    int port, dht_port;  /* from its "serving ... at ws://H:PORT (bulk port B, ... DHT H:D)" line; dht_port -1
+                            without */
+    int bulk_port;       /* ... -1 without */
     char log[512];       /* its stderr */
 } sp_test_proc;
 

@@ -3,6 +3,7 @@
  * writes from the sending thread and reads on a reader thread, or with direct_recv on the caller's thread.
  * Attaching: "SPBK" + u32 0 + u64 token from the client, "SPBK" + u32 status + u64 0 back (transport.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -31,32 +32,73 @@ void tp_wake_bulk(sp_ws_server *s)
         sp_log(SP_LOG_WARN, "transport: bulk wake-up failed: %s", strerror(errno));
 }
 
-static sp_log_limit g_bulk_log;
+static sp_log_limit g_bulk_log, g_bulk_fd_log;
 
-/* A new bulk socket waits for its token; at most BULK_MAX_PENDING such, BULK_PENDING_PER_IP per address. */
+/* A bulk socket refused before its preamble is read: the refusal the client's handshake reads ("SPBK" + 1),
+ * one non-blocking send, then the close. */
+static void bulk_refuse_fd(int fd)
+{
+    uint8_t no[BULK_PREAMBLE] = {'S', 'P', 'B', 'K', 1};
+    ssize_t w = send(fd, no, sizeof no, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    close(fd);
+}
+
+/* accept failed: out of descriptors, what waits is refused with the spare's help; when even that cannot be
+ * done, or another error persists, the listener rests LISTEN_PAUSE_NS (it is level-triggered: polled again at
+ * once, it would spin). */
+static void bulk_accept_failed(sp_ws_server *s, int e)
+{
+    if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED)
+        return;
+    int n = -1;
+    if (e == EMFILE || e == ENFILE) {
+        n = tp_shed(s->listen_fd, &s->bulk_spare_fd, bulk_refuse_fd);
+        pthread_mutex_lock(&s->mu);
+        s->st.out_of_fds += n > 0 ? (uint64_t)n : 0;
+        s->st.bulk_refused += n > 0 ? (uint64_t)n : 0;
+        pthread_mutex_unlock(&s->mu);
+        sp_log_limited(&g_bulk_fd_log, SP_LOG_WARN, "transport: out of file descriptors (%s): refusing bulk sockets",
+                       strerror(e));
+    } else {
+        sp_log_limited(&g_bulk_fd_log, SP_LOG_WARN, "transport: bulk accept: %s", strerror(e));
+    }
+    if (n < 0)
+        s->bulk_listen_rest_ns = sp_now_ns() + LISTEN_PAUSE_NS;
+}
+
+/* A new bulk socket waits for its token, as a ws connection for its upgrade: at most min(BULK_MAX_PENDING,
+ * max_pending) such, min(BULK_PENDING_PER_IP, max_pending_per_ip) from one address, each for
+ * handshake_timeout_s; over a cap it is refused at once. */
 static void bulk_accept(sp_ws_server *s)
 {
+    int cap = s->o.max_pending < BULK_MAX_PENDING ? s->o.max_pending : BULK_MAX_PENDING;
+    int cap_ip = s->o.max_pending_per_ip < BULK_PENDING_PER_IP ? s->o.max_pending_per_ip : BULK_PENDING_PER_IP;
+    uint64_t deadline = (uint64_t)(s->o.handshake_timeout_s * 1e9);
     for (int k = 0; k < 64; k++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
-        int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN, or a transient error that the next POLLIN retries */
+        int fd = tp_accept(s->listen_fd, (struct sockaddr *)&sa, &sl);
+        if (fd < 0) {
+            bulk_accept_failed(s, errno);
+            return;
+        }
         uint8_t addr[16];
         tp_addr_of((struct sockaddr *)&sa, addr);
-        size_t pending = 0;
+        int pending = 0;
         for (size_t i = 0; i < s->nsocks; i++)
             pending += s->socks[i]->c == NULL;
-        bsock *b = pending < BULK_MAX_PENDING ? calloc(1, sizeof *b) : NULL;
+        bsock *b = pending < cap ? calloc(1, sizeof *b) : NULL;
         pthread_mutex_lock(&s->mu);
         src_entry *e = b ? tp_src_get(s, addr) : NULL;
-        int ok = e && e->bulk_pending < BULK_PENDING_PER_IP &&
+        int ok = e && e->bulk_pending < cap_ip &&
                  !tp_grow((void **)&s->socks, &s->capsocks, s->nsocks + 1, sizeof *s->socks);
         if (ok) {
             e->bulk_pending++;
             b->src = e;
         } else {
             s->st.refused++;
+            s->st.bulk_refused++;
             tp_src_put(s, e);
         }
         pthread_mutex_unlock(&s->mu);
@@ -66,14 +108,14 @@ static void bulk_accept(sp_ws_server *s)
             sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: refused a bulk socket from %s: too many waiting for "
                            "their token", name);
             free(b);
-            close(fd);
+            bulk_refuse_fd(fd);
             continue;
         }
         tp_tune_socket(fd);
         b->fd = fd;
         b->server = s;
         b->rx.map_from = MAP_FROM;
-        b->deadline_ns = sp_now_ns() + BULK_ATTACH_NS;
+        b->deadline_ns = sp_now_ns() + deadline;
         s->socks[s->nsocks++] = b;
     }
 }
@@ -101,6 +143,11 @@ static void bulk_attach(sp_ws_server *s, bsock *b)
             tp_src_put(s, b->src);
             b->src = NULL;
         }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (!c) {
+        pthread_mutex_lock(&s->mu);
+        s->st.bulk_refused++;
         pthread_mutex_unlock(&s->mu);
     }
     uint8_t ack[BULK_PREAMBLE] = {'S', 'P', 'B', 'K'};
@@ -281,8 +328,12 @@ void tp_bulk_close(sp_ws_server *s, bsock *b)
 static int bulk_prepare(sp_ws_server *s, struct pollfd *pfd)
 {
     uint64_t now = sp_now_ns(), next = now + 1000000000ull;
+    if (s->bulk_listen_rest_ns && now >= s->bulk_listen_rest_ns)
+        s->bulk_listen_rest_ns = 0;
+    if (s->bulk_listen_rest_ns) /* resting after accept failed: not polled until then */
+        next = s->bulk_listen_rest_ns;
     pfd[0] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
-    pfd[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    pfd[1] = (struct pollfd){.fd = s->bulk_listen_rest_ns ? -1 : s->listen_fd, .events = POLLIN};
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->nsocks; i++) {
         bsock *b = s->socks[i];
@@ -308,8 +359,16 @@ static void bulk_sweep(sp_ws_server *s)
     uint64_t now = sp_now_ns();
     for (size_t i = 0; i < s->nsocks;) {
         bsock *b = s->socks[i];
-        if (!b->c && now > b->deadline_ns)
+        if (!b->c && !b->dead && now > b->deadline_ns) {
             b->dead = 1;
+            pthread_mutex_lock(&s->mu);
+            s->st.bulk_timeouts++;
+            char who[48];
+            snprintf(who, sizeof who, "%s", b->src ? b->src->name : "?");
+            pthread_mutex_unlock(&s->mu);
+            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket from %s closed: no token within %.3g s",
+                           who, s->o.handshake_timeout_s);
+        }
         if (b->dead) {
             s->socks[i] = s->socks[--s->nsocks];
             tp_bulk_close(s, b);
@@ -357,6 +416,8 @@ void *tp_bulk_main(void *arg)
         }
         bulk_sweep(s);
         sp_log_limited_flush(&g_bulk_log);
+        sp_log_limited_flush(&g_bulk_fd_log);
+        tp_spare_retake(&s->bulk_spare_fd); /* if it was lost while shedding: taken back when one is free */
     }
     free(pfd);
     return NULL;
@@ -387,6 +448,7 @@ sp_status tp_bulk_listen(sp_ws_server *s, sp_err *err)
     getsockname(fd, (struct sockaddr *)&sa, &sl);
     s->listen_fd = fd;
     s->bulk_port = ntohs(sa.sin_port);
+    s->bulk_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return SP_OK;
 }
 

@@ -2,7 +2,10 @@
  * hold"): the connection table, per-address records, and the budget every message and queued reply is charged
  * to. Everything here runs under the server's mutex (mu) unless said otherwise. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +153,58 @@ void tp_src_put(sp_ws_server *s, src_entry *e)
             free(e);
             return;
         }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* out of descriptors */
+
+/* Descriptors are taken under one lock by both listeners (and given back to the spares under it), so the slot one
+ * listener's spare frees is not taken by the other's accept before its own. */
+static pthread_mutex_t g_fd_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int tp_accept(int lfd, struct sockaddr *sa, socklen_t *sl)
+{
+    pthread_mutex_lock(&g_fd_mu);
+    int fd = accept4(lfd, sa, sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int e = errno;
+    pthread_mutex_unlock(&g_fd_mu);
+    errno = e;
+    return fd;
+}
+
+void tp_spare_retake(int *spare)
+{
+    if (*spare >= 0)
+        return;
+    pthread_mutex_lock(&g_fd_mu);
+    *spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pthread_mutex_unlock(&g_fd_mu);
+}
+
+int tp_shed(int lfd, int *spare, void (*refuse)(int fd))
+{
+    pthread_mutex_lock(&g_fd_mu);
+    if (*spare < 0) /* lost to another thread last time: take it back first */
+        *spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int n = 0, none = 1;
+    if (*spare >= 0) {
+        close(*spare);
+        *spare = -1;
+        none = 0;
+        while (n < 64) { /* once one is accepted and closed, its slot serves the next */
+            int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd >= 0) {
+                refuse(fd);
+                n++;
+            } else if (errno != EINTR) {
+                none = errno == EMFILE || errno == ENFILE; /* a thread outside the transport took the slot */
+                break;
+            }
+        }
+        *spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    pthread_mutex_unlock(&g_fd_mu);
+    return n == 0 && none ? -1 : n;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -131,6 +131,9 @@ typedef struct sp_ws_server_stats {
     uint64_t paused;             /* times a connection was not read because of its unsent output */
     uint64_t budget_used, budget_peak; /* bytes charged now, and the most at once */
     uint64_t delivered;          /* messages delivered to on_message */
+    uint64_t bulk_refused;       /* bulk sockets refused: over a cap, a bad or unknown token, no descriptor */
+    uint64_t bulk_timeouts;      /* bulk sockets closed for not presenting a token in time */
+    uint64_t out_of_fds;         /* connections (either port) refused at once because descriptors ran out */
 } sp_ws_server_stats;
 void sp_ws_server_stats_get(sp_ws_server *s, sp_ws_server_stats *st);
 

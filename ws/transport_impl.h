@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "log.h"
 #include "transport.h"
@@ -31,9 +32,10 @@
 #define FRAG_SIZE (64u << 10)       /* ws fragment and lws rx/tx buffer size: the spike's best setting */
 #define HDR SP_PROTO_HEADER_SIZE    /* 40 */
 #define BULK_PREAMBLE 16            /* "SPBK", u32 status/zero, u64 token */
-#define BULK_MAX_PENDING 64         /* bulk sockets that have not presented a token yet */
-#define BULK_PENDING_PER_IP 16      /* ... from one address */
-#define BULK_ATTACH_NS (5000000000ull) /* ... and how long they may take to do it */
+#define BULK_MAX_PENDING 64         /* bulk sockets that have not presented a token yet (at most max_pending) */
+#define BULK_PENDING_PER_IP 16      /* ... from one address (at most max_pending_per_ip); they have
+                                       handshake_timeout_s to do it */
+#define LISTEN_PAUSE_NS 100000000ull /* a listener that cannot accept (out of descriptors) rests this long */
 #define BULK_READ_BUDGET (8u << 20) /* bytes read from one socket per poll round (fairness) */
 #define DEFAULT_BULK_THRESHOLD (64u << 10)
 
@@ -312,6 +314,8 @@ struct sp_ws_server {
     sp_ws_server_stats st; /* mu: counters */
 
     int ws_fd;         /* our listening socket (lws polls it as a raw file) */
+    struct lws *ws_listen_wsi; /* ... its wsi (service thread) */
+    uint64_t ws_listen_rest_ns; /* service thread: not polled until then (rx flow control; 0: it is) */
     int ws_fd_owned_by_lws; /* ... and closes it with the context */
     int spare_fd;      /* held open to be given up when accept runs out of descriptors */
     conn *adopting;    /* service thread: the conn being handed to lws */
@@ -319,6 +323,8 @@ struct sp_ws_server {
     uint64_t last_trim_ns, trim_mark; /* malloc_trim after a large drop of the budget */
 
     int listen_fd, wake_fd;
+    int bulk_spare_fd;             /* bulk thread: the bulk listener's own spare descriptor */
+    uint64_t bulk_listen_rest_ns;  /* bulk thread: the listener is not polled until then (0: it is) */
     bsock **socks; /* bulk thread only (and stop, after it is joined) */
     size_t nsocks, capsocks;
     uint64_t *scratch; /* service thread: ids taken off wakeq */
@@ -345,6 +351,17 @@ int tp_admit(sp_ws_server *s, conn *c, uint64_t total);
 void tp_flag(sp_ws_server *s, conn *c);
 /* Resolves the limits' defaults into s->o. */
 void tp_resolve_limits(sp_ws_server *s);
+/* Descriptors of the listeners (either thread; mu not held). accept4 (non-blocking, close-on-exec) on a listener;
+ * every accept of both goes through here, under one process-wide lock that tp_shed holds too. */
+int tp_accept(int lfd, struct sockaddr *sa, socklen_t *sl);
+/* Out of descriptors on listener lfd: the spare descriptor *spare is given up so that what waits in the backlog
+ * can be accepted and refused (refuse answers and closes it; at most 64), then taken back. Returns how many were
+ * refused, or -1 when none could be for want of a descriptor (the spare was lost and cannot be had again yet):
+ * the caller rests the listener LISTEN_PAUSE_NS rather than poll it again at once (level-triggered, it would
+ * spin). */
+int tp_shed(int lfd, int *spare, void (*refuse)(int fd));
+/* A spare lost to another thread, taken back when a descriptor is free (no-op while it is held). */
+void tp_spare_retake(int *spare);
 
 /* ws_server.c */
 /* A channel lets go of c (mu not held): the last one out reports the close; the conn is freed once nothing

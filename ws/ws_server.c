@@ -206,19 +206,22 @@ static void adopt(sp_ws_server *s, conn *c, int fd)
     }
 }
 
-/* Out of descriptors: the spare one is given up to accept and refuse one connection (so the backlog does not
- * fill with connections nobody answers), then taken back. */
+static void refuse_no_fd(int fd) { refuse_fd(fd, "the server is out of file descriptors"); }
+
+/* Out of descriptors: what waits is refused with the spare descriptor's help (tp_shed), so the backlog does not
+ * fill with connections nobody answers. */
 static void shed(sp_ws_server *s)
 {
+    int e = errno, n = tp_shed(s->ws_fd, &s->spare_fd, refuse_no_fd);
+    pthread_mutex_lock(&s->mu);
+    s->st.out_of_fds += n > 0 ? (uint64_t)n : 0;
+    pthread_mutex_unlock(&s->mu);
     sp_log_limited(&g_fd_log, SP_LOG_WARN, "transport: out of file descriptors (%s): refusing connections",
-                   strerror(errno));
-    if (s->spare_fd < 0)
-        return;
-    close(s->spare_fd);
-    int fd = accept4(s->ws_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0)
-        refuse_fd(fd, "the server is out of file descriptors");
-    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                   strerror(e));
+    if (n < 0 && s->ws_listen_wsi && !s->ws_listen_rest_ns) { /* nothing could be done: rest (the sweep wakes it) */
+        s->ws_listen_rest_ns = sp_now_ns() + LISTEN_PAUSE_NS;
+        lws_rx_flow_control(s->ws_listen_wsi, 0);
+    }
 }
 
 /* LWS_CALLBACK_RAW_RX_FILE on the listening socket: takes what is waiting (a bounded batch per turn). */
@@ -227,7 +230,7 @@ static void srv_accept(sp_ws_server *s)
     for (int k = 0; k < 64; k++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
-        int fd = accept4(s->ws_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = tp_accept(s->ws_fd, (struct sockaddr *)&sa, &sl);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE)
                 shed(s);
@@ -718,6 +721,11 @@ static void srv_sweep(lws_sorted_usec_list_t *sul)
             sweep_act(s, c, (int)s->scratch[i + 1], s->scratch[i + 2]);
     }
     maybe_trim(s, now);
+    tp_spare_retake(&s->spare_fd);
+    if (s->ws_listen_rest_ns && now >= s->ws_listen_rest_ns) { /* the listener's rest is over */
+        s->ws_listen_rest_ns = 0;
+        lws_rx_flow_control(s->ws_listen_wsi, 1);
+    }
     sp_log_limited_flush(&tp_log_refused);
     sp_log_limited_flush(&tp_log_failed);
     sp_log_limited_flush(&g_fd_log);
@@ -882,7 +890,8 @@ static sp_status srv_create_context(sp_ws_server *s, sp_err *err)
     if (!s->vh)
         return sp_errf(err, SP_ERR_IO, "cannot start the websocket server (lws context)");
     lws_sock_file_fd_type fd = {.filefd = s->ws_fd};
-    if (!lws_adopt_descriptor_vhost(s->vh, LWS_ADOPT_RAW_FILE_DESC, fd, "sepal-listen", NULL))
+    s->ws_listen_wsi = lws_adopt_descriptor_vhost(s->vh, LWS_ADOPT_RAW_FILE_DESC, fd, "sepal-listen", NULL);
+    if (!s->ws_listen_wsi)
         return sp_errf(err, SP_ERR_IO, "cannot poll the listening socket");
     s->ws_fd_owned_by_lws = 1;
     lws_sul_schedule(s->ctx, 0, &s->sweep, srv_sweep, SWEEP_US);
@@ -927,7 +936,7 @@ sp_status sp_ws_server_start(sp_ws_server **out, const sp_transport_opts *o, sp_
     s->on_message = on_message;
     s->on_close = on_close;
     s->user = user;
-    s->listen_fd = s->wake_fd = s->ws_fd = s->spare_fd = -1;
+    s->listen_fd = s->wake_fd = s->ws_fd = s->spare_fd = s->bulk_spare_fd = -1;
     s->bulk_port = -1;
     pthread_mutex_init(&s->mu, NULL);
     sp_status st = SP_OK;
@@ -1107,6 +1116,8 @@ void sp_ws_server_stop(sp_ws_server *s)
         close(s->ws_fd);
     if (s->spare_fd >= 0)
         close(s->spare_fd);
+    if (s->bulk_spare_fd >= 0)
+        close(s->bulk_spare_fd);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->wake_fd >= 0)
