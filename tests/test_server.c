@@ -826,7 +826,8 @@ static double transport_number(sp_remote *r, const char *name)
 {
     sp_reply rep;
     call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
-    cJSON *x = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(rep.msg.meta, "transport"), name);
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), "transport");
+    cJSON *x = cJSON_GetObjectItemCaseSensitive(t, name);
     double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
     sp_reply_clear(&rep);
     return v;
