@@ -1,7 +1,7 @@
 /* widgets.h - what the panels are made of, drawn into a cell grid (cellbuf.h) at a position, never on the
  * terminal: a table with column priorities, span and coverage bars, a braille line plot with auto-scaled nice
- * ticks, a progress bar, a sparkline, a row of figures fitted to its width and a wrapped text stream. Each draws with the grid's glyph set (UTF-8 or
- * ASCII) and roles, and clips to the width it is given. */
+ * ticks, a progress bar, a sparkline, a row of figures fitted to its width and a wrapped text stream. Each draws
+ * with the grid's glyph set (UTF-8 or ASCII) and roles, and clips to the width it is given. */
 #ifndef SEPAL_TUI_WIDGETS_H
 #define SEPAL_TUI_WIDGETS_H
 
