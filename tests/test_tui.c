@@ -1235,6 +1235,23 @@ START_TEST(t_route_reroute)
     tui_cb_free(&r);
     /* the log says so */
     ck_assert_str_eq(tui_state_log(&st, st.log_n - 1)->text, "re-routed");
+    /* narrow and tall (a zoomed panel): a long note goes on in the rows under it, indented, the ban included */
+    tui_cb z = grid(12, 40, 1);
+    tui_draw_route(&z, &st, &v, 1);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < z.h; y++)
+        printf("%s\n", row(&z, y));
+    int ry = -1, ban = -1;
+    for (int y = 1; y < z.h; y++) {
+        if (ry < 0 && strncmp(row(&z, y), "retry: bbbb2222 (blocks 3:6)", 28) == 0)
+            ry = y;
+        if (ry >= 0 && y > ry && strstr(row(&z, y), "banned for 15 s"))
+            ban = y;
+    }
+    ck_assert_int_gt(ry, 0);
+    ck_assert_int_gt(ban, ry);
+    ck_assert(strncmp(row(&z, ban), "  ", 2) == 0 && row_buf[2] != ' ');
+    ck_assert_int_eq(z.c[ry * 40].role, R_ERR);
+    tui_cb_free(&z);
     /* a short panel: the chain and the newest note only */
     tui_cb s = grid(3, 100, 1);
     tui_draw_route(&s, &st, &v, 0);
