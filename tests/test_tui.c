@@ -3,8 +3,9 @@
  * nice and log ticks, plots with min-max bucketing and a hysteresis scale, progress bars, sparklines, table
  * columns and stable sorting, word-wrapped text with wide characters and invalid UTF-8), the `:` line (editing,
  * completion, history), the key table and its generated help, the event queue (coalescing, streams, dropped
- * logs, one eventfd write per empty->non-empty edge), events as JSON lines, the UI state built from events, and
- * whole panels. */
+ * logs, one eventfd write per empty->non-empty edge), events as JSON lines, the UI state built from events,
+ * whole panels, rows of figures fitted to narrow widths, the validation curve's plot, a re-route in the route
+ * panel, and the mouse (event -> action -> view). */
 #include <locale.h>
 #include <math.h>
 #include <stdint.h>
@@ -1261,6 +1262,93 @@ START_TEST(t_route_reroute)
 }
 END_TEST
 
+/* The mouse, through the same path as the loop: an event -> an action -> the view. */
+START_TEST(t_mouse)
+{
+    tui_state st;
+    tui_state_init(&st);
+    tui_view v;
+    tui_view_init(&v);
+    tui_ev *e = tui_ev_new(TE_SWARM);
+    e->swarm = three_servers();
+    apply(&st, e, 1);
+    for (int i = 0; i < 50; i++)
+        apply(&st, ev(TE_LOG, "a line"), 2);
+    tui_layout l;
+    tui_layout_opts o = {.zoom = -1, .focus = 0, .swarm_rows = 3};
+    tui_layout_compute(30, 100, &o, &l);
+    /* a click in a panel focuses it, wherever in it */
+    const tui_rect *g = &l.panel[TUI_P_GEN], *lg = &l.panel[TUI_P_LOG];
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, g->y + 2, g->x + 5), TUI_A_FOCUS3);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, g->y, g->x + g->w - 1), TUI_A_FOCUS3); /* title */
+    ck_assert_uint_eq(tui_view_apply(&v, &st, &l, TUI_A_FOCUS3), TUI_D_ALL);
+    ck_assert_int_eq(v.focus, TUI_P_GEN);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, l.vdiv.y + 1, l.vdiv.x), TUI_A_NONE); /* the rule */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 10), TUI_A_NONE);     /* the header: no tabs */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 29, 10), TUI_A_NONE);    /* the status row */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 30, 10), TUI_A_NONE);    /* off the screen */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_NONE, g->y + 2, g->x + 5), TUI_A_NONE);
+    /* the wheel scrolls the focused panel: the log, 3 lines a notch, up and back down */
+    tui_action a = tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, lg->y + 1, 3);
+    ck_assert_int_eq(a, TUI_A_FOCUS5);
+    tui_view_apply(&v, &st, &l, a);
+    a = tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_UP, g->y + 2, g->x + 5); /* wherever the pointer is */
+    ck_assert_int_eq(a, TUI_A_UP);
+    for (int i = 0; i < TUI_WHEEL_LINES; i++)
+        ck_assert_uint_eq(tui_view_apply(&v, &st, &l, a), TUI_D_PANEL(TUI_P_LOG));
+    ck_assert_int_eq(v.log_scroll, 3);
+    tui_cb cb = grid(lg->h, lg->w, 1);
+    tui_draw_log(&cb, &st, &v, 1);
+    ck_assert(strstr(row(&cb, 0), "scrolled 3 (End follows)"));
+    tui_cb_free(&cb);
+    a = tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_DOWN, 5, 5);
+    ck_assert_int_eq(a, TUI_A_DOWN);
+    tui_view_apply(&v, &st, &l, a);
+    ck_assert_int_eq(v.log_scroll, 2);
+    /* ... and the swarm's selection */
+    tui_view_apply(&v, &st, &l, tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, l.panel[TUI_P_SWARM].y + 3, 50));
+    ck_assert_int_eq(v.focus, TUI_P_SWARM);
+    for (int i = 0; i < TUI_WHEEL_LINES; i++)
+        tui_view_apply(&v, &st, &l, tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_DOWN, 5, 5));
+    ck_assert_int_eq(v.swarm_sel, 2); /* the last of 3 */
+    /* tabs (60x16, and 45 columns where they are letters): a click on a tab, as the header draws it */
+    static const int widths[2] = {60, 45};
+    for (int k = 0; k < 2; k++) {
+        int cols = widths[k];
+        tui_layout_compute(16, cols, &o, &l);
+        ck_assert_int_eq(l.tier, TUI_TIER_TABS);
+        tui_cb h = grid(1, cols, 1);
+        tui_draw_header(&h, &st, &v, 1);
+        const char *r = row(&h, 0), *tab = strstr(r, cols >= 60 ? "4 Train" : "4 T");
+        ck_assert_ptr_nonnull(tab);
+        int x4 = (int)(tab - r);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, x4), TUI_A_FOCUS4);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, x4 + 2), TUI_A_FOCUS4);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, x4 - 1), TUI_A_NONE); /* between tabs */
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 1), TUI_A_FOCUS1);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 0), TUI_A_NONE);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, cols - 1), TUI_A_NONE);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 5, 5), TUI_A_FOCUS1); /* the panel shown */
+        tui_cb_free(&h);
+    }
+    /* zoomed at 100x30: the tabs switch the zoomed panel */
+    v.focus = TUI_P_GEN;
+    tui_view_apply(&v, &st, &l, TUI_A_ZOOM);
+    ck_assert_int_eq(v.zoom, TUI_P_GEN);
+    o.zoom = v.zoom;
+    tui_layout_compute(30, 100, &o, &l);
+    a = tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 2);
+    ck_assert_int_eq(a, TUI_A_FOCUS1);
+    tui_view_apply(&v, &st, &l, a);
+    ck_assert_int_eq(v.zoom, TUI_P_SWARM);
+    /* too small: nothing */
+    tui_layout_compute(8, 30, &o, &l);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 2, 2), TUI_A_NONE);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_UP, 2, 2), TUI_A_NONE);
+    tui_state_free(&st);
+}
+END_TEST
+
 int main(void)
 {
     setlocale(LC_CTYPE, "C.UTF-8"); /* wide characters' widths, as on a UTF-8 terminal */
@@ -1289,6 +1377,7 @@ int main(void)
     tcase_add_test(tc, t_train_validation_plot);
     tcase_add_test(tc, t_narrow_figures);
     tcase_add_test(tc, t_route_reroute);
+    tcase_add_test(tc, t_mouse);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

@@ -7,8 +7,9 @@
 #    30x8 ("too small", keys still work) and back; q exits with `stty -g` unchanged and no server left;
 #  - against 3 servers of every block: the route's server SIGKILLed while a generation streams: the route panel
 #    shows the retry (with its ban) and the re-route, the route goes round it, the text goes on to its end (and
-#    the recording has them in that order); Tab completes at `:`; F1; `z` zooms; `s`/`S` sort the swarm rows; q
-#    while a command runs asks (n: it goes on; y: quits, no server left);
+#    the recording has them in that order); Tab completes at `:`; F1; `z` zooms; `s`/`S` sort the swarm rows; a
+#    mouse click focuses a panel and the wheel scrolls it; q while a command runs asks (n: it goes on; y: quits,
+#    no server left);
 #  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
 #  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
@@ -212,6 +213,7 @@ keys a q
 check a "q quits (exit 0)" "^\[exit 0\]$" 30
 pane a | grep -q "1 Swarm" && bad "the TUI's screen is still shown after q" || ok "the shell's screen is back after q"
 stty_same a && ok "stty -g unchanged after q" || bad "stty -g changed after q"
+[ "$(T display -p -t a '#{mouse_any_flag}')" = 0 ] && ok "mouse reports off after q" || bad "mouse reports on after q"
 left=0
 for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
 [ -n "$kids" ] && [ "$left" -eq 0 ] && ok "no server left after q" || bad "children '$kids': $left left after q"
@@ -304,6 +306,19 @@ keys r S
 rsorted=$(echo "$sorted" | tr ' ' '\n' | grep . | sort -r | tr '\n' ' ')
 for i in $(seq $((40 * SLOW))); do [ "$(ids)" = "$rsorted" ] && break; sleep 0.05; done
 [ "$(ids)" = "$rsorted" ] && ok "S reverses: $(ids)" || bad "rows after S: '$(ids)', want '$rsorted'"
+# the mouse (an xterm report typed into the pane: ESC [ M, then 32 + button, 33 + column, 33 + row): a click
+# focuses the panel under it, the wheel scrolls the focused one 3 lines a notch
+mouse() { T send-keys -t r -l "$(printf '\e[M%b%b%b' "\\x$(printf %x $((32 + $1)))" "\\x$(printf %x $((33 + $2)))" \
+    "\\x$(printf %x $((33 + $3)))")"; }
+logy=$(pane r | grep -nE "^[─▶] 5 Log" | cut -d: -f1) # its title's row + 1: the row under it (0-based)
+mouse 0 10 "${logy:-0}"
+check r "a click focuses the panel under it (the log)" "^▶ 5 Log"
+mouse 64 60 3
+check r "the wheel scrolls the focused panel, 3 lines a notch" "▶ 5 Log ─+ scrolled 3 \(End follows\) ─"
+mouse 64 60 3
+check r "... another notch up" "▶ 5 Log ─+ scrolled 6 \(End follows\) ─"
+mouse 65 60 3
+check r "... and one down" "▶ 5 Log ─+ scrolled 3 \(End follows\) ─"
 # q while a command runs asks; n stays (the command goes on); y quits, stopping it
 keys r :
 text r "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 400"
@@ -352,8 +367,12 @@ stty_same b && ok "stty -g unchanged after Ctrl-C" || bad "stty -g changed after
 start c 100x30 LANG=C.UTF-8 -- --tui
 check c "the TUI (c)" "no model loaded"
 PID=$(sepal_pid c)
+[ "$(T display -p -t c '#{mouse_any_flag}')" = 1 ] && ok "the TUI asks the terminal for mouse reports" ||
+    bad "no mouse reports asked for"
 kill -SEGV "$PID"
 check c "a crash: the terminal is restored and says so" "crashed \(the terminal was restored\)" 10
+[ "$(T display -p -t c '#{mouse_any_flag}')" = 0 ] && ok "a crash: mouse reports off again" ||
+    bad "a crash left the mouse reports on"
 check c "a crash: it dies of SIGSEGV" "^\[exit 139\]$" 10
 stty_same c && ok "stty -g unchanged after a crash" || bad "stty -g changed after a crash"
 pane c | grep -q "no model loaded" && bad "the TUI's screen is still shown after the crash" || ok "the shell's screen is back after a crash"
