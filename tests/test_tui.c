@@ -3,8 +3,9 @@
  * nice and log ticks, plots with min-max bucketing and a hysteresis scale, progress bars, sparklines, table
  * columns and stable sorting, word-wrapped text with wide characters and invalid UTF-8), the `:` line (editing,
  * completion, history), the key table and its generated help, the event queue (coalescing, streams, dropped
- * logs, one eventfd write per empty->non-empty edge), events as JSON lines, the UI state built from events, and
- * whole panels. */
+ * logs, one eventfd write per empty->non-empty edge), events as JSON lines, the UI state built from events,
+ * whole panels, rows of figures fitted to narrow widths, the validation curve's plot, a re-route in the route
+ * panel, and the mouse (event -> action -> view). */
 #include <locale.h>
 #include <math.h>
 #include <stdint.h>
@@ -416,6 +417,42 @@ START_TEST(t_table_widths)
     ck_assert_int_eq(tui_table_scroll(2, 3, 5, 20), 2);
     ck_assert_int_eq(tui_table_scroll(19, 0, 5, 20), 15);
     ck_assert_int_eq(tui_table_scroll(3, 10, 5, 4), 0);
+}
+END_TEST
+
+START_TEST(t_fields)
+{
+    char buf[128];
+    const tui_field f[] = {{"68.5 tok/s", "68.5t/s", 5}, {"first 11.6ms", "1st 11.6ms", 3}, {"stop: length", NULL, 4},
+                           {"", NULL, 9}};
+    /* room: full forms, two blanks apart (the empty field left out) */
+    ck_assert_int_eq(tui_fields_join(f, 4, 80, buf, sizeof buf), 38);
+    ck_assert_str_eq(buf, "68.5 tok/s  first 11.6ms  stop: length");
+    ck_assert_int_eq(tui_fields_join(f, 4, 38, buf, sizeof buf), 38); /* exactly */
+    /* less: compact forms, then one blank */
+    ck_assert_int_eq(tui_fields_join(f, 4, 37, buf, sizeof buf), 33);
+    ck_assert_str_eq(buf, "68.5t/s  1st 11.6ms  stop: length");
+    ck_assert_int_eq(tui_fields_join(f, 4, 31, buf, sizeof buf), 31);
+    ck_assert_str_eq(buf, "68.5t/s 1st 11.6ms stop: length");
+    /* less: the lowest priority (the first token) goes, the order stays; full forms again when they fit */
+    ck_assert_int_eq(tui_fields_join(f, 4, 30, buf, sizeof buf), 24);
+    ck_assert_str_eq(buf, "68.5 tok/s  stop: length");
+    ck_assert_int_eq(tui_fields_join(f, 4, 12, buf, sizeof buf), 10);
+    ck_assert_str_eq(buf, "68.5 tok/s");
+    /* one left, too wide: cut to the width when drawn */
+    ck_assert_int_eq(tui_fields_join(f, 4, 5, buf, sizeof buf), 5);
+    tui_cb cb = grid(1, 5, 1);
+    ck_assert_int_eq(tui_fields(&cb, 0, 0, 5, f, 4, R_TEXT), 5);
+    ck_assert_str_eq(row(&cb, 0), "68.5t");
+    tui_cb_free(&cb);
+    /* equal priorities: the later goes first */
+    const tui_field g[] = {{"aaaa", NULL, 1}, {"bbbb", NULL, 1}, {"cccc", NULL, 2}};
+    ck_assert_int_eq(tui_fields_join(g, 3, 10, buf, sizeof buf), 10);
+    ck_assert_str_eq(buf, "aaaa  cccc");
+    /* nothing to show */
+    const tui_field none[] = {{NULL, NULL, 1}, {"", NULL, 1}};
+    ck_assert_int_eq(tui_fields_join(none, 2, 10, buf, sizeof buf), 0);
+    ck_assert_str_eq(buf, "");
 }
 END_TEST
 
@@ -955,8 +992,8 @@ START_TEST(t_panels)
     for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < tr.h; y++)
         printf("%s\n", row(&tr, y));
     ck_assert(screen_has(&tr, "4 Train"));
-    ck_assert(screen_has(&tr, "step 20/40  loss 0.1  lr 0.001  4 st/s"));
-    ck_assert(screen_has(&tr, "] ") && screen_has(&tr, "50%  ETA 5s"));
+    ck_assert(screen_has(&tr, "step 20/40  loss 0.1  lr 0.001"));
+    ck_assert(screen_has(&tr, "] 50%  ETA 5s  4 st/s")); /* the rates beside the progress bar */
     ck_assert(screen_has(&tr, "step") && screen_has(&tr, "20"));
     tui_cb_free(&tr);
     /* too small */
@@ -964,6 +1001,350 @@ START_TEST(t_panels)
     tui_draw_too_small(&s, 6, 30);
     ck_assert(screen_has(&s, "too small"));
     tui_cb_free(&s);
+    tui_state_free(&st);
+}
+END_TEST
+
+/* The columns (from x0, in rows [y0, y1)) that hold plot dots. */
+static int dot_rows(const tui_cb *cb, int x, int y0, int y1, int *top)
+{
+    int n = 0;
+    *top = -1;
+    for (int y = y0; y < y1; y++)
+        if (plotted(cb, y, x)) {
+            if (*top < 0)
+                *top = y;
+            n++;
+        }
+    return n;
+}
+
+/* A training run of 40 steps with a validation accuracy after each of 4 epochs: 0.25, 0.5, 0.625, 0.875. */
+static void train_run(tui_state *st)
+{
+    static const double acc[4] = {0.25, 0.5, 0.625, 0.875};
+    apply(st, ev(TE_TRAIN_BEGIN, "training sst2"), 20);
+    for (int i = 1; i <= 40; i++) {
+        tui_ev *e = ev(TE_TRAIN_STEP, NULL);
+        e->step = i;
+        e->total = 40;
+        e->a = 2.0 / i;
+        e->b = 5e-4;
+        e->c = 1900;
+        apply(st, e, 20 + i * 0.1326); /* 7.54 steps/s */
+        if (i % 10 == 0) {
+            char m[64];
+            snprintf(m, sizeof m, "accuracy=%.3f loss=0.8 n=32", acc[i / 10 - 1]);
+            apply(st, ev(TE_TRAIN_EVAL, m), 20 + i * 0.1326);
+        }
+    }
+    apply(st, ev(TE_TRAIN_END, "done"), 26);
+}
+
+/* The validation curve, where it is drawn: beside the loss (wide), alone after ] (narrow), under the loss (tall).
+ * Accuracy has a fixed axis 0 .. 1, so each point's row is known: 0.25 lower than 0.875. */
+START_TEST(t_train_validation_plot)
+{
+    tui_state st;
+    tui_state_init(&st);
+    tui_view v;
+    tui_view_init(&v);
+    train_run(&st);
+    ck_assert_int_eq(st.val_s.n, 4);
+    /* wide (80 columns: 80x24 zoomed): side by side, the right one is the accuracy's */
+    tui_cb w = grid(16, 80, 1);
+    tui_draw_train(&w, &st, &v, 1);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < w.h; y++)
+        printf("%s\n", row(&w, y));
+    ck_assert(strstr(row(&w, 0), "loss | accuracy  ended"));
+    int lw = 80 * 3 / 5, ax = -1; /* the right plot's y axis */
+    for (int x = lw + 1; x < lw + 8 && ax < 0; x++)
+        if (w.c[1 * 80 + x].ch == 0x2502)
+            ax = x;
+    ck_assert_int_gt(ax, lw);
+    ck_assert(strstr(row(&w, 1), "1│") != NULL);                /* the top tick of 0 .. 1 */
+    ck_assert(strstr(row(&w, 13), "accuracy") != NULL);         /* the x unit under it */
+    ck_assert_int_eq(w.c[12 * 80 + ax].ch, 0x2514);            /* its corner */
+    int first = -1, last = -1;                                 /* rising: the last point above the first */
+    ck_assert_int_gt(dot_rows(&w, ax + 1, 1, 12, &first), 0);
+    ck_assert_int_gt(dot_rows(&w, 79, 1, 12, &last), 0);
+    ck_assert_int_lt(last, first);
+    for (int x = ax + 1; x < 80; x++) { /* a line: every column has dots */
+        int t;
+        ck_assert_msg(dot_rows(&w, x, 1, 12, &t) > 0, "validation column %d empty", x);
+    }
+    /* the figures: the metric and the rates */
+    ck_assert(screen_has(&w, "step 40/40  loss 0.05  acc 0.875  lr 5e-4"));
+    ck_assert(screen_has(&w, "] 100%  done  7.54 st/s  1.9k tok/s"));
+    tui_cb_free(&w);
+    /* narrow (50x12, as at 100x30): the loss, and the title says ] shows the accuracy */
+    tui_cb n = grid(12, 50, 1);
+    tui_draw_train(&n, &st, &v, 0);
+    ck_assert(strstr(row(&n, 0), "loss  (]: accuracy)  ended"));
+    ck_assert(!screen_has(&n, "accuracy ") || strstr(row(&n, 0), "accuracy"));
+    tui_cb_free(&n);
+    v.train_series = 1; /* ] */
+    n = grid(12, 50, 1);
+    tui_draw_train(&n, &st, &v, 0);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < n.h; y++)
+        printf("%s\n", row(&n, y));
+    ck_assert(strstr(row(&n, 0), "accuracy  (]: loss)  ended"));
+    ck_assert(strstr(row(&n, 1), "1│") && strstr(row(&n, 9), "accuracy")); /* 0 .. 1, the unit */
+    ck_assert(strstr(row(&n, 7), "0│")); /* the bottom tick */
+    int nax = -1;
+    for (int x = 0; x < 8 && nax < 0; x++)
+        if (n.c[1 * 50 + x].ch == 0x2502)
+            nax = x;
+    ck_assert_int_gt(nax, 0);
+    ck_assert_int_gt(dot_rows(&n, nax + 1, 1, 8, &first), 0);
+    ck_assert_int_gt(dot_rows(&n, 49, 1, 8, &last), 0);
+    ck_assert_int_lt(last, first);
+    /* the points' rows: the plot's 7 rows hold 28 dot rows for 0 .. 1: 0.25 near the bottom, 0.875 near the top */
+    ck_assert_int_ge(first, 5);
+    ck_assert_int_le(last, 2);
+    tui_cb_free(&n);
+    /* tall (50x20): the loss above, the accuracy under it */
+    v.train_series = 0;
+    tui_cb t = grid(20, 50, 1);
+    tui_draw_train(&t, &st, &v, 0);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < t.h; y++)
+        printf("%s\n", row(&t, y));
+    ck_assert(strstr(row(&t, 0), "loss | accuracy  ended"));
+    int units = 0, y_loss = -1, y_acc = -1;
+    for (int y = 1; y < 18; y++) {
+        if (strstr(row(&t, y), "step") && strstr(row(&t, y), "40"))
+            y_loss = y, units++;
+        if (strstr(row(&t, y), "accuracy"))
+            y_acc = y, units++;
+    }
+    ck_assert_int_eq(units, 2);
+    ck_assert_int_lt(y_loss, y_acc);
+    ck_assert_int_gt(dot_rows(&t, 49, y_loss + 1, y_acc, &last), 0); /* the accuracy's points under the loss */
+    tui_cb_free(&t);
+    tui_state_free(&st);
+}
+END_TEST
+
+/* At 80x24 the generation and training panels are 39 and 40 columns: their figures fit, compact, not cut. */
+START_TEST(t_narrow_figures)
+{
+    tui_state st;
+    tui_state_init(&st);
+    tui_view v;
+    tui_view_init(&v);
+    tui_layout l;
+    tui_layout_opts o = {.zoom = -1, .focus = 0, .swarm_rows = 3};
+    tui_layout_compute(24, 80, &o, &l);
+    const tui_rect *gr = &l.panel[TUI_P_GEN], *tr = &l.panel[TUI_P_TRAIN];
+    apply(&st, ev(TE_GEN_BEGIN, "Once upon a time"), 10);
+    for (int i = 0; i < 90; i++) {
+        tui_ev *e = ev(TE_GEN_TEXT, " word");
+        e->n = 1;
+        apply(&st, e, 10.01 + i * 0.0146);
+    }
+    tui_ev *e = ev(TE_GEN_END, NULL);
+    e->what = strdup("length");
+    e->n = 90;
+    e->b = 1.315;
+    e->c = 0.0116;
+    apply(&st, e, 11.4);
+    tui_cb g = grid(gr->h, gr->w, 1);
+    tui_draw_gen(&g, &st, &v, 0);
+    ck_assert_msg(strstr(row(&g, g.h - 1), "68.4 tok/s  first 11.6ms  stop: length"), "%s", row(&g, g.h - 1));
+    tui_cb_free(&g);
+    /* narrower: compact forms, one blank, then the first token dropped; the stop reason stays */
+    static const char *const want[][2] = {{"33", "68.4t/s  1st 11.6ms  stop: length"},
+                                          {"31", "68.4t/s 1st 11.6ms stop: length"},
+                                          {"24", "68.4 tok/s  stop: length"}};
+    for (int i = 0; i < 3; i++) {
+        g = grid(gr->h, atoi(want[i][0]), 1);
+        tui_draw_gen(&g, &st, &v, 0);
+        ck_assert_msg(strstr(row(&g, g.h - 1), want[i][1]) == row_buf, "%s", row(&g, g.h - 1));
+        tui_cb_free(&g);
+    }
+    g = grid(gr->h, 30, 1); /* room left: the sparkline (tokens in each second) before the figures */
+    tui_draw_gen(&g, &st, &v, 0);
+    ck_assert_msg(strstr(row(&g, g.h - 1), "68.4 tok/s  stop: length") == row_buf + strlen("█▃") + 4, "%s",
+                  row(&g, g.h - 1));
+    ck_assert(g.c[(g.h - 1) * 30].ch == 0x2588 && g.c[(g.h - 1) * 30 + 1].ch == 0x2583);
+    tui_cb_free(&g);
+    train_run(&st);
+    tui_cb t = grid(tr->h, tr->w, 1);
+    tui_draw_train(&t, &st, &v, 0);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < t.h; y++)
+        printf("%s\n", row(&t, y));
+    ck_assert_msg(strstr(row(&t, 0), "loss  (]: acc)  ended"), "%s", row(&t, 0));
+    ck_assert_msg(strstr(row(&t, t.h - 2), "40/40  loss 0.05  acc 0.875  lr 5e-4"), "%s", row(&t, t.h - 2));
+    ck_assert_msg(strstr(row(&t, t.h - 1), "] 100%  done  7.54st/s  1.9kt/s"), "%s", row(&t, t.h - 1));
+    tui_cb_free(&t);
+    /* a short panel, one row of figures: the learning rate and tokens/s go before the metric and steps/s */
+    t = grid(5, tr->w, 1);
+    tui_draw_train(&t, &st, &v, 0);
+    ck_assert_msg(strstr(row(&t, 4), "40/40  loss 0.05  acc 0.875  7.54st/s ") == row_buf, "%s", row(&t, 4));
+    tui_cb_free(&t);
+    tui_state_free(&st);
+}
+END_TEST
+
+/* A re-route (TE_ROUTE with i set): the new chain, a note in the route panel, the title's count, the log. */
+START_TEST(t_route_reroute)
+{
+    tui_state st;
+    tui_state_init(&st);
+    tui_view v;
+    tui_view_init(&v);
+    tui_ev *e = tui_ev_new(TE_SWARM);
+    e->swarm = three_servers();
+    apply(&st, e, 1);
+    e = tui_ev_new(TE_ROUTE); /* the first route: no note */
+    e->nhops = 2;
+    e->hops = calloc(2, sizeof *e->hops);
+    e->hops[0] = (tui_hop){.server = 0, .start = 0, .end = 3, .latency = 0.002};
+    e->hops[1] = (tui_hop){.server = 1, .start = 3, .end = 6, .latency = 0.003};
+    e->text = strdup("0:3 aaaa1111 -> 3:6 bbbb2222");
+    apply(&st, e, 2);
+    ck_assert_int_eq(st.nnotes, 0);
+    ck_assert_int_eq(st.reroutes, 0);
+    e = ev(TE_RETRY, "bbbb2222 (blocks 3:6) failed: closed; banned for 15 s; retry 1 of 8");
+    e->i = 1;
+    apply(&st, e, 3);
+    e = tui_ev_new(TE_ROUTE); /* the re-route: blocks 3:6 on the third server */
+    e->i = 1;
+    e->nhops = 2;
+    e->hops = calloc(2, sizeof *e->hops);
+    e->hops[0] = (tui_hop){.server = 0, .start = 0, .end = 3, .latency = 0.002};
+    e->hops[1] = (tui_hop){.server = 2, .start = 3, .end = 6, .latency = 0.004};
+    e->a = 0.01;
+    e->text = strdup("0:3 aaaa1111 -> 3:6 cccc3333; 100 steps/s expected");
+    apply(&st, e, 4);
+    ck_assert_int_eq(st.reroutes, 1);
+    ck_assert_int_eq(st.retries, 1);
+    ck_assert_int_eq(st.nnotes, 2);
+    tui_cb r = grid(5, 100, 1);
+    tui_draw_route(&r, &st, &v, 0);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < r.h; y++)
+        printf("%s\n", row(&r, y));
+    ck_assert(strstr(row(&r, 0), "retries 1  re-routes 1"));
+    ck_assert(strstr(row(&r, 1), "you ▶ aaaa1111[0:3) ~2.00ms ▶ cccc3333[3:6) ~4.00ms   2 hops, ~100 steps/s"));
+    ck_assert(!screen_has(&r, "bbbb2222[")); /* the old hop is gone from the chain */
+    /* newest first: the re-route, then the retry that caused it */
+    ck_assert(strstr(row(&r, 2), "re-routed: 0:3 aaaa1111 -> 3:6 cccc3333; 100 steps/s expected ") == row_buf);
+    ck_assert(strncmp(row(&r, 3), "retry: bbbb2222 (blocks 3:6) failed", 35) == 0);
+    /* its roles: the re-route a warning, the retry an error */
+    ck_assert_int_eq(r.c[2 * 100].role, R_WARN);
+    ck_assert_int_eq(r.c[3 * 100].role, R_ERR);
+    tui_cb_free(&r);
+    /* the log says so */
+    ck_assert_str_eq(tui_state_log(&st, st.log_n - 1)->text, "re-routed");
+    /* narrow and tall (a zoomed panel): a long note goes on in the rows under it, indented, the ban included */
+    tui_cb z = grid(12, 40, 1);
+    tui_draw_route(&z, &st, &v, 1);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < z.h; y++)
+        printf("%s\n", row(&z, y));
+    int ry = -1, ban = -1;
+    for (int y = 1; y < z.h; y++) {
+        if (ry < 0 && strncmp(row(&z, y), "retry: bbbb2222 (blocks 3:6)", 28) == 0)
+            ry = y;
+        if (ry >= 0 && y > ry && strstr(row(&z, y), "banned for 15 s"))
+            ban = y;
+    }
+    ck_assert_int_gt(ry, 0);
+    ck_assert_int_gt(ban, ry);
+    ck_assert(strncmp(row(&z, ban), "  ", 2) == 0 && row_buf[2] != ' ');
+    ck_assert_int_eq(z.c[ry * 40].role, R_ERR);
+    tui_cb_free(&z);
+    /* a short panel: the chain and the newest note only */
+    tui_cb s = grid(3, 100, 1);
+    tui_draw_route(&s, &st, &v, 0);
+    ck_assert(strstr(row(&s, 2), "re-routed: "));
+    tui_cb_free(&s);
+    tui_state_free(&st);
+}
+END_TEST
+
+/* The mouse, through the same path as the loop: an event -> an action -> the view. */
+START_TEST(t_mouse)
+{
+    tui_state st;
+    tui_state_init(&st);
+    tui_view v;
+    tui_view_init(&v);
+    tui_ev *e = tui_ev_new(TE_SWARM);
+    e->swarm = three_servers();
+    apply(&st, e, 1);
+    for (int i = 0; i < 50; i++)
+        apply(&st, ev(TE_LOG, "a line"), 2);
+    tui_layout l;
+    tui_layout_opts o = {.zoom = -1, .focus = 0, .swarm_rows = 3};
+    tui_layout_compute(30, 100, &o, &l);
+    /* a click in a panel focuses it, wherever in it */
+    const tui_rect *g = &l.panel[TUI_P_GEN], *lg = &l.panel[TUI_P_LOG];
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, g->y + 2, g->x + 5), TUI_A_FOCUS3);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, g->y, g->x + g->w - 1), TUI_A_FOCUS3); /* title */
+    ck_assert_uint_eq(tui_view_apply(&v, &st, &l, TUI_A_FOCUS3), TUI_D_ALL);
+    ck_assert_int_eq(v.focus, TUI_P_GEN);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, l.vdiv.y + 1, l.vdiv.x), TUI_A_NONE); /* the rule */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 10), TUI_A_NONE);     /* the header: no tabs */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 29, 10), TUI_A_NONE);    /* the status row */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 30, 10), TUI_A_NONE);    /* off the screen */
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_NONE, g->y + 2, g->x + 5), TUI_A_NONE);
+    /* the wheel scrolls the focused panel: the log, 3 lines a notch, up and back down */
+    tui_action a = tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, lg->y + 1, 3);
+    ck_assert_int_eq(a, TUI_A_FOCUS5);
+    tui_view_apply(&v, &st, &l, a);
+    a = tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_UP, g->y + 2, g->x + 5); /* wherever the pointer is */
+    ck_assert_int_eq(a, TUI_A_UP);
+    for (int i = 0; i < TUI_WHEEL_LINES; i++)
+        ck_assert_uint_eq(tui_view_apply(&v, &st, &l, a), TUI_D_PANEL(TUI_P_LOG));
+    ck_assert_int_eq(v.log_scroll, 3);
+    tui_cb cb = grid(lg->h, lg->w, 1);
+    tui_draw_log(&cb, &st, &v, 1);
+    ck_assert(strstr(row(&cb, 0), "scrolled 3 (End follows)"));
+    tui_cb_free(&cb);
+    a = tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_DOWN, 5, 5);
+    ck_assert_int_eq(a, TUI_A_DOWN);
+    tui_view_apply(&v, &st, &l, a);
+    ck_assert_int_eq(v.log_scroll, 2);
+    /* ... and the swarm's selection */
+    tui_view_apply(&v, &st, &l, tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, l.panel[TUI_P_SWARM].y + 3, 50));
+    ck_assert_int_eq(v.focus, TUI_P_SWARM);
+    for (int i = 0; i < TUI_WHEEL_LINES; i++)
+        tui_view_apply(&v, &st, &l, tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_DOWN, 5, 5));
+    ck_assert_int_eq(v.swarm_sel, 2); /* the last of 3 */
+    /* tabs (60x16, and 45 columns where they are letters): a click on a tab, as the header draws it */
+    static const int widths[2] = {60, 45};
+    for (int k = 0; k < 2; k++) {
+        int cols = widths[k];
+        tui_layout_compute(16, cols, &o, &l);
+        ck_assert_int_eq(l.tier, TUI_TIER_TABS);
+        tui_cb h = grid(1, cols, 1);
+        tui_draw_header(&h, &st, &v, 1);
+        const char *r = row(&h, 0), *tab = strstr(r, cols >= 60 ? "4 Train" : "4 T");
+        ck_assert_ptr_nonnull(tab);
+        int x4 = (int)(tab - r);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, x4), TUI_A_FOCUS4);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, x4 + 2), TUI_A_FOCUS4);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, x4 - 1), TUI_A_NONE); /* between tabs */
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 1), TUI_A_FOCUS1);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 0), TUI_A_NONE);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, cols - 1), TUI_A_NONE);
+        ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 5, 5), TUI_A_FOCUS1); /* the panel shown */
+        tui_cb_free(&h);
+    }
+    /* zoomed at 100x30: the tabs switch the zoomed panel */
+    v.focus = TUI_P_GEN;
+    tui_view_apply(&v, &st, &l, TUI_A_ZOOM);
+    ck_assert_int_eq(v.zoom, TUI_P_GEN);
+    o.zoom = v.zoom;
+    tui_layout_compute(30, 100, &o, &l);
+    a = tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 0, 2);
+    ck_assert_int_eq(a, TUI_A_FOCUS1);
+    tui_view_apply(&v, &st, &l, a);
+    ck_assert_int_eq(v.zoom, TUI_P_SWARM);
+    /* too small: nothing */
+    tui_layout_compute(8, 30, &o, &l);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_CLICK, 2, 2), TUI_A_NONE);
+    ck_assert_int_eq(tui_mouse_action(&l, &v, TUI_MOUSE_WHEEL_UP, 2, 2), TUI_A_NONE);
     tui_state_free(&st);
 }
 END_TEST
@@ -984,6 +1365,7 @@ int main(void)
     tcase_add_test(tc, t_plot);
     tcase_add_test(tc, t_plot_hysteresis);
     tcase_add_test(tc, t_table_widths);
+    tcase_add_test(tc, t_fields);
     tcase_add_test(tc, t_swarm_sort_stable);
     tcase_add_test(tc, t_text_wrap);
     tcase_add_test(tc, t_cmdline);
@@ -992,6 +1374,10 @@ int main(void)
     tcase_add_test(tc, t_events_json);
     tcase_add_test(tc, t_state);
     tcase_add_test(tc, t_panels);
+    tcase_add_test(tc, t_train_validation_plot);
+    tcase_add_test(tc, t_narrow_figures);
+    tcase_add_test(tc, t_route_reroute);
+    tcase_add_test(tc, t_mouse);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

@@ -10,6 +10,30 @@
 
 static const char *const PANEL_NAMES[TUI_NPANELS] = {"Swarm", "Route", "Generate", "Train", "Log"};
 
+/* A tab of the header: "4 Train", or "4 T" when narrow. */
+static void tab_label(int p, int cols, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%d %.*s", p + 1, cols < 60 ? 1 : 16, PANEL_NAMES[p]);
+}
+
+int tui_tab_at(int cols, int x)
+{
+    int at = 1; /* as the header's pieces go: from column 1, two blanks apart, while they fit */
+    for (int p = 0; p < TUI_NPANELS; p++) {
+        char t[32];
+        tab_label(p, cols, t, sizeof t);
+        int w = tui_strwidth(t);
+        if (at + w + 2 > cols)
+            return -1;
+        if (at > 1)
+            at += 2;
+        if (x >= at && x < at + w)
+            return p;
+        at += w;
+    }
+    return -1;
+}
+
 void tui_view_init(tui_view *v)
 {
     memset(v, 0, sizeof *v);
@@ -80,7 +104,7 @@ void tui_draw_header(tui_cb *cb, const tui_state *st, const tui_view *v, int tab
     char t[160];
     if (tabs) { /* the panels as tabs: the one shown in reverse */
         for (int p = 0; p < TUI_NPANELS; p++) {
-            snprintf(t, sizeof t, "%d %s", p + 1, cb->w < 60 ? (const char[]){PANEL_NAMES[p][0], 0} : PANEL_NAMES[p]);
+            tab_label(p, cb->w, t, sizeof t);
             int shown = v->zoom >= 0 ? p == v->zoom : p == v->focus;
             piece(&r, t, shown ? R_TITLE_FOCUS : R_STATUS, shown ? TUI_REV | TUI_BOLD : 0);
         }

@@ -288,6 +288,20 @@ int tui_crt_init(tui_crt *c, int mono)
     append_cap("cnorm");
     append_cap("rmkx");
     append_cap("rmcup");
+    /* the mouse, where the terminal reports it: clicks (at once: no click interval) and the wheel; a crash turns
+     * the reports off with the rest */
+    mmask_t want = BUTTON1_PRESSED | BUTTON4_PRESSED;
+#ifdef BUTTON5_PRESSED
+    want |= BUTTON5_PRESSED;
+#endif
+    if (mousemask(want, NULL)) {
+        mouseinterval(0);
+        static const char off[] = "\033[?1006l\033[?1000l";
+        if (g_reset_len + sizeof off - 1 < sizeof g_reset) {
+            memcpy(g_reset + g_reset_len, off, sizeof off - 1);
+            g_reset_len += sizeof off - 1;
+        }
+    }
     g_curses_on = 1;
     c->rows = LINES;
     c->cols = COLS;

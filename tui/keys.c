@@ -81,8 +81,6 @@ const tui_key tui_keys[] = {
     {TUI_CTX_SCROLL, 'G', "G", "the newest line, following again", TUI_A_END, V},
     {TUI_CTX_SCROLL, 'f', "f", "the newest line, following again", TUI_A_END, V},
     /* the training panel */
-    {TUI_CTX_TRAIN, '[', "[", "plot the loss / the validation metric (narrow panel)", TUI_A_SERIES, V},
-    {TUI_CTX_TRAIN, ']', "]", "plot the loss / the validation metric (narrow panel)", TUI_A_SERIES, V},
     {TUI_CTX_TRAIN, 'l', "l", "loss on a log scale (toggle)", TUI_A_LOGY, V},
     /* everywhere */
     {TUI_CTX_GLOBAL, ':', ":", "type a command (any command of `help`)", TUI_A_CMDLINE, V},
@@ -100,6 +98,8 @@ const tui_key tui_keys[] = {
     {TUI_CTX_GLOBAL, '4', "4", "focus the training", TUI_A_FOCUS4, V},
     {TUI_CTX_GLOBAL, '5', "5", "focus the log", TUI_A_FOCUS5, V},
     {TUI_CTX_GLOBAL, 'z', "z", "zoom the focused panel to the whole screen (toggle)", TUI_A_ZOOM, V},
+    {TUI_CTX_GLOBAL, '[', "[", "training: plot the loss / the validation metric (when one fits)", TUI_A_SERIES, V},
+    {TUI_CTX_GLOBAL, ']', "]", "training: plot the loss / the validation metric (when one fits)", TUI_A_SERIES, V},
     {TUI_CTX_GLOBAL, CTRL('L'), "Ctrl-L", "repaint the screen", TUI_A_REDRAW, V},
     {TUI_CTX_GLOBAL, 'p', "p", "pause / resume drawing (events are still taken in)", TUI_A_PAUSE, V},
 };

@@ -33,24 +33,30 @@ void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
         tui_cb_text_right(cb, text_rows, cb->w, cb->w, " more below (End) ", R_DIM, TUI_REV);
     if (rows < 3)
         return;
-    /* figures: sparkline, tok/s, first token, stop */
-    int y = cb->h - 1, x = 0;
-    char t[160], a[32];
-    int sw = cb->w >= 60 ? 12 : 6;
-    if (st->spark_n > 1 && cb->w > sw + 20) {
+    /* figures: tok/s, stop reason (or tokens so far), first token; the sparkline in what room is left */
+    int y = cb->h - 1;
+    char tps[32], tps_c[32], first[48], first_c[48], stop[48], text[160], a[32];
+    snprintf(tps, sizeof tps, "%.1f tok/s", st->gen_tps);
+    snprintf(tps_c, sizeof tps_c, "%.1ft/s", st->gen_tps);
+    first[0] = first_c[0] = stop[0] = 0;
+    if (st->gen_ttft > 0) {
+        tui_fmt_secs(st->gen_ttft, a, sizeof a);
+        snprintf(first, sizeof first, "first %s", a);
+        snprintf(first_c, sizeof first_c, "1st %s", a);
+    }
+    if (!st->gen_active && st->gen_stop[0])
+        snprintf(stop, sizeof stop, "stop: %.30s", st->gen_stop);
+    else if (st->gen_active)
+        snprintf(stop, sizeof stop, "%d tokens", st->gen_tokens);
+    const tui_field f[] = {{tps, tps_c, 5}, {first, first_c, 3}, {stop, NULL, 4}};
+    int tw = tui_fields_join(f, 3, cb->w, text, sizeof text);
+    int sw = cb->w - tw - 1, x = 0;
+    sw = sw > (cb->w >= 60 ? 12 : 6) ? (cb->w >= 60 ? 12 : 6) : sw;
+    if (st->spark_n > 1 && sw >= 4) {
         tui_spark(cb, y, 0, sw, st->spark, st->spark_n - (st->gen_active ? 1 : 0), R_PLOT);
         x = sw + 1;
     }
-    int n = snprintf(t, sizeof t, "%.1f tok/s", st->gen_tps);
-    if (st->gen_ttft > 0) {
-        tui_fmt_secs(st->gen_ttft, a, sizeof a);
-        n += snprintf(t + n, sizeof t - (size_t)n, "  first %s", a);
-    }
-    if (!st->gen_active && st->gen_stop[0])
-        snprintf(t + n, sizeof t - (size_t)n, "  stop: %s", st->gen_stop);
-    else if (st->gen_active)
-        snprintf(t + n, sizeof t - (size_t)n, "  %d tokens", st->gen_tokens);
-    tui_cb_text(cb, y, x, cb->w - x, t, R_TEXT, 0);
+    tui_cb_text(cb, y, x, cb->w - x, text, R_TEXT, 0);
 }
 
 static void plot_series(tui_cb *cb, int y, int x, int h, int w, const tui_state *st, tui_view *v, int which)
@@ -69,16 +75,73 @@ static void plot_series(tui_cb *cb, int y, int x, int h, int w, const tui_state 
     tui_plot(cb, y, x, h, w, s->x, s->y, s->n, &o, which ? &v->val_scale : &v->loss_scale);
 }
 
+/* The training's figures: the run's state (step, loss, validation metric, learning rate) and, on the progress
+ * bar's row when there is one, the progress and rates; in one row all of them, the less important dropped first
+ * when narrow. */
+typedef struct train_figs {
+    char step[32], step_c[32], loss[32], val[48], lr[48], pct[16], when[48], when_c[48], rate[32], rate_c[32],
+        tok[48], tok_c[48];
+} train_figs;
+
+static void train_figures(const tui_state *st, train_figs *f)
+{
+    char a[32];
+    memset(f, 0, sizeof *f);
+    snprintf(f->step, sizeof f->step, "step %d/%d", st->step, st->total);
+    snprintf(f->step_c, sizeof f->step_c, "%d/%d", st->step, st->total);
+    snprintf(f->loss, sizeof f->loss, "loss %.3g", st->loss);
+    if (!isnan(st->val_last))
+        snprintf(f->val, sizeof f->val, "%s %.3g", !strcmp(st->val_name, "accuracy") ? "acc" : st->val_name,
+                 st->val_last);
+    tui_tick_label(st->lr, a, sizeof a);
+    snprintf(f->lr, sizeof f->lr, "lr %s", a);
+    double frac = st->total > 0 ? (double)st->step / st->total : 0;
+    snprintf(f->pct, sizeof f->pct, "%.0f%%", frac * 100);
+    if (st->train_active) {
+        tui_fmt_duration(st->eta_s, a, sizeof a);
+        snprintf(f->when, sizeof f->when, "ETA %s", st->eta_s > 0 ? a : "?");
+    } else {
+        snprintf(f->when, sizeof f->when, "%.40s", st->train_end);
+        snprintf(f->when_c, sizeof f->when_c, "%.*s", (int)strcspn(st->train_end, " :("), st->train_end);
+    }
+    if (st->step_rate > 0) {
+        snprintf(f->rate, sizeof f->rate, "%.3g st/s", st->step_rate);
+        snprintf(f->rate_c, sizeof f->rate_c, "%.3gst/s", st->step_rate);
+    }
+    if (st->tokens_s > 0) {
+        tui_fmt_count(st->tokens_s, a, sizeof a);
+        snprintf(f->tok, sizeof f->tok, "%s tok/s", a);
+        snprintf(f->tok_c, sizeof f->tok_c, "%st/s", a);
+    }
+}
+
 void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
 {
-    char right[96] = "", t[200], a[32], b[32];
-    const char *series = v->train_series ? (st->val_name[0] ? st->val_name : "validation") : "loss";
-    int both = cb->w >= 70 && cb->h >= 8;
-    if (st->train_runs)
-        snprintf(right, sizeof right, "%s%s%s", both ? "loss | validation" : series, v->train_logy ? " (log)" : "",
-                 st->train_active ? "" : st->train_end[0] ? "  ended" : "");
-    tui_draw_title(cb, 4, "Train", focused, right);
+    char right[128] = "", text[256] = "";
+    const char *vname = st->val_name[0] ? st->val_name : "validation";
     int rows = cb->h - 1;
+    int info_rows = rows >= 6 ? 2 : rows >= 4 ? 1 : 0, ph = rows - info_rows;
+    /* both plots: side by side when wide, one above the other when tall; else one, switched by [ and ] */
+    int beside = cb->w >= 70 && cb->h >= 8, stacked = !beside && ph >= 12 && st->val_s.n > 0;
+    if (st->train_runs) { /* fitted to the title row (" 4 Train " and the rules take 15 columns) */
+        char series[64], hint[64], hint_c[64];
+        const char *logy = v->train_logy ? " (log)" : "";
+        const char *other = v->train_series ? "loss" : vname;
+        series[0] = hint[0] = hint_c[0] = 0;
+        if (beside || stacked) {
+            snprintf(series, sizeof series, "loss%s | %s", logy, vname);
+        } else {
+            snprintf(series, sizeof series, "%s%s", v->train_series ? vname : "loss", v->train_series ? "" : logy);
+            if (st->val_s.n > 0 || v->train_series) { /* the other curve is a key away: say which */
+                snprintf(hint, sizeof hint, "(]: %s)", other);
+                snprintf(hint_c, sizeof hint_c, "(]: %s)", !strcmp(other, "accuracy") ? "acc" : other);
+            }
+        }
+        const tui_field f[] = {{series, NULL, 5}, {hint, hint_c, 3},
+                               {st->train_active || !st->train_end[0] ? "" : "ended", NULL, 4}};
+        tui_fields_join(f, 3, cb->w - 15, right, sizeof right);
+    }
+    tui_draw_title(cb, 4, "Train", focused, right);
     if (rows < 1)
         return;
     if (!st->train_runs) {
@@ -87,49 +150,45 @@ void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
             tui_cb_text(cb, 2, 0, cb->w, ":train sst2 --max-steps 20", R_DIM, 0);
         return;
     }
-    int info_rows = rows >= 6 ? 2 : rows >= 4 ? 1 : 0, ph = rows - info_rows;
     if (ph >= 2) {
-        if (both) {
+        if (beside) {
             int lw = cb->w * 3 / 5;
             plot_series(cb, 1, 0, ph, lw, st, v, 0);
             plot_series(cb, 1, lw + 1, ph, cb->w - lw - 1, st, v, 1);
+        } else if (stacked) {
+            int top = ph / 2;
+            plot_series(cb, 1, 0, top, cb->w, st, v, 0);
+            plot_series(cb, 1 + top, 0, ph - top, cb->w, st, v, 1);
         } else {
             plot_series(cb, 1, 0, ph, cb->w, st, v, v->train_series);
         }
     }
     if (!info_rows)
         return;
+    train_figs f;
+    train_figures(st, &f);
     int y = 1 + ph;
-    tui_tick_label(st->lr, a, sizeof a);
-    int n = snprintf(t, sizeof t, "step %d/%d  loss %.3g", st->step, st->total, st->loss);
-    if (!isnan(st->val_last)) /* the validation metric early: narrow panels cut the end */
-        n += snprintf(t + n, sizeof t - (size_t)n, "  %s %.3g",
-                      !strcmp(st->val_name, "accuracy") ? "acc" : st->val_name, st->val_last);
-    n += snprintf(t + n, sizeof t - (size_t)n, "  lr %s", a);
-    if (st->step_rate > 0)
-        n += snprintf(t + n, sizeof t - (size_t)n, "  %.3g st/s", st->step_rate);
-    if (st->tokens_s > 0) {
-        tui_fmt_count(st->tokens_s, b, sizeof b);
-        snprintf(t + n, sizeof t - (size_t)n, "  %s tok/s", b);
-    }
-    tui_cb_text(cb, y, 0, cb->w, t, R_TEXT, 0);
-    if (info_rows < 2)
+    if (info_rows < 2) {
+        const tui_field one[] = {{f.step, f.step_c, 5}, {f.loss, NULL, 5}, {f.val, NULL, 4}, {f.lr, NULL, 2},
+                                 {f.rate, f.rate_c, 3}, {f.tok, f.tok_c, 1}};
+        tui_fields(cb, y, 0, cb->w, one, 6, R_TEXT);
         return;
-    y++;
-    double frac = st->total > 0 ? (double)st->step / st->total : 0;
-    if (st->train_active) {
-        tui_fmt_duration(st->eta_s, a, sizeof a);
-        snprintf(t, sizeof t, " %3.0f%%  ETA %s", frac * 100, st->eta_s > 0 ? a : "?");
-    } else {
-        snprintf(t, sizeof t, " %3.0f%%  %.120s", frac * 100, st->train_end);
     }
-    int tw = tui_strwidth(t), bw = cb->w - tw;
-    if (bw > 30)
-        bw = cb->w / 2;
-    if (bw >= 5) {
+    const tui_field run[] = {{f.step, f.step_c, 5}, {f.loss, NULL, 5}, {f.val, NULL, 4}, {f.lr, NULL, 2}};
+    tui_fields(cb, y, 0, cb->w, run, 4, R_TEXT);
+    y++;
+    /* [██████    ] 50%  ETA 5s  4 st/s  1.2k tok/s: the bar takes what the figures leave, up to half the row */
+    const tui_field prog[] = {{f.pct, NULL, 5}, {f.when, f.when_c, 4}, {f.rate, f.rate_c, 3}, {f.tok, f.tok_c, 2}};
+    int minbar = 8, bw;
+    int tw = cb->w > minbar + 1 ? tui_fields_join(prog, 4, cb->w - minbar - 1, text, sizeof text) : 0;
+    bw = cb->w - tw - 1;
+    int cap = cb->w / 2 > 30 ? cb->w / 2 : 30;
+    bw = bw > cap ? cap : bw;
+    double frac = st->total > 0 ? (double)st->step / st->total : 0;
+    if (bw >= minbar) {
         tui_progress(cb, y, 0, bw, frac, st->train_active ? R_BAR : R_GOOD);
-        tui_cb_text(cb, y, bw, cb->w - bw, t, R_TEXT, 0);
+        tui_cb_text(cb, y, bw + 1, cb->w - bw - 1, text, R_TEXT, 0);
     } else {
-        tui_cb_text(cb, y, 0, cb->w, t, R_TEXT, 0);
+        tui_fields(cb, y, 0, cb->w, prog, 4, R_TEXT);
     }
 }

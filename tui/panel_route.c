@@ -81,12 +81,32 @@ void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
         }
         y++;
     }
-    /* what happened, newest first */
+    /* what happened, newest first; a note longer than a row goes on in the rows under it (indented) while there
+     * is room, so a zoomed panel shows each whole: which server failed, why, its ban, the retry */
     int shown = st->nnotes < TUI_ROUTE_NOTES ? st->nnotes : TUI_ROUTE_NOTES;
-    for (int i = 0; i < shown && y < cb->h; i++, y++) {
+    for (int i = 0; i < shown && y < cb->h; i++) {
         const tui_note *n = &st->notes[(st->nnotes - 1 - i) % TUI_ROUTE_NOTES];
-        const char *kind = n->kind == 1 ? "re-routed: " : "retry: ";
-        int kw = tui_cb_text(cb, y, 0, cb->w, kind, n->kind == 1 ? R_WARN : R_ERR, TUI_BOLD);
-        tui_cb_text(cb, y, kw, cb->w - kw, n->text, R_TEXT, 0);
+        char t[280];
+        int kw = snprintf(t, sizeof t, "%s", n->kind == 1 ? "re-routed: " : "retry: ");
+        snprintf(t + kw, sizeof t - (size_t)kw, "%s", n->text);
+        tui_line lines[16];
+        int more = 0, nl = cb->w > 12 ? tui_text_wrap(t, strlen(t), cb->w - 2, lines, 16, &more) : 0;
+        if (nl < 1 || more) { /* too narrow to wrap it whole: its first row */
+            tui_cb_text(cb, y, 0, cb->w, t, n->kind == 1 ? R_WARN : R_ERR, TUI_BOLD);
+            tui_cb_text(cb, y, kw, cb->w - kw, n->text, R_TEXT, 0);
+            y++;
+            continue;
+        }
+        for (int k = 0; k < nl && y < cb->h; k++, y++) {
+            int cx = k ? 2 : 0;
+            size_t off = lines[k].off, len = lines[k].len;
+            if (!k) {
+                int head = (int)(len < (size_t)kw ? len : (size_t)kw);
+                cx += tui_cb_textn(cb, y, 0, cb->w, t, (size_t)head, n->kind == 1 ? R_WARN : R_ERR, TUI_BOLD);
+                off += (size_t)head;
+                len -= (size_t)head;
+            }
+            tui_cb_textn(cb, y, cx, cb->w - cx, t + off, len, R_TEXT, 0);
+        }
     }
 }

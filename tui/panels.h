@@ -5,6 +5,7 @@
 #define SEPAL_TUI_PANELS_H
 
 #include "cellbuf.h"
+#include "keys.h"
 #include "layout.h"
 #include "state.h"
 #include "widgets.h"
@@ -27,6 +28,19 @@ typedef struct tui_view {
 
 void tui_view_init(tui_view *v);
 
+/* What the keys and the mouse do to the view (view.c; no curses): focus (next, previous, 1-5), zoom, scrolling
+ * and selection in the focused panel (a page: its height less 3), sorting, the training's series and log axis.
+ * Returns what to redraw (TUI_D_*); 0 for an action that is not the view's (quit, help, the : line ...). */
+unsigned tui_view_apply(tui_view *v, const tui_state *st, const tui_layout *l, tui_action a);
+
+/* A mouse event, as the loop gets it from curses. */
+enum { TUI_MOUSE_NONE, TUI_MOUSE_CLICK, TUI_MOUSE_WHEEL_UP, TUI_MOUSE_WHEEL_DOWN };
+/* What it does on screen l: a click on a panel, or on its tab in the header, focuses it (TUI_A_FOCUS1 + panel);
+ * the wheel scrolls the focused panel a line (TUI_A_UP / TUI_A_DOWN; the loop takes 3); anything else, and any
+ * event on a screen too small, nothing. */
+tui_action tui_mouse_action(const tui_layout *l, const tui_view *v, int kind, int y, int x);
+#define TUI_WHEEL_LINES 3
+
 /* The swarm's rows in display order (sorted as the view says, stable); order[] gets snapshot indices. Returns
  * the count. */
 int tui_swarm_order(const tui_swarm *s, int sort_col, int desc, int *order, int cap);
@@ -44,6 +58,8 @@ void tui_draw_title(tui_cb *cb, int num, const char *name, int focused, const ch
 
 /* The header row: program, model, blocks, servers, coverage, speed, training; in the tabs tier the tabs. */
 void tui_draw_header(tui_cb *cb, const tui_state *st, const tui_view *v, int tabs);
+/* The panel whose tab the header shows at column x (tabs tier, or a zoomed panel) of a cols-wide screen, or -1. */
+int tui_tab_at(int cols, int x);
 /* The status row: mode, focus, the command running or the last one's end, a toast, key hints; test mode adds
  * the frame number. */
 typedef struct tui_status_info {

@@ -218,40 +218,8 @@ static void request_quit(tui *t, int code)
     t->exit_code = code;
 }
 
-static int page_rows(const tui *t)
+static void act(tui *t, tui_action a)
 {
-    int p = t->v.zoom >= 0 ? t->v.zoom : t->v.focus;
-    int h = t->lay.panel[p].h - 3;
-    return h > 1 ? h : 1;
-}
-
-static void scroll_action(tui *t, tui_action a)
-{
-    int p = t->v.zoom >= 0 ? t->v.zoom : t->v.focus, page = page_rows(t);
-    int *sc = p == TUI_P_LOG ? &t->v.log_scroll : p == TUI_P_GEN ? &t->v.gen_scroll : NULL;
-    if (p == TUI_P_SWARM) {
-        int n = t->st.swarm ? t->st.swarm->n : 0, *s = &t->v.swarm_sel;
-        *s += a == TUI_A_UP ? -1 : a == TUI_A_DOWN ? 1 : a == TUI_A_PGUP ? -page : a == TUI_A_PGDN ? page : 0;
-        if (a == TUI_A_HOME)
-            *s = 0;
-        if (a == TUI_A_END)
-            *s = n - 1;
-        *s = *s >= n ? n - 1 : *s;
-        *s = *s < 0 ? 0 : *s;
-    } else if (sc) {
-        *sc += a == TUI_A_UP ? 1 : a == TUI_A_DOWN ? -1 : a == TUI_A_PGUP ? page : a == TUI_A_PGDN ? -page : 0;
-        if (a == TUI_A_HOME)
-            *sc = 1 << 20; /* clamped when drawn */
-        if (a == TUI_A_END)
-            *sc = 0;
-        *sc = *sc < 0 ? 0 : *sc;
-    }
-    t->dirty |= TUI_D_PANEL(p);
-}
-
-static void normal_key(tui *t, int key)
-{
-    tui_action a = tui_key_action(focus_ctx(&t->v) | TUI_CTX_GLOBAL, key);
     switch (a) {
     case TUI_A_QUIT: request_quit(t, 0); break;
     case TUI_A_HELP:
@@ -263,27 +231,6 @@ static void normal_key(tui *t, int key)
         tui_cmdline_open(&t->cl);
         t->dirty |= TUI_D_CMD;
         break;
-    case TUI_A_FOCUS_NEXT:
-    case TUI_A_FOCUS_PREV:
-        t->v.focus = (t->v.focus + (a == TUI_A_FOCUS_NEXT ? 1 : TUI_NPANELS - 1)) % TUI_NPANELS;
-        if (t->v.zoom >= 0)
-            t->v.zoom = t->v.focus;
-        t->dirty = TUI_D_ALL;
-        break;
-    case TUI_A_FOCUS1:
-    case TUI_A_FOCUS2:
-    case TUI_A_FOCUS3:
-    case TUI_A_FOCUS4:
-    case TUI_A_FOCUS5:
-        t->v.focus = (int)(a - TUI_A_FOCUS1);
-        if (t->v.zoom >= 0)
-            t->v.zoom = t->v.focus;
-        t->dirty = TUI_D_ALL;
-        break;
-    case TUI_A_ZOOM:
-        t->v.zoom = t->v.zoom >= 0 ? -1 : t->v.focus;
-        t->dirty = TUI_D_ALL;
-        break;
     case TUI_A_REDRAW:
         clearok(curscr, TRUE);
         t->dirty = TUI_D_ALL;
@@ -293,31 +240,27 @@ static void normal_key(tui *t, int key)
         t->dirty |= t->held | TUI_D_STATUS;
         t->held = 0;
         break;
-    case TUI_A_UP:
-    case TUI_A_DOWN:
-    case TUI_A_PGUP:
-    case TUI_A_PGDN:
-    case TUI_A_HOME:
-    case TUI_A_END: scroll_action(t, a); break;
-    case TUI_A_SORT:
-        t->v.sort_col = (t->v.sort_col + 1) % TUI_NCOLS;
-        t->dirty |= TUI_D_PANEL(TUI_P_SWARM);
-        break;
-    case TUI_A_SORT_REV:
-        t->v.sort_desc = !t->v.sort_desc;
-        t->dirty |= TUI_D_PANEL(TUI_P_SWARM);
-        break;
-    case TUI_A_SERIES:
-        t->v.train_series = !t->v.train_series;
-        t->dirty |= TUI_D_PANEL(TUI_P_TRAIN);
-        break;
-    case TUI_A_LOGY:
-        t->v.train_logy = !t->v.train_logy;
-        t->v.loss_scale.valid = 0;
-        t->dirty |= TUI_D_PANEL(TUI_P_TRAIN);
-        break;
-    default: break;
+    default: t->dirty |= tui_view_apply(&t->v, &t->st, &t->lay, a); break;
     }
+}
+
+static void normal_key(tui *t, int key) { act(t, tui_key_action(focus_ctx(&t->v) | TUI_CTX_GLOBAL, key)); }
+
+/* A click focuses the panel (or tab) under it; the wheel scrolls the focused panel. */
+static void mouse(tui *t)
+{
+    MEVENT me;
+    if (getmouse(&me) != OK)
+        return;
+    int kind = me.bstate & (BUTTON1_PRESSED | BUTTON1_CLICKED) ? TUI_MOUSE_CLICK
+               : me.bstate & BUTTON4_PRESSED                   ? TUI_MOUSE_WHEEL_UP
+#ifdef BUTTON5_PRESSED
+               : me.bstate & BUTTON5_PRESSED ? TUI_MOUSE_WHEEL_DOWN
+#endif
+                                             : TUI_MOUSE_NONE;
+    tui_action a = tui_mouse_action(&t->lay, &t->v, kind, me.y, me.x);
+    for (int i = 0; i < (kind == TUI_MOUSE_CLICK ? 1 : TUI_WHEEL_LINES) && a != TUI_A_NONE; i++)
+        act(t, a);
 }
 
 static void cmd_key(tui *t, int key, int is_char)
@@ -351,6 +294,13 @@ static void key(tui *t, int k, int is_char)
         tui_crt_resize(&t->crt);
         t->lay_valid = 0;
         t->dirty = TUI_D_ALL;
+        return;
+    }
+    if (!is_char && k == KEY_MOUSE) {
+        if (t->mode == M_NORMAL)
+            mouse(t);
+        else
+            getmouse(&(MEVENT){0}); /* taken, not used */
         return;
     }
     switch (t->mode) {

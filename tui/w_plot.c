@@ -159,8 +159,11 @@ static void y_range(const double *ys, int n, const tui_plot_opts *o, tui_plot_sc
         dhi *= 1.05;
     } else {
         double pad = (dhi - dlo) * 0.05;
+        int nonneg = dlo >= 0; /* a loss: the padding does not take the axis below 0 */
         dlo -= pad;
         dhi += pad;
+        if (nonneg && dlo < 0)
+            dlo = 0;
     }
     if (!scale) {
         *lo = dlo;

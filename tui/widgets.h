@@ -1,7 +1,7 @@
 /* widgets.h - what the panels are made of, drawn into a cell grid (cellbuf.h) at a position, never on the
  * terminal: a table with column priorities, span and coverage bars, a braille line plot with auto-scaled nice
- * ticks, a progress bar, a sparkline and a wrapped text stream. Each draws with the grid's glyph set (UTF-8 or
- * ASCII) and roles, and clips to the width it is given. */
+ * ticks, a progress bar, a sparkline, a row of figures fitted to its width and a wrapped text stream. Each draws
+ * with the grid's glyph set (UTF-8 or ASCII) and roles, and clips to the width it is given. */
 #ifndef SEPAL_TUI_WIDGETS_H
 #define SEPAL_TUI_WIDGETS_H
 
@@ -82,6 +82,19 @@ void tui_plot(tui_cb *cb, int y, int x, int h, int w, const double *xs, const do
 void tui_progress(tui_cb *cb, int y, int x, int w, double frac, int role);
 /* One row of levels for the last w values (of n), scaled to their maximum. */
 void tui_spark(tui_cb *cb, int y, int x, int w, const double *v, int n, int role);
+
+/* ---- a row of figures ---- */
+typedef struct tui_field {
+    const char *full;    /* "68.5 tok/s"; NULL or "": left out */
+    const char *compact; /* a shorter form ("68.5t/s"), or NULL: the full one */
+    int prio;            /* the lowest priority is dropped first (the later of equal ones first) */
+} tui_field;
+/* The fields (at most 16) in order, joined to fit `width` columns: in full forms two blanks apart; else in
+ * compact forms; else one blank apart; else without the field of the lowest priority, and so on (a last one
+ * too wide is cut). The row into buf; returns its width (0: nothing). */
+int tui_fields_join(const tui_field *f, int n, int width, char *buf, size_t cap);
+/* Draws that row at (y, x); returns the columns used. */
+int tui_fields(tui_cb *cb, int y, int x, int width, const tui_field *f, int n, int role);
 
 /* ---- text ---- */
 typedef struct tui_line {

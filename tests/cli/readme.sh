@@ -5,11 +5,31 @@
 #    the README;
 #  - the README's `sepal>` session runs, in order, against a real local swarm;
 #  - every `sepal ...` shell line of the README passes `--dry-run` (its commands, options and values exist);
-#  - every example of `help` runs (`sepal --dump-examples`), each in the context it needs.
+#  - every example of `help` runs (`sepal --dump-examples`), each in the context it needs;
+#  - each screen the README shows (<!-- screen:NAME --> ... <!-- /screen -->) is share/doc/screens/NAME.txt as
+#    scripts/tui-screens.sh last wrote it (a stale copy fails).
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
 R="${SEPAL_SRC_DIR:?}/README.md"
 export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
+# ---- the TUI's screens: the README's copies are the files --------------------------------------------------
+screens=$(grep -oE '^<!-- screen:[A-Za-z0-9_-]+ -->$' "$R" | sed 's/<!-- screen:\(.*\) -->/\1/')
+[ -n "$screens" ] && ok "README shows screens: $(echo $screens)" || bad "README shows no <!-- screen:NAME --> block"
+for name in $screens; do
+    f="${SEPAL_SRC_DIR}/share/doc/screens/$name.txt"
+    # the lines between the markers, without the code fence around them
+    awk -v name="$name" '$0 == "<!-- screen:" name " -->" {on = 1; next} on && $0 == "<!-- /screen -->" {exit}
+                         on' "$R" | sed '1{/^```$/d}' | sed '${/^```$/d}' > "$TMP/screen-$name.txt"
+    if [ ! -f "$f" ]; then
+        bad "README shows screen $name, but $f does not exist"
+    elif cmp -s "$f" "$TMP/screen-$name.txt"; then
+        ok "README's screen $name is $f ($(wc -l < "$f") lines)"
+    else
+        bad "README's screen $name differs from $f (run scripts/tui-screens.sh):"
+        diff "$f" "$TMP/screen-$name.txt" | head -10 | sed 's/^/    /'
+    fi
+done
+
 if [ ! -f "$M/model.safetensors" ]; then
     bad "$M: no converted stories15M; run scripts/fetch-model.sh first"
     finish

@@ -5,6 +5,11 @@
 #    streams; after :train the loss plot has points; Ctrl-C stops a generation and a training run, not the
 #    program; a server killed from outside changes its row's state; help; resize to 80x24, 60x16 (tabs),
 #    30x8 ("too small", keys still work) and back; q exits with `stty -g` unchanged and no server left;
+#  - against 3 servers of every block: the route's server SIGKILLed while a generation streams: the route panel
+#    shows the retry (with its ban) and the re-route, the route goes round it, the text goes on to its end (and
+#    the recording has them in that order); Tab completes at `:`; F1; `z` zooms; `s`/`S` sort the swarm rows; a
+#    mouse click focuses a panel and the wheel scrolls it; q while a command runs asks (n: it goes on; y: quits,
+#    no server left);
 #  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
 #  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
@@ -57,6 +62,15 @@ wait_for() {
     done
     return 1
 }
+# wait_gone NAME PATTERN [SECONDS]: polls until the pane no longer shows it
+wait_gone() {
+    local i n=$(( ${3:-20} * 20 * SLOW ))
+    for i in $(seq "$n"); do
+        pane "$1" | grep -qE -- "$2" || return 0
+        sleep 0.05
+    done
+    return 1
+}
 check() { if wait_for "$1" "$3" "${4:-20}"; then ok "$2"; else bad "$2: the screen lacks /$3/"; pane "$1" | sed 's/^/    | /'; fi; }
 # the frame number in the status row
 frame() { pane "$1" | grep -oE 'f=[0-9]+' | tail -1 | cut -d= -f2; }
@@ -82,6 +96,22 @@ stty_same() {
         sleep 0.05
     done
     [ -s "$TMP/$1.before" ] && cmp -s "$TMP/$1.before" "$TMP/$1.after"
+}
+
+# server_pid REC PARENT ID: the pid of the server (a child of PARENT) whose id starts with ID, through its port
+# in the latest swarm snapshot of the recording REC and its listening socket's inode in /proc
+server_pid() {
+    local port inode k
+    [ -n "$3" ] || return 1
+    port=$(grep -oE "\"id\":\"$3[0-9a-f]*\"[^}]*\"port\":[0-9]+" "$1" | tail -1 | grep -oE '[0-9]+$')
+    [ -n "$port" ] || return 1
+    inode=$(awk -v p="$(printf ':%04X' "$port")" '$4 == "0A" && substr($2, length($2) - 4) == p {print $10}' \
+        /proc/net/tcp /proc/net/tcp6 | head -1)
+    [ -n "$inode" ] || return 1
+    for k in $(pgrep -P "$2" -f sepal-server); do
+        ls -l "/proc/$k/fd" 2>/dev/null | grep -q "socket:\[$inode\]" && { echo "$k"; return 0; }
+    done
+    return 1
 }
 
 # ---- a session against a real swarm ---------------------------------------------------------------------
@@ -147,11 +177,13 @@ keys a '?'
 check a "? opens the help" "sepal keys"
 check a "the help lists the keys" "Tab +focus the next panel"
 keys a Escape
-check a "Esc closes the help" "^─ 5 Log"
+wait_gone a "sepal keys" && ok "Esc closes the help" || bad "the help is still shown after Esc"
 
 # a server killed from outside: its row turns offline
-victim=$(pgrep -P "$PID" -f "sepal-server" | head -1)
-[ -n "$victim" ] && kill -9 "$victim"
+# (the server of blocks 0:2, whose id the route shows: not the first child by pid, since pids wrap)
+wait_for a "you ▶ [0-9a-f]{8}\[0:2\)"
+victim=$(server_pid "$TMP/rec.jsonl" "$PID" "$(pane a | grep -oE 'you ▶ [0-9a-f]{8}\[0:2\)' | grep -oE '[0-9a-f]{8}')")
+[ -n "$victim" ] && kill -9 "$victim" && ok "the server of 0:2 killed (pid $victim)" || bad "no server of 0:2 found"
 check a "a killed server's row changes state (offline)" "^_ [0-9a-f]{8} " 20
 check a "the swarm title counts it" "2/3 online"
 check a "coverage shows the hole" "![!1]* gap"
@@ -181,12 +213,138 @@ keys a q
 check a "q quits (exit 0)" "^\[exit 0\]$" 30
 pane a | grep -q "1 Swarm" && bad "the TUI's screen is still shown after q" || ok "the shell's screen is back after q"
 stty_same a && ok "stty -g unchanged after q" || bad "stty -g changed after q"
+[ "$(T display -p -t a '#{mouse_any_flag}')" = 0 ] && ok "mouse reports off after q" || bad "mouse reports on after q"
 left=0
 for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
 [ -n "$kids" ] && [ "$left" -eq 0 ] && ok "no server left after q" || bad "children '$kids': $left left after q"
 [ -s "$TMP/rec.jsonl" ] && ok "--record-events wrote $(wc -l < "$TMP/rec.jsonl") events" || bad "no recording"
 grep -q "^generate \"Once upon a time\" --max-new-tokens 40$" "$TMP/hist" && ok ": lines go to the history" ||
     bad "history lacks the : line"
+
+# ---- a server killed during a generation, and the keys: Tab at :, F1, sort, zoom, the quit question ----------
+# three servers of every block, so the route (one hop) can go round a dead one
+start r 100x30 LANG=C.UTF-8 -- -c "'load $M; swarm up 3 --blocks-per-server 6'" --record-events "$TMP/rec-r.jsonl" --tui
+check r "3 servers of all 6 blocks" "3/3 online" 60
+check r "coverage: three servers per block" "servers per block +3+ ok"
+check r "the : line opens (r)" "^:$"
+PID=$(sepal_pid r)
+# Tab completes the command's name at :
+text r "gene"
+keys r Tab
+check r "Tab at : completes a command" "^:generate ?$"
+# once the first tokens are on the screen, SIGKILL the route's server while the text streams (a fast machine may
+# finish the 240 tokens before the kill lands: then once more, on the two servers left)
+for try in 1 2; do
+    if [ "$try" -gt 1 ]; then
+        keys r :
+        text r 'generate'
+    fi
+    text r ' "Once upon a time" --max-new-tokens 240 --ignore-eos'
+    keys r Enter
+    killed= hop= victim= scr=
+    if wait_for r "^Once upon a time, there" 30 && wait_for r "you ▶ [0-9a-f]{8}\[0:6\)" 5; then
+        scr=$(pane r)
+        hop=$(echo "$scr" | grep -oE '▶ [0-9a-f]{8}\[0:6\)' | grep -oE '[0-9a-f]{8}')
+        victim=$(server_pid "$TMP/rec-r.jsonl" "$PID" "$hop")
+        if [ -n "$victim" ] && echo "$scr" | grep -qE "─ 3 Generate ─+ generating ─"; then
+            kill -9 "$victim" && killed=$victim
+        fi
+    fi
+    for i in $(seq $((600 * SLOW))); do # until the re-route shows, or the generation ends without one
+        scr2=$(pane r)
+        echo "$scr2" | grep -q "^re-routed: " && break 2
+        echo "$scr2" | grep -qE "─ 3 Generate ─+ generating ─" || break
+        sleep 0.05
+    done
+    wait_for r "NORMAL" 10 # its command has ended
+done
+[ -n "$killed" ] && ok "the route's server ($hop, pid $killed) killed while the text streams (try $try)" ||
+    { bad "could not kill the route's server during the generation (hop '$hop', pid '$victim')"; echo "$scr" | sed 's/^/    | /'; }
+check r "the route panel: the re-route, as it happens" "^re-routed: " 30
+check r "the route panel's title counts the retry and the re-route" "retries [1-9][0-9]*  re-routes [1-9]" 1
+check r "the route goes round it: another server for 0:6" "you ▶ [0-9a-f]{8}\[0:6\)" 1
+pane r | grep -qE "▶ $hop\[0:6\)" && bad "the dead server is still in the route" || ok "the dead server left the route"
+check r "the text goes on to the end: 240 new tokens, stop: length" "240 new in .* stop: length" 60
+check r "... and the generation panel says so" "tok/s +first [0-9.]+(us|ms|s) +stop: length" 1
+# the recording: the re-route came after the generation began, and text came after it, before its end
+order=$(awk '/"k":"gen_begin"/ {g = 1; s = ""} g && /"k":"retry"/ {s = s "R"} g && /"k":"route".*"i":1/ {s = s "T"}
+             g && /"k":"gen_text"/ && s ~ /T$/ {s = s "x"} g && /"k":"gen_end"/ {print s; g = 0}' "$TMP/rec-r.jsonl" | tail -1)
+[[ "$order" =~ R+T+x ]] && ok "recorded: retry, re-route, then more text, all within the generation ($order)" ||
+    bad "recorded order within the generation: '$order' (want retry, re-route, text)"
+# the route panel zoomed (2, z): every note, newest first: the re-route over the retry with its ban
+keys r 2
+keys r z
+check r "z zooms the focused panel: tabs in the header, the route alone" "^ 1 Swarm +2 Route +3 Generate"
+# (a note longer than a row goes on in the rows under it, indented)
+if pane r | sed 's/^  //' | tr '\n' ' ' | grep -qE "retry: .* \(blocks 0:6\) failed: .*; banned for [0-9]+ s; retry 1 of"; then
+    ok "the zoomed route shows the whole retry note: the failure, the ban, the retry"
+else
+    bad "the zoomed route lacks the retry with its ban"; pane r | sed 's/^/    | /'
+fi
+if pane r | grep -nE "^(retry|re-routed): " | head -1 | grep -q "re-routed"; then
+    ok "the notes newest first: the re-route above the retry"
+else
+    bad "the notes' order"; pane r | sed 's/^/    | /'
+fi
+keys r z
+check r "z again: every panel" "─ 3 Generate .*┬. 4 Train"
+# F1: the help; Esc closes it
+keys r F1
+check r "F1 opens the help" "sepal keys"
+keys r Escape
+wait_gone r "sepal keys" && ok "Esc closes the help (r)" || bad "the help is still shown after Esc (r)"
+# the swarm panel sorted: s steps through the columns (blocks -> state -> id), S reverses
+keys r 1
+keys r s
+check r "s: sort by the next column (state)" "online  sort state ─"
+keys r s
+check r "s: then by id" "online  sort id ─"
+ids() { pane r | grep -oE '^[●◐✖_] [0-9a-f]{8} ' | cut -d' ' -f2 | tr '\n' ' '; }
+sorted=$(ids | tr ' ' '\n' | grep . | sort | tr '\n' ' ')
+[ -n "$sorted" ] && [ "$(ids)" = "$sorted" ] && ok "rows sorted by id: $(ids)" || bad "rows by id: '$(ids)', want '$sorted'"
+keys r S
+rsorted=$(echo "$sorted" | tr ' ' '\n' | grep . | sort -r | tr '\n' ' ')
+for i in $(seq $((40 * SLOW))); do [ "$(ids)" = "$rsorted" ] && break; sleep 0.05; done
+[ "$(ids)" = "$rsorted" ] && ok "S reverses: $(ids)" || bad "rows after S: '$(ids)', want '$rsorted'"
+# the mouse (an xterm report typed into the pane: ESC [ M, then 32 + button, 33 + column, 33 + row): a click
+# focuses the panel under it, the wheel scrolls the focused one 3 lines a notch
+mouse() { T send-keys -t r -l "$(printf '\e[M%b%b%b' "\\x$(printf %x $((32 + $1)))" "\\x$(printf %x $((33 + $2)))" \
+    "\\x$(printf %x $((33 + $3)))")"; }
+logy=$(pane r | grep -nE "^[─▶] 5 Log" | cut -d: -f1) # its title's row + 1: the row under it (0-based)
+mouse 0 10 "${logy:-0}"
+check r "a click focuses the panel under it (the log)" "^▶ 5 Log"
+mouse 64 60 3
+check r "the wheel scrolls the focused panel, 3 lines a notch" "▶ 5 Log ─+ scrolled 3 \(End follows\) ─"
+mouse 64 60 3
+check r "... another notch up" "▶ 5 Log ─+ scrolled 6 \(End follows\) ─"
+mouse 65 60 3
+check r "... and one down" "▶ 5 Log ─+ scrolled 3 \(End follows\) ─"
+# q while a command runs asks; n stays (the command goes on); y quits, stopping it
+keys r :
+text r "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 400"
+keys r Enter
+check r "a long training runs (r)" "step [1-9][0-9]*/400" 60
+keys r q
+check r "q while a command runs asks" "y quits, n or Esc stays"
+check r "... in the status row too" " QUIT\? " 1
+keys r n
+check r "n: the question is gone" "NORMAL" 5
+s0=$(pane r | grep -oE 'step [0-9]+/400' | head -1 | grep -oE '[0-9]+' | head -1)
+for i in $(seq $((200 * SLOW))); do
+    s1=$(pane r | grep -oE 'step [0-9]+/400' | head -1 | grep -oE '[0-9]+' | head -1)
+    [ -n "$s1" ] && [ "$s1" -gt "${s0:-0}" ] && break
+    sleep 0.05
+done
+[ -n "$s1" ] && [ "$s1" -gt "${s0:-0}" ] && ok "n: the training goes on (step $s0 -> $s1)" || bad "no step after n ($s0 -> $s1)"
+kids=$(pgrep -P "$PID" | tr '\n' ' ')
+keys r q
+check r "q again asks again" "y quits, n or Esc stays"
+keys r y
+check r "y quits (exit 0)" "^\[exit 0\]$" 30
+stty_same r && ok "stty -g unchanged after y" || bad "stty -g changed after y"
+left=0
+for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
+[ "$left" -eq 0 ] && ok "no server left after y" || bad "children '$kids': $left left after y"
 
 # ---- quitting: Ctrl-C twice, a crash, SIGTERM --------------------------------------------------------------
 start b 100x30 LANG=C.UTF-8 -- --tui
@@ -209,8 +367,12 @@ stty_same b && ok "stty -g unchanged after Ctrl-C" || bad "stty -g changed after
 start c 100x30 LANG=C.UTF-8 -- --tui
 check c "the TUI (c)" "no model loaded"
 PID=$(sepal_pid c)
+[ "$(T display -p -t c '#{mouse_any_flag}')" = 1 ] && ok "the TUI asks the terminal for mouse reports" ||
+    bad "no mouse reports asked for"
 kill -SEGV "$PID"
 check c "a crash: the terminal is restored and says so" "crashed \(the terminal was restored\)" 10
+[ "$(T display -p -t c '#{mouse_any_flag}')" = 0 ] && ok "a crash: mouse reports off again" ||
+    bad "a crash left the mouse reports on"
 check c "a crash: it dies of SIGSEGV" "^\[exit 139\]$" 10
 stty_same c && ok "stty -g unchanged after a crash" || bad "stty -g changed after a crash"
 pane c | grep -q "no model loaded" && bad "the TUI's screen is still shown after the crash" || ok "the shell's screen is back after a crash"
