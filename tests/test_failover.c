@@ -615,8 +615,9 @@ static void trainer_through_failure(int micro, int between)
             ck_assert_msg(sp_max_abs_diff(pw[s], pw[s - 1], (size_t)n) > 1e-4, "step %d changed nothing", s);
         printf("trainer, %d microbatch(es), victim killed %s: step %d loss %.6f (without failure %.6f), "
                "parameters within %g\n", micro, between ? "between steps" : "inside step 1", s, got[s], want[s], d);
-        free(pw[s]), free(pg[s]);
     }
+    for (int s = 0; s < TR_STEPS; s++) /* (after the loop: step s compares with step s - 1's) */
+        free(pw[s]), free(pg[s]);
     printf("trainer: %d retries, %d re-routes; last retry: %s\n", F.retries, F.reroutes, F.last_retry);
     victim = NULL;
     sp_runtime_free(rt);
