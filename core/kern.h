@@ -51,6 +51,14 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out);
 /* Y[B, rows] = X[B, cols] W^T. B <= 8 runs the decode kernels (W read once for all B rows of X), split over
  * the pool by rows; larger B decodes tiles of W to f32 and multiplies them with sgemm. */
 void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool);
+/* Greedy decoding's argmax without every row in f32: S is W's SP_W_Q8 encoding, W an f32 matrix (the LM head).
+ * Returns the first r maximising the f32 product W[r] . x exactly as sp_qmat_mul(W, x, .., 1, ..) computes it;
+ * -1 when the screen cannot decide (a non-finite value, a row too long): compute all rows then. approx
+ * (rows floats) is scratch. S's product (sp_qmat_mul) is within sum_b s_b (|x|_1,b + n_b max|x|_b) / 2 of
+ * the exact one (s_b: the row's scale of block b of n_b columns; half a step for each weight, and for the
+ * input when the integer kernels quantise it), widened for floating-point rounding; only the rows whose
+ * upper bound reaches the highest lower bound are computed in f32 (few: the rest is never read). */
+int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *approx, sp_pool *pool);
 /* dX[B, cols] += dY[B, rows] W (the input gradient through W, weights frozen). */
 void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_pool *pool);
 

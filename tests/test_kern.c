@@ -183,6 +183,87 @@ START_TEST(t_kernels_levels)
 }
 END_TEST
 
+/* The first maximum of y[0..n) (greedy's choice). */
+static int first_max(const float *y, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (y[i] > y[b])
+            b = i;
+    return b;
+}
+
+/* sp_qmat_argmax (greedy's screen through the Q8 encoding) finds the argmax of the f32 product exactly: every
+ * level, odd shapes, exact ties (the first wins) and near ties, one large row among many close ones; non-finite
+ * input or a screen that is not Q8 of the same shape: -1 (the caller computes every row). */
+START_TEST(t_argmax_screen)
+{
+    static const int shapes[][2] = {{1, 7}, {37, 1}, {37, 31}, {37, 33}, {1000, 288}, {500, 300}, {64, 1000}};
+    sp_rng r;
+    sp_rng_seed(&r, 7);
+    sp_err err = {0};
+    sp_pool *pool = sp_pool_new(2);
+    int top = sp_kern_level(), decided = 0, trials = 0;
+    for (int lv = 0; lv <= top; lv++) {
+        sp_kern_force(lv);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            float *w = randn(&r, (size_t)rows * cols, 0.1f);
+            int r0 = rows / 2;
+            if (rows > 3) { /* r0 + 1 a copy of r0, r0 + 2 one ulp away in one weight */
+                memcpy(w + (size_t)(r0 + 1) * cols, w + (size_t)r0 * cols, (size_t)cols * sizeof(float));
+                memcpy(w + (size_t)(r0 + 2) * cols, w + (size_t)r0 * cols, (size_t)cols * sizeof(float));
+                w[(size_t)(r0 + 2) * cols] = nextafterf(w[(size_t)(r0 + 2) * cols], 1.0f);
+            }
+            sp_qmat W = sp_qmat_f32(w, rows, cols), S, B16;
+            ck_assert_int_eq(sp_qmat_encode(&S, SP_W_Q8, w, rows, cols, &err), SP_OK);
+            ck_assert_int_eq(sp_qmat_encode(&B16, SP_W_BF16, w, rows, cols, &err), SP_OK);
+            float *y = malloc((size_t)rows * sizeof(float)), *scratch = malloc((size_t)rows * sizeof(float));
+            for (int k = 0; k < 40; k++) {
+                float *x = randn(&r, (size_t)cols, 1.0f);
+                if (k % 4 == 1 && rows > 3) /* x along row r0: r0 and its copies lead, by a hair */
+                    for (int c = 0; c < cols; c++)
+                        x[c] = w[(size_t)r0 * cols + c] * 10.0f;
+                if (k % 4 == 2) /* every row close: a small common part dominates */
+                    for (int c = 0; c < cols; c++)
+                        x[c] *= 1e-3f;
+                sp_qmat_mul(&W, x, y, 1, pool);
+                int want = first_max(y, rows), got = sp_qmat_argmax(&W, &S, x, scratch, pool);
+                trials++;
+                decided += got >= 0;
+                ck_assert_msg(got == want, "%s [%d x %d] trial %d: %d, the f32 product's first maximum is %d",
+                              sp_kern_level_name(lv), rows, cols, k, got, want);
+                if (k == 0) {
+                    ck_assert_int_eq(sp_qmat_argmax(&W, &B16, x, scratch, pool), -1);
+                    ck_assert_int_eq(sp_qmat_argmax(&S, &S, x, scratch, pool), -1);
+                    x[cols / 2] = NAN;
+                    ck_assert_int_eq(sp_qmat_argmax(&W, &S, x, scratch, pool), -1);
+                    x[cols / 2] = INFINITY;
+                    ck_assert_int_eq(sp_qmat_argmax(&W, &S, x, scratch, pool), -1);
+                }
+                free(x);
+            }
+            if (rows > 3) { /* the tie itself: r0 before its copy */
+                float *x = malloc((size_t)cols * sizeof(float));
+                for (int c = 0; c < cols; c++)
+                    x[c] = w[(size_t)r0 * cols + c];
+                sp_qmat_mul(&W, x, y, 1, pool);
+                int want = first_max(y, rows);
+                ck_assert_int_eq(sp_qmat_argmax(&W, &S, x, scratch, pool), want);
+                ck_assert_int_ne(want, r0 + 1);
+                free(x);
+            }
+            free(y), free(scratch), free(w);
+            sp_qmat_free(&S);
+            sp_qmat_free(&B16);
+        }
+    }
+    sp_kern_force(-1);
+    ck_assert_int_eq(decided, trials); /* finite input: the screen always decides */
+    sp_pool_free(pool);
+}
+END_TEST
+
 /* Batches above 8 go through sgemm on decoded tiles; the input gradient too. */
 START_TEST(t_large_batches)
 {
@@ -382,6 +463,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_encode_bounds);
     tcase_add_test(tc, t_kernels_levels);
+    tcase_add_test(tc, t_argmax_screen);
     tcase_add_test(tc, t_large_batches);
     tcase_add_test(tc, t_pool_parts);
     tcase_add_test(tc, t_pool_many_parts);
