@@ -42,34 +42,33 @@ static void reference(const sp_qmat *W, const float *X, int B, double *y, double
     free(row);
 }
 
-/* What the integer Q8 path computes: x quantised by blocks of 32 (sp_q8_quantize), each whole block's int8
- * products summed exactly and scaled by both scales; the short last block in f32. */
+/* What the integer Q8 path computes: x quantised by blocks of 32 (sp_q8_quantize), each block's int8
+ * products summed exactly and scaled by both scales, the short last block too. */
 static void reference_q8int(const sp_qmat *W, const float *X, int B, double *y, double *mag)
 {
-    int C = W->cols, nb = (C + 31) / 32, nfull = C / 32;
-    int8_t *xq = malloc((size_t)nb * 32);
+    int C = W->cols, nb = (C + 31) / 32;
+    int8_t *xq = malloc((size_t)nb * 32), *q = malloc((size_t)C);
     float *xs = malloc((size_t)nb * sizeof(float)), *row = malloc((size_t)C * sizeof(float));
+    float *ws = malloc((size_t)nb * sizeof(float));
     for (int b = 0; b < B; b++) {
         sp_q8_quantize(X + (size_t)b * C, C, xq, xs);
         for (int r = 0; r < W->rows; r++) {
-            const int8_t *q = (const int8_t *)W->q + (size_t)r * W->row_bytes;
+            sp_qmat_q8_row(W, r, q, ws);
             double s = 0, m = 0;
-            for (int blk = 0; blk < nfull; blk++) {
+            for (int blk = 0; blk < nb; blk++) {
                 long acc = 0;
-                for (int k = 0; k < 32; k++)
+                for (int k = 0; k < 32 && blk * 32 + k < C; k++)
                     acc += (long)q[blk * 32 + k] * xq[blk * 32 + k];
-                s += (double)acc * W->scale[(size_t)r * nb + blk] * xs[blk];
+                s += (double)acc * ws[blk] * xs[blk];
             }
             sp_qmat_row(W, r, row);
-            for (int c = nfull * 32; c < C; c++)
-                s += (double)row[c] * X[(size_t)b * C + c];
             for (int c = 0; c < C; c++)
                 m += fabs((double)row[c] * X[(size_t)b * C + c]);
             y[(size_t)b * W->rows + r] = s;
             mag[(size_t)b * W->rows + r] = m;
         }
     }
-    free(xq), free(xs), free(row);
+    free(xq), free(xs), free(row), free(q), free(ws);
 }
 
 START_TEST(t_encode_bounds)
