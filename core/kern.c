@@ -19,6 +19,9 @@
 #define NF4_BLOCK 64
 #define MAXB 8
 
+static int kern_level(void);
+static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv);
+
 const float sp_nf4_levels[16] = {-1.0f,
                                  -0.6961928009986877f,
                                  -0.5250730514526367f,
@@ -172,17 +175,18 @@ static void encode_row(sp_qmat *m, int r, const float *w)
         for (int c = 0; c < C; c++)
             d[c] = f32_to_bf16(w[c]);
     } else if (m->type == SP_W_Q8) {
-        int nb = blocks_per_row(SP_W_Q8, C);
+        int nb = blocks_per_row(SP_W_Q8, C), lv = kern_level();
         for (int b = 0; b < nb; b++) {
             int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < C ? c0 + Q8_BLOCK : C;
-            float amax = 0;
-            for (int c = c0; c < c1; c++)
-                amax = fabsf(w[c]) > amax ? fabsf(w[c]) : amax;
-            float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0;
-            m->scale[q8_scale_at(nb, r, b)] = s;
+            int8_t q[Q8_BLOCK];
+            q8_block(w + c0, c1 - c0, q, &m->scale[q8_scale_at(nb, r, b)], lv);
             uint8_t *d = dst + q8_at(nb, r, c0);
-            for (int c = c0; c < c1; c++)
-                d[(c - c0) / 4 * 64 + (c - c0) % 4] = (uint8_t)q8_round(w[c] * inv) ^ 0x80;
+            for (int k = 0; k < Q8_BLOCK / 4; k++) { /* 4 values a piece; the padding stays 0 (0x80) */
+                uint32_t v;
+                memcpy(&v, q + 4 * k, 4);
+                v ^= 0x80808080u;
+                memcpy(d + k * 64, &v, 4);
+            }
         }
     } else if (m->type == SP_W_NF4) {
         int nb = blocks_per_row(SP_W_NF4, C);
@@ -299,16 +303,10 @@ void sp_qmat_q8_row(const sp_qmat *m, int r, int8_t *q, float *scales)
 
 void sp_q8_quantize(const float *x, int n, int8_t *q, float *s)
 {
-    int nb = (n + Q8_BLOCK - 1) / Q8_BLOCK;
+    int nb = (n + Q8_BLOCK - 1) / Q8_BLOCK, lv = kern_level();
     for (int b = 0; b < nb; b++) {
         int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < n ? c0 + Q8_BLOCK : n;
-        float amax = 0;
-        for (int c = c0; c < c1; c++)
-            amax = fabsf(x[c]) > amax ? fabsf(x[c]) : amax;
-        float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
-        s[b] = sc;
-        for (int c = c0; c < c0 + Q8_BLOCK; c++)
-            q[c] = c < c1 ? q8_round(x[c] * inv) : 0;
+        q8_block(x + c0, c1 - c0, q + c0, s + b, lv);
     }
 }
 
@@ -507,6 +505,115 @@ DEFINE_DOT_(dot5_nf4, T5, AVX512_ARGS, ld16_nf4)
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Q8 quantisation of a block and the first maximum, vectorised (the same results as the scalar loops) */
+
+/* One block of n <= 32 values -> out[32] (padded with zeros) and its scale, as sp_q8_quantize defines it. */
+static void q8_block_scalar(const float *x, int n, int8_t *out, float *scale)
+{
+    float amax = 0;
+    for (int c = 0; c < n; c++)
+        amax = fabsf(x[c]) > amax ? fabsf(x[c]) : amax;
+    float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
+    *scale = sc;
+    for (int c = 0; c < Q8_BLOCK; c++)
+        out[c] = c < n ? q8_round(x[c] * inv) : 0;
+}
+
+static int first_max_scalar(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+#if SP_X86
+/* A whole block without NaN or infinity in it or its inverse step (else 0: the scalar loop, whose clamps treat
+ * NaN their own way): the same operations on 16 lanes; roundf's halves away from zero by truncation and the
+ * exact fraction. */
+T5 static int q8_block5(const float *x, int8_t *out, float *scale)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) || _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) || !(amax <= 3.4e38f))
+        return 0;
+    float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
+    if (!(inv <= 3.4e38f)) /* a tiny block: 0 * inf is NaN there */
+        return 0;
+    *scale = sc;
+    const __m512 vi = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int h = 0; h < 2; h++) {
+        __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(h ? b : a, vi), lo), hi);
+        __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(v, t);
+        __m512i i = _mm512_cvttps_epi32(t);
+        i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), i, one);
+        i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(f, mhalf, _CMP_LE_OQ), i, one);
+        _mm_storeu_si128((__m128i *)(out + 16 * h), _mm512_cvtepi32_epi8(i));
+    }
+    return 1;
+}
+
+/* Each lane keeps its first maximum and where it was; the lowest index among the lanes holding the largest.
+ * -1 if x holds a NaN (the scalar loop's answer then depends on where). */
+T5 static int first_max5(const float *x, int n)
+{
+    __m512 best = _mm512_loadu_ps(x);
+    __m512i bidx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), idx = bidx;
+    const __m512i step = _mm512_set1_epi32(16);
+    __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
+    int i = 16;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        idx = _mm512_add_epi32(idx, step);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+        best = _mm512_mask_mov_ps(best, gt, v);
+        bidx = _mm512_mask_mov_epi32(bidx, gt, idx);
+    }
+    if (nan)
+        return -1;
+    float mv = _mm512_reduce_max_ps(best);
+    __mmask16 at = _mm512_cmp_ps_mask(best, _mm512_set1_ps(mv), _CMP_EQ_OQ);
+    int b = _mm512_reduce_min_epi32(_mm512_mask_mov_epi32(_mm512_set1_epi32(0x7fffffff), at, bidx));
+    for (; i < n; i++) {
+        if (x[i] != x[i])
+            return -1;
+        if (x[i] > mv)
+            mv = x[i], b = i;
+    }
+    return b;
+}
+#endif
+
+/* One block as q8_block_scalar gives it, on the vector unit when the level allows. */
+static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv)
+{
+#if SP_X86
+    if (lv >= 2 && n == Q8_BLOCK && q8_block5(x, out, scale))
+        return;
+#endif
+    (void)lv;
+    q8_block_scalar(x, n, out, scale);
+}
+
+int sp_argmax(const float *x, int n)
+{
+    if (n <= 0)
+        return 0;
+#if SP_X86
+    if (n >= 16 && kern_level() >= 2) {
+        int b = first_max5(x, n);
+        if (b >= 0)
+            return b;
+    }
+#endif
+    return first_max_scalar(x, n);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Q8 in integers, a group of 16 rows at a time: X quantised (XQ rows of nb * 32 bytes, XS rows of nb scales,
  * XC rows of nb corrections -128 * the block's sum of XQ); out[b * 16 + l] = row 16 g + l . X[b]. */
 
@@ -629,6 +736,8 @@ static int detect(void)
 #endif
     return 0;
 }
+
+static int kern_level(void) { return sp_kern_level(); }
 
 int sp_kern_level(void)
 {

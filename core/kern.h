@@ -78,6 +78,9 @@ int sp_kern_q8_integer(void);
 /* One row's dot product with x in the current level's f32 kernel (tests). */
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x);
 
+/* The first maximum of x[0..n) (greedy's choice; NaN never wins), vectorised where the CPU allows. */
+int sp_argmax(const float *x, int n);
+
 /* x [n] -> q [blocks of 32, the last one padded with zeros] and s [ceil(n / 32)]: how Q8 products quantise x. */
 void sp_q8_quantize(const float *x, int n, int8_t *q, float *s);
 

@@ -325,16 +325,6 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     return s;
 }
 
-/* The first maximum (NaN never wins), as greedy sampling takes it. */
-static int argmax_f32(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err)
 {
     if (!m->norm || !m->lm_head)
@@ -361,7 +351,7 @@ sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, 
                 sp_qmat_mul(&m->head_q, xn, logits, 1, pool);
             else
                 sp_linear_forward(logits, xn, m->lm_head, NULL, 1, H, V);
-            b = argmax_f32(logits, V);
+            b = sp_argmax(logits, V);
         }
         best[i] = b;
     }
@@ -413,10 +403,7 @@ sp_status sp_model_forward_argmax(sp_model *m, int32_t *best, const int32_t *ids
 
 int sp_sample(sp_sampler *s, const float *logits, int V)
 {
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best])
-            best = i;
+    int best = sp_argmax(logits, V); /* the first maximum */
     if (!s || s->temperature <= 0.0f)
         return best;
     /* softmax at temperature T, then one uniform draw */

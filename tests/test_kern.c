@@ -263,6 +263,76 @@ START_TEST(t_argmax_screen)
 }
 END_TEST
 
+/* sp_argmax and Q8 quantisation on the vector unit give exactly what the scalar loops give: the first maximum
+ * among ties and -0/+0, NaN anywhere, short arrays; every rounding half, infinities, NaN, zero blocks. */
+START_TEST(t_vector_scalar_same)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    sp_err err = {0};
+    int top = sp_kern_level();
+    for (int n = 1; n <= 300; n += (n < 40 ? 1 : 37)) {
+        float *x = randn(&r, (size_t)n, 1.0f);
+        for (int k = 0; k < 12; k++) {
+            if (k == 1) /* ties everywhere: a few distinct values */
+                for (int i = 0; i < n; i++)
+                    x[i] = (float)((i * 7) % 3);
+            if (k == 2)
+                for (int i = 0; i < n; i++)
+                    x[i] = i % 2 ? -0.0f : 0.0f;
+            if (k >= 3 && k < 6)
+                x[(k * 13) % n] = NAN;
+            if (k == 6)
+                x[n - 1] = INFINITY;
+            if (k == 7)
+                x[0] = -INFINITY;
+            sp_kern_force(0);
+            int want = sp_argmax(x, n);
+            int scalar = 0;
+            for (int i = 1; i < n; i++)
+                scalar = x[i] > x[scalar] ? i : scalar;
+            ck_assert_int_eq(want, scalar);
+            sp_kern_force(-1);
+            ck_assert_msg(sp_argmax(x, n) == want, "n %d case %d: %d vs %d", n, k, sp_argmax(x, n), want);
+        }
+        free(x);
+    }
+    /* quantisation: halves (amax 127: the step is 1), random, non-finite, zero */
+    int n = 32 * 6 + 5, nb = (n + 31) / 32;
+    float *x = randn(&r, (size_t)n, 3.0f);
+    int8_t *q0 = malloc((size_t)nb * 32), *q1 = malloc((size_t)nb * 32);
+    float *s0 = malloc((size_t)nb * sizeof(float)), *s1 = malloc((size_t)nb * sizeof(float));
+    for (int k = 0; k < 6; k++) {
+        if (k == 1)
+            for (int i = 0; i < n; i++)
+                x[i] = i % 32 == 0 ? 127.0f : (float)(i % 255 - 127) + (i % 2 ? 0.5f : -0.5f);
+        if (k == 2)
+            x[40] = INFINITY, x[80] = -INFINITY, x[130] = NAN;
+        if (k == 3)
+            memset(x, 0, (size_t)n * sizeof(float));
+        if (k == 4)
+            for (int i = 0; i < n; i++)
+                x[i] = (float)(i % 9) * 1e-40f; /* subnormals */
+        sp_kern_force(0);
+        sp_q8_quantize(x, n, q0, s0);
+        sp_kern_force(-1);
+        sp_q8_quantize(x, n, q1, s1);
+        ck_assert_msg(!memcmp(q0, q1, (size_t)nb * 32) && !memcmp(s0, s1, (size_t)nb * sizeof(float)),
+                      "quantise case %d: %s differs from scalar", k, sp_kern_level_name(top));
+        sp_qmat m0, m1;
+        sp_kern_force(0);
+        ck_assert_int_eq(sp_qmat_encode(&m0, SP_W_Q8, x, 1, n, &err), SP_OK);
+        sp_kern_force(-1);
+        ck_assert_int_eq(sp_qmat_encode(&m1, SP_W_Q8, x, 1, n, &err), SP_OK);
+        ck_assert(!memcmp(m0.q, m1.q, sp_qmat_bytes(SP_W_Q8, 1, n) - (size_t)16 * nb * sizeof(float)));
+        ck_assert(!memcmp(m0.scale, m1.scale, (size_t)16 * nb * sizeof(float)));
+        sp_qmat_free(&m0);
+        sp_qmat_free(&m1);
+    }
+    free(x), free(q0), free(q1), free(s0), free(s1);
+}
+END_TEST
+
 /* Batches above 8 go through sgemm on decoded tiles; the input gradient too. */
 START_TEST(t_large_batches)
 {
@@ -463,6 +533,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_encode_bounds);
     tcase_add_test(tc, t_kernels_levels);
     tcase_add_test(tc, t_argmax_screen);
+    tcase_add_test(tc, t_vector_scalar_same);
     tcase_add_test(tc, t_large_batches);
     tcase_add_test(tc, t_pool_parts);
     tcase_add_test(tc, t_pool_many_parts);
