@@ -19,6 +19,9 @@
 #define NF4_BLOCK 64
 #define MAXB 8
 
+static int kern_level(void);
+static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv);
+
 const float sp_nf4_levels[16] = {-1.0f,
                                  -0.6961928009986877f,
                                  -0.5250730514526367f,
@@ -73,7 +76,11 @@ static size_t row_bytes(sp_wtype t, int cols)
 
 size_t sp_qmat_bytes(sp_wtype t, int rows, int cols)
 {
-    size_t s = (t == SP_W_Q8 || t == SP_W_NF4) ? (size_t)rows * blocks_per_row(t, cols) * sizeof(float) : 0;
+    if (t == SP_W_Q8) { /* groups of 16 rows, blocks of 32 columns (see the layout below) */
+        size_t groups = ((size_t)rows + 15) / 16, nb = (size_t)blocks_per_row(t, cols);
+        return groups * 16 * nb * (32 + sizeof(float));
+    }
+    size_t s = t == SP_W_NF4 ? (size_t)rows * blocks_per_row(t, cols) * sizeof(float) : 0;
     return (size_t)rows * row_bytes(t, cols) + s;
 }
 
@@ -103,6 +110,47 @@ static float bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* Q8's layout: rows in groups of 16 (the last group padded with zero rows), each group's block b as eight
+ * 64-byte pieces, piece k holding columns 4k..4k+3 of the block for the 16 rows in turn (4 bytes a row), each
+ * value stored as its int8 value + 128 (the sign bit flipped: an unsigned byte, what VNNI's dpbusd wants);
+ * the group's scales of block b as 16 floats (a row each). A short last block is padded with zeros. So one
+ * 64-byte load gives 16 rows' next 4 weights: a product needs no horizontal sums. */
+#define Q8_GROUP 16
+
+static inline size_t q8_group_bytes(int nb) { return (size_t)nb * Q8_BLOCK * Q8_GROUP; }
+
+static inline size_t q8_at(int nb, int r, int c)
+{
+    int k = (c % Q8_BLOCK) / 4;
+    return (size_t)(r / Q8_GROUP) * q8_group_bytes(nb) + (size_t)(c / Q8_BLOCK) * Q8_BLOCK * Q8_GROUP +
+           (size_t)k * 64 + (size_t)(r % Q8_GROUP) * 4 + (size_t)(c % 4);
+}
+
+static inline size_t q8_scale_at(int nb, int r, int b)
+{
+    return ((size_t)(r / Q8_GROUP) * nb + b) * Q8_GROUP + (size_t)(r % Q8_GROUP);
+}
+
+/* Weight (r, c) of a Q8 matrix. */
+static inline float q8_weight(const sp_qmat *m, int r, int c)
+{
+    int nb = blocks_per_row(SP_W_Q8, m->cols);
+    int8_t q = (int8_t)(((const uint8_t *)m->q)[q8_at(nb, r, c)] ^ 0x80);
+    return (float)q * m->scale[q8_scale_at(nb, r, c / Q8_BLOCK)];
+}
+
+/* roundf(v) clamped to [-127, 127], without the libm call (a tenth of the time of encoding a matrix): the
+ * same value for every v (halves away from zero); NaN gives 0. */
+static inline int8_t q8_round(float v)
+{
+    if (!(v == v))
+        return 0;
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    int i = (int)v;           /* towards zero, exact here */
+    float f = v - (float)i;   /* exact: the fraction */
+    return (int8_t)(i + (f >= 0.5f) - (f <= -0.5f));
+}
+
 static int nf4_index(float v)
 {
     int lo = 0, hi = 15; /* the nearest of the ascending levels: binary search on midpoints */
@@ -119,7 +167,7 @@ static int nf4_index(float v)
 static void encode_row(sp_qmat *m, int r, const float *w)
 {
     int C = m->cols;
-    uint8_t *dst = (uint8_t *)m->q + (size_t)r * m->row_bytes;
+    uint8_t *dst = m->type == SP_W_Q8 ? (uint8_t *)m->q : (uint8_t *)m->q + (size_t)r * m->row_bytes;
     if (m->type == SP_W_F32) {
         memcpy(dst, w, (size_t)C * 4);
     } else if (m->type == SP_W_BF16) {
@@ -127,18 +175,17 @@ static void encode_row(sp_qmat *m, int r, const float *w)
         for (int c = 0; c < C; c++)
             d[c] = f32_to_bf16(w[c]);
     } else if (m->type == SP_W_Q8) {
-        int nb = blocks_per_row(SP_W_Q8, C);
-        int8_t *d = (int8_t *)dst;
+        int nb = blocks_per_row(SP_W_Q8, C), lv = kern_level();
         for (int b = 0; b < nb; b++) {
             int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < C ? c0 + Q8_BLOCK : C;
-            float amax = 0;
-            for (int c = c0; c < c1; c++)
-                amax = fabsf(w[c]) > amax ? fabsf(w[c]) : amax;
-            float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0;
-            m->scale[(size_t)r * nb + b] = s;
-            for (int c = c0; c < c1; c++) {
-                float q = roundf(w[c] * inv);
-                d[c] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+            int8_t q[Q8_BLOCK];
+            q8_block(w + c0, c1 - c0, q, &m->scale[q8_scale_at(nb, r, b)], lv);
+            uint8_t *d = dst + q8_at(nb, r, c0);
+            for (int k = 0; k < Q8_BLOCK / 4; k++) { /* 4 values a piece; the padding stays 0 (0x80) */
+                uint32_t v;
+                memcpy(&v, q + 4 * k, 4);
+                v ^= 0x80808080u;
+                memcpy(d + k * 64, &v, 4);
             }
         }
     } else if (m->type == SP_W_NF4) {
@@ -180,17 +227,20 @@ sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int c
     m->cols = cols;
     m->row_bytes = row_bytes(t, cols);
     m->owned = 1;
-    /* 64-byte alignment, and rows padded so that a kernel's 32-byte loads stay inside */
-    size_t qb = ((size_t)rows * m->row_bytes + 64 + 63) & ~(size_t)63;
-    m->q = aligned_alloc(64, qb ? qb : 64);
+    /* 64-byte alignment, and rows padded so that a kernel's 32-byte loads stay inside; Q8: whole groups of 16
+     * rows, zeros (stored as 0x80) in the padding */
     int nb = (t == SP_W_Q8 || t == SP_W_NF4) ? blocks_per_row(t, cols) : 0;
+    size_t srows = t == SP_W_Q8 ? ((size_t)rows + Q8_GROUP - 1) / Q8_GROUP * Q8_GROUP : (size_t)rows;
+    size_t data = t == SP_W_Q8 ? srows / Q8_GROUP * q8_group_bytes(nb) : (size_t)rows * m->row_bytes;
+    size_t qb = (data + 64 + 63) & ~(size_t)63;
+    m->q = aligned_alloc(64, qb ? qb : 64);
     if (nb)
-        m->scale = malloc((size_t)rows * nb * sizeof(float) + 1);
+        m->scale = calloc(srows * nb + 1, sizeof(float));
     if (!m->q || (nb && !m->scale)) {
         sp_qmat_free(m);
         return sp_errf(err, SP_ERR_NOMEM, "weights: out of memory for [%d, %d] %s", rows, cols, sp_wtype_name(t));
     }
-    memset(m->q, 0, qb);
+    memset(m->q, t == SP_W_Q8 ? 0x80 : 0, qb);
     for (int r = 0; r < rows; r++)
         encode_row(m, r, w + (size_t)r * cols);
     return SP_OK;
@@ -217,8 +267,15 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out)
         break;
     case SP_W_Q8: {
         int nb = blocks_per_row(SP_W_Q8, C);
-        for (int c = 0; c < C; c++)
-            out[c] = (float)((const int8_t *)src)[c] * m->scale[(size_t)r * nb + c / Q8_BLOCK];
+        const uint8_t *q = (const uint8_t *)m->q;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *d = q + q8_at(nb, r, b * Q8_BLOCK);
+            float sc = m->scale[q8_scale_at(nb, r, b)];
+            for (int c = b * Q8_BLOCK; c < C && c < (b + 1) * Q8_BLOCK; c++) {
+                int k = c - b * Q8_BLOCK;
+                out[c] = (float)(int8_t)(d[k / 4 * 64 + k % 4] ^ 0x80) * sc;
+            }
+        }
         break;
     }
     case SP_W_NF4: {
@@ -235,20 +292,21 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out)
     }
 }
 
+void sp_qmat_q8_row(const sp_qmat *m, int r, int8_t *q, float *scales)
+{
+    int C = m->cols, nb = blocks_per_row(SP_W_Q8, C);
+    for (int c = 0; c < C; c++)
+        q[c] = (int8_t)(((const uint8_t *)m->q)[q8_at(nb, r, c)] ^ 0x80);
+    for (int b = 0; b < nb; b++)
+        scales[b] = m->scale[q8_scale_at(nb, r, b)];
+}
+
 void sp_q8_quantize(const float *x, int n, int8_t *q, float *s)
 {
-    int nb = (n + Q8_BLOCK - 1) / Q8_BLOCK;
+    int nb = (n + Q8_BLOCK - 1) / Q8_BLOCK, lv = kern_level();
     for (int b = 0; b < nb; b++) {
         int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < n ? c0 + Q8_BLOCK : n;
-        float amax = 0;
-        for (int c = c0; c < c1; c++)
-            amax = fabsf(x[c]) > amax ? fabsf(x[c]) : amax;
-        float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
-        s[b] = sc;
-        for (int c = c0; c < c0 + Q8_BLOCK; c++) {
-            float v = c < c1 ? roundf(x[c] * inv) : 0;
-            q[c] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-        }
+        q8_block(x + c0, c1 - c0, q + c0, s + b, lv);
     }
 }
 
@@ -266,7 +324,7 @@ static void dot_scalar(const sp_qmat *m, int r, const float *X, int B, int ldx, 
         switch (m->type) {
         case SP_W_F32: w = ((const float *)src)[c]; break;
         case SP_W_BF16: w = bf16_to_f32(((const uint16_t *)src)[c]); break;
-        case SP_W_Q8: w = (float)((const int8_t *)src)[c] * m->scale[(size_t)r * nb + c / Q8_BLOCK]; break;
+        case SP_W_Q8: w = q8_weight(m, r, c); break;
         default: {
             int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
             uint8_t byte = src[(size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2))];
@@ -297,7 +355,7 @@ static void dot_tail(const sp_qmat *m, int r, int c0, const float *X, int B, int
         else if (m->type == SP_W_BF16)
             v = bf16_to_f32(((const uint16_t *)src)[c]);
         else if (m->type == SP_W_Q8)
-            v = (float)((const int8_t *)src)[c] * m->scale[(size_t)r * nb + c / Q8_BLOCK];
+            v = q8_weight(m, r, c);
         else {
             int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
             uint8_t byte = src[(size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2))];
@@ -313,12 +371,10 @@ static void dot_tail(const sp_qmat *m, int r, int c0, const float *X, int B, int
     }
 }
 
-/* Where the vector loop of a kernel of width W stops: whole blocks (Q8, NF4), else whole vectors. */
+/* Where the vector loop of a kernel of width W stops: whole blocks (NF4), else whole vectors. */
 static int vec_end(const sp_qmat *m, int W)
 {
     int C = m->cols;
-    if (m->type == SP_W_Q8)
-        return C / Q8_BLOCK * Q8_BLOCK;
     if (m->type == SP_W_NF4)
         return C / NF4_BLOCK * NF4_BLOCK;
     return C / W * W;
@@ -330,7 +386,7 @@ static int vec_end(const sp_qmat *m, int W)
     TARGET static void NAME(const sp_qmat *m, int r, const float *X, int B, int ldx, float *out)               \
     {                                                                                                          \
         const uint8_t *src = (const uint8_t *)m->q + (size_t)r * m->row_bytes;                                 \
-        int nb = (m->type == SP_W_Q8 || m->type == SP_W_NF4) ? blocks_per_row(m->type, m->cols) : 0;          \
+        int nb = m->type == SP_W_NF4 ? blocks_per_row(m->type, m->cols) : 0;                                 \
         const float *scale = nb ? m->scale + (size_t)r * nb : NULL;                                            \
         int cv = vec_end(m, W), c = 0;                                                                         \
         (void)scale;                                                                                           \
@@ -391,12 +447,6 @@ T2 static inline __m256 ld8_bf16(const uint8_t *src, const float *scale, int c)
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
 
-T2 static inline __m256 ld8_q8(const uint8_t *src, const float *scale, int c)
-{
-    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)src + c)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale[c / Q8_BLOCK]));
-}
-
 T2 static inline __m256 ld8_nf4(const uint8_t *src, const float *scale, int c)
 {
     int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
@@ -414,7 +464,6 @@ T2 static inline __m256 ld8_nf4(const uint8_t *src, const float *scale, int c)
 #define AVX2_ARGS __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_add_ps, hsum8
 DEFINE_DOT_(dot2_f32, T2, AVX2_ARGS, ld8_f32)
 DEFINE_DOT_(dot2_bf16, T2, AVX2_ARGS, ld8_bf16)
-DEFINE_DOT_(dot2_q8, T2, AVX2_ARGS, ld8_q8)
 DEFINE_DOT_(dot2_nf4, T2, AVX2_ARGS, ld8_nf4)
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -437,12 +486,6 @@ T5 static inline __m512 ld16_bf16(const uint8_t *src, const float *scale, int c)
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
-T5 static inline __m512 ld16_q8(const uint8_t *src, const float *scale, int c)
-{
-    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)src + c)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale[c / Q8_BLOCK]));
-}
-
 T5 static inline __m512 ld16_nf4(const uint8_t *src, const float *scale, int c)
 {
     int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
@@ -458,85 +501,218 @@ T5 static inline __m512 ld16_nf4(const uint8_t *src, const float *scale, int c)
 #define AVX512_ARGS __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_add_ps, hsum16
 DEFINE_DOT_(dot5_f32, T5, AVX512_ARGS, ld16_f32)
 DEFINE_DOT_(dot5_bf16, T5, AVX512_ARGS, ld16_bf16)
-DEFINE_DOT_(dot5_q8, T5, AVX512_ARGS, ld16_q8)
 DEFINE_DOT_(dot5_nf4, T5, AVX512_ARGS, ld16_nf4)
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Q8 in integers: X quantised (XQ rows of nb * 32 bytes, XS rows of nb scales); the row's blocks [0, nfull)
- * here, the rest (a full block left over, the short last one) in f32 by dot_tail. */
+/* Q8 quantisation of a block and the first maximum, vectorised (the same results as the scalar loops) */
 
-typedef void (*q8i_fn)(const sp_qmat *m, int r, const int8_t *XQ, const float *XS, const float *X, int B, int ldx,
-                       float *out);
+/* One block of n <= 32 values -> out[32] (padded with zeros) and its scale, as sp_q8_quantize defines it. */
+static void q8_block_scalar(const float *x, int n, int8_t *out, float *scale)
+{
+    float amax = 0;
+    for (int c = 0; c < n; c++)
+        amax = fabsf(x[c]) > amax ? fabsf(x[c]) : amax;
+    float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
+    *scale = sc;
+    for (int c = 0; c < Q8_BLOCK; c++)
+        out[c] = c < n ? q8_round(x[c] * inv) : 0;
+}
+
+static int first_max_scalar(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
 
 #if SP_X86
-T2 static void q8i_avx2(const sp_qmat *m, int r, const int8_t *XQ, const float *XS, const float *X, int B, int ldx,
+/* A whole block without NaN or infinity in it or its inverse step (else 0: the scalar loop, whose clamps treat
+ * NaN their own way): the same operations on 16 lanes; roundf's halves away from zero by truncation and the
+ * exact fraction. */
+T5 static int q8_block5(const float *x, int8_t *out, float *scale)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) || _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) || !(amax <= 3.4e38f))
+        return 0;
+    float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
+    if (!(inv <= 3.4e38f)) /* a tiny block: 0 * inf is NaN there */
+        return 0;
+    *scale = sc;
+    const __m512 vi = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int h = 0; h < 2; h++) {
+        __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(h ? b : a, vi), lo), hi);
+        __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(v, t);
+        __m512i i = _mm512_cvttps_epi32(t);
+        i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), i, one);
+        i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(f, mhalf, _CMP_LE_OQ), i, one);
+        _mm_storeu_si128((__m128i *)(out + 16 * h), _mm512_cvtepi32_epi8(i));
+    }
+    return 1;
+}
+
+/* Each lane keeps its first maximum and where it was; the lowest index among the lanes holding the largest.
+ * -1 if x holds a NaN (the scalar loop's answer then depends on where). */
+T5 static int first_max5(const float *x, int n)
+{
+    __m512 best = _mm512_loadu_ps(x);
+    __m512i bidx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), idx = bidx;
+    const __m512i step = _mm512_set1_epi32(16);
+    __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
+    int i = 16;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        idx = _mm512_add_epi32(idx, step);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+        best = _mm512_mask_mov_ps(best, gt, v);
+        bidx = _mm512_mask_mov_epi32(bidx, gt, idx);
+    }
+    if (nan)
+        return -1;
+    float mv = _mm512_reduce_max_ps(best);
+    __mmask16 at = _mm512_cmp_ps_mask(best, _mm512_set1_ps(mv), _CMP_EQ_OQ);
+    int b = _mm512_reduce_min_epi32(_mm512_mask_mov_epi32(_mm512_set1_epi32(0x7fffffff), at, bidx));
+    for (; i < n; i++) {
+        if (x[i] != x[i])
+            return -1;
+        if (x[i] > mv)
+            mv = x[i], b = i;
+    }
+    return b;
+}
+#endif
+
+/* One block as q8_block_scalar gives it, on the vector unit when the level allows. */
+static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv)
+{
+#if SP_X86
+    if (lv >= 2 && n == Q8_BLOCK && q8_block5(x, out, scale))
+        return;
+#endif
+    (void)lv;
+    q8_block_scalar(x, n, out, scale);
+}
+
+int sp_argmax(const float *x, int n)
+{
+    if (n <= 0)
+        return 0;
+#if SP_X86
+    if (n >= 16 && kern_level() >= 2) {
+        int b = first_max5(x, n);
+        if (b >= 0)
+            return b;
+    }
+#endif
+    return first_max_scalar(x, n);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Q8 in integers, a group of 16 rows at a time: X quantised (XQ rows of nb * 32 bytes, XS rows of nb scales,
+ * XC rows of nb corrections -128 * the block's sum of XQ); out[b * 16 + l] = row 16 g + l . X[b]. */
+
+typedef void (*q8g_fn)(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                       float *out);
+
+static inline int32_t load_i32(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#if SP_X86
+/* AVX2: the stored bytes' sign bit flipped back (signed weights), |w| times x with w's sign (maddubs), pairs
+ * summed (madd): 8 rows a vector, two halves a group. */
+T2 static void q8g_avx2(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
                         float *out)
 {
-    int C = m->cols, nb = blocks_per_row(SP_W_Q8, C), nfull = C / Q8_BLOCK;
-    const int8_t *w = (const int8_t *)m->q + (size_t)r * m->row_bytes;
-    const float *ws = m->scale + (size_t)r * nb;
-    __m256 acc[MAXB];
-    const __m256i ones = _mm256_set1_epi16(1);
+    (void)XC;
+    int nb = blocks_per_row(SP_W_Q8, m->cols);
+    const uint8_t *w = (const uint8_t *)m->q + (size_t)g * q8_group_bytes(nb);
+    const float *sc = m->scale + (size_t)g * nb * Q8_GROUP;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[MAXB][2];
     for (int b = 0; b < B; b++)
-        acc[b] = _mm256_setzero_ps();
-    for (int blk = 0; blk < nfull; blk++) {
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + blk * Q8_BLOCK));
-        __m256i wa = _mm256_sign_epi8(wv, wv);
-        for (int b = 0; b < B; b++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK));
-            __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv)); /* |127 x 127| x 2 fits in s16 */
-            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-            acc[b] = _mm256_fmadd_ps(p, _mm256_set1_ps(ws[blk] * XS[(size_t)b * nb + blk]), acc[b]);
+        acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+    for (int blk = 0; blk < nb; blk++, w += Q8_BLOCK * Q8_GROUP, sc += Q8_GROUP)
+        for (int h = 0; h < 2; h++) {
+            __m256i d[MAXB];
+            for (int b = 0; b < B; b++)
+                d[b] = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                __m256i ws = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(w + k * 64 + h * 32)), flip);
+                __m256i wa = _mm256_sign_epi8(ws, ws);
+                for (int b = 0; b < B; b++) {
+                    __m256i x = _mm256_set1_epi32(load_i32(XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK + 4 * k));
+                    __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, ws)); /* 2 x 127 x 127 fits */
+                    d[b] = _mm256_add_epi32(d[b], _mm256_madd_epi16(p, ones));
+                }
+            }
+            __m256 s = _mm256_loadu_ps(sc + h * 8);
+            for (int b = 0; b < B; b++)
+                acc[b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[b]),
+                                            _mm256_mul_ps(s, _mm256_set1_ps(XS[(size_t)b * nb + blk])), acc[b][h]);
         }
+    for (int b = 0; b < B; b++) {
+        _mm256_storeu_ps(out + b * 16, acc[b][0]);
+        _mm256_storeu_ps(out + b * 16 + 8, acc[b][1]);
     }
-    for (int b = 0; b < B; b++)
-        out[b] = hsum8(acc[b]);
-    dot_tail(m, r, nfull * Q8_BLOCK, X, B, ldx, out);
 }
 
 #define T5V __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-T5V static void q8i_vnni(const sp_qmat *m, int r, const int8_t *XQ, const float *XS, const float *X, int B, int ldx,
+/* AVX-512 VNNI: dpbusd of the stored (unsigned, w + 128) bytes with x broadcast 4 bytes at a time gives the 16
+ * rows' sums of (w + 128) x; starting from -128 * sum(x) (XC) leaves sum(w x), exact in int32. Two chains
+ * of four products per block (dpbusd's latency). */
+T5V static void q8g_vnni(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
                          float *out)
 {
-    int C = m->cols, nb = blocks_per_row(SP_W_Q8, C), nfull = C / Q8_BLOCK, blk = 0;
-    const int8_t *w = (const int8_t *)m->q + (size_t)r * m->row_bytes;
-    const float *ws = m->scale + (size_t)r * nb;
+    int nb = blocks_per_row(SP_W_Q8, m->cols);
+    const uint8_t *w = (const uint8_t *)m->q + (size_t)g * q8_group_bytes(nb);
+    const float *sc = m->scale + (size_t)g * nb * Q8_GROUP;
     __m512 acc[MAXB];
-    const __m512i zero = _mm512_setzero_si512();
     for (int b = 0; b < B; b++)
         acc[b] = _mm512_setzero_ps();
-    for (; blk + 2 <= nfull; blk += 2) { /* two blocks a vector: lanes 0-7 the first, 8-15 the second */
-        __m512i wv = _mm512_loadu_si512((const void *)(w + blk * Q8_BLOCK));
-        __mmask64 neg = _mm512_movepi8_mask(wv);
-        __m512i wa = _mm512_abs_epi8(wv);
-        __m512 wsv = _mm512_insertf32x8(_mm512_set1_ps(ws[blk]), _mm256_set1_ps(ws[blk + 1]), 1);
-        for (int b = 0; b < B; b++) {
-            const int8_t *xq = XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK;
-            const float *xs = XS + (size_t)b * nb + blk;
-            __m512i xv = _mm512_loadu_si512((const void *)xq);
-            __m512i sx = _mm512_mask_sub_epi8(xv, neg, zero, xv); /* x times the sign of w */
-            __m512i d = _mm512_dpbusd_epi32(zero, wa, sx);
-            __m512 xsv = _mm512_insertf32x8(_mm512_set1_ps(xs[0]), _mm256_set1_ps(xs[1]), 1);
-            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(wsv, xsv), acc[b]);
+    if (B == 1) {
+        for (int blk = 0; blk < nb; blk++, w += Q8_BLOCK * Q8_GROUP, sc += Q8_GROUP) {
+            const int8_t *xq = XQ + blk * Q8_BLOCK;
+            __m512i d0 = _mm512_set1_epi32(XC[blk]), d1 = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                d0 = _mm512_dpbusd_epi32(d0, _mm512_load_si512((const void *)(w + k * 64)),
+                                         _mm512_set1_epi32(load_i32(xq + 4 * k)));
+                d1 = _mm512_dpbusd_epi32(d1, _mm512_load_si512((const void *)(w + (k + 4) * 64)),
+                                         _mm512_set1_epi32(load_i32(xq + 4 * (k + 4))));
+            }
+            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+            acc[0] = _mm512_fmadd_ps(f, _mm512_mul_ps(_mm512_loadu_ps(sc), _mm512_set1_ps(XS[blk])), acc[0]);
         }
+        _mm512_storeu_ps(out, acc[0]);
+        return;
+    }
+    for (int blk = 0; blk < nb; blk++, w += Q8_BLOCK * Q8_GROUP, sc += Q8_GROUP) {
+        __m512i d[MAXB];
+        for (int b = 0; b < B; b++)
+            d[b] = _mm512_set1_epi32(XC[(size_t)b * nb + blk]);
+        for (int k = 0; k < 8; k++) {
+            __m512i wv = _mm512_load_si512((const void *)(w + k * 64));
+            for (int b = 0; b < B; b++)
+                d[b] = _mm512_dpbusd_epi32(d[b], wv,
+                                           _mm512_set1_epi32(load_i32(XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK + 4 * k)));
+        }
+        __m512 s = _mm512_loadu_ps(sc);
+        for (int b = 0; b < B; b++)
+            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[b]), _mm512_mul_ps(s, _mm512_set1_ps(XS[(size_t)b * nb + blk])),
+                                     acc[b]);
     }
     for (int b = 0; b < B; b++)
-        out[b] = _mm512_reduce_add_ps(acc[b]);
-    if (blk < nfull) { /* one full block left: 8 lanes */
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + blk * Q8_BLOCK));
-        __m256i wa = _mm256_abs_epi8(wv);
-        __mmask32 neg = _mm256_movepi8_mask(wv);
-        for (int b = 0; b < B; b++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK));
-            __m256i sx = _mm256_mask_sub_epi8(xv, neg, _mm256_setzero_si256(), xv);
-            __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, sx);
-            out[b] += hsum8(_mm256_cvtepi32_ps(d)) * ws[blk] * XS[(size_t)b * nb + blk];
-        }
-        blk++;
-    }
-    dot_tail(m, r, nfull * Q8_BLOCK, X, B, ldx, out);
+        _mm512_storeu_ps(out + b * 16, acc[b]);
 }
 #endif
 
@@ -561,6 +737,8 @@ static int detect(void)
     return 0;
 }
 
+static int kern_level(void) { return sp_kern_level(); }
+
 int sp_kern_level(void)
 {
     int best = __atomic_load_n(&best_level, __ATOMIC_RELAXED);
@@ -579,8 +757,9 @@ const char *sp_kern_level_name(int level) { return level >= 2 ? "avx512" : level
 static dot_fn dot_for(const sp_qmat *m)
 {
 #if SP_X86
-    static const dot_fn l2[SP_W__COUNT] = {dot5_f32, dot5_bf16, dot5_q8, dot5_nf4};
-    static const dot_fn l1[SP_W__COUNT] = {dot2_f32, dot2_bf16, dot2_q8, dot2_nf4};
+    /* Q8: its f32 products are the integer kernels' fallback only (a scratch that could not grow) */
+    static const dot_fn l2[SP_W__COUNT] = {dot5_f32, dot5_bf16, dot_scalar, dot5_nf4};
+    static const dot_fn l1[SP_W__COUNT] = {dot2_f32, dot2_bf16, dot_scalar, dot2_nf4};
     int lv = sp_kern_level();
     if (lv >= 2)
         return l2[m->type];
@@ -607,24 +786,32 @@ typedef struct mul_job {
     float *Y;
     int B;
     dot_fn dot;
-    q8i_fn q8i;        /* Q8 in integers (then XQ, XS hold X quantised) */
+    q8g_fn q8g;        /* Q8 in integers (then XQ, XS, XC hold X quantised) */
     const int8_t *XQ;
     const float *XS;
+    const int32_t *XC;
 } mul_job;
 
 static void mul_part(void *ctx, int i, int n)
 {
     mul_job *j = ctx;
-    long lo, hi;
-    sp_pool_split(j->W->rows, i, n, 16, &lo, &hi);
+    long lo, hi, R = j->W->rows;
+    sp_pool_split(R, i, n, Q8_GROUP, &lo, &hi);
+    if (j->q8g) { /* whole groups of 16 rows (lo is a multiple of 16) */
+        float out[MAXB * Q8_GROUP];
+        for (long r0 = lo; r0 < hi; r0 += Q8_GROUP) {
+            j->q8g(j->W, (int)(r0 / Q8_GROUP), j->XQ, j->XS, j->XC, j->B, out);
+            int nr = hi - r0 < Q8_GROUP ? (int)(hi - r0) : Q8_GROUP;
+            for (int b = 0; b < j->B; b++)
+                memcpy(j->Y + (size_t)b * R + r0, out + b * Q8_GROUP, (size_t)nr * sizeof(float));
+        }
+        return;
+    }
     float out[MAXB];
     for (long r = lo; r < hi; r++) {
-        if (j->q8i)
-            j->q8i(j->W, (int)r, j->XQ, j->XS, j->X, j->B, j->W->cols, out);
-        else
-            j->dot(j->W, (int)r, j->X, j->B, j->W->cols, out);
+        j->dot(j->W, (int)r, j->X, j->B, j->W->cols, out);
         for (int b = 0; b < j->B; b++)
-            j->Y[(size_t)b * j->W->rows + r] = out[b];
+            j->Y[(size_t)b * R + r] = out[b];
     }
 }
 
@@ -665,17 +852,17 @@ static void *scratch_get(size_t n)
     return s->p;
 }
 
-static q8i_fn q8i_for(void);
-int sp_kern_q8_integer(void) { return q8i_for() != NULL; }
+static q8g_fn q8g_for(void);
+int sp_kern_q8_integer(void) { return q8g_for() != NULL; }
 
-static q8i_fn q8i_for(void)
+static q8g_fn q8g_for(void)
 {
 #if SP_X86
     int lv = sp_kern_level();
     if (lv >= 2 && has_vnni > 0)
-        return q8i_vnni;
+        return q8g_vnni;
     if (lv >= 1)
-        return q8i_avx2;
+        return q8g_avx2;
 #endif
     return NULL;
 }
@@ -697,19 +884,28 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
     if (B <= 0 || W->rows <= 0)
         return;
     if (B <= MAXB) {
-        mul_job j = {W, X, Y, B, dot_for(W), NULL, NULL, NULL};
-        if (W->type == SP_W_Q8 && (j.q8i = q8i_for())) {
+        mul_job j = {W, X, Y, B, dot_for(W), NULL, NULL, NULL, NULL};
+        if (W->type == SP_W_Q8 && (j.q8g = q8g_for())) {
             int nb = blocks_per_row(SP_W_Q8, W->cols);
-            size_t qbytes = ((size_t)B * nb * Q8_BLOCK + 63) & ~(size_t)63;
-            uint8_t *buf = scratch_get(qbytes + (size_t)B * nb * sizeof(float));
+            size_t qbytes = ((size_t)B * nb * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nb;
+            uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
             if (buf) {
-                j.XQ = (const int8_t *)buf;
-                j.XS = (const float *)(buf + qbytes);
+                int8_t *xq = (int8_t *)buf;
+                float *xs = (float *)(buf + qbytes);
+                int32_t *xc = (int32_t *)(xs + n);
                 for (int b = 0; b < B; b++)
-                    sp_q8_quantize(X + (size_t)b * W->cols, W->cols, (int8_t *)buf + (size_t)b * nb * Q8_BLOCK,
-                                   (float *)(buf + qbytes) + (size_t)b * nb);
+                    sp_q8_quantize(X + (size_t)b * W->cols, W->cols, xq + (size_t)b * nb * Q8_BLOCK, xs + (size_t)b * nb);
+                for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
+                    int32_t sum = 0;
+                    for (int c = 0; c < Q8_BLOCK; c++)
+                        sum += xq[k * Q8_BLOCK + (size_t)c];
+                    xc[k] = -128 * sum;
+                }
+                j.XQ = xq;
+                j.XS = xs;
+                j.XC = xc;
             } else {
-                j.q8i = NULL; /* no room: the f32 kernel */
+                j.q8g = NULL; /* no room: the f32 kernel */
             }
         }
         sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
@@ -727,7 +923,7 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
             float *tmp = malloc((size_t)nb * W->rows * sizeof(float));
             if (!tmp)
                 return;
-            mul_job j = {W, X + (size_t)b0 * W->cols, tmp, nb, dot_for(W), NULL, NULL, NULL};
+            mul_job j = {W, X + (size_t)b0 * W->cols, tmp, nb, dot_for(W), NULL, NULL, NULL, NULL};
             sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
             for (int b = 0; b < nb; b++)
                 memcpy(Y + (size_t)(b0 + b) * W->rows, tmp + (size_t)b * W->rows, (size_t)W->rows * sizeof(float));
@@ -743,6 +939,60 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
                     Y + r0, W->rows);
     }
     free(tile);
+}
+
+int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *approx, sp_pool *pool)
+{
+    enum { MAXNB = 1024 };
+    int R = W->rows, C = W->cols, nb = blocks_per_row(SP_W_Q8, C);
+    if (W->type != SP_W_F32 || S->type != SP_W_Q8 || S->rows != R || S->cols != C || nb > MAXNB || R <= 0)
+        return -1;
+    /* per block of x: what one unit of the weights' scale may cost, |x|_1 / 2 (weights rounded to half a step)
+     * + n max|x| / 2 (x rounded to half of its step max|x| / 127, times weights up to 127 steps), widened by
+     * 4% for the rounding of the three products (the exact one's relative error is below 2.2e-3 of
+     * 127 s |x|_1 for rows up to 16K: 1.2e-7 * C) */
+    float K[MAXNB];
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < C ? c0 + Q8_BLOCK : C;
+        float l1 = 0, mx = 0;
+        for (int c = c0; c < c1; c++) {
+            float a = fabsf(x[c]);
+            l1 += a;
+            mx = a > mx ? a : mx;
+        }
+        K[b] = (l1 + (float)(c1 - c0) * mx) * (0.52f + 1.2e-7f * (float)C * 127.0f);
+    }
+    sp_qmat_mul(S, x, approx, 1, pool);
+    float lo = -INFINITY, chk = 0;
+    for (int r0 = 0; r0 < R; r0 += Q8_GROUP) { /* approx[r] becomes the row's upper bound */
+        const float *sc = S->scale + (size_t)r0 * nb; /* the group's scales, block by block (16 a block) */
+        float bound[Q8_GROUP] = {0};
+        for (int b = 0; b < nb; b++)
+            for (int l = 0; l < Q8_GROUP; l++)
+                bound[l] += sc[b * Q8_GROUP + l] * K[b];
+        for (int l = 0; l < Q8_GROUP && r0 + l < R; l++) {
+            float a = approx[r0 + l], bd = bound[l] + fabsf(a) * 1e-5f;
+            chk += (a + bd) * 0.0f; /* NaN if anything is not finite */
+            lo = a - bd > lo ? a - bd : lo;
+            approx[r0 + l] = a + bd;
+        }
+    }
+    if (chk != 0.0f || !(lo > -INFINITY))
+        return -1;
+    dot_fn dot = dot_for(W);
+    int best = -1;
+    float bv = 0;
+    for (int r = 0; r < R; r++) {
+        if (!(approx[r] >= lo))
+            continue;
+        float e;
+        dot(W, r, x, 1, C, &e);
+        if (e != e)
+            return -1;
+        if (best < 0 || e > bv)
+            best = r, bv = e;
+    }
+    return best;
 }
 
 void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_pool *pool)

@@ -6,7 +6,8 @@
  *   SP_W_F32   4 bytes a weight.
  *   SP_W_BF16  the upper half of each f32 (2 bytes), rounded to nearest even.
  *   SP_W_Q8    llama.cpp's Q8_0 idea: each row in blocks of 32 (the last one may be shorter), int8 values and
- *              one f32 scale per block (absmax / 127); 1.125 bytes a weight.
+ *              one f32 scale per block (absmax / 127); 1.125 bytes a weight. Stored interleaved, 16 rows at a
+ *              time (kern.c), so that the kernels read 16 rows' weights in one load; sp_qmat_q8_row reads it.
  *   SP_W_NF4   bitsandbytes' NF4: each row in blocks of 64 (the last one may be shorter), 4-bit indices into
  *              the 16 NormalFloat levels, one f32 absmax per block; a block's first half sits in the low
  *              nibbles of its 32 bytes, its second half in the high nibbles; 0.5625 bytes a weight.
@@ -14,7 +15,8 @@
  *
  * The SIMD levels multiply SP_W_Q8 matrices in integers, as llama.cpp's Q8_0 x Q8_0 does: each vector x is
  * quantised the same way (blocks of 32, absmax / 127; sp_q8_quantize), the int8 products of a block are summed
- * exactly, and the block's sum is scaled by both scales in f32. A row's last, shorter block is done in f32. */
+ * exactly, and the block's sum is scaled by both scales in f32. A row's last, shorter block too (x's short
+ * block quantised on its own; both padded with zeros). */
 #ifndef SEPAL_KERN_H
 #define SEPAL_KERN_H
 
@@ -47,10 +49,20 @@ sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int c
 void sp_qmat_free(sp_qmat *m);
 /* Row r, decoded to f32 (out: cols floats). */
 void sp_qmat_row(const sp_qmat *m, int r, float *out);
+/* Row r of an SP_W_Q8 matrix as stored: q [cols] int8 values, scales [ceil(cols / 32)] (tests). */
+void sp_qmat_q8_row(const sp_qmat *m, int r, int8_t *q, float *scales);
 
 /* Y[B, rows] = X[B, cols] W^T. B <= 8 runs the decode kernels (W read once for all B rows of X), split over
  * the pool by rows; larger B decodes tiles of W to f32 and multiplies them with sgemm. */
 void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool);
+/* Greedy decoding's argmax without every row in f32: S is W's SP_W_Q8 encoding, W an f32 matrix (the LM head).
+ * Returns the first r maximising the f32 product W[r] . x exactly as sp_qmat_mul(W, x, .., 1, ..) computes it;
+ * -1 when the screen cannot decide (a non-finite value, a row too long): compute all rows then. approx
+ * (rows floats) is scratch. S's product (sp_qmat_mul) is within sum_b s_b (|x|_1,b + n_b max|x|_b) / 2 of
+ * the exact one (s_b: the row's scale of block b of n_b columns; half a step for each weight, and for the
+ * input when the integer kernels quantise it), widened for floating-point rounding; only the rows whose
+ * upper bound reaches the highest lower bound are computed in f32 (few: the rest is never read). */
+int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *approx, sp_pool *pool);
 /* dX[B, cols] += dY[B, rows] W (the input gradient through W, weights frozen). */
 void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_pool *pool);
 
@@ -65,6 +77,9 @@ const char *sp_kern_level_name(int level);
 int sp_kern_q8_integer(void);
 /* One row's dot product with x in the current level's f32 kernel (tests). */
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x);
+
+/* The first maximum of x[0..n) (greedy's choice; NaN never wins), vectorised where the CPU allows. */
+int sp_argmax(const float *x, int n);
 
 /* x [n] -> q [blocks of 32, the last one padded with zeros] and s [ceil(n / 32)]: how Q8 products quantise x. */
 void sp_q8_quantize(const float *x, int n, int8_t *q, float *s);

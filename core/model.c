@@ -166,6 +166,9 @@ void sp_model_free(sp_model *m)
         sp_block_free(&m->blocks[i]);
     free(m->blocks);
     sp_qmat_free(&m->head_q);
+    sp_qmat_free(&m->head_screen);
+    free(m->head_buf);
+    free(m->hid);
     if (!m->head_is_embed && !m->head_mapped)
         free(m->lm_head);
     if (!m->embed_mapped)
@@ -322,23 +325,76 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     return s;
 }
 
+sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err)
+{
+    if (!m->norm || !m->lm_head)
+        return sp_errf(err, SP_ERR_STATE, "model: final norm / LM head not loaded");
+    int H = m->cfg.hidden, V = m->cfg.vocab;
+    if (!m->head_buf && !(m->head_buf = malloc(((size_t)H + V) * sizeof(float))))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    float *xn = m->head_buf, *logits = m->head_buf + H;
+    sp_pool *pool = m->pool ? m->pool : sp_pool_default();
+    if (!m->head_screen_state && m->head_q.q && m->head_q.type == SP_W_F32) {
+        sp_err e2 = {0}; /* out of memory for the screen: every row in f32, as before */
+        m->head_screen_state =
+            sp_qmat_encode(&m->head_screen, SP_W_Q8, (const float *)m->head_q.q, V, H, &e2) ? -1 : 1;
+    }
+    for (int i = 0; i < n; i++) {
+        sp_status s = sp_model_final_norm(m, xn, hidden + (size_t)i * H, 1, err);
+        if (s)
+            return s;
+        int b = m->head_screen_state == 1 && m->head_q.type == SP_W_F32
+                    ? sp_qmat_argmax(&m->head_q, &m->head_screen, xn, logits, pool)
+                    : -1;
+        if (b < 0) { /* every logit, as sp_model_head computes them */
+            if (m->head_q.q)
+                sp_qmat_mul(&m->head_q, xn, logits, 1, pool);
+            else
+                sp_linear_forward(logits, xn, m->lm_head, NULL, 1, H, V);
+            b = sp_argmax(logits, V);
+        }
+        best[i] = b;
+    }
+    return SP_OK;
+}
+
+/* Embeddings and blocks over ids[B, T]: the hidden states in m->hid (grown to the largest step, kept). */
+static sp_status run_blocks(sp_model *m, const int32_t *ids, int B, int T, int pos0, sp_model_cache *cache,
+                            sp_err *err)
+{
+    size_t need = (size_t)B * T * m->cfg.hidden;
+    if (m->hid_cap < need) {
+        float *p = realloc(m->hid, need * sizeof(float));
+        if (!p)
+            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        m->hid = p;
+        m->hid_cap = need;
+    }
+    sp_status s = sp_model_embed(m, m->hid, ids, B * T, err);
+    if (!s)
+        sp_model_embed_norm(m, m->hid, B * T);
+    return s ? s : sp_model_blocks(m, m->hid, B, T, pos0, cache, err);
+}
+
 sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B, int T, int pos0,
                            sp_model_cache *cache, int last_only, sp_err *err)
 {
     int H = m->cfg.hidden;
-    float *hidden = malloc((size_t)B * T * H * sizeof(float));
-    if (!hidden)
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    sp_status s = sp_model_embed(m, hidden, ids, B * T, err);
-    if (!s)
-        sp_model_embed_norm(m, hidden, B * T);
-    if (!s)
-        s = sp_model_blocks(m, hidden, B, T, pos0, cache, err);
+    sp_status s = run_blocks(m, ids, B, T, pos0, cache, err);
     if (!s && !last_only)
-        s = sp_model_head(m, logits, hidden, B * T, err);
+        s = sp_model_head(m, logits, m->hid, B * T, err);
     for (int b = 0; !s && last_only && b < B; b++) /* only each sequence's last position */
-        s = sp_model_head(m, logits + (size_t)b * m->cfg.vocab, hidden + ((size_t)b * T + T - 1) * H, 1, err);
-    free(hidden);
+        s = sp_model_head(m, logits + (size_t)b * m->cfg.vocab, m->hid + ((size_t)b * T + T - 1) * H, 1, err);
+    return s;
+}
+
+sp_status sp_model_forward_argmax(sp_model *m, int32_t *best, const int32_t *ids, int B, int T, int pos0,
+                                  sp_model_cache *cache, sp_err *err)
+{
+    int H = m->cfg.hidden;
+    sp_status s = run_blocks(m, ids, B, T, pos0, cache, err);
+    for (int b = 0; !s && b < B; b++)
+        s = sp_model_head_argmax(m, best + b, m->hid + ((size_t)b * T + T - 1) * H, 1, err);
     return s;
 }
 
@@ -347,10 +403,7 @@ sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B
 
 int sp_sample(sp_sampler *s, const float *logits, int V)
 {
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best])
-            best = i;
+    int best = sp_argmax(logits, V); /* the first maximum */
     if (!s || s->temperature <= 0.0f)
         return best;
     /* softmax at temperature T, then one uniform draw */
@@ -376,21 +429,26 @@ sp_status sp_model_generate(sp_model *m, const int32_t *prompt, int n, int max_n
     if (cap > m->cfg.max_pos)
         return sp_errf(err, SP_ERR_RANGE, "generate: %d prompt + %d new tokens exceed the model's context of %d", n,
                        max_new, m->cfg.max_pos);
-    float *logits = malloc((size_t)m->cfg.vocab * sizeof(float));
+    int greedy = !s || s->temperature <= 0.0f; /* the argmax alone (sp_model_forward_argmax) */
+    float *logits = greedy ? NULL : malloc((size_t)m->cfg.vocab * sizeof(float));
     sp_model_cache cache = {0};
-    sp_status st = logits ? sp_model_cache_init(&cache, m, 1, cap, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_status st = logits || greedy ? sp_model_cache_init(&cache, m, 1, cap, err)
+                                    : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    int32_t next = 0;
     /* prefill the prompt, then one token per step */
     if (!st)
-        st = sp_model_forward(m, logits, prompt, 1, n, 0, &cache, 1, err);
+        st = greedy ? sp_model_forward_argmax(m, &next, prompt, 1, n, 0, &cache, err)
+                    : sp_model_forward(m, logits, prompt, 1, n, 0, &cache, 1, err);
     for (int pos = n; !st && *n_out < max_new; pos++) {
-        int tok = sp_sample(s, logits, m->cfg.vocab);
+        int tok = greedy ? next : sp_sample(s, logits, m->cfg.vocab);
         if (stop_at_eos && (tok == m->cfg.eos_id || tok == m->cfg.bos_id))
             break;
         out[(*n_out)++] = tok;
         if (cb && cb(tok, user))
             break;
         if (*n_out < max_new)
-            st = sp_model_forward(m, logits, &out[*n_out - 1], 1, 1, pos, &cache, 1, err);
+            st = greedy ? sp_model_forward_argmax(m, &next, &out[*n_out - 1], 1, 1, pos, &cache, err)
+                        : sp_model_forward(m, logits, &out[*n_out - 1], 1, 1, pos, &cache, 1, err);
     }
     sp_model_cache_free(&cache);
     free(logits);

@@ -32,6 +32,11 @@ typedef struct sp_model {
     sp_pool *pool;          /* the blocks' and the head's thread pool (NULL: the engine's default; sp_model_set_pool) */
     sp_block *blocks;       /* last - first of them */
     sp_ws ws;               /* scratch for the runner's own calls */
+    float *hid;             /* the runner's hidden states [B*T, H], grown to the largest step (not per token) */
+    size_t hid_cap;         /* floats */
+    sp_qmat head_screen;    /* greedy with an f32 head: its Q8 encoding, built on first use (sp_model_head_argmax) */
+    int head_screen_state;  /* 0 not tried, 1 built, -1 out of memory (the full head then) */
+    float *head_buf;        /* sp_model_head_argmax's scratch: the normed row [H] and the logits [V] */
     uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
     /* f32 embeddings and head are not copied: they point into the checkpoint's mapping, kept open in st (read
      * only, and resident only once used); a tensor in another dtype is converted into memory of its own */
@@ -72,6 +77,12 @@ void sp_model_embed_norm(const sp_model *m, float *hidden, int n);
 sp_status sp_model_blocks(sp_model *m, float *hidden, int B, int T, int pos0, sp_model_cache *cache, sp_err *err);
 /* logits[n, V] = lm_head(norm(hidden[n, H])), norm: the family's final RMSNorm or LayerNorm. */
 sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, sp_err *err);
+/* best[i] = the first maximum of the logits sp_model_head gives for row i of hidden[n, H], the same index
+ * (greedy decoding), without all of them when the head is f32: the head's Q8 encoding (made on the first call)
+ * gives every logit within a bound it proves (the weights' and the input's rounding, and the floating-point
+ * error of both products), and only the rows whose interval reaches the highest lower bound are computed in
+ * f32, as sp_model_head computes them; with non-finite values anywhere, the whole head as sp_model_head. */
+sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err);
 /* The final norm alone, out[n, H] = norm(hidden[n, H]). */
 sp_status sp_model_final_norm(const sp_model *m, float *out, const float *hidden, int n, sp_err *err);
 /* The whole model: logits[B, T, V] for ids[B, T]; with a cache only the last position's logits
@@ -79,6 +90,10 @@ sp_status sp_model_final_norm(const sp_model *m, float *out, const float *hidden
 sp_status sp_model_forward(sp_model *m, float *logits, const int32_t *ids, int B, int T, int pos0,
                            sp_model_cache *cache, int last_only, sp_err *err);
 
+/* The same pass with a cache, ending in each row's greedy choice: best[b] = the first maximum of the logits
+ * sp_model_forward gives for the row's last position (sp_model_head_argmax). */
+sp_status sp_model_forward_argmax(sp_model *m, int32_t *best, const int32_t *ids, int B, int T, int pos0,
+                                  sp_model_cache *cache, sp_err *err);
 /* Sampling: temperature 0 is greedy (the first maximum). */
 typedef struct sp_sampler {
     float temperature;

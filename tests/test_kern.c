@@ -42,34 +42,33 @@ static void reference(const sp_qmat *W, const float *X, int B, double *y, double
     free(row);
 }
 
-/* What the integer Q8 path computes: x quantised by blocks of 32 (sp_q8_quantize), each whole block's int8
- * products summed exactly and scaled by both scales; the short last block in f32. */
+/* What the integer Q8 path computes: x quantised by blocks of 32 (sp_q8_quantize), each block's int8
+ * products summed exactly and scaled by both scales, the short last block too. */
 static void reference_q8int(const sp_qmat *W, const float *X, int B, double *y, double *mag)
 {
-    int C = W->cols, nb = (C + 31) / 32, nfull = C / 32;
-    int8_t *xq = malloc((size_t)nb * 32);
+    int C = W->cols, nb = (C + 31) / 32;
+    int8_t *xq = malloc((size_t)nb * 32), *q = malloc((size_t)C);
     float *xs = malloc((size_t)nb * sizeof(float)), *row = malloc((size_t)C * sizeof(float));
+    float *ws = malloc((size_t)nb * sizeof(float));
     for (int b = 0; b < B; b++) {
         sp_q8_quantize(X + (size_t)b * C, C, xq, xs);
         for (int r = 0; r < W->rows; r++) {
-            const int8_t *q = (const int8_t *)W->q + (size_t)r * W->row_bytes;
+            sp_qmat_q8_row(W, r, q, ws);
             double s = 0, m = 0;
-            for (int blk = 0; blk < nfull; blk++) {
+            for (int blk = 0; blk < nb; blk++) {
                 long acc = 0;
-                for (int k = 0; k < 32; k++)
+                for (int k = 0; k < 32 && blk * 32 + k < C; k++)
                     acc += (long)q[blk * 32 + k] * xq[blk * 32 + k];
-                s += (double)acc * W->scale[(size_t)r * nb + blk] * xs[blk];
+                s += (double)acc * ws[blk] * xs[blk];
             }
             sp_qmat_row(W, r, row);
-            for (int c = nfull * 32; c < C; c++)
-                s += (double)row[c] * X[(size_t)b * C + c];
             for (int c = 0; c < C; c++)
                 m += fabs((double)row[c] * X[(size_t)b * C + c]);
             y[(size_t)b * W->rows + r] = s;
             mag[(size_t)b * W->rows + r] = m;
         }
     }
-    free(xq), free(xs), free(row);
+    free(xq), free(xs), free(row), free(q), free(ws);
 }
 
 START_TEST(t_encode_bounds)
@@ -180,6 +179,157 @@ START_TEST(t_kernels_levels)
     sp_kern_force(-1);
     ck_assert_int_eq(sp_kern_level(), best);
     sp_pool_free(pool);
+}
+END_TEST
+
+/* The first maximum of y[0..n) (greedy's choice). */
+static int first_max(const float *y, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (y[i] > y[b])
+            b = i;
+    return b;
+}
+
+/* sp_qmat_argmax (greedy's screen through the Q8 encoding) finds the argmax of the f32 product exactly: every
+ * level, odd shapes, exact ties (the first wins) and near ties, one large row among many close ones; non-finite
+ * input or a screen that is not Q8 of the same shape: -1 (the caller computes every row). */
+START_TEST(t_argmax_screen)
+{
+    static const int shapes[][2] = {{1, 7}, {37, 1}, {37, 31}, {37, 33}, {1000, 288}, {500, 300}, {64, 1000}};
+    sp_rng r;
+    sp_rng_seed(&r, 7);
+    sp_err err = {0};
+    sp_pool *pool = sp_pool_new(2);
+    int top = sp_kern_level(), decided = 0, trials = 0;
+    for (int lv = 0; lv <= top; lv++) {
+        sp_kern_force(lv);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            float *w = randn(&r, (size_t)rows * cols, 0.1f);
+            int r0 = rows / 2;
+            if (rows > 3) { /* r0 + 1 a copy of r0, r0 + 2 one ulp away in one weight */
+                memcpy(w + (size_t)(r0 + 1) * cols, w + (size_t)r0 * cols, (size_t)cols * sizeof(float));
+                memcpy(w + (size_t)(r0 + 2) * cols, w + (size_t)r0 * cols, (size_t)cols * sizeof(float));
+                w[(size_t)(r0 + 2) * cols] = nextafterf(w[(size_t)(r0 + 2) * cols], 1.0f);
+            }
+            sp_qmat W = sp_qmat_f32(w, rows, cols), S, B16;
+            ck_assert_int_eq(sp_qmat_encode(&S, SP_W_Q8, w, rows, cols, &err), SP_OK);
+            ck_assert_int_eq(sp_qmat_encode(&B16, SP_W_BF16, w, rows, cols, &err), SP_OK);
+            float *y = malloc((size_t)rows * sizeof(float)), *scratch = malloc((size_t)rows * sizeof(float));
+            for (int k = 0; k < 40; k++) {
+                float *x = randn(&r, (size_t)cols, 1.0f);
+                if (k % 4 == 1 && rows > 3) /* x along row r0: r0 and its copies lead, by a hair */
+                    for (int c = 0; c < cols; c++)
+                        x[c] = w[(size_t)r0 * cols + c] * 10.0f;
+                if (k % 4 == 2) /* every row close: a small common part dominates */
+                    for (int c = 0; c < cols; c++)
+                        x[c] *= 1e-3f;
+                sp_qmat_mul(&W, x, y, 1, pool);
+                int want = first_max(y, rows), got = sp_qmat_argmax(&W, &S, x, scratch, pool);
+                trials++;
+                decided += got >= 0;
+                ck_assert_msg(got == want, "%s [%d x %d] trial %d: %d, the f32 product's first maximum is %d",
+                              sp_kern_level_name(lv), rows, cols, k, got, want);
+                if (k == 0) {
+                    ck_assert_int_eq(sp_qmat_argmax(&W, &B16, x, scratch, pool), -1);
+                    ck_assert_int_eq(sp_qmat_argmax(&S, &S, x, scratch, pool), -1);
+                    x[cols / 2] = NAN;
+                    ck_assert_int_eq(sp_qmat_argmax(&W, &S, x, scratch, pool), -1);
+                    x[cols / 2] = INFINITY;
+                    ck_assert_int_eq(sp_qmat_argmax(&W, &S, x, scratch, pool), -1);
+                }
+                free(x);
+            }
+            if (rows > 3) { /* the tie itself: r0 before its copy */
+                float *x = malloc((size_t)cols * sizeof(float));
+                for (int c = 0; c < cols; c++)
+                    x[c] = w[(size_t)r0 * cols + c];
+                sp_qmat_mul(&W, x, y, 1, pool);
+                int want = first_max(y, rows);
+                ck_assert_int_eq(sp_qmat_argmax(&W, &S, x, scratch, pool), want);
+                ck_assert_int_ne(want, r0 + 1);
+                free(x);
+            }
+            free(y), free(scratch), free(w);
+            sp_qmat_free(&S);
+            sp_qmat_free(&B16);
+        }
+    }
+    sp_kern_force(-1);
+    ck_assert_int_eq(decided, trials); /* finite input: the screen always decides */
+    sp_pool_free(pool);
+}
+END_TEST
+
+/* sp_argmax and Q8 quantisation on the vector unit give exactly what the scalar loops give: the first maximum
+ * among ties and -0/+0, NaN anywhere, short arrays; every rounding half, infinities, NaN, zero blocks. */
+START_TEST(t_vector_scalar_same)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    sp_err err = {0};
+    int top = sp_kern_level();
+    for (int n = 1; n <= 300; n += (n < 40 ? 1 : 37)) {
+        float *x = randn(&r, (size_t)n, 1.0f);
+        for (int k = 0; k < 12; k++) {
+            if (k == 1) /* ties everywhere: a few distinct values */
+                for (int i = 0; i < n; i++)
+                    x[i] = (float)((i * 7) % 3);
+            if (k == 2)
+                for (int i = 0; i < n; i++)
+                    x[i] = i % 2 ? -0.0f : 0.0f;
+            if (k >= 3 && k < 6)
+                x[(k * 13) % n] = NAN;
+            if (k == 6)
+                x[n - 1] = INFINITY;
+            if (k == 7)
+                x[0] = -INFINITY;
+            sp_kern_force(0);
+            int want = sp_argmax(x, n);
+            int scalar = 0;
+            for (int i = 1; i < n; i++)
+                scalar = x[i] > x[scalar] ? i : scalar;
+            ck_assert_int_eq(want, scalar);
+            sp_kern_force(-1);
+            ck_assert_msg(sp_argmax(x, n) == want, "n %d case %d: %d vs %d", n, k, sp_argmax(x, n), want);
+        }
+        free(x);
+    }
+    /* quantisation: halves (amax 127: the step is 1), random, non-finite, zero */
+    int n = 32 * 6 + 5, nb = (n + 31) / 32;
+    float *x = randn(&r, (size_t)n, 3.0f);
+    int8_t *q0 = malloc((size_t)nb * 32), *q1 = malloc((size_t)nb * 32);
+    float *s0 = malloc((size_t)nb * sizeof(float)), *s1 = malloc((size_t)nb * sizeof(float));
+    for (int k = 0; k < 6; k++) {
+        if (k == 1)
+            for (int i = 0; i < n; i++)
+                x[i] = i % 32 == 0 ? 127.0f : (float)(i % 255 - 127) + (i % 2 ? 0.5f : -0.5f);
+        if (k == 2)
+            x[40] = INFINITY, x[80] = -INFINITY, x[130] = NAN;
+        if (k == 3)
+            memset(x, 0, (size_t)n * sizeof(float));
+        if (k == 4)
+            for (int i = 0; i < n; i++)
+                x[i] = (float)(i % 9) * 1e-40f; /* subnormals */
+        sp_kern_force(0);
+        sp_q8_quantize(x, n, q0, s0);
+        sp_kern_force(-1);
+        sp_q8_quantize(x, n, q1, s1);
+        ck_assert_msg(!memcmp(q0, q1, (size_t)nb * 32) && !memcmp(s0, s1, (size_t)nb * sizeof(float)),
+                      "quantise case %d: %s differs from scalar", k, sp_kern_level_name(top));
+        sp_qmat m0, m1;
+        sp_kern_force(0);
+        ck_assert_int_eq(sp_qmat_encode(&m0, SP_W_Q8, x, 1, n, &err), SP_OK);
+        sp_kern_force(-1);
+        ck_assert_int_eq(sp_qmat_encode(&m1, SP_W_Q8, x, 1, n, &err), SP_OK);
+        ck_assert(!memcmp(m0.q, m1.q, sp_qmat_bytes(SP_W_Q8, 1, n) - (size_t)16 * nb * sizeof(float)));
+        ck_assert(!memcmp(m0.scale, m1.scale, (size_t)16 * nb * sizeof(float)));
+        sp_qmat_free(&m0);
+        sp_qmat_free(&m1);
+    }
+    free(x), free(q0), free(q1), free(s0), free(s1);
 }
 END_TEST
 
@@ -382,6 +532,8 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_encode_bounds);
     tcase_add_test(tc, t_kernels_levels);
+    tcase_add_test(tc, t_argmax_screen);
+    tcase_add_test(tc, t_vector_scalar_same);
     tcase_add_test(tc, t_large_batches);
     tcase_add_test(tc, t_pool_parts);
     tcase_add_test(tc, t_pool_many_parts);

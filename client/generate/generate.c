@@ -28,6 +28,15 @@ static sp_status local_forward(void *ctx, const int32_t *ids, int B, int T, floa
     return st;
 }
 
+static sp_status local_forward_argmax(void *ctx, const int32_t *ids, int B, int T, int32_t *best, sp_err *err)
+{
+    sp_lm_local *l = ctx;
+    sp_status st = sp_model_forward_argmax(l->m, best, ids, B, T, l->pos, &l->cache, err);
+    if (!st)
+        l->pos += T;
+    return st;
+}
+
 /* Permutes the batch rows of every block's cache. */
 static sp_status local_reorder(void *ctx, const int64_t *src, int B, sp_err *err)
 {
@@ -62,7 +71,8 @@ sp_lm sp_lm_local_make(sp_lm_local *l, sp_model *m)
     memset(l, 0, sizeof *l);
     l->m = m;
     return (sp_lm){.ctx = l, .vocab = m->cfg.vocab, .max_pos = m->cfg.max_pos, .begin = local_begin,
-                   .forward = local_forward, .reorder = local_reorder, .rewind = local_rewind, .end = local_end};
+                   .forward = local_forward, .forward_argmax = local_forward_argmax, .reorder = local_reorder,
+                   .rewind = local_rewind, .end = local_end};
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -167,9 +177,10 @@ static int append_text(sp_gen_result *r, int row, row_state *rs, const char *pie
     return 0;
 }
 
-/* Chooses row b's next input: its next prompt token, or a new token from its logits. */
-static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2 *smp, float *logits, int b,
-                      row_state *rs, sp_gen_result *r, sp_gen_token_fn cb, void *user)
+/* Chooses row b's next input: its next prompt token, or a new token from its logits (chosen >= 0: the greedy
+ * choice the LM made, sp_lm.forward_argmax). */
+static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2 *smp, float *logits, int chosen,
+                      int b, row_state *rs, sp_gen_result *r, sp_gen_token_fn cb, void *user)
 {
     if (rs->pos < rs->len)
         return rs->prompt[rs->pos];
@@ -181,7 +192,7 @@ static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2
         if (o->bos_id >= 0 && o->bos_id < smp->V)
             logits[o->bos_id] = -INFINITY;
     }
-    int tok_id = sp_sampler2_next(smp, logits, rs->context, rs->ncontext);
+    int tok_id = chosen >= 0 ? chosen : sp_sampler2_next(smp, logits, rs->context, rs->ncontext);
     if (o->stop_at_eos && (tok_id == o->eos_id || tok_id == o->bos_id)) {
         rs->done = 1;
         rs->reason = SP_GEN_STOP_EOS;
@@ -202,20 +213,36 @@ static int next_input(const sp_gen_opts *o, const sp_tokenizer *tok, sp_sampler2
     return tok_id;
 }
 
+/* 1 if the next choice of every row is the argmax of its logits alone: greedy without a repetition penalty,
+ * and no row that still samples below min_new (its end tokens masked). */
+static int argmax_suffices(const sp_lm *lm, const row_state *rs, int B, const sp_gen_opts *o, const sp_gen_result *r)
+{
+    if (!lm->forward_argmax || o->sample.temperature > 0.0f || o->sample.repetition_penalty != 1.0f)
+        return 0;
+    for (int b = 0; b < B; b++)
+        if (rs[b].pos >= rs[b].len && !rs[b].done && r->n[b] < o->min_new)
+            return 0;
+    return 1;
+}
+
 static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state *rs, int B, int minlen,
                              const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *r, sp_err *err)
 {
     int V = lm->vocab;
     float *logits = malloc((size_t)B * V * sizeof(float));
     int32_t *ids = malloc((size_t)B * (minlen > 0 ? minlen : 1) * sizeof(int32_t));
+    int32_t *best = malloc((size_t)B * sizeof(int32_t));
     sp_sampler2 smp;
-    sp_status st = logits && ids && !sp_sampler2_init(&smp, &o->sample, V) ? SP_OK
-                                                                            : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    sp_status st = logits && ids && best && !sp_sampler2_init(&smp, &o->sample, V)
+                       ? SP_OK
+                       : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int b = 0; !st && b < B; b++) /* prefill the common prefix */
         memcpy(ids + (size_t)b * minlen, rs[b].prompt, (size_t)minlen * sizeof(int32_t));
     double t0 = sp_now_s();
+    int use_best = !st && argmax_suffices(lm, rs, B, o, r);
     if (!st)
-        st = lm->forward(lm->ctx, ids, B, minlen, logits, err);
+        st = use_best ? lm->forward_argmax(lm->ctx, ids, B, minlen, best, err)
+                      : lm->forward(lm->ctx, ids, B, minlen, logits, err);
     r->prefill_tokens = B * minlen;
     r->prefill_s = sp_now_s() - t0;
     while (!st) {
@@ -225,13 +252,16 @@ static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state
         }
         int all_done = 1;
         for (int b = 0; b < B; b++) {
-            ids[b] = next_input(o, tok, &smp, logits + (size_t)b * V, b, &rs[b], r, cb, user);
+            int chosen = use_best ? best[b] : -1;
+            ids[b] = next_input(o, tok, &smp, logits + (size_t)b * V, chosen, b, &rs[b], r, cb, user);
             rs[b].pos++;
             all_done &= rs[b].done && rs[b].pos >= rs[b].len;
         }
         if (all_done)
             break;
-        st = lm->forward(lm->ctx, ids, B, 1, logits, err);
+        use_best = argmax_suffices(lm, rs, B, o, r);
+        st = use_best ? lm->forward_argmax(lm->ctx, ids, B, 1, best, err)
+                      : lm->forward(lm->ctx, ids, B, 1, logits, err);
     }
     if (st == SP_ERR_CANCELLED) { /* what came so far stands */
         for (int b = 0; b < B; b++)
@@ -240,10 +270,11 @@ static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state
         st = SP_OK;
     }
     r->stop_reason = rs[0].reason;
-    if (logits && ids)
+    if (logits && ids && best)
         sp_sampler2_free(&smp);
     free(logits);
     free(ids);
+    free(best);
     return st;
 }
 

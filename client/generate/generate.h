@@ -20,6 +20,10 @@ typedef struct sp_lm {
     sp_status (*begin)(void *ctx, int B, int max_length, sp_err *err);
     /* ids [B, T] -> logits [B, V] of each row's last new position. */
     sp_status (*forward)(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err);
+    /* Optional (NULL: not offered): as forward, but only each row's greedy choice, best[B] = the first maximum
+     * of the logits forward would give; used for the steps whose choice is that argmax alone (temperature 0,
+     * no repetition penalty, no end token masked). A wrapper that replaces forward must replace this too. */
+    sp_status (*forward_argmax)(void *ctx, const int32_t *ids, int B, int T, int32_t *best, sp_err *err);
     /* Row b of the caches becomes old row src[b] (beam search). */
     sp_status (*reorder)(void *ctx, const int64_t *src, int B, sp_err *err);
     /* Rolls every row back to its first pos positions (0 <= pos <= the positions so far): the next forward

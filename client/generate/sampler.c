@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern.h"
+
 void sp_sample_opts_default(sp_sample_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -63,14 +65,7 @@ void sp_repetition_penalty(float *logits, int V, const int32_t *context, int n, 
     free(seen);
 }
 
-static int argmax(const float *x, int V)
-{
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
+static int argmax(const float *x, int V) { return sp_argmax(x, V); } /* the first maximum */
 
 /* 1 if token a ranks below token b (lower probability, or equal and a higher id). */
 static int ranks_below(const float *p, int a, int b)

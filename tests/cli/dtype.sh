@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sepal-server --dtype: blocks held as bf16, int8 or nf4 (encoded at load) serve generation and training. The
 # dtype is what the server announces and what `servers` shows; bf16 and int8 give f32's greedy text for these
-# 30 tokens (stories15M; int8 drifts after 33-78 tokens, see bench_quality), nf4 a text of its own; a deep
+# 30 tokens (stories15M; int8 drifts after 15-94 tokens, see bench_quality), nf4 a text of its own; a deep
 # prompt-tuning step through an int8 server has a finite loss that falls; a bad --dtype is refused.
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
