@@ -104,9 +104,9 @@ static sp_status h_begin(void *ctx, int B, int max_length, sp_err *err)
     return h->inner.begin(h->inner.ctx, B, max_length, err);
 }
 
-static sp_status h_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+/* Before a forward call: the server in use hit when the call is h->at (1 if so). */
+static int h_hit(hit *h)
 {
-    hit *h = ctx;
     int now = h->calls++ == h->at && h->sig;
     if (now) {
         h->victim = pid_of_block(h->rt, &h->sw->route, h->block);
@@ -120,9 +120,11 @@ static sp_status h_forward(void *ctx, const int32_t *ids, int B, int T, float *l
             }
         }
     }
-    double t0 = sp_now_s();
-    sp_status st = h->inner.forward(h->inner.ctx, ids, B, T, logits, err);
-    double dt = sp_now_s() - t0;
+    return now;
+}
+
+static void h_took(hit *h, int now, double dt)
+{
     if (now) {
         h->stall = dt;
         if (getenv("SEPAL_BENCH_VERBOSE"))
@@ -130,6 +132,26 @@ static sp_status h_forward(void *ctx, const int32_t *ids, int B, int T, float *l
     }
     else if (h->calls > 1 && h->nsteps < MAX_STEPS) /* decode steps only */
         h->step[h->nsteps++] = dt;
+}
+
+static sp_status h_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    hit *h = ctx;
+    int now = h_hit(h);
+    double t0 = sp_now_s();
+    sp_status st = h->inner.forward(h->inner.ctx, ids, B, T, logits, err);
+    h_took(h, now, sp_now_s() - t0);
+    return st;
+}
+
+/* greedy steps (the head's exact argmax) */
+static sp_status h_forward_argmax(void *ctx, const int32_t *ids, int B, int T, int32_t *best, sp_err *err)
+{
+    hit *h = ctx;
+    int now = h_hit(h);
+    double t0 = sp_now_s();
+    sp_status st = h->inner.forward_argmax(h->inner.ctx, ids, B, T, best, err);
+    h_took(h, now, sp_now_s() - t0);
     return st;
 }
 
@@ -162,6 +184,7 @@ static int generate(sp_runtime *rt, hit *h, int max_new, sp_gen_result *out)
     lm.ctx = h;
     lm.begin = h_begin;
     lm.forward = h_forward;
+    lm.forward_argmax = h_forward_argmax;
     lm.reorder = h_reorder;
     lm.end = h_end;
     const int32_t *pp = PROMPT;

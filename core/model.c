@@ -124,6 +124,7 @@ sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int fir
     sp_model *m = calloc(1, sizeof *m);
     if (!m)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&m->head_lock, NULL);
     sp_safetensors *st = NULL;
     sp_status s = sp_config_load(&m->cfg, dir, err);
     if (!s)
@@ -179,6 +180,7 @@ void sp_model_free(sp_model *m)
     free(m->norm);
     free(m->norm_b);
     sp_ws_free(&m->ws);
+    pthread_mutex_destroy(&m->head_lock);
     free(m);
 }
 
@@ -325,10 +327,20 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
     return s;
 }
 
+static sp_status head_argmax_locked(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err);
+
 sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err)
 {
     if (!m->norm || !m->lm_head)
         return sp_errf(err, SP_ERR_STATE, "model: final norm / LM head not loaded");
+    pthread_mutex_lock(&m->head_lock); /* (a client's generations may run on several threads) */
+    sp_status s = head_argmax_locked(m, best, hidden, n, err);
+    pthread_mutex_unlock(&m->head_lock);
+    return s;
+}
+
+static sp_status head_argmax_locked(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err)
+{
     int H = m->cfg.hidden, V = m->cfg.vocab;
     if (!m->head_buf && !(m->head_buf = malloc(((size_t)H + V) * sizeof(float))))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");

@@ -4,6 +4,7 @@
 #ifndef SEPAL_MODEL_H
 #define SEPAL_MODEL_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "block.h"
@@ -37,6 +38,7 @@ typedef struct sp_model {
     sp_qmat head_screen;    /* greedy with an f32 head: its Q8 encoding, built on first use (sp_model_head_argmax) */
     int head_screen_state;  /* 0 not tried, 1 built, -1 out of memory (the full head then) */
     float *head_buf;        /* sp_model_head_argmax's scratch: the normed row [H] and the logits [V] */
+    pthread_mutex_t head_lock; /* sp_model_head_argmax: the screen built once, its scratch one caller at a time */
     uint64_t bytes_loaded;  /* tensor bytes read from the checkpoint */
     /* f32 embeddings and head are not copied: they point into the checkpoint's mapping, kept open in st (read
      * only, and resident only once used); a tensor in another dtype is converted into memory of its own */

@@ -158,9 +158,9 @@ static sp_status f_begin(void *ctx, int B, int max_length, sp_err *err)
     return F.inner.begin(F.inner.ctx, B, max_length, err);
 }
 
-static sp_status f_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+/* Before forward call F.calls: the server of F.block hit when it is F.at (1 if so). */
+static int f_hit(void)
 {
-    (void)ctx;
     int hit = F.calls++ == F.at;
     if (hit) {
         F.port_hit = port_of_hop(F.rt, &F.sw->route, F.block);
@@ -173,14 +173,36 @@ static sp_status f_forward(void *ctx, const int32_t *ids, int B, int T, float *l
             sp_test_proc_signal(p, F.sig); /* (SIGTERM and SIGKILL: returns once it has exited) */
         F.exit_s = sp_now_s() - t_sig;
     }
-    double t0 = sp_now_s();
-    sp_status st = F.inner.forward(F.inner.ctx, ids, B, T, logits, err);
-    double dt = sp_now_s() - t0;
+    return hit;
+}
+
+static void f_took(int hit, double dt)
+{
     F.port_now = port_of_hop(F.rt, &F.sw->route, F.block);
     if (hit)
         F.stall = dt;
     else if (F.calls > 1 && dt > F.normal)
         F.normal = dt;
+}
+
+static sp_status f_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    (void)ctx;
+    int hit = f_hit();
+    double t0 = sp_now_s();
+    sp_status st = F.inner.forward(F.inner.ctx, ids, B, T, logits, err);
+    f_took(hit, sp_now_s() - t0);
+    return st;
+}
+
+/* greedy steps (the head's exact argmax) */
+static sp_status f_forward_argmax(void *ctx, const int32_t *ids, int B, int T, int32_t *best, sp_err *err)
+{
+    (void)ctx;
+    int hit = f_hit();
+    double t0 = sp_now_s();
+    sp_status st = F.inner.forward_argmax(F.inner.ctx, ids, B, T, best, err);
+    f_took(hit, sp_now_s() - t0);
     return st;
 }
 
@@ -207,6 +229,7 @@ static sp_lm faulty_lm(sp_runtime *rt, sp_lm_swarm *sw)
     lm.ctx = &F;
     lm.begin = f_begin;
     lm.forward = f_forward;
+    lm.forward_argmax = f_forward_argmax;
     lm.reorder = f_reorder;
     lm.end = f_end;
     return lm;

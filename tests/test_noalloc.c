@@ -249,16 +249,37 @@ static run g_run;
 
 /* The window opens as decode step WARM + 1 starts and closes as step WARM + STEPS ends: everything between (the
  * steps, choosing each token, the text, the callback, beam search's reorders) is counted. */
-static sp_status counting_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+/* Step `step` (0: the prompt) is about to run: the counting window opens before step WARM + 1. */
+static int counting_begin(void)
 {
-    int step = g_run.forwards++; /* 0: the prompt */
+    int step = g_run.forwards++;
     if (step == WARM + 1)
         window_open();
     if (atomic_load(&g_on))
         g_run.counted++;
-    sp_status st = g_run.inner.forward(ctx, ids, B, T, logits, err);
+    return step;
+}
+
+static void counting_end(int step)
+{
     if (step == WARM + STEPS)
         window_close();
+}
+
+static sp_status counting_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    int step = counting_begin();
+    sp_status st = g_run.inner.forward(ctx, ids, B, T, logits, err);
+    counting_end(step);
+    return st;
+}
+
+/* greedy steps come this way (the head's exact argmax) */
+static sp_status counting_forward_argmax(void *ctx, const int32_t *ids, int B, int T, int32_t *best, sp_err *err)
+{
+    int step = counting_begin();
+    sp_status st = g_run.inner.forward_argmax(ctx, ids, B, T, best, err);
+    counting_end(step);
     return st;
 }
 
@@ -315,6 +336,7 @@ static long decode_window(const char *label, int workers_only, const sp_sample_o
     g_run.inner = sp_lm_swarm_make(&sw, rt);
     sp_lm lm = g_run.inner;
     lm.forward = counting_forward;
+    lm.forward_argmax = counting_forward_argmax;
     sp_gen_opts o;
     sp_gen_opts_default(&o);
     o.sample = *so;

@@ -399,7 +399,9 @@ static sp_status with_prompts(sp_lm_swarm *s, float **x, int B, int T, float **d
     return SP_OK;
 }
 
-static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+/* One step through the chain, ending in the local head: logits[B, V] of each row's last position, or (logits
+ * NULL) each row's greedy choice best[B] through the head's exact argmax (sp_model_head_argmax). */
+static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *logits, int32_t *best, sp_err *err)
 {
     sp_lm_swarm *s = ctx;
     sp_runtime *rt = s->rt;
@@ -423,8 +425,10 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
     s->hypo = NULL; /* the reorder went out with this step to every hop */
     for (int b = 0; !st && b < B; b++)
         memcpy(last + (size_t)b * H, x + ((size_t)b * T + T - 1) * H, (size_t)H * sizeof(float));
-    if (!st)
+    if (!st && logits)
         st = sp_model_head(rt->local, logits, last, B, err);
+    else if (!st)
+        st = sp_model_head_argmax(rt->local, best, last, B, err);
     if (!st)
         s->pos += T;
     if (!decode) {
@@ -432,6 +436,16 @@ static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, floa
         free(last);
     }
     return st;
+}
+
+static sp_status swarm_forward(void *ctx, const int32_t *ids, int B, int T, float *logits, sp_err *err)
+{
+    return swarm_step(ctx, ids, B, T, logits, NULL, err);
+}
+
+static sp_status swarm_forward_argmax(void *ctx, const int32_t *ids, int B, int T, int32_t *best, sp_err *err)
+{
+    return swarm_step(ctx, ids, B, T, NULL, best, err);
 }
 
 /* The servers reorder with the next step (hypo_ids); the history is reordered here, now, in place. */
@@ -489,5 +503,6 @@ sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt)
     memset(s, 0, sizeof *s);
     s->rt = rt;
     return (sp_lm){.ctx = s, .vocab = rt->local->cfg.vocab, .max_pos = rt->local->cfg.max_pos, .begin = swarm_begin,
-                   .forward = swarm_forward, .reorder = swarm_reorder, .rewind = swarm_rewind, .end = swarm_end};
+                   .forward = swarm_forward, .forward_argmax = swarm_forward_argmax, .reorder = swarm_reorder,
+                   .rewind = swarm_rewind, .end = swarm_end};
 }
