@@ -951,49 +951,35 @@ START_TEST(t_binary_memory_bound)
     fprintf(stderr, "t_binary_memory_bound: skipped under ASan\n");
 #else
     enum { TOKENS = 65536, B = 32, L = 256 }; /* 8 sessions of 32 x 256 positions fill the budget */
-    int out[2];
-    ck_assert_int_eq(pipe(out), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(out[1], 1);
-        close(out[0]);
-        execl(SEPAL_BIN_DIR "/server/sepal-server", "sepal-server", "--model", GQA, "--blocks", "0:4", "--no-measure",
-              "--cache-tokens", "65536", (char *)NULL);
-        _exit(127);
-    }
-    close(out[1]);
-    char line[512] = "";
-    FILE *f = fdopen(out[0], "r");
-    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
-    const char *p = strstr(line, "ws://127.0.0.1:"), *w = strstr(line, " weights, ");
-    ck_assert_msg(p && w, "%s", line);
-    int port = atoi(p + strlen("ws://127.0.0.1:"));
-    double weights = atof(w + strlen(" weights, ")) * 1e6;
+    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--cache-tokens", "65536", NULL};
+    sp_test_proc p;
+    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
     sp_remote *r = NULL;
     sp_err err = {0};
-    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
     sp_reply rep;
     call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
-    int64_t per = 0, avail = 0;
+    int64_t per = 0, avail = 0, wbytes = 0;
     ck_assert(sp_meta_int(&rep.msg, "cache_bytes_per_token", &per) && per > 0); /* one position, one block */
     ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &avail) && avail == TOKENS);
+    ck_assert(sp_meta_int(&rep.msg, "weight_bytes", &wbytes) && wbytes > 0);
     sp_reply_clear(&rep);
+    double weights = (double)wbytes;
     double kv = (double)TOKENS * (double)per * 4;
     float *x = malloc((size_t)B * L * H * sizeof(float)), *y = malloc((size_t)B * L * H * sizeof(float));
     ck_assert(x && y);
     sp_rng rng;
     sp_rng_seed(&rng, 7);
     sp_rng_fill_normal(&rng, x, (long)B * L * H, 1.0f);
-    uint64_t ids[TOKENS / (B * L)];
     for (int i = 0; i < TOKENS / (B * L); i++) {
-        ids[i] = open_session(r, 0, 4, L, B);
-        step(r, ids[i], x, B, L - 1, y, -1, NULL);
-        step(r, ids[i], x, B, 1, y, -1, NULL);
+        uint64_t id = open_session(r, 0, 4, L, B);
+        step(r, id, x, B, L - 1, y, -1, NULL);
+        step(r, id, x, B, 1, y, -1, NULL);
     }
     call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":4,\"max_length\":1,\"batch\":1}", NULL, 0,
              "out_of_cache");
     char path[64], buf[2048];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    snprintf(path, sizeof path, "/proc/%d/status", (int)p.pid);
     FILE *st = fopen(path, "r");
     ck_assert_ptr_nonnull(st);
     size_t n = fread(buf, 1, sizeof buf - 1, st);
@@ -1006,14 +992,10 @@ START_TEST(t_binary_memory_bound)
             peak / 1e6, weights / 1e6, kv / 1e6, (peak - weights - kv) / 1e6);
     ck_assert_msg(peak <= weights + kv + 32.0 * 1048576, "peak RSS %.1f MB > weights %.1f + KV %.1f + 32 MiB",
                   peak / 1e6, weights / 1e6, kv / 1e6);
-    (void)ids;
     sp_remote_close(r);
     free(x);
     free(y);
-    kill(pid, SIGTERM);
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    fclose(f);
+    sp_test_proc_signal(&p, SIGTERM);
 #endif
 }
 END_TEST
