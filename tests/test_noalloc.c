@@ -372,16 +372,22 @@ static long decode_window(const char *label, int workers_only, const sp_sample_o
     return total;
 }
 
+/* decode_window, and none counted on either side. */
+static void expect_none(const char *label, int workers_only, const sp_sample_opts *so, int beams)
+{
+    long client, server;
+    long total = decode_window(label, workers_only, so, beams, &client, &server);
+    ck_assert_msg(total == 0, "%s: %ld allocations or frees in %d decode steps (client %ld, server %ld): see above",
+                  label, total, STEPS, client, server);
+}
+
 /* Greedy decoding; the servers answer the steps on their transport threads (a fast span's default). */
 START_TEST(t_greedy_inline)
 {
     sp_sample_opts so;
     sp_sample_opts_default(&so);
     so.temperature = 0;
-    long client, server;
-    long total = decode_window("greedy, inline steps", 0, &so, 1, &client, &server);
-    ck_assert_msg(total == 0, "%ld allocations or frees in %d decode steps (client %ld, server %ld): see above",
-                  total, STEPS, client, server);
+    expect_none("greedy, inline steps", 0, &so, 1);
 }
 END_TEST
 
@@ -395,10 +401,7 @@ START_TEST(t_sampled_workers)
     so.top_p = 0.9f;
     so.repetition_penalty = 1.1f;
     so.seed = 42;
-    long client, server;
-    long total = decode_window("sampled, worker steps", 1, &so, 1, &client, &server);
-    ck_assert_msg(total == 0, "%ld allocations or frees in %d decode steps (client %ld, server %ld): see above",
-                  total, STEPS, client, server);
+    expect_none("sampled, worker steps", 1, &so, 1);
 }
 END_TEST
 
@@ -407,10 +410,7 @@ START_TEST(t_beams)
 {
     sp_sample_opts so;
     sp_sample_opts_default(&so);
-    long client, server;
-    long total = decode_window("4 beams", 0, &so, 4, &client, &server);
-    ck_assert_msg(total == 0, "%ld allocations or frees in %d decode steps (client %ld, server %ld): see above",
-                  total, STEPS, client, server);
+    expect_none("4 beams", 0, &so, 4);
 }
 END_TEST
 
@@ -418,11 +418,8 @@ START_TEST(t_websocket_only)
 {
     sp_sample_opts so;
     sp_sample_opts_default(&so);
-    long client, server;
     g_ws_only = 1;
-    long total = decode_window("websocket only", 0, &so, 1, &client, &server);
-    ck_assert_msg(total == 0, "%ld allocations or frees in %d decode steps (client %ld, server %ld): see above",
-                  total, STEPS, client, server);
+    expect_none("websocket only", 0, &so, 1);
 }
 END_TEST
 
