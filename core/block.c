@@ -3,6 +3,7 @@
  * checkpoints differ (tensor names, fused QKV). */
 #include "block.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -485,6 +486,26 @@ typedef struct acts {
 
 static size_t mlp_rows(const sp_block *b, size_t N) { return is_moe(b) ? N * (size_t)b->k.top_k : N; }
 
+/* Inference steps over a KV cache of at most this many positions (decode, beams, small steps) attend on the
+ * engine's pool in the own kernels (no BLAS); longer ones, and every pass without a cache (training's forward
+ * and backward, which must agree bit for bit), through sgemm. The probs buffer is sized for it whenever T is
+ * this short. */
+#define POOL_ATTN_T 8
+
+static int pool_attention(const sp_attn_dims *d) { return !d->keep_probs && d->T <= POOL_ATTN_T; }
+
+static int attn_chunk(const sp_attn_dims *d);
+
+/* Floats of the attention's probs buffer: with pool attention, every head's [T, S] scores and each chunk's
+ * partial result per row and head (m, l, o[hd]). */
+static size_t probs_floats(const sp_attn_dims *d)
+{
+    size_t n = (size_t)sp_attention_probs_size(d), rows = (size_t)d->B * d->nh * d->T;
+    size_t chunks = ((size_t)d->S + (size_t)attn_chunk(d) - 1) / (size_t)attn_chunk(d);
+    size_t all = rows * d->S + rows * chunks * (size_t)(d->hd + 2);
+    return pool_attention(d) && all > n ? all : n;
+}
+
 /* Floats the activation buffers take; with base non-NULL, points a's buffers into base (the MoE's index arrays
  * too: int32 values in float-sized slots of the same memory). */
 static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
@@ -492,7 +513,7 @@ static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_att
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     size_t FF = (size_t)b->FF, half = b->rope ? (size_t)b->hd / 2 : 0, R = mlp_rows(b, N);
     size_t two = b->ln2_w != NULL, moe = is_moe(b), E = moe ? (size_t)b->k.n_experts : 0, NK = moe ? R : 0;
-    size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, (size_t)sp_attention_probs_size(ad),
+    size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, probs_floats(ad),
                       N * Q, N * H, two * N * H, two * N, two * N, is_gelu(b) ? 0 : R * FF, R * FF, R * FF,
                       N * E, NK, NK * H, NK * H};
     float **ptrs[] = {&a->cos, &a->sin, &a->ln1, &a->mean1, &a->rstd1, &a->q, &a->k, &a->v, &a->probs,
@@ -645,6 +666,118 @@ static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts
     }
 }
 
+/* Attention of a short step on the pool, split over the keys (as flash-decoding does): the cached positions in
+ * chunks of at least ATTN_CHUNK, each (sequence, chunk) a unit of work that runs every head of its rows over
+ * its keys and values only: one part reads a contiguous run of the cache (all heads of those positions; a
+ * head at a time over the whole cache would read one 512-byte slice of every row, a page each). A chunk
+ * leaves, per (row, head), its scores' max m, the sum l of exp(score - m) and o = sum exp(score - m) v;
+ * a second job combines the chunks: out = sum e^(m_c - M) o_c / sum e^(m_c - M) l_c with M the largest m_c.
+ * The same arithmetic as sp_attention_forward (scale, ALiBi, causal mask: row t of the step sees past + t + 1
+ * keys, max-subtracted softmax), summed in another order. */
+#define ATTN_CHUNK 64
+#define ATTN_MAX_CHUNKS 64
+
+static int attn_chunk(const sp_attn_dims *d)
+{
+    int c = (d->S + ATTN_MAX_CHUNKS - 1) / ATTN_MAX_CHUNKS;
+    return c > ATTN_CHUNK ? c : ATTN_CHUNK;
+}
+
+typedef struct attn_job {
+    const sp_attn_dims *d;
+    float *out, *scores, *part; /* scores [B, nh, T, S]; part [B, chunks, T, nh, hd + 2]: m, l, o */
+    const float *q, *k, *v;
+    int chunk, chunks;
+} attn_job;
+
+static void attn_chunk_part(void *ctx, int i, int n)
+{
+    const attn_job *j = ctx;
+    const sp_attn_dims *d = j->d;
+    int T = d->T, S = d->S, hd = d->hd, nh = d->nh, ldq = nh * hd, ldk = d->nkv * hd, group = nh / d->nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    long lo, hi;
+    sp_pool_split((long)d->B * j->chunks, i, n, 1, &lo, &hi);
+    for (long u = lo; u < hi; u++) {
+        int b = (int)(u / j->chunks), c = (int)(u % j->chunks), s0 = c * j->chunk;
+        for (int t = 0; t < T; t++) {
+            int vis = d->past + t + 1, s1 = s0 + j->chunk < vis ? s0 + j->chunk : vis;
+            for (int h = 0; h < nh; h++) {
+                float *rec = j->part + ((((size_t)b * j->chunks + c) * T + t) * nh + h) * (size_t)(hd + 2);
+                float *o = rec + 2;
+                memset(o, 0, (size_t)hd * sizeof(float));
+                rec[0] = -INFINITY, rec[1] = 0;
+                if (s1 <= s0)
+                    continue; /* the chunk is past this row's keys */
+                size_t kv_off = (size_t)b * d->kv_cap * ldk + (size_t)s0 * ldk + (size_t)(h / group) * hd;
+                const float *Q = j->q + ((size_t)b * T + t) * ldq + (size_t)h * hd;
+                float *P = j->scores + (((size_t)b * nh + h) * T + t) * S + s0;
+                int m = s1 - s0;
+                sp_f32_dot_rows(j->k + kv_off, (size_t)ldk, m, hd, Q, scale, P);
+                if (d->alibi)
+                    for (int s = 0; s < m; s++)
+                        P[s] += d->alibi[h] * (float)(s0 + s - (d->past + t));
+                float mx = P[0], sum = 0;
+                for (int s = 1; s < m; s++)
+                    mx = P[s] > mx ? P[s] : mx;
+                for (int s = 0; s < m; s++) {
+                    P[s] = expf(P[s] - mx);
+                    sum += P[s];
+                }
+                rec[0] = mx, rec[1] = sum;
+                sp_f32_axpy_rows(j->v + kv_off, (size_t)ldk, m, hd, P, o);
+            }
+        }
+    }
+}
+
+static void attn_combine_part(void *ctx, int i, int n)
+{
+    const attn_job *j = ctx;
+    const sp_attn_dims *d = j->d;
+    int T = d->T, hd = d->hd, nh = d->nh;
+    long lo, hi;
+    sp_pool_split((long)d->B * T * nh, i, n, 1, &lo, &hi);
+    for (long u = lo; u < hi; u++) {
+        int b = (int)(u / ((long)T * nh)), t = (int)(u / nh % T), h = (int)(u % nh);
+        size_t stride = (size_t)T * nh * (hd + 2);
+        const float *rec0 = j->part + (((size_t)b * j->chunks * T + t) * nh + h) * (size_t)(hd + 2);
+        float M = -INFINITY, L = 0;
+        for (int c = 0; c < j->chunks; c++)
+            M = rec0[c * stride] > M ? rec0[c * stride] : M;
+        float *O = j->out + ((size_t)b * T + t) * nh * hd + (size_t)h * hd;
+        memset(O, 0, (size_t)hd * sizeof(float));
+        for (int c = 0; c < j->chunks; c++) {
+            const float *rec = rec0 + c * stride;
+            if (rec[1] <= 0)
+                continue;
+            float w = expf(rec[0] - M);
+            L += w * rec[1];
+            for (int k = 0; k < hd; k++)
+                O[k] += w * rec[2 + k];
+        }
+        float inv = 1.0f / L;
+        for (int k = 0; k < hd; k++)
+            O[k] *= inv;
+    }
+}
+
+static void attention(const sp_block *b, float *out, float *probs, const float *q, const float *k, const float *v,
+                      const sp_attn_dims *d, int cached)
+{
+    if (!cached || !pool_attention(d)) {
+        sp_attention_forward(out, probs, q, k, v, d);
+        return;
+    }
+    int chunk = attn_chunk(d), chunks = (d->S + chunk - 1) / chunk;
+    attn_job j = {d, out, probs, probs + (size_t)d->B * d->nh * d->T * d->S, q, k, v, chunk, chunks};
+    /* parts when there is enough to read (64K multiply-adds of scores and values a part) */
+    long units = (long)d->B * chunks, work = (long)d->B * d->nh * d->T * (long)d->S * d->hd * 2 / 65536;
+    sp_pool_run_parts(b->pool, attn_chunk_part, &j, (int)(work < 1 ? 1 : work < units ? work : units));
+    long rows = (long)d->B * d->T * d->nh, cwork = rows * chunks * d->hd / 65536;
+    sp_pool_run_parts(b->pool, attn_combine_part, &j, (int)(cwork < 1 ? 1 : cwork < rows ? cwork : rows));
+}
+
 /* The forward pass proper; fills `a`. */
 static void forward_acts(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
                          const sp_attn_dims *ad, acts *a)
@@ -666,7 +799,7 @@ static void forward_acts(const sp_block *b, float *out, const float *inp, int B,
         K = kv->k;
         V = kv->v;
     }
-    sp_attention_forward(a->att, a->probs, a->q, K, V, ad);
+    attention(b, a->att, a->probs, a->q, K, V, ad, kv != NULL);
     /* residual: h1 = x + att Wo^T + bo */
     lin(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H);
     for (long i = 0; i < (long)N * H; i++)

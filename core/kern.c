@@ -778,6 +778,196 @@ float sp_qmat_dot(const sp_qmat *m, int r, const float *x)
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* attention's products over cached rows (keys, values), on the calling thread */
+
+static void dot_rows_scalar(const float *W, size_t ldw, int rows, int cols, const float *x, float scale, float *y)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *w = W + (size_t)r * ldw;
+        float s = 0;
+        for (int c = 0; c < cols; c++)
+            s += w[c] * x[c];
+        y[r] = s * scale;
+    }
+}
+
+static void axpy_rows_scalar(const float *W, size_t ldw, int rows, int cols, const float *p, float *y, int c)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *w = W + (size_t)r * ldw;
+        for (int k = c; k < cols; k++)
+            y[k] += p[r] * w[k];
+    }
+}
+
+#if SP_X86
+/* Keys: four rows at a time (four independent sums, x read once for them), the columns a vector at a time, the
+ * last ones under a mask (AVX-512) or one by one (AVX2). A decode step runs this over every cached position of
+ * every head: it is the longest loop of long-context attention. */
+T2 static void dot_rows2(const float *W, size_t ldw, int rows, int cols, const float *x, float scale, float *y)
+{
+    int cv = cols & ~7, r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *w0 = W + (size_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int c = 0; c < cv; c += 8) {
+            __m256 xv = _mm256_loadu_ps(x + c);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + c), xv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + c), xv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + c), xv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + c), xv, a3);
+        }
+        float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+        for (int c = cv; c < cols; c++) {
+            s[0] += w0[c] * x[c];
+            s[1] += w1[c] * x[c];
+            s[2] += w2[c] * x[c];
+            s[3] += w3[c] * x[c];
+        }
+        for (int k = 0; k < 4; k++)
+            y[r + k] = s[k] * scale;
+    }
+    for (; r < rows; r++) {
+        const float *w = W + (size_t)r * ldw;
+        __m256 a = _mm256_setzero_ps();
+        for (int c = 0; c < cv; c += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a);
+        float s = hsum8(a);
+        for (int c = cv; c < cols; c++)
+            s += w[c] * x[c];
+        y[r] = s * scale;
+    }
+}
+
+T5 static void dot_rows5(const float *W, size_t ldw, int rows, int cols, const float *x, float scale, float *y)
+{
+    int cv = cols & ~15, r = 0;
+    __mmask16 mt = (__mmask16)((1u << (cols - cv)) - 1);
+    for (; r + 4 <= rows; r += 4) {
+        const float *w0 = W + (size_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (int c = 0; c < cv; c += 16) {
+            __m512 xv = _mm512_loadu_ps(x + c);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + c), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + c), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + c), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + c), xv, a3);
+        }
+        if (mt) {
+            __m512 xv = _mm512_maskz_loadu_ps(mt, x + cv);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, w0 + cv), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, w1 + cv), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, w2 + cv), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, w3 + cv), xv, a3);
+        }
+        y[r] = _mm512_reduce_add_ps(a0) * scale;
+        y[r + 1] = _mm512_reduce_add_ps(a1) * scale;
+        y[r + 2] = _mm512_reduce_add_ps(a2) * scale;
+        y[r + 3] = _mm512_reduce_add_ps(a3) * scale;
+    }
+    for (; r < rows; r++) {
+        const float *w = W + (size_t)r * ldw;
+        __m512 a = _mm512_setzero_ps();
+        for (int c = 0; c < cv; c += 16)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + c), _mm512_loadu_ps(x + c), a);
+        if (mt)
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, w + cv), _mm512_maskz_loadu_ps(mt, x + cv), a);
+        y[r] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+
+/* Values: columns in chunks of 8 vectors (128 with AVX-512: a whole head of 128 in registers), each chunk's sums held
+ * in registers over every row; then one vector at a time; the rest scalar. */
+T2 static void axpy_rows2(const float *W, size_t ldw, int rows, int cols, const float *p, float *y)
+{
+    int c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        __m256 a[8];
+        for (int k = 0; k < 8; k++)
+            a[k] = _mm256_loadu_ps(y + c + 8 * k);
+        for (int r = 0; r < rows; r++) {
+            const float *w = W + (size_t)r * ldw + c;
+            __m256 pr = _mm256_set1_ps(p[r]);
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm256_fmadd_ps(pr, _mm256_loadu_ps(w + 8 * k), a[k]);
+        }
+        for (int k = 0; k < 8; k++)
+            _mm256_storeu_ps(y + c + 8 * k, a[k]);
+    }
+    for (; c + 8 <= cols; c += 8) {
+        __m256 a = _mm256_loadu_ps(y + c);
+        for (int r = 0; r < rows; r++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[r]), _mm256_loadu_ps(W + (size_t)r * ldw + c), a);
+        _mm256_storeu_ps(y + c, a);
+    }
+    axpy_rows_scalar(W, ldw, rows, cols, p, y, c);
+}
+
+T5 static void axpy_rows5(const float *W, size_t ldw, int rows, int cols, const float *p, float *y)
+{
+    int c = 0;
+    for (; c + 128 <= cols; c += 128) {
+        __m512 a[8];
+        for (int k = 0; k < 8; k++)
+            a[k] = _mm512_loadu_ps(y + c + 16 * k);
+        for (int r = 0; r < rows; r++) {
+            const float *w = W + (size_t)r * ldw + c;
+            __m512 pr = _mm512_set1_ps(p[r]);
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm512_fmadd_ps(pr, _mm512_loadu_ps(w + 16 * k), a[k]);
+        }
+        for (int k = 0; k < 8; k++)
+            _mm512_storeu_ps(y + c + 16 * k, a[k]);
+    }
+    for (; c + 16 <= cols; c += 16) {
+        __m512 a = _mm512_loadu_ps(y + c);
+        for (int r = 0; r < rows; r++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[r]), _mm512_loadu_ps(W + (size_t)r * ldw + c), a);
+        _mm512_storeu_ps(y + c, a);
+    }
+    if (c < cols) { /* the last columns under a mask */
+        __mmask16 mk = (__mmask16)((1u << (cols - c)) - 1);
+        __m512 a = _mm512_maskz_loadu_ps(mk, y + c);
+        for (int r = 0; r < rows; r++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[r]), _mm512_maskz_loadu_ps(mk, W + (size_t)r * ldw + c), a);
+        _mm512_mask_storeu_ps(y + c, mk, a);
+    }
+}
+#endif
+
+void sp_f32_dot_rows(const float *W, size_t ldw, int rows, int cols, const float *x, float scale, float *y)
+{
+#if SP_X86
+    int lv = sp_kern_level();
+    if (lv >= 2) {
+        dot_rows5(W, ldw, rows, cols, x, scale, y);
+        return;
+    }
+    if (lv == 1) {
+        dot_rows2(W, ldw, rows, cols, x, scale, y);
+        return;
+    }
+#endif
+    dot_rows_scalar(W, ldw, rows, cols, x, scale, y);
+}
+
+void sp_f32_axpy_rows(const float *W, size_t ldw, int rows, int cols, const float *p, float *y)
+{
+#if SP_X86
+    int lv = sp_kern_level();
+    if (lv >= 2) {
+        axpy_rows5(W, ldw, rows, cols, p, y);
+        return;
+    }
+    if (lv == 1) {
+        axpy_rows2(W, ldw, rows, cols, p, y);
+        return;
+    }
+#endif
+    axpy_rows_scalar(W, ldw, rows, cols, p, y, 0);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* products */
 
 typedef struct mul_job {

@@ -78,6 +78,10 @@ int sp_kern_q8_integer(void);
 /* One row's dot product with x in the current level's f32 kernel (tests). */
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x);
 
+/* Attention over cached rows (W: rows of cols floats, ldw floats apart; keys or values), on the calling
+ * thread in the current level's kernels: y[r] = scale * (x . W[r]) for every row, and y[c] += sum_r p[r] W[r][c]. */
+void sp_f32_dot_rows(const float *W, size_t ldw, int rows, int cols, const float *x, float scale, float *y);
+void sp_f32_axpy_rows(const float *W, size_t ldw, int rows, int cols, const float *p, float *y);
 /* The first maximum of x[0..n) (greedy's choice; NaN never wins), vectorised where the CPU allows. */
 int sp_argmax(const float *x, int n);
 

@@ -451,6 +451,79 @@ END_TEST
 
 /* In-place row gathers (beam search's cache reorders) equal a gather through a copy: permutations with long
  * cycles, repeated and dropped rows, rows that stay; rows longer than the stack piece. */
+/* Inference steps of up to 8 positions attend on the pool in the own kernels, each (sequence, head) a part:
+ * against the sgemm attention of one full forward without a cache, on blocks long enough to be split (600
+ * cached positions), with head sizes no vector width divides, MHA, GQA, multi-query and ALiBi, on a pool of
+ * 3 threads, at every kernel level. Steps of 1 and of 5 positions, two sequences. */
+START_TEST(t_pool_attention)
+{
+    static const char *cfgs[] = {
+        "{\"model_type\":\"llama\",\"hidden_size\":256,\"num_attention_heads\":4,\"num_key_value_heads\":4,"
+        "\"intermediate_size\":384,\"num_hidden_layers\":1,\"vocab_size\":64,\"rms_norm_eps\":1e-5,"
+        "\"max_position_embeddings\":4096}",
+        "{\"model_type\":\"llama\",\"hidden_size\":320,\"num_attention_heads\":8,\"num_key_value_heads\":2,"
+        "\"intermediate_size\":384,\"num_hidden_layers\":1,\"vocab_size\":64,\"rms_norm_eps\":1e-5,"
+        "\"max_position_embeddings\":4096}",
+        "{\"model_type\":\"bloom\",\"hidden_size\":260,\"n_head\":4,\"layer_norm_epsilon\":1e-5,"
+        "\"num_hidden_layers\":1,\"vocab_size\":64}",
+        "{\"model_type\":\"falcon\",\"multi_query\":true,\"parallel_attn\":true,\"bias\":false,"
+        "\"hidden_size\":288,\"num_attention_heads\":8,\"ffn_hidden_size\":384,\"num_hidden_layers\":1,"
+        "\"vocab_size\":64}",
+    };
+    int B = 2, P0 = 600, steps[] = {1, 1, 5, 1}, T = P0 + 8, cap = T;
+    sp_pool *pool = sp_pool_new(3);
+    ck_assert_ptr_nonnull(pool);
+    int best = sp_kern_level();
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof *cfgs; ci++) {
+        sp_config cfg;
+        sp_rope rope;
+        sp_block b;
+        sp_err err = {0};
+        ck_assert_msg(sp_config_parse(&cfg, cfgs[ci], "test", &err) == SP_OK, "%s", err.msg);
+        ck_assert_int_eq(cfg.blk.pos != SP_POS_ROPE || sp_rope_init(&rope, &cfg, &err) == SP_OK, 1);
+        ck_assert_int_eq(sp_block_init(&b, &cfg, &rope, &err), SP_OK);
+        b.pool = pool;
+        sp_rng r;
+        sp_rng_seed(&r, 21 + ci);
+        sp_rng_fill_normal(&r, b.mem, (long)b.numel, 0.05f);
+        int H = cfg.hidden;
+        size_t n = (size_t)B * T * H;
+        float *x = malloc(n * sizeof(float)), *full = malloc(n * sizeof(float)), *buf = malloc(n * sizeof(float));
+        sp_rng_fill_normal(&r, x, (long)n, 1.0f);
+        sp_ws ws = {0};
+        ck_assert_int_eq(sp_block_forward(&b, full, x, B, T, 0, NULL, &ws, &err), SP_OK);
+        for (int lv = 0; lv <= best; lv++) {
+            sp_kern_force(lv);
+            sp_kv_cache kv;
+            ck_assert_int_eq(sp_kv_init(&kv, B, cap, b.nkv, b.hd, &err), SP_OK);
+            int pos = 0;
+            for (int s = -1; s < (int)(sizeof steps / sizeof *steps); s++) {
+                int t = s < 0 ? P0 : steps[s]; /* the prefill (sgemm), then the short steps (the pool) */
+                for (int q = 0; q < B; q++)
+                    memcpy(buf + (size_t)q * t * H, x + ((size_t)q * T + pos) * H, (size_t)t * H * sizeof(float));
+                ck_assert_int_eq(sp_block_forward(&b, buf, buf, B, t, pos, &kv, &ws, &err), SP_OK);
+                double worst = 0, scale = 0;
+                for (int q = 0; q < B; q++)
+                    for (size_t i = 0; i < (size_t)t * H; i++) {
+                        double want = full[((size_t)q * T + pos) * H + i], d = fabs(buf[(size_t)q * t * H + i] - want);
+                        worst = d > worst ? d : worst;
+                        scale = fabs(want) > scale ? fabs(want) : scale;
+                    }
+                ck_assert_msg(worst <= 2e-5 * (scale > 1 ? scale : 1), "config %zu %s: step of %d at %d: %g (scale %g)",
+                              ci, sp_kern_level_name(lv), t, pos, worst, scale);
+                pos += t;
+            }
+            sp_kv_free(&kv);
+        }
+        sp_kern_force(-1);
+        sp_ws_free(&ws);
+        free(x), free(full), free(buf);
+        sp_block_free(&b);
+    }
+    sp_pool_free(pool);
+}
+END_TEST
+
 START_TEST(t_rows_gather)
 {
     sp_rng rng;
@@ -490,6 +563,7 @@ static Suite *block_suite(void)
     tcase_add_test(tc, t_bloom_unprefixed_names);
     tcase_add_test(tc, t_unsupported_architecture);
     tcase_add_test(tc, t_rows_gather);
+    tcase_add_test(tc, t_pool_attention);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -182,6 +182,56 @@ START_TEST(t_kernels_levels)
 }
 END_TEST
 
+/* Attention's products over cached rows (sp_f32_dot_rows: scaled q . k for every key; sp_f32_axpy_rows: the
+ * probability-weighted sum of value rows, added to y) against double sums, at every level, on head sizes that
+ * are not a multiple of any vector width and rows further apart than they are long (a KV cache's stride);
+ * nothing outside the rows' columns or y's is read or written. */
+START_TEST(t_attention_rows)
+{
+    static const int cols_list[] = {1, 5, 8, 16, 20, 36, 48, 64, 65, 100, 128, 130, 200, 256, 257};
+    static const int rows_list[] = {1, 2, 7, 33, 300};
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    int best = sp_kern_level();
+    for (int lv = 0; lv <= best; lv++) {
+        sp_kern_force(lv);
+        for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+            for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++) {
+                int cols = cols_list[ci], rows = rows_list[ri];
+                size_t ld = (size_t)cols * 3 + 1;
+                float *W = randn(&r, (size_t)rows * ld, 1.0f), *x = randn(&r, (size_t)cols, 1.0f);
+                float *p = randn(&r, (size_t)rows, 1.0f), *y = randn(&r, (size_t)cols + 2, 1.0f);
+                float *s = malloc(((size_t)rows + 1) * sizeof(float)), *y0 = malloc(((size_t)cols + 2) * sizeof(float));
+                memcpy(y0, y, ((size_t)cols + 2) * sizeof(float));
+                for (int k = 0; k < rows * (int)ld; k++) /* what lies between the rows must not count */
+                    if ((size_t)k % ld >= (size_t)cols)
+                        W[k] = NAN;
+                s[rows] = 12345.0f;
+                sp_f32_dot_rows(W, ld, rows, cols, x, 0.125f, s);
+                sp_f32_axpy_rows(W, ld, rows, cols, p, y + 1);
+                ck_assert(s[rows] == 12345.0f);
+                ck_assert(y[0] == y0[0] && y[cols + 1] == y0[cols + 1]);
+                for (int i = 0; i < rows; i++) {
+                    double ref = 0, mag = 0;
+                    for (int c = 0; c < cols; c++)
+                        ref += (double)W[(size_t)i * ld + c] * x[c], mag += fabs((double)W[(size_t)i * ld + c] * x[c]);
+                    ck_assert_msg(fabs(s[i] - 0.125 * ref) <= 0.125 * (1e-5 * mag + 1e-6), "%s dot [%d x %d] row %d: %g vs %g",
+                                  sp_kern_level_name(lv), rows, cols, i, s[i], 0.125 * ref);
+                }
+                for (int c = 0; c < cols; c++) {
+                    double ref = y0[c + 1], mag = fabs(ref);
+                    for (int i = 0; i < rows; i++)
+                        ref += (double)p[i] * W[(size_t)i * ld + c], mag += fabs((double)p[i] * W[(size_t)i * ld + c]);
+                    ck_assert_msg(fabs(y[c + 1] - ref) <= 1e-5 * mag + 1e-6, "%s axpy [%d x %d] col %d: %g vs %g",
+                                  sp_kern_level_name(lv), rows, cols, c, y[c + 1], ref);
+                }
+                free(W), free(x), free(p), free(y), free(s), free(y0);
+            }
+    }
+    sp_kern_force(-1);
+}
+END_TEST
+
 /* The first maximum of y[0..n) (greedy's choice). */
 static int first_max(const float *y, int n)
 {
@@ -532,6 +582,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_encode_bounds);
     tcase_add_test(tc, t_kernels_levels);
+    tcase_add_test(tc, t_attention_rows);
     tcase_add_test(tc, t_argmax_screen);
     tcase_add_test(tc, t_vector_scalar_same);
     tcase_add_test(tc, t_large_batches);
