@@ -640,6 +640,35 @@ static void moe_forward(const sp_block *b, float *y, const float *x, int N, acts
 }
 
 /* y[N, H] = mlp(x[N, H]). */
+/* The MLP's activation on the pool, in parts of at least 4096 values (an element-wise function: the same
+ * values whichever thread computes them). */
+typedef struct act_job {
+    int kind; /* an sp_mlp_kind */
+    float *out;
+    const float *x, *up;
+    long n;
+} act_job;
+
+static void act_part(void *ctx, int i, int n)
+{
+    const act_job *j = ctx;
+    long lo, hi;
+    sp_pool_split(j->n, i, n, 16, &lo, &hi);
+    if (j->kind == SP_MLP_SWIGLU)
+        sp_swiglu_forward(j->out + lo, j->x + lo, j->up + lo, hi - lo);
+    else if (j->kind == SP_MLP_GELU)
+        sp_gelu_forward(j->out + lo, j->x + lo, hi - lo);
+    else
+        sp_gelu_tanh_forward(j->out + lo, j->x + lo, hi - lo);
+}
+
+static void activation(const sp_block *b, int kind, float *out, const float *x, const float *up, long n)
+{
+    act_job j = {kind, out, x, up, n};
+    long parts = n / 4096;
+    sp_pool_run_parts(b->pool, act_part, &j, (int)(parts < 1 ? 1 : parts > 4096 ? 4096 : parts));
+}
+
 static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts *a)
 {
     int H = b->H, FF = b->FF;
@@ -648,16 +677,13 @@ static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts
     case SP_MLP_SWIGLU:
         lin(b, mlp_mat(b, 0, 0), b->w_gate, a->gate, x, NULL, N, H, FF);
         lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, NULL, N, H, FF);
-        sp_swiglu_forward(a->act, a->gate, a->up, n);
+        activation(b, SP_MLP_SWIGLU, a->act, a->gate, a->up, n);
         lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, NULL, N, FF, H);
         break;
     case SP_MLP_GELU:
     case SP_MLP_GELU_TANH:
         lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, b->b_up, N, H, FF);
-        if (b->k.mlp == SP_MLP_GELU)
-            sp_gelu_forward(a->act, a->up, n);
-        else
-            sp_gelu_tanh_forward(a->act, a->up, n);
+        activation(b, b->k.mlp, a->act, a->up, NULL, n);
         lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, b->b_down, N, FF, H);
         break;
     case SP_MLP_MOE:

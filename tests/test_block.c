@@ -451,7 +451,7 @@ END_TEST
 
 /* In-place row gathers (beam search's cache reorders) equal a gather through a copy: permutations with long
  * cycles, repeated and dropped rows, rows that stay; rows longer than the stack piece. */
-/* Inference steps of up to 8 positions attend on the pool in the own kernels, each (sequence, head) a part:
+/* Inference steps of up to 8 positions attend on the pool in the own kernels, in chunks of cached positions:
  * against the sgemm attention of one full forward without a cache, on blocks long enough to be split (600
  * cached positions), with head sizes no vector width divides, MHA, GQA, multi-query and ALiBi, on a pool of
  * 3 threads, at every kernel level. Steps of 1 and of 5 positions, two sequences. */
@@ -471,8 +471,9 @@ START_TEST(t_pool_attention)
         "\"vocab_size\":64}",
     };
     int B = 2, P0 = 600, steps[] = {1, 1, 5, 1}, T = P0 + 8, cap = T;
-    sp_pool *pool = sp_pool_new(3);
+    sp_pool *pool = sp_pool_new(3), *one = sp_pool_new(1);
     ck_assert_ptr_nonnull(pool);
+    ck_assert_ptr_nonnull(one);
     int best = sp_kern_level();
     for (size_t ci = 0; ci < sizeof cfgs / sizeof *cfgs; ci++) {
         sp_config cfg;
@@ -492,6 +493,12 @@ START_TEST(t_pool_attention)
         sp_rng_fill_normal(&r, x, (long)n, 1.0f);
         sp_ws ws = {0};
         ck_assert_int_eq(sp_block_forward(&b, full, x, B, T, 0, NULL, &ws, &err), SP_OK);
+        /* the pool's parts (the MLP's activation in 4096-value parts, the matrices' rows) change nothing: the
+         * same forward on one thread is the same to the bit */
+        b.pool = one;
+        ck_assert_int_eq(sp_block_forward(&b, buf, x, B, T, 0, NULL, &ws, &err), SP_OK);
+        ck_assert_msg(memcmp(buf, full, n * sizeof(float)) == 0, "config %zu: 1 thread vs 3 differ", ci);
+        b.pool = pool;
         for (int lv = 0; lv <= best; lv++) {
             sp_kern_force(lv);
             sp_kv_cache kv;
@@ -521,6 +528,7 @@ START_TEST(t_pool_attention)
         sp_block_free(&b);
     }
     sp_pool_free(pool);
+    sp_pool_free(one);
 }
 END_TEST
 
