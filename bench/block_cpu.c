@@ -1,9 +1,10 @@
 /* block_cpu.c - CPU throughput of one transformer block of each family, at realistic shapes with random
  * weights, against baselines measured in the same run.
  *
- * 1. decode: one token over a KV cache of K positions. Decode streams every weight it uses once, so the
- *    yardstick is a plain multithreaded memory READ of as many bytes: all of a dense block's weights; for a
- *    MoE block, the attention, the router and the top-k experts the token actually goes through.
+ * 1. decode: one token over a KV cache of K positions. Decode streams every weight it uses and the cache once,
+ *    so the yardstick is a plain multithreaded memory READ of as many bytes: all of a dense block's weights (for
+ *    a MoE block, the attention, the router and the top-k experts the token actually goes through) and the K
+ *    cached positions' keys and values (--kv K, default 128: 4 MB at Llama-2-7B's shape; at 4000, 131 MB).
  * 2. forward: T tokens, no cache. The yardstick is cblas_sgemm on the block's projection shapes (for a MoE
  *    block, each expert's GEMMs on T * top_k / experts rows, what an even routing gives), i.e. what the block
  *    would take if everything but its GEMMs were free.
@@ -215,8 +216,8 @@ static int alternate(bench *c, timed_fn fa, timed_fn fb, int reps, double *ta, d
 /* read-bandwidth baseline */
 
 typedef struct read_job {
-    const uint64_t *p;
-    size_t n;
+    const uint64_t *p[3]; /* the weights, then the cache's keys and values */
+    size_t n[3];
     uint64_t sum;
 } read_job;
 
@@ -226,35 +227,48 @@ static void *read_worker(void *arg)
 {
     read_job *j = arg;
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-    size_t i = 0;
-    for (; i + 8 <= j->n; i += 8) {
-        a0 += j->p[i];
-        a1 += j->p[i + 1];
-        a2 += j->p[i + 2];
-        a3 += j->p[i + 3];
-        a4 += j->p[i + 4];
-        a5 += j->p[i + 5];
-        a6 += j->p[i + 6];
-        a7 += j->p[i + 7];
+    for (int s = 0; s < 3; s++) {
+        const uint64_t *p = j->p[s];
+        size_t i = 0, n = j->n[s];
+        for (; i + 8 <= n; i += 8) {
+            a0 += p[i];
+            a1 += p[i + 1];
+            a2 += p[i + 2];
+            a3 += p[i + 3];
+            a4 += p[i + 4];
+            a5 += p[i + 5];
+            a6 += p[i + 6];
+            a7 += p[i + 7];
+        }
+        for (; i < n; i++)
+            a0 += p[i];
     }
-    for (; i < j->n; i++)
-        a0 += j->p[i];
     j->sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
     return NULL;
 }
 
+/* Bytes of the KV cache a decode step over K positions reads: keys and values, K positions each. */
+static size_t kv_bytes(const bench *c) { return c->kv_ready ? (size_t)c->o.K * c->b.nkv * c->b.hd * sizeof(float) : 0; }
+
 #define MAX_READ_THREADS 256
 
-/* Reads decode_bytes of the block's own weight memory with nthreads threads (the caller takes slice 0, as
- * the caller of a BLAS call does), like a decode step has to. */
+/* Reads decode_bytes of the block's own weight memory and the K positions of its KV cache (keys and values)
+ * with nthreads threads (the caller takes slice 0, as the caller of a BLAS call does), like a decode step has
+ * to. */
 static int read_once(bench *c, double *secs)
 {
     int nt = c->nthreads;
-    size_t words = c->decode_bytes / sizeof(uint64_t);
+    const uint64_t *base[3] = {c->rd, (const uint64_t *)(const void *)c->kv.k, (const uint64_t *)(const void *)c->kv.v};
+    size_t words[3] = {c->decode_bytes / sizeof(uint64_t), kv_bytes(c) / sizeof(uint64_t), kv_bytes(c) / sizeof(uint64_t)};
     read_job jobs[MAX_READ_THREADS];
     pthread_t tid[MAX_READ_THREADS];
-    for (int k = 0; k < nt; k++)
-        jobs[k] = (read_job){(const uint64_t *)c->rd + words * k / nt, words * (k + 1) / nt - words * k / nt, 0};
+    for (int k = 0; k < nt; k++) {
+        jobs[k].sum = 0;
+        for (int s = 0; s < 3; s++) {
+            jobs[k].p[s] = base[s] ? base[s] + words[s] * k / nt : NULL;
+            jobs[k].n[s] = base[s] ? words[s] * (k + 1) / nt - words[s] * k / nt : 0;
+        }
+    }
     double t0 = sp_now_s();
     int started = 1;
     for (; started < nt; started++)
@@ -308,12 +322,12 @@ static int run_decode(bench *c, result *res)
     }
     stats sb = summarize(ta, n), sr = summarize(tb, n);
     free(ta);
-    double bytes = (double)c->decode_bytes;
-    printf("decode (1 token over %d cached): block median %.2f ms, min %.2f ms; read %.1f MB%s median %.2f ms, "
-           "min %.2f ms\n",
-           c->o.K, sb.med * 1e3, sb.min * 1e3, bytes / 1e6, c->cfg.blk.mlp == SP_MLP_MOE ? " (the experts used)" : "",
-           sr.med * 1e3, sr.min * 1e3);
-    printf("decode: %.2f ms/token, %.2f GB/s weights; read baseline %.2f GB/s; ratio %.2f (goal >= 0.85)"
+    double bytes = (double)c->decode_bytes + 2.0 * (double)kv_bytes(c);
+    printf("decode (1 token over %d cached): block median %.2f ms, min %.2f ms; read %.1f MB (weights%s %.1f + KV "
+           "cache %.1f) median %.2f ms, min %.2f ms\n",
+           c->o.K, sb.med * 1e3, sb.min * 1e3, bytes / 1e6, c->cfg.blk.mlp == SP_MLP_MOE ? ", the experts used," : "",
+           (double)c->decode_bytes / 1e6, 2.0 * (double)kv_bytes(c) / 1e6, sr.med * 1e3, sr.min * 1e3);
+    printf("decode: %.2f ms/token, %.2f GB/s weights and cache; read baseline %.2f GB/s; ratio %.2f (goal >= 0.85)"
            " [best-of: %.2f]\n",
            sb.med * 1e3, bytes / sb.med / 1e9, bytes / sr.med / 1e9, sr.med / sb.med, sr.min / sb.min);
     res->decode_ms = sb.med * 1e3;
