@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -37,6 +38,8 @@ struct sp_pool {
     uint32_t waiting;     /* the caller is in FUTEX_WAIT on done */
     int stop;
     int spin_ns;
+    uint64_t contended_until; /* nobody spins before this (ns): other processes hold the cores */
+    uint64_t contended;       /* times the pool was found contended */
     pthread_mutex_t busy; /* one job at a time */
 };
 
@@ -52,6 +55,70 @@ static uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spinning pays while the pool's threads have cores to themselves. When other processes hold the cores (a busy
+ * machine), a spinning worker burns its share of a core and, once descheduled, waits its turn while the job
+ * waits for it; a sleeping one is woken by the job and, having slept, runs at once. So the caller looks, at most
+ * every LOOK_NS, at how long it waited for a core while runnable (the run delay the kernel keeps for every
+ * thread, /proc/thread-self/schedstat): over a tenth of the time in two looks in a row, and nobody spins for
+ * CONTENDED_NS. (Measured on a 2-core VM over 5 ms windows: idle, 197 of 200 windows under 1%; with two busy
+ * processes, 375 of 400 over 20%.) Without schedstat (a kernel without it), the pool always spins. */
+#define LOOK_NS 5000000ull
+#define HOT_LOOKS 2
+#define CONTENDED_NS 100000000ull
+
+/* The spin budget from now: none while the pool is contended. */
+static uint64_t spin_budget(sp_pool *p, uint64_t now)
+{
+    if (now < __atomic_load_n(&p->contended_until, __ATOMIC_RELAXED))
+        return 0;
+    return (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+}
+
+/* This thread's run delay so far (ns), or 0 if the kernel does not say. */
+static uint64_t run_delay_ns(void)
+{
+    char buf[96];
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    /* "<time on a cpu> <time waiting for one> <timeslices>": the second number */
+    ssize_t i = 0;
+    while (i < n && buf[i] >= '0' && buf[i] <= '9')
+        i++;
+    if (i == 0 || i >= n || buf[i] != ' ')
+        return 0;
+    uint64_t delay = 0;
+    for (i++; i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
+        delay = delay * 10 + (uint64_t)(buf[i] - '0');
+    return delay;
+}
+
+/* The caller's look (at most every LOOK_NS; the calling thread's own figures, kept per thread). */
+static void look_contention(sp_pool *p)
+{
+    static __thread uint64_t next, last_t, last_delay;
+    static __thread int hot;
+    uint64_t t = now_ns();
+    if (t < next)
+        return;
+    next = t + LOOK_NS;
+    uint64_t d = run_delay_ns();
+    if (!d)
+        return;
+    hot = last_t && t - last_t < 4 * LOOK_NS && (d - last_delay) * 10 > t - last_t ? hot + 1 : 0;
+    last_t = t;
+    last_delay = d;
+    if (hot >= HOT_LOOKS) {
+        if (t >= __atomic_load_n(&p->contended_until, __ATOMIC_RELAXED))
+            __atomic_add_fetch(&p->contended, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->contended_until, t + CONTENDED_NS, __ATOMIC_RELAXED);
+    }
 }
 
 int sp_cpu_count(void)
@@ -105,8 +172,8 @@ static void *worker_main(void *arg)
     free(w);
     uint32_t seen = 0; /* the generation at creation: a job posted before this thread ran is still seen */
     for (;;) {
-        /* spin for the next job, then sleep */
-        uint64_t until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+        /* spin for the next job (unless the pool is contended), then sleep */
+        uint64_t t = now_ns(), until = t + spin_budget(p, t);
         uint32_t g;
         int spins = 0;
         while ((g = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE)) == seen) {
@@ -115,7 +182,8 @@ static void *worker_main(void *arg)
                 if (__atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == seen)
                     futex(&p->gen, FUTEX_WAIT, seen);
                 __atomic_sub_fetch(&p->sleepers, 1, __ATOMIC_SEQ_CST);
-                until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+                t = now_ns();
+                until = t + spin_budget(p, t);
             } else {
                 CPU_RELAX();
             }
@@ -172,6 +240,8 @@ void sp_pool_free(sp_pool *p)
 
 int sp_pool_threads(const sp_pool *p) { return p ? p->n : 1; }
 
+uint64_t sp_pool_contended(const sp_pool *p) { return p ? __atomic_load_n(&p->contended, __ATOMIC_RELAXED) : 0; }
+
 void sp_pool_set_spin(sp_pool *p, int us) { __atomic_store_n(&p->spin_ns, us > 0 ? us * 1000 : 0, __ATOMIC_RELAXED); }
 
 void sp_pool_run_parts(sp_pool *p, sp_pool_fn fn, void *ctx, int parts)
@@ -187,6 +257,7 @@ void sp_pool_run_parts(sp_pool *p, sp_pool_fn fn, void *ctx, int parts)
         in_job = was;
         return;
     }
+    look_contention(p);
     /* publish the job: fn, ctx and done first, then the ticket, then the generation the workers wait on */
     uint32_t g = __atomic_load_n(&p->gen, __ATOMIC_RELAXED) + 1;
     if (g == 0) /* the ticket's generation 0 never names a job */
@@ -201,8 +272,8 @@ void sp_pool_run_parts(sp_pool *p, sp_pool_fn fn, void *ctx, int parts)
     /* the caller takes parts too: a worker that is not running (asleep, or its core taken by another
      * process) takes none, and nothing waits for it */
     take_parts(p, g);
-    /* wait for the parts others took: spin briefly, then sleep on done */
-    uint64_t until = now_ns() + (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
+    /* wait for the parts others took: spin briefly (unless contended), then sleep on done */
+    uint64_t t = now_ns(), until = t + spin_budget(p, t);
     int spins = 0;
     uint32_t d;
     while ((d = __atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) != (uint32_t)parts) {

@@ -5,6 +5,7 @@
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -559,6 +560,56 @@ static void spin_part(void *ctx, int i, int n)
 }
 
 /* An idle pool gives its cores back: after a burst of jobs, a second of nothing costs (almost) no CPU. */
+/* A busy machine for real: this process on one CPU with a thread that never sleeps. The pool's caller waits for
+ * the CPU half the time (its run delay), so the pool finds itself contended (and stops spinning), and every job
+ * still runs every part once. Skipped where the kernel keeps no run delay (/proc/thread-self/schedstat). */
+static volatile int hog_stop;
+static void *hog_main(void *arg)
+{
+    (void)arg;
+    volatile unsigned long n = 0;
+    while (!hog_stop)
+        n++;
+    return NULL;
+}
+
+START_TEST(t_pool_contended)
+{
+    if (access("/proc/thread-self/schedstat", R_OK) != 0) {
+        printf("pool contention: skipped (no /proc/thread-self/schedstat)\n");
+        return;
+    }
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0); /* this thread, and the threads it creates */
+    sp_pool *p = sp_pool_new(2);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(sp_pool_contended(p), 0);
+    pthread_t hog;
+    hog_stop = 0;
+    ck_assert_int_eq(pthread_create(&hog, NULL, hog_main, NULL), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long jobs = 0;
+    do { /* ~1 s of jobs, every part counted */
+        count_job j = {.pool = p};
+        sp_pool_run(p, count_part, &j);
+        ck_assert_int_eq(j.n_seen, 2);
+        ck_assert_int_eq(j.hits[0], 1);
+        ck_assert_int_eq(j.hits[1], 1);
+        jobs++;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    } while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 1000000000L);
+    hog_stop = 1;
+    pthread_join(hog, NULL);
+    printf("pool contention: %lu times found contended over %ld jobs sharing one CPU with a busy thread\n",
+           (unsigned long)sp_pool_contended(p), jobs);
+    ck_assert_uint_ge(sp_pool_contended(p), 1);
+    sp_pool_free(p);
+}
+END_TEST
+
 START_TEST(t_pool_idle)
 {
     sp_pool *p = sp_pool_new(2);
@@ -590,6 +641,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_pool_many_parts);
     tcase_add_test(tc, t_pool_concurrent);
     tcase_add_test(tc, t_pool_idle);
+    tcase_add_test(tc, t_pool_contended);
     suite_add_tcase(s, tc);
     return s;
 }
