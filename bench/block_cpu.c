@@ -259,7 +259,7 @@ static int read_once(bench *c, double *secs)
 {
     int nt = c->nthreads;
     const uint64_t *base[3] = {c->rd, (const uint64_t *)(const void *)c->kv.k, (const uint64_t *)(const void *)c->kv.v};
-    size_t words[3] = {c->decode_bytes / sizeof(uint64_t), kv_bytes(c) / sizeof(uint64_t), kv_bytes(c) / sizeof(uint64_t)};
+    size_t kvw = kv_bytes(c) / sizeof(uint64_t), words[3] = {c->decode_bytes / sizeof(uint64_t), kvw, kvw};
     read_job jobs[MAX_READ_THREADS];
     pthread_t tid[MAX_READ_THREADS];
     for (int k = 0; k < nt; k++) {

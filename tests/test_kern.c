@@ -216,8 +216,9 @@ START_TEST(t_attention_rows)
                     double ref = 0, mag = 0;
                     for (int c = 0; c < cols; c++)
                         ref += (double)W[(size_t)i * ld + c] * x[c], mag += fabs((double)W[(size_t)i * ld + c] * x[c]);
-                    ck_assert_msg(fabs(s[i] - 0.125 * ref) <= 0.125 * (1e-5 * mag + 1e-6), "%s dot [%d x %d] row %d: %g vs %g",
-                                  sp_kern_level_name(lv), rows, cols, i, s[i], 0.125 * ref);
+                    ck_assert_msg(fabs(s[i] - 0.125 * ref) <= 0.125 * (1e-5 * mag + 1e-6),
+                                  "%s dot [%d x %d] row %d: %g vs %g", sp_kern_level_name(lv), rows, cols, i, s[i],
+                                  0.125 * ref);
                 }
                 for (int c = 0; c < cols; c++) {
                     double ref = y0[c + 1], mag = fabs(ref);
