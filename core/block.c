@@ -494,15 +494,14 @@ static size_t mlp_rows(const sp_block *b, size_t N) { return is_moe(b) ? N * (si
 
 static int pool_attention(const sp_attn_dims *d) { return !d->keep_probs && d->T <= POOL_ATTN_T; }
 
-static int attn_chunk(const sp_attn_dims *d);
+static int attn_chunks(const sp_attn_dims *d);
 
-/* Floats of the attention's probs buffer: with pool attention, every head's [T, S] scores and each chunk's
- * partial result per row and head (m, l, o[hd]). */
+/* Floats of the attention's probs buffer: with pool attention, each chunk's partial result per row and head
+ * (m, l, o[hd]). */
 static size_t probs_floats(const sp_attn_dims *d)
 {
-    size_t n = (size_t)sp_attention_probs_size(d), rows = (size_t)d->B * d->nh * d->T;
-    size_t chunks = ((size_t)d->S + (size_t)attn_chunk(d) - 1) / (size_t)attn_chunk(d);
-    size_t all = rows * d->S + rows * chunks * (size_t)(d->hd + 2);
+    size_t n = (size_t)sp_attention_probs_size(d);
+    size_t all = (size_t)d->B * d->nh * d->T * (size_t)attn_chunks(d) * (size_t)(d->hd + 2);
     return pool_attention(d) && all > n ? all : n;
 }
 
@@ -693,25 +692,29 @@ static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts
 }
 
 /* Attention of a short step on the pool, split over the keys (as flash-decoding does): the cached positions in
- * chunks of at least ATTN_CHUNK, each (sequence, chunk) a unit of work that runs every head of its rows over
- * its keys and values only: one part reads a contiguous run of the cache (all heads of those positions; a
- * head at a time over the whole cache would read one 512-byte slice of every row, a page each). A chunk
- * leaves, per (row, head), its scores' max m, the sum l of exp(score - m) and o = sum exp(score - m) v;
- * a second job combines the chunks: out = sum e^(m_c - M) o_c / sum e^(m_c - M) l_c with M the largest m_c.
- * The same arithmetic as sp_attention_forward (scale, ALiBi, causal mask: row t of the step sees past + t + 1
- * keys, max-subtracted softmax), summed in another order. */
-#define ATTN_CHUNK 64
-#define ATTN_MAX_CHUNKS 64
+ * chunks, each (sequence, chunk) a unit of work that runs every head of its rows over its keys and values only,
+ * ATTN_BLOCK positions at a time with an online softmax (scores on the stack; no [heads, S] buffer): one part
+ * reads a contiguous run of the cache, all heads of a block of positions while they are in cache (a head at a
+ * time over the whole cache would read one 512-byte slice of every row, a page each). A chunk leaves, per (row,
+ * head), its scores' max m, the sum l of exp(score - m) and o = sum exp(score - m) v; a second job combines the
+ * chunks: out = sum e^(m_c - M) o_c / sum e^(m_c - M) l_c with M the largest m_c. Chunks: at least 64 positions
+ * each, and at most 64 / (B T) of them (at least 1), so that the chunks' records (B T heads (hd + 2) floats a
+ * chunk) stay within 64 heads' worth. The same arithmetic as sp_attention_forward (scale, ALiBi, causal mask:
+ * row t of the step sees past + t + 1 keys, max-subtracted softmax), summed in another order. */
+#define ATTN_BLOCK 256
+#define ATTN_MIN_CHUNK 64
+#define ATTN_ROWS_CHUNKS 64
 
-static int attn_chunk(const sp_attn_dims *d)
+static int attn_chunks(const sp_attn_dims *d)
 {
-    int c = (d->S + ATTN_MAX_CHUNKS - 1) / ATTN_MAX_CHUNKS;
-    return c > ATTN_CHUNK ? c : ATTN_CHUNK;
+    int by_len = (d->S + ATTN_MIN_CHUNK - 1) / ATTN_MIN_CHUNK, by_rows = ATTN_ROWS_CHUNKS / (d->B * d->T);
+    int c = by_len < by_rows ? by_len : by_rows;
+    return c < 1 ? 1 : c;
 }
 
 typedef struct attn_job {
     const sp_attn_dims *d;
-    float *out, *scores, *part; /* scores [B, nh, T, S]; part [B, chunks, T, nh, hd + 2]: m, l, o */
+    float *out, *part; /* part [B, chunks, T, nh, hd + 2]: m, l, o */
     const float *q, *k, *v;
     int chunk, chunks;
 } attn_job;
@@ -720,40 +723,52 @@ static void attn_chunk_part(void *ctx, int i, int n)
 {
     const attn_job *j = ctx;
     const sp_attn_dims *d = j->d;
-    int T = d->T, S = d->S, hd = d->hd, nh = d->nh, ldq = nh * hd, ldk = d->nkv * hd, group = nh / d->nkv;
-    float scale = 1.0f / sqrtf((float)hd);
+    int T = d->T, hd = d->hd, nh = d->nh, ldq = nh * hd, ldk = d->nkv * hd, group = nh / d->nkv;
+    float scale = 1.0f / sqrtf((float)hd), P[ATTN_BLOCK];
     long lo, hi;
     sp_pool_split((long)d->B * j->chunks, i, n, 1, &lo, &hi);
     for (long u = lo; u < hi; u++) {
         int b = (int)(u / j->chunks), c = (int)(u % j->chunks), s0 = c * j->chunk;
-        for (int t = 0; t < T; t++) {
-            int vis = d->past + t + 1, s1 = s0 + j->chunk < vis ? s0 + j->chunk : vis;
-            for (int h = 0; h < nh; h++) {
-                float *rec = j->part + ((((size_t)b * j->chunks + c) * T + t) * nh + h) * (size_t)(hd + 2);
-                float *o = rec + 2;
-                memset(o, 0, (size_t)hd * sizeof(float));
-                rec[0] = -INFINITY, rec[1] = 0;
-                if (s1 <= s0)
-                    continue; /* the chunk is past this row's keys */
-                size_t kv_off = (size_t)b * d->kv_cap * ldk + (size_t)s0 * ldk + (size_t)(h / group) * hd;
-                const float *Q = j->q + ((size_t)b * T + t) * ldq + (size_t)h * hd;
-                float *P = j->scores + (((size_t)b * nh + h) * T + t) * S + s0;
-                int m = s1 - s0;
-                sp_f32_dot_rows(j->k + kv_off, (size_t)ldk, m, hd, Q, scale, P);
-                if (d->alibi)
-                    for (int s = 0; s < m; s++)
-                        P[s] += d->alibi[h] * (float)(s0 + s - (d->past + t));
-                float mx = P[0], sum = 0;
-                for (int s = 1; s < m; s++)
-                    mx = P[s] > mx ? P[s] : mx;
-                for (int s = 0; s < m; s++) {
-                    P[s] = expf(P[s] - mx);
-                    sum += P[s];
-                }
-                rec[0] = mx, rec[1] = sum;
-                sp_f32_axpy_rows(j->v + kv_off, (size_t)ldk, m, hd, P, o);
-            }
+        int s1 = s0 + j->chunk < d->S ? s0 + j->chunk : d->S;
+        float *recs = j->part + ((size_t)b * j->chunks + c) * T * nh * (size_t)(hd + 2);
+        for (int r = 0; r < T * nh; r++) {
+            float *rec = recs + (size_t)r * (hd + 2);
+            rec[0] = -INFINITY, rec[1] = 0;
+            memset(rec + 2, 0, (size_t)hd * sizeof(float));
         }
+        for (int sb = s0; sb < s1; sb += ATTN_BLOCK)
+            for (int t = 0; t < T; t++) {
+                int vis = d->past + t + 1, e = sb + ATTN_BLOCK < s1 ? sb + ATTN_BLOCK : s1;
+                e = e < vis ? e : vis;
+                if (e <= sb)
+                    continue; /* the block is past this row's keys */
+                int m = e - sb;
+                for (int h = 0; h < nh; h++) {
+                    float *rec = recs + ((size_t)t * nh + h) * (hd + 2), *o = rec + 2;
+                    size_t kv_off = (size_t)b * d->kv_cap * ldk + (size_t)sb * ldk + (size_t)(h / group) * hd;
+                    const float *Q = j->q + ((size_t)b * T + t) * ldq + (size_t)h * hd;
+                    sp_f32_dot_rows(j->k + kv_off, (size_t)ldk, m, hd, Q, scale, P);
+                    if (d->alibi)
+                        for (int s = 0; s < m; s++)
+                            P[s] += d->alibi[h] * (float)(sb + s - (d->past + t));
+                    float mx = rec[0], sum = 0;
+                    for (int s = 0; s < m; s++)
+                        mx = P[s] > mx ? P[s] : mx;
+                    if (rec[1] > 0 && mx > rec[0]) { /* a larger max: what is summed so far scales down */
+                        float f = expf(rec[0] - mx);
+                        rec[1] *= f;
+                        for (int k = 0; k < hd; k++)
+                            o[k] *= f;
+                    }
+                    for (int s = 0; s < m; s++) {
+                        P[s] = expf(P[s] - mx);
+                        sum += P[s];
+                    }
+                    rec[0] = mx;
+                    rec[1] += sum;
+                    sp_f32_axpy_rows(j->v + kv_off, (size_t)ldk, m, hd, P, o);
+                }
+            }
     }
 }
 
@@ -795,9 +810,9 @@ static void attention(const sp_block *b, float *out, float *probs, const float *
         sp_attention_forward(out, probs, q, k, v, d);
         return;
     }
-    int chunk = attn_chunk(d), chunks = (d->S + chunk - 1) / chunk;
-    attn_job j = {d, out, probs, probs + (size_t)d->B * d->nh * d->T * d->S, q, k, v, chunk, chunks};
-    /* parts when there is enough to read (64K multiply-adds of scores and values a part) */
+    int chunks = attn_chunks(d), chunk = (d->S + chunks - 1) / chunks;
+    attn_job j = {d, out, probs, q, k, v, chunk, chunks};
+    /* parts when there is enough to do (64K multiply-adds of scores and values a part) */
     long units = (long)d->B * chunks, work = (long)d->B * d->nh * d->T * (long)d->S * d->hd * 2 / 65536;
     sp_pool_run_parts(b->pool, attn_chunk_part, &j, (int)(work < 1 ? 1 : work < units ? work : units));
     long rows = (long)d->B * d->T * d->nh, cwork = rows * chunks * d->hd / 65536;
