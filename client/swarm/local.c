@@ -217,14 +217,24 @@ sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
         sp_runtime_swarm_down(rt);
         return st;
     }
+    /* the spans in block order (the servers are listed in the order the DHT view found them) */
+    int span[256][2], ns = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers && ns < 256; i++)
+        if (rt->servers[i]->pid > 0 && !rt->servers[i]->gone) {
+            int a = rt->servers[i]->rec.start, b = rt->servers[i]->rec.end, at = ns++;
+            for (; at > 0 && (span[at - 1][0] > a || (span[at - 1][0] == a && span[at - 1][1] > b)); at--) {
+                span[at][0] = span[at - 1][0];
+                span[at][1] = span[at - 1][1];
+            }
+            span[at][0] = a;
+            span[at][1] = b;
+        }
+    pthread_mutex_unlock(&rt->lock);
     char spans[1024];
     size_t m = 0;
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers && m < sizeof spans; i++)
-        if (rt->servers[i]->pid > 0 && !rt->servers[i]->gone)
-            m += (size_t)snprintf(spans + m, sizeof spans - m, "%s%d:%d", m ? ", " : "", rt->servers[i]->rec.start,
-                                  rt->servers[i]->rec.end);
-    pthread_mutex_unlock(&rt->lock);
+    for (int i = 0; i < ns && m < sizeof spans; i++)
+        m += (size_t)snprintf(spans + m, sizeof spans - m, "%s%d:%d", m ? ", " : "", span[i][0], span[i][1]);
     sp_rt_emitf(rt, SP_EV_INFO, 0, "%d server%s: blocks %s", n, n > 1 ? "s" : "", spans);
     return sp_runtime_route(rt, err);
 }
