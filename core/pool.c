@@ -7,12 +7,12 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
