@@ -817,6 +817,18 @@ static void apply(tui_state *st, tui_ev *e, double t)
     tui_ev_free(e);
 }
 
+/* A fresh state and view that have seen three_servers() at t = 1, server `offline` (or none: -1) offline. */
+static void with_swarm(tui_state *st, tui_view *v, int offline)
+{
+    tui_state_init(st);
+    tui_view_init(v);
+    tui_ev *e = tui_ev_new(TE_SWARM);
+    e->swarm = three_servers();
+    if (offline >= 0)
+        e->swarm->s[offline].state = TUI_ST_OFFLINE;
+    apply(st, e, 1);
+}
+
 START_TEST(t_state)
 {
     tui_state st;
@@ -903,13 +915,8 @@ static int screen_has(const tui_cb *cb, const char *needle)
 START_TEST(t_panels)
 {
     tui_state st;
-    tui_state_init(&st);
     tui_view v;
-    tui_view_init(&v);
-    tui_ev *e = tui_ev_new(TE_SWARM);
-    e->swarm = three_servers();
-    e->swarm->s[2].state = TUI_ST_OFFLINE;
-    apply(&st, e, 1);
+    with_swarm(&st, &v, 2);
     tui_cb cb = grid(8, 100, 1);
     tui_draw_swarm(&cb, &st, &v, 1);
     for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < cb.h; y++)
@@ -923,7 +930,7 @@ START_TEST(t_panels)
     ck_assert(screen_has(&cb, "gap"));
     tui_cb_free(&cb);
     /* the route, with each hop's measured time */
-    e = tui_ev_new(TE_ROUTE);
+    tui_ev *e = tui_ev_new(TE_ROUTE);
     e->nhops = 2;
     e->hops = calloc(2, sizeof *e->hops);
     e->hops[0] = (tui_hop){.server = 0, .start = 0, .end = 2, .latency = 0.002};
@@ -1190,13 +1197,9 @@ END_TEST
 START_TEST(t_route_reroute)
 {
     tui_state st;
-    tui_state_init(&st);
     tui_view v;
-    tui_view_init(&v);
-    tui_ev *e = tui_ev_new(TE_SWARM);
-    e->swarm = three_servers();
-    apply(&st, e, 1);
-    e = tui_ev_new(TE_ROUTE); /* the first route: no note */
+    with_swarm(&st, &v, -1);
+    tui_ev *e = tui_ev_new(TE_ROUTE); /* the first route: no note */
     e->nhops = 2;
     e->hops = calloc(2, sizeof *e->hops);
     e->hops[0] = (tui_hop){.server = 0, .start = 0, .end = 3, .latency = 0.002};
@@ -1266,12 +1269,8 @@ END_TEST
 START_TEST(t_mouse)
 {
     tui_state st;
-    tui_state_init(&st);
     tui_view v;
-    tui_view_init(&v);
-    tui_ev *e = tui_ev_new(TE_SWARM);
-    e->swarm = three_servers();
-    apply(&st, e, 1);
+    with_swarm(&st, &v, -1);
     for (int i = 0; i < 50; i++)
         apply(&st, ev(TE_LOG, "a line"), 2);
     tui_layout l;
