@@ -29,14 +29,20 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* fixtures */
 
+/* The defaults for a server of llama-gqa's blocks [a, b), its throughput not measured. */
+static void gqa_opts(sp_server_opts *o, int a, int b)
+{
+    sp_server_opts_default(o);
+    o->model_dir = GQA;
+    o->start = a;
+    o->end = b;
+    o->measure = 0;
+}
+
 static sp_server *start_server(int a, int b, long cache_tokens, double step_timeout)
 {
     sp_server_opts o;
-    sp_server_opts_default(&o);
-    o.model_dir = GQA;
-    o.start = a;
-    o.end = b;
-    o.measure = 0;
+    gqa_opts(&o, a, b);
     if (cache_tokens)
         o.cache_tokens = cache_tokens;
     if (step_timeout > 0)
@@ -242,11 +248,7 @@ END_TEST
 static void keep_kept(size_t keep_bytes)
 {
     sp_server_opts o;
-    sp_server_opts_default(&o);
-    o.model_dir = GQA;
-    o.start = 0;
-    o.end = 4;
-    o.measure = 0;
+    gqa_opts(&o, 0, 4);
     if (keep_bytes)
         o.keep_bytes = keep_bytes;
     sp_server *s = NULL;
@@ -732,10 +734,7 @@ END_TEST
 static sp_server *start_measured(const char *cache)
 {
     sp_server_opts o;
-    sp_server_opts_default(&o);
-    o.model_dir = GQA;
-    o.start = 0;
-    o.end = 2;
+    gqa_opts(&o, 0, 2);
     o.measure = 1;
     o.throughput_cache = cache;
     sp_server *s = NULL;
@@ -836,11 +835,7 @@ static double transport_number(sp_remote *r, const char *name)
 START_TEST(t_largest_requests)
 {
     sp_server_opts o;
-    sp_server_opts_default(&o);
-    o.model_dir = GQA;
-    o.start = 0;
-    o.end = 4;
-    o.measure = 0;
+    gqa_opts(&o, 0, 4);
     o.cache_tokens = 4096;
     o.max_batch_tokens = 2048;
     sp_server *s = NULL;
