@@ -255,6 +255,17 @@ static void put64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* The server refused slot s (or the connect failed): its socket closed, a retry in 50 ms if it reconnects. */
+static void slot_refused(sp_atk *a, slot *s)
+{
+    if (s->fd >= 0)
+        close(s->fd);
+    s->fd = -1;
+    s->state = a->o.reconnect ? S_WAIT : S_DONE;
+    s->next_at = now_s() + 0.05;
+    bump(a, &a->st.refused, 1);
+}
+
 /* Opens slot i: TCP, then (but for SLOWLORIS) the upgrade and HELLO; S_ACTIVE, or S_WAIT after a refusal. */
 static void slot_open(sp_atk *a, slot *s)
 {
@@ -263,20 +274,14 @@ static void slot_open(sp_atk *a, slot *s)
     s->trickle = 0;
     s->fd = sp_atk_connect(a->o.src, a->o.port);
     if (s->fd < 0) {
-        s->state = a->o.reconnect ? S_WAIT : S_DONE;
-        s->next_at = now_s() + 0.05;
-        bump(a, &a->st.refused, 1);
+        slot_refused(a, s);
         return;
     }
     bump(a, &a->st.connects, 1);
     if (a->o.kind == SP_ATK_BULK) { /* part of "SPBK" + 0 + token, then nothing */
         s->opened_at = now_s();
         if (send(s->fd, "SPB", 3, MSG_NOSIGNAL) != 3) {
-            close(s->fd);
-            s->fd = -1;
-            s->state = a->o.reconnect ? S_WAIT : S_DONE;
-            s->next_at = now_s() + 0.05;
-            bump(a, &a->st.refused, 1);
+            slot_refused(a, s);
             return;
         }
     } else if (a->o.kind == SP_ATK_SLOWLORIS) {
@@ -290,11 +295,7 @@ static void slot_open(sp_atk *a, slot *s)
         if (up || sp_atk_send_msg(s->fd, a->hello, a->hello_len) || sp_atk_recv_msg(s->fd, &rep, &n) ||
             n < SP_PROTO_HEADER_SIZE || rep[8] != SP_MSG_HELLO) {
             free(rep);
-            close(s->fd);
-            s->fd = -1;
-            s->state = a->o.reconnect ? S_WAIT : S_DONE;
-            s->next_at = now_s() + 0.05;
-            bump(a, &a->st.refused, 1);
+            slot_refused(a, s);
             return;
         }
         free(rep);
