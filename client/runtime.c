@@ -74,7 +74,7 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
     rt->user = user;
     rt->set = (sp_rt_settings){.max_retries = 8, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 10};
     pthread_mutex_init(&rt->lock, NULL);
-    pthread_mutex_init(&rt->view_lock, NULL);
+    sp_view_slot_init(&rt->views);
     pthread_cond_init(&rt->pinger_cond, NULL);
     sp_rng_seed(&rt->rng, sp_now_ns() ^ (uint64_t)getpid());
     find_server_bin(rt);
@@ -121,7 +121,7 @@ void sp_runtime_free(sp_runtime *rt)
     sp_pool_free(rt->pool);
     sp_tokenizer_free(rt->tok);
     pthread_mutex_destroy(&rt->lock);
-    pthread_mutex_destroy(&rt->view_lock);
+    sp_view_slot_destroy(&rt->views);
     pthread_cond_destroy(&rt->pinger_cond);
     free(rt);
 }

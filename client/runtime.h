@@ -24,6 +24,7 @@
 #include "remote.h"
 #include "rng.h"
 #include "tokenizer.h"
+#include "view.h"
 
 #define SP_RT_MAX_HOPS 64
 
@@ -130,8 +131,7 @@ typedef struct sp_runtime {
 
     /* discovery (swarm/discovery.c) */
     struct sp_dht *dht;
-    struct sp_view *view;
-    pthread_mutex_t view_lock; /* the DHT's callbacks use view under it */
+    sp_view_slot views;    /* the view of the loaded model's servers, as the DHT's callbacks reach it */
     char initial_peers[1024];
     pthread_t pinger;
     int pinger_started, pinger_stop;

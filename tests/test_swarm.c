@@ -199,7 +199,7 @@ START_TEST(t_discovery)
     waiter w = {.rt = rt, .n = 5};
     if (!sp_test_wait_for(has_online, &w, 15)) {
         sp_view_stats vs;
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
         ck_abort_msg("found %d of 5 servers (view: %llu accepted, %llu dropped, %d rounds, last drop: %s; %d DHT peers)",
                      count_online(rt), (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.rounds,
                      vs.last_drop, sp_dht_good_nodes(rt->dht));
@@ -218,7 +218,7 @@ START_TEST(t_discovery)
     sp_test_proc_signal(&procs[4], SIGTERM);
     if (!sp_test_wait_for(state_is, &w, 5)) {
         sp_view_stats vs;
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
         dump_log(&procs[4]);
         ck_abort_msg("no OFFLINE after SIGTERM (view: %llu accepted, %llu dropped, last: %s)",
                      (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.last_drop);
@@ -306,7 +306,7 @@ START_TEST(t_hostile_records)
     put_raw(evil, "stories15M.0", "h5", big, len);
     sp_view_stats vs = {0};
     for (double end = sp_now_s() + 15; sp_now_s() < end; sleep_ms(50)) {
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
         if (vs.dropped >= 9)
             break;
     }

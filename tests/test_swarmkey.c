@@ -12,7 +12,6 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -640,7 +639,7 @@ START_TEST(t_keyed_swarm)
     ck_assert_msg(sp_test_wait_for(keyed_seen, &w, 30), "the keyed servers did not show up (or never pinged)");
     sp_view_stats vs = {0};
     for (double end = sp_now_s() + 15; sp_now_s() < end && vs.dropped < 2; usleep(50000))
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
     printf("keyed swarm: %llu values dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
     ck_assert_int_ge((int)vs.dropped, 2);
     pthread_mutex_lock(&rt->lock);
@@ -667,24 +666,6 @@ END_TEST
  * gets one. The unkeyed server is named by a record sealed with the key (a member that lost its key, or a key
  * holder's mistake): without it no keyed reader would see the server at all. A view of our own (not a runtime,
  * whose own pings would reach the unkeyed server too) reads the records. */
-typedef struct view_fwd {
-    sp_view *_Atomic v;
-} view_fwd;
-
-static void fwd_value(void *u, const char *key, const uint8_t *data, size_t len, int expired)
-{
-    sp_view *v = atomic_load(&((view_fwd *)u)->v);
-    if (v)
-        sp_view_on_value(v, key, data, len, expired);
-}
-
-static void fwd_done(void *u, const char *key, int ok)
-{
-    sp_view *v = atomic_load(&((view_fwd *)u)->v);
-    if (v)
-        sp_view_on_get_done(v, key, ok);
-}
-
 /* The record of the server at port (1 if in the view). */
 static int record_at(sp_view *v, int port, sp_server_record *out)
 {
@@ -753,17 +734,18 @@ START_TEST(t_keyed_pings_unkeyed)
     swarm_server(&procs[2], "3:6", procs[0].dht_port, NULL);
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
-    view_fwd fwd = {NULL};
+    sp_view_slot slot;
+    sp_view_slot_init(&slot);
     sp_dht *d = NULL;
     sp_err err = {0};
-    sp_dht_opts dopts = {.bind = "127.0.0.2", .bootstrap = peers, .on_value = fwd_value, .on_get_done = fwd_done,
-                         .user = &fwd};
+    sp_dht_opts dopts = {.bind = "127.0.0.2", .bootstrap = peers, .on_value = sp_view_slot_on_value,
+                         .on_get_done = sp_view_slot_on_get_done, .user = &slot};
     ck_assert_msg(sp_dht_start(&d, &dopts, &err) == SP_OK, "%s", err.msg);
     sp_dht_wait_peers(d, 5000);
     sp_view_opts vo = {.model = "stories15M", .num_blocks = 6, .refresh_s = 1, .key = &k};
     sp_view *v = NULL;
     ck_assert_msg(sp_view_new(&v, d, &vo, &err) == SP_OK, "%s", err.msg);
-    atomic_store(&fwd.v, v);
+    sp_view_slot_swap(&slot, v);
     ping_wait w = {v, ""};
     ck_assert_msg(sp_test_wait_for(keyed_pinged, &w, 30), "the keyed servers never pinged each other");
     /* a record sealed with the key that names the unkeyed server, as a successor of the first and beside the
@@ -801,9 +783,8 @@ START_TEST(t_keyed_pings_unkeyed)
     }
     /* and no PING of theirs reached a handler there: only our INFOs (and their HELLOs) did */
     ck_assert_double_eq(info_number(procs[2].port, NULL, NULL, "requests"), requests + 2);
-    atomic_store(&fwd.v, NULL);
-    sp_view_free(v);
     sp_dht_stop(d);
+    sp_view_slot_destroy(&slot); /* frees v */
     for (int i = 0; i < 3; i++)
         sp_test_proc_signal(&procs[i], SIGKILL);
 }
