@@ -90,11 +90,12 @@ static int exited(pid_t pid)
 static pid_t pid_of_block(sp_runtime *rt, const sp_route *r, int block)
 {
     pid_t pid = -1;
-    pthread_mutex_lock(&rt->lock);
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
     for (int h = 0; h < r->nhops; h++)
-        if (r->hop[h].start <= block && block < r->hop[h].end)
-            pid = rt->servers[r->hop[h].server]->pid;
-    pthread_mutex_unlock(&rt->lock);
+        if (r->hop[h].start <= block && block < r->hop[h].end && r->hop[h].server < n)
+            pid = rows[r->hop[h].server].pid;
+    free(rows);
     return pid;
 }
 
@@ -224,12 +225,13 @@ static void on_event(const sp_event *ev, void *user)
 static int holders(sp_runtime *rt, int b)
 {
     int n = 0;
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++) {
-        const sp_server_entry *e = rt->servers[i];
+    sp_server_row *rows = NULL;
+    int m = sp_runtime_servers(rt, &rows);
+    for (int i = 0; i < m; i++) {
+        const sp_server_row *e = &rows[i];
         n += !e->gone && e->rec.state == SP_SERVER_ONLINE && e->rec.start <= b && b < e->rec.end;
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     return n;
 }
 

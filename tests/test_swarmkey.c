@@ -4,7 +4,8 @@
  * server's counters say so), a client refuses a server without the key, a replayed proof is refused by the server
  * and a replayed challenge by the client; and a keyed swarm over the DHT, where an unkeyed server and a forged
  * record stay out of a keyed client's view and the servers ping only each other; a keyed server's ping of an
- * unkeyed one fails the key exchange and counts as no ping. */
+ * unkeyed one fails the key exchange and counts as no ping. White-box in one place: it reads the runtime's DHT view's
+ * counters (private/runtime_state.h). */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <check.h>
@@ -25,6 +26,7 @@
 #include "record.h"
 #include "remote.h"
 #include "runtime.h"
+#include "runtime_state.h"
 #include "swarmkey.h"
 #include "testutil.h"
 #include "timeutil.h"
@@ -492,7 +494,7 @@ static void generates(sp_runtime *rt)
 {
     int *ids = NULL, n = 0;
     sp_err err = {0};
-    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, "Once upon a time", 1, &ids, &n, &err), SP_OK);
+    ck_assert_int_eq(sp_tokenizer_encode(sp_runtime_tokenizer(rt), "Once upon a time", 1, &ids, &n, &err), SP_OK);
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
     sp_gen_opts o;
@@ -500,7 +502,7 @@ static void generates(sp_runtime *rt)
     o.max_new = 8;
     const int32_t *ps[1] = {ids};
     sp_gen_result r;
-    ck_assert_msg(sp_generate(&lm, rt->tok, ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_generate(&lm, sp_runtime_tokenizer(rt), ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK, "%s", err.msg);
     ck_assert_str_eq(r.text[0], ", there was a little girl named L");
     sp_gen_result_free(&r);
     free(ids);
@@ -594,15 +596,16 @@ static int keyed_seen(void *u)
 {
     view_wait *w = u;
     int found = 0, pinged = 0;
-    pthread_mutex_lock(&w->rt->lock);
-    for (int i = 0; i < w->rt->nservers; i++) {
-        const sp_server_record *r = &w->rt->servers[i]->rec;
-        if (w->rt->servers[i]->gone || r->state != SP_SERVER_ONLINE)
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(w->rt, &rows);
+    for (int i = 0; i < n; i++) {
+        const sp_server_record *r = &rows[i].rec;
+        if (rows[i].gone || r->state != SP_SERVER_ONLINE)
             continue;
         found += r->port == w->ports[0] || r->port == w->ports[1];
         pinged += r->npings > 0;
     }
-    pthread_mutex_unlock(&w->rt->lock);
+    free(rows);
     return found == 2 && pinged >= 1;
 }
 
@@ -614,7 +617,7 @@ START_TEST(t_keyed_swarm)
     swarm_server(&procs[1], "3:6", procs[0].dht_port, path);
     swarm_server(&procs[2], "0:6", procs[0].dht_port, NULL); /* no key, same DHT: its records are untagged */
     sp_runtime *rt = runtime_with(path);
-    rt->set.update_period_s = 1;
+    sp_test_update_period(rt, 1);
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
     sp_err err = {0};
@@ -628,7 +631,7 @@ START_TEST(t_keyed_swarm)
     sp_dht_wait_peers(evil, 5000);
     sp_server_record r;
     some_record(&r);
-    r.config_hash = rt->local->cfg.hash;
+    r.config_hash = sp_runtime_config(rt)->hash;
     r.throughput = 1e9;
     char buf[SP_RECORD_MAX];
     size_t len;
@@ -642,15 +645,16 @@ START_TEST(t_keyed_swarm)
         sp_view_stats_get(rt->views.view, &vs);
     printf("keyed swarm: %llu values dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
     ck_assert_int_ge((int)vs.dropped, 2);
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++) { /* the unkeyed server and the forged record never got in */
-        const sp_server_record *x = &rt->servers[i]->rec;
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
+    for (int i = 0; i < n; i++) { /* the unkeyed server and the forged record never got in */
+        const sp_server_record *x = &rows[i].rec;
         ck_assert_int_ne(x->port, procs[2].port);
         ck_assert_str_ne(x->id, "0123456789abcdef");
         for (int j = 0; j < x->npings; j++) /* a keyed server pings only key holders */
             ck_assert_msg(strcmp(x->pings[j].id, "0123456789abcdef"), "pinged the forged server");
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     sp_route route;
     ck_assert_msg(sp_runtime_route_inference(rt, 0, 6, 0, &route, &err) == SP_OK, "%s", err.msg);
     generates(rt);
