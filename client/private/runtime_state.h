@@ -1,11 +1,12 @@
 /* runtime_state.h - the client runtime's state, private to client/ (the way ggml keeps its context in
- * ggml-impl.h): front ends see `typedef struct sp_runtime sp_runtime` and call functions (runtime.h). This
- * folder is on the include path of client/'s own files only; white-box tests name it themselves
- * (tests/CMakeLists.txt).
+ * ggml-impl.h): front ends see only `typedef struct sp_runtime sp_runtime` (runtime_types.h) and call functions
+ * (runtime.h). This folder is on the include path of client/'s own files only; white-box tests name it
+ * themselves (tests/CMakeLists.txt).
  *
- * The runtime's parts all work on this struct, each below the life cycle (runtime.c), none above another's
- * header: the events (runtime_events.c), cancellation and the clock (runtime_cancel.c), the model's local
- * parts (model/parts.c), and the swarm (swarm/: servers, discovery, routes, sessions, chains, a local swarm).
+ * The runtime's parts work on this struct: cancellation and the clock (runtime_cancel.c), the model's local
+ * parts (model/parts.c), the swarm (swarm/: servers, discovery, routes, sessions, chains, a local swarm) and the
+ * trainer (train/trainer.c); the life cycle (runtime.c) is above them all. This header includes nothing of
+ * theirs, so none of them depends on another through it, nor on runtime.c.
  *
  * Servers: one entry per server id, never removed while the runtime lives (so an index stays valid); an
  * entry whose server left the view is `gone`.
