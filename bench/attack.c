@@ -218,7 +218,7 @@ static int generate(legit *l, char *text, size_t cap)
     sp_gen_result r;
     sp_err err = {0};
     l->last = sp_now_s();
-    if (sp_generate(&lm, l->rt->tok, ps, &l->n, 1, &g, on_token, l, &r, &err))
+    if (sp_generate(&lm, sp_runtime_tokenizer(l->rt), ps, &l->n, 1, &g, on_token, l, &r, &err))
         return -1;
     snprintf(text, cap, "%s", r.text[0]);
     sp_gen_result_free(&r);
@@ -411,7 +411,8 @@ int main(int argc, char **argv)
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", srv.port);
     if (sp_runtime_new(&l.rt, NULL, NULL, &err) || sp_runtime_load(l.rt, o.model, &err) ||
-        sp_runtime_connect(l.rt, addr, &err) || sp_tokenizer_encode(l.rt->tok, "Once upon a time", 1, &raw, &l.n, &err))
+        sp_runtime_connect(l.rt, addr, &err) ||
+        sp_tokenizer_encode(sp_runtime_tokenizer(l.rt), "Once upon a time", 1, &raw, &l.n, &err))
         return fprintf(stderr, "bench: %s\n", err.msg), 1;
     for (int i = 0; i < l.n && i < 64; i++)
         l.ids[i] = raw[i];

@@ -42,11 +42,11 @@ static void child(const char *dir, int fd)
             fprintf(stderr, "bench: %s\n", err.msg);
             _exit(1);
         }
-        bytes = (long long)rt->local->bytes_loaded;
+        bytes = (long long)sp_runtime_model(rt)->bytes_loaded;
     }
     long hwm = status_kb("VmHWM:"), rss = status_kb("VmRSS:"), used = hwm;
     if (dir) {
-        int H = rt->local->cfg.hidden, V = rt->local->cfg.vocab;
+        int H = sp_runtime_config(rt)->hidden, V = sp_runtime_config(rt)->vocab;
         float *h = calloc((size_t)H, sizeof(float)), *logits = malloc((size_t)V * sizeof(float));
         int32_t ids[64];
         for (int i = 0; i < 64; i++)
@@ -54,8 +54,8 @@ static void child(const char *dir, int fd)
         float *e = malloc((size_t)64 * H * sizeof(float));
         for (int i = 0; h && i < H; i++)
             h[i] = 0.01f * (float)(i % 7);
-        if (h && logits && e && !sp_model_embed(rt->local, e, ids, 64, &err) &&
-            !sp_model_head(rt->local, logits, h, 1, &err))
+        if (h && logits && e && !sp_model_embed(sp_runtime_model(rt), e, ids, 64, &err) &&
+            !sp_model_head(sp_runtime_model(rt), logits, h, 1, &err))
             used = status_kb("VmHWM:");
         free(h), free(logits), free(e);
     }

@@ -90,11 +90,12 @@ static int exited(pid_t pid)
 static pid_t pid_of_block(sp_runtime *rt, const sp_route *r, int block)
 {
     pid_t pid = -1;
-    pthread_mutex_lock(&rt->lock);
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
     for (int h = 0; h < r->nhops; h++)
-        if (r->hop[h].start <= block && block < r->hop[h].end)
-            pid = rt->servers[r->hop[h].server]->pid;
-    pthread_mutex_unlock(&rt->lock);
+        if (r->hop[h].start <= block && block < r->hop[h].end && r->hop[h].server < n)
+            pid = rows[r->hop[h].server].pid;
+    free(rows);
     return pid;
 }
 
@@ -224,12 +225,13 @@ static void on_event(const sp_event *ev, void *user)
 static int holders(sp_runtime *rt, int b)
 {
     int n = 0;
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++) {
-        const sp_server_entry *e = rt->servers[i];
+    sp_server_row *rows = NULL;
+    int m = sp_runtime_servers(rt, &rows);
+    for (int i = 0; i < m; i++) {
+        const sp_server_row *e = &rows[i];
         n += !e->gone && e->rec.state == SP_SERVER_ONLINE && e->rec.start <= b && b < e->rec.end;
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     return n;
 }
 
@@ -384,29 +386,6 @@ static long rss_kib(pid_t pid)
     return kib;
 }
 
-typedef struct client_view {
-    pthread_mutex_t lock;
-    sp_view *view;
-} client_view;
-
-static void cv_value(void *user, const char *key, const uint8_t *data, size_t len, int expired)
-{
-    client_view *c = user;
-    pthread_mutex_lock(&c->lock);
-    if (c->view)
-        sp_view_on_value(c->view, key, data, len, expired);
-    pthread_mutex_unlock(&c->lock);
-}
-
-static void cv_done(void *user, const char *key, int ok)
-{
-    client_view *c = user;
-    pthread_mutex_lock(&c->lock);
-    if (c->view)
-        sp_view_on_get_done(c->view, key, ok);
-    pthread_mutex_unlock(&c->lock);
-}
-
 static int bench_discovery(int n)
 {
     disc_node *nodes = calloc((size_t)n, sizeof *nodes);
@@ -443,23 +422,21 @@ static int bench_discovery(int n)
         acked += sp_dht_flush(nodes[i].d, 20000, &err) == SP_OK;
     double published = sp_now_s() - t0;
     /* the client: a node that announces nothing, and the view */
-    client_view cv = {.view = NULL};
-    pthread_mutex_init(&cv.lock, NULL);
+    sp_view_slot cv;
+    sp_view_slot_init(&cv);
     sp_dht *cd = NULL;
     double tc = sp_now_s(), seen_all = -1, seen_half = -1;
     int seen = 0;
     if (!rc) {
-        sp_dht_opts o = {.bind = "127.0.0.1", .bootstrap = peers, .on_value = cv_value, .on_get_done = cv_done,
-                         .user = &cv};
+        sp_dht_opts o = {.bind = "127.0.0.1", .bootstrap = peers, .on_value = sp_view_slot_on_value,
+                         .on_get_done = sp_view_slot_on_get_done, .user = &cv};
         sp_view_opts vo = {.model = DISC_MODEL, .config_hash = DISC_HASH, .num_blocks = DISC_BLOCKS, .refresh_s = 30};
         sp_view *v = NULL;
         if (sp_dht_start(&cd, &o, &err) || sp_view_new(&v, cd, &vo, &err)) {
             fprintf(stderr, "bench: client: %s\n", err.msg);
             rc = 1;
         }
-        pthread_mutex_lock(&cv.lock);
-        cv.view = v;
-        pthread_mutex_unlock(&cv.lock);
+        sp_view_slot_swap(&cv, v);
         while (!rc && sp_now_s() - tc < 60) {
             sp_server_record *all = NULL;
             seen = sp_view_snapshot(v, &all);
@@ -519,15 +496,12 @@ static int bench_discovery(int n)
             printf("\n");
             free(got);
         }
-        pthread_mutex_lock(&cv.lock);
-        cv.view = NULL;
-        pthread_mutex_unlock(&cv.lock);
-        sp_view_free(v);
+        sp_view_free(sp_view_slot_swap(&cv, NULL));
         sp_dht_stop(cd);
     }
     for (int i = 0; i < n; i++)
         sp_dht_stop(nodes[i].d);
-    pthread_mutex_destroy(&cv.lock);
+    sp_view_slot_destroy(&cv);
     free(nodes);
     return rc;
 }

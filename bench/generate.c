@@ -71,17 +71,17 @@ static int swarm_child(const opts *o, int in, int out)
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
     double tps, warm;
-    run_once(&lm, rt->tok, o->tokens, &warm);
+    run_once(&lm, sp_runtime_tokenizer(rt), o->tokens, &warm);
     char c;
     while (read(in, &c, 1) == 1 && c == 'g') {
-        if (run_once(&lm, rt->tok, o->tokens, &tps))
+        if (run_once(&lm, sp_runtime_tokenizer(rt), o->tokens, &tps))
             tps = -1;
         if (write(out, &tps, sizeof tps) != sizeof tps)
             break;
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double stats[2] = {(double)ru.ru_maxrss, (double)rt->local->bytes_loaded};
+    double stats[2] = {(double)ru.ru_maxrss, (double)sp_runtime_model(rt)->bytes_loaded};
     if (write(out, stats, sizeof stats) != sizeof stats)
         return 1;
     sp_runtime_free(rt);

@@ -165,7 +165,7 @@ static int generate(client *c, char *text, size_t cap)
     sp_gen_result r;
     sp_err err = {0};
     c->last = sp_now_s();
-    if (sp_generate(&lm, c->rt->tok, ps, &c->n, 1, &g, on_token, c, &r, &err)) {
+    if (sp_generate(&lm, sp_runtime_tokenizer(c->rt), ps, &c->n, 1, &g, on_token, c, &r, &err)) {
         fprintf(stderr, "soak: client %d: %s\n", c->index, err.msg);
         return -1;
     }
@@ -177,7 +177,7 @@ static int generate(client *c, char *text, size_t cap)
 /* FORWARD (keeping the activations) and BACKWARD of a [2, 32, H] batch through a training route. */
 static int train_step(client *c, sp_rng *rng)
 {
-    int B = 2, T = 32, H = c->rt->local->cfg.hidden;
+    int B = 2, T = 32, H = sp_runtime_config(c->rt)->hidden;
     size_t N = (size_t)B * T * H;
     float *x = malloc(N * sizeof *x), *g = malloc(N * sizeof *g), *bound = malloc(SP_RT_MAX_HOPS * N * sizeof *bound);
     sp_route route;
@@ -235,7 +235,7 @@ static int client_init(soak *s, client *c, int index)
     c->index = index;
     if (sp_runtime_new(&c->rt, NULL, NULL, &err) || sp_runtime_load(c->rt, s->o.model, &err) ||
         sp_runtime_connect(c->rt, s->addrs, &err) ||
-        sp_tokenizer_encode(c->rt->tok, "Once upon a time", 1, &raw, &c->n, &err))
+        sp_tokenizer_encode(sp_runtime_tokenizer(c->rt), "Once upon a time", 1, &raw, &c->n, &err))
         return fprintf(stderr, "soak: client %d: %s\n", index, err.msg), -1;
     for (int i = 0; i < c->n && i < 64; i++)
         c->ids[i] = raw[i];
@@ -469,13 +469,16 @@ static int start_swarm(soak *s)
         sp_runtime_swarm_up(s->up, s->o.servers, 0, &err))
         return fprintf(stderr, "soak: swarm up: %s\n", err.msg), -1;
     size_t k = 0;
-    for (int i = 0; i < s->up->nservers && s->npids < 16; i++) {
-        sp_server_entry *e = s->up->servers[i];
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(s->up, &rows);
+    for (int i = 0; i < n && s->npids < 16; i++) {
+        const sp_server_row *e = &rows[i];
         if (e->pid <= 0 || e->gone)
             continue;
         s->pids[s->npids++] = e->pid;
         k += (size_t)snprintf(s->addrs + k, sizeof s->addrs - k, "%s%s:%d", k ? "," : "", e->rec.host, e->rec.port);
     }
+    free(rows);
     return s->npids == s->o.servers ? 0 : -1;
 }
 

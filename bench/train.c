@@ -42,10 +42,10 @@ static void *peek_open(const sepal_task *task, sp_runtime *rt, sepal_host *h)
     h->abi = SEPAL_PLUGIN_ABI;
     h->ctx = rt;
     h->encode = peek_encode;
-    h->vocab = rt->local->cfg.vocab;
+    h->vocab = sp_runtime_config(rt)->vocab;
     h->pad_id = 0; /* as the trainer's host */
-    h->bos_id = rt->local->cfg.bos_id;
-    h->eos_id = rt->local->cfg.eos_id;
+    h->bos_id = sp_runtime_config(rt)->bos_id;
+    h->eos_id = sp_runtime_config(rt)->eos_id;
     char msg[512] = "";
     void *ctx = task->open(h, "", msg, sizeof msg);
     if (!ctx)
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
         return perror(dump), 1;
     if (df) {
         int n = task->size(peek, SEPAL_SPLIT_TRAIN);
-        dump_header(df, model, local, &o, (n + o.batch - 1) / o.batch, &rt->local->cfg);
+        dump_header(df, model, local, &o, (n + o.batch - 1) / o.batch, sp_runtime_config(rt));
     }
     int *idx = malloc((size_t)o.batch * sizeof *idx);
     double *ts = calloc((size_t)reps, sizeof *ts), *tl = calloc((size_t)reps, sizeof *tl);

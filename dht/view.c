@@ -431,3 +431,54 @@ void sp_view_stats_get(sp_view *v, sp_view_stats *s)
     *s = v->stats;
     pthread_mutex_unlock(&v->lock);
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the slot */
+
+void sp_view_slot_init(sp_view_slot *s)
+{
+    pthread_mutex_init(&s->lock, NULL);
+    s->view = NULL;
+}
+
+void sp_view_slot_destroy(sp_view_slot *s)
+{
+    sp_view_free(sp_view_slot_swap(s, NULL));
+    pthread_mutex_destroy(&s->lock);
+}
+
+sp_view *sp_view_slot_swap(sp_view_slot *s, sp_view *v)
+{
+    pthread_mutex_lock(&s->lock);
+    sp_view *old = s->view;
+    s->view = v;
+    pthread_mutex_unlock(&s->lock);
+    return old;
+}
+
+void sp_view_slot_on_value(void *slot, const char *key, const uint8_t *data, size_t len, int expired)
+{
+    sp_view_slot *s = slot;
+    pthread_mutex_lock(&s->lock);
+    if (s->view)
+        sp_view_on_value(s->view, key, data, len, expired);
+    pthread_mutex_unlock(&s->lock);
+}
+
+void sp_view_slot_on_get_done(void *slot, const char *key, int ok)
+{
+    sp_view_slot *s = slot;
+    pthread_mutex_lock(&s->lock);
+    if (s->view)
+        sp_view_on_get_done(s->view, key, ok);
+    pthread_mutex_unlock(&s->lock);
+}
+
+int sp_view_slot_models(sp_view_slot *s, sp_model_record **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&s->lock);
+    int n = s->view ? sp_view_models(s->view, out) : 0;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}

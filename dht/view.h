@@ -13,6 +13,7 @@
 #ifndef SEPAL_VIEW_H
 #define SEPAL_VIEW_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "dht.h"
@@ -62,5 +63,26 @@ int sp_view_get(sp_view *v, const char *id, sp_server_record *out);
 /* Models announced in the swarm (newest per model, not stale), sorted by name; *out is malloc'd. */
 int sp_view_models(sp_view *v, sp_model_record **out);
 void sp_view_stats_get(sp_view *v, sp_view_stats *s);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* A view slot: where an owner's sp_dht callbacks find its current view (or none), under a lock of the slot's
+ * own, so the owner may replace or stop the view while the DHT's reader thread delivers values. Servers
+ * (announcing) and clients (a view per loaded model) hold one each. */
+typedef struct sp_view_slot {
+    pthread_mutex_t lock;
+    sp_view *view; /* NULL: none (the callbacks drop what comes) */
+} sp_view_slot;
+
+void sp_view_slot_init(sp_view_slot *s);
+/* Frees the view it holds and the lock; after the callbacks stopped (sp_dht_stop) or before they started. */
+void sp_view_slot_destroy(sp_view_slot *s);
+/* Puts v (NULL: none) in the slot and returns the view it held, which no callback uses any more: the caller
+ * frees it. */
+sp_view *sp_view_slot_swap(sp_view_slot *s, sp_view *v);
+/* sp_dht's on_value and on_get_done with the slot as user (or forwarded to with it): to the view held, if any. */
+void sp_view_slot_on_value(void *slot, const char *key, const uint8_t *data, size_t len, int expired);
+void sp_view_slot_on_get_done(void *slot, const char *key, int ok);
+/* sp_view_models of the view held; 0 with *out NULL when there is none. */
+int sp_view_slot_models(sp_view_slot *s, sp_model_record **out);
 
 #endif

@@ -131,37 +131,37 @@ sp_runtime *sp_app_runtime(sp_app *app)
             sp_runtime_cancel(rt);
         __atomic_store_n(&app->rt, rt, __ATOMIC_SEQ_CST);
     }
-    sp_rt_settings *set = &app->rt->set;
-    pthread_mutex_lock(&app->rt->lock);
-    set->max_retries = (int)sp_app_num(app, "max-retries");
-    set->step_timeout_s = sp_app_num(app, "step-timeout");
-    snprintf(set->allowed, sizeof set->allowed, "%s", sp_app_get(app, "allowed-servers"));
-    snprintf(set->blocked, sizeof set->blocked, "%s", sp_app_get(app, "blocked-servers"));
-    pthread_mutex_unlock(&app->rt->lock);
+    sp_rt_settings set;
+    sp_runtime_settings(app->rt, &set);
+    set.max_retries = (int)sp_app_num(app, "max-retries");
+    set.step_timeout_s = sp_app_num(app, "step-timeout");
+    snprintf(set.allowed, sizeof set.allowed, "%s", sp_app_get(app, "allowed-servers"));
+    snprintf(set.blocked, sizeof set.blocked, "%s", sp_app_get(app, "blocked-servers"));
+    sp_runtime_set_settings(app->rt, &set);
     sp_err terr = {0};
     double th = sp_app_num(app, "threads");
-    if (!isnan(th) && (int)th != app->rt->threads && sp_runtime_set_threads(app->rt, (int)th, &terr)) {
+    if (!isnan(th) && (int)th != sp_runtime_threads(app->rt) && sp_runtime_set_threads(app->rt, (int)th, &terr)) {
         sp_app_error(app, "threads: %s", terr.msg);
         char v[16];
-        snprintf(v, sizeof v, "%d", app->rt->threads);
+        snprintf(v, sizeof v, "%d", sp_runtime_threads(app->rt));
         sp_app_set(app, "threads", v, NULL, 0); /* the count in use stays */
         return NULL;
     }
     sp_wtype ht;
     sp_err derr = {0};
-    if (!sp_wtype_parse(sp_app_get(app, "dtype"), &ht) && (int)ht != app->rt->head_dtype &&
+    if (!sp_wtype_parse(sp_app_get(app, "dtype"), &ht) && (int)ht != sp_runtime_head_dtype(app->rt) &&
         sp_runtime_set_head_dtype(app->rt, (int)ht, &derr)) {
         sp_app_error(app, "dtype: %s", derr.msg);
-        sp_app_set(app, "dtype", sp_wtype_name((sp_wtype)app->rt->head_dtype), NULL, 0); /* the one in use stays */
+        sp_app_set(app, "dtype", sp_wtype_name((sp_wtype)sp_runtime_head_dtype(app->rt)), NULL, 0); /* in use stays */
         return NULL;
     }
     const char *key = sp_app_get(app, "swarm-key");
-    char path[sizeof app->rt->key_path];
+    char path[4096];
     sp_expand_home(key, path, sizeof path);
     sp_err err = {0};
-    if (strcmp(path, app->rt->key_path) && sp_runtime_set_swarm_key(app->rt, path, &err)) {
+    if (strcmp(path, sp_runtime_swarm_key_path(app->rt)) && sp_runtime_set_swarm_key(app->rt, path, &err)) {
         sp_app_error(app, "%s", err.msg);
-        sp_app_set(app, "swarm-key", app->rt->key_path, NULL, 0); /* the key in use stays */
+        sp_app_set(app, "swarm-key", sp_runtime_swarm_key_path(app->rt), NULL, 0); /* the key in use stays */
         return NULL;
     }
     return app->rt;

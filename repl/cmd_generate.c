@@ -80,21 +80,22 @@ static int cmd_generate(sp_app *app, const sp_args *a)
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
-    if (!rt->local)
+    const sp_config *c = sp_runtime_config(rt);
+    const sp_tokenizer *tok = sp_runtime_tokenizer(rt);
+    if (!c)
         return sp_app_error(app, "generate: no model loaded (load DIR first)");
-    if (!rt->nservers)
+    if (!sp_runtime_server_count(rt))
         return sp_app_error(app, "generate: no servers (swarm up N, or connect HOST:PORT)");
-    if (a->npos && !rt->tok)
+    if (a->npos && !tok)
         return sp_app_error(app, "generate: the model has no tokenizer: use generate --ids I,J,K");
     sp_err err = {0};
     float *shallow = NULL, *deep = NULL;
     int P = 0;
     sp_params_info info;
     if (prompts_file && (sp_params_info_read(prompts_file, &info, &err) ||
-                         sp_params_check_model(prompts_file, &info, rt->model_prefix, rt->local->cfg.hash, &err)))
+                         sp_params_check_model(prompts_file, &info, sp_runtime_model_name(rt), c->hash, &err)))
         return sp_app_error(app, "generate: --prompts: %s", err.msg);
-    if (prompts_file && sp_prompts_load(prompts_file, rt->local->cfg.n_layers, rt->local->cfg.hidden, &shallow, &deep,
-                                        &P, &err))
+    if (prompts_file && sp_prompts_load(prompts_file, c->n_layers, c->hidden, &shallow, &deep, &P, &err))
         return sp_app_error(app, "generate: --prompts %s: %s", prompts_file, err.msg);
     int32_t *ids = NULL;
     int n = 0, *raw = NULL;
@@ -102,7 +103,7 @@ static int cmd_generate(sp_app *app, const sp_args *a)
         if (parse_ids(app, ids_arg, &ids, &n))
             return free(shallow), free(deep), 1;
     } else {
-        if (sp_tokenizer_encode(rt->tok, a->pos[0], 1, &raw, &n, &err))
+        if (sp_tokenizer_encode(tok, a->pos[0], 1, &raw, &n, &err))
             return free(shallow), free(deep), sp_app_error(app, "generate: %s", err.msg);
         ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
         for (int i = 0; ids && i < n; i++)
@@ -129,14 +130,14 @@ static int cmd_generate(sp_app *app, const sp_args *a)
     }
     const char *stops[2] = {stop && *stop ? stop : NULL, NULL};
     o.stop = stops[0] ? stops : NULL;
-    o.eos_id = rt->local->cfg.eos_id;
-    o.bos_id = rt->local->cfg.bos_id;
+    o.eos_id = c->eos_id;
+    o.bos_id = c->bos_id;
     stream_ctx sc = {.app = app, .quiet = ids_arg != NULL || o.stop}; /* with a stop string: printed once cut */
     sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = ids_arg ? NULL : a->pos[0]};
     sp_emit(app, &begin);
     sp_gen_result r;
     const int32_t *ps[1] = {ids};
-    sp_status st = sp_generate(&lm, ids_arg ? NULL : rt->tok, ps, &n, 1, &o, stream, &sc, &r, &err);
+    sp_status st = sp_generate(&lm, ids_arg ? NULL : tok, ps, &n, 1, &o, stream, &sc, &r, &err);
     free(shallow);
     free(deep);
     if (st) {

@@ -45,7 +45,7 @@ static int cmd_swarm_down(sp_app *app, const sp_args *a)
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
-    if (!rt->swarm_started)
+    if (!sp_runtime_swarm_started(rt))
         return sp_app_error(app, "swarm down: no swarm was started here (swarm up N starts one)");
     sp_runtime_swarm_down(rt);
     return 0;
@@ -82,7 +82,7 @@ static void fmt_rtt(char *buf, size_t cap, double rtt)
         snprintf(buf, cap, "%.1f ms", rtt * 1e3);
 }
 
-static void server_row(sp_app *app, const sp_server_entry *e, double now)
+static void server_row(sp_app *app, const sp_server_row *e, double now)
 {
     const sp_server_record *r = &e->rec;
     char addr[96], span[32], rtt[32], pings[48], state[32], best_s[24];
@@ -112,10 +112,10 @@ static void server_row(sp_app *app, const sp_server_entry *e, double now)
            r->network_rps, r->dtype, cache, pings, rtt, r->version, e->pid > 0 ? " (local)" : "");
 }
 
-/* servers --long: every field of server i's record, one per line, nothing cut; caller holds rt->lock. */
-static void server_long(sp_app *app, sp_runtime *rt, int i, double now, double wall)
+/* servers --long: every field of server i's record (of the n rows), one per line, nothing cut. */
+static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, double now, double wall)
 {
-    const sp_server_entry *e = rt->servers[i];
+    const sp_server_row *e = &rows[i];
     const sp_server_record *r = &e->rec;
     char rtt[32], state[64];
     sp_out(app, "server %s%s\n", r->id, e->pid > 0 ? " (local: started by swarm up)" : "");
@@ -143,10 +143,10 @@ static void server_long(sp_app *app, sp_runtime *rt, int i, double now, double w
         sp_out(app, "  next pings  none\n");
     for (int p = 0; p < r->npings; p++) {
         char who[96] = "";
-        for (int j = 0; j < rt->nservers; j++)
-            if (!strcmp(rt->servers[j]->rec.id, r->pings[p].id)) {
-                const sp_server_record *n = &rt->servers[j]->rec;
-                snprintf(who, sizeof who, " (%s:%d, blocks %d:%d)", n->host, n->port, n->start, n->end);
+        for (int j = 0; j < n; j++)
+            if (!strcmp(rows[j].rec.id, r->pings[p].id)) {
+                const sp_server_record *x = &rows[j].rec;
+                snprintf(who, sizeof who, " (%s:%d, blocks %d:%d)", x->host, x->port, x->start, x->end);
             }
         fmt_rtt(rtt, sizeof rtt, r->pings[p].rtt);
         sp_out(app, "  %-11s %s %s%s\n", p ? "" : "next pings", r->pings[p].id, rtt, who);
@@ -173,26 +173,29 @@ static int cmd_servers(sp_app *app, const sp_args *a)
                "ping", "version");
     int shown = 0;
     double now = sp_runtime_now(rt), wall = sp_wall_s();
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++) {
-        const sp_server_entry *e = rt->servers[i];
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
+    if (n < 0)
+        return sp_app_error(app, "servers: out of memory");
+    for (int i = 0; i < n; i++) {
+        const sp_server_row *e = &rows[i];
         if (e->gone)
             continue;
         int newer = 0; /* a restarted server: the same address under a new id; show the newest record */
-        for (int j = 0; j < rt->nservers && !newer; j++)
-            newer = j != i && !rt->servers[j]->gone && rt->servers[j]->rec.port == e->rec.port &&
-                    !strcmp(rt->servers[j]->rec.host, e->rec.host) && rt->servers[j]->rec.timestamp > e->rec.timestamp;
+        for (int j = 0; j < n && !newer; j++)
+            newer = j != i && !rows[j].gone && rows[j].rec.port == e->rec.port &&
+                    !strcmp(rows[j].rec.host, e->rec.host) && rows[j].rec.timestamp > e->rec.timestamp;
         if (newer)
             continue;
         if (lng && shown)
             sp_out(app, "\n");
         if (lng)
-            server_long(app, rt, i, now, wall);
+            server_long(app, rows, n, i, now, wall);
         else
             server_row(app, e, now);
         shown++;
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     if (!shown)
         sp_out(app, "(no servers: swarm up N, connect --initial-peers HOST:PORT, or connect HOST:PORT)\n");
     return 0;
@@ -204,7 +207,7 @@ static int cmd_models(sp_app *app, const sp_args *a)
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
-    if (!rt->dht)
+    if (!sp_runtime_in_swarm(rt))
         return sp_app_error(app, "models: not in a swarm (swarm up N, or connect --initial-peers HOST:PORT)");
     sp_model_record *m = NULL;
     int n = sp_runtime_models(rt, &m);
@@ -212,7 +215,7 @@ static int cmd_models(sp_app *app, const sp_args *a)
     for (int i = 0; i < n; i++)
         sp_out(app, "%-24s %7d %7d %016llx   %s%s\n", m[i].model, m[i].num_blocks, m[i].hidden,
                (unsigned long long)m[i].config_hash, m[i].architecture,
-               rt->local && !strcmp(m[i].model, rt->model_prefix) ? " (loaded)" : "");
+               sp_runtime_config(rt) && !strcmp(m[i].model, sp_runtime_model_name(rt)) ? " (loaded)" : "");
     if (!n)
         sp_out(app, "(no models announced yet)\n");
     free(m);
@@ -226,10 +229,11 @@ static int cmd_route(sp_app *app, const sp_args *a)
     sp_err err = {0};
     if (!rt)
         return 1;
-    if (!rt->local)
+    const sp_config *c = sp_runtime_config(rt);
+    if (!c)
         return sp_app_error(app, "route: no model loaded (load DIR first)");
     sp_route r;
-    if (sp_runtime_route_inference(rt, 0, rt->local->cfg.n_layers, 0, &r, &err))
+    if (sp_runtime_route_inference(rt, 0, c->n_layers, 0, &r, &err))
         return sp_app_error(app, "route: %s", err.msg);
     char text[4096];
     sp_runtime_route_text(rt, &r, text, sizeof text);

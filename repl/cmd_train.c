@@ -75,9 +75,9 @@ static int run(sp_app *app, const sp_args *a, int do_train)
     sp_runtime *rt = task ? sp_app_runtime(app) : NULL;
     if (!rt)
         return 1;
-    if (!rt->local)
+    if (!sp_runtime_config(rt))
         return sp_app_error(app, "%s: no model loaded (load DIR first)", cmd);
-    if (load && sp_params_check_model(load, &info, rt->model_prefix, rt->local->cfg.hash, &err))
+    if (load && sp_params_check_model(load, &info, sp_runtime_model_name(rt), sp_runtime_config(rt)->hash, &err))
         return sp_app_error(app, "%s: %s", cmd, err.msg);
     sp_train_opts o;
     sp_train_opts_default(&o);

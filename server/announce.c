@@ -31,8 +31,7 @@ struct sp_announce {
     sp_announce_opts o;
     sp_swarm_key key; /* o.key points here */
     sp_dht *dht;
-    sp_view *view;
-    pthread_mutex_t view_lock; /* the DHT's callbacks use view under it; stopping clears view under it */
+    sp_view_slot views;    /* the DHT's callbacks reach the view through it; stopping empties it */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     sp_server_record rec;  /* what is published */
@@ -161,7 +160,7 @@ static void ping_successors(sp_announce *a)
 {
     sp_server_record self, *all = NULL;
     sp_announce_record(a, &self);
-    int n = sp_view_snapshot(a->view, &all);
+    int n = sp_view_snapshot(a->views.view, &all);
     sp_server_record *inner = n ? malloc((size_t)n * sizeof *inner) : NULL, *next = n ? malloc((size_t)n * sizeof *next) : NULL;
     int ni = 0, nn = 0;
     for (int i = 0; inner && next && i < n; i++) {
@@ -230,24 +229,6 @@ static void *announce_main(void *arg)
 /* ---------------------------------------------------------------------------------------------- */
 /* life cycle */
 
-static void on_value(void *user, const char *key, const uint8_t *data, size_t len, int expired)
-{
-    sp_announce *a = user;
-    pthread_mutex_lock(&a->view_lock);
-    if (a->view)
-        sp_view_on_value(a->view, key, data, len, expired);
-    pthread_mutex_unlock(&a->view_lock);
-}
-
-static void on_get_done(void *user, const char *key, int ok)
-{
-    sp_announce *a = user;
-    pthread_mutex_lock(&a->view_lock);
-    if (a->view)
-        sp_view_on_get_done(a->view, key, ok);
-    pthread_mutex_unlock(&a->view_lock);
-}
-
 /* A server that holds blocks after ours came online and we have not pinged it yet: routes through us would
  * price the switch to it as unknown (Petals' 0.15 s) until the next period, so ping now. */
 static void on_change(void *user, sp_view_change what, const sp_server_record *r, const sp_server_record *prev)
@@ -289,11 +270,12 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
     a->rec = o->base;
     a->rec.period = a->o.period;
     pthread_mutex_init(&a->lock, NULL);
-    pthread_mutex_init(&a->view_lock, NULL);
+    sp_view_slot_init(&a->views);
     pthread_cond_init(&a->cond, NULL);
     sp_rng_seed(&a->rng, sp_now_ns() ^ (uint64_t)getpid());
-    sp_dht_opts d = {.bind = o->dht_bind, .port = o->dht_port, .bootstrap = o->initial_peers, .on_value = on_value,
-                     .on_get_done = on_get_done, .on_event = on_event, .user = a};
+    sp_dht_opts d = {.bind = o->dht_bind, .port = o->dht_port, .bootstrap = o->initial_peers,
+                     .on_value = sp_view_slot_on_value, .on_get_done = sp_view_slot_on_get_done, .on_event = on_event,
+                     .user = &a->views};
     sp_status st = sp_dht_start(&a->dht, &d, err);
     if (!st) {
         snprintf(a->rec.dht, sizeof a->rec.dht, "%s:%d", o->dht_bind ? o->dht_bind : "127.0.0.1", sp_dht_port(a->dht));
@@ -302,9 +284,7 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
                            .on_change = on_change, .user = a, .key = a->o.key};
         sp_view *v = NULL;
         st = sp_view_new(&v, a->dht, &vo, err);
-        pthread_mutex_lock(&a->view_lock);
-        a->view = v;
-        pthread_mutex_unlock(&a->view_lock);
+        sp_view_slot_swap(&a->views, v);
     }
     if (!st && pthread_create(&a->thread, NULL, announce_main, a))
         st = sp_errf(err, SP_ERR_IO, "announce: cannot start its thread");
@@ -352,7 +332,7 @@ void sp_announce_record(sp_announce *a, sp_server_record *r)
     pthread_mutex_unlock(&a->lock);
 }
 
-sp_view *sp_announce_view(sp_announce *a) { return a->view; }
+sp_view *sp_announce_view(sp_announce *a) { return a->views.view; }
 sp_dht *sp_announce_dht(sp_announce *a) { return a->dht; }
 int sp_announce_dht_port(const sp_announce *a) { return sp_dht_port(a->dht); }
 pid_t sp_announce_dht_pid(const sp_announce *a) { return sp_dht_pid(a->dht); }
@@ -377,14 +357,10 @@ void sp_announce_stop(sp_announce *a)
         if (sp_dht_flush(a->dht, 100, &err)) /* best effort: a server exits within 200 ms of SIGTERM */
             sp_log(SP_LOG_WARN, "announcing OFFLINE: %s", err.msg);
     }
-    pthread_mutex_lock(&a->view_lock); /* no callback uses the view after this */
-    sp_view *v = a->view;
-    a->view = NULL;
-    pthread_mutex_unlock(&a->view_lock);
-    sp_view_free(v);
+    sp_view_free(sp_view_slot_swap(&a->views, NULL)); /* no callback uses the view after this */
     sp_dht_stop(a->dht);
     pthread_mutex_destroy(&a->lock);
-    pthread_mutex_destroy(&a->view_lock);
+    sp_view_slot_destroy(&a->views);
     pthread_cond_destroy(&a->cond);
     free(a);
 }

@@ -144,7 +144,7 @@ static double legit(int port, char *text, size_t cap)
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
     int *ids = NULL, n = 0;
-    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, PROMPT, 1, &ids, &n, &err), SP_OK);
+    ck_assert_int_eq(sp_tokenizer_encode(sp_runtime_tokenizer(rt), PROMPT, 1, &ids, &n, &err), SP_OK);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     double t0 = sp_now_s(), dt = -1;
@@ -156,7 +156,7 @@ static double legit(int port, char *text, size_t cap)
     const int32_t *ps[1] = {ids};
     if (sp_runtime_connect(rt, addr, &err) == SP_OK) {
         sp_lm lm = sp_lm_swarm_make(&sw, rt);
-        if (sp_generate(&lm, rt->tok, ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK) {
+        if (sp_generate(&lm, sp_runtime_tokenizer(rt), ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK) {
             dt = sp_now_s() - t0;
             snprintf(text, cap, "%s", r.text[0]);
         }

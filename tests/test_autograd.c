@@ -458,7 +458,7 @@ static sp_runtime *swarm(const char *dir, int split, int L)
     char addrs[128];
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]), sp_server_port(srv[1]));
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(rt->route.nhops, 2);
+    ck_assert_int_eq(sp_test_route_hops(rt), 2);
     return rt;
 }
 
@@ -537,7 +537,7 @@ static void chain_vs_local(const char *dir, int split, int L, int B, int T, int 
     sp_runtime *rt = swarm(dir, split, L);
     sp_graph *g = sp_graph_new();
     sp_err err = {0};
-    int H = rt->local->cfg.hidden;
+    int H = sp_runtime_config(rt)->hidden;
     sp_t *x = rand_leaf(g, 3, (int64_t[]){B, T, H}, 1.0f, 1, "x");
     sp_t *dp = P ? rand_leaf(g, 4, (int64_t[]){L, B, P, H}, 0.5f, 1, "deep prompts") : NULL;
     sp_t *y = sp_remote_chain(rt, x, dp, &err);

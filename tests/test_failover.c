@@ -110,13 +110,10 @@ static fault F;
 
 static int port_of_hop(sp_runtime *rt, const sp_route *r, int block)
 {
+    sp_server_row e;
     for (int h = 0; h < r->nhops; h++)
-        if (r->hop[h].start <= block && block < r->hop[h].end) {
-            pthread_mutex_lock(&rt->lock);
-            int port = rt->servers[r->hop[h].server]->rec.port;
-            pthread_mutex_unlock(&rt->lock);
-            return port;
-        }
+        if (r->hop[h].start <= block && block < r->hop[h].end)
+            return sp_test_server_row(rt, r->hop[h].server, &e) ? e.rec.port : -1;
     return -1;
 }
 
@@ -128,9 +125,10 @@ static void on_event(const sp_event *ev, void *user)
     if (ev->kind == SP_EV_RETRY) {
         F.retries++;
         if (F.unblock && F.rt) { /* the healthy servers become usable for the replacement */
-            pthread_mutex_lock(&F.rt->lock);
-            F.rt->set.blocked[0] = '\0';
-            pthread_mutex_unlock(&F.rt->lock);
+            sp_rt_settings set;
+            sp_runtime_settings(F.rt, &set);
+            set.blocked[0] = '\0';
+            sp_runtime_set_settings(F.rt, &set);
         }
         snprintf(F.last_retry, sizeof F.last_retry, "%s", ev->text);
     }
@@ -140,9 +138,8 @@ static void on_event(const sp_event *ev, void *user)
     if (F.kill_replacement && !F.port_second && F.sw) { /* the first fresh hop: a replacement about to replay */
         for (int h = 0; h < F.sw->route.nhops; h++)
             if (F.sw->fresh[h]) {
-                pthread_mutex_lock(&F.rt->lock);
-                int port = F.rt->servers[F.sw->route.hop[h].server]->rec.port;
-                pthread_mutex_unlock(&F.rt->lock);
+                sp_server_row e;
+                int port = sp_test_server_row(F.rt, F.sw->route.hop[h].server, &e) ? e.rec.port : -1;
                 sp_test_proc *p = proc_at(port);
                 ck_assert_msg(p != NULL, "replacement at port %d is not ours", port);
                 F.port_second = port;
@@ -237,16 +234,6 @@ static sp_lm faulty_lm(sp_runtime *rt, sp_lm_swarm *sw)
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static int count_online(sp_runtime *rt)
-{
-    int n = 0;
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++)
-        n += !rt->servers[i]->gone && rt->servers[i]->rec.state == SP_SERVER_ONLINE;
-    pthread_mutex_unlock(&rt->lock);
-    return n;
-}
-
 typedef struct want_n {
     sp_runtime *rt;
     int n;
@@ -255,7 +242,16 @@ typedef struct want_n {
 static int has_online(void *u)
 {
     want_n *w = u;
-    return count_online(w->rt) >= w->n;
+    return sp_test_count_online(w->rt) >= w->n;
+}
+
+/* Blocks the servers in list ("" none). */
+static void block_servers(sp_runtime *rt, const char *list)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    snprintf(set.blocked, sizeof set.blocked, "%s", list);
+    sp_runtime_set_settings(rt, &set);
 }
 
 /* Servers for the spans (the first starts the swarm), and a client that has found them all. */
@@ -269,11 +265,11 @@ static sp_runtime *swarm(const char *const *spans, int n)
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
     ck_assert_int_eq(sp_runtime_new(&rt, on_event, NULL, &err), SP_OK);
-    rt->set.update_period_s = 1;
+    sp_test_update_period(rt, 1);
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
     ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
     want_n w = {rt, n};
-    ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of %d servers", count_online(rt), n);
+    ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of %d servers", sp_test_count_online(rt), n);
     return rt;
 }
 
@@ -469,7 +465,7 @@ END_TEST
 static void chain_run(sp_runtime *rt, const float *x, const float *g0, const float *prompts, int B, int T, int P,
                       float *y, float *g, float *gp, int victim)
 {
-    int H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
+    int H = sp_runtime_config(rt)->hidden, L = sp_runtime_config(rt)->n_layers;
     size_t N = (size_t)B * T * H;
     sp_route route;
     sp_err err = {0};
@@ -496,7 +492,7 @@ static void chain_run(sp_runtime *rt, const float *x, const float *g0, const flo
 START_TEST(t_kill_training)
 {
     sp_runtime *rt = swarm(SPANS, 5);
-    int B = 2, T = 6, P = 2, H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
+    int B = 2, T = 6, P = 2, H = sp_runtime_config(rt)->hidden, L = sp_runtime_config(rt)->n_layers;
     size_t N = (size_t)B * T * H, NP = (size_t)L * B * P * H;
     sp_rng r;
     sp_rng_seed(&r, 11);
@@ -612,7 +608,9 @@ static void trainer_through_failure(int micro, int between)
     const char *spans[] = {"0:3", "3:6", "3:6"};
     sp_runtime *rt = swarm(spans, 3);
     victim = &procs[1];
-    snprintf(rt->set.blocked, sizeof rt->set.blocked, "127.0.0.1:%d", procs[2].port); /* the replacement */
+    char blocked[64];
+    snprintf(blocked, sizeof blocked, "127.0.0.1:%d", procs[2].port);
+    block_servers(rt, blocked); /* the replacement */
     float want[TR_STEPS], got[TR_STEPS], *pw[TR_STEPS], *pg[TR_STEPS];
     kill_at = -1;
     int64_t n = train_steps(rt, micro, 0, want, pw); /* without failure, through the victim */
@@ -663,7 +661,10 @@ START_TEST(t_no_server_left)
 {
     const char *spans[] = {"0:3", "3:6"};
     sp_runtime *rt = swarm(spans, 2);
-    rt->set.max_retries = 2;
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.max_retries = 2;
+    sp_runtime_set_settings(rt, &set);
     F.at = 3, F.block = 4, F.sig = SIGKILL;
     sp_gen_opts o;
     gen_opts(&o, 0);
@@ -749,14 +750,16 @@ static void broken_server(const char *spec, const char *why)
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
     ck_assert_int_eq(sp_runtime_new(&rt, on_event, NULL, &err), SP_OK);
-    rt->set.update_period_s = 1;
+    sp_test_update_period(rt, 1);
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
     ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
     want_n w = {rt, 3};
-    ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of 3 servers", count_online(rt));
+    ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of 3 servers", sp_test_count_online(rt));
     /* the broken server is the only one usable until it fails (a route by pings could skip it on a loaded
      * machine); then the others take over */
-    snprintf(rt->set.blocked, sizeof rt->set.blocked, "127.0.0.1:%d,127.0.0.1:%d", procs[1].port, procs[2].port);
+    char blocked[64];
+    snprintf(blocked, sizeof blocked, "127.0.0.1:%d,127.0.0.1:%d", procs[1].port, procs[2].port);
+    block_servers(rt, blocked);
     F.unblock = 1;
     sp_gen_opts o;
     gen_opts(&o, 0);
@@ -775,14 +778,9 @@ static void broken_server(const char *spec, const char *why)
     snprintf(port, sizeof port, ":%d", procs[0].port);
     ck_assert_msg(strstr(F.last_retry, port), "retry event does not name the broken server: %s", F.last_retry);
     printf("broken server (%s): %s\n", spec, F.last_retry);
-    int e = -1;
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++)
-        if (rt->servers[i]->rec.port == procs[0].port)
-            e = i;
-    ck_assert_int_ge(e, 0);
-    ck_assert_msg(rt->servers[e]->banned_until > sp_now_s(), "the broken server is not banned");
-    pthread_mutex_unlock(&rt->lock);
+    sp_server_row e;
+    ck_assert_int_ge(sp_test_server_at(rt, procs[0].port, 0, &e), 0);
+    ck_assert_msg(e.banned_until > sp_runtime_now(rt), "the broken server is not banned");
     sp_gen_result_free(&want);
     sp_gen_result_free(&got);
     sp_runtime_free(rt);

@@ -57,7 +57,7 @@ static void up(fixture *f, const char *name)
     ck_assert_msg(sp_runtime_load(f->rt, f->dir, &err) == SP_OK, "%s", err.msg);
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", f->p[0].port, f->p[1].port);
     ck_assert_msg(sp_runtime_connect(f->rt, addrs, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(f->rt->route.nhops, 2);
+    ck_assert_int_eq(sp_test_route_hops(f->rt), 2);
 }
 
 static void down(fixture *f)

@@ -322,14 +322,14 @@ static long decode_window(const char *label, int workers_only, const sp_sample_o
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
-    ck_assert_ptr_nonnull(rt->tok); /* the text path counts too */
+    ck_assert_ptr_nonnull(sp_runtime_tokenizer(rt)); /* the text path counts too */
     char addrs[128];
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(s0), sp_server_port(s1));
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(rt->route.nhops, 2);
+    ck_assert_int_eq(sp_test_route_hops(rt), 2);
 
     int *prompt = NULL, np = 0;
-    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, "Once upon a time, there was a little", 1, &prompt, &np, &err), SP_OK);
+    ck_assert_int_eq(sp_tokenizer_encode(sp_runtime_tokenizer(rt), "Once upon a time, there was a little", 1, &prompt, &np, &err), SP_OK);
     ck_assert_int_gt(np, 1);
     sp_lm_swarm sw;
     memset(&g_run, 0, sizeof g_run);
@@ -355,7 +355,7 @@ static long decode_window(const char *label, int workers_only, const sp_sample_o
     ck_assert_int_eq(atomic_load(&g_nthr), 1);
     ck_assert_int_eq(atomic_load(&g_thr[0].allocs), 1);
     ck_assert_int_eq(atomic_load(&g_thr[0].frees), 1);
-    ck_assert_msg(sp_generate(&lm, rt->tok, ps, &np, 1, &o, on_token, NULL, &r, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_generate(&lm, sp_runtime_tokenizer(rt), ps, &np, 1, &o, on_token, NULL, &r, &err) == SP_OK, "%s", err.msg);
     window_close();
     ck_assert_int_eq(r.n[0], o.max_new);
     ck_assert_int_ge(g_run.tokens, o.max_new);

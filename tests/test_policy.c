@@ -68,7 +68,7 @@ static sp_runtime *runtime(void)
     sp_runtime *rt = NULL;
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, on_event, NULL, &err), SP_OK);
-    rt->clock = &fake_clock;
+    sp_runtime_set_clock(rt, &fake_clock);
     return rt;
 }
 
@@ -105,7 +105,7 @@ START_TEST(t_defaults)
     ck_assert_double_eq(rt->set.backoff_max_s, 60);
     ck_assert_int_eq(rt->set.max_retries, 8);
     ck_assert_double_eq(sp_runtime_now(rt), 1000);
-    rt->clock = NULL; /* the runtime's own clock is the monotonic one */
+    sp_runtime_set_clock(rt, NULL); /* the runtime's own clock is the monotonic one */
     ck_assert(fabs(sp_runtime_now(rt) - sp_now_s()) < 1);
     sp_runtime_free(rt);
 }

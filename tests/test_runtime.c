@@ -1,7 +1,8 @@
 /* test_runtime.c - the client runtime against real servers on loopback (threads in this process):
  * only the local parts are read, routing, generation through the swarm equal to transformers' greedy
  * ids and to the local runner (greedy, seeded sampling, batches of different lengths, beam search),
- * forward/backward over the chain equal to the local engine, and clear errors. */
+ * forward/backward over the chain equal to the local engine, what front ends read (copies of the server rows,
+ * the settings, the route), and clear errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +46,7 @@ static sp_runtime *swarm_runtime(void)
     char addrs[128];
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]), sp_server_port(srv[1]));
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(rt->route.nhops, 2);
+    ck_assert_int_eq(sp_test_route_hops(rt), 2);
     return rt;
 }
 
@@ -81,17 +82,21 @@ START_TEST(t_local_parts_only)
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
     ck_assert_int_eq(sp_runtime_load(rt, GQA, &err), SP_OK);
-    const sp_config *c = &rt->local->cfg;
+    sp_model *m = sp_runtime_model(rt);
+    const sp_config *c = sp_runtime_config(rt);
+    ck_assert_ptr_eq(c, &m->cfg);
+    ck_assert_str_eq(sp_runtime_model_name(rt), "llama-gqa");
     /* untied: embeddings + head + final norm, nothing else; 3 of the 8 shards mapped */
-    ck_assert_int_eq((long long)rt->local->bytes_loaded, (2LL * c->vocab * c->hidden + c->hidden) * 4);
-    ck_assert_int_eq(rt->local->files_mapped, 3);
-    ck_assert_int_eq(rt->local->last - rt->local->first, 0);
-    ck_assert_ptr_null(rt->tok); /* the tiny checkpoints have no tokenizer */
+    ck_assert_int_eq((long long)m->bytes_loaded, (2LL * c->vocab * c->hidden + c->hidden) * 4);
+    ck_assert_int_eq(m->files_mapped, 3);
+    ck_assert_int_eq(m->last - m->first, 0);
+    ck_assert_ptr_null(sp_runtime_tokenizer(rt)); /* the tiny checkpoints have no tokenizer */
     /* tied: the head is the embedding, read once */
     ck_assert_int_eq(sp_runtime_load(rt, SEPAL_TEST_DATA "/hf-tiny/llama3-rope", &err), SP_OK);
-    c = &rt->local->cfg;
-    ck_assert_int_eq((long long)rt->local->bytes_loaded, (1LL * c->vocab * c->hidden + c->hidden) * 4);
-    ck_assert_ptr_eq(rt->local->lm_head, rt->local->embed);
+    m = sp_runtime_model(rt);
+    c = sp_runtime_config(rt);
+    ck_assert_int_eq((long long)m->bytes_loaded, (1LL * c->vocab * c->hidden + c->hidden) * 4);
+    ck_assert_ptr_eq(m->lm_head, m->embed);
     sp_runtime_free(rt);
 }
 END_TEST
@@ -291,20 +296,21 @@ START_TEST(t_head_dtype)
     ck_assert_msg(sp_runtime_load(ref, GQA, &err) == SP_OK, "%s", err.msg);
     ck_assert_int_eq(sp_runtime_set_head_dtype(rt, SP_W_Q8, &err), SP_OK);
     ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(rt->local->head_q.type, SP_W_Q8);
-    ck_assert_int_eq(ref->local->head_q.type, SP_W_F32);
-    int H = ref->local->cfg.hidden, V = ref->local->cfg.vocab, N = 3;
+    ck_assert_int_eq(sp_runtime_model(rt)->head_q.type, SP_W_Q8);
+    ck_assert_int_eq(sp_runtime_head_dtype(rt), SP_W_Q8);
+    ck_assert_int_eq(sp_runtime_model(ref)->head_q.type, SP_W_F32);
+    int H = sp_runtime_config(ref)->hidden, V = sp_runtime_config(ref)->vocab, N = 3;
     float *x = malloc(sizeof(float) * N * H), *want = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
     sp_rng rng;
     sp_rng_seed(&rng, 11);
     for (int i = 0; i < N * H; i++)
         x[i] = sp_rng_normal(&rng);
-    ck_assert_int_eq(sp_model_head(ref->local, want, x, N, &err), SP_OK);
+    ck_assert_int_eq(sp_model_head(sp_runtime_model(ref), want, x, N, &err), SP_OK);
     const struct { sp_wtype t; double tol; } cases[] = {{SP_W_Q8, 0.03}, {SP_W_BF16, 0.01}, {SP_W_NF4, 0.25}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         ck_assert_int_eq(sp_runtime_set_head_dtype(rt, cases[c].t, &err), SP_OK);
-        ck_assert_int_eq(rt->local->head_q.type, cases[c].t);
-        ck_assert_int_eq(sp_model_head(rt->local, got, x, N, &err), SP_OK);
+        ck_assert_int_eq(sp_runtime_model(rt)->head_q.type, cases[c].t);
+        ck_assert_int_eq(sp_model_head(sp_runtime_model(rt), got, x, N, &err), SP_OK);
         for (int n = 0; n < N; n++) {
             const float *w = want + (size_t)n * V, *g = got + (size_t)n * V;
             double ss = 0, es = 0;
@@ -325,7 +331,7 @@ START_TEST(t_head_dtype)
         }
     }
     ck_assert_int_eq(sp_runtime_set_head_dtype(rt, SP_W_F32, &err), SP_OK);
-    ck_assert_int_eq(sp_model_head(rt->local, got, x, N, &err), SP_OK);
+    ck_assert_int_eq(sp_model_head(sp_runtime_model(rt), got, x, N, &err), SP_OK);
     ck_assert_msg(!memcmp(got, want, sizeof(float) * N * V), "f32 again is not f32's logits");
     ck_assert_int_ne(sp_runtime_set_head_dtype(rt, 99, &err), SP_OK);
     ck_assert_ptr_nonnull(strstr(err.msg, "expected f32, bf16, int8 or nf4"));
@@ -346,25 +352,27 @@ START_TEST(t_threads)
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
     ck_assert_int_eq(sp_runtime_set_threads(rt, 1, &err), SP_OK); /* before the load: applied at it */
     ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
-    ck_assert_ptr_eq(rt->local->pool, rt->pool);
-    ck_assert_int_eq(sp_pool_threads(rt->pool), 1);
-    int H = rt->local->cfg.hidden, V = rt->local->cfg.vocab;
+    sp_model *m = sp_runtime_model(rt);
+    ck_assert_ptr_nonnull(m->pool);
+    ck_assert_int_eq(sp_pool_threads(m->pool), 1);
+    ck_assert_int_eq(sp_runtime_threads(rt), 1);
+    int H = sp_runtime_config(rt)->hidden, V = sp_runtime_config(rt)->vocab;
     float *x = malloc(sizeof(float) * 2 * H), *a = malloc(sizeof(float) * 2 * V), *b = malloc(sizeof(float) * 2 * V);
     sp_rng rng;
     sp_rng_seed(&rng, 5);
     for (int i = 0; i < 2 * H; i++)
         x[i] = sp_rng_normal(&rng);
-    ck_assert_int_eq(sp_model_head(rt->local, a, x, 2, &err), SP_OK);
+    ck_assert_int_eq(sp_model_head(m, a, x, 2, &err), SP_OK);
     ck_assert_int_eq(sp_runtime_set_threads(rt, 0, &err), SP_OK);
-    ck_assert_ptr_null(rt->local->pool);
-    ck_assert_ptr_null(rt->pool);
-    ck_assert_int_eq(sp_model_head(rt->local, b, x, 2, &err), SP_OK);
+    ck_assert_ptr_null(m->pool);
+    ck_assert_int_eq(sp_runtime_threads(rt), 0);
+    ck_assert_int_eq(sp_model_head(m, b, x, 2, &err), SP_OK);
     ck_assert_msg(!memcmp(a, b, sizeof(float) * 2 * V), "1 thread and the default pool differ");
     ck_assert_int_eq(sp_runtime_set_threads(rt, 2, &err), SP_OK);
-    ck_assert_int_eq(sp_pool_threads(rt->local->pool), 2);
+    ck_assert_int_eq(sp_pool_threads(m->pool), 2);
     ck_assert_int_ne(sp_runtime_set_threads(rt, 300, &err), SP_OK);
     ck_assert_ptr_nonnull(strstr(err.msg, "expected 0 (every CPU) to 256"));
-    ck_assert_int_eq(sp_pool_threads(rt->local->pool), 2); /* the pool in use stays */
+    ck_assert_int_eq(sp_pool_threads(m->pool), 2); /* the pool in use stays */
     free(x);
     free(a);
     free(b);
@@ -399,6 +407,58 @@ START_TEST(t_cancel_finish_steps)
     sp_runtime_finish_steps(rt, 0);
     ck_assert(!sp_runtime_cancelled(rt) && !sp_runtime_waits_cancelled(rt));
     sp_runtime_free(rt);
+}
+END_TEST
+
+/* What front ends read of the opaque runtime comes as copies: the server rows (each server once, in the table's
+ * order; a copy the runtime does not see changed), the settings (the defaults; set replaces them), the last
+ * route; nothing of a swarm before one is joined or started. */
+START_TEST(t_front_end_copies)
+{
+    sp_runtime *rt = swarm_runtime();
+    sp_server_row *rows = NULL;
+    ck_assert_int_eq(sp_runtime_servers(rt, &rows), 2);
+    ck_assert_int_eq(sp_runtime_server_count(rt), 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rows[i].rec.port, sp_server_port(srv[i]));
+        ck_assert_int_eq(rows[i].rec.start, 2 * i);
+        ck_assert_int_eq(rows[i].rec.end, 2 * i + 2);
+        ck_assert_int_eq(rows[i].rec.state, SP_SERVER_ONLINE);
+        ck_assert(!rows[i].gone && !rows[i].from_dht && rows[i].pid == 0 && rows[i].failures == 0);
+        ck_assert_double_le(rows[i].banned_until, sp_runtime_now(rt));
+        ck_assert_int_gt(rows[i].cache_total, 0); /* from INFO */
+    }
+    rows[0].rec.port = 1, rows[0].gone = 1;
+    free(rows);
+    ck_assert_int_eq(sp_runtime_servers(rt, &rows), 2);
+    ck_assert_int_eq(rows[0].rec.port, sp_server_port(srv[0]));
+    ck_assert(!rows[0].gone);
+    free(rows);
+    sp_route r;
+    sp_runtime_last_route(rt, &r);
+    ck_assert_int_eq(r.nhops, 2);
+    ck_assert_int_eq(r.hop[0].server, 0);
+    ck_assert_int_eq(r.hop[1].start, 2);
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    ck_assert_int_eq(set.max_retries, 8);
+    ck_assert_double_eq(set.ban_s, 15);
+    ck_assert_double_eq(set.backoff_max_s, 60);
+    ck_assert_double_eq(set.update_period_s, 10);
+    ck_assert_str_eq(set.blocked, "");
+    set.max_retries = 3;
+    snprintf(set.blocked, sizeof set.blocked, "127.0.0.1:%d", sp_server_port(srv[1]));
+    sp_runtime_set_settings(rt, &set);
+    memset(&set, 0, sizeof set);
+    sp_runtime_settings(rt, &set);
+    ck_assert_int_eq(set.max_retries, 3);
+    ck_assert_double_eq(set.ban_s, 15);
+    sp_err err = {0};
+    ck_assert_int_ne(sp_runtime_route(rt, &err), SP_OK); /* the routes see it: 2:4 is blocked */
+    ck_assert_ptr_nonnull(strstr(err.msg, "no online server holds block 2"));
+    ck_assert(!sp_runtime_in_swarm(rt) && !sp_runtime_swarm_started(rt));
+    ck_assert_str_eq(sp_runtime_swarm_key_path(rt), "");
+    teardown(rt);
 }
 END_TEST
 
@@ -439,6 +499,7 @@ int main(void)
     tcase_add_test(tc, t_forward_backward_over_route);
     tcase_add_test(tc, t_head_dtype);
     tcase_add_test(tc, t_threads);
+    tcase_add_test(tc, t_front_end_copies);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
     return sp_test_run(s);

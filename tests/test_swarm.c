@@ -4,7 +4,8 @@
  * a server's DHT node can die (killed, or by the datagram that crashes OpenDHT 2.4.12) without the server
  * noticing; --num-blocks servers cover the model, move to cover a departed server's blocks, and are seen
  * JOINING (with their --public-name) before ONLINE; two clients generate and train at once, each getting what
- * it gets alone (needs scripts/fetch-sentiment.sh). */
+ * it gets alone (needs scripts/fetch-sentiment.sh). White-box where a failure says why: it reads the runtime's
+ * DHT view and node (private/runtime_state.h). */
 #include <arpa/inet.h>
 #include <check.h>
 #include <math.h>
@@ -24,6 +25,7 @@
 #include "record.h"
 #include "rng.h"
 #include "runtime.h"
+#include "runtime_state.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "trainer.h"
@@ -92,32 +94,10 @@ static sp_runtime *joined(int dht_port)
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", dht_port);
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
-    rt->set.update_period_s = 1; /* as often as the servers announce */
+    sp_test_update_period(rt, 1); /* as often as the servers announce */
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
     ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
     return rt;
-}
-
-/* The entry of the server at port (-1 if none). */
-static int entry_at(sp_runtime *rt, int port)
-{
-    pthread_mutex_lock(&rt->lock);
-    int found = -1;
-    for (int i = 0; i < rt->nservers; i++)
-        if (rt->servers[i]->rec.port == port && rt->servers[i]->from_dht)
-            found = i;
-    pthread_mutex_unlock(&rt->lock);
-    return found;
-}
-
-static int count_online(sp_runtime *rt)
-{
-    int n = 0;
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++)
-        n += !rt->servers[i]->gone && rt->servers[i]->rec.state == SP_SERVER_ONLINE;
-    pthread_mutex_unlock(&rt->lock);
-    return n;
 }
 
 typedef struct waiter {
@@ -129,34 +109,34 @@ typedef struct waiter {
 static int has_online(void *u)
 {
     waiter *w = u;
-    return count_online(w->rt) >= w->n;
+    return sp_test_count_online(w->rt) >= w->n;
 }
 
 static int state_is(void *u) /* w->n: the state wanted of the server at w->port */
 {
     waiter *w = u;
-    int i = entry_at(w->rt, w->port);
-    return i >= 0 && !w->rt->servers[i]->gone && (int)w->rt->servers[i]->rec.state == w->n;
+    sp_server_row e;
+    return sp_test_server_at(w->rt, w->port, 1, &e) >= 0 && !e.gone && (int)e.rec.state == w->n;
 }
 
 static int is_gone(void *u)
 {
     waiter *w = u;
-    int i = entry_at(w->rt, w->port);
-    return i >= 0 && w->rt->servers[i]->gone;
+    sp_server_row e;
+    return sp_test_server_at(w->rt, w->port, 1, &e) >= 0 && e.gone;
 }
 
 static int refreshed(void *u) /* the record of the server at w->port is newer than w->ts */
 {
     waiter *w = u;
-    int i = entry_at(w->rt, w->port);
-    return i >= 0 && w->rt->servers[i]->rec.timestamp > w->ts;
+    sp_server_row e;
+    return sp_test_server_at(w->rt, w->port, 1, &e) >= 0 && e.rec.timestamp > w->ts;
 }
 
 static double record_ts(sp_runtime *rt, int port)
 {
-    int i = entry_at(rt, port);
-    return i >= 0 ? rt->servers[i]->rec.timestamp : 0;
+    sp_server_row e;
+    return sp_test_server_at(rt, port, 1, &e) >= 0 ? e.rec.timestamp : 0;
 }
 
 /* Greedy ids of a prompt through the swarm, and through every block in this process: they must agree. */
@@ -199,9 +179,9 @@ START_TEST(t_discovery)
     waiter w = {.rt = rt, .n = 5};
     if (!sp_test_wait_for(has_online, &w, 15)) {
         sp_view_stats vs;
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
         ck_abort_msg("found %d of 5 servers (view: %llu accepted, %llu dropped, %d rounds, last drop: %s; %d DHT peers)",
-                     count_online(rt), (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.rounds,
+                     sp_test_count_online(rt), (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.rounds,
                      vs.last_drop, sp_dht_good_nodes(rt->dht));
     }
     printf("discovery: 5 servers seen %.2f s after joining\n", sp_now_s() - t0);
@@ -218,7 +198,7 @@ START_TEST(t_discovery)
     sp_test_proc_signal(&procs[4], SIGTERM);
     if (!sp_test_wait_for(state_is, &w, 5)) {
         sp_view_stats vs;
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
         dump_log(&procs[4]);
         ck_abort_msg("no OFFLINE after SIGTERM (view: %llu accepted, %llu dropped, last: %s)",
                      (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.last_drop);
@@ -285,7 +265,7 @@ START_TEST(t_hostile_records)
     sp_server_record r;
     char buf[SP_RECORD_MAX];
     size_t len;
-    uint64_t hash = rt->local->cfg.hash;
+    uint64_t hash = sp_runtime_config(rt)->hash;
     hostile_record(&r, "stories15M", hash ^ 1); /* another config */
     ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
     put_raw(evil, "stories15M.0", "h1", buf, len);
@@ -306,15 +286,18 @@ START_TEST(t_hostile_records)
     put_raw(evil, "stories15M.0", "h5", big, len);
     sp_view_stats vs = {0};
     for (double end = sp_now_s() + 15; sp_now_s() < end; sleep_ms(50)) {
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
         if (vs.dropped >= 9)
             break;
     }
     printf("hostile records: %llu dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
     ck_assert_msg(vs.dropped >= 9, "only %llu values dropped", (unsigned long long)vs.dropped);
-    ck_assert_int_eq(count_online(rt), 1); /* nothing of them in the table */
-    for (int i = 0; i < rt->nservers; i++)
-        ck_assert_str_ne(rt->servers[i]->rec.id, "00000000deadbeef");
+    ck_assert_int_eq(sp_test_count_online(rt), 1); /* nothing of them in the table */
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
+    for (int i = 0; i < n; i++)
+        ck_assert_str_ne(rows[i].rec.id, "00000000deadbeef");
+    free(rows);
     check_generates(rt);
     sp_dht_stop(evil);
     sp_runtime_free(rt);
@@ -338,7 +321,10 @@ START_TEST(t_dht_node_dies)
     sp_runtime *rt = joined(p1->dht_port);
     waiter w = {.rt = rt, .n = 2};
     ck_assert(sp_test_wait_for(has_online, &w, 15));
-    snprintf(rt->set.allowed, sizeof rt->set.allowed, "127.0.0.1:%d", p0->port); /* generate through p0 */
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    snprintf(set.allowed, sizeof set.allowed, "127.0.0.1:%d", p0->port); /* generate through p0 */
+    sp_runtime_set_settings(rt, &set);
     pid_t pp[2] = {p0->pid, sp_test_child_named(p0->pid, "sepal-dht")};
     ck_assert_int_gt(pp[1], 0);
     kill(pp[1], SIGKILL);
@@ -361,7 +347,8 @@ START_TEST(t_dht_node_dies)
     /* a client joining through the restarted node finds both servers */
     sp_runtime *rt2 = joined(p0->dht_port);
     waiter w2 = {.rt = rt2, .n = 2};
-    ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers", count_online(rt2));
+    ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers",
+                  sp_test_count_online(rt2));
     sp_runtime_free(rt2);
     sp_runtime_free(rt);
     stop_all();
@@ -372,16 +359,17 @@ END_TEST
 static int covered(sp_runtime *rt, int L)
 {
     int ok = 1;
-    pthread_mutex_lock(&rt->lock);
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
     for (int b = 0; b < L && ok; b++) {
         int c = 0;
-        for (int i = 0; i < rt->nservers; i++) {
-            const sp_server_entry *e = rt->servers[i];
+        for (int i = 0; i < n; i++) {
+            const sp_server_row *e = &rows[i];
             c += !e->gone && e->rec.state == SP_SERVER_ONLINE && e->rec.start <= b && b < e->rec.end;
         }
         ok = c > 0;
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     return ok;
 }
 
@@ -407,9 +395,10 @@ START_TEST(t_num_blocks)
     ck_assert_msg(covered(rt, 6), "4 servers of 2 blocks do not cover 6 blocks");
     int starts[4], holder = -1;
     for (int i = 0; i < 4; i++) {
-        int e = entry_at(rt, procs[i].port);
-        starts[i] = rt->servers[e]->rec.start;
-        printf("--num-blocks 2: server %d chose %d:%d\n", i, starts[i], rt->servers[e]->rec.end);
+        sp_server_row e;
+        ck_assert_int_ge(sp_test_server_at(rt, procs[i].port, 1, &e), 0);
+        starts[i] = e.rec.start;
+        printf("--num-blocks 2: server %d chose %d:%d\n", i, starts[i], e.rec.end);
     }
     ck_assert_int_eq(starts[0], 0); /* the first three fill the gaps, in order */
     ck_assert_int_eq(starts[1], 2);
@@ -450,13 +439,12 @@ static void jn_event(const sp_event *ev, void *user)
     if (ev->kind != SP_EV_SERVER || !jn_rt || ev->row < 0)
         return;
     seen_state s = {.t = sp_now_s()};
-    pthread_mutex_lock(&jn_rt->lock);
-    if (ev->row < jn_rt->nservers) {
-        const sp_server_record *r = &jn_rt->servers[ev->row]->rec;
+    sp_server_row e;
+    if (sp_test_server_row(jn_rt, ev->row, &e)) {
+        const sp_server_record *r = &e.rec;
         s.state = r->state, s.start = r->start, s.end = r->end, s.port = r->port;
         snprintf(s.name, sizeof s.name, "%s", r->name);
     }
-    pthread_mutex_unlock(&jn_rt->lock);
     if (!strstr(ev->text, "joiner"))
         return;
     if (jn_n < JN_MAX)
@@ -481,7 +469,7 @@ START_TEST(t_joining)
     jn_n = jn_ntext = 0;
     ck_assert_int_eq(sp_runtime_new(&rt, jn_event, NULL, &err), SP_OK);
     jn_rt = rt;
-    rt->set.update_period_s = 1;
+    sp_test_update_period(rt, 1);
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
     ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
     waiter w = {.rt = rt, .n = 1};
@@ -528,9 +516,9 @@ START_TEST(t_joining)
     printf("joining: JOINING seen %.2f s after the start, ONLINE %.2f s after (serving line at %.2f s)\n", j->t - t0,
            jn_seen[online_at].t - t0, t_serving - t0);
     /* the name is in the view's entry, and routes use the server */
-    int e = entry_at(rt, p1->port);
-    ck_assert_int_ge(e, 0);
-    ck_assert_str_eq(rt->servers[e]->rec.name, "joiner");
+    sp_server_row e;
+    ck_assert_int_ge(sp_test_server_at(rt, p1->port, 1, &e), 0);
+    ck_assert_str_eq(e.rec.name, "joiner");
     check_generates(rt);
     jn_rt = NULL;
     sp_runtime_free(rt);

@@ -4,7 +4,8 @@
  * server's counters say so), a client refuses a server without the key, a replayed proof is refused by the server
  * and a replayed challenge by the client; and a keyed swarm over the DHT, where an unkeyed server and a forged
  * record stay out of a keyed client's view and the servers ping only each other; a keyed server's ping of an
- * unkeyed one fails the key exchange and counts as no ping. */
+ * unkeyed one fails the key exchange and counts as no ping. White-box in one place: it reads the runtime's DHT view's
+ * counters (private/runtime_state.h). */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <check.h>
@@ -12,7 +13,6 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,7 @@
 #include "record.h"
 #include "remote.h"
 #include "runtime.h"
+#include "runtime_state.h"
 #include "swarmkey.h"
 #include "testutil.h"
 #include "timeutil.h"
@@ -493,7 +494,7 @@ static void generates(sp_runtime *rt)
 {
     int *ids = NULL, n = 0;
     sp_err err = {0};
-    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, "Once upon a time", 1, &ids, &n, &err), SP_OK);
+    ck_assert_int_eq(sp_tokenizer_encode(sp_runtime_tokenizer(rt), "Once upon a time", 1, &ids, &n, &err), SP_OK);
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
     sp_gen_opts o;
@@ -501,7 +502,7 @@ static void generates(sp_runtime *rt)
     o.max_new = 8;
     const int32_t *ps[1] = {ids};
     sp_gen_result r;
-    ck_assert_msg(sp_generate(&lm, rt->tok, ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_generate(&lm, sp_runtime_tokenizer(rt), ps, &n, 1, &o, NULL, NULL, &r, &err) == SP_OK, "%s", err.msg);
     ck_assert_str_eq(r.text[0], ", there was a little girl named L");
     sp_gen_result_free(&r);
     free(ids);
@@ -595,15 +596,16 @@ static int keyed_seen(void *u)
 {
     view_wait *w = u;
     int found = 0, pinged = 0;
-    pthread_mutex_lock(&w->rt->lock);
-    for (int i = 0; i < w->rt->nservers; i++) {
-        const sp_server_record *r = &w->rt->servers[i]->rec;
-        if (w->rt->servers[i]->gone || r->state != SP_SERVER_ONLINE)
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(w->rt, &rows);
+    for (int i = 0; i < n; i++) {
+        const sp_server_record *r = &rows[i].rec;
+        if (rows[i].gone || r->state != SP_SERVER_ONLINE)
             continue;
         found += r->port == w->ports[0] || r->port == w->ports[1];
         pinged += r->npings > 0;
     }
-    pthread_mutex_unlock(&w->rt->lock);
+    free(rows);
     return found == 2 && pinged >= 1;
 }
 
@@ -615,7 +617,7 @@ START_TEST(t_keyed_swarm)
     swarm_server(&procs[1], "3:6", procs[0].dht_port, path);
     swarm_server(&procs[2], "0:6", procs[0].dht_port, NULL); /* no key, same DHT: its records are untagged */
     sp_runtime *rt = runtime_with(path);
-    rt->set.update_period_s = 1;
+    sp_test_update_period(rt, 1);
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
     sp_err err = {0};
@@ -629,7 +631,7 @@ START_TEST(t_keyed_swarm)
     sp_dht_wait_peers(evil, 5000);
     sp_server_record r;
     some_record(&r);
-    r.config_hash = rt->local->cfg.hash;
+    r.config_hash = sp_runtime_config(rt)->hash;
     r.throughput = 1e9;
     char buf[SP_RECORD_MAX];
     size_t len;
@@ -640,18 +642,19 @@ START_TEST(t_keyed_swarm)
     ck_assert_msg(sp_test_wait_for(keyed_seen, &w, 30), "the keyed servers did not show up (or never pinged)");
     sp_view_stats vs = {0};
     for (double end = sp_now_s() + 15; sp_now_s() < end && vs.dropped < 2; usleep(50000))
-        sp_view_stats_get(rt->view, &vs);
+        sp_view_stats_get(rt->views.view, &vs);
     printf("keyed swarm: %llu values dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
     ck_assert_int_ge((int)vs.dropped, 2);
-    pthread_mutex_lock(&rt->lock);
-    for (int i = 0; i < rt->nservers; i++) { /* the unkeyed server and the forged record never got in */
-        const sp_server_record *x = &rt->servers[i]->rec;
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
+    for (int i = 0; i < n; i++) { /* the unkeyed server and the forged record never got in */
+        const sp_server_record *x = &rows[i].rec;
         ck_assert_int_ne(x->port, procs[2].port);
         ck_assert_str_ne(x->id, "0123456789abcdef");
         for (int j = 0; j < x->npings; j++) /* a keyed server pings only key holders */
             ck_assert_msg(strcmp(x->pings[j].id, "0123456789abcdef"), "pinged the forged server");
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     sp_route route;
     ck_assert_msg(sp_runtime_route_inference(rt, 0, 6, 0, &route, &err) == SP_OK, "%s", err.msg);
     generates(rt);
@@ -667,24 +670,6 @@ END_TEST
  * gets one. The unkeyed server is named by a record sealed with the key (a member that lost its key, or a key
  * holder's mistake): without it no keyed reader would see the server at all. A view of our own (not a runtime,
  * whose own pings would reach the unkeyed server too) reads the records. */
-typedef struct view_fwd {
-    sp_view *_Atomic v;
-} view_fwd;
-
-static void fwd_value(void *u, const char *key, const uint8_t *data, size_t len, int expired)
-{
-    sp_view *v = atomic_load(&((view_fwd *)u)->v);
-    if (v)
-        sp_view_on_value(v, key, data, len, expired);
-}
-
-static void fwd_done(void *u, const char *key, int ok)
-{
-    sp_view *v = atomic_load(&((view_fwd *)u)->v);
-    if (v)
-        sp_view_on_get_done(v, key, ok);
-}
-
 /* The record of the server at port (1 if in the view). */
 static int record_at(sp_view *v, int port, sp_server_record *out)
 {
@@ -753,17 +738,18 @@ START_TEST(t_keyed_pings_unkeyed)
     swarm_server(&procs[2], "3:6", procs[0].dht_port, NULL);
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
-    view_fwd fwd = {NULL};
+    sp_view_slot slot;
+    sp_view_slot_init(&slot);
     sp_dht *d = NULL;
     sp_err err = {0};
-    sp_dht_opts dopts = {.bind = "127.0.0.2", .bootstrap = peers, .on_value = fwd_value, .on_get_done = fwd_done,
-                         .user = &fwd};
+    sp_dht_opts dopts = {.bind = "127.0.0.2", .bootstrap = peers, .on_value = sp_view_slot_on_value,
+                         .on_get_done = sp_view_slot_on_get_done, .user = &slot};
     ck_assert_msg(sp_dht_start(&d, &dopts, &err) == SP_OK, "%s", err.msg);
     sp_dht_wait_peers(d, 5000);
     sp_view_opts vo = {.model = "stories15M", .num_blocks = 6, .refresh_s = 1, .key = &k};
     sp_view *v = NULL;
     ck_assert_msg(sp_view_new(&v, d, &vo, &err) == SP_OK, "%s", err.msg);
-    atomic_store(&fwd.v, v);
+    sp_view_slot_swap(&slot, v);
     ping_wait w = {v, ""};
     ck_assert_msg(sp_test_wait_for(keyed_pinged, &w, 30), "the keyed servers never pinged each other");
     /* a record sealed with the key that names the unkeyed server, as a successor of the first and beside the
@@ -801,9 +787,8 @@ START_TEST(t_keyed_pings_unkeyed)
     }
     /* and no PING of theirs reached a handler there: only our INFOs (and their HELLOs) did */
     ck_assert_double_eq(info_number(procs[2].port, NULL, NULL, "requests"), requests + 2);
-    atomic_store(&fwd.v, NULL);
-    sp_view_free(v);
     sp_dht_stop(d);
+    sp_view_slot_destroy(&slot); /* frees v */
     for (int i = 0; i < 3; i++)
         sp_test_proc_signal(&procs[i], SIGKILL);
 }

@@ -193,11 +193,11 @@ static void check_layout(const int (*spans)[2], int n, sp_tuning tuning)
         for (int64_t k = 0; k < n0; k++)
             scale = fmax(scale, fabs(g0[k]));
         ck_assert_msg(worst <= 1e-5 * fmax(1.0, scale), "case %zu: grads differ by %g (max |g| %g)", c, worst, scale);
-        check_trace(t, cases[c].m, tuning, rt->local->cfg.n_layers, idx, &peak);
+        check_trace(t, cases[c].m, tuning, sp_runtime_config(rt)->n_layers, idx, &peak);
         free(g);
         sp_trainer_free(t);
     }
-    if (rt->route.nhops > 1) /* the servers worked at the same time on different microbatches */
+    if (sp_test_route_hops(rt) > 1) /* the servers worked at the same time on different microbatches */
         ck_assert_msg(peak >= 2, "no two stages were ever busy at once (peak %d)", peak);
     /* every activation a FORWARD kept went with its BACKWARD; evaluation keeps none */
     for (int i = 0; i < nsrv; i++)
@@ -384,7 +384,10 @@ START_TEST(t_dead_server_mid_pipeline)
     snprintf(port, sizeof port, ":%d", sp_server_port(srv[1]));
     sp_server_stop(srv[1]); /* blocks 2:4 */
     srv[1] = NULL;
-    rt->set.max_retries = 1; /* no other server holds 2:4: one retry, then the error */
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.max_retries = 1; /* no other server holds 2:4: one retry, then the error */
+    sp_runtime_set_settings(rt, &set);
     double t0 = sp_now_s();
     ck_assert_int_ne(sp_trainer_step(t, idx, 8, &loss, &err), SP_OK);
     ck_assert_msg(sp_now_s() - t0 < 60, "the failed step took %.1f s", sp_now_s() - t0);
@@ -450,13 +453,13 @@ START_TEST(t_generate_with_prompts)
     ck_assert_int_eq(sp_model_load(&all, M15, SP_LOAD_BLOCKS, 0, -1, &err), SP_OK);
     /* shallow prompts: the embeddings of a real text (random vectors barely move a model this sure of its
      * stories); deep prompts: random */
-    int H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers, P, *pid;
-    ck_assert_int_eq(sp_tokenizer_encode(rt->tok, "The big dog barked at the cat.", 0, &pid, &P, &err), SP_OK);
+    int H = sp_runtime_config(rt)->hidden, L = sp_runtime_config(rt)->n_layers, P, *pid;
+    ck_assert_int_eq(sp_tokenizer_encode(sp_runtime_tokenizer(rt), "The big dog barked at the cat.", 0, &pid, &P, &err), SP_OK);
     float *sh = malloc((size_t)P * H * sizeof(float)), *dp = malloc((size_t)L * P * H * sizeof(float));
     int32_t *pid32 = malloc((size_t)P * sizeof *pid32);
     for (int i = 0; i < P; i++)
         pid32[i] = pid[i];
-    ck_assert_int_eq(sp_model_embed(rt->local, sh, pid32, P, &err), SP_OK);
+    ck_assert_int_eq(sp_model_embed(sp_runtime_model(rt), sh, pid32, P, &err), SP_OK);
     free(pid), free(pid32);
     sp_rng r;
     sp_rng_seed(&r, 77);
@@ -477,11 +480,11 @@ START_TEST(t_generate_with_prompts)
         int32_t prompt[3] = {450, 11203, 471}; /* three ordinary tokens, no BOS */
         int32_t want[3 + 10], plain[3 + 10];
         memcpy(want, prompt, sizeof prompt);
-        reference_greedy(all, rt->local, s2, d2, P, want, 3, 10);
+        reference_greedy(all, sp_runtime_model(rt), s2, d2, P, want, 3, 10);
         sp_lm_swarm sw;
         sp_lm lm = sp_lm_swarm_make(&sw, rt);
         sp_lm_swarm_prompts(&sw, &lm, s2, d2, P);
-        ck_assert_int_eq(lm.max_pos, rt->local->cfg.max_pos - P);
+        ck_assert_int_eq(lm.max_pos, sp_runtime_config(rt)->max_pos - P);
         sp_gen_opts o;
         sp_gen_opts_default(&o);
         o.max_new = 10;

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime.h"
+
 int sp_test_run(Suite *s)
 {
     SRunner *sr = srunner_create(s);
@@ -188,4 +190,55 @@ int sp_test_wait_for(int (*fn)(void *user), void *user, double timeout_s)
         nanosleep(&ts, NULL);
     }
     return v;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the client runtime's server table */
+
+int sp_test_count_online(sp_runtime *rt)
+{
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows), online = 0;
+    for (int i = 0; i < n; i++)
+        online += !rows[i].gone && rows[i].rec.state == SP_SERVER_ONLINE;
+    free(rows);
+    return online;
+}
+
+int sp_test_server_row(sp_runtime *rt, int i, sp_server_row *out)
+{
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows), found = i >= 0 && i < n;
+    if (found)
+        *out = rows[i];
+    free(rows);
+    return found;
+}
+
+int sp_test_server_at(sp_runtime *rt, int port, int from_dht, sp_server_row *out)
+{
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows), found = -1;
+    for (int i = 0; i < n; i++)
+        if (rows[i].rec.port == port && (!from_dht || rows[i].from_dht))
+            found = i;
+    if (found >= 0 && out)
+        *out = rows[found];
+    free(rows);
+    return found;
+}
+
+void sp_test_update_period(sp_runtime *rt, double s)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.update_period_s = s;
+    sp_runtime_set_settings(rt, &set);
+}
+
+int sp_test_route_hops(sp_runtime *rt)
+{
+    sp_route r;
+    sp_runtime_last_route(rt, &r);
+    return r.nhops;
 }

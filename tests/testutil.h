@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "runtime_types.h"
+
 /* Runs one suite and returns the process exit status (non-zero on any failure). */
 int sp_test_run(Suite *s);
 /* max |a - b| over n elements. */
@@ -34,5 +36,16 @@ void sp_test_proc_signal(sp_test_proc *p, int sig);
 pid_t sp_test_child_named(pid_t parent, const char *comm);
 /* Blocks until fn(user) returns non-zero or timeout_s passes (polling every 10 ms); its last value. */
 int sp_test_wait_for(int (*fn)(void *user), void *user, double timeout_s);
+
+/* The client runtime's server table, through its copies (sp_runtime_servers): the servers not gone and ONLINE; the
+ * row of server i (1 if there is one); the last row of the server at port (found through the DHT if from_dht): its
+ * index, or -1. */
+int sp_test_count_online(sp_runtime *rt);
+int sp_test_server_row(sp_runtime *rt, int i, sp_server_row *out);
+int sp_test_server_at(sp_runtime *rt, int port, int from_dht, sp_server_row *out);
+/* Lookups of the DHT view and pings every s seconds (the update_period setting). */
+void sp_test_update_period(sp_runtime *rt, double s);
+/* Hops of the route sp_runtime_route computed last. */
+int sp_test_route_hops(sp_runtime *rt);
 
 #endif

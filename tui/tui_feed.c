@@ -253,15 +253,16 @@ void tui_close_sink(void)
 static void post_app(tui *t)
 {
     sp_runtime *rt = __atomic_load_n(&t->app->rt, __ATOMIC_SEQ_CST);
-    if (!rt || !rt->local)
+    const sp_config *c = rt ? sp_runtime_config(rt) : NULL;
+    if (!c)
         return;
-    tui_ev *e = ev_text(TE_APP, rt->model_prefix);
+    tui_ev *e = ev_text(TE_APP, sp_runtime_model_name(rt));
     if (!e)
         return;
-    e->what = strdup(rt->local->cfg.architecture);
-    e->n = rt->local->cfg.n_layers;
-    e->a = rt->local->cfg.hidden;
-    e->b = rt->local->cfg.vocab;
+    e->what = strdup(c->architecture);
+    e->n = c->n_layers;
+    e->a = c->hidden;
+    e->b = c->vocab;
     post(t, e);
 }
 
@@ -388,7 +389,7 @@ void tui_on_sigint(void)
 /* ---------------------------------------------------------------------------------------------- */
 /* the feeder: the server table as snapshots */
 
-static void server_of(const sp_server_entry *e, int idx, double now, tui_server *s)
+static void server_of(const sp_server_row *e, int idx, double now, tui_server *s)
 {
     const sp_server_record *r = &e->rec;
     memset(s, 0, sizeof *s);
@@ -433,8 +434,10 @@ static tui_swarm *snapshot(tui *t, sp_runtime *rt)
     if (!s)
         return NULL;
     double now = sp_now_s(), ban_now = sp_runtime_now(rt); /* bans are on the runtime's clock */
-    pthread_mutex_lock(&rt->lock);
-    int n = rt->nservers;
+    sp_server_row *rows = NULL;
+    int n = sp_runtime_servers(rt, &rows);
+    if (n < 0) /* out of memory: an empty table this time */
+        n = 0;
     if (n > t->ngone) {
         double *g = realloc(t->gone_since, (size_t)n * sizeof *g);
         if (g) {
@@ -446,7 +449,7 @@ static tui_swarm *snapshot(tui *t, sp_runtime *rt)
     }
     s->s = n ? calloc((size_t)n, sizeof *s->s) : NULL;
     for (int i = 0; s->s && i < n; i++) {
-        const sp_server_entry *e = rt->servers[i];
+        const sp_server_row *e = &rows[i];
         if (i < t->ngone) {
             if (!e->gone)
                 t->gone_since[i] = 0;
@@ -461,7 +464,7 @@ static tui_swarm *snapshot(tui *t, sp_runtime *rt)
         if (!s->model[0])
             snprintf(s->model, sizeof s->model, "%s", e->rec.model);
     }
-    pthread_mutex_unlock(&rt->lock);
+    free(rows);
     return s;
 }
 

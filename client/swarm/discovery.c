@@ -58,19 +58,13 @@ static void on_change(void *user, sp_view_change what, const sp_server_record *r
 static void on_value(void *user, const char *key, const uint8_t *data, size_t len, int expired)
 {
     sp_runtime *rt = user;
-    pthread_mutex_lock(&rt->view_lock);
-    if (rt->view)
-        sp_view_on_value(rt->view, key, data, len, expired);
-    pthread_mutex_unlock(&rt->view_lock);
+    sp_view_slot_on_value(&rt->views, key, data, len, expired);
 }
 
 static void on_get_done(void *user, const char *key, int ok)
 {
     sp_runtime *rt = user;
-    pthread_mutex_lock(&rt->view_lock);
-    if (rt->view)
-        sp_view_on_get_done(rt->view, key, ok);
-    pthread_mutex_unlock(&rt->view_lock);
+    sp_view_slot_on_get_done(&rt->views, key, ok);
 }
 
 static void on_dht_event(void *user, const char *text) { sp_rt_emit(user, SP_EV_INFO, text, 0, 0, 0); }
@@ -78,10 +72,7 @@ static void on_dht_event(void *user, const char *text) { sp_rt_emit(user, SP_EV_
 /* Replaces the view (NULL: none); entries found through the old one become gone. */
 static void set_view(sp_runtime *rt, sp_view *v)
 {
-    pthread_mutex_lock(&rt->view_lock);
-    sp_view *old = rt->view;
-    rt->view = v;
-    pthread_mutex_unlock(&rt->view_lock);
+    sp_view *old = sp_view_slot_swap(&rt->views, v);
     sp_view_free(old);
     if (!old)
         return;
@@ -240,11 +231,7 @@ void sp_rt_leave(sp_runtime *rt)
 
 int sp_runtime_models(sp_runtime *rt, sp_model_record **out)
 {
-    *out = NULL;
-    pthread_mutex_lock(&rt->view_lock);
-    int n = rt->view ? sp_view_models(rt->view, out) : 0;
-    pthread_mutex_unlock(&rt->view_lock);
-    return n;
+    return sp_view_slot_models(&rt->views, out);
 }
 
 int sp_rt_wait_server(sp_runtime *rt, int port, double timeout_s)

@@ -1,19 +1,14 @@
-/* swarm_impl.h - internals shared by the client runtime's files (not a public header). */
+/* swarm_impl.h - internals shared by the swarm's files and the runtime's life cycle (not a public header: it
+ * includes the runtime's private state, private/runtime_state.h). */
 #ifndef SEPAL_SWARM_IMPL_H
 #define SEPAL_SWARM_IMPL_H
 
-#include <stdarg.h>
-
-#include "runtime.h"
+#include "remote.h"
+#include "runtime_cancel.h"
+#include "runtime_state.h"
+#include "swarm.h"
 
 #define CALL_TIMEOUT_MS 120000
-
-/* Events to the front end (runtime.c). */
-void sp_rt_emit(sp_runtime *rt, sp_event_kind kind, const char *text, double done, double total, int row);
-/* An event about a route (SP_EV_ROUTE, SP_EV_STEP) that carries the route and, for a step, its hops' times. */
-void sp_rt_emit_route(sp_runtime *rt, sp_event_kind kind, const char *text, int row, const sp_route *r,
-                      const double *hop_s);
-void sp_rt_emitf(sp_runtime *rt, sp_event_kind kind, int row, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* ---------------------------------------------------------------------------------------------- */
 /* servers.c: the table and the connections */

@@ -13,7 +13,8 @@
 
 #include "model.h"
 #include "ops.h"
-#include "runtime.h"
+#include "parts.h"
+#include "swarm.h"
 
 #define CHAIN_MAX_TOKENS 1024 /* tokens per sub-batch of the remote chain (Petals' MAX_TOKENS_IN_BATCH) */
 
@@ -774,9 +775,10 @@ static void prompts_regroup(const chain_saved *cs, float *batch, float *sub, int
 
 static sp_status chain_check(sp_runtime *rt, sp_t *x, sp_t *dp, sp_err *err)
 {
-    if (!rt || !rt->local)
+    const sp_config *c = rt ? sp_runtime_config(rt) : NULL;
+    if (!c)
         return sp_errf(err, SP_ERR_STATE, "sp_remote_chain: no model loaded");
-    int H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
+    int H = c->hidden, L = c->n_layers;
     if (x->ndim != 3 || x->shape[2] != H)
         return sp_errf(err, SP_ERR_ARG, "sp_remote_chain: input %s is not [B, T, %d]", shp(x).s, H);
     if (dp && (dp->ndim != 4 || dp->shape[0] != L || dp->shape[1] != x->shape[0] || dp->shape[2] > x->shape[1] ||
@@ -813,7 +815,7 @@ static chain_saved *chain_saved_new(sp_runtime *rt, sp_t *x, sp_t *dp, const sp_
     if (!cs)
         return nomem(err, "sp_remote_chain"), NULL;
     *cs = (chain_saved){.rt = rt, .B = (int)x->shape[0], .T = (int)x->shape[1], .P = dp ? (int)dp->shape[2] : 0,
-                        .H = rt->local->cfg.hidden, .L = rt->local->cfg.n_layers};
+                        .H = sp_runtime_config(rt)->hidden, .L = sp_runtime_config(rt)->n_layers};
     cs->bsub = CHAIN_MAX_TOKENS / cs->T > 0 ? CHAIN_MAX_TOKENS / cs->T : 1;
     if (chain_routes(cs, route, err)) {
         chain_saved_free(cs);

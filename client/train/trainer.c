@@ -11,7 +11,9 @@
 
 #include "ops.h"
 #include "rng.h"
-#include "runtime.h"
+#include "runtime_cancel.h"
+#include "runtime_state.h"
+#include "swarm.h"
 #include "safetensors.h"
 #include "timeutil.h"
 
@@ -133,10 +135,7 @@ static int host_backward(void *ctx, sepal_tensor *x, const float *grad)
 static void host_log(void *ctx, const char *msg)
 {
     sp_trainer *t = ctx;
-    if (t->rt->on_event) {
-        sp_event ev = {.kind = SP_EV_INFO, .text = msg};
-        t->rt->on_event(&ev, t->rt->user);
-    }
+    sp_rt_emit(t->rt, SP_EV_INFO, msg, 0, 0, 0);
 }
 
 static void host_init(sp_trainer *t)

@@ -1,0 +1,125 @@
+/* runtime_state.h - the client runtime's state, private to client/ (the way ggml keeps its context in
+ * ggml-impl.h): front ends see only `typedef struct sp_runtime sp_runtime` (runtime_types.h) and call functions
+ * (runtime.h). This folder is on the include path of client/'s own files only; white-box tests name it
+ * themselves (tests/CMakeLists.txt).
+ *
+ * The runtime's parts work on this struct: cancellation and the clock (runtime_cancel.c), the model's local
+ * parts (model/parts.c), the swarm (swarm/: servers, discovery, routes, sessions, chains, a local swarm) and the
+ * trainer (train/trainer.c); the life cycle (runtime.c) is above them all. This header includes nothing of
+ * theirs, so none of them depends on another through it, nor on runtime.c.
+ *
+ * Servers: one entry per server id, never removed while the runtime lives (so an index stays valid); an
+ * entry whose server left the view is `gone`.
+ *
+ * Threads: the server table, bans, pings, the route and the rng are under `lock`; network calls are made
+ * without it. */
+#ifndef SEPAL_RUNTIME_STATE_H
+#define SEPAL_RUNTIME_STATE_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "model.h"
+#include "record.h"
+#include "rng.h"
+#include "runtime_events.h"
+#include "runtime_types.h"
+#include "swarmkey.h"
+#include "view.h"
+
+struct sp_tokenizer;
+struct sp_pool;
+struct sp_dht;
+
+typedef struct sp_conn sp_conn; /* a shared connection to one server (swarm/servers.c) */
+
+typedef struct sp_server_entry {
+    sp_server_record rec;  /* as announced (DHT), or filled from HELLO + INFO (connect HOST:PORT) */
+    int from_dht;          /* found through the DHT view */
+    int gone;              /* left the view (stale, expired) or stopped */
+    sp_conn *conn;         /* opened on first use; NULL after a failure (the next use reconnects) */
+    double rtt;            /* smoothed client ping, seconds; < 0 unknown */
+    double rtt_when;       /* sp_now_s() of the last ping */
+    double banned_until;   /* sp_runtime_now() until which routing avoids it */
+    int failures;          /* since the last success */
+    long cache_total;      /* from INFO, for `servers` */
+    pid_t pid;             /* > 0: started by swarm up */
+    char log[256];         /* its stderr, for swarm-started servers */
+} sp_server_entry;
+
+struct sp_runtime {
+    sp_events events;      /* where the events go (the front end's callback) */
+    char model_dir[4096];
+    char model_prefix[SP_MODEL_PREFIX_MAX];
+    sp_model *local;       /* embeddings + final norm + head only (model/parts.c) */
+    int head_dtype;        /* sp_wtype of the local LM head (sp_runtime_set_head_dtype; f32: the mapping) */
+    struct sp_pool *pool;  /* the local parts' compute threads (sp_runtime_set_threads; NULL: the engine's default) */
+    int threads;           /* 0: every CPU the process may run on */
+    struct sp_tokenizer *tok; /* NULL if the model has none */
+    sp_rt_settings set;
+
+    pthread_mutex_t lock;  /* servers, bans, pings, route, rng */
+    sp_server_entry **servers;
+    int nservers, capservers;
+    sp_route route;        /* the last inference route computed (route, servers) */
+    sp_rng rng;            /* training routes */
+    uint64_t next_keep;
+
+    /* discovery (swarm/discovery.c) */
+    struct sp_dht *dht;
+    sp_view_slot views;    /* the view of the loaded model's servers, as the DHT's callbacks reach it */
+    char initial_peers[1024];
+    pthread_t pinger;
+    int pinger_started, pinger_stop;
+    pthread_cond_t pinger_cond;
+
+    /* a local swarm (swarm/local.c) */
+    char server_bin[4096];
+    int swarm_started;     /* swarm up ran and its servers are ours */
+
+    const sp_rt_clock *clock; /* NULL: sp_now_s and real sleeps (see sp_rt_clock) */
+    int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
+    int cancel_waits;      /* ... and its network waits and back-offs end now (atomic) */
+    int finish_steps;      /* sp_runtime_finish_steps: a first cancel lets the step in flight finish (atomic) */
+    /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records without
+     * its tag are dropped, and swarm up starts its servers with it */
+    int has_key;
+    sp_swarm_key key;
+    char key_path[4096];
+};
+
+/* ---------------------------------------------------------------------------------------------- */
+/* events to the front end (runtime_events.h), from any of the runtime's threads */
+
+static inline void sp_rt_emit(sp_runtime *rt, sp_event_kind kind, const char *text, double done, double total, int row)
+{
+    sp_events_emit(&rt->events, kind, text, done, total, row);
+}
+
+static inline void sp_rt_emit_route(sp_runtime *rt, sp_event_kind kind, const char *text, int row, const sp_route *r,
+                                    const double *hop_s)
+{
+    sp_events_emit_route(&rt->events, kind, text, row, r, hop_s);
+}
+
+__attribute__((format(printf, 4, 5))) static inline void sp_rt_emitf(sp_runtime *rt, sp_event_kind kind, int row,
+                                                                   const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sp_events_vemitf(&rt->events, kind, row, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the model's local parts (model/parts.c), for the life cycle (runtime.c) */
+
+/* Loads config, tokenizer (if present) and only the local parts of the model in dir, in place of those loaded
+ * before (which stay if this fails), with progress and an SP_EV_INFO saying what was loaded. */
+sp_status sp_rt_parts_load(sp_runtime *rt, const char *dir, sp_err *err);
+/* Frees them and the compute threads. */
+void sp_rt_parts_free(sp_runtime *rt);
+
+#endif

@@ -1,0 +1,71 @@
+/* runtime_types.h - the plain data the client runtime's calls take and give: the opaque handle, routes (chains
+ * of hops in stages), the settings, the clock of the failure policy, and a server's row as front ends see it.
+ * No functions: every part of the runtime and every front end may include it. */
+#ifndef SEPAL_RUNTIME_TYPES_H
+#define SEPAL_RUNTIME_TYPES_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "record.h"
+
+/* The client runtime (runtime.h). Opaque: front ends call functions, never read it or take its lock. */
+typedef struct sp_runtime sp_runtime;
+
+#define SP_RT_MAX_HOPS 64
+
+/* One server's part of a chain. */
+typedef struct sp_hop {
+    int server;            /* index of the server (a row of sp_runtime_servers) */
+    int start, end;        /* blocks [start, end) it runs for this chain */
+    double latency;        /* expected seconds of this hop per step (routing's estimate) */
+    uint64_t keep;         /* training: the id its FORWARD kept activations under (0: none) */
+} sp_hop;
+
+/* A chain over blocks [0, L) in stages: stage s runs blocks [stage_start[s], stage_start[s+1]) and is
+ * served by hops first[s] .. first[s+1]-1. A route starts with one hop per stage; when a server fails,
+ * its stage is served by the replacement's hops (several if no one server covers it), so the stages
+ * (the pipeline's) stay put. */
+typedef struct sp_route {
+    int nstages;
+    int stage_start[SP_RT_MAX_HOPS + 1];
+    int first[SP_RT_MAX_HOPS + 1];
+    int nhops;
+    sp_hop hop[SP_RT_MAX_HOPS];
+    double cost;           /* expected seconds per inference step (min-latency routes), else 0 */
+} sp_route;
+
+/* Settings of the runtime (front ends' `set`). */
+typedef struct sp_rt_settings {
+    int max_retries;         /* retries of one request after failures (default 8) */
+    double step_timeout_s;   /* per request; 0: derived from the expected time (a few s for a decode step) */
+    double ban_s;            /* first ban (default 15 s; doubles on repeated failures) */
+    double backoff_max_s;    /* longest pause between retries (default 60 s) */
+    char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
+    char blocked[1024];      /* never these */
+    double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
+                                the nodes closest to the key when it starts) and pings (default 10 s) */
+} sp_rt_settings;
+
+/* The clock of the failure policy: bans are measured on now(), the pauses between retries are sleep()s. The
+ * runtime's own (none set) is the monotonic clock and real sleeps; a test sets one that it moves itself
+ * (sp_runtime_set_clock), to check the policy without waiting. */
+typedef struct sp_rt_clock {
+    double (*now)(void *user);
+    void (*sleep)(void *user, double s);
+    void *user;
+} sp_rt_clock;
+
+/* A server as the runtime knows it, copied out of its table (sp_runtime_servers). */
+typedef struct sp_server_row {
+    sp_server_record rec;  /* as announced (DHT), or filled from HELLO + INFO (connect HOST:PORT) */
+    int from_dht;          /* found through the DHT view */
+    int gone;              /* left the view (stale, expired) or stopped */
+    double rtt;            /* smoothed client ping, seconds; < 0 unknown; INFINITY unreachable */
+    double banned_until;   /* sp_runtime_now() until which routing avoids it */
+    int failures;          /* since the last success */
+    long cache_total;      /* from INFO */
+    pid_t pid;             /* > 0: started by swarm up */
+} sp_server_row;
+
+#endif
