@@ -77,7 +77,7 @@ before=$(pane | grep -A1 -m1 '^sepal> generate .Tom had a red kite' | tail -1)
 
 # Ctrl-C during a long generation
 keys C-l
-keys "generate 'Once upon a time' --temperature 0.9 --max-new-tokens 250" Enter
+keys "generate 'Once upon a time' --temperature 0.9 --max-new-tokens 250 --ignore-eos" Enter
 wait_for "^Once upon a time" 20
 sleep 0.3
 t0=$(date +%s.%N)
