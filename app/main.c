@@ -1,5 +1,5 @@
 /* main.c - the `sepal` program: picks a front end (the TUI on a terminal, the line REPL, -c / -f scripts,
- * commands from stdin, the `model` tools) over the one command layer (repl/cmd.h). */
+ * commands from stdin, the `model` tools) over the one command layer (cmd/cmd.h). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
