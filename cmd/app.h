@@ -7,27 +7,14 @@
 #include <stddef.h>
 
 #include "cmd.h"
+#include "settings.h"
 #include "sink.h"
-
-#define SP_APP_MAX_SETTINGS 64
-
-/* What a setting holds (the kinds of options: SP_OPT_STR, _INT, _NUM, _CHOICE, _PATH; SP_OPT_FLAG is on/off):
- * `set` refuses a value that is not of its kind, outside [min, max] or not one of its choices. */
-typedef struct sp_setting {
-    const char *name;    /* "max-new-tokens" */
-    char value[512];
-    const char *help;
-    sp_opt_kind kind;
-    double min, max;     /* SP_SET_INT / SP_SET_NUM */
-    const char *choices; /* SP_SET_CHOICE: "a|b" */
-} sp_setting;
 
 struct sp_app {
     int quit;          /* set by `quit` */
     int interactive;   /* 1 in the REPL and the TUI, 0 for -c / -f / piped stdin */
     int quiet;         /* --quiet: no progress lines or notices */
-    sp_setting settings[SP_APP_MAX_SETTINGS];
-    int nsettings;
+    char set[SP_SET_N][512]; /* the settings' values (settings.h), checked against their rows */
     struct sp_runtime *rt; /* the client runtime (sp_app_runtime creates it) */
     char where[256];   /* "FILE:LINE" while a script line runs, else "" */
     int nerrors;       /* errors reported so far */
@@ -61,22 +48,14 @@ int sp_app_error(sp_app *app, const char *fmt, ...) __attribute__((format(printf
 void sp_progress(sp_app *app, const char *what, double done, double total, const char *unit);
 void sp_progress_end(sp_app *app, const char *what);
 
-/* Settings (defaults of generate etc.). Names may be given as a unique prefix ("temp"). */
-const sp_setting *sp_app_setting(const sp_app *app, const char *name, char *why, size_t cap);
-const char *sp_app_get(const sp_app *app, const char *name); /* exact name; NULL if unknown */
-/* Checks and sets: 0, -1 unknown or ambiguous name, -2 bad value; why says what is wrong. */
-int sp_app_set(sp_app *app, const char *name, const char *value, char *why, size_t cap);
-/* A numeric setting's value (NAN if unknown or not a number). */
-double sp_app_num(const sp_app *app, const char *name);
-/* Registers a setting: 0, or -1 if the table is full, the name exists or the default is not valid. */
-int sp_app_define(sp_app *app, const char *name, sp_opt_kind kind, double min, double max, const char *choices,
-                  const char *def, const char *help);
-
-/* Whether value is valid for kind (what names the option or setting in the message): 0, or -1 with why
- * ("--top-p: expected a number in [0, 1], got '2'"). */
-int sp_check_value(const char *what, sp_opt_kind kind, double min, double max, const char *choices,
-                   const char *value, char *why, size_t cap);
-/* 1 for "1", "on", "yes", "true"; 0 otherwise. */
-int sp_is_on(const char *v);
+/* Settings (settings.h): the one that name (a unique prefix) names, or -1 with why ("unknown setting 'x' (did
+ * you mean ...?; `show` lists them)", "ambiguous setting 'se': seed, stop"). */
+int sp_app_setting(const sp_app *app, const char *name, char *why, size_t cap);
+/* A setting's value (a number: 0 when it is none). */
+const char *sp_app_get(const sp_app *app, sp_set k);
+double sp_app_num(const sp_app *app, sp_set k);
+/* Checks value against the setting's row and sets it: 0, or -1 with why ("top-p: expected a number in (0, 1],
+ * got '2'"); why may be NULL. */
+int sp_app_set(sp_app *app, sp_set k, const char *value, char *why, size_t cap);
 
 #endif
