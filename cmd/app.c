@@ -25,52 +25,22 @@ void sp_emit(sp_app *app, const sp_ui_event *ev)
         app->sink.emit(app->sink.user, ev);
 }
 
-static void emit_text(sp_app *app, sp_ui_kind kind, const char *fmt, va_list ap)
+int sp_emitf(sp_app *app, sp_ui_kind kind, const char *fmt, ...)
 {
     char stack[1024], *buf = stack;
-    va_list ap2;
+    va_list ap, ap2;
+    va_start(ap, fmt);
     va_copy(ap2, ap);
     int n = vsnprintf(stack, sizeof stack, fmt, ap);
     if (n >= (int)sizeof stack && (buf = malloc((size_t)n + 1)))
         vsnprintf(buf, (size_t)n + 1, fmt, ap2);
     va_end(ap2);
+    va_end(ap);
     sp_ui_event ev = {.kind = kind, .text = buf ? buf : stack, .where = app->where[0] ? app->where : NULL};
+    app->nerrors += kind == SP_UI_ERROR;
     sp_emit(app, &ev);
     if (buf != stack)
         free(buf);
-}
-
-void sp_out(sp_app *app, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    emit_text(app, SP_UI_TEXT, fmt, ap);
-    va_end(ap);
-}
-
-void sp_note(sp_app *app, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    emit_text(app, SP_UI_NOTICE, fmt, ap);
-    va_end(ap);
-}
-
-void sp_warn(sp_app *app, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    emit_text(app, SP_UI_WARN, fmt, ap);
-    va_end(ap);
-}
-
-int sp_app_error(sp_app *app, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    emit_text(app, SP_UI_ERROR, fmt, ap);
-    va_end(ap);
-    app->nerrors++;
     return 1;
 }
 

@@ -40,11 +40,13 @@ int sp_app_cancelled(const sp_app *app);
 
 /* Output, through the sink. */
 void sp_emit(sp_app *app, const sp_ui_event *ev);
-void sp_out(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sp_note(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sp_warn(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Reports an error (with the script position if any). Returns 1 so handlers can `return sp_app_error(...)`. */
-int sp_app_error(sp_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Text of a kind (SP_UI_TEXT, _NOTICE, _WARN, _ERROR), printf-style; an error carries the script position, if
+ * any, and is counted (nerrors). Returns 1, so that handlers can `return sp_app_error(...)`. */
+int sp_emitf(sp_app *app, sp_ui_kind kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define sp_out(app, ...) sp_emitf((app), SP_UI_TEXT, __VA_ARGS__)
+#define sp_note(app, ...) sp_emitf((app), SP_UI_NOTICE, __VA_ARGS__)
+#define sp_warn(app, ...) sp_emitf((app), SP_UI_WARN, __VA_ARGS__)
+#define sp_app_error(app, ...) sp_emitf((app), SP_UI_ERROR, __VA_ARGS__)
 void sp_progress(sp_app *app, const char *what, double done, double total, const char *unit);
 void sp_progress_end(sp_app *app, const char *what);
 

@@ -1,4 +1,5 @@
-/* test_cmd.c - the command layer, white-box, without processes or a network: every option table walked (no
+/* test_cmd.c - the command layer, white-box, without processes or a network (and the helpers of common/ that
+ * both front ends use: durations, the history file): every option table walked (no
  * holes, no row that contradicts the setting it takes its kind from, defaults valid and equal to the library's),
  * the option machinery (common/opt.h: lookup, values, the command-line walk, help in columns), lookup of commands
  * (names, aliases, prefixes, subcommands), splitting and quoting, parsing with its messages, values by index
@@ -12,7 +13,9 @@
 
 #include "app.h"
 #include "generate.h"
+#include "paths.h"
 #include "testutil.h"
+#include "timeutil.h"
 #include "trainer.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -569,6 +572,33 @@ START_TEST(t_script)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* the helpers both front ends use (common/) */
+
+START_TEST(t_front_helpers)
+{
+    char d[32];
+    const double s[] = {-1, 0.4, 59.4, 60, 3599.9, 3600, 7384, 1e14, 1e300};
+    const char *want[] = {"?", "0s", "59s", "1m00s", "59m59s", "1h00m", "2h03m", "27777777777h46m", "?"};
+    for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
+        sp_fmt_duration(s[i], d, sizeof d);
+        ck_assert_str_eq(d, want[i]);
+    }
+    setenv("HOME", "/home/someone", 1);
+    unsetenv("SEPAL_HISTORY");
+    char *h = sp_history_path();
+    ck_assert_str_eq(h, "/home/someone/.sepal_history");
+    free(h);
+    setenv("SEPAL_HISTORY", "~/h", 1);
+    h = sp_history_path();
+    ck_assert_str_eq(h, "/home/someone/h");
+    free(h);
+    unsetenv("SEPAL_HISTORY");
+    unsetenv("HOME");
+    ck_assert_ptr_null(sp_history_path());
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cmd");
@@ -588,6 +618,7 @@ int main(void)
     tcase_add_test(tc, t_help);
     tcase_add_test(tc, t_complete);
     tcase_add_test(tc, t_script);
+    tcase_add_test(tc, t_front_helpers);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }
