@@ -31,48 +31,50 @@ static int alias_match(const char *aliases, const char *name)
     return 0;
 }
 
-const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, size_t cap)
+/* The command of table (NULL: the top level) that name names exactly or as an alias, else the only one whose name
+ * starts with it; *count: how many start with it. */
+static const sp_cmd *match(const sp_cmd *table, const char *name, int *count)
 {
     SP_CMD_EACH(table, c)
     if (!strcmp(c->name, name) || alias_match(c->aliases, name))
         return c;
     size_t n = strlen(name);
     const sp_cmd *hit = NULL;
-    int count = 0;
+    *count = 0;
     SP_CMD_EACH(table, c)
-    if (n && !strncmp(c->name, name, n)) {
-        hit = c;
-        count++;
-    }
-    if (count == 1)
-        return hit;
-    if (!why || !cap)
-        return NULL;
-    const char *what = table ? "subcommand" : "command";
-    if (!count) {
-        size_t len = (size_t)snprintf(why, cap, "unknown %s '%s'", what, name);
-        if (table) {
-            len += (size_t)snprintf(why + len, len < cap ? cap - len : 0, " (one of: ");
-            int first = 1;
-            SP_CMD_EACH(table, c)
-            {
-                sp_opt_list_add(why, cap, &len, c->name, first);
-                first = 0;
-            }
-            if (len < cap)
-                snprintf(why + len, cap - len, ")");
-        } else if (len < cap) {
-            snprintf(why + len, cap - len, " (try 'help')");
-        }
-        return NULL;
-    }
-    size_t len = (size_t)snprintf(why, cap, "ambiguous %s '%s': ", what, name);
-    len = len < cap ? len : cap - 1;
+    if (n && !strncmp(c->name, name, n))
+        hit = c, (*count)++;
+    return *count == 1 ? hit : NULL;
+}
+
+/* Appends the names of table's commands that start with prefix ("": all), ", " between them. */
+static void list_names(const sp_cmd *table, const char *prefix, char *why, size_t cap, size_t *len)
+{
     int first = 1;
     SP_CMD_EACH(table, c)
-    if (!strncmp(c->name, name, n)) {
-        sp_opt_list_add(why, cap, &len, c->name, first);
+    if (!strncmp(c->name, prefix, strlen(prefix))) {
+        sp_opt_list_add(why, cap, len, c->name, first);
         first = 0;
+    }
+}
+
+const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, size_t cap)
+{
+    int count = 0;
+    const sp_cmd *c = match(table, name, &count);
+    if (c || !why || !cap)
+        return c;
+    const char *what = table ? "subcommand" : "command";
+    size_t len = (size_t)snprintf(why, cap, count ? "ambiguous %s '%s': " : "unknown %s '%s'", what, name);
+    len = len < cap ? len : cap - 1;
+    if (count) {
+        list_names(table, name, why, cap, &len);
+    } else if (table) {
+        sp_opt_list_add(why, cap, &len, " (one of: ", 1);
+        list_names(table, "", why, cap, &len);
+        sp_opt_list_add(why, cap, &len, ")", 1);
+    } else {
+        sp_opt_list_add(why, cap, &len, " (try 'help')", 1);
     }
     return NULL;
 }
