@@ -1,6 +1,5 @@
 /* main.c - the `sepal` program: picks a front end (the TUI on a terminal, the line REPL, -c / -f scripts,
- * commands from stdin, the `model` tools) over the one command layer (repl/cmd.h). */
-#include <errno.h>
+ * commands from stdin, the `model` tools) over the one command layer (cmd/cmd.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,36 @@
 #include "tui.h"
 #include "version.h"
 
+/* sepal's flags, by index. */
+enum {
+    F_TUI, F_REPL, F_RECORD, F_REPLAY, F_CMD, F_FILE, F_QUIET, F_KEEP, F_VERSION, F_DRY, F_DUMP, F_EXAMPLES, F_HELP,
+    F_NOPTS
+};
+
+static const sp_opt flags[] = {
+    [F_TUI] = {"--tui", SP_OPT_FLAG,
+               .help = "the TUI, running any -c / -f in it first (without a terminal: as --repl)"},
+    [F_REPL] = {"--repl", SP_OPT_FLAG, .help = "the interactive line REPL (after any -c / -f)"},
+    [F_RECORD] = {"--record-events", SP_OPT_STR, "FILE",
+                  .help = "(TUI) write every event the screen shows to FILE, as JSON lines"},
+    [F_REPLAY] = {"--replay-events", SP_OPT_STR, "FILE",
+                  .help = "(TUI) show a recorded FILE again (SEPAL_TUI_REPLAY_SPEED: 1 as recorded, 0 at once)"},
+    [F_CMD] = {"-c", SP_OPT_STR, "\"CMD; CMD\"", .help = "run commands (several -c and -f run in order)"},
+    [F_FILE] = {"-f", SP_OPT_STR, "FILE", .help = "run a script (- is stdin); `help` lists the commands"},
+    [F_QUIET] = {"--quiet", SP_OPT_FLAG, .short_name = "-q", .help = "no progress lines or notices"},
+    [F_KEEP] = {"--keep-going", SP_OPT_FLAG, .short_name = "-k",
+                .help = "scripts go on after a failed command (the exit status is still 1)"},
+    [F_VERSION] = {"--version", SP_OPT_FLAG, .help = "print the version"},
+    [F_DRY] = {"--dry-run", SP_OPT_FLAG,
+               .help = "check the commands of -c / -f (names, options, values) without running them"},
+    [F_DUMP] = {"--dump-commands", SP_OPT_FLAG, .help = "every command with its options, one per line"},
+    [F_EXAMPLES] = {"--dump-examples", SP_OPT_FLAG, .help = "every example of `help`, one per line"},
+    [F_HELP] = {"--help", SP_OPT_FLAG, .short_name = "-h", .help = "this text"},
+    [F_NOPTS] = {0},
+};
+
+static void print_line(void *user, const char *line) { fprintf(user, "%s\n", line); }
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sepal [--tui|--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
@@ -19,21 +48,9 @@ static void usage(FILE *f)
                "       sepal model info|check|generate|convert-llama2c ...\n"
                "\n"
                "front ends:\n"
-               "  (no arguments)        the TUI on a terminal, else commands from stdin\n"
-               "  --tui                 the TUI, running any -c / -f in it first (without a terminal: as --repl)\n"
-               "  --repl                the interactive line REPL (after any -c / -f)\n"
-               "  --record-events FILE  (TUI) write every event the screen shows to FILE, as JSON lines\n"
-               "  --replay-events FILE  (TUI) show a recorded FILE again (SEPAL_TUI_REPLAY_SPEED: 1 as recorded,\n"
-               "                        0 at once)\n"
-               "  -c \"CMD; CMD\"         run commands (several -c and -f run in order)\n"
-               "  -f FILE               run a script (- is stdin); `help` lists the commands\n"
-               "  -q, --quiet           no progress lines or notices\n"
-               "  -k, --keep-going      scripts go on after a failed command (the exit status is still 1)\n"
-               "  --version             print the version\n"
-               "  --dry-run             check the commands of -c / -f (names, options, values) without running them\n"
-               "  --dump-commands       every command with its options, one per line\n"
-               "  --dump-examples       every example of `help`, one per line\n"
-               "\n"
+               "  (no arguments)        the TUI on a terminal, else commands from stdin\n");
+    sp_opt_help(flags, 110, print_line, f);
+    fprintf(f, "\n"
                "model tools (the same as the `model` command):\n"
                "  model info DIR                       architecture, sizes, parameter count, dtype\n"
                "  model check DIR [--golden FILE]      run the model locally against golden outputs\n"
@@ -48,72 +65,40 @@ static void usage(FILE *f)
                "  SIGINT/SIGTERM (the TUI: 130 when Ctrl-C twice quits it)\n");
 }
 
-/* Runs one -f argument: a file, or stdin for "-". */
-static int run_script(sp_app *app, const char *path)
-{
-    if (!strcmp(path, "-"))
-        return sp_cmd_run_file(app, stdin, "<stdin>");
-    char *p = sp_expand_tilde(path);
-    FILE *f = p ? fopen(p, "r") : NULL;
-    if (!f) {
-        int rc = sp_app_error(app, "%s: %s", path, strerror(errno));
-        free(p);
-        return rc;
-    }
-    int rc = sp_cmd_run_file(app, f, path);
-    fclose(f);
-    free(p);
-    return rc;
-}
-
+/* What the command line asks: the flags given (by index; -c and -f: the last) and every -c / -f in order. */
 typedef struct front {
-    int repl, tui, quiet, dump, examples, dry, keep;
-    const char *record, *replay;
+    const char *val[F_NOPTS];
+    tui_script *scripts;
+    int nscripts;
 } front;
 
-/* Checks the front-end options: 0, or -1 (message printed) on a usage error. */
-static int check_options(int argc, char **argv, front *fe)
+/* Reads the command line: 0, or -1 after a message on a usage error. */
+static int read_flags(int argc, char **argv, front *fe)
 {
     memset(fe, 0, sizeof *fe);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--repl")) {
-            fe->repl = 1;
-        } else if (!strcmp(argv[i], "--tui")) {
-            fe->tui = 1;
-        } else if (!strcmp(argv[i], "--record-events") || !strcmp(argv[i], "--replay-events")) {
-            if (++i == argc) {
-                fprintf(stderr, "sepal: %s needs a file\n", argv[i - 1]);
-                return -1;
-            }
-            if (!strcmp(argv[i - 1], "--record-events"))
-                fe->record = argv[i];
-            else
-                fe->replay = argv[i];
-        } else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) {
-            fe->quiet = 1;
-        } else if (!strcmp(argv[i], "--dump-commands")) {
-            fe->dump = 1;
-        } else if (!strcmp(argv[i], "--dump-examples")) {
-            fe->examples = 1;
-        } else if (!strcmp(argv[i], "--dry-run")) {
-            fe->dry = 1;
-        } else if (!strcmp(argv[i], "-k") || !strcmp(argv[i], "--keep-going")) {
-            fe->keep = 1;
-        } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "-f")) {
-            if (++i == argc) {
-                fprintf(stderr, "sepal: %s needs an argument\n", argv[i - 1]);
-                return -1;
-            }
-        } else {
-            fprintf(stderr, "sepal: unknown %s '%s'\n", argv[i][0] == '-' ? "option" : "command", argv[i]);
+    fe->scripts = calloc((size_t)argc, sizeof *fe->scripts);
+    sp_opt_parser p = {.opts = flags, .argc = argc, .argv = argv};
+    int k = -1;
+    const char *v = NULL;
+    char why[512];
+    for (sp_opt_got got; fe->scripts && (got = sp_opt_next(&p, &k, &v, why, sizeof why)) != SP_OPT_END;) {
+        if (got == SP_OPT_WORD) {
+            fprintf(stderr, "sepal: unknown command '%s'\n", v);
             return -1;
         }
+        if (got != SP_OPT_OPTION) {
+            fprintf(stderr, "sepal: %s\n", why);
+            return -1;
+        }
+        fe->val[k] = v;
+        if (k == F_CMD || k == F_FILE)
+            fe->scripts[fe->nscripts++] = (tui_script){.file = k == F_FILE, .arg = v};
     }
-    if (fe->repl && (fe->tui || fe->record || fe->replay)) {
+    if (fe->val[F_REPL] && (fe->val[F_TUI] || fe->val[F_RECORD] || fe->val[F_REPLAY])) {
         fprintf(stderr, "sepal: --repl is the line front end; --tui, --record-events and --replay-events are the TUI's\n");
         return -1;
     }
-    return 0;
+    return fe->scripts ? 0 : -1;
 }
 
 /* A terminal the TUI can draw on: stdin and stdout are one, and TERM is not missing or dumb. */
@@ -124,81 +109,85 @@ static int tui_terminal(void)
 }
 
 /* The TUI, with the -c / -f of the command line run in it first. */
-static int run_tui(sp_app *app, int argc, char **argv, const front *fe)
+static int run_tui(sp_app *app, const front *fe)
 {
-    tui_script *s = calloc((size_t)argc, sizeof *s);
-    int n = 0;
-    for (int i = 1; s && i < argc; i++) {
-        if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "-f")) {
-            s[n].file = argv[i][1] == 'f';
-            s[n++].arg = argv[++i];
-        } else if (!strcmp(argv[i], "--record-events") || !strcmp(argv[i], "--replay-events")) {
-            i++;
-        }
+    tui_opts o = {.scripts = fe->scripts, .nscripts = fe->nscripts, .record = fe->val[F_RECORD],
+                  .replay = fe->val[F_REPLAY]};
+    return tui_run(app, &o);
+}
+
+/* -c and -f in order on the line front end: 0, or the first failure's status (the last one's with -k). */
+static int run_scripts(sp_app *app, const front *fe)
+{
+    int rc = 0;
+    for (int i = 0; i < fe->nscripts && !rc && !app->quit && !sp_line_exit_status(); i++) {
+        const tui_script *s = &fe->scripts[i];
+        rc = s->file ? sp_cmd_run_script(app, s->arg) : sp_cmd_run_line(app, s->arg);
     }
-    tui_opts o = {.scripts = s, .nscripts = n, .record = fe->record, .replay = fe->replay};
-    int rc = s ? tui_run(app, &o) : 1;
-    free(s);
     return rc;
 }
 
-/* The front ends: -c and -f in order, then --repl; with no arguments the REPL or stdin. */
-static int run_front_ends(int argc, char **argv)
+/* The front ends: -c and -f in order, then --repl; with no arguments the TUI, the REPL or stdin. */
+static int run_front_ends(sp_app *app, const front *fe)
 {
-    front fe;
-    if (check_options(argc, argv, &fe)) {
-        usage(stderr);
-        return 2;
-    }
-    sp_app app;
-    sp_app_init(&app, sp_line_sink());
-    app.quiet = fe.quiet;
-    sp_line_set_quiet(fe.quiet);
-    if (fe.dump || fe.examples) {
-        if (fe.dump)
-            sp_cmd_dump(&app);
-        else
-            sp_cmd_dump_examples(&app);
-        return 0;
-    }
-    app.dry_run = fe.dry;
-    app.keep_going = fe.keep;
-    int scripts = 0;
-    for (int i = 1; i < argc; i++)
-        scripts += !strcmp(argv[i], "-c") || !strcmp(argv[i], "-f");
-    if ((fe.record || fe.replay) && !tui_terminal()) {
+    int repl = fe->val[F_REPL] != NULL, scripts = fe->nscripts, tui = fe->val[F_TUI] != NULL;
+    int tui_only = fe->val[F_RECORD] || fe->val[F_REPLAY];
+    if (tui_only && !tui_terminal()) {
         fprintf(stderr, "sepal: --record-events and --replay-events need the TUI, on a terminal\n");
         return 2;
     }
-    if (!fe.repl && !fe.dry && (fe.tui || fe.record || fe.replay || !scripts) && tui_terminal()) {
-        int rc = run_tui(&app, argc, argv, &fe);
-        if (rc != -1) {
-            sp_app_free(&app); /* stops the servers of swarm up (each announces OFFLINE) */
+    if (!repl && !app->dry_run && (tui || tui_only || !scripts) && tui_terminal()) {
+        int rc = run_tui(app, fe);
+        if (rc != -1)
             return rc;
-        }
-        fe.repl = 1; /* curses cannot use this terminal: the line front end */
+        repl = 1; /* curses cannot use this terminal: the line front end */
     }
-    if (fe.tui)
-        fe.repl = 1; /* no terminal: the line front end, as --repl */
+    repl |= tui; /* no terminal: the line front end, as --repl */
     int interactive = !scripts && isatty(STDIN_FILENO);
-    sp_line_signals(&app, interactive || fe.repl);
-    int rc = 0;
-    for (int i = 1; i < argc && !rc && !app.quit; i++) {
-        if (!strcmp(argv[i], "-c"))
-            rc = sp_cmd_run_line(&app, argv[++i]);
-        else if (!strcmp(argv[i], "-f"))
-            rc = run_script(&app, argv[++i]);
-        if (sp_line_exit_status())
-            break;
+    sp_line_signals(app, interactive || repl);
+    int rc = run_scripts(app, fe);
+    if (!scripts && !repl && !isatty(STDIN_FILENO) && !sp_line_exit_status())
+        rc = sp_cmd_run_file(app, stdin, "<stdin>");
+    else if ((!scripts || repl) && !app->quit && !sp_line_exit_status()) /* like python -i: after a failure too */
+        rc = sp_line_repl(app);
+    int sig = sp_line_exit_status();
+    return sig ? sig : rc || app->failed ? 1 : 0;
+}
+
+/* sepal's flags, then the front end they ask for; the exit status. */
+static int run_app(int argc, char **argv)
+{
+    front fe;
+    if (read_flags(argc, argv, &fe)) {
+        usage(stderr);
+        free(fe.scripts);
+        return 2;
     }
-    if (!scripts && !fe.repl && !isatty(STDIN_FILENO) && !sp_line_exit_status())
-        rc = sp_cmd_run_file(&app, stdin, "<stdin>");
-    else if ((!scripts || fe.repl) && !app.quit && !sp_line_exit_status()) /* like python -i: after a failure too */
-        rc = sp_line_repl(&app);
+    if (fe.val[F_HELP] || fe.val[F_VERSION]) {
+        if (fe.val[F_HELP])
+            usage(stdout);
+        else
+            printf("sepal %s\n", SEPAL_VERSION);
+        free(fe.scripts);
+        return 0;
+    }
+    sp_app app;
+    sp_app_init(&app, sp_line_sink());
+    app.quiet = fe.val[F_QUIET] != NULL;
+    sp_line_set_quiet(app.quiet);
+    app.dry_run = fe.val[F_DRY] != NULL;
+    app.keep_going = fe.val[F_KEEP] != NULL;
+    int rc = 0;
+    if (fe.val[F_DUMP])
+        sp_cmd_dump(&app);
+    else if (fe.val[F_EXAMPLES])
+        sp_cmd_dump_examples(&app);
+    else
+        rc = run_front_ends(&app, &fe);
     sp_app_free(&app); /* stops the servers of swarm up (each announces OFFLINE) */
     fflush(stdout);
-    int sig = sp_line_exit_status();
-    return sig ? sig : rc || app.failed ? 1 : 0;
+    free(fe.scripts);
+    return rc;
 }
 
 /* `sepal model ...`: the model command through the same layer; its exit status (0, 1, 2). */
@@ -211,7 +200,7 @@ static int run_model_tool(int argc, char **argv)
     const sp_cmd *m = sp_cmd_find("model", why, sizeof why);
     if (argc < 3) {
         char syn[1024];
-        sp_cmd_synopsis(m, "sepal model", 100, 12, syn, sizeof syn);
+        sp_cmd_synopsis(m, "sepal model", 7, 100, 12, syn, sizeof syn);
         fprintf(stderr, "usage: %s\n", syn);
         return 2;
     }
@@ -235,15 +224,11 @@ static int run_model_tool(int argc, char **argv)
 int main(int argc, char **argv)
 {
     sp_memtune();
-    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))) {
+    if (argc >= 2 && !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
-    }
-    if (argc >= 2 && !strcmp(argv[1], "--version")) {
-        printf("sepal %s\n", SEPAL_VERSION);
         return 0;
     }
     if (argc >= 2 && !strcmp(argv[1], "model"))
         return run_model_tool(argc, argv);
-    return run_front_ends(argc, argv);
+    return run_app(argc, argv);
 }

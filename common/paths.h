@@ -1,4 +1,4 @@
-/* paths.h - where sepal keeps things: the cache directory (models, data, measured throughput). */
+/* paths.h - where sepal keeps things: the cache directory (models, data, measured throughput), the history. */
 #ifndef SEPAL_PATHS_H
 #define SEPAL_PATHS_H
 
@@ -9,5 +9,8 @@
 void sp_cache_dir(char *buf, size_t cap);
 /* path with a leading "~" or "~/" replaced by $HOME, into buf. */
 void sp_expand_home(const char *path, char *buf, size_t cap);
+/* The history of commands that the line REPL and the TUI's `:` line share: $SEPAL_HISTORY (a leading ~
+ * expanded), else $HOME/.sepal_history; malloc'd, NULL without either (or out of memory). */
+char *sp_history_path(void);
 
 #endif

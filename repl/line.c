@@ -15,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "paths.h"
 #include "timeutil.h"
 #include "version.h"
 
@@ -106,18 +107,6 @@ static void err_line(const char *color, const char *prefix, const char *where, c
     fflush(stderr);
 }
 
-static void fmt_duration(char *buf, size_t cap, double s)
-{
-    if (!isfinite(s) || s < 0)
-        snprintf(buf, cap, "?");
-    else if (s < 60)
-        snprintf(buf, cap, "%.0fs", s);
-    else if (s < 3600)
-        snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else
-        snprintf(buf, cap, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
-}
-
 static void show_progress(const sp_ui_event *ev)
 {
     double now = sp_now_s();
@@ -133,7 +122,7 @@ static void show_progress(const sp_ui_event *ev)
     char eta[32] = "", line[256];
     if (rate > 0 && ev->total > 0 && !last) {
         char d[16];
-        fmt_duration(d, sizeof d, (ev->total - ev->done) / rate);
+        sp_fmt_duration((ev->total - ev->done) / rate, d, sizeof d);
         snprintf(eta, sizeof eta, ", ETA %s", d);
     }
     const char *unit = ev->unit ? ev->unit : "";
@@ -146,7 +135,7 @@ static void show_progress(const sp_ui_event *ev)
         n += (size_t)snprintf(line + n, sizeof line - n, " (%.1f%s%s/s%s)", rate, *unit ? " " : "", unit, eta);
     if (last && n < sizeof line) {
         char d[16];
-        fmt_duration(d, sizeof d, el);
+        sp_fmt_duration(el, d, sizeof d);
         if (el < 10)
             snprintf(line + n, sizeof line - n, " in %.1fs", el);
         else
@@ -501,17 +490,6 @@ static unsigned char complete(EditLine *el, int ch)
 
 #define HISTORY_MAX 1000
 
-static char *history_path(void)
-{
-    const char *env = getenv("SEPAL_HISTORY"), *home = getenv("HOME");
-    char *path = NULL;
-    if (env && *env)
-        return sp_expand_tilde(env);
-    if (home && *home && asprintf(&path, "%s/.sepal_history", home) < 0)
-        return NULL;
-    return path;
-}
-
 static void history_load(History *h, const char *path)
 {
     FILE *f = path ? fopen(path, "r") : NULL;
@@ -592,7 +570,7 @@ int sp_line_repl(sp_app *app)
 {
     HistEvent ev;
     History *h = history_init();
-    char *path = history_path();
+    char *path = sp_history_path();
     EditLine *el = h ? editor_new(app, h) : NULL;
     if (!el) {
         if (h)

@@ -1,10 +1,11 @@
-/* chrome.c - the rows around the panels (header, command row, status row), boxes (help, confirm), the "terminal
- * too small" notice, and number formats. */
+/* chrome.c - what every panel shares and the rows around the panels: each panel's title row, the header,
+ * command and status rows, boxes (help, confirm), the "terminal too small" notice, and number formats. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "panels.h"
+#include "timeutil.h"
 #include "version.h"
 #include "widgets.h"
 
@@ -68,16 +69,27 @@ void tui_fmt_count(double v, char *buf, size_t cap)
         snprintf(buf, cap, "%.1fG", v / 1e9);
 }
 
-void tui_fmt_duration(double s, char *buf, size_t cap)
+void tui_draw_title(tui_cb *cb, int num, const char *name, int focused, const char *right)
 {
-    if (!isfinite(s) || s < 0)
-        snprintf(buf, cap, "?");
-    else if (s < 60)
-        snprintf(buf, cap, "%.0fs", s);
-    else if (s < 3600)
-        snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else
-        snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s, 3600) / 60);
+    const tui_glyphs *g = tui_cb_glyphs(cb);
+    if (cb->h < 1)
+        return;
+    tui_cb_fill(cb, 0, 0, 1, cb->w, g->h, R_BORDER, 0);
+    char t[64];
+    int role = focused ? R_TITLE_FOCUS : R_TITLE;
+    int x = 0;
+    if (focused)
+        tui_cb_put(cb, 0, x, g->arrow, role, TUI_BOLD);
+    x = 1;
+    snprintf(t, sizeof t, " %d %s ", num, name);
+    x += tui_cb_text(cb, 0, x, cb->w - x, t, role, focused ? TUI_BOLD | TUI_REV : TUI_BOLD);
+    if (right && *right) {
+        char r[160];
+        snprintf(r, sizeof r, " %s ", right);
+        int rw = tui_strwidth(r);
+        if (x + 2 + rw < cb->w)
+            tui_cb_text(cb, 0, cb->w - 1 - rw, rw, r, R_DIM, 0);
+    }
 }
 
 /* Appends " | text" pieces while they fit. */
@@ -157,7 +169,7 @@ void tui_draw_cmdrow(tui_cb *cb, const tui_state *st)
         double el = b->t - b->t0, rate = el > 0 ? (b->done - b->done0) / el : 0;
         if (rate > 0 && b->total > b->done) {
             char d[24];
-            tui_fmt_duration((b->total - b->done) / rate, d, sizeof d);
+            sp_fmt_duration((b->total - b->done) / rate, d, sizeof d);
             snprintf(eta, sizeof eta, " ETA %s", d);
         }
         if (b->total > 0)

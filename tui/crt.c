@@ -334,20 +334,25 @@ void tui_crt_resize(tui_crt *c)
     clearok(curscr, TRUE);
 }
 
+/* One cell of a grid onto the screen at (y, x). */
+static void put_cell(const tui_cell *cell, int y, int x)
+{
+    short pair;
+    attr_t a = cell_attr(cell, &pair);
+    wchar_t wc[2] = {(wchar_t)cell->ch, 0};
+    cchar_t cc;
+    setcchar(&cc, wc, a, pair, NULL);
+    mvadd_wch(y, x, &cc);
+}
+
 void tui_crt_blit_part(const tui_crt *c, const tui_cb *cb, int y0, int x0, int h, int w)
 {
     (void)c;
     for (int i = y0; i < y0 + h && i < cb->h; i++)
         for (int j = x0; j < x0 + w && j < cb->w; j++) {
             const tui_cell *cell = &cb->c[(size_t)i * cb->w + j];
-            if (!cell->ch)
-                continue;
-            short pair;
-            attr_t a = cell_attr(cell, &pair);
-            wchar_t wc[2] = {(wchar_t)cell->ch, 0};
-            cchar_t cc;
-            setcchar(&cc, wc, a, pair, NULL);
-            mvadd_wch(i, j, &cc);
+            if (cell->ch)
+                put_cell(cell, i, j);
         }
 }
 
@@ -359,14 +364,8 @@ void tui_crt_blit(const tui_crt *c, const tui_cb *cb, int y, int x)
             continue;
         for (int j = 0; j < cb->w; j++) {
             const tui_cell *cell = &cb->c[(size_t)i * cb->w + j];
-            if (!cell->ch || x + j < 0 || x + j >= COLS)
-                continue;
-            short pair;
-            attr_t a = cell_attr(cell, &pair);
-            wchar_t wc[2] = {(wchar_t)cell->ch, 0};
-            cchar_t cc;
-            setcchar(&cc, wc, a, pair, NULL);
-            mvadd_wch(y + i, x + j, &cc);
+            if (cell->ch && x + j >= 0 && x + j < COLS)
+                put_cell(cell, y + i, x + j);
         }
     }
 }

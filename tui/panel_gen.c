@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "panels.h"
+#include "timeutil.h"
 #include "widgets.h"
 
 void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
@@ -98,7 +99,7 @@ static void train_figures(const tui_state *st, train_figs *f)
     double frac = st->total > 0 ? (double)st->step / st->total : 0;
     snprintf(f->pct, sizeof f->pct, "%.0f%%", frac * 100);
     if (st->train_active) {
-        tui_fmt_duration(st->eta_s, a, sizeof a);
+        sp_fmt_duration(st->eta_s, a, sizeof a);
         snprintf(f->when, sizeof f->when, "ETA %s", st->eta_s > 0 ? a : "?");
     } else {
         snprintf(f->when, sizeof f->when, "%.40s", st->train_end);

@@ -51,9 +51,8 @@ void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused);
 void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused);
 void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused);
 void tui_draw_log(tui_cb *cb, const tui_state *st, tui_view *v, int focused);
-void tui_draw_panel(int panel, tui_cb *cb, const tui_state *st, tui_view *v, int focused);
 
-/* A panel's title row: "─1 Swarm ──── right ─" (focused: marked and bold). */
+/* A panel's title row: "─1 Swarm ──── right ─" (focused: marked and bold; chrome.c). */
 void tui_draw_title(tui_cb *cb, int num, const char *name, int focused, const char *right);
 
 /* The header row: program, model, blocks, servers, coverage, speed, training; in the tabs tier the tabs. */
@@ -81,7 +80,5 @@ tui_rect tui_draw_box(tui_cb *cb, const char *title, const char *const *lines, i
 void tui_fmt_secs(double s, char *buf, size_t cap);
 /* "1.2k", "12", "3.4M" */
 void tui_fmt_count(double v, char *buf, size_t cap);
-/* "45s", "3m05s", "1h02m", "?" */
-void tui_fmt_duration(double s, char *buf, size_t cap);
 
 #endif

@@ -16,9 +16,16 @@
 #include <unistd.h>
 
 #include "keys.h"
+#include "paths.h"
 #include "timeutil.h"
 #include "tui_impl.h"
 #include "widgets.h"
+
+/* Each panel's drawing (panels.h), by TUI_P_*. */
+static void (*const draw_panel[TUI_NPANELS])(tui_cb *cb, const tui_state *st, tui_view *v, int focused) = {
+    [TUI_P_SWARM] = tui_draw_swarm, [TUI_P_ROUTE] = tui_draw_route, [TUI_P_GEN] = tui_draw_gen,
+    [TUI_P_TRAIN] = tui_draw_train, [TUI_P_LOG] = tui_draw_log,
+};
 
 /* ---------------------------------------------------------------------------------------------- */
 /* drawing */
@@ -143,7 +150,7 @@ static void frame(tui *t)
                 continue;
             t->pcb[p].utf8 = t->crt.utf8;
             int focused = p == (t->v.zoom >= 0 ? t->v.zoom : t->v.focus);
-            tui_draw_panel(p, &t->pcb[p], &t->st, &t->v, focused);
+            draw_panel[p](&t->pcb[p], &t->st, &t->v, focused);
             tui_crt_blit(&t->crt, &t->pcb[p], r->y, r->x);
         }
         if (d == TUI_D_ALL)
@@ -501,17 +508,6 @@ static void complete_cb(void *ctx, const char *line, size_t cursor, sp_strlist *
     free(word);
 }
 
-static char *history_path(void)
-{
-    const char *env = getenv("SEPAL_HISTORY"), *home = getenv("HOME");
-    char *path = NULL;
-    if (env && *env)
-        return sp_expand_tilde(env);
-    if (home && *home && asprintf(&path, "%s/.sepal_history", home) < 0)
-        return NULL;
-    return path;
-}
-
 static void stop_threads(tui *t)
 {
     if (t->replay_on) {
@@ -635,7 +631,7 @@ int tui_run(sp_app *app, const tui_opts *o)
     pthread_cond_init(&t->fcond, NULL);
     tui_view_init(&t->v);
     tui_cmdline_init(&t->cl, complete_cb, t);
-    t->history_path = history_path();
+    t->history_path = sp_history_path();
     tui_cmdline_load(&t->cl, t->history_path);
     t->nhelp = tui_help_lines(&t->help);
     int rc = 1;

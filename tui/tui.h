@@ -1,5 +1,5 @@
 /* tui.h - the terminal UI of `sepal`: the swarm, the route, the generation, the training and the log on one
- * screen, and a `:` line that runs any command of the command layer (repl/cmd.h).
+ * screen, and a `:` line that runs any command of the command layer (cmd/cmd.h).
  *
  * Threads: the UI thread alone calls curses. Commands run on a worker thread (one at a time, in order); a
  * feeder thread copies the runtime's server table into snapshots when it changes; a replay thread feeds a

@@ -266,22 +266,12 @@ static void post_app(tui *t)
     post(t, e);
 }
 
+/* -f PATH: a script, but not stdin (the terminal is the TUI's). */
 static int run_script(tui *t, const char *path)
 {
-    sp_app *app = t->app;
     if (!strcmp(path, "-"))
-        return sp_app_error(app, "-f -: stdin is the terminal here (use -f FILE)");
-    char *p = sp_expand_tilde(path);
-    FILE *f = p ? fopen(p, "r") : NULL;
-    if (!f) {
-        int rc = sp_app_error(app, "%s: %s", path, strerror(errno));
-        free(p);
-        return rc;
-    }
-    int rc = sp_cmd_run_file(app, f, path);
-    fclose(f);
-    free(p);
-    return rc;
+        return sp_app_error(t->app, "-f -: stdin is the terminal here (use -f FILE)");
+    return sp_cmd_run_script(t->app, path);
 }
 
 /* Drops the start-up scripts still queued (not the end marker). */

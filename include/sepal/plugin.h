@@ -10,8 +10,10 @@
 #ifndef SEPAL_PLUGIN_H
 #define SEPAL_PLUGIN_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,6 +89,36 @@ typedef const sepal_task *(*sepal_plugin_task_fn)(void);
 #define SEPAL_PLUGIN_EXPORT __attribute__((visibility("default")))
 #else
 #define SEPAL_PLUGIN_EXPORT
+#endif
+
+/* A message into a task's err buffer (nothing when err is NULL or cap 0), printf-style: the helper every task's
+ * functions use to say what went wrong. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline void sepal_set_err(char *err, size_t cap, const char *fmt, ...)
+{
+    if (err && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, cap, fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* A plugin's export stanza, the same for every plugin: SEPAL_PLUGIN_TASK(task, getter) at the end of its source,
+ * after its `static const sepal_task task`. It defines getter() (a host that compiles the plugin in, with
+ * SEPAL_PLUGIN_BUILTIN, registers the task through it) and, in a module, the exported sepal_plugin_task(). */
+#define SEPAL_PLUGIN_GETTER(task, getter)                                                                          \
+    const sepal_task *getter(void);                                                                                \
+    const sepal_task *getter(void) { return &(task); }
+#ifdef SEPAL_PLUGIN_BUILTIN
+#define SEPAL_PLUGIN_TASK(task, getter) SEPAL_PLUGIN_GETTER(task, getter)
+#else
+#define SEPAL_PLUGIN_TASK(task, getter)                                                                            \
+    SEPAL_PLUGIN_GETTER(task, getter)                                                                              \
+    SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void);                                                 \
+    SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void) { return &(task); }
 #endif
 
 #ifdef __cplusplus

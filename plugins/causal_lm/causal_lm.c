@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,18 +46,6 @@ typedef struct {
     double loss_sum;
     long long counted;
 } clm;
-
-const sepal_task *sp_causal_lm_task(void);
-
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t cap, const char *fmt, ...)
-{
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-}
 
 /* ---- arguments ---------------------------------------------------------------------------------------- */
 
@@ -93,9 +80,9 @@ static int apply_arg(options *o, const char *word, char *err, size_t cap)
         if (*v && !*end && o->valid >= 0 && o->valid < 1)
             return 0;
     }
-    set_err(err, cap,
-            "causal_lm: bad argument %s (it takes file=PATH, length=N >= 2, stride=N >= 1, valid=F in [0, 1))",
-            word);
+    sepal_set_err(err, cap,
+                  "causal_lm: bad argument %s (it takes file=PATH, length=N >= 2, stride=N >= 1, valid=F in [0, 1))",
+                  word);
     return -1;
 }
 
@@ -116,7 +103,7 @@ static int parse_args(const char *args, options *o, char *err, size_t cap)
             return -1;
     }
     if (!o->file[0]) {
-        set_err(err, cap, "causal_lm: no text file: pass file=PATH");
+        sepal_set_err(err, cap, "causal_lm: no text file: pass file=PATH");
         return -1;
     }
     return 0;
@@ -128,7 +115,7 @@ static char *read_text(const char *path, size_t *n, char *err, size_t cap)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, cap, "causal_lm: cannot read %s: %s", path, strerror(errno));
+        sepal_set_err(err, cap, "causal_lm: cannot read %s: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = NULL, part[65536];
@@ -138,7 +125,7 @@ static char *read_text(const char *path, size_t *n, char *err, size_t cap)
         char *nb = len + got < (size_t)INT_MAX / 2 ? realloc(buf, len + got + 1) : NULL;
         if (!nb) {
             rc = -1;
-            set_err(err, cap, "causal_lm: %s is too large", path);
+            sepal_set_err(err, cap, "causal_lm: %s is too large", path);
             break;
         }
         buf = nb;
@@ -147,12 +134,12 @@ static char *read_text(const char *path, size_t *n, char *err, size_t cap)
     }
     if (rc == 0 && ferror(f)) {
         rc = -1;
-        set_err(err, cap, "causal_lm: cannot read %s", path);
+        sepal_set_err(err, cap, "causal_lm: cannot read %s", path);
     }
     fclose(f);
     if (rc == 0 && len == 0) {
         rc = -1;
-        set_err(err, cap, "causal_lm: %s is empty", path);
+        sepal_set_err(err, cap, "causal_lm: %s is empty", path);
     }
     if (rc != 0) {
         free(buf);
@@ -167,7 +154,7 @@ static char *read_text(const char *path, size_t *n, char *err, size_t cap)
 static int tokenize(clm *t, const char *text, size_t n, const char *path, char *err, size_t cap)
 {
     if (strlen(text) != n) {
-        set_err(err, cap, "causal_lm: %s contains a NUL byte: not a text file", path);
+        sepal_set_err(err, cap, "causal_lm: %s contains a NUL byte: not a text file", path);
         return -1;
     }
     int want = (int)n + 8, got = -1;
@@ -182,7 +169,7 @@ static int tokenize(clm *t, const char *text, size_t n, const char *path, char *
         want = got; /* the encoder reported the count it needed */
     }
     if (got < 0 || got > want) {
-        set_err(err, cap, "causal_lm: cannot tokenize %s", path);
+        sepal_set_err(err, cap, "causal_lm: cannot tokenize %s", path);
         return -1;
     }
     size_t off = got > 0 && t->host.bos_id >= 0 && t->tokens[0] == t->host.bos_id;
@@ -214,7 +201,7 @@ static int make_chunks(clm *t, const options *o, char *err, size_t cap)
 {
     int C = o->length - t->has_bos, stride = o->stride ? o->stride : C, ccap = 0;
     if (stride > C) {
-        set_err(err, cap, "causal_lm: stride=%d is more than the %d text tokens of a chunk", stride, C);
+        sepal_set_err(err, cap, "causal_lm: stride=%d is more than the %d text tokens of a chunk", stride, C);
         return -1;
     }
     size_t prev_end = 0;
@@ -222,7 +209,7 @@ static int make_chunks(clm *t, const options *o, char *err, size_t cap)
         size_t left = t->ntok - s;
         int clen = left < (size_t)C ? (int)left : C;
         if (add_chunk(t, &ccap, s, clen, prev_end) != 0) {
-            set_err(err, cap, "causal_lm: out of memory");
+            sepal_set_err(err, cap, "causal_lm: out of memory");
             return -1;
         }
         prev_end = s + (size_t)clen;
@@ -230,7 +217,7 @@ static int make_chunks(clm *t, const options *o, char *err, size_t cap)
             break;
     }
     if (t->nchunks == 0) {
-        set_err(err, cap, "causal_lm: %s has too little text (%zu tokens)", o->file, t->ntok);
+        sepal_set_err(err, cap, "causal_lm: %s has too little text (%zu tokens)", o->file, t->ntok);
         return -1;
     }
     return 0;
@@ -282,12 +269,12 @@ static void *clm_open(const sepal_host *host, const char *args, char *err, size_
     if (parse_args(args, &o, err, cap) != 0)
         return NULL;
     if (!host || !host->encode) {
-        set_err(err, cap, "causal_lm: the host offers no tokenizer");
+        sepal_set_err(err, cap, "causal_lm: the host offers no tokenizer");
         return NULL;
     }
     clm *t = calloc(1, sizeof *t);
     if (!t) {
-        set_err(err, cap, "causal_lm: out of memory");
+        sepal_set_err(err, cap, "causal_lm: out of memory");
         return NULL;
     }
     t->host = *host;
@@ -362,13 +349,13 @@ static int clm_batch(void *tp, int split, const int *idx, int n, int max_length,
     clm *t = tp;
     int size = clm_size(t, split);
     if (size < 0 || n < 1 || !idx || max_length < 1) {
-        set_err(err, cap, "causal_lm: a batch needs a split, at least one example and max_length >= 1");
+        sepal_set_err(err, cap, "causal_lm: a batch needs a split, at least one example and max_length >= 1");
         return -1;
     }
     int T = 1;
     for (int r = 0; r < n; r++) {
         if (idx[r] < 0 || idx[r] >= size) {
-            set_err(err, cap, "causal_lm: example %d is out of range (the split has %d)", idx[r], size);
+            sepal_set_err(err, cap, "causal_lm: example %d is out of range (the split has %d)", idx[r], size);
             return -1;
         }
         int L = t->has_bos + chunk_of(t, split, idx[r])->clen;
@@ -376,7 +363,7 @@ static int clm_batch(void *tp, int split, const int *idx, int n, int max_length,
     }
     T = T < max_length ? T : max_length;
     if (reserve(t, n, T) != 0) {
-        set_err(err, cap, "causal_lm: out of memory building a batch");
+        sepal_set_err(err, cap, "causal_lm: out of memory building a batch");
         return -1;
     }
     for (int r = 0; r < n; r++) {
@@ -453,15 +440,4 @@ static const sepal_task task = {
     .metrics_get = clm_metrics_get,
 };
 
-const sepal_task *sp_causal_lm_task(void)
-{
-    return &task;
-}
-
-#ifndef SEPAL_PLUGIN_BUILTIN
-SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void);
-SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void)
-{
-    return &task;
-}
-#endif
+SEPAL_PLUGIN_TASK(task, sp_causal_lm_task)

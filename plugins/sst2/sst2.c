@@ -12,7 +12,6 @@
 #include <cJSON.h>
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,18 +36,6 @@ typedef struct {
     long long correct, seen;
 } sst2;
 
-const sepal_task *sp_sst2_task(void);
-
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t cap, const char *fmt, ...)
-{
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-}
-
 /* ---- arguments ---------------------------------------------------------------------------------------- */
 
 /* Parses "data=DIR" (space-separated key=value words) into dir; 1 = given, 0 = absent, -1 = an unknown or
@@ -67,7 +54,7 @@ static int parse_args(const char *args, char *dir, size_t cap, char *err, size_t
         snprintf(tok, sizeof tok, "%.*s", (int)len, p);
         p += len;
         if (strncmp(tok, "data=", 5) != 0 || !tok[5]) {
-            set_err(err, errcap, "sst2: unknown argument %s (it takes data=DIR)", tok);
+            sepal_set_err(err, errcap, "sst2: unknown argument %s (it takes data=DIR)", tok);
             return -1;
         }
         snprintf(dir, cap, "%s", tok + 5);
@@ -95,7 +82,7 @@ static char *read_file(const char *path, char *err, size_t cap)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, cap, "sst2: cannot read %s: %s", path, strerror(errno));
+        sepal_set_err(err, cap, "sst2: cannot read %s: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = NULL;
@@ -106,7 +93,7 @@ static char *read_file(const char *path, char *err, size_t cap)
         if (!nb) {
             free(buf);
             fclose(f);
-            set_err(err, cap, "sst2: out of memory reading %s", path);
+            sepal_set_err(err, cap, "sst2: out of memory reading %s", path);
             return NULL;
         }
         buf = nb;
@@ -117,7 +104,7 @@ static char *read_file(const char *path, char *err, size_t cap)
     fclose(f);
     if (bad || !buf) {
         free(buf);
-        set_err(err, cap, "sst2: cannot read %s: %s", path, bad ? "read error" : "empty file");
+        sepal_set_err(err, cap, "sst2: cannot read %s: %s", path, bad ? "read error" : "empty file");
         return NULL;
     }
     buf[n] = 0;
@@ -165,12 +152,12 @@ static int add_entry(split_data *s, const cJSON *e, int i, const char *path, cha
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(e, "text");
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(e, "class");
     if (!cJSON_IsString(text)) {
-        set_err(err, cap, "sst2: %s: entry %d has no text", path, i);
+        sepal_set_err(err, cap, "sst2: %s: entry %d has no text", path, i);
         return -1;
     }
     char *t = strip_dup(text->valuestring);
     if (!t) {
-        set_err(err, cap, "sst2: %s: out of memory at entry %d", path, i);
+        sepal_set_err(err, cap, "sst2: %s: out of memory at entry %d", path, i);
         return -1;
     }
     if (!*t && (!cls || cJSON_IsNull(cls))) { /* the trailing empty entry */
@@ -179,12 +166,12 @@ static int add_entry(split_data *s, const cJSON *e, int i, const char *path, cha
     }
     if (!*t || !cJSON_IsNumber(cls) || (cls->valuedouble != 0 && cls->valuedouble != 1)) {
         free(t);
-        set_err(err, cap, "sst2: %s: entry %d needs a non-empty text and class 0 or 1", path, i);
+        sepal_set_err(err, cap, "sst2: %s: entry %d needs a non-empty text and class 0 or 1", path, i);
         return -1;
     }
     if (split_push(s, t, (int)cls->valuedouble) != 0) {
         free(t);
-        set_err(err, cap, "sst2: %s: out of memory at entry %d", path, i);
+        sepal_set_err(err, cap, "sst2: %s: out of memory at entry %d", path, i);
         return -1;
     }
     return 0;
@@ -196,7 +183,7 @@ static int load_file(split_data *s, const char *dir, const char *name, char *err
     snprintf(path, sizeof path, "%s/%s", dir, name);
     struct stat sb;
     if (stat(path, &sb) != 0 && errno == ENOENT) {
-        set_err(err, cap, "no sentiment data in %s: run scripts/fetch-sentiment.sh", dir);
+        sepal_set_err(err, cap, "no sentiment data in %s: run scripts/fetch-sentiment.sh", dir);
         return -1;
     }
     char *json = read_file(path, err, cap);
@@ -206,7 +193,7 @@ static int load_file(split_data *s, const char *dir, const char *name, char *err
     free(json);
     if (!cJSON_IsArray(root)) {
         cJSON_Delete(root);
-        set_err(err, cap, "sst2: %s is not a JSON array of {\"text\", \"class\"}", path);
+        sepal_set_err(err, cap, "sst2: %s is not a JSON array of {\"text\", \"class\"}", path);
         return -1;
     }
     int i = 0, rc = 0;
@@ -253,17 +240,17 @@ static void *sst2_open(const sepal_host *host, const char *args, char *err, size
     if (r == 0)
         default_dir(dir, sizeof dir);
     if (!host || !host->encode) {
-        set_err(err, cap, "sst2: the host offers no tokenizer");
+        sepal_set_err(err, cap, "sst2: the host offers no tokenizer");
         return NULL;
     }
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        set_err(err, cap, "no sentiment data in %s: run scripts/fetch-sentiment.sh", dir);
+        sepal_set_err(err, cap, "no sentiment data in %s: run scripts/fetch-sentiment.sh", dir);
         return NULL;
     }
     sst2 *t = calloc(1, sizeof *t);
     if (!t) {
-        set_err(err, cap, "sst2: out of memory");
+        sepal_set_err(err, cap, "sst2: out of memory");
         return NULL;
     }
     t->host = *host;
@@ -357,16 +344,16 @@ static void pack_rows(sst2 *t, int n, int max_length, int T)
 static int check_batch_args(sst2 *t, int split, const int *idx, int n, int max_length, char *err, size_t cap)
 {
     if (split != SEPAL_SPLIT_TRAIN && split != SEPAL_SPLIT_VALID) {
-        set_err(err, cap, "sst2: no such split");
+        sepal_set_err(err, cap, "sst2: no such split");
         return -1;
     }
     if (n < 1 || max_length < 1 || !idx) {
-        set_err(err, cap, "sst2: a batch needs at least one example and max_length >= 1");
+        sepal_set_err(err, cap, "sst2: a batch needs at least one example and max_length >= 1");
         return -1;
     }
     for (int r = 0; r < n; r++) {
         if (idx[r] < 0 || idx[r] >= t->split[split].n) {
-            set_err(err, cap, "sst2: example %d is out of range (the split has %d)", idx[r], t->split[split].n);
+            sepal_set_err(err, cap, "sst2: example %d is out of range (the split has %d)", idx[r], t->split[split].n);
             return -1;
         }
     }
@@ -380,7 +367,7 @@ static int sst2_batch(void *tp, int split, const int *idx, int n, int max_length
     if (check_batch_args(t, split, idx, n, max_length, err, cap) != 0)
         return -1;
     if (reserve(t, n, max_length) != 0) {
-        set_err(err, cap, "sst2: out of memory building a batch");
+        sepal_set_err(err, cap, "sst2: out of memory building a batch");
         return -1;
     }
     const split_data *s = &t->split[split];
@@ -388,7 +375,7 @@ static int sst2_batch(void *tp, int split, const int *idx, int n, int max_length
     for (int r = 0; r < n; r++) {
         int len = encode_row(t, s->text[idx[r]], t->ids + (size_t)r * max_length, max_length);
         if (len < 0) {
-            set_err(err, cap, "sst2: cannot tokenize \"%.200s\"", s->text[idx[r]]);
+            sepal_set_err(err, cap, "sst2: cannot tokenize \"%.200s\"", s->text[idx[r]]);
             return -1;
         }
         t->last[r] = len;
@@ -452,15 +439,4 @@ static const sepal_task task = {
     .metrics_get = sst2_metrics_get,
 };
 
-const sepal_task *sp_sst2_task(void)
-{
-    return &task;
-}
-
-#ifndef SEPAL_PLUGIN_BUILTIN
-SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void);
-SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void)
-{
-    return &task;
-}
-#endif
+SEPAL_PLUGIN_TASK(task, sp_sst2_task)

@@ -132,7 +132,7 @@ expect 1 "sepal-server: port in use" "^sepal-server: port $GQAPORT is in use" --
 expect 1 "sepal-server: a foreign --host" "^sepal-server: --host 10.1.2.3: not an address of this machine" -- "$S" --model "$M" --blocks 0:6 --host 10.1.2.3 --no-measure
 out=$("$S" --help)
 for o in $(grep -oE -- '"--[a-z][a-z-]*"' "$SEPAL_SRC_DIR/server/main.c" | tr -d '"' | sort -u); do
-    printf '%s\n' "$out" | grep -qE -- "^  $o( |$)" || bad "sepal-server --help lacks $o"
+    printf '%s\n' "$out" | grep -qE -- "^  $o([ ,]|$)" || bad "sepal-server --help lacks $o"
 done
 ok "sepal-server --help lists every option it parses"
 finish

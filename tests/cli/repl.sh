@@ -122,8 +122,8 @@ expect 0 "--version" "^sepal 0.1.0$" -- "$SEPAL" --version
 expect 0 "--help" "^usage: sepal" -- "$SEPAL" --help
 
 # Usage errors: exit 2.
-expect 2 "-c without an argument" "-c needs an argument" -- "$SEPAL" -c
-expect 2 "-f without an argument" "-f needs an argument" -- "$SEPAL" -f
+expect 2 "-c without an argument" "option '-c' needs a value" -- "$SEPAL" -c
+expect 2 "-f without an argument" "option '-f' needs a value \(FILE\)" -- "$SEPAL" -f
 expect 2 "unknown option" "unknown option '--bogus'" -- "$SEPAL" --bogus
 expect 2 "unknown program command" "unknown command 'frobnicate'" -- "$SEPAL" frobnicate
 finish

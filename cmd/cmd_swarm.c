@@ -9,6 +9,10 @@
 #include "runtime.h"
 #include "timeutil.h"
 
+enum { UP_BLOCKS_PER_SERVER, UP_NOPTS };
+enum { SERVERS_LONG, SERVERS_NOPTS };
+enum { CONNECT_INITIAL_PEERS, CONNECT_SWARM_KEY, CONNECT_NOPTS };
+
 static int cmd_load(sp_app *app, const sp_args *a)
 {
     sp_runtime *rt = sp_app_runtime(app);
@@ -30,7 +34,7 @@ static int cmd_swarm_up(sp_app *app, const sp_args *a)
     long n = strtol(a->pos[0], &end, 10);
     if (*end || end == a->pos[0] || n < 1 || n > 256)
         return sp_app_error(app, "swarm up: N: expected an integer in [1, 256], got '%s'", a->pos[0]);
-    long k = sp_arg_int(app, a, "--blocks-per-server", 0);
+    long k = (long)sp_arg_int(app, a, UP_BLOCKS_PER_SERVER);
     if (sp_runtime_swarm_up(rt, (int)n, (int)k, &err)) {
         if (err.code == SP_ERR_CANCELLED)
             return sp_app_error(app, "swarm up: stopped (Ctrl-C); the servers it had started were stopped");
@@ -53,12 +57,13 @@ static int cmd_swarm_down(sp_app *app, const sp_args *a)
 
 static int cmd_connect(sp_app *app, const sp_args *a)
 {
-    const char *peers = sp_arg(app, a, "--initial-peers"), *key = sp_arg(app, a, "--swarm-key");
+    const char *peers = sp_arg(app, a, CONNECT_INITIAL_PEERS), *key = sp_arg(app, a, CONNECT_SWARM_KEY);
     if (!peers == !a->npos)
         return sp_app_error(app, "usage: connect [--swarm-key FILE] HOST:PORT[,...] | "
                                  "connect [--swarm-key FILE] --initial-peers HOST:PORT[,...]");
     char why[256];
-    if (sp_arg_given(a, "--swarm-key") && sp_app_set(app, "swarm-key", key, why, sizeof why)) /* the setting: later connections keep it */
+    /* the setting: later connections keep it */
+    if (sp_arg_given(a, CONNECT_SWARM_KEY) && sp_app_set(app, SP_SET_SWARM_KEY, key, why, sizeof why))
         return sp_app_error(app, "connect: %s", why);
     sp_runtime *rt = sp_app_runtime(app);
     sp_err err = {0};
@@ -165,7 +170,7 @@ static int cmd_servers(sp_app *app, const sp_args *a)
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
-    int lng = sp_arg_given(a, "--long");
+    int lng = sp_arg_given(a, SERVERS_LONG);
     sp_runtime_refresh(rt);
     if (!lng)
         sp_out(app, "%-8s %-12s %-21s %-7s %-11s %9s %9s %9s %9s %-4s %9s %-13s %-8s %-6s\n", "id", "name",
@@ -242,13 +247,14 @@ static int cmd_route(sp_app *app, const sp_args *a)
 }
 
 static const sp_opt swarm_up_opts[] = {
-    {"--blocks-per-server", SP_OPT_INT, "K", 1, 1 << 20, NULL, "blocks-per-server", NULL,
-     "blocks each server holds (N x K above the model's blocks gives redundancy)"},
-    {0},
+    [UP_BLOCKS_PER_SERVER] = {"--blocks-per-server", .meta = "K", SP_SETTING(SP_SET_BLOCKS_PER_SERVER),
+                              .help = "blocks each server holds (N x K above the model's blocks gives redundancy); 0 "
+                                      "is an even split"},
+    [UP_NOPTS] = {0},
 };
 
 static const sp_cmd swarm_subs[] = {
-    {.name = "up", .args = "N", .min_pos = 1, .max_pos = 1, .opts = swarm_up_opts,
+    {.name = "up", .args = "N", .min_pos = 1, .max_pos = 1, SP_OPTS(swarm_up_opts),
      .summary = "start N sepal-server processes on 127.0.0.1 as a real swarm, and join it",
      .help = "The first server starts the swarm (its DHT node), the others and this app join through it, and each "
              "server chooses its blocks where the swarm needs them: an even split, or K each. It waits until all "
@@ -262,16 +268,18 @@ static const sp_cmd swarm_subs[] = {
 };
 
 static const sp_opt servers_opts[] = {
-    {"--long", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "every field of each record, one per line, nothing cut"},
-    {0},
+    [SERVERS_LONG] = {"--long", SP_OPT_FLAG, .short_name = "-l",
+                      .help = "every field of each record, one per line, nothing cut"},
+    [SERVERS_NOPTS] = {0},
 };
 
 static const sp_opt connect_opts[] = {
-    {"--initial-peers", SP_OPT_STR, "HOST:PORT[,...]", 0, 0, NULL, NULL, NULL,
-     "join a swarm through these DHT nodes (any server's DHT port)"},
-    {"--swarm-key", SP_OPT_PATH, "FILE", 0, 0, NULL, "swarm-key", NULL,
-     "a private swarm's key (sepal-server --gen-swarm-key FILE); it becomes the swarm-key setting"},
-    {0},
+    [CONNECT_INITIAL_PEERS] = {"--initial-peers", SP_OPT_STR, "HOST:PORT[,...]",
+                               .help = "join a swarm through these DHT nodes (any server's DHT port)"},
+    [CONNECT_SWARM_KEY] = {"--swarm-key", .meta = "FILE", SP_SETTING(SP_SET_SWARM_KEY),
+                           .help = "a private swarm's key (sepal-server --gen-swarm-key FILE); it becomes the "
+                                   "swarm-key setting"},
+    [CONNECT_NOPTS] = {0},
 };
 
 const sp_cmd sp_cmds_swarm[] = {
@@ -282,7 +290,7 @@ const sp_cmd sp_cmds_swarm[] = {
      .examples = "load ~/.cache/sepal/models/stories15M", .fn = cmd_load},
     {.name = "swarm", .args = "up N | down", .subs = swarm_subs,
      .summary = "start or stop a local swarm of sepal-server processes"},
-    {.name = "connect", .args = "[HOST:PORT[,...]]", .max_pos = 1, .opts = connect_opts,
+    {.name = "connect", .args = "[HOST:PORT[,...]]", .max_pos = 1, SP_OPTS(connect_opts),
      .summary = "join a swarm, or use servers by address",
      .help = "connect --initial-peers HOST:PORT,... joins a swarm through its DHT nodes (any server's DHT port): a "
              "DHT node of this app's own keeps a live view of the loaded model's servers, and routing picks among "
@@ -290,7 +298,7 @@ const sp_cmd sp_cmds_swarm[] = {
              "the DHT; a server of another model is refused. --swarm-key FILE joins a private swarm: every "
              "connection proves the key both ways and DHT records without its tag are dropped.",
      .examples = "connect --initial-peers 127.0.0.1:31330\nconnect 127.0.0.1:31330", .fn = cmd_connect},
-    {.name = "servers", .args = "", .max_pos = 0, .opts = servers_opts,
+    {.name = "servers", .args = "", .max_pos = 0, SP_OPTS(servers_opts),
      .summary = "the servers: id, name, address, blocks, state, throughput, rps, cache, pings, version",
      .help = "One row per server: its id (and public name), websocket address, blocks, state (online, joining, "
              "offline, banned), throughput (tokens/s per block it offers), inference / forward / network rps, "
@@ -299,7 +307,7 @@ const sp_cmd sp_cmds_swarm[] = {
              "--long (-l) shows every field of each server's record instead, nothing cut: the full id, name, "
              "address, DHT node, model, blocks, state (and ban), throughput, the three rps, dtype, quantisation, "
              "cache left, each of its next-hop pings, this app's ping, version, and how long ago it announced.",
-     .examples = "servers\nservers -l", .fn = cmd_servers, .short_opts = "-l --long"},
+     .examples = "servers\nservers -l", .fn = cmd_servers},
     {.name = "models", .args = "", .max_pos = 0, .summary = "the models announced in the swarm", .examples = "models",
      .fn = cmd_models},
     {.name = "route", .args = "", .max_pos = 0,

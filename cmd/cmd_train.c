@@ -11,6 +11,22 @@
 
 static const char *const TUNINGS[] = {"head", "ptune", "deep_ptune"};
 
+/* train's options; eval's are the first of them (up to TR_NCOMMON). Their defaults, said in help, are the
+ * trainer's (sp_train_opts_default; tests/test_cmd.c holds them to it): a value not given keeps the trainer's,
+ * or what a --load file says. */
+enum {
+    TR_TUNING, TR_PRE_SEQ_LEN, TR_BATCH, TR_MAX_LENGTH, TR_MICROBATCHES, TR_EVAL_BATCHES, TR_SEED, TR_DEVICE,
+    TR_ARGS, TR_LOAD, TR_NCOMMON,
+    TR_LR = TR_NCOMMON, TR_EPOCHS, TR_WARMUP, TR_SCHEDULE, TR_MAX_IN_FLIGHT, TR_MAX_STEPS, TR_FP16, TR_SAVE,
+    TR_OVERWRITE, TR_NOPTS
+};
+
+/* Option k when given, else cur. */
+static int int_or(const sp_app *app, const sp_args *a, int k, int cur)
+{
+    return sp_arg_given(a, k) ? (int)sp_arg_int(app, a, k) : cur;
+}
+
 static const sepal_task *find_task(sp_app *app, const char *cmd, const char *name)
 {
     sp_plugin_register_builtins();
@@ -28,16 +44,17 @@ static const sepal_task *find_task(sp_app *app, const char *cmd, const char *nam
 /* The options both commands share, from the command line (the file's own description first, with --load). */
 static void common_opts(sp_app *app, const sp_args *a, sp_train_opts *o)
 {
-    o->tuning = (sp_tuning)sp_arg_choice(app, a, "--tuning", (int)o->tuning);
-    o->pre_seq_len = (int)sp_arg_int(app, a, "--pre-seq-len", o->pre_seq_len);
-    o->batch = (int)sp_arg_int(app, a, "--batch", o->batch);
-    o->max_length = (int)sp_arg_int(app, a, "--max-length", o->max_length);
-    o->eval_batches = (int)sp_arg_int(app, a, "--eval-batches", o->eval_batches);
-    o->microbatches = (int)sp_arg_int(app, a, "--microbatches", o->microbatches);
-    o->seed = (uint64_t)sp_arg_int(app, a, "--seed", (long long)o->seed);
-    int dev = sp_arg_choice(app, a, "--device", -1);
-    if (dev >= 0)
-        o->device = dev;
+    if (sp_arg_given(a, TR_TUNING))
+        o->tuning = (sp_tuning)sp_arg_choice(app, a, TR_TUNING);
+    o->pre_seq_len = int_or(app, a, TR_PRE_SEQ_LEN, o->pre_seq_len);
+    o->batch = int_or(app, a, TR_BATCH, o->batch);
+    o->max_length = int_or(app, a, TR_MAX_LENGTH, o->max_length);
+    o->eval_batches = int_or(app, a, TR_EVAL_BATCHES, o->eval_batches);
+    o->microbatches = int_or(app, a, TR_MICROBATCHES, o->microbatches);
+    if (sp_arg_given(a, TR_SEED))
+        o->seed = (uint64_t)sp_arg_int(app, a, TR_SEED);
+    if (sp_arg_given(a, TR_DEVICE))
+        o->device = sp_arg_choice(app, a, TR_DEVICE);
 }
 
 typedef struct progress_ctx {
@@ -55,7 +72,7 @@ static void on_train(const sp_train_event *ev, void *user)
 static int run(sp_app *app, const sp_args *a, int do_train)
 {
     const char *cmd = do_train ? "train" : "eval";
-    const char *load = sp_arg(app, a, "--load"), *save = sp_arg(app, a, "--save");
+    const char *load = sp_arg(app, a, TR_LOAD), *save = sp_arg(app, a, TR_SAVE);
     sp_params_info info = {0};
     sp_err err = {0};
     if (load && sp_params_info_read(load, &info, &err))
@@ -65,10 +82,9 @@ static int run(sp_app *app, const sp_args *a, int do_train)
         return sp_app_error(app, "%s: which task? (usage: %s TASK [options]; `plugin list` shows the tasks)", cmd, cmd);
     if (info.has_meta && a->npos && strcmp(a->pos[0], info.task))
         return sp_app_error(app, "%s: %s was trained on task %s, not %s", cmd, load, info.task, a->pos[0]);
-    if (info.has_meta && ((sp_arg_given(a, "--tuning") &&
-                           sp_arg_choice(app, a, "--tuning", 0) != (int)info.tuning) ||
-                          (sp_arg_given(a, "--pre-seq-len") && info.tuning != SP_TUNE_HEAD &&
-                           sp_arg_int(app, a, "--pre-seq-len", 0) != info.pre_seq_len)))
+    if (info.has_meta && ((sp_arg_given(a, TR_TUNING) && sp_arg_choice(app, a, TR_TUNING) != (int)info.tuning) ||
+                          (sp_arg_given(a, TR_PRE_SEQ_LEN) && info.tuning != SP_TUNE_HEAD &&
+                           sp_arg_int(app, a, TR_PRE_SEQ_LEN) != info.pre_seq_len)))
         return sp_app_error(app, "%s: %s holds --tuning %s --pre-seq-len %d; leave those options out", cmd, load,
                             TUNINGS[info.tuning], info.pre_seq_len);
     const sepal_task *task = find_task(app, cmd, task_name);
@@ -87,20 +103,22 @@ static int run(sp_app *app, const sp_args *a, int do_train)
     }
     common_opts(app, a, &o);
     if (do_train) {
-        o.lr = (float)sp_arg_num(app, a, "--lr", o.lr);
-        o.epochs = (int)sp_arg_int(app, a, "--epochs", o.epochs);
-        o.warmup = (int)sp_arg_int(app, a, "--warmup", o.warmup);
-        o.schedule = (sp_schedule)sp_arg_choice(app, a, "--schedule", (int)o.schedule);
-        o.max_in_flight = (int)sp_arg_int(app, a, "--max-in-flight", o.max_in_flight);
-        o.max_steps = (int)sp_arg_int(app, a, "--max-steps", o.max_steps);
-        o.fp16 = sp_arg_given(a, "--fp16");
+        if (sp_arg_given(a, TR_LR))
+            o.lr = (float)sp_arg_num(app, a, TR_LR);
+        o.epochs = int_or(app, a, TR_EPOCHS, o.epochs);
+        o.warmup = int_or(app, a, TR_WARMUP, o.warmup);
+        if (sp_arg_given(a, TR_SCHEDULE))
+            o.schedule = (sp_schedule)sp_arg_choice(app, a, TR_SCHEDULE);
+        o.max_in_flight = int_or(app, a, TR_MAX_IN_FLIGHT, o.max_in_flight);
+        o.max_steps = int_or(app, a, TR_MAX_STEPS, o.max_steps);
+        o.fp16 = sp_arg_given(a, TR_FP16);
     }
     if (o.tuning == SP_TUNE_HEAD)
         o.pre_seq_len = 0;
-    if (save && access(save, F_OK) == 0 && !sp_arg_given(a, "--overwrite"))
+    if (save && access(save, F_OK) == 0 && !sp_arg_given(a, TR_OVERWRITE))
         return sp_app_error(app, "%s: --save %s: the file exists (add --overwrite to replace it)", cmd, save);
     sp_trainer *t = NULL;
-    if (sp_trainer_new(&t, rt, NULL, task, sp_arg(app, a, "--args"), &o, &err))
+    if (sp_trainer_new(&t, rt, NULL, task, sp_arg(app, a, TR_ARGS), &o, &err))
         return sp_app_error(app, "%s: %s", cmd, err.msg);
     progress_ctx pc = {.app = app};
     sp_trainer_on_progress(t, on_train, &pc);
@@ -182,37 +200,54 @@ static int cmd_plugin_list(sp_app *app, const sp_args *a)
 }
 
 #define COMMON_OPTS                                                                                                \
-    {"--tuning", SP_OPT_CHOICE, NULL, 0, 0, "head|ptune|deep_ptune", NULL, "deep_ptune",                           \
-     "what trains: a head only, prompts, or prompts before every block"},                                          \
-        {"--pre-seq-len", SP_OPT_INT, "P", 1, 4096, NULL, NULL, "16", "prompt positions"},                         \
-        {"--batch", SP_OPT_INT, "B", 1, 4096, NULL, NULL, "16", "examples per step"},                              \
-        {"--max-length", SP_OPT_INT, "L", 2, 1 << 20, NULL, NULL, "64", "tokens per example at most"},             \
-        {"--microbatches", SP_OPT_INT, "M", 1, 64, NULL, NULL, "4", "microbatches a batch is split into"},         \
-        {"--eval-batches", SP_OPT_INT, "N", 0, 1 << 30, NULL, NULL, "0", "validate on N batches only; 0: all"},    \
-        {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, NULL, "0", "seed of initialisation and shuffling"},           \
-        {"--device", SP_OPT_CHOICE, NULL, 0, 0, "cpu|cuda", NULL, "cuda if present",                               \
-         "where the optimizer step runs"},                                                                          \
-        {"--args", SP_OPT_STR, "\"k=v ...\"", 0, 0, NULL, NULL, NULL, "the task's arguments (causal_lm: file=PATH)"}, \
-        {"--load", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, NULL,                                                     \
-         "start from parameters saved by --save (the file says its task, tuning and pre-seq-len)"}
+    [TR_TUNING] = {"--tuning", SP_OPT_CHOICE, .choices = "head|ptune|deep_ptune", .def = "deep_ptune",            \
+                   .help = "what trains: a head only, prompts, or prompts before every block"},                    \
+    [TR_PRE_SEQ_LEN] = {"--pre-seq-len", SP_OPT_INT, "P", 1, 4096, .def = "16", .help = "prompt positions"},      \
+    [TR_BATCH] = {"--batch", SP_OPT_INT, "B", 1, 4096, .def = "16", .help = "examples per step"},                 \
+    [TR_MAX_LENGTH] = {"--max-length", SP_OPT_INT, "L", 2, 1 << 20, .def = "64",                                  \
+                       .help = "tokens per example at most"},                                                      \
+    [TR_MICROBATCHES] = {"--microbatches", SP_OPT_INT, "M", 1, 64, .def = "4",                                    \
+                         .help = "microbatches a batch is split into"},                                            \
+    [TR_EVAL_BATCHES] = {"--eval-batches", SP_OPT_INT, "N", 0, 1 << 30, .def = "0",                               \
+                         .help = "validate on N batches only; 0: all"},                                            \
+    [TR_SEED] = {"--seed", SP_OPT_INT, "S", 0, 9.2e18, .def = "0", .help = "seed of initialisation and shuffling"}, \
+    [TR_DEVICE] = {"--device", SP_OPT_CHOICE, .choices = "cpu|cuda",                                              \
+                   .help = "where the optimizer step runs (default cuda if present)"},                            \
+    [TR_ARGS] = {"--args", SP_OPT_STR, "\"k=v ...\"", .help = "the task's arguments (causal_lm: file=PATH)"},      \
+    [TR_LOAD] = {"--load", SP_OPT_PATH, "FILE",                                                                   \
+                 .help = "start from parameters saved by --save (the file says its task, tuning and pre-seq-len)"}
+
+/* Tab completion: the task names. */
+static void complete_task(const sp_app *app, int npos, const char *prev, const char *word, sp_strlist *out)
+{
+    (void)app, (void)prev;
+    if (npos != 0)
+        return;
+    sp_plugin_register_builtins();
+    for (int i = 0; i < sp_plugin_count(); i++)
+        sp_strlist_add(out, sp_plugin_at(i)->name, strlen(sp_plugin_at(i)->name), word);
+}
 
 static const sp_opt train_opts[] = {
     COMMON_OPTS,
-    {"--lr", SP_OPT_NUM, "X", 0, 10, NULL, NULL, "1e-2", "peak learning rate (AdamW)"},
-    {"--epochs", SP_OPT_INT, "N", 1, 1000, NULL, NULL, "3", "passes over the training split"},
-    {"--warmup", SP_OPT_INT, "W", 0, 1 << 24, NULL, NULL, "20", "steps of linear warm-up (then linear decay)"},
-    {"--schedule", SP_OPT_CHOICE, NULL, 0, 0, "afab|1f1b", NULL, "1f1b", "the pipeline's order over the servers"},
-    {"--max-in-flight", SP_OPT_INT, "K", 0, 64, NULL, NULL, "4",
-     "microbatches holding activations at once; 0: no bound"},
-    {"--max-steps", SP_OPT_INT, "N", 0, 1 << 30, NULL, NULL, "0", "stop after N steps; 0: the epochs decide"},
-    {"--fp16", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "dynamic loss scaling, as fp16 training needs"},
-    {"--save", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, NULL,
-     "write the trained parameters (also when stopped after some steps)"},
-    {"--overwrite", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "let --save replace an existing file"},
-    {0},
+    [TR_LR] = {"--lr", SP_OPT_NUM, "X", 0, 10, .def = "1e-2", .help = "peak learning rate (AdamW)"},
+    [TR_EPOCHS] = {"--epochs", SP_OPT_INT, "N", 1, 1000, .def = "3", .help = "passes over the training split"},
+    [TR_WARMUP] = {"--warmup", SP_OPT_INT, "W", 0, 1 << 24, .def = "20",
+                   .help = "steps of linear warm-up (then linear decay)"},
+    [TR_SCHEDULE] = {"--schedule", SP_OPT_CHOICE, .choices = "afab|1f1b", .def = "1f1b",
+                     .help = "the pipeline's order over the servers"},
+    [TR_MAX_IN_FLIGHT] = {"--max-in-flight", SP_OPT_INT, "K", 0, 64, .def = "4",
+                          .help = "microbatches holding activations at once; 0: no bound"},
+    [TR_MAX_STEPS] = {"--max-steps", SP_OPT_INT, "N", 0, 1 << 30, .def = "0",
+                      .help = "stop after N steps; 0: the epochs decide"},
+    [TR_FP16] = {"--fp16", SP_OPT_FLAG, .help = "dynamic loss scaling, as fp16 training needs"},
+    [TR_SAVE] = {"--save", SP_OPT_PATH, "FILE",
+                 .help = "write the trained parameters (also when stopped after some steps)"},
+    [TR_OVERWRITE] = {"--overwrite", SP_OPT_FLAG, .help = "let --save replace an existing file"},
+    [TR_NOPTS] = {0},
 };
 
-static const sp_opt eval_opts[] = {COMMON_OPTS, {0}};
+static const sp_opt eval_opts[] = {COMMON_OPTS, [TR_NCOMMON] = {0}};
 
 static const sp_cmd plugin_subs[] = {
     {.name = "load", .args = "PATH", .min_pos = 1, .max_pos = 1, .pos_paths = 1,
@@ -223,7 +258,7 @@ static const sp_cmd plugin_subs[] = {
 };
 
 const sp_cmd sp_cmds_train[] = {
-    {.name = "train", .args = "TASK", .min_pos = 1, .max_pos = 1, .opts = train_opts,
+    {.name = "train", .args = "TASK", .min_pos = 1, .max_pos = 1, SP_OPTS(train_opts),
      .summary = "prompt-tune the loaded model on a task through the swarm",
      .help = "Trains the client's parameters (prompts, deep prompts, a classification head) while the blocks run on "
              "the servers: the loss of every step, the validation metrics after every epoch (with a progress line). "
@@ -232,12 +267,13 @@ const sp_cmd sp_cmds_train[] = {
              "once. Loss and gradients are the same whatever the schedule. Ctrl-C stops after the current step (and "
              "--save writes what was trained). Tasks: `plugin list` (sst2 and causal_lm are built in; causal_lm "
              "needs --args \"file=PATH\").",
-     .examples = "train sst2 --tuning deep_ptune --max-steps 5 --eval-batches 2", .fn = cmd_train},
-    {.name = "eval", .args = "[TASK]", .min_pos = 0, .max_pos = 1, .opts = eval_opts,
+     .examples = "train sst2 --tuning deep_ptune --max-steps 5 --eval-batches 2", .fn = cmd_train,
+     .complete = complete_task},
+    {.name = "eval", .args = "[TASK]", .min_pos = 0, .max_pos = 1, SP_OPTS(eval_opts),
      .summary = "validation metrics of a task (with --load FILE: of trained parameters)",
      .help = "With --load FILE the task, tuning and pre-seq-len come from the file (saved by train --save); a file "
              "trained for another model is refused. Options of training (--lr, --epochs, --save ...) are refused.",
-     .examples = "eval sst2 --tuning head --eval-batches 2", .fn = cmd_eval},
+     .examples = "eval sst2 --tuning head --eval-batches 2", .fn = cmd_eval, .complete = complete_task},
     {.name = "plugin", .args = "load PATH | list", .subs = plugin_subs, .summary = "load a task plugin, or list the tasks"},
     {0},
 };

@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "app.h"
-#include "rng.h"
 #include "runtime.h"
 #include "timeutil.h"
 #include "trainer.h"
@@ -44,33 +43,34 @@ static int stream(int row, int token, const char *text, void *user)
     return 0;
 }
 
+/* generate's options, by index (handlers read them so: a misspelt name does not compile). */
+enum {
+    GEN_MAX_NEW_TOKENS, GEN_TEMPERATURE, GEN_TOP_K, GEN_TOP_P, GEN_REPETITION_PENALTY, GEN_STOP, GEN_BEAMS, GEN_SEED,
+    GEN_GREEDY, GEN_IGNORE_EOS, GEN_MIN_NEW_TOKENS, GEN_IDS, GEN_PROMPTS, GEN_NOPTS
+};
+
 /* The generation options from the command line and the settings; 0, or 1 after a message. */
 static int gen_opts(sp_app *app, const sp_args *a, sp_gen_opts *o, unsigned long long *seed)
 {
     sp_gen_opts_default(o);
-    o->max_new = (int)sp_arg_int(app, a, "--max-new-tokens", 64);
-    o->sample.temperature = sp_arg_given(a, "--greedy") ? 0.0f : (float)sp_arg_num(app, a, "--temperature", 0);
-    o->sample.top_k = (int)sp_arg_int(app, a, "--top-k", 0);
-    o->sample.top_p = (float)sp_arg_num(app, a, "--top-p", 1);
-    o->sample.repetition_penalty = (float)sp_arg_num(app, a, "--repetition-penalty", 1);
-    o->beams = (int)sp_arg_int(app, a, "--beams", 1);
-    const char *sv = sp_arg(app, a, "--seed");
-    if (sv && strcmp(sv, "random")) {
-        *seed = (unsigned long long)sp_arg_int(app, a, "--seed", 0);
-    } else {
-        *seed = sp_rng_fresh_seed();
-    }
+    o->max_new = (int)sp_arg_int(app, a, GEN_MAX_NEW_TOKENS);
+    o->sample.temperature = sp_arg_given(a, GEN_GREEDY) ? 0.0f : (float)sp_arg_num(app, a, GEN_TEMPERATURE);
+    o->sample.top_k = (int)sp_arg_int(app, a, GEN_TOP_K);
+    o->sample.top_p = (float)sp_arg_num(app, a, GEN_TOP_P);
+    o->sample.repetition_penalty = (float)sp_arg_num(app, a, GEN_REPETITION_PENALTY);
+    o->beams = (int)sp_arg_int(app, a, GEN_BEAMS);
+    *seed = sp_arg_seed(app, a, GEN_SEED);
     o->sample.seed = *seed;
     o->cancel = &app->cancel;
-    o->stop_at_eos = !sp_arg_given(a, "--ignore-eos") && !sp_is_on(sp_app_get(app, "ignore-eos"));
-    o->min_new = (int)sp_arg_int(app, a, "--min-new-tokens", 0);
+    o->stop_at_eos = !sp_arg_on(app, a, GEN_IGNORE_EOS);
+    o->min_new = (int)sp_arg_int(app, a, GEN_MIN_NEW_TOKENS);
     return 0;
 }
 
 static int cmd_generate(sp_app *app, const sp_args *a)
 {
-    const char *ids_arg = sp_arg(app, a, "--ids"), *prompts_file = sp_arg(app, a, "--prompts");
-    const char *stop = sp_arg(app, a, "--stop");
+    const char *ids_arg = sp_arg(app, a, GEN_IDS), *prompts_file = sp_arg(app, a, GEN_PROMPTS);
+    const char *stop = sp_arg(app, a, GEN_STOP);
     if (!a->npos == !ids_arg)
         return sp_app_error(app, "usage: generate PROMPT [options] | generate --ids I,J,K [options]");
     sp_gen_opts o;
@@ -176,31 +176,33 @@ static int cmd_generate(sp_app *app, const sp_args *a)
 }
 
 static const sp_opt generate_opts[] = {
-    {"--max-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, "max-new-tokens", NULL,
-     "tokens to add at most (clamped to the model's context)"},
-    {"--temperature", SP_OPT_NUM, "T", 0, 100, NULL, "temperature", NULL, "sampling temperature; 0 is greedy"},
-    {"--top-k", SP_OPT_INT, "K", 0, 1 << 30, NULL, "top-k", NULL, "sample among the K likeliest tokens; 0 is off"},
-    {"--top-p", SP_OPT_NUM, "P", 1e-9, 1, NULL, "top-p", NULL, "nucleus sampling; 1 is off"},
-    {"--repetition-penalty", SP_OPT_NUM, "R", 0.01, 100, NULL, "repetition-penalty", NULL,
-     "divide the logits of tokens seen already; 1 is off"},
-    {"--stop", SP_OPT_STR, "TEXT", 0, 0, NULL, "stop", NULL, "stop after this text (it is cut off)"},
-    {"--beams", SP_OPT_INT, "N", 1, 64, NULL, "beams", NULL, "beam search width; 1 is no beam search"},
-    {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, "seed", NULL,
-     "seed of sampling: the same seed repeats a run (the setting's `random` draws one)"},
-    {"--greedy", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL, "temperature 0, whatever the settings say"},
-    {"--ignore-eos", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL,
-     "go on past the end-of-text token (it stays in the text) until --max-new-tokens"},
-    {"--min-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, "min-new-tokens", NULL,
-     "the end-of-text token cannot come before N new tokens"},
-    {"--ids", SP_OPT_STR, "I,J,K", 0, 0, NULL, NULL, NULL,
-     "token ids instead of a prompt; prints the whole id sequence, prompt included"},
-    {"--prompts", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, NULL,
-     "generate with prompts trained by `train --tuning ptune|deep_ptune --save FILE`"},
-    {0},
+    [GEN_MAX_NEW_TOKENS] = {"--max-new-tokens", .meta = "N", SP_SETTING(SP_SET_MAX_NEW_TOKENS),
+                            .help = "tokens to add at most (clamped to the model's context)"},
+    [GEN_TEMPERATURE] = {"--temperature", .meta = "T", SP_SETTING(SP_SET_TEMPERATURE),
+                         .help = "sampling temperature; 0 is greedy"},
+    [GEN_TOP_K] = {"--top-k", .meta = "K", SP_SETTING(SP_SET_TOP_K),
+                   .help = "sample among the K likeliest tokens; 0 is off"},
+    [GEN_TOP_P] = {"--top-p", .meta = "P", SP_SETTING(SP_SET_TOP_P), .help = "nucleus sampling; 1 is off"},
+    [GEN_REPETITION_PENALTY] = {"--repetition-penalty", .meta = "R", SP_SETTING(SP_SET_REPETITION_PENALTY),
+                                .help = "divide the logits of tokens seen already; 1 is off"},
+    [GEN_STOP] = {"--stop", .meta = "TEXT", SP_SETTING(SP_SET_STOP), .help = "stop after this text (it is cut off)"},
+    [GEN_BEAMS] = {"--beams", .meta = "N", SP_SETTING(SP_SET_BEAMS), .help = "beam search width; 1 is no beam search"},
+    [GEN_SEED] = {"--seed", .meta = "S", SP_SETTING(SP_SET_SEED),
+                  .help = "seed of sampling: the same seed repeats a run (`random` draws one)"},
+    [GEN_GREEDY] = {"--greedy", SP_OPT_FLAG, .help = "temperature 0, whatever the settings say"},
+    [GEN_IGNORE_EOS] = {"--ignore-eos", SP_SETTING(SP_SET_IGNORE_EOS),
+                        .help = "go on past the end-of-text token (it stays in the text) until --max-new-tokens"},
+    [GEN_MIN_NEW_TOKENS] = {"--min-new-tokens", .meta = "N", SP_SETTING(SP_SET_MIN_NEW_TOKENS),
+                            .help = "the end-of-text token cannot come before N new tokens"},
+    [GEN_IDS] = {"--ids", SP_OPT_STR, "I,J,K",
+                 .help = "token ids instead of a prompt; prints the whole id sequence, prompt included"},
+    [GEN_PROMPTS] = {"--prompts", SP_OPT_PATH, "FILE",
+                     .help = "generate with prompts trained by `train --tuning ptune|deep_ptune --save FILE`"},
+    [GEN_NOPTS] = {0},
 };
 
 const sp_cmd sp_cmds_generate[] = {
-    {.name = "generate", .aliases = "gen", .args = "PROMPT", .min_pos = 0, .max_pos = 1, .opts = generate_opts,
+    {.name = "generate", .aliases = "gen", .args = "PROMPT", .min_pos = 0, .max_pos = 1, SP_OPTS(generate_opts),
      .summary = "generate text through the swarm, streaming it",
      .help = "Prints the prompt followed by the continuation as it is generated (greedy at temperature 0, the "
              "default), then the prefill and decode speeds, the time to the first token, why it stopped, and the "

@@ -411,29 +411,37 @@ done:
 
 static int cmd_info(sp_app *app, const sp_args *a) { return model_info(app, a->pos[0]); }
 
+enum { CHECK_GOLDEN, CHECK_NOPTS };
+/* model generate's options: the rows of the settings of the same names give their kind, range and default (not
+ * their current values: this runs without the swarm, and without the session's settings) */
+enum {
+    MG_PROMPT, MG_MAX_NEW_TOKENS, MG_TEMPERATURE, MG_TOP_K, MG_TOP_P, MG_SEED, MG_IGNORE_EOS, MG_MIN_NEW_TOKENS,
+    MG_DTYPE, MG_THREADS, MG_NOPTS
+};
+
 static int cmd_check(sp_app *app, const sp_args *a)
 {
-    return model_check(app, a->pos[0], sp_arg(app, a, "--golden"));
+    return model_check(app, a->pos[0], sp_arg(app, a, CHECK_GOLDEN));
 }
 
 static int cmd_gen(sp_app *app, const sp_args *a)
 {
-    const char *prompt = sp_arg(app, a, "--prompt");
+    const char *prompt = sp_arg(app, a, MG_PROMPT);
     if (!prompt)
         return sp_app_error(app, "model generate: needs --prompt TEXT"), CLI_USAGE;
     sp_gen_opts o;
     sp_gen_opts_default(&o);
-    o.max_new = (int)sp_arg_int(app, a, "--max-new-tokens", 64);
-    o.sample.temperature = (float)sp_arg_num(app, a, "--temperature", 0);
-    o.sample.top_k = (int)sp_arg_int(app, a, "--top-k", 0);
-    o.sample.top_p = (float)sp_arg_num(app, a, "--top-p", 1);
+    o.max_new = (int)sp_arg_int(app, a, MG_MAX_NEW_TOKENS);
+    o.sample.temperature = (float)sp_arg_num(app, a, MG_TEMPERATURE);
+    o.sample.top_k = (int)sp_arg_int(app, a, MG_TOP_K);
+    o.sample.top_p = (float)sp_arg_num(app, a, MG_TOP_P);
     /* no --seed: a fresh one, printed at the end so that --seed S repeats the run (as `generate` does) */
-    o.sample.seed = sp_arg_given(a, "--seed") ? (uint64_t)sp_arg_int(app, a, "--seed", 0) : sp_rng_fresh_seed();
-    o.stop_at_eos = !sp_arg_given(a, "--ignore-eos");
-    o.min_new = (int)sp_arg_int(app, a, "--min-new-tokens", 0);
+    o.sample.seed = sp_arg_seed(app, a, MG_SEED);
+    o.stop_at_eos = !sp_arg_given(a, MG_IGNORE_EOS);
+    o.min_new = (int)sp_arg_int(app, a, MG_MIN_NEW_TOKENS);
     o.cancel = &app->cancel;
-    return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, "--dtype", SP_W_F32),
-                          (int)sp_arg_int(app, a, "--threads", 0));
+    return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, MG_DTYPE),
+                          (int)sp_arg_int(app, a, MG_THREADS));
 }
 
 static int cmd_convert(sp_app *app, const sp_args *a)
@@ -446,37 +454,42 @@ static int cmd_convert(sp_app *app, const sp_args *a)
 }
 
 static const sp_opt check_opts[] = {
-    {"--golden", SP_OPT_PATH, "FILE", 0, 0, NULL, NULL, "DIR/golden.safetensors", "the golden outputs to compare with"},
-    {0},
+    [CHECK_GOLDEN] = {"--golden", SP_OPT_PATH, "FILE",
+                      .help = "the golden outputs to compare with (default DIR/golden.safetensors)"},
+    [CHECK_NOPTS] = {0},
 };
 
 static const sp_opt gen_opts[] = {
-    {"--prompt", SP_OPT_STR, "TEXT", 0, 0, NULL, NULL, NULL, "the prompt (needed)"},
-    {"--max-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "64", "tokens to add at most"},
-    {"--temperature", SP_OPT_NUM, "T", 0, 100, NULL, NULL, "0", "sampling temperature; 0 is greedy"},
-    {"--top-k", SP_OPT_INT, "K", 0, 1 << 30, NULL, NULL, "0", "sample among the K likeliest tokens; 0 is off"},
-    {"--top-p", SP_OPT_NUM, "P", 1e-9, 1, NULL, NULL, "1", "nucleus sampling; 1 is off"},
-    {"--seed", SP_OPT_INT, "S", 0, 9.2e18, NULL, NULL, "a fresh one",
-     "seed of sampling (printed at the end when it sampled): the same seed repeats a run"},
-    {"--ignore-eos", SP_OPT_FLAG, NULL, 0, 0, NULL, NULL, NULL,
-     "go on past the end-of-text token until --max-new-tokens"},
-    {"--min-new-tokens", SP_OPT_INT, "N", 0, 1 << 20, NULL, NULL, "0",
-     "the end-of-text token cannot come before N new tokens"},
-    {"--dtype", SP_OPT_CHOICE, NULL, 0, 0, "f32|bf16|int8|nf4", NULL, "f32",
-     "the blocks and the LM head encoded so, as sepal-server --dtype encodes its blocks"},
-    {"--threads", SP_OPT_INT, "N", 1, 256, NULL, NULL, "all CPUs", "compute threads (the engine's pool and OpenBLAS)"},
-    {0},
+    [MG_PROMPT] = {"--prompt", SP_OPT_STR, "TEXT", .help = "the prompt (needed)"},
+    [MG_MAX_NEW_TOKENS] = {"--max-new-tokens", .meta = "N", SP_LIKE(SP_SET_MAX_NEW_TOKENS),
+                           .help = "tokens to add at most"},
+    [MG_TEMPERATURE] = {"--temperature", .meta = "T", SP_LIKE(SP_SET_TEMPERATURE),
+                        .help = "sampling temperature; 0 is greedy"},
+    [MG_TOP_K] = {"--top-k", .meta = "K", SP_LIKE(SP_SET_TOP_K),
+                  .help = "sample among the K likeliest tokens; 0 is off"},
+    [MG_TOP_P] = {"--top-p", .meta = "P", SP_LIKE(SP_SET_TOP_P), .help = "nucleus sampling; 1 is off"},
+    [MG_SEED] = {"--seed", .meta = "S", SP_LIKE(SP_SET_SEED),
+                 .help = "seed of sampling (printed at the end when it sampled): the same seed repeats a run; "
+                         "`random` draws one"},
+    [MG_IGNORE_EOS] = {"--ignore-eos", SP_OPT_FLAG, .help = "go on past the end-of-text token until --max-new-tokens"},
+    [MG_MIN_NEW_TOKENS] = {"--min-new-tokens", .meta = "N", SP_LIKE(SP_SET_MIN_NEW_TOKENS),
+                           .help = "the end-of-text token cannot come before N new tokens"},
+    [MG_DTYPE] = {"--dtype", SP_LIKE(SP_SET_DTYPE),
+                  .help = "the blocks and the LM head encoded so, as sepal-server --dtype encodes its blocks"},
+    [MG_THREADS] = {"--threads", .meta = "N", SP_LIKE(SP_SET_THREADS),
+                    .help = "compute threads (the engine's pool and OpenBLAS); 0 is every CPU it may run on"},
+    [MG_NOPTS] = {0},
 };
 
 static const sp_cmd model_subs[] = {
     {.name = "info", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1,
      .summary = "architecture, sizes, parameter count, dtypes", .examples = "model info ~/.cache/sepal/models/stories15M",
      .fn = cmd_info},
-    {.name = "check", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, .opts = check_opts,
+    {.name = "check", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, SP_OPTS(check_opts),
      .summary = "run the model in this process against golden outputs (logits, every block and its input gradient, "
                 "greedy ids)",
      .fn = cmd_check},
-    {.name = "generate", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, .opts = gen_opts,
+    {.name = "generate", .args = "DIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, SP_OPTS(gen_opts),
      .summary = "generate in this process, without the swarm",
      .examples = "model generate ~/.cache/sepal/models/stories15M --prompt \"Once upon a time\" --max-new-tokens 20",
      .fn = cmd_gen},

@@ -77,7 +77,8 @@ static int cmd_sleep(sp_app *app, const sp_args *a)
 static int cmd_set(sp_app *app, const sp_args *a)
 {
     char why[512];
-    if (sp_app_set(app, a->pos[0], a->pos[1], why, sizeof why))
+    int k = sp_app_setting(app, a->pos[0], why, sizeof why);
+    if (k < 0 || sp_app_set(app, (sp_set)k, a->pos[1], why, sizeof why))
         return sp_app_error(app, "set: %s", why);
     return 0;
 }
@@ -101,28 +102,29 @@ static void quoted(const char *s, char *buf, size_t cap)
     buf[n] = 0;
 }
 
-static void show_setting(sp_app *app, const sp_setting *s)
+static void show_setting(sp_app *app, sp_set k)
 {
+    const sp_opt *s = &sp_settings[k];
     char v[1100];
     if (s->kind == SP_OPT_STR || s->kind == SP_OPT_PATH)
-        quoted(s->value, v, sizeof v);
+        quoted(sp_app_get(app, k), v, sizeof v);
     else
-        snprintf(v, sizeof v, "%s", s->value);
+        snprintf(v, sizeof v, "%s", sp_app_get(app, k));
     sp_out(app, "%-20s %-8s  %s\n", s->name, v, s->help ? s->help : "");
 }
 
 static int cmd_show(sp_app *app, const sp_args *a)
 {
     if (a->npos == 0) {
-        for (int i = 0; i < app->nsettings; i++)
-            show_setting(app, &app->settings[i]);
+        for (int k = 0; k < SP_SET_N; k++)
+            show_setting(app, (sp_set)k);
         return 0;
     }
     char why[512];
-    const sp_setting *s = sp_app_setting(app, a->pos[0], why, sizeof why);
-    if (!s)
+    int k = sp_app_setting(app, a->pos[0], why, sizeof why);
+    if (k < 0)
         return sp_app_error(app, "show: %s", why);
-    show_setting(app, s);
+    show_setting(app, (sp_set)k);
     return 0;
 }
 
@@ -133,12 +135,35 @@ static int cmd_version(sp_app *app, const sp_args *a)
     return 0;
 }
 
+/* Tab completion: help COMMAND; set NAME VALUE; show NAME. */
+static void complete_help(const sp_app *app, int npos, const char *prev, const char *word, sp_strlist *out)
+{
+    (void)app, (void)prev;
+    if (npos == 0)
+        sp_complete_commands(out, NULL, word, 0);
+}
+
+static void complete_set(const sp_app *app, int npos, const char *prev, const char *word, sp_strlist *out)
+{
+    int k = npos == 1 ? sp_app_setting(app, prev, NULL, 0) : -1;
+    if (npos == 0)
+        sp_complete_names(out, sp_settings, word);
+    else if (k >= 0)
+        sp_complete_value(out, &sp_settings[k], word);
+}
+
+static void complete_show(const sp_app *app, int npos, const char *prev, const char *word, sp_strlist *out)
+{
+    if (npos == 0)
+        complete_set(app, npos, prev, word, out);
+}
+
 const sp_cmd sp_cmds_core[] = {
     {.name = "help", .aliases = "?", .args = "[COMMAND [SUBCOMMAND]]", .min_pos = 0, .max_pos = 2,
      .summary = "list the commands, or describe one with its options",
      .help = "Without an argument, lists every command with its summary. With a COMMAND (a name, an alias or a "
              "unique prefix), prints its usage, what it does, each option with its default and range, and examples.",
-     .examples = "help generate\nhelp swarm up", .fn = cmd_help},
+     .examples = "help generate\nhelp swarm up", .fn = cmd_help, .complete = complete_help},
     {.name = "quit", .aliases = "exit,q", .args = "", .max_pos = 0, .summary = "leave sepal (Ctrl-D too)",
      .help = "Ends the interactive session, or stops a script (-f, -c, stdin) without an error. Servers started by "
              "`swarm up` stop (each announces that it goes offline).",
@@ -147,11 +172,11 @@ const sp_cmd sp_cmds_core[] = {
      .help = "Sets a default of the generate and swarm commands, e.g. `set temperature 0.7`; a unique prefix of a "
              "name is enough (`set temp 0.7`). Numeric settings refuse values that are not numbers or are out of "
              "their range. Quote a value with blanks: `set stop \"\\n\\n\"`.",
-     .examples = "set temperature 0.8\nset temp 0\nset seed random", .fn = cmd_set},
+     .examples = "set temperature 0.8\nset temp 0\nset seed random", .fn = cmd_set, .complete = complete_set},
     {.name = "show", .args = "[NAME]", .max_pos = 1, .summary = "print the settings with their values and help",
      .help = "Without an argument, prints every setting, its value and what it does; with NAME (or a unique "
              "prefix), that setting only. String values are printed quoted, the way `set` reads them.",
-     .examples = "show\nshow max-new", .fn = cmd_show},
+     .examples = "show\nshow max-new", .fn = cmd_show, .complete = complete_show},
     {.name = "echo", .args = "[ARGS...]", .max_pos = -1, .summary = "print the arguments, joined by spaces",
      .help = "Prints its arguments after quote removal, separated by single spaces; handy in scripts.",
      .examples = "echo hello world", .fn = cmd_echo},

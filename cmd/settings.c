@@ -1,0 +1,99 @@
+/* settings.c - the settings' rows (name, kind, range, default, help: each once) and their values in the app:
+ * looked up by what the user typed (a unique prefix; close names for a typo), read and set by enum. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "app.h"
+
+const sp_opt sp_settings[SP_SET_N + 1] = {
+    [SP_SET_MAX_NEW_TOKENS] = {"max-new-tokens", SP_OPT_INT, .max = 1 << 20, .def = "64",
+                               .help = "tokens that generate adds at most"},
+    [SP_SET_TEMPERATURE] = {"temperature", SP_OPT_NUM, .max = 100, .def = "0",
+                            .help = "sampling temperature; 0 is greedy"},
+    [SP_SET_TOP_K] = {"top-k", SP_OPT_INT, .max = 1 << 30, .def = "0",
+                      .help = "sample among the k likeliest tokens; 0 is off"},
+    [SP_SET_TOP_P] = {"top-p", SP_OPT_NUM, .min = SP_OPT_ABOVE0, .max = 1, .def = "1",
+                      .help = "nucleus sampling: the smallest set of tokens of probability p; 1 is off"},
+    [SP_SET_REPETITION_PENALTY] = {"repetition-penalty", SP_OPT_NUM, .min = 0.01, .max = 100, .def = "1",
+                                   .help = "divide the logits of tokens seen already; 1 is off"},
+    [SP_SET_SEED] = {"seed", SP_OPT_INT, .max = 9.2e18, .word = "random", .def = "random",
+                     .help = "seed of sampling: an integer repeats a run, random draws a fresh one each time"},
+    [SP_SET_BEAMS] = {"beams", SP_OPT_INT, .min = 1, .max = 64, .def = "1",
+                      .help = "beam search width; 1 is no beam search"},
+    [SP_SET_MIN_NEW_TOKENS] = {"min-new-tokens", SP_OPT_INT, .max = 1 << 20, .def = "0",
+                               .help = "the end-of-text token cannot come before this many new tokens"},
+    [SP_SET_IGNORE_EOS] = {"ignore-eos", SP_OPT_FLAG, .def = "off",
+                           .help = "generation goes on past the end-of-text token (on, off)"},
+    [SP_SET_STOP] = {"stop", SP_OPT_STR, .def = "", .help = "generation stops after this text; empty is off"},
+    [SP_SET_BLOCKS_PER_SERVER] = {"blocks-per-server", SP_OPT_INT, .max = 1 << 20, .def = "0",
+                                  .help = "blocks each server of `swarm up` holds; 0 is an even split"},
+    [SP_SET_MAX_RETRIES] = {"max-retries", SP_OPT_INT, .max = 1000, .def = "8",
+                            .help = "retries of a request after a server fails (each on another route)"},
+    [SP_SET_STEP_TIMEOUT] = {"step-timeout", SP_OPT_NUM, .max = 86400, .def = "0",
+                             .help = "seconds a server may take for one request before it counts as failed; 0 derives "
+                                     "it from the server's announced speed (a few seconds for a decode step)"},
+    [SP_SET_ALLOWED_SERVERS] = {"allowed-servers", SP_OPT_STR, .def = "",
+                                .help = "route only through these servers (ids, id prefixes, names or HOST:PORT, "
+                                        "comma-separated)"},
+    [SP_SET_BLOCKED_SERVERS] = {"blocked-servers", SP_OPT_STR, .def = "",
+                                .help = "never route through these servers (same forms)"},
+    [SP_SET_THREADS] = {"threads", SP_OPT_INT, .max = 256, .def = "0",
+                        .help = "the client's compute threads (its LM head, training's products); 0 is every CPU it "
+                                "may run on"},
+    [SP_SET_DTYPE] = {"dtype", SP_OPT_CHOICE, .choices = "f32|bf16|int8|nf4", .def = "f32",
+                      .help = "the client's LM head for generation: f32 uses the checkpoint's tensor in place; bf16, "
+                              "int8 (blocks of 32 with a scale) and nf4 are encoded copies, smaller and faster per "
+                              "token (training keeps f32)"},
+    [SP_SET_SWARM_KEY] = {"swarm-key", SP_OPT_PATH, .def = "",
+                          .help = "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove "
+                                  "it both ways and DHT records without its tag are dropped; empty is none"},
+    [SP_SET_N] = {0},
+};
+
+int sp_setting_of(const sp_opt *o)
+{
+    for (int k = 0; o && k < SP_SET_N; k++)
+        if (o == &sp_settings[k])
+            return k;
+    return -1;
+}
+
+int sp_app_setting(const sp_app *app, const char *name, char *why, size_t cap)
+{
+    (void)app;
+    int k = sp_opt_find(sp_settings, name, 1, "setting", why, cap);
+    if (k != -1 || !why || !cap)
+        return k < 0 ? -1 : k;
+    size_t len = strlen(why), before = len;
+    snprintf(why + len, cap - len, " (did you mean ");
+    len = strlen(why);
+    if (sp_opt_similar(sp_settings, name, why, cap, &len))
+        snprintf(why + len, cap - len, "?; `show` lists them)");
+    else
+        snprintf(why + before, cap - before, " (`show` lists them)");
+    return -1;
+}
+
+const char *sp_app_get(const sp_app *app, sp_set k) { return app->set[k]; }
+
+double sp_app_num(const sp_app *app, sp_set k)
+{
+    const sp_opt *o = &sp_settings[k];
+    return o->kind == SP_OPT_INT || o->kind == SP_OPT_NUM ? sp_opt_num(app->set[k]) : NAN;
+}
+
+int sp_app_set(sp_app *app, sp_set k, const char *value, char *why, size_t cap)
+{
+    char buf[256];
+    if (!why || !cap)
+        why = buf, cap = sizeof buf;
+    if (strlen(value) >= sizeof app->set[k]) {
+        snprintf(why, cap, "%s: value too long (at most %zu bytes)", sp_settings[k].name, sizeof app->set[k] - 1);
+        return -1;
+    }
+    if (sp_opt_check(&sp_settings[k], value, why, cap))
+        return -1;
+    snprintf(app->set[k], sizeof app->set[k], "%s", value);
+    return 0;
+}
