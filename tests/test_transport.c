@@ -236,8 +236,9 @@ static const char *expect_closed(sp_ws_client *c)
         sp_msg m;
         sp_proto_limits lim = sp_proto_default_limits();
         if (sp_msg_decode(&m, r.data, r.len, &lim, NULL) == SP_OK) {
-            if (m.type == SP_MSG_ERROR && sp_meta_str(&m, "message"))
-                snprintf(error_msg, sizeof error_msg, "%s: %s", sp_meta_str(&m, "code"), sp_meta_str(&m, "message"));
+            sp_error_reply e;
+            if (sp_error_reply_decode(&m, &e, NULL) == SP_OK && e.message[0])
+                snprintf(error_msg, sizeof error_msg, "%s: %.500s", e.code, e.message);
             sp_msg_clear(&m);
         }
         sp_buf_free(&r);
@@ -924,8 +925,9 @@ static const char *raw_error_then_close(int fd)
         sp_msg msg;
         sp_proto_limits lim = sp_proto_default_limits();
         if (sp_msg_decode(&msg, m, n, &lim, NULL) == SP_OK) {
-            if (msg.type == SP_MSG_ERROR && sp_meta_str(&msg, "code"))
-                snprintf(code, sizeof code, "%s", sp_meta_str(&msg, "code"));
+            sp_error_reply e;
+            if (sp_error_reply_decode(&msg, &e, NULL) == SP_OK)
+                snprintf(code, sizeof code, "%s", e.code);
             sp_msg_clear(&msg);
         }
         free(m);
