@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hex.h" /* sp_hex_encode, sp_hex_decode */
 #include "status.h"
 
 #define SP_SWARM_KEY_BYTES 32
@@ -43,10 +44,5 @@ int sp_hmac_sha256(const uint8_t key[SP_HMAC_BYTES], const void *const *parts, c
 int sp_ct_equal(const void *a, const void *b, size_t n);
 /* Cryptographically random bytes (RAND_bytes); -1 on failure. */
 int sp_random_bytes(void *p, size_t n);
-
-/* Lower-case hex of n bytes into out (2n + 1 bytes). */
-void sp_hex_encode(const uint8_t *p, size_t n, char *out);
-/* Exactly 2n hex digits into n bytes; -1 otherwise. */
-int sp_hex_decode(const char *s, uint8_t *out, size_t n);
 
 #endif

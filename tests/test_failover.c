@@ -425,15 +425,10 @@ static int sessions_of(int port)
     sp_err err = {0};
     if (sp_remote_connect(&r, "127.0.0.1", port, 1, 2000, &err))
         return -1;
-    sp_reply rep;
-    int64_t n = -1;
-    if (!sp_remote_call(r, SP_MSG_INFO, "{}", NULL, 0, &rep, 2000, &err)) {
-        if (!sp_meta_int(&rep.msg, "sessions", &n))
-            n = -1;
-        sp_reply_clear(&rep);
-    }
+    sp_info_reply a;
+    int n = sp_remote_get_info(r, &a, 2000, &err) ? -1 : a.sessions;
     sp_remote_close(r);
-    return (int)n;
+    return n;
 }
 
 static int no_sessions(void *u) { return sessions_of(*(int *)u) == 0; }

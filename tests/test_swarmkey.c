@@ -245,8 +245,10 @@ static void refused_unkeyed(int port)
     sp_proto_limits lim = sp_proto_default_limits();
     ck_assert_int_eq(sp_msg_decode(&m, r.data, r.len, &lim, NULL), SP_OK);
     ck_assert_int_eq(m.type, SP_MSG_ERROR);
-    ck_assert_str_eq(sp_meta_str(&m, "code"), "unauthorized");
-    ck_assert_msg(strstr(sp_meta_str(&m, "message"), "--swarm-key"), "%s", sp_meta_str(&m, "message"));
+    sp_error_reply e;
+    ck_assert_int_eq(sp_error_reply_decode(&m, &e, NULL), SP_OK);
+    ck_assert_str_eq(e.code, "unauthorized");
+    ck_assert_msg(strstr(e.message, "--swarm-key"), "%s", e.message);
     sp_msg_clear(&m);
     sp_buf_free(&r);
     ck_assert_int_eq(sp_ws_client_recv(c, &r, TMO, &err), SP_ERR_CLOSED);
@@ -348,14 +350,17 @@ START_TEST(t_replayed_proof)
     sp_buf m = auth_msg(1, nc_hex, NULL);
     sp_msg r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH);
-    ck_assert_int_eq(sp_hex_decode(sp_meta_str(&r, "nonce"), ns, 32), 0);
+    sp_auth_challenge ch;
+    ck_assert_int_eq(sp_auth_challenge_decode(&r, &ch, NULL), SP_OK);
+    memcpy(ns, ch.nonce, 32);
     client_proof(&k, ns, nc, proof);
     sp_msg_clear(&r);
     free(raw);
     m = auth_msg(2, NULL, proof);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH); /* accepted: {"ok": true} */
-    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&r), "ok")));
+    sp_auth_verdict v;
+    ck_assert(sp_auth_verdict_decode(&r, &v, NULL) == SP_OK && v.ok);
     sp_msg_clear(&r);
     free(raw);
     close(fd);
@@ -365,15 +370,16 @@ START_TEST(t_replayed_proof)
     m = auth_msg(1, nc_hex, NULL);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH);
-    uint8_t ns2[32];
-    ck_assert_int_eq(sp_hex_decode(sp_meta_str(&r, "nonce"), ns2, 32), 0);
-    ck_assert(memcmp(ns, ns2, 32)); /* a new challenge */
+    ck_assert_int_eq(sp_auth_challenge_decode(&r, &ch, NULL), SP_OK);
+    ck_assert(memcmp(ns, ch.nonce, 32)); /* a new challenge */
     sp_msg_clear(&r);
     free(raw);
     m = auth_msg(2, NULL, proof);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_ERROR);
-    ck_assert_str_eq(sp_meta_str(&r, "code"), "unauthorized");
+    sp_error_reply er;
+    ck_assert_int_eq(sp_error_reply_decode(&r, &er, NULL), SP_OK);
+    ck_assert_str_eq(er.code, "unauthorized");
     sp_msg_clear(&r);
     free(raw);
     size_t n;
@@ -508,21 +514,17 @@ static void generates(sp_runtime *rt)
     free(ids);
 }
 
-/* INFO through a keyed connection: the server's counters. */
-static double info_number(int port, const sp_swarm_key *k, const char *section, const char *name)
+/* INFO through a keyed connection: the server's state. */
+static sp_info_reply info_of(int port, const sp_swarm_key *k)
 {
     sp_remote *r = NULL;
     sp_remote_opts o = {.no_bulk = 1, .key = k};
     sp_err err = {0};
+    sp_info_reply a;
     ck_assert_msg(sp_remote_connect_opts(&r, "127.0.0.1", port, &o, TMO, &err) == SP_OK, "%s", err.msg);
-    sp_reply rep;
-    ck_assert_int_eq(sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, TMO, &err), SP_OK);
-    cJSON *obj = section ? cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), section) : sp_msg_meta(&rep.msg);
-    cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, name);
-    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
-    sp_reply_clear(&rep);
+    ck_assert_msg(sp_remote_get_info(r, &a, TMO, &err) == SP_OK, "%s", err.msg);
     sp_remote_close(r);
-    return v;
+    return a;
 }
 
 START_TEST(t_keyed_server)
@@ -539,7 +541,7 @@ START_TEST(t_keyed_server)
     ck_assert_msg(sp_runtime_connect(rt, addr, &err) == SP_OK, "%s", err.msg);
     generates(rt);
     sp_runtime_free(rt);
-    double served = info_number(p.port, &k, NULL, "requests"); /* the key holder's, this HELLO and INFO included */
+    double served = (double)info_of(p.port, &k).requests; /* the key holder's, this HELLO and INFO included */
     ck_assert_double_gt(served, 10);
     rt = runtime_with(NULL);
     ck_assert_int_ne(sp_runtime_connect(rt, addr, &err), SP_OK);
@@ -550,8 +552,8 @@ START_TEST(t_keyed_server)
     ck_assert_msg(strstr(err.msg, "another swarm key"), "%s", err.msg);
     sp_runtime_free(rt);
     /* the refused peers reached no handler: two more requests, the HELLO and INFO that ask */
-    ck_assert_double_eq(info_number(p.port, &k, NULL, "requests"), served + 2);
-    ck_assert_double_eq(info_number(p.port, &k, "transport", "auth_failed"), 2);
+    ck_assert_double_eq((double)info_of(p.port, &k).requests, served + 2);
+    ck_assert_double_eq((double)info_of(p.port, &k).transport.auth_failed, 2);
     /* sepal-server's own refusals: a wrong file */
     const char *bad_args[] = {"--model", M15, "--blocks", "0:6", "--no-measure", "--swarm-key", "/nonexistent", NULL};
     sp_test_proc q;
@@ -712,7 +714,7 @@ static int keyed_pinged(void *u)
 static int unkeyed_tried(void *u)
 {
     (void)u;
-    return info_number(procs[2].port, NULL, "transport", "auth_failed") >= 4;
+    return (double)info_of(procs[2].port, NULL).transport.auth_failed >= 4;
 }
 
 typedef struct published_wait {
@@ -771,22 +773,22 @@ START_TEST(t_keyed_pings_unkeyed)
         sp_dht_put(d, key, r.id, 60, buf, len);
     }
     ck_assert_msg(sp_test_wait_for(unkeyed_tried, NULL, 30), "the keyed servers never tried the unkeyed one (%.0f "
-                  "refused)", info_number(procs[2].port, NULL, "transport", "auth_failed"));
+                  "refused)", (double)info_of(procs[2].port, NULL).transport.auth_failed);
     sp_server_record seen;
     published_wait pw = {v, sp_wall_s()};
     ck_assert_msg(sp_test_wait_for(published_since, &pw, 10), "the keyed servers did not publish again");
     ck_assert_msg(keyed_pinged(&w), "the keyed servers stopped pinging each other");
     ck_assert_msg(record_at(v, procs[2].port, &seen), "the record naming the unkeyed server is not in the view");
     printf("keyed pings: the unkeyed server refused %.0f key exchanges\n",
-           info_number(procs[2].port, NULL, "transport", "auth_failed"));
-    double requests = info_number(procs[2].port, NULL, NULL, "requests"); /* this call's HELLO and INFO included */
+           (double)info_of(procs[2].port, NULL).transport.auth_failed);
+    double requests = (double)info_of(procs[2].port, NULL).requests; /* this call's HELLO and INFO included */
     for (int i = 0; i < 2; i++) {
         sp_server_record x;
         ck_assert(record_at(v, procs[i].port, &x));
         ck_assert_msg(!has_ping(&x, r.id), "server %d recorded a ping of the server without the key", i);
     }
     /* and no PING of theirs reached a handler there: only our INFOs (and their HELLOs) did */
-    ck_assert_double_eq(info_number(procs[2].port, NULL, NULL, "requests"), requests + 2);
+    ck_assert_double_eq((double)info_of(procs[2].port, NULL).requests, requests + 2);
     sp_dht_stop(d);
     sp_view_slot_destroy(&slot); /* frees v */
     for (int i = 0; i < 3; i++)

@@ -47,6 +47,7 @@ void sp_remote_close(sp_remote *r);
 typedef struct sp_reply {
     sp_buf buf;
     sp_msg msg;
+    char error_code[32]; /* an ERROR reply's code (sp_reply_error_code) */
 } sp_reply;
 
 void sp_reply_clear(sp_reply *rep);
@@ -59,6 +60,9 @@ sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const
 /* While waiting for a reply, a call looks at *flag every 100 ms and returns SP_ERR_CANCELLED once it is
  * non-zero (the reply, if it comes later, is dropped by the next call). NULL: never. */
 void sp_remote_set_cancel(sp_remote *r, const int *flag);
+
+/* INFO: the server's state, decoded (sp_info_reply_decode). */
+sp_status sp_remote_get_info(sp_remote *r, sp_info_reply *out, int timeout_ms, sp_err *err);
 
 /* Sends raw bytes as a request (for tests of malformed input) and waits for whatever reply comes. */
 sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_reply *rep, int timeout_ms, sp_err *err);

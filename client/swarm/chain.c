@@ -21,11 +21,11 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
 {
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start, bwd = type == SP_MSG_BACKWARD;
     char meta[128];
-    if (keep)
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"%s\":%llu}", hop->start, hop->end,
-                 bwd ? "kept" : "keep", (unsigned long long)keep);
+    sp_span_req q = {.start = hop->start, .end = hop->end, .keep = keep, .reply_encoding = -1};
+    if (bwd) /* ("" for a span out of range: the server refuses it) */
+        sp_backward_req_encode(&q, meta, sizeof meta, NULL);
     else
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d}", hop->start, hop->end);
+        sp_forward_req_encode(&q, meta, sizeof meta, NULL);
     sp_tensor_src a[3];
     memcpy(a, t, (size_t)n * sizeof *t);
     if (prompts)

@@ -189,25 +189,20 @@ void sp_rt_close_conns(sp_runtime *rt)
 /* ---------------------------------------------------------------------------------------------- */
 /* servers connected by address (no DHT): HELLO and INFO fill their entry */
 
-static void fill_from_info(sp_runtime *rt, int i, const sp_reply *rep)
+static void fill_from_info(sp_runtime *rt, int i, const sp_info_reply *a)
 {
     sp_server_entry *e = rt->servers[i];
-    int64_t v;
-    double inf = 0, fwd = 0;
-    int has_inf = sp_meta_num(&rep->msg, "inference_rps", &inf), has_fwd = sp_meta_num(&rep->msg, "forward_tps", &fwd);
-    const char *name = sp_meta_str(&rep->msg, "public_name");
     pthread_mutex_lock(&rt->lock);
     int nb = e->rec.end - e->rec.start;
-    if (sp_meta_int(&rep->msg, "cache_tokens_available", &v))
-        e->rec.cache_tokens_left = (long)v;
-    if (sp_meta_int(&rep->msg, "cache_tokens_total", &v))
-        e->cache_total = (long)v;
+    if (a->cache_tokens_available >= 0)
+        e->rec.cache_tokens_left = (long)a->cache_tokens_available;
+    if (a->cache_tokens_total >= 0)
+        e->cache_total = (long)a->cache_tokens_total;
     /* INFO gives the span's rates; records carry per-block ones */
-    e->rec.inference_rps = has_inf ? inf * nb : 0;
-    e->rec.forward_rps = has_fwd ? fwd * nb : 0;
+    e->rec.inference_rps = a->inference_rps * nb;
+    e->rec.forward_rps = a->forward_tps * nb;
     e->rec.throughput = e->rec.forward_rps / ((nb + 1) / 2.0);
-    if (name)
-        snprintf(e->rec.name, sizeof e->rec.name, "%s", name);
+    snprintf(e->rec.name, sizeof e->rec.name, "%s", a->public_name);
     e->rec.state = SP_SERVER_ONLINE;
     pthread_mutex_unlock(&rt->lock);
 }
@@ -217,9 +212,12 @@ static void server_info(sp_runtime *rt, int i)
 {
     sp_reply rep;
     sp_err err = {0};
+    sp_info_reply a;
     sp_status st = sp_rt_call(rt, i, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, &err);
+    if (!st)
+        st = sp_info_reply_decode(&rep.msg, &a, &err);
     if (!st) {
-        fill_from_info(rt, i, &rep);
+        fill_from_info(rt, i, &a);
     } else {
         pthread_mutex_lock(&rt->lock);
         int was = rt->servers[i]->rec.state;

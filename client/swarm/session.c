@@ -25,7 +25,8 @@ static void close_session(sp_lm_swarm *s, int h, int timeout_ms)
     if (!s->session[h])
         return;
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)s->session[h]);
+    sp_close_req q = {.session = s->session[h]};
+    sp_close_req_encode(&q, meta, sizeof meta, NULL);
     sp_reply rep;
     sp_rt_call(s->rt, s->route.hop[h].server, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, timeout_ms, NULL);
     sp_reply_clear(&rep);
@@ -48,14 +49,14 @@ static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, s
 {
     sp_runtime *rt = s->rt;
     char meta[160];
-    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%d,\"batch\":%d}", hop->start, hop->end,
-             s->max_length, s->B);
+    sp_open_req q = {.start = hop->start, .end = hop->end, .max_length = s->max_length, .batch = s->B};
+    sp_open_reply a = {0};
+    sp_open_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_status st = sp_rt_call(rt, hop->server, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, rep,
                               sp_rt_timeout_ms(rt, hop->server, 0, 0, 1) + 5000, err);
-    int64_t v = 0;
-    if (!st && !sp_meta_int(&rep->msg, "session", &v))
-        st = sp_errf(err, SP_ERR_FORMAT, "INFERENCE_OPEN reply without a session id");
-    *id = (uint64_t)v;
+    if (!st)
+        st = sp_open_reply_decode(&rep->msg, &a, err);
+    *id = a.session;
     if (st) {
         char label[160];
         sp_rt_server_label(rt, hop->server, label, sizeof label);
@@ -99,7 +100,8 @@ static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *faile
         for (int i = 0; i < k; i++) {
             if (ids[i]) {
                 char meta[64];
-                snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)ids[i]);
+                sp_close_req q = {.session = ids[i]};
+                sp_close_req_encode(&q, meta, sizeof meta, NULL);
                 sp_reply rep;
                 sp_rt_call(rt, r.hop[i].server, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, 1000, NULL);
                 sp_reply_clear(&rep);
@@ -227,8 +229,8 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     const sp_hop *hop = &s->route.hop[h];
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
     char meta[128]; /* every step says where it starts (Petals' start_from_position): a rollback is a lower one */
-    snprintf(meta, sizeof meta, "{\"session\":%llu,\"start_from_position\":%d}", (unsigned long long)s->session[h],
-             from);
+    sp_step_req q = {.session = s->session[h], .start_from_position = from, .reply_encoding = -1};
+    sp_step_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_tensor_src t[3] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x}};
     int n = 1;
     if (deep)

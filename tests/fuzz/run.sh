@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the wire-protocol fuzz target (tests/fuzz/fuzz_proto.c) with clang, libFuzzer and ASan+UBSan, and
-# runs it for SECONDS (default 20) on a copy of tests/fuzz/corpus, so the repository's seeds stay as they
-# are. Exits non-zero on any crash, leak, sanitizer report or violated invariant; the crashing input is
+# runs it for SECONDS (default 20) on a copy of tests/fuzz/corpus (with the dictionary tests/fuzz/meta.dict of
+# metadata keys and JSON pieces), so the repository's seeds stay as they are. Exits non-zero on any crash, leak, sanitizer report or violated invariant; the crashing input is
 # kept in the work directory it names.
 #
 # Usage: tests/fuzz/run.sh [SECONDS]
@@ -26,8 +26,8 @@ if ! pkg-config --exists libcjson; then
 fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sepal-fuzz-XXXXXX")
-# proto.c needs only these two files of common/ (the rest may pull in more libraries)
-SOURCES=("$SRC/ws/proto.c" "$SRC/common/status.c" "$SRC/common/half.c")
+# proto.c needs only these files of common/ (the rest may pull in more libraries)
+SOURCES=("$SRC/ws/proto.c" "$SRC/common/status.c" "$SRC/common/half.c" "$SRC/common/hex.c")
 read -r -a CJSON_CFLAGS <<<"$(pkg-config --cflags libcjson)"
 read -r -a CJSON_LIBS <<<"$(pkg-config --libs libcjson)"
 CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -I"$SRC/ws" -I"$SRC/common" "${CJSON_CFLAGS[@]}")
@@ -57,7 +57,7 @@ cp "$SRC"/tests/fuzz/corpus/* "$WORK/corpus/"
 echo "fuzz: running for ${SECONDS_TO_RUN}s on $(ls "$WORK/corpus" | wc -l) seeds"
 rc=0
 (cd "$WORK" && ./fuzz_proto -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$WORK/" corpus) >"$WORK/log" 2>&1 || rc=$?
+    -dict="$SRC/tests/fuzz/meta.dict" -print_final_stats=1 -artifact_prefix="$WORK/" corpus) >"$WORK/log" 2>&1 || rc=$?
 grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|^#[0-9]+ +DONE" \
     "$WORK/log" || true
 if [ "$rc" -ne 0 ]; then
