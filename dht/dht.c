@@ -6,7 +6,8 @@
  * to 5 s; back to 0.1 s once a child ran for 30 s) on the same port, and everything this side asked for is
  * asked again: the bootstrap peers, the listened keys and the last publication of every (key, slot). A
  * node that still knows no peer is asked to bootstrap again every 2 s (a datagram lost under load would
- * otherwise leave it alone for a long time). */
+ * otherwise leave it alone for a long time). The child's UDP front (front.h) refuses malformed datagrams; how
+ * many it refused comes with its stats, and an event says so at most once a minute. */
 #include "dht.h"
 
 #include <errno.h>
@@ -30,6 +31,7 @@
 #define BACKOFF_MIN_S 0.1
 #define BACKOFF_MAX_S 5.0
 #define HEALTHY_S 30.0
+#define REFUSED_EVERY_S 60.0 /* at most one event a minute about datagrams the front refused */
 
 typedef struct pub {
     char *key, *slot;
@@ -64,6 +66,11 @@ struct sp_dht {
     pub *pubs;
     int npubs;
     int pending;           /* puts not yet acknowledged */
+    uint64_t refused_old;  /* datagrams the fronts of earlier children refused */
+    uint64_t refused;      /* ... and of this one */
+    uint64_t refused_told; /* the total when an event last said it */
+    double refused_told_at;
+    char refusal[128];     /* the rule the last one broke */
     int stop, exited;
     reader rd;
     pthread_t thread;
@@ -272,6 +279,31 @@ static void event(sp_dht *d, const char *fmt, ...)
         d->o.on_event(d->o.user, buf);
 }
 
+/* A stats line's refusal count and reason; an event when there are new ones and the last is a minute old. */
+static void note_refused(sp_dht *d, const char *line)
+{
+    unsigned long long n = 0;
+    int at = 0;
+    if (sscanf(line, "stats %*d %*d %llu %n", &n, &at) < 1)
+        return;
+    pthread_mutex_lock(&d->lock);
+    d->refused = n;
+    if (at > 0)
+        snprintf(d->refusal, sizeof d->refusal, "%s", line + at);
+    uint64_t total = d->refused_old + d->refused, news = total - d->refused_told;
+    int tell = news > 0 && sp_now_s() - d->refused_told_at >= REFUSED_EVERY_S;
+    if (tell) {
+        d->refused_told = total;
+        d->refused_told_at = sp_now_s();
+    }
+    char why[sizeof d->refusal];
+    memcpy(why, d->refusal, sizeof why);
+    pthread_mutex_unlock(&d->lock);
+    if (tell)
+        event(d, "DHT node: refused %llu datagram%s (%llu in all; the last: %s)", (unsigned long long)news,
+              news == 1 ? "" : "s", (unsigned long long)total, why);
+}
+
 /* One event line from the child. -1 when its payload could not be read. */
 static int handle(sp_dht *d, const char *line)
 {
@@ -308,6 +340,7 @@ static int handle(sp_dht *d, const char *line)
         }
         pthread_cond_broadcast(&d->cond);
         pthread_mutex_unlock(&d->lock);
+        note_refused(d, line);
     } else if (!strncmp(line, "error ", 6)) {
         event(d, "DHT node: %s", line + 6);
     }
@@ -347,6 +380,8 @@ static void reap(sp_dht *d)
     d->pid = -1;
     d->exited = 1;
     d->pending = 0;
+    d->refused_old += d->refused;
+    d->refused = 0;
     pthread_cond_broadcast(&d->cond);
     int stopping = d->stop;
     pthread_mutex_unlock(&d->lock);
@@ -543,6 +578,15 @@ int sp_dht_restarts(const sp_dht *d)
     sp_dht *m = (sp_dht *)d;
     pthread_mutex_lock(&m->lock);
     int n = m->restarts;
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
+uint64_t sp_dht_refused(const sp_dht *d)
+{
+    sp_dht *m = (sp_dht *)d;
+    pthread_mutex_lock(&m->lock);
+    uint64_t n = m->refused_old + m->refused;
     pthread_mutex_unlock(&m->lock);
     return n;
 }

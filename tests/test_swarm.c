@@ -1,8 +1,8 @@
 /* test_swarm.c - discovery with real processes: sepal-server processes on loopback, each with its DHT node in
  * a child process, and a client runtime that joins their swarm. Servers are found from one initial peer,
  * refresh their records, announce OFFLINE when stopped, go stale when killed; hostile records are ignored;
- * a server's DHT node can die (killed, or by the datagram that crashes OpenDHT 2.4.12) without the server
- * noticing; --num-blocks servers cover the model, move to cover a departed server's blocks, and are seen
+ * a server's DHT node can die (killed) without the server noticing, and refuses the datagram that crashes
+ * OpenDHT 2.4.12, also a flood of it, without leaving the swarm; --num-blocks servers cover the model, move to cover a departed server's blocks, and are seen
  * JOINING (with their --public-name) before ONLINE; two clients generate and train at once, each getting what
  * it gets alone (needs scripts/fetch-sentiment.sh). */
 #include <arpa/inet.h>
@@ -360,6 +360,87 @@ START_TEST(t_dht_node_dies)
     check_generates(rt);
     /* a client joining through the restarted node finds both servers */
     sp_runtime *rt2 = joined(p0->dht_port);
+    waiter w2 = {.rt = rt2, .n = 2};
+    ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers", count_online(rt2));
+    sp_runtime_free(rt2);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* A flood of malformed datagrams at a server's DHT port (issue 22: 10/s of the crash datagram kept the node down
+ * most of the time, its records expired and the server left the swarm while it still served): at 100/s for
+ * FLOOD_S seconds, the node's front refuses them all, the node never restarts, the server's record never leaves
+ * a client's view, generation through it goes on, and a client joining through the flooded node finds both
+ * servers. */
+#define FLOOD_S 20
+#define FLOOD_RATE 100
+
+typedef struct flood {
+    int port;
+    int sent;
+} flood;
+
+static void *flooding(void *u)
+{
+    flood *f = u;
+    /* the datagram of reliability-anchors.md §4.4, and {"a": 5, "q": "ping", "t": 7, "y": "q"} (OpenDHT walks
+     * the integer as a map) */
+    static const unsigned char crash[] = {0x83, 0xa1, 'e', 0x90, 0xa1, 't', 0xc4, 0x04, 0, 0, 0, 2, 0xa1, 'y', 0xa1, 'e'};
+    static const unsigned char not_map[] = {0x84, 0xa1, 'a', 0x05, 0xa1, 'q', 0xa4, 'p', 'i', 'n', 'g',
+                                            0xa1, 't', 0x07, 0xa1, 'y', 0xa1, 'q'};
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    double t0 = sp_now_s();
+    for (int i = 0; i < FLOOD_S * FLOOD_RATE; i++) {
+        double due = t0 + (double)i / FLOOD_RATE, wait = due - sp_now_s();
+        if (wait > 0)
+            sleep_ms((int)(wait * 1000) + 1);
+        const unsigned char *d = i % 2 ? not_map : crash;
+        size_t n = i % 2 ? sizeof not_map : sizeof crash;
+        f->sent += sendto(fd, d, n, 0, (struct sockaddr *)&to, sizeof to) == (ssize_t)n;
+    }
+    close(fd);
+    return NULL;
+}
+
+START_TEST(t_dht_flood)
+{
+    sp_test_proc *p0 = server("0:6", 0);
+    sp_test_proc *p1 = server("0:6", p0->dht_port);
+    sp_runtime *rt = joined(p1->dht_port);
+    waiter w = {.rt = rt, .n = 2};
+    ck_assert(sp_test_wait_for(has_online, &w, 15));
+    snprintf(rt->set.allowed, sizeof rt->set.allowed, "127.0.0.1:%d", p0->port); /* generate through p0 */
+    pid_t node = sp_test_child_named(p0->pid, "sepal-dht");
+    ck_assert_int_gt(node, 0);
+    flood f = {.port = p0->dht_port};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, flooding, &f), 0);
+    double t0 = sp_now_s(), oldest = 0;
+    int left = 0, generations = 0;
+    while (sp_now_s() - t0 < FLOOD_S && !left) {
+        w.port = p0->port;
+        left = is_gone(&w) || entry_at(rt, p0->port) < 0;
+        oldest = fmax(oldest, sp_wall_s() - record_ts(rt, p0->port));
+        if (!left && generations < 4 && sp_now_s() - t0 > 4.0 * generations) {
+            check_generates(rt); /* sessions through the flooded server */
+            generations++;
+        }
+        sleep_ms(100);
+    }
+    pthread_join(th, NULL);
+    pid_t after = sp_test_child_named(p0->pid, "sepal-dht");
+    printf("flood: %d malformed datagrams in %.0f s; the server %s the client's view (its record at most %.1f s "
+           "old), %d generations through it, its DHT node %s\n", f.sent, sp_now_s() - t0, left ? "LEFT" : "stayed in",
+           oldest, generations, after == node ? "never restarted" : "was restarted");
+    if (left || after != node)
+        dump_log(p0);
+    ck_assert_msg(!left, "the flooded server left the client's view");
+    ck_assert_msg(after == node, "the flooded server's DHT node was restarted");
+    ck_assert_int_eq(generations, 4);
+    sp_runtime *rt2 = joined(p0->dht_port); /* the flooded node still answers and knows the swarm */
     waiter w2 = {.rt = rt2, .n = 2};
     ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers", count_online(rt2));
     sp_runtime_free(rt2);
@@ -726,6 +807,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_discovery);
     tcase_add_test(tc, t_hostile_records);
     tcase_add_test(tc, t_dht_node_dies);
+    tcase_add_test(tc, t_dht_flood);
     tcase_add_test(tc, t_num_blocks);
     tcase_add_test(tc, t_joining);
     tcase_add_test(tc, t_two_clients);
