@@ -30,7 +30,7 @@ typedef struct sp_view_opts {
     double refresh_s;     /* full lookups every refresh_s seconds (default 30) */
     sp_view_fn on_change;
     void *user;
-    const sp_swarm_key *key; /* a private swarm: records without its tag are dropped (NULL: none; copied) */
+    const sp_swarm_key *key; /* a private swarm: only records sealed with it count (NULL: none; copied) */
 } sp_view_opts;
 
 typedef struct sp_view sp_view;
@@ -40,6 +40,9 @@ typedef struct sp_view_stats {
     uint64_t dropped;    /* values refused (malformed, oversized, inconsistent, other model) */
     char last_drop[256]; /* why the last one was refused */
     int rounds;          /* full lookup rounds finished */
+    int unreadable;      /* sealed records under the model's block keys this view cannot open, since it started */
+    int unreadable_index;/* ... under the model index */
+    char unreadable_swarm[2 * SP_SWARM_ID_BYTES + 1]; /* the swarm the last of them was sealed for */
 } sp_view_stats;
 
 /* Starts listening (through dht) and the first lookup round. */

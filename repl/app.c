@@ -217,7 +217,7 @@ void sp_app_init(sp_app *app, sp_sink sink)
                   "of 32 with a scale) and nf4 are encoded copies, smaller and faster per token (training keeps f32)");
     sp_app_define(app, "swarm-key", SP_OPT_STR, 0, 0, NULL, "",
                   "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove it both ways and "
-                  "DHT records without its tag are dropped; empty is none");
+                  "only DHT records sealed with it are read; empty is none");
 }
 
 void sp_app_free(sp_app *app)

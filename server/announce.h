@@ -19,7 +19,7 @@ typedef struct sp_announce_opts {
     int hidden;                /* the model's hidden size (model index) */
     const char *architecture;
     sp_server_record base;     /* id, name, host, model, config_hash, num_blocks, dtype, quant, version */
-    const sp_swarm_key *key;   /* a private swarm: records are tagged, others' untagged ones dropped, and the
+    const sp_swarm_key *key;   /* a private swarm: records are sealed with it, only sealed ones read, and the
                                   pings prove the key (NULL: none; copied) */
 } sp_announce_opts;
 
