@@ -60,6 +60,7 @@ struct sp_dht {
     double started;        /* sp_now_s() of the child's start */
     double last_boot;      /* sp_now_s() when the peers were last asked to bootstrap through */
     char **peers;          /* "host port" */
+    int *heard;            /* per peer: 1 it answered a ping, -1 a ping went unanswered, 0 not yet known */
     int npeers;
     char **listens;
     int nlistens;
@@ -308,7 +309,7 @@ static void note_refused(sp_dht *d, const char *line)
 static int handle(sp_dht *d, const char *line)
 {
     char key[SP_DHT_MAX_KEY + 1], slot[SP_DHT_MAX_KEY + 1];
-    int expired, ok, good, dubious;
+    int expired, ok, good, dubious, port;
     size_t len;
     if (sscanf(line, "value %200s %d %zu", key, &expired, &len) == 3) {
         uint8_t *data = len <= SP_DHT_MAX_VALUE ? malloc(len ? len : 1) : NULL;
@@ -326,6 +327,15 @@ static int handle(sp_dht *d, const char *line)
         pthread_mutex_lock(&d->lock);
         if (d->pending > 0 && --d->pending == 0)
             pthread_cond_broadcast(&d->cond);
+        pthread_mutex_unlock(&d->lock);
+    } else if (sscanf(line, "pong %130s %d %d", key, &port, &ok) == 3) { /* key: the peer's host */
+        char hp[sizeof key + 16];
+        snprintf(hp, sizeof hp, "%s %d", key, port);
+        pthread_mutex_lock(&d->lock);
+        for (int i = 0; i < d->npeers; i++)
+            if (!strcmp(d->peers[i], hp) && d->heard[i] != 1)
+                d->heard[i] = ok ? 1 : -1;
+        pthread_cond_broadcast(&d->cond);
         pthread_mutex_unlock(&d->lock);
     } else if (sscanf(line, "stats %d %d", &good, &dubious) == 2) {
         pthread_mutex_lock(&d->lock);
@@ -456,12 +466,14 @@ static void add_peer_locked(sp_dht *d, const char *host, int port)
         if (!strcmp(d->peers[i], hp))
             return;
     char **n = realloc(d->peers, (size_t)(d->npeers + 1) * sizeof *n);
-    if (!n || !(n[d->npeers] = dup_str(hp))) {
-        if (n)
-            d->peers = n;
+    if (n)
+        d->peers = n;
+    int *h = n ? realloc(d->heard, (size_t)(d->npeers + 1) * sizeof *h) : NULL;
+    if (h)
+        d->heard = h;
+    if (!h || !(n[d->npeers] = dup_str(hp)))
         return;
-    }
-    d->peers = n;
+    h[d->npeers] = 0;
     d->npeers++;
     char line[200];
     snprintf(line, sizeof line, "boot %s\n", hp);
@@ -555,6 +567,7 @@ void sp_dht_stop(sp_dht *d)
         free(d->pubs[i].data);
     }
     free(d->peers);
+    free(d->heard);
     free(d->listens);
     free(d->pubs);
     pthread_mutex_destroy(&d->lock);
@@ -609,6 +622,38 @@ int sp_dht_wait_peers(sp_dht *d, int timeout_ms)
     int ok = d->good >= 1;
     pthread_mutex_unlock(&d->lock);
     return ok ? 0 : -1;
+}
+
+/* 1 while some peer's ping has neither been answered nor expired. */
+static int peers_pending_locked(const sp_dht *d)
+{
+    for (int i = 0; i < d->npeers; i++)
+        if (d->heard[i] == 0)
+            return 1;
+    return 0;
+}
+
+int sp_dht_silent_peers(sp_dht *d, int timeout_ms, char *out, size_t cap)
+{
+    double end = sp_now_s() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&d->lock);
+    while (peers_pending_locked(d) && !d->stop && sp_now_s() < end)
+        wait_locked(d, end - sp_now_s() < 0.05 ? end - sp_now_s() : 0.05);
+    int n = 0;
+    size_t at = 0;
+    if (cap)
+        out[0] = '\0';
+    for (int i = 0; i < d->npeers; i++) {
+        if (d->heard[i] == 1)
+            continue;
+        char host[160];
+        int port = 0;
+        if (sscanf(d->peers[i], "%159s %d", host, &port) == 2 && at < cap)
+            at += (size_t)snprintf(out + at, cap - at, "%s%s:%d", n ? "," : "", host, port);
+        n++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return n;
 }
 
 void sp_dht_bootstrap(sp_dht *d, const char *host, int port)

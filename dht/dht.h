@@ -70,6 +70,10 @@ int sp_dht_good_nodes(const sp_dht *d); /* peers the node knows as good (reporte
 /* Waits until the node knows at least one good peer (up to timeout_ms): 0, or -1. */
 int sp_dht_wait_peers(sp_dht *d, int timeout_ms);
 
+/* The peers given to join through that did not answer a ping: waits until each answered, or its ping went
+ * unanswered (about 3 s), up to timeout_ms; writes "HOST:PORT[,HOST:PORT...]" of the silent ones to out (cap
+ * bytes) and returns how many there are (0: every peer answered). */
+int sp_dht_silent_peers(sp_dht *d, int timeout_ms, char *out, size_t cap);
 /* Adds a peer to join through (now and after restarts). */
 void sp_dht_bootstrap(sp_dht *d, const char *host, int port);
 /* Delivers the current values of key and every later one (and expirations) through on_value, also after

@@ -13,7 +13,7 @@
 // SEPAL_DHT_NO_FRONT=1 (a testing aid: bench/dht_flood measures what the front saves) lets every datagram through.
 //
 // Protocol (every message is one text line; a value's bytes follow its line):
-//   parent -> node   boot HOST PORT           join through HOST:PORT (may repeat)
+//   parent -> node   boot HOST PORT           join through HOST:PORT (may repeat); answered by `pong`
 //                    listen KEY               values of KEY, now and later, as `value` lines
 //                    get KEY                  one lookup: `value` lines, then `done KEY OK`
 //                    put KEY SLOT TTL LEN     + LEN bytes: publish under KEY for TTL s, replacing what was
@@ -23,6 +23,7 @@
 //                    value KEY EXPIRED LEN    + LEN bytes
 //                    done KEY OK
 //                    putdone KEY SLOT OK
+//                    pong HOST PORT OK        whether HOST:PORT answered a ping (OK 0: not within ~3 s)
 //                    stats GOOD DUBIOUS REFUSED [WHY]
 //                                             when they change, else every 2 s; REFUSED: datagrams the
 //                                             front dropped so far, WHY: the rule the last one broke
@@ -304,6 +305,7 @@ class Node {
         long x = 0, y = 0;
         if (sscanf(l.c_str(), "boot %255s %ld", a, &x) == 2) {
             runner_.bootstrap(a, std::to_string(x));
+            probe(a, x);
         } else if (sscanf(l.c_str(), "listen %255s", a) == 1 && valid_name(a)) {
             listen(a);
         } else if (sscanf(l.c_str(), "get %255s", a) == 1 && valid_name(a)) {
@@ -324,6 +326,24 @@ class Node {
             emit("error unknown command: " + l.substr(0, 80));
         }
         return true;
+    }
+
+    // Pings every IPv4 address HOST resolves to: `pong HOST PORT 1` once one answered, `... 0` when none did
+    // (OpenDHT gives a ping three tries a second apart).
+    void probe(const std::string &host, long port)
+    {
+        std::vector<dht::SockAddr> addrs;
+        try {
+            for (auto &sa : dht::SockAddr::resolve(host, std::to_string(port)))
+                if (sa.getFamily() == AF_INET)
+                    addrs.push_back(sa);
+        } catch (const std::exception &) {
+        }
+        std::string tag = "pong " + host + " " + std::to_string(port);
+        if (addrs.empty())
+            emit(tag + " 0");
+        else
+            runner_.bootstrap(std::move(addrs), [tag](bool ok) { emit(tag + (ok ? " 1" : " 0")); });
     }
 
     void listen(const std::string &key)

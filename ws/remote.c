@@ -209,6 +209,9 @@ static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_e
     snprintf(r->info.id, sizeof r->info.id, "%s", id ? id : "");
     sp_meta_int(&rep.msg, "blocks", &blocks);
     r->info.num_blocks = blocks > 0 && blocks < (1 << 20) ? (int)blocks : 0;
+    int64_t dht = 0;
+    sp_meta_int(&rep.msg, "dht_port", &dht);
+    r->info.dht_port = dht > 0 && dht <= 65535 ? (int)dht : 0;
     r->info.config_hash = config ? strtoull(config, NULL, 16) : 0;
     r->info.start = (int)a;
     r->info.end = (int)b;
