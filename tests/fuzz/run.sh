@@ -38,63 +38,40 @@ if ! pkg-config --exists libcjson; then
 fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sepal-fuzz-XXXXXX")
-if [ "$TARGET" = dgram ]; then
-    exec_dgram() { # the front is C, the target C++ (msgpack-c): compiled apart, linked by clang++
-        local cxx=${CC/clang/clang++} flags=(-g -O1 -I"$SRC/dht") mode=$1
-        shift
-        if [ "$mode" = seeds ]; then
-            "$cxx" -std=c++17 "${flags[@]}" -DFUZZ_DGRAM_SEEDS "$SRC/tests/fuzz/fuzz_dgram.cpp" -o "$WORK/fuzz_dgram_seeds"
-            return
-        fi
-        local san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
+# build_TARGET seeds|fuzz: builds $WORK/fuzz_TARGET_seeds (the seed writer) or $WORK/fuzz_TARGET (the fuzzer)
+build_proto() {
+    # proto.c needs only these two files of common/ (the rest may pull in more libraries)
+    local sources=("$SRC/ws/proto.c" "$SRC/common/status.c" "$SRC/common/half.c") cjson_cflags cjson_libs
+    read -r -a cjson_cflags <<<"$(pkg-config --cflags libcjson)"
+    read -r -a cjson_libs <<<"$(pkg-config --libs libcjson)"
+    local cflags=(-g -O1 -std=c11 -D_GNU_SOURCE -I"$SRC/ws" -I"$SRC/common" "${cjson_cflags[@]}")
+    if [ "$1" = seeds ]; then
+        "$CC" "${cflags[@]}" -DFUZZ_PROTO_SEEDS "$SRC/tests/fuzz/fuzz_proto.c" "${sources[@]}" "${cjson_libs[@]}" -lm \
+            -o "$WORK/fuzz_proto_seeds"
+    else
+        "$CC" "${cflags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+            "$SRC/tests/fuzz/fuzz_proto.c" "${sources[@]}" "${cjson_libs[@]}" -lm -o "$WORK/fuzz_proto"
+    fi
+}
+build_dgram() { # the front is C, the target C++ (msgpack-c): compiled apart, linked by clang++
+    local cxx=${CC/clang/clang++} flags=(-g -O1 -I"$SRC/dht")
+    local san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
+    if [ "$1" = seeds ]; then
+        "$cxx" -std=c++17 "${flags[@]}" -DFUZZ_DGRAM_SEEDS "$SRC/tests/fuzz/fuzz_dgram.cpp" -o "$WORK/fuzz_dgram_seeds"
+    else
         "$CC" -std=c11 "${flags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "$SRC/dht/front.c" -o "$WORK/front.o"
         "$cxx" -std=c++17 "${flags[@]}" "${san[@]}" -fsanitize=fuzzer "$SRC/tests/fuzz/fuzz_dgram.cpp" "$WORK/front.o" \
             -o "$WORK/fuzz_dgram"
-    }
-    if [ "${1:-}" = "--write-seeds" ]; then
-        OUTDIR=${2:-$SRC/tests/fuzz/corpus-dgram}
-        mkdir -p "$OUTDIR"
-        exec_dgram seeds
-        "$WORK/fuzz_dgram_seeds" "$OUTDIR"
-        rm -rf "$WORK"
-        echo "fuzz: seeds written to $OUTDIR"
-        exit 0
     fi
-    SECONDS_TO_RUN=${1:-20}
-    case "$SECONDS_TO_RUN" in
-        '' | *[!0-9]*) echo "usage: $0 --target dgram [SECONDS] | --write-seeds [DIR]" >&2; exit 2 ;;
-    esac
-    echo "fuzz: building the dgram target with $CC in $WORK"
-    exec_dgram fuzz
-    mkdir -p "$WORK/corpus"
-    cp "$SRC"/tests/fuzz/corpus-dgram/* "$WORK/corpus/"
-    echo "fuzz: running for ${SECONDS_TO_RUN}s on $(ls "$WORK/corpus" | wc -l) seeds"
-    rc=0
-    (cd "$WORK" && ./fuzz_dgram -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix="$WORK/" corpus) >"$WORK/log" 2>&1 || rc=$?
-    grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|^#[0-9]+ +DONE" \
-        "$WORK/log" || true
-    if [ "$rc" -ne 0 ]; then
-        tail -40 "$WORK/log"
-        echo "fuzz: FAILED (exit $rc); log, inputs and crash artifacts kept in $WORK" >&2
-        exit 1
-    fi
-    rm -rf "$WORK"
-    echo "fuzz: ok"
-    exit 0
-fi
-# proto.c needs only these two files of common/ (the rest may pull in more libraries)
-SOURCES=("$SRC/ws/proto.c" "$SRC/common/status.c" "$SRC/common/half.c")
-read -r -a CJSON_CFLAGS <<<"$(pkg-config --cflags libcjson)"
-read -r -a CJSON_LIBS <<<"$(pkg-config --libs libcjson)"
-CFLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -I"$SRC/ws" -I"$SRC/common" "${CJSON_CFLAGS[@]}")
+}
+CORPUS=$SRC/tests/fuzz/corpus
+[ "$TARGET" = dgram ] && CORPUS=$SRC/tests/fuzz/corpus-dgram
 
 if [ "${1:-}" = "--write-seeds" ]; then
-    OUTDIR=${2:-$SRC/tests/fuzz/corpus}
+    OUTDIR=${2:-$CORPUS}
     mkdir -p "$OUTDIR"
-    "$CC" "${CFLAGS[@]}" -DFUZZ_PROTO_SEEDS "$SRC/tests/fuzz/fuzz_proto.c" "${SOURCES[@]}" "${CJSON_LIBS[@]}" -lm \
-        -o "$WORK/fuzz_proto_seeds"
-    "$WORK/fuzz_proto_seeds" "$OUTDIR"
+    "build_$TARGET" seeds
+    "$WORK/fuzz_${TARGET}_seeds" "$OUTDIR"
     rm -rf "$WORK"
     echo "fuzz: seeds written to $OUTDIR"
     exit 0
@@ -102,18 +79,17 @@ fi
 
 SECONDS_TO_RUN=${1:-20}
 case "$SECONDS_TO_RUN" in
-    '' | *[!0-9]*) echo "usage: $0 [SECONDS] | --write-seeds [DIR]" >&2; exit 2 ;;
+    '' | *[!0-9]*) echo "usage: $0 [--target proto|dgram] [SECONDS] | --write-seeds [DIR]" >&2; exit 2 ;;
 esac
 
-echo "fuzz: building with $CC in $WORK"
-"$CC" "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    "$SRC/tests/fuzz/fuzz_proto.c" "${SOURCES[@]}" "${CJSON_LIBS[@]}" -lm -o "$WORK/fuzz_proto"
+echo "fuzz: building the $TARGET target with $CC in $WORK"
+"build_$TARGET" fuzz
 mkdir -p "$WORK/corpus"
-cp "$SRC"/tests/fuzz/corpus/* "$WORK/corpus/"
+cp "$CORPUS"/* "$WORK/corpus/"
 
 echo "fuzz: running for ${SECONDS_TO_RUN}s on $(ls "$WORK/corpus" | wc -l) seeds"
 rc=0
-(cd "$WORK" && ./fuzz_proto -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+(cd "$WORK" && "./fuzz_$TARGET" -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$WORK/" corpus) >"$WORK/log" 2>&1 || rc=$?
 grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|^#[0-9]+ +DONE" \
     "$WORK/log" || true
