@@ -66,6 +66,7 @@ typedef struct sp_server_row {
     int failures;          /* since the last success */
     long cache_total;      /* from INFO */
     pid_t pid;             /* > 0: started by swarm up */
+    char log[256];         /* its stderr's file, for swarm-started servers ("" otherwise) */
 } sp_server_row;
 
 #endif

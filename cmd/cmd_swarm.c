@@ -296,7 +296,7 @@ const sp_cmd sp_cmds_swarm[] = {
              "DHT node of this app's own keeps a live view of the loaded model's servers, and routing picks among "
              "them. connect HOST:PORT,... (or ws://HOST:PORT) uses servers by their websocket address, without "
              "the DHT; a server of another model is refused. --swarm-key FILE joins a private swarm: every "
-             "connection proves the key both ways and DHT records without its tag are dropped.",
+             "connection proves the key both ways and only DHT records sealed with it are read.",
      .examples = "connect --initial-peers 127.0.0.1:31330\nconnect 127.0.0.1:31330", .fn = cmd_connect},
     {.name = "servers", .args = "", .max_pos = 0, SP_OPTS(servers_opts),
      .summary = "the servers: id, name, address, blocks, state, throughput, rps, cache, pings, version",

@@ -47,7 +47,7 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
                               "token (training keeps f32)"},
     [SP_SET_SWARM_KEY] = {"swarm-key", SP_OPT_PATH, .def = "",
                           .help = "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove "
-                                  "it both ways and DHT records without its tag are dropped; empty is none"},
+                                  "it both ways and only DHT records sealed with it are read; empty is none"},
     [SP_SET_N] = {0},
 };
 

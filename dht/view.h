@@ -31,7 +31,7 @@ typedef struct sp_view_opts {
     double refresh_s;     /* full lookups every refresh_s seconds (default 30) */
     sp_view_fn on_change;
     void *user;
-    const sp_swarm_key *key; /* a private swarm: records without its tag are dropped (NULL: none; copied) */
+    const sp_swarm_key *key; /* a private swarm: only records sealed with it count (NULL: none; copied) */
 } sp_view_opts;
 
 typedef struct sp_view sp_view;
@@ -41,6 +41,9 @@ typedef struct sp_view_stats {
     uint64_t dropped;    /* values refused (malformed, oversized, inconsistent, other model) */
     char last_drop[256]; /* why the last one was refused */
     int rounds;          /* full lookup rounds finished */
+    int unreadable;      /* sealed records under the model's block keys this view cannot open, since it started */
+    int unreadable_index;/* ... under the model index */
+    char unreadable_swarm[2 * SP_SWARM_ID_BYTES + 1]; /* the swarm the last of them was sealed for */
 } sp_view_stats;
 
 /* Starts listening (through dht) and the first lookup round. */
@@ -82,6 +85,8 @@ sp_view *sp_view_slot_swap(sp_view_slot *s, sp_view *v);
 /* sp_dht's on_value and on_get_done with the slot as user (or forwarded to with it): to the view held, if any. */
 void sp_view_slot_on_value(void *slot, const char *key, const uint8_t *data, size_t len, int expired);
 void sp_view_slot_on_get_done(void *slot, const char *key, int ok);
+/* sp_view_stats_get of the view held (all zero when there is none). */
+void sp_view_slot_stats(sp_view_slot *s, sp_view_stats *out);
 /* sp_view_models of the view held; 0 with *out NULL when there is none. */
 int sp_view_slot_models(sp_view_slot *s, sp_model_record **out);
 

@@ -21,6 +21,8 @@
 #define PING_ALPHA 0.2
 #define PING_TTL_S 300.0
 #define MAX_PING_ENTRIES 64
+#define PEER_CHECK_MS 10000 /* the longest the initial peers' pings are waited for (one goes unanswered in ~3 s) */
+#define PEER_PROBE_MS 3000  /* a silent peer's websocket probe */
 
 typedef struct ping_entry {
     char id[SP_SERVER_ID_LEN];
@@ -295,6 +297,55 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
     }
     *out = a;
     return SP_OK;
+}
+
+/* Why host:port, which did not answer a DHT ping, is no DHT node: a sepal-server's websocket port (its HELLO
+ * names its DHT port), a server that refuses us, or nothing that answers. */
+static void why_silent(sp_announce *a, const char *host, int port, char *why, size_t cap)
+{
+    sp_remote *r = NULL;
+    sp_err e = {0};
+    sp_remote_opts ro = {.no_bulk = 1, .key = a->o.key};
+    if (!sp_remote_connect_opts(&r, host, port, &ro, PEER_PROBE_MS, &e)) {
+        const sp_remote_info *i = sp_remote_hello(r);
+        if (i->dht_port > 0)
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server (blocks %d:%d of %s); its DHT node is "
+                     "%s:%d: use --initial-peers %s:%d", host, port, i->start, i->end, i->model, host, i->dht_port,
+                     host, i->dht_port);
+        else
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server that runs no DHT node (it was started "
+                     "without --new-swarm or --initial-peers)", host, port);
+        sp_remote_close(r);
+    } else if (strstr(e.msg, "unauthorized") || strstr(e.msg, "swarm key")) {
+        snprintf(why, cap, "%s:%d is the websocket port of a sepal-server, not a DHT node (and it refused this "
+                 "server: %.200s)", host, port, e.msg);
+    } else {
+        snprintf(why, cap, "%s:%d does not answer as a DHT node of a sepal swarm (no reply to a DHT ping; a server "
+                 "prints its DHT address on its serving line: \"DHT HOST:PORT\")", host, port);
+    }
+}
+
+sp_status sp_announce_check_peers(sp_announce *a, sp_err *err)
+{
+    char silent[1024], why[1536] = "";
+    int quiet = a->o.initial_peers ? sp_dht_silent_peers(a->dht, PEER_CHECK_MS, silent, sizeof silent) : 0, given = 1;
+    if (!quiet)
+        return SP_OK;
+    for (const char *c = a->o.initial_peers; *c; c++)
+        given += *c == ',';
+    size_t at = 0;
+    for (char *save = NULL, *t = strtok_r(silent, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char one[512], *colon = strrchr(t, ':');
+        if (!colon)
+            continue;
+        *colon = '\0';
+        why_silent(a, t, atoi(colon + 1), one, sizeof one);
+        if (quiet < given) /* the swarm is joined through the others */
+            sp_log(SP_LOG_WARN, "--initial-peers: %s", one);
+        else if (at < sizeof why)
+            at += (size_t)snprintf(why + at, sizeof why - at, "%s%s", at ? "; " : "", one);
+    }
+    return quiet < given ? SP_OK : sp_errf(err, SP_ERR_ARG, "--initial-peers %s: %s", a->o.initial_peers, why);
 }
 
 void sp_announce_set_fill(sp_announce *a, sp_announce_fill_fn fn, void *user)

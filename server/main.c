@@ -437,6 +437,7 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
     o.port = p->port;
     o.bulk_port = p->bulk_port;
     o.id = p->id;
+    o.dht_port = p->ann ? sp_announce_dht_port(p->ann) : 0;
     sp_status st = sp_server_start(&p->srv, &o, err);
     if (st)
         return st;
@@ -611,6 +612,11 @@ int main(int argc, char **argv)
     if ((p.a.new_swarm || p.a.initial_peers) && join_swarm(&p, &err)) {
         fprintf(stderr, "sepal-server: %s\n", err.msg);
         return 1;
+    }
+    if (p.ann && sp_announce_check_peers(p.ann, &err)) { /* a websocket port given for a DHT node, say */
+        fprintf(stderr, "sepal-server: %s\n", err.msg);
+        sp_announce_stop(p.ann);
+        return 2;
     }
     rc = run(&p);
     if (p.srv)

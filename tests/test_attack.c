@@ -430,18 +430,6 @@ END_TEST
  * descriptor (before, a bulk socket was left unanswered in the backlog while the bulk thread spun on its
  * level-triggered listener), the log says so a few times rather than once per connection (the issue: 34k lines),
  * and it serves again once the attacker is gone. */
-static int count_lines(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    char line[1024];
-    int n = 0;
-    while (f && fgets(line, sizeof line, f))
-        n += strstr(line, needle) != NULL;
-    if (f)
-        fclose(f);
-    return n;
-}
-
 /* CPU seconds the process has used (user + system). */
 static double cpu_s(pid_t pid)
 {
@@ -526,8 +514,8 @@ START_TEST(t_fd_exhaustion)
     sp_atk_stats_get(a, &st);
     double cpu = -1;
     int answered = bulk_probes(&f, f.p.bulk_port, &cpu);
-    int lines = count_lines(f.p.log, "out of file descriptors (Too many open files): refusing connections");
-    int bulk_lines = count_lines(f.p.log, "out of file descriptors (Too many open files): refusing bulk sockets");
+    int lines = sp_atk_count_lines(f.p.log, "out of file descriptors (Too many open files): refusing connections");
+    int bulk_lines = sp_atk_count_lines(f.p.log, "out of file descriptors (Too many open files): refusing bulk sockets");
     fprintf(stderr, "fd exhaustion: %ld upgraded, %ld refused; %d of %d bulk sockets answered at once, server CPU "
             "%.2f s in those 2 s; %d + %d log lines about it\n", st.upgraded, st.refused, answered, BULK_PROBES, cpu,
             lines, bulk_lines);

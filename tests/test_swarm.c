@@ -1,12 +1,11 @@
 /* test_swarm.c - discovery with real processes: sepal-server processes on loopback, each with its DHT node in
  * a child process, and a client runtime that joins their swarm. Servers are found from one initial peer,
  * refresh their records, announce OFFLINE when stopped, go stale when killed; hostile records are ignored;
- * a server's DHT node can die (killed, or by the datagram that crashes OpenDHT 2.4.12) without the server
- * noticing; --num-blocks servers cover the model, move to cover a departed server's blocks, and are seen
+ * a server's DHT node can die (killed) without the server noticing, and refuses the datagram that crashes
+ * OpenDHT 2.4.12, also a flood of it, without leaving the swarm; --num-blocks servers cover the model, move to cover a departed server's blocks, and are seen
  * JOINING (with their --public-name) before ONLINE; two clients generate and train at once, each getting what
  * it gets alone (needs scripts/fetch-sentiment.sh). White-box where a failure says why: it reads the runtime's
  * DHT view and node (private/runtime_state.h). */
-#include <arpa/inet.h>
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -14,11 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "attack.h"
 #include "dht.h"
 #include "generate.h"
 #include "host.h"
@@ -179,7 +178,7 @@ START_TEST(t_discovery)
     waiter w = {.rt = rt, .n = 5};
     if (!sp_test_wait_for(has_online, &w, 15)) {
         sp_view_stats vs;
-        sp_view_stats_get(rt->views.view, &vs);
+        sp_view_slot_stats(&rt->views, &vs);
         ck_abort_msg("found %d of 5 servers (view: %llu accepted, %llu dropped, %d rounds, last drop: %s; %d DHT peers)",
                      sp_test_count_online(rt), (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.rounds,
                      vs.last_drop, sp_dht_good_nodes(rt->dht));
@@ -198,7 +197,7 @@ START_TEST(t_discovery)
     sp_test_proc_signal(&procs[4], SIGTERM);
     if (!sp_test_wait_for(state_is, &w, 5)) {
         sp_view_stats vs;
-        sp_view_stats_get(rt->views.view, &vs);
+        sp_view_slot_stats(&rt->views, &vs);
         dump_log(&procs[4]);
         ck_abort_msg("no OFFLINE after SIGTERM (view: %llu accepted, %llu dropped, last: %s)",
                      (unsigned long long)vs.accepted, (unsigned long long)vs.dropped, vs.last_drop);
@@ -286,7 +285,7 @@ START_TEST(t_hostile_records)
     put_raw(evil, "stories15M.0", "h5", big, len);
     sp_view_stats vs = {0};
     for (double end = sp_now_s() + 15; sp_now_s() < end; sleep_ms(50)) {
-        sp_view_stats_get(rt->views.view, &vs);
+        sp_view_slot_stats(&rt->views, &vs);
         if (vs.dropped >= 9)
             break;
     }
@@ -305,8 +304,9 @@ START_TEST(t_hostile_records)
 }
 END_TEST
 
-/* The server's DHT node dies (killed; then the datagram that crashes OpenDHT 2.4.12): the server serves on,
- * its node comes back on the same port, and a client joining through that node finds both servers. */
+/* The server's DHT node dies (killed): the server serves on, its node comes back on the same port, and a client
+ * joining through that node finds both servers. (The datagram that crashed OpenDHT 2.4.12 no longer reaches
+ * it: t_dht_flood.) */
 static int new_child(void *u)
 {
     pid_t *p = u; /* p[0]: server, p[1]: the old child */
@@ -314,17 +314,39 @@ static int new_child(void *u)
     return c > 0 && c != p[1];
 }
 
-START_TEST(t_dht_node_dies)
+/* Two servers of every block (*p0 starts the swarm) and a client that joined through the other and generates
+ * through *p0. */
+static sp_runtime *through_first(sp_test_proc **p0)
 {
-    sp_test_proc *p0 = server("0:6", 0);
-    sp_test_proc *p1 = server("0:6", p0->dht_port);
+    *p0 = server("0:6", 0);
+    sp_test_proc *p1 = server("0:6", (*p0)->dht_port);
     sp_runtime *rt = joined(p1->dht_port);
     waiter w = {.rt = rt, .n = 2};
     ck_assert(sp_test_wait_for(has_online, &w, 15));
     sp_rt_settings set;
     sp_runtime_settings(rt, &set);
-    snprintf(set.allowed, sizeof set.allowed, "127.0.0.1:%d", p0->port); /* generate through p0 */
+    snprintf(set.allowed, sizeof set.allowed, "127.0.0.1:%d", (*p0)->port); /* generate through p0 */
     sp_runtime_set_settings(rt, &set);
+    return rt;
+}
+
+/* The end of a test of through_first: a new client joining through p0's DHT node finds both servers. */
+static void finish_through_first(sp_runtime *rt, const sp_test_proc *p0)
+{
+    sp_runtime *rt2 = joined(p0->dht_port);
+    waiter w2 = {.rt = rt2, .n = 2};
+    ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers",
+                  sp_test_count_online(rt2));
+    sp_runtime_free(rt2);
+    sp_runtime_free(rt);
+    stop_all();
+}
+
+START_TEST(t_dht_node_dies)
+{
+    sp_test_proc *p0;
+    sp_runtime *rt = through_first(&p0);
+    waiter w = {.rt = rt, .n = 2};
     pid_t pp[2] = {p0->pid, sp_test_child_named(p0->pid, "sepal-dht")};
     ck_assert_int_gt(pp[1], 0);
     kill(pp[1], SIGKILL);
@@ -333,25 +355,65 @@ START_TEST(t_dht_node_dies)
     w.port = p0->port;
     w.ts = sp_wall_s();
     ck_assert_msg(sp_test_wait_for(refreshed, &w, 10), "no announcement after the restart");
-    /* the crash datagram of reliability-anchors.md §4.4 */
-    pp[1] = sp_test_child_named(p0->pid, "sepal-dht");
-    const unsigned char dgram[] = {0x83, 0xa1, 'e', 0x90, 0xa1, 't', 0xc4, 0x04, 0, 0, 0, 2, 0xa1, 'y', 0xa1, 'e'};
-    int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p0->dht_port)};
-    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-    sendto(fd, dgram, sizeof dgram, 0, (struct sockaddr *)&to, sizeof to);
-    close(fd);
-    int crashed = sp_test_wait_for(new_child, pp, 5);
-    printf("the crash datagram %s the DHT node\n", crashed ? "killed (and the server restarted)" : "did not kill");
     check_generates(rt);
-    /* a client joining through the restarted node finds both servers */
-    sp_runtime *rt2 = joined(p0->dht_port);
-    waiter w2 = {.rt = rt2, .n = 2};
-    ck_assert_msg(sp_test_wait_for(has_online, &w2, 15), "a new client found %d of 2 servers",
-                  sp_test_count_online(rt2));
-    sp_runtime_free(rt2);
-    sp_runtime_free(rt);
-    stop_all();
+    finish_through_first(rt, p0); /* the restarted node answers a new client */
+}
+END_TEST
+
+/* A flood of malformed datagrams at a server's DHT port (issue 22: 10/s of the crash datagram kept the node down
+ * most of the time, its records expired and the server left the swarm while it still served): at 100/s for
+ * FLOOD_S seconds, the node's front refuses them all, the node never restarts, the server's record never leaves
+ * a client's view, generation through it goes on, and a client joining through the flooded node finds both
+ * servers. */
+#define FLOOD_S 20
+#define FLOOD_RATE 100
+
+typedef struct flood {
+    int port;
+    long sent;
+} flood;
+
+static void *flooding(void *u)
+{
+    flood *f = u;
+    f->sent = sp_atk_dht_flood(f->port, FLOOD_RATE, FLOOD_S);
+    return NULL;
+}
+
+START_TEST(t_dht_flood)
+{
+    sp_test_proc *p0;
+    sp_runtime *rt = through_first(&p0);
+    waiter w = {.rt = rt};
+    pid_t node = sp_test_child_named(p0->pid, "sepal-dht");
+    ck_assert_int_gt(node, 0);
+    flood f = {.port = p0->dht_port};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, flooding, &f), 0);
+    double t0 = sp_now_s(), oldest = 0;
+    int left = 0, generations = 0;
+    while (sp_now_s() - t0 < FLOOD_S && !left) {
+        w.port = p0->port;
+        sp_server_row e;
+        left = is_gone(&w) || sp_test_server_at(rt, p0->port, 1, &e) < 0;
+        oldest = fmax(oldest, sp_wall_s() - record_ts(rt, p0->port));
+        if (!left && generations < 4 && sp_now_s() - t0 > 4.0 * generations) {
+            check_generates(rt); /* sessions through the flooded server */
+            generations++;
+        }
+        sleep_ms(100);
+    }
+    pthread_join(th, NULL);
+    pid_t after = sp_test_child_named(p0->pid, "sepal-dht");
+    printf("flood: %ld malformed datagrams in %.0f s; the server %s the client's view (its record at most %.1f s "
+           "old), %d generations through it, its DHT node %s\n", f.sent, sp_now_s() - t0, left ? "LEFT" : "stayed in",
+           oldest, generations, after == node ? "never restarted" : "was restarted");
+    if (left || after != node)
+        dump_log(p0);
+    ck_assert_msg(!left, "the flooded server left the client's view");
+    ck_assert_msg(after == node, "the flooded server's DHT node was restarted");
+    ck_assert_int_eq(generations, 4);
+    finish_through_first(rt, p0); /* the flooded node still answers and knows the swarm */
 }
 END_TEST
 
@@ -714,6 +776,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_discovery);
     tcase_add_test(tc, t_hostile_records);
     tcase_add_test(tc, t_dht_node_dies);
+    tcase_add_test(tc, t_dht_flood);
     tcase_add_test(tc, t_num_blocks);
     tcase_add_test(tc, t_joining);
     tcase_add_test(tc, t_two_clients);

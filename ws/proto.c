@@ -1312,6 +1312,7 @@ static const field hello_reply_f[] = {
     NAME(sp_hello_reply, id),
     FIELD(sp_hello_reply, bulk_port, K_INT, OPT, -1, 65535, 0),
     FIELD(sp_hello_reply, bulk_token, K_D64, OPT, 0, 0, 0),
+    FIELD(sp_hello_reply, dht_port, K_INT, OPT, 0, 65535, 0),
 };
 
 static const char *hello_reply_check(const void *v, char *why, size_t cap)

@@ -235,6 +235,7 @@ typedef struct sp_hello_reply {
     char id[24];         /* optional: its id in the swarm ("" without the DHT) */
     int bulk_port;       /* optional (0): the bulk channel's port; -1 or 0: none */
     uint64_t bulk_token; /* optional (0): the one-time token that attaches it, as a decimal string */
+    int dht_port;        /* optional (0): the UDP port of its DHT node (0: none), what --initial-peers takes */
 } sp_hello_reply;
 
 /* INFO reply's "transport" object (sp_ws_server_stats): each optional (-1; swarm_key a bool, -1 absent). */

@@ -207,6 +207,7 @@ static void keep_hello(sp_remote *r, const sp_hello_reply *h)
     r->info.config_hash = h->config;
     r->info.start = h->start;
     r->info.end = h->end;
+    r->info.dht_port = h->dht_port;
 }
 
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)

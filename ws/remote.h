@@ -22,6 +22,7 @@ typedef struct sp_remote_info {
     char server_version[16]; /* the server program's ("0.1.0"; "" if not said) */
     char dtype[16];       /* how it holds its blocks ("f32", "int8", ...; "" if not said) */
     char id[24];          /* the server's id in the swarm ("" if it has none) */
+    int dht_port;         /* the UDP port of its DHT node (0 if it has none or did not say) */
 } sp_remote_info;
 
 typedef struct sp_remote_opts {

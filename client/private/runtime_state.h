@@ -83,8 +83,8 @@ struct sp_runtime {
     int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
     int cancel_waits;      /* ... and its network waits and back-offs end now (atomic) */
     int finish_steps;      /* sp_runtime_finish_steps: a first cancel lets the step in flight finish (atomic) */
-    /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records without
-     * its tag are dropped, and swarm up starts its servers with it */
+    /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records
+     * are read only sealed with it, and swarm up starts its servers with it */
     int has_key;
     sp_swarm_key key;
     char key_path[4096];

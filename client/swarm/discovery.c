@@ -83,7 +83,23 @@ static void set_view(sp_runtime *rt, sp_view *v)
     pthread_mutex_unlock(&rt->lock);
 }
 
-sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
+/* Sealed records the view found and this runtime's key cannot open (it has none, or another swarm's): said
+ * before any generation, so that "no servers" comes with its reason (issue 22). */
+static void say_unreadable(sp_runtime *rt)
+{
+    sp_view_stats vs;
+    sp_view_slot_stats(&rt->views, &vs);
+    int n = rt->local ? vs.unreadable : vs.unreadable_index;
+    const char *where = rt->local ? "under this model" : "in this swarm", *s = n == 1 ? "" : "s";
+    if (n > 0 && rt->has_key)
+        sp_rt_emitf(rt, SP_EV_ERROR, 0, "%d record%s %s cannot be read with this swarm key (they are sealed for swarm "
+                    "%s; this key's swarm is %s)", n, s, where, vs.unreadable_swarm, rt->key.id_hex);
+    else if (n > 0)
+        sp_rt_emitf(rt, SP_EV_ERROR, 0, "%d record%s %s cannot be read without a swarm key (a private swarm, %s: "
+                    "connect --swarm-key FILE)", n, s, where, vs.unreadable_swarm);
+}
+
+static sp_status follow_model(sp_runtime *rt, sp_err *err)
 {
     if (!rt->dht)
         return SP_OK;
@@ -102,6 +118,14 @@ sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
      * Petals client waits for its first update before it routes */
     sp_view_wait_round(v, FIRST_ROUND_MS);
     return SP_OK;
+}
+
+sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
+{
+    sp_status st = follow_model(rt, err);
+    if (!st)
+        say_unreadable(rt);
+    return st;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -194,7 +218,7 @@ sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err
     if (st)
         return sp_err_prefix(err, "joining the swarm through %s: ", initial_peers);
     snprintf(rt->initial_peers, sizeof rt->initial_peers, "%s", initial_peers);
-    st = sp_rt_view_follow_model(rt, err);
+    st = follow_model(rt, err);
     if (!st && !rt->pinger_started) {
         rt->pinger_stop = 0;
         rt->pinger_started = !pthread_create(&rt->pinger, NULL, pinger_main, rt);
@@ -210,6 +234,7 @@ sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err
     pthread_mutex_unlock(&rt->lock);
     sp_rt_emitf(rt, SP_EV_INFO, 0, "joined the swarm through %s (DHT node on %s:%d): %d server%s seen%s", initial_peers,
                 o.bind, sp_dht_port(rt->dht), n, n == 1 ? "" : "s", rt->local ? "" : " (load a model to see its servers)");
+    say_unreadable(rt);
     return SP_OK;
 }
 
