@@ -398,18 +398,18 @@ START_TEST(t_table_widths)
         {"a", 10, 10, 0, 100}, {"b", 10, 14, 0, 50}, {"c", 10, 10, 1, 20}, {"d", 10, 10, 0, 60}, {"bar", 20, 0, 0, 90},
     };
     int w[5];
-    ck_assert_int_eq(tui_table_widths(cols, 5, 120, w), 5); /* all, b to its max, the bar takes the rest */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 120, w), 5); /* all, b to its max, the bar takes the rest */
     ck_assert_int_eq(w[1], 14);
     ck_assert_int_eq(w[4], 120 - 10 - 14 - 10 - 10 - 4);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 80, w), 5); /* 60 + 4 blanks: all fit at their minimum */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 80, w), 5); /* 60 + 4 blanks: all fit at their minimum */
     ck_assert_int_eq(w[2], 10);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 60, w), 4); /* c (priority 20) goes first */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 60, w), 4); /* c (priority 20) goes first */
     ck_assert_int_eq(w[2], 0);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 45, w), 3); /* then b */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 45, w), 3); /* then b */
     ck_assert_int_eq(w[1], 0);
-    ck_assert_int_eq(tui_table_colx(w, 5, 3), 11);
-    ck_assert_int_eq(tui_table_colx(w, 5, 1), -1);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 5, w), 0);
+    ck_assert_int_eq(sp_cols_x(w, 5, 3), 11);
+    ck_assert_int_eq(sp_cols_x(w, 5, 1), -1);
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 5, w), 0);
     /* scrolling keeps the selection in view, moving as little as possible */
     ck_assert_int_eq(tui_table_scroll(0, 0, 5, 20), 0);
     ck_assert_int_eq(tui_table_scroll(7, 0, 5, 20), 3);
