@@ -44,7 +44,7 @@ T send-keys -t s :
 T send-keys -t s -l 'train sst2 --tuning deep_ptune --pre-seq-len 8 --batch 8 --max-length 48 --max-steps 40 --eval-batches 4'
 T send-keys -t s Enter
 wait_for s "100%  done" 300
-wait_for s "NORMAL +Swarm: done" # the command has ended, not only the training
+wait_for s "NORMAL +done: train" # the command has ended, not only the training
 shot s main
 T send-keys -t s '?'
 wait_for s "sepal keys"
