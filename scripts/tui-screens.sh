@@ -51,7 +51,7 @@ wait_for s "sepal keys"
 shot s help
 T send-keys -t s Escape
 T resize-window -t s -x 80 -y 24
-wait_for s "─ 3 Generate .*4 Train"
+wait_for s "4 Train ─+ loss  \(\]: acc\)" # the 80-column frame (at 100: "(]: accuracy)")
 shot s 80x24
 T resize-window -t s -x 60 -y 16
 wait_for s "^ 1 Swarm +2 Route"
