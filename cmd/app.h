@@ -48,6 +48,9 @@ int sp_emitf(sp_app *app, sp_ui_kind kind, const char *fmt, ...) __attribute__((
 #define sp_warn(app, ...) sp_emitf((app), SP_UI_WARN, __VA_ARGS__)
 #define sp_app_error(app, ...) sp_emitf((app), SP_UI_ERROR, __VA_ARGS__)
 void sp_progress(sp_app *app, const char *what, double done, double total, const char *unit);
+/* The columns a table's lines must fit (0: no limit): the sink's answer (the line front end: the terminal's when
+ * stdout is one), else app->width (the TUI sets it to its log's). */
+int sp_app_columns(const sp_app *app);
 void sp_progress_end(sp_app *app, const char *what);
 
 /* Settings (settings.h): the one that name (a unique prefix) names, or -1 with why ("unknown setting 'x' (did

@@ -267,7 +267,24 @@ static void line_emit(void *user, const sp_ui_event *ev)
     pthread_mutex_unlock(&L.lock);
 }
 
-sp_sink sp_line_sink(void) { return (sp_sink){.emit = line_emit, .user = NULL}; }
+/* The columns tables fit, as psql decides: on a terminal $COLUMNS when it is set, else the terminal's width; not
+ * a terminal (a file, a pipe): no limit. */
+static int line_columns(void *user)
+{
+    (void)user;
+    line_init();
+    if (!L.tty_out)
+        return 0;
+    const char *env = getenv("COLUMNS");
+    char *end = NULL;
+    long c = env && *env ? strtol(env, &end, 10) : 0;
+    if (end && !*end && c > 0 && c < 100000)
+        return (int)c;
+    struct winsize ws;
+    return !ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) && ws.ws_col > 0 ? ws.ws_col : 0;
+}
+
+sp_sink sp_line_sink(void) { return (sp_sink){.emit = line_emit, .user = NULL, .columns = line_columns}; }
 
 void sp_line_set_quiet(int quiet)
 {

@@ -4,8 +4,9 @@
  * the option machinery (common/opt.h: lookup, values, the command-line walk, help in columns), lookup of commands
  * (names, aliases, prefixes, subcommands), splitting and quoting, parsing with its messages, values by index
  * (given, a setting's current value, a row's default), the settings, help text and its wrapping, Tab completion's
- * candidates, and scripts (';', '#', the first failure, -k, --dry-run, positions in messages). Output is caught
- * by a sink of the test's own. */
+ * candidates, scripts (';', '#', the first failure, -k, --dry-run, positions in messages), and text tables
+ * fitted to a width (the `servers` table's rule: the least important columns first) with a server's shown name.
+ * Output is caught by a sink of the test's own. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "app.h"
 #include "generate.h"
 #include "paths.h"
+#include "table.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "trainer.h"
@@ -573,6 +575,78 @@ START_TEST(t_script)
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
+/* text tables (the `servers` table) */
+
+/* The width of the widest line of text (characters, not bytes). */
+static int widest(const char *text)
+{
+    int most = 0, w = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\n') {
+            most = w > most ? w : most;
+            w = 0;
+        } else {
+            w += ((unsigned char)*p & 0xC0) != 0x80;
+        }
+    }
+    return w > most ? w : most;
+}
+
+START_TEST(t_text_table)
+{
+    static const sp_col cols[] = {
+        {"id", 8, 8, 0, 100}, {"name", 4, 12, 0, 40}, {"blocks", 0, 0, 0, 95}, {"tok/s", 0, 0, 1, 80},
+        {"version", 0, 0, 0, 10},
+    };
+    const char *cells[] = {
+        "0123456789abcdef", "alice-with-a-long-name", "0:2", "10851", "0.1.0",
+        "fedcba9876543210", sp_server_shown_name("", 1), "2:4", "7", "0.1.0",
+        "00112233aabbccdd", sp_server_shown_name("", 0), "4:6", "12", "0.1.0",
+        "99887766554433ee", "ünïcödé-näme-long", "6:8", "9", NULL,
+    };
+    /* no limit (not a terminal): every column, ids cut to 8 and names to 12, numbers right-aligned, no blanks at
+     * the ends of lines */
+    sp_table_out(&app, cols, 5, cells, 4, 0);
+    ck_assert_str_eq(got.out, "id       name         blocks tok/s version\n"
+                              "01234567 alice-with-a 0:2    10851 0.1.0\n"
+                              "fedcba98 local        2:4        7 0.1.0\n"
+                              "00112233 -            4:6       12 0.1.0\n"
+                              "99887766 ünïcödé-näme 6:8        9\n");
+    /* narrower: the name is cut (to 4 at the least), then the version goes, then the name, then tok/s ... */
+    const int widths[] = {42, 41, 34, 33, 25, 21, 15, 12};
+    const char *gone[] = {"", "alice-with-a ", "alice", "version", "name", "name", "tok/s", "0:2"};
+    for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) {
+        clear();
+        sp_table_out(&app, cols, 5, cells, 4, widths[i]);
+        ck_assert_msg(widest(got.out) <= widths[i], "width %d: a line of %d\n%s", widths[i], widest(got.out), got.out);
+        if (*gone[i])
+            ck_assert_msg(!strstr(got.out, gone[i]), "width %d: %s still there\n%s", widths[i], gone[i], got.out);
+        ck_assert_msg(strstr(got.out, "01234567") && (widths[i] < 15 || strstr(got.out, "0:2")),
+                      "width %d: id and blocks\n%s", widths[i], got.out);
+    }
+    ck_assert_str_eq(got.out, "id\n01234567\nfedcba98\n00112233\n99887766\n"); /* 12: the id alone */
+    clear();
+    sp_table_out(&app, cols, 5, cells, 4, 30); /* no version; 8 + 4 + 6 + 5 + 3 blanks = 26: the name cut to 8 */
+    ck_assert_str_eq(got.out, "id       name     blocks tok/s\n"
+                              "01234567 alice-wi 0:2    10851\n"
+                              "fedcba98 local    2:4        7\n"
+                              "00112233 -        4:6       12\n"
+                              "99887766 ünïcödé- 6:8        9\n");
+    clear();
+    sp_table_out(&app, cols, 5, cells, 4, 5); /* not even the id fits: every column rather than none */
+    ck_assert(strstr(got.out, "version"));
+    clear();
+    sp_table_out(&app, cols, 5, cells, 0, 80); /* no rows: the titles */
+    ck_assert_str_eq(got.out, "id name blocks tok/s version\n");
+    /* the line front end asks its sink; without one the app's width counts (the TUI sets it) */
+    app.width = 77;
+    ck_assert_int_eq(sp_app_columns(&app), 77);
+    app.width = 0;
+    ck_assert_int_eq(sp_app_columns(&app), 0);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
 /* the helpers both front ends use (common/) */
 
 START_TEST(t_front_helpers)
@@ -619,6 +693,7 @@ int main(void)
     tcase_add_test(tc, t_complete);
     tcase_add_test(tc, t_script);
     tcase_add_test(tc, t_front_helpers);
+    tcase_add_test(tc, t_text_table);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

@@ -442,6 +442,15 @@ unsigned tui_state_apply(tui_state *st, const tui_ev *e)
     return 0;
 }
 
+unsigned tui_state_queue(tui_state *st, int n, const char *first)
+{
+    if (n == st->queued && !strcmp(first ? first : "", st->queue_first))
+        return 0;
+    st->queued = n;
+    snprintf(st->queue_first, sizeof st->queue_first, "%s", first ? first : "");
+    return TUI_D_CMD;
+}
+
 unsigned tui_state_dropped(tui_state *st, long n)
 {
     if (n <= 0)

@@ -14,64 +14,7 @@
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
 #  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
 . "$(dirname "$0")/lib.bash"
-M="${SEPAL_STORIES15M_DIR:?}"
-if ! command -v tmux >/dev/null; then
-    echo "tmux not found: skipped"
-    finish
-fi
-if [ ! -f "$M/model.safetensors" ] || [ ! -f "${SEPAL_SENTIMENT_DIR:?}/imdb.json" ]; then
-    bad "run scripts/fetch-model.sh and scripts/fetch-sentiment.sh first"
-    finish
-fi
-export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
-mkdir -p "$TMP/cache"
-ln -s "$SEPAL_SENTIMENT_DIR" "$TMP/cache/sentiment"
-SOCK="sepal-tui-$$"
-SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
-cleanup() {
-    tmux -L "$SOCK" kill-server 2>/dev/null
-    rm -f "$SOCKDIR/$SOCK"
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-T() { tmux -L "$SOCK" -f /dev/null "$@"; }
-# under a sanitizer everything is slower
-SLOW=1
-"$SEPAL" --version >/dev/null 2>&1 && ldd "$SEPAL" 2>/dev/null | grep -q libasan && SLOW=3
-
-# start NAME COLSxROWS ENV... -- ARGS...: sepal in a new session; the pane keeps the shell's view afterwards
-start() {
-    local name=$1 size=$2 envs=() args=()
-    shift 2
-    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    args=("$@")
-    local cmd="stty -g > $TMP/$name.before; env SEPAL_TUI_TEST=1 SEPAL_HISTORY=$TMP/hist SEPAL_CACHE=$TMP/cache HOME=$TMP"
-    cmd="$cmd ${envs[*]} $SEPAL ${args[*]}; echo \"[exit \$?]\"; stty -g > $TMP/$name.after; sleep 600"
-    T new-session -d -s "$name" -x "${size%x*}" -y "${size#*x}" "$cmd"
-}
-pane() { T capture-pane -p -t "$1" 2>/dev/null; }
-keys() { local s=$1; shift; T send-keys -t "$s" "$@"; }
-text() { T send-keys -t "$1" -l -- "$2"; }
-# wait_for NAME PATTERN [SECONDS]: polls the pane every 50 ms
-wait_for() {
-    local i n=$(( ${3:-20} * 20 * SLOW ))
-    for i in $(seq "$n"); do
-        pane "$1" | grep -qE -- "$2" && return 0
-        sleep 0.05
-    done
-    return 1
-}
-# wait_gone NAME PATTERN [SECONDS]: polls until the pane no longer shows it
-wait_gone() {
-    local i n=$(( ${3:-20} * 20 * SLOW ))
-    for i in $(seq "$n"); do
-        pane "$1" | grep -qE -- "$2" || return 0
-        sleep 0.05
-    done
-    return 1
-}
-check() { if wait_for "$1" "$3" "${4:-20}"; then ok "$2"; else bad "$2: the screen lacks /$3/"; pane "$1" | sed 's/^/    | /'; fi; }
+. "$(dirname "$0")/tui_tmux.bash"
 # the frame number in the status row
 frame() { pane "$1" | grep -oE 'f=[0-9]+' | tail -1 | cut -d= -f2; }
 # after_frame NAME N: a frame later than N has been drawn
@@ -147,16 +90,8 @@ fi
 check a "the plot's axis and x labels" "└─+"
 check a "training: a progress bar at 100%" "\] 100%"
 
-# Ctrl-C stops a generation, not the program (a sampled story may end before the Ctrl-C lands: then again)
-for try in 1 2 3; do
-    keys a :
-    text a "generate 'Lily and Tom' --temperature 0.9 --max-new-tokens 250"
-    keys a Enter
-    wait_for a "─ 3 Generate ─+ generating ─" 30 || break
-    keys a C-c
-    wait_for a "stop: (cancelled|eos|length)" 10 || break
-    pane a | grep -q "stop: cancelled" && break
-done
+# Ctrl-C stops a generation, not the program
+ctrl_c_generation a
 check a "Ctrl-C stops the generation (its text kept)" "stop: cancelled" 1
 check a "the text so far is kept" "^Lily and Tom" 1
 f=$(frame a)
