@@ -61,6 +61,8 @@ typedef struct sp_server_entry {
     double rtt;            /* smoothed client ping, seconds; < 0 unknown */
     double rtt_when;       /* sp_now_s() of the last ping */
     double banned_until;   /* sp_now_s() until which routing avoids it */
+    int down;              /* its address refused connections after a failure (its process is gone): routing
+                              leaves it out until it answers again or announces anew */
     int failures;          /* since the last success */
     long cache_total;      /* from INFO, for `servers` */
     pid_t pid;             /* > 0: started by swarm up */

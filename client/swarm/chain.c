@@ -158,13 +158,16 @@ static sp_status recover_stage(sp_runtime *rt, sp_route *r, int s, int bad, int 
             sp_rt_emit_route(rt, SP_EV_ROUTE, text, 1, r, NULL);
             return SP_OK;
         }
-        if (st != SP_ERR_NOTFOUND) { /* no route for other reasons: give up */
-            if (err)
-                *err = rerr;
-            return st;
-        }
         if (err)
-            *err = rerr; /* no server for a block (yet): the next attempt may find one */
+            *err = rerr;
+        if (st != SP_ERR_NOTFOUND) /* no route for other reasons: give up */
+            return st;
+        /* no server for a block: wait only for one that is joining */
+        if (!sp_rt_no_server(rt, r->stage_start[s], r->stage_start[s + 1], attempt + 1, err)) {
+            if (err)
+                sp_err_prefix(err, "no server could run blocks %d:%d: ", r->stage_start[s], r->stage_start[s + 1]);
+            return SP_ERR_NOTFOUND;
+        }
     }
 }
 

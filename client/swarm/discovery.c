@@ -46,6 +46,9 @@ static void on_change(void *user, sp_view_change what, const sp_server_record *r
     else if (what == SP_VIEW_NEW) /* JOINING before its port is bound: it is loading */
         sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s joined: blocks %d:%d on %s (%s, loading)", name, r->start,
                     r->end, r->host, sp_server_state_name(r->state));
+    else if (what == SP_VIEW_GONE && strcmp(prev->id, r->id)) /* a restart at its address */
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s at %s:%d was restarted: %s runs there now", name, r->host,
+                    r->port, prev->name[0] ? prev->name : prev->id);
     else if (what == SP_VIEW_GONE)
         sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s left (no announcement for %.0f s)", name, 3 * r->period);
     else if (prev->state != r->state || prev->start != r->start || prev->end != r->end)
@@ -120,16 +123,21 @@ sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
 static void ping_server(sp_runtime *rt, int i)
 {
     sp_reply rep;
+    sp_err err = {0};
     double t0 = sp_now_s();
-    sp_status st = sp_rt_call(rt, i, SP_MSG_PING, NULL, NULL, 0, &rep, PING_TIMEOUT_MS, NULL);
+    sp_status st = sp_rt_call(rt, i, SP_MSG_PING, NULL, NULL, 0, &rep, PING_TIMEOUT_MS, &err);
     double rtt = sp_now_s() - t0;
     sp_reply_clear(&rep);
+    if (st == SP_ERR_IO || st == SP_ERR_CLOSED)
+        sp_rt_probe_down(rt, i); /* nothing listens there: its process is gone */
     pthread_mutex_lock(&rt->lock);
     sp_server_entry *e = rt->servers[i];
     if (st)
         e->rtt = INFINITY;
     else
         e->rtt = e->rtt < 0 || isinf(e->rtt) ? rtt : PING_ALPHA * rtt + (1 - PING_ALPHA) * e->rtt;
+    if (!st)
+        e->down = 0; /* it answered, as itself (sp_rt_call checks the id) */
     e->rtt_when = sp_now_s();
     pthread_mutex_unlock(&rt->lock);
 }

@@ -58,10 +58,46 @@ static int listed(const char *list, const sp_server_entry *e)
     return 0;
 }
 
+/* Not gone, not down, allowed and not blocked by the settings. */
+static int eligible(const sp_runtime *rt, const sp_server_entry *e)
+{
+    return !e->gone && !e->down && (!rt->set.allowed[0] || listed(rt->set.allowed, e)) &&
+           !(rt->set.blocked[0] && listed(rt->set.blocked, e));
+}
+
 static int usable(const sp_runtime *rt, const sp_server_entry *e)
 {
-    return !e->gone && e->rec.state == SP_SERVER_ONLINE && (!rt->set.allowed[0] || listed(rt->set.allowed, e)) &&
-           !(rt->set.blocked[0] && listed(rt->set.blocked, e));
+    return eligible(rt, e) && e->rec.state == SP_SERVER_ONLINE;
+}
+
+int sp_rt_joining(sp_runtime *rt, int start, int end, int *missing, char *who, size_t cap)
+{
+    int ok = 1;
+    *missing = -1;
+    who[0] = '\0';
+    pthread_mutex_lock(&rt->lock);
+    for (int b = start; b < end && ok; b++) {
+        int online = 0, joiner = -1;
+        for (int i = 0; i < rt->nservers && !online; i++) {
+            const sp_server_entry *e = rt->servers[i];
+            if (!eligible(rt, e) || e->rec.start > b || b >= e->rec.end)
+                continue;
+            online = e->rec.state == SP_SERVER_ONLINE;
+            if (e->rec.state == SP_SERVER_JOINING && joiner < 0)
+                joiner = i;
+        }
+        if (online)
+            continue;
+        if (*missing < 0)
+            *missing = b;
+        ok = joiner >= 0;
+        if (ok && !who[0]) {
+            const sp_server_record *r = &rt->servers[joiner]->rec;
+            snprintf(who, cap, "server %s (blocks %d:%d) is joining", r->name[0] ? r->name : r->id, r->start, r->end);
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return ok;
 }
 
 /* The index of the server with this id, or -1; caller holds rt->lock. */

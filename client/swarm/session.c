@@ -169,7 +169,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
             sp_runtime_note_route(rt, &s->route);
             return SP_OK;
         }
-        int retry = failed < 0 ? st == SP_ERR_NOTFOUND /* no route: servers may still be joining */
+        int retry = failed < 0 ? st == SP_ERR_NOTFOUND && sp_rt_no_server(rt, 0, L, attempt, err) /* joining? */
                                : sp_rt_retryable(st, &rep);
         if (failed >= 0) {
             if (retry)
@@ -180,6 +180,10 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
         }
         sp_reply_clear(&rep);
         free_hops(s);
+        if (retry && attempt >= rt->set.max_retries)
+            sp_err_prefix(err, "no server could run blocks 0:%d (%d retries): ", L, rt->set.max_retries);
+        else if (!retry && failed < 0 && st == SP_ERR_NOTFOUND) /* nobody holds a block, nobody is joining */
+            sp_err_prefix(err, "no server could run blocks 0:%d: ", L);
         if (!retry || attempt >= rt->set.max_retries)
             return st;
         if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt + 1)))
@@ -359,10 +363,14 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
             if (!st)
                 break;
             *err = rerr;
-            if (bad >= 0)
+            if (bad >= 0) {
                 sp_rt_failed(rt, bad, attempt, err);
-            else if (st != SP_ERR_NOTFOUND) /* not a server's failure, nor a block without servers */
+            } else if (st != SP_ERR_NOTFOUND) { /* not a server's failure, nor a block without servers */
                 goto out;
+            } else if (!sp_rt_no_server(rt, s->route.hop[h].start, s->route.hop[h].end, attempt, err)) {
+                sp_err_prefix(err, "no server could run blocks %d:%d: ", s->route.hop[h].start, s->route.hop[h].end);
+                goto out; /* nobody holds a block, and nobody is joining: waiting cannot help */
+            }
         }
         memcpy(cur, in, N * sizeof(float));
     }

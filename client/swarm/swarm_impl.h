@@ -3,6 +3,7 @@
 #define SEPAL_SWARM_IMPL_H
 
 #include <stdarg.h>
+#include <string.h>
 
 #include "runtime.h"
 
@@ -31,6 +32,15 @@ sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, 
                      sp_reply *rep, int timeout_ms, sp_err *err);
 /* Closes every connection (swarm down, free). */
 void sp_rt_close_conns(sp_runtime *rt);
+/* 1 if a and b announce the same address (host and ws port): lives of one server, or the same one. */
+static inline int sp_rt_same_addr(const sp_server_entry *a, const sp_server_entry *b)
+{
+    return a->rec.port == b->rec.port && !strcmp(a->rec.host, b->rec.host);
+}
+/* After a transport failure of server i: when its address refuses connections now (a plain TCP connect;
+ * a killed server's port closes with it), every entry at that address is down (routing leaves them out)
+ * and unreachable. 1 if so. Takes rt->lock itself. */
+int sp_rt_probe_down(sp_runtime *rt, int i);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* policy.c: failures, bans, retries, timeouts */
@@ -42,6 +52,11 @@ int sp_rt_retryable(sp_status st, const sp_reply *rep);
  * max) or that none does. */
 void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why);
 void sp_rt_succeeded(sp_runtime *rt, int i);
+/* No route over blocks [start, end) for try `attempt`: some block has no online server. If joining servers hold
+ * every such block, an SP_EV_RETRY event says so with the retry that follows (as sp_rt_failed's), and 1 is
+ * returned: wait and retry. Otherwise 0, with err "no online server holds block B (of 0..L-1), and none is
+ * joining": fail now, as waiting cannot help. */
+int sp_rt_no_server(sp_runtime *rt, int start, int end, int attempt, sp_err *err);
 /* Seconds to wait before retry `attempt` (1, 2, ...): 0, 1, 2, 4 ... backoff_max_s. */
 double sp_rt_backoff(const sp_runtime *rt, int attempt);
 /* Sleeps s seconds, or less when the runtime is cancelled: 0, or -1 if it was. */
@@ -58,6 +73,10 @@ int sp_rt_timeout_ms(sp_runtime *rt, int i, int nblocks, long tokens, int decode
 void sp_route_single_stage(sp_route *r, const sp_route *hops);
 /* A max-throughput route over blocks [start, end) (a training stage's replacement). */
 sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *out, sp_err *err);
+/* Whether waiting for blocks [start, end) makes sense: 1 if every block there without an online server is
+ * held by a joining one (who: "server ID (blocks a:b) is joining", the first; "" when no block lacks a server
+ * now), 0 if some block has neither; *missing: the first block without an online server (-1: none). */
+int sp_rt_joining(sp_runtime *rt, int start, int end, int *missing, char *who, size_t cap);
 /* Replaces the hops of stage s with the hops of repl (a route over the stage's blocks). 0, or -1 when too
  * many hops. Keep ids of the stage are cleared. */
 int sp_route_replace_stage(sp_route *r, int s, const sp_route *repl);
