@@ -58,8 +58,13 @@ typedef struct sp_server_entry {
     int from_dht;          /* found through the DHT view */
     int gone;              /* left the view (stale, expired) or stopped */
     sp_conn *conn;         /* opened on first use; NULL after a failure (the next use reconnects) */
-    double rtt;            /* smoothed client ping, seconds; < 0 unknown */
-    double rtt_when;       /* sp_now_s() of the last ping */
+    double rtt;            /* client ping, seconds: the median of the last measurements (each the fastest of a
+                              burst); < 0 unknown; INFINITY unreachable */
+    double rtt_when;       /* sp_now_s() of the last measurement */
+    double rtt_win[4];     /* the last measurements (a ring) */
+    int rtt_n;             /* measurements so far */
+    double block_s;        /* seconds one of its blocks took in a greedy decode step, as this client saw it
+                              (its hops' times less the ping, averaged); 0 unknown */
     double banned_until;   /* sp_now_s() until which routing avoids it */
     int down;              /* its address refused connections after a failure (its process is gone): routing
                               leaves it out until it answers again or announces anew */
@@ -87,7 +92,10 @@ typedef struct sp_route {
     int first[SP_RT_MAX_HOPS + 1];
     int nhops;
     sp_hop hop[SP_RT_MAX_HOPS];
-    double cost;           /* expected seconds per inference step (min-latency routes), else 0 */
+    double cost;           /* expected seconds per inference step (min-latency routes), else 0: the hops' round
+                              trips from the client and their blocks, and for a route over every block the
+                              client's own part too (local) */
+    double local;          /* of which the client's own part */
 } sp_route;
 
 /* Settings of the runtime (front ends' `set`). */
@@ -144,6 +152,9 @@ typedef struct sp_runtime {
     int swarm_started;     /* swarm up ran and its servers are ours */
 
     const sp_rt_clock *clock; /* NULL: sp_now_s and real sleeps (see sp_rt_clock) */
+    double local_step_s;   /* the client's own part of a greedy decode step (embedding, head, generation loop,
+                              front end), measured; 0 unknown */
+    int active;            /* sessions and training requests in progress (atomic): pings wait while > 0 */
     int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
     int cancel_waits;      /* ... and its network waits and back-offs end now (atomic) */
     int finish_steps;      /* sp_runtime_finish_steps: a first cancel lets the step in flight finish (atomic) */
@@ -209,7 +220,8 @@ void sp_runtime_refresh(sp_runtime *rt);
 
 /* Inference route over [0, L) (min-latency, Petals' Dijkstra) into rt->route, with an SP_EV_ROUTE event. */
 sp_status sp_runtime_route(sp_runtime *rt, sp_err *err);
-/* "0:2 127.0.0.1:4001 (3.1 ms) -> 2:4 ... ; 312 steps/s expected" */
+/* "0:2 127.0.0.1:4001 (0.6 ms) -> 2:4 ... + 1.1 ms local; 312 steps/s expected": each hop's expected time per
+ * step, the client's own part (routes over every block), and the steps/s that all of it predicts */
 void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t cap);
 /* Reports r as the route a request uses (SP_EV_ROUTE, row 0). */
 void sp_runtime_note_route(sp_runtime *rt, const sp_route *r);
@@ -237,6 +249,9 @@ typedef struct sp_lm_swarm {
     int64_t *hypo_buf;              /* [B], sized at begin */
     int retries;                    /* failures recovered from so far */
     double hop_s[SP_RT_MAX_HOPS];   /* seconds each hop took in the last step (SP_EV_STEP) */
+    int active;                     /* begun, counted in rt->active until its end */
+    double t_step, net_s;           /* the last step's start (0: none yet) and its seconds on the hops: the rest
+                                     * of the time between two decode steps is the client's own part */
     float *step_buf;                /* a decode step's hidden states, last positions and retry copy ([3, B, H]):
                                      * sized at begin, so steps allocate nothing */
 } sp_lm_swarm;

@@ -94,6 +94,11 @@ void sp_rt_reap_local(sp_runtime *rt);
 sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err);
 /* Stops the view, the pinger and the DHT node; DHT entries become gone. */
 void sp_rt_leave(sp_runtime *rt);
+/* Measures the round trip to server i now (a burst of pings, the fastest; the median of the last few is its
+ * ping); a server that does not answer is unreachable (and down if nothing listens at its address). */
+void sp_rt_ping(sp_runtime *rt, int i);
+/* Forgets every measured ping (they were taken while servers started): the next use measures them anew. */
+void sp_rt_forget_pings(sp_runtime *rt);
 /* Waits until the view holds an ONLINE record of a server at port (on 127.0.0.1): its index, or -1. */
 int sp_rt_wait_server(sp_runtime *rt, int port, double timeout_s);
 

@@ -133,6 +133,16 @@ check a "generation: tok/s, first token, stop reason" "tok/s +first [0-9.]+(us|m
 check a "the route: the chain with each hop's time" \
     "you ▶ [0-9a-f]{8}\[0:2\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[2:4\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[4:6\) [0-9.]+(us|ms|s)"
 check a "the header: covered, tok/s" "covered ✓ +[0-9.]+ tok/s"
+# :route prints the chain's figures, and the route panel shows the same ones
+keys a :
+text a "route"
+keys a Enter
+check a ":route prints the chain" "^0:2 127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\) -> 2:4 "
+# (the log cuts the line at the panel's width: the recording has it whole)
+for i in $(seq 100); do grep -qE "steps/s expected" "$TMP/rec.jsonl" && break; sleep 0.05; done
+n=$(grep -oE "[0-9]+ steps/s expected" "$TMP/rec.jsonl" | tail -1 | grep -oE "^[0-9]+")
+[ -n "$n" ] && ok ":route predicts $n steps/s" || bad ":route printed no steps/s"
+check a "the route panel shows the steps/s :route printed ($n)" "hops, ~$n steps/s" 5
 
 keys a :
 text a "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 6 --eval-batches 1"
