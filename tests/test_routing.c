@@ -584,6 +584,7 @@ int main(void)
 {
     Suite *s = suite_create("routing");
     TCase *tc = tcase_create("min_latency");
+    tcase_set_timeout(tc, 60); /* the exhaustive searches take seconds on a busy machine */
     tcase_add_test(tc, t_single_server);
     tcase_add_test(tc, t_faster_chain_wins);
     tcase_add_test(tc, t_cache_penalty);
