@@ -20,14 +20,11 @@
  *
  * usage: bench_failover [MODEL_DIR] [--reps N] [--at K] [--nodes 5,50,100] [--skip-stall] [--skip-address]
  *                       [--skip-discovery] */
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +33,7 @@
 #include "memtune.h"
 #include "record.h"
 #include "rng.h"
+#include "../tests/serverproc.h"
 #include "runtime.h"
 #include "timeutil.h"
 #include "view.h"
@@ -373,53 +371,17 @@ typedef struct proc {
  * returns once it serves (its serving line read). 0, or -1. */
 static int spawn(const char *model, int L, int port, const char *peers, proc *p)
 {
-    static char bin[4096];
-    const char *env = getenv("SEPAL_SERVER_BIN");
-    if (env)
-        snprintf(bin, sizeof bin, "%s", env);
-    else if (!bin[0]) { /* build/bench/bench_failover -> build/server/sepal-server */
-        ssize_t n = readlink("/proc/self/exe", bin, sizeof bin - 32);
-        bin[n > 0 ? n : 0] = '\0';
-        char *slash = strrchr(bin, '/');
-        snprintf(slash ? slash : bin, 32, "/../server/sepal-server");
-    }
-    char blocks[32], ports[16];
+    char blocks[32], ports[16], line[1024];
     snprintf(blocks, sizeof blocks, "0:%d", L);
     snprintf(ports, sizeof ports, "%d", port);
     const char *argv[20] = {"sepal-server", "--model", model, "--blocks", blocks, "--no-measure", "--update-period",
                             "30", "--port", ports, "--dht-port", "0", peers ? "--initial-peers" : "--new-swarm",
                             peers, NULL};
-    int pfd[2];
-    if (pipe(pfd))
-        return -1;
-    p->pid = fork();
-    if (p->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 2);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[1024];
-    size_t len = 0;
-    while (len < sizeof line - 1) {
-        struct pollfd q = {.fd = pfd[0], .events = POLLIN};
-        if (poll(&q, 1, 60000) <= 0 || read(pfd[0], line + len, 1) != 1)
-            break;
-        if (line[len++] == '\n')
-            break;
-    }
-    line[len] = '\0';
-    close(pfd[0]);
-    const char *ws = strstr(line, "ws://"), *c = ws ? strchr(ws + 5, ':') : NULL, *d = strstr(line, "DHT ");
-    p->port = c ? atoi(c + 1) : -1;
-    p->dht_port = d && strchr(d, ':') ? atoi(strchr(d, ':') + 1) : -1;
+    p->pid = sp_serverproc_start(NULL, argv, 0, NULL, line, sizeof line);
+    p->port = sp_serverproc_port(line, "ws://");
+    p->dht_port = sp_serverproc_port(line, "DHT ");
     if (p->port <= 0 || p->dht_port <= 0)
-        return fprintf(stderr, "bench: %s did not start: %s\n", bin, line), -1;
+        return fprintf(stderr, "bench: %s did not start: %s\n", sp_serverproc_bin(), line), -1;
     return 0;
 }
 

@@ -706,8 +706,8 @@ static sp_status generate_status(sp_runtime *rt, sp_err *err)
 }
 
 /* Nobody holds blocks 3:6 any more (their only server killed, its record still fresh in the DHT) and nobody is
- * joining: the generation fails at once, without a pause, saying so; so does the next one, before its first
- * token, with no retry at all. */
+ * joining: the generation fails at once, without a pause, naming the dead server and saying that no other holds
+ * the blocks; so does the next one, before its first token, with no retry at all. */
 START_TEST(t_no_server_left)
 {
     const char *spans[] = {"0:3", "3:6"};
@@ -718,8 +718,11 @@ START_TEST(t_no_server_left)
     sp_err err = {0};
     ck_assert_int_eq(generate_status(rt, &err), SP_ERR_NOTFOUND);
     printf("no server left: %s (%d retry event, %.1f s of pauses)\n", err.msg, F.retries, slept_s);
-    ck_assert_msg(strstr(err.msg, "no server could run blocks 3:6: no online server holds block 3 (of 0..5), and "
-                                  "none is joining"), "unclear error: %s", err.msg);
+    char dead[96];
+    snprintf(dead, sizeof dead, "no server could run blocks 3:6: 127.0.0.1:%d (blocks 3:6): ", F.port_hit);
+    ck_assert_msg(strstr(err.msg, dead) &&
+                      strstr(err.msg, "; no other server holds block 3 (of 0..5), and none is joining"),
+                  "unclear error: %s", err.msg);
     ck_assert_int_eq(F.retries, 1); /* the failure itself */
     ck_assert_msg(slept_s == 0, "it paused %.1f s", slept_s);
     memset(&err, 0, sizeof err);

@@ -315,11 +315,17 @@ static sp_runtime *swarm_at(int port, sp_server_state st)
     return rt;
 }
 
-/* One server for all blocks that fails every request but still listens. */
-static sp_runtime *dead_swarm(int *fd, pthread_t *th, int *port)
+/* One server for all blocks that fails every request but still listens; *max: the retries (< 0: the default's,
+ * which it is set to). */
+static sp_runtime *dead_swarm(int *max, int *fd, pthread_t *th, int *port)
 {
     *port = hanging_up_port(fd, th);
-    return swarm_at(*port, SP_SERVER_ONLINE);
+    sp_runtime *rt = swarm_at(*port, SP_SERVER_ONLINE);
+    if (*max >= 0)
+        rt->set.max_retries = *max;
+    else
+        *max = rt->set.max_retries;
+    return rt;
 }
 
 /* 1 + max tries, the pauses 0, 1, 2, 4 ... between them, one event per failure, the last without a retry. */
@@ -350,11 +356,7 @@ static void forward_until_limit(int max)
 {
     int fd, port;
     pthread_t th;
-    sp_runtime *rt = dead_swarm(&fd, &th, &port);
-    if (max >= 0)
-        rt->set.max_retries = max;
-    else
-        max = rt->set.max_retries;
+    sp_runtime *rt = dead_swarm(&max, &fd, &th, &port);
     int B = 1, T = 3, H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
     float *x = calloc((size_t)B * T * H, sizeof(float));
     sp_route route;
@@ -382,15 +384,9 @@ START_TEST(t_retry_limit_training)
 }
 END_TEST
 
-static void generate_until_limit(int max)
+/* A greedy generation of 4 tokens through rt: its status, the error in err. */
+static sp_status generate4(sp_runtime *rt, sp_err *err)
 {
-    int fd, port;
-    pthread_t th;
-    sp_runtime *rt = dead_swarm(&fd, &th, &port);
-    if (max >= 0)
-        rt->set.max_retries = max;
-    else
-        max = rt->set.max_retries;
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
     sp_gen_opts o;
@@ -400,8 +396,19 @@ static void generate_until_limit(int max)
     const int32_t *pp = prompt;
     int len = 3;
     sp_gen_result got;
+    sp_status st = sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, err);
+    if (!st)
+        sp_gen_result_free(&got);
+    return st;
+}
+
+static void generate_until_limit(int max)
+{
+    int fd, port;
+    pthread_t th;
+    sp_runtime *rt = dead_swarm(&max, &fd, &th, &port);
     sp_err err = {0};
-    ck_assert_int_ne(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err), SP_OK);
+    ck_assert_int_ne(generate4(rt, &err), SP_OK);
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     ck_assert_msg(strstr(err.msg, addr), "error does not name the server: %s", err.msg);
@@ -435,22 +442,15 @@ START_TEST(t_dead_address_fails_fast)
             st = sp_runtime_forward(rt, &route, x, 1, 3, NULL, 0, NULL, NULL, &err);
             free(x);
         } else {
-            sp_lm_swarm sw;
-            sp_lm lm = sp_lm_swarm_make(&sw, rt);
-            sp_gen_opts o;
-            sp_gen_opts_default(&o);
-            o.max_new = 4;
-            int32_t prompt[] = {1, 9038, 2501};
-            const int32_t *pp = prompt;
-            int len = 3;
-            sp_gen_result got;
-            st = sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err);
+            st = generate4(rt, &err);
         }
         printf("%s, the only server's address refuses connections: %s\n", training ? "training" : "generation",
                err.msg);
         ck_assert_int_eq(st, SP_ERR_NOTFOUND);
-        char want[96];
-        snprintf(want, sizeof want, "no online server holds block 0 (of 0..%d), and none is joining", L - 1);
+        char want[96], addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d (blocks 0:%d): ", port, L);
+        ck_assert_msg(strstr(err.msg, addr), "the error does not name the server: %s", err.msg);
+        snprintf(want, sizeof want, "; no other server holds block 0 (of 0..%d), and none is joining", L - 1);
         ck_assert_msg(strstr(err.msg, want), "error: %s", err.msg);
         ck_assert_msg(clock_now == 1000, "it waited %g s", clock_now - 1000);
         ck_assert_int_eq(nretry, 1);
@@ -470,17 +470,8 @@ START_TEST(t_waits_for_joining)
     sp_runtime *rt = swarm_at(port, SP_SERVER_JOINING);
     rt->set.max_retries = 4;
     int L = rt->local->cfg.n_layers;
-    sp_lm_swarm sw;
-    sp_lm lm = sp_lm_swarm_make(&sw, rt);
-    sp_gen_opts o;
-    sp_gen_opts_default(&o);
-    o.max_new = 4;
-    int32_t prompt[] = {1, 9038, 2501};
-    const int32_t *pp = prompt;
-    int len = 3;
-    sp_gen_result got;
     sp_err err = {0};
-    ck_assert_int_eq(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err), SP_ERR_NOTFOUND);
+    ck_assert_int_eq(generate4(rt, &err), SP_ERR_NOTFOUND);
     printf("generation waiting for a joining server: %s\n", err.msg);
     ck_assert_int_eq(nretry, 5);
     const double pause[] = {0, 1, 2, 4};

@@ -158,10 +158,11 @@ static sp_status recover_stage(sp_runtime *rt, sp_route *r, int s, int bad, int 
             sp_rt_emit_route(rt, SP_EV_ROUTE, text, 1, r, NULL);
             return SP_OK;
         }
-        if (err)
-            *err = rerr;
-        if (st != SP_ERR_NOTFOUND) /* no route for other reasons: give up */
+        if (st != SP_ERR_NOTFOUND) { /* no route for other reasons: give up */
+            if (err)
+                *err = rerr;
             return st;
+        }
         /* no server for a block: wait only for one that is joining */
         if (!sp_rt_no_server(rt, r->stage_start[s], r->stage_start[s + 1], attempt + 1, err)) {
             if (err)

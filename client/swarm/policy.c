@@ -97,7 +97,14 @@ int sp_rt_no_server(sp_runtime *rt, int start, int end, int attempt, sp_err *err
     char who[160], what[400];
     int missing, L = rt->local ? rt->local->cfg.n_layers : end;
     if (!sp_rt_joining(rt, start, end, &missing, who, sizeof who)) {
-        sp_errf(err, SP_ERR_NOTFOUND, "no online server holds block %d (of 0..%d), and none is joining", missing, L - 1);
+        char failure[sizeof err->msg];
+        snprintf(failure, sizeof failure, "%s", err ? err->msg : "");
+        if (failure[0]) /* after a server's failure: say which, and why no other can stand in */
+            sp_errf(err, SP_ERR_NOTFOUND, "%.300s; no other server holds block %d (of 0..%d), and none is joining",
+                    failure, missing, L - 1);
+        else
+            sp_errf(err, SP_ERR_NOTFOUND, "no online server holds block %d (of 0..%d), and none is joining", missing,
+                    L - 1);
         return 0;
     }
     if (missing >= 0)

@@ -144,8 +144,11 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     s->max_length = max_length + s->P; /* the prompts take the first P positions */
     s->pos = 0;
     s->retries = 0;
+    sp_err last = {0}; /* the last server's failure */
     for (int attempt = 0;; attempt++) {
         sp_status st = sp_runtime_route_inference(rt, 0, L, s->max_length, &s->route, err);
+        if (st == SP_ERR_NOTFOUND && err) /* no server for a block: what to say is the last failure */
+            *err = last;
         int failed = -1;
         sp_reply rep = {0};
         for (int h = 0; !st && h < s->route.nhops; h++) {
@@ -182,6 +185,8 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
         if (failed >= 0) {
             if (retry)
                 sp_rt_failed(rt, s->route.hop[failed].server, attempt, err);
+            if (err)
+                last = *err;
             s->route.nhops = failed + 1; /* the hops that got a session or a history */
         } else {
             s->route.nhops = 0;
@@ -409,7 +414,8 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
             st = replace_hop(s, h, alive, &bad, &rerr);
             if (!st)
                 break;
-            *err = rerr;
+            if (st != SP_ERR_NOTFOUND || bad >= 0) /* (no server for a block: err keeps the last failure) */
+                *err = rerr;
             if (bad >= 0) {
                 sp_rt_failed(rt, bad, attempt, err);
             } else if (st != SP_ERR_NOTFOUND) { /* not a server's failure, nor a block without servers */

@@ -54,8 +54,9 @@ void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why);
 void sp_rt_succeeded(sp_runtime *rt, int i);
 /* No route over blocks [start, end) for try `attempt`: some block has no online server. If joining servers hold
  * every such block, an SP_EV_RETRY event says so with the retry that follows (as sp_rt_failed's), and 1 is
- * returned: wait and retry. Otherwise 0, with err "no online server holds block B (of 0..L-1), and none is
- * joining": fail now, as waiting cannot help. */
+ * returned: wait and retry. Otherwise 0: fail now, as waiting cannot help, err saying why: "no online server
+ * holds block B (of 0..L-1), and none is joining", or after the server failure err held, "THAT FAILURE; no other
+ * server holds block B (of 0..L-1), and none is joining". */
 int sp_rt_no_server(sp_runtime *rt, int start, int end, int attempt, sp_err *err);
 /* Seconds to wait before retry `attempt` (1, 2, ...): 0, 1, 2, 4 ... backoff_max_s. */
 double sp_rt_backoff(const sp_runtime *rt, int attempt);
