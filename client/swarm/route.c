@@ -1,7 +1,9 @@
 /* route.c - routes over the servers the runtime knows: the table becomes routing spans (swarm/routing.h,
  * pure functions), and the hops they return become sp_routes (stages of hops, runtime.h). Servers that
- * are gone, not ONLINE, not allowed or blocked by the settings are left out; banned ones are used only
- * where nothing else covers a block. */
+ * are gone, down (nothing listens at their address), not ONLINE, not allowed or blocked by the settings are
+ * left out; banned ones are used only where nothing else covers a block. Inference routes are priced as the
+ * client relays them, on measured pings (an unknown one measured first) and, once seen, measured block times;
+ * a route over every block adds the client's own part of a step. */
 #include "swarm_impl.h"
 
 #include <math.h>
