@@ -4,9 +4,12 @@
  * front end shows arrives as events.
  *
  * Servers: one entry per server id, never removed while the runtime lives (so an index stays valid); an
- * entry whose server left the view is `gone`. Each failed request bans its server (15 s, doubling while it
- * keeps failing, cleared by a success); requests are retried (after 0, 1, 2, 4 ... 60 s) on a route that
- * avoids banned servers, up to the max_retries setting, and every retry is an SP_EV_RETRY event.
+ * entry whose server left the view (or was superseded by a newer life at its address) is `gone`. Each failed
+ * request bans its server and the earlier lives at its address (15 s, doubling while it keeps failing, cleared
+ * by a success); when nothing listens at the address any more, every entry there is `down` (left out of
+ * routes). Requests are retried (after 0, 1, 2, 4 ... 60 s) on a route that avoids banned servers, up to the
+ * max_retries setting, and every retry is an SP_EV_RETRY event; when no server holds a block and none is
+ * joining, a request fails at once.
  *
  * Threads: generation runs on the caller's thread; training runs one thread per sub-batch and microbatch.
  * The server table, bans and pings are under rt->lock; network calls are made without it. */
