@@ -599,6 +599,11 @@ static int64_t train_steps(sp_runtime *rt, int micro, int between, float *loss, 
         if (between && s == 2 && victim) {
             F.port_hit = victim->port;
             sp_test_proc_signal(victim, SIGKILL);
+            /* the replacement is usable from now on: a ping may find the victim down before step 2 meets it
+             * (on a slow machine), and then no retry comes to unblock it */
+            pthread_mutex_lock(&rt->lock);
+            rt->set.blocked[0] = '\0';
+            pthread_mutex_unlock(&rt->lock);
         }
         int idx[8];
         for (int i = 0; i < 8; i++)
@@ -636,11 +641,19 @@ static void trainer_through_failure(int micro, int between)
     int64_t n2 = train_steps(rt, micro, between, got, pg);
     ck_assert_int_eq(n2, n);
     ck_assert_msg(F.port_hit == procs[1].port && procs[1].pid == 0, "the victim was not killed");
-    ck_assert_msg(F.retries >= 1, "no failure was met");
-    ck_assert_msg(strstr(F.last_retry, ":") && F.reroutes >= 1, "no re-route: %s", F.last_retry);
-    char port[16];
-    snprintf(port, sizeof port, ":%d", procs[1].port);
-    ck_assert_msg(strstr(F.last_retry, port), "the retry does not name the victim: %s", F.last_retry);
+    if (between && !F.retries) { /* its ping found it down first: the route went round it */
+        pthread_mutex_lock(&rt->lock);
+        for (int i = 0; i < rt->nservers; i++)
+            if (rt->servers[i]->rec.port == procs[1].port)
+                ck_assert_msg(rt->servers[i]->down, "no failure was met, and the victim is not down");
+        pthread_mutex_unlock(&rt->lock);
+    } else {
+        ck_assert_msg(F.retries >= 1, "no failure was met");
+        ck_assert_msg(strstr(F.last_retry, ":") && F.reroutes >= 1, "no re-route: %s", F.last_retry);
+        char port[16];
+        snprintf(port, sizeof port, ":%d", procs[1].port);
+        ck_assert_msg(strstr(F.last_retry, port), "the retry does not name the victim: %s", F.last_retry);
+    }
     for (int s = 0; s < TR_STEPS; s++) {
         ck_assert_msg(isfinite(want[s]) && want[s] > 0, "step %d: loss %g", s, want[s]);
         ck_assert_msg(fabsf(got[s] - want[s]) <= 1e-5f * fmaxf(1.0f, fabsf(want[s])),
