@@ -280,6 +280,7 @@ static int cmd_route(sp_app *app, const sp_args *a)
     char text[4096];
     sp_runtime_route_text(rt, &r, text, sizeof text);
     sp_out(app, "%s\n", text);
+    sp_runtime_note_route(rt, &r); /* the TUI's route panel shows the same figures */
     return 0;
 }
 

@@ -19,6 +19,15 @@ typedef struct change {
     sp_server_record r, prev;
 } change;
 
+/* A server superseded by a newer life at its address: records of its id are refused until they would be
+ * stale anyway (older copies of them stay in the DHT for a while; one must not bring the dead life back). */
+typedef struct tomb {
+    char id[SP_SERVER_ID_LEN];
+    double until; /* wall clock */
+} tomb;
+
+#define MAX_TOMBS 256
+
 struct sp_view {
     sp_dht *dht;
     sp_view_opts o;
@@ -29,6 +38,8 @@ struct sp_view {
     int nrecs, caprecs;
     sp_model_record *models;
     int nmodels, capmodels;
+    tomb tombs[MAX_TOMBS]; /* a ring: the oldest goes first */
+    int ntombs;
     sp_view_stats stats;
     int has_key;
     sp_swarm_key key;
@@ -52,6 +63,32 @@ static int find(const sp_view *v, const char *id)
         if (!strcmp(v->recs[i].id, id))
             return i;
     return -1;
+}
+
+/* The record of another server at r's address (a ws port: JOINING records may have none yet), or -1. */
+static int find_addr(const sp_view *v, const sp_server_record *r)
+{
+    for (int i = 0; r->port > 0 && i < v->nrecs; i++)
+        if (v->recs[i].port == r->port && !strcmp(v->recs[i].host, r->host) && strcmp(v->recs[i].id, r->id))
+            return i;
+    return -1;
+}
+
+/* Record i was superseded: its id is refused from now on, until its records would be stale. */
+static void bury(sp_view *v, int i, double now)
+{
+    tomb *t = &v->tombs[v->ntombs++ % MAX_TOMBS];
+    snprintf(t->id, sizeof t->id, "%s", v->recs[i].id);
+    t->until = now + 3 * v->recs[i].period;
+}
+
+static int buried(const sp_view *v, const char *id, double now)
+{
+    int n = v->ntombs < MAX_TOMBS ? v->ntombs : MAX_TOMBS;
+    for (int k = 0; k < n; k++)
+        if (v->tombs[k].until >= now && !strcmp(v->tombs[k].id, id))
+            return 1;
+    return 0;
 }
 
 static void remove_at(sp_view *v, int i)
@@ -172,6 +209,23 @@ static void take_record(sp_view *v, const char *key, int block, const uint8_t *d
     }
     if (sp_record_is_stale(&r, x.now) || (i >= 0 && v->recs[i].timestamp >= r.timestamp))
         return;
+    if (buried(v, r.id, x.now)) {
+        v->stats.superseded++;
+        return;
+    }
+    /* one server per address: the newest life of a restarted server supersedes the records of its earlier
+     * ones (their processes are gone; the address now answers as the new one) */
+    for (int j; (j = find_addr(v, &r)) >= 0;) {
+        if (v->recs[j].timestamp >= r.timestamp) {
+            v->stats.superseded++;
+            return;
+        }
+        add_change(ch, nch, SP_VIEW_GONE, &v->recs[j], &r);
+        bury(v, j, x.now);
+        remove_at(v, j);
+        v->stats.superseded++;
+        i = find(v, r.id);
+    }
     v->stats.accepted++;
     if (i >= 0) {
         sp_server_record prev = v->recs[i];

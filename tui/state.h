@@ -60,6 +60,7 @@ typedef struct tui_state {
     tui_note notes[TUI_ROUTE_NOTES];
     int nnotes;                    /* in all; the last TUI_ROUTE_NOTES are kept (a ring) */
     int retries, reroutes;
+    double retry_at;               /* sp_now_s() of the next try a retry waits for (0: none): a countdown */
     /* the generation */
     char *gen;
     size_t gen_len, gen_cap, gen_mark; /* the text; bytes before gen_mark are the prompt */

@@ -465,6 +465,21 @@ static int signals(tui *t)
     return s.winch;
 }
 
+/* While a retry waits, the route panel's countdown changes once a second: ms until it next does (-1: no
+ * countdown), and the panel is marked for redrawing when the second shown changed. */
+static int countdown_ms(tui *t, double now)
+{
+    double left = t->st.retry_at - now;
+    int shown = left > 0 ? (int)ceil(left) : 0;
+    if (shown != t->countdown_shown) {
+        t->countdown_shown = shown;
+        t->dirty |= TUI_D_PANEL(TUI_P_ROUTE);
+    }
+    if (left <= 0)
+        return -1;
+    return (int)ceil((left - floor(left)) * 1000) + 1;
+}
+
 static void loop(tui *t)
 {
     t->dirty = TUI_D_ALL;
@@ -472,7 +487,7 @@ static void loop(tui *t)
     t->next_frame = sp_now_s() + FRAME_S;
     while (!t->quit) {
         double now = sp_now_s();
-        int timeout = -1;
+        int timeout = -1, cd = countdown_ms(t, now);
         int pending = t->dirty && !(t->v.paused && !(t->dirty & (TUI_D_STATUS | TUI_D_CMD)));
         if (pending)
             timeout = now >= t->next_frame ? 0 : (int)ceil((t->next_frame - now) * 1000);
@@ -480,6 +495,8 @@ static void loop(tui *t)
             int ft = t->flash_until > now ? (int)ceil((t->flash_until - now) * 1000) : 0;
             timeout = timeout < 0 || ft < timeout ? ft : timeout;
         }
+        if (cd >= 0 && !pending)
+            timeout = timeout < 0 || cd < timeout ? cd : timeout;
         /* while a frame waits for its slot, the queue waits too (its events are taken just before the frame) */
         struct pollfd pf[2] = {{.fd = 0, .events = POLLIN}, {.fd = t->q.efd, .events = POLLIN}};
         int n = pending ? 1 : 2;

@@ -99,8 +99,10 @@ static void runtime_event(tui *t, const sp_event *r)
         return;
     case SP_EV_RETRY:
         e = ev_text(TE_RETRY, r->text);
-        if (e)
+        if (e) {
             e->i = r->row;
+            e->b = r->total; /* the pause before the retry */
+        }
         post(t, e);
         kick_feeder(t);
         return;

@@ -47,6 +47,7 @@ typedef struct tui {
     double frame_s_sum, frame_s_max, next_frame;
     char flash[160];
     double flash_until, last_intr;
+    int countdown_shown;   /* the seconds the route panel's retry countdown showed last */
     int intr_while_busy;
     int quit, exit_code;
     /* the worker */

@@ -6,6 +6,7 @@
 #include "swarm_impl.h"
 
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -30,6 +31,10 @@ int sp_rt_server_put(sp_runtime *rt, const sp_server_record *r, int from_dht)
     for (int i = 0; i < rt->nservers; i++) {
         sp_server_entry *e = rt->servers[i];
         if (!strcmp(e->rec.id, r->id)) {
+            if (e->down && (!from_dht || r->timestamp > e->rec.timestamp)) { /* it announced anew: alive */
+                e->down = 0;
+                e->rtt = -1;
+            }
             e->rec = *r;
             e->from_dht = from_dht;
             e->gone = 0;
@@ -109,6 +114,27 @@ static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int bro
     }
 }
 
+/* 1 if the server that answered at entry i's address (HELLO) is not entry i's (a restart there: a new id),
+ * with err saying so; entry i is then down. Entries from the DHT only: a server connected by address is
+ * that address. */
+static int other_server(sp_runtime *rt, int i, const sp_remote *r, sp_err *err)
+{
+    const char *id = sp_remote_hello(r)->id;
+    sp_server_entry *e = rt->servers[i];
+    pthread_mutex_lock(&rt->lock);
+    int other = e->from_dht && id[0] && strcmp(id, e->rec.id);
+    char was[SP_SERVER_ID_LEN];
+    snprintf(was, sizeof was, "%s", e->rec.id);
+    if (other) {
+        e->down = 1;
+        e->rtt = INFINITY;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    if (other)
+        sp_errf(err, SP_ERR_NOTFOUND, "server %s is no longer there: %s answers (a restart)", was, id);
+    return other;
+}
+
 /* The shared connection of server i, opened if there is none (outside the lock: connecting takes a round
  * trip or a timeout). */
 static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
@@ -133,8 +159,10 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     if (c) /* the server closed it while it was idle (its idle timeout): a new one, no failure */
         conn_release(rt, e, c, 1);
     sp_remote *r = NULL;
-    if (rt_connect(rt, &r, host, port, timeout_ms, err))
+    if (rt_connect(rt, &r, host, port, timeout_ms, err) || other_server(rt, i, r, err)) {
+        sp_remote_close(r);
         return NULL;
+    }
     c = calloc(1, sizeof *c);
     if (!c) {
         sp_remote_close(r);
@@ -273,6 +301,29 @@ static sp_status tcp_probe(const char *host, int port, int timeout_ms, sp_err *e
     if (e == ETIMEDOUT)
         return sp_errf(err, SP_ERR_IO, "%s:%d: unreachable (no answer within %d s)", host, port, timeout_ms / 1000);
     return sp_errf(err, SP_ERR_IO, "%s:%d: unreachable (%s)", host, port, strerror(e));
+}
+
+int sp_rt_probe_down(sp_runtime *rt, int i)
+{
+    char host[64];
+    pthread_mutex_lock(&rt->lock);
+    snprintf(host, sizeof host, "%s", rt->servers[i]->rec.host);
+    int port = rt->servers[i]->rec.port;
+    pthread_mutex_unlock(&rt->lock);
+    if (port <= 0 || tcp_probe(host, port, 1000, NULL) == SP_OK)
+        return 0;
+    double now = sp_now_s();
+    pthread_mutex_lock(&rt->lock);
+    for (int j = 0; j < rt->nservers; j++) {
+        sp_server_entry *e = rt->servers[j];
+        if (sp_rt_same_addr(e, rt->servers[i])) {
+            e->down = 1;
+            e->rtt = INFINITY;
+            e->rtt_when = now;
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return 1;
 }
 
 /* Connects to host:port, says HELLO, checks that it serves the loaded model, and adds it under its address. */

@@ -45,3 +45,11 @@ finish() {
     [ "$FAIL" -eq 0 ]
     exit $?
 }
+
+# need_stories15M: the converted stories15M in $SEPAL_STORIES15M_DIR, else a failure and the end
+need_stories15M() {
+    if [ ! -f "${SEPAL_STORIES15M_DIR:?}/model.safetensors" ]; then
+        bad "$SEPAL_STORIES15M_DIR: no converted stories15M; run scripts/fetch-model.sh first"
+        finish
+    fi
+}

@@ -89,7 +89,8 @@ grep -qE "^server [0-9a-f]{16}$" "$TMP/named" && ok "servers --long: a server no
     bad "servers --long id line"
 kill "$named"; wait "$named"
 hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
-grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop; [0-9]+ steps/s expected$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
+grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop \+ [0-9.]+ ms local; [0-9]+ steps/s expected$" "$TMP/out" &&
+    ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
 grep -q "stopped" "$TMP/err" && ok "swarm down stops the servers" || bad "swarm down"
 
 # The tiny checkpoints (no tokenizer): ids in, ids out, against the golden greedy.output (transformers' for
@@ -169,7 +170,7 @@ rows=$(grep -cE "^[0-9a-f]{8} " "$TMP/rout")
     bad "restart: $n rows for :$PB, $rows in all"
 grep -vE "^(Tom had|id |[0-9a-f]{8} )" "$TMP/rout" > "$TMP/rroute"
 hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
-grep -qE "^0:3 $hop -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\); [0-9]+ steps/s expected$" "$TMP/rroute" &&
+grep -qE "^0:3 $hop -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\) \+ [0-9.]+ ms local; [0-9]+ steps/s expected$" "$TMP/rroute" &&
     [ "$(wc -l < "$TMP/rroute")" -eq 1 ] && ok "restart: route prints one chain" ||
     { bad "restart: route"; sed 's/^/    /' "$TMP/rroute"; }
 t1=$(grep '^Tom had' "$TMP/rout" | head -1); t2=$(grep '^Tom had' "$TMP/rout" | tail -1)

@@ -10,6 +10,7 @@
 #    the recording has them in that order); Tab completes at `:`; F1; `z` zooms; `s`/`S` sort the swarm rows; a
 #    mouse click focuses a panel and the wheel scrolls it; q while a command runs asks (n: it goes on; y: quits,
 #    no server left);
+#  - a generation waiting for a joining server: the route panel counts down to the next try, second by second;
 #  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
 #  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
@@ -75,6 +76,16 @@ check a "generation: tok/s, first token, stop reason" "tok/s +first [0-9.]+(us|m
 check a "the route: the chain with each hop's time" \
     "you ▶ [0-9a-f]{8}\[0:2\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[2:4\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[4:6\) [0-9.]+(us|ms|s)"
 check a "the header: covered, tok/s" "covered ✓ +[0-9.]+ tok/s"
+# :route prints the chain's figures, and the route panel shows the same ones
+keys a :
+text a "route"
+keys a Enter
+check a ":route prints the chain" "^0:2 127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\) -> 2:4 "
+# (the log cuts the line at the panel's width: the recording has it whole)
+for i in $(seq 100); do grep -qE "steps/s expected" "$TMP/rec.jsonl" && break; sleep 0.05; done
+n=$(grep -oE "[0-9]+ steps/s expected" "$TMP/rec.jsonl" | tail -1 | grep -oE "^[0-9]+")
+[ -n "$n" ] && ok ":route predicts $n steps/s" || bad ":route printed no steps/s"
+check a "the route panel shows the steps/s :route printed ($n)" "hops, ~$n steps/s" 5
 
 keys a :
 text a "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 6 --eval-batches 1"
@@ -280,6 +291,34 @@ stty_same r && ok "stty -g unchanged after y" || bad "stty -g changed after y"
 left=0
 for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
 [ "$left" -eq 0 ] && ok "no server left after y" || bad "children '$kids': $left left after y"
+
+# ---- a generation waiting for a server that is joining: the route panel counts down to the next try -----------
+S="$SEPAL_BIN_DIR/server/sepal-server"
+"$S" --model "$M" --blocks 0:3 --new-swarm --no-measure > "$TMP/wa.out" 2> "$TMP/wa.err" &
+WA=$!
+for i in $(seq 600); do grep -q "^sepal-server: serving" "$TMP/wa.out" && break; sleep 0.05; done
+PEER=127.0.0.1:$(grep -oE 'DHT 127\.0\.0\.1:[0-9]+' "$TMP/wa.out" | cut -d: -f2)
+SEPAL_SERVER_LOAD_DELAY=16 "$S" --model "$M" --blocks 3:6 --initial-peers "$PEER" --no-measure > "$TMP/wb.out" \
+    2> "$TMP/wb.err" &
+WB=$!
+for i in $(seq 100); do # until a client finds it joining (its record has reached the swarm's DHT)
+    "$SEPAL" -c "load $M; connect --initial-peers $PEER; servers" 2>/dev/null | grep -qE " 3:6 +joining " && break
+    sleep 0.05
+done
+start w 100x30 LANG=C.UTF-8 -- -c "'load $M; connect --initial-peers $PEER'" --tui
+check w "the : line opens (w)" "^:$" 30
+text w 'generate "Once upon a time" --max-new-tokens 8'
+keys w Enter
+check w "waiting: the route panel counts down to the next try" "2 Route .* next try in ([2-9]|[1-9][0-9]+) s" 30
+n1=$(pane w | grep -oE "next try in [0-9]+ s" | grep -oE "[0-9]+" | head -1)
+check w "... the second after, one less" "next try in $((n1 - 1)) s" 3
+check w "waiting: the route panel says who is joining" "no online server holds block 3 \(of 0\.\.5\) yet" 1
+check w "the text once the server is online" "^Once upon a time, there" 40
+wait_gone w "next try in" 5 && ok "the countdown is gone once routed" || bad "the countdown stays after the route"
+keys w q
+check w "q quits (w)" "^\[exit 0\]$" 30
+kill "$WA" "$WB" 2>/dev/null
+wait "$WA" "$WB" 2>/dev/null
 
 # ---- quitting: Ctrl-C twice, a crash, SIGTERM --------------------------------------------------------------
 start b 100x30 LANG=C.UTF-8 -- --tui
