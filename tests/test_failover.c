@@ -636,12 +636,16 @@ static void trainer_through_failure(int micro, int between)
     int64_t n2 = train_steps(rt, micro, between, got, pg);
     ck_assert_int_eq(n2, n);
     ck_assert_msg(F.port_hit == procs[1].port && procs[1].pid == 0, "the victim was not killed");
-    if (between && !F.retries) { /* its ping found it down first: the route went round it */
+    if (between && !F.retries) {
+        /* no request reached the dead victim (one would have failed): its ping found it down first, or the
+         * training route (random by throughput, the replacement unblocked at the kill) chose the replacement */
+        int down = 0;
         pthread_mutex_lock(&rt->lock);
         for (int i = 0; i < rt->nservers; i++)
-            if (rt->servers[i]->rec.port == procs[1].port)
-                ck_assert_msg(rt->servers[i]->down, "no failure was met, and the victim is not down");
+            down |= rt->servers[i]->rec.port == procs[1].port && rt->servers[i]->down;
         pthread_mutex_unlock(&rt->lock);
+        printf("killed between steps: no request met the victim (%s)\n",
+               down ? "a ping found it down first" : "the route chose the replacement");
     } else {
         ck_assert_msg(F.retries >= 1, "no failure was met");
         ck_assert_msg(strstr(F.last_retry, ":") && F.reroutes >= 1, "no re-route: %s", F.last_retry);
