@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "server_impl.h"
@@ -51,9 +52,11 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
 
 /* A testing aid: SEPAL_SERVER_FAULT="nan:K" or "error:K" makes this process answer every FORWARD, BACKWARD
  * and INFERENCE_STEP after its first K with non-finite values or an "internal" ERROR: a broken (or hostile)
- * server, real on the wire, for the client's fault-tolerance tests. Unset: nothing changes. */
-static int fault_kind;        /* 0 none, 1 nan, 2 error */
-static long fault_after;
+ * server, real on the wire, for the client's fault-tolerance tests; "slow:MS" answers each of them MS
+ * milliseconds late (a slow machine, so that a test can act while a generation streams). Unset: nothing
+ * changes. */
+static int fault_kind;        /* 0 none, 1 nan, 2 error, 3 slow */
+static long fault_after;      /* nan, error: the requests answered right first; slow: the delay in ms */
 static long fault_count;
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 
@@ -63,9 +66,11 @@ static void fault_init(void)
     if (!f || !*f)
         return;
     const char *colon = strchr(f, ':');
-    fault_kind = !strncmp(f, "nan", 3) ? 1 : !strncmp(f, "error", 5) ? 2 : 0;
+    fault_kind = !strncmp(f, "nan", 3) ? 1 : !strncmp(f, "error", 5) ? 2 : !strncmp(f, "slow", 4) ? 3 : 0;
     fault_after = colon ? atol(colon + 1) : 0;
-    if (fault_kind)
+    if (fault_kind == 3)
+        sp_log(SP_LOG_WARN, "SEPAL_SERVER_FAULT=%s: answering compute requests %ld ms late", f, fault_after);
+    else if (fault_kind)
         sp_log(SP_LOG_WARN, "SEPAL_SERVER_FAULT=%s: answering compute requests after the first %ld wrongly", f,
                fault_after);
 }
@@ -77,6 +82,11 @@ static int fault_hit(req *r, const sp_tensor_src *t, int n)
     if (!fault_kind || (r->m.type != SP_MSG_FORWARD && r->m.type != SP_MSG_BACKWARD &&
                         r->m.type != SP_MSG_INFERENCE_STEP))
         return 0;
+    if (fault_kind == 3) {
+        struct timespec d = {fault_after / 1000, (fault_after % 1000) * 1000000L};
+        nanosleep(&d, NULL);
+        return 0;
+    }
     if (__atomic_fetch_add(&fault_count, 1, __ATOMIC_SEQ_CST) < fault_after)
         return 0;
     if (fault_kind == 2 || n < 1 || !t[0].f32)

@@ -168,8 +168,9 @@ grep -q "^generate \"Once upon a time\" --max-new-tokens 40$" "$TMP/hist" && ok 
     bad "history lacks the : line"
 
 # ---- a server killed during a generation, and the keys: Tab at :, F1, sort, zoom, the quit question ----------
-# three servers of every block, so the route (one hop) can go round a dead one
-start r 100x30 LANG=C.UTF-8 -- -c "'load $M; swarm up 3 --blocks-per-server 6'" --record-events "$TMP/rec-r.jsonl" --tui
+# three servers of every block, so the route (one hop) can go round a dead one; each answers a step 5 ms late
+# (SEPAL_SERVER_FAULT=slow:5), so the 240 tokens take a second or more and the kill below lands while they stream
+start r 100x30 LANG=C.UTF-8 SEPAL_SERVER_FAULT=slow:5 -- -c "'load $M; swarm up 3 --blocks-per-server 6'" --record-events "$TMP/rec-r.jsonl" --tui
 check r "3 servers of all 6 blocks" "3/3 online" 60
 check r "coverage: three servers per block" "servers per block +3+ ok"
 check r "the : line opens (r)" "^:$"
@@ -178,8 +179,8 @@ PID=$(sepal_pid r)
 text r "gene"
 keys r Tab
 check r "Tab at : completes a command" "^:generate ?$"
-# once the first tokens are on the screen, SIGKILL the route's server while the text streams (a fast machine may
-# finish the 240 tokens before the kill lands: then once more, on the two servers left)
+# once the first tokens are on the screen, SIGKILL the route's server while the text streams (should the 240
+# tokens still end before the kill lands: once more, on the two servers left)
 for try in 1 2; do
     if [ "$try" -gt 1 ]; then
         keys r :
