@@ -82,7 +82,9 @@ extern const sp_cmd_group sp_cmd_groups[]; /* in the order `help` lists them, en
         for (const sp_cmd *c = (table) ? (table) : g_->cmds; c->name; c++)
 
 /* Looks a name up in a table (NULL: the top level): exact name or alias first, then a unique prefix. NULL
- * with a message in why ("unknown command 'x' (try 'help')", "ambiguous command 'se': servers, set"). */
+ * with a message in why: "unknown command 'genrate' (did you mean generate?)" (the one or two nearest names,
+ * sp_similar), else "unknown command 'x' (try 'help')" or "unknown subcommand 'x' (one of: up, down)";
+ * "ambiguous command 'se': servers, set". */
 const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, size_t cap);
 const sp_cmd *sp_cmd_find(const char *name, char *why, size_t cap);
 

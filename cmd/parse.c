@@ -36,7 +36,8 @@ void sp_args_free(sp_args *a)
     memset(a, 0, sizeof *a);
 }
 
-/* An option no row of c names: whose it is (another command's), else c's options. */
+/* An option no row of c names: whose it is (another command's), else the nearest of c's options, else all of
+ * them. */
 static int unknown_opt(sp_app *app, const sp_cmd *c, const char *path, const char *word)
 {
     char name[64], list[512] = "";
@@ -50,6 +51,8 @@ static int unknown_opt(sp_app *app, const sp_cmd *c, const char *path, const cha
     size_t len = 0;
     if (owner)
         return sp_app_error(app, "%s: '%s' is an option of %s, not of %s", path, name, owner, path);
+    if (sp_opt_similar(c->opts, name, NULL, list, sizeof list, &len)) /* " (did you mean --x?)" */
+        return sp_app_error(app, "%s: unknown option '%s'%s", path, name, list);
     if (sp_opt_names(c->opts, "", list, sizeof list, &len))
         return sp_app_error(app, "%s: unknown option '%s' (its options: %s)", path, name, list);
     return sp_app_error(app, "%s: unknown option '%s' (it takes none)", path, name);
