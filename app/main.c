@@ -72,7 +72,8 @@ typedef struct front {
     int nscripts;
 } front;
 
-/* Reads the command line: 0, or -1 after a message on a usage error. */
+/* Reads the command line: 0, or -1 after a one-line message on a usage error ("unknown option '--quite' (did
+ * you mean --quiet?)"). */
 static int read_flags(int argc, char **argv, front *fe)
 {
     memset(fe, 0, sizeof *fe);
@@ -83,7 +84,11 @@ static int read_flags(int argc, char **argv, front *fe)
     char why[512];
     for (sp_opt_got got; fe->scripts && (got = sp_opt_next(&p, &k, &v, why, sizeof why)) != SP_OPT_END;) {
         if (got == SP_OPT_WORD) {
-            fprintf(stderr, "sepal: unknown command '%s'\n", v);
+            char cwhy[256];
+            if (sp_cmd_find(v, cwhy, sizeof cwhy)) /* `sepal generate hi`: a command, without -c */
+                fprintf(stderr, "sepal: '%s' is a command: run it with -c (sepal -c \"%s ...\")\n", v, v);
+            else
+                fprintf(stderr, "sepal: unexpected argument '%s' (commands run with -c \"CMD\" or -f FILE)\n", v);
             return -1;
         }
         if (got != SP_OPT_OPTION) {
@@ -158,8 +163,8 @@ static int run_front_ends(sp_app *app, const front *fe)
 static int run_app(int argc, char **argv)
 {
     front fe;
-    if (read_flags(argc, argv, &fe)) {
-        usage(stderr);
+    if (read_flags(argc, argv, &fe)) { /* what was wrong, and where to look: not the whole help */
+        fprintf(stderr, "Try 'sepal --help' for more information.\n");
         free(fe.scripts);
         return 2;
     }
