@@ -136,8 +136,9 @@ void sp_cmd_help(sp_app *app, const sp_cmd *c, const char *path, int width);
 /* Tab completion: the candidates for the word being typed, given the words before it on its command
  * (prior[0..nprior)). *files: the candidates are file names (no space after a directory). */
 void sp_cmd_complete(const sp_app *app, int nprior, char **prior, const char *word, sp_strlist *out, int *files);
-/* For the commands' completion hooks: the names of table's commands (NULL: every command; aliases too), the
- * choices "a|b|c", the names of opts' rows, that start with word. */
+/* For the commands' completion hooks: the names of table's commands (NULL: every command; aliases too, those of
+ * a command whose name does not start with word: "ex" gives exit, "ge" generate alone), the choices "a|b|c", the
+ * names of opts' rows, that start with word. */
 void sp_complete_commands(sp_strlist *out, const sp_cmd *table, const char *word, int aliases);
 void sp_complete_choices(sp_strlist *out, const char *choices, const char *word);
 void sp_complete_names(sp_strlist *out, const sp_opt *opts, const char *word);

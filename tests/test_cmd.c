@@ -539,7 +539,9 @@ static const char *complete(const char *line, int *files)
 START_TEST(t_complete)
 {
     int files;
-    ck_assert_str_eq(complete("ge", &files), "generate, gen");
+    ck_assert_str_eq(complete("ge", &files), "generate"); /* not gen: Tab would stop there */
+    ck_assert_str_eq(complete("ex", &files), "exit"); /* an alias whose command is not named */
+    ck_assert_str_eq(complete("q", &files), "quit");
     ck_assert_str_eq(complete("generate --to", &files), "--top-k, --top-p");
     ck_assert_str_eq(complete("train sst2 --tuning ", &files), "head, ptune, deep_ptune");
     ck_assert_str_eq(complete("generate x --seed ", &files), "random");

@@ -63,6 +63,10 @@ else bad "Tab on se"; fi
 keys "ex" Tab
 check "Tab completes an alias (ex -> exit)" "^sepal> exit"
 keys C-u
+# ...but an alias does not hide its command: "ge" is generate, not a stop at the common prefix of gen and generate
+keys "ge" Tab "--max-n" Tab
+check "Tab on ge completes generate (the alias gen stays out)" "^sepal> generate --max-new-tokens ?$"
+keys C-u
 keys "set tem" Tab "0.5" Enter "show temperature" Enter
 check "Tab completes a setting name" "^temperature +0.5 "
 # File names after other commands (directories end with / and take no space).
