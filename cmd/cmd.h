@@ -53,6 +53,8 @@ typedef struct sp_cmd {
     const char *help;           /* more, for `help NAME`; may be NULL */
     const char *examples;       /* example lines ("generate \"Hi\" --greedy\n..."), run by the README test */
     sp_cmd_fn fn;               /* NULL when subs says what to do */
+    sp_cmd_fn check;            /* may be NULL: under --dry-run, what can be checked without running (a task's
+                                   arguments), beyond the names, options and values every command gets */
     /* Tab completion of the positionals when they are not paths: adds the candidates for word, positional
      * npos (from 0), typed after prev (sp_complete_*); may be NULL. */
     void (*complete)(const sp_app *app, int npos, const char *prev, const char *word, sp_strlist *out);

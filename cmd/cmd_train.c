@@ -41,6 +41,24 @@ static const sepal_task *find_task(sp_app *app, const char *cmd, const char *nam
     return t;
 }
 
+/* The task's arguments (--args), checked by the task before anything touches the swarm: 0, or 1 after a message
+ * ("train: causal_lm: cannot read /x: No such file or directory"). */
+static int check_task_args(sp_app *app, const sp_args *a, const char *cmd, const sepal_task *t)
+{
+    char why[512] = "";
+    if (sp_plugin_check_args(t, sp_arg(app, a, TR_ARGS), why, sizeof why))
+        return sp_app_error(app, "%s: %s", cmd, why);
+    return 0;
+}
+
+/* --dry-run: the task's arguments, when the task is known (an unknown one may be a plugin the script loads). */
+static int check_run(sp_app *app, const sp_args *a)
+{
+    sp_plugin_register_builtins();
+    const sepal_task *t = a->npos ? sp_plugin_find(a->pos[0]) : NULL;
+    return t ? check_task_args(app, a, a->path, t) : 0;
+}
+
 /* The options both commands share, from the command line (the file's own description first, with --load). */
 static void common_opts(sp_app *app, const sp_args *a, sp_train_opts *o)
 {
@@ -88,7 +106,9 @@ static int run(sp_app *app, const sp_args *a, int do_train)
         return sp_app_error(app, "%s: %s holds --tuning %s --pre-seq-len %d; leave those options out", cmd, load,
                             TUNINGS[info.tuning], info.pre_seq_len);
     const sepal_task *task = find_task(app, cmd, task_name);
-    sp_runtime *rt = task ? sp_app_runtime(app) : NULL;
+    if (!task || check_task_args(app, a, cmd, task))
+        return 1;
+    sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
     if (!sp_runtime_config(rt))
@@ -268,12 +288,13 @@ const sp_cmd sp_cmds_train[] = {
              "--save writes what was trained). Tasks: `plugin list` (sst2 and causal_lm are built in; causal_lm "
              "needs --args \"file=PATH\").",
      .examples = "train sst2 --tuning deep_ptune --max-steps 5 --eval-batches 2", .fn = cmd_train,
-     .complete = complete_task},
+     .check = check_run, .complete = complete_task},
     {.name = "eval", .args = "[TASK]", .min_pos = 0, .max_pos = 1, SP_OPTS(eval_opts),
      .summary = "validation metrics of a task (with --load FILE: of trained parameters)",
      .help = "With --load FILE the task, tuning and pre-seq-len come from the file (saved by train --save); a file "
              "trained for another model is refused. Options of training (--lr, --epochs, --save ...) are refused.",
-     .examples = "eval sst2 --tuning head --eval-batches 2", .fn = cmd_eval, .complete = complete_task},
+     .examples = "eval sst2 --tuning head --eval-batches 2", .fn = cmd_eval, .check = check_run,
+     .complete = complete_task},
     {.name = "plugin", .args = "load PATH | list", .subs = plugin_subs, .summary = "load a task plugin, or list the tasks"},
     {0},
 };

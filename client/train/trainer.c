@@ -206,8 +206,6 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
     *out = NULL;
     if (!rt || !rt->local)
         return sp_errf(err, SP_ERR_STATE, "no model loaded (load DIR first)");
-    if (!blocks && !rt->nservers)
-        return sp_errf(err, SP_ERR_STATE, "no servers (swarm up N, or connect HOST:PORT)");
     if (o->microbatches < 1 || o->microbatches > 64 || o->batch < 1 || o->max_length < 2)
         return sp_errf(err, SP_ERR_ARG, "train: need batch >= 1, 1 <= microbatches <= 64, max_length >= 2");
     sp_trainer *t = calloc(1, sizeof *t);
@@ -232,9 +230,14 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
     if (!st) {
         char msg[512] = "";
         t->task_ctx = task->open(&t->host, task_args ? task_args : "", msg, sizeof msg);
+        size_t nl = strlen(task->name);
+        int named = !strncmp(msg, task->name, nl) && msg[nl] == ':'; /* "causal_lm: cannot read ...": once */
         if (!t->task_ctx)
-            st = sp_errf(err, SP_ERR_ARG, "task %s: %s", task->name, msg[0] ? msg : "cannot open");
+            st = sp_errf(err, SP_ERR_ARG, "%s%s%s%s", named ? "" : "task ", named ? "" : task->name,
+                         named ? "" : ": ", msg[0] ? msg : "cannot open");
     }
+    if (!st && !blocks && !rt->nservers) /* the task's arguments first: they are said before the swarm */
+        st = sp_errf(err, SP_ERR_STATE, "no servers (swarm up N, or connect HOST:PORT)");
     if (!st) {
         sp_adamw_opts ao;
         sp_adamw_opts_default(&ao);

@@ -55,7 +55,8 @@ typedef void (*sp_train_cb)(const sp_train_event *ev, void *user);
 typedef struct sp_trainer sp_trainer;
 
 /* blocks: NULL to run the blocks through rt's route, or a model holding every block to run them in this
- * process (the single-process baseline). */
+ * process (the single-process baseline). The task is opened (its arguments checked, its data read) before the
+ * swarm is asked for: "task sst2: no sentiment data in ..." comes before "no servers". */
 sp_status sp_trainer_new(sp_trainer **out, struct sp_runtime *rt, sp_model *blocks, const sepal_task *task,
                          const char *task_args, const sp_train_opts *o, sp_err *err);
 void sp_trainer_free(sp_trainer *t);

@@ -64,5 +64,21 @@ expect 1 "unknown task" "unknown task 'nosuchtask'" -- "$SEPAL" -c "load $M; tra
 expect 1 "bad tuning" "'bogus' is not one of head, ptune, deep_ptune" -- "$SEPAL" -c "train sst2 --tuning bogus"
 expect 1 "bad number" "--lr: expected a number" -- "$SEPAL" -c "train sst2 --lr fast"
 expect 1 "causal_lm without a file" "file" -- "$SEPAL" -c "load $M; swarm up 1; train causal_lm"
+# the task's arguments are checked before the swarm (and by --dry-run): their one message, not "no servers"
+one_error() { # DESCRIPTION EXPECTED-STDERR -- sepal's arguments...
+    local desc=$1 want=$2
+    shift 3
+    "$SEPAL" "$@" > /dev/null 2> "$TMP/oe.err"
+    local rc=$?
+    [ $rc -eq 1 ] && [ "$(grep -v '^loaded ' "$TMP/oe.err")" = "$want" ] && ok "$desc" ||
+        { bad "$desc: exit $rc, stderr:"; head -4 "$TMP/oe.err" | sed 's/^/    /'; }
+}
+NOFILE="sepal: train: causal_lm: cannot read $TMP/none.txt: No such file or directory"
+one_error "train: a missing --args file before 'no servers'" "$NOFILE" -- -c "load $M; train causal_lm --args file=$TMP/none.txt"
+one_error "train: a missing --args file before the model" "$NOFILE" -- -c "train causal_lm --args file=$TMP/none.txt"
+one_error "--dry-run: a missing --args file" "$NOFILE" -- --dry-run -c "load $M; swarm up 1; train causal_lm --args file=$TMP/none.txt"
+one_error "--dry-run: a task's unknown argument" "sepal: eval: sst2: unknown argument dat=x (it takes data=DIR)" -- \
+    --dry-run -c "eval sst2 --args dat=x"
+expect 0 "--dry-run: good task arguments pass" "" -- "$SEPAL" --dry-run -c "train causal_lm --args 'file=$TMP/story.txt length=32'"
 expect 1 "context overflow" "context" -- "$SEPAL" -c "load $M; swarm up 1; train sst2 --max-length 250 --pre-seq-len 16"
 finish
