@@ -8,7 +8,8 @@
  * (default 0.1; at least one when there are two or more chunks and valid > 0) is the validation split.
  * A batch row is a chunk truncated to max_length; targets[t] = ids[t + 1], -1 at the row's last token and on
  * the padding. Metrics: mean loss (nats per target token) and perplexity from the logits [B, T, V].
- * Built as a plugin (exports sepal_plugin_task) or, with SEPAL_PLUGIN_BUILTIN, compiled into the host. */
+ * Built as a plugin (exports sepal_plugin_task and sepal_plugin_check_args) or, with SEPAL_PLUGIN_BUILTIN,
+ * compiled into the host. */
 #include "sepal/plugin.h"
 
 #include <ctype.h>

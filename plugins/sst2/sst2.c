@@ -5,8 +5,9 @@
  * Args: "data=DIR" (default ${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}/sentiment).
  * Each file is a JSON array of {"text": "...", "class": 0|1} ending with one {"text": "", "class": null}
  * that is skipped; texts lose their surrounding whitespace. Batches are right-padded to the longest row;
- * last[] is each row's last real token (the pooled one). Built as a plugin (exports sepal_plugin_task) or,
- * with SEPAL_PLUGIN_BUILTIN defined, compiled into the host (sp_sst2_task() only). */
+ * last[] is each row's last real token (the pooled one). Built as a plugin (exports sepal_plugin_task and
+ * sepal_plugin_check_args) or, with SEPAL_PLUGIN_BUILTIN defined, compiled into the host (sp_sst2_task() and
+ * sp_sst2_check_args() only). */
 #include "sepal/plugin.h"
 
 #include <cJSON.h>
