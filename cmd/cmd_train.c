@@ -149,11 +149,13 @@ static int run(sp_app *app, const sp_args *a, int do_train)
     }
     char metrics[512];
     if (do_train) {
-        char what[256], span[48];
-        if (o.max_steps > 0) /* the steps decide, not the epochs */
-            snprintf(span, sizeof span, "at most %d step%s", o.max_steps, o.max_steps == 1 ? "" : "s");
+        char what[256], span[64];
+        int planned = sp_trainer_steps_planned(t); /* what will run: the count the steps are numbered against */
+        if (o.max_steps > 0 && planned == o.max_steps) /* the steps decide, not the epochs */
+            snprintf(span, sizeof span, "at most %d step%s", planned, planned == 1 ? "" : "s");
         else
-            snprintf(span, sizeof span, "%d epoch%s", o.epochs, o.epochs == 1 ? "" : "s");
+            snprintf(span, sizeof span, "%d epoch%s (%d step%s)", o.epochs, o.epochs == 1 ? "" : "s", planned,
+                     planned == 1 ? "" : "s");
         snprintf(what, sizeof what, "training %s with %s (P %d), batch %d, lr %g, %s", task->name,
                  TUNINGS[o.tuning], o.tuning == SP_TUNE_HEAD ? 0 : o.pre_seq_len, o.batch, (double)o.lr, span);
         sp_ui_event b = {.kind = SP_UI_TRAIN_BEGIN, .text = what};
