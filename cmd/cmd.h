@@ -106,6 +106,9 @@ int sp_arg_choice(const sp_app *app, const sp_args *a, int k);
 int sp_arg_on(const sp_app *app, const sp_args *a, int k);
 /* A seed option (its setting's kind: an integer, or `random`): the integer, or a fresh seed. */
 unsigned long long sp_arg_seed(const sp_app *app, const sp_args *a, int k);
+/* One warning for the options of ks[0..n) that were given but do nothing here: "--top-p, --seed have no effect
+ * WHY" (nothing when none was given). */
+void sp_args_warn_unused(sp_app *app, const sp_args *a, const int *ks, int n, const char *why);
 
 /* Runs one line: commands separated by ';' (outside quotes); '#' starts a comment. Arguments are split on
  * whitespace with "double" / 'single' quotes and backslash escapes. Stops at the first failing command (or a

@@ -357,8 +357,8 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
         goto done;
     }
     if (n + o.max_new - 1 > m->cfg.max_pos) {
-        sp_warn(app, "--max-new-tokens %d: %d prompt tokens leave room for %d in the context of %d", o.max_new, n,
-                m->cfg.max_pos - n + 1, m->cfg.max_pos);
+        sp_warn(app, "--max-new-tokens %d: %d prompt token%s room for %d in the context of %d", o.max_new, n,
+                n == 1 ? " leaves" : "s leave", m->cfg.max_pos - n + 1, m->cfg.max_pos);
         o.max_new = m->cfg.max_pos - n + 1;
     }
     if (!(ids = malloc((size_t)(n ? n : 1) * sizeof *ids))) {
@@ -383,7 +383,7 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
     if (sp_generate(&lm, tok, ps, &n, 1, &o, stream_piece, &sc, &r, &err)) {
         sp_ui_event nl = {.kind = SP_UI_GEN_TEXT, .text = "\n"};
         sp_emit(app, &nl);
-        rc = fail_err(app, &err);
+        rc = sp_app_error(app, "model generate: %s", err.msg); /* CLI_FAIL */
         goto done;
     }
     sp_ui_gen g = {.prompt_tokens = n, .new_tokens = r.n[0], .prefill_s = r.prefill_s,
@@ -440,6 +440,9 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     o.stop_at_eos = !sp_arg_given(a, MG_IGNORE_EOS);
     o.min_new = (int)sp_arg_int(app, a, MG_MIN_NEW_TOKENS);
     o.cancel = &app->cancel;
+    static const int sampling[] = {MG_TOP_K, MG_TOP_P, MG_SEED};
+    if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
+        sp_args_warn_unused(app, a, sampling, 3, "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
     return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, MG_DTYPE),
                           (int)sp_arg_int(app, a, MG_THREADS));
 }

@@ -6,6 +6,7 @@
 
 #include "app.h"
 #include "host.h"
+#include "optim.h"
 #include "runtime.h"
 #include "trainer.h"
 
@@ -108,6 +109,9 @@ static int run(sp_app *app, const sp_args *a, int do_train)
     const sepal_task *task = find_task(app, cmd, task_name);
     if (!task || check_task_args(app, a, cmd, task))
         return 1;
+    char why[300];
+    if (sp_arg_choice(app, a, TR_DEVICE) == 1 && !sp_optim_cuda_usable(why, sizeof why)) /* before the swarm */
+        return sp_app_error(app, "%s: --device cuda: %s; without --device the optimizer runs on the CPU", cmd, why);
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;

@@ -155,6 +155,18 @@ unsigned long long sp_arg_seed(const sp_app *app, const sp_args *a, int k)
     return (unsigned long long)sp_opt_int(v);
 }
 
+void sp_args_warn_unused(sp_app *app, const sp_args *a, const int *ks, int n, const char *why)
+{
+    char list[256] = "";
+    size_t len = 0;
+    int given = 0;
+    for (int i = 0; i < n; i++)
+        if (sp_arg_given(a, ks[i]))
+            sp_opt_list_add(list, sizeof list, &len, row(a, ks[i])->name, !given++);
+    if (given)
+        sp_warn(app, "%s %s no effect %s", list, given == 1 ? "has" : "have", why);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* splitting */
 
