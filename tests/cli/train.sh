@@ -95,6 +95,20 @@ one_error "train: a missing --args file before the model" "$NOFILE" -- -c "train
 one_error "--dry-run: a missing --args file" "$NOFILE" -- --dry-run -c "load $M; swarm up 1; train causal_lm --args file=$TMP/none.txt"
 one_error "--dry-run: a task's unknown argument" "sepal: eval: sst2: unknown argument dat=x (it takes data=DIR)" -- \
     --dry-run -c "eval sst2 --args dat=x"
+# --device cuda where CUDA cannot run (test_cuda says 77 without a GPU; without it, no CUDA was built): said in
+# words, before the model and the swarm
+"$SEPAL_BIN_DIR/tests/test_cuda" > /dev/null 2>&1
+if [ $? -eq 77 ] || [ ! -x "$SEPAL_BIN_DIR/tests/test_cuda" ]; then
+    "$SEPAL" -c "train sst2 --device cuda" > /dev/null 2> "$TMP/cuda.err"
+    case "$(cat "$TMP/cuda.err")" in
+    "sepal: train: --device cuda: no usable GPU ("*"); without --device the optimizer runs on the CPU" | \
+        "sepal: train: --device cuda: this sepal was built without CUDA; without --device the optimizer runs on the CPU")
+        ok "--device cuda without a GPU: $(cat "$TMP/cuda.err")" ;;
+    *) bad "--device cuda without a GPU: $(cat "$TMP/cuda.err")" ;;
+    esac
+else
+    echo "a usable GPU: --device cuda's refusal not checked"
+fi
 expect 0 "--dry-run: good task arguments pass" "" -- "$SEPAL" --dry-run -c "train causal_lm --args 'file=$TMP/story.txt length=32'"
 expect 1 "context overflow" "context" -- "$SEPAL" -c "load $M; swarm up 1; train sst2 --max-length 250 --pre-seq-len 16"
 finish
