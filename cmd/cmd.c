@@ -1,6 +1,7 @@
 /* cmd.c - the command table: the groups in the order `help` lists them, and lookup by name, alias or unique
- * prefix (subcommands too; an unknown name gets the nearest names, as git suggests them). Parsing: parse.c; running lines and scripts: script.c; help: help.c; Tab
- * completion: complete.c. Nothing here prints: output goes through the app's sink. */
+ * prefix (subcommands too; an unknown name gets the nearest names, as git suggests them). Parsing: parse.c;
+ * running lines and scripts: script.c; help: help.c; Tab completion: complete.c. Nothing here prints: output
+ * goes through the app's sink. */
 #include "cmd.h"
 
 #include <stdio.h>

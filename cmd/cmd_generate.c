@@ -134,7 +134,8 @@ static int cmd_generate(sp_app *app, const sp_args *a)
     o.bos_id = c->bos_id;
     static const int sampling[] = {GEN_TOP_K, GEN_TOP_P, GEN_SEED};
     if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
-        sp_args_warn_unused(app, a, sampling, 3, "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
+        sp_args_warn_unused(app, a, sampling, 3,
+                            "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
     stream_ctx sc = {.app = app, .quiet = ids_arg != NULL || o.stop}; /* with a stop string: printed once cut */
     sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = ids_arg ? NULL : a->pos[0]};
     sp_emit(app, &begin);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "block.h"
 #include "app.h"
@@ -283,9 +284,15 @@ static int model_check(sp_app *app, const char *dir, const char *golden_path)
 {
     check_ctx c = {.app = app};
     char gp[4096];
+    sp_config cfg;
     if (!golden_path) {
         snprintf(gp, sizeof gp, "%s/golden.safetensors", dir);
         golden_path = gp;
+        int model = !sp_config_load(&cfg, dir, &c.err) && cfg.arch != SP_ARCH_UNKNOWN;
+        if (model && access(gp, F_OK)) /* a model we serve, but nothing to compare it with */
+            return sp_app_error(app, "model check: %s has no golden.safetensors: give --golden FILE, the outputs to "
+                                     "compare with (the model's logits, every block's in -> out and grad_in, greedy "
+                                     "ids; safetensors as tests/data/hf-tiny/README.md describes)", dir);
     }
     if (sp_model_load(&c.m, dir, SP_LOAD_ALL, 0, -1, &c.err))
         return fail_err(app, &c.err);
@@ -442,7 +449,8 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     o.cancel = &app->cancel;
     static const int sampling[] = {MG_TOP_K, MG_TOP_P, MG_SEED};
     if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
-        sp_args_warn_unused(app, a, sampling, 3, "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
+        sp_args_warn_unused(app, a, sampling, 3,
+                            "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
     return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, MG_DTYPE),
                           (int)sp_arg_int(app, a, MG_THREADS));
 }

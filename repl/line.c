@@ -272,7 +272,8 @@ static void gen_end(const sp_ui_event *ev)
     flush_held(); /* what came during the generation, before its figures */
     char t[512];
     int n = snprintf(t, sizeof t, "%d prompt token%s in %.3f s (%.0f tok/s), %d new in %.3f s (%.1f tok/s)",
-                     g->prompt_tokens, g->prompt_tokens == 1 ? "" : "s", g->prefill_s, g->prefill_s > 0 ? g->prompt_tokens / g->prefill_s : 0,
+                     g->prompt_tokens, g->prompt_tokens == 1 ? "" : "s", g->prefill_s,
+                     g->prefill_s > 0 ? g->prompt_tokens / g->prefill_s : 0,
                      g->new_tokens, g->decode_s, g->decode_s > 0 ? g->new_tokens / g->decode_s : 0);
     if (g->first_token_s > 0 && n < (int)sizeof t)
         n += snprintf(t + n, sizeof t - n, ", first after %.3f s", g->first_token_s);
