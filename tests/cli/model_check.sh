@@ -106,8 +106,8 @@ expect 1 "golden lacking a tensor" "golden.safetensors: tensor 'block.3.in' not 
 expect 1 "golden file missing" "nope.safetensors: No such file" -- \
     "$SEPAL" model check "$T/llama-gqa" --golden "$TMP/nope.safetensors"
 # a model directory without golden outputs and no --golden: what is needed, and what a golden file is
-mkdir -p "$TMP/nogolden"
-cp "$T/llama-gqa/config.json" "$TMP/nogolden/"
+cp -r "$T/llama-gqa" "$TMP/nogolden"
+rm "$TMP/nogolden/golden.safetensors"
 expect 1 "no golden file: --golden FILE and what one is" \
     "^sepal: model check: $TMP/nogolden has no golden.safetensors: give --golden FILE, the outputs to compare with \(the model's logits, every block's in -> out and grad_in, greedy ids; safetensors as tests/data/hf-tiny/README.md describes\)$" -- \
     "$SEPAL" model check "$TMP/nogolden"
