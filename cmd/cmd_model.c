@@ -433,9 +433,7 @@ static int cmd_check(sp_app *app, const sp_args *a)
 
 static int cmd_gen(sp_app *app, const sp_args *a)
 {
-    const char *prompt = sp_arg(app, a, MG_PROMPT);
-    if (!prompt)
-        return sp_app_error(app, "model generate: needs --prompt TEXT"), CLI_USAGE;
+    const char *prompt = sp_arg(app, a, MG_PROMPT); /* required: the parser saw it */
     sp_gen_opts o;
     sp_gen_opts_default(&o);
     o.max_new = (int)sp_arg_int(app, a, MG_MAX_NEW_TOKENS);
@@ -471,7 +469,7 @@ static const sp_opt check_opts[] = {
 };
 
 static const sp_opt gen_opts[] = {
-    [MG_PROMPT] = {"--prompt", SP_OPT_STR, "TEXT", .help = "the prompt (needed)"},
+    [MG_PROMPT] = {"--prompt", SP_OPT_STR, "TEXT", .help = "the prompt", .required = 1},
     [MG_MAX_NEW_TOKENS] = {"--max-new-tokens", .meta = "N", SP_LIKE(SP_SET_MAX_NEW_TOKENS),
                            .help = "tokens to add at most"},
     [MG_TEMPERATURE] = {"--temperature", .meta = "T", SP_LIKE(SP_SET_TEMPERATURE),

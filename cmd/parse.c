@@ -114,6 +114,11 @@ int sp_args_parse(sp_app *app, const sp_cmd *c, const char *path, int argc, char
         else
             rc = sp_app_error(app, "%s: %s", path, why);
     }
+    for (int i = 0; !rc && i < c->nopts; i++) { /* an option every use gives */
+        const sp_opt *o = &c->opts[i];
+        if (o->required && !a->val[i])
+            rc = sp_app_error(app, "%s: needs %s %s", path, o->name, o->meta ? o->meta : "VALUE");
+    }
     if (!rc)
         rc = check_npos(app, c, path, a);
     if (rc)

@@ -340,12 +340,13 @@ void sp_opt_text(const sp_opt *o, char *buf, size_t cap)
 void sp_opt_synopsis(const sp_opt *o, char *buf, size_t cap)
 {
     const sp_opt *s = sp_opt_spec(o);
+    const char *open = o->required ? "" : "[", *close = o->required ? "" : "]";
     if (s->kind == SP_OPT_FLAG)
-        snprintf(buf, cap, "[%s]", o->name);
+        snprintf(buf, cap, "%s%s%s", open, o->name, close);
     else if (s->kind == SP_OPT_CHOICE)
-        snprintf(buf, cap, "[%s %s]", o->name, s->choices);
+        snprintf(buf, cap, "%s%s %s%s", open, o->name, s->choices, close);
     else
-        snprintf(buf, cap, "[%s %s]", o->name, o->meta ? o->meta : "VALUE");
+        snprintf(buf, cap, "%s%s %s%s", open, o->name, o->meta ? o->meta : "VALUE", close);
 }
 
 /* A line being filled, word by word, up to width columns; a full line goes to line() and the next one starts

@@ -38,6 +38,8 @@ typedef struct sp_opt {
     const struct sp_opt *like; /* kind, range, choices, word and default are this row's (then unset here) */
     int live;                  /* with like: the default is that setting's current value, not its default */
     const char *section;       /* help: a heading over this row ("swarm:"), or NULL */
+    int required;              /* every use gives it: no brackets in the synopsis; the command layer refuses
+                                  a line without it */
 } sp_opt;
 
 /* The row that says o's kind, range, choices, word and default: o->like, else o. */
@@ -110,7 +112,8 @@ sp_opt_got sp_opt_next(sp_opt_parser *p, int *k, const char **value, char *why, 
  * and its range ("[0, 100]", "(0, 1]", "[>= 0]"). */
 void sp_opt_head(const sp_opt *o, char *buf, size_t cap);
 void sp_opt_text(const sp_opt *o, char *buf, size_t cap);
-/* The synopsis of one option: "[--greedy]", "[--top-k K]", "[--tuning head|ptune|deep_ptune]". */
+/* The synopsis of one option: "[--greedy]", "[--top-k K]", "[--tuning head|ptune|deep_ptune]", a required one
+ * "--prompt TEXT". */
 void sp_opt_synopsis(const sp_opt *o, char *buf, size_t cap);
 
 /* Every row of opts as help shows it, a line at a time (without its newline) to line(): the heads in a column
