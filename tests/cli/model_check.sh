@@ -116,5 +116,7 @@ expect 1 "not a model directory comes first" "^sepal: $TMP: not a model director
 # Usage errors.
 expect 2 "unknown flag" "^Try 'sepal --help' for more information.$" -- "$SEPAL" --bogus
 expect 2 "unknown option" "unknown option '--bogus'" -- "$SEPAL" model generate "$T/llama-gqa" --prompt x --bogus 1
+expect 2 "model generate without its required --prompt" "^sepal: model generate: needs --prompt TEXT$" -- \
+    "$SEPAL" model generate "$T/llama-gqa"
 expect 2 "bad number" "--max-new-tokens: expected an integer" -- "$SEPAL" model generate "$T/llama-gqa" --prompt x --max-new-tokens ten
 finish
