@@ -207,7 +207,7 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
     if (!rt || !rt->local)
         return sp_errf(err, SP_ERR_STATE, "no model loaded (load DIR first)");
     if (o->microbatches < 1 || o->microbatches > 64 || o->batch < 1 || o->max_length < 2)
-        return sp_errf(err, SP_ERR_ARG, "train: need batch >= 1, 1 <= microbatches <= 64, max_length >= 2");
+        return sp_errf(err, SP_ERR_ARG, "need batch >= 1, 1 <= microbatches <= 64, max_length >= 2");
     sp_trainer *t = calloc(1, sizeof *t);
     if (!t)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
@@ -225,7 +225,7 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
     t->g = sp_graph_new();
     sp_status st = t->g ? make_params(t, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st && t->P + o->max_length > rt->local->cfg.max_pos)
-        st = sp_errf(err, SP_ERR_RANGE, "train: %d prompts + max_length %d exceed the model's context of %d", t->P,
+        st = sp_errf(err, SP_ERR_RANGE, "%d prompt positions + max_length %d exceed the model's context of %d", t->P,
                      o->max_length, rt->local->cfg.max_pos);
     if (!st) {
         char msg[512] = "";

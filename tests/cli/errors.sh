@@ -31,6 +31,7 @@ eval sst2 --save x.safetensors|eval: '--save' is an option of train, not of eval
 train sst2 --tuning bogus|train: --tuning: 'bogus' is not one of head, ptune, deep_ptune
 train sst2 --save $TMP/exists.safetensors --max-steps 1|train: --save .*exists.safetensors: the file exists \(add --overwrite to replace it\)
 train nosuchtask|train: unknown task 'nosuchtask' \(tasks: sst2, causal_lm
+train sst2 --args data=${SEPAL_SENTIMENT_DIR:-} --max-length 250 --pre-seq-len 16|train: 16 prompt positions \+ max_length 250 exceed the model's context of 256$
 set temprature 1|set: unknown setting 'temprature' \(did you mean temperature\?
 set s 1|set: ambiguous setting 's': seed, stop
 set top-p 0|set: top-p: expected a number in \(0, 1\], got '0'
