@@ -411,7 +411,13 @@ START_TEST(t_values)
     ck_assert_int_eq(parse("generate hi", &a), 0);
     ck_assert_int_eq(sp_arg_int(&app, &a, k_of("generate", "--max-new-tokens")), 7); /* its current value */
     sp_args_free(&a);
-    ck_assert_int_eq(parse("model generate d", &a), 0);
+    ck_assert_int_eq(parse("model generate d", &a), 1); /* a required option */
+    ck_assert_str_eq(got.err, "generate: needs --prompt TEXT\n"); /* (the path parse() gives) */
+    char syn[512];
+    sp_cmd_synopsis(sp_cmd_find_in(sp_cmd_find("model", NULL, 0)->subs, "generate", NULL, 0), "model generate", 0,
+                    1000, 0, syn, sizeof syn);
+    ck_assert_ptr_nonnull(strstr(syn, "model generate DIR --prompt TEXT [--max-new-tokens N]")); /* no brackets */
+    ck_assert_int_eq(parse("model generate d --prompt x", &a), 0);
     ck_assert_int_eq(sp_arg_int(&app, &a, k_of("model generate", "--max-new-tokens")),
                      64); /* like the setting: its default, not its value */
     ck_assert_int_eq(sp_arg_choice(&app, &a, k_of("model generate", "--dtype")), 0); /* f32 */
