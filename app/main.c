@@ -19,7 +19,8 @@ enum {
 
 static const sp_opt flags[] = {
     [F_TUI] = {"--tui", SP_OPT_FLAG,
-               .help = "the TUI, running any -c / -f in it first (without a terminal: as --repl)"},
+               .help = "the TUI, running any -c / -f in it first (without a terminal: it says so, and they run "
+                       "as without --tui)"},
     [F_REPL] = {"--repl", SP_OPT_FLAG, .help = "the interactive line REPL (after any -c / -f)"},
     [F_RECORD] = {"--record-events", SP_OPT_STR, "FILE",
                   .help = "(TUI) write every event the screen shows to FILE, as JSON lines"},
@@ -72,7 +73,8 @@ typedef struct front {
     int nscripts;
 } front;
 
-/* Reads the command line: 0, or -1 after a message on a usage error. */
+/* Reads the command line: 0, or -1 after a one-line message on a usage error ("unknown option '--quite' (did
+ * you mean --quiet?)"). */
 static int read_flags(int argc, char **argv, front *fe)
 {
     memset(fe, 0, sizeof *fe);
@@ -83,7 +85,11 @@ static int read_flags(int argc, char **argv, front *fe)
     char why[512];
     for (sp_opt_got got; fe->scripts && (got = sp_opt_next(&p, &k, &v, why, sizeof why)) != SP_OPT_END;) {
         if (got == SP_OPT_WORD) {
-            fprintf(stderr, "sepal: unknown command '%s'\n", v);
+            char cwhy[256];
+            if (sp_cmd_find(v, cwhy, sizeof cwhy)) /* `sepal generate hi`: a command, without -c */
+                fprintf(stderr, "sepal: '%s' is a command: run it with -c (sepal -c \"%s ...\")\n", v, v);
+            else
+                fprintf(stderr, "sepal: unexpected argument '%s' (commands run with -c \"CMD\" or -f FILE)\n", v);
             return -1;
         }
         if (got != SP_OPT_OPTION) {
@@ -101,12 +107,21 @@ static int read_flags(int argc, char **argv, front *fe)
     return fe->scripts ? 0 : -1;
 }
 
-/* A terminal the TUI can draw on: stdin and stdout are one, and TERM is not missing or dumb. */
-static int tui_terminal(void)
+/* Why the TUI cannot draw here ("stdout is not a terminal"), or NULL: stdin and stdout are a terminal, and TERM
+ * is not missing or dumb. */
+static const char *no_tui_terminal(void)
 {
     const char *term = getenv("TERM");
-    return isatty(STDIN_FILENO) && isatty(STDOUT_FILENO) && term && *term && strcmp(term, "dumb");
+    if (!isatty(STDOUT_FILENO))
+        return "stdout is not a terminal";
+    if (!isatty(STDIN_FILENO))
+        return "stdin is not a terminal";
+    if (!term || !*term)
+        return "TERM is not set";
+    return strcmp(term, "dumb") ? NULL : "TERM is dumb";
 }
+
+static int tui_terminal(void) { return !no_tui_terminal(); }
 
 /* The TUI, with the -c / -f of the command line run in it first. */
 static int run_tui(sp_app *app, const front *fe)
@@ -141,8 +156,10 @@ static int run_front_ends(sp_app *app, const front *fe)
         if (rc != -1)
             return rc;
         repl = 1; /* curses cannot use this terminal: the line front end */
+    } else if (tui && !repl && !app->dry_run) { /* no terminal: say so, then what runs instead (as without --tui) */
+        fprintf(stderr, "sepal: --tui needs a terminal (%s): %s without it\n", no_tui_terminal(),
+                scripts ? "running the -c / -f commands" : "reading commands from stdin");
     }
-    repl |= tui; /* no terminal: the line front end, as --repl */
     int interactive = !scripts && isatty(STDIN_FILENO);
     sp_line_signals(app, interactive || repl);
     int rc = run_scripts(app, fe);
@@ -158,8 +175,8 @@ static int run_front_ends(sp_app *app, const front *fe)
 static int run_app(int argc, char **argv)
 {
     front fe;
-    if (read_flags(argc, argv, &fe)) {
-        usage(stderr);
+    if (read_flags(argc, argv, &fe)) { /* what was wrong, and where to look: not the whole help */
+        fprintf(stderr, "Try 'sepal --help' for more information.\n");
         free(fe.scripts);
         return 2;
     }

@@ -138,14 +138,18 @@ static int cmd_generate(sp_app *app, const sp_args *a)
                             P ? " (less the trained prompts)" : "");
     }
     if (n + o.max_new - 1 > ctx) {
-        sp_warn(app, "--max-new-tokens %d: %d prompt tokens leave room for %d in the context of %d", o.max_new, n,
-                ctx - n + 1, ctx);
+        sp_warn(app, "--max-new-tokens %d: %d prompt token%s room for %d in the context of %d", o.max_new, n,
+                n == 1 ? " leaves" : "s leave", ctx - n + 1, ctx);
         o.max_new = ctx - n + 1;
     }
     const char *stops[2] = {stop && *stop ? stop : NULL, NULL};
     o.stop = stops[0] ? stops : NULL;
     o.eos_id = c->eos_id;
     o.bos_id = c->bos_id;
+    static const int sampling[] = {GEN_TOP_K, GEN_TOP_P, GEN_SEED};
+    if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
+        sp_args_warn_unused(app, a, sampling, 3,
+                            "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
     stream_ctx sc = {.app = app, .quiet = ids_arg != NULL || o.stop, /* with a stop string: printed once cut */
                      .prompt = ids_arg ? NULL : a->pos[0]};
     sp_gen_result r;

@@ -214,8 +214,15 @@ START_TEST(t_opt_find)
     ck_assert_str_eq(why, "ambiguous option '--top': --top-k, --top-p");
     char list[128] = "";
     size_t len = 0;
-    ck_assert_int_eq(sp_opt_similar(two, "--topk", list, sizeof list, &len), 2);
-    ck_assert_str_eq(list, "--top-k, --top-p");
+    ck_assert_int_eq(sp_opt_similar(two, "--topk", NULL, list, sizeof list, &len), 1); /* the nearest only */
+    ck_assert_str_eq(list, " (did you mean --top-k?)");
+    len = 0;
+    ck_assert_int_eq(sp_opt_similar(two, "--top-x", "; ok", list, sizeof list, &len), 2); /* a tie: both */
+    ck_assert_str_eq(list, " (did you mean --top-k or --top-p?; ok)");
+    ck_assert_int_eq(sp_opt_find(two, "--tpo-k", 1, "option", why, sizeof why), -1); /* a swap counts one */
+    ck_assert_str_eq(why, "unknown option '--tpo-k' (did you mean --top-k?)");
+    ck_assert_int_eq(sp_opt_find(two, "--bogus", 1, "option", why, sizeof why), -1); /* nothing near */
+    ck_assert_str_eq(why, "unknown option '--bogus'");
 }
 END_TEST
 
@@ -294,6 +301,16 @@ START_TEST(t_lookup)
     ck_assert_str_eq(sp_cmd_find_in(sw->subs, "u", why, sizeof why)->name, "up");
     ck_assert_ptr_null(sp_cmd_find_in(sw->subs, "x", why, sizeof why));
     ck_assert_str_eq(why, "unknown subcommand 'x' (one of: up, down)");
+    /* a typo: the nearest name or two, as git says them */
+    ck_assert_ptr_null(sp_cmd_find("genrate", why, sizeof why));
+    ck_assert_str_eq(why, "unknown command 'genrate' (did you mean generate?)");
+    ck_assert_ptr_null(sp_cmd_find("sevrers", why, sizeof why)); /* two swapped count one */
+    ck_assert_str_eq(why, "unknown command 'sevrers' (did you mean servers?)");
+    ck_assert_ptr_null(sp_cmd_find("exti", why, sizeof why)); /* an alias is a name too */
+    ck_assert_str_eq(why, "unknown command 'exti' (did you mean exit?)");
+    const sp_cmd *m = sp_cmd_find("model", why, sizeof why);
+    ck_assert_ptr_null(sp_cmd_find_in(m->subs, "chek", why, sizeof why));
+    ck_assert_str_eq(why, "unknown subcommand 'chek' (did you mean check?)");
 }
 END_TEST
 
@@ -355,6 +372,11 @@ START_TEST(t_parse)
     ck_assert_str_eq(got.err, "generate: --top-p: expected a number in (0, 1], got '2'\n");
     ck_assert_int_eq(parse("eval sst2 --lr 1", &a), 1);
     ck_assert_str_eq(got.err, "eval: '--lr' is an option of train, not of eval\n");
+    ck_assert_int_eq(parse("generate hi --temprature 1", &a), 1); /* a typo: the nearest option, not all 13 */
+    ck_assert_str_eq(got.err, "generate: unknown option '--temprature' (did you mean --temperature?)\n");
+    ck_assert_int_eq(parse("train sst2 --tuning deep-ptune", &a), 1); /* a choice's too */
+    ck_assert_str_eq(got.err, "train: --tuning: 'deep-ptune' is not one of head, ptune, deep_ptune (did you mean "
+                              "deep_ptune?)\n");
     ck_assert_int_eq(parse("route --x", &a), 1);
     ck_assert_str_eq(got.err, "route: unknown option '--x' (it takes none)\n");
     ck_assert_int_eq(parse("swarm up --long", &a), 1);
@@ -391,7 +413,13 @@ START_TEST(t_values)
     ck_assert_int_eq(parse("generate hi", &a), 0);
     ck_assert_int_eq(sp_arg_int(&app, &a, k_of("generate", "--max-new-tokens")), 7); /* its current value */
     sp_args_free(&a);
-    ck_assert_int_eq(parse("model generate d", &a), 0);
+    ck_assert_int_eq(parse("model generate d", &a), 1); /* a required option */
+    ck_assert_str_eq(got.err, "generate: needs --prompt TEXT\n"); /* (the path parse() gives) */
+    char syn[512];
+    sp_cmd_synopsis(sp_cmd_find_in(sp_cmd_find("model", NULL, 0)->subs, "generate", NULL, 0), "model generate", 0,
+                    1000, 0, syn, sizeof syn);
+    ck_assert_ptr_nonnull(strstr(syn, "model generate DIR --prompt TEXT [--max-new-tokens N]")); /* no brackets */
+    ck_assert_int_eq(parse("model generate d --prompt x", &a), 0);
     ck_assert_int_eq(sp_arg_int(&app, &a, k_of("model generate", "--max-new-tokens")),
                      64); /* like the setting: its default, not its value */
     ck_assert_int_eq(sp_arg_choice(&app, &a, k_of("model generate", "--dtype")), 0); /* f32 */
@@ -433,7 +461,13 @@ START_TEST(t_settings)
     ck_assert_int_eq(run("set seed 7; set seed random"), 0);
     ck_assert_int_eq(run("set seed lucky"), 1);
     ck_assert_int_eq(run("set dtype int4"), 1);
-    ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, int8, nf4\n");
+    ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, int8, nf4 (did you mean int8?)\n");
+    ck_assert_int_eq(run("set dtype fp16"), 1);
+    ck_assert_str_eq(got.err, "set: dtype: 'fp16' is not one of f32, bf16, int8, nf4 (did you mean bf16?)\n");
+    ck_assert_int_eq(run("set dtype quarter"), 1); /* nothing near */
+    ck_assert_str_eq(got.err, "set: dtype: 'quarter' is not one of f32, bf16, int8, nf4\n");
+    ck_assert_int_eq(run("set seeed 1"), 1);
+    ck_assert_str_eq(got.err, "set: unknown setting 'seeed' (did you mean seed?; `show` lists them)\n");
     ck_assert_int_eq(run("set ignore-eos maybe"), 1);
     ck_assert_str_eq(got.err, "set: ignore-eos: expected on or off, got 'maybe'\n");
     char big[700];
@@ -513,7 +547,9 @@ static const char *complete(const char *line, int *files)
 START_TEST(t_complete)
 {
     int files;
-    ck_assert_str_eq(complete("ge", &files), "generate, gen");
+    ck_assert_str_eq(complete("ge", &files), "generate"); /* not gen: Tab would stop there */
+    ck_assert_str_eq(complete("ex", &files), "exit"); /* an alias whose command is not named */
+    ck_assert_str_eq(complete("q", &files), "quit");
     ck_assert_str_eq(complete("generate --to", &files), "--top-k, --top-p");
     ck_assert_str_eq(complete("train sst2 --tuning ", &files), "head, ptune, deep_ptune");
     ck_assert_str_eq(complete("generate x --seed ", &files), "random");
