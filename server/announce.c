@@ -144,10 +144,11 @@ static double ping_once(sp_announce *a, const sp_server_record *r)
     return st ? -1 : rtt;
 }
 
-/* Up to MAX_PINGED random entries of cand[0..n) are pinged (cand is shuffled in place). */
+/* Up to MAX_PINGED random entries of cand[0..n) are pinged (cand is shuffled in place); none after
+ * sp_announce_stop began (a server leaving does not wait for a round of pings, each up to PING_TIMEOUT_MS). */
 static void ping_some(sp_announce *a, sp_server_record *cand, int n)
 {
-    for (int i = 0; i < n && i < MAX_PINGED; i++) {
+    for (int i = 0; i < n && i < MAX_PINGED && !__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE); i++) {
         int j = i + (int)(sp_rng_u32(&a->rng) % (uint32_t)(n - i));
         sp_server_record t = cand[i];
         cand[i] = cand[j];
@@ -394,7 +395,7 @@ void sp_announce_stop(sp_announce *a)
         return;
     if (a->thread_started) {
         pthread_mutex_lock(&a->lock);
-        a->stop = 1;
+        __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE); /* ping_some reads it without the lock */
         pthread_cond_broadcast(&a->cond);
         pthread_mutex_unlock(&a->lock);
         pthread_join(a->thread, NULL);
