@@ -276,8 +276,12 @@ static int parse_args(int argc, char **argv, args *a)
     const char *v = NULL;
     char why[512];
     for (sp_opt_got got; (got = sp_opt_next(&p, &k, &v, why, sizeof why)) != SP_OPT_END;) {
-        if (got == SP_OPT_WORD || got == SP_OPT_UNKNOWN) {
-            fprintf(stderr, "sepal-server: unknown option '%s' (--help lists the options)\n", v);
+        if (got == SP_OPT_WORD) {
+            fprintf(stderr, "sepal-server: unexpected argument '%s' (--help lists the options)\n", v);
+            return 2;
+        }
+        if (got == SP_OPT_UNKNOWN) { /* why: "unknown option 'NAME'", and the nearest names */
+            fprintf(stderr, "sepal-server: %s; --help lists the options\n", why);
             return 2;
         }
         if (got == SP_OPT_BAD) {
