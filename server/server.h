@@ -59,6 +59,7 @@ typedef struct sp_server_opts {
     sp_server_limits limits;
 } sp_server_opts;
 
+/* The defaults: those of sepal-server's option table (opts.h), and what no option sets. */
 void sp_server_opts_default(sp_server_opts *o);
 
 typedef struct sp_server sp_server;
