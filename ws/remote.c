@@ -149,19 +149,24 @@ static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *r
     return st ? st : wait_reply(r, id, rep, timeout_ms, err);
 }
 
+/* The request in b (built with status st) sent and its reply waited for, with r->lock held; b is consumed. */
+static sp_status send_built(sp_remote *r, sp_buf *b, sp_status st, uint64_t id, sp_reply *rep, int timeout_ms,
+                            sp_err *err)
+{
+    if (!st)
+        return send_and_wait(r, b, id, rep, timeout_ms, err);
+    sp_buf_free(b);
+    memset(rep, 0, sizeof *rep);
+    return st;
+}
+
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                          sp_reply *rep, int timeout_ms, sp_err *err)
 {
     pthread_mutex_lock(&r->lock);
     uint64_t id = r->next_id++;
     sp_buf b = {0};
-    sp_status st = sp_msg_encode(&b, type, 0, id, meta, t, n, err);
-    if (st) {
-        sp_buf_free(&b);
-        memset(rep, 0, sizeof *rep);
-    } else {
-        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
-    }
+    sp_status st = send_built(r, &b, sp_msg_encode(&b, type, 0, id, meta, t, n, err), id, rep, timeout_ms, err);
     pthread_mutex_unlock(&r->lock);
     return st;
 }
@@ -184,12 +189,7 @@ sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_
     uint64_t id = 0;
     for (int i = 7; len >= 24 && i >= 0; i--)
         id = id << 8 | bytes[16 + i];
-    if (st) {
-        sp_buf_free(&b);
-        memset(rep, 0, sizeof *rep);
-    } else {
-        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
-    }
+    st = send_built(r, &b, st, id, rep, timeout_ms, err);
     pthread_mutex_unlock(&r->lock);
     return st;
 }
