@@ -290,3 +290,28 @@ void sp_remote_close(sp_remote *r)
     pthread_mutex_destroy(&r->lock);
     free(r);
 }
+
+void sp_remote_describe_port(const char *host, int port, const sp_swarm_key *key, int timeout_ms, char *why,
+                             size_t cap)
+{
+    sp_remote *r = NULL;
+    sp_err e = {0};
+    sp_remote_opts ro = {.no_bulk = 1, .key = key};
+    if (!sp_remote_connect_opts(&r, host, port, &ro, timeout_ms, &e)) {
+        const sp_remote_info *i = sp_remote_hello(r);
+        if (i->dht_port > 0)
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server (blocks %d:%d of %s); its DHT node is "
+                     "%s:%d: use --initial-peers %s:%d", host, port, i->start, i->end, i->model, host, i->dht_port,
+                     host, i->dht_port);
+        else
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server that runs no DHT node (it was started "
+                     "without --new-swarm or --initial-peers)", host, port);
+        sp_remote_close(r);
+    } else if (strstr(e.msg, "unauthorized") || strstr(e.msg, "swarm key")) {
+        snprintf(why, cap, "%s:%d is the websocket port of a sepal-server, not a DHT node (and it refused this "
+                 "connection: %.200s)", host, port, e.msg);
+    } else {
+        snprintf(why, cap, "%s:%d does not answer as a DHT node of a sepal swarm (no reply to a DHT ping; a server "
+                 "prints its DHT address on its serving line: \"DHT HOST:PORT\")", host, port);
+    }
+}
