@@ -346,7 +346,7 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
         rc = sp_app_error(app, "model generate: cannot start %d threads", threads);
         goto done;
     }
-    if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load(&m, dir, SP_LOAD_ALL, 0, -1, &err) ||
+    if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load_encoded(&m, dir, SP_LOAD_ALL, 0, -1, dtype, &err) ||
         sp_model_quantize(m, dtype, 1, &err) || sp_tokenizer_encode(tok, prompt, 1, &raw, &n, &err)) {
         rc = fail_err(app, &err);
         goto done;

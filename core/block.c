@@ -261,14 +261,17 @@ static void block_prefix(const sp_block *b, sp_safetensors *st, int layer, char 
         snprintf(buf, cap, "transformer.h.%d.", layer);
 }
 
-/* Reads prefix + name into dst, checking its shape [d0] or [d0, d1]. */
+/* Reads prefix + name into dst, checking its shape [d0] or [d0, d1]; the checkpoint's pages of it go back (the
+ * block holds its own copy). */
 static sp_status read_t(sp_safetensors *st, const char *prefix, const char *name, float *dst, int64_t d0, int64_t d1,
                         sp_err *err)
 {
     char full[320];
     int64_t shape[2] = {d0, d1};
     snprintf(full, sizeof full, "%s%s", prefix, name);
-    return sp_st_read_f32(st, full, dst, d1 ? 2 : 1, shape, err);
+    sp_status s = sp_st_read_f32(st, full, dst, d1 ? 2 : 1, shape, err);
+    sp_st_release(st, full);
+    return s;
 }
 
 /* A norm's weight (and bias for LayerNorm) under `name`. */
