@@ -58,11 +58,13 @@ typedef struct args {
     const char *gen_swarm_key;/* --gen-swarm-key FILE: write one and exit */
     double mib[4];            /* --input-budget, --input-budget-per-conn, --input-budget-per-ip, --output-bound */
     double min_rate_kib;      /* --min-rate (KiB/s; 0: none); < 0: the default */
+    char announce_host[64];   /* --announce HOST[:PORT]: where clients reach it ("": --host) */
+    int announce_port;        /* 0: its own websocket port */
 } args;
 
 /* sepal-server's options, by index. */
 enum {
-    S_MODEL, S_BLOCKS, S_NUM_BLOCKS, S_HOST, S_PORT, S_BULK_PORT,
+    S_MODEL, S_BLOCKS, S_NUM_BLOCKS, S_HOST, S_PORT, S_BULK_PORT, S_ANNOUNCE, S_ANNOUNCE_BULK_PORT,
     S_NEW_SWARM, S_INITIAL_PEERS, S_DHT_PORT, S_PUBLIC_NAME, S_UPDATE_PERIOD, S_BALANCE_PERIOD, S_BALANCE_QUALITY,
     S_SELECTION_DELAY, S_BANDWIDTH, S_SWARM_KEY, S_GEN_SWARM_KEY,
     S_MAX_CONNS, S_MAX_CONNS_IP, S_MAX_HANDSHAKES, S_MAX_HANDSHAKES_IP, S_HANDSHAKE_TIMEOUT, S_IDLE_TIMEOUT,
@@ -83,6 +85,12 @@ static const sp_opt server_opts[] = {
     [S_PORT] = {"--port", SP_OPT_INT, "P", 0, 65535, .def = "0", .help = "websocket port; 0: any free port"},
     [S_BULK_PORT] = {"--bulk-port", SP_OPT_INT, "P", -1, 65535, .def = "0",
                      .help = "TCP port of the bulk tensor channel; 0: any; -1: none"},
+    [S_ANNOUNCE] = {"--announce", SP_OPT_STR, "HOST[:PORT]",
+                    .help = "the address clients reach it at (a relay, NAT or port forward), announced and told "
+                            "instead of --host's; HOST alone keeps the ports"},
+    [S_ANNOUNCE_BULK_PORT] = {"--announce-bulk-port", SP_OPT_INT, "P", 1, 65535,
+                              .help = "the port clients reach the bulk channel at, when --announce moves the "
+                                      "websocket's"},
     [S_NEW_SWARM] = {"--new-swarm", SP_OPT_FLAG, .section = "\nswarm:",
                      .help = "start a new swarm (this server's DHT node is its first peer)"},
     [S_INITIAL_PEERS] = {"--initial-peers", SP_OPT_STR, "LIST",
@@ -183,6 +191,24 @@ static int parse_blocks(const char *v, args *a)
     return 0;
 }
 
+/* --announce HOST[:PORT] (the last colon: a host name or an IPv4 address). */
+static int parse_announce(const char *v, args *a)
+{
+    const char *colon = strrchr(v, ':');
+    size_t hl = colon ? (size_t)(colon - v) : strlen(v);
+    int port = 0, n = 0;
+    if (hl == 0 || hl >= sizeof a->announce_host ||
+        (colon && (sscanf(colon + 1, "%d%n", &port, &n) != 1 || colon[1 + n] || port < 1 || port > 65535))) {
+        fprintf(stderr, "sepal-server: --announce: expected HOST or HOST:PORT (a port in 1..65535, a host of at most "
+                "%zu characters), got '%s'\n", sizeof a->announce_host - 1, v);
+        return -1;
+    }
+    memcpy(a->announce_host, v, hl);
+    a->announce_host[hl] = '\0';
+    a->announce_port = port;
+    return 0;
+}
+
 /* Where option k's value goes (v: given, or the row's default); -1 after a message. */
 static int take(args *a, int k, const char *v)
 {
@@ -196,6 +222,8 @@ static int take(args *a, int k, const char *v)
     case S_HOST: so->host = v; break;
     case S_PORT: so->port = (int)sp_opt_int(v); break;
     case S_BULK_PORT: so->bulk_port = (int)sp_opt_int(v); break;
+    case S_ANNOUNCE: return parse_announce(v, a);
+    case S_ANNOUNCE_BULK_PORT: so->public_bulk_port = (int)sp_opt_int(v); break;
     case S_NEW_SWARM: a->new_swarm = 1; break;
     case S_INITIAL_PEERS: a->initial_peers = v; break;
     case S_DHT_PORT: a->dht_port = (int)sp_opt_int(v); break;
@@ -260,6 +288,12 @@ static int check_args(const args *a)
         why = "--new-swarm and --initial-peers exclude each other";
     else if (a->num_blocks > 0 && !a->new_swarm && !a->initial_peers)
         why = "--num-blocks chooses blocks in a swarm: add --new-swarm or --initial-peers HOST:PORT";
+    else if (a->so.public_bulk_port && !a->announce_host[0])
+        why = "--announce-bulk-port goes with --announce HOST:PORT";
+    else if (a->announce_port && (a->so.port == 0 || a->announce_port != a->so.port) && a->so.bulk_port != -1 &&
+             !a->so.public_bulk_port)
+        why = "--announce HOST:PORT moves the websocket's port: say where clients reach the bulk channel too "
+              "(--announce-bulk-port P), or turn it off (--bulk-port -1)";
     if (why)
         fprintf(stderr, "sepal-server: %s (--help lists the options)\n", why);
     return why ? 2 : 0;
@@ -378,7 +412,8 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     double inf = 0, fwd = 0;
     if (p->srv)
         sp_server_throughput(p->srv, &inf, &fwd);
-    sp_server_record r = {.start = start, .end = end, .state = state, .port = p->port};
+    sp_server_record r = {.start = start, .end = end, .state = state,
+                          .port = p->a.announce_port ? p->a.announce_port : p->port};
     r.network_rps = p->a.bandwidth_mbit * 1e6 / (p->cfg.hidden * 32.0); /* f32 activations on the wire */
     r.inference_rps = inf * nb;                                      /* per block */
     r.forward_rps = fwd * nb;
@@ -454,6 +489,9 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
            "%s weights, %.1f MB\n",
            start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd,
            sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6);
+    if (p->a.announce_host[0])
+        printf("sepal-server: announced as ws://%s:%d (bulk port %d): clients reach it there\n", p->a.announce_host,
+               p->a.announce_port ? p->a.announce_port : p->port, sp_server_public_bulk_port(p->srv));
     print_limits(p);
     fflush(stdout);
     return SP_OK;
@@ -515,7 +553,7 @@ static sp_status join_swarm(app *p, sp_err *err)
     sp_server_record *b = &ao.base;
     snprintf(b->id, sizeof b->id, "%s", p->id);
     snprintf(b->name, sizeof b->name, "%s", p->a.so.public_name ? p->a.so.public_name : "");
-    snprintf(b->host, sizeof b->host, "%s", p->a.so.host);
+    snprintf(b->host, sizeof b->host, "%s", p->a.announce_host[0] ? p->a.announce_host : p->a.so.host);
     snprintf(b->model, sizeof b->model, "%s", prefix);
     snprintf(b->dtype, sizeof b->dtype, "%s", sp_wtype_name((sp_wtype)p->a.so.dtype));
     snprintf(b->quant, sizeof b->quant, "%s",

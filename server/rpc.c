@@ -642,7 +642,7 @@ static void rpc_hello(req *r)
              "\"config\":\"%016llx\",\"dtype\":\"%s\",\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
              SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, (unsigned long long)r->s->m->cfg.hash,
              sp_server_dtype(r->s), r->s->m->cfg.n_layers, r->s->m->first, r->s->m->last, r->s->o.id ? r->s->o.id : "",
-             sp_ws_server_bulk_port(r->s->ws), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));
+             sp_server_public_bulk_port(r->s), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));
     reply(r, meta, NULL, 0);
 }
 

@@ -415,6 +415,12 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
 int sp_server_port(const sp_server *s) { return sp_ws_server_port(s->ws); }
 int sp_server_bulk_port(const sp_server *s) { return sp_ws_server_bulk_port(s->ws); }
 
+int sp_server_public_bulk_port(const sp_server *s)
+{
+    int own = sp_ws_server_bulk_port(s->ws);
+    return own > 0 && s->o.public_bulk_port > 0 ? s->o.public_bulk_port : own;
+}
+
 void sp_server_span(const sp_server *s, int *start, int *end)
 {
     *start = s->m->first;
