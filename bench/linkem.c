@@ -379,7 +379,6 @@ static int flow_write(flow *f, uint64_t now)
     return 0;
 }
 
-
 /* ---------------------------------------------------------------------------------------------- */
 /* connections */
 
@@ -449,6 +448,8 @@ static int conn_step(conn *c, short ra, short rb, uint64_t now)
         c->connecting = 0;
         rb &= ~POLLOUT;
     }
+    if ((ra | rb) & POLLERR)
+        return -1; /* a reset (or another error) on either side: reset the other */
     size_t cap = c->l->buffer;
     if ((ra & (POLLIN | POLLHUP | POLLERR)) && !c->up.eof_read && flow_read(&c->up, cap, now))
         return -1;
@@ -483,10 +484,8 @@ static int build_poll(relay *r, struct pollfd **pfd, int *cap, uint64_t now, uin
         *pfd = p;
         *cap = n;
     }
-    for (int k = 0; k < r->nlinks; k++) {
-        const emu_link *l = &r->links[k];
-        (*pfd)[k] = (struct pollfd){.fd = l->fd, .events = l->nconns < l->max_conns ? POLLIN : 0};
-    }
+    for (int k = 0; k < r->nlinks; k++) /* over the cap too: such a connection is accepted and closed */
+        (*pfd)[k] = (struct pollfd){.fd = r->links[k].fd, .events = POLLIN};
     *wait_ns = UINT64_MAX;
     int i = r->nlinks;
     for (conn *c = r->conns; c; c = c->next, i += 2) {
@@ -502,8 +501,9 @@ static int build_poll(relay *r, struct pollfd **pfd, int *cap, uint64_t now, uin
             else if (h[d]->release - now < *wait_ns)
                 *wait_ns = h[d]->release - now;
         }
-        (*pfd)[i] = (struct pollfd){.fd = c->a, .events = ea};
-        (*pfd)[i + 1] = (struct pollfd){.fd = c->b, .events = eb};
+        /* a socket with nothing to wait for is left out (-1): a hang-up poll cannot mask would spin */
+        (*pfd)[i] = (struct pollfd){.fd = ea ? c->a : -1, .events = ea};
+        (*pfd)[i + 1] = (struct pollfd){.fd = eb ? c->b : -1, .events = eb};
     }
     return n;
 }

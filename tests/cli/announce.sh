@@ -46,6 +46,13 @@ done
 grep -qE "^sepal-server: announced as ws://127\.0\.0\.1:$R1 \(bulk port $RB1\): clients reach it there$" "$TMP/a.out" &&
     ok "the server says where it is announced" || { bad "no announced line"; tail -3 "$TMP/a.out"; }
 
+# both records in the DHT (a loaded machine may take a while to store the second)
+for _ in $(seq 60); do
+    n=$("$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; servers" 2>/dev/null | grep -cE ' online ')
+    [ "$n" -ge 2 ] && break
+    sleep 0.5
+done
+[ "$n" -ge 2 ] && ok "the client sees both servers" || bad "the client sees $n servers"
 "$SEPAL" model generate "$M" --prompt "Once upon a time" --max-new-tokens 12 > "$TMP/want" 2> /dev/null
 "$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; servers -l; route; echo ==text==;
              generate 'Once upon a time' --max-new-tokens 12" > "$TMP/out" 2> "$TMP/err"
