@@ -462,6 +462,17 @@ static void init_progress(void *user, uint64_t done, uint64_t total)
     sp_progress(user, "writing", (double)done / 1e9, (double)total / 1e9, "GB");
 }
 
+/* "DIR: llama-2-7b-shaped, 32 layers of 4096, 6.74B parameters, bf16, 13.48 GB in 3 shards; tokenizer: ..." */
+static void init_summary(sp_app *app, const char *dir, const char *like, const sp_like_result *r, sp_dtype dtype)
+{
+    double p = (double)r->params, gb = (double)r->bytes / 1e9;
+    int big = p >= 1e9, gbs = gb >= 1;
+    sp_out(app, "%s: %s-shaped, %d layers of %d, %.*f%s parameters, %s, %.*f %s in %d shard%s; tokenizer: %s, %d "
+           "tokens\n", dir, like, r->layers, r->hidden, big ? 2 : 1, p / (big ? 1e9 : 1e6), big ? "B" : "M",
+           dtype == SP_F32 ? "f32" : "bf16", gbs ? 2 : 1, gbs ? gb : gb * 1e3, gbs ? "GB" : "MB", r->shards,
+           r->shards == 1 ? "" : "s", r->synthetic_tokenizer ? "synthetic" : "stories15M's", r->vocab);
+}
+
 /* A model of real shape with random weights (core/like.h); the tokenizer of stories15M where it fits. */
 static int cmd_init(sp_app *app, const sp_args *a)
 {
@@ -487,12 +498,7 @@ static int cmd_init(sp_app *app, const sp_args *a)
         return st == SP_ERR_ARG ? (sp_app_error(app, "%s", err.msg), CLI_USAGE) : fail_err(app, &err);
     if (r.synthetic_tokenizer && r.vocab == 32000)
         sp_note(app, "no stories15M tokenizer in %s (scripts/fetch-model.sh fetches it): a synthetic one", tok);
-    double params = (double)r.params, gb = (double)r.bytes / 1e9;
-    sp_out(app, "%s: %s-shaped, %d layers of %d, %.*f%s parameters, %s, %.*f %s in %d shard%s; tokenizer: %s, %d "
-           "tokens\n", a->pos[0], like, r.layers, r.hidden, params >= 1e9 ? 2 : 1, params / (params >= 1e9 ? 1e9 : 1e6),
-           params >= 1e9 ? "B" : "M", o.dtype == SP_F32 ? "f32" : "bf16", gb >= 1 ? 2 : 1, gb >= 1 ? gb : gb * 1e3,
-           gb >= 1 ? "GB" : "MB", r.shards, r.shards == 1 ? "" : "s",
-           r.synthetic_tokenizer ? "synthetic" : "stories15M's", r.vocab);
+    init_summary(app, a->pos[0], like, &r, o.dtype);
     return CLI_OK;
 }
 

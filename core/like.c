@@ -245,7 +245,8 @@ static void list_tensors(tlist *l, const sp_config *c)
 {
     int llama = c->arch == SP_ARCH_LLAMA || c->arch == SP_ARCH_MIXTRAL;
     const char *p = llama ? "model." : "transformer.";
-    add(l, T_NORMAL, c->vocab, c->hidden, "%s", llama ? "model.embed_tokens.weight" : "transformer.word_embeddings.weight");
+    add(l, T_NORMAL, c->vocab, c->hidden, "%s",
+        llama ? "model.embed_tokens.weight" : "transformer.word_embeddings.weight");
     if (c->embed_norm)
         add_norm(l, c, p, "word_embeddings_layernorm");
     for (int i = 0; i < c->n_layers; i++)

@@ -198,7 +198,8 @@ START_TEST(t_shards)
     int differ = 0;
     for (int i = 0; i < sp_st_count(a); i++) {
         const char *name = sp_st_name(a, i);
-        const sp_st_tensor *ta = sp_st_get(a, name, &err), *tb = sp_st_get(b, name, &err), *tc = sp_st_get(c, name, &err);
+        const sp_st_tensor *ta = sp_st_get(a, name, &err), *tb = sp_st_get(b, name, &err);
+        const sp_st_tensor *tc = sp_st_get(c, name, &err);
         ck_assert_msg(ta && tb && tc, "%s", name);
         ck_assert_ptr_nonnull(weight_file(idx, name));
         ck_assert_msg(ta->nbytes == tb->nbytes && !memcmp(ta->data, tb->data, ta->nbytes), "%s differs", name);
@@ -241,7 +242,8 @@ START_TEST(t_values)
                   "mean %g, std %g, max %g", mean, sd, mx);
     static const char *const ones[] = {"transformer.h.0.input_layernorm.weight", "transformer.ln_f.weight",
                                        "transformer.word_embeddings_layernorm.weight"};
-    static const char *const zeros[] = {"transformer.h.0.input_layernorm.bias", "transformer.h.1.mlp.dense_4h_to_h.bias",
+    static const char *const zeros[] = {"transformer.h.0.input_layernorm.bias",
+                                        "transformer.h.1.mlp.dense_4h_to_h.bias",
                                         "transformer.h.0.self_attention.query_key_value.bias"};
     for (int k = 0; k < 3; k++) {
         const sp_st_tensor *t1 = sp_st_get(b, ones[k], &err), *t0 = sp_st_get(b, zeros[k], &err);
