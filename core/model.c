@@ -109,13 +109,12 @@ static sp_status load_blocks(sp_model *m, sp_safetensors *st, sp_wtype t, sp_err
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         sp_status s = sp_block_init(&m->blocks[i], &m->cfg, &m->rope, err);
+        size_t numel = m->blocks[i].numel; /* what is read, as f32 */
         if (!s)
-            s = sp_block_load(&m->blocks[i], st, m->first + i, err);
+            s = sp_block_load_encoded(&m->blocks[i], st, m->first + i, t, err);
         if (s)
-            return s;
-        m->bytes_loaded += m->blocks[i].numel * sizeof(float);
-        if (t != SP_W_F32 && (s = sp_block_quantize(&m->blocks[i], t, err)))
-            return sp_err_prefix(err, "block %d to %s: ", m->first + i, sp_wtype_name(t));
+            return t == SP_W_F32 ? s : sp_err_prefix(err, "block %d to %s: ", m->first + i, sp_wtype_name(t));
+        m->bytes_loaded += numel * sizeof(float);
     }
     return SP_OK;
 }

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "memtune.h"
+
 #define ST_MAX_HEADER (100u << 20) /* the format caps the JSON header at 100 MB */
 
 typedef struct st_file {
@@ -420,13 +422,8 @@ int sp_st_has(sp_safetensors *st, const char *name)
 void sp_st_release(sp_safetensors *st, const char *name)
 {
     const st_entry *e = find_entry(st, name);
-    if (!e || !e->resolved || !st->files[e->file].base || !e->t.nbytes)
-        return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)e->t.data, b = a + e->t.nbytes;
-    a = (a + page - 1) / page * page;
-    b = b / page * page;
-    if (b > a)
-        madvise((void *)a, b - a, MADV_DONTNEED);
+    if (e && e->resolved && st->files[e->file].base)
+        sp_mem_release(e->t.data, e->t.nbytes);
 }
 
 sp_status sp_st_read_f32(sp_safetensors *st, const char *name, float *dst, int ndim, const int64_t *shape,
