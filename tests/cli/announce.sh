@@ -82,16 +82,14 @@ wait $LK
 rc=$?
 [ $rc -eq 0 ] && ok "linkem exits 0" || bad "linkem exit $rc"
 link_line() { grep -E "^linkem: 127\.0\.0\.1:0 -> 127\.0\.0\.1:$1: " "$TMP/linkem.err"; }
-for p in $P1 $P2; do
-    n=$(link_line $p | sed -n 's/.*: \([0-9]*\) connections.*/\1/p')
-    b=$(link_line $p | sed -n 's/.* \([0-9]*\) bytes toward.*/\1/p')
-    [ "${n:-0}" -ge 2 ] && [ "${b:-0}" -gt 0 ] && ok "websocket relay to :$p: $n connections, $b bytes toward" ||
-        bad "websocket relay to :$p: '$(link_line $p)'"
-done
-for q in $Q1 $Q2; do
-    n=$(link_line $q | sed -n 's/.*: \([0-9]*\) connections.*/\1/p')
-    b=$(link_line $q | sed -n 's/.* \([0-9]*\) bytes toward.*/\1/p')
-    [ "${n:-0}" -ge 2 ] && [ "${b:-0}" -gt 65536 ] && ok "bulk relay to :$q: $n connections, $b bytes toward" ||
-        bad "bulk relay to :$q: '$(link_line $q)'"
-done
+# relay_used WHAT PORT MIN_BYTES: the relay to PORT carried 2 connections at least and more than MIN_BYTES toward it
+relay_used() {
+    local n b
+    n=$(link_line "$2" | sed -n 's/.*: \([0-9]*\) connections.*/\1/p')
+    b=$(link_line "$2" | sed -n 's/.* \([0-9]*\) bytes toward.*/\1/p')
+    [ "${n:-0}" -ge 2 ] && [ "${b:-0}" -gt "$3" ] && ok "$1 relay to :$2: $n connections, $b bytes toward" ||
+        bad "$1 relay to :$2: '$(link_line "$2")'"
+}
+for p in $P1 $P2; do relay_used websocket "$p" 0; done
+for q in $Q1 $Q2; do relay_used bulk "$q" 65536; done
 finish
