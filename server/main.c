@@ -59,6 +59,8 @@ typedef struct args {
     const char *gen_swarm_key;/* --gen-swarm-key FILE: write one and exit */
     double mib[4];            /* --input-budget, --input-budget-per-conn, --input-budget-per-ip, --output-bound */
     double min_rate_kib;      /* --min-rate (KiB/s; 0: none); < 0: the default */
+    char announce_host[64];   /* --announce HOST[:PORT]: where clients reach it ("": --host) */
+    int announce_port;        /* 0: its own websocket port */
 } args;
 
 static void print_line(void *user, const char *line) { fprintf(user, "%s\n", line); }
@@ -86,6 +88,24 @@ static int parse_blocks(const char *v, args *a)
     return 0;
 }
 
+/* --announce HOST[:PORT] (the last colon: a host name or an IPv4 address). */
+static int parse_announce(const char *v, args *a)
+{
+    const char *colon = strrchr(v, ':');
+    size_t hl = colon ? (size_t)(colon - v) : strlen(v);
+    int port = 0, n = 0;
+    if (hl == 0 || hl >= sizeof a->announce_host ||
+        (colon && (sscanf(colon + 1, "%d%n", &port, &n) != 1 || colon[1 + n] || port < 1 || port > 65535))) {
+        fprintf(stderr, "sepal-server: --announce: expected HOST or HOST:PORT (a port in 1..65535, a host of at most "
+                "%zu characters), got '%s'\n", sizeof a->announce_host - 1, v);
+        return -1;
+    }
+    memcpy(a->announce_host, v, hl);
+    a->announce_host[hl] = '\0';
+    a->announce_port = port;
+    return 0;
+}
+
 /* Where option k's value goes (v: given, or the row's default); -1 after a message. */
 static int take(args *a, int k, const char *v)
 {
@@ -94,6 +114,7 @@ static int take(args *a, int k, const char *v)
     switch (k) {
     case S_BLOCKS: return parse_blocks(v, a);
     case S_NUM_BLOCKS: a->num_blocks = (int)sp_opt_int(v); break;
+    case S_ANNOUNCE: return parse_announce(v, a);
     case S_NEW_SWARM: a->new_swarm = 1; break;
     case S_INITIAL_PEERS: a->initial_peers = v; break;
     case S_DHT_PORT: a->dht_port = (int)sp_opt_int(v); break;
@@ -140,6 +161,12 @@ static int check_args(const args *a)
         why = "--new-swarm and --initial-peers exclude each other";
     else if (a->num_blocks > 0 && !a->new_swarm && !a->initial_peers)
         why = "--num-blocks chooses blocks in a swarm: add --new-swarm or --initial-peers HOST:PORT";
+    else if (a->so.public_bulk_port && !a->announce_host[0])
+        why = "--announce-bulk-port goes with --announce HOST:PORT";
+    else if (a->announce_port && (a->so.port == 0 || a->announce_port != a->so.port) && a->so.bulk_port != -1 &&
+             !a->so.public_bulk_port)
+        why = "--announce HOST:PORT moves the websocket's port: say where clients reach the bulk channel too "
+              "(--announce-bulk-port P), or turn it off (--bulk-port -1)";
     if (why)
         fprintf(stderr, "sepal-server: %s (--help lists the options)\n", why);
     return why ? 2 : 0;
@@ -262,7 +289,8 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     double inf = 0, fwd = 0;
     if (p->srv)
         sp_server_throughput(p->srv, &inf, &fwd);
-    sp_server_record r = {.start = start, .end = end, .state = state, .port = p->port};
+    sp_server_record r = {.start = start, .end = end, .state = state,
+                          .port = p->a.announce_port ? p->a.announce_port : p->port};
     r.network_rps = p->a.bandwidth_mbit * 1e6 / (p->cfg.hidden * 32.0); /* f32 activations on the wire */
     r.inference_rps = inf * nb;                                      /* per block */
     r.forward_rps = fwd * nb;
@@ -339,6 +367,9 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
            "%s weights, %.1f MB\n",
            start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd,
            sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6);
+    if (p->a.announce_host[0])
+        printf("sepal-server: announced as ws://%s:%d (bulk port %d): clients reach it there\n", p->a.announce_host,
+               p->a.announce_port ? p->a.announce_port : p->port, sp_server_public_bulk_port(p->srv));
     print_limits(p);
     fflush(stdout);
     return SP_OK;
@@ -400,7 +431,7 @@ static sp_status join_swarm(app *p, sp_err *err)
     sp_server_record *b = &ao.base;
     snprintf(b->id, sizeof b->id, "%s", p->id);
     snprintf(b->name, sizeof b->name, "%s", p->a.so.public_name ? p->a.so.public_name : "");
-    snprintf(b->host, sizeof b->host, "%s", p->a.so.host);
+    snprintf(b->host, sizeof b->host, "%s", p->a.announce_host[0] ? p->a.announce_host : p->a.so.host);
     snprintf(b->model, sizeof b->model, "%s", prefix);
     snprintf(b->dtype, sizeof b->dtype, "%s", sp_wtype_name((sp_wtype)p->a.so.dtype));
     snprintf(b->quant, sizeof b->quant, "%s",

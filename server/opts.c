@@ -18,6 +18,12 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
     [S_PORT] = {"--port", SP_OPT_INT, "P", 0, 65535, .def = "0", .help = "websocket port; 0: any free port"},
     [S_BULK_PORT] = {"--bulk-port", SP_OPT_INT, "P", -1, 65535, .def = "0",
                      .help = "TCP port of the bulk tensor channel; 0: any; -1: none"},
+    [S_ANNOUNCE] = {"--announce", SP_OPT_STR, "HOST[:PORT]",
+                    .help = "the address clients reach it at (a relay, NAT or port forward), announced and told "
+                            "instead of --host's; HOST alone keeps the ports"},
+    [S_ANNOUNCE_BULK_PORT] = {"--announce-bulk-port", SP_OPT_INT, "P", 1, 65535,
+                              .help = "the port clients reach the bulk channel at, when --announce moves the "
+                                      "websocket's"},
     [S_NEW_SWARM] = {"--new-swarm", SP_OPT_FLAG, .section = "\nswarm:",
                      .help = "start a new swarm (this server's DHT node is its first peer)"},
     [S_INITIAL_PEERS] = {"--initial-peers", SP_OPT_STR, "LIST",
@@ -103,6 +109,7 @@ int sp_server_opt_take(sp_server_opts *o, int k, const char *v)
     case S_HOST: o->host = v; break;
     case S_PORT: o->port = (int)sp_opt_int(v); break;
     case S_BULK_PORT: o->bulk_port = (int)sp_opt_int(v); break;
+    case S_ANNOUNCE_BULK_PORT: o->public_bulk_port = (int)sp_opt_int(v); break;
     case S_PUBLIC_NAME: o->public_name = v; break;
     case S_MAX_CONNS: l->max_conns = (int)sp_opt_int(v); break;
     case S_MAX_CONNS_IP: l->max_conns_per_ip = (int)sp_opt_int(v); break;
