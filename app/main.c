@@ -8,6 +8,7 @@
 #include "app.h"
 #include "line.h"
 #include "memtune.h"
+#include "serve.h"
 #include "tui.h"
 #include "version.h"
 
@@ -19,7 +20,8 @@ enum {
 
 static const sp_opt flags[] = {
     [F_TUI] = {"--tui", SP_OPT_FLAG,
-               .help = "the TUI, running any -c / -f in it first (without a terminal: as --repl)"},
+               .help = "the TUI, running any -c / -f in it first (without a terminal: it says so, and they run "
+                       "as without --tui)"},
     [F_REPL] = {"--repl", SP_OPT_FLAG, .help = "the interactive line REPL (after any -c / -f)"},
     [F_RECORD] = {"--record-events", SP_OPT_STR, "FILE",
                   .help = "(TUI) write every event the screen shows to FILE, as JSON lines"},
@@ -46,6 +48,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: sepal [--tui|--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
                "       sepal [--record-events FILE] [--replay-events FILE]\n"
                "       sepal model info|check|generate|convert-llama2c|init ...\n"
+               "       sepal serve [--http HOST:PORT] --model DIR --initial-peers HOST:PORT[,...] ...\n"
                "\n"
                "front ends:\n"
                "  (no arguments)        the TUI on a terminal, else commands from stdin\n");
@@ -73,7 +76,8 @@ typedef struct front {
     int nscripts;
 } front;
 
-/* Reads the command line: 0, or -1 after a message on a usage error. */
+/* Reads the command line: 0, or -1 after a one-line message on a usage error ("unknown option '--quite' (did
+ * you mean --quiet?)"). */
 static int read_flags(int argc, char **argv, front *fe)
 {
     memset(fe, 0, sizeof *fe);
@@ -84,7 +88,11 @@ static int read_flags(int argc, char **argv, front *fe)
     char why[512];
     for (sp_opt_got got; fe->scripts && (got = sp_opt_next(&p, &k, &v, why, sizeof why)) != SP_OPT_END;) {
         if (got == SP_OPT_WORD) {
-            fprintf(stderr, "sepal: unknown command '%s'\n", v);
+            char cwhy[256];
+            if (sp_cmd_find(v, cwhy, sizeof cwhy)) /* `sepal generate hi`: a command, without -c */
+                fprintf(stderr, "sepal: '%s' is a command: run it with -c (sepal -c \"%s ...\")\n", v, v);
+            else
+                fprintf(stderr, "sepal: unexpected argument '%s' (commands run with -c \"CMD\" or -f FILE)\n", v);
             return -1;
         }
         if (got != SP_OPT_OPTION) {
@@ -102,12 +110,21 @@ static int read_flags(int argc, char **argv, front *fe)
     return fe->scripts ? 0 : -1;
 }
 
-/* A terminal the TUI can draw on: stdin and stdout are one, and TERM is not missing or dumb. */
-static int tui_terminal(void)
+/* Why the TUI cannot draw here ("stdout is not a terminal"), or NULL: stdin and stdout are a terminal, and TERM
+ * is not missing or dumb. */
+static const char *no_tui_terminal(void)
 {
     const char *term = getenv("TERM");
-    return isatty(STDIN_FILENO) && isatty(STDOUT_FILENO) && term && *term && strcmp(term, "dumb");
+    if (!isatty(STDOUT_FILENO))
+        return "stdout is not a terminal";
+    if (!isatty(STDIN_FILENO))
+        return "stdin is not a terminal";
+    if (!term || !*term)
+        return "TERM is not set";
+    return strcmp(term, "dumb") ? NULL : "TERM is dumb";
 }
+
+static int tui_terminal(void) { return !no_tui_terminal(); }
 
 /* The TUI, with the -c / -f of the command line run in it first. */
 static int run_tui(sp_app *app, const front *fe)
@@ -142,8 +159,10 @@ static int run_front_ends(sp_app *app, const front *fe)
         if (rc != -1)
             return rc;
         repl = 1; /* curses cannot use this terminal: the line front end */
+    } else if (tui && !repl && !app->dry_run) { /* no terminal: say so, then what runs instead (as without --tui) */
+        fprintf(stderr, "sepal: --tui needs a terminal (%s): %s without it\n", no_tui_terminal(),
+                scripts ? "running the -c / -f commands" : "reading commands from stdin");
     }
-    repl |= tui; /* no terminal: the line front end, as --repl */
     int interactive = !scripts && isatty(STDIN_FILENO);
     sp_line_signals(app, interactive || repl);
     int rc = run_scripts(app, fe);
@@ -159,8 +178,8 @@ static int run_front_ends(sp_app *app, const front *fe)
 static int run_app(int argc, char **argv)
 {
     front fe;
-    if (read_flags(argc, argv, &fe)) {
-        usage(stderr);
+    if (read_flags(argc, argv, &fe)) { /* what was wrong, and where to look: not the whole help */
+        fprintf(stderr, "Try 'sepal --help' for more information.\n");
         free(fe.scripts);
         return 2;
     }
@@ -174,6 +193,7 @@ static int run_app(int argc, char **argv)
     }
     sp_app app;
     sp_app_init(&app, sp_line_sink());
+    app.serve = sp_serve_run;
     app.quiet = fe.val[F_QUIET] != NULL;
     sp_line_set_quiet(app.quiet);
     app.dry_run = fe.val[F_DRY] != NULL;
@@ -191,29 +211,31 @@ static int run_app(int argc, char **argv)
     return rc;
 }
 
-/* `sepal model ...`: the model command through the same layer; its exit status (0, 1, 2). */
-static int run_model_tool(int argc, char **argv)
+/* `sepal model ...` and `sepal serve ...`: that command through the same layer; its exit status (0, 1, 2; 130 / 143
+ * when SIGINT / SIGTERM stopped it). */
+static int run_tool(int argc, char **argv)
 {
     sp_app app;
     sp_app_init(&app, sp_line_sink());
+    app.serve = sp_serve_run;
     sp_line_signals(&app, 0);
-    char why[512];
-    const sp_cmd *m = sp_cmd_find("model", why, sizeof why);
-    if (argc < 3) {
+    char why[512], path[64];
+    const sp_cmd *c = sp_cmd_find(argv[1], why, sizeof why), *sub = c;
+    int skip = 1;
+    if (c->subs && argc < 3) {
         char syn[1024];
-        sp_cmd_synopsis(m, "sepal model", 7, 100, 12, syn, sizeof syn);
+        sp_cmd_synopsis(c, "sepal model", 7, 100, 12, syn, sizeof syn);
         fprintf(stderr, "usage: %s\n", syn);
         return 2;
     }
-    const sp_cmd *sub = sp_cmd_find_in(m->subs, argv[2], why, sizeof why);
-    if (!sub) {
-        fprintf(stderr, "sepal: model: %s\n", why);
+    if (c->subs && !(sub = sp_cmd_find_in(c->subs, argv[2], why, sizeof why))) {
+        fprintf(stderr, "sepal: %s: %s\n", c->name, why);
         return 2;
     }
-    char path[64];
-    snprintf(path, sizeof path, "model %s", sub->name);
+    skip += c->subs != NULL;
+    snprintf(path, sizeof path, "%s%s%s", c->name, c->subs ? " " : "", c->subs ? sub->name : "");
     sp_args a;
-    if (sp_args_parse(&app, sub, path, argc - 2, argv + 2, &a))
+    if (sp_args_parse(&app, sub, path, argc - skip, argv + skip, &a))
         return 2;
     int rc = sub->fn(&app, &a);
     sp_args_free(&a);
@@ -229,7 +251,7 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (argc >= 2 && !strcmp(argv[1], "model"))
-        return run_model_tool(argc, argv);
+    if (argc >= 2 && (!strcmp(argv[1], "model") || !strcmp(argv[1], "serve")))
+        return run_tool(argc, argv);
     return run_app(argc, argv);
 }

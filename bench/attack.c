@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "../tests/attack.h"
+#include "../tests/serverproc.h"
 #include "generate.h"
 #include "memtune.h"
 #include "remote.h"
@@ -60,21 +61,6 @@ typedef struct server {
  * caps above it (the "fds" phase). */
 static int start_server(const opts *o, server *s, int fd_limit)
 {
-    char bin[PATH_MAX];
-    const char *env = getenv("SEPAL_SERVER_BIN");
-    if (env) {
-        snprintf(bin, sizeof bin, "%s", env);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", bin, sizeof bin - 1);
-        bin[n > 0 ? n : 0] = '\0';
-        char *slash = strrchr(bin, '/');
-        if (slash)
-            *slash = '\0';
-        slash = strrchr(bin, '/');
-        if (slash)
-            *slash = '\0';
-        strncat(bin, "/server/sepal-server", sizeof bin - strlen(bin) - 1);
-    }
     const char *small[] = {"--max-batch-tokens", "256", "--cache-tokens", "1024", "--input-budget", "24",
                            "--busy-timeout", "2", "--handshake-timeout", "2", "--idle-timeout", "3",
                            "--max-connections-per-ip", "64", "--max-handshakes-per-ip", "16", NULL};
@@ -87,42 +73,13 @@ static int start_server(const opts *o, server *s, int fd_limit)
     for (int i = 0; fd_limit > 0 && above[i]; i++) /* later flags win */
         argv[n++] = above[i];
     argv[n] = NULL;
-    int pfd[2];
-    if (pipe(pfd))
-        return -1;
-    s->pid = fork();
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 2);
-        struct rlimit rl;
-        if (fd_limit > 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-            rl.rlim_cur = (rlim_t)fd_limit;
-            setrlimit(RLIMIT_NOFILE, &rl);
-        }
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
     char line[1024];
-    size_t len = 0;
-    while (len < sizeof line - 1) {
-        struct pollfd q = {.fd = pfd[0], .events = POLLIN};
-        if (poll(&q, 1, 60000) <= 0 || read(pfd[0], line + len, 1) != 1)
-            break;
-        if (line[len++] == '\n')
-            break;
-    }
-    line[len] = '\0';
-    close(pfd[0]);
-    const char *ws = strstr(line, "ws://"), *c = ws ? strchr(ws + 5, ':') : NULL, *b = strstr(line, "(bulk port ");
-    s->port = c ? atoi(c + 1) : -1;
+    s->pid = sp_serverproc_start(NULL, argv, fd_limit, NULL, line, sizeof line);
+    const char *b = strstr(line, "(bulk port ");
+    s->port = sp_serverproc_port(line, "ws://");
     s->bulk_port = b ? atoi(b + strlen("(bulk port ")) : -1;
     if (s->port <= 0)
-        fprintf(stderr, "bench: %s did not start\n", bin);
+        fprintf(stderr, "bench: %s did not start\n", sp_serverproc_bin());
     return s->port > 0 ? 0 : -1;
 }
 

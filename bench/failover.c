@@ -13,18 +13,27 @@
  * the first and builds the live view every client keeps. Figures: time until the view holds all N records,
  * records per block key, and each node's resident memory.
  *
- * usage: bench_failover [MODEL_DIR] [--reps N] [--at K] [--nodes 5,50,100] [--skip-stall] [--skip-discovery] */
+ * Restarted addresses: servers A and B hold every block; the request (greedy, beams, a training step) goes
+ * through B, which is killed in the middle of it. B's address is fresh, or had four earlier lives (started,
+ * announced, killed: their records still fresh in the DHT, as a server restarted on its port leaves them); the
+ * stall of the step that meets the failure, restarted / fresh, in the same run (goal: <= 2).
+ *
+ * usage: bench_failover [MODEL_DIR] [--reps N] [--at K] [--nodes 5,50,100] [--skip-stall] [--skip-address]
+ *                       [--skip-discovery] */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dht.h"
 #include "generate.h"
 #include "memtune.h"
 #include "record.h"
+#include "rng.h"
+#include "../tests/serverproc.h"
 #include "runtime.h"
 #include "timeutil.h"
 #include "view.h"
@@ -33,7 +42,7 @@
 
 typedef struct opts {
     const char *model;
-    int reps, at, skip_stall, skip_discovery;
+    int reps, at, skip_stall, skip_discovery, skip_address;
     int nodes[8], nnodes;
 } opts;
 
@@ -66,6 +75,7 @@ typedef struct hit {
     sp_runtime *rt;
     int at, sig, calls, block;
     pid_t victim;
+    pid_t target;  /* > 0: the process to hit (else the server of h->block in the route, started by swarm up) */
     double step[MAX_STEPS];
     int nsteps;
     double stall;
@@ -110,10 +120,12 @@ static int h_hit(hit *h)
 {
     int now = h->calls++ == h->at && h->sig;
     if (now) {
-        h->victim = pid_of_block(h->rt, &h->sw->route, h->block);
+        h->victim = h->target > 0 ? h->target : pid_of_block(h->rt, &h->sw->route, h->block);
         if (h->victim > 0) {
             double t_sig = sp_now_s();
             kill(h->victim, h->sig);
+            if (h->target > 0) /* ours: reaped at once, so that its port is closed as the client goes on */
+                waitpid(h->victim, NULL, 0);
             if (h->sig == SIGTERM) { /* its exit, timed before the client goes on (as a user waits for it) */
                 while (!exited(h->victim) && sp_now_s() - t_sig < 10)
                     sleep_s(0.0005);
@@ -171,12 +183,13 @@ static void h_end(void *ctx)
 static const int32_t PROMPT[] = {1, 9038, 2501, 263, 931, 29892, 727, 471}; /* <s> Once upon a time, there was */
 #define PROMPT_LEN 8
 
-static int generate(sp_runtime *rt, hit *h, int max_new, sp_gen_result *out)
+static int generate_beams(sp_runtime *rt, hit *h, int max_new, int beams, sp_gen_result *out)
 {
     sp_gen_opts o;
     sp_gen_opts_default(&o);
     o.max_new = max_new;
     o.stop_at_eos = 0;
+    o.beams = beams;
     sp_lm_swarm sw;
     h->rt = rt;
     h->sw = &sw;
@@ -194,6 +207,11 @@ static int generate(sp_runtime *rt, hit *h, int max_new, sp_gen_result *out)
     if (sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, out, &err))
         return fprintf(stderr, "bench: generate: %s\n", err.msg), -1;
     return 0;
+}
+
+static int generate(sp_runtime *rt, hit *h, int max_new, sp_gen_result *out)
+{
+    return generate_beams(rt, h, max_new, 1, out);
 }
 
 /* Time of a prefill of n positions (ids) through the swarm: one forward call of a fresh session. */
@@ -214,11 +232,20 @@ static double prefill_time(sp_runtime *rt, const int32_t *ids, int n)
     return dt;
 }
 
+static sp_runtime *unblock_rt; /* its blocked-servers setting is cleared at the first retry */
+
 static void on_event(const sp_event *ev, void *user)
 {
     (void)user;
     if (getenv("SEPAL_BENCH_VERBOSE") && ev->text)
         fprintf(stderr, "  [%.3f] event: %s\n", sp_now_s(), ev->text);
+    if (ev->kind == SP_EV_RETRY && unblock_rt) {
+        sp_rt_settings set;
+        sp_runtime_settings(unblock_rt, &set);
+        set.blocked[0] = '\0';
+        sp_runtime_set_settings(unblock_rt, &set);
+        unblock_rt = NULL;
+    }
 }
 
 /* Servers of the swarm holding block b. */
@@ -332,6 +359,210 @@ static int bench_stall(const opts *o)
     }
     printf("  a hung server is given up after the step timeout: 2 s + 20 expected step times by default\n");
     sp_gen_result_free(&want);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* restarted addresses */
+
+typedef struct proc {
+    pid_t pid;
+    int port, dht_port;
+} proc;
+
+/* sepal-server --blocks 0:L at ws port `port` (0: any), announcing every 30 s, joining peers (NULL: a new swarm);
+ * returns once it serves (its serving line read). 0, or -1. */
+static int spawn(const char *model, int L, int port, const char *peers, proc *p)
+{
+    char blocks[32], ports[16], line[1024];
+    snprintf(blocks, sizeof blocks, "0:%d", L);
+    snprintf(ports, sizeof ports, "%d", port);
+    const char *argv[20] = {"sepal-server", "--model", model, "--blocks", blocks, "--no-measure", "--update-period",
+                            "30", "--port", ports, "--dht-port", "0", peers ? "--initial-peers" : "--new-swarm",
+                            peers, NULL};
+    p->pid = sp_serverproc_start(NULL, argv, 0, NULL, line, sizeof line);
+    p->port = sp_serverproc_port(line, "ws://");
+    p->dht_port = sp_serverproc_port(line, "DHT ");
+    if (p->port <= 0 || p->dht_port <= 0)
+        return fprintf(stderr, "bench: %s did not start: %s\n", sp_serverproc_bin(), line), -1;
+    return 0;
+}
+
+static void stop(proc *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+    }
+    p->pid = 0;
+}
+
+/* Server entries of rt in the view at port (not gone), and all (earlier lives seen). */
+static int lives_at(sp_runtime *rt, int port, int *seen)
+{
+    int n = 0;
+    *seen = 0;
+    sp_server_row *rows = NULL;
+    int m = sp_runtime_servers(rt, &rows);
+    for (int i = 0; i < m; i++)
+        if (rows[i].rec.port == port) {
+            (*seen)++;
+            n += !rows[i].gone && rows[i].rec.state == SP_SERVER_ONLINE;
+        }
+    free(rows);
+    return n;
+}
+
+/* A client of the swarm through peer that sees ONLINE servers at ports a and b. */
+static sp_runtime *joined(const char *model, const char *peer, int a, int b)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    if (sp_runtime_new(&rt, on_event, NULL, &err) || sp_runtime_load(rt, model, &err) ||
+        sp_runtime_join(rt, peer, &err)) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        sp_runtime_free(rt);
+        return NULL;
+    }
+    int seen;
+    for (double end = sp_now_s() + 20; sp_now_s() < end; sleep_s(0.01))
+        if (lives_at(rt, a, &seen) && lives_at(rt, b, &seen))
+            return rt;
+    fprintf(stderr, "bench: the client did not find both servers\n");
+    sp_runtime_free(rt);
+    return NULL;
+}
+
+/* Server A (all blocks) and server B (all blocks; its port had `lives` earlier lives: started, seen announced
+ * by a watching client, killed), then a client that joined after; B is the route (A blocked until the first
+ * retry). */
+static sp_runtime *address_swarm(const char *model, int lives, proc *a, proc *b)
+{
+    sp_config cfg;
+    sp_err err = {0};
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    if (sp_config_load(&cfg, path, &err))
+        return fprintf(stderr, "bench: %s\n", err.msg), NULL;
+    char peer[64];
+    if (spawn(model, cfg.n_layers, 0, NULL, a))
+        return NULL;
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", a->dht_port);
+    int port = 0;
+    sp_runtime *watch = lives ? joined(model, peer, a->port, a->port) : NULL;
+    for (int k = 0; k <= lives; k++) {
+        if (spawn(model, cfg.n_layers, port, peer, b))
+            return NULL;
+        port = b->port;
+        int seen = 0;
+        for (double end = sp_now_s() + 20; watch && seen <= k && sp_now_s() < end; sleep_s(0.01))
+            lives_at(watch, port, &seen);
+        if (k < lives)
+            stop(b);
+    }
+    sp_runtime_free(watch);
+    sp_runtime *rt = joined(model, peer, a->port, b->port);
+    if (rt) {
+        sp_runtime_wait_view(rt, 5000); /* whatever the DHT holds has arrived */
+        sp_rt_settings set;
+        sp_runtime_settings(rt, &set);
+        snprintf(set.blocked, sizeof set.blocked, "127.0.0.1:%d", a->port);
+        sp_runtime_set_settings(rt, &set);
+        unblock_rt = rt;
+    }
+    return rt;
+}
+
+/* One FORWARD + BACKWARD of a [2, 16] batch along route: seconds, or -1. */
+static double train_step(sp_runtime *rt, sp_route *route, const float *x, const float *g0, float *y, float *g,
+                         float *bound)
+{
+    int B = 2, T = 16;
+    size_t N = (size_t)B * T * sp_runtime_config(rt)->hidden;
+    memcpy(y, x, N * sizeof(float));
+    memcpy(g, g0, N * sizeof(float));
+    sp_err err = {0};
+    double t0 = sp_now_s();
+    if (sp_runtime_forward(rt, route, y, B, T, NULL, 0, bound, NULL, &err) ||
+        sp_runtime_backward(rt, route, g, B, T, NULL, 0, bound, NULL, NULL, &err))
+        return fprintf(stderr, "bench: training step: %s\n", err.msg), -1;
+    return sp_now_s() - t0;
+}
+
+/* Training through B: the median of 3 steps (*normal_s), then B killed and the step that meets it (*stall: its
+ * time, the normal step's work, the failure and the re-run on A). */
+static int address_train(sp_runtime *rt, proc *b, double *stall, double *normal_s)
+{
+    int B = 2, T = 16, L = sp_runtime_config(rt)->n_layers;
+    size_t N = (size_t)B * T * sp_runtime_config(rt)->hidden;
+    float *x = malloc(N * 4), *g0 = malloc(N * 4), *y = malloc(N * 4), *g = malloc(N * 4);
+    float *bound = malloc((size_t)L * N * 4);
+    sp_rng r;
+    sp_rng_seed(&r, 5);
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g0, (long)N, 1.0f);
+    sp_route route;
+    sp_err err = {0};
+    double normal[3];
+    int rc = sp_runtime_route_train(rt, &route, &err) ? -1 : 0;
+    for (int k = 0; !rc && k < 3; k++)
+        rc = (normal[k] = train_step(rt, &route, x, g0, y, g, bound)) < 0 ? -1 : 0;
+    if (!rc) {
+        stop(b);
+        *stall = train_step(rt, &route, x, g0, y, g, bound);
+        rc = *stall < 0 ? -1 : 0;
+        *normal_s = median(normal, 3);
+    }
+    free(x), free(g0), free(y), free(g), free(bound);
+    return rc;
+}
+
+/* One run of mode (0 greedy, 1 beams, 2 training) through B on a fresh swarm whose B address had `lives` earlier
+ * lives; B killed before token o->at (before a training step). */
+static int address_once(const opts *o, int mode, int lives, double *stall, double *normal_s)
+{
+    proc a = {0}, b = {0};
+    sp_runtime *rt = address_swarm(o->model, lives, &a, &b);
+    int rc = rt ? 0 : -1;
+    if (!rc && mode == 2) {
+        rc = address_train(rt, &b, stall, normal_s);
+    } else if (!rc) {
+        hit h = {.at = o->at, .sig = SIGKILL, .target = b.pid};
+        sp_gen_result got;
+        rc = generate_beams(rt, &h, o->at + 8, mode ? 3 : 1, &got);
+        if (!rc)
+            sp_gen_result_free(&got);
+        b.pid = 0; /* killed and reaped by the hit */
+        *stall = h.stall;
+        *normal_s = median(h.step, h.nsteps);
+    }
+    unblock_rt = NULL;
+    sp_runtime_free(rt);
+    stop(&a);
+    stop(&b);
+    return rc;
+}
+
+static int bench_address(const opts *o)
+{
+    printf("restarted addresses: server A and server B (each all blocks, records every 30 s); the request goes "
+           "through B (A blocked until the first retry) and B is killed (SIGKILL) before token %d (training: before "
+           "a FORWARD+BACKWARD of [2, 16]); B's address fresh, or with 4 earlier lives (started, announced, killed) "
+           "whose records are still fresh in the DHT; %d runs each, medians\n", o->at, o->reps);
+    static const char *const names[3] = {"greedy", "beams (3)", "training"};
+    for (int mode = 0; mode < 3; mode++) {
+        double st[2][16], nm[32];
+        int n = o->reps < 16 ? o->reps : 16;
+        for (int r = 0; r < n; r++) /* interleaved: fresh, restarted, fresh, ... */
+            for (int lives = 0; lives < 2; lives++)
+                if (address_once(o, mode, lives ? 4 : 0, &st[lives][r], &nm[lives * n + r]))
+                    return 1;
+        double fresh = median(st[0], n), restarted = median(st[1], n), normal = median(nm, 2 * n);
+        printf("  %-10s the step that met the kill: fresh address %.3f s (%.3f..%.3f), restarted address %.3f s "
+               "(%.3f..%.3f), a normal step %.4f s; restarted / fresh: median %.2f, worst %.2f (goal <= 2)\n",
+               names[mode], fresh, st[0][0], st[0][n - 1], restarted, st[1][0], st[1][n - 1], normal,
+               fresh > 0 ? restarted / fresh : 0, st[0][n - 1] > 0 ? st[1][n - 1] / st[0][n - 1] : 0);
+    }
     return 0;
 }
 
@@ -527,6 +758,8 @@ int main(int argc, char **argv)
             o.skip_stall = 1;
         else if (!strcmp(argv[i], "--skip-discovery"))
             o.skip_discovery = 1;
+        else if (!strcmp(argv[i], "--skip-address"))
+            o.skip_address = 1;
         else if (!strcmp(argv[i], "--nodes") && i + 1 < argc) {
             o.nnodes = 0;
             for (char *save = NULL, *t = strtok_r(argv[++i], ",", &save); t && o.nnodes < 8;
@@ -536,13 +769,15 @@ int main(int argc, char **argv)
             o.model = argv[i];
         else
             return fprintf(stderr, "usage: bench_failover [MODEL_DIR] [--reps N] [--at K] [--nodes 5,50,100] "
-                                   "[--skip-stall] [--skip-discovery]\n"), 2;
+                                   "[--skip-stall] [--skip-address] [--skip-discovery]\n"), 2;
     }
     if (o.reps < 1 || o.reps > 16 || o.at < 1 || o.at > 200)
         return fprintf(stderr, "bench_failover: --reps 1..16, --at 1..200\n"), 2;
     int rc = 0;
     if (!o.skip_stall)
         rc |= bench_stall(&o);
+    if (!o.skip_address)
+        rc |= bench_address(&o);
     if (!o.skip_discovery) {
         printf("discovery: N DHT nodes each announcing an 8-block span of an 80-block model, all joined through "
                "the first; a client joins through the first\n");

@@ -82,6 +82,7 @@ static void row_of(const sp_server_entry *e, sp_server_row *r)
     *r = (sp_server_row){.rec = e->rec, .from_dht = e->from_dht, .gone = e->gone, .rtt = e->rtt,
                          .banned_until = e->banned_until, .failures = e->failures, .cache_total = e->cache_total,
                          .pid = e->pid};
+    snprintf(r->log, sizeof r->log, "%s", e->log);
 }
 
 int sp_runtime_servers(sp_runtime *rt, sp_server_row **out)
@@ -131,3 +132,4 @@ void sp_runtime_set_settings(sp_runtime *rt, const sp_rt_settings *s)
 int sp_runtime_swarm_started(const sp_runtime *rt) { return rt->swarm_started; }
 int sp_runtime_in_swarm(const sp_runtime *rt) { return rt->dht != NULL; }
 const char *sp_runtime_swarm_key_path(const sp_runtime *rt) { return rt->key_path; }
+const char *sp_runtime_initial_peers(const sp_runtime *rt) { return rt->initial_peers; }

@@ -49,6 +49,8 @@ void sp_runtime_set_settings(sp_runtime *rt, const sp_rt_settings *s);
 int sp_runtime_swarm_started(const sp_runtime *rt);
 /* Whether it is in a swarm through the DHT (sp_runtime_join, or swarm up). */
 int sp_runtime_in_swarm(const sp_runtime *rt);
+/* The DHT nodes it joined through ("host:port[,...]"), "" when in no swarm. */
+const char *sp_runtime_initial_peers(const sp_runtime *rt);
 /* The swarm key file in use (sp_runtime_set_swarm_key), "" for none. */
 const char *sp_runtime_swarm_key_path(const sp_runtime *rt);
 

@@ -32,7 +32,10 @@ typedef struct sp_route {
     int first[SP_RT_MAX_HOPS + 1];
     int nhops;
     sp_hop hop[SP_RT_MAX_HOPS];
-    double cost;           /* expected seconds per inference step (min-latency routes), else 0 */
+    double cost;           /* expected seconds per inference step (min-latency routes), else 0: the hops' round
+                              trips from the client and their blocks, and for a route over every block the
+                              client's own part too (local) */
+    double local;          /* of which the client's own part */
 } sp_route;
 
 /* Settings of the runtime (front ends' `set`). */
@@ -66,6 +69,7 @@ typedef struct sp_server_row {
     int failures;          /* since the last success */
     long cache_total;      /* from INFO */
     pid_t pid;             /* > 0: started by swarm up */
+    char log[256];         /* its stderr's file, for swarm-started servers ("" otherwise) */
 } sp_server_row;
 
 #endif

@@ -50,6 +50,12 @@ void sp_progress(sp_app *app, const char *what, double done, double total, const
     sp_emit(app, &ev);
 }
 
+int sp_app_columns(const sp_app *app)
+{
+    int c = app->sink.columns ? app->sink.columns(app->sink.user) : app->width;
+    return c > 0 ? c : 0;
+}
+
 void sp_progress_end(sp_app *app, const char *what)
 {
     sp_ui_event ev = {.kind = SP_UI_PROGRESS_END, .what = what};

@@ -10,6 +10,14 @@
 #include "settings.h"
 #include "sink.h"
 
+/* What `serve` asks for (cmd_serve.c fills it from its options); the HTTP front end (serve/) runs it. */
+typedef struct sp_serve_opts {
+    char host[256];      /* the address to listen on */
+    int port;            /* 0: a free port */
+    char api_key[512];   /* the bearer token every request must carry ("": none) */
+    int parallel;        /* generations at once; more wait for their turn */
+} sp_serve_opts;
+
 struct sp_app {
     int quit;          /* set by `quit` */
     int interactive;   /* 1 in the REPL and the TUI, 0 for -c / -f / piped stdin */
@@ -24,6 +32,8 @@ struct sp_app {
     int dry_run;       /* --dry-run: commands and their options are checked, not run */
     int keep_going;    /* -k: scripts go on after a failed command (the exit status still says it failed) */
     int failed;        /* commands that failed under keep_going */
+    /* the HTTP front end that `serve` runs until Ctrl-C (the program sets it: serve/serve.h); NULL: none */
+    int (*serve)(sp_app *app, const sp_serve_opts *o);
 };
 
 void sp_app_init(sp_app *app, sp_sink sink);
@@ -48,6 +58,9 @@ int sp_emitf(sp_app *app, sp_ui_kind kind, const char *fmt, ...) __attribute__((
 #define sp_warn(app, ...) sp_emitf((app), SP_UI_WARN, __VA_ARGS__)
 #define sp_app_error(app, ...) sp_emitf((app), SP_UI_ERROR, __VA_ARGS__)
 void sp_progress(sp_app *app, const char *what, double done, double total, const char *unit);
+/* The columns a table's lines must fit (0: no limit): the sink's answer (the line front end: the terminal's when
+ * stdout is one), else app->width (the TUI sets it to its log's). */
+int sp_app_columns(const sp_app *app);
 void sp_progress_end(sp_app *app, const char *what);
 
 /* Settings (settings.h): the one that name (a unique prefix) names, or -1 with why ("unknown setting 'x' (did

@@ -1,6 +1,7 @@
 /* cmd.c - the command table: the groups in the order `help` lists them, and lookup by name, alias or unique
- * prefix (subcommands too). Parsing: parse.c; running lines and scripts: script.c; help: help.c; Tab
- * completion: complete.c. Nothing here prints: output goes through the app's sink. */
+ * prefix (subcommands too; an unknown name gets the nearest names, as git suggests them). Parsing: parse.c;
+ * running lines and scripts: script.c; help: help.c; Tab completion: complete.c. Nothing here prints: output
+ * goes through the app's sink. */
 #include "cmd.h"
 
 #include <stdio.h>
@@ -12,6 +13,7 @@ const sp_cmd_group sp_cmd_groups[] = {
     {"swarm", sp_cmds_swarm},
     {"generate", sp_cmds_generate},
     {"train", sp_cmds_train},
+    {"serve", sp_cmds_serve},
     {NULL, NULL},
 };
 
@@ -58,6 +60,20 @@ static void list_names(const sp_cmd *table, const char *prefix, char *why, size_
     }
 }
 
+/* Offers the names and aliases of table's commands to s. */
+static void similar_names(const sp_cmd *table, sp_similar *s)
+{
+    SP_CMD_EACH(table, c)
+    {
+        sp_similar_offer(s, c->name, strlen(c->name));
+        for (const char *p = c->aliases; p && *p;) {
+            size_t len = strcspn(p, ",");
+            sp_similar_offer(s, p, len);
+            p += len + (p[len] == ',');
+        }
+    }
+}
+
 const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, size_t cap)
 {
     int count = 0;
@@ -67,8 +83,13 @@ const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, s
     const char *what = table ? "subcommand" : "command";
     size_t len = (size_t)snprintf(why, cap, count ? "ambiguous %s '%s': " : "unknown %s '%s'", what, name);
     len = len < cap ? len : cap - 1;
+    sp_similar near;
+    sp_similar_init(&near, name);
+    similar_names(table, &near);
     if (count) {
         list_names(table, name, why, cap, &len);
+    } else if (near.n) {
+        sp_similar_say(&near, NULL, why, cap, &len);
     } else if (table) {
         sp_opt_list_add(why, cap, &len, " (one of: ", 1);
         list_names(table, "", why, cap, &len);

@@ -53,6 +53,8 @@ typedef struct sp_cmd {
     const char *help;           /* more, for `help NAME`; may be NULL */
     const char *examples;       /* example lines ("generate \"Hi\" --greedy\n..."), run by the README test */
     sp_cmd_fn fn;               /* NULL when subs says what to do */
+    sp_cmd_fn check;            /* may be NULL: under --dry-run, what can be checked without running (a task's
+                                   arguments), beyond the names, options and values every command gets */
     /* Tab completion of the positionals when they are not paths: adds the candidates for word, positional
      * npos (from 0), typed after prev (sp_complete_*); may be NULL. */
     void (*complete)(const sp_app *app, int npos, const char *prev, const char *word, sp_strlist *out);
@@ -68,6 +70,7 @@ extern const sp_cmd sp_cmds_model[];    /* model info|check|generate|convert-lla
 extern const sp_cmd sp_cmds_swarm[];    /* load, swarm, connect, servers, models, route */
 extern const sp_cmd sp_cmds_generate[]; /* generate */
 extern const sp_cmd sp_cmds_train[];    /* train, eval, plugin */
+extern const sp_cmd sp_cmds_serve[];    /* serve */
 
 typedef struct sp_cmd_group {
     const char *title;
@@ -82,7 +85,9 @@ extern const sp_cmd_group sp_cmd_groups[]; /* in the order `help` lists them, en
         for (const sp_cmd *c = (table) ? (table) : g_->cmds; c->name; c++)
 
 /* Looks a name up in a table (NULL: the top level): exact name or alias first, then a unique prefix. NULL
- * with a message in why ("unknown command 'x' (try 'help')", "ambiguous command 'se': servers, set"). */
+ * with a message in why: "unknown command 'genrate' (did you mean generate?)" (the one or two nearest names,
+ * sp_similar), else "unknown command 'x' (try 'help')" or "unknown subcommand 'x' (one of: up, down)";
+ * "ambiguous command 'se': servers, set". */
 const sp_cmd *sp_cmd_find_in(const sp_cmd *table, const char *name, char *why, size_t cap);
 const sp_cmd *sp_cmd_find(const char *name, char *why, size_t cap);
 
@@ -102,6 +107,9 @@ int sp_arg_choice(const sp_app *app, const sp_args *a, int k);
 int sp_arg_on(const sp_app *app, const sp_args *a, int k);
 /* A seed option (its setting's kind: an integer, or `random`): the integer, or a fresh seed. */
 unsigned long long sp_arg_seed(const sp_app *app, const sp_args *a, int k);
+/* One warning for the options of ks[0..n) that were given but do nothing here: "--top-p, --seed have no effect
+ * WHY" (nothing when none was given). */
+void sp_args_warn_unused(sp_app *app, const sp_args *a, const int *ks, int n, const char *why);
 
 /* Runs one line: commands separated by ';' (outside quotes); '#' starts a comment. Arguments are split on
  * whitespace with "double" / 'single' quotes and backslash escapes. Stops at the first failing command (or a
@@ -134,8 +142,9 @@ void sp_cmd_help(sp_app *app, const sp_cmd *c, const char *path, int width);
 /* Tab completion: the candidates for the word being typed, given the words before it on its command
  * (prior[0..nprior)). *files: the candidates are file names (no space after a directory). */
 void sp_cmd_complete(const sp_app *app, int nprior, char **prior, const char *word, sp_strlist *out, int *files);
-/* For the commands' completion hooks: the names of table's commands (NULL: every command; aliases too), the
- * choices "a|b|c", the names of opts' rows, that start with word. */
+/* For the commands' completion hooks: the names of table's commands (NULL: every command; aliases too, those of
+ * a command whose name does not start with word: "ex" gives exit, "ge" generate alone), the choices "a|b|c", the
+ * names of opts' rows, that start with word. */
 void sp_complete_commands(sp_strlist *out, const sp_cmd *table, const char *word, int aliases);
 void sp_complete_choices(sp_strlist *out, const char *choices, const char *word);
 void sp_complete_names(sp_strlist *out, const sp_opt *opts, const char *word);

@@ -29,13 +29,27 @@ static int parse_ids(sp_app *app, const char *s, int32_t **ids, int *n)
 typedef struct stream_ctx {
     sp_app *app;
     int quiet;
+    const char *prompt; /* as typed (NULL: ids) */
+    int begun;
 } stream_ctx;
+
+/* The front end shows the prompt with the first token, not before: while the swarm has no route yet (a server
+ * still joining), what shows is the runtime's retry lines, never a prompt that hangs. */
+static void begin_once(stream_ctx *s)
+{
+    if (s->begun)
+        return;
+    s->begun = 1;
+    sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = s->prompt};
+    sp_emit(s->app, &begin);
+}
 
 static int stream(int row, int token, const char *text, void *user)
 {
     (void)row;
     (void)token;
     stream_ctx *s = user;
+    begin_once(s);
     if (text && !s->quiet) {
         sp_ui_event ev = {.kind = SP_UI_GEN_TEXT, .text = text};
         sp_emit(s->app, &ev);
@@ -124,17 +138,20 @@ static int cmd_generate(sp_app *app, const sp_args *a)
                             P ? " (less the trained prompts)" : "");
     }
     if (n + o.max_new - 1 > ctx) {
-        sp_warn(app, "--max-new-tokens %d: %d prompt tokens leave room for %d in the context of %d", o.max_new, n,
-                ctx - n + 1, ctx);
+        sp_warn(app, "--max-new-tokens %d: %d prompt token%s room for %d in the context of %d", o.max_new, n,
+                n == 1 ? " leaves" : "s leave", ctx - n + 1, ctx);
         o.max_new = ctx - n + 1;
     }
     const char *stops[2] = {stop && *stop ? stop : NULL, NULL};
     o.stop = stops[0] ? stops : NULL;
     o.eos_id = c->eos_id;
     o.bos_id = c->bos_id;
-    stream_ctx sc = {.app = app, .quiet = ids_arg != NULL || o.stop}; /* with a stop string: printed once cut */
-    sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = ids_arg ? NULL : a->pos[0]};
-    sp_emit(app, &begin);
+    static const int sampling[] = {GEN_TOP_K, GEN_TOP_P, GEN_SEED};
+    if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
+        sp_args_warn_unused(app, a, sampling, 3,
+                            "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
+    stream_ctx sc = {.app = app, .quiet = ids_arg != NULL || o.stop, /* with a stop string: printed once cut */
+                     .prompt = ids_arg ? NULL : a->pos[0]};
     sp_gen_result r;
     const int32_t *ps[1] = {ids};
     sp_status st = sp_generate(&lm, ids_arg ? NULL : tok, ps, &n, 1, &o, stream, &sc, &r, &err);
@@ -142,11 +159,12 @@ static int cmd_generate(sp_app *app, const sp_args *a)
     free(deep);
     if (st) {
         sp_ui_event end = {.kind = SP_UI_GEN_TEXT, .text = "\n"};
-        if (!ids_arg)
+        if (!ids_arg && sc.begun)
             sp_emit(app, &end);
         free(ids);
         return sp_app_error(app, "generate: %s", err.msg);
     }
+    begin_once(&sc); /* no token came (cancelled before the first) */
     if (sc.quiet && !ids_arg) {
         sp_ui_event t = {.kind = SP_UI_GEN_TEXT, .text = r.text[0]};
         sp_emit(app, &t);

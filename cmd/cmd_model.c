@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "block.h"
 #include "app.h"
@@ -285,9 +286,15 @@ static int model_check(sp_app *app, const char *dir, const char *golden_path)
 {
     check_ctx c = {.app = app};
     char gp[4096];
+    sp_config cfg;
     if (!golden_path) {
         snprintf(gp, sizeof gp, "%s/golden.safetensors", dir);
         golden_path = gp;
+        int model = !sp_config_load(&cfg, dir, &c.err) && cfg.arch != SP_ARCH_UNKNOWN;
+        if (model && access(gp, F_OK)) /* a model we serve, but nothing to compare it with */
+            return sp_app_error(app, "model check: %s has no golden.safetensors: give --golden FILE, the outputs to "
+                                     "compare with (the model's logits, every block's in -> out and grad_in, greedy "
+                                     "ids; safetensors as tests/data/hf-tiny/README.md describes)", dir);
     }
     if (sp_model_load(&c.m, dir, SP_LOAD_ALL, 0, -1, &c.err))
         return fail_err(app, &c.err);
@@ -359,8 +366,8 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
         goto done;
     }
     if (n + o.max_new - 1 > m->cfg.max_pos) {
-        sp_warn(app, "--max-new-tokens %d: %d prompt tokens leave room for %d in the context of %d", o.max_new, n,
-                m->cfg.max_pos - n + 1, m->cfg.max_pos);
+        sp_warn(app, "--max-new-tokens %d: %d prompt token%s room for %d in the context of %d", o.max_new, n,
+                n == 1 ? " leaves" : "s leave", m->cfg.max_pos - n + 1, m->cfg.max_pos);
         o.max_new = m->cfg.max_pos - n + 1;
     }
     if (!(ids = malloc((size_t)(n ? n : 1) * sizeof *ids))) {
@@ -385,7 +392,7 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
     if (sp_generate(&lm, tok, ps, &n, 1, &o, stream_piece, &sc, &r, &err)) {
         sp_ui_event nl = {.kind = SP_UI_GEN_TEXT, .text = "\n"};
         sp_emit(app, &nl);
-        rc = fail_err(app, &err);
+        rc = sp_app_error(app, "model generate: %s", err.msg); /* CLI_FAIL */
         goto done;
     }
     sp_ui_gen g = {.prompt_tokens = n, .new_tokens = r.n[0], .prefill_s = r.prefill_s,
@@ -428,9 +435,7 @@ static int cmd_check(sp_app *app, const sp_args *a)
 
 static int cmd_gen(sp_app *app, const sp_args *a)
 {
-    const char *prompt = sp_arg(app, a, MG_PROMPT);
-    if (!prompt)
-        return sp_app_error(app, "model generate: needs --prompt TEXT"), CLI_USAGE;
+    const char *prompt = sp_arg(app, a, MG_PROMPT); /* required: the parser saw it */
     sp_gen_opts o;
     sp_gen_opts_default(&o);
     o.max_new = (int)sp_arg_int(app, a, MG_MAX_NEW_TOKENS);
@@ -442,6 +447,10 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     o.stop_at_eos = !sp_arg_given(a, MG_IGNORE_EOS);
     o.min_new = (int)sp_arg_int(app, a, MG_MIN_NEW_TOKENS);
     o.cancel = &app->cancel;
+    static const int sampling[] = {MG_TOP_K, MG_TOP_P, MG_SEED};
+    if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
+        sp_args_warn_unused(app, a, sampling, 3,
+                            "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
     return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, MG_DTYPE),
                           (int)sp_arg_int(app, a, MG_THREADS));
 }
@@ -524,7 +533,7 @@ static const sp_opt check_opts[] = {
 };
 
 static const sp_opt gen_opts[] = {
-    [MG_PROMPT] = {"--prompt", SP_OPT_STR, "TEXT", .help = "the prompt (needed)"},
+    [MG_PROMPT] = {"--prompt", SP_OPT_STR, "TEXT", .help = "the prompt", .required = 1},
     [MG_MAX_NEW_TOKENS] = {"--max-new-tokens", .meta = "N", SP_LIKE(SP_SET_MAX_NEW_TOKENS),
                            .help = "tokens to add at most"},
     [MG_TEMPERATURE] = {"--temperature", .meta = "T", SP_LIKE(SP_SET_TEMPERATURE),

@@ -7,6 +7,7 @@
 
 #include "app.h"
 #include "runtime.h"
+#include "table.h"
 #include "timeutil.h"
 
 enum { UP_BLOCKS_PER_SERVER, UP_NOPTS };
@@ -87,34 +88,56 @@ static void fmt_rtt(char *buf, size_t cap, double rtt)
         snprintf(buf, cap, "%.1f ms", rtt * 1e3);
 }
 
-static void server_row(sp_app *app, const sp_server_row *e, double now)
+/* The `servers` table's columns; the least important are dropped first where the output is narrow. */
+enum { SC_ID, SC_NAME, SC_ADDR, SC_BLOCKS, SC_STATE, SC_TPUT, SC_INF, SC_FWD, SC_NET, SC_TYPE, SC_CACHE, SC_PINGS,
+       SC_PING, SC_VERSION, SC_N };
+static const sp_col SERVER_COLS[SC_N] = {
+    [SC_ID] = {"id", 8, 8, 0, 100},         [SC_NAME] = {"name", 4, 12, 0, 40},
+    [SC_ADDR] = {"address", 0, 0, 0, 75},   [SC_BLOCKS] = {"blocks", 0, 0, 0, 95},
+    [SC_STATE] = {"state", 0, 0, 0, 85},    [SC_TPUT] = {"tok/s", 0, 0, 1, 80},
+    [SC_INF] = {"inf rps", 0, 0, 1, 30},    [SC_FWD] = {"fwd rps", 0, 0, 1, 25},
+    [SC_NET] = {"net rps", 0, 0, 1, 20},    [SC_TYPE] = {"type", 0, 0, 0, 50},
+    [SC_CACHE] = {"cache", 0, 0, 1, 60},    [SC_PINGS] = {"next pings", 0, 0, 0, 35},
+    [SC_PING] = {"ping", 0, 0, 1, 55},      [SC_VERSION] = {"version", 0, 0, 0, 10},
+};
+
+typedef struct server_cells {
+    char text[SC_N][112];
+} server_cells;
+
+static void server_row(const sp_server_row *e, double now, server_cells *out)
 {
     const sp_server_record *r = &e->rec;
-    char addr[96], span[32], rtt[32], pings[48], state[32], best_s[24];
-    snprintf(addr, sizeof addr, "%s:%d", r->host, r->port);
-    snprintf(span, sizeof span, "%d:%d", r->start, r->end);
-    fmt_rtt(rtt, sizeof rtt, e->rtt);
+    char(*t)[112] = out->text;
+    snprintf(t[SC_ID], sizeof t[SC_ID], "%s", r->id);
+    snprintf(t[SC_NAME], sizeof t[SC_NAME], "%s", sp_server_shown_name(r->name, e->pid > 0));
+    snprintf(t[SC_ADDR], sizeof t[SC_ADDR], "%s:%d", r->host, r->port);
+    snprintf(t[SC_BLOCKS], sizeof t[SC_BLOCKS], "%d:%d", r->start, r->end);
+    if (e->banned_until > now)
+        snprintf(t[SC_STATE], sizeof t[SC_STATE], "banned %.0fs", e->banned_until - now);
+    else
+        snprintf(t[SC_STATE], sizeof t[SC_STATE], "%s", sp_server_state_name(r->state));
+    snprintf(t[SC_TPUT], sizeof t[SC_TPUT], "%.0f", r->throughput);
+    snprintf(t[SC_INF], sizeof t[SC_INF], "%.1f", r->inference_rps);
+    snprintf(t[SC_FWD], sizeof t[SC_FWD], "%.0f", r->forward_rps);
+    snprintf(t[SC_NET], sizeof t[SC_NET], "%.0f", r->network_rps);
+    snprintf(t[SC_TYPE], sizeof t[SC_TYPE], "%s", r->dtype[0] ? r->dtype : "-");
+    if (r->cache_tokens_left >= 0)
+        snprintf(t[SC_CACHE], sizeof t[SC_CACHE], "%ld", r->cache_tokens_left);
+    else
+        snprintf(t[SC_CACHE], sizeof t[SC_CACHE], "-");
     double best = -1;
     for (int i = 0; i < r->npings; i++)
         if (best < 0 || r->pings[i].rtt < best)
             best = r->pings[i].rtt;
+    char best_s[32];
     fmt_rtt(best_s, sizeof best_s, best);
     if (r->npings)
-        snprintf(pings, sizeof pings, "%d, %s", r->npings, best_s);
+        snprintf(t[SC_PINGS], sizeof t[SC_PINGS], "%d, %s", r->npings, best_s);
     else
-        snprintf(pings, sizeof pings, "-");
-    if (e->banned_until > now)
-        snprintf(state, sizeof state, "banned %.0fs", e->banned_until - now);
-    else
-        snprintf(state, sizeof state, "%s", sp_server_state_name(r->state));
-    char cache[32];
-    if (r->cache_tokens_left >= 0)
-        snprintf(cache, sizeof cache, "%ld", r->cache_tokens_left);
-    else
-        snprintf(cache, sizeof cache, "-");
-    sp_out(app, "%-8.8s %-12.12s %-21s %-7s %-11s %9.0f %9.1f %9.0f %9.0f %-4s %9s %-13s %-8s %-6s%s\n", r->id,
-           r->name[0] ? r->name : "-", addr, span, state, r->throughput, r->inference_rps, r->forward_rps,
-           r->network_rps, r->dtype, cache, pings, rtt, r->version, e->pid > 0 ? " (local)" : "");
+        snprintf(t[SC_PINGS], sizeof t[SC_PINGS], "-");
+    fmt_rtt(t[SC_PING], sizeof t[SC_PING], e->rtt);
+    snprintf(t[SC_VERSION], sizeof t[SC_VERSION], "%s", r->version[0] ? r->version : "-");
 }
 
 /* servers --long: every field of server i's record (of the n rows), one per line, nothing cut. */
@@ -124,7 +147,7 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
     const sp_server_record *r = &e->rec;
     char rtt[32], state[64];
     sp_out(app, "server %s%s\n", r->id, e->pid > 0 ? " (local: started by swarm up)" : "");
-    sp_out(app, "  name        %s\n", r->name[0] ? r->name : "- (no --public-name)");
+    sp_out(app, "  name        %s%s\n", sp_server_shown_name(r->name, e->pid > 0), r->name[0] ? "" : " (no --public-name)");
     sp_out(app, "  address     ws://%s:%d\n", r->host, r->port);
     sp_out(app, "  dht node    %s\n", r->dht[0] ? r->dht : "-");
     sp_out(app, "  model       %s (config %016llx, %d blocks)\n", r->model[0] ? r->model : "-",
@@ -165,42 +188,56 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
         sp_out(app, "  announced   - (connected by address, not through the DHT)\n");
 }
 
+/* Servers to show: not gone, and of a restarted server (the same address under a new id) the newest record. */
+static int server_shown(const sp_server_row *rows, int n, int i)
+{
+    const sp_server_row *e = &rows[i];
+    if (e->gone)
+        return 0;
+    for (int j = 0; j < n; j++)
+        if (j != i && !rows[j].gone && rows[j].rec.port == e->rec.port && !strcmp(rows[j].rec.host, e->rec.host) &&
+            rows[j].rec.timestamp > e->rec.timestamp)
+            return 0;
+    return 1;
+}
+
 static int cmd_servers(sp_app *app, const sp_args *a)
 {
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
-    int lng = sp_arg_given(a, SERVERS_LONG);
+    int lng = sp_arg_given(a, SERVERS_LONG), shown = 0;
     sp_runtime_refresh(rt);
-    if (!lng)
-        sp_out(app, "%-8s %-12s %-21s %-7s %-11s %9s %9s %9s %9s %-4s %9s %-13s %-8s %-6s\n", "id", "name",
-               "address", "blocks", "state", "tok/s", "inf rps", "fwd rps", "net rps", "type", "cache", "next pings",
-               "ping", "version");
-    int shown = 0;
     double now = sp_runtime_now(rt), wall = sp_wall_s();
     sp_server_row *rows = NULL;
     int n = sp_runtime_servers(rt, &rows);
-    if (n < 0)
+    server_cells *cells = n > 0 ? calloc((size_t)n, sizeof *cells) : NULL;
+    const char **ptr = n > 0 ? calloc((size_t)n * SC_N, sizeof *ptr) : NULL;
+    if (n < 0 || (n > 0 && (!cells || !ptr))) {
+        free(rows);
+        free(cells);
+        free(ptr);
         return sp_app_error(app, "servers: out of memory");
+    }
     for (int i = 0; i < n; i++) {
-        const sp_server_row *e = &rows[i];
-        if (e->gone)
+        if (!server_shown(rows, n, i))
             continue;
-        int newer = 0; /* a restarted server: the same address under a new id; show the newest record */
-        for (int j = 0; j < n && !newer; j++)
-            newer = j != i && !rows[j].gone && rows[j].rec.port == e->rec.port &&
-                    !strcmp(rows[j].rec.host, e->rec.host) && rows[j].rec.timestamp > e->rec.timestamp;
-        if (newer)
-            continue;
-        if (lng && shown)
-            sp_out(app, "\n");
-        if (lng)
+        if (lng) {
+            if (shown)
+                sp_out(app, "\n");
             server_long(app, rows, n, i, now, wall);
-        else
-            server_row(app, e, now);
+        } else {
+            server_row(&rows[i], now, &cells[shown]);
+            for (int c = 0; c < SC_N; c++)
+                ptr[(size_t)shown * SC_N + (size_t)c] = cells[shown].text[c];
+        }
         shown++;
     }
+    if (!lng)
+        sp_table_out(app, SERVER_COLS, SC_N, ptr, shown, sp_app_columns(app));
     free(rows);
+    free(cells);
+    free(ptr);
     if (!shown)
         sp_out(app, "(no servers: swarm up N, connect --initial-peers HOST:PORT, or connect HOST:PORT)\n");
     return 0;
@@ -243,6 +280,7 @@ static int cmd_route(sp_app *app, const sp_args *a)
     char text[4096];
     sp_runtime_route_text(rt, &r, text, sizeof text);
     sp_out(app, "%s\n", text);
+    sp_runtime_note_route(rt, &r); /* the TUI's route panel shows the same figures */
     return 0;
 }
 
@@ -296,14 +334,17 @@ const sp_cmd sp_cmds_swarm[] = {
              "DHT node of this app's own keeps a live view of the loaded model's servers, and routing picks among "
              "them. connect HOST:PORT,... (or ws://HOST:PORT) uses servers by their websocket address, without "
              "the DHT; a server of another model is refused. --swarm-key FILE joins a private swarm: every "
-             "connection proves the key both ways and DHT records without its tag are dropped.",
+             "connection proves the key both ways and only DHT records sealed with it are read.",
      .examples = "connect --initial-peers 127.0.0.1:31330\nconnect 127.0.0.1:31330", .fn = cmd_connect},
     {.name = "servers", .args = "", .max_pos = 0, SP_OPTS(servers_opts),
      .summary = "the servers: id, name, address, blocks, state, throughput, rps, cache, pings, version",
-     .help = "One row per server: its id (and public name), websocket address, blocks, state (online, joining, "
-             "offline, banned), throughput (tokens/s per block it offers), inference / forward / network rps, "
-             "precision, cache left (positions a session over its span can get), its pings to its successors "
-             "(count, best), this app's ping to it, and its version. Long ids and names are cut to fit; "
+     .help = "One row per server: its id, public name (`local` for a server of swarm up without one), websocket "
+             "address, blocks, state (online, joining, offline, banned), throughput (tokens/s per block it "
+             "offers), inference / forward / network rps, precision, cache left (positions a session over its "
+             "span can get), its pings to its successors (count, best), this app's ping to it, and its version. "
+             "Ids are cut to 8 characters, names to 12. On a terminal the table fits its width ($COLUMNS when "
+             "set; the log's in the TUI), the least important columns left out first (version, net, fwd and inf "
+             "rps, next pings, name, type, ping, cache); into a file or a pipe every column is written. "
              "--long (-l) shows every field of each server's record instead, nothing cut: the full id, name, "
              "address, DHT node, model, blocks, state (and ban), throughput, the three rps, dtype, quantisation, "
              "cache left, each of its next-hop pings, this app's ping, version, and how long ago it announced.",

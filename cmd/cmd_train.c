@@ -6,6 +6,7 @@
 
 #include "app.h"
 #include "host.h"
+#include "optim.h"
 #include "runtime.h"
 #include "trainer.h"
 
@@ -39,6 +40,24 @@ static const sepal_task *find_task(sp_app *app, const char *cmd, const char *nam
         sp_app_error(app, "%s: unknown task '%s' (tasks: %s; `plugin load PATH` adds one)", cmd, name, list);
     }
     return t;
+}
+
+/* The task's arguments (--args), checked by the task before anything touches the swarm: 0, or 1 after a message
+ * ("train: causal_lm: cannot read /x: No such file or directory"). */
+static int check_task_args(sp_app *app, const sp_args *a, const char *cmd, const sepal_task *t)
+{
+    char why[512] = "";
+    if (sp_plugin_check_args(t, sp_arg(app, a, TR_ARGS), why, sizeof why))
+        return sp_app_error(app, "%s: %s", cmd, why);
+    return 0;
+}
+
+/* --dry-run: the task's arguments, when the task is known (an unknown one may be a plugin the script loads). */
+static int check_run(sp_app *app, const sp_args *a)
+{
+    sp_plugin_register_builtins();
+    const sepal_task *t = a->npos ? sp_plugin_find(a->pos[0]) : NULL;
+    return t ? check_task_args(app, a, a->path, t) : 0;
 }
 
 /* The options both commands share, from the command line (the file's own description first, with --load). */
@@ -88,7 +107,12 @@ static int run(sp_app *app, const sp_args *a, int do_train)
         return sp_app_error(app, "%s: %s holds --tuning %s --pre-seq-len %d; leave those options out", cmd, load,
                             TUNINGS[info.tuning], info.pre_seq_len);
     const sepal_task *task = find_task(app, cmd, task_name);
-    sp_runtime *rt = task ? sp_app_runtime(app) : NULL;
+    if (!task || check_task_args(app, a, cmd, task))
+        return 1;
+    char why[300];
+    if (sp_arg_choice(app, a, TR_DEVICE) == 1 && !sp_optim_cuda_usable(why, sizeof why)) /* before the swarm */
+        return sp_app_error(app, "%s: --device cuda: %s; without --device the optimizer runs on the CPU", cmd, why);
+    sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
     if (!sp_runtime_config(rt))
@@ -129,11 +153,13 @@ static int run(sp_app *app, const sp_args *a, int do_train)
     }
     char metrics[512];
     if (do_train) {
-        char what[256], span[48];
-        if (o.max_steps > 0) /* the steps decide, not the epochs */
-            snprintf(span, sizeof span, "at most %d step%s", o.max_steps, o.max_steps == 1 ? "" : "s");
+        char what[256], span[64];
+        int planned = sp_trainer_steps_planned(t); /* what will run: the count the steps are numbered against */
+        if (o.max_steps > 0 && planned == o.max_steps) /* the steps decide, not the epochs */
+            snprintf(span, sizeof span, "at most %d step%s", planned, planned == 1 ? "" : "s");
         else
-            snprintf(span, sizeof span, "%d epoch%s", o.epochs, o.epochs == 1 ? "" : "s");
+            snprintf(span, sizeof span, "%d epoch%s (%d step%s)", o.epochs, o.epochs == 1 ? "" : "s", planned,
+                     planned == 1 ? "" : "s");
         snprintf(what, sizeof what, "training %s with %s (P %d), batch %d, lr %g, %s", task->name,
                  TUNINGS[o.tuning], o.tuning == SP_TUNE_HEAD ? 0 : o.pre_seq_len, o.batch, (double)o.lr, span);
         sp_ui_event b = {.kind = SP_UI_TRAIN_BEGIN, .text = what};
@@ -268,12 +294,13 @@ const sp_cmd sp_cmds_train[] = {
              "--save writes what was trained). Tasks: `plugin list` (sst2 and causal_lm are built in; causal_lm "
              "needs --args \"file=PATH\").",
      .examples = "train sst2 --tuning deep_ptune --max-steps 5 --eval-batches 2", .fn = cmd_train,
-     .complete = complete_task},
+     .check = check_run, .complete = complete_task},
     {.name = "eval", .args = "[TASK]", .min_pos = 0, .max_pos = 1, SP_OPTS(eval_opts),
      .summary = "validation metrics of a task (with --load FILE: of trained parameters)",
      .help = "With --load FILE the task, tuning and pre-seq-len come from the file (saved by train --save); a file "
              "trained for another model is refused. Options of training (--lr, --epochs, --save ...) are refused.",
-     .examples = "eval sst2 --tuning head --eval-batches 2", .fn = cmd_eval, .complete = complete_task},
+     .examples = "eval sst2 --tuning head --eval-batches 2", .fn = cmd_eval, .check = check_run,
+     .complete = complete_task},
     {.name = "plugin", .args = "load PATH | list", .subs = plugin_subs, .summary = "load a task plugin, or list the tasks"},
     {0},
 };

@@ -45,7 +45,8 @@ void sp_complete_commands(sp_strlist *out, const sp_cmd *table, const char *word
     SP_CMD_EACH(table, c)
     {
         sp_strlist_add(out, c->name, strlen(c->name), word);
-        for (const char *p = aliases ? c->aliases : NULL; p && *p;) {
+        int named = !strncmp(c->name, word, strlen(word)); /* "ge": generate, not gen too (Tab would stop at gen) */
+        for (const char *p = aliases && !named ? c->aliases : NULL; p && *p;) {
             size_t len = strcspn(p, ",");
             sp_strlist_add(out, p, len, word);
             p += len + (p[len] == ',');

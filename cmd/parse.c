@@ -36,7 +36,8 @@ void sp_args_free(sp_args *a)
     memset(a, 0, sizeof *a);
 }
 
-/* An option no row of c names: whose it is (another command's), else c's options. */
+/* An option no row of c names: whose it is (another command's), else the nearest of c's options, else all of
+ * them. */
 static int unknown_opt(sp_app *app, const sp_cmd *c, const char *path, const char *word)
 {
     char name[64], list[512] = "";
@@ -50,6 +51,8 @@ static int unknown_opt(sp_app *app, const sp_cmd *c, const char *path, const cha
     size_t len = 0;
     if (owner)
         return sp_app_error(app, "%s: '%s' is an option of %s, not of %s", path, name, owner, path);
+    if (sp_opt_similar(c->opts, name, NULL, list, sizeof list, &len)) /* " (did you mean --x?)" */
+        return sp_app_error(app, "%s: unknown option '%s'%s", path, name, list);
     if (sp_opt_names(c->opts, "", list, sizeof list, &len))
         return sp_app_error(app, "%s: unknown option '%s' (its options: %s)", path, name, list);
     return sp_app_error(app, "%s: unknown option '%s' (it takes none)", path, name);
@@ -111,6 +114,11 @@ int sp_args_parse(sp_app *app, const sp_cmd *c, const char *path, int argc, char
         else
             rc = sp_app_error(app, "%s: %s", path, why);
     }
+    for (int i = 0; !rc && i < c->nopts; i++) { /* an option every use gives */
+        const sp_opt *o = &c->opts[i];
+        if (o->required && !a->val[i])
+            rc = sp_app_error(app, "%s: needs %s %s", path, o->name, o->meta ? o->meta : "VALUE");
+    }
     if (!rc)
         rc = check_npos(app, c, path, a);
     if (rc)
@@ -150,6 +158,18 @@ unsigned long long sp_arg_seed(const sp_app *app, const sp_args *a, int k)
     if (!v || (word && !strcmp(v, word)))
         return sp_rng_fresh_seed();
     return (unsigned long long)sp_opt_int(v);
+}
+
+void sp_args_warn_unused(sp_app *app, const sp_args *a, const int *ks, int n, const char *why)
+{
+    char list[256] = "";
+    size_t len = 0;
+    int given = 0;
+    for (int i = 0; i < n; i++)
+        if (sp_arg_given(a, ks[i]))
+            sp_opt_list_add(list, sizeof list, &len, row(a, ks[i])->name, !given++);
+    if (given)
+        sp_warn(app, "%s %s no effect %s", list, given == 1 ? "has" : "have", why);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -1,7 +1,7 @@
 /* script.c - running commands: one line (';' between commands, '#' a comment), a script file or stdin (each
  * line's position in messages, the first failure ends it unless keep_going), and the -f argument of the front
  * ends (a file, ~ expanded, or "-" for stdin). A command runs through its table: subcommands, arguments, then
- * its handler (not under --dry-run). */
+ * its handler (under --dry-run: its check, if it has one). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +36,7 @@ static int run_argv(sp_app *app, int argc, char **argv)
     sp_args a;
     if (sp_args_parse(app, c, path, argc - skip, argv + skip, &a))
         return 1;
-    int rc = app->dry_run ? 0 : c->fn(app, &a);
+    int rc = !app->dry_run ? c->fn(app, &a) : c->check ? c->check(app, &a) : 0;
     sp_args_free(&a);
     return rc ? 1 : 0;
 }

@@ -47,7 +47,7 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
                               "token (training keeps f32)"},
     [SP_SET_SWARM_KEY] = {"swarm-key", SP_OPT_PATH, .def = "",
                           .help = "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove "
-                                  "it both ways and DHT records without its tag are dropped; empty is none"},
+                                  "it both ways and only DHT records sealed with it are read; empty is none"},
     [SP_SET_N] = {0},
 };
 
@@ -62,16 +62,17 @@ int sp_setting_of(const sp_opt *o)
 int sp_app_setting(const sp_app *app, const char *name, char *why, size_t cap)
 {
     (void)app;
-    int k = sp_opt_find(sp_settings, name, 1, "setting", why, cap);
-    if (k != -1 || !why || !cap)
+    int k = sp_opt_find(sp_settings, name, 1, "setting", NULL, 0);
+    if (k >= 0 || !why || !cap)
         return k < 0 ? -1 : k;
-    size_t len = strlen(why), before = len;
-    snprintf(why + len, cap - len, " (did you mean ");
-    len = strlen(why);
-    if (sp_opt_similar(sp_settings, name, why, cap, &len))
-        snprintf(why + len, cap - len, "?; `show` lists them)");
-    else
-        snprintf(why + before, cap - before, " (`show` lists them)");
+    if (k == -2) {
+        sp_opt_find(sp_settings, name, 1, "setting", why, cap); /* "ambiguous setting 'se': seed, stop" */
+        return -1;
+    }
+    size_t len = (size_t)snprintf(why, cap, "unknown setting '%s'", name);
+    len = len < cap ? len : cap - 1;
+    if (!sp_opt_similar(sp_settings, name, "; `show` lists them", why, cap, &len))
+        snprintf(why + len, cap - len, " (`show` lists them)");
     return -1;
 }
 

@@ -49,6 +49,9 @@ typedef struct sp_ui_event {
 typedef struct sp_sink {
     void (*emit)(void *user, const sp_ui_event *ev);
     void *user;
+    /* The columns a table's lines must fit where the output is shown, asked at each table (a terminal may be
+     * resized); 0: no limit. NULL: the app's width (sp_app_columns). */
+    int (*columns)(void *user);
 } sp_sink;
 
 #endif

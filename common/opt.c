@@ -1,4 +1,4 @@
-/* opt.c - option tables: lookup (names, short names, unique prefixes, names like a typo), values checked
+/* opt.c - option tables: lookup (names, short names, unique prefixes, the names nearest a typo), values checked
  * against their row, the command-line walk, and help generated from the rows. */
 #include "opt.h"
 
@@ -41,7 +41,8 @@ int sp_opt_names(const sp_opt *opts, const char *prefix, char *buf, size_t cap, 
     return count;
 }
 
-/* Levenshtein distance of short strings (99 for long ones). */
+/* The edit distance of short strings (insertions, deletions, substitutions and swaps of two neighbours each
+ * count one: the optimal string alignment distance); 99 for long ones. */
 static int distance(const char *a, const char *b)
 {
     size_t n = strlen(a), m = strlen(b);
@@ -57,17 +58,52 @@ static int distance(const char *a, const char *b)
             int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
             int x = d[i - 1][j] < d[i][j - 1] ? d[i - 1][j] + 1 : d[i][j - 1] + 1;
             d[i][j] = c < x ? c : x;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < d[i][j])
+                d[i][j] = d[i - 2][j - 2] + 1;
         }
     return d[n][m];
 }
 
-int sp_opt_similar(const sp_opt *opts, const char *name, char *buf, size_t cap, size_t *len)
+void sp_similar_init(sp_similar *s, const char *typo)
 {
-    int count = 0;
+    size_t len = strlen(typo + strspn(typo, "-"));
+    *s = (sp_similar){.typo = typo, .dist = len <= 1 ? 0 : len <= 3 ? 1 : len <= 6 ? 2 : 3}; /* "b": none */
+}
+
+void sp_similar_offer(sp_similar *s, const char *name, size_t len)
+{
+    char n[64];
+    if (len >= sizeof n)
+        return;
+    memcpy(n, name, len);
+    n[len] = 0;
+    int d = distance(s->typo, n);
+    if (d > s->dist || !strcmp(n, s->typo) || (s->n && !strcmp(n, s->best[0])))
+        return;
+    if (d < s->dist || !s->n) /* nearer than all so far */
+        s->n = 0, s->dist = d;
+    if (s->n < 2)
+        memcpy(s->best[s->n++], n, len + 1);
+}
+
+int sp_similar_say(const sp_similar *s, const char *after, char *buf, size_t cap, size_t *len)
+{
+    if (!s->n || !cap || *len >= cap)
+        return 0;
+    int w = snprintf(buf + *len, cap - *len, " (did you mean %s%s%s?%s)", s->best[0], s->n > 1 ? " or " : "",
+                     s->n > 1 ? s->best[1] : "", after ? after : "");
+    if (w > 0)
+        *len = *len + (size_t)w < cap ? *len + (size_t)w : cap - 1;
+    return s->n;
+}
+
+int sp_opt_similar(const sp_opt *opts, const char *name, const char *after, char *buf, size_t cap, size_t *len)
+{
+    sp_similar s;
+    sp_similar_init(&s, name);
     for (int i = 0; opts && opts[i].name; i++)
-        if (distance(opts[i].name, name) <= 3 || (strlen(name) >= 3 && strstr(opts[i].name, name)))
-            sp_opt_list_add(buf, cap, len, opts[i].name, !count++);
-    return count;
+        sp_similar_offer(&s, opts[i].name, strlen(opts[i].name));
+    return sp_similar_say(&s, after, buf, cap, len);
 }
 
 int sp_opt_find(const sp_opt *opts, const char *name, int prefixes, const char *what, char *why, size_t cap)
@@ -87,6 +123,8 @@ int sp_opt_find(const sp_opt *opts, const char *name, int prefixes, const char *
         len = len < cap ? len : cap - 1;
         if (count)
             sp_opt_names(opts, name, why, cap, &len);
+        else
+            sp_opt_similar(opts, name, NULL, why, cap, &len);
     }
     return count ? -2 : -1;
 }
@@ -170,6 +208,19 @@ static void range_text(const sp_opt *s, char *buf, size_t cap)
         snprintf(buf, cap, "[%s, %s]", lo, hi);
 }
 
+/* Appends the choices of "a|b|c" near value to why (sp_similar_say). */
+static void similar_choice(const char *choices, const char *value, char *why, size_t cap, size_t len)
+{
+    sp_similar s;
+    sp_similar_init(&s, value);
+    for (const char *p = choices; *p;) {
+        size_t l = strcspn(p, "|");
+        sp_similar_offer(&s, p, l);
+        p += l + (p[l] == '|');
+    }
+    sp_similar_say(&s, NULL, why, cap, &len);
+}
+
 int sp_opt_check(const sp_opt *o, const char *value, char *why, size_t cap)
 {
     const sp_opt *s = sp_opt_spec(o);
@@ -185,7 +236,8 @@ int sp_opt_check(const sp_opt *o, const char *value, char *why, size_t cap)
                 list[n++] = *p;
         }
         list[n] = 0;
-        snprintf(why, cap, "%s: '%s' is not one of %s", o->name, value, list);
+        size_t len = (size_t)snprintf(why, cap, "%s: '%s' is not one of %s", o->name, value, list);
+        similar_choice(s->choices, value, why, cap, len < cap ? len : cap - 1);
         return -1;
     }
     if (s->kind == SP_OPT_FLAG && !sp_opt_on(value) && !is_off(value)) {
@@ -288,12 +340,13 @@ void sp_opt_text(const sp_opt *o, char *buf, size_t cap)
 void sp_opt_synopsis(const sp_opt *o, char *buf, size_t cap)
 {
     const sp_opt *s = sp_opt_spec(o);
+    const char *open = o->required ? "" : "[", *close = o->required ? "" : "]";
     if (s->kind == SP_OPT_FLAG)
-        snprintf(buf, cap, "[%s]", o->name);
+        snprintf(buf, cap, "%s%s%s", open, o->name, close);
     else if (s->kind == SP_OPT_CHOICE)
-        snprintf(buf, cap, "[%s %s]", o->name, s->choices);
+        snprintf(buf, cap, "%s%s %s%s", open, o->name, s->choices, close);
     else
-        snprintf(buf, cap, "[%s %s]", o->name, o->meta ? o->meta : "VALUE");
+        snprintf(buf, cap, "%s%s %s%s", open, o->name, o->meta ? o->meta : "VALUE", close);
 }
 
 /* A line being filled, word by word, up to width columns; a full line goes to line() and the next one starts

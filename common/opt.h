@@ -38,6 +38,8 @@ typedef struct sp_opt {
     const struct sp_opt *like; /* kind, range, choices, word and default are this row's (then unset here) */
     int live;                  /* with like: the default is that setting's current value, not its default */
     const char *section;       /* help: a heading over this row ("swarm:"), or NULL */
+    int required;              /* every use gives it: no brackets in the synopsis; the command layer refuses
+                                  a line without it */
 } sp_opt;
 
 /* The row that says o's kind, range, choices, word and default: o->like, else o. */
@@ -46,20 +48,36 @@ const sp_opt *sp_opt_spec(const sp_opt *o);
 int sp_opt_count(const sp_opt *opts);
 
 /* The row of opts called name: its long or its short name, else (prefixes) the one row whose long name starts
- * with name (for a name beginning "--", at least one character more). -1 when none (why: "unknown WHAT 'name'"),
- * -2 when several (why: "ambiguous WHAT 'name': a, b"). what: "option", "setting". */
+ * with name (for a name beginning "--", at least one character more). -1 when none (why: "unknown WHAT 'name'",
+ * and " (did you mean --a?)" when a name is near), -2 when several (why: "ambiguous WHAT 'name': a, b"). what:
+ * "option", "setting". */
 int sp_opt_find(const sp_opt *opts, const char *name, int prefixes, const char *what, char *why, size_t cap);
 /* Appends the names of the rows that start with prefix ("": all) to buf (", " between them) from *len on;
  * returns how many. */
 int sp_opt_names(const sp_opt *opts, const char *prefix, char *buf, size_t cap, size_t *len);
 /* Appends s to the list in buf from *len on (", " before it unless first), as much as fits. */
 void sp_opt_list_add(char *buf, size_t cap, size_t *len, const char *s, int first);
-/* Appends the names that look like a typo of name (an edit distance of 3 at most, or, from 3 characters, one
- * that contains it) to buf as sp_opt_names does; returns how many. */
-int sp_opt_similar(const sp_opt *opts, const char *name, char *buf, size_t cap, size_t *len);
+
+/* Names close to a typo, as git and cargo suggest them: offered one at a time, the one or two nearest (an edit
+ * distance where swapping two neighbours counts one) are kept, if they are near enough for the typo's length
+ * (none for 1 character, 1 edit up to 3 characters, 2 up to 6, else 3; leading dashes not counted). */
+typedef struct sp_similar {
+    const char *typo;
+    char best[2][64]; /* the nearest, ties in the order offered */
+    int dist, n;
+} sp_similar;
+void sp_similar_init(sp_similar *s, const char *typo);
+/* Offers name[0..len) (a name of a list such as "a,b" or "a|b" need not end there). */
+void sp_similar_offer(sp_similar *s, const char *name, size_t len);
+/* Appends " (did you mean A?)" or " (did you mean A or B?)" to buf from *len on, with before ("") or after
+ * ("; `show` lists them") inside the parentheses; nothing when none is near. Returns how many it names. */
+int sp_similar_say(const sp_similar *s, const char *after, char *buf, size_t cap, size_t *len);
+/* The rows of opts near name (their long names), said as sp_similar_say says them. */
+int sp_opt_similar(const sp_opt *opts, const char *name, const char *after, char *buf, size_t cap, size_t *len);
 
 /* Whether value is valid for o: 0, or -1 with why, which names the option ("--top-p: expected a number in
- * (0, 1], got '2'", "--tuning: 'x' is not one of head, ptune, deep_ptune"). */
+ * (0, 1], got '2'", "--tuning: 'x' is not one of head, ptune, deep_ptune", "--dtype: 'int4' is not one of f32,
+ * bf16, int8, nf4 (did you mean int8?)"). */
 int sp_opt_check(const sp_opt *o, const char *value, char *why, size_t cap);
 /* A choice's index in o's choices, or -1. */
 int sp_opt_choice(const sp_opt *o, const char *value);
@@ -94,7 +112,8 @@ sp_opt_got sp_opt_next(sp_opt_parser *p, int *k, const char **value, char *why, 
  * and its range ("[0, 100]", "(0, 1]", "[>= 0]"). */
 void sp_opt_head(const sp_opt *o, char *buf, size_t cap);
 void sp_opt_text(const sp_opt *o, char *buf, size_t cap);
-/* The synopsis of one option: "[--greedy]", "[--top-k K]", "[--tuning head|ptune|deep_ptune]". */
+/* The synopsis of one option: "[--greedy]", "[--top-k K]", "[--tuning head|ptune|deep_ptune]", a required one
+ * "--prompt TEXT". */
 void sp_opt_synopsis(const sp_opt *o, char *buf, size_t cap);
 
 /* Every row of opts as help shows it, a line at a time (without its newline) to line(): the heads in a column

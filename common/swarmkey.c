@@ -15,38 +15,6 @@
 
 #define MAGIC "sepal-swarm-key/1"
 
-void sp_hex_encode(const uint8_t *p, size_t n, char *out)
-{
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[p[i] >> 4];
-        out[2 * i + 1] = d[p[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-int sp_hex_decode(const char *s, uint8_t *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        int hi = hexval((unsigned char)s[2 * i]), lo = hi < 0 ? -1 : hexval((unsigned char)s[2 * i + 1]);
-        if (lo < 0)
-            return -1;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return s[2 * n] == '\0' ? 0 : -1;
-}
-
 static EVP_MAC *g_hmac;
 static pthread_once_t g_hmac_once = PTHREAD_ONCE_INIT;
 static void hmac_fetch(void) { g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL); }
@@ -66,6 +34,44 @@ int sp_hmac_sha256(const uint8_t key[SP_HMAC_BYTES], const void *const *parts, c
     return ok ? 0 : -1;
 }
 
+/* One AES-256-GCM pass: enc 1 seals (writes the tag after the n bytes), 0 opens (checks the tag after them). */
+static int gcm(int enc, const uint8_t *key, const uint8_t *nonce, const void *aad, size_t aad_len, const uint8_t *in,
+               size_t n, uint8_t *out)
+{
+    if (n > 0x7fffffff || aad_len > 0x7fffffff)
+        return -1;
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    int len = 0, ok = c && EVP_CipherInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL, enc) == 1 &&
+                      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, SP_AEAD_NONCE_BYTES, NULL) == 1 &&
+                      EVP_CipherInit_ex(c, NULL, NULL, key, nonce, enc) == 1 &&
+                      (aad_len == 0 || EVP_CipherUpdate(c, NULL, &len, aad, (int)aad_len) == 1) &&
+                      (n == 0 || EVP_CipherUpdate(c, out, &len, in, (int)n) == 1);
+    if (ok && !enc) /* the expected tag, before the final check */
+        ok = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, SP_AEAD_TAG_BYTES, (void *)(in + n)) == 1;
+    ok = ok && EVP_CipherFinal_ex(c, out + n, &len) == 1;
+    if (ok && enc)
+        ok = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, SP_AEAD_TAG_BYTES, out + n) == 1;
+    EVP_CIPHER_CTX_free(c);
+    return ok ? 0 : -1;
+}
+
+int sp_aead_seal(const uint8_t key[SP_HMAC_BYTES], const uint8_t nonce[SP_AEAD_NONCE_BYTES], const void *aad,
+                 size_t aad_len, const void *in, size_t n, uint8_t *out)
+{
+    return gcm(1, key, nonce, aad, aad_len, in, n, out);
+}
+
+int sp_aead_open(const uint8_t key[SP_HMAC_BYTES], const uint8_t nonce[SP_AEAD_NONCE_BYTES], const void *aad,
+                 size_t aad_len, const void *in, size_t n, uint8_t *out)
+{
+    if (n < SP_AEAD_TAG_BYTES)
+        return -1;
+    int r = gcm(0, key, nonce, aad, aad_len, in, n - SP_AEAD_TAG_BYTES, out);
+    if (r)
+        OPENSSL_cleanse(out, n - SP_AEAD_TAG_BYTES); /* nothing of a forgery is handed on */
+    return r;
+}
+
 int sp_ct_equal(const void *a, const void *b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
 
 int sp_random_bytes(void *p, size_t n) { return n <= 0x7fffffff && RAND_bytes(p, (int)n) == 1 ? 0 : -1; }
@@ -83,7 +89,7 @@ void sp_swarm_key_derive(sp_swarm_key *k, const uint8_t raw[SP_SWARM_KEY_BYTES])
 {
     uint8_t id[SP_HMAC_BYTES];
     subkey(raw, "sepal/v1/auth", k->auth);
-    subkey(raw, "sepal/v1/record", k->record);
+    subkey(raw, "sepal/v2/seal", k->seal);
     subkey(raw, "sepal/v1/id", id);
     memcpy(k->id, id, SP_SWARM_ID_BYTES);
     sp_hex_encode(k->id, SP_SWARM_ID_BYTES, k->id_hex);

@@ -337,11 +337,14 @@ sp_status sp_config_load(sp_config *cfg, const char *path, sp_err *err)
 {
     char p[PATH_MAX];
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    int dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (dir)
         snprintf(p, sizeof p, "%s/config.json", path);
     else
         snprintf(p, sizeof p, "%s", path);
     FILE *fp = fopen(p, "rb");
+    if (!fp && errno == ENOENT && dir)
+        return sp_errf(err, SP_ERR_IO, "%s: not a model directory (no config.json)", path);
     if (!fp)
         return sp_errf(err, SP_ERR_IO, "%s: %s", p, strerror(errno));
     char *buf = malloc(1 << 20);

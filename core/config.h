@@ -73,7 +73,9 @@ typedef struct sp_config {
 
 /* Loads `path` (a config.json or a directory holding one). Fields the family needs must be present and
  * consistent (a clear error naming the file and field otherwise); an unknown family still loads its common
- * fields, with arch = SP_ARCH_UNKNOWN, so callers can describe it and report "unsupported architecture". */
+ * fields, with arch = SP_ARCH_UNKNOWN, so callers can describe it and report "unsupported architecture". A
+ * directory without config.json is "DIR: not a model directory (no config.json)"; a path that is not there,
+ * "PATH: No such file or directory". */
 sp_status sp_config_load(sp_config *cfg, const char *path, sp_err *err);
 sp_status sp_config_parse(sp_config *cfg, const char *json, const char *source, sp_err *err);
 

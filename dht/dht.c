@@ -6,7 +6,8 @@
  * to 5 s; back to 0.1 s once a child ran for 30 s) on the same port, and everything this side asked for is
  * asked again: the bootstrap peers, the listened keys and the last publication of every (key, slot). A
  * node that still knows no peer is asked to bootstrap again every 2 s (a datagram lost under load would
- * otherwise leave it alone for a long time). */
+ * otherwise leave it alone for a long time). The child's UDP front (front.h) refuses malformed datagrams; how
+ * many it refused comes with its stats, and an event says so at most once a minute. */
 #include "dht.h"
 
 #include <errno.h>
@@ -30,6 +31,7 @@
 #define BACKOFF_MIN_S 0.1
 #define BACKOFF_MAX_S 5.0
 #define HEALTHY_S 30.0
+#define REFUSED_EVERY_S 60.0 /* at most one event a minute about datagrams the front refused */
 
 typedef struct pub {
     char *key, *slot;
@@ -58,12 +60,18 @@ struct sp_dht {
     double started;        /* sp_now_s() of the child's start */
     double last_boot;      /* sp_now_s() when the peers were last asked to bootstrap through */
     char **peers;          /* "host port" */
+    int *heard;            /* per peer: 1 it answered a ping, -1 a ping went unanswered, 0 not yet known */
     int npeers;
     char **listens;
     int nlistens;
     pub *pubs;
     int npubs;
     int pending;           /* puts not yet acknowledged */
+    uint64_t refused_old;  /* datagrams the fronts of earlier children refused */
+    uint64_t refused;      /* ... and of this one */
+    uint64_t refused_told; /* the total when an event last said it */
+    double refused_told_at;
+    char refusal[128];     /* the rule the last one broke */
     int stop, exited;
     reader rd;
     pthread_t thread;
@@ -272,11 +280,36 @@ static void event(sp_dht *d, const char *fmt, ...)
         d->o.on_event(d->o.user, buf);
 }
 
+/* A stats line's refusal count and reason; an event when there are new ones and the last is a minute old. */
+static void note_refused(sp_dht *d, const char *line)
+{
+    unsigned long long n = 0;
+    int at = 0;
+    if (sscanf(line, "stats %*d %*d %llu %n", &n, &at) < 1)
+        return;
+    pthread_mutex_lock(&d->lock);
+    d->refused = n;
+    if (at > 0)
+        snprintf(d->refusal, sizeof d->refusal, "%s", line + at);
+    uint64_t total = d->refused_old + d->refused, news = total - d->refused_told;
+    int tell = news > 0 && sp_now_s() - d->refused_told_at >= REFUSED_EVERY_S;
+    if (tell) {
+        d->refused_told = total;
+        d->refused_told_at = sp_now_s();
+    }
+    char why[sizeof d->refusal];
+    memcpy(why, d->refusal, sizeof why);
+    pthread_mutex_unlock(&d->lock);
+    if (tell)
+        event(d, "DHT node: refused %llu datagram%s (%llu in all; the last: %s)", (unsigned long long)news,
+              news == 1 ? "" : "s", (unsigned long long)total, why);
+}
+
 /* One event line from the child. -1 when its payload could not be read. */
 static int handle(sp_dht *d, const char *line)
 {
     char key[SP_DHT_MAX_KEY + 1], slot[SP_DHT_MAX_KEY + 1];
-    int expired, ok, good, dubious;
+    int expired, ok, good, dubious, port;
     size_t len;
     if (sscanf(line, "value %200s %d %zu", key, &expired, &len) == 3) {
         uint8_t *data = len <= SP_DHT_MAX_VALUE ? malloc(len ? len : 1) : NULL;
@@ -295,6 +328,15 @@ static int handle(sp_dht *d, const char *line)
         if (d->pending > 0 && --d->pending == 0)
             pthread_cond_broadcast(&d->cond);
         pthread_mutex_unlock(&d->lock);
+    } else if (sscanf(line, "pong %130s %d %d", key, &port, &ok) == 3) { /* key: the peer's host */
+        char hp[sizeof key + 16];
+        snprintf(hp, sizeof hp, "%s %d", key, port);
+        pthread_mutex_lock(&d->lock);
+        for (int i = 0; i < d->npeers; i++)
+            if (!strcmp(d->peers[i], hp) && d->heard[i] != 1)
+                d->heard[i] = ok ? 1 : -1;
+        pthread_cond_broadcast(&d->cond);
+        pthread_mutex_unlock(&d->lock);
     } else if (sscanf(line, "stats %d %d", &good, &dubious) == 2) {
         pthread_mutex_lock(&d->lock);
         d->good = good;
@@ -308,6 +350,7 @@ static int handle(sp_dht *d, const char *line)
         }
         pthread_cond_broadcast(&d->cond);
         pthread_mutex_unlock(&d->lock);
+        note_refused(d, line);
     } else if (!strncmp(line, "error ", 6)) {
         event(d, "DHT node: %s", line + 6);
     }
@@ -347,6 +390,8 @@ static void reap(sp_dht *d)
     d->pid = -1;
     d->exited = 1;
     d->pending = 0;
+    d->refused_old += d->refused;
+    d->refused = 0;
     pthread_cond_broadcast(&d->cond);
     int stopping = d->stop;
     pthread_mutex_unlock(&d->lock);
@@ -421,12 +466,14 @@ static void add_peer_locked(sp_dht *d, const char *host, int port)
         if (!strcmp(d->peers[i], hp))
             return;
     char **n = realloc(d->peers, (size_t)(d->npeers + 1) * sizeof *n);
-    if (!n || !(n[d->npeers] = dup_str(hp))) {
-        if (n)
-            d->peers = n;
+    if (n)
+        d->peers = n;
+    int *h = n ? realloc(d->heard, (size_t)(d->npeers + 1) * sizeof *h) : NULL;
+    if (h)
+        d->heard = h;
+    if (!h || !(n[d->npeers] = dup_str(hp)))
         return;
-    }
-    d->peers = n;
+    h[d->npeers] = 0;
     d->npeers++;
     char line[200];
     snprintf(line, sizeof line, "boot %s\n", hp);
@@ -520,6 +567,7 @@ void sp_dht_stop(sp_dht *d)
         free(d->pubs[i].data);
     }
     free(d->peers);
+    free(d->heard);
     free(d->listens);
     free(d->pubs);
     pthread_mutex_destroy(&d->lock);
@@ -547,6 +595,15 @@ int sp_dht_restarts(const sp_dht *d)
     return n;
 }
 
+uint64_t sp_dht_refused(const sp_dht *d)
+{
+    sp_dht *m = (sp_dht *)d;
+    pthread_mutex_lock(&m->lock);
+    uint64_t n = m->refused_old + m->refused;
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
 int sp_dht_good_nodes(const sp_dht *d)
 {
     sp_dht *m = (sp_dht *)d;
@@ -565,6 +622,38 @@ int sp_dht_wait_peers(sp_dht *d, int timeout_ms)
     int ok = d->good >= 1;
     pthread_mutex_unlock(&d->lock);
     return ok ? 0 : -1;
+}
+
+/* 1 while some peer's ping has neither been answered nor expired. */
+static int peers_pending_locked(const sp_dht *d)
+{
+    for (int i = 0; i < d->npeers; i++)
+        if (d->heard[i] == 0)
+            return 1;
+    return 0;
+}
+
+int sp_dht_silent_peers(sp_dht *d, int timeout_ms, char *out, size_t cap)
+{
+    double end = sp_now_s() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&d->lock);
+    while (peers_pending_locked(d) && !d->stop && sp_now_s() < end)
+        wait_locked(d, end - sp_now_s() < 0.05 ? end - sp_now_s() : 0.05);
+    int n = 0;
+    size_t at = 0;
+    if (cap)
+        out[0] = '\0';
+    for (int i = 0; i < d->npeers; i++) {
+        if (d->heard[i] == 1)
+            continue;
+        char host[160];
+        int port = 0;
+        if (sscanf(d->peers[i], "%159s %d", host, &port) == 2 && at < cap)
+            at += (size_t)snprintf(out + at, cap - at, "%s%s:%d", n ? "," : "", host, port);
+        n++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return n;
 }
 
 void sp_dht_bootstrap(sp_dht *d, const char *host, int port)

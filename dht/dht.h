@@ -1,8 +1,10 @@
 /* dht.h - a DHT node (OpenDHT 2.4.12) run in a child process, `sepal-dht`, that this process supervises.
  *
  * Debian's OpenDHT 2.4.12 segfaults on one malformed UDP datagram (../shared/reference/reliability-anchors.md
- * §4.4), so the node never runs inside a server or a client: a crash of the child costs a restart (same UDP
- * port, the same bootstrap peers, every listen and every publication re-issued), not a session.
+ * §4.4), so the node never runs inside a server or a client, and in the child a UDP front (front.h) checks every
+ * datagram before the node sees it: malformed ones are dropped and counted (sp_dht_refused). A crash of the
+ * child all the same costs a restart (same UDP port, the same bootstrap peers, every listen and every
+ * publication re-issued), not a session.
  *
  * Keys are strings ("stories15M.3", "_sepal.models"), hashed to 160-bit ids by the child. A publication is
  * (key, slot) -> bytes: publishing again under the same (key, slot) replaces what this node published there
@@ -37,7 +39,8 @@ typedef struct sp_dht sp_dht;
 typedef void (*sp_dht_value_fn)(void *user, const char *key, const uint8_t *data, size_t len, int expired);
 /* A get of key finished (ok: at least one node answered). */
 typedef void (*sp_dht_done_fn)(void *user, const char *key, int ok);
-/* Something the user should know: "DHT node died (signal 11); restarted on 127.0.0.1:4001". */
+/* Something the user should know: "DHT node died (signal 11); restarted on 127.0.0.1:4001", "DHT node: refused
+ * 12 datagrams (...)" (at most once a minute). */
 typedef void (*sp_dht_event_fn)(void *user, const char *text);
 
 typedef struct sp_dht_opts {
@@ -62,10 +65,15 @@ void sp_dht_stop(sp_dht *d);
 int sp_dht_port(const sp_dht *d);       /* the bound UDP port */
 pid_t sp_dht_pid(const sp_dht *d);      /* the current child, for tests that kill it; -1 between restarts */
 int sp_dht_restarts(const sp_dht *d);   /* how many times the child was restarted */
+uint64_t sp_dht_refused(const sp_dht *d); /* datagrams the front refused (over restarts; reported within 20 ms) */
 int sp_dht_good_nodes(const sp_dht *d); /* peers the node knows as good (reported within 20 ms of a change) */
 /* Waits until the node knows at least one good peer (up to timeout_ms): 0, or -1. */
 int sp_dht_wait_peers(sp_dht *d, int timeout_ms);
 
+/* The peers given to join through that did not answer a ping: waits until each answered, or its ping went
+ * unanswered (about 3 s), up to timeout_ms; writes "HOST:PORT[,HOST:PORT...]" of the silent ones to out (cap
+ * bytes) and returns how many there are (0: every peer answered). */
+int sp_dht_silent_peers(sp_dht *d, int timeout_ms, char *out, size_t cap);
 /* Adds a peer to join through (now and after restarts). */
 void sp_dht_bootstrap(sp_dht *d, const char *host, int port);
 /* Delivers the current values of key and every later one (and expirations) through on_value, also after

@@ -160,7 +160,7 @@ static sp_status get_num(const cJSON *o, const char *name, double lo, double hi,
 
 static sp_status get_int(const cJSON *o, const char *name, long lo, long hi, long *out, sp_err *err)
 {
-    double d;
+    double d = 0;
     sp_status st = get_num(o, name, (double)lo, (double)hi, &d, err);
     if (!st && d != floor(d))
         st = sp_errf(err, SP_ERR_FORMAT, "'%s' is not an integer", name);
@@ -331,50 +331,59 @@ sp_status sp_model_record_decode(sp_model_record *m, const void *data, size_t le
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* tags of a private swarm */
+/* sealed records of a private swarm */
 
-static const char TAG_HEAD[] = ",\"tag\":\"";
+static const uint8_t SEAL_MAGIC[4] = {'S', 'P', 'R', SP_RECORD_SEALED_VERSION};
+#define SEAL_AAD (4 + SP_SWARM_ID_BYTES)                  /* magic and swarm id: authenticated, in clear */
+#define SEAL_HEAD (SEAL_AAD + SP_AEAD_NONCE_BYTES)
+
+int sp_record_is_sealed(const void *data, size_t len, char swarm_hex[2 * SP_SWARM_ID_BYTES + 1],
+                        uint8_t nonce[SP_AEAD_NONCE_BYTES])
+{
+    const uint8_t *d = data;
+    if (len < SP_RECORD_SEAL_OVERHEAD || memcmp(d, SEAL_MAGIC, sizeof SEAL_MAGIC))
+        return 0;
+    if (swarm_hex)
+        sp_hex_encode(d + 4, SP_SWARM_ID_BYTES, swarm_hex);
+    if (nonce)
+        memcpy(nonce, d + SEAL_AAD, SP_AEAD_NONCE_BYTES);
+    return 1;
+}
 
 sp_status sp_record_seal(char *buf, size_t cap, size_t *len, const sp_swarm_key *k, sp_err *err)
 {
     size_t n = *len, lim = cap < SP_RECORD_MAX ? cap : SP_RECORD_MAX;
-    if (n < 2 || buf[n - 1] != '}')
-        return sp_errf(err, SP_ERR_FORMAT, "record: not a JSON object to tag");
-    if (n - 1 + SP_RECORD_TAG_SUFFIX + 1 > lim)
-        return sp_errf(err, SP_ERR_RANGE, "record: %zu bytes with its tag, at most %zu fit", n - 1 + SP_RECORD_TAG_SUFFIX,
-                       lim - 1);
-    uint8_t tag[SP_HMAC_BYTES];
-    const void *parts[1] = {buf};
-    if (sp_hmac_sha256(k->record, parts, &n, 1, tag))
-        return sp_errf(err, SP_ERR_IO, "record: HMAC failed");
-    char hex[2 * SP_HMAC_BYTES + 1];
-    sp_hex_encode(tag, sizeof tag, hex);
-    snprintf(buf + n - 1, lim - (n - 1), "%s%s\"}", TAG_HEAD, hex);
-    *len = n - 1 + SP_RECORD_TAG_SUFFIX;
+    if (n + SP_RECORD_SEAL_OVERHEAD > lim)
+        return sp_errf(err, SP_ERR_RANGE, "record: %zu bytes sealed, at most %zu fit", n + SP_RECORD_SEAL_OVERHEAD, lim);
+    uint8_t head[SEAL_HEAD];
+    memcpy(head, SEAL_MAGIC, sizeof SEAL_MAGIC);
+    memcpy(head + 4, k->id, SP_SWARM_ID_BYTES);
+    if (sp_random_bytes(head + SEAL_AAD, SP_AEAD_NONCE_BYTES))
+        return sp_errf(err, SP_ERR_IO, "record: no random bytes from OpenSSL");
+    uint8_t sealed[SP_RECORD_MAX];
+    if (sp_aead_seal(k->seal, head + SEAL_AAD, head, SEAL_AAD, buf, n, sealed))
+        return sp_errf(err, SP_ERR_IO, "record: AES-256-GCM failed");
+    memcpy(buf, head, SEAL_HEAD);
+    memcpy(buf + SEAL_HEAD, sealed, n + SP_AEAD_TAG_BYTES);
+    *len = n + SP_RECORD_SEAL_OVERHEAD;
     return SP_OK;
 }
 
 sp_status sp_record_unseal(const void *data, size_t len, const sp_swarm_key *k, char *out, size_t cap, size_t *out_len,
                            sp_err *err)
 {
-    const char *d = data;
-    size_t head = sizeof TAG_HEAD - 1, plain = len - SP_RECORD_TAG_SUFFIX;
-    uint8_t got[SP_HMAC_BYTES], want[SP_HMAC_BYTES];
-    char hex[2 * SP_HMAC_BYTES + 1];
-    if (len < SP_RECORD_TAG_SUFFIX + 2 || len > SP_RECORD_MAX || memcmp(d + plain, TAG_HEAD, head) ||
-        memcmp(d + len - 2, "\"}", 2))
-        return sp_errf(err, SP_ERR_FORMAT, "record: no tag (not from this private swarm)");
-    memcpy(hex, d + plain + head, 2 * SP_HMAC_BYTES);
-    hex[2 * SP_HMAC_BYTES] = '\0';
-    if (plain + 2 > cap || sp_hex_decode(hex, got, sizeof got))
-        return sp_errf(err, SP_ERR_FORMAT, "record: malformed tag");
-    memcpy(out, d, plain);
-    out[plain] = '}';
-    out[plain + 1] = '\0';
-    size_t n = plain + 1;
-    const void *parts[1] = {out};
-    if (sp_hmac_sha256(k->record, parts, &n, 1, want) || !sp_ct_equal(got, want, sizeof got))
-        return sp_errf(err, SP_ERR_FORMAT, "record: wrong tag (forged, or another swarm's key)");
+    const uint8_t *d = data;
+    char swarm[2 * SP_SWARM_ID_BYTES + 1];
+    if (!sp_record_is_sealed(data, len, swarm, NULL))
+        return sp_errf(err, SP_ERR_FORMAT, "record: not sealed (a record of an open swarm, not of this private one)");
+    size_t n = len - SP_RECORD_SEAL_OVERHEAD;
+    if (len > SP_RECORD_MAX || n + 1 > cap)
+        return sp_errf(err, SP_ERR_FORMAT, "record: %zu bytes sealed (at most %d)", len, SP_RECORD_MAX);
+    if (memcmp(d + 4, k->id, SP_SWARM_ID_BYTES))
+        return sp_errf(err, SP_ERR_FORMAT, "record: sealed for swarm %s, not this key's (%s)", swarm, k->id_hex);
+    if (sp_aead_open(k->seal, d + SEAL_AAD, d, SEAL_AAD, d + SEAL_HEAD, n + SP_AEAD_TAG_BYTES, (uint8_t *)out))
+        return sp_errf(err, SP_ERR_FORMAT, "record: does not open with this swarm key (forged or altered)");
+    out[n] = '\0';
     *out_len = n;
     return SP_OK;
 }

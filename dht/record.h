@@ -91,17 +91,27 @@ int sp_record_is_stale(const sp_server_record *r, double now);
 
 sp_status sp_model_record_encode(const sp_model_record *m, char *buf, size_t cap, size_t *len, sp_err *err);
 
-/* A private swarm's records (server records and model index entries alike) carry a tag: the JSON ends with
- * ,"tag":"<64 hex>"} where the tag is HMAC-SHA256(the swarm key's record subkey, the same JSON without the tag
- * field). Readers holding the key drop records without a tag or with a wrong one: outsiders can still store
- * values under the keys, but cannot make clients route to them. */
-#define SP_RECORD_TAG_SUFFIX (8 + 2 * SP_HMAC_BYTES + 2) /* ,"tag":" + hex + "} */
-/* Tags the encoded JSON in buf (*len bytes, NUL-terminated) in place. SP_ERR_RANGE if it no longer fits. */
+/* A private swarm's records (server records and model index entries alike) are sealed: the value is not the JSON
+ * but, versioned by its first bytes (JSON starts with '{'),
+ *
+ *   "SPR" 2 | swarm id (8 bytes) | nonce (12 random bytes) | AES-256-GCM(the swarm key's seal subkey, JSON) | tag (16)
+ *
+ * with the magic and swarm id authenticated in clear. An outsider sees only which swarm a value belongs to (the
+ * swarm id is public) and its length; a reader with the key opens it and checks the JSON as any record, and drops
+ * what does not open (another key, altered bytes) and unsealed values (outsiders can still store values under
+ * the keys, but cannot make keyed readers route to them). An open swarm's records are the JSON, as before. */
+#define SP_RECORD_SEALED_VERSION 2
+#define SP_RECORD_SEAL_OVERHEAD (4 + SP_SWARM_ID_BYTES + SP_AEAD_NONCE_BYTES + SP_AEAD_TAG_BYTES)
+/* Seals the encoded JSON in buf (*len bytes) in place. SP_ERR_RANGE if it no longer fits. */
 sp_status sp_record_seal(char *buf, size_t cap, size_t *len, const sp_swarm_key *k, sp_err *err);
-/* Checks a tagged value and writes the JSON without its tag to out (NUL-terminated). SP_ERR_FORMAT with "no tag"
- * or "wrong tag" otherwise. */
+/* Opens a sealed value into out (the JSON, NUL-terminated). SP_ERR_FORMAT, saying "not sealed", "sealed for swarm
+ * X, not this key's (Y)" or "does not open with this swarm key", otherwise. */
 sp_status sp_record_unseal(const void *data, size_t len, const sp_swarm_key *k, char *out, size_t cap, size_t *out_len,
                            sp_err *err);
+/* 1 if data is a sealed value (its swarm id as hex, and its nonce, which tells apart two sealings, copied out; either
+ * may be NULL), else 0. */
+int sp_record_is_sealed(const void *data, size_t len, char swarm_hex[2 * SP_SWARM_ID_BYTES + 1],
+                        uint8_t nonce[SP_AEAD_NONCE_BYTES]);
 sp_status sp_model_record_decode(sp_model_record *m, const void *data, size_t len, double now, sp_err *err);
 
 #endif

@@ -12,11 +12,21 @@
 #include "timeutil.h"
 
 #define MAX_CHANGES 64
+#define MAX_NONCES 512 /* sealed values told apart when counting those this view cannot open */
 
 typedef struct change {
     sp_view_change what;
     sp_server_record r, prev;
 } change;
+
+/* A server superseded by a newer life at its address: records of its id are refused until they would be
+ * stale anyway (older copies of them stay in the DHT for a while; one must not bring the dead life back). */
+typedef struct tomb {
+    char id[SP_SERVER_ID_LEN];
+    double until; /* wall clock */
+} tomb;
+
+#define MAX_TOMBS 256
 
 struct sp_view {
     sp_dht *dht;
@@ -28,9 +38,13 @@ struct sp_view {
     int nrecs, caprecs;
     sp_model_record *models;
     int nmodels, capmodels;
+    tomb tombs[MAX_TOMBS]; /* a ring: the oldest goes first */
+    int ntombs;
     sp_view_stats stats;
     int has_key;
     sp_swarm_key key;
+    uint8_t nonces[MAX_NONCES][SP_AEAD_NONCE_BYTES]; /* of the unreadable values counted (a ring) */
+    int nnonces;
     int round_pending;      /* gets of the current round not finished */
     int round_started;      /* rounds started so far */
     int round_done;         /* the value of round_started when a round last finished */
@@ -49,6 +63,32 @@ static int find(const sp_view *v, const char *id)
         if (!strcmp(v->recs[i].id, id))
             return i;
     return -1;
+}
+
+/* The record of another server at r's address (a ws port: JOINING records may have none yet), or -1. */
+static int find_addr(const sp_view *v, const sp_server_record *r)
+{
+    for (int i = 0; r->port > 0 && i < v->nrecs; i++)
+        if (v->recs[i].port == r->port && !strcmp(v->recs[i].host, r->host) && strcmp(v->recs[i].id, r->id))
+            return i;
+    return -1;
+}
+
+/* Record i was superseded: its id is refused from now on, until its records would be stale. */
+static void bury(sp_view *v, int i, double now)
+{
+    tomb *t = &v->tombs[v->ntombs++ % MAX_TOMBS];
+    snprintf(t->id, sizeof t->id, "%s", v->recs[i].id);
+    t->until = now + 3 * v->recs[i].period;
+}
+
+static int buried(const sp_view *v, const char *id, double now)
+{
+    int n = v->ntombs < MAX_TOMBS ? v->ntombs : MAX_TOMBS;
+    for (int k = 0; k < n; k++)
+        if (v->tombs[k].until >= now && !strcmp(v->tombs[k].id, id))
+            return 1;
+    return 0;
 }
 
 static void remove_at(sp_view *v, int i)
@@ -103,20 +143,45 @@ static void note_drop(sp_view *v, const char *key, const char *why)
         snprintf(v->stats.last_drop + n, sizeof v->stats.last_drop - n, "%.190s", why);
 }
 
-/* A server record arrived under block `block`: keep it if it is the newest of its server. */
-/* A private swarm's value without a valid tag is dropped; its JSON without the tag goes to buf. */
-static int unseal(sp_view *v, const char *key, const uint8_t **data, size_t *len, char *buf, size_t cap, int expired)
+/* A sealed value this view cannot open (no key, or sealed for another swarm): counted once per sealing (the
+ * same sealed record goes under every block key of its server's span). */
+static void note_unreadable(sp_view *v, const char *swarm, const uint8_t *nonce, int index)
 {
+    for (int i = 0; i < v->nnonces && i < MAX_NONCES; i++)
+        if (!memcmp(v->nonces[i], nonce, SP_AEAD_NONCE_BYTES))
+            return;
+    memcpy(v->nonces[v->nnonces++ % MAX_NONCES], nonce, SP_AEAD_NONCE_BYTES);
+    if (index)
+        v->stats.unreadable_index++;
+    else
+        v->stats.unreadable++;
+    snprintf(v->stats.unreadable_swarm, sizeof v->stats.unreadable_swarm, "%s", swarm);
+}
+
+/* The JSON of a value into *data: an open swarm's values are the JSON itself, a private swarm's are sealed
+ * (record.h) and opened into buf. -1 when this view cannot use the value (counted, unless it expired). */
+static int open_value(sp_view *v, const char *key, int index, const uint8_t **data, size_t *len, char *buf, size_t cap,
+                      int expired)
+{
+    char swarm[2 * SP_SWARM_ID_BYTES + 1];
+    uint8_t nonce[SP_AEAD_NONCE_BYTES];
+    int sealed = sp_record_is_sealed(*data, *len, swarm, nonce);
     sp_err err = {0};
-    if (!v->has_key)
+    if (!sealed && !v->has_key)
         return 0;
-    if (sp_record_unseal(*data, *len, &v->key, buf, cap, len, &err)) {
-        if (!expired)
-            note_drop(v, key, err.msg);
-        return -1;
+    if (sealed && v->has_key && !sp_record_unseal(*data, *len, &v->key, buf, cap, len, &err)) {
+        *data = (const uint8_t *)buf;
+        return 0;
     }
-    *data = (const uint8_t *)buf;
-    return 0;
+    if (expired)
+        return -1;
+    if (!sealed)
+        note_drop(v, key, "not sealed (a record of an open swarm, not of this private one)");
+    else if (!v->has_key || strcmp(swarm, v->key.id_hex))
+        note_unreadable(v, swarm, nonce, index);
+    else
+        note_drop(v, key, err.msg);
+    return -1;
 }
 
 static void take_record(sp_view *v, const char *key, int block, const uint8_t *data, size_t len, int expired,
@@ -125,7 +190,7 @@ static void take_record(sp_view *v, const char *key, int block, const uint8_t *d
     sp_server_record r;
     sp_err err = {0};
     char plain[SP_RECORD_MAX + 2];
-    if (unseal(v, key, &data, &len, plain, sizeof plain, expired))
+    if (open_value(v, key, 0, &data, &len, plain, sizeof plain, expired))
         return;
     sp_record_expect x = {.model = v->model, .config_hash = v->o.config_hash, .num_blocks = v->o.num_blocks,
                           .block = block, .now = sp_wall_s()};
@@ -144,6 +209,23 @@ static void take_record(sp_view *v, const char *key, int block, const uint8_t *d
     }
     if (sp_record_is_stale(&r, x.now) || (i >= 0 && v->recs[i].timestamp >= r.timestamp))
         return;
+    if (buried(v, r.id, x.now)) {
+        v->stats.superseded++;
+        return;
+    }
+    /* one server per address: the newest life of a restarted server supersedes the records of its earlier
+     * ones (their processes are gone; the address now answers as the new one) */
+    for (int j; (j = find_addr(v, &r)) >= 0;) {
+        if (v->recs[j].timestamp >= r.timestamp) {
+            v->stats.superseded++;
+            return;
+        }
+        add_change(ch, nch, SP_VIEW_GONE, &v->recs[j], &r);
+        bury(v, j, x.now);
+        remove_at(v, j);
+        v->stats.superseded++;
+        i = find(v, r.id);
+    }
     v->stats.accepted++;
     if (i >= 0) {
         sp_server_record prev = v->recs[i];
@@ -161,7 +243,7 @@ static void take_model(sp_view *v, const uint8_t *data, size_t len, int expired)
     char plain[SP_RECORD_MAX + 2];
     if (expired)
         return; /* model entries go when stale */
-    if (unseal(v, SP_MODELS_KEY, &data, &len, plain, sizeof plain, 0))
+    if (open_value(v, SP_MODELS_KEY, 1, &data, &len, plain, sizeof plain, 0))
         return;
     if (sp_model_record_decode(&m, data, len, sp_wall_s(), &err)) {
         note_drop(v, SP_MODELS_KEY, err.msg);
@@ -471,6 +553,15 @@ void sp_view_slot_on_get_done(void *slot, const char *key, int ok)
     pthread_mutex_lock(&s->lock);
     if (s->view)
         sp_view_on_get_done(s->view, key, ok);
+    pthread_mutex_unlock(&s->lock);
+}
+
+void sp_view_slot_stats(sp_view_slot *s, sp_view_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->lock);
+    if (s->view)
+        sp_view_stats_get(s->view, out);
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -4,8 +4,11 @@
  * and looks every key up again each refresh period, because a listen misses what was published while the
  * DHT child was being restarted. Per server it keeps the newest valid record; records that fail
  * sp_record_decode are counted and dropped, and a record goes once it is stale (three of its writer's
- * periods old) or its value expired from the DHT. Servers (announcing, choosing blocks) and clients
- * (routing) use the same view.
+ * periods old) or its value expired from the DHT. Per address (host and ws port) it keeps one server: a
+ * server restarted there gets a new id, and its newest record supersedes those of its earlier lives (they
+ * go at once, and older copies of them that the DHT still returns are refused until they would be stale).
+ * Servers (announcing, choosing blocks) and clients (routing) use the same
+ * view.
  *
  * Threads: sp_view_on_value / sp_view_on_get_done run on the sp_dht reader thread; the view's own thread
  * refreshes and sweeps; on_change runs on either of them, never under the view's lock (it may call
@@ -21,7 +24,8 @@
 
 typedef enum { SP_VIEW_NEW, SP_VIEW_CHANGED, SP_VIEW_GONE } sp_view_change;
 
-/* A server appeared, announced something new (prev: what it announced before), or went (stale, expired). */
+/* A server appeared, announced something new (prev: what it announced before), or went: stale, expired (prev:
+ * r itself), or superseded by a newer life at its address (prev: the newer one's record, another id). */
 typedef void (*sp_view_fn)(void *user, sp_view_change what, const sp_server_record *r, const sp_server_record *prev);
 
 typedef struct sp_view_opts {
@@ -31,7 +35,7 @@ typedef struct sp_view_opts {
     double refresh_s;     /* full lookups every refresh_s seconds (default 30) */
     sp_view_fn on_change;
     void *user;
-    const sp_swarm_key *key; /* a private swarm: records without its tag are dropped (NULL: none; copied) */
+    const sp_swarm_key *key; /* a private swarm: only records sealed with it count (NULL: none; copied) */
 } sp_view_opts;
 
 typedef struct sp_view sp_view;
@@ -39,8 +43,12 @@ typedef struct sp_view sp_view;
 typedef struct sp_view_stats {
     uint64_t accepted;   /* values taken (new records or newer ones) */
     uint64_t dropped;    /* values refused (malformed, oversized, inconsistent, other model) */
+    uint64_t superseded; /* records of a server's earlier life at an address, removed or refused */
     char last_drop[256]; /* why the last one was refused */
     int rounds;          /* full lookup rounds finished */
+    int unreadable;      /* sealed records under the model's block keys this view cannot open, since it started */
+    int unreadable_index;/* ... under the model index */
+    char unreadable_swarm[2 * SP_SWARM_ID_BYTES + 1]; /* the swarm the last of them was sealed for */
 } sp_view_stats;
 
 /* Starts listening (through dht) and the first lookup round. */
@@ -82,6 +90,8 @@ sp_view *sp_view_slot_swap(sp_view_slot *s, sp_view *v);
 /* sp_dht's on_value and on_get_done with the slot as user (or forwarded to with it): to the view held, if any. */
 void sp_view_slot_on_value(void *slot, const char *key, const uint8_t *data, size_t len, int expired);
 void sp_view_slot_on_get_done(void *slot, const char *key, int ok);
+/* sp_view_stats_get of the view held (all zero when there is none). */
+void sp_view_slot_stats(sp_view_slot *s, sp_view_stats *out);
 /* sp_view_models of the view held; 0 with *out NULL when there is none. */
 int sp_view_slot_models(sp_view_slot *s, sp_model_record **out);
 

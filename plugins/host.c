@@ -11,7 +11,8 @@
 
 typedef struct {
     const sepal_task *task;
-    char *origin; /* the path it was loaded from; NULL: built in */
+    char *origin;                     /* the path it was loaded from; NULL: built in */
+    sepal_plugin_check_args_fn check; /* its check of arguments, or NULL */
 } entry;
 
 static entry reg[SP_PLUGIN_MAX];
@@ -75,8 +76,8 @@ static int find_index(const char *name)
     return -1;
 }
 
-/* Registers t (already checked); origin is copied. 0 = ok, -1 = full or out of memory. */
-static int put(const sepal_task *t, const char *origin)
+/* Registers t (already checked) and its check; origin is copied. 0 = ok, -1 = full or out of memory. */
+static int put(const sepal_task *t, const char *origin, sepal_plugin_check_args_fn check)
 {
     char *o = NULL;
     if (origin && !(o = strdup(origin)))
@@ -93,21 +94,30 @@ static int put(const sepal_task *t, const char *origin)
     }
     reg[i].task = t;
     reg[i].origin = o;
+    reg[i].check = check;
     return 0;
 }
 
-int sp_plugin_register(const sepal_task *t)
+int sp_plugin_register(const sepal_task *t, sepal_plugin_check_args_fn check)
 {
     if (sp_plugin_check(t, "task", NULL, 0) != 0)
         return -1;
-    return put(t, NULL);
+    return put(t, NULL, check);
 }
 
 int sp_plugin_register_builtins(void)
 {
-    if (sp_plugin_register(sp_sst2_task()) != 0)
+    if (sp_plugin_register(sp_sst2_task(), sp_sst2_check_args()) != 0)
         return -1;
-    return sp_plugin_register(sp_causal_lm_task());
+    return sp_plugin_register(sp_causal_lm_task(), sp_causal_lm_check_args());
+}
+
+int sp_plugin_check_args(const sepal_task *t, const char *args, char *err, size_t cap)
+{
+    for (int i = 0; i < nreg; i++)
+        if (reg[i].task == t && reg[i].check)
+            return reg[i].check(args ? args : "", err, cap) ? -1 : 0;
+    return 0;
 }
 
 const sepal_task *sp_plugin_find(const char *name)
@@ -185,11 +195,21 @@ static const sepal_task *lookup_task(void *h, const char *path, char *err, size_
     return t;
 }
 
+/* The optional check of arguments h exports, or NULL. */
+static sepal_plugin_check_args_fn lookup_check(void *h)
+{
+    sepal_plugin_check_args_fn fn = NULL;
+    void *sym = dlsym(h, SEPAL_PLUGIN_CHECK_ARGS_SYMBOL);
+    if (sym)
+        memcpy(&fn, &sym, sizeof fn);
+    return fn;
+}
+
 static int keep_handle(void *h, const sepal_task *t, const char *path, char *err, size_t cap)
 {
     if (nhandles == SP_PLUGIN_MAX || (find_index(t->name) < 0 && nreg == SP_PLUGIN_MAX))
         return fail(err, cap, "cannot load plugin %s: too many plugins loaded", path);
-    if (put(t, path) != 0)
+    if (put(t, path, lookup_check(h)) != 0)
         return fail(err, cap, "cannot load plugin %s: out of memory", path);
     if (!atexit_done && atexit(sp_plugin_unload_all) == 0)
         atexit_done = 1;

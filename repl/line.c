@@ -1,5 +1,5 @@
-/* line.c - the line front end: its sink (stdout / stderr, colours, progress lines redrawn in place), its
- * signals, and the interactive loop on libedit. */
+/* line.c - the line front end: its sink (stdout / stderr, colours, progress lines redrawn in place, notices
+ * held while a generation's line is open), its signals, and the interactive loop on libedit. */
 #include "line.h"
 
 #include <ctype.h>
@@ -32,9 +32,19 @@ static struct {
     double progress_t0, progress_last, progress_done0;
     double progress_plain_last;
     double plain_every;   /* not a tty: a plain progress line every this many seconds (SEPAL_PROGRESS_INTERVAL) */
-    int gen_open;         /* a generation's text is being streamed on stdout */
     int out_col0;         /* stdout is at the start of a line */
 } L = {.lock = PTHREAD_MUTEX_INITIALIZER, .out_col0 = 1};
+
+/* Notices and warnings that came while stdout was in the middle of a line (a generation's text): printed when
+ * the line ends, never inside a word. */
+#define HELD_MAX 32
+static struct {
+    int n, dropped;
+    struct held {
+        const char *color, *prefix;
+        char *where, *text;
+    } v[HELD_MAX];
+} H;
 
 static void line_init(void)
 {
@@ -51,6 +61,8 @@ static void line_init(void)
     L.plain_every = end && !*end && isfinite(every) && every >= 0 ? every : 10;
 }
 
+static void line_ended(void);
+
 /* A Ctrl-C during a command: the terminal echoed "^C" where the cursor was; the next output starts a line. */
 static volatile sig_atomic_t g_caret;
 
@@ -62,7 +74,7 @@ static void after_caret(void)
     if (L.tty_out || L.tty_err) {
         fputc('\n', L.tty_out ? stdout : stderr);
         fflush(L.tty_out ? stdout : stderr);
-        L.out_col0 = 1;
+        line_ended();
     }
 }
 
@@ -80,15 +92,75 @@ static void clear_progress(void)
     }
 }
 
+static void err_line(const char *color, const char *prefix, const char *where, const char *text);
+
+/* Prints the held lines (stdout is at the start of a line). */
+static void flush_held(void)
+{
+    int n = H.n, dropped = H.dropped;
+    H.n = H.dropped = 0;
+    for (int i = 0; i < n; i++) {
+        err_line(H.v[i].color, H.v[i].prefix, H.v[i].where, H.v[i].text);
+        free(H.v[i].where);
+        free(H.v[i].text);
+    }
+    if (dropped) {
+        char t[64];
+        snprintf(t, sizeof t, "(%d more notice%s)", dropped, dropped == 1 ? "" : "s");
+        err_line(C_DIM, "", NULL, t);
+    }
+}
+
+/* stdout's line ended: what waited for it comes now. */
+static void line_ended(void)
+{
+    L.out_col0 = 1;
+    if (H.n || H.dropped)
+        flush_held();
+}
+
+static void hold(const char *color, const char *prefix, const char *where, const char *text)
+{
+    struct held *h = H.n < HELD_MAX ? &H.v[H.n] : NULL;
+    char *t = h ? strdup(text) : NULL, *w = h && where ? strdup(where) : NULL;
+    if (!t || (where && !w)) {
+        free(t);
+        H.dropped++;
+        return;
+    }
+    *h = (struct held){.color = color, .prefix = prefix, .where = w, .text = t};
+    H.n++;
+}
+
+static void out_chunk(const char *s, size_t n)
+{
+    fwrite(s, 1, n, stdout);
+    if (n)
+        L.out_col0 = s[n - 1] == '\n';
+}
+
 static void out_text(const char *s)
 {
     clear_progress();
     after_caret();
-    fputs(s, stdout);
-    size_t n = strlen(s);
-    if (n)
-        L.out_col0 = s[n - 1] == '\n';
+    const char *nl = strrchr(s, '\n');
+    if (nl && (H.n || H.dropped)) { /* the line ends inside s: the held lines after it, then the rest */
+        out_chunk(s, (size_t)(nl + 1 - s));
+        fflush(stdout);
+        line_ended();
+        s = nl + 1;
+    }
+    out_chunk(s, strlen(s));
     fflush(stdout);
+}
+
+/* A notice or warning: now, or when stdout's line ends (a generation's text is not cut by it). */
+static void note_line(const char *color, const char *prefix, const char *where, const char *text)
+{
+    if (L.out_col0)
+        err_line(color, prefix, where, text);
+    else
+        hold(color, prefix, where, text);
 }
 
 /* stderr lines: stdout first, so both keep their order in one pipe; a line of stdout left open is ended. */
@@ -100,7 +172,7 @@ static void err_line(const char *color, const char *prefix, const char *where, c
     if (!L.out_col0 && L.tty_out && L.tty_err) { /* both on the terminal: do not glue it to the text */
         fputc('\n', stdout);
         fflush(stdout);
-        L.out_col0 = 1;
+        line_ended();
     }
     fprintf(stderr, "%s%s%s%s%s%s\n", L.color && color ? color : "", prefix, where ? where : "", where ? ": " : "",
             text, L.color && color ? C_OFF : "");
@@ -176,17 +248,17 @@ static void runtime_event(const sp_event *e)
         break; /* generate streams its tokens itself */
     case SP_EV_ERROR:
     case SP_EV_RETRY:
-        err_line(C_YEL, "sepal: ", NULL, e->text);
+        note_line(C_YEL, "sepal: ", NULL, e->text);
         break;
     case SP_EV_ROUTE: /* the route command prints the route; a re-route is news */
         if (e->row) {
             char t[2100];
             snprintf(t, sizeof t, "re-routed: %s", e->text);
-            err_line(C_DIM, "", NULL, t);
+            note_line(C_DIM, "", NULL, t);
         }
         break;
     default:
-        err_line(C_DIM, "", NULL, e->text);
+        note_line(C_DIM, "", NULL, e->text);
     }
 }
 
@@ -197,9 +269,11 @@ static void gen_end(const sp_ui_event *ev)
         after_caret();
     else
         out_text("\n"); /* the text ends with a newline, as run.c's does (also after one of its own) */
+    flush_held(); /* what came during the generation, before its figures */
     char t[512];
-    int n = snprintf(t, sizeof t, "%d prompt tokens in %.3f s (%.0f tok/s), %d new in %.3f s (%.1f tok/s)",
-                     g->prompt_tokens, g->prefill_s, g->prefill_s > 0 ? g->prompt_tokens / g->prefill_s : 0,
+    int n = snprintf(t, sizeof t, "%d prompt token%s in %.3f s (%.0f tok/s), %d new in %.3f s (%.1f tok/s)",
+                     g->prompt_tokens, g->prompt_tokens == 1 ? "" : "s", g->prefill_s,
+                     g->prefill_s > 0 ? g->prompt_tokens / g->prefill_s : 0,
                      g->new_tokens, g->decode_s, g->decode_s > 0 ? g->new_tokens / g->decode_s : 0);
     if (g->first_token_s > 0 && n < (int)sizeof t)
         n += snprintf(t + n, sizeof t - n, ", first after %.3f s", g->first_token_s);
@@ -241,8 +315,8 @@ static void line_emit(void *user, const sp_ui_event *ev)
     line_init();
     switch (ev->kind) {
     case SP_UI_TEXT: out_text(ev->text); break;
-    case SP_UI_NOTICE: err_line(C_DIM, "", NULL, ev->text); break;
-    case SP_UI_WARN: err_line(C_YEL, "sepal: warning: ", ev->where, ev->text); break;
+    case SP_UI_NOTICE: note_line(C_DIM, "", NULL, ev->text); break;
+    case SP_UI_WARN: note_line(C_YEL, "sepal: warning: ", ev->where, ev->text); break;
     case SP_UI_ERROR: err_line(C_RED, "sepal: ", ev->where, ev->text); break;
     case SP_UI_PROGRESS: show_progress(ev); break;
     case SP_UI_PROGRESS_END:
@@ -267,7 +341,24 @@ static void line_emit(void *user, const sp_ui_event *ev)
     pthread_mutex_unlock(&L.lock);
 }
 
-sp_sink sp_line_sink(void) { return (sp_sink){.emit = line_emit, .user = NULL}; }
+/* The columns tables fit, as psql decides: on a terminal $COLUMNS when it is set, else the terminal's width; not
+ * a terminal (a file, a pipe): no limit. */
+static int line_columns(void *user)
+{
+    (void)user;
+    line_init();
+    if (!L.tty_out)
+        return 0;
+    const char *env = getenv("COLUMNS");
+    char *end = NULL;
+    long c = env && *env ? strtol(env, &end, 10) : 0;
+    if (end && !*end && c > 0 && c < 100000)
+        return (int)c;
+    struct winsize ws;
+    return !ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) && ws.ws_col > 0 ? ws.ws_col : 0;
+}
+
+sp_sink sp_line_sink(void) { return (sp_sink){.emit = line_emit, .user = NULL, .columns = line_columns}; }
 
 void sp_line_set_quiet(int quiet)
 {

@@ -44,14 +44,14 @@ T send-keys -t s :
 T send-keys -t s -l 'train sst2 --tuning deep_ptune --pre-seq-len 8 --batch 8 --max-length 48 --max-steps 40 --eval-batches 4'
 T send-keys -t s Enter
 wait_for s "100%  done" 300
-wait_for s "NORMAL +Swarm: done" # the command has ended, not only the training
+wait_for s "NORMAL +done: train" # the command has ended, not only the training
 shot s main
 T send-keys -t s '?'
 wait_for s "sepal keys"
 shot s help
 T send-keys -t s Escape
 T resize-window -t s -x 80 -y 24
-wait_for s "─ 3 Generate .*4 Train"
+wait_for s "4 Train ─+ loss  \(\]: acc\)" # the 80-column frame (at 100: "(]: accuracy)")
 shot s 80x24
 T resize-window -t s -x 60 -y 16
 wait_for s "^ 1 Swarm +2 Route"

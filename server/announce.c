@@ -21,6 +21,8 @@
 #define PING_ALPHA 0.2
 #define PING_TTL_S 300.0
 #define MAX_PING_ENTRIES 64
+#define PEER_CHECK_MS 10000 /* the longest the initial peers' pings are waited for (one goes unanswered in ~3 s) */
+#define PEER_PROBE_MS 3000  /* a silent peer's websocket probe */
 
 typedef struct ping_entry {
     char id[SP_SERVER_ID_LEN];
@@ -142,10 +144,11 @@ static double ping_once(sp_announce *a, const sp_server_record *r)
     return st ? -1 : rtt;
 }
 
-/* Up to MAX_PINGED random entries of cand[0..n) are pinged (cand is shuffled in place). */
+/* Up to MAX_PINGED random entries of cand[0..n) are pinged (cand is shuffled in place); none after
+ * sp_announce_stop began (a server leaving does not wait for a round of pings, each up to PING_TIMEOUT_MS). */
 static void ping_some(sp_announce *a, sp_server_record *cand, int n)
 {
-    for (int i = 0; i < n && i < MAX_PINGED; i++) {
+    for (int i = 0; i < n && i < MAX_PINGED && !__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE); i++) {
         int j = i + (int)(sp_rng_u32(&a->rng) % (uint32_t)(n - i));
         sp_server_record t = cand[i];
         cand[i] = cand[j];
@@ -297,6 +300,31 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
     return SP_OK;
 }
 
+/* Why host:port, which did not answer a DHT ping, is no DHT node: a sepal-server's websocket port (its HELLO
+ * names its DHT port), a server that refuses us, or nothing that answers. */
+sp_status sp_announce_check_peers(sp_announce *a, sp_err *err)
+{
+    char silent[1024], why[1536] = "";
+    int quiet = a->o.initial_peers ? sp_dht_silent_peers(a->dht, PEER_CHECK_MS, silent, sizeof silent) : 0, given = 1;
+    if (!quiet)
+        return SP_OK;
+    for (const char *c = a->o.initial_peers; *c; c++)
+        given += *c == ',';
+    size_t at = 0;
+    for (char *save = NULL, *t = strtok_r(silent, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char one[512], *colon = strrchr(t, ':');
+        if (!colon)
+            continue;
+        *colon = '\0';
+        sp_remote_describe_port(t, atoi(colon + 1), a->o.key, PEER_PROBE_MS, one, sizeof one);
+        if (quiet < given) /* the swarm is joined through the others */
+            sp_log(SP_LOG_WARN, "--initial-peers: %s", one);
+        else if (at < sizeof why)
+            at += (size_t)snprintf(why + at, sizeof why - at, "%s%s", at ? "; " : "", one);
+    }
+    return quiet < given ? SP_OK : sp_errf(err, SP_ERR_ARG, "--initial-peers %s: %s", a->o.initial_peers, why);
+}
+
 void sp_announce_set_fill(sp_announce *a, sp_announce_fill_fn fn, void *user)
 {
     pthread_mutex_lock(&a->lock);
@@ -343,7 +371,7 @@ void sp_announce_stop(sp_announce *a)
         return;
     if (a->thread_started) {
         pthread_mutex_lock(&a->lock);
-        a->stop = 1;
+        __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE); /* ping_some reads it without the lock */
         pthread_cond_broadcast(&a->cond);
         pthread_mutex_unlock(&a->lock);
         pthread_join(a->thread, NULL);

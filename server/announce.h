@@ -19,7 +19,7 @@ typedef struct sp_announce_opts {
     int hidden;                /* the model's hidden size (model index) */
     const char *architecture;
     sp_server_record base;     /* id, name, host, model, config_hash, num_blocks, dtype, quant, version */
-    const sp_swarm_key *key;   /* a private swarm: records are tagged, others' untagged ones dropped, and the
+    const sp_swarm_key *key;   /* a private swarm: records are sealed with it, only sealed ones read, and the
                                   pings prove the key (NULL: none; copied) */
 } sp_announce_opts;
 
@@ -39,6 +39,11 @@ sp_view *sp_announce_view(sp_announce *a);
 sp_dht *sp_announce_dht(sp_announce *a);
 int sp_announce_dht_port(const sp_announce *a);
 pid_t sp_announce_dht_pid(const sp_announce *a);
+/* Whether the initial peers answer as DHT nodes (a ping each, a few seconds at most). SP_ERR_ARG when none does,
+ * saying why for each: a sepal-server's websocket port is named as such, with the DHT port its HELLO gives
+ * ("127.0.0.1:4001 is the websocket port of a sepal-server (blocks 0:3 of stories15M); its DHT node is
+ * 127.0.0.1:4002: use --initial-peers 127.0.0.1:4002"); when some answer, the others are logged as warnings. */
+sp_status sp_announce_check_peers(sp_announce *a, sp_err *err);
 /* Publishes OFFLINE (waits up to 1 s for it to be stored), stops the node; NULL is fine. */
 void sp_announce_stop(sp_announce *a);
 

@@ -1,6 +1,5 @@
 /* rpc.c - the server's request handlers: argument checks, the span computations, replies. Every bad
  * request gets an ERROR reply (share/doc/protocol.md lists the codes); nothing here ends the process. */
-#include <cJSON.h>
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
@@ -8,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "server_impl.h"
@@ -52,9 +52,11 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
 
 /* A testing aid: SEPAL_SERVER_FAULT="nan:K" or "error:K" makes this process answer every FORWARD, BACKWARD
  * and INFERENCE_STEP after its first K with non-finite values or an "internal" ERROR: a broken (or hostile)
- * server, real on the wire, for the client's fault-tolerance tests. Unset: nothing changes. */
-static int fault_kind;        /* 0 none, 1 nan, 2 error */
-static long fault_after;
+ * server, real on the wire, for the client's fault-tolerance tests; "slow:MS" answers each of them MS
+ * milliseconds late (a slow machine, so that a test can act while a generation streams). Unset: nothing
+ * changes. */
+static int fault_kind;        /* 0 none, 1 nan, 2 error, 3 slow */
+static long fault_after;      /* nan, error: the requests answered right first; slow: the delay in ms */
 static long fault_count;
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 
@@ -64,9 +66,11 @@ static void fault_init(void)
     if (!f || !*f)
         return;
     const char *colon = strchr(f, ':');
-    fault_kind = !strncmp(f, "nan", 3) ? 1 : !strncmp(f, "error", 5) ? 2 : 0;
+    fault_kind = !strncmp(f, "nan", 3) ? 1 : !strncmp(f, "error", 5) ? 2 : !strncmp(f, "slow", 4) ? 3 : 0;
     fault_after = colon ? atol(colon + 1) : 0;
-    if (fault_kind)
+    if (fault_kind == 3)
+        sp_log(SP_LOG_WARN, "SEPAL_SERVER_FAULT=%s: answering compute requests %ld ms late", f, fault_after);
+    else if (fault_kind)
         sp_log(SP_LOG_WARN, "SEPAL_SERVER_FAULT=%s: answering compute requests after the first %ld wrongly", f,
                fault_after);
 }
@@ -78,6 +82,11 @@ static int fault_hit(req *r, const sp_tensor_src *t, int n)
     if (!fault_kind || (r->m.type != SP_MSG_FORWARD && r->m.type != SP_MSG_BACKWARD &&
                         r->m.type != SP_MSG_INFERENCE_STEP))
         return 0;
+    if (fault_kind == 3) {
+        struct timespec d = {fault_after / 1000, (fault_after % 1000) * 1000000L};
+        nanosleep(&d, NULL);
+        return 0;
+    }
     if (__atomic_fetch_add(&fault_count, 1, __ATOMIC_SEQ_CST) < fault_after)
         return 0;
     if (fault_kind == 2 || n < 1 || !t[0].f32)
@@ -132,18 +141,18 @@ static int bad(req *r, const char *code, const char *fmt, ...)
     return -1;
 }
 
-/* meta start/end: a non-empty sub-span of the blocks held. */
-static int span_arg(req *r, int *start, int *end)
+/* The request's metadata did not decode (its typed decoder's status st and message). */
+static int bad_meta(req *r, sp_status st, const sp_err *e)
 {
-    int64_t a, b;
+    return st ? bad(r, "bad_request", "%s", e->msg) : 0;
+}
+
+/* The span [a, b): a non-empty sub-span of the blocks held. */
+static int span_check(req *r, int a, int b)
+{
     const sp_model *m = r->s->m;
-    if (!sp_meta_int(&r->m, "start", &a) || !sp_meta_int(&r->m, "end", &b))
-        return bad(r, "bad_request", "%s needs integer 'start' and 'end'", sp_msg_type_name(r->m.type));
     if (a < m->first || b > m->last || a >= b)
-        return bad(r, "blocks_not_served", "blocks %lld:%lld requested, this server holds %d:%d", (long long)a,
-                   (long long)b, m->first, m->last);
-    *start = (int)a;
-    *end = (int)b;
+        return bad(r, "blocks_not_served", "blocks %d:%d requested, this server holds %d:%d", a, b, m->first, m->last);
     return 0;
 }
 
@@ -206,21 +215,28 @@ static int prompts_arg(req *r, int idx, int n, int B, int T, float **prompts, in
     return *prompts ? 0 : -1;
 }
 
-static int reply_encoding(req *r, int hidden_idx)
+/* The replies' encoding: the request's reply_encoding (a float encoding, the decoder checked), or -1 for that of
+ * its hidden state at tensor hidden_idx. */
+static void reply_encoding(req *r, int enc, int hidden_idx)
 {
-    char buf[16]; /* read in place: no tree per request (a longer name, unknown anyway, comes from the tree) */
-    const char *e = sp_meta_strcpy(&r->m, "reply_encoding", buf, sizeof buf) ? buf : sp_meta_str(&r->m, "reply_encoding");
-    if (e) {
-        int enc = sp_encoding_from_name(e);
-        if (enc < 0 || !sp_encoding_is_float(enc))
-            return bad(r, "bad_request", "unknown reply_encoding '%s'", e);
+    if (enc >= 0)
         r->reply_enc = (sp_encoding)enc;
-    } else {
+    else
         r->reply_enc = hidden_idx < r->m.n_tensors && sp_encoding_is_float(r->m.t[hidden_idx].enc)
                            ? r->m.t[hidden_idx].enc
                            : SP_ENC_F32;
-    }
-    return 0;
+}
+
+/* FORWARD's or BACKWARD's metadata into q: decoded, its span checked against the blocks held, the replies'
+ * encoding set. -1 after an ERROR reply. */
+static int span_meta(req *r, sp_span_req *q)
+{
+    sp_err e = {0};
+    int fwd = r->m.type == SP_MSG_FORWARD;
+    if (bad_meta(r, fwd ? sp_forward_req_decode(&r->m, q, &e) : sp_backward_req_decode(&r->m, q, &e), &e))
+        return -1;
+    reply_encoding(r, q->reply_encoding, 0);
+    return span_check(r, q->start, q->end);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -294,19 +310,20 @@ static size_t kept_size(sp_server *s, int start, int end, int B, int T, int acts
 
 static void rpc_forward(req *r, sp_ws *ws)
 {
-    int start, end, B, T, P;
-    int64_t keep_id = 0;
+    int B, T, P;
     float *h = NULL, *prompts = NULL, *inputs = NULL;
     sp_block_acts *acts = NULL;
     size_t bytes = 0;
-    if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
+    sp_span_req q = {0};
+    if (span_meta(r, &q) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
         goto done;
+    int start = q.start, end = q.end;
     if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
         goto done;
     size_t N = (size_t)B * T * r->s->m->cfg.hidden;
     /* a training client asks to keep each block's input for the BACKWARD that follows, and the activations
      * too when a quarter of the cap holds them (a few microbatches are in flight at once) */
-    if (sp_meta_int(&r->m, "keep", &keep_id) && keep_id > 0 && r->s->o.keep_bytes > 0) {
+    if (q.keep > 0 && r->s->o.keep_bytes > 0) {
         inputs = malloc((size_t)(end - start) * N * sizeof(float));
         bytes = kept_size(r->s, start, end, B, T, 1);
         if (inputs && bytes <= r->s->o.keep_bytes / 4 && (acts = calloc((size_t)(end - start), sizeof *acts)))
@@ -324,7 +341,7 @@ static void rpc_forward(req *r, sp_ws *ws)
     /* kept before the reply goes out: the client may send the BACKWARD the moment it has the reply */
     kept *k = inputs ? calloc(1, sizeof *k) : NULL;
     if (k) {
-        *k = (kept){.conn = r->conn, .id = (uint64_t)keep_id, .start = start, .end = end, .B = B, .T = T, .P = P,
+        *k = (kept){.conn = r->conn, .id = q.keep, .start = start, .end = end, .B = B, .T = T, .P = P,
                     .inputs = inputs, .acts = acts, .nacts = acts ? end - start : 0, .bytes = bytes,
                     .created = sp_now_s()};
         kept_put(r->s, k);
@@ -334,7 +351,7 @@ static void rpc_forward(req *r, sp_ws *ws)
     sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
     reply(r, NULL, &out, 1);
 done:
-    for (int i = 0; acts && i < end - start; i++)
+    for (int i = 0; acts && i < q.end - q.start; i++)
         kept_acts_put(&r->s->kt, &acts[i]);
     free(acts);
     free(h);
@@ -346,12 +363,14 @@ done:
  * the blocks in reverse; a block's prompt gradient is the gradient at its input's first P positions. */
 static void rpc_backward(req *r, sp_ws *ws)
 {
-    int start, end, B, T, B2, T2, P;
+    int B, T, B2, T2, P;
     float *x = NULL, *g = NULL, *prompts = NULL, *inputs = NULL, *gp = NULL;
     kept *k = NULL;
-    if (span_arg(r, &start, &end) || reply_encoding(r, 0) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
+    sp_span_req q;
+    if (span_meta(r, &q) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
         !(g = hidden_arg(r, 1, "grad_out", &B2, &T2)))
         goto done;
+    int start = q.start, end = q.end;
     if (B2 != B || T2 != T) {
         bad(r, "shape", "grad_out [%d, %d, H] does not match hidden_in [%d, %d, H]", B2, T2, B, T);
         goto done;
@@ -360,10 +379,7 @@ static void rpc_backward(req *r, sp_ws *ws)
         goto done;
     int n = end - start, H = r->s->m->cfg.hidden;
     size_t N = (size_t)B * T * H;
-    int64_t kept_id = 0;
-    k = sp_meta_int(&r->m, "kept", &kept_id) && kept_id > 0
-                  ? kept_take(r->s, r->conn, (uint64_t)kept_id, start, end, B, T, P)
-                  : NULL;
+    k = q.keep > 0 ? kept_take(r->s, r->conn, q.keep, start, end, B, T, P) : NULL;
     if (k) { /* the FORWARD kept every block's input (and maybe activations): no recompute */
         inputs = k->inputs;
         k->inputs = NULL;
@@ -412,12 +428,11 @@ done:
 
 static void rpc_open(req *r)
 {
-    int start, end;
-    int64_t L, B;
-    if (span_arg(r, &start, &end))
+    sp_open_req q;
+    sp_err e = {0};
+    if (bad_meta(r, sp_open_req_decode(&r->m, &q, &e), &e) || span_check(r, q.start, q.end))
         return;
-    if (!sp_meta_int(&r->m, "max_length", &L) || !sp_meta_int(&r->m, "batch", &B))
-        return (void)bad(r, "bad_request", "INFERENCE_OPEN needs integer 'max_length' and 'batch'");
+    int64_t L = q.max_length, B = q.batch;
     if (L < 1 || L > r->s->o.max_length)
         return (void)bad(r, "max_length", "max_length %lld outside 1..%d", (long long)L, r->s->o.max_length);
     if (B < 1 || B * L > (int64_t)r->s->o.cache_tokens)
@@ -425,23 +440,25 @@ static void rpc_open(req *r)
                          (long long)B, (long long)L, r->s->o.cache_tokens);
     uint64_t id;
     sp_err err = {0};
-    if (session_open(r->s, r->conn, start, end, (int)B, (int)L, &id, &err))
+    if (session_open(r->s, r->conn, q.start, q.end, (int)B, (int)L, &id, &err))
         return (void)bad(r, err.code == SP_ERR_RANGE ? "out_of_cache" : "internal", "%s", err.msg);
     /* buffers for its decode steps' messages (hidden [B, 1, H], hypo_ids [B]), whichever thread takes them */
     size_t numel[2] = {(size_t)B * r->s->m->cfg.hidden, 2 * (size_t)B};
     sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 3);
+    sp_open_reply a = {.session = id, .max_length = (int)L};
     char meta[128];
-    snprintf(meta, sizeof meta, "{\"session\":%llu,\"max_length\":%lld}", (unsigned long long)id, (long long)L);
+    if (sp_open_reply_encode(&a, meta, sizeof meta, &err))
+        return (void)bad(r, "internal", "%s", err.msg);
     reply(r, meta, NULL, 0);
 }
 
 static void rpc_close(req *r)
 {
-    int64_t id;
+    sp_close_req q;
     sp_err err = {0};
-    if (!sp_meta_int(&r->m, "session", &id))
-        return (void)bad(r, "bad_request", "INFERENCE_CLOSE needs an integer 'session'");
-    if (session_close(r->s, r->conn, (uint64_t)id, &err))
+    if (bad_meta(r, sp_close_req_decode(&r->m, &q, &err), &err))
+        return;
+    if (session_close(r->s, r->conn, q.session, &err))
         return (void)bad(r, "no_session", "%s", err.msg);
     reply(r, NULL, NULL, 0);
 }
@@ -517,22 +534,22 @@ static sp_status step_blocks(req *r, session *x, float *h, float *buf, int B, in
     return SP_OK;
 }
 
-static void step_compute(req *r, session *x, sp_ws *ws)
+static void step_compute(req *r, const sp_step_req *q, session *x, sp_ws *ws)
 {
     int B, T, P, pi, hi;
-    int64_t from;
     float *h = NULL, *prompts = NULL, *big = NULL;
     step_roles(r, &pi, &hi);
-    if (reply_encoding(r, 0) || float_tensor(r, 0, "hidden", 3))
+    reply_encoding(r, q->reply_encoding, 0);
+    if (float_tensor(r, 0, "hidden", 3))
         goto done;
     B = (int)r->m.t[0].shape[0];
     T = (int)r->m.t[0].shape[1];
-    if (sp_meta_int(&r->m, "start_from_position", &from)) { /* roll back */
-        if (from < 0 || from > x->len) {
-            bad(r, "bad_request", "start_from_position %lld outside 0..%d", (long long)from, x->len);
+    if (q->start_from_position >= 0) { /* roll back */
+        if (q->start_from_position > x->len) {
+            bad(r, "bad_request", "start_from_position %d outside 0..%d", q->start_from_position, x->len);
             goto done;
         }
-        x->len = (int)from;
+        x->len = q->start_from_position;
     }
     if (B != x->B) {
         bad(r, "shape", "session %llu has batch %d, step has %d", (unsigned long long)x->id, x->B, B);
@@ -568,8 +585,12 @@ static void step_compute(req *r, session *x, sp_ws *ws)
         goto done;
     }
     x->len += T;
+    sp_step_reply a = {.position = x->len};
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"position\":%d}", x->len);
+    if (sp_step_reply_encode(&a, meta, sizeof meta, &err)) {
+        bad(r, "internal", "%s", err.msg);
+        goto done;
+    }
     sp_tensor_src out = tensor3(r, h, B, T, H);
     reply(r, meta, &out, 1);
 done:
@@ -579,15 +600,15 @@ done:
 
 static void rpc_step(req *r, sp_ws *ws)
 {
-    int64_t id;
+    sp_step_req q;
     sp_err err = {0};
-    if (!sp_meta_int(&r->m, "session", &id))
-        return (void)bad(r, "bad_request", "INFERENCE_STEP needs an integer 'session'");
-    session *x = session_acquire(r->s, r->conn, (uint64_t)id, &err);
+    if (bad_meta(r, sp_step_req_decode(&r->m, &q, &err), &err))
+        return;
+    session *x = session_acquire(r->s, r->conn, q.session, &err);
     if (!x)
         return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
     r->held = x;
-    step_compute(r, x, ws);
+    step_compute(r, &q, x, ws);
     let_go(r); /* (the answer went out already, unless a fault was injected) */
 }
 
@@ -632,85 +653,66 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
 
 static void rpc_hello(req *r)
 {
-    const char *v = sp_meta_str(&r->m, "version");
-    if (v && atoi(v) != SP_PROTO_MAJOR)
-        return (void)bad(r, "version", "peer speaks protocol %s, this server speaks %d.%d", v, SP_PROTO_MAJOR,
-                         SP_PROTO_MINOR);
-    char meta[1024];
-    snprintf(meta, sizeof meta,
-             "{\"version\":\"%d.%d\",\"server\":\"sepal-server " SEPAL_VERSION "\",\"model\":\"%s\","
-             "\"config\":\"%016llx\",\"dtype\":\"%s\",\"blocks\":%d,\"start\":%d,\"end\":%d,\"id\":\"%s\",\"bulk_port\":%d,\"bulk_token\":\"%llu\"}",
-             SP_PROTO_MAJOR, SP_PROTO_MINOR, r->s->model_name, (unsigned long long)r->s->m->cfg.hash,
-             sp_server_dtype(r->s), r->s->m->cfg.n_layers, r->s->m->first, r->s->m->last, r->s->o.id ? r->s->o.id : "",
-             sp_server_public_bulk_port(r->s), (unsigned long long)sp_ws_server_bulk_token(r->s->ws, r->conn));
+    sp_hello_req q;
+    sp_err err = {0};
+    if (bad_meta(r, sp_hello_req_decode(&r->m, &q, &err), &err))
+        return;
+    if (q.version[0] && atoi(q.version) != SP_PROTO_MAJOR)
+        return (void)bad(r, "version", "peer speaks protocol %s, this server speaks %s", q.version, SP_PROTO_VERSION);
+    sp_server *s = r->s;
+    sp_hello_reply a = {.version = SP_PROTO_VERSION, .server = "sepal-server " SEPAL_VERSION, .config = s->m->cfg.hash,
+                        .blocks = s->m->cfg.n_layers, .start = s->m->first, .end = s->m->last,
+                        .bulk_port = sp_server_public_bulk_port(s),
+                        .bulk_token = sp_ws_server_bulk_token(s->ws, r->conn), .dht_port = s->o.dht_port};
+    sp_meta_set(a.model, sizeof a.model, s->model_name);
+    sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));
+    sp_meta_set(a.id, sizeof a.id, s->o.id);
+    char meta[SP_META_CAP];
+    if (sp_hello_reply_encode(&a, meta, sizeof meta, &err))
+        return (void)bad(r, "internal", "%s", err.msg);
     reply(r, meta, NULL, 0);
 }
 
 /* INFO's "transport": connections and what the limits did (ws/transport.h, sp_ws_server_stats). */
-static void add_transport(cJSON *o, sp_server *s)
+static void info_transport(sp_info_transport *x, sp_server *s)
 {
     sp_ws_server_stats t;
     sp_ws_server_stats_get(s->ws, &t);
-    cJSON *x = cJSON_AddObjectToObject(o, "transport");
-    if (!x)
-        return;
-    cJSON_AddNumberToObject(x, "conns", t.conns);
-    cJSON_AddNumberToObject(x, "pending", t.pending);
-    cJSON_AddNumberToObject(x, "accepted", (double)t.accepted);
-    cJSON_AddNumberToObject(x, "refused", (double)t.refused);
-    cJSON_AddNumberToObject(x, "refused_ip", (double)t.refused_ip);
-    cJSON_AddNumberToObject(x, "handshake_timeouts", (double)t.handshake_timeouts);
-    cJSON_AddNumberToObject(x, "idle_closed", (double)t.idle_closed);
-    cJSON_AddNumberToObject(x, "busy", (double)t.busy);
-    cJSON_AddNumberToObject(x, "slow", (double)t.slow);
-    cJSON_AddNumberToObject(x, "auth_failed", (double)t.auth_failed);
-    cJSON_AddNumberToObject(x, "waits", (double)t.waits);
-    cJSON_AddNumberToObject(x, "paused", (double)t.paused);
-    cJSON_AddNumberToObject(x, "delivered", (double)t.delivered);
-    cJSON_AddNumberToObject(x, "bulk_refused", (double)t.bulk_refused);
-    cJSON_AddNumberToObject(x, "bulk_timeouts", (double)t.bulk_timeouts);
-    cJSON_AddNumberToObject(x, "out_of_fds", (double)t.out_of_fds);
-    cJSON_AddNumberToObject(x, "budget_used", (double)t.budget_used);
-    cJSON_AddNumberToObject(x, "budget_peak", (double)t.budget_peak);
-    cJSON_AddNumberToObject(x, "budget", (double)t.limits.rx_budget);
-    cJSON_AddNumberToObject(x, "budget_conn", (double)t.limits.rx_budget_conn);
-    cJSON_AddBoolToObject(x, "swarm_key", s->o.key != NULL);
+    *x = (sp_info_transport){
+        .conns = t.conns, .pending = t.pending, .accepted = (int64_t)t.accepted, .refused = (int64_t)t.refused,
+        .refused_ip = (int64_t)t.refused_ip, .handshake_timeouts = (int64_t)t.handshake_timeouts,
+        .idle_closed = (int64_t)t.idle_closed, .busy = (int64_t)t.busy, .slow = (int64_t)t.slow,
+        .auth_failed = (int64_t)t.auth_failed, .waits = (int64_t)t.waits, .paused = (int64_t)t.paused,
+        .delivered = (int64_t)t.delivered, .bulk_refused = (int64_t)t.bulk_refused,
+        .bulk_timeouts = (int64_t)t.bulk_timeouts, .out_of_fds = (int64_t)t.out_of_fds,
+        .budget_used = (int64_t)t.budget_used, .budget_peak = (int64_t)t.budget_peak,
+        .budget = (int64_t)t.limits.rx_budget, .budget_conn = (int64_t)t.limits.rx_budget_conn,
+        .swarm_key = s->o.key != NULL};
 }
 
 static void rpc_info(req *r)
 {
     sp_server *s = r->s;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "model", s->model_name);
-    cJSON_AddStringToObject(o, "architecture", s->m->cfg.architecture);
-    cJSON_AddNumberToObject(o, "start", s->m->first);
-    cJSON_AddNumberToObject(o, "end", s->m->last);
-    cJSON_AddStringToObject(o, "dtype", sp_server_dtype(r->s));
-    cJSON_AddNumberToObject(o, "weight_bytes", (double)sp_server_weight_bytes(r->s));
-    char proto[16];
-    snprintf(proto, sizeof proto, "%d.%d", SP_PROTO_MAJOR, SP_PROTO_MINOR);
-    cJSON_AddStringToObject(o, "protocol", proto);
-    cJSON_AddNumberToObject(o, "hidden_size", s->m->cfg.hidden);
-    cJSON_AddStringToObject(o, "family", sp_arch_name(s->m->cfg.arch));
-    cJSON_AddNumberToObject(o, "kv_heads", s->m->cfg.n_kv_heads);
-    cJSON_AddNumberToObject(o, "head_dim", s->m->cfg.head_dim);
-    cJSON_AddNumberToObject(o, "cache_bytes_per_token", (double)s->st.kv_bytes); /* one position, one block */
-    cJSON_AddNumberToObject(o, "cache_bytes_total", (double)s->st.budget);
-    cJSON_AddNumberToObject(o, "cache_tokens_total", (double)s->o.cache_tokens);
-    cJSON_AddNumberToObject(o, "cache_tokens_available", (double)sessions_tokens_available(s));
-    cJSON_AddNumberToObject(o, "max_batch_tokens", s->o.max_batch_tokens);
-    cJSON_AddNumberToObject(o, "max_length", s->o.max_length);
-    cJSON_AddNumberToObject(o, "inference_rps", s->inference_rps);
-    cJSON_AddNumberToObject(o, "forward_tps", s->forward_tps);
-    cJSON_AddStringToObject(o, "public_name", s->o.public_name ? s->o.public_name : "");
-    cJSON_AddNumberToObject(o, "sessions", sp_server_sessions(s));
-    cJSON_AddNumberToObject(o, "kept_bytes", (double)sp_server_kept_bytes(s));
-    cJSON_AddNumberToObject(o, "requests", (double)sp_server_requests(s));
-    add_transport(o, s);
-    char *meta = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
+    sp_info_reply a = {
+        .start = s->m->first, .end = s->m->last, .weight_bytes = (int64_t)sp_server_weight_bytes(s),
+        .protocol = SP_PROTO_VERSION, .hidden_size = s->m->cfg.hidden, .kv_heads = s->m->cfg.n_kv_heads,
+        .head_dim = s->m->cfg.head_dim, .cache_bytes_per_token = (int64_t)s->st.kv_bytes, /* one position, one block */
+        .cache_bytes_total = (int64_t)s->st.budget, .cache_tokens_total = (int64_t)s->o.cache_tokens,
+        .cache_tokens_available = (int64_t)sessions_tokens_available(s), .max_batch_tokens = s->o.max_batch_tokens,
+        .max_length = s->o.max_length, .inference_rps = s->inference_rps, .forward_tps = s->forward_tps,
+        .sessions = sp_server_sessions(s), .kept_bytes = (int64_t)sp_server_kept_bytes(s),
+        .requests = (int64_t)sp_server_requests(s)};
+    sp_meta_set(a.model, sizeof a.model, s->model_name);
+    sp_meta_set(a.architecture, sizeof a.architecture, s->m->cfg.architecture);
+    sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));
+    sp_meta_set(a.family, sizeof a.family, sp_arch_name(s->m->cfg.arch));
+    sp_meta_set(a.public_name, sizeof a.public_name, s->o.public_name);
+    info_transport(&a.transport, s);
+    char meta[SP_META_CAP];
+    sp_err err = {0};
+    if (sp_info_reply_encode(&a, meta, sizeof meta, &err))
+        return (void)bad(r, "internal", "%s", err.msg);
     reply(r, meta, NULL, 0);
-    free(meta);
 }
 
 int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg)
@@ -728,10 +730,12 @@ int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg)
         rpc_hello(&r);
     else if (r.m.type == SP_MSG_INFO)
         rpc_info(&r);
-    else {
-        const cJSON *t = sp_msg_meta(&r.m);
-        char *meta = t ? cJSON_PrintUnformatted(t) : NULL;
-        reply(&r, meta, NULL, 0);
+    else { /* PING: the reply echoes the metadata */
+        char *meta = sp_msg_meta_copy(&r.m);
+        if (meta)
+            reply(&r, meta, NULL, 0);
+        else
+            bad(&r, "internal", "out of memory");
         free(meta);
     }
     sp_msg_clear(&r.m);

@@ -14,24 +14,6 @@
 #include "server_impl.h"
 #include "timeutil.h"
 
-void sp_server_opts_default(sp_server_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->end = -1;
-    o->host = "127.0.0.1";
-    o->threads = 0;
-    o->workers = 1;
-    o->dtype = SP_W_F32;
-    o->max_batch_tokens = 2048;
-    o->cache_tokens = 8192;
-    o->step_timeout_s = 300;
-    o->session_timeout_s = 1800;
-    o->measure = 1;
-    o->max_message = 0;
-    o->keep_bytes = (size_t)512 << 20;
-    o->limits.idle_timeout_s = 120;
-}
-
 uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens)
 {
     /* BACKWARD: hidden_in + grad_out + prompts [n, B, P <= T, H]; a step: hidden + prompts, B x T <= the cache */

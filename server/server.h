@@ -50,6 +50,7 @@ typedef struct sp_server_opts {
     int max_length;            /* largest session max_length accepted (default: the model's context) */
     const char *public_name;
     const char *id;            /* the server's id in the swarm (16 hex digits; NULL: none), said in HELLO */
+    int dht_port;              /* the UDP port of its DHT node (0: none), said in HELLO */
     double step_timeout_s;     /* a session idle this long is closed (default 300) */
     double session_timeout_s;  /* a session older than this is closed (default 1800) */
     int measure;               /* measure throughput at start (default 1); 0 reports 0 */
@@ -60,6 +61,7 @@ typedef struct sp_server_opts {
     sp_server_limits limits;
 } sp_server_opts;
 
+/* The defaults: those of sepal-server's option table (opts.h), and what no option sets. */
 void sp_server_opts_default(sp_server_opts *o);
 
 typedef struct sp_server sp_server;

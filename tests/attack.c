@@ -183,7 +183,7 @@ int sp_atk_recv_msg(int fd, uint8_t **out, size_t *n)
     size_t mlen = 0;
     for (;;) {
         uint8_t h[10];
-        uint64_t plen;
+        uint64_t plen = 0;
         if (read_exact(fd, h, 2))
             break;
         size_t need = (h[1] & 0x7f) == 126 ? 4 : (h[1] & 0x7f) == 127 ? 10 : 2;
@@ -559,4 +559,47 @@ void sp_atk_stop(sp_atk *a)
     free(a->rx);
     free(a->slots);
     free(a);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* a DHT flood */
+
+long sp_atk_dht_flood(int port, int rate, double seconds)
+{
+    static const unsigned char crash[] = {0x83, 0xa1, 'e', 0x90, 0xa1, 't', 0xc4, 0x04, 0, 0, 0, 2, 0xa1, 'y', 0xa1, 'e'};
+    static const unsigned char not_map[] = {0x84, 0xa1, 'a', 0x05, 0xa1, 'q', 0xa4, 'p', 'i', 'n', 'g',
+                                            0xa1, 't', 0x07, 0xa1, 'y', 0xa1, 'q'};
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long sent = 0, total = (long)(seconds * rate);
+    for (long i = 0; fd >= 0 && i < total; i++) {
+        double due = (double)i / rate;
+        struct timespec at = {t0.tv_sec + (time_t)due, t0.tv_nsec + (long)((due - (double)(time_t)due) * 1e9)};
+        if (at.tv_nsec >= 1000000000L) {
+            at.tv_sec++;
+            at.tv_nsec -= 1000000000L;
+        }
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL);
+        const unsigned char *d = i % 2 ? not_map : crash;
+        size_t n = i % 2 ? sizeof not_map : sizeof crash;
+        sent += sendto(fd, d, n, 0, (struct sockaddr *)&to, sizeof to) == (ssize_t)n;
+    }
+    if (fd >= 0)
+        close(fd);
+    return sent;
+}
+
+int sp_atk_count_lines(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, text) != NULL;
+    if (f)
+        fclose(f);
+    return n;
 }

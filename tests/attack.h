@@ -13,7 +13,9 @@
  *              attach preamble and wait: a refusal (closed within 1 s of the connect) counts in refused, a close
  *              after that (the token's deadline) in closed
  *
- * With reconnect, a connection the server closes (or refuses) is opened again after 50 ms. */
+ * With reconnect, a connection the server closes (or refuses) is opened again after 50 ms.
+ *
+ * And one of another kind, on the calling thread: sp_atk_dht_flood sends malformed DHT datagrams to a UDP port. */
 #ifndef SEPAL_ATTACK_H
 #define SEPAL_ATTACK_H
 
@@ -55,6 +57,13 @@ void sp_atk_stats_get(sp_atk *a, sp_atk_stats *s);
 void sp_atk_drain(sp_atk *a, double timeout_s);
 /* Stops the thread and closes every socket. */
 void sp_atk_stop(sp_atk *a);
+
+/* rate datagrams a second for `seconds` to 127.0.0.1:port, in turn the datagram that crashes OpenDHT 2.4.12
+ * (reliability-anchors.md §4.4: {"e": [], "t": 4 bytes, "y": "e"}) and {"a": 5, "q": "ping", "t": 7, "y": "q"}
+ * (OpenDHT walks the integer as a map). Returns how many were sent. */
+long sp_atk_dht_flood(int port, int rate, double seconds);
+/* Lines of the file at path (a server's log) that hold text: what an attack made the server say. */
+int sp_atk_count_lines(const char *path, const char *text);
 
 /* The helpers the attacks use, for tests that speak raw websocket themselves: a TCP connection from src to
  * 127.0.0.1:port (blocking, 2 s timeouts; -1 on failure), the upgrade (0 on "101", 1 refused, -1 failed), one

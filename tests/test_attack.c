@@ -8,7 +8,6 @@
  * once the attacker is gone the server's RSS and descriptors come back within 10% of what they were. The INFO
  * flood also checks that the flooding connection gets every reply once it reads. Under ASan the allocator's
  * quarantine keeps freed memory, so there the RSS bounds are not checked (everything else is). */
-#include <cJSON.h>
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -113,24 +112,17 @@ static void *sampler_main(void *arg)
     return NULL;
 }
 
-/* The server's INFO "transport" counter `name` (-1 if it cannot be read). */
-static double counter(fixture *f, const char *name)
+/* The server's INFO "transport" counters (-1 each if they cannot be read); counter(f, busy) is one of them. */
+static sp_info_transport transport_of(fixture *f)
 {
     sp_remote *r = NULL;
-    sp_reply rep;
-    double v = -1;
-    if (sp_remote_connect(&r, "127.0.0.1", f->p.port, 1, 5000, NULL))
-        return -1;
-    if (sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, NULL) == SP_OK) {
-        cJSON *t = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), "transport");
-        cJSON *x = cJSON_GetObjectItemCaseSensitive(t, name);
-        if (cJSON_IsNumber(x))
-            v = x->valuedouble;
-    }
-    sp_reply_clear(&rep);
+    sp_info_reply a;
+    if (sp_remote_connect(&r, "127.0.0.1", f->p.port, 1, 5000, NULL) || sp_remote_get_info(r, &a, 5000, NULL))
+        memset(&a.transport, 0xff, sizeof a.transport); /* every counter -1 */
     sp_remote_close(r);
-    return v;
+    return a.transport;
 }
+#define counter(f, name) ((double)transport_of(f).name)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the legitimate client */
@@ -322,7 +314,7 @@ END_TEST
  * more than the budget. One address's share admits one; the others wait, unread, and get "busy" and a close. */
 static int budget_ok(fixture *f, const sp_atk_stats *s)
 {
-    return s->upgraded >= 8 && counter(f, "busy") >= 2;
+    return s->upgraded >= 8 && counter(f, busy) >= 2;
 }
 
 START_TEST(t_budget)
@@ -337,7 +329,7 @@ END_TEST
  * replies pass the output bound it is not read. When it reads at last, every request it sent has its reply. */
 static int flood_ok(fixture *f, const sp_atk_stats *s)
 {
-    return s->sent > 1000 && counter(f, "paused") >= 1;
+    return s->sent > 1000 && counter(f, paused) >= 1;
 }
 
 static void flood_after(fixture *f, sp_atk *a)
@@ -366,7 +358,7 @@ END_TEST
  * outlives the 2 s handshake deadline however it trickles. */
 static int slowloris_ok(fixture *f, const sp_atk_stats *s)
 {
-    return s->connects >= 400 && counter(f, "handshake_timeouts") >= 16;
+    return s->connects >= 400 && counter(f, handshake_timeouts) >= 16;
 }
 
 START_TEST(t_slowloris)
@@ -395,7 +387,7 @@ static int idle_closed(void *u)
 static void idle_after(fixture *f, sp_atk *a)
 {
     ck_assert_msg(sp_test_wait_for(idle_closed, a, 30), "idle connections were not closed");
-    ck_assert_int_ge(counter(f, "idle_closed"), 64);
+    ck_assert_int_ge(counter(f, idle_closed), 64);
 }
 
 START_TEST(t_idle_connections)
@@ -412,14 +404,14 @@ END_TEST
  * for the attacker. */
 static int bulk_ok(fixture *f, const sp_atk_stats *s)
 {
-    return s->refused >= 100 && s->closed >= 16 && counter(f, "bulk_timeouts") >= 16;
+    return s->refused >= 100 && s->closed >= 16 && counter(f, bulk_timeouts) >= 16;
 }
 
 static void bulk_after(fixture *f, sp_atk *a)
 {
     (void)a;
     int peak = atomic_load(&f->peak_fds);
-    double refused = counter(f, "bulk_refused");
+    double refused = counter(f, bulk_refused);
     fprintf(stderr, "bulk port: server fds peak %d (base %d), %.0f bulk sockets refused\n", peak, f->base_fds, refused);
     ck_assert_double_ge(refused, 100);
     /* the attacker's 16 waiting sockets, a legitimate client's two, the counters' connection, a refusal in flight */
@@ -438,18 +430,6 @@ END_TEST
  * descriptor (before, a bulk socket was left unanswered in the backlog while the bulk thread spun on its
  * level-triggered listener), the log says so a few times rather than once per connection (the issue: 34k lines),
  * and it serves again once the attacker is gone. */
-static int count_lines(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    char line[1024];
-    int n = 0;
-    while (f && fgets(line, sizeof line, f))
-        n += strstr(line, needle) != NULL;
-    if (f)
-        fclose(f);
-    return n;
-}
-
 /* CPU seconds the process has used (user + system). */
 static double cpu_s(pid_t pid)
 {
@@ -534,8 +514,8 @@ START_TEST(t_fd_exhaustion)
     sp_atk_stats_get(a, &st);
     double cpu = -1;
     int answered = bulk_probes(&f, f.p.bulk_port, &cpu);
-    int lines = count_lines(f.p.log, "out of file descriptors (Too many open files): refusing connections");
-    int bulk_lines = count_lines(f.p.log, "out of file descriptors (Too many open files): refusing bulk sockets");
+    int lines = sp_atk_count_lines(f.p.log, "out of file descriptors (Too many open files): refusing connections");
+    int bulk_lines = sp_atk_count_lines(f.p.log, "out of file descriptors (Too many open files): refusing bulk sockets");
     fprintf(stderr, "fd exhaustion: %ld upgraded, %ld refused; %d of %d bulk sockets answered at once, server CPU "
             "%.2f s in those 2 s; %d + %d log lines about it\n", st.upgraded, st.refused, answered, BULK_PROBES, cpu,
             lines, bulk_lines);
@@ -551,8 +531,8 @@ START_TEST(t_fd_exhaustion)
     settle_arg sa = {&f, 0, base + 1};
     ck_assert_msg(sp_test_wait_for(fds_back, &sa, 30), "descriptors: %d, base %d", nfds(f.p.pid), base);
     /* the server's count of the sockets it refused for want of a descriptor (no connection could ask before) */
-    ck_assert_double_ge(counter(&f, "out_of_fds"), BULK_PROBES);
-    ck_assert_double_ge(counter(&f, "bulk_refused"), BULK_PROBES);
+    ck_assert_double_ge(counter(&f, out_of_fds), BULK_PROBES);
+    ck_assert_double_ge(counter(&f, bulk_refused), BULK_PROBES);
     served(f.p.port, ref, "after the descriptors ran out");
     sp_test_proc_signal(&f.p, SIGTERM);
 }

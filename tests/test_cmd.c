@@ -4,8 +4,9 @@
  * the option machinery (common/opt.h: lookup, values, the command-line walk, help in columns), lookup of commands
  * (names, aliases, prefixes, subcommands), splitting and quoting, parsing with its messages, values by index
  * (given, a setting's current value, a row's default), the settings, help text and its wrapping, Tab completion's
- * candidates, and scripts (';', '#', the first failure, -k, --dry-run, positions in messages). Output is caught
- * by a sink of the test's own. */
+ * candidates, scripts (';', '#', the first failure, -k, --dry-run, positions in messages), and text tables
+ * fitted to a width (the `servers` table's rule: the least important columns first) with a server's shown name.
+ * Output is caught by a sink of the test's own. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "app.h"
 #include "generate.h"
 #include "paths.h"
+#include "table.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "trainer.h"
@@ -212,8 +214,15 @@ START_TEST(t_opt_find)
     ck_assert_str_eq(why, "ambiguous option '--top': --top-k, --top-p");
     char list[128] = "";
     size_t len = 0;
-    ck_assert_int_eq(sp_opt_similar(two, "--topk", list, sizeof list, &len), 2);
-    ck_assert_str_eq(list, "--top-k, --top-p");
+    ck_assert_int_eq(sp_opt_similar(two, "--topk", NULL, list, sizeof list, &len), 1); /* the nearest only */
+    ck_assert_str_eq(list, " (did you mean --top-k?)");
+    len = 0;
+    ck_assert_int_eq(sp_opt_similar(two, "--top-x", "; ok", list, sizeof list, &len), 2); /* a tie: both */
+    ck_assert_str_eq(list, " (did you mean --top-k or --top-p?; ok)");
+    ck_assert_int_eq(sp_opt_find(two, "--tpo-k", 1, "option", why, sizeof why), -1); /* a swap counts one */
+    ck_assert_str_eq(why, "unknown option '--tpo-k' (did you mean --top-k?)");
+    ck_assert_int_eq(sp_opt_find(two, "--bogus", 1, "option", why, sizeof why), -1); /* nothing near */
+    ck_assert_str_eq(why, "unknown option '--bogus'");
 }
 END_TEST
 
@@ -292,6 +301,16 @@ START_TEST(t_lookup)
     ck_assert_str_eq(sp_cmd_find_in(sw->subs, "u", why, sizeof why)->name, "up");
     ck_assert_ptr_null(sp_cmd_find_in(sw->subs, "x", why, sizeof why));
     ck_assert_str_eq(why, "unknown subcommand 'x' (one of: up, down)");
+    /* a typo: the nearest name or two, as git says them */
+    ck_assert_ptr_null(sp_cmd_find("genrate", why, sizeof why));
+    ck_assert_str_eq(why, "unknown command 'genrate' (did you mean generate?)");
+    ck_assert_ptr_null(sp_cmd_find("sevrers", why, sizeof why)); /* two swapped count one */
+    ck_assert_str_eq(why, "unknown command 'sevrers' (did you mean servers?)");
+    ck_assert_ptr_null(sp_cmd_find("exti", why, sizeof why)); /* an alias is a name too */
+    ck_assert_str_eq(why, "unknown command 'exti' (did you mean exit?)");
+    const sp_cmd *m = sp_cmd_find("model", why, sizeof why);
+    ck_assert_ptr_null(sp_cmd_find_in(m->subs, "chek", why, sizeof why));
+    ck_assert_str_eq(why, "unknown subcommand 'chek' (did you mean check?)");
 }
 END_TEST
 
@@ -353,6 +372,11 @@ START_TEST(t_parse)
     ck_assert_str_eq(got.err, "generate: --top-p: expected a number in (0, 1], got '2'\n");
     ck_assert_int_eq(parse("eval sst2 --lr 1", &a), 1);
     ck_assert_str_eq(got.err, "eval: '--lr' is an option of train, not of eval\n");
+    ck_assert_int_eq(parse("generate hi --temprature 1", &a), 1); /* a typo: the nearest option, not all 13 */
+    ck_assert_str_eq(got.err, "generate: unknown option '--temprature' (did you mean --temperature?)\n");
+    ck_assert_int_eq(parse("train sst2 --tuning deep-ptune", &a), 1); /* a choice's too */
+    ck_assert_str_eq(got.err, "train: --tuning: 'deep-ptune' is not one of head, ptune, deep_ptune (did you mean "
+                              "deep_ptune?)\n");
     ck_assert_int_eq(parse("route --x", &a), 1);
     ck_assert_str_eq(got.err, "route: unknown option '--x' (it takes none)\n");
     ck_assert_int_eq(parse("swarm up --long", &a), 1);
@@ -389,7 +413,13 @@ START_TEST(t_values)
     ck_assert_int_eq(parse("generate hi", &a), 0);
     ck_assert_int_eq(sp_arg_int(&app, &a, k_of("generate", "--max-new-tokens")), 7); /* its current value */
     sp_args_free(&a);
-    ck_assert_int_eq(parse("model generate d", &a), 0);
+    ck_assert_int_eq(parse("model generate d", &a), 1); /* a required option */
+    ck_assert_str_eq(got.err, "generate: needs --prompt TEXT\n"); /* (the path parse() gives) */
+    char syn[512];
+    sp_cmd_synopsis(sp_cmd_find_in(sp_cmd_find("model", NULL, 0)->subs, "generate", NULL, 0), "model generate", 0,
+                    1000, 0, syn, sizeof syn);
+    ck_assert_ptr_nonnull(strstr(syn, "model generate DIR --prompt TEXT [--max-new-tokens N]")); /* no brackets */
+    ck_assert_int_eq(parse("model generate d --prompt x", &a), 0);
     ck_assert_int_eq(sp_arg_int(&app, &a, k_of("model generate", "--max-new-tokens")),
                      64); /* like the setting: its default, not its value */
     ck_assert_int_eq(sp_arg_choice(&app, &a, k_of("model generate", "--dtype")), 0); /* f32 */
@@ -431,7 +461,13 @@ START_TEST(t_settings)
     ck_assert_int_eq(run("set seed 7; set seed random"), 0);
     ck_assert_int_eq(run("set seed lucky"), 1);
     ck_assert_int_eq(run("set dtype int4"), 1);
-    ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, int8, nf4\n");
+    ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, int8, nf4 (did you mean int8?)\n");
+    ck_assert_int_eq(run("set dtype fp16"), 1);
+    ck_assert_str_eq(got.err, "set: dtype: 'fp16' is not one of f32, bf16, int8, nf4 (did you mean bf16?)\n");
+    ck_assert_int_eq(run("set dtype quarter"), 1); /* nothing near */
+    ck_assert_str_eq(got.err, "set: dtype: 'quarter' is not one of f32, bf16, int8, nf4\n");
+    ck_assert_int_eq(run("set seeed 1"), 1);
+    ck_assert_str_eq(got.err, "set: unknown setting 'seeed' (did you mean seed?; `show` lists them)\n");
     ck_assert_int_eq(run("set ignore-eos maybe"), 1);
     ck_assert_str_eq(got.err, "set: ignore-eos: expected on or off, got 'maybe'\n");
     char big[700];
@@ -511,7 +547,9 @@ static const char *complete(const char *line, int *files)
 START_TEST(t_complete)
 {
     int files;
-    ck_assert_str_eq(complete("ge", &files), "generate, gen");
+    ck_assert_str_eq(complete("ge", &files), "generate"); /* not gen: Tab would stop there */
+    ck_assert_str_eq(complete("ex", &files), "exit"); /* an alias whose command is not named */
+    ck_assert_str_eq(complete("q", &files), "quit");
     ck_assert_str_eq(complete("generate --to", &files), "--top-k, --top-p");
     ck_assert_str_eq(complete("train sst2 --tuning ", &files), "head, ptune, deep_ptune");
     ck_assert_str_eq(complete("generate x --seed ", &files), "random");
@@ -573,6 +611,78 @@ START_TEST(t_script)
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
+/* text tables (the `servers` table) */
+
+/* The width of the widest line of text (characters, not bytes). */
+static int widest(const char *text)
+{
+    int most = 0, w = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\n') {
+            most = w > most ? w : most;
+            w = 0;
+        } else {
+            w += ((unsigned char)*p & 0xC0) != 0x80;
+        }
+    }
+    return w > most ? w : most;
+}
+
+START_TEST(t_text_table)
+{
+    static const sp_col cols[] = {
+        {"id", 8, 8, 0, 100}, {"name", 4, 12, 0, 40}, {"blocks", 0, 0, 0, 95}, {"tok/s", 0, 0, 1, 80},
+        {"version", 0, 0, 0, 10},
+    };
+    const char *cells[] = {
+        "0123456789abcdef", "alice-with-a-long-name", "0:2", "10851", "0.1.0",
+        "fedcba9876543210", sp_server_shown_name("", 1), "2:4", "7", "0.1.0",
+        "00112233aabbccdd", sp_server_shown_name("", 0), "4:6", "12", "0.1.0",
+        "99887766554433ee", "ünïcödé-näme-long", "6:8", "9", NULL,
+    };
+    /* no limit (not a terminal): every column, ids cut to 8 and names to 12, numbers right-aligned, no blanks at
+     * the ends of lines */
+    sp_table_out(&app, cols, 5, cells, 4, 0);
+    ck_assert_str_eq(got.out, "id       name         blocks tok/s version\n"
+                              "01234567 alice-with-a 0:2    10851 0.1.0\n"
+                              "fedcba98 local        2:4        7 0.1.0\n"
+                              "00112233 -            4:6       12 0.1.0\n"
+                              "99887766 ünïcödé-näme 6:8        9\n");
+    /* narrower: the name is cut (to 4 at the least), then the version goes, then the name, then tok/s ... */
+    const int widths[] = {42, 41, 34, 33, 25, 21, 15, 12};
+    const char *gone[] = {"", "alice-with-a ", "alice", "version", "name", "name", "tok/s", "0:2"};
+    for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) {
+        clear();
+        sp_table_out(&app, cols, 5, cells, 4, widths[i]);
+        ck_assert_msg(widest(got.out) <= widths[i], "width %d: a line of %d\n%s", widths[i], widest(got.out), got.out);
+        if (*gone[i])
+            ck_assert_msg(!strstr(got.out, gone[i]), "width %d: %s still there\n%s", widths[i], gone[i], got.out);
+        ck_assert_msg(strstr(got.out, "01234567") && (widths[i] < 15 || strstr(got.out, "0:2")),
+                      "width %d: id and blocks\n%s", widths[i], got.out);
+    }
+    ck_assert_str_eq(got.out, "id\n01234567\nfedcba98\n00112233\n99887766\n"); /* 12: the id alone */
+    clear();
+    sp_table_out(&app, cols, 5, cells, 4, 30); /* no version; 8 + 4 + 6 + 5 + 3 blanks = 26: the name cut to 8 */
+    ck_assert_str_eq(got.out, "id       name     blocks tok/s\n"
+                              "01234567 alice-wi 0:2    10851\n"
+                              "fedcba98 local    2:4        7\n"
+                              "00112233 -        4:6       12\n"
+                              "99887766 ünïcödé- 6:8        9\n");
+    clear();
+    sp_table_out(&app, cols, 5, cells, 4, 5); /* not even the id fits: every column rather than none */
+    ck_assert(strstr(got.out, "version"));
+    clear();
+    sp_table_out(&app, cols, 5, cells, 0, 80); /* no rows: the titles */
+    ck_assert_str_eq(got.out, "id name blocks tok/s version\n");
+    /* the line front end asks its sink; without one the app's width counts (the TUI sets it) */
+    app.width = 77;
+    ck_assert_int_eq(sp_app_columns(&app), 77);
+    app.width = 0;
+    ck_assert_int_eq(sp_app_columns(&app), 0);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
 /* the helpers both front ends use (common/) */
 
 START_TEST(t_front_helpers)
@@ -619,6 +729,7 @@ int main(void)
     tcase_add_test(tc, t_complete);
     tcase_add_test(tc, t_script);
     tcase_add_test(tc, t_front_helpers);
+    tcase_add_test(tc, t_text_table);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

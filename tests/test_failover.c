@@ -8,8 +8,9 @@
  *  - a FORWARD or BACKWARD whose server dies gives the same outputs and gradients as the run without
  *    failure (1e-5); so does the trainer (its losses and parameters, step after step), the server killed
  *    between two steps or inside one (after the FORWARD, before the BACKWARD), also pipelined;
- *  - with no server left for some blocks, a clear error after the retries; a server that joins while the
- *    client retries is used. */
+ *  - with no server left for some blocks (and none joining), a clear error at once; a server that joins while the
+ *    client retries is used; a server restarted at its address is tried once, its earlier lives never.
+ * White-box where a failure says why: it reads the runtime's server table and view (private/runtime_state.h). */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -25,9 +26,11 @@
 #include "remote.h"
 #include "rng.h"
 #include "runtime.h"
+#include "runtime_state.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "trainer.h"
+#include "view.h"
 
 #define M15 SEPAL_STORIES15M_DIR
 #define MAXP 8
@@ -41,13 +44,16 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* A sepal-server for blocks "a:b", joining the swarm of procs[0] (or starting it). */
-static sp_test_proc *server(const char *blocks)
+/* A sepal-server for blocks "a:b", joining the swarm of procs[0] (or starting it), announcing every period s,
+ * at websocket port `port` (0: any). */
+static sp_test_proc *server_at(const char *blocks, int port, const char *period)
 {
-    char peers[64];
+    char peers[64], ports[16];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", nprocs ? procs[0].dht_port : 0);
-    const char *args[16] = {"--model", M15, "--no-measure", "--update-period", "1", "--blocks", blocks};
-    int n = 7;
+    snprintf(ports, sizeof ports, "%d", port);
+    const char *args[20] = {"--model", M15, "--no-measure", "--update-period", period, "--blocks", blocks,
+                            "--port", ports, "--dht-port", "0"};
+    int n = 11;
     if (nprocs) {
         args[n++] = "--initial-peers";
         args[n++] = peers;
@@ -62,6 +68,9 @@ static sp_test_proc *server(const char *blocks)
     __atomic_add_fetch(&nprocs, 1, __ATOMIC_SEQ_CST);
     return &procs[nprocs - 1];
 }
+
+/* A sepal-server for blocks "a:b" on any port, announcing every second. */
+static sp_test_proc *server(const char *blocks) { return server_at(blocks, 0, "1"); }
 
 static void stop_all(void)
 {
@@ -254,12 +263,9 @@ static void block_servers(sp_runtime *rt, const char *list)
     sp_runtime_set_settings(rt, &set);
 }
 
-/* Servers for the spans (the first starts the swarm), and a client that has found them all. */
-static sp_runtime *swarm(const char *const *spans, int n)
+/* A client of procs[0]'s swarm that has found n servers online. */
+static sp_runtime *client(int n)
 {
-    memset(&F, 0, sizeof F);
-    for (int i = 0; i < n; i++)
-        server(spans[i]);
     sp_runtime *rt = NULL;
     sp_err err = {0};
     char peers[64];
@@ -271,6 +277,15 @@ static sp_runtime *swarm(const char *const *spans, int n)
     want_n w = {rt, n};
     ck_assert_msg(sp_test_wait_for(has_online, &w, 20), "found %d of %d servers", sp_test_count_online(rt), n);
     return rt;
+}
+
+/* Servers for the spans (the first starts the swarm), and a client that has found them all. */
+static sp_runtime *swarm(const char *const *spans, int n)
+{
+    memset(&F, 0, sizeof F);
+    for (int i = 0; i < n; i++)
+        server(spans[i]);
+    return client(n);
 }
 
 static const int32_t PROMPT[] = {1, 9038, 2501, 263, 931, 29892, 727, 471}; /* <s> Once upon a time, there was */
@@ -425,15 +440,10 @@ static int sessions_of(int port)
     sp_err err = {0};
     if (sp_remote_connect(&r, "127.0.0.1", port, 1, 2000, &err))
         return -1;
-    sp_reply rep;
-    int64_t n = -1;
-    if (!sp_remote_call(r, SP_MSG_INFO, "{}", NULL, 0, &rep, 2000, &err)) {
-        if (!sp_meta_int(&rep.msg, "sessions", &n))
-            n = -1;
-        sp_reply_clear(&rep);
-    }
+    sp_info_reply a;
+    int n = sp_remote_get_info(r, &a, 2000, &err) ? -1 : a.sessions;
     sp_remote_close(r);
-    return (int)n;
+    return n;
 }
 
 static int no_sessions(void *u) { return sessions_of(*(int *)u) == 0; }
@@ -582,6 +592,11 @@ static int64_t train_steps(sp_runtime *rt, int micro, int between, float *loss, 
         if (between && s == 2 && victim) {
             F.port_hit = victim->port;
             sp_test_proc_signal(victim, SIGKILL);
+            /* the replacement is usable from now on: a ping may find the victim down before step 2 meets it
+             * (on a slow machine), and then no retry comes to unblock it */
+            pthread_mutex_lock(&rt->lock);
+            rt->set.blocked[0] = '\0';
+            pthread_mutex_unlock(&rt->lock);
         }
         int idx[8];
         for (int i = 0; i < 8; i++)
@@ -621,11 +636,23 @@ static void trainer_through_failure(int micro, int between)
     int64_t n2 = train_steps(rt, micro, between, got, pg);
     ck_assert_int_eq(n2, n);
     ck_assert_msg(F.port_hit == procs[1].port && procs[1].pid == 0, "the victim was not killed");
-    ck_assert_msg(F.retries >= 1, "no failure was met");
-    ck_assert_msg(strstr(F.last_retry, ":") && F.reroutes >= 1, "no re-route: %s", F.last_retry);
-    char port[16];
-    snprintf(port, sizeof port, ":%d", procs[1].port);
-    ck_assert_msg(strstr(F.last_retry, port), "the retry does not name the victim: %s", F.last_retry);
+    if (between && !F.retries) {
+        /* no request reached the dead victim (one would have failed): its ping found it down first, or the
+         * training route (random by throughput, the replacement unblocked at the kill) chose the replacement */
+        int down = 0;
+        pthread_mutex_lock(&rt->lock);
+        for (int i = 0; i < rt->nservers; i++)
+            down |= rt->servers[i]->rec.port == procs[1].port && rt->servers[i]->down;
+        pthread_mutex_unlock(&rt->lock);
+        printf("killed between steps: no request met the victim (%s)\n",
+               down ? "a ping found it down first" : "the route chose the replacement");
+    } else {
+        ck_assert_msg(F.retries >= 1, "no failure was met");
+        ck_assert_msg(strstr(F.last_retry, ":") && F.reroutes >= 1, "no re-route: %s", F.last_retry);
+        char port[16];
+        snprintf(port, sizeof port, ":%d", procs[1].port);
+        ck_assert_msg(strstr(F.last_retry, port), "the retry does not name the victim: %s", F.last_retry);
+    }
     for (int s = 0; s < TR_STEPS; s++) {
         ck_assert_msg(isfinite(want[s]) && want[s] > 0, "step %d: loss %g", s, want[s]);
         ck_assert_msg(fabsf(got[s] - want[s]) <= 1e-5f * fmaxf(1.0f, fabsf(want[s])),
@@ -656,28 +683,158 @@ END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Nobody holds blocks 3:6 any more: a clear error once the retries are spent. */
+/* The policy's pauses, counted (the clock is the real one). */
+static double slept_s;
+
+static double real_now(void *user)
+{
+    (void)user;
+    return sp_now_s();
+}
+
+static void counted_sleep(void *user, double s)
+{
+    (void)user;
+    slept_s += s;
+    sleep_ms((int)(s * 1000));
+}
+
+static const sp_rt_clock counted_clock = {real_now, counted_sleep, NULL};
+
+/* Generates greedily through rt (F says whom to hit): the status, the error in err. */
+static sp_status generate_status(sp_runtime *rt, sp_err *err)
+{
+    sp_gen_opts o;
+    gen_opts(&o, 0);
+    sp_lm_swarm sw;
+    sp_lm lm = faulty_lm(rt, &sw);
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    sp_gen_result got;
+    sp_status st = sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, err);
+    if (!st)
+        sp_gen_result_free(&got);
+    return st;
+}
+
+/* Nobody holds blocks 3:6 any more (their only server killed, its record still fresh in the DHT) and nobody is
+ * joining: the generation fails at once, without a pause, naming the dead server and saying that no other holds
+ * the blocks; so does the next one, before its first token, with no retry at all. */
 START_TEST(t_no_server_left)
 {
     const char *spans[] = {"0:3", "3:6"};
     sp_runtime *rt = swarm(spans, 2);
-    sp_rt_settings set;
-    sp_runtime_settings(rt, &set);
-    set.max_retries = 2;
-    sp_runtime_set_settings(rt, &set);
+    rt->clock = &counted_clock;
+    slept_s = 0;
     F.at = 3, F.block = 4, F.sig = SIGKILL;
+    sp_err err = {0};
+    ck_assert_int_eq(generate_status(rt, &err), SP_ERR_NOTFOUND);
+    printf("no server left: %s (%d retry event, %.1f s of pauses)\n", err.msg, F.retries, slept_s);
+    char dead[96];
+    snprintf(dead, sizeof dead, "no server could run blocks 3:6: 127.0.0.1:%d (blocks 3:6): ", F.port_hit);
+    ck_assert_msg(strstr(err.msg, dead) &&
+                      strstr(err.msg, "; no other server holds block 3 (of 0..5), and none is joining"),
+                  "unclear error: %s", err.msg);
+    ck_assert_int_eq(F.retries, 1); /* the failure itself */
+    ck_assert_msg(slept_s == 0, "it paused %.1f s", slept_s);
+    memset(&err, 0, sizeof err);
+    F.at = -1;
+    ck_assert_int_eq(generate_status(rt, &err), SP_ERR_NOTFOUND);
+    printf("the next generation: %s\n", err.msg);
+    ck_assert_msg(strstr(err.msg, "no server could run blocks 0:6: no online server holds block 3"), "%s", err.msg);
+    ck_assert_int_eq(F.retries, 1);
+    ck_assert_int_eq(F.calls, 0); /* no token was asked for */
+    ck_assert_msg(slept_s == 0, "it paused %.1f s", slept_s);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* Entries of rt at 127.0.0.1:port: all of them (gone ones too), and those in the view (not gone). */
+static int entries_at(sp_runtime *rt, int port, int *in_view)
+{
+    int n = 0;
+    *in_view = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        if (rt->servers[i]->rec.port == port) {
+            n++;
+            *in_view += !rt->servers[i]->gone;
+        }
+    pthread_mutex_unlock(&rt->lock);
+    return n;
+}
+
+typedef struct lives {
+    sp_runtime *rt;
+    int port, n;
+} lives;
+
+static int seen_lives(void *u)
+{
+    lives *l = u;
+    int in_view;
+    return entries_at(l->rt, l->port, &in_view) >= l->n;
+}
+
+/* A server restarted at the same address gets a new id; the records of its earlier lives (killed, still fresh
+ * in the DHT: announced every 30 s, stale after 90 s) must not stand for it. One server on port A, then a server
+ * on port B started and killed (SIGKILL) four times and started a fifth time; a client joins: it holds one
+ * record at B, the newest. The generation goes through B (A is blocked until the first retry), B is killed
+ * in the middle of it, and the retry goes straight to A: one retry event, no pause, the same tokens. */
+START_TEST(t_restarted_address)
+{
+    memset(&F, 0, sizeof F);
+    server("0:6");
+    int port_a = procs[0].port;
+    sp_runtime *watch = client(1); /* sees each life announce itself before it is killed */
+    sp_test_proc *b = server_at("0:6", 0, "30");
+    int port_b = b->port;
+    for (int k = 1; k <= 4; k++) {
+        lives l = {watch, port_b, k};
+        ck_assert_msg(sp_test_wait_for(seen_lives, &l, 20), "life %d at port %d never announced", k, port_b);
+        sp_test_proc_signal(b, SIGKILL);
+        b = server_at("0:6", port_b, "30");
+        ck_assert_int_eq(b->port, port_b);
+    }
+    lives l = {watch, port_b, 5};
+    ck_assert_msg(sp_test_wait_for(seen_lives, &l, 20), "the fifth life at port %d never announced", port_b);
+    sp_runtime_free(watch);
+    sp_runtime *rt = client(2);
+    memset(&F, 0, sizeof F);
+    sp_runtime_wait_view(rt, 5000); /* every record the DHT holds has arrived */
+    int in_view, all = entries_at(rt, port_b, &in_view);
+    printf("restarted address: %d records of port %d seen, %d in the view\n", all, port_b, in_view);
+    ck_assert_msg(in_view == 1, "%d records at port %d in the view (one per address wanted)", in_view, port_b);
+    rt->clock = &counted_clock;
+    slept_s = 0;
+    snprintf(rt->set.blocked, sizeof rt->set.blocked, "127.0.0.1:%d", port_a);
+    F.unblock = 1;
+    F.at = 5, F.block = 0, F.sig = SIGKILL;
     sp_gen_opts o;
     gen_opts(&o, 0);
+    sp_gen_result want, got;
+    reference(&o, &want);
     sp_lm_swarm sw;
     sp_lm lm = faulty_lm(rt, &sw);
     sp_err err = {0};
     const int32_t *pp = PROMPT;
     int len = PROMPT_LEN;
-    sp_gen_result got;
-    ck_assert_int_ne(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err), SP_OK);
-    printf("no server left: %s\n", err.msg);
-    ck_assert_msg(strstr(err.msg, "no server could run blocks 3:6 (2 retries)"), "unclear error: %s", err.msg);
-    ck_assert_msg(strstr(F.last_retry, "no retries left"), "last retry event: %s", F.last_retry);
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
+    printf("restarted address: the step that met the kill took %.3f s (others at most %.3f s); %d retry event(s), "
+           "%.1f s of pauses; last: %s\n", F.stall, F.normal, F.retries, slept_s, F.last_retry);
+    ck_assert_int_eq(F.port_hit, port_b);
+    same_tokens(&got, &want);
+    ck_assert_int_eq(F.retries, 1);
+    ck_assert_msg(slept_s == 0, "it paused %.1f s", slept_s);
+    ck_assert_int_eq(F.port_now, port_a);
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        if (rt->servers[i]->rec.port == port_b)
+            ck_assert_msg(rt->servers[i]->gone || rt->servers[i]->down, "a record at port %d is still usable", port_b);
+    pthread_mutex_unlock(&rt->lock);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&got);
     sp_runtime_free(rt);
     stop_all();
 }
@@ -689,14 +846,25 @@ static int late_done;
 
 static void *late_server(void *arg)
 {
-    sleep_ms(500);
     server(arg);
     while (!__atomic_load_n(&late_done, __ATOMIC_SEQ_CST))
         sleep_ms(10);
     return NULL;
 }
 
-/* Blocks 3:6 lose their server; one joins while the client is retrying, and the generation goes on there. */
+static int joining_at(void *u)
+{
+    sp_runtime *rt = u;
+    int n = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        n += !rt->servers[i]->gone && rt->servers[i]->rec.state == SP_SERVER_JOINING && rt->servers[i]->rec.start == 3;
+    pthread_mutex_unlock(&rt->lock);
+    return n > 0;
+}
+
+/* Blocks 3:6 lose their server while another is joining for them (announced, still loading): the client waits
+ * for it, saying so at each retry, and the generation goes on there. */
 START_TEST(t_server_joins_later)
 {
     const char *spans[] = {"0:3", "3:6"};
@@ -704,6 +872,7 @@ START_TEST(t_server_joins_later)
     F.at = 3, F.block = 4, F.sig = SIGKILL;
     pthread_t th;
     int joined = 0;
+    setenv("SEPAL_SERVER_LOAD_DELAY", "5", 1); /* it stays JOINING for 5 s */
     sp_gen_opts o;
     gen_opts(&o, 0);
     sp_gen_result want, got;
@@ -713,11 +882,16 @@ START_TEST(t_server_joins_later)
     sp_err err = {0};
     const int32_t *pp = PROMPT;
     int len = PROMPT_LEN;
-    /* the kill happens inside the generation; the new server starts half a second after the generation
-     * does, and needs a second or two to load and announce: the retries (0, 1, 2, 4 s apart) wait for it */
+    /* the new server announces itself JOINING, then loads for 5 s; the kill happens inside the generation, and
+     * the retries (0, 1, 2, 4 s apart) wait for it */
     joined = !pthread_create(&th, NULL, late_server, (void *)"3:6");
     ck_assert(joined);
+    ck_assert_msg(sp_test_wait_for(joining_at, rt, 20), "the client never saw the server joining");
+    unsetenv("SEPAL_SERVER_LOAD_DELAY");
     sp_status st = sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err);
+    printf("a server joining: %s\n", F.last_retry);
+    ck_assert_msg(strstr(F.last_retry, "no online server holds block 3 (of 0..5) yet; server ") &&
+                      strstr(F.last_retry, "(blocks 3:6) is joining; retry "), "retry event: %s", F.last_retry);
     int port = F.port_now;
     ck_assert_msg(st == SP_OK, "%s", err.msg);
     same_tokens(&got, &want);
@@ -730,6 +904,40 @@ START_TEST(t_server_joins_later)
     stop_all();
     __atomic_store_n(&late_done, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
+}
+END_TEST
+
+/* Training's route at the start of a step: with nobody for blocks 3:6 it fails at once, saying so; with a server
+ * joining for them it waits (a retry event each try, saying who joins) and routes through it. */
+START_TEST(t_train_route_waits_for_joining)
+{
+    const char *spans[] = {"0:3"};
+    sp_runtime *rt = swarm(spans, 1);
+    sp_route r;
+    sp_err err = {0};
+    double t0 = sp_now_s();
+    ck_assert_int_eq(sp_runtime_route_train(rt, &r, &err), SP_ERR_NOTFOUND);
+    printf("training, nobody for 3:6: %s (%.3f s)\n", err.msg, sp_now_s() - t0);
+    ck_assert_msg(strstr(err.msg, "no server could run blocks 0:6: no online server holds block 3 (of 0..5), and none "
+                                  "is joining"), "%s", err.msg);
+    ck_assert_int_eq(F.retries, 0);
+    setenv("SEPAL_SERVER_LOAD_DELAY", "3", 1); /* it stays JOINING for 3 s */
+    pthread_t th;
+    ck_assert(!pthread_create(&th, NULL, late_server, (void *)"3:6"));
+    ck_assert_msg(sp_test_wait_for(joining_at, rt, 20), "the client never saw the server joining");
+    unsetenv("SEPAL_SERVER_LOAD_DELAY");
+    memset(&err, 0, sizeof err);
+    ck_assert_msg(sp_runtime_route_train(rt, &r, &err) == SP_OK, "%s", err.msg);
+    printf("training, a server joining for 3:6: %d retry events, the last: %s\n", F.retries, F.last_retry);
+    ck_assert_int_ge(F.retries, 1);
+    ck_assert_msg(strstr(F.last_retry, "no online server holds block 3 (of 0..5) yet; server ") &&
+                      strstr(F.last_retry, "(blocks 3:6) is joining; retry "), "retry event: %s", F.last_retry);
+    ck_assert_int_eq(port_of_hop(rt, &r, 4), procs[1].port);
+    sp_runtime_free(rt);
+    stop_all();
+    __atomic_store_n(&late_done, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    __atomic_store_n(&late_done, 0, __ATOMIC_SEQ_CST);
 }
 END_TEST
 
@@ -819,6 +1027,8 @@ static Suite *suite(void)
     tcase_set_timeout(te, 180);
     tcase_add_test(te, t_no_server_left);
     tcase_add_test(te, t_server_joins_later);
+    tcase_add_test(te, t_train_route_waits_for_joining);
+    tcase_add_test(te, t_restarted_address);
     suite_add_tcase(s, te);
     return s;
 }

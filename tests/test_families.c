@@ -456,23 +456,24 @@ static void check_cache(fixture *f)
         sp_remote *r = NULL;
         sp_err err = {0};
         ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", f->p[i].port, 1, 5000, &err) == SP_OK, "%s", err.msg);
+        sp_info_reply info;
+        ck_assert_msg(sp_remote_get_info(r, &info, 5000, &err) == SP_OK, "%s", err.msg);
+        ck_assert_int_eq(info.cache_tokens_total, want);
+        ck_assert_int_eq(info.kv_heads, c->n_kv_heads);
+        ck_assert_int_eq(info.head_dim, c->head_dim);
+        ck_assert_int_eq(info.cache_bytes_per_token, kv);
+        ck_assert_str_eq(info.family, sp_arch_name(c->arch));
         sp_reply rep;
-        ck_assert_msg(sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, &err) == SP_OK, "%s", err.msg);
-        int64_t v;
-        ck_assert(sp_meta_int(&rep.msg, "cache_tokens_total", &v) && v == want);
-        ck_assert(sp_meta_int(&rep.msg, "kv_heads", &v) && v == c->n_kv_heads);
-        ck_assert(sp_meta_int(&rep.msg, "head_dim", &v) && v == c->head_dim);
-        ck_assert(sp_meta_int(&rep.msg, "cache_bytes_per_token", &v) && v == kv);
-        ck_assert_str_eq(sp_meta_str(&rep.msg, "family"), sp_arch_name(c->arch));
-        sp_reply_clear(&rep);
         char meta[160];
         long L = want < c->max_pos ? want : c->max_pos; /* a session's max_length is capped by the context */
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%ld,\"batch\":%ld}", a, b, L, want / L);
+        sp_open_req q = {.start = a, .end = b, .max_length = (int)L, .batch = (int)(want / L)};
+        ck_assert_int_eq(sp_open_req_encode(&q, meta, sizeof meta, &err), SP_OK);
         ck_assert_msg(sp_remote_call(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, 5000, &err) == SP_OK, "%s: %s",
                       meta, err.msg);
         sp_reply_clear(&rep);
         long left = want - (want / L) * L;
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%ld,\"batch\":1}", a, b, left + 1);
+        q = (sp_open_req){.start = a, .end = b, .max_length = (int)(left + 1), .batch = 1};
+        ck_assert_int_eq(sp_open_req_encode(&q, meta, sizeof meta, &err), SP_OK);
         ck_assert_int_ne(sp_remote_call(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, 5000, &err), SP_OK);
         ck_assert_str_eq(sp_reply_error_code(&rep), "out_of_cache");
         sp_reply_clear(&rep);

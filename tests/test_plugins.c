@@ -110,6 +110,10 @@ START_TEST(t_load_causal_lm_so)
     void *h = open_task(t, args);
     ck_assert_int_eq(t->size(h, SEPAL_SPLIT_TRAIN), 3); /* 18 bytes in chunks of 7 */
     t->close(h);
+    /* the module's sepal_plugin_check_args came with it: the arguments alone, nothing opened */
+    ck_assert_int_eq(sp_plugin_check_args(t, args, err, sizeof err), 0);
+    ck_assert_int_eq(sp_plugin_check_args(t, "file=/nonexistent/corpus.txt", err, sizeof err), -1);
+    ck_assert_str_eq(err, "causal_lm: cannot read /nonexistent/corpus.txt: No such file or directory");
 }
 END_TEST
 
@@ -164,7 +168,7 @@ START_TEST(t_check)
     ck_assert_int_eq(sp_plugin_check(&t, "task x", err, sizeof err), -1);
     t = *sp_sst2_task();
     t.abi = 2;
-    ck_assert_int_eq(sp_plugin_register(&t), -1);
+    ck_assert_int_eq(sp_plugin_register(&t, NULL), -1);
     ck_assert_int_eq(sp_plugin_check(NULL, "task x", err, sizeof err), -1);
 }
 END_TEST
@@ -187,6 +191,22 @@ START_TEST(t_builtins)
     ck_assert_ptr_eq(sp_plugin_find("sst2"), t);
     ck_assert_int_eq(sp_plugin_register_builtins(), 0); /* and back */
     ck_assert_ptr_eq(sp_plugin_find("sst2"), sp_sst2_task());
+    /* the built-in checks of arguments, without a tokenizer or anything opened */
+    ck_assert_int_eq(sp_plugin_check_args(sp_causal_lm_task(), "file=/nonexistent", err, sizeof err), -1);
+    ck_assert_str_eq(err, "causal_lm: cannot read /nonexistent: No such file or directory");
+    ck_assert_int_eq(sp_plugin_check_args(sp_causal_lm_task(), "file=/tmp", err, sizeof err), -1);
+    ck_assert_str_eq(err, "causal_lm: cannot read /tmp: Is a directory");
+    ck_assert_int_eq(sp_plugin_check_args(sp_causal_lm_task(), "", err, sizeof err), -1);
+    ck_assert_str_eq(err, "causal_lm: no text file: pass file=PATH");
+    ck_assert_int_eq(sp_plugin_check_args(sp_causal_lm_task(), "file=/etc/hostname lenght=8", err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "bad argument lenght=8"));
+    ck_assert_int_eq(sp_plugin_check_args(sp_sst2_task(), "data=/nonexistent", err, sizeof err), -1);
+    ck_assert_str_eq(err, "no sentiment data in /nonexistent: run scripts/fetch-sentiment.sh");
+    ck_assert_int_eq(sp_plugin_check_args(sp_sst2_task(), "dat=x", err, sizeof err), -1);
+    ck_assert_str_eq(err, "sst2: unknown argument dat=x (it takes data=DIR)");
+    char args[600];
+    snprintf(args, sizeof args, "data=%s", SEPAL_SENTIMENT_DIR);
+    ck_assert_msg(sp_plugin_check_args(sp_sst2_task(), args, err, sizeof err) == 0, "%s", err);
     sp_plugin_unload_all();
 }
 END_TEST

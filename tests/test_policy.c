@@ -13,6 +13,7 @@
 #include <check.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,18 +73,29 @@ static sp_runtime *runtime(void)
     return rt;
 }
 
-/* A server entry for blocks [start, end) at 127.0.0.1:port, ONLINE, single-token steps at rps. */
-static int entry(sp_runtime *rt, const char *id, int port, int start, int end, double rps)
+/* A server entry for blocks [start, end) at 127.0.0.1:port in state st, single-token steps at rps, its record
+ * written at wall-clock time `written`. */
+static int entry_at(sp_runtime *rt, const char *id, int port, int start, int end, double rps, sp_server_state st,
+                    double written)
 {
-    sp_server_record r = {.port = port, .start = start, .end = end, .state = SP_SERVER_ONLINE, .num_blocks = end,
-                          .inference_rps = rps, .forward_rps = 1000, .throughput = 1000, .cache_tokens_left = -1};
+    sp_server_record r = {.port = port, .start = start, .end = end, .state = st, .num_blocks = end,
+                          .inference_rps = rps, .forward_rps = 1000, .throughput = 1000, .cache_tokens_left = -1,
+                          .timestamp = written};
     snprintf(r.id, sizeof r.id, "%s", id);
     snprintf(r.host, sizeof r.host, "127.0.0.1");
     pthread_mutex_lock(&rt->lock);
     int i = sp_rt_server_put(rt, &r, 0);
+    if (i >= 0) /* measured: routing does not ping it first (these tests are about the policy) */
+        rt->servers[i]->rtt = 0.001;
     pthread_mutex_unlock(&rt->lock);
     ck_assert_int_ge(i, 0);
     return i;
+}
+
+/* A server entry for blocks [start, end) at 127.0.0.1:port, ONLINE, single-token steps at rps. */
+static int entry(sp_runtime *rt, const char *id, int port, int start, int end, double rps)
+{
+    return entry_at(rt, id, port, start, end, rps, SP_SERVER_ONLINE, 0);
 }
 
 /* The server the min-latency route over [0, 4) uses (one hop expected). */
@@ -194,6 +206,35 @@ START_TEST(t_success_clears)
 }
 END_TEST
 
+/* A failure bans the earlier lives of the server at the same address with it (a server restarted there got a new
+ * id; the records of its earlier lives may still look online): the retry goes to another address. A newer life
+ * there is not banned by an older one's failure. */
+START_TEST(t_ban_address)
+{
+    sp_runtime *rt = runtime();
+    int old1 = entry_at(rt, "b1b1b1b1b1b1b1b1", 4002, 0, 4, 400, SP_SERVER_ONLINE, 100);
+    int old2 = entry_at(rt, "b2b2b2b2b2b2b2b2", 4002, 0, 4, 400, SP_SERVER_ONLINE, 200);
+    int live = entry_at(rt, "b3b3b3b3b3b3b3b3", 4002, 0, 4, 400, SP_SERVER_ONLINE, 300);
+    int a = entry(rt, "aaaaaaaaaaaaaaaa", 4001, 0, 4, 50); /* slower: routing prefers the lives at 4002 */
+    int r = routed_server(rt);
+    ck_assert_msg(r != a, "routed to the slow server");
+    sp_rt_failed(rt, live, 0, NULL);
+    ck_assert_double_eq_tol(ban_left(rt, live), 15, 1e-9);
+    ck_assert_double_eq_tol(ban_left(rt, old1), 15, 1e-9);
+    ck_assert_double_eq_tol(ban_left(rt, old2), 15, 1e-9);
+    ck_assert_int_eq(routed_server(rt), a); /* not an earlier life at the banned address */
+    sp_rt_succeeded(rt, live);
+    ck_assert_int_eq(routed_server(rt), live);
+    /* an older life's failure leaves the newer one alone */
+    sp_rt_succeeded(rt, old1);
+    sp_rt_succeeded(rt, old2);
+    sp_rt_failed(rt, old1, 0, NULL);
+    ck_assert(ban_left(rt, live) <= 0);
+    ck_assert_double_eq_tol(ban_left(rt, old1), 15, 1e-9);
+    sp_runtime_free(rt);
+}
+END_TEST
+
 START_TEST(t_backoff)
 {
     sp_runtime *rt = runtime();
@@ -239,14 +280,51 @@ static int refusing_port(int *fd)
     return ntohs(a.sin_port);
 }
 
-/* A runtime with stories15M's local parts and one server for all its blocks that refuses connections. */
-static sp_runtime *dead_swarm(int *fd, int *port)
+/* A loopback port that accepts connections and hangs up at once (a thread does it until the socket closes):
+ * a server that listens but fails every request. */
+static void *hang_up(void *arg)
+{
+    int fd = *(int *)arg, c;
+    while ((c = accept(fd, NULL, NULL)) >= 0)
+        close(c);
+    return NULL;
+}
+
+static int hanging_up_port(int *fd, pthread_t *th)
+{
+    int port = refusing_port(fd);
+    ck_assert_int_eq(listen(*fd, 16), 0);
+    ck_assert_int_eq(pthread_create(th, NULL, hang_up, fd), 0);
+    return port;
+}
+
+static void hanging_up_close(int fd, pthread_t th)
+{
+    shutdown(fd, SHUT_RDWR); /* accept() returns */
+    pthread_join(th, NULL);
+    close(fd);
+}
+
+/* A runtime with stories15M's local parts and one server for all its blocks (state st) at port. */
+static sp_runtime *swarm_at(int port, sp_server_state st)
 {
     sp_runtime *rt = runtime();
     sp_err err = {0};
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s (run scripts/fetch-model.sh)", err.msg);
-    *port = refusing_port(fd);
-    entry(rt, "dddddddddddddddd", *port, 0, rt->local->cfg.n_layers, 200);
+    entry_at(rt, "dddddddddddddddd", port, 0, rt->local->cfg.n_layers, 200, st, 0);
+    return rt;
+}
+
+/* One server for all blocks that fails every request but still listens; *max: the retries (< 0: the default's,
+ * which it is set to). */
+static sp_runtime *dead_swarm(int *max, int *fd, pthread_t *th, int *port)
+{
+    *port = hanging_up_port(fd, th);
+    sp_runtime *rt = swarm_at(*port, SP_SERVER_ONLINE);
+    if (*max >= 0)
+        rt->set.max_retries = *max;
+    else
+        *max = rt->set.max_retries;
     return rt;
 }
 
@@ -277,11 +355,8 @@ static void check_tries(int max, int port)
 static void forward_until_limit(int max)
 {
     int fd, port;
-    sp_runtime *rt = dead_swarm(&fd, &port);
-    if (max >= 0)
-        rt->set.max_retries = max;
-    else
-        max = rt->set.max_retries;
+    pthread_t th;
+    sp_runtime *rt = dead_swarm(&max, &fd, &th, &port);
     int B = 1, T = 3, H = rt->local->cfg.hidden, L = rt->local->cfg.n_layers;
     float *x = calloc((size_t)B * T * H, sizeof(float));
     sp_route route;
@@ -297,7 +372,7 @@ static void forward_until_limit(int max)
         ck_assert_double_eq_tol(rt->servers[0]->banned_until, 1015, 1e-9);
     printf("training FORWARD, max_retries %d: %s\n", max, err.msg);
     free(x);
-    close(fd);
+    hanging_up_close(fd, th);
     sp_runtime_free(rt);
 }
 
@@ -309,14 +384,9 @@ START_TEST(t_retry_limit_training)
 }
 END_TEST
 
-static void generate_until_limit(int max)
+/* A greedy generation of 4 tokens through rt: its status, the error in err. */
+static sp_status generate4(sp_runtime *rt, sp_err *err)
 {
-    int fd, port;
-    sp_runtime *rt = dead_swarm(&fd, &port);
-    if (max >= 0)
-        rt->set.max_retries = max;
-    else
-        max = rt->set.max_retries;
     sp_lm_swarm sw;
     sp_lm lm = sp_lm_swarm_make(&sw, rt);
     sp_gen_opts o;
@@ -326,14 +396,25 @@ static void generate_until_limit(int max)
     const int32_t *pp = prompt;
     int len = 3;
     sp_gen_result got;
+    sp_status st = sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, err);
+    if (!st)
+        sp_gen_result_free(&got);
+    return st;
+}
+
+static void generate_until_limit(int max)
+{
+    int fd, port;
+    pthread_t th;
+    sp_runtime *rt = dead_swarm(&max, &fd, &th, &port);
     sp_err err = {0};
-    ck_assert_int_ne(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err), SP_OK);
+    ck_assert_int_ne(generate4(rt, &err), SP_OK);
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     ck_assert_msg(strstr(err.msg, addr), "error does not name the server: %s", err.msg);
     check_tries(max, port);
     printf("generation, max_retries %d: %s\n", max, err.msg);
-    close(fd);
+    hanging_up_close(fd, th);
     sp_runtime_free(rt);
 }
 
@@ -344,6 +425,72 @@ START_TEST(t_retry_limit_generation)
 }
 END_TEST
 
+/* A server whose address refuses connections (its process is gone) holds nothing: with no other server for its
+ * blocks and none joining, a request fails after its first try, without a pause, saying so; the server is down. */
+START_TEST(t_dead_address_fails_fast)
+{
+    for (int training = 0; training < 2; training++) {
+        int fd, port = refusing_port(&fd);
+        sp_runtime *rt = swarm_at(port, SP_SERVER_ONLINE);
+        int L = rt->local->cfg.n_layers;
+        sp_err err = {0};
+        sp_status st;
+        if (training) {
+            float *x = calloc((size_t)3 * rt->local->cfg.hidden, sizeof(float));
+            sp_route route;
+            ck_assert_msg(sp_runtime_route_train(rt, &route, &err) == SP_OK, "%s", err.msg);
+            st = sp_runtime_forward(rt, &route, x, 1, 3, NULL, 0, NULL, NULL, &err);
+            free(x);
+        } else {
+            st = generate4(rt, &err);
+        }
+        printf("%s, the only server's address refuses connections: %s\n", training ? "training" : "generation",
+               err.msg);
+        ck_assert_int_eq(st, SP_ERR_NOTFOUND);
+        char want[96], addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d (blocks 0:%d): ", port, L);
+        ck_assert_msg(strstr(err.msg, addr), "the error does not name the server: %s", err.msg);
+        snprintf(want, sizeof want, "; no other server holds block 0 (of 0..%d), and none is joining", L - 1);
+        ck_assert_msg(strstr(err.msg, want), "error: %s", err.msg);
+        ck_assert_msg(clock_now == 1000, "it waited %g s", clock_now - 1000);
+        ck_assert_int_eq(nretry, 1);
+        ck_assert_msg(strstr(retry_text[0], "nothing listens there now"), "%s", retry_text[0]);
+        ck_assert(rt->servers[0]->down);
+        close(fd);
+        sp_runtime_free(rt);
+    }
+}
+END_TEST
+
+/* No online server for the blocks, but one is joining: each retry says so and when it comes, the pauses are the
+ * policy's, and the retries end with an error naming the blocks and the count. */
+START_TEST(t_waits_for_joining)
+{
+    int fd, port = refusing_port(&fd);
+    sp_runtime *rt = swarm_at(port, SP_SERVER_JOINING);
+    rt->set.max_retries = 4;
+    int L = rt->local->cfg.n_layers;
+    sp_err err = {0};
+    ck_assert_int_eq(generate4(rt, &err), SP_ERR_NOTFOUND);
+    printf("generation waiting for a joining server: %s\n", err.msg);
+    ck_assert_int_eq(nretry, 5);
+    const double pause[] = {0, 1, 2, 4};
+    for (int k = 0; k < 4; k++) {
+        char s[160];
+        snprintf(s, sizeof s, "no online server holds block 0 (of 0..%d) yet; server dddddddddddddddd (blocks 0:%d) "
+                 "is joining; retry %d of 4 %s", L - 1, L, k + 1, k ? "in" : "now");
+        ck_assert_msg(strstr(retry_text[k], s), "event %d: %s", k, retry_text[k]);
+        ck_assert_double_eq(slept[k], pause[k]);
+    }
+    ck_assert_msg(strstr(retry_text[4], "no retries left (4)"), "%s", retry_text[4]);
+    char want[96];
+    snprintf(want, sizeof want, "no server could run blocks 0:%d (4 retries)", L);
+    ck_assert_msg(strstr(err.msg, want), "error: %s", err.msg);
+    close(fd);
+    sp_runtime_free(rt);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("policy");
@@ -351,12 +498,15 @@ static Suite *suite(void)
     tcase_add_test(tc, t_defaults);
     tcase_add_test(tc, t_ban_doubles);
     tcase_add_test(tc, t_success_clears);
+    tcase_add_test(tc, t_ban_address);
     tcase_add_test(tc, t_backoff);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("retries");
     tcase_set_timeout(tr, 60);
     tcase_add_test(tr, t_retry_limit_training);
     tcase_add_test(tr, t_retry_limit_generation);
+    tcase_add_test(tr, t_dead_address_fails_fast);
+    tcase_add_test(tr, t_waits_for_joining);
     suite_add_tcase(s, tr);
     return s;
 }

@@ -4,6 +4,7 @@
  * share/doc/protocol.md. */
 #include <cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,14 +259,11 @@ START_TEST(t_roundtrip_all)
                 ck_assert_int_eq(m.flags, flags);
                 ck_assert_uint_eq(m.request_id, rid);
                 ck_assert_int_eq(m.n_tensors, n);
-                int64_t v = 0;
-                ck_assert_int_eq(sp_meta_int(&m, "type", &v), 1);
-                ck_assert_int_eq(v, type);
-                ck_assert_str_eq(sp_meta_str(&m, "name"), "h\xc3\xa9llo \xe2\x9c\x93");
+                ck_assert(m.meta_len == strlen(meta) && !memcmp(m.meta_json, meta, m.meta_len)); /* as it was */
                 for (int i = 0; i < n; i++)
                     check_tensor(&src[i], &m.t[i], i);
                 sp_msg_clear(&m);
-                ck_assert_ptr_null(m.meta);
+                ck_assert_ptr_null(m.meta_json);
                 cases++;
             }
     ck_assert_int_eq(cases, (SP_MSG__END - 1) * 7 * 9);
@@ -281,10 +279,17 @@ START_TEST(t_empty_meta_is_object)
     enc_ok(&b, SP_MSG_INFO, 0, 5, NULL, NULL, 0);
     ck_assert_uint_eq(b.len, SP_PROTO_HEADER_SIZE);
     ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
-    ck_assert_ptr_null(m.meta); /* no tree until asked for */
-    ck_assert(cJSON_IsObject(sp_msg_meta(&m)));
-    ck_assert_ptr_null(m.meta->child);
-    ck_assert_ptr_null(sp_meta_str(&m, "x"));
+    ck_assert_int_eq(m.meta_len, 0);
+    char *copy = sp_msg_meta_copy(&m); /* what a PING reply echoes */
+    ck_assert_str_eq(copy, "");
+    free(copy);
+    sp_msg_clear(&m);
+    /* for a typed decoder it is {}: every field absent */
+    enc_ok(&b, SP_MSG_INFERENCE_CLOSE, 0, 5, NULL, NULL, 0);
+    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+    sp_close_req q;
+    ck_assert_int_eq(sp_close_req_decode(&m, &q, &err), SP_ERR_FORMAT);
+    ck_assert_str_eq(err.msg, "INFERENCE_CLOSE request: 'session' is missing");
     sp_msg_clear(&m);
     enc_ok(&b, SP_MSG_INFO, 0, 5, "", NULL, 0); /* "" is the same as NULL */
     ck_assert_uint_eq(b.len, SP_PROTO_HEADER_SIZE);
@@ -400,35 +405,55 @@ START_TEST(t_finite_and_conversions)
 }
 END_TEST
 
-START_TEST(t_meta_helpers)
+/* Numbers as the typed decoders read them: JSON numbers are doubles, so an integer field takes 3 and 3.0 and 3e0,
+ * and refuses 3.5, "3", 1e300, null, [1], and anything outside its range (the error says which and why). */
+START_TEST(t_meta_numbers)
 {
-    const char *meta = "{\"a\":3,\"b\":3.5,\"c\":\"3\",\"d\":1e300,\"e\":-7,\"f\":9223372036854775808,"
-                       "\"g\":-9223372036854775808,\"h\":null,\"i\":[1]}";
+    static const struct {
+        const char *meta;
+        int ok;
+        int64_t start_from;
+        const char *why;
+    } cases[] = {
+        {"{\"session\":3}", 1, -1, NULL},
+        {"{\"session\":3,\"start_from_position\":7}", 1, 7, NULL},
+        {"{\"session\":3,\"start_from_position\":7.0}", 1, 7, NULL},
+        {"{\"session\":3,\"start_from_position\":7e0}", 1, 7, NULL},
+        {"{\"session\":3,\"start_from_position\":-0}", 1, 0, NULL},
+        {"{\"session\":3,\"start_from_position\":2147483647}", 1, 2147483647, NULL},
+        {"{\"session\":3,\"start_from_position\":3.5}", 0, 0, "'start_from_position' must be an integer in "
+                                                                  "0..2147483647, got 3.5"},
+        {"{\"session\":3,\"start_from_position\":-1}", 0, 0, "got -1"},
+        {"{\"session\":3,\"start_from_position\":2147483648}", 0, 0, "got 2147483648"},
+        {"{\"session\":3,\"start_from_position\":1e300}", 0, 0, "got 1e300"},
+        {"{\"session\":3,\"start_from_position\":\"3\"}", 0, 0, "must be an integer in 0..2147483647, got a string"},
+        {"{\"session\":3,\"start_from_position\":null}", 0, 0, "must be an integer in 0..2147483647, got null"},
+        {"{\"session\":3,\"start_from_position\":[1]}", 0, 0, "got an array"},
+        {"{\"session\":9007199254740991}", 1, -1, NULL},
+        {"{\"session\":9007199254740992}", 0, 0, "'session' must be an integer in 0..9007199254740991"},
+        {"{\"session\":9007199254740993}", 0, 0, "got 9007199254740993"}, /* reads as 2^53 */
+        {"{\"session\":-3}", 0, 0, "'session' must be an integer"},
+        {"{\"session\":3,\"reply_encoding\":\"i64\"}", 0, 0, "'reply_encoding' names no float encoding: 'i64'"},
+        {"{\"session\":3,\"reply_encoding\":7}", 0, 0, "'reply_encoding' must be a string, got a number"},
+    };
     sp_buf b = {0};
-    sp_msg m;
-    sp_err err = {0};
-    enc_ok(&b, SP_MSG_PING, 0, 1, meta, NULL, 0);
-    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
-    int64_t v = 0;
-    ck_assert_int_eq(sp_meta_int(&m, "a", &v), 1);
-    ck_assert_int_eq(v, 3);
-    ck_assert_int_eq(sp_meta_int(&m, "e", &v), 1);
-    ck_assert_int_eq(v, -7);
-    ck_assert_int_eq(sp_meta_int(&m, "g", &v), 1);
-    ck_assert(v == INT64_MIN);
-    const char *not_int[] = {"b", "c", "d", "f", "h", "i", "missing"};
-    for (int i = 0; i < 7; i++) {
-        v = 5;
-        ck_assert_msg(sp_meta_int(&m, not_int[i], &v) == 0, "%s", not_int[i]);
-        ck_assert_int_eq(v, -1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sp_msg m;
+        sp_err err = {0};
+        sp_step_req q;
+        enc_ok(&b, SP_MSG_INFERENCE_STEP, 0, 1, cases[i].meta, NULL, 0);
+        ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+        sp_status st = sp_step_req_decode(&m, &q, &err);
+        if (cases[i].ok) {
+            ck_assert_msg(st == SP_OK, "%s: %s", cases[i].meta, err.msg);
+            ck_assert_int_eq(q.start_from_position, cases[i].start_from);
+            ck_assert_int_eq(q.reply_encoding, -1);
+        } else {
+            ck_assert_msg(st == SP_ERR_FORMAT && strstr(err.msg, cases[i].why), "%s: %s", cases[i].meta, err.msg);
+            ck_assert_msg(!strncmp(err.msg, "INFERENCE_STEP request: ", 24), "%s", err.msg);
+        }
+        sp_msg_clear(&m);
     }
-    ck_assert_str_eq(sp_meta_str(&m, "c"), "3");
-    ck_assert_ptr_null(sp_meta_str(&m, "a"));
-    ck_assert_ptr_null(sp_meta_str(&m, "missing"));
-    ck_assert_ptr_null(sp_meta_str(NULL, "a"));
-    ck_assert_int_eq(sp_meta_int(NULL, "a", &v), 0);
-    sp_msg_clear(&m);
-    sp_msg_clear(&m); /* twice is harmless */
     sp_buf_free(&b);
 }
 END_TEST
@@ -455,7 +480,9 @@ START_TEST(t_meta_reader)
     for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
         enc_ok(&b, SP_MSG_PING, 0, 1, good[i], NULL, 0);
         ck_assert_msg(sp_msg_decode(&m, b.data, b.len, NULL, &err) == SP_OK, "%s: %s", good[i], err.msg);
-        ck_assert_msg(cJSON_IsObject(sp_msg_meta(&m)), "cJSON refuses %s", good[i]);
+        cJSON *j = cJSON_ParseWithLength(m.meta_json, m.meta_len);
+        ck_assert_msg(cJSON_IsObject(j), "cJSON refuses %s", good[i]);
+        cJSON_Delete(j);
         sp_msg_clear(&m);
     }
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
@@ -474,46 +501,43 @@ START_TEST(t_meta_reader)
         if (depth == 1000) {
             enc_ok(&b, SP_MSG_PING, 0, 1, deep, NULL, 0);
             ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
-            ck_assert_ptr_nonnull(sp_msg_meta(&m));
+            cJSON *j = cJSON_ParseWithLength(m.meta_json, m.meta_len);
+            ck_assert_ptr_nonnull(j);
+            cJSON_Delete(j);
             sp_msg_clear(&m);
         } else {
             ck_assert_int_eq(sp_msg_encode(&b, SP_MSG_PING, 0, 1, deep, NULL, 0, &err), SP_ERR_ARG);
         }
         free(deep);
     }
-    /* values read in place equal cJSON's */
-    const char *meta = "{\"o\":{\"k\":1,\"s\":\"in\"},\"k\":2,\"k\":3,\"s\":\"a\\u00e9\\n\\\"z\",\"x\":-12.5e1,"
-                       "\"big\":123456789012345678,\"l\":\"0123456789abcdef\",\"e\\u0073c\":7}";
-    enc_ok(&b, SP_MSG_PING, 0, 1, meta, NULL, 0);
+    /* values read in place equal cJSON's; members are found at the top level only, the first of a repeated key,
+     * escaped keys too; unknown keys (however nested) are skipped */
+    const char *meta = "{\"o\":{\"end\":1,\"model\":\"in\"},\"start\":2,\"start\":3,\"end\":5,\"mod\\u0065l\":"
+                       "\"a\\u00e9\\n\\\"z\",\"forward_tps\":125e-1,\"inference_rps\":0.1,\"x\":[{\"end\":9}],"
+                       "\"transport\":{\"busy\":4,\"busy\":5,\"swarm_key\":true}}";
+    enc_ok(&b, SP_MSG_INFO, SP_MSG_F_REPLY, 1, meta, NULL, 0);
     ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
-    int64_t v = 0;
-    double d = 0;
-    char s[16];
-    ck_assert_int_eq(sp_meta_int(&m, "k", &v), 1);
-    ck_assert_int_eq(v, 2); /* the first, and not the nested one */
-    ck_assert_int_eq(sp_meta_int(&m, "esc", &v), 1); /* an escaped key */
-    ck_assert_int_eq(v, 7);
-    ck_assert_int_eq(sp_meta_num(&m, "x", &d), 1);
-    ck_assert(d == -125.0);
-    ck_assert_int_eq(sp_meta_num(&m, "s", &d), 0);
-    ck_assert(d == 0);
-    ck_assert_int_eq(sp_meta_int(&m, "big", &v), 1);
-    ck_assert(v == (int64_t)123456789012345678.0); /* the double cJSON gives */
-    ck_assert_int_eq(sp_meta_strcpy(&m, "s", s, sizeof s), 1);
-    ck_assert_str_eq(s, "a\xc3\xa9\n\"z");
-    ck_assert_int_eq(sp_meta_strcpy(&m, "l", s, sizeof s), 0); /* 16 bytes do not fit 15 + NUL */
-    ck_assert_str_eq(s, "");
-    ck_assert_int_eq(sp_meta_strcpy(&m, "k", s, sizeof s), 0);
-    ck_assert_int_eq(sp_meta_strcpy(&m, "missing", s, sizeof s), 0);
-    ck_assert_ptr_null(m.meta); /* none of the above built a tree */
-    ck_assert_str_eq(sp_meta_str(&m, "s"), "a\xc3\xa9\n\"z");
-    ck_assert_str_eq(sp_meta_str(&m, "l"), "0123456789abcdef");
-    const cJSON *k = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&m), "big");
-    ck_assert(k && k->valuedouble == 123456789012345678.0);
+    sp_info_reply a;
+    ck_assert_msg(sp_info_reply_decode(&m, &a, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(a.start, 2); /* the first */
+    ck_assert_int_eq(a.end, 5);   /* not the nested ones */
+    ck_assert_str_eq(a.model, "a\xc3\xa9\n\"z");
+    ck_assert(a.forward_tps == 12.5 && a.inference_rps == 0.1);
+    ck_assert_int_eq(a.transport.busy, 4);
+    ck_assert_int_eq(a.transport.swarm_key, 1);
+    ck_assert_int_eq(a.transport.conns, -1); /* absent */
+    ck_assert_int_eq(a.sessions, -1);
+    ck_assert_str_eq(a.public_name, "");
+    cJSON *j = cJSON_ParseWithLength(m.meta_json, m.meta_len);
+    ck_assert(cJSON_GetObjectItemCaseSensitive(j, "inference_rps")->valuedouble == a.inference_rps);
+    ck_assert(cJSON_GetObjectItemCaseSensitive(j, "forward_tps")->valuedouble == a.forward_tps);
+    cJSON_Delete(j);
     sp_msg_clear(&m);
     sp_buf_free(&b);
 }
 END_TEST
+
+#define SHAPE_JSON "{\"code\":\"shape\",\"message\":\"hidden: expected [1, 4, 288], got \\\"[1, 4]\\\"\"}"
 
 START_TEST(t_error_reply)
 {
@@ -526,16 +550,384 @@ START_TEST(t_error_reply)
     ck_assert_int_eq(m.flags, SP_MSG_F_REPLY);
     ck_assert_uint_eq(m.request_id, 77);
     ck_assert_int_eq(m.n_tensors, 0);
-    ck_assert_str_eq(sp_meta_str(&m, "code"), "shape");
-    ck_assert_str_eq(sp_meta_str(&m, "message"), "hidden: expected [1, 4, 288], got \"[1, 4]\"");
+    sp_error_reply e;
+    ck_assert_int_eq(sp_error_reply_decode(&m, &e, &err), SP_OK);
+    ck_assert_str_eq(e.code, "shape");
+    ck_assert_str_eq(e.message, "hidden: expected [1, 4, 288], got \"[1, 4]\"");
+    ck_assert(m.meta_len == strlen(SHAPE_JSON) && !memcmp(m.meta_json, SHAPE_JSON, m.meta_len)); /* as before */
     sp_msg_clear(&m);
     /* invalid UTF-8 in the text (a file name, a peer's bytes) is replaced, so the reply still decodes */
     ck_assert_int_eq(sp_msg_encode_error(&b, 78, NULL, "bad \xff\xfe name \xc3\xa9", &err), SP_OK);
     ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
-    ck_assert_str_eq(sp_meta_str(&m, "code"), "internal");
-    ck_assert_str_eq(sp_meta_str(&m, "message"), "bad ?? name \xc3\xa9");
+    ck_assert_int_eq(sp_error_reply_decode(&m, &e, &err), SP_OK);
+    ck_assert_str_eq(e.code, "internal");
+    ck_assert_str_eq(e.message, "bad ?? name \xc3\xa9");
+    sp_msg_clear(&m);
+    /* a message longer than the field is cut where a character starts (it still decodes) */
+    char *big = malloc(3000);
+    for (int i = 0; i < 2999; i += 3) /* U+2713, 3 bytes; 2046 = 682 x 3, so the 2047th byte starts a 4th */
+        memcpy(big + i, "\xe2\x9c\x93", 3);
+    big[2999] = '\0';
+    ck_assert_int_eq(sp_msg_encode_error(&b, 79, "x", big, &err), SP_OK);
+    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_error_reply_decode(&m, &e, &err), SP_OK);
+    ck_assert_uint_eq(strlen(e.message), 2046);
+    ck_assert(!memcmp(e.message, big, 2046));
+    sp_msg_clear(&m);
+    free(big);
+    sp_buf_free(&b);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* typed metadata (one struct per message kind) */
+
+/* The codec of the struct named (sp_meta_codecs: every struct with its message, encode and decode). */
+static const sp_meta_codec *codec(const char *name)
+{
+    for (int i = 0; i < SP_META_CODECS; i++)
+        if (!strcmp(sp_meta_codecs[i].name, name))
+            return &sp_meta_codecs[i];
+    ck_abort_msg("no codec %s", name);
+    return NULL;
+}
+
+/* Values with every field set, and with every optional field absent (static: padding is zero, so memcmp works). */
+static const sp_hello_req HELLO_REQ_FULL = {.version = "1.1", .client = "sepal 0.1.0"}, HELLO_REQ_MIN = {.version = ""};
+static const sp_hello_reply HELLO_REPLY_FULL = {.version = "1.1", .server = "sepal-server 0.1.0", .model = "stories15M",
+                                                .config = 0xfedcba9876543210ull, .dtype = "int8", .blocks = 6,
+                                                .start = 2, .end = 6, .id = "00112233aabbccdd", .bulk_port = 65535,
+                                                .bulk_token = UINT64_MAX},
+                            HELLO_REPLY_MIN = {.model = "m", .start = 0, .end = 1};
+static const sp_info_reply INFO_FULL = {
+    .model = "stories15M", .architecture = "LlamaForCausalLM", .start = 1, .end = 3, .dtype = "nf4",
+    .weight_bytes = 9007199254740991, .protocol = "1.1", .hidden_size = 288, .family = "llama", .kv_heads = 6,
+    .head_dim = 48, .cache_bytes_per_token = 2304, .cache_bytes_total = 1 << 30, .cache_tokens_total = 8192,
+    .cache_tokens_available = 0, .max_batch_tokens = 1024, .max_length = 2048, .inference_rps = 0.1,
+    .forward_tps = 1e300, .public_name = "caf\xc3\xa9 \"\\\n\x01", .sessions = 0, .kept_bytes = 5, .requests = 9,
+    .transport = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 0}};
+static const sp_info_reply INFO_MIN = {
+    .model = "m", .start = 0, .end = 1, .weight_bytes = -1, .hidden_size = -1, .kv_heads = -1, .head_dim = -1,
+    .cache_bytes_per_token = -1, .cache_bytes_total = -1, .cache_tokens_total = -1, .cache_tokens_available = -1,
+    .max_batch_tokens = -1, .max_length = -1, .sessions = -1, .kept_bytes = -1, .requests = -1,
+    .transport = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
+static const sp_forward_req FORWARD_FULL = {.start = 1, .end = 4, .keep = 7, .reply_encoding = SP_ENC_BF16},
+                            FORWARD_MIN = {.start = 0, .end = 0, .keep = 0, .reply_encoding = -1};
+static const sp_backward_req BACKWARD_FULL = {.start = 1, .end = 4, .keep = 9007199254740991, .reply_encoding = 3},
+                             BACKWARD_MIN = {.start = 5, .end = 2, .keep = 0, .reply_encoding = -1};
+static const sp_open_req OPEN_REQ = {.start = 0, .end = 2, .max_length = 0, .batch = 2147483647};
+static const sp_open_reply OPEN_REPLY_FULL = {.session = 12, .max_length = 64}, OPEN_REPLY_MIN = {.max_length = -1};
+static const sp_step_req STEP_FULL = {.session = 3, .start_from_position = 0, .reply_encoding = SP_ENC_F32},
+                         STEP_MIN = {.session = 3, .start_from_position = -1, .reply_encoding = -1};
+static const sp_step_reply STEP_REPLY = {.position = 9};
+static const sp_close_req CLOSE_REQ = {.session = 0};
+static const sp_error_reply ERROR_FULL = {.code = "shape", .message = "hidden: expected [1, 4, 288]"},
+                            ERROR_MIN = {.code = "x"};
+static const sp_auth_hello AUTH_HELLO_FULL = {.nonce = {1, 2, 3, [31] = 0xff}, .swarm = "0011223344556677"},
+                           AUTH_HELLO_MIN = {.nonce = {0}};
+static const sp_auth_challenge AUTH_CHALLENGE = {.nonce = {[0] = 0xab}, .proof = {[31] = 0xcd}};
+static const sp_auth_proof AUTH_PROOF = {.proof = {[5] = 0x10}};
+static const sp_auth_verdict AUTH_VERDICT_OK = {.ok = 1}, AUTH_VERDICT_NO = {.ok = 0};
+
+static const struct {
+    const char *codec;
+    const void *v;
+} VALUES[] = {
+    {"hello_req", &HELLO_REQ_FULL},   {"hello_req", &HELLO_REQ_MIN},   {"hello_reply", &HELLO_REPLY_FULL},
+    {"hello_reply", &HELLO_REPLY_MIN}, {"info_reply", &INFO_FULL},      {"info_reply", &INFO_MIN},
+    {"forward_req", &FORWARD_FULL},   {"forward_req", &FORWARD_MIN},   {"backward_req", &BACKWARD_FULL},
+    {"backward_req", &BACKWARD_MIN},  {"open_req", &OPEN_REQ},         {"open_reply", &OPEN_REPLY_FULL},
+    {"open_reply", &OPEN_REPLY_MIN},  {"step_req", &STEP_FULL},        {"step_req", &STEP_MIN},
+    {"step_reply", &STEP_REPLY},      {"close_req", &CLOSE_REQ},       {"error_reply", &ERROR_FULL},
+    {"error_reply", &ERROR_MIN},            {"auth_hello", &AUTH_HELLO_FULL}, {"auth_hello", &AUTH_HELLO_MIN},
+    {"auth_challenge", &AUTH_CHALLENGE}, {"auth_proof", &AUTH_PROOF},  {"auth_verdict", &AUTH_VERDICT_OK},
+    {"auth_verdict", &AUTH_VERDICT_NO},
+};
+
+/* meta as the metadata of codec c's message, decoded by it into out: its status (err says why). */
+static sp_status typed_decode(const char *name, const char *meta, void *out, sp_err *err)
+{
+    const sp_meta_codec *c = codec(name);
+    sp_buf b = {0};
+    sp_msg m;
+    enc_ok(&b, c->type, c->flags, 1, meta, NULL, 0);
+    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, err), SP_OK);
+    sp_status st = c->decode(&m, out, err);
     sp_msg_clear(&m);
     sp_buf_free(&b);
+    return st;
+}
+
+/* Every struct, full and with its optional fields absent: encode -> message -> decode gives it back, byte for byte;
+ * and every codec is used. */
+START_TEST(t_typed_roundtrip)
+{
+    int used[SP_META_CODECS] = {0};
+    static _Alignas(max_align_t) unsigned char got[4096];
+    static char json[16384];
+    for (size_t i = 0; i < sizeof VALUES / sizeof *VALUES; i++) {
+        const sp_meta_codec *c = codec(VALUES[i].codec);
+        sp_err err = {0};
+        ck_assert_msg(c->encode(VALUES[i].v, json, sizeof json, &err) == SP_OK, "%s: %s", c->name, err.msg);
+        memset(got, 0x55, sizeof got);
+        ck_assert_msg(typed_decode(VALUES[i].codec, json, got, &err) == SP_OK, "%s %s: %s", c->name, json, err.msg);
+        ck_assert_msg(!memcmp(got, VALUES[i].v, c->size), "%s: %s decodes to something else", c->name, json);
+        used[c - sp_meta_codecs] = 1;
+    }
+    for (int c = 0; c < SP_META_CODECS; c++)
+        ck_assert_msg(used[c], "%s has no round trip", sp_meta_codecs[c].name);
+}
+END_TEST
+
+/* The text each encoder writes is the text the hand-built metadata of 1.1 was (the wire stays as it was), and
+ * the minimal values leave their optional fields out. */
+START_TEST(t_typed_wire_text)
+{
+    static const struct {
+        const char *codec;
+        const void *v;
+        const char *json;
+    } cases[] = {
+        {"hello_req", &HELLO_REQ_FULL, "{\"version\":\"1.1\",\"client\":\"sepal 0.1.0\"}"},
+        {"hello_req", &HELLO_REQ_MIN, "{}"},
+        {"hello_reply", &HELLO_REPLY_FULL,
+         "{\"version\":\"1.1\",\"server\":\"sepal-server 0.1.0\",\"model\":\"stories15M\",\"config\":\"fedcba9876543210\","
+         "\"dtype\":\"int8\",\"blocks\":6,\"start\":2,\"end\":6,\"id\":\"00112233aabbccdd\",\"bulk_port\":65535,"
+         "\"bulk_token\":\"18446744073709551615\"}"},
+        {"hello_reply", &HELLO_REPLY_MIN, "{\"model\":\"m\",\"start\":0,\"end\":1}"},
+        {"info_reply", &INFO_MIN, "{\"model\":\"m\",\"start\":0,\"end\":1,\"transport\":{}}"},
+        {"forward_req", &FORWARD_FULL, "{\"start\":1,\"end\":4,\"keep\":7,\"reply_encoding\":\"bf16\"}"},
+        {"forward_req", &FORWARD_MIN, "{\"start\":0,\"end\":0}"},
+        {"backward_req", &BACKWARD_FULL, "{\"start\":1,\"end\":4,\"kept\":9007199254740991,\"reply_encoding\":\"q8\"}"},
+        {"open_req", &OPEN_REQ, "{\"start\":0,\"end\":2,\"max_length\":0,\"batch\":2147483647}"},
+        {"open_reply", &OPEN_REPLY_FULL, "{\"session\":12,\"max_length\":64}"},
+        {"step_req", &STEP_FULL, "{\"session\":3,\"start_from_position\":0,\"reply_encoding\":\"f32\"}"},
+        {"step_req", &STEP_MIN, "{\"session\":3}"},
+        {"step_reply", &STEP_REPLY, "{\"position\":9}"},
+        {"close_req", &CLOSE_REQ, "{\"session\":0}"},
+        {"error_reply", &ERROR_FULL, "{\"code\":\"shape\",\"message\":\"hidden: expected [1, 4, 288]\"}"},
+        {"auth_hello", &AUTH_HELLO_MIN,
+         "{\"nonce\":\"0000000000000000000000000000000000000000000000000000000000000000\"}"},
+        {"auth_verdict", &AUTH_VERDICT_OK, "{\"ok\":true}"},
+    };
+    char json[SP_META_CAP];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sp_err err = {0};
+        ck_assert_int_eq(codec(cases[i].codec)->encode(cases[i].v, json, sizeof json, &err), SP_OK);
+        ck_assert_str_eq(json, cases[i].json);
+    }
+    /* INFO as cJSON printed it: keys in its order, numbers as it wrote them, strings escaped as it escaped them */
+    sp_err err = {0};
+    ck_assert_int_eq(sp_info_reply_encode(&INFO_FULL, json, sizeof json, &err), SP_OK);
+    ck_assert_str_eq(json, "{\"model\":\"stories15M\",\"architecture\":\"LlamaForCausalLM\",\"start\":1,\"end\":3,"
+                           "\"dtype\":\"nf4\",\"weight_bytes\":9007199254740991,\"protocol\":\"1.1\",\"hidden_size\":288,"
+                           "\"family\":\"llama\",\"kv_heads\":6,\"head_dim\":48,\"cache_bytes_per_token\":2304,"
+                           "\"cache_bytes_total\":1073741824,\"cache_tokens_total\":8192,\"cache_tokens_available\":0,"
+                           "\"max_batch_tokens\":1024,\"max_length\":2048,\"inference_rps\":0.1,\"forward_tps\":1e+300,"
+                           "\"public_name\":\"caf\xc3\xa9 \\\"\\\\\\n\\u0001\",\"sessions\":0,\"kept_bytes\":5,"
+                           "\"requests\":9,\"transport\":{\"conns\":1,\"pending\":2,\"accepted\":3,\"refused\":4,"
+                           "\"refused_ip\":5,\"handshake_timeouts\":6,\"idle_closed\":7,\"busy\":8,\"slow\":9,"
+                           "\"auth_failed\":10,\"waits\":11,\"paused\":12,\"delivered\":13,\"bulk_refused\":14,"
+                           "\"bulk_timeouts\":15,\"out_of_fds\":16,\"budget_used\":17,\"budget_peak\":18,\"budget\":19,"
+                           "\"budget_conn\":20,\"swarm_key\":false}}");
+    cJSON *j = cJSON_Parse(json); /* and cJSON reads the same values back */
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "public_name")->valuestring, INFO_FULL.public_name);
+    ck_assert(cJSON_GetObjectItemCaseSensitive(j, "forward_tps")->valuedouble == 1e300);
+    cJSON_Delete(j);
+}
+END_TEST
+
+/* Malformed metadata: each gets SP_ERR_FORMAT and a message that names the message and the field, never a crash. */
+START_TEST(t_typed_malformed)
+{
+    static const struct {
+        const char *codec, *meta, *why;
+    } cases[] = {
+        /* missing required fields */
+        {"forward_req", "{\"end\":2}", "FORWARD request: 'start' is missing"},
+        {"backward_req", "{\"start\":0}", "BACKWARD request: 'end' is missing"},
+        {"open_req", "{\"start\":0,\"end\":2,\"max_length\":8}", "INFERENCE_OPEN request: 'batch' is missing"},
+        {"open_reply", "{\"max_length\":8}", "INFERENCE_OPEN reply: 'session' is missing"},
+        {"step_reply", "{}", "INFERENCE_STEP reply: 'position' is missing"},
+        {"hello_reply", "{\"start\":0,\"end\":2}", "HELLO reply: 'model' is missing"},
+        {"info_reply", "{\"model\":\"m\",\"start\":0}", "INFO reply: 'end' is missing"},
+        {"error_reply", "{\"message\":\"x\"}", "ERROR: 'code' is missing"},
+        {"auth_hello", "{\"swarm\":\"00\"}", "AUTH request: 'nonce' is missing"},
+        {"auth_challenge", "{\"nonce\":\"" "0000000000000000000000000000000000000000000000000000000000000000\"}",
+         "AUTH challenge: 'proof' is missing"},
+        {"auth_verdict", "{}", "AUTH verdict: 'ok' is missing"},
+        /* wrong types */
+        {"forward_req", "{\"start\":\"0\",\"end\":2}", "'start' must be an integer in 0..2147483647, got a string"},
+        {"forward_req", "{\"start\":0,\"end\":2,\"keep\":true}", "'keep' must be an integer in 0..9007199254740991, "
+                                                               "got true"},
+        {"hello_req", "{\"version\":1.1}", "HELLO request: 'version' must be a string, got a number"},
+        {"hello_reply", "{\"model\":[],\"start\":0,\"end\":1}", "'model' must be a string, got an array"},
+        {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"transport\":[]}",
+         "'transport' must be an object, got an array"},
+        {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"transport\":{\"busy\":\"1\"}}",
+         "INFO reply: 'transport.busy' must be an integer"},
+        {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"transport\":{\"swarm_key\":1}}",
+         "'transport.swarm_key' must be true or false, got a number"},
+        {"auth_verdict", "{\"ok\":\"true\"}", "'ok' must be true or false, got a string"},
+        {"error_reply", "{\"code\":null}", "'code' must be a string, got null"},
+        /* out of range */
+        {"forward_req", "{\"start\":-1,\"end\":2}", "'start' must be an integer in 0..2147483647, got -1"},
+        {"open_req", "{\"start\":0,\"end\":2,\"max_length\":8,\"batch\":-2}", "'batch' must be an integer"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"bulk_port\":65536}",
+         "'bulk_port' must be an integer in -1..65535, got 65536"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"blocks\":0}", "'blocks' must be an integer in 1..1048576"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":3,\"end\":3}", "HELLO reply: the span 3:3 holds no block"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":7,\"blocks\":6}", "not inside the model's 6 blocks"},
+        {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"inference_rps\":-1}",
+         "'inference_rps' must be a finite number >= 0, got -1"},
+        {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"forward_tps\":1e999}", "'forward_tps' must be a finite"},
+        {"step_reply", "{\"position\":1.5}", "'position' must be an integer in 0..2147483647, got 1.5"},
+        /* strings: too long, empty where not allowed, NUL, bad digits */
+        {"error_reply", "{\"code\":\"0123456789012345678901234567890123\"}", "'code' is 34 bytes long, at most 31 allowed"},
+        {"error_reply", "{\"code\":\"\"}", "ERROR: 'code' must not be empty"},
+        {"hello_req", "{\"client\":\"a\\u0000b\"}", "'client' holds a NUL character"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"config\":\"12345678901234567\"}",
+         "'config' must be a string of 1..16 hex digits"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"config\":\"xyz\"}", "'config' must be a string of 1..16"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"bulk_token\":\"18446744073709551616\"}",
+         "'bulk_token' must be a string of decimal digits that fit 64 bits"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"bulk_token\":\"-1\"}", "'bulk_token' must be"},
+        {"auth_proof", "{\"proof\":\"00\"}", "AUTH proof: 'proof' must be 64 hex digits, got \"00\""},
+        {"auth_proof", "{\"proof\":\"" "000000000000000000000000000000000000000000000000000000000000000g\"}",
+         "'proof' must be 64 hex digits"},
+        {"forward_req", "{\"start\":0,\"end\":2,\"reply_encoding\":\"f8\"}", "'reply_encoding' names no float encoding"},
+    };
+    static _Alignas(max_align_t) unsigned char got[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sp_err err = {0};
+        sp_status st = typed_decode(cases[i].codec, cases[i].meta, got, &err);
+        ck_assert_msg(st == SP_ERR_FORMAT && err.code == st && strstr(err.msg, cases[i].why), "%s: %d '%s'",
+                      cases[i].meta, st, err.msg);
+    }
+}
+END_TEST
+
+/* What every decoder tolerates as before: unknown keys, and a repeated key (its first value); and what it refuses:
+ * another message's metadata (type or direction), and text that never passed sp_msg_decode. */
+START_TEST(t_typed_message_checks)
+{
+    sp_err err = {0};
+    sp_open_req q;
+    ck_assert_int_eq(typed_decode("open_req", "{\"x\":{\"batch\":-1},\"start\":0,\"end\":2,\"max_length\":8,\"batch\":2,"
+                                              "\"batch\":-5,\"later\":[1,2]}", &q, &err), SP_OK);
+    ck_assert(q.start == 0 && q.end == 2 && q.max_length == 8 && q.batch == 2);
+    /* a request decoder refuses the reply of its type, and the other way round, and other types */
+    sp_buf b = {0};
+    sp_msg m;
+    static _Alignas(max_align_t) unsigned char got[4096];
+    for (int c = 0; c < SP_META_CODECS; c++)
+        for (int flags = 0; flags <= 1; flags++)
+            for (int type = 1; type < SP_MSG__END; type++) {
+                const sp_meta_codec *k = &sp_meta_codecs[c];
+                int mine = type == (int)k->type && flags == k->flags;
+                enc_ok(&b, (sp_msg_type)type, (uint16_t)flags, 1, NULL, NULL, 0);
+                ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+                err.msg[0] = '\0';
+                sp_status st = k->decode(&m, got, &err);
+                if (mine) /* {} is this struct's: it decodes, or lacks a field */
+                    ck_assert_msg(st == SP_OK || strstr(err.msg, "is missing"), "%s: %s", k->name, err.msg);
+                else
+                    ck_assert_msg(st == SP_ERR_FORMAT && strstr(err.msg, "expected the ") &&
+                                  strstr(err.msg, sp_msg_type_name(type)), "%s: %s", k->name, err.msg);
+                sp_msg_clear(&m);
+            }
+    sp_buf_free(&b);
+    ck_assert_int_eq(sp_close_req_decode(NULL, (sp_close_req *)got, &err), SP_ERR_ARG);
+    /* text that never passed sp_msg_decode (a hand-made sp_msg): an error, never a read past it */
+    static const char *garbage[] = {"", "{", "{\"", "{\"session\"", "{\"session\":", "{\"session\":1", "{\"a\":[1,",
+                                    "{\"session\":1,", "]", "{\"session\" 1}", "{\"session\":\"1", "{\"a\":{\"b\":",
+                                    "{\"ok\":tru", "{\"code\":\"x\\", "nul"};
+    for (size_t i = 0; i < sizeof garbage / sizeof *garbage; i++)
+        for (int c = 0; c < SP_META_CODECS; c++) {
+            const sp_meta_codec *k = &sp_meta_codecs[c];
+            size_t n = strlen(garbage[i]);
+            char *exact = malloc(n ? n : 1); /* nothing after it: ASan sees a read past its end */
+            memcpy(exact, garbage[i], n);
+            sp_msg hand = {.type = k->type, .flags = k->flags, .meta_json = exact, .meta_len = (uint32_t)n};
+            sp_status st = k->decode(&hand, got, &err);
+            ck_assert_msg(st == SP_ERR_FORMAT || (n == 0 && st == SP_OK), "%s on '%s': %d (%s)", k->name,
+                          garbage[i], st, err.msg);
+            free(exact);
+        }
+}
+END_TEST
+
+/* The encoders refuse what a decoder would refuse (SP_ERR_ARG), and a buffer too small (SP_ERR_RANGE), leaving "". */
+START_TEST(t_typed_encode_rejects)
+{
+    char json[SP_META_CAP];
+    sp_err err = {0};
+    sp_forward_req f = {.start = -1, .end = 2, .reply_encoding = -1};
+    ck_assert_int_eq(sp_forward_req_encode(&f, json, sizeof json, &err), SP_ERR_ARG);
+    ck_assert_str_eq(err.msg, "FORWARD request: 'start' is -1, outside 0..2147483647");
+    ck_assert_str_eq(json, "");
+    f = (sp_forward_req){.start = 0, .end = 2, .reply_encoding = SP_ENC_I64};
+    ck_assert_int_eq(sp_forward_req_encode(&f, json, sizeof json, &err), SP_ERR_ARG);
+    ck_assert_str_eq(err.msg, "FORWARD request: 'reply_encoding' 4 is not a float encoding");
+    f = (sp_forward_req){.start = 0, .end = 2, .keep = 9007199254740992ull, .reply_encoding = -1};
+    ck_assert_int_eq(sp_forward_req_encode(&f, json, sizeof json, &err), SP_ERR_ARG); /* never rounded */
+    sp_hello_reply h = HELLO_REPLY_MIN;
+    h.end = 0;
+    ck_assert_int_eq(sp_hello_reply_encode(&h, json, sizeof json, &err), SP_ERR_ARG);
+    ck_assert_str_eq(err.msg, "HELLO reply: the span 0:0 holds no block");
+    h = HELLO_REPLY_MIN;
+    h.model[0] = '\0';
+    ck_assert_int_eq(sp_hello_reply_encode(&h, json, sizeof json, &err), SP_ERR_ARG);
+    h = HELLO_REPLY_MIN;
+    memcpy(h.model, "\xff", 2);
+    ck_assert_int_eq(sp_hello_reply_encode(&h, json, sizeof json, &err), SP_ERR_ARG);
+    ck_assert_str_eq(err.msg, "HELLO reply: 'model' is not valid UTF-8");
+    memset(h.id, 'a', sizeof h.id); /* no NUL */
+    h.model[0] = 'm';
+    ck_assert_int_eq(sp_hello_reply_encode(&h, json, sizeof json, &err), SP_ERR_ARG);
+    sp_info_reply info = INFO_MIN;
+    info.inference_rps = NAN;
+    ck_assert_int_eq(sp_info_reply_encode(&info, json, sizeof json, &err), SP_ERR_ARG);
+    info.inference_rps = -2;
+    ck_assert_int_eq(sp_info_reply_encode(&info, json, sizeof json, &err), SP_ERR_ARG);
+    ck_assert_int_eq(sp_step_reply_encode(&STEP_REPLY, json, 14, &err), SP_ERR_RANGE); /* {"position":9} + NUL */
+    ck_assert_str_eq(json, "");
+    ck_assert_int_eq(sp_step_reply_encode(&STEP_REPLY, json, 15, &err), SP_OK);
+    ck_assert_int_eq(sp_step_reply_encode(NULL, json, sizeof json, &err), SP_ERR_ARG);
+}
+END_TEST
+
+/* SP_META_CAP holds every struct at its longest, every string byte escaped (ERROR aside); sp_meta_set cuts where a
+ * character starts and mends invalid UTF-8. */
+START_TEST(t_typed_cap_and_set)
+{
+    static sp_info_reply info;
+    static sp_hello_reply hello;
+    static char json[SP_META_CAP];
+    info = INFO_FULL;
+    hello = HELLO_REPLY_FULL;
+    char *strs[] = {info.model, info.architecture, info.dtype, info.protocol, info.family, info.public_name,
+                    hello.version, hello.server, hello.model, hello.dtype, hello.id};
+    size_t caps[] = {sizeof info.model, sizeof info.architecture, sizeof info.dtype, sizeof info.protocol,
+                     sizeof info.family, sizeof info.public_name, sizeof hello.version, sizeof hello.server,
+                     sizeof hello.model, sizeof hello.dtype, sizeof hello.id};
+    for (int i = 0; i < 11; i++) {
+        memset(strs[i], 0x01, caps[i] - 1); /* each escaped as \u0001 */
+        strs[i][caps[i] - 1] = '\0';
+    }
+    info.weight_bytes = info.kept_bytes = info.requests = -1 + 9007199254740992; /* the longest numbers */
+    sp_err err = {0};
+    ck_assert_msg(sp_info_reply_encode(&info, json, sizeof json, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_hello_reply_encode(&hello, json, sizeof json, &err) == SP_OK, "%s", err.msg);
+    char f[8];
+    sp_meta_set(f, sizeof f, "abcd\xe2\x9c\x93z"); /* 4 + 3 bytes fit 7, the z does not */
+    ck_assert_str_eq(f, "abcd\xe2\x9c\x93");
+    sp_meta_set(f, sizeof f, "abcde\xe2\x9c\x93"); /* the check mark does not fit: cut before it */
+    ck_assert_str_eq(f, "abcde");
+    sp_meta_set(f, sizeof f, "a\xff" "b");
+    ck_assert_str_eq(f, "a?b");
+    sp_meta_set(f, sizeof f, NULL);
+    ck_assert_str_eq(f, "");
 }
 END_TEST
 
@@ -726,7 +1118,7 @@ START_TEST(t_malformed_table)
         ck_assert_msg(s == mu->code, "%s: status %d (%s), expected %d", mu->name, s, err.msg, mu->code);
         ck_assert_int_eq(err.code, s);
         ck_assert_msg(has(err.msg, mu->frag1) && has(err.msg, mu->frag2), "%s: message '%s'", mu->name, err.msg);
-        ck_assert_msg(m.meta == NULL && m.n_tensors == 0, "%s: decode left state behind", mu->name);
+        ck_assert_msg(m.meta_json == NULL && m.n_tensors == 0, "%s: decode left state behind", mu->name);
         sp_msg_clear(&m);
         /* peek agrees: the same refusal for a header fault, acceptance otherwise */
         uint64_t body = 0;
@@ -781,7 +1173,7 @@ START_TEST(t_truncated_every_length)
         sp_err err = {0};
         sp_status s = sp_msg_decode(&m, msg, cut, NULL, &err);
         ck_assert_msg(s != SP_OK, "prefix of %zu bytes accepted", cut);
-        ck_assert_ptr_null(m.meta);
+        ck_assert_ptr_null(m.meta_json);
         if (cut < 40)
             ck_assert_msg(has(err.msg, "truncated header"), "%zu: %s", cut, err.msg);
         else
@@ -877,9 +1269,7 @@ START_TEST(t_golden_bytes)
     ck_assert_int_eq(m.flags, 0);
     ck_assert_uint_eq(m.request_id, 0x0102030405060708ull);
     ck_assert_int_eq(m.n_tensors, 2);
-    int64_t x = 0;
-    ck_assert_int_eq(sp_meta_int(&m, "x", &x), 1);
-    ck_assert_int_eq(x, 1);
+    ck_assert(m.meta_len == 7 && !memcmp(m.meta_json, "{\"x\":1}", 7));
     ck_assert_int_eq(m.t[0].enc, SP_ENC_F16);
     ck_assert_int_eq(m.t[0].rank, 2);
     ck_assert_int_eq(m.t[0].shape[0], 1);
@@ -917,9 +1307,15 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, t_empty_meta_is_object);
     tcase_add_test(tc, t_q8_edges);
     tcase_add_test(tc, t_finite_and_conversions);
-    tcase_add_test(tc, t_meta_helpers);
+    tcase_add_test(tc, t_meta_numbers);
     tcase_add_test(tc, t_meta_reader);
     tcase_add_test(tc, t_error_reply);
+    tcase_add_test(tc, t_typed_roundtrip);
+    tcase_add_test(tc, t_typed_wire_text);
+    tcase_add_test(tc, t_typed_malformed);
+    tcase_add_test(tc, t_typed_message_checks);
+    tcase_add_test(tc, t_typed_encode_rejects);
+    tcase_add_test(tc, t_typed_cap_and_set);
     tcase_add_test(tc, t_encode_rejects);
     tcase_add_test(tc, t_malformed_table);
     tcase_add_test(tc, t_reject_codes);

@@ -249,6 +249,47 @@ START_TEST(t_bad_input)
 }
 END_TEST
 
+/* The relayed model: each span entered costs the client's whole round trip to it (unknown: 0.3 s) plus the
+ * overhead, the servers' next pings do not count, the exit is free; measured seconds per block beat the rate. */
+START_TEST(t_relayed)
+{
+    const sp_route_model m = {.relayed = 1, .overhead = 0.0003};
+    sp_route_span s[] = {mk(0, 0, 4, 1000), mk(1, 0, 2, 1000), mk(2, 2, 4, 1000)};
+    sp_route_hop h[8];
+    double cost;
+    int miss;
+    s[0].client_rtt = 0.002;
+    ck_assert_int_eq(sp_route_min_latency_model(s, 1, 0, 4, 0, &m, h, 8, &cost, &miss), 1);
+    ck_assert_double_eq_tol(cost, 0.002 + 0.0003 + 4 / 1000.0, 1e-12);
+    ck_assert_double_eq_tol(h[0].latency, cost, 1e-12);
+    s[0].client_rtt = -1; /* unknown: a round trip of 2 x 0.15 s */
+    sp_route_min_latency_model(s, 1, 0, 4, 0, &m, h, 8, &cost, &miss);
+    ck_assert_double_eq_tol(cost, 0.3 + 0.0003 + 4 / 1000.0, 1e-12);
+    s[0].block_s = 0.01; /* measured: 10 ms a block */
+    sp_route_min_latency_model(s, 1, 0, 4, 0, &m, h, 8, &cost, &miss);
+    ck_assert_double_eq_tol(cost, 0.3 + 0.0003 + 0.04, 1e-12);
+    /* two hops: two round trips from the client; 1's next ping to 2 (slow) plays no part */
+    sp_route_next slow = {.server = 2, .rtt = 4};
+    s[1].client_rtt = 0.001, s[2].client_rtt = 0.004;
+    s[1].next = &slow, s[1].nnext = 1;
+    ck_assert_int_eq(sp_route_min_latency_model(s + 1, 2, 0, 4, 0, &m, h, 8, &cost, &miss), 2);
+    ck_assert_double_eq_tol(cost, 0.001 + 0.0003 + 0.002 + 0.004 + 0.0003 + 0.002, 1e-12);
+    ck_assert_double_eq_tol(h[0].latency, 0.001 + 0.0003 + 0.002, 1e-12);
+    ck_assert_double_eq_tol(h[1].latency, 0.004 + 0.0003 + 0.002, 1e-12);
+    /* Petals' model prices the same chain with the slow ping: 2 s for the switch */
+    ck_assert_int_eq(sp_route_min_latency(s + 1, 2, 0, 4, 0, h, 8, &cost, &miss), 2);
+    ck_assert_double_eq_tol(cost, 0.0005 + 0.018 + 0.002 + 2 + 0.018 + 0.002 + 0.002, 1e-12);
+    /* one server for all blocks beats two round trips once its rtt is the smaller sum */
+    s[0].block_s = 0, s[0].client_rtt = 0.004;
+    ck_assert_int_eq(sp_route_min_latency_model(s, 3, 0, 4, 0, &m, h, 8, &cost, &miss), 1);
+    ck_assert_int_eq(h[0].server, 0);
+    s[0].client_rtt = 0.006;
+    ck_assert_int_eq(sp_route_min_latency_model(s, 3, 0, 4, 0, &m, h, 8, &cost, &miss), 2);
+    ck_assert_double_eq(sp_route_relay_delay(INFINITY), 10);
+    ck_assert_double_eq(sp_route_relay_delay(NAN), 0.3);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* the exhaustive reference: the cost model of routing.h, written again from its comment */
 
@@ -292,6 +333,8 @@ static void random_swarm(swarm *w, sp_rng *r)
                              .cache_tokens_left = pick(r, 4) ? pick(r, 250) : -1,
                              .client_rtt = unif(r) < 0.1 ? INFINITY : random_rtt(r),
                              .banned = unif(r) < 0.15};
+        if (pick(r, 4) == 0) /* measured by the caller */
+            x->block_s = 0.01 * unif(r);
         if (x->client_rtt == INFINITY && x->banned && pick(r, 2))
             x->banned = 0;
     }
@@ -344,15 +387,26 @@ static int ref_usable(swarm *w)
     return missing;
 }
 
-static double delay(double rtt) { return !(rtt >= 0) ? 0.15 : fmin(rtt / 2, 5); }
-static double rps_cost(const sp_route_span *x) { return 1 / (x->inference_rps > 0 ? x->inference_rps : 300); }
+/* The model the reference prices chains with: Petals' (servers pass steps on), or relayed by the client. */
+static sp_route_model ref_model = {.relayed = 0, .overhead = 0.018};
 
+static double delay(double rtt) { return !(rtt >= 0) ? 0.15 : fmin(rtt / 2, 5); }
+static double rps_cost(const sp_route_span *x)
+{
+    return x->block_s > 0 ? x->block_s : 1 / (x->inference_rps > 0 ? x->inference_rps : 300);
+}
+
+/* Entering span j after a hop of this rtt (Petals: a known ping, or the client's for the first; relayed: the
+ * client's round trip to j, whatever rtt says). */
 static double enter(const swarm *w, int j, double rtt)
 {
     const sp_route_span *x = &w->s[j];
     int cache = w->need <= 0 || x->cache_tokens_left < 0 || w->need <= x->cache_tokens_left;
-    return delay(rtt) + 0.018 + (cache ? 0 : 10);
+    double d = ref_model.relayed ? (!(x->client_rtt >= 0) ? 0.3 : fmin(x->client_rtt, 10)) : delay(rtt);
+    return d + ref_model.overhead + (cache ? 0 : 10);
 }
+
+static double leave(const sp_route_span *x) { return ref_model.relayed ? 0 : delay(x->client_rtt); }
 
 /* Every chain from span i entered at block e with cost c so far. */
 static void dfs(const swarm *w, int i, int e, double c, double *best)
@@ -361,7 +415,7 @@ static void dfs(const swarm *w, int i, int e, double c, double *best)
     int hi = x->end < w->end ? x->end : w->end;
     c += (hi - e) * rps_cost(x);
     if (x->end >= w->end) {
-        *best = fmin(*best, c + delay(x->client_rtt));
+        *best = fmin(*best, c + leave(x));
         return;
     }
     for (int j = 0; j < w->n; j++)
@@ -395,7 +449,7 @@ static double chain_cost(const swarm *w, const sp_route_hop *h, int nh)
             c += rps_cost(x);
         if (k == nh - 1) {
             ck_assert_int_eq(h[k].end, w->end);
-            c += delay(x->client_rtt);
+            c += leave(x);
         }
         ck_assert_msg(fabs(c - h[k].latency) < 1e-9, "hop %d latency %.12f, want %.12f", k, h[k].latency, c);
         total += c;
@@ -404,18 +458,21 @@ static double chain_cost(const swarm *w, const sp_route_hop *h, int nh)
     return total;
 }
 
-START_TEST(t_exhaustive)
+/* Random swarms routed under model m (NULL: sp_route_min_latency, Petals'), against the reference's DFS. */
+static void exhaustive(const sp_route_model *m, int iterations)
 {
+    ref_model = m ? *m : (sp_route_model){.relayed = 0, .overhead = 0.018};
     sp_rng r;
     sp_rng_seed(&r, 20261124);
     int routed = 0, missed = 0, multi = 0, avoided_used = 0;
-    for (int it = 0; it < 60000; it++) {
+    for (int it = 0; it < iterations; it++) {
         swarm w;
         random_swarm(&w, &r);
         int want_missing = ref_usable(&w);
         sp_route_hop h[64];
         double cost;
-        int miss, nh = sp_route_min_latency(w.s, w.n, w.start, w.end, w.need, h, 64, &cost, &miss);
+        int miss, nh = m ? sp_route_min_latency_model(w.s, w.n, w.start, w.end, w.need, m, h, 64, &cost, &miss)
+                         : sp_route_min_latency(w.s, w.n, w.start, w.end, w.need, h, 64, &cost, &miss);
         if (want_missing >= 0) {
             ck_assert_msg(nh == -1 && miss == want_missing, "case %d: %d, missing %d, want -1, %d", it, nh, miss,
                           want_missing);
@@ -434,13 +491,23 @@ START_TEST(t_exhaustive)
         for (int k = 0; k < nh; k++)
             avoided_used += is_avoided(&w.s[index_of(&w, h[k].server)]);
     }
-    printf("exhaustive: %d routed (%d over several servers, %d hops on avoided spans), %d missing\n", routed, multi,
-           avoided_used, missed);
+    printf("exhaustive (%s): %d routed (%d over several servers, %d hops on avoided spans), %d missing\n",
+           ref_model.relayed ? "relayed" : "Petals'", routed, multi, avoided_used, missed);
     /* the random cases reach every kind of outcome */
-    ck_assert_int_gt(routed, 40000);
-    ck_assert_int_gt(missed, 5000);
-    ck_assert_int_gt(multi, 5000);
-    ck_assert_int_gt(avoided_used, 3000);
+    ck_assert_int_gt(routed, iterations * 2 / 3);
+    ck_assert_int_gt(missed, iterations / 12);
+    ck_assert_int_gt(multi, iterations / 12);
+    ck_assert_int_gt(avoided_used, iterations / 20);
+}
+
+START_TEST(t_exhaustive) { exhaustive(NULL, 60000); }
+END_TEST
+
+/* The relayed model (the client makes a round trip to each server of the chain): the same search. */
+START_TEST(t_exhaustive_relayed)
+{
+    sp_route_model m = {.relayed = 1, .overhead = 0.0003};
+    exhaustive(&m, 30000);
 }
 END_TEST
 
@@ -517,6 +584,7 @@ int main(void)
 {
     Suite *s = suite_create("routing");
     TCase *tc = tcase_create("min_latency");
+    tcase_set_timeout(tc, 60); /* the exhaustive searches take seconds on a busy machine */
     tcase_add_test(tc, t_single_server);
     tcase_add_test(tc, t_faster_chain_wins);
     tcase_add_test(tc, t_cache_penalty);
@@ -527,7 +595,9 @@ int main(void)
     tcase_add_test(tc, t_bans);
     tcase_add_test(tc, t_unreachable);
     tcase_add_test(tc, t_bad_input);
+    tcase_add_test(tc, t_relayed);
     tcase_add_test(tc, t_exhaustive);
+    tcase_add_test(tc, t_exhaustive_relayed);
     suite_add_tcase(s, tc);
     TCase *mt = tcase_create("max_throughput");
     tcase_add_test(mt, t_throughput_frequencies);

@@ -114,8 +114,7 @@ static void still_serving(sp_server *s, sp_remote *r)
     sp_remote *own = r ? NULL : connect_to(s);
     sp_reply rep;
     call_ok(r ? r : own, SP_MSG_PING, "{\"x\":1}", NULL, 0, 0, &rep);
-    int64_t x = 0;
-    ck_assert(sp_meta_int(&rep.msg, "x", &x) && x == 1);
+    ck_assert(rep.msg.meta_len == 7 && !memcmp(rep.msg.meta_json, "{\"x\":1}", 7)); /* echoed as it was */
     sp_reply_clear(&rep);
     sp_remote_close(own);
 }
@@ -324,23 +323,31 @@ END_TEST
 static uint64_t open_session(sp_remote *r, int a, int b, int L, int B)
 {
     char meta[128];
-    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%d,\"batch\":%d}", a, b, L, B);
+    sp_open_req q = {.start = a, .end = b, .max_length = L, .batch = B};
+    ck_assert_int_eq(sp_open_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
     sp_reply rep;
     call_ok(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, 0, &rep);
-    int64_t id = 0;
-    ck_assert(sp_meta_int(&rep.msg, "session", &id) && id > 0);
+    sp_open_reply got = {0};
+    ck_assert_int_eq(sp_open_reply_decode(&rep.msg, &got, NULL), SP_OK);
+    ck_assert(got.session > 0 && got.max_length == L);
     sp_reply_clear(&rep);
-    return (uint64_t)id;
+    return got.session;
+}
+
+/* {"session": id}: the metadata of an INFERENCE_CLOSE, and of an INFERENCE_STEP that rolls nothing back. */
+static const char *session_meta(char *meta, size_t cap, uint64_t id)
+{
+    sp_close_req q = {.session = id};
+    ck_assert_int_eq(sp_close_req_encode(&q, meta, cap, NULL), SP_OK);
+    return meta;
 }
 
 /* One step of T positions: x [B, T, H] in, output written to y. Extra tensors (hypo_ids) optional. */
 static void step(sp_remote *r, uint64_t id, const float *x, int B, int T, float *y, int from, const sp_tensor_src *extra)
 {
     char meta[128];
-    if (from >= 0)
-        snprintf(meta, sizeof meta, "{\"session\":%llu,\"start_from_position\":%d}", (unsigned long long)id, from);
-    else
-        snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
+    sp_step_req q = {.session = id, .start_from_position = from, .reply_encoding = -1};
+    ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
     sp_tensor_src a[2] = {t3(x, B, T)};
     if (extra)
         a[1] = *extra;
@@ -402,7 +409,7 @@ START_TEST(t_sessions_two_servers)
     float *big = calloc((size_t)B * 9 * H, 4);
     sp_tensor_src tb = t3(big, B, 9);
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)i1);
+    session_meta(meta, sizeof meta, i1);
     call_err(r1, SP_MSG_INFERENCE_STEP, meta, &tb, 1, "max_length");
     tb = t3(big, 1, 1);
     call_err(r1, SP_MSG_INFERENCE_STEP, meta, &tb, 1, "shape");
@@ -449,8 +456,7 @@ START_TEST(t_hypo_ids)
     th.raw = badh;
     sp_tensor_src a[2] = {t3(nx, B, 1), th};
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
-    call_err(r, SP_MSG_INFERENCE_STEP, meta, a, 2, "bad_request");
+    call_err(r, SP_MSG_INFERENCE_STEP, session_meta(meta, sizeof meta, id), a, 2, "bad_request");
     free(x), free(y), free(nx), free(got), free(x2), free(y2);
     sp_remote_close(r);
     sp_server_stop(s);
@@ -486,15 +492,15 @@ static void *client_thread(void *p)
         sp_reply_clear(&rep);
         if (sp_remote_call(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":4,\"max_length\":6,\"batch\":1}", NULL, 0,
                            &rep, TMO, &err) == SP_OK) {
-            int64_t id = 0;
-            sp_meta_int(&rep.msg, "session", &id);
+            sp_open_reply a = {0};
+            int ok = sp_open_reply_decode(&rep.msg, &a, &err) == SP_OK;
             sp_reply_clear(&rep);
-            int ok = 1;
             for (int t = 0; ok && t < T; t++) {
                 char meta[64];
-                snprintf(meta, sizeof meta, "{\"session\":%lld}", (long long)id);
+                sp_step_req q = {.session = a.session, .start_from_position = -1, .reply_encoding = -1};
                 sp_tensor_src ts = t3(x + t * H, 1, 1);
-                ok = sp_remote_call(r, SP_MSG_INFERENCE_STEP, meta, &ts, 1, &rep, TMO, &err) == SP_OK &&
+                ok = sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK &&
+                     sp_remote_call(r, SP_MSG_INFERENCE_STEP, meta, &ts, 1, &rep, TMO, &err) == SP_OK &&
                      sp_tensor_to_f32(&rep.msg.t[0], y + t * H, &err) == SP_OK;
                 sp_reply_clear(&rep);
             }
@@ -535,24 +541,21 @@ START_TEST(t_cache_budget_and_info)
     sp_server *s = start_server(0, 2, 100, 0); /* 100 positions over the span */
     sp_remote *r = connect_to(s);
     sp_reply rep;
-    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
-    int64_t v;
-    ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &v) && v == 100);
-    ck_assert(sp_meta_int(&rep.msg, "hidden_size", &v) && v == H);
-    ck_assert(sp_meta_int(&rep.msg, "start", &v) && v == 0);
-    ck_assert_str_eq(sp_meta_str(&rep.msg, "protocol"), "1.1");
-    sp_reply_clear(&rep);
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_int_eq(info.cache_tokens_available, 100);
+    ck_assert_int_eq(info.hidden_size, H);
+    ck_assert_int_eq(info.start, 0);
+    ck_assert_str_eq(info.protocol, "1.1");
     uint64_t id = open_session(r, 0, 2, 60, 1);
     call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":2,\"max_length\":50,\"batch\":1}", NULL, 0, "out_of_cache");
-    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
-    ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &v) && v == 40);
-    sp_reply_clear(&rep);
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_int_eq(info.cache_tokens_available, 40);
     /* a session on one block of the two costs half as much: 80 positions fit in the 40 left x 2 */
     uint64_t id2 = open_session(r, 1, 2, 80, 1);
     ck_assert_int_eq(sp_server_sessions(s), 2);
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
-    call_ok(r, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, 0, &rep);
+    call_ok(r, SP_MSG_INFERENCE_CLOSE, session_meta(meta, sizeof meta, id), NULL, 0, 0, &rep);
     sp_reply_clear(&rep);
     (void)id2;
     /* closing the connection frees the other */
@@ -576,8 +579,7 @@ START_TEST(t_step_timeout)
     float x[H] = {0};
     sp_tensor_src tx = t3(x, 1, 1);
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)id);
-    call_err(r, SP_MSG_INFERENCE_STEP, meta, &tx, 1, "no_session");
+    call_err(r, SP_MSG_INFERENCE_STEP, session_meta(meta, sizeof meta, id), &tx, 1, "no_session");
     sp_remote_close(r);
     sp_server_stop(s);
 }
@@ -681,7 +683,9 @@ START_TEST(t_malformed_messages)
         ck_assert_int_ne(sp_remote_call_raw(r, bytes, sizeof bytes, &rep, 5000, &err), SP_OK);
         const char *code = sp_reply_error_code(&rep);
         ck_assert_msg(code && !strcmp(code, "malformed"), "oversized: %s", code ? code : err.msg);
-        ck_assert_ptr_nonnull(strstr(sp_meta_str(&rep.msg, "message"), "exceeds max_message"));
+        sp_error_reply e;
+        ck_assert_int_eq(sp_error_reply_decode(&rep.msg, &e, NULL), SP_OK);
+        ck_assert_ptr_nonnull(strstr(e.message, "exceeds max_message"));
         sp_reply_clear(&rep);
         sp_remote_close(r);
     }
@@ -711,7 +715,8 @@ START_TEST(t_reply_encodings)
     double tol[] = {maxabs / 1024, maxabs / 128, maxabs / 127};
     for (int e = 0; e < 3; e++) {
         char meta[96];
-        snprintf(meta, sizeof meta, "{\"start\":0,\"end\":1,\"reply_encoding\":\"%s\"}", encs[e]);
+        sp_forward_req q = {.start = 0, .end = 1, .reply_encoding = sp_encoding_from_name(encs[e])};
+        ck_assert_int_eq(sp_forward_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
         float *got = call_ok(r, SP_MSG_FORWARD, meta, &x, 1, 1, &rep);
         ck_assert_int_eq(rep.msg.t[0].enc, sp_encoding_from_name(encs[e]));
         ck_assert_msg(sp_max_abs_diff(got, ref, n) <= tol[e], "%s: %g", encs[e], sp_max_abs_diff(got, ref, n));
@@ -821,16 +826,13 @@ END_TEST
 /* The largest request of each kind the span accepts fits a connection's share with the default limits (sized by
  * sp_server_largest_request): a step that fills the cache with deep prompts on every block ((1 + blocks) x
  * cache-tokens positions), and a BACKWARD of max-batch-tokens positions with its prompts ((2 + blocks) x ...). */
-static double transport_number(sp_remote *r, const char *name)
+static sp_info_transport transport_of(sp_remote *r)
 {
-    sp_reply rep;
-    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
-    cJSON *t = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), "transport");
-    cJSON *x = cJSON_GetObjectItemCaseSensitive(t, name);
-    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
-    sp_reply_clear(&rep);
-    return v;
+    sp_info_reply a;
+    ck_assert_int_eq(sp_remote_get_info(r, &a, TMO, NULL), SP_OK);
+    return a.transport;
 }
+#define transport_number(r, name) ((double)transport_of(r).name)
 
 START_TEST(t_largest_requests)
 {
@@ -843,7 +845,7 @@ START_TEST(t_largest_requests)
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
     sp_remote *r = connect_to(s);
     int nb = 4, L = 256, B = 4096 / L; /* the model's context, and the batch that fills the cache with it */
-    double share = transport_number(r, "budget_conn");
+    double share = transport_number(r, budget_conn);
     uint64_t step_bytes = (uint64_t)(1 + nb) * B * L * H * 4, bwd_bytes = (uint64_t)(2 + nb) * 2048 * H * 4;
     printf("largest requests: step %.2f MiB, backward %.2f MiB, a connection's share %.2f MiB\n",
            step_bytes / 1048576.0, bwd_bytes / 1048576.0, share / 1048576.0);
@@ -867,7 +869,7 @@ START_TEST(t_largest_requests)
     free(call_ok(r, SP_MSG_BACKWARD, "{\"start\":0,\"end\":4}", ba, 3, 2, &rep));
     ck_assert_int_eq(rep.msg.t[1].rank, 4);
     sp_reply_clear(&rep);
-    ck_assert_double_eq(transport_number(r, "busy"), 0);
+    ck_assert_double_eq(transport_number(r, busy), 0);
     free(x), free(pr), free(y);
     sp_remote_close(r);
     sp_server_stop(s);
@@ -897,7 +899,7 @@ START_TEST(t_binary_small_budget)
     sp_remote *r = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
-    ck_assert_double_eq(transport_number(r, "budget_conn"), 11 << 20);
+    ck_assert_double_eq(transport_number(r, budget_conn), 11 << 20);
     sp_remote_close(r);
     sp_test_proc_signal(&p, SIGTERM);
 }
@@ -952,13 +954,12 @@ START_TEST(t_binary_memory_bound)
     sp_remote *r = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
-    sp_reply rep;
-    call_ok(r, SP_MSG_INFO, NULL, NULL, 0, 0, &rep);
-    int64_t per = 0, avail = 0, wbytes = 0;
-    ck_assert(sp_meta_int(&rep.msg, "cache_bytes_per_token", &per) && per > 0); /* one position, one block */
-    ck_assert(sp_meta_int(&rep.msg, "cache_tokens_available", &avail) && avail == TOKENS);
-    ck_assert(sp_meta_int(&rep.msg, "weight_bytes", &wbytes) && wbytes > 0);
-    sp_reply_clear(&rep);
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    int64_t per = info.cache_bytes_per_token, avail = info.cache_tokens_available, wbytes = info.weight_bytes;
+    ck_assert(per > 0); /* one position, one block */
+    ck_assert(avail == TOKENS);
+    ck_assert(wbytes > 0);
     double weights = (double)wbytes;
     double kv = (double)TOKENS * (double)per * 4;
     float *x = malloc((size_t)B * L * H * sizeof(float)), *y = malloc((size_t)B * L * H * sizeof(float));

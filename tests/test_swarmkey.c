@@ -1,11 +1,12 @@
-/* test_swarmkey.c - a private swarm: the key file, HMAC-SHA256 (a known answer from the openssl command), tagged
- * DHT records; the swarm key exchange over real sockets (in-process transport and a real sepal-server): a keyed
+/* test_swarmkey.c - a private swarm: the key file, HMAC-SHA256 (a known answer from the openssl command), sealed
+ * DHT records (AES-256-GCM: opaque to outsiders, opened only with the key); the swarm key exchange over real sockets (in-process transport and a real sepal-server): a keyed
  * client and server work, an unkeyed or wrong-keyed client is refused before anything reaches a handler (the
  * server's counters say so), a client refuses a server without the key, a replayed proof is refused by the server
  * and a replayed challenge by the client; and a keyed swarm over the DHT, where an unkeyed server and a forged
  * record stay out of a keyed client's view and the servers ping only each other; a keyed server's ping of an
- * unkeyed one fails the key exchange and counts as no ping. White-box in one place: it reads the runtime's DHT view's
- * counters (private/runtime_state.h). */
+ * unkeyed one fails the key exchange and counts as no ping; an outsider (no key, another key) on a keyed swarm's DHT
+ * lists no server, counts the records it cannot open, and the raw values show no name, address or port. White-box
+ * in one place: it reads the runtime's DHT view's counters (private/runtime_state.h). */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <check.h>
@@ -133,36 +134,55 @@ static void some_record(sp_server_record *r)
     r->period = 30;
 }
 
-START_TEST(t_record_tags)
+START_TEST(t_record_seal)
 {
     sp_swarm_key k, other;
     new_key(&k);
     new_key(&other);
     sp_server_record r, back;
     some_record(&r);
-    char buf[SP_RECORD_MAX], plain[SP_RECORD_MAX + 2];
-    size_t len, plen, raw;
+    snprintf(r.name, sizeof r.name, "secret-name");
+    char buf[SP_RECORD_MAX], again[SP_RECORD_MAX], plain[SP_RECORD_MAX + 2];
+    size_t len, len2, plen, raw;
     sp_err err = {0};
     ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
     raw = len;
-    ck_assert_int_eq(sp_record_unseal(buf, len, &k, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT); /* untagged */
-    ck_assert_msg(strstr(err.msg, "no tag"), "%s", err.msg);
+    ck_assert_int_eq(sp_record_unseal(buf, len, &k, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT); /* open */
+    ck_assert_msg(strstr(err.msg, "not sealed"), "%s", err.msg);
+    ck_assert(!sp_record_is_sealed(buf, len, NULL, NULL));
+    memcpy(again, buf, len);
+    len2 = len;
     ck_assert_int_eq(sp_record_seal(buf, sizeof buf, &len, &k, &err), SP_OK);
-    ck_assert_uint_eq(len, raw - 1 + SP_RECORD_TAG_SUFFIX);
+    ck_assert_int_eq(sp_record_seal(again, sizeof again, &len2, &k, &err), SP_OK);
+    ck_assert_uint_eq(len, raw + SP_RECORD_SEAL_OVERHEAD);
+    ck_assert_msg(memcmp(buf, again, len), "two sealings of one record are the same bytes (a nonce reused)");
+    /* an outsider sees the swarm id and the length, nothing of the record */
+    char swarm[17];
+    ck_assert(sp_record_is_sealed(buf, len, swarm, NULL));
+    ck_assert_str_eq(swarm, k.id_hex);
+    const char *secrets[] = {"secret-name", "127.0.0.1", "4001", "stories15M", "0123456789abcdef", "online"};
+    for (size_t i = 0; i < sizeof secrets / sizeof *secrets; i++)
+        ck_assert_msg(!memmem(buf, len, secrets[i], strlen(secrets[i])), "'%s' readable in the sealed value", secrets[i]);
+    ck_assert_int_ne(sp_record_decode(&back, buf, len, NULL, &err), SP_OK); /* a reader without the key: nothing */
     ck_assert_int_eq(sp_record_unseal(buf, len, &k, plain, sizeof plain, &plen, &err), SP_OK);
+    ck_assert_uint_eq(plen, raw);
     ck_assert_int_eq(sp_record_decode(&back, plain, plen, NULL, &err), SP_OK);
     ck_assert_str_eq(back.id, r.id);
-    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK); /* a reader without the key ignores it */
+    ck_assert_str_eq(back.name, "secret-name");
     ck_assert_int_eq(sp_record_unseal(buf, len, &other, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT);
-    ck_assert_msg(strstr(err.msg, "wrong tag"), "%s", err.msg);
-    char forged[SP_RECORD_MAX];
-    memcpy(forged, buf, len);
-    char *port = strstr(forged, "4001");
-    ck_assert_ptr_nonnull(port);
-    port[3] = '2'; /* another address, the same tag */
-    ck_assert_int_eq(sp_record_unseal(forged, len, &k, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT);
-    ck_assert_msg(strstr(err.msg, "wrong tag"), "%s", err.msg);
-    ck_assert_int_eq(sp_record_seal(buf, len + 10, &len, &k, &err), SP_ERR_RANGE); /* no room for a tag */
+    ck_assert_msg(strstr(err.msg, "sealed for swarm") && strstr(err.msg, k.id_hex), "%s", err.msg);
+    for (size_t at = 0; at < len; at += 7) { /* any byte altered, in clear or sealed: it does not open */
+        char forged[SP_RECORD_MAX];
+        memcpy(forged, buf, len);
+        forged[at] ^= 0x20;
+        ck_assert_int_eq(sp_record_unseal(forged, len, &k, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT);
+    }
+    memcpy(buf + 4, other.id, SP_SWARM_ID_BYTES); /* another swarm's id on this swarm's sealing */
+    ck_assert_int_eq(sp_record_unseal(buf, len, &other, plain, sizeof plain, &plen, &err), SP_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "does not open"), "%s", err.msg);
+    len = raw; /* no room for the sealing */
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(sp_record_seal(buf, len + 10, &len, &k, &err), SP_ERR_RANGE);
 }
 END_TEST
 
@@ -245,8 +265,10 @@ static void refused_unkeyed(int port)
     sp_proto_limits lim = sp_proto_default_limits();
     ck_assert_int_eq(sp_msg_decode(&m, r.data, r.len, &lim, NULL), SP_OK);
     ck_assert_int_eq(m.type, SP_MSG_ERROR);
-    ck_assert_str_eq(sp_meta_str(&m, "code"), "unauthorized");
-    ck_assert_msg(strstr(sp_meta_str(&m, "message"), "--swarm-key"), "%s", sp_meta_str(&m, "message"));
+    sp_error_reply e;
+    ck_assert_int_eq(sp_error_reply_decode(&m, &e, NULL), SP_OK);
+    ck_assert_str_eq(e.code, "unauthorized");
+    ck_assert_msg(strstr(e.message, "--swarm-key"), "%s", e.message);
     sp_msg_clear(&m);
     sp_buf_free(&r);
     ck_assert_int_eq(sp_ws_client_recv(c, &r, TMO, &err), SP_ERR_CLOSED);
@@ -348,14 +370,17 @@ START_TEST(t_replayed_proof)
     sp_buf m = auth_msg(1, nc_hex, NULL);
     sp_msg r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH);
-    ck_assert_int_eq(sp_hex_decode(sp_meta_str(&r, "nonce"), ns, 32), 0);
+    sp_auth_challenge ch;
+    ck_assert_int_eq(sp_auth_challenge_decode(&r, &ch, NULL), SP_OK);
+    memcpy(ns, ch.nonce, 32);
     client_proof(&k, ns, nc, proof);
     sp_msg_clear(&r);
     free(raw);
     m = auth_msg(2, NULL, proof);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH); /* accepted: {"ok": true} */
-    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&r), "ok")));
+    sp_auth_verdict v;
+    ck_assert(sp_auth_verdict_decode(&r, &v, NULL) == SP_OK && v.ok);
     sp_msg_clear(&r);
     free(raw);
     close(fd);
@@ -365,15 +390,16 @@ START_TEST(t_replayed_proof)
     m = auth_msg(1, nc_hex, NULL);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_AUTH);
-    uint8_t ns2[32];
-    ck_assert_int_eq(sp_hex_decode(sp_meta_str(&r, "nonce"), ns2, 32), 0);
-    ck_assert(memcmp(ns, ns2, 32)); /* a new challenge */
+    ck_assert_int_eq(sp_auth_challenge_decode(&r, &ch, NULL), SP_OK);
+    ck_assert(memcmp(ns, ch.nonce, 32)); /* a new challenge */
     sp_msg_clear(&r);
     free(raw);
     m = auth_msg(2, NULL, proof);
     r = exchange(fd, &m, &raw);
     ck_assert_int_eq(r.type, SP_MSG_ERROR);
-    ck_assert_str_eq(sp_meta_str(&r, "code"), "unauthorized");
+    sp_error_reply er;
+    ck_assert_int_eq(sp_error_reply_decode(&r, &er, NULL), SP_OK);
+    ck_assert_str_eq(er.code, "unauthorized");
     sp_msg_clear(&r);
     free(raw);
     size_t n;
@@ -508,21 +534,17 @@ static void generates(sp_runtime *rt)
     free(ids);
 }
 
-/* INFO through a keyed connection: the server's counters. */
-static double info_number(int port, const sp_swarm_key *k, const char *section, const char *name)
+/* INFO through a keyed connection: the server's state. */
+static sp_info_reply info_of(int port, const sp_swarm_key *k)
 {
     sp_remote *r = NULL;
     sp_remote_opts o = {.no_bulk = 1, .key = k};
     sp_err err = {0};
+    sp_info_reply a;
     ck_assert_msg(sp_remote_connect_opts(&r, "127.0.0.1", port, &o, TMO, &err) == SP_OK, "%s", err.msg);
-    sp_reply rep;
-    ck_assert_int_eq(sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, TMO, &err), SP_OK);
-    cJSON *obj = section ? cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&rep.msg), section) : sp_msg_meta(&rep.msg);
-    cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, name);
-    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
-    sp_reply_clear(&rep);
+    ck_assert_msg(sp_remote_get_info(r, &a, TMO, &err) == SP_OK, "%s", err.msg);
     sp_remote_close(r);
-    return v;
+    return a;
 }
 
 START_TEST(t_keyed_server)
@@ -539,7 +561,7 @@ START_TEST(t_keyed_server)
     ck_assert_msg(sp_runtime_connect(rt, addr, &err) == SP_OK, "%s", err.msg);
     generates(rt);
     sp_runtime_free(rt);
-    double served = info_number(p.port, &k, NULL, "requests"); /* the key holder's, this HELLO and INFO included */
+    double served = (double)info_of(p.port, &k).requests; /* the key holder's, this HELLO and INFO included */
     ck_assert_double_gt(served, 10);
     rt = runtime_with(NULL);
     ck_assert_int_ne(sp_runtime_connect(rt, addr, &err), SP_OK);
@@ -550,8 +572,8 @@ START_TEST(t_keyed_server)
     ck_assert_msg(strstr(err.msg, "another swarm key"), "%s", err.msg);
     sp_runtime_free(rt);
     /* the refused peers reached no handler: two more requests, the HELLO and INFO that ask */
-    ck_assert_double_eq(info_number(p.port, &k, NULL, "requests"), served + 2);
-    ck_assert_double_eq(info_number(p.port, &k, "transport", "auth_failed"), 2);
+    ck_assert_double_eq((double)info_of(p.port, &k).requests, served + 2);
+    ck_assert_double_eq((double)info_of(p.port, &k).transport.auth_failed, 2);
     /* sepal-server's own refusals: a wrong file */
     const char *bad_args[] = {"--model", M15, "--blocks", "0:6", "--no-measure", "--swarm-key", "/nonexistent", NULL};
     sp_test_proc q;
@@ -615,7 +637,7 @@ START_TEST(t_keyed_swarm)
     const char *path = new_key(&k);
     swarm_server(&procs[0], "0:3", 0, path);          /* keyed, starts the swarm */
     swarm_server(&procs[1], "3:6", procs[0].dht_port, path);
-    swarm_server(&procs[2], "0:6", procs[0].dht_port, NULL); /* no key, same DHT: its records are untagged */
+    swarm_server(&procs[2], "0:6", procs[0].dht_port, NULL); /* no key, same DHT: its records are not sealed */
     sp_runtime *rt = runtime_with(path);
     sp_test_update_period(rt, 1);
     char peers[64];
@@ -642,7 +664,7 @@ START_TEST(t_keyed_swarm)
     ck_assert_msg(sp_test_wait_for(keyed_seen, &w, 30), "the keyed servers did not show up (or never pinged)");
     sp_view_stats vs = {0};
     for (double end = sp_now_s() + 15; sp_now_s() < end && vs.dropped < 2; usleep(50000))
-        sp_view_stats_get(rt->views.view, &vs);
+        sp_view_slot_stats(&rt->views, &vs);
     printf("keyed swarm: %llu values dropped, the last because %s\n", (unsigned long long)vs.dropped, vs.last_drop);
     ck_assert_int_ge((int)vs.dropped, 2);
     sp_server_row *rows = NULL;
@@ -661,6 +683,118 @@ START_TEST(t_keyed_swarm)
     sp_dht_stop(evil);
     sp_runtime_free(rt);
     for (int i = 0; i < 3; i++)
+        sp_test_proc_signal(&procs[i], SIGKILL);
+}
+END_TEST
+
+/* Issue 22: an outsider that joins a keyed swarm's DHT sees only opaque values. Two keyed servers (one with a
+ * public name); a client without the key and one with another key join their DHT: neither lists a server, each
+ * counts the sealed records it found and cannot open (and the swarm they are sealed for); the raw values under a
+ * block key hold neither the name nor the address nor the port; the key holder sees both servers. */
+typedef struct raw_values {
+    pthread_mutex_t lock;
+    int n, readable;
+    int sealed_all;
+    char secrets[3][64];
+} raw_values;
+
+static void raw_value(void *u, const char *key, const uint8_t *data, size_t len, int expired)
+{
+    raw_values *r = u;
+    if (expired || strcmp(key, "stories15M.0"))
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->n++;
+    r->sealed_all &= sp_record_is_sealed(data, len, NULL, NULL);
+    for (int i = 0; i < 3; i++)
+        r->readable += memmem(data, len, r->secrets[i], strlen(r->secrets[i])) != NULL;
+    pthread_mutex_unlock(&r->lock);
+}
+
+typedef struct unreadable_wait {
+    sp_runtime *rt;
+    int n;
+} unreadable_wait;
+
+static int found_unreadable(void *u)
+{
+    unreadable_wait *w = u;
+    sp_view_stats vs;
+    sp_view_slot_stats(&w->rt->views, &vs);
+    return vs.unreadable >= w->n;
+}
+
+static int dht_servers(sp_runtime *rt)
+{
+    int n = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        n += rt->servers[i]->from_dht && !rt->servers[i]->gone;
+    pthread_mutex_unlock(&rt->lock);
+    return n;
+}
+
+START_TEST(t_outsider_sees_opaque)
+{
+    sp_swarm_key k;
+    const char *path = new_key(&k), *wrong = new_key(NULL);
+    const char *a0[] = {"--model", M15, "--no-measure", "--update-period", "1", "--balance-period", "0", "--blocks",
+                        "0:3", "--new-swarm", "--swarm-key", path, "--public-name", "secret-name", NULL};
+    ck_assert(sp_test_server_start(&procs[0], a0) == 0);
+    swarm_server(&procs[1], "3:6", procs[0].dht_port, path);
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", procs[0].dht_port);
+    sp_err err = {0};
+    const char *keys[2] = {NULL, wrong};
+    for (int i = 0; i < 2; i++) {
+        sp_runtime *rt = runtime_with(keys[i]);
+        rt->set.update_period_s = 1;
+        ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+        unreadable_wait w = {rt, 2}; /* at least one sealing of each server */
+        int found = sp_test_wait_for(found_unreadable, &w, 20);
+        sp_view_stats vs;
+        sp_view_slot_stats(&rt->views, &vs);
+        printf("outsider (%s): %d servers listed, %d sealed records it cannot open (swarm %s)\n",
+               keys[i] ? "another key" : "no key", dht_servers(rt), vs.unreadable, vs.unreadable_swarm);
+        ck_assert_msg(found, "%d sealed records counted", vs.unreadable);
+        ck_assert_int_eq(dht_servers(rt), 0);
+        ck_assert_str_eq(vs.unreadable_swarm, k.id_hex);
+        sp_runtime_free(rt);
+    }
+    /* the values themselves */
+    raw_values r = {.sealed_all = 1};
+    pthread_mutex_init(&r.lock, NULL);
+    snprintf(r.secrets[0], sizeof r.secrets[0], "secret-name");
+    snprintf(r.secrets[1], sizeof r.secrets[1], "127.0.0.1");
+    snprintf(r.secrets[2], sizeof r.secrets[2], "\"port\":%d", procs[0].port);
+    sp_dht *d = NULL;
+    sp_dht_opts dopts = {.bind = "127.0.0.2", .bootstrap = peers, .on_value = raw_value, .user = &r};
+    ck_assert_msg(sp_dht_start(&d, &dopts, &err) == SP_OK, "%s", err.msg);
+    sp_dht_wait_peers(d, 5000);
+    for (int i = 0; i < 50; i++) {
+        pthread_mutex_lock(&r.lock);
+        int n = r.n;
+        pthread_mutex_unlock(&r.lock);
+        if (n > 0)
+            break;
+        sp_dht_get(d, "stories15M.0");
+        usleep(200000);
+    }
+    sp_dht_stop(d);
+    printf("outsider: %d values under stories15M.0, all sealed: %s, %d with a readable name, address or port\n", r.n,
+           r.sealed_all ? "yes" : "no", r.readable);
+    ck_assert_int_gt(r.n, 0);
+    ck_assert(r.sealed_all);
+    ck_assert_int_eq(r.readable, 0);
+    pthread_mutex_destroy(&r.lock);
+    /* the key holder sees both */
+    sp_runtime *rt = runtime_with(path);
+    rt->set.update_period_s = 1;
+    ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
+    view_wait vw = {rt, {procs[0].port, procs[1].port}};
+    ck_assert_msg(sp_test_wait_for(keyed_seen, &vw, 30), "the key holder does not see the keyed servers");
+    sp_runtime_free(rt);
+    for (int i = 0; i < 2; i++)
         sp_test_proc_signal(&procs[i], SIGKILL);
 }
 END_TEST
@@ -712,7 +846,7 @@ static int keyed_pinged(void *u)
 static int unkeyed_tried(void *u)
 {
     (void)u;
-    return info_number(procs[2].port, NULL, "transport", "auth_failed") >= 4;
+    return (double)info_of(procs[2].port, NULL).transport.auth_failed >= 4;
 }
 
 typedef struct published_wait {
@@ -771,22 +905,22 @@ START_TEST(t_keyed_pings_unkeyed)
         sp_dht_put(d, key, r.id, 60, buf, len);
     }
     ck_assert_msg(sp_test_wait_for(unkeyed_tried, NULL, 30), "the keyed servers never tried the unkeyed one (%.0f "
-                  "refused)", info_number(procs[2].port, NULL, "transport", "auth_failed"));
+                  "refused)", (double)info_of(procs[2].port, NULL).transport.auth_failed);
     sp_server_record seen;
     published_wait pw = {v, sp_wall_s()};
     ck_assert_msg(sp_test_wait_for(published_since, &pw, 10), "the keyed servers did not publish again");
     ck_assert_msg(keyed_pinged(&w), "the keyed servers stopped pinging each other");
     ck_assert_msg(record_at(v, procs[2].port, &seen), "the record naming the unkeyed server is not in the view");
     printf("keyed pings: the unkeyed server refused %.0f key exchanges\n",
-           info_number(procs[2].port, NULL, "transport", "auth_failed"));
-    double requests = info_number(procs[2].port, NULL, NULL, "requests"); /* this call's HELLO and INFO included */
+           (double)info_of(procs[2].port, NULL).transport.auth_failed);
+    double requests = (double)info_of(procs[2].port, NULL).requests; /* this call's HELLO and INFO included */
     for (int i = 0; i < 2; i++) {
         sp_server_record x;
         ck_assert(record_at(v, procs[i].port, &x));
         ck_assert_msg(!has_ping(&x, r.id), "server %d recorded a ping of the server without the key", i);
     }
     /* and no PING of theirs reached a handler there: only our INFOs (and their HELLOs) did */
-    ck_assert_double_eq(info_number(procs[2].port, NULL, NULL, "requests"), requests + 2);
+    ck_assert_double_eq((double)info_of(procs[2].port, NULL).requests, requests + 2);
     sp_dht_stop(d);
     sp_view_slot_destroy(&slot); /* frees v */
     for (int i = 0; i < 3; i++)
@@ -801,12 +935,13 @@ static Suite *swarmkey_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, t_key_file);
     tcase_add_test(tc, t_hmac);
-    tcase_add_test(tc, t_record_tags);
+    tcase_add_test(tc, t_record_seal);
     tcase_add_test(tc, t_transport_exchange);
     tcase_add_test(tc, t_replayed_proof);
     tcase_add_test(tc, t_replayed_challenge);
     tcase_add_test(tc, t_keyed_server);
     tcase_add_test(tc, t_keyed_swarm);
+    tcase_add_test(tc, t_outsider_sees_opaque);
     tcase_add_test(tc, t_keyed_pings_unkeyed);
     suite_add_tcase(s, tc);
     return s;

@@ -350,6 +350,9 @@ START_TEST(t_errors)
     ck_assert_int_eq(sp_runtime_load(rt, M15, &err), SP_OK);
     ck_assert_int_ne(sp_trainer_new(&t, rt, NULL, sst2(), "", &o, &err), SP_OK);
     ck_assert_ptr_nonnull(strstr(err.msg, "no servers"));
+    /* the task's arguments come before the swarm: a bad one is said first, once named */
+    ck_assert_int_ne(sp_trainer_new(&t, rt, NULL, sst2(), "data=/nonexistent", &o, &err), SP_OK);
+    ck_assert_str_eq(err.msg, "task sst2: no sentiment data in /nonexistent: run scripts/fetch-sentiment.sh");
     sp_model *all = NULL;
     ck_assert_int_eq(sp_model_load(&all, M15, SP_LOAD_BLOCKS, 0, -1, &err), SP_OK);
     ck_assert_int_ne(sp_trainer_new(&t, rt, all, sst2(), "data=/nonexistent", &o, &err), SP_OK);

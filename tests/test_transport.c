@@ -6,6 +6,7 @@
  * gate, the budget (admitted, waiting then served, waiting then busy, over the share), backpressure both ways, holds
  * against the idle timeout, the rate-limited log's lines; raw peers bind 127.0.0.2.. as other hosts would. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -235,8 +236,9 @@ static const char *expect_closed(sp_ws_client *c)
         sp_msg m;
         sp_proto_limits lim = sp_proto_default_limits();
         if (sp_msg_decode(&m, r.data, r.len, &lim, NULL) == SP_OK) {
-            if (m.type == SP_MSG_ERROR && sp_meta_str(&m, "message"))
-                snprintf(error_msg, sizeof error_msg, "%s: %s", sp_meta_str(&m, "code"), sp_meta_str(&m, "message"));
+            sp_error_reply e;
+            if (sp_error_reply_decode(&m, &e, NULL) == SP_OK && e.message[0])
+                snprintf(error_msg, sizeof error_msg, "%s: %.500s", e.code, e.message);
             sp_msg_clear(&m);
         }
         sp_buf_free(&r);
@@ -769,6 +771,32 @@ START_TEST(t_binds_loopback)
 }
 END_TEST
 
+/* A port already taken: the server does not start, and says which listener and why (one helper sets up both). */
+START_TEST(t_listen_errors)
+{
+    srv v;
+    srv_start(&v, NULL);
+    int ports[2] = {sp_ws_server_port(v.s), sp_ws_server_bulk_port(v.s)};
+    const char *what[2] = {"cannot listen on", "bulk listener"};
+    for (int i = 0; i < 2; i++) {
+        sp_transport_opts o;
+        sp_transport_opts_default(&o);
+        if (i)
+            o.bulk_port = ports[1];
+        else
+            o.port = ports[0];
+        sp_ws_server *s = NULL;
+        sp_err err = {0};
+        ck_assert_int_eq(sp_ws_server_start(&s, &o, on_message, on_close, &v, &err), SP_ERR_IO);
+        ck_assert_ptr_null(s);
+        char want[96];
+        snprintf(want, sizeof want, "%s 127.0.0.1:%d: %s", what[i], ports[i], strerror(EADDRINUSE));
+        ck_assert_str_eq(err.msg, want);
+    }
+    srv_stop(&v);
+}
+END_TEST
+
 /* Sends a raw request to the ws port and reads the answer to EOF. */
 static long raw_exchange(int port, const char *req, size_t len, char *resp, size_t cap)
 {
@@ -897,8 +925,9 @@ static const char *raw_error_then_close(int fd)
         sp_msg msg;
         sp_proto_limits lim = sp_proto_default_limits();
         if (sp_msg_decode(&msg, m, n, &lim, NULL) == SP_OK) {
-            if (msg.type == SP_MSG_ERROR && sp_meta_str(&msg, "code"))
-                snprintf(code, sizeof code, "%s", sp_meta_str(&msg, "code"));
+            sp_error_reply e;
+            if (sp_error_reply_decode(&msg, &e, NULL) == SP_OK)
+                snprintf(code, sizeof code, "%s", e.code);
             sp_msg_clear(&msg);
         }
         free(m);
@@ -1220,6 +1249,7 @@ static Suite *transport_suite(void)
     tcase_add_test(tc, t_refused);
     tcase_add_test(tc, t_log_limited);
     tcase_add_test(tc, t_binds_loopback);
+    tcase_add_test(tc, t_listen_errors);
     tcase_add_test(tc, t_http_hardening);
     tcase_add_test(tc, t_conn_caps);
     tcase_add_test(tc, t_handshake_deadlines);

@@ -5,7 +5,9 @@
  * completion, history), the key table and its generated help, the event queue (coalescing, streams, dropped
  * logs, one eventfd write per empty->non-empty edge), events as JSON lines, the UI state built from events,
  * whole panels, rows of figures fitted to narrow widths, the validation curve's plot, a re-route in the route
- * panel, and the mouse (event -> action -> view). */
+ * panel, the mouse (event -> action -> view), and issue 22's edges: the status row naming the command Ctrl-C
+ * stopped, the quit question whole at every width, the queue under the panels, long log lines wrapped, and the
+ * Train panel before its first step. */
 #include <locale.h>
 #include <math.h>
 #include <stdint.h>
@@ -398,18 +400,18 @@ START_TEST(t_table_widths)
         {"a", 10, 10, 0, 100}, {"b", 10, 14, 0, 50}, {"c", 10, 10, 1, 20}, {"d", 10, 10, 0, 60}, {"bar", 20, 0, 0, 90},
     };
     int w[5];
-    ck_assert_int_eq(tui_table_widths(cols, 5, 120, w), 5); /* all, b to its max, the bar takes the rest */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 120, w), 5); /* all, b to its max, the bar takes the rest */
     ck_assert_int_eq(w[1], 14);
     ck_assert_int_eq(w[4], 120 - 10 - 14 - 10 - 10 - 4);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 80, w), 5); /* 60 + 4 blanks: all fit at their minimum */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 80, w), 5); /* 60 + 4 blanks: all fit at their minimum */
     ck_assert_int_eq(w[2], 10);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 60, w), 4); /* c (priority 20) goes first */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 60, w), 4); /* c (priority 20) goes first */
     ck_assert_int_eq(w[2], 0);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 45, w), 3); /* then b */
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 45, w), 3); /* then b */
     ck_assert_int_eq(w[1], 0);
-    ck_assert_int_eq(tui_table_colx(w, 5, 3), 11);
-    ck_assert_int_eq(tui_table_colx(w, 5, 1), -1);
-    ck_assert_int_eq(tui_table_widths(cols, 5, 5, w), 0);
+    ck_assert_int_eq(sp_cols_x(w, 5, 3), 11);
+    ck_assert_int_eq(sp_cols_x(w, 5, 1), -1);
+    ck_assert_int_eq(sp_cols_fit(cols, 5, 5, w), 0);
     /* scrolling keeps the selection in view, moving as little as possible */
     ck_assert_int_eq(tui_table_scroll(0, 0, 5, 20), 0);
     ck_assert_int_eq(tui_table_scroll(7, 0, 5, 20), 3);
@@ -1348,6 +1350,191 @@ START_TEST(t_mouse)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* rough edges (issue 22): the status row after Ctrl-C, the quit question at every width, the queue, the log's
+ * long lines, the Train panel before its first step */
+
+/* Row y of cb without the blanks at its end. */
+static const char *rowt(const tui_cb *cb, int y)
+{
+    row(cb, y);
+    size_t n = strlen(row_buf);
+    while (n && row_buf[n - 1] == ' ')
+        row_buf[--n] = 0;
+    return row_buf;
+}
+
+static void status_at(tui_cb *cb, const tui_state *st, const tui_view *v, const char *mode, int confirm)
+{
+    tui_status_info si = {.mode = mode, .frame = -1, .confirm = confirm};
+    tui_cb_fill(cb, 0, 0, 1, cb->w, ' ', R_TEXT, 0);
+    tui_draw_status(cb, st, v, &si);
+}
+
+START_TEST(t_status_and_confirm)
+{
+    tui_state st;
+    tui_view v;
+    with_swarm(&st, &v, -1);
+    tui_cb c = grid(1, 100, 1);
+    status_at(&c, &st, &v, "NORMAL", 0);
+    ck_assert_msg(strstr(row(&c, 0), " NORMAL  focus: Swarm"), "%s", row(&c, 0));
+    /* a generation stopped by Ctrl-C: the status row names it (the swarm is fine) */
+    apply(&st, ev(TE_CMD_BEGIN, "generate 'Lily and Tom' --max-new-tokens 250"), 2);
+    tui_ev *e = ev(TE_CMD_END, NULL);
+    e->n = 1;
+    e->i = 1;
+    apply(&st, e, 3);
+    status_at(&c, &st, &v, "NORMAL", 0);
+    ck_assert_msg(strstr(row(&c, 0), " NORMAL  stopped by Ctrl-C: generate 'Lily and Tom' --max-new-tokens 250"), "%s",
+                  row(&c, 0));
+    ck_assert(!strstr(row(&c, 0), "Swarm"));
+    apply(&st, ev(TE_CMD_BEGIN, "route"), 4);
+    apply(&st, ev(TE_CMD_END, NULL), 5);
+    status_at(&c, &st, &v, "NORMAL", 0);
+    ck_assert_msg(strstr(row(&c, 0), " NORMAL  done: route "), "%s", row(&c, 0));
+    tui_cb_free(&c);
+    /* the quit question while training runs: its choices in the status row at every width, whole */
+    apply(&st, ev(TE_CMD_BEGIN, "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 400"),
+          6);
+    static const char *const choices[] = {"y quits (the command is stopped first), n or Esc stays",
+                                          "y quits, n or Esc stays", "y quits, n stays", "y/n"};
+    for (int w = 16; w <= 120; w++) { /* (" QUIT? ", the choices, a blank each side) */
+        c = grid(1, w, 1);
+        status_at(&c, &st, &v, "QUIT?", 1);
+        int k = 0;
+        while (k < 4 && !strstr(row(&c, 0), choices[k]))
+            k++;
+        ck_assert_msg(k < 4, "width %d: no choices in '%s'", w, row(&c, 0));
+        ck_assert_msg(k == 0 || w < 80, "width %d: '%s' (the longest form fits)", w, row(&c, 0));
+        ck_assert_msg(w < 100 || strstr(row(&c, 0), "running: train sst2"), "width %d: %s", w, row(&c, 0));
+        tui_cb_free(&c);
+    }
+    /* ... and in the box: the question and the choices, each line whole inside the box, at every size */
+    for (int h = 5; h <= 30; h += 5)
+        for (int w = 14; w <= 100; w += 3) {
+            c = grid(h, w, 1);
+            tui_rect r = tui_draw_confirm(&c, st.cmd_line);
+            ck_assert_msg(r.w > 0 && r.x + r.w <= w && r.y + r.h <= h, "%dx%d: the box outside", w, h);
+            int k = 0;
+            while (k < 4 && !screen_has(&c, choices[k]))
+                k++;
+            ck_assert_msg(k < 4 && k > 0, "%dx%d: no choices in the box", w, h);
+            ck_assert_msg(screen_has(&c, "Quit"), "%dx%d: no question", w, h);
+            for (int y = r.y + 1; y < r.y + r.h - 1; y++) /* a line cut at the border would leave none there */
+                ck_assert_msg(c.c[y * w + r.x + r.w - 2].ch == ' ', "%dx%d: row %d cut: %s", w, h, y, row(&c, y));
+            tui_cb_free(&c);
+        }
+    c = grid(30, 100, 1);
+    tui_draw_confirm(&c, st.cmd_line);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < c.h; y++)
+        printf("%s\n", row(&c, y));
+    ck_assert(screen_has(&c, "`train sst2 --tuning ptune") && screen_has(&c, "--max-le...` is running."));
+    tui_cb_free(&c);
+    tui_state_free(&st);
+}
+END_TEST
+
+START_TEST(t_queue_row)
+{
+    tui_state st;
+    tui_state_init(&st);
+    ck_assert_uint_eq(tui_state_queue(&st, 2, "generate \"Tom had a red kite\""), TUI_D_CMD);
+    ck_assert_uint_eq(tui_state_queue(&st, 2, "generate \"Tom had a red kite\""), 0);
+    tui_cb c = grid(1, 100, 1);
+    tui_draw_cmdrow(&c, &st);
+    ck_assert_str_eq(rowt(&c, 0), "queued: generate \"Tom had a red kite\"  (+1 more; Ctrl-C clears)");
+    tui_cb_free(&c);
+    c = grid(1, 45, 1); /* the command is cut, what Ctrl-C does is not */
+    tui_draw_cmdrow(&c, &st);
+    ck_assert_str_eq(rowt(&c, 0), "queued: generate \"T  (+1 more; Ctrl-C clears)");
+    tui_cb_free(&c);
+    c = grid(1, 30, 1);
+    tui_draw_cmdrow(&c, &st);
+    ck_assert_str_eq(rowt(&c, 0), "2 queued");
+    tui_cb_free(&c);
+    ck_assert_uint_eq(tui_state_queue(&st, 0, ""), TUI_D_CMD);
+    c = grid(1, 100, 1);
+    tui_draw_cmdrow(&c, &st);
+    ck_assert(!strstr(row(&c, 0), "queued"));
+    tui_cb_free(&c);
+    tui_state_free(&st);
+}
+END_TEST
+
+START_TEST(t_log_wrap)
+{
+    tui_state st;
+    tui_view v;
+    tui_state_init(&st);
+    tui_view_init(&v);
+    char fits[101], lng[300];
+    memset(fits, 'x', 100);
+    fits[100] = 0;
+    snprintf(lng, sizeof lng, "%s", "5 prompt tokens in 0.019 s, 90 new in 0.187 s (480.3 tok/s), first after 0.020 s; "
+                                    "stop: length; seed 9123456789012345678");
+    apply(&st, ev(TE_LOG, "the oldest"), 1);
+    apply(&st, ev(TE_LOG, fits), 2);
+    apply(&st, ev(TE_LOG, lng), 3);
+    tui_cb c = grid(5, 100, 1);
+    tui_draw_log(&c, &st, &v, 0);
+    for (int y = 0; getenv("SEPAL_TEST_VERBOSE") && y < c.h; y++)
+        printf("%s\n", row(&c, y));
+    ck_assert_str_eq(rowt(&c, 1), "the oldest");
+    ck_assert_str_eq(rowt(&c, 2), fits); /* as wide as the panel: one row */
+    ck_assert(!strncmp(row(&c, 3), "5 prompt tokens", 15));
+    ck_assert_msg(!strncmp(row(&c, 4), "  ", 2) && strstr(row(&c, 4), "seed 9123456789012345678"), "%s", row(&c, 4));
+    tui_cb_free(&c);
+    /* scrolled to the top: the oldest entry in the first row, not further */
+    c = grid(3, 40, 1);
+    v.log_scroll = 1000;
+    tui_draw_log(&c, &st, &v, 0);
+    ck_assert_str_eq(rowt(&c, 1), "the oldest");
+    ck_assert_str_eq(rowt(&c, 2), "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); /* the next, wrapped at 38 */
+    ck_assert_int_eq(v.log_scroll, 1);
+    v.log_scroll = 0; /* following: the newest entry's last rows */
+    tui_draw_log(&c, &st, &v, 0);
+    ck_assert_msg(strstr(row(&c, 2), "9123456789012345678"), "%s", row(&c, 2));
+    tui_cb_free(&c);
+    tui_state_free(&st);
+}
+END_TEST
+
+START_TEST(t_train_before_first_step)
+{
+    tui_state st;
+    tui_view v;
+    tui_state_init(&st);
+    tui_view_init(&v);
+    tui_cb c = grid(8, 50, 1);
+    apply(&st, ev(TE_TRAIN_BEGIN, "training sst2 with deep_ptune (P 8), batch 8"), 1);
+    tui_draw_train(&c, &st, &v, 0);
+    ck_assert(screen_has(&c, "no training yet"));
+    ck_assert(screen_has(&c, "starting: training sst2 with deep_ptune"));
+    ck_assert(!screen_has(&c, "step 0/0") && !screen_has(&c, "loss 0") && !screen_has(&c, "lr 0"));
+    tui_cb_free(&c);
+    apply(&st, ev(TE_TRAIN_END, "stopped before its first step"), 2);
+    c = grid(8, 100, 1);
+    tui_draw_train(&c, &st, &v, 0);
+    ck_assert(screen_has(&c, "no training yet"));
+    ck_assert(screen_has(&c, "the last run ended before its first step: stopped before its first step"));
+    tui_cb_free(&c);
+    apply(&st, ev(TE_TRAIN_BEGIN, "training"), 3);
+    tui_ev *e = ev(TE_TRAIN_STEP, NULL);
+    e->step = 1;
+    e->total = 40;
+    e->a = 0.7;
+    e->b = 1e-3;
+    apply(&st, e, 4);
+    c = grid(8, 50, 1);
+    tui_draw_train(&c, &st, &v, 0);
+    ck_assert(!screen_has(&c, "no training yet"));
+    ck_assert(screen_has(&c, "step 1/40"));
+    tui_cb_free(&c);
+    tui_state_free(&st);
+}
+END_TEST
+
 int main(void)
 {
     setlocale(LC_CTYPE, "C.UTF-8"); /* wide characters' widths, as on a UTF-8 terminal */
@@ -1377,6 +1564,10 @@ int main(void)
     tcase_add_test(tc, t_narrow_figures);
     tcase_add_test(tc, t_route_reroute);
     tcase_add_test(tc, t_mouse);
+    tcase_add_test(tc, t_status_and_confirm);
+    tcase_add_test(tc, t_queue_row);
+    tcase_add_test(tc, t_log_wrap);
+    tcase_add_test(tc, t_train_before_first_step);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

@@ -1,4 +1,5 @@
 #include "testutil.h"
+#include "serverproc.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -113,47 +114,20 @@ int sp_test_server_start(sp_test_proc *p, const char *const *args)
     for (; args[n - 1] && n < 63; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
-    int pfd[2];
-    if (pipe(pfd))
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0)
-            dup2(fd, 2);
-        execv(SEPAL_BIN_DIR "/server/sepal-server", (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
     char line[1024];
-    size_t len = 0;
-    double end = now_s() + 60;
-    while (len < sizeof line - 1 && now_s() < end) {
-        struct pollfd q = {.fd = pfd[0], .events = POLLIN};
-        if (poll(&q, 1, 100) <= 0)
-            continue;
-        if (read(pfd[0], line + len, 1) != 1)
-            break;
-        if (line[len++] == '\n')
-            break;
-    }
-    line[len] = '\0';
-    close(pfd[0]);
-    const char *ws = strstr(line, "ws://"), *dht = strstr(line, "DHT "), *bulk = strstr(line, "(bulk port ");
-    const char *c1 = ws ? strchr(ws + 5, ':') : NULL, *c2 = dht ? strchr(dht + 4, ':') : NULL;
+    pid_t pid = sp_serverproc_start(SEPAL_BIN_DIR "/server/sepal-server", argv, 0, p->log, line, sizeof line);
+    if (pid < 0)
+        return -1;
+    const char *bulk = strstr(line, "(bulk port ");
     p->pid = pid;
-    if (!c1) {
+    if (sp_serverproc_port(line, "ws://") <= 0) {
         fprintf(stderr, "sepal-server did not start; its log:\n");
         print_log(p->log);
         sp_test_proc_signal(p, SIGKILL);
         return -1;
     }
-    p->port = atoi(c1 + 1);
-    p->dht_port = c2 ? atoi(c2 + 1) : -1;
+    p->port = sp_serverproc_port(line, "ws://");
+    p->dht_port = sp_serverproc_port(line, "DHT ");
     p->bulk_port = bulk ? atoi(bulk + strlen("(bulk port ")) : -1;
     return 0;
 }

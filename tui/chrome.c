@@ -158,9 +158,29 @@ void tui_draw_header(tui_cb *cb, const tui_state *st, const tui_view *v, int tab
     }
 }
 
+/* "queued: CMD  (+N more; Ctrl-C clears)" from column 0, the command cut to leave the rest whole; returns the
+ * columns used. */
+static int queue_text(tui_cb *cb, const tui_state *st)
+{
+    char tail[64], head[32];
+    snprintf(head, sizeof head, "queued: ");
+    if (st->queued > 1)
+        snprintf(tail, sizeof tail, "  (+%d more; Ctrl-C clears)", st->queued - 1);
+    else
+        snprintf(tail, sizeof tail, "  (Ctrl-C clears)");
+    int room = cb->w - tui_strwidth(head) - tui_strwidth(tail);
+    if (room < 8) { /* too narrow for the command */
+        snprintf(tail, sizeof tail, "%d queued", st->queued);
+        return tui_cb_text(cb, 0, 0, cb->w, tail, R_WARN, TUI_BOLD);
+    }
+    int x = tui_cb_text(cb, 0, 0, cb->w, head, R_WARN, TUI_BOLD);
+    x += tui_cb_text(cb, 0, x, room, st->queue_first, R_TEXT, 0);
+    return x + tui_cb_text(cb, 0, x, cb->w - x, tail, R_DIM, 0);
+}
+
 void tui_draw_cmdrow(tui_cb *cb, const tui_state *st)
 {
-    int x = 0, any = 0;
+    int x = st->queued > 0 ? queue_text(cb, st) + 2 : 0, any = x > 0;
     for (int i = 0; i < TUI_PROGRESS; i++) {
         const tui_bar *b = &st->bars[i];
         if (!b->active || x >= cb->w)
@@ -193,6 +213,50 @@ void tui_draw_cmdrow(tui_cb *cb, const tui_state *st)
 
 static const char *focus_name(const tui_view *v) { return PANEL_NAMES[v->zoom >= 0 ? v->zoom : v->focus]; }
 
+/* The quit question in `room` columns at x: the longest form of the choices that fits, then what runs. */
+static void confirm_text(tui_cb *cb, int x, int room, const tui_state *st)
+{
+    static const char *const forms[] = {"y quits (the command is stopped first), n or Esc stays",
+                                        "y quits, n or Esc stays", "y quits, n stays", "y/n"};
+    const char *c = forms[3];
+    for (int i = 0; i < 4; i++)
+        if (tui_strwidth(forms[i]) <= room) {
+            c = forms[i];
+            break;
+        }
+    int k = tui_cb_text(cb, 0, x, room, c, R_WARN, TUI_BOLD);
+    char t[300];
+    snprintf(t, sizeof t, "  running: %s", st->cmd_line);
+    if (st->cmd_running && room - k > 12)
+        tui_cb_text(cb, 0, x + k, room - k, t, R_STATUS, 0);
+}
+
+/* What the status row says after the mode: the UI's own message, the command running, the last error, or how
+ * the last command ended (named: "stopped by Ctrl-C: generate ..."). */
+static int status_text(const tui_state *st, const tui_view *v, const tui_status_info *si, char *t, size_t cap)
+{
+    if (si->flash) {
+        snprintf(t, cap, "%s", si->flash);
+        return R_WARN;
+    }
+    if (st->cmd_running) {
+        snprintf(t, cap, "running: %s  (Ctrl-C stops it)", st->cmd_line);
+        return R_GOOD;
+    }
+    if (st->toast[0]) {
+        snprintf(t, cap, "%s", st->toast);
+        return st->toast_level == TUI_LOG_ERROR ? R_ERR : R_WARN;
+    }
+    if (si->ascii_note)
+        snprintf(t, cap, "ASCII mode (the locale is not UTF-8)");
+    else if (st->cmds_done)
+        snprintf(t, cap, "%s: %s", st->cmd_cancelled ? "stopped by Ctrl-C" : st->cmd_rc ? "failed" : "done",
+                 st->cmd_line);
+    else
+        snprintf(t, cap, "focus: %s", focus_name(v));
+    return R_STATUS;
+}
+
 void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const tui_status_info *si)
 {
     tui_cb_fill(cb, 0, 0, 1, cb->w, ' ', R_STATUS, 0);
@@ -200,11 +264,11 @@ void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const t
     int x = 0;
     snprintf(t, sizeof t, " %s ", si->mode ? si->mode : "NORMAL");
     x += tui_cb_text(cb, 0, x, cb->w, t, R_STATUS, TUI_REV | TUI_BOLD);
-    /* the right end: hints (and the frame counter in test mode) */
+    /* the right end: hints (and the frame counter in test mode); the quit question takes the whole row */
     size_t k = 0;
-    if (v->paused)
+    if (v->paused && !si->confirm)
         k += (size_t)snprintf(right + k, sizeof right - k, "PAUSED  ");
-    if (cb->w >= 70)
+    if (cb->w >= 70 && !si->confirm)
         k += (size_t)snprintf(right + k, sizeof right - k, "q quit  : cmd  ? help");
     if (si->frame >= 0)
         snprintf(right + k, sizeof right - k, "%sf=%ld", k ? "  " : "", si->frame);
@@ -215,24 +279,11 @@ void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const t
     x++;
     if (room <= 0)
         return;
-    int role = R_STATUS;
-    if (si->flash) {
-        snprintf(t, sizeof t, "%s", si->flash);
-        role = R_WARN;
-    } else if (st->cmd_running) {
-        snprintf(t, sizeof t, "running: %s  (Ctrl-C stops it)", st->cmd_line);
-        role = R_GOOD;
-    } else if (st->toast[0]) {
-        snprintf(t, sizeof t, "%s", st->toast);
-        role = st->toast_level == TUI_LOG_ERROR ? R_ERR : R_WARN;
-    } else if (si->ascii_note) {
-        snprintf(t, sizeof t, "ASCII mode (the locale is not UTF-8)");
-    } else if (st->cmds_done) {
-        snprintf(t, sizeof t, "%s: %s", focus_name(v),
-                 st->cmd_cancelled ? "stopped" : st->cmd_rc ? "the command failed" : "done");
-    } else {
-        snprintf(t, sizeof t, "%s", focus_name(v));
+    if (si->confirm) {
+        confirm_text(cb, x, room, st);
+        return;
     }
+    int role = status_text(st, v, si, t, sizeof t);
     tui_cb_text(cb, 0, x, room, t, role, role == R_STATUS ? 0 : TUI_BOLD);
 }
 
@@ -280,4 +331,51 @@ tui_rect tui_draw_box(tui_cb *cb, const char *title, const char *const *lines, i
     for (int i = 0; i < h - 2 && first + i < n; i++)
         tui_cb_text(cb, y0 + 1 + i, x0 + 2, w - 4, lines[first + i], R_TEXT, 0);
     return r;
+}
+
+/* Wraps text to w columns into lines (at most cap, each at most 160 bytes); returns how many, or -1 when it
+ * takes more. */
+static int wrap_into(const char *text, int w, char (*lines)[160], int cap)
+{
+    tui_line l[8];
+    int more = 0, n = w > 0 ? tui_text_wrap(text, strlen(text), w, l, cap < 8 ? cap : 8, &more) : 0;
+    if (more || n < 1)
+        return -1;
+    for (int i = 0; i < n; i++)
+        snprintf(lines[i], sizeof lines[i], "%.*s", (int)(l[i].len < 159 ? l[i].len : 159), text + l[i].off);
+    return n;
+}
+
+tui_rect tui_draw_confirm(tui_cb *cb, const char *running)
+{
+    char q[400], lines[8][160];
+    const char *ptr[8];
+    int w = cb->w - 4 < 56 ? cb->w - 4 : 56, rows = cb->h - 2 < 8 ? cb->h - 2 : 8, n = -1;
+    /* the longest question whose lines, a blank and the choices fit; then without the blank */
+    snprintf(q, sizeof q, "`%.60s%s` is running. Quit anyway? It is stopped first.", running,
+             strlen(running) > 60 ? "..." : "");
+    const char *qs[] = {q, "A command is running. Quit anyway? It is stopped first.", "Quit? It is stopped first.",
+                        "Quit?"};
+    for (int blank = 1; blank >= 0 && n < 0; blank--)
+        for (int i = 0; i < 4 && n < 0; i++) {
+            int k = wrap_into(qs[i], w, lines, rows - 1 - blank);
+            if (k > 0) {
+                if (blank)
+                    lines[k++][0] = 0;
+                n = k;
+            }
+        }
+    if (n < 0)
+        n = 0;
+    static const char *const choices[] = {"y quits, n or Esc stays", "y quits, n stays", "y/n"};
+    const char *c = choices[2];
+    for (int i = 0; i < 3; i++)
+        if (tui_strwidth(choices[i]) <= w) {
+            c = choices[i];
+            break;
+        }
+    snprintf(lines[n++], sizeof lines[0], "%s", c);
+    for (int i = 0; i < n; i++)
+        ptr[i] = lines[i];
+    return tui_draw_box(cb, "quit?", ptr, n, 0, NULL);
 }

@@ -23,7 +23,7 @@ typedef enum tui_ev_kind {
     TE_APP,          /* text: model name; n: blocks; a: hidden; b: vocab; what: architecture (coalesced) */
     TE_ROUTE,        /* hops: the chain a request uses; i: 1 for a re-route; a: expected s/step (coalesced) */
     TE_HOPS,         /* hops (measured): each hop's time in the last step (coalesced) */
-    TE_RETRY,        /* i: server index; text: what failed, the ban, the retry */
+    TE_RETRY,        /* i: server index; text: what failed, the ban, the retry; b: s until the retry */
     TE_GEN_BEGIN,    /* text: the prompt (NULL: token ids) */
     TE_GEN_TEXT,     /* text: the continuation's next piece (stream); n: tokens in it */
     TE_GEN_END,      /* n: new tokens; i: prompt tokens; a: prefill s; b: decode s; c: first token s; what: stop */

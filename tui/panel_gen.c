@@ -124,7 +124,7 @@ void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
     int info_rows = rows >= 6 ? 2 : rows >= 4 ? 1 : 0, ph = rows - info_rows;
     /* both plots: side by side when wide, one above the other when tall; else one, switched by [ and ] */
     int beside = cb->w >= 70 && cb->h >= 8, stacked = !beside && ph >= 12 && st->val_s.n > 0;
-    if (st->train_runs) { /* fitted to the title row (" 4 Train " and the rules take 15 columns) */
+    if (st->steps_seen) { /* fitted to the title row (" 4 Train " and the rules take 15 columns) */
         char series[64], hint[64], hint_c[64];
         const char *logy = v->train_logy ? " (log)" : "";
         const char *other = v->train_series ? "loss" : vname;
@@ -145,10 +145,17 @@ void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
     tui_draw_title(cb, 4, "Train", focused, right);
     if (rows < 1)
         return;
-    if (!st->train_runs) {
+    if (!st->steps_seen) { /* nothing to plot or count until the first step (a run may be setting up) */
+        char t[300];
+        if (st->train_active)
+            snprintf(t, sizeof t, "starting: %s", st->train_what);
+        else if (st->train_runs)
+            snprintf(t, sizeof t, "the last run ended before its first step: %s", st->train_end);
+        else
+            snprintf(t, sizeof t, ":train sst2 --max-steps 20");
         tui_cb_text(cb, 1, 0, cb->w, "no training yet", R_DIM, 0);
         if (rows >= 2)
-            tui_cb_text(cb, 2, 0, cb->w, ":train sst2 --max-steps 20", R_DIM, 0);
+            tui_cb_text(cb, 2, 0, cb->w, t, R_DIM, 0);
         return;
     }
     if (ph >= 2) {

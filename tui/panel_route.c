@@ -1,10 +1,12 @@
 /* panel_route.c - the chain the current request uses (each hop: server, blocks, its time per step: measured in
  * the last step, or routing's estimate with ~), and below it what happened to the route: retries, bans,
- * re-routes, newest first. */
+ * re-routes, newest first. While a retry waits, the title counts down to it. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "panels.h"
+#include "timeutil.h"
 #include "widgets.h"
 
 static const tui_server *server_at(const tui_state *st, int idx)
@@ -33,7 +35,10 @@ void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
     (void)v;
     const tui_glyphs *g = tui_cb_glyphs(cb);
     char right[96] = "";
-    if (st->retries || st->reroutes)
+    double wait = st->retry_at - sp_now_s();
+    if (wait > 0) /* a retry waits: count down to it */
+        snprintf(right, sizeof right, "retries %d  next try in %.0f s", st->retries, ceil(wait));
+    else if (st->retries || st->reroutes)
         snprintf(right, sizeof right, "retries %d  re-routes %d", st->retries, st->reroutes);
     tui_draw_title(cb, 2, "Route", focused, right);
     if (cb->h < 2)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "panels.h"
+#include "table.h"
 #include "widgets.h"
 
 static const tui_col COLS[TUI_NCOLS] = {
@@ -102,7 +103,7 @@ static void cell_text(const tui_server *s, int col, char *buf, size_t cap)
     buf[0] = 0;
     switch (col) {
     case TUI_COL_ID: snprintf(buf, cap, "%.8s", s->id); break;
-    case TUI_COL_NAME: snprintf(buf, cap, "%s", s->name[0] ? s->name : s->local ? "local" : "-"); break;
+    case TUI_COL_NAME: snprintf(buf, cap, "%s", sp_server_shown_name(s->name, s->local)); break;
     case TUI_COL_TPUT: tui_fmt_count(s->tput, buf, cap); break;
     case TUI_COL_INF: tui_fmt_count(s->inf_rps, buf, cap); break;
     case TUI_COL_FWD: tui_fmt_count(s->fwd_rps, buf, cap); break;
@@ -132,7 +133,7 @@ static void draw_row(tui_cb *cb, int y, const tui_server *s, const int *w, int n
     const tui_glyphs *g = tui_cb_glyphs(cb);
     int role = state_role(s), dim = s->state == TUI_ST_OFFLINE;
     for (int c = 0; c < TUI_NCOLS; c++) {
-        int x = tui_table_colx(w, TUI_NCOLS, c);
+        int x = sp_cols_x(w, TUI_NCOLS, c);
         if (x < 0)
             continue;
         if (c == TUI_COL_STATE) {
@@ -200,8 +201,8 @@ void tui_draw_swarm(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
             missing += count[b] == 0;
     }
     int w[TUI_NCOLS];
-    tui_table_widths(COLS, TUI_NCOLS, cb->w, w);
-    int sx = tui_table_colx(w, TUI_NCOLS, TUI_COL_SPAN);
+    sp_cols_fit(COLS, TUI_NCOLS, cb->w, w);
+    int sx = sp_cols_x(w, TUI_NCOLS, TUI_COL_SPAN);
     char lab[96];
     if (!L) {
         tui_cb_text(cb, 1, 0, cb->w, "no model loaded (:load DIR), no servers (:swarm up N or :connect)", R_DIM, 0);

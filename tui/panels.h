@@ -59,22 +59,29 @@ void tui_draw_title(tui_cb *cb, int num, const char *name, int focused, const ch
 void tui_draw_header(tui_cb *cb, const tui_state *st, const tui_view *v, int tabs);
 /* The panel whose tab the header shows at column x (tabs tier, or a zoomed panel) of a cols-wide screen, or -1. */
 int tui_tab_at(int cols, int x);
-/* The status row: mode, focus, the command running or the last one's end, a toast, key hints; test mode adds
- * the frame number. */
+/* The status row: mode, then the UI's message, the command running, the last error, or how the last command
+ * ended, naming it ("stopped by Ctrl-C: generate ..."; before any: the focused panel), and key hints; asking
+ * whether to quit, the choices, in the longest form that fits, and the command running; test mode adds the
+ * frame number. */
 typedef struct tui_status_info {
-    const char *mode;     /* "NORMAL", "COMMAND", "HELP" */
+    const char *mode;     /* "NORMAL", "COMMAND", "HELP", "QUIT?" */
     const char *flash;    /* a message of the UI itself ("press Ctrl-C again to quit"), or NULL */
     long frame;           /* >= 0: shown as f=N (test mode) */
     int ascii_note;       /* say once that the locale is not UTF-8 */
+    int confirm;          /* the quit question is asked: its choices take the row */
 } tui_status_info;
 void tui_draw_status(tui_cb *cb, const tui_state *st, const tui_view *v, const tui_status_info *si);
-/* The command row when no command is being typed: progress bars, else a hint. */
+/* The command row when no command is being typed: the commands queued (the first of them, how many more, and
+ * that Ctrl-C clears them), progress bars, else a hint. */
 void tui_draw_cmdrow(tui_cb *cb, const tui_state *st);
 /* "terminal too small (40x10 needed)" in the middle of cb. */
 void tui_draw_too_small(tui_cb *cb, int rows, int cols);
 /* A box with a title and lines of text, centred in cb (help, confirm); first: the first line shown (paging).
  * Returns where it is. */
 tui_rect tui_draw_box(tui_cb *cb, const char *title, const char *const *lines, int n, int first, const char *footer);
+/* The quit question while a command runs: what runs, whether to quit, and the choices, wrapped to fit cb (the
+ * command, then the blank line, left out where it would not fit), centred. Returns where it is. */
+tui_rect tui_draw_confirm(tui_cb *cb, const char *running);
 
 /* "1.2 ms", "850 us", "3.1 s", "-" */
 void tui_fmt_secs(double s, char *buf, size_t cap);

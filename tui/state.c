@@ -333,6 +333,7 @@ static unsigned route_event(tui_state *st, const tui_ev *e)
 {
     if (e->kind == TE_RETRY) {
         st->retries++;
+        st->retry_at = e->b > 0 ? e->t + e->b : 0;
         note(st, e->t, 2, e->text);
         log_lines(st, e->t, TUI_LOG_WARN, e->text);
         return TUI_D_PANEL(TUI_P_ROUTE) | TUI_D_PANEL(TUI_P_LOG);
@@ -361,6 +362,7 @@ static unsigned route_event(tui_state *st, const tui_ev *e)
     }
     st->route_cost = e->a;
     st->route_seen++;
+    st->retry_at = 0; /* routed: the wait is over */
     if (e->i) {
         st->reroutes++;
         note(st, e->t, 1, e->text);
@@ -394,6 +396,7 @@ static unsigned cmd_event(tui_state *st, const tui_ev *e)
     } else {
         flush_out(st, e->t);
         st->cmd_running = 0;
+        st->retry_at = 0; /* the request is over, retried or not */
         st->cmd_rc = e->i;
         st->cmd_cancelled = e->n;
         st->cmds_done++;
@@ -440,6 +443,15 @@ unsigned tui_state_apply(tui_state *st, const tui_ev *e)
     case TE_NKINDS: break;
     }
     return 0;
+}
+
+unsigned tui_state_queue(tui_state *st, int n, const char *first)
+{
+    if (n == st->queued && !strcmp(first ? first : "", st->queue_first))
+        return 0;
+    st->queued = n;
+    snprintf(st->queue_first, sizeof st->queue_first, "%s", first ? first : "");
+    return TUI_D_CMD;
 }
 
 unsigned tui_state_dropped(tui_state *st, long n)

@@ -60,6 +60,7 @@ typedef struct tui_state {
     tui_note notes[TUI_ROUTE_NOTES];
     int nnotes;                    /* in all; the last TUI_ROUTE_NOTES are kept (a ring) */
     int retries, reroutes;
+    double retry_at;               /* sp_now_s() of the next try a retry waits for (0: none): a countdown */
     /* the generation */
     char *gen;
     size_t gen_len, gen_cap, gen_mark; /* the text; bytes before gen_mark are the prompt */
@@ -89,6 +90,8 @@ typedef struct tui_state {
     char cmd_line[240];
     int cmd_rc, cmd_cancelled, cmds_done;
     double cmd_t0;
+    int queued;                    /* commands waiting for the one running (typed at `:` meanwhile) */
+    char queue_first[240];         /* the first of them */
     int quit;
     /* the latest warning or error, for the status row */
     char toast[240];
@@ -102,6 +105,9 @@ int tui_state_init(tui_state *st);
 void tui_state_free(tui_state *st);
 /* Applies one event; returns what it changed (TUI_D_*). */
 unsigned tui_state_apply(tui_state *st, const tui_ev *e);
+/* The commands waiting to run: how many, and the first (the UI thread looks at its job queue; not an event,
+ * since a replay has no queue). Returns TUI_D_CMD if that changed, else 0. */
+unsigned tui_state_queue(tui_state *st, int n, const char *first);
 /* Notes dropped events (the queue's count). */
 unsigned tui_state_dropped(tui_state *st, long n);
 /* Log line i of the ring, 0 the oldest kept. */

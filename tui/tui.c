@@ -114,9 +114,7 @@ static void draw_overlay(tui *t)
                  t->help_first + page < t->nhelp ? t->help_first + page : t->nhelp, t->nhelp);
         r = tui_draw_box(o, "sepal keys", (const char *const *)t->help, t->nhelp, t->help_first, foot);
     } else {
-        static const char *const lines[] = {"A command is running.", "Quit anyway? It is stopped first.", "",
-                                            "y quits, n or Esc stays"};
-        r = tui_draw_box(o, "quit?", lines, 4, 0, NULL);
+        r = tui_draw_confirm(o, t->st.cmd_line);
     }
     tui_crt_blit_part(&t->crt, o, r.y, r.x, r.h, r.w);
 }
@@ -176,7 +174,8 @@ static void frame(tui *t)
         } else {
             tui_status_info si = {.mode = mode_name(t->mode), .frame = t->test ? t->frames + 1 : -1,
                                   .flash = t->flash[0] ? t->flash : NULL,
-                                  .ascii_note = !t->crt.utf8 && t->st.cmds_done == 0};
+                                  .ascii_note = !t->crt.utf8 && t->st.cmds_done == 0,
+                                  .confirm = t->mode == M_CONFIRM};
             tui_draw_status(&t->status, &t->st, &t->v, &si);
         }
         tui_crt_blit(&t->crt, &t->status, l->status.y, 0);
@@ -270,6 +269,30 @@ static void mouse(tui *t)
         act(t, a);
 }
 
+/* The command row's view of the job queue. */
+static void refresh_queue(tui *t)
+{
+    char first[240];
+    int n = tui_queue_peek(t, first, sizeof first);
+    t->dirty |= tui_state_queue(&t->st, n, first);
+}
+
+/* A line typed at `:`: queued for the worker; while a command runs (or others wait) the log says so. */
+static void submit_line(tui *t, const char *line)
+{
+    pthread_mutex_lock(&t->jlock);
+    int waits = t->busy || t->queued > 0;
+    pthread_mutex_unlock(&t->jlock);
+    tui_submit(t, 0, 0, line);
+    if (waits) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "queued: %.240s (it runs after %.240s; Ctrl-C clears the queue)", line,
+                 t->st.cmd_running ? t->st.cmd_line : "the commands before it");
+        tui_post_log(t, TUI_LOG_NOTICE, msg);
+    }
+    refresh_queue(t);
+}
+
 static void cmd_key(tui *t, int key, int is_char)
 {
     tui_action a = is_char && key >= 0x20 && key != 0x7F ? TUI_A_NONE : tui_key_action(TUI_CTX_CMD, key);
@@ -278,14 +301,8 @@ static void cmd_key(tui *t, int key, int is_char)
     int r = tui_cmdline_key(&t->cl, a, a == TUI_A_NONE ? key : -1);
     if (r == TUI_CL_RUN) {
         const char *line = t->cl.buf;
-        if (line[strspn(line, " \t")]) {
-            pthread_mutex_lock(&t->jlock);
-            int waits = t->busy || t->queued > 0;
-            pthread_mutex_unlock(&t->jlock);
-            tui_submit(t, 0, 0, line);
-            if (waits)
-                say(t, "queued: it runs after the command running");
-        }
+        if (line[strspn(line, " \t")])
+            submit_line(t, line);
         t->mode = M_NORMAL;
     } else if (r == TUI_CL_CANCEL) {
         t->mode = M_NORMAL;
@@ -337,8 +354,9 @@ static void key(tui *t, int k, int is_char)
     }
 }
 
-/* Ctrl-C: stops the command running; with none, a second one within FLASH_S quits. In the `:` line it clears
- * the line first; at the quit question it is a yes. */
+/* Ctrl-C: stops the command running and drops the commands queued behind it (the log names them); with none
+ * of either, a second one within FLASH_S quits. In the `:` line it clears the line first; at the quit question
+ * it is a yes. */
 static void interrupt(tui *t)
 {
     double now = sp_now_s();
@@ -356,11 +374,18 @@ static void interrupt(tui *t)
         t->mode = M_NORMAL;
         t->dirty = TUI_D_ALL;
     }
+    int cleared = tui_clear_queue(t); /* what waits does not run */
+    refresh_queue(t);
     if (t->busy) { /* the handler has cancelled it already */
         if (++t->intr_while_busy >= 2)
             request_quit(t, 130);
         else
-            say(t, "stopping the command (Ctrl-C again: quit)");
+            say(t, cleared ? "stopping the command, the queue cleared (Ctrl-C again: quit)"
+                           : "stopping the command (Ctrl-C again: quit)");
+        return;
+    }
+    if (cleared) {
+        say(t, "the queue cleared");
         return;
     }
     if (now - t->last_intr < FLASH_S) {
@@ -388,6 +413,8 @@ static void take_events(tui *t)
         }
         unsigned d = tui_state_apply(&t->st, e);
         t->dirty |= d;
+        if (e->kind == TE_CMD_BEGIN || e->kind == TE_CMD_END || e->kind == TE_READY)
+            refresh_queue(t);
         if (e->kind == TE_CMD_END) {
             t->intr_while_busy = 0;
             if (t->mode == M_CONFIRM && !t->quit) { /* nothing to stop any more */
@@ -438,6 +465,21 @@ static int signals(tui *t)
     return s.winch;
 }
 
+/* While a retry waits, the route panel's countdown changes once a second: ms until it next does (-1: no
+ * countdown), and the panel is marked for redrawing when the second shown changed. */
+static int countdown_ms(tui *t, double now)
+{
+    double left = t->st.retry_at - now;
+    int shown = left > 0 ? (int)ceil(left) : 0;
+    if (shown != t->countdown_shown) {
+        t->countdown_shown = shown;
+        t->dirty |= TUI_D_PANEL(TUI_P_ROUTE);
+    }
+    if (left <= 0)
+        return -1;
+    return (int)ceil((left - floor(left)) * 1000) + 1;
+}
+
 static void loop(tui *t)
 {
     t->dirty = TUI_D_ALL;
@@ -445,7 +487,7 @@ static void loop(tui *t)
     t->next_frame = sp_now_s() + FRAME_S;
     while (!t->quit) {
         double now = sp_now_s();
-        int timeout = -1;
+        int timeout = -1, cd = countdown_ms(t, now);
         int pending = t->dirty && !(t->v.paused && !(t->dirty & (TUI_D_STATUS | TUI_D_CMD)));
         if (pending)
             timeout = now >= t->next_frame ? 0 : (int)ceil((t->next_frame - now) * 1000);
@@ -453,6 +495,8 @@ static void loop(tui *t)
             int ft = t->flash_until > now ? (int)ceil((t->flash_until - now) * 1000) : 0;
             timeout = timeout < 0 || ft < timeout ? ft : timeout;
         }
+        if (cd >= 0 && !pending)
+            timeout = timeout < 0 || cd < timeout ? cd : timeout;
         /* while a frame waits for its slot, the queue waits too (its events are taken just before the frame) */
         struct pollfd pf[2] = {{.fd = 0, .events = POLLIN}, {.fd = t->q.efd, .events = POLLIN}};
         int n = pending ? 1 : 2;
@@ -662,6 +706,7 @@ int tui_run(sp_app *app, const tui_opts *o)
         fprintf(stderr, "sepal: cannot start the TUI's threads\n");
         goto out;
     }
+    refresh_queue(t);
     loop(t);
     rc = t->exit_code;
     tui_crt_done(&t->crt); /* the terminal back first; then the command running stops (cancelled: network

@@ -99,8 +99,10 @@ static void runtime_event(tui *t, const sp_event *r)
         return;
     case SP_EV_RETRY:
         e = ev_text(TE_RETRY, r->text);
-        if (e)
+        if (e) {
             e->i = r->row;
+            e->b = r->total; /* the pause before the retry */
+        }
         post(t, e);
         kick_feeder(t);
         return;
@@ -126,8 +128,9 @@ static void gen_end(tui *t, const sp_ui_gen *g)
     e->what = strdup(sp_gen_stop_name(g->stop));
     post(t, e);
     char line[300];
-    int n = snprintf(line, sizeof line, "%d prompt tokens in %.3f s, %d new in %.3f s (%.1f tok/s)", g->prompt_tokens,
-                     g->prefill_s, g->new_tokens, g->decode_s, g->decode_s > 0 ? g->new_tokens / g->decode_s : 0);
+    int n = snprintf(line, sizeof line, "%d prompt token%s in %.3f s, %d new in %.3f s (%.1f tok/s)", g->prompt_tokens,
+                     g->prompt_tokens == 1 ? "" : "s", g->prefill_s, g->new_tokens, g->decode_s,
+                     g->decode_s > 0 ? g->new_tokens / g->decode_s : 0);
     if (g->first_token_s > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ", first after %.3f s", g->first_token_s);
     if (n < (int)sizeof line)
@@ -274,23 +277,55 @@ static int run_script(tui *t, const char *path)
     return sp_cmd_run_script(t->app, path);
 }
 
-/* Drops the start-up scripts still queued (not the end marker). */
-static void drop_startup_locked(tui *t)
+/* Drops the jobs queued (startup_only: the start-up scripts'), never the end marker of the start-up scripts;
+ * returns how many, and lists them ("; " apart) into what. */
+static int drop_queued_locked(tui *t, int startup_only, char *what, size_t cap)
 {
     job **pp = &t->jobs;
+    int n = 0;
+    size_t k = 0;
     t->jtail = NULL;
     while (*pp) {
         job *j = *pp;
-        if (j->startup && j->kind != 2) {
+        if (j->kind != 2 && (j->startup || !startup_only)) {
+            if (what && k < cap)
+                k += (size_t)snprintf(what + k, cap - k, "%s%s%s", n ? "; " : "", j->kind ? "-f " : "", j->arg);
             *pp = j->next;
             free(j->arg);
             free(j);
             t->queued--;
+            n++;
         } else {
             t->jtail = j;
             pp = &j->next;
         }
     }
+    return n;
+}
+
+int tui_clear_queue(tui *t)
+{
+    char what[400] = "", line[480];
+    pthread_mutex_lock(&t->jlock);
+    int n = drop_queued_locked(t, 0, what, sizeof what);
+    pthread_mutex_unlock(&t->jlock);
+    if (n) {
+        snprintf(line, sizeof line, "Ctrl-C cleared the queue: %d command%s not run: %s", n, n == 1 ? "" : "s", what);
+        tui_post_log(t, TUI_LOG_WARN, line);
+    }
+    return n;
+}
+
+int tui_queue_peek(tui *t, char *first, size_t cap)
+{
+    int n = 0;
+    first[0] = 0;
+    pthread_mutex_lock(&t->jlock);
+    for (const job *j = t->jobs; j; j = j->next)
+        if (j->kind != 2 && !n++)
+            snprintf(first, cap, "%s%s", j->kind ? "-f " : "", j->arg);
+    pthread_mutex_unlock(&t->jlock);
+    return n;
 }
 
 void *tui_worker_main(void *arg)
@@ -323,8 +358,14 @@ void *tui_worker_main(void *arg)
             int rc = j->kind ? run_script(t, j->arg) : sp_cmd_run_line(t->app, j->arg);
             int cancelled = sp_app_cancelled(t->app);
             __atomic_store_n(&t->busy, 0, __ATOMIC_SEQ_CST);
-            if (cancelled)
+            if (cancelled) { /* Ctrl-C: what was queued meanwhile does not run either */
                 sp_app_cancel_clear(t->app);
+                tui_clear_queue(t);
+            } else if (rc && j->startup && !t->app->keep_going) { /* the other start-up scripts do not run */
+                pthread_mutex_lock(&t->jlock);
+                drop_queued_locked(t, 1, NULL, 0);
+                pthread_mutex_unlock(&t->jlock);
+            }
             post_app(t);
             tui_ev *e = tui_ev_new(TE_CMD_END);
             if (e) {
@@ -335,11 +376,6 @@ void *tui_worker_main(void *arg)
             kick_feeder(t);
             if (t->app->quit)
                 post(t, tui_ev_new(TE_QUIT));
-            if (rc && j->startup && (!t->app->keep_going || cancelled)) { /* the others do not run */
-                pthread_mutex_lock(&t->jlock);
-                drop_startup_locked(t);
-                pthread_mutex_unlock(&t->jlock);
-            }
         }
         free(j->arg);
         free(j);

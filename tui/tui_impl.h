@@ -47,6 +47,7 @@ typedef struct tui {
     double frame_s_sum, frame_s_max, next_frame;
     char flash[160];
     double flash_until, last_intr;
+    int countdown_shown;   /* the seconds the route panel's retry countdown showed last */
     int intr_while_busy;
     int quit, exit_code;
     /* the worker */
@@ -85,6 +86,11 @@ void tui_close_sink(void);
 void tui_post_log(tui *t, int level, const char *text);
 /* Queues a command for the worker: kind 0 a line, 1 a script file, 2 the end of the start-up scripts. */
 void tui_submit(tui *t, int kind, int startup, const char *arg);
+/* Drops the commands queued (all but the end of the start-up scripts) and says so in the log, naming them;
+ * returns how many. Ctrl-C does it: the UI thread at once, the worker after the command it stopped. */
+int tui_clear_queue(tui *t);
+/* How many commands wait to run; the first into first ("-f FILE" for a script). */
+int tui_queue_peek(tui *t, char *first, size_t cap);
 /* The threads' bodies. */
 void *tui_worker_main(void *arg);
 void *tui_feeder_main(void *arg);

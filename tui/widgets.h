@@ -8,22 +8,12 @@
 #include <stddef.h>
 
 #include "cellbuf.h"
+#include "columns.h"
 
 /* ---- table ---- */
-typedef struct tui_col {
-    const char *title;
-    int min_w, max_w; /* max_w 0: the flexible column, which takes the width left over */
-    int right;        /* right-aligned */
-    int prio;         /* columns of the lowest priority are dropped first when the table is too narrow */
-} tui_col;
-
-/* Widths of n columns in `width` cells, one blank between shown columns: drops columns, lowest priority first
- * (the later of equal ones first), until the rest fit at their minimum, then hands the spare width out up to
- * each column's max_w in column order, and what is left to the flexible column. w[i] 0: dropped. Returns
- * how many are shown. */
-int tui_table_widths(const tui_col *cols, int n, int width, int *w);
-/* Column c's offset from the table's left edge (-1 if dropped). */
-int tui_table_colx(const int *w, int n, int c);
+/* A column: title, minimum and maximum width, alignment, priority; common/columns.h fits them to a width
+ * (sp_cols_fit: the lowest priority dropped first) and places them (sp_cols_x), as for the `servers` text. */
+typedef sp_col tui_col;
 /* The header row: titles, and the sort column marked with an up / down glyph. */
 void tui_table_header(tui_cb *cb, int y, int x, const tui_col *cols, int n, const int *w, int sort_col, int desc);
 /* The first row to show so that the selection stays visible (scrolling as little as possible). */

@@ -10,7 +10,6 @@
  * recorded exchange proves nothing on another connection (no replay, and no clock needed), and the labels
  * differ, so a proof one side makes never passes for the other's. Tags are compared in constant time. A
  * failure is an ERROR "unauthorized" and a ws close 1008 on the server's side, a clear error on the client's. */
-#include <cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,30 +31,8 @@ static int proof(const sp_swarm_key *k, const char *label, const uint8_t *a, con
     return sp_hmac_sha256(k->auth, parts, lens, 3, out);
 }
 
-/* A hex field of n bytes in m's metadata; -1 if absent or not exactly 2n hex digits. */
-static int hex_field(const sp_msg *m, const char *name, uint8_t *out, size_t n)
-{
-    const char *v = sp_meta_str(m, name);
-    return v && strlen(v) == 2 * n && sp_hex_decode(v, out, n) == 0 ? 0 : -1;
-}
-
-static sp_status encode(sp_buf *b, uint16_t flags, uint64_t id, cJSON *meta, sp_err *err)
-{
-    char *json = meta ? cJSON_PrintUnformatted(meta) : NULL;
-    cJSON_Delete(meta);
-    if (!json)
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    sp_status st = sp_msg_encode(b, SP_MSG_AUTH, flags, id, json, NULL, 0, err);
-    cJSON_free(json);
-    return st;
-}
-
-static void add_hex(cJSON *o, const char *name, const uint8_t *p, size_t n)
-{
-    char hex[2 * SP_HMAC_BYTES + 1];
-    sp_hex_encode(p, n, hex);
-    cJSON_AddStringToObject(o, name, hex);
-}
+/* Metadata text for the messages below (sp_auth_* of proto.h: nonces and proofs in hex). */
+#define AUTH_META 512
 
 /* ---------------------------------------------------------------------------------------------- */
 /* server */
@@ -76,11 +53,11 @@ static int refuse(sp_ws_server *s, conn *c, uint64_t reqid, const char *why)
     return -1;
 }
 
-/* Queues a reply of the exchange on c (service thread). */
-static void reply(sp_ws_server *s, conn *c, uint64_t id, cJSON *meta)
+/* Queues a reply of the exchange on c (service thread): meta from sp_auth_*_encode, nothing if that failed (""). */
+static void reply(sp_ws_server *s, conn *c, uint64_t id, const char *meta)
 {
     sp_buf b = {0};
-    if (encode(&b, SP_MSG_F_REPLY, id, meta, NULL)) {
+    if (!meta[0] || sp_msg_encode(&b, SP_MSG_AUTH, SP_MSG_F_REPLY, id, meta, NULL, 0, NULL)) {
         sp_buf_free(&b);
         return;
     }
@@ -94,34 +71,37 @@ static void reply(sp_ws_server *s, conn *c, uint64_t id, cJSON *meta)
 
 static int challenge(sp_ws_server *s, conn *c, const sp_msg *m)
 {
-    const char *swarm = sp_meta_str(m, "swarm");
-    char why[160];
-    if (swarm && strcmp(swarm, s->key.id_hex)) {
-        snprintf(why, sizeof why, "another swarm key (the peer's swarm is %.16s, this server's is %s)", swarm,
+    sp_auth_hello h;
+    sp_auth_challenge ch;
+    char why[160], meta[AUTH_META];
+    int ok = sp_auth_hello_decode(m, &h, NULL) == SP_OK;
+    if (ok && h.swarm[0] && strcmp(h.swarm, s->key.id_hex)) {
+        snprintf(why, sizeof why, "another swarm key (the peer's swarm is %.16s, this server's is %s)", h.swarm,
                  s->key.id_hex);
         return refuse(s, c, m->request_id, why);
     }
-    uint8_t p[SP_HMAC_BYTES];
-    if (hex_field(m, "nonce", c->nonce_c, NONCE) || sp_random_bytes(c->nonce_s, NONCE) ||
-        proof(&s->key, SERVER_LABEL, c->nonce_c, c->nonce_s, p))
+    if (!ok || sp_random_bytes(c->nonce_s, NONCE) ||
+        proof(&s->key, SERVER_LABEL, h.nonce, c->nonce_s, ch.proof))
         return refuse(s, c, m->request_id, "malformed swarm key exchange (AUTH needs a 64-hex-digit nonce)");
-    cJSON *o = cJSON_CreateObject();
-    add_hex(o, "nonce", c->nonce_s, NONCE);
-    add_hex(o, "proof", p, sizeof p);
-    reply(s, c, m->request_id, o);
+    memcpy(c->nonce_c, h.nonce, NONCE);
+    memcpy(ch.nonce, c->nonce_s, NONCE);
+    sp_auth_challenge_encode(&ch, meta, sizeof meta, NULL); /* "" if it failed: no reply, the client times out */
+    reply(s, c, m->request_id, meta);
     c->auth = AUTH_CHALLENGED;
     return 0;
 }
 
 static int verify(sp_ws_server *s, conn *c, const sp_msg *m)
 {
-    uint8_t got[SP_HMAC_BYTES], want[SP_HMAC_BYTES];
-    if (hex_field(m, "proof", got, sizeof got) || proof(&s->key, CLIENT_LABEL, c->nonce_s, c->nonce_c, want) ||
-        !sp_ct_equal(got, want, sizeof got))
+    uint8_t want[SP_HMAC_BYTES];
+    sp_auth_proof p;
+    sp_auth_verdict v = {.ok = 1};
+    char meta[AUTH_META];
+    if (sp_auth_proof_decode(m, &p, NULL) || proof(&s->key, CLIENT_LABEL, c->nonce_s, c->nonce_c, want) ||
+        !sp_ct_equal(p.proof, want, sizeof want))
         return refuse(s, c, m->request_id, "wrong swarm key (the proof does not match this server's key)");
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddBoolToObject(o, "ok", 1);
-    reply(s, c, m->request_id, o);
+    sp_auth_verdict_encode(&v, meta, sizeof meta, NULL);
+    reply(s, c, m->request_id, meta);
     c->auth = AUTH_DONE;
     return 0;
 }
@@ -147,11 +127,12 @@ int tp_auth_server(sp_ws_server *s, conn *c, const sp_buf *msg)
 /* ---------------------------------------------------------------------------------------------- */
 /* client */
 
-/* Sends an AUTH request and waits for the answer, decoded into *m (its buffer in *b). */
-static sp_status exchange(sp_ws_client *c, uint64_t id, cJSON *meta, sp_msg *m, sp_buf *b, uint64_t until, sp_err *err)
+/* Sends an AUTH request with meta and waits for the answer, decoded into *m (its buffer in *b). */
+static sp_status exchange(sp_ws_client *c, uint64_t id, const char *meta, sp_msg *m, sp_buf *b, uint64_t until,
+                          sp_err *err)
 {
     sp_buf q = {0};
-    sp_status st = encode(&q, 0, id, meta, err);
+    sp_status st = sp_msg_encode(&q, SP_MSG_AUTH, 0, id, meta, NULL, 0, err);
     if (!st)
         st = sp_ws_client_send(c, &q, err);
     else
@@ -172,8 +153,9 @@ static sp_status exchange(sp_ws_client *c, uint64_t id, cJSON *meta, sp_msg *m, 
 /* What an answer that is not the expected AUTH reply means. */
 static sp_status unexpected(sp_ws_client *c, const sp_msg *m, sp_err *err)
 {
-    const char *code = m->type == SP_MSG_ERROR ? sp_meta_str(m, "code") : NULL;
-    const char *text = m->type == SP_MSG_ERROR ? sp_meta_str(m, "message") : NULL;
+    sp_error_reply e;
+    int is_error = m->type == SP_MSG_ERROR && sp_error_reply_decode(m, &e, NULL) == SP_OK;
+    const char *code = is_error ? e.code : NULL, *text = is_error && e.message[0] ? e.message : NULL;
     if (code && !strcmp(code, "unknown_type"))
         return sp_errf(err, SP_ERR_STATE, "%s:%d does not know the swarm key exchange (an older sepal-server): it is "
                        "not in this private swarm", c->host, c->port);
@@ -186,21 +168,26 @@ static sp_status unexpected(sp_ws_client *c, const sp_msg *m, sp_err *err)
 sp_status tp_auth_client(sp_ws_client *c, int timeout_ms, sp_err *err)
 {
     uint64_t until = tp_deadline_after(timeout_ms < 0 ? 30000 : timeout_ms);
-    uint8_t nc[NONCE], ns[NONCE], got[SP_HMAC_BYTES], want[SP_HMAC_BYTES];
-    if (sp_random_bytes(nc, NONCE))
+    uint8_t want[SP_HMAC_BYTES];
+    sp_auth_hello h = {.swarm = ""};
+    sp_auth_challenge ch;
+    sp_auth_proof p;
+    sp_auth_verdict v;
+    char meta[AUTH_META];
+    if (sp_random_bytes(h.nonce, NONCE))
         return sp_errf(err, SP_ERR_IO, "no random bytes for the swarm key exchange");
-    cJSON *o = cJSON_CreateObject();
-    add_hex(o, "nonce", nc, NONCE);
-    cJSON_AddStringToObject(o, "swarm", c->key.id_hex);
+    snprintf(h.swarm, sizeof h.swarm, "%s", c->key.id_hex);
     sp_msg m;
     sp_buf b = {0};
-    sp_status st = exchange(c, 1, o, &m, &b, until, err);
+    sp_status st = sp_auth_hello_encode(&h, meta, sizeof meta, err);
+    if (!st)
+        st = exchange(c, 1, meta, &m, &b, until, err);
     if (st)
         return st;
     if (m.type != SP_MSG_AUTH)
         st = unexpected(c, &m, err);
-    else if (hex_field(&m, "nonce", ns, NONCE) || hex_field(&m, "proof", got, sizeof got) ||
-             proof(&c->key, SERVER_LABEL, nc, ns, want) || !sp_ct_equal(got, want, sizeof got))
+    else if (sp_auth_challenge_decode(&m, &ch, NULL) || proof(&c->key, SERVER_LABEL, h.nonce, ch.nonce, want) ||
+             !sp_ct_equal(ch.proof, want, sizeof want))
         st = sp_errf(err, SP_ERR_STATE, "%s:%d is not in this private swarm (its proof of the swarm key is wrong)",
                      c->host, c->port);
     sp_msg_clear(&m);
@@ -209,14 +196,14 @@ sp_status tp_auth_client(sp_ws_client *c, int timeout_ms, sp_err *err)
         tp_cli_fail(c, "swarm key mismatch");
         return st;
     }
-    if (proof(&c->key, CLIENT_LABEL, ns, nc, got))
+    if (proof(&c->key, CLIENT_LABEL, ch.nonce, h.nonce, p.proof))
         return sp_errf(err, SP_ERR_IO, "the swarm key exchange: HMAC failed");
-    o = cJSON_CreateObject();
-    add_hex(o, "proof", got, sizeof got);
-    st = exchange(c, 2, o, &m, &b, until, err);
+    st = sp_auth_proof_encode(&p, meta, sizeof meta, err);
+    if (!st)
+        st = exchange(c, 2, meta, &m, &b, until, err);
     if (st)
         return st;
-    if (m.type != SP_MSG_AUTH || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sp_msg_meta(&m), "ok")))
+    if (m.type != SP_MSG_AUTH || sp_auth_verdict_decode(&m, &v, NULL) || !v.ok)
         st = unexpected(c, &m, err);
     sp_msg_clear(&m);
     sp_buf_free(&b);

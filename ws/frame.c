@@ -2,6 +2,7 @@
  * checks, ws and stream reassembly with the size cap, fragmenting sends, deferred closes, lws logging. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "transport_impl.h"
@@ -376,6 +378,33 @@ void tp_tune_socket(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+sp_status tp_listen(const char *host, int port, int backlog, int *fd, int *bound, sp_err *err)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &ai);
+    if (rc)
+        return sp_errf(err, SP_ERR_ARG, "%s:%d: %s", host, port, gai_strerror(rc));
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+    if (s >= 0)
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (s < 0 || bind(s, ai->ai_addr, ai->ai_addrlen) || listen(s, backlog)) {
+        int e = errno;
+        freeaddrinfo(ai);
+        if (s >= 0)
+            close(s);
+        return sp_errf(err, SP_ERR_IO, "%s:%d: %s", host, port, strerror(e));
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    getsockname(s, (struct sockaddr *)&sa, &sl);
+    *fd = s;
+    *bound = ntohs(sa.sin_port);
+    return SP_OK;
 }
 
 int tp_set_nonblock(int fd, int on)

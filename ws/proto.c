@@ -3,17 +3,19 @@
  * down in share/doc/protocol.md; the offsets below must match it (tests/test_proto.c pins them). */
 #include "proto.h"
 
-#include <cJSON.h>
 #include <inttypes.h>
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "half.h"
+#include "hex.h"
 
 #define KNOWN_FLAGS ((uint16_t)SP_MSG_F_REPLY)
 
@@ -470,10 +472,10 @@ static size_t utf8_valid_prefix(const uint8_t *s, size_t n)
     return n;
 }
 
-/* A strict JSON reader (RFC 8259) over the metadata in place: it checks a message's metadata and finds its
- * top-level members without building a tree, so decoding a message allocates nothing. Its text was checked
- * for UTF-8 (no NUL bytes) first. Nesting is limited like cJSON's, so that whatever passes here cJSON parses too
- * (sp_msg_meta). */
+/* A strict JSON reader (RFC 8259) over the metadata in place: it checks a message's metadata, and the typed
+ * decoders below read their fields with it, without building a tree, so decoding allocates nothing. Its text was
+ * checked for UTF-8 (no NUL bytes) first. Nesting is limited like cJSON's, so that whatever passes here cJSON (a
+ * peer's, say) parses too: test_proto and the fuzz target check that. */
 #define META_MAX_DEPTH 1000
 
 typedef struct jcur {
@@ -486,14 +488,24 @@ static void j_space(jcur *c)
         c->p++;
 }
 
+/* The value of the digit ch in base (at most 16), or -1. */
+static int digit_value(char ch, int base)
+{
+    int d = ch >= '0' && ch <= '9' ? ch - '0' : 99;
+    if (ch >= 'a' && ch <= 'f')
+        d = ch - 'a' + 10;
+    else if (ch >= 'A' && ch <= 'F')
+        d = ch - 'A' + 10;
+    return d < base ? d : -1;
+}
+
 static int j_hex4(const char *p, const char *end, unsigned *out)
 {
     unsigned v = 0;
     if (end - p < 4)
         return -1;
     for (int i = 0; i < 4; i++) {
-        char ch = p[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        int d = digit_value(p[i], 16);
         if (d < 0)
             return -1;
         v = v << 4 | (unsigned)d;
@@ -713,84 +725,14 @@ static sp_status check_meta(const uint8_t *p, size_t n, sp_err *err)
                    (size_t)(c.p - (const char *)p), n);
 }
 
-/* The value of the first top-level member named key in the (checked) metadata, or NULL. */
-static const char *meta_find(const sp_msg *m, const char *key)
+/* The number at c->p (checked JSON), read as a double the way cJSON reads it, into *out; c->p goes past it. -1 if
+ * there is no number there. */
+static int j_read_number(jcur *c, double *out)
 {
-    if (!m || !key || !m->meta_json || !m->meta_len)
-        return NULL;
-    jcur c = {m->meta_json, m->meta_json + m->meta_len};
-    size_t want = strlen(key);
-    while (c.p < c.end && *c.p != '{')
-        c.p++;
-    c.p++;
-    for (;;) {
-        j_space(&c);
-        if (c.p >= c.end || *c.p != '"')
-            return NULL; /* "}": not there */
-        char name[256];
-        size_t len = 0;
-        if (j_string(&c, name, sizeof name, &len))
-            return NULL;
-        j_space(&c);
-        c.p++; /* ':' */
-        j_space(&c);
-        if (len == want && len <= sizeof name && memcmp(name, key, len) == 0)
-            return c.p;
-        if (j_value(&c))
-            return NULL;
-        j_space(&c);
-        if (c.p >= c.end || *c.p++ != ',')
-            return NULL;
-    }
-}
-
-struct cJSON *sp_msg_meta(const sp_msg *m)
-{
-    if (!m)
-        return NULL;
-    sp_msg *w = (sp_msg *)m; /* the tree is a cache of the text: building it changes nothing a reader sees */
-    if (!w->meta)
-        w->meta = m->meta_len ? cJSON_ParseWithLength(m->meta_json, m->meta_len) : cJSON_CreateObject();
-    return w->meta;
-}
-
-const char *sp_meta_str(const sp_msg *m, const char *key)
-{
-    const char *v = meta_find(m, key);
-    if (!v || *v != '"')
-        return NULL;
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(sp_msg_meta(m), key);
-    return cJSON_IsString(s) ? s->valuestring : NULL;
-}
-
-int sp_meta_strcpy(const sp_msg *m, const char *key, char *out, size_t cap)
-{
-    const char *v = meta_find(m, key);
-    size_t len = 0;
-    if (!out || !cap)
-        return 0;
-    out[0] = '\0';
-    if (!v || *v != '"')
-        return 0;
-    jcur c = {v, m->meta_json + m->meta_len};
-    if (j_string(&c, out, cap - 1, &len) || len > cap - 1) {
-        out[0] = '\0';
-        return 0;
-    }
-    out[len] = '\0';
-    return 1;
-}
-
-int sp_meta_num(const sp_msg *m, const char *key, double *out)
-{
-    const char *v = meta_find(m, key);
-    if (out)
-        *out = 0;
-    if (!v || !(*v == '-' || (*v >= '0' && *v <= '9')))
-        return 0;
-    jcur c = {v, m->meta_json + m->meta_len};
-    j_number(&c);
-    size_t n = (size_t)(c.p - v);
+    const char *v = c->p;
+    if (v >= c->end || !(*v == '-' || (*v >= '0' && *v <= '9')) || j_number(c))
+        return -1;
+    size_t n = (size_t)(c->p - v);
     double d = 0;
     int plain = n - (*v == '-') <= 15; /* up to 15 digits: exact in a double, read directly */
     for (size_t i = *v == '-'; plain && i < n; i++)
@@ -802,7 +744,7 @@ int sp_meta_num(const sp_msg *m, const char *key, double *out)
     } else { /* strtod on a copy, with the locale's decimal point as cJSON does */
         char small[64], *s = n < sizeof small ? small : malloc(n + 1);
         if (!s)
-            return 0;
+            return -1;
         char point = localeconv()->decimal_point[0];
         for (size_t i = 0; i < n; i++)
             s[i] = v[i] == '.' ? point : v[i];
@@ -811,21 +753,19 @@ int sp_meta_num(const sp_msg *m, const char *key, double *out)
         if (s != small)
             free(s);
     }
-    if (out)
-        *out = d;
-    return 1;
+    *out = d;
+    return 0;
 }
 
-int sp_meta_int(const sp_msg *m, const char *key, int64_t *out)
+char *sp_msg_meta_copy(const sp_msg *m)
 {
-    double d = NAN;
-    if (!sp_meta_num(m, key, &d))
-        d = NAN;
-    /* the range test also excludes NaN; 2^63 itself does not fit int64 */
-    int ok = d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == floor(d);
-    if (out)
-        *out = ok ? (int64_t)d : -1;
-    return ok;
+    size_t n = m && m->meta_json ? m->meta_len : 0;
+    char *s = malloc(n + 1);
+    if (s && n)
+        memcpy(s, m->meta_json, n);
+    if (s)
+        s[n] = '\0';
+    return s;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -969,10 +909,8 @@ sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_prot
 
 void sp_msg_clear(sp_msg *m)
 {
-    if (!m)
-        return;
-    cJSON_Delete(m->meta);
-    memset(m, 0, sizeof *m);
+    if (m)
+        memset(m, 0, sizeof *m);
 }
 
 /* A view built by hand could be inconsistent; one from sp_msg_decode always passes. */
@@ -1296,42 +1234,798 @@ sp_status sp_msg_encode(sp_buf *out, sp_msg_type type, uint16_t flags, uint64_t 
     return SP_OK;
 }
 
-/* Error text may come from anywhere (a file name, a peer's bytes): invalid UTF-8 becomes '?', so that the
- * reply always passes the peer's metadata check. */
-static char *utf8_sanitize(const char *s)
+
+/* ---------------------------------------------------------------------------------------------- */
+/* typed metadata: each message kind's fields as a table, read and written by one reader and one writer */
+
+typedef enum {
+    K_INT,  /* a JSON integer into int or int64_t (by the member's size), within [lo, hi] */
+    K_U64,  /* a JSON integer into uint64_t, within [lo, hi] (hi at most 2^53 - 1: exact in a double) */
+    K_F64,  /* a finite JSON number into double, within [lo, hi] */
+    K_BOOL, /* true or false into int (1, 0) */
+    K_STR,  /* a string into char[size], at least lo bytes, no NUL */
+    K_HEX,  /* a string of 2 x size hex digits into uint8_t[size] */
+    K_X64,  /* a string of 1..16 hex digits into uint64_t */
+    K_D64,  /* a string of 1..20 decimal digits into uint64_t */
+    K_ENC,  /* a string naming a float encoding into int (SP_ENC_*) */
+    K_OBJ,  /* an object, read by the table sub into the member */
+} field_kind;
+
+typedef struct meta_table meta_table;
+
+typedef struct field {
+    const char *key;
+    field_kind kind;
+    int req;              /* required: always written, and a decode without it fails */
+    size_t off, size;     /* the member in the struct */
+    double lo, hi;        /* numbers: the range; strings: lo is the shortest length */
+    double absent;        /* optional numbers: the value that stands for "not there" */
+    const meta_table *sub; /* K_OBJ */
+} field;
+
+/* The structs, by their place in sp_meta_codecs (which says their message and size). */
+enum { M_HELLO_REQ, M_HELLO_REPLY, M_INFO_REPLY, M_FORWARD_REQ, M_BACKWARD_REQ, M_OPEN_REQ, M_OPEN_REPLY, M_STEP_REQ,
+       M_STEP_REPLY, M_CLOSE_REQ, M_ERROR_REPLY, M_AUTH_HELLO, M_AUTH_CHALLENGE, M_AUTH_PROOF, M_AUTH_VERDICT, M__N,
+       M_NESTED = -1 };
+_Static_assert(M__N == SP_META_CODECS, "sp_meta_codecs lists every struct");
+
+struct meta_table {
+    const char *name; /* "INFERENCE_OPEN request"; a nested object's key */
+    int id;           /* M_*, or M_NESTED for an object inside one */
+    const field *f;
+    int n;
+    /* what no single field can say (the span of a HELLO reply): NULL, or the message of what is wrong */
+    const char *(*check)(const void *v, char *why, size_t cap);
+};
+
+#define REQ 1
+#define OPT 0
+#define I32_MAX 2147483647.0
+#define JSON_INT_MAX 9007199254740991.0 /* 2^53 - 1: any larger integer reads as a double >= 2^53, so is refused */
+/* A field whose key is its member's name (FIELD_AS: another key). */
+#define FIELD_AS(S, m, key, kind, req, lo, hi, absent)                                                                \
+    { key, kind, req, offsetof(S, m), sizeof(((S *)0)->m), lo, hi, absent, NULL }
+#define FIELD(S, m, kind, req, lo, hi, absent) FIELD_AS(S, m, #m, kind, req, lo, hi, absent)
+#define COUNT(S, m) FIELD(S, m, K_INT, OPT, 0, JSON_INT_MAX, -1) /* an optional count: -1 absent */
+#define NAME(S, m) FIELD(S, m, K_STR, OPT, 0, 0, 0)              /* an optional string: "" absent */
+#define OBJECT(S, m, t) { #m, K_OBJ, OPT, offsetof(S, m), sizeof(((S *)0)->m), 0, 0, 0, &t }
+#define SPAN(S) FIELD(S, start, K_INT, REQ, 0, I32_MAX, 0), FIELD(S, end, K_INT, REQ, 0, I32_MAX, 0) /* required */
+#define REPLY_ENCODING(S) FIELD(S, reply_encoding, K_ENC, OPT, 0, 0, -1)
+#define TABLE(name, id, fields, check) { name, id, fields, (int)(sizeof fields / sizeof *fields), check }
+
+/* HELLO */
+
+static const field hello_req_f[] = {
+    NAME(sp_hello_req, version),
+    NAME(sp_hello_req, client),
+};
+static const meta_table hello_req_t = TABLE("HELLO request", M_HELLO_REQ, hello_req_f, NULL);
+
+static const field hello_reply_f[] = {
+    NAME(sp_hello_reply, version),
+    NAME(sp_hello_reply, server),
+    FIELD(sp_hello_reply, model, K_STR, REQ, 1, 0, 0),
+    FIELD(sp_hello_reply, config, K_X64, OPT, 0, 0, 0),
+    NAME(sp_hello_reply, dtype),
+    FIELD(sp_hello_reply, blocks, K_INT, OPT, 1, 1 << 20, 0),
+    SPAN(sp_hello_reply),
+    NAME(sp_hello_reply, id),
+    FIELD(sp_hello_reply, bulk_port, K_INT, OPT, -1, 65535, 0),
+    FIELD(sp_hello_reply, bulk_token, K_D64, OPT, 0, 0, 0),
+    FIELD(sp_hello_reply, dht_port, K_INT, OPT, 0, 65535, 0),
+};
+
+static const char *hello_reply_check(const void *v, char *why, size_t cap)
+{
+    const sp_hello_reply *h = v;
+    if (h->start >= h->end)
+        snprintf(why, cap, "the span %d:%d holds no block", h->start, h->end);
+    else if (h->blocks && h->end > h->blocks)
+        snprintf(why, cap, "the span %d:%d is not inside the model's %d blocks", h->start, h->end, h->blocks);
+    else
+        return NULL;
+    return why;
+}
+
+static const meta_table hello_reply_t = TABLE("HELLO reply", M_HELLO_REPLY, hello_reply_f, hello_reply_check);
+
+/* INFO */
+
+static const field info_transport_f[] = {
+    COUNT(sp_info_transport, conns),
+    COUNT(sp_info_transport, pending),
+    COUNT(sp_info_transport, accepted),
+    COUNT(sp_info_transport, refused),
+    COUNT(sp_info_transport, refused_ip),
+    COUNT(sp_info_transport, handshake_timeouts),
+    COUNT(sp_info_transport, idle_closed),
+    COUNT(sp_info_transport, busy),
+    COUNT(sp_info_transport, slow),
+    COUNT(sp_info_transport, auth_failed),
+    COUNT(sp_info_transport, waits),
+    COUNT(sp_info_transport, paused),
+    COUNT(sp_info_transport, delivered),
+    COUNT(sp_info_transport, bulk_refused),
+    COUNT(sp_info_transport, bulk_timeouts),
+    COUNT(sp_info_transport, out_of_fds),
+    COUNT(sp_info_transport, budget_used),
+    COUNT(sp_info_transport, budget_peak),
+    COUNT(sp_info_transport, budget),
+    COUNT(sp_info_transport, budget_conn),
+    FIELD(sp_info_transport, swarm_key, K_BOOL, OPT, 0, 1, -1),
+};
+static const meta_table info_transport_t = TABLE("transport", M_NESTED, info_transport_f, NULL);
+
+static const field info_reply_f[] = {
+    FIELD(sp_info_reply, model, K_STR, REQ, 1, 0, 0),
+    NAME(sp_info_reply, architecture),
+    SPAN(sp_info_reply),
+    NAME(sp_info_reply, dtype),
+    COUNT(sp_info_reply, weight_bytes),
+    NAME(sp_info_reply, protocol),
+    COUNT(sp_info_reply, hidden_size),
+    NAME(sp_info_reply, family),
+    COUNT(sp_info_reply, kv_heads),
+    COUNT(sp_info_reply, head_dim),
+    COUNT(sp_info_reply, cache_bytes_per_token),
+    COUNT(sp_info_reply, cache_bytes_total),
+    COUNT(sp_info_reply, cache_tokens_total),
+    COUNT(sp_info_reply, cache_tokens_available),
+    COUNT(sp_info_reply, max_batch_tokens),
+    COUNT(sp_info_reply, max_length),
+    FIELD(sp_info_reply, inference_rps, K_F64, OPT, 0, HUGE_VAL, 0),
+    FIELD(sp_info_reply, forward_tps, K_F64, OPT, 0, HUGE_VAL, 0),
+    NAME(sp_info_reply, public_name),
+    COUNT(sp_info_reply, sessions),
+    COUNT(sp_info_reply, kept_bytes),
+    COUNT(sp_info_reply, requests),
+    OBJECT(sp_info_reply, transport, info_transport_t),
+};
+static const meta_table info_reply_t = TABLE("INFO reply", M_INFO_REPLY, info_reply_f, NULL);
+
+/* FORWARD, BACKWARD */
+
+
+static const field forward_req_f[] = {
+    SPAN(sp_span_req),
+    FIELD(sp_span_req, keep, K_U64, OPT, 0, JSON_INT_MAX, 0),
+    REPLY_ENCODING(sp_span_req),
+};
+static const meta_table forward_req_t = TABLE("FORWARD request", M_FORWARD_REQ, forward_req_f, NULL);
+
+static const field backward_req_f[] = {
+    SPAN(sp_span_req),
+    FIELD_AS(sp_span_req, keep, "kept", K_U64, OPT, 0, JSON_INT_MAX, 0),
+    REPLY_ENCODING(sp_span_req),
+};
+static const meta_table backward_req_t = TABLE("BACKWARD request", M_BACKWARD_REQ, backward_req_f, NULL);
+
+/* inference sessions */
+
+static const field open_req_f[] = {
+    SPAN(sp_open_req),
+    FIELD(sp_open_req, max_length, K_INT, REQ, 0, I32_MAX, 0),
+    FIELD(sp_open_req, batch, K_INT, REQ, 0, I32_MAX, 0),
+};
+static const meta_table open_req_t = TABLE("INFERENCE_OPEN request", M_OPEN_REQ, open_req_f, NULL);
+
+static const field open_reply_f[] = {
+    FIELD(sp_open_reply, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
+    FIELD(sp_open_reply, max_length, K_INT, OPT, 0, I32_MAX, -1),
+};
+static const meta_table open_reply_t = TABLE("INFERENCE_OPEN reply", M_OPEN_REPLY, open_reply_f, NULL);
+
+static const field step_req_f[] = {
+    FIELD(sp_step_req, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
+    FIELD(sp_step_req, start_from_position, K_INT, OPT, 0, I32_MAX, -1),
+    REPLY_ENCODING(sp_step_req),
+};
+static const meta_table step_req_t = TABLE("INFERENCE_STEP request", M_STEP_REQ, step_req_f, NULL);
+
+static const field step_reply_f[] = {
+    FIELD(sp_step_reply, position, K_INT, REQ, 0, I32_MAX, 0),
+};
+static const meta_table step_reply_t = TABLE("INFERENCE_STEP reply", M_STEP_REPLY, step_reply_f, NULL);
+
+static const field close_req_f[] = {
+    FIELD(sp_close_req, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
+};
+static const meta_table close_req_t = TABLE("INFERENCE_CLOSE request", M_CLOSE_REQ, close_req_f, NULL);
+
+/* ERROR, AUTH */
+
+static const field error_reply_f[] = {
+    FIELD(sp_error_reply, code, K_STR, REQ, 1, 0, 0),
+    NAME(sp_error_reply, message),
+};
+static const meta_table error_reply_t = TABLE("ERROR", M_ERROR_REPLY, error_reply_f, NULL);
+
+static const field auth_hello_f[] = {
+    FIELD(sp_auth_hello, nonce, K_HEX, REQ, 0, 0, 0),
+    NAME(sp_auth_hello, swarm),
+};
+static const meta_table auth_hello_t = TABLE("AUTH request", M_AUTH_HELLO, auth_hello_f, NULL);
+
+static const field auth_challenge_f[] = {
+    FIELD(sp_auth_challenge, nonce, K_HEX, REQ, 0, 0, 0),
+    FIELD(sp_auth_challenge, proof, K_HEX, REQ, 0, 0, 0),
+};
+static const meta_table auth_challenge_t = TABLE("AUTH challenge", M_AUTH_CHALLENGE, auth_challenge_f, NULL);
+
+static const field auth_proof_f[] = {
+    FIELD(sp_auth_proof, proof, K_HEX, REQ, 0, 0, 0),
+};
+static const meta_table auth_proof_t = TABLE("AUTH proof", M_AUTH_PROOF, auth_proof_f, NULL);
+
+static const field auth_verdict_f[] = {
+    FIELD(sp_auth_verdict, ok, K_BOOL, REQ, 0, 1, 0),
+};
+static const meta_table auth_verdict_t = TABLE("AUTH verdict", M_AUTH_VERDICT, auth_verdict_f, NULL);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the reader: a struct from a message's checked metadata, in one pass over its members */
+
+/* A field's place in the struct at base. */
+static void *member(void *base, const field *f) { return (char *)base + f->off; }
+static const void *cmember(const void *base, const field *f) { return (const char *)base + f->off; }
+
+static void put_int(void *p, const field *f, double d)
+{
+    if (f->kind == K_U64) {
+        uint64_t u = (uint64_t)d;
+        memcpy(p, &u, sizeof u);
+    } else if (f->size == sizeof(int64_t)) {
+        int64_t v = (int64_t)d;
+        memcpy(p, &v, sizeof v);
+    } else {
+        int v = (int)d;
+        memcpy(p, &v, sizeof v);
+    }
+}
+
+static double get_num(const void *p, const field *f)
+{
+    if (f->kind == K_F64) {
+        double d;
+        memcpy(&d, p, sizeof d);
+        return d;
+    }
+    if (f->kind == K_U64) {
+        uint64_t u;
+        memcpy(&u, p, sizeof u);
+        return (double)u;
+    }
+    if (f->size == sizeof(int64_t)) {
+        int64_t v;
+        memcpy(&v, p, sizeof v);
+        return (double)v;
+    }
+    int v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static int is_number_kind(field_kind k) { return k == K_INT || k == K_U64 || k == K_F64 || k == K_BOOL || k == K_ENC; }
+
+/* Every optional number of the table at its absent value (the rest is zero already). */
+static void set_absent(const meta_table *t, void *base)
+{
+    for (int i = 0; i < t->n; i++) {
+        const field *f = &t->f[i];
+        if (f->kind == K_OBJ)
+            set_absent(f->sub, member(base, f));
+        else if (is_number_kind(f->kind) && f->kind != K_F64)
+            put_int(member(base, f), f, f->absent);
+        else if (f->kind == K_F64)
+            memcpy(member(base, f), &f->absent, sizeof(double));
+    }
+}
+
+/* Where a field is, for messages: the message and the path of keys ("INFO reply: 'transport.busy'"). */
+typedef struct where {
+    const char *msg;    /* the message's name */
+    const char *prefix; /* "" or "transport." */
+} where;
+
+static sp_status field_bad(sp_err *err, const where *w, const field *f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static sp_status field_bad(sp_err *err, const where *w, const field *f, const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return sp_errf(err, SP_ERR_FORMAT, "%s: '%s%s' %s", w->msg, w->prefix, f->key, why);
+}
+
+/* What kind of JSON value starts at p, for messages. */
+static const char *j_kind(const char *p, const char *end)
+{
+    if (p >= end)
+        return "nothing";
+    switch (*p) {
+    case '"': return "a string";
+    case '{': return "an object";
+    case '[': return "an array";
+    case 't': return "true";
+    case 'f': return "false";
+    case 'n': return "null";
+    default: return "a number";
+    }
+}
+
+static sp_status read_number(jcur *c, const field *f, void *p, const where *w, sp_err *err)
+{
+    const char *at = c->p;
+    double d = 0;
+    int ok = j_read_number(c, &d) == 0, len = (int)(c->p - at);
+    const char *kind = ok ? "" : j_kind(at, c->end);
+    if (f->kind == K_F64) {
+        if (!ok || !isfinite(d) || d < f->lo || d > f->hi)
+            return field_bad(err, w, f, "must be a finite number >= %g, got %s%.*s", f->lo, kind, ok ? len : 0, at);
+        d += 0.0; /* -0 is 0 */
+        memcpy(p, &d, sizeof d);
+        return SP_OK;
+    }
+    if (!ok || d != floor(d) || d < f->lo || d > f->hi)
+        return field_bad(err, w, f, "must be an integer in %.0f..%.0f, got %s%.*s", f->lo, f->hi, kind, ok ? len : 0,
+                         at);
+    put_int(p, f, d);
+    return SP_OK;
+}
+
+/* A string value into out[0..cap) (NUL-terminated); *len its length. */
+static sp_status read_string(jcur *c, const field *f, char *out, size_t cap, size_t *len, const where *w, sp_err *err)
+{
+    if (c->p >= c->end || *c->p != '"')
+        return field_bad(err, w, f, "must be a string, got %s", j_kind(c->p, c->end));
+    if (j_string(c, out, cap - 1, len))
+        return field_bad(err, w, f, "is not a valid JSON string");
+    if (*len > cap - 1)
+        return field_bad(err, w, f, "is %zu bytes long, at most %zu allowed", *len, cap - 1);
+    out[*len] = '\0';
+    if (strlen(out) != *len)
+        return field_bad(err, w, f, "holds a NUL character");
+    return SP_OK;
+}
+
+/* digits (1..max of them, in base) as a uint64_t; -1 if not that or it overflows. */
+static int parse_u64(const char *s, size_t n, int base, size_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (n < 1 || n > max)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int d = digit_value(s[i], base);
+        if (d < 0 || v > (UINT64_MAX - (uint64_t)d) / (uint64_t)base)
+            return -1;
+        v = v * (uint64_t)base + (uint64_t)d;
+    }
+    *out = v;
+    return 0;
+}
+
+static sp_status read_text(jcur *c, const field *f, void *p, const where *w, sp_err *err)
+{
+    char buf[96];
+    size_t len = 0;
+    sp_status st = f->kind == K_STR ? read_string(c, f, p, f->size, &len, w, err)
+                                    : read_string(c, f, buf, sizeof buf, &len, w, err);
+    if (st)
+        return st;
+    switch (f->kind) {
+    case K_STR:
+        if (len < f->lo)
+            return field_bad(err, w, f, "must not be empty");
+        return SP_OK;
+    case K_HEX:
+        if (len != 2 * f->size || sp_hex_decode(buf, p, f->size))
+            return field_bad(err, w, f, "must be %zu hex digits, got \"%.40s\"", 2 * f->size, buf);
+        return SP_OK;
+    case K_ENC: {
+        int enc = sp_encoding_from_name(buf);
+        if (enc < 0 || !sp_encoding_is_float(enc))
+            return field_bad(err, w, f, "names no float encoding: '%.40s' (f32, f16, bf16, q8)", buf);
+        memcpy(p, &enc, sizeof enc);
+        return SP_OK;
+    }
+    default: { /* K_X64, K_D64 */
+        uint64_t v = 0;
+        int hex = f->kind == K_X64;
+        if (parse_u64(buf, len, hex ? 16 : 10, hex ? 16 : 20, &v))
+            return field_bad(err, w, f, "must be a string of %s, got \"%.40s\"",
+                             hex ? "1..16 hex digits" : "decimal digits that fit 64 bits", buf);
+        memcpy(p, &v, sizeof v);
+        return SP_OK;
+    }
+    }
+}
+
+static sp_status read_object(const meta_table *t, jcur *c, void *base, const where *w, sp_err *err);
+
+static sp_status read_field(jcur *c, const field *f, void *base, const where *w, sp_err *err)
+{
+    void *p = member(base, f);
+    switch (f->kind) {
+    case K_INT: case K_U64: case K_F64:
+        return read_number(c, f, p, w, err);
+    case K_BOOL: {
+        int v = j_literal(c, "true") == 0 ? 1 : j_literal(c, "false") == 0 ? 0 : -1;
+        if (v < 0)
+            return field_bad(err, w, f, "must be true or false, got %s", j_kind(c->p, c->end));
+        memcpy(p, &v, sizeof v);
+        return SP_OK;
+    }
+    case K_OBJ: {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "%s%s.", w->prefix, f->key);
+        where in = {w->msg, prefix};
+        if (c->p >= c->end || *c->p != '{')
+            return field_bad(err, w, f, "must be an object, got %s", j_kind(c->p, c->end));
+        return read_object(f->sub, c, p, &in, err);
+    }
+    default:
+        return read_text(c, f, p, w, err);
+    }
+}
+
+/* The field of t named by the key (len bytes, maybe with NULs), or -1. */
+static int find_field(const meta_table *t, const char *key, size_t len)
+{
+    for (int i = 0; i < t->n; i++)
+        if (strlen(t->f[i].key) == len && memcmp(t->f[i].key, key, len) == 0)
+            return i;
+    return -1;
+}
+
+/* The object at c->p ('{') into base: known members read (the first of a repeated key), others skipped. */
+static sp_status read_object(const meta_table *t, jcur *c, void *base, const where *w, sp_err *err)
+{
+    uint64_t seen = 0;
+    c->p++;
+    j_space(c);
+    while (c->p < c->end && *c->p != '}') {
+        char key[64];
+        size_t len = 0;
+        if (j_string(c, key, sizeof key, &len))
+            return sp_errf(err, SP_ERR_FORMAT, "%s: metadata is not valid JSON", w->msg);
+        j_space(c);
+        if (c->p >= c->end || *c->p++ != ':')
+            return sp_errf(err, SP_ERR_FORMAT, "%s: metadata is not valid JSON", w->msg);
+        j_space(c);
+        int i = len <= sizeof key ? find_field(t, key, len) : -1;
+        if (i >= 0 && !(seen >> i & 1)) {
+            seen |= 1ull << i;
+            sp_status st = read_field(c, &t->f[i], base, w, err);
+            if (st)
+                return st;
+        } else if (j_value(c)) {
+            return sp_errf(err, SP_ERR_FORMAT, "%s: metadata is not valid JSON", w->msg);
+        }
+        j_space(c);
+        if (c->p < c->end && *c->p == ',')
+            c->p++;
+        j_space(c);
+    }
+    if (c->p >= c->end)
+        return sp_errf(err, SP_ERR_FORMAT, "%s: metadata is not valid JSON", w->msg);
+    c->p++; /* '}' */
+    for (int i = 0; i < t->n; i++)
+        if (t->f[i].req && !(seen >> i & 1))
+            return field_bad(err, w, &t->f[i], "is missing");
+    return SP_OK;
+}
+
+static sp_status meta_decode(const meta_table *t, const sp_msg *m, void *v, sp_err *err)
+{
+    const sp_meta_codec *k = &sp_meta_codecs[t->id];
+    if (!m || !v)
+        return sp_errf(err, SP_ERR_ARG, "decoding the %s: no message or no struct", t->name);
+    memset(v, 0, k->size);
+    set_absent(t, v);
+    int reply = (m->flags & SP_MSG_F_REPLY) != 0;
+    if (m->type != k->type || reply != (k->flags == SP_MSG_F_REPLY))
+        return sp_errf(err, SP_ERR_FORMAT, "expected the %s, got %s %s", t->name, sp_msg_type_name((int)m->type),
+                       reply ? "reply" : "request");
+    static const char empty[] = "{}";
+    jcur c = m->meta_len ? (jcur){m->meta_json, m->meta_json + m->meta_len} : (jcur){empty, empty + 2};
+    while (c.p < c.end && *c.p != '{') /* a byte order mark, whitespace */
+        c.p++;
+    if (c.p >= c.end)
+        return sp_errf(err, SP_ERR_FORMAT, "%s: metadata is not a JSON object", t->name);
+    where w = {t->name, ""};
+    sp_status st = read_object(t, &c, v, &w, err);
+    char why[160];
+    const char *bad = !st && t->check ? t->check(v, why, sizeof why) : NULL;
+    return bad ? sp_errf(err, SP_ERR_FORMAT, "%s: %s", t->name, bad) : st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the writer: a struct as compact JSON, its members in table order */
+
+typedef struct jw {
+    char *p;
+    size_t n, cap;
+    int full; /* something did not fit: the text is unusable */
+} jw;
+
+static void jw_raw(jw *w, const char *s, size_t k)
+{
+    if (w->full || k >= w->cap - w->n) { /* room for the NUL too */
+        w->full = 1;
+        return;
+    }
+    memcpy(w->p + w->n, s, k);
+    w->n += k;
+}
+
+static void jw_lit(jw *w, const char *s) { jw_raw(w, s, strlen(s)); }
+
+/* A JSON string: quotes, backslashes and control characters escaped as cJSON escapes them, the rest as it is. */
+static void jw_str(jw *w, const char *s)
+{
+    jw_lit(w, "\"");
+    for (const char *run = s;; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch && ch >= 0x20 && ch != '"' && ch != '\\')
+            continue;
+        jw_raw(w, run, (size_t)(s - run));
+        run = s + 1;
+        if (!ch)
+            break;
+        char esc[8];
+        const char *named = ch == '"' ? "\\\"" : ch == '\\' ? "\\\\" : ch == '\b' ? "\\b" : ch == '\f' ? "\\f"
+                          : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" : NULL;
+        if (!named)
+            snprintf(esc, sizeof esc, "\\u%04x", ch);
+        jw_lit(w, named ? named : esc);
+    }
+    jw_lit(w, "\"");
+}
+
+/* A double as cJSON prints it: 15 significant digits, 17 when 15 do not read back the same; '.' whatever the
+ * locale. */
+static void jw_double(jw *w, double d)
+{
+    char num[40];
+    snprintf(num, sizeof num, "%1.15g", d);
+    if (strtod(num, NULL) != d)
+        snprintf(num, sizeof num, "%1.17g", d);
+    char point = localeconv()->decimal_point[0];
+    for (char *c = num; *c; c++)
+        if (*c == point)
+            *c = '.';
+    jw_lit(w, num);
+}
+
+static sp_status write_object(const meta_table *t, const void *base, jw *w, const where *at, sp_err *err);
+
+/* A number field's value, checked against its range (an argument error: the caller's struct is at fault). Integers
+ * are compared and printed as integers: a value past 2^53 is refused, never rounded. */
+static sp_status write_number(const field *f, const void *p, jw *w, const where *at, sp_err *err)
+{
+    char num[32];
+    int ok;
+    if (f->kind == K_F64) {
+        double d = get_num(p, f);
+        if (!(isfinite(d) && d >= f->lo && d <= f->hi))
+            return sp_errf(err, SP_ERR_ARG, "%s: '%s%s' is %g, not a finite number >= %g", at->msg, at->prefix,
+                           f->key, d, f->lo);
+        jw_double(w, d);
+        return SP_OK;
+    }
+    if (f->kind == K_U64) {
+        uint64_t u;
+        memcpy(&u, p, sizeof u);
+        ok = u <= (uint64_t)f->hi;
+        snprintf(num, sizeof num, "%" PRIu64, u);
+    } else {
+        int64_t v;
+        if (f->size == sizeof v) {
+            memcpy(&v, p, sizeof v);
+        } else {
+            int i;
+            memcpy(&i, p, sizeof i);
+            v = i;
+        }
+        ok = v >= (int64_t)f->lo && v <= (int64_t)f->hi;
+        snprintf(num, sizeof num, "%" PRId64, v);
+    }
+    if (!ok)
+        return sp_errf(err, SP_ERR_ARG, "%s: '%s%s' is %s, outside %.0f..%.0f", at->msg, at->prefix, f->key, num, f->lo,
+                       f->hi);
+    jw_lit(w, f->kind == K_BOOL ? (num[0] == '1' ? "true" : "false") : num);
+    return SP_OK;
+}
+
+static sp_status write_text(const field *f, const void *p, jw *w, const where *at, sp_err *err)
+{
+    char buf[96];
+    uint64_t u;
+    int enc;
+    switch (f->kind) {
+    case K_STR: {
+        size_t n = strnlen(p, f->size);
+        if (n == f->size || utf8_valid_prefix(p, n) != n || n < f->lo)
+            return sp_errf(err, SP_ERR_ARG, "%s: '%s%s' is %s", at->msg, at->prefix, f->key,
+                           n == f->size ? "not NUL-terminated" : n < f->lo ? "empty" : "not valid UTF-8");
+        jw_str(w, p);
+        return SP_OK;
+    }
+    case K_HEX:
+        sp_hex_encode(p, f->size, buf);
+        break;
+    case K_ENC:
+        memcpy(&enc, p, sizeof enc);
+        if (!sp_encoding_is_float(enc))
+            return sp_errf(err, SP_ERR_ARG, "%s: '%s%s' %d is not a float encoding", at->msg, at->prefix, f->key, enc);
+        snprintf(buf, sizeof buf, "%s", enc_names[enc]);
+        break;
+    default:
+        memcpy(&u, p, sizeof u);
+        snprintf(buf, sizeof buf, f->kind == K_X64 ? "%016" PRIx64 : "%" PRIu64, u);
+    }
+    jw_str(w, buf);
+    return SP_OK;
+}
+
+/* 1 if an optional field holds its absent value (it is left out). */
+static int is_absent(const field *f, const void *p)
+{
+    if (f->req || f->kind == K_OBJ || f->kind == K_HEX)
+        return 0;
+    if (f->kind == K_STR)
+        return *(const char *)p == '\0';
+    if (f->kind == K_X64 || f->kind == K_D64) {
+        uint64_t u;
+        memcpy(&u, p, sizeof u);
+        return u == 0;
+    }
+    return get_num(p, f) == f->absent;
+}
+
+static sp_status write_object(const meta_table *t, const void *base, jw *w, const where *at, sp_err *err)
+{
+    int first = 1;
+    jw_lit(w, "{");
+    for (int i = 0; i < t->n; i++) {
+        const field *f = &t->f[i];
+        const void *p = cmember(base, f);
+        if (is_absent(f, p))
+            continue;
+        jw_lit(w, first ? "\"" : ",\"");
+        jw_lit(w, f->key);
+        jw_lit(w, "\":");
+        first = 0;
+        sp_status st;
+        if (f->kind == K_OBJ) {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "%s%s.", at->prefix, f->key);
+            where in = {at->msg, prefix};
+            st = write_object(f->sub, p, w, &in, err);
+        } else {
+            st = is_number_kind(f->kind) && f->kind != K_ENC ? write_number(f, p, w, at, err)
+                                                              : write_text(f, p, w, at, err);
+        }
+        if (st)
+            return st;
+    }
+    jw_lit(w, "}");
+    return SP_OK;
+}
+
+static sp_status meta_encode(const meta_table *t, const void *v, char *out, size_t cap, sp_err *err)
+{
+    if (!v || !out || !cap)
+        return sp_errf(err, SP_ERR_ARG, "encoding the %s: no struct or no room", t->name);
+    out[0] = '\0';
+    char why[160];
+    const char *bad = t->check ? t->check(v, why, sizeof why) : NULL;
+    if (bad)
+        return sp_errf(err, SP_ERR_ARG, "%s: %s", t->name, bad);
+    jw w = {out, 0, cap, 0};
+    where at = {t->name, ""};
+    sp_status st = write_object(t, v, &w, &at, err);
+    if (!st && w.full)
+        st = sp_errf(err, SP_ERR_RANGE, "%s: metadata does not fit %zu bytes", t->name, cap);
+    out[st ? 0 : w.n] = '\0';
+    return st;
+}
+
+/* One encode and one decode per struct, over its table (and the same behind sp_meta_codec's signatures). */
+#define META_CODEC(name)                                                                                              \
+    sp_status sp_##name##_encode(const sp_##name *v, char *out, size_t cap, sp_err *err)                             \
+    {                                                                                                                 \
+        return meta_encode(&name##_t, v, out, cap, err);                                                              \
+    }                                                                                                                 \
+    sp_status sp_##name##_decode(const sp_msg *m, sp_##name *v, sp_err *err)                                          \
+    {                                                                                                                 \
+        return meta_decode(&name##_t, m, v, err);                                                                     \
+    }                                                                                                                 \
+    static sp_status any_##name##_encode(const void *v, char *out, size_t cap, sp_err *err)                          \
+    {                                                                                                                 \
+        return meta_encode(&name##_t, v, out, cap, err);                                                              \
+    }                                                                                                                 \
+    static sp_status any_##name##_decode(const sp_msg *m, void *v, sp_err *err)                                       \
+    {                                                                                                                 \
+        return meta_decode(&name##_t, m, v, err);                                                                     \
+    }
+
+META_CODEC(hello_req)
+META_CODEC(hello_reply)
+META_CODEC(info_reply)
+META_CODEC(forward_req)
+META_CODEC(backward_req)
+META_CODEC(open_req)
+META_CODEC(open_reply)
+META_CODEC(step_req)
+META_CODEC(step_reply)
+META_CODEC(close_req)
+META_CODEC(error_reply)
+META_CODEC(auth_hello)
+META_CODEC(auth_challenge)
+META_CODEC(auth_proof)
+META_CODEC(auth_verdict)
+
+#define CODEC(id, name, type, flags)                                                                                  \
+    [id] = {#name, type, flags, sizeof(sp_##name), any_##name##_encode, any_##name##_decode}
+const sp_meta_codec sp_meta_codecs[SP_META_CODECS] = {
+    CODEC(M_HELLO_REQ, hello_req, SP_MSG_HELLO, 0),
+    CODEC(M_HELLO_REPLY, hello_reply, SP_MSG_HELLO, SP_MSG_F_REPLY),
+    CODEC(M_INFO_REPLY, info_reply, SP_MSG_INFO, SP_MSG_F_REPLY),
+    CODEC(M_FORWARD_REQ, forward_req, SP_MSG_FORWARD, 0),
+    CODEC(M_BACKWARD_REQ, backward_req, SP_MSG_BACKWARD, 0),
+    CODEC(M_OPEN_REQ, open_req, SP_MSG_INFERENCE_OPEN, 0),
+    CODEC(M_OPEN_REPLY, open_reply, SP_MSG_INFERENCE_OPEN, SP_MSG_F_REPLY),
+    CODEC(M_STEP_REQ, step_req, SP_MSG_INFERENCE_STEP, 0),
+    CODEC(M_STEP_REPLY, step_reply, SP_MSG_INFERENCE_STEP, SP_MSG_F_REPLY),
+    CODEC(M_CLOSE_REQ, close_req, SP_MSG_INFERENCE_CLOSE, 0),
+    CODEC(M_ERROR_REPLY, error_reply, SP_MSG_ERROR, SP_MSG_F_REPLY),
+    CODEC(M_AUTH_HELLO, auth_hello, SP_MSG_AUTH, 0),
+    CODEC(M_AUTH_CHALLENGE, auth_challenge, SP_MSG_AUTH, SP_MSG_F_REPLY),
+    CODEC(M_AUTH_PROOF, auth_proof, SP_MSG_AUTH, 0),
+    CODEC(M_AUTH_VERDICT, auth_verdict, SP_MSG_AUTH, SP_MSG_F_REPLY),
+};
+
+/* ---------------------------------------------------------------------------------------------- */
+/* ERROR replies */
+
+/* Text that may come from anywhere (a file name, a peer's bytes) into out[0..cap): invalid UTF-8 becomes '?', and
+ * what does not fit is cut at a character's start, so that the reply always passes the peer's checks. */
+static void utf8_sanitize(char *out, size_t cap, const char *s)
 {
     size_t n = strlen(s), i = 0;
-    char *o = malloc(n + 1);
-    if (!o)
-        return NULL;
+    if (n > cap - 1) { /* cut where a character starts */
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+            n--;
+    }
     while (i < n) {
         size_t ok = utf8_valid_prefix((const uint8_t *)s + i, n - i);
-        memcpy(o + i, s + i, ok);
+        memcpy(out + i, s + i, ok);
         i += ok;
         if (i < n)
-            o[i++] = '?';
+            out[i++] = '?';
     }
-    o[n] = '\0';
-    return o;
+    out[n] = '\0';
 }
+
+void sp_meta_set(char *dst, size_t cap, const char *src) { utf8_sanitize(dst, cap, src ? src : ""); }
 
 sp_status sp_msg_encode_error(sp_buf *out, uint64_t request_id, const char *code, const char *message, sp_err *err)
 {
-    char *msg = utf8_sanitize(message ? message : "");
-    char *cd = utf8_sanitize(code ? code : "internal");
-    cJSON *o = cJSON_CreateObject();
-    char *json = NULL;
-    if (msg && cd && o && cJSON_AddStringToObject(o, "code", cd) && cJSON_AddStringToObject(o, "message", msg))
-        json = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    free(msg);
-    free(cd);
-    if (!json) {
-        if (out)
-            out->len = 0;
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory for an ERROR reply");
-    }
-    sp_status s = sp_msg_encode(out, SP_MSG_ERROR, SP_MSG_F_REPLY, request_id, json, NULL, 0, err);
-    cJSON_free(json);
-    return s;
+    sp_error_reply e;
+    sp_meta_set(e.code, sizeof e.code, code && *code ? code : "internal");
+    sp_meta_set(e.message, sizeof e.message, message);
+    size_t cap = 6 * (sizeof e.code + sizeof e.message) + 64; /* every byte escaped as \u00XX */
+    char *json = malloc(cap);
+    sp_status st = json ? sp_error_reply_encode(&e, json, cap, err)
+                        : sp_errf(err, SP_ERR_NOMEM, "out of memory for an ERROR reply");
+    if (!st)
+        st = sp_msg_encode(out, SP_MSG_ERROR, SP_MSG_F_REPLY, request_id, json, NULL, 0, err);
+    else if (out)
+        out->len = 0;
+    free(json);
+    return st;
 }

@@ -1,5 +1,6 @@
 /* proto.h - the sepal wire protocol as data: message types, the versioned little-endian header, tensor
- * descriptors, encode/decode with full validation. No transport here (see transport.h); documented in
+ * descriptors, encode/decode with full validation, and each message kind's metadata as a struct with one encoder
+ * and one validating decoder (the end of this file). No transport here (see transport.h), no cJSON; documented in
  * share/doc/protocol.md.
  *
  * A message is one contiguous byte string:
@@ -23,6 +24,9 @@
 #define SP_PROTO_MAGIC 0x4c504553u /* "SEPL" as little-endian bytes */
 #define SP_PROTO_MAJOR 1
 #define SP_PROTO_MINOR 1
+#define SP_PROTO_STR_(x) #x
+#define SP_PROTO_STR(x) SP_PROTO_STR_(x)
+#define SP_PROTO_VERSION SP_PROTO_STR(SP_PROTO_MAJOR) "." SP_PROTO_STR(SP_PROTO_MINOR) /* "1.1", as HELLO says it */
 #define SP_PROTO_HEADER_SIZE 40
 #define SP_PROTO_DESC_SIZE 48
 #define SP_PROTO_MAX_TENSORS 8
@@ -124,9 +128,9 @@ typedef struct sp_msg {
     uint16_t flags;
     uint64_t request_id;
     const char *meta_json; /* the metadata as it is in the buffer: meta_len bytes of valid UTF-8 JSON, an object
-                              (not NUL-terminated; meta_len 0 = {}). Decoding checks it without allocating */
+                              (not NUL-terminated; meta_len 0 = {}). Decoding checks it without allocating; the
+                              typed decoders below read it */
     uint32_t meta_len;
-    struct cJSON *meta;    /* NULL until sp_msg_meta builds the tree (then owned: sp_msg_clear frees it) */
     int n_tensors;
     sp_tensor_view t[SP_PROTO_MAX_TENSORS];
 } sp_msg;
@@ -151,12 +155,12 @@ int sp_msg_header_read(const uint8_t *buf, size_t len, sp_msg_header *h);
 const char *sp_msg_reject_code(const uint8_t *buf, size_t len, sp_status s);
 
 /* Decodes and validates a whole message of exactly len bytes, metadata included (strict JSON, an object), without
- * allocating anything: views point into buf. Release with sp_msg_clear (which frees a tree sp_msg_meta built). */
+ * allocating anything: views point into buf. Release with sp_msg_clear. */
 sp_status sp_msg_decode(sp_msg *m, const uint8_t *buf, size_t len, const sp_proto_limits *lim, sp_err *err);
 void sp_msg_clear(sp_msg *m);
-/* The metadata as a cJSON object, parsed on first use and kept in m->meta (NULL when out of memory). For
- * callers that walk nested members; the sp_meta_* readers below need no tree. */
-struct cJSON *sp_msg_meta(const sp_msg *m);
+/* The metadata text as a NUL-terminated copy (malloc'd; "" for none; NULL when out of memory): what a PING reply
+ * echoes. */
+char *sp_msg_meta_copy(const sp_msg *m);
 
 /* Converts a float tensor to f32 (dst holds numel floats). Integer encodings are refused. */
 sp_status sp_tensor_to_f32(const sp_tensor_view *t, float *dst, sp_err *err);
@@ -164,19 +168,6 @@ sp_status sp_tensor_to_f32(const sp_tensor_view *t, float *dst, sp_err *err);
 sp_status sp_tensor_to_i64(const sp_tensor_view *t, int64_t *dst, sp_err *err);
 /* 1 if every value of a float tensor is finite. */
 int sp_tensor_all_finite(const sp_tensor_view *t);
-
-/* Metadata helpers over the top-level members (the first of a repeated key; NULL/-1 defaults when absent or of the
- * wrong JSON type). sp_meta_int sets *out to the value and returns 1, or sets *out = -1 and returns 0 (absent, not
- * a number, or not an integer that fits int64; JSON numbers are doubles, so integers above 2^53 are not exact:
- * send those as strings). sp_meta_int, sp_meta_num and sp_meta_strcpy read the text in place and allocate
- * nothing; sp_meta_str returns a NUL-terminated string out of the tree (sp_msg_meta builds it on the first string
- * found, so it allocates once per message). */
-const char *sp_meta_str(const sp_msg *m, const char *key);
-int sp_meta_int(const sp_msg *m, const char *key, int64_t *out); /* 1 if present and an integer */
-int sp_meta_num(const sp_msg *m, const char *key, double *out);  /* 1 if present and a number (else *out = 0) */
-/* Copies a string member (unescaped, NUL-terminated) into out: 1, or 0 when absent, not a string, or longer than
- * cap - 1 bytes (out = ""). */
-int sp_meta_strcpy(const sp_msg *m, const char *key, char *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* encoding */
@@ -196,5 +187,191 @@ sp_status sp_msg_encode(sp_buf *out, sp_msg_type type, uint16_t flags, uint64_t 
                         const sp_tensor_src *t, int n, sp_err *err);
 /* An ERROR reply to request_id with {"code": code, "message": message}. */
 sp_status sp_msg_encode_error(sp_buf *out, uint64_t request_id, const char *code, const char *message, sp_err *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* typed metadata: one struct per message kind's metadata (ggml-rpc's one request struct per command), each with
+ * one encode (struct -> the JSON text to give sp_msg_encode) and one validated decode (a decoded message -> struct).
+ * Nothing outside proto.c builds or reads metadata by hand; share/doc/protocol.md describes these structs' fields.
+ *
+ * A field is required or optional. A required field is always written, and decoding fails without it. An optional
+ * field has an "absent" value (said per field below: 0, -1 or ""): it is not written when it holds it, and decoding
+ * gives it when the key is missing. Decoding checks the JSON type of every field it knows, that the value fits its C
+ * type and the field's range (the protocol's own: no negative block index, length or position, ports up to 65535;
+ * what depends on a server's state, such as the blocks it holds, is the server's to check), the length of strings
+ * (a longer one is refused, never cut; no NUL characters), and the message's type and direction (a request's
+ * decoder refuses a reply). Unknown keys are skipped (a newer minor version may add some) and a repeated key means
+ * its first value, as everywhere in the metadata. Integers travel as JSON numbers (doubles: exact up to 2^53; a
+ * 64-bit field takes at most 2^53 - 1); a 64-bit value that may exceed that travels as a string (config,
+ * bulk_token).
+ *
+ * encode: writes the text, NUL-terminated, into out[0..cap); SP_ERR_ARG for a field out of its range or a string
+ * that is not UTF-8, SP_ERR_RANGE when cap is too small (nothing is ever cut). decode: fills *v (zeroed first,
+ * optional fields at their absent value) or returns SP_ERR_FORMAT with a message that names the message and the
+ * field ("INFERENCE_OPEN request: 'batch' must be an integer in 0..2147483647, got 1.5"). Neither allocates. */
+
+/* Copies src (NULL: "") into a struct's string field of cap bytes, cut at the start of a UTF-8 character when it is
+ * longer, invalid UTF-8 made '?' (a field must hold UTF-8 to be encoded). */
+void sp_meta_set(char *dst, size_t cap, const char *src);
+
+/* Large enough for the encoding of any struct below (ERROR's message aside: sp_msg_encode_error sizes its own),
+ * even with every string at its longest and escaped. */
+#define SP_META_CAP 8192
+
+/* HELLO request: the first request on a connection. */
+typedef struct sp_hello_req {
+    char version[16]; /* optional: the protocol the client speaks, "1.1"; a server refuses another major */
+    char client[64];  /* optional: "sepal 0.1.0" */
+} sp_hello_req;
+
+/* HELLO reply: who the server is and how to attach the bulk channel. */
+typedef struct sp_hello_reply {
+    char version[16];    /* optional: the server's protocol, "1.1" */
+    char server[64];     /* optional: "sepal-server 0.1.0" */
+    char model[256];     /* required: the model's name */
+    uint64_t config;     /* optional (0): FNV-1a 64 of the model's config.json, as 16 hex digits */
+    char dtype[16];      /* optional: how it holds its blocks, "f32", "int8", ... */
+    int blocks;          /* optional (0): the model's blocks, 1..2^20 */
+    int start, end;      /* required: the blocks [start, end) it holds, 0 <= start */
+    char id[24];         /* optional: its id in the swarm ("" without the DHT) */
+    int bulk_port;       /* optional (0): the bulk channel's port; -1 or 0: none */
+    uint64_t bulk_token; /* optional (0): the one-time token that attaches it, as a decimal string */
+    int dht_port;        /* optional (0): the UDP port of its DHT node (0: none), what --initial-peers takes */
+} sp_hello_reply;
+
+/* INFO reply's "transport" object (sp_ws_server_stats): each optional (-1; swarm_key a bool, -1 absent). */
+typedef struct sp_info_transport {
+    int64_t conns, pending, accepted, refused, refused_ip, handshake_timeouts, idle_closed, busy, slow, auth_failed,
+        waits, paused, delivered, bulk_refused, bulk_timeouts, out_of_fds, budget_used, budget_peak, budget,
+        budget_conn;
+    int swarm_key;
+} sp_info_transport;
+
+/* INFO reply: the server's state (the request has no metadata). model, start and end are required; every other
+ * field is optional: strings "", integers -1, the rates 0, transport's fields -1 when absent. */
+typedef struct sp_info_reply {
+    char model[256];
+    char architecture[64];
+    int start, end;
+    char dtype[16];
+    int64_t weight_bytes;
+    char protocol[16];
+    int hidden_size;
+    char family[16];
+    int kv_heads, head_dim;
+    int64_t cache_bytes_per_token, cache_bytes_total, cache_tokens_total, cache_tokens_available;
+    int max_batch_tokens, max_length;
+    double inference_rps, forward_tps; /* finite, >= 0 */
+    char public_name[64];
+    int sessions;
+    int64_t kept_bytes, requests;
+    sp_info_transport transport;
+} sp_info_reply;
+
+/* FORWARD and BACKWARD requests: a span (their replies have no metadata). */
+typedef struct sp_span_req {
+    int start, end;     /* required: the span [start, end), 0 <= start */
+    uint64_t keep;      /* optional (0): FORWARD's "keep": keep the span's activations under this id for a BACKWARD;
+                           BACKWARD's "kept": the id a FORWARD kept them under */
+    int reply_encoding; /* optional (-1: the request's own): SP_ENC_F32..SP_ENC_Q8, sent by name */
+} sp_span_req;
+typedef sp_span_req sp_forward_req, sp_backward_req;
+
+/* INFERENCE_OPEN request: all required, each >= 0 (the server refuses 0 with its own codes). */
+typedef struct sp_open_req {
+    int start, end;
+    int max_length, batch;
+} sp_open_req;
+
+/* INFERENCE_OPEN reply. */
+typedef struct sp_open_reply {
+    uint64_t session; /* required: the session's id */
+    int max_length;   /* optional (-1): the session's positions */
+} sp_open_reply;
+
+/* INFERENCE_STEP request. */
+typedef struct sp_step_req {
+    uint64_t session;        /* required */
+    int start_from_position; /* optional (-1): where the step starts (lower than the cache's length: a rollback) */
+    int reply_encoding;      /* optional (-1) */
+} sp_step_req;
+
+/* INFERENCE_STEP reply. */
+typedef struct sp_step_reply {
+    int position; /* required: the cache's length after the step */
+} sp_step_reply;
+
+/* INFERENCE_CLOSE request (the reply has no metadata). */
+typedef struct sp_close_req {
+    uint64_t session; /* required */
+} sp_close_req;
+
+/* PING has no struct: no fields of its own, any object, which the reply echoes (sp_msg_meta_copy). */
+
+/* ERROR, always a reply (sp_msg_encode_error builds one from any text). */
+typedef struct sp_error_reply {
+    char code[32];      /* required, not empty: "shape", "out_of_cache", ... (share/doc/protocol.md) */
+    char message[2048]; /* optional: what went wrong, for people */
+} sp_error_reply;
+
+/* AUTH, the swarm key exchange (ws/auth.c): four messages, each field required but swarm. Nonces and proofs travel
+ * as 64 hex digits. */
+typedef struct sp_auth_hello {  /* client -> server */
+    uint8_t nonce[32];
+    char swarm[64];             /* optional: the swarm id the client holds the key of (16 hex digits) */
+} sp_auth_hello;
+typedef struct sp_auth_challenge { /* server -> client, reply */
+    uint8_t nonce[32], proof[32];
+} sp_auth_challenge;
+typedef struct sp_auth_proof {  /* client -> server */
+    uint8_t proof[32];
+} sp_auth_proof;
+typedef struct sp_auth_verdict { /* server -> client, reply */
+    int ok;                     /* a JSON bool */
+} sp_auth_verdict;
+
+sp_status sp_hello_req_encode(const sp_hello_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_hello_req_decode(const sp_msg *m, sp_hello_req *v, sp_err *err);
+sp_status sp_hello_reply_encode(const sp_hello_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_hello_reply_decode(const sp_msg *m, sp_hello_reply *v, sp_err *err);
+sp_status sp_info_reply_encode(const sp_info_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_info_reply_decode(const sp_msg *m, sp_info_reply *v, sp_err *err);
+sp_status sp_forward_req_encode(const sp_forward_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_forward_req_decode(const sp_msg *m, sp_forward_req *v, sp_err *err);
+sp_status sp_backward_req_encode(const sp_backward_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_backward_req_decode(const sp_msg *m, sp_backward_req *v, sp_err *err);
+sp_status sp_open_req_encode(const sp_open_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_open_req_decode(const sp_msg *m, sp_open_req *v, sp_err *err);
+sp_status sp_open_reply_encode(const sp_open_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_open_reply_decode(const sp_msg *m, sp_open_reply *v, sp_err *err);
+sp_status sp_step_req_encode(const sp_step_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_step_req_decode(const sp_msg *m, sp_step_req *v, sp_err *err);
+sp_status sp_step_reply_encode(const sp_step_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_step_reply_decode(const sp_msg *m, sp_step_reply *v, sp_err *err);
+sp_status sp_close_req_encode(const sp_close_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_close_req_decode(const sp_msg *m, sp_close_req *v, sp_err *err);
+sp_status sp_error_reply_encode(const sp_error_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_error_reply_decode(const sp_msg *m, sp_error_reply *v, sp_err *err);
+sp_status sp_auth_hello_encode(const sp_auth_hello *v, char *out, size_t cap, sp_err *err);
+sp_status sp_auth_hello_decode(const sp_msg *m, sp_auth_hello *v, sp_err *err);
+sp_status sp_auth_challenge_encode(const sp_auth_challenge *v, char *out, size_t cap, sp_err *err);
+sp_status sp_auth_challenge_decode(const sp_msg *m, sp_auth_challenge *v, sp_err *err);
+sp_status sp_auth_proof_encode(const sp_auth_proof *v, char *out, size_t cap, sp_err *err);
+sp_status sp_auth_proof_decode(const sp_msg *m, sp_auth_proof *v, sp_err *err);
+sp_status sp_auth_verdict_encode(const sp_auth_verdict *v, char *out, size_t cap, sp_err *err);
+sp_status sp_auth_verdict_decode(const sp_msg *m, sp_auth_verdict *v, sp_err *err);
+
+/* The structs above as data, for code that treats them all alike (tests/test_proto.c, the fuzz target): each with
+ * the message it is the metadata of, and its encode and decode. */
+typedef struct sp_meta_codec {
+    const char *name;  /* "hello_reply": sp_hello_reply */
+    sp_msg_type type;
+    uint16_t flags;    /* SP_MSG_F_REPLY for a reply's metadata */
+    size_t size;       /* of the struct */
+    sp_status (*encode)(const void *v, char *out, size_t cap, sp_err *err);
+    sp_status (*decode)(const sp_msg *m, void *v, sp_err *err);
+} sp_meta_codec;
+#define SP_META_CODECS 15
+extern const sp_meta_codec sp_meta_codecs[SP_META_CODECS];
+
 
 #endif

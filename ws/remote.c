@@ -1,7 +1,6 @@
 /* remote.c - a synchronous request/reply connection to one server. */
 #include "remote.h"
 
-#include <cJSON.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,13 +63,16 @@ void sp_reply_clear(sp_reply *rep)
 
 const char *sp_reply_error_code(const sp_reply *rep)
 {
-    return rep->msg.type == SP_MSG_ERROR ? sp_meta_str(&rep->msg, "code") : NULL;
+    return rep->msg.type == SP_MSG_ERROR && rep->error_code[0] ? rep->error_code : NULL;
 }
 
-/* Maps an ERROR reply to a status whose message carries the server's code and text. */
-static sp_status error_status(const sp_reply *rep, sp_err *err)
+/* Maps an ERROR reply to a status whose message carries the server's code and text (and keeps the code in rep). */
+static sp_status error_status(sp_reply *rep, sp_err *err)
 {
-    const char *code = sp_reply_error_code(rep), *msg = sp_meta_str(&rep->msg, "message");
+    sp_error_reply e;
+    int ok = sp_error_reply_decode(&rep->msg, &e, NULL) == SP_OK;
+    snprintf(rep->error_code, sizeof rep->error_code, "%s", ok ? e.code : "");
+    const char *code = sp_reply_error_code(rep), *msg = ok ? e.message : NULL;
     sp_status st = SP_ERR_ARG;
     if (code && !strcmp(code, "out_of_cache"))
         st = SP_ERR_RANGE;
@@ -78,7 +80,7 @@ static sp_status error_status(const sp_reply *rep, sp_err *err)
         st = SP_ERR_UNSUPPORTED;
     else if (code && (!strcmp(code, "internal") || !strcmp(code, "timeout")))
         st = SP_ERR_IO;
-    return sp_errf(err, st, "%s: %s", code ? code : "error", msg ? msg : "(no message)");
+    return sp_errf(err, st, "%s: %s", code ? code : "error", msg && *msg ? msg : "(no message)");
 }
 
 /* Waits for the reply to request `id`; replies to other (abandoned, timed-out) requests are dropped. */
@@ -147,20 +149,35 @@ static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *r
     return st ? st : wait_reply(r, id, rep, timeout_ms, err);
 }
 
+/* The request in b (built with status st) sent and its reply waited for, with r->lock held; b is consumed. */
+static sp_status send_built(sp_remote *r, sp_buf *b, sp_status st, uint64_t id, sp_reply *rep, int timeout_ms,
+                            sp_err *err)
+{
+    if (!st)
+        return send_and_wait(r, b, id, rep, timeout_ms, err);
+    sp_buf_free(b);
+    memset(rep, 0, sizeof *rep);
+    return st;
+}
+
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                          sp_reply *rep, int timeout_ms, sp_err *err)
 {
     pthread_mutex_lock(&r->lock);
     uint64_t id = r->next_id++;
     sp_buf b = {0};
-    sp_status st = sp_msg_encode(&b, type, 0, id, meta, t, n, err);
-    if (st) {
-        sp_buf_free(&b);
-        memset(rep, 0, sizeof *rep);
-    } else {
-        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
-    }
+    sp_status st = send_built(r, &b, sp_msg_encode(&b, type, 0, id, meta, t, n, err), id, rep, timeout_ms, err);
     pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+sp_status sp_remote_get_info(sp_remote *r, sp_info_reply *out, int timeout_ms, sp_err *err)
+{
+    sp_reply rep;
+    sp_status st = sp_remote_call(r, SP_MSG_INFO, NULL, NULL, 0, &rep, timeout_ms, err);
+    if (!st)
+        st = sp_info_reply_decode(&rep.msg, out, err);
+    sp_reply_clear(&rep);
     return st;
 }
 
@@ -172,49 +189,49 @@ sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_
     uint64_t id = 0;
     for (int i = 7; len >= 24 && i >= 0; i--)
         id = id << 8 | bytes[16 + i];
-    if (st) {
-        sp_buf_free(&b);
-        memset(rep, 0, sizeof *rep);
-    } else {
-        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
-    }
+    st = send_built(r, &b, st, id, rep, timeout_ms, err);
     pthread_mutex_unlock(&r->lock);
     return st;
+}
+
+/* What the server said in its HELLO reply, into r->info. */
+static void keep_hello(sp_remote *r, const sp_hello_reply *h)
+{
+    const char *sp = strrchr(h->server, ' '); /* "sepal-server 0.1.0" */
+    snprintf(r->info.model, sizeof r->info.model, "%s", h->model);
+    snprintf(r->info.version, sizeof r->info.version, "%s", h->version);
+    snprintf(r->info.dtype, sizeof r->info.dtype, "%s", h->dtype);
+    snprintf(r->info.server_version, sizeof r->info.server_version, "%s", sp ? sp + 1 : "");
+    snprintf(r->info.id, sizeof r->info.id, "%s", h->id);
+    r->info.num_blocks = h->blocks;
+    r->info.config_hash = h->config;
+    r->info.start = h->start;
+    r->info.end = h->end;
+    r->info.dht_port = h->dht_port;
 }
 
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)
 {
     sp_reply rep;
-    char meta[128];
-    snprintf(meta, sizeof meta, "{\"version\":\"%d.%d\",\"client\":\"sepal " SEPAL_VERSION "\"}", SP_PROTO_MAJOR,
-             SP_PROTO_MINOR);
-    sp_status st = sp_remote_call(r, SP_MSG_HELLO, meta, NULL, 0, &rep, timeout_ms, err);
+    sp_hello_req q = {.version = SP_PROTO_VERSION, .client = "sepal " SEPAL_VERSION};
+    char meta[256];
+    sp_hello_reply h;
+    sp_status st = sp_hello_req_encode(&q, meta, sizeof meta, err);
+    if (!st)
+        st = sp_remote_call(r, SP_MSG_HELLO, meta, NULL, 0, &rep, timeout_ms, err);
+    else
+        memset(&rep, 0, sizeof rep);
+    if (!st)
+        st = sp_hello_reply_decode(&rep.msg, &h, err);
     if (st) {
         sp_reply_clear(&rep);
-        return sp_err_prefix(err, "%s:%d: HELLO: ", r->host, port);
+        sp_err_prefix(err, "%s:%d: HELLO: ", r->host, port);
+        return st;
     }
-    int64_t a = 0, b = 0, bulk = -1, blocks = 0;
-    const char *model = sp_meta_str(&rep.msg, "model"), *ver = sp_meta_str(&rep.msg, "version");
-    const char *id = sp_meta_str(&rep.msg, "id"), *config = sp_meta_str(&rep.msg, "config");
-    const char *token = sp_meta_str(&rep.msg, "bulk_token");
-    sp_meta_int(&rep.msg, "start", &a);
-    sp_meta_int(&rep.msg, "end", &b);
-    sp_meta_int(&rep.msg, "bulk_port", &bulk);
-    snprintf(r->info.model, sizeof r->info.model, "%s", model ? model : "");
-    snprintf(r->info.version, sizeof r->info.version, "%s", ver ? ver : "");
-    const char *dt = sp_meta_str(&rep.msg, "dtype");
-    snprintf(r->info.dtype, sizeof r->info.dtype, "%s", dt ? dt : "");
-    const char *sv = sp_meta_str(&rep.msg, "server"), *sp = sv ? strrchr(sv, ' ') : NULL;
-    snprintf(r->info.server_version, sizeof r->info.server_version, "%s", sp ? sp + 1 : "");
-    snprintf(r->info.id, sizeof r->info.id, "%s", id ? id : "");
-    sp_meta_int(&rep.msg, "blocks", &blocks);
-    r->info.num_blocks = blocks > 0 && blocks < (1 << 20) ? (int)blocks : 0;
-    r->info.config_hash = config ? strtoull(config, NULL, 16) : 0;
-    r->info.start = (int)a;
-    r->info.end = (int)b;
-    if (!no_bulk && bulk > 0 && token) {
+    keep_hello(r, &h);
+    if (!no_bulk && h.bulk_port > 0 && h.bulk_token) {
         sp_err berr = {0};
-        sp_status bst = sp_ws_client_attach_bulk(r->c, (int)bulk, strtoull(token, NULL, 10), timeout_ms, &berr);
+        sp_status bst = sp_ws_client_attach_bulk(r->c, h.bulk_port, h.bulk_token, timeout_ms, &berr);
         if (bst && sp_ws_client_is_open(r->c)) /* slower, but served */
             sp_log_limited(&g_bulk_log, SP_LOG_WARN, "%s:%d: no bulk channel (%s); using the websocket alone",
                            r->host, port, berr.msg);
@@ -272,4 +289,29 @@ void sp_remote_close(sp_remote *r)
         sp_ws_client_close(r->c);
     pthread_mutex_destroy(&r->lock);
     free(r);
+}
+
+void sp_remote_describe_port(const char *host, int port, const sp_swarm_key *key, int timeout_ms, char *why,
+                             size_t cap)
+{
+    sp_remote *r = NULL;
+    sp_err e = {0};
+    sp_remote_opts ro = {.no_bulk = 1, .key = key};
+    if (!sp_remote_connect_opts(&r, host, port, &ro, timeout_ms, &e)) {
+        const sp_remote_info *i = sp_remote_hello(r);
+        if (i->dht_port > 0)
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server (blocks %d:%d of %s); its DHT node is "
+                     "%s:%d: use --initial-peers %s:%d", host, port, i->start, i->end, i->model, host, i->dht_port,
+                     host, i->dht_port);
+        else
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server that runs no DHT node (it was started "
+                     "without --new-swarm or --initial-peers)", host, port);
+        sp_remote_close(r);
+    } else if (strstr(e.msg, "unauthorized") || strstr(e.msg, "swarm key")) {
+        snprintf(why, cap, "%s:%d is the websocket port of a sepal-server, not a DHT node (and it refused this "
+                 "connection: %.200s)", host, port, e.msg);
+    } else {
+        snprintf(why, cap, "%s:%d does not answer as a DHT node of a sepal swarm (no reply to a DHT ping; a server "
+                 "prints its DHT address on its serving line: \"DHT HOST:PORT\")", host, port);
+    }
 }

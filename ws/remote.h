@@ -22,6 +22,7 @@ typedef struct sp_remote_info {
     char server_version[16]; /* the server program's ("0.1.0"; "" if not said) */
     char dtype[16];       /* how it holds its blocks ("f32", "int8", ...; "" if not said) */
     char id[24];          /* the server's id in the swarm ("" if it has none) */
+    int dht_port;         /* the UDP port of its DHT node (0 if it has none or did not say) */
 } sp_remote_info;
 
 typedef struct sp_remote_opts {
@@ -43,10 +44,17 @@ sp_status sp_remote_last_word(sp_remote *r, sp_err *err);
 const sp_remote_info *sp_remote_hello(const sp_remote *r);
 void sp_remote_close(sp_remote *r);
 
+/* What answers at host:port, for an address given as a DHT node that did not answer as one (--initial-peers):
+ * a sepal-server's websocket port (HELLO says its DHT node: "use --initial-peers HOST:DHT"), one that refuses
+ * this key, or nothing sepal knows. One line into why (cap bytes); probes for at most timeout_ms. */
+void sp_remote_describe_port(const char *host, int port, const sp_swarm_key *key, int timeout_ms, char *why,
+                             size_t cap);
+
 /* A reply: the decoded message (views point into buf). Release with sp_reply_clear. */
 typedef struct sp_reply {
     sp_buf buf;
     sp_msg msg;
+    char error_code[32]; /* an ERROR reply's code (sp_reply_error_code) */
 } sp_reply;
 
 void sp_reply_clear(sp_reply *rep);
@@ -59,6 +67,9 @@ sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const
 /* While waiting for a reply, a call looks at *flag every 100 ms and returns SP_ERR_CANCELLED once it is
  * non-zero (the reply, if it comes later, is dropped by the next call). NULL: never. */
 void sp_remote_set_cancel(sp_remote *r, const int *flag);
+
+/* INFO: the server's state, decoded (sp_info_reply_decode). */
+sp_status sp_remote_get_info(sp_remote *r, sp_info_reply *out, int timeout_ms, sp_err *err);
 
 /* Sends raw bytes as a request (for tests of malformed input) and waits for whatever reply comes. */
 sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_reply *rep, int timeout_ms, sp_err *err);

@@ -88,6 +88,10 @@ int tp_grow(void **arr, size_t *cap, size_t need, size_t elem);
 uint64_t tp_deadline_after(int timeout_ms);
 /* TCP_NODELAY (the kernel autotunes the buffers). */
 void tp_tune_socket(int fd);
+/* A non-blocking IPv4 socket listening on host:port ("0.0.0.0": every interface; port 0: any) with a queue of
+ * backlog: its descriptor into *fd, the port it got into *bound. The error says "host:port: why" (the caller puts
+ * what it is for first). */
+sp_status tp_listen(const char *host, int port, int backlog, int *fd, int *bound, sp_err *err);
 int tp_set_nonblock(int fd, int on);
 
 /* ---------------------------------------------------------------------------------------------- */

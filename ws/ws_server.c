@@ -830,28 +830,11 @@ static void *srv_svc_main(void *arg)
 /* The websocket listener on host:port (IPv4; "0.0.0.0" for every interface). */
 static sp_status ws_listen(sp_ws_server *s, sp_err *err)
 {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
-    char port[16];
-    snprintf(port, sizeof port, "%d", s->o.port);
-    int rc = getaddrinfo(s->host, port, &hints, &ai);
-    if (rc)
-        return sp_errf(err, SP_ERR_ARG, "cannot listen on %s:%d: %s", s->host, s->o.port, gai_strerror(rc));
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
-    if (fd >= 0)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 512)) {
-        int e = errno;
-        freeaddrinfo(ai);
-        if (fd >= 0)
-            close(fd);
-        return sp_errf(err, SP_ERR_IO, "cannot listen on %s:%d: %s", s->host, s->o.port, strerror(e));
+    sp_status st = tp_listen(s->host, s->o.port, 512, &s->ws_fd, &s->port, err);
+    if (st) {
+        sp_err_prefix(err, "cannot listen on ");
+        return st;
     }
-    freeaddrinfo(ai);
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    s->ws_fd = fd;
-    s->port = ntohs(sa.sin_port);
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return SP_OK;
 }

@@ -289,7 +289,7 @@ static sp_status generate_sampled(const sp_lm *lm, const sp_tokenizer *tok, cons
     }
     int max_length = maxlen + (o->max_new > 0 ? o->max_new - 1 : 0); /* the last new token is never fed */
     if (minlen <= 0)
-        return sp_errf(err, SP_ERR_ARG, "generate: empty prompt");
+        return sp_errf(err, SP_ERR_ARG, "empty prompt");
     if (max_length > lm->max_pos)
         return sp_errf(err, SP_ERR_RANGE, "%d prompt + %d new tokens exceed the model's context of %d", maxlen,
                        o->max_new, lm->max_pos);
@@ -535,15 +535,15 @@ sp_status sp_generate(const sp_lm *lm, const sp_tokenizer *tok, const int32_t *c
                       int n, const sp_gen_opts *o, sp_gen_token_fn cb, void *user, sp_gen_result *out, sp_err *err)
 {
     if (n <= 0)
-        return sp_errf(err, SP_ERR_ARG, "generate: no prompt");
+        return sp_errf(err, SP_ERR_ARG, "no prompt");
     if (o->beams > 1 && n != 1)
-        return sp_errf(err, SP_ERR_ARG, "generate: beam search takes one prompt, not %d", n);
+        return sp_errf(err, SP_ERR_ARG, "beam search takes one prompt, not %d", n);
     if (o->stop && o->stop[0] && !tok)
-        return sp_errf(err, SP_ERR_ARG, "generate: stop strings need a tokenizer");
+        return sp_errf(err, SP_ERR_ARG, "stop strings need a tokenizer");
     for (int i = 0; i < n; i++)
         for (int t = 0; t < lens[i]; t++)
             if (prompts[i][t] < 0 || prompts[i][t] >= lm->vocab)
-                return sp_errf(err, SP_ERR_RANGE, "generate: token id %d outside the vocabulary (0..%d)",
+                return sp_errf(err, SP_ERR_RANGE, "token id %d outside the vocabulary (0..%d)",
                                prompts[i][t], lm->vocab - 1);
     sp_status st = result_alloc(out, n, o->max_new, err);
     if (st)

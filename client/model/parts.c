@@ -48,10 +48,14 @@ sp_status sp_rt_parts_load(sp_runtime *rt, const char *dir, sp_err *err)
 {
     sp_model *m = NULL;
     sp_tokenizer *tok = NULL;
+    sp_config cfg;
+    sp_status st = sp_config_load(&cfg, dir, err); /* not a model: said before any progress */
+    if (st)
+        return st;
     char what[160];
     snprintf(what, sizeof what, "loading %.140s", dir);
     sp_rt_emit(rt, SP_EV_PROGRESS, what, 0, 2, 0);
-    sp_status st = sp_model_load(&m, dir, SP_LOAD_EMBED | SP_LOAD_HEAD, 0, 0, err);
+    st = sp_model_load(&m, dir, SP_LOAD_EMBED | SP_LOAD_HEAD, 0, 0, err);
     if (st) {
         sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
         return st;
@@ -99,3 +103,4 @@ const sp_config *sp_runtime_config(const sp_runtime *rt) { return rt->local ? &r
 sp_model *sp_runtime_model(const sp_runtime *rt) { return rt->local; }
 const sp_tokenizer *sp_runtime_tokenizer(const sp_runtime *rt) { return rt->tok; }
 const char *sp_runtime_model_name(const sp_runtime *rt) { return rt->model_prefix; }
+const char *sp_runtime_model_dir(const sp_runtime *rt) { return rt->model_dir; }

@@ -9,7 +9,12 @@
  * theirs, so none of them depends on another through it, nor on runtime.c.
  *
  * Servers: one entry per server id, never removed while the runtime lives (so an index stays valid); an
- * entry whose server left the view is `gone`.
+ * entry whose server left the view (or was superseded by a newer life at its address) is `gone`. Each failed
+ * request bans its server and the earlier lives at its address (15 s, doubling while it keeps failing, cleared
+ * by a success); when nothing listens at the address any more, every entry there is `down` (left out of
+ * routes). Requests are retried (after 0, 1, 2, 4 ... 60 s) on a route that avoids banned servers, up to the
+ * max_retries setting, and every retry is an SP_EV_RETRY event; when no server holds a block and none is
+ * joining, a request fails at once.
  *
  * Threads: the server table, bans, pings, the route and the rng are under `lock`; network calls are made
  * without it. */
@@ -40,9 +45,16 @@ typedef struct sp_server_entry {
     int from_dht;          /* found through the DHT view */
     int gone;              /* left the view (stale, expired) or stopped */
     sp_conn *conn;         /* opened on first use; NULL after a failure (the next use reconnects) */
-    double rtt;            /* smoothed client ping, seconds; < 0 unknown */
-    double rtt_when;       /* sp_now_s() of the last ping */
+    double rtt;            /* client ping, seconds: the median of the last measurements (each the fastest of a
+                              burst); < 0 unknown; INFINITY unreachable */
+    double rtt_when;       /* sp_now_s() of the last measurement */
+    double rtt_win[4];     /* the last measurements (a ring) */
+    int rtt_n;             /* measurements so far */
+    double block_s;        /* seconds one of its blocks took in a greedy decode step, as this client saw it
+                              (its hops' times less the ping, averaged); 0 unknown */
     double banned_until;   /* sp_runtime_now() until which routing avoids it */
+    int down;              /* its address refused connections after a failure (its process is gone): routing
+                              leaves it out until it answers again or announces anew */
     int failures;          /* since the last success */
     long cache_total;      /* from INFO, for `servers` */
     pid_t pid;             /* > 0: started by swarm up */
@@ -80,11 +92,14 @@ struct sp_runtime {
     int swarm_started;     /* swarm up ran and its servers are ours */
 
     const sp_rt_clock *clock; /* NULL: sp_now_s and real sleeps (see sp_rt_clock) */
+    double local_step_s;   /* the client's own part of a greedy decode step (embedding, head, generation loop,
+                              front end), measured; 0 unknown */
+    int active;            /* sessions and training requests in progress (atomic): pings wait while > 0 */
     int cancel;            /* sp_runtime_cancel: the work in progress stops (atomic) */
     int cancel_waits;      /* ... and its network waits and back-offs end now (atomic) */
     int finish_steps;      /* sp_runtime_finish_steps: a first cancel lets the step in flight finish (atomic) */
-    /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records without
-     * its tag are dropped, and swarm up starts its servers with it */
+    /* a private swarm (sp_runtime_set_swarm_key): every connection proves the key both ways, records
+     * are read only sealed with it, and swarm up starts its servers with it */
     int has_key;
     sp_swarm_key key;
     char key_path[4096];

@@ -21,11 +21,11 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
 {
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start, bwd = type == SP_MSG_BACKWARD;
     char meta[128];
-    if (keep)
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"%s\":%llu}", hop->start, hop->end,
-                 bwd ? "kept" : "keep", (unsigned long long)keep);
+    sp_span_req q = {.start = hop->start, .end = hop->end, .keep = keep, .reply_encoding = -1};
+    if (bwd) /* ("" for a span out of range: the server refuses it) */
+        sp_backward_req_encode(&q, meta, sizeof meta, NULL);
     else
-        snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d}", hop->start, hop->end);
+        sp_forward_req_encode(&q, meta, sizeof meta, NULL);
     sp_tensor_src a[3];
     memcpy(a, t, (size_t)n * sizeof *t);
     if (prompts)
@@ -163,8 +163,12 @@ static sp_status recover_stage(sp_runtime *rt, sp_route *r, int s, int bad, int 
                 *err = rerr;
             return st;
         }
-        if (err)
-            *err = rerr; /* no server for a block (yet): the next attempt may find one */
+        /* no server for a block: wait only for one that is joining */
+        if (!sp_rt_no_server(rt, r->stage_start[s], r->stage_start[s + 1], attempt + 1, err)) {
+            if (err)
+                sp_err_prefix(err, "no server could run blocks %d:%d: ", r->stage_start[s], r->stage_start[s + 1]);
+            return SP_ERR_NOTFOUND;
+        }
     }
 }
 
@@ -185,8 +189,33 @@ static void gate_leave(const sp_pipe_ticket *tk, int s, int bwd)
         sp_pipe_leave(tk->pipe, s, bwd, tk->mb, tk->nsub);
 }
 
+/* FORWARD over the route (see runtime.h); counted in rt->active meanwhile. */
+static sp_status forward(sp_runtime *rt, sp_route *route, float *hidden, int B, int T, const float *prompts, int P,
+                         float *boundaries, const sp_pipe_ticket *tk, sp_err *err);
+static sp_status backward(sp_runtime *rt, sp_route *route, float *grad, int B, int T, const float *prompts, int P,
+                          const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk, sp_err *err);
+
 sp_status sp_runtime_forward(sp_runtime *rt, sp_route *route, float *hidden, int B, int T, const float *prompts,
                              int P, float *boundaries, const sp_pipe_ticket *tk, sp_err *err)
+{
+    __atomic_add_fetch(&rt->active, 1, __ATOMIC_RELAXED);
+    sp_status st = forward(rt, route, hidden, B, T, prompts, P, boundaries, tk, err);
+    __atomic_sub_fetch(&rt->active, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
+sp_status sp_runtime_backward(sp_runtime *rt, sp_route *route, float *grad, int B, int T, const float *prompts,
+                              int P, const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk,
+                              sp_err *err)
+{
+    __atomic_add_fetch(&rt->active, 1, __ATOMIC_RELAXED);
+    sp_status st = backward(rt, route, grad, B, T, prompts, P, boundaries, grad_prompts, tk, err);
+    __atomic_sub_fetch(&rt->active, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
+static sp_status forward(sp_runtime *rt, sp_route *route, float *hidden, int B, int T, const float *prompts, int P,
+                         float *boundaries, const sp_pipe_ticket *tk, sp_err *err)
 {
     size_t N = (size_t)B * T * rt->local->cfg.hidden;
     float *tmp = boundaries ? NULL : malloc(N * sizeof(float)); /* the stage's input, for a retry */
@@ -211,9 +240,8 @@ sp_status sp_runtime_forward(sp_runtime *rt, sp_route *route, float *hidden, int
     return st;
 }
 
-sp_status sp_runtime_backward(sp_runtime *rt, sp_route *route, float *grad, int B, int T, const float *prompts,
-                              int P, const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk,
-                              sp_err *err)
+static sp_status backward(sp_runtime *rt, sp_route *route, float *grad, int B, int T, const float *prompts, int P,
+                          const float *boundaries, float *grad_prompts, const sp_pipe_ticket *tk, sp_err *err)
 {
     size_t N = (size_t)B * T * rt->local->cfg.hidden;
     float *gin = malloc(N * sizeof(float)); /* the stage's incoming gradient, for a retry */

@@ -1,7 +1,9 @@
 /* discovery.c - the client in the DHT: a node of its own (a supervised child, dht/dht.h) that announces
  * nothing, a live view of the loaded model's servers (dht/view.h) whose changes become server entries and
  * events, and a pinger that measures the round trip to the servers routing will choose between (Petals:
- * up to 3 of the first block's, of middle blocks' and of the last block's servers per round). */
+ * up to 3 of the first block's, of middle blocks' and of the last block's servers per round): each
+ * measurement is the fastest of a burst of pings, and a server's ping is the median of its last four, renewed
+ * every 2 s while no request runs. */
 #include "swarm_impl.h"
 
 #include <math.h>
@@ -14,8 +16,13 @@
 #include "timeutil.h"
 #include "view.h"
 
+#define PEER_CHECK_MS 10000 /* the longest the peers' DHT pings are waited for (one goes unanswered in ~3 s) */
+#define PEER_PROBE_MS 3000  /* a silent peer's websocket probe */
+
 #define PINGS_PER_GROUP 3
-#define PING_ALPHA 0.2
+#define PING_BURST 3      /* pings per measurement: the fastest counts (the first may open the connection) */
+#define PING_WINDOW 4     /* the estimate: the median of the last measurements, so start-up is soon forgotten */
+#define PING_REFRESH_S 2  /* while no request runs, measurements older than this (or the update period) renew */
 #define PING_TIMEOUT_MS 2000
 #define FIRST_ROUND_MS 5000 /* the longest a join or a load waits for the view's first round of gets */
 
@@ -46,6 +53,9 @@ static void on_change(void *user, sp_view_change what, const sp_server_record *r
     else if (what == SP_VIEW_NEW) /* JOINING before its port is bound: it is loading */
         sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s joined: blocks %d:%d on %s (%s, loading)", name, r->start,
                     r->end, r->host, sp_server_state_name(r->state));
+    else if (what == SP_VIEW_GONE && strcmp(prev->id, r->id)) /* a restart at its address */
+        sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s at %s:%d was restarted: %s runs there now", name, r->host,
+                    r->port, prev->name[0] ? prev->name : prev->id);
     else if (what == SP_VIEW_GONE)
         sp_rt_emitf(rt, SP_EV_SERVER, i, "server %s left (no announcement for %.0f s)", name, 3 * r->period);
     else if (prev->state != r->state || prev->start != r->start || prev->end != r->end)
@@ -83,7 +93,23 @@ static void set_view(sp_runtime *rt, sp_view *v)
     pthread_mutex_unlock(&rt->lock);
 }
 
-sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
+/* Sealed records the view found and this runtime's key cannot open (it has none, or another swarm's): said
+ * before any generation, so that "no servers" comes with its reason (issue 22). */
+static void say_unreadable(sp_runtime *rt)
+{
+    sp_view_stats vs;
+    sp_view_slot_stats(&rt->views, &vs);
+    int n = rt->local ? vs.unreadable : vs.unreadable_index;
+    const char *where = rt->local ? "under this model" : "in this swarm", *s = n == 1 ? "" : "s";
+    if (n > 0 && rt->has_key)
+        sp_rt_emitf(rt, SP_EV_ERROR, 0, "%d record%s %s cannot be read with this swarm key (they are sealed for swarm "
+                    "%s; this key's swarm is %s)", n, s, where, vs.unreadable_swarm, rt->key.id_hex);
+    else if (n > 0)
+        sp_rt_emitf(rt, SP_EV_ERROR, 0, "%d record%s %s cannot be read without a swarm key (a private swarm, %s: "
+                    "connect --swarm-key FILE)", n, s, where, vs.unreadable_swarm);
+}
+
+static sp_status follow_model(sp_runtime *rt, sp_err *err)
 {
     if (!rt->dht)
         return SP_OK;
@@ -104,37 +130,93 @@ sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
     return SP_OK;
 }
 
+int sp_runtime_wait_view(sp_runtime *rt, int timeout_ms)
+{
+    pthread_mutex_lock(&rt->views.lock);
+    sp_view *v = rt->views.view; /* only load and leave replace it, not concurrently (swarm.h) */
+    pthread_mutex_unlock(&rt->views.lock);
+    return v ? sp_view_wait_round(v, timeout_ms) : -1;
+}
+
+sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err)
+{
+    sp_status st = follow_model(rt, err);
+    if (!st)
+        say_unreadable(rt);
+    return st;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* pings */
 
-/* Pings server i once over its connection; updates its smoothed round trip. */
-static void ping_server(sp_runtime *rt, int i)
+static int cmp_double(const void *a, const void *b)
 {
-    sp_reply rep;
-    double t0 = sp_now_s();
-    sp_status st = sp_rt_call(rt, i, SP_MSG_PING, NULL, NULL, 0, &rep, PING_TIMEOUT_MS, NULL);
-    double rtt = sp_now_s() - t0;
-    sp_reply_clear(&rep);
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of the entry's window; caller holds rt->lock. */
+static double window_median(const sp_server_entry *e)
+{
+    int n = e->rtt_n < PING_WINDOW ? e->rtt_n : PING_WINDOW;
+    double w[PING_WINDOW];
+    memcpy(w, e->rtt_win, (size_t)n * sizeof *w);
+    qsort(w, (size_t)n, sizeof *w, cmp_double);
+    return n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
+}
+
+void sp_rt_ping(sp_runtime *rt, int i)
+{
+    double best = INFINITY;
+    sp_status st = SP_OK;
+    for (int k = 0; k < PING_BURST && !st; k++) {
+        sp_reply rep;
+        sp_err err = {0};
+        double t0 = sp_now_s();
+        st = sp_rt_call(rt, i, SP_MSG_PING, NULL, NULL, 0, &rep, PING_TIMEOUT_MS, &err);
+        double rtt = sp_now_s() - t0;
+        sp_reply_clear(&rep);
+        if (!st && rtt < best)
+            best = rtt;
+    }
+    if (st == SP_ERR_IO || st == SP_ERR_CLOSED)
+        sp_rt_probe_down(rt, i); /* nothing listens there: its process is gone */
     pthread_mutex_lock(&rt->lock);
     sp_server_entry *e = rt->servers[i];
-    if (st)
+    if (st) {
         e->rtt = INFINITY;
-    else
-        e->rtt = e->rtt < 0 || isinf(e->rtt) ? rtt : PING_ALPHA * rtt + (1 - PING_ALPHA) * e->rtt;
+    } else {
+        e->rtt_win[e->rtt_n++ % PING_WINDOW] = best;
+        e->rtt = window_median(e);
+        e->down = 0; /* it answered, as itself (sp_rt_call checks the id) */
+    }
     e->rtt_when = sp_now_s();
     pthread_mutex_unlock(&rt->lock);
 }
 
-/* Servers of the first block, of middle blocks and of the last block whose round trip is unknown or older
- * than the update period: up to PINGS_PER_GROUP of each. */
+void sp_rt_forget_pings(sp_runtime *rt)
+{
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        if (!isinf(rt->servers[i]->rtt)) {
+            rt->servers[i]->rtt = -1;
+            rt->servers[i]->rtt_n = 0;
+        }
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* Servers of the first block, of middle blocks and of the last block whose round trip is unknown, or (while
+ * no request runs: a ping would wait behind its steps, and delay them) older than PING_REFRESH_S or the update
+ * period: up to PINGS_PER_GROUP of each. */
 static int ping_candidates(sp_runtime *rt, int *out, int cap)
 {
     int L = rt->local ? rt->local->cfg.n_layers : 0, n = 0, count[3] = {0, 0, 0};
-    double now = sp_now_s();
+    int idle = !__atomic_load_n(&rt->active, __ATOMIC_RELAXED);
+    double now = sp_now_s(), period = fmin(rt->set.update_period_s, PING_REFRESH_S);
     pthread_mutex_lock(&rt->lock);
     for (int i = 0; i < rt->nservers && n < cap && L > 0; i++) {
         const sp_server_entry *e = rt->servers[i];
-        if (e->gone || e->rec.state != SP_SERVER_ONLINE || (e->rtt >= 0 && now - e->rtt_when < rt->set.update_period_s))
+        if (e->gone || e->rec.state != SP_SERVER_ONLINE || (e->rtt >= 0 && (!idle || now - e->rtt_when < period)))
             continue;
         int g = e->rec.start == 0 ? 0 : e->rec.end == L ? 2 : 1;
         if (count[g] < PINGS_PER_GROUP) {
@@ -163,7 +245,7 @@ static void *pinger_main(void *arg)
         int cand[3 * PINGS_PER_GROUP];
         int n = ping_candidates(rt, cand, 3 * PINGS_PER_GROUP);
         for (int k = 0; k < n && !rt->pinger_stop; k++)
-            ping_server(rt, cand[k]);
+            sp_rt_ping(rt, cand[k]);
         pthread_mutex_lock(&rt->lock);
     }
     pthread_mutex_unlock(&rt->lock);
@@ -184,6 +266,31 @@ static const char *bind_for(const char *peers)
     return "127.0.0.1";
 }
 
+/* With nothing found through peers: an error when none of them answered as a DHT node, saying what each one
+ * is instead (sepal-server's own check of its --initial-peers; a silent peer is declared in about 3 s). */
+static sp_status no_peer_answers(sp_runtime *rt, const char *peers, sp_err *err)
+{
+    char silent[1024], why[1536] = "";
+    int quiet = sp_dht_silent_peers(rt->dht, PEER_CHECK_MS, silent, sizeof silent), given = 1;
+    for (const char *c = peers; *c; c++)
+        given += *c == ',';
+    if (quiet < given)
+        return SP_OK;
+    size_t at = 0;
+    for (char *save = NULL, *t = strtok_r(silent, ",", &save); t && at < sizeof why; t = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(t, ':');
+        if (!colon)
+            continue;
+        *colon = '\0';
+        at += (size_t)snprintf(why + at, sizeof why - at, "%s", at ? "; " : "");
+        if (at < sizeof why)
+            sp_remote_describe_port(t, atoi(colon + 1), rt->has_key ? &rt->key : NULL, PEER_PROBE_MS, why + at,
+                                    sizeof why - at);
+        at += strlen(why + at);
+    }
+    return sp_errf(err, SP_ERR_ARG, "--initial-peers %s: %s", peers, why);
+}
+
 sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err)
 {
     if (rt->dht)
@@ -194,7 +301,7 @@ sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err
     if (st)
         return sp_err_prefix(err, "joining the swarm through %s: ", initial_peers);
     snprintf(rt->initial_peers, sizeof rt->initial_peers, "%s", initial_peers);
-    st = sp_rt_view_follow_model(rt, err);
+    st = follow_model(rt, err);
     if (!st && !rt->pinger_started) {
         rt->pinger_stop = 0;
         rt->pinger_started = !pthread_create(&rt->pinger, NULL, pinger_main, rt);
@@ -208,8 +315,13 @@ sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err
     for (int i = 0; i < rt->nservers; i++)
         n += rt->servers[i]->from_dht && !rt->servers[i]->gone;
     pthread_mutex_unlock(&rt->lock);
+    if (!n && (st = no_peer_answers(rt, initial_peers, err))) { /* a websocket port given for a DHT node, say */
+        sp_rt_leave(rt);
+        return st;
+    }
     sp_rt_emitf(rt, SP_EV_INFO, 0, "joined the swarm through %s (DHT node on %s:%d): %d server%s seen%s", initial_peers,
                 o.bind, sp_dht_port(rt->dht), n, n == 1 ? "" : "s", rt->local ? "" : " (load a model to see its servers)");
+    say_unreadable(rt);
     return SP_OK;
 }
 

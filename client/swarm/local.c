@@ -236,6 +236,7 @@ sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
     for (int i = 0; i < ns && m < sizeof spans; i++)
         m += (size_t)snprintf(spans + m, sizeof spans - m, "%s%d:%d", m ? ", " : "", span[i][0], span[i][1]);
     sp_rt_emitf(rt, SP_EV_INFO, 0, "%d server%s: blocks %s", n, n > 1 ? "s" : "", spans);
+    sp_rt_forget_pings(rt); /* taken while servers started: the route measures them again */
     return sp_runtime_route(rt, err);
 }
 

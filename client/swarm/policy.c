@@ -26,21 +26,55 @@ int sp_rt_retryable(sp_status st, const sp_reply *rep)
     return 1;
 }
 
+/* "WHAT; retry K of N in S s" (or "now", or "no retries left (N)") as an SP_EV_RETRY event for the retry
+ * that follows try `attempt`; its `total` is the pause in seconds (a front end counts it down). */
+static void retry_event(sp_runtime *rt, int row, int attempt, const char *what)
+{
+    int max = rt->set.max_retries;
+    char text[1200];
+    double wait = sp_rt_backoff(rt, attempt + 1);
+    if (attempt >= max)
+        snprintf(text, sizeof text, "%s; no retries left (%d)", what, max);
+    else if (wait > 0)
+        snprintf(text, sizeof text, "%s; retry %d of %d in %.0f s", what, attempt + 1, max, wait);
+    else
+        snprintf(text, sizeof text, "%s; retry %d of %d now", what, attempt + 1, max);
+    sp_rt_emit(rt, SP_EV_RETRY, text, 0, attempt < max ? wait : 0, row);
+}
+
+/* Bans server i (see sp_rt_failed), and with it the earlier lives of the server at its address: they are
+ * the same process's address, and a retry must not go back there while another route exists. Returns the
+ * ban's length. Caller holds rt->lock. */
+static double ban(sp_runtime *rt, int i)
+{
+    sp_server_entry *e = rt->servers[i];
+    double len = rt->set.ban_s * pow(2.0, e->failures < 20 ? e->failures : 20);
+    double now = sp_runtime_now(rt);
+    if (e->banned_until < now) { /* a server already banned keeps its ban (Petals' Blacklist) */
+        e->banned_until = now + len;
+        e->failures++;
+    } else {
+        len = e->banned_until - now;
+    }
+    for (int j = 0; j < rt->nservers; j++) {
+        sp_server_entry *o = rt->servers[j];
+        if (j != i && !o->gone && sp_rt_same_addr(o, e) && o->rec.timestamp <= e->rec.timestamp &&
+            o->banned_until < e->banned_until)
+            o->banned_until = e->banned_until;
+    }
+    return len;
+}
+
 void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
 {
     char label[160];
     sp_rt_server_label(rt, i, label, sizeof label);
+    /* a lost connection: if nothing listens there any more, the server is gone, not busy */
+    int down = why && (why->code == SP_ERR_IO || why->code == SP_ERR_CLOSED) && sp_rt_probe_down(rt, i);
     pthread_mutex_lock(&rt->lock);
     sp_server_entry *e = rt->servers[i];
-    double ban = rt->set.ban_s * pow(2.0, e->failures < 20 ? e->failures : 20);
-    double now = sp_runtime_now(rt);
-    if (e->banned_until < now) { /* a server already banned keeps its ban (Petals' Blacklist) */
-        e->banned_until = now + ban;
-        e->failures++;
-    } else {
-        ban = e->banned_until - now;
-    }
-    int start = e->rec.start, end = e->rec.end, max = rt->set.max_retries;
+    double len = ban(rt, i);
+    int start = e->rec.start, end = e->rec.end;
     pthread_mutex_unlock(&rt->lock);
     /* the error often names the server again: "HOST:PORT (blocks a:b): ..." */
     const char *msg = why && why->msg[0] ? why->msg : "?";
@@ -52,19 +86,33 @@ void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
         if (!strncmp(rest, ": ", 2))
             msg = rest + 2;
     }
-    if (attempt < max) {
-        double wait = sp_rt_backoff(rt, attempt + 1);
-        char when[32];
-        if (wait > 0)
-            snprintf(when, sizeof when, "in %.0f s", wait);
+    char what[1024];
+    snprintf(what, sizeof what, "%s (blocks %d:%d) failed: %s%s; banned for %.0f s", label, start, end, msg,
+             down ? "; nothing listens there now" : "", len);
+    retry_event(rt, i, attempt, what);
+}
+
+int sp_rt_no_server(sp_runtime *rt, int start, int end, int attempt, sp_err *err)
+{
+    char who[160], what[400];
+    int missing, L = rt->local ? rt->local->cfg.n_layers : end;
+    if (!sp_rt_joining(rt, start, end, &missing, who, sizeof who)) {
+        char failure[sizeof err->msg];
+        snprintf(failure, sizeof failure, "%s", err ? err->msg : "");
+        if (failure[0]) /* after a server's failure: say which, and why no other can stand in */
+            sp_errf(err, SP_ERR_NOTFOUND, "%.300s; no other server holds block %d (of 0..%d), and none is joining",
+                    failure, missing, L - 1);
         else
-            snprintf(when, sizeof when, "now");
-        sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; retry %d of %d %s", label,
-                    start, end, msg, ban, attempt + 1, max, when);
-    } else {
-        sp_rt_emitf(rt, SP_EV_RETRY, i, "%s (blocks %d:%d) failed: %s; banned for %.0f s; no retries left (%d)",
-                    label, start, end, msg, ban, max);
+            sp_errf(err, SP_ERR_NOTFOUND, "no online server holds block %d (of 0..%d), and none is joining", missing,
+                    L - 1);
+        return 0;
     }
+    if (missing >= 0)
+        snprintf(what, sizeof what, "no online server holds block %d (of 0..%d) yet; %s", missing, L - 1, who);
+    else
+        snprintf(what, sizeof what, "blocks %d:%d have servers again", start, end);
+    retry_event(rt, -1, attempt, what);
+    return 1;
 }
 
 void sp_rt_succeeded(sp_runtime *rt, int i)

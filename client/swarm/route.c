@@ -1,7 +1,9 @@
 /* route.c - routes over the servers the runtime knows: the table becomes routing spans (swarm/routing.h,
  * pure functions), and the hops they return become sp_routes (stages of hops, runtime.h). Servers that
- * are gone, not ONLINE, not allowed or blocked by the settings are left out; banned ones are used only
- * where nothing else covers a block. */
+ * are gone, down (nothing listens at their address), not ONLINE, not allowed or blocked by the settings are
+ * left out; banned ones are used only where nothing else covers a block. Inference routes are priced as the
+ * client relays them, on measured pings (an unknown one measured first) and, once seen, measured block times;
+ * a route over every block adds the client's own part of a step. */
 #include "swarm_impl.h"
 
 #include <math.h>
@@ -10,6 +12,7 @@
 #include <string.h>
 
 #include "routing.h"
+#include "timeutil.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* routes as stages */
@@ -58,10 +61,46 @@ static int listed(const char *list, const sp_server_entry *e)
     return 0;
 }
 
+/* Not gone, not down, allowed and not blocked by the settings. */
+static int eligible(const sp_runtime *rt, const sp_server_entry *e)
+{
+    return !e->gone && !e->down && (!rt->set.allowed[0] || listed(rt->set.allowed, e)) &&
+           !(rt->set.blocked[0] && listed(rt->set.blocked, e));
+}
+
 static int usable(const sp_runtime *rt, const sp_server_entry *e)
 {
-    return !e->gone && e->rec.state == SP_SERVER_ONLINE && (!rt->set.allowed[0] || listed(rt->set.allowed, e)) &&
-           !(rt->set.blocked[0] && listed(rt->set.blocked, e));
+    return eligible(rt, e) && e->rec.state == SP_SERVER_ONLINE;
+}
+
+int sp_rt_joining(sp_runtime *rt, int start, int end, int *missing, char *who, size_t cap)
+{
+    int ok = 1;
+    *missing = -1;
+    who[0] = '\0';
+    pthread_mutex_lock(&rt->lock);
+    for (int b = start; b < end && ok; b++) {
+        int online = 0, joiner = -1;
+        for (int i = 0; i < rt->nservers && !online; i++) {
+            const sp_server_entry *e = rt->servers[i];
+            if (!eligible(rt, e) || e->rec.start > b || b >= e->rec.end)
+                continue;
+            online = e->rec.state == SP_SERVER_ONLINE;
+            if (e->rec.state == SP_SERVER_JOINING && joiner < 0)
+                joiner = i;
+        }
+        if (online)
+            continue;
+        if (*missing < 0)
+            *missing = b;
+        ok = joiner >= 0;
+        if (ok && !who[0]) {
+            const sp_server_record *r = &rt->servers[joiner]->rec;
+            snprintf(who, cap, "server %s (blocks %d:%d) is joining", r->name[0] ? r->name : r->id, r->start, r->end);
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return ok;
 }
 
 /* The index of the server with this id, or -1; caller holds rt->lock. */
@@ -92,12 +131,17 @@ static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
         }
         sp_route_span *s = &sp[n++];
         *s = (sp_route_span){.server = i, .start = e->rec.start, .end = e->rec.end,
-                             .inference_rps = e->rec.inference_rps, .throughput = e->rec.throughput,
+                             .inference_rps = e->rec.inference_rps, .block_s = e->block_s,
+                             .throughput = e->rec.throughput,
                              .cache_tokens_left = e->rec.cache_tokens_left, .client_rtt = e->rtt,
                              .banned = e->banned_until > now, .next = nx, .nnext = nn};
     }
     return n;
 }
+
+/* Sessions relay every hop from the client (no server-to-server push yet): each hop costs the client's round
+ * trip to its server, which the ping measures whole (the websocket, the server's loop), and its blocks. */
+static const sp_route_model RELAYED = {.relayed = 1, .overhead = 0};
 
 /* Routing over the table: min-latency (inference) when train is 0, else max-throughput. */
 static int route_table(sp_runtime *rt, int train, int start, int end, long cache, sp_route_hop *hops, double *cost,
@@ -112,7 +156,8 @@ static int route_table(sp_runtime *rt, int train, int start, int end, long cache
     if (sp && nx) {
         int k = make_spans(rt, sp, nx);
         nh = train ? sp_route_max_throughput(sp, k, start, end, &rt->rng, hops, SP_RT_MAX_HOPS, missing)
-                   : sp_route_min_latency(sp, k, start, end, cache, hops, SP_RT_MAX_HOPS, cost, missing);
+                   : sp_route_min_latency_model(sp, k, start, end, cache, &RELAYED, hops, SP_RT_MAX_HOPS, cost,
+                                                missing);
     }
     pthread_mutex_unlock(&rt->lock);
     free(sp);
@@ -149,12 +194,68 @@ static sp_status routed(sp_runtime *rt, int nh, const sp_route_hop *hops, double
     return SP_OK;
 }
 
+/* Servers on hops whose ping is unknown (never measured, or forgotten): their number, into srv. */
+static int unmeasured(sp_runtime *rt, const sp_route_hop *hops, int nh, int *srv)
+{
+    int n = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int h = 0; h < nh; h++)
+        if (rt->servers[hops[h].server]->rtt < 0)
+            srv[n++] = hops[h].server;
+    pthread_mutex_unlock(&rt->lock);
+    return n;
+}
+
+/* The client's own part of a decode step: as measured in generations, else one pass of the head (3 tries, the
+ * fastest) as a first guess. */
+static double local_step(sp_runtime *rt)
+{
+    pthread_mutex_lock(&rt->lock);
+    double s = rt->local_step_s;
+    pthread_mutex_unlock(&rt->lock);
+    if (s > 0 || !rt->local)
+        return s;
+    int H = rt->local->cfg.hidden;
+    int32_t id = rt->local->cfg.bos_id > 0 ? rt->local->cfg.bos_id : 1;
+    float *x = malloc((size_t)H * sizeof *x);
+    double best = INFINITY;
+    for (int k = 0; x && k < 3; k++) { /* a token's embedding as the hidden state: a head's usual work */
+        double t0 = sp_now_s();
+        if (sp_model_embed(rt->local, x, &id, 1, NULL) || sp_model_head_argmax(rt->local, &id, x, 1, NULL))
+            break;
+        best = fmin(best, sp_now_s() - t0);
+    }
+    free(x);
+    if (!isfinite(best))
+        return 0;
+    pthread_mutex_lock(&rt->lock);
+    if (rt->local_step_s <= 0)
+        rt->local_step_s = best;
+    s = rt->local_step_s;
+    pthread_mutex_unlock(&rt->lock);
+    return s;
+}
+
 sp_status sp_runtime_route_inference(sp_runtime *rt, int start, int end, long cache_tokens, sp_route *out, sp_err *err)
 {
     sp_route_hop hops[SP_RT_MAX_HOPS];
     double cost;
-    int missing = -1, nh = route_table(rt, 0, start, end, cache_tokens, hops, &cost, &missing);
-    return routed(rt, nh, hops, cost, missing, start, end, out, err);
+    int missing = -1, nh = -1, srv[SP_RT_MAX_HOPS];
+    /* a ping unknown to routing costs a guess (0.3 s): the servers the route would use are measured first, and
+     * the route made again on what was measured (a few rounds at most) */
+    for (int round = 0, n = 1; round < 3 && n > 0; round++) {
+        nh = route_table(rt, 0, start, end, cache_tokens, hops, &cost, &missing);
+        n = nh > 0 ? unmeasured(rt, hops, nh, srv) : 0;
+        for (int k = 0; k < n; k++)
+            sp_rt_ping(rt, srv[k]);
+    }
+    sp_status st = routed(rt, nh, hops, cost, missing, start, end, out, err);
+    int L = rt->local ? rt->local->cfg.n_layers : -1;
+    if (!st && start == 0 && end == L) { /* a whole step: the client's part comes on top */
+        out->local = local_step(rt);
+        out->cost += out->local;
+    }
+    return st;
 }
 
 sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *out, sp_err *err)
@@ -169,7 +270,31 @@ sp_status sp_runtime_route_train(sp_runtime *rt, sp_route *out, sp_err *err)
 {
     if (!rt->local)
         return sp_errf(err, SP_ERR_STATE, "no model loaded");
-    return sp_rt_route_span_train(rt, 0, rt->local->cfg.n_layers, out, err);
+    int L = rt->local->cfg.n_layers;
+    for (int attempt = 0;; attempt++) { /* no server for a block: wait only for one that is joining */
+        sp_err rerr = {0};
+        sp_status st = sp_rt_route_span_train(rt, 0, L, out, &rerr);
+        if (st != SP_ERR_NOTFOUND) {
+            if (st && err)
+                *err = rerr;
+            return st;
+        }
+        if (attempt >= rt->set.max_retries) {
+            if (err)
+                *err = rerr;
+            sp_err_prefix(err, "no server could run blocks 0:%d (%d retries): ", L, rt->set.max_retries);
+            return SP_ERR_NOTFOUND;
+        }
+        sp_err why = {0};
+        if (!sp_rt_no_server(rt, 0, L, attempt + 1, &why)) { /* nobody holds a block, nobody is joining */
+            if (err)
+                *err = why;
+            sp_err_prefix(err, "no server could run blocks 0:%d: ", L);
+            return SP_ERR_NOTFOUND;
+        }
+        if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt + 1)))
+            return sp_errf(err, SP_ERR_CANCELLED, "cancelled");
+    }
 }
 
 sp_status sp_runtime_route(sp_runtime *rt, sp_err *err)
@@ -204,8 +329,10 @@ void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t 
         sp_rt_server_label(rt, h->server, label, sizeof label);
         n += (size_t)snprintf(buf + n, cap - n, "%s%d:%d %s", i ? " -> " : "", h->start, h->end, label);
         if (n < cap && h->latency > 0)
-            n += (size_t)snprintf(buf + n, cap - n, " (%.1f ms)", h->latency * 1e3);
+            n += (size_t)snprintf(buf + n, cap - n, " (%.*f ms)", h->latency < 0.01 ? 2 : 1, h->latency * 1e3);
     }
+    if (n < cap && r->local > 0)
+        n += (size_t)snprintf(buf + n, cap - n, " + %.*f ms local", r->local < 0.01 ? 2 : 1, r->local * 1e3);
     if (n < cap && r->cost > 0)
         snprintf(buf + n, cap - n, "; %.0f steps/s expected", 1.0 / r->cost);
 }

@@ -37,6 +37,13 @@ double sp_route_delay(double rtt)
     return rtt / 2 < SP_ROUTE_MAX_DELAY ? rtt / 2 : SP_ROUTE_MAX_DELAY; /* INFINITY (unreachable): 5 s */
 }
 
+double sp_route_relay_delay(double rtt)
+{
+    if (!(rtt >= 0))
+        return 2 * SP_ROUTE_UNKNOWN_DELAY;
+    return rtt < 2 * SP_ROUTE_MAX_DELAY ? rtt : 2 * SP_ROUTE_MAX_DELAY;
+}
+
 int sp_route_has_cache(const sp_route_span *s, long cache_tokens)
 {
     return cache_tokens <= 0 || s->cache_tokens_left < 0 || cache_tokens <= s->cache_tokens_left;
@@ -44,6 +51,8 @@ int sp_route_has_cache(const sp_route_span *s, long cache_tokens)
 
 static double block_cost(const sp_route_span *s)
 {
+    if (s->block_s > 0 && isfinite(s->block_s))
+        return s->block_s;
     return 1.0 / (s->inference_rps > 0 ? s->inference_rps : SP_ROUTE_DEFAULT_RPS);
 }
 
@@ -166,6 +175,7 @@ static heap_item heap_pop(heap *h)
  * the entry and the compute edges of blocks b .. hi - 1, added one by one as Dijkstra would add them
  * along the chain. Node k is the exit. */
 typedef struct graph {
+    const sp_route_model *m;
     const sp_route_span *s;
     const int *sel; /* graph span i is s[sel[i]] */
     int k, start, end;
@@ -265,7 +275,7 @@ static int graph_pings(graph *g)
     for (int i = 0, n = 0; !rc && i < k; i++) {
         const sp_route_span *x = &g->s[g->sel[i]];
         g->pbeg[i] = n;
-        for (int p = 0; p < x->nnext; p++) {
+        for (int p = 0; p < x->nnext && !g->m->relayed; p++) { /* relayed: servers' pings play no part */
             int t = x->next[p].rtt >= 0 ? map_find(&m, x->next[p].server) : -1, dup = 0;
             for (int q = g->pbeg[i]; q < n && !dup; q++)
                 dup = g->ptgt[q] == t;
@@ -340,10 +350,35 @@ static int enter_span(graph *g, int t, int b, double d, int from)
     return relax(g, t, d, from, b);
 }
 
-/* The entry edge into graph span t after a hop of this rtt (the client's or a known ping; < 0: unknown). */
+/* Petals' model: the entry edge into graph span t after a hop of this rtt (the client's or a known ping; < 0:
+ * unknown). */
 static double entry_at(const graph *g, int t, double rtt)
 {
-    return sp_route_delay(rtt) + SP_ROUTE_OVERHEAD + g->pen[t];
+    return sp_route_delay(rtt) + g->m->overhead + g->pen[t];
+}
+
+/* The relayed model: entering graph span t costs the client's round trip to it, whatever came before. */
+static double relay_entry(const graph *g, int t)
+{
+    return sp_route_relay_delay(g->s[g->sel[t]].client_rtt) + g->m->overhead + g->pen[t];
+}
+
+/* The entry into graph span t from the client (the chain's first span). */
+static double first_entry(const graph *g, int t)
+{
+    return g->m->relayed ? relay_entry(g, t) : entry_at(g, t, g->s[g->sel[t]].client_rtt);
+}
+
+/* Leaving graph span t, the chain's last, back to the client. */
+static double exit_cost(const graph *g, int t)
+{
+    return g->m->relayed ? 0 : sp_route_delay(g->s[g->sel[t]].client_rtt);
+}
+
+/* A switch into graph span t from a span without a known ping to it (Petals: an unknown rtt). */
+static double switch_price(const graph *g, int t)
+{
+    return g->m->relayed ? relay_entry(g, t) : entry_at(g, t, -1);
 }
 
 /* The known ping of graph span i to graph span t, or -1. */
@@ -365,7 +400,7 @@ static int transitions(graph *g, int i, int b, double d)
         int t = list[p];
         if (known_ping(g, i, t) >= 0)
             list[keep++] = t;
-        else if (enter_span(g, t, b, d + entry_at(g, t, -1), i))
+        else if (enter_span(g, t, b, d + switch_price(g, t), i))
             return -2;
     }
     *len = keep;
@@ -381,8 +416,7 @@ static int transitions(graph *g, int i, int b, double d)
 static int dijkstra(graph *g)
 {
     for (int i = 0; i < g->k; i++)
-        if (g->lo[i] == g->start &&
-            enter_span(g, i, g->start, entry_at(g, i, g->s[g->sel[i]].client_rtt), -1))
+        if (g->lo[i] == g->start && enter_span(g, i, g->start, first_entry(g, i), -1))
             return -2;
     while (g->h.n > 0) {
         heap_item it = heap_pop(&g->h);
@@ -392,7 +426,7 @@ static int dijkstra(graph *g)
         if (i == g->k)
             return 0;
         const sp_route_span *x = &g->s[g->sel[i]];
-        if (g->hi[i] == g->end && relax(g, g->k, it.d + sp_route_delay(x->client_rtt), i, -1))
+        if (g->hi[i] == g->end && relax(g, g->k, it.d + exit_cost(g, i), i, -1))
             return -2;
         if (g->hi[i] == x->end && x->end < g->end && transitions(g, i, x->end, it.d))
             return -2;
@@ -422,6 +456,13 @@ static int path_hops(const graph *g, sp_route_hop *hops, int max_hops)
 int sp_route_min_latency(const sp_route_span *s, int n, int start, int end, long cache_tokens, sp_route_hop *hops,
                          int max_hops, double *cost, int *missing)
 {
+    static const sp_route_model petals = {.relayed = 0, .overhead = SP_ROUTE_OVERHEAD};
+    return sp_route_min_latency_model(s, n, start, end, cache_tokens, &petals, hops, max_hops, cost, missing);
+}
+
+int sp_route_min_latency_model(const sp_route_span *s, int n, int start, int end, long cache_tokens,
+                               const sp_route_model *m, sp_route_hop *hops, int max_hops, double *cost, int *missing)
+{
     *missing = -1;
     *cost = 0;
     if (end <= start)
@@ -434,7 +475,7 @@ int sp_route_min_latency(const sp_route_span *s, int n, int start, int end, long
         free(sel);
         return k < 0 ? k : -1;
     }
-    graph g = {.s = s, .sel = sel, .k = k, .start = start, .end = end, .cache = cache_tokens};
+    graph g = {.m = m, .s = s, .sel = sel, .k = k, .start = start, .end = end, .cache = cache_tokens};
     int nh = graph_build(&g);
     if (!nh)
         nh = dijkstra(&g);

@@ -11,6 +11,13 @@
  * exit the client's own ping. A server may be entered in the middle of its span, but is used to the end of
  * its span before the chain moves on (Petals: keeps the graph small).
  *
+ * That is Petals' model, where a server passes its output on to the next. A client that relays every hop itself
+ * (sepal's sessions: each step is a round trip from the client to each server in turn) uses the relayed model
+ * (sp_route_model): entering a span costs the client's whole round trip to that server plus the model's
+ * overhead (unknown: 2 x 0.15 s; unreachable: 2 x 5 s), the servers' next pings play no part, and the exit
+ * costs nothing. Either way a span's blocks cost its measured seconds per block when the caller knows them
+ * (block_s), else 1 / inference_rps.
+ *
  * Which spans take part (both routes): a span that is banned, or that the client cannot reach
  * (client_rtt == +INFINITY), is "avoided": left out unless it holds some block of the range that no
  * other span holds (Petals' "drop banned peers unless that would leave the block with no servers").
@@ -38,6 +45,8 @@ typedef struct sp_route_span {
     int server;             /* caller's index, >= 0 and unique per span; returned in hops */
     int start, end;         /* blocks [start, end) served */
     double inference_rps;   /* per-block single-token steps/s; <= 0: unknown (SP_ROUTE_DEFAULT_RPS) */
+    double block_s;         /* seconds a block of it takes in a single-token step, as the caller measured
+                               them; <= 0: unknown (1 / inference_rps) */
     double throughput;      /* tokens/s per block; max-throughput routing's weight (<= 0: span length) */
     long cache_tokens_left; /* positions a session over this whole span can still get; < 0: unknown */
     double client_rtt;      /* seconds; < 0: unknown; INFINITY: unreachable (avoided) */
@@ -46,6 +55,12 @@ typedef struct sp_route_span {
                                   entry naming x with a known rtt, else unknown */
     int nnext;
 } sp_route_span;
+
+/* How a step travels along the chain (the min-latency cost model; see above). */
+typedef struct sp_route_model {
+    int relayed;     /* 0: Petals' (servers pass the step on); 1: the client relays every hop */
+    double overhead; /* seconds per span entered besides the round trips (Petals: SP_ROUTE_OVERHEAD) */
+} sp_route_model;
 
 typedef struct sp_route_hop {
     int server, start, end; /* blocks [start, end) on that server */
@@ -62,6 +77,9 @@ typedef struct sp_route_hop {
  * repeated; -2 when out of memory. *cost is 0 on failure. */
 int sp_route_min_latency(const sp_route_span *s, int n, int start, int end, long cache_tokens, sp_route_hop *hops,
                          int max_hops, double *cost, int *missing);
+/* The same under another cost model m (sp_route_min_latency: Petals', {0, SP_ROUTE_OVERHEAD}). */
+int sp_route_min_latency_model(const sp_route_span *s, int n, int start, int end, long cache_tokens,
+                               const sp_route_model *m, sp_route_hop *hops, int max_hops, double *cost, int *missing);
 
 /* A max-throughput route over [start, end) (training, forward; Petals' greedy walk): from each position
  * one of the spans holding it, drawn from rng with probability proportional to its weight = throughput
@@ -73,6 +91,7 @@ int sp_route_max_throughput(const sp_route_span *s, int n, int start, int end, s
 
 /* The pieces of the cost model, for tests and the router's callers. */
 double sp_route_delay(double rtt);
+double sp_route_relay_delay(double rtt); /* the relayed model's: the whole round trip (see above) */
 int sp_route_has_cache(const sp_route_span *s, long cache_tokens);
 
 #endif

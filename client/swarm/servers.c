@@ -6,6 +6,7 @@
 #include "swarm_impl.h"
 
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -30,6 +31,10 @@ int sp_rt_server_put(sp_runtime *rt, const sp_server_record *r, int from_dht)
     for (int i = 0; i < rt->nservers; i++) {
         sp_server_entry *e = rt->servers[i];
         if (!strcmp(e->rec.id, r->id)) {
+            if (e->down && (!from_dht || r->timestamp > e->rec.timestamp)) { /* it announced anew: alive */
+                e->down = 0;
+                e->rtt = -1;
+            }
             e->rec = *r;
             e->from_dht = from_dht;
             e->gone = 0;
@@ -58,15 +63,25 @@ void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap)
 {
     pthread_mutex_lock(&rt->lock);
     const sp_server_record *r = &rt->servers[i]->rec;
-    if (r->name[0])
-        snprintf(buf, cap, "%s (%s:%d)", r->name, r->host, r->port);
-    else
-        snprintf(buf, cap, "%s:%d", r->host, r->port);
+    int n = r->name[0] ? snprintf(buf, cap, "%s (%s:%d)", r->name, r->host, r->port)
+                       : snprintf(buf, cap, "%s:%d", r->host, r->port);
+    if (n < 0 && cap) /* an encoding error leaves buf undefined; a longer label is cut */
+        buf[0] = '\0';
     pthread_mutex_unlock(&rt->lock);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* connections */
+
+/* Entry i, read under the lock: the table's array moves when the DHT's thread adds a server (sp_rt_server_put),
+ * while the entries themselves stay where they are. */
+static sp_server_entry *entry_of(sp_runtime *rt, int i)
+{
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
+    pthread_mutex_unlock(&rt->lock);
+    return e;
+}
 
 /* A connection with the bulk channel, proving the swarm key first when there is one. */
 static sp_status rt_connect(sp_runtime *rt, sp_remote **r, const char *host, int port, int timeout_ms, sp_err *err)
@@ -109,12 +124,33 @@ static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int bro
     }
 }
 
+/* 1 if the server that answered at entry i's address (HELLO) is not entry i's (a restart there: a new id),
+ * with err saying so; entry i is then down. Entries from the DHT only: a server connected by address is
+ * that address. */
+static int other_server(sp_runtime *rt, int i, const sp_remote *r, sp_err *err)
+{
+    const char *id = sp_remote_hello(r)->id;
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
+    int other = e->from_dht && id[0] && strcmp(id, e->rec.id);
+    char was[SP_SERVER_ID_LEN];
+    snprintf(was, sizeof was, "%s", e->rec.id);
+    if (other) {
+        e->down = 1;
+        e->rtt = INFINITY;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    if (other)
+        sp_errf(err, SP_ERR_NOTFOUND, "server %s is no longer there: %s answers (a restart)", was, id);
+    return other;
+}
+
 /* The shared connection of server i, opened if there is none (outside the lock: connecting takes a round
  * trip or a timeout). */
 static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
 {
-    sp_server_entry *e = rt->servers[i];
     pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
     sp_conn *c = e->conn;
     char host[64];
     int port = e->rec.port;
@@ -133,8 +169,10 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     if (c) /* the server closed it while it was idle (its idle timeout): a new one, no failure */
         conn_release(rt, e, c, 1);
     sp_remote *r = NULL;
-    if (rt_connect(rt, &r, host, port, timeout_ms, err))
+    if (rt_connect(rt, &r, host, port, timeout_ms, err) || other_server(rt, i, r, err)) {
+        sp_remote_close(r);
         return NULL;
+    }
     c = calloc(1, sizeof *c);
     if (!c) {
         sp_remote_close(r);
@@ -169,7 +207,7 @@ sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, 
     sp_status st = sp_remote_call(c->r, type, meta, t, n, rep, timeout_ms, err);
     /* an ERROR reply leaves the connection sound, and so does a cancelled wait (the late reply is dropped) */
     int broken = st && st != SP_ERR_CANCELLED && rep->msg.type != SP_MSG_ERROR;
-    conn_release(rt, rt->servers[i], c, broken);
+    conn_release(rt, entry_of(rt, i), c, broken);
     return st;
 }
 
@@ -177,37 +215,33 @@ void sp_rt_close_conns(sp_runtime *rt)
 {
     for (int i = 0; i < rt->nservers; i++) {
         pthread_mutex_lock(&rt->lock);
-        sp_conn *c = rt->servers[i]->conn;
+        sp_server_entry *e = rt->servers[i];
+        sp_conn *c = e->conn;
         if (c)
             c->users++; /* as a caller would */
         pthread_mutex_unlock(&rt->lock);
         if (c)
-            conn_release(rt, rt->servers[i], c, 1);
+            conn_release(rt, e, c, 1);
     }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* servers connected by address (no DHT): HELLO and INFO fill their entry */
 
-static void fill_from_info(sp_runtime *rt, int i, const sp_reply *rep)
+static void fill_from_info(sp_runtime *rt, int i, const sp_info_reply *a)
 {
     sp_server_entry *e = rt->servers[i];
-    int64_t v;
-    double inf = 0, fwd = 0;
-    int has_inf = sp_meta_num(&rep->msg, "inference_rps", &inf), has_fwd = sp_meta_num(&rep->msg, "forward_tps", &fwd);
-    const char *name = sp_meta_str(&rep->msg, "public_name");
     pthread_mutex_lock(&rt->lock);
     int nb = e->rec.end - e->rec.start;
-    if (sp_meta_int(&rep->msg, "cache_tokens_available", &v))
-        e->rec.cache_tokens_left = (long)v;
-    if (sp_meta_int(&rep->msg, "cache_tokens_total", &v))
-        e->cache_total = (long)v;
+    if (a->cache_tokens_available >= 0)
+        e->rec.cache_tokens_left = (long)a->cache_tokens_available;
+    if (a->cache_tokens_total >= 0)
+        e->cache_total = (long)a->cache_tokens_total;
     /* INFO gives the span's rates; records carry per-block ones */
-    e->rec.inference_rps = has_inf ? inf * nb : 0;
-    e->rec.forward_rps = has_fwd ? fwd * nb : 0;
+    e->rec.inference_rps = a->inference_rps * nb;
+    e->rec.forward_rps = a->forward_tps * nb;
     e->rec.throughput = e->rec.forward_rps / ((nb + 1) / 2.0);
-    if (name)
-        snprintf(e->rec.name, sizeof e->rec.name, "%s", name);
+    snprintf(e->rec.name, sizeof e->rec.name, "%s", a->public_name);
     e->rec.state = SP_SERVER_ONLINE;
     pthread_mutex_unlock(&rt->lock);
 }
@@ -217,9 +251,12 @@ static void server_info(sp_runtime *rt, int i)
 {
     sp_reply rep;
     sp_err err = {0};
+    sp_info_reply a;
     sp_status st = sp_rt_call(rt, i, SP_MSG_INFO, NULL, NULL, 0, &rep, 5000, &err);
+    if (!st)
+        st = sp_info_reply_decode(&rep.msg, &a, &err);
     if (!st) {
-        fill_from_info(rt, i, &rep);
+        fill_from_info(rt, i, &a);
     } else {
         pthread_mutex_lock(&rt->lock);
         int was = rt->servers[i]->rec.state;
@@ -275,6 +312,29 @@ static sp_status tcp_probe(const char *host, int port, int timeout_ms, sp_err *e
     if (e == ETIMEDOUT)
         return sp_errf(err, SP_ERR_IO, "%s:%d: unreachable (no answer within %d s)", host, port, timeout_ms / 1000);
     return sp_errf(err, SP_ERR_IO, "%s:%d: unreachable (%s)", host, port, strerror(e));
+}
+
+int sp_rt_probe_down(sp_runtime *rt, int i)
+{
+    char host[64];
+    pthread_mutex_lock(&rt->lock);
+    snprintf(host, sizeof host, "%s", rt->servers[i]->rec.host);
+    int port = rt->servers[i]->rec.port;
+    pthread_mutex_unlock(&rt->lock);
+    if (port <= 0 || tcp_probe(host, port, 1000, NULL) == SP_OK)
+        return 0;
+    double now = sp_now_s();
+    pthread_mutex_lock(&rt->lock);
+    for (int j = 0; j < rt->nservers; j++) {
+        sp_server_entry *e = rt->servers[j];
+        if (sp_rt_same_addr(e, rt->servers[i])) {
+            e->down = 1;
+            e->rtt = INFINITY;
+            e->rtt_when = now;
+        }
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return 1;
 }
 
 /* Connects to host:port, says HELLO, checks that it serves the loaded model, and adds it under its address. */

@@ -11,6 +11,7 @@
  * is handled the same way, up to the max_retries setting. */
 #include "swarm_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,8 @@ static void close_session(sp_lm_swarm *s, int h, int timeout_ms)
     if (!s->session[h])
         return;
     char meta[64];
-    snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)s->session[h]);
+    sp_close_req q = {.session = s->session[h]};
+    sp_close_req_encode(&q, meta, sizeof meta, NULL);
     sp_reply rep;
     sp_rt_call(s->rt, s->route.hop[h].server, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, timeout_ms, NULL);
     sp_reply_clear(&rep);
@@ -48,14 +50,14 @@ static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, s
 {
     sp_runtime *rt = s->rt;
     char meta[160];
-    snprintf(meta, sizeof meta, "{\"start\":%d,\"end\":%d,\"max_length\":%d,\"batch\":%d}", hop->start, hop->end,
-             s->max_length, s->B);
+    sp_open_req q = {.start = hop->start, .end = hop->end, .max_length = s->max_length, .batch = s->B};
+    sp_open_reply a = {0};
+    sp_open_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_status st = sp_rt_call(rt, hop->server, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, rep,
                               sp_rt_timeout_ms(rt, hop->server, 0, 0, 1) + 5000, err);
-    int64_t v = 0;
-    if (!st && !sp_meta_int(&rep->msg, "session", &v))
-        st = sp_errf(err, SP_ERR_FORMAT, "INFERENCE_OPEN reply without a session id");
-    *id = (uint64_t)v;
+    if (!st)
+        st = sp_open_reply_decode(&rep->msg, &a, err);
+    *id = a.session;
     if (st) {
         char label[160];
         sp_rt_server_label(rt, hop->server, label, sizeof label);
@@ -99,7 +101,8 @@ static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *faile
         for (int i = 0; i < k; i++) {
             if (ids[i]) {
                 char meta[64];
-                snprintf(meta, sizeof meta, "{\"session\":%llu}", (unsigned long long)ids[i]);
+                sp_close_req q = {.session = ids[i]};
+                sp_close_req_encode(&q, meta, sizeof meta, NULL);
                 sp_reply rep;
                 sp_rt_call(rt, r.hop[i].server, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, 1000, NULL);
                 sp_reply_clear(&rep);
@@ -122,6 +125,9 @@ static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *faile
         s->history[h + i] = hist[i];
         s->fresh[h + i] = 1;
     }
+    s->route.cost = s->route.local; /* what the new chain predicts */
+    for (int i = 0; i < s->route.nhops; i++)
+        s->route.cost += s->route.hop[i].latency;
     char text[2048];
     sp_runtime_route_text(rt, &s->route, text, sizeof text);
     sp_rt_emit_route(rt, SP_EV_ROUTE, text, 1, &s->route, NULL);
@@ -140,8 +146,11 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     s->max_length = max_length + s->P; /* the prompts take the first P positions */
     s->pos = 0;
     s->retries = 0;
+    sp_err last = {0}; /* the last server's failure */
     for (int attempt = 0;; attempt++) {
         sp_status st = sp_runtime_route_inference(rt, 0, L, s->max_length, &s->route, err);
+        if (st == SP_ERR_NOTFOUND && err) /* no server for a block: what to say is the last failure */
+            *err = last;
         int failed = -1;
         sp_reply rep = {0};
         for (int h = 0; !st && h < s->route.nhops; h++) {
@@ -167,19 +176,29 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
                 return sp_errf(err, SP_ERR_NOMEM, "out of memory");
             }
             sp_runtime_note_route(rt, &s->route);
+            s->t_step = 0;
+            if (!s->active)
+                __atomic_add_fetch(&rt->active, 1, __ATOMIC_RELAXED);
+            s->active = 1;
             return SP_OK;
         }
-        int retry = failed < 0 ? st == SP_ERR_NOTFOUND /* no route: servers may still be joining */
+        int retry = failed < 0 ? st == SP_ERR_NOTFOUND && sp_rt_no_server(rt, 0, L, attempt, err) /* joining? */
                                : sp_rt_retryable(st, &rep);
         if (failed >= 0) {
             if (retry)
                 sp_rt_failed(rt, s->route.hop[failed].server, attempt, err);
+            if (err)
+                last = *err;
             s->route.nhops = failed + 1; /* the hops that got a session or a history */
         } else {
             s->route.nhops = 0;
         }
         sp_reply_clear(&rep);
         free_hops(s);
+        if (retry && attempt >= rt->set.max_retries)
+            sp_err_prefix(err, "no server could run blocks 0:%d (%d retries): ", L, rt->set.max_retries);
+        else if (!retry && failed < 0 && st == SP_ERR_NOTFOUND) /* nobody holds a block, nobody is joining */
+            sp_err_prefix(err, "no server could run blocks 0:%d: ", L);
         if (!retry || attempt >= rt->set.max_retries)
             return st;
         if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt + 1)))
@@ -190,6 +209,9 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
 static void swarm_end(void *ctx)
 {
     sp_lm_swarm *s = ctx;
+    if (s->active)
+        __atomic_sub_fetch(&s->rt->active, 1, __ATOMIC_RELAXED);
+    s->active = 0;
     free_hops(s);
     free(s->step_buf);
     free(s->hypo_buf);
@@ -227,8 +249,8 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     const sp_hop *hop = &s->route.hop[h];
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
     char meta[128]; /* every step says where it starts (Petals' start_from_position): a rollback is a lower one */
-    snprintf(meta, sizeof meta, "{\"session\":%llu,\"start_from_position\":%d}", (unsigned long long)s->session[h],
-             from);
+    sp_step_req q = {.session = s->session[h], .start_from_position = from, .reply_encoding = -1};
+    sp_step_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_tensor_src t[3] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x}};
     int n = 1;
     if (deep)
@@ -313,6 +335,39 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
     return st;
 }
 
+/* A running average of a step's time with sample x (avg <= 0: none yet): a sample is worth a tenth, and counts
+ * as at most three times the average (one stalled step, a busy moment, moves it little). */
+static double average(double avg, double x)
+{
+    return avg > 0 ? 0.9 * avg + 0.1 * fmin(x, 3 * avg) : x;
+}
+
+/* A greedy decode step took hop_s on hop: what its server's blocks took, less the round trip (its ping), is
+ * averaged into the server's block_s, what routing prices its blocks at from then on. */
+static void learn_block_s(sp_runtime *rt, const sp_hop *hop, double hop_s)
+{
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[hop->server];
+    if (e->rtt >= 0 && isfinite(e->rtt)) {
+        double b = fmax(hop_s - e->rtt, 0) / (hop->end - hop->start);
+        e->block_s = average(e->block_s, b);
+    }
+    pthread_mutex_unlock(&rt->lock);
+}
+
+/* The client's own part of greedy decode steps: from one step's start to the next's, less the first one's time
+ * on the hops (the embedding, the head, the generation loop and its front end), averaged into rt->local_step_s
+ * (what routes over every block add to their cost). now: this step's start. */
+static void learn_local(sp_lm_swarm *s, double now)
+{
+    if (s->t_step <= 0)
+        return;
+    double local = fmax(now - s->t_step - s->net_s, 0);
+    pthread_mutex_lock(&s->rt->lock);
+    s->rt->local_step_s = average(s->rt->local_step_s, local);
+    pthread_mutex_unlock(&s->rt->lock);
+}
+
 /* cur [B, T, H] through every hop, recovering from failures. deep: all blocks' deep prompts [L, B, P, H]
  * of a first step, or NULL. in: room for [B, T, H] (the input of the hop being run, for a retry), or NULL. */
 static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, sp_err *err)
@@ -328,10 +383,13 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
         memcpy(in, cur, N * sizeof(float));
         int alive = 1, server = s->route.hop[h].server;
         double t0 = sp_now_s();
+        int fresh = s->fresh[h];
         st = run_hop(s, h, cur, T, deep, &alive, err);
         if (!st) {
             s->hop_s[h] = sp_now_s() - t0;
             sp_rt_succeeded(rt, server);
+            if (T == 1 && s->B == 1 && !fresh)
+                learn_block_s(rt, &s->route.hop[h], s->hop_s[h]);
             h++;
             continue;
         }
@@ -358,11 +416,16 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
             st = replace_hop(s, h, alive, &bad, &rerr);
             if (!st)
                 break;
-            *err = rerr;
-            if (bad >= 0)
+            if (st != SP_ERR_NOTFOUND || bad >= 0) /* (no server for a block: err keeps the last failure) */
+                *err = rerr;
+            if (bad >= 0) {
                 sp_rt_failed(rt, bad, attempt, err);
-            else if (st != SP_ERR_NOTFOUND) /* not a server's failure, nor a block without servers */
+            } else if (st != SP_ERR_NOTFOUND) { /* not a server's failure, nor a block without servers */
                 goto out;
+            } else if (!sp_rt_no_server(rt, s->route.hop[h].start, s->route.hop[h].end, attempt, err)) {
+                sp_err_prefix(err, "no server could run blocks %d:%d: ", s->route.hop[h].start, s->route.hop[h].end);
+                goto out; /* nobody holds a block, and nobody is joining: waiting cannot help */
+            }
         }
         memcpy(cur, in, N * sizeof(float));
     }
@@ -408,6 +471,10 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
     int H = rt->local->cfg.hidden;
     /* a decode step in the buffer sized at begin; a prefill (maybe with prompts) in memory of its own */
     int decode = T == 1 && B == s->B && s->step_buf && !(s->pos == 0 && s->P > 0);
+    double now = sp_now_s();
+    if (decode && B == 1)
+        learn_local(s, now);
+    s->t_step = decode && B == 1 ? now : 0;
     size_t BH = (size_t)B * H;
     float *x = decode ? s->step_buf : malloc((size_t)B * T * H * sizeof(float));
     float *last = decode ? s->step_buf + BH : malloc(BH * sizeof(float)), *in = decode ? s->step_buf + 2 * BH : NULL;
@@ -419,8 +486,10 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
     }
     if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
         sp_model_embed_norm(rt->local, x, B * T);
+    double t_hops = sp_now_s();
     if (!st)
         st = run_hops(s, x, T, deep, in, err);
+    s->net_s = sp_now_s() - t_hops;
     free(deep);
     s->hypo = NULL; /* the reorder went out with this step to every hop */
     for (int b = 0; !st && b < B; b++)

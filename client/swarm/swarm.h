@@ -28,6 +28,10 @@ sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err);
 /* Joins a swarm through DHT nodes "host:port[,...]": a DHT node of our own (a supervised child) that
  * announces nothing, and a live view of the loaded model's servers (and the swarm's models). */
 sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err);
+/* Waits (at most timeout_ms) until the DHT view's lookups of every block key have come back once since it
+ * started: what the swarm holds has arrived. 0, or -1 on a timeout or without a view. Not concurrently with
+ * sp_runtime_load or leaving the swarm (they replace the view). */
+int sp_runtime_wait_view(sp_runtime *rt, int timeout_ms);
 /* Models announced in the swarm (needs sp_runtime_join); *out is malloc'd. */
 int sp_runtime_models(sp_runtime *rt, sp_model_record **out);
 
@@ -43,7 +47,8 @@ void sp_runtime_refresh(sp_runtime *rt);
 /* Inference route over [0, L) (min-latency, Petals' Dijkstra), kept as the runtime's last route
  * (sp_runtime_last_route), with an SP_EV_ROUTE event. */
 sp_status sp_runtime_route(sp_runtime *rt, sp_err *err);
-/* "0:2 127.0.0.1:4001 (3.1 ms) -> 2:4 ... ; 312 steps/s expected" */
+/* "0:2 127.0.0.1:4001 (0.6 ms) -> 2:4 ... + 1.1 ms local; 312 steps/s expected": each hop's expected time per
+ * step, the client's own part (routes over every block), and the steps/s that all of it predicts */
 void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t cap);
 /* Reports r as the route a request uses (SP_EV_ROUTE, row 0). */
 void sp_runtime_note_route(sp_runtime *rt, const sp_route *r);
@@ -71,6 +76,9 @@ typedef struct sp_lm_swarm {
     int64_t *hypo_buf;              /* [B], sized at begin */
     int retries;                    /* failures recovered from so far */
     double hop_s[SP_RT_MAX_HOPS];   /* seconds each hop took in the last step (SP_EV_STEP) */
+    int active;                     /* begun, counted in rt->active until its end */
+    double t_step, net_s;           /* the last step's start (0: none yet) and its seconds on the hops: the rest
+                                     * of the time between two decode steps is the client's own part */
     float *step_buf;                /* a decode step's hidden states, last positions and retry copy ([3, B, H]):
                                      * sized at begin, so steps allocate nothing */
 } sp_lm_swarm;

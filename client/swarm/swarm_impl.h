@@ -3,6 +3,8 @@
 #ifndef SEPAL_SWARM_IMPL_H
 #define SEPAL_SWARM_IMPL_H
 
+#include <string.h>
+
 #include "remote.h"
 #include "runtime_cancel.h"
 #include "runtime_state.h"
@@ -26,6 +28,15 @@ sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, 
                      sp_reply *rep, int timeout_ms, sp_err *err);
 /* Closes every connection (swarm down, free). */
 void sp_rt_close_conns(sp_runtime *rt);
+/* 1 if a and b announce the same address (host and ws port): lives of one server, or the same one. */
+static inline int sp_rt_same_addr(const sp_server_entry *a, const sp_server_entry *b)
+{
+    return a->rec.port == b->rec.port && !strcmp(a->rec.host, b->rec.host);
+}
+/* After a transport failure of server i: when its address refuses connections now (a plain TCP connect;
+ * a killed server's port closes with it), every entry at that address is down (routing leaves them out)
+ * and unreachable. 1 if so. Takes rt->lock itself. */
+int sp_rt_probe_down(sp_runtime *rt, int i);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* policy.c: failures, bans, retries, timeouts */
@@ -37,6 +48,12 @@ int sp_rt_retryable(sp_status st, const sp_reply *rep);
  * max) or that none does. */
 void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why);
 void sp_rt_succeeded(sp_runtime *rt, int i);
+/* No route over blocks [start, end) for try `attempt`: some block has no online server. If joining servers hold
+ * every such block, an SP_EV_RETRY event says so with the retry that follows (as sp_rt_failed's), and 1 is
+ * returned: wait and retry. Otherwise 0: fail now, as waiting cannot help, err saying why: "no online server
+ * holds block B (of 0..L-1), and none is joining", or after the server failure err held, "THAT FAILURE; no other
+ * server holds block B (of 0..L-1), and none is joining". */
+int sp_rt_no_server(sp_runtime *rt, int start, int end, int attempt, sp_err *err);
 /* Seconds to wait before retry `attempt` (1, 2, ...): 0, 1, 2, 4 ... backoff_max_s. */
 double sp_rt_backoff(const sp_runtime *rt, int attempt);
 /* Sleeps s seconds, or less when the runtime is cancelled: 0, or -1 if it was. */
@@ -53,6 +70,10 @@ int sp_rt_timeout_ms(sp_runtime *rt, int i, int nblocks, long tokens, int decode
 void sp_route_single_stage(sp_route *r, const sp_route *hops);
 /* A max-throughput route over blocks [start, end) (a training stage's replacement). */
 sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *out, sp_err *err);
+/* Whether waiting for blocks [start, end) makes sense: 1 if every block there without an online server is
+ * held by a joining one (who: "server ID (blocks a:b) is joining", the first; "" when no block lacks a server
+ * now), 0 if some block has neither; *missing: the first block without an online server (-1: none). */
+int sp_rt_joining(sp_runtime *rt, int start, int end, int *missing, char *who, size_t cap);
 /* Replaces the hops of stage s with the hops of repl (a route over the stage's blocks). 0, or -1 when too
  * many hops. Keep ids of the stage are cleared. */
 int sp_route_replace_stage(sp_route *r, int s, const sp_route *repl);
@@ -70,6 +91,11 @@ void sp_rt_reap_local(sp_runtime *rt);
 sp_status sp_rt_view_follow_model(sp_runtime *rt, sp_err *err);
 /* Stops the view, the pinger and the DHT node; DHT entries become gone. */
 void sp_rt_leave(sp_runtime *rt);
+/* Measures the round trip to server i now (a burst of pings, the fastest; the median of the last few is its
+ * ping); a server that does not answer is unreachable (and down if nothing listens at its address). */
+void sp_rt_ping(sp_runtime *rt, int i);
+/* Forgets every measured ping (they were taken while servers started): the next use measures them anew. */
+void sp_rt_forget_pings(sp_runtime *rt);
 /* Waits until the view holds an ONLINE record of a server at port (on 127.0.0.1): its index, or -1. */
 int sp_rt_wait_server(sp_runtime *rt, int port, double timeout_s);
 

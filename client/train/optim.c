@@ -4,6 +4,7 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,20 +201,26 @@ void sp_optim_free(sp_optim *opt)
     free(opt);
 }
 
+int sp_optim_cuda_usable(char *why, size_t cap)
+{
+#ifdef SEPAL_HAVE_CUDA
+    char buf[256] = "";
+    if (sp_cuda_device_count(buf, (int)sizeof buf) > 0)
+        return 1;
+    snprintf(why, cap, "no usable GPU (%s)", buf[0] ? buf : "none found");
+#else
+    snprintf(why, cap, "this sepal was built without CUDA");
+#endif
+    return 0;
+}
+
 /* Picks the device: 1 = CUDA, 0 = CPU. */
 static sp_status pick_device(int want, int *cuda, sp_err *err)
 {
-    *cuda = 0;
-#ifdef SEPAL_HAVE_CUDA
-    char why[256] = "";
-    int count = sp_cuda_device_count(why, (int)sizeof why);
-    if (want == 1 && count <= 0)
-        return sp_errf(err, SP_ERR_UNSUPPORTED, "optim: device 1 (CUDA) requested but no usable GPU (%s)", why);
-    *cuda = want != 0 && count > 0;
-#else
-    if (want == 1)
-        return sp_errf(err, SP_ERR_UNSUPPORTED, "optim: device 1 (CUDA) requested but sepal was built without CUDA");
-#endif
+    char why[300];
+    *cuda = want != 0 && sp_optim_cuda_usable(why, sizeof why);
+    if (want == 1 && !*cuda)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "CUDA was asked for, but %s", why);
     return SP_OK;
 }
 

@@ -77,6 +77,10 @@ void sp_adamw_update_cpu(float *p, const float *g, float *m, float *v, int64_t n
  * in one reduction, then the clipped AdamW update) and downloads .data, so the host sp_t mirrors the device
  * after every step. m and v stay on the device. */
 
+/* Whether the optimizer can run on CUDA here: 1, or 0 with why ("no usable GPU (...)", "this sepal was built
+ * without CUDA"). A device 1 (CUDA) optimizer where it cannot: "CUDA was asked for, but no usable GPU (...)". */
+int sp_optim_cuda_usable(char *why, size_t cap);
+
 /* Number of parameters, and a parameter's step count (0 before its first update). */
 int sp_optim_nparams(const sp_optim *opt);
 int sp_optim_param_steps(const sp_optim *opt, int idx);

@@ -206,10 +206,8 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
     *out = NULL;
     if (!rt || !rt->local)
         return sp_errf(err, SP_ERR_STATE, "no model loaded (load DIR first)");
-    if (!blocks && !rt->nservers)
-        return sp_errf(err, SP_ERR_STATE, "no servers (swarm up N, or connect HOST:PORT)");
     if (o->microbatches < 1 || o->microbatches > 64 || o->batch < 1 || o->max_length < 2)
-        return sp_errf(err, SP_ERR_ARG, "train: need batch >= 1, 1 <= microbatches <= 64, max_length >= 2");
+        return sp_errf(err, SP_ERR_ARG, "need batch >= 1, 1 <= microbatches <= 64, max_length >= 2");
     sp_trainer *t = calloc(1, sizeof *t);
     if (!t)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
@@ -227,14 +225,19 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
     t->g = sp_graph_new();
     sp_status st = t->g ? make_params(t, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st && t->P + o->max_length > rt->local->cfg.max_pos)
-        st = sp_errf(err, SP_ERR_RANGE, "train: %d prompts + max_length %d exceed the model's context of %d", t->P,
+        st = sp_errf(err, SP_ERR_RANGE, "%d prompt positions + max_length %d exceed the model's context of %d", t->P,
                      o->max_length, rt->local->cfg.max_pos);
     if (!st) {
         char msg[512] = "";
         t->task_ctx = task->open(&t->host, task_args ? task_args : "", msg, sizeof msg);
+        size_t nl = strlen(task->name);
+        int named = !strncmp(msg, task->name, nl) && msg[nl] == ':'; /* "causal_lm: cannot read ...": once */
         if (!t->task_ctx)
-            st = sp_errf(err, SP_ERR_ARG, "task %s: %s", task->name, msg[0] ? msg : "cannot open");
+            st = sp_errf(err, SP_ERR_ARG, "%s%s%s%s", named ? "" : "task ", named ? "" : task->name,
+                         named ? "" : ": ", msg[0] ? msg : "cannot open");
     }
+    if (!st && !blocks && !rt->nservers) /* the task's arguments first: they are said before the swarm */
+        st = sp_errf(err, SP_ERR_STATE, "no servers (swarm up N, or connect HOST:PORT)");
     if (!st) {
         sp_adamw_opts ao;
         sp_adamw_opts_default(&ao);
@@ -244,8 +247,7 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
         ao.clip_norm = o->clip_norm;
         ao.device = o->device;
         ao.fp16 = o->fp16;
-        int per_epoch = (task->size(t->task_ctx, SEPAL_SPLIT_TRAIN) + o->batch - 1) / o->batch;
-        ao.total_steps = o->max_steps > 0 ? o->max_steps : per_epoch * o->epochs;
+        ao.total_steps = sp_trainer_steps_planned(t); /* the lr reaches 0 at the last step that runs */
         st = sp_optim_new(&t->opt, t->params, t->nparams, &ao, err);
     }
     if (st) {
@@ -720,7 +722,10 @@ sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err)
     else if (t->C >= 2)
         snprintf(extra, sizeof extra, "accuracy=%.4f", a.n ? (double)a.correct / a.n : 0.0);
     double mean = a.tokens ? a.loss_sum / a.tokens : 0;
-    snprintf(buf, cap, "%s%sloss=%.4f", extra, extra[0] ? " " : "", mean);
+    if (!strncmp(extra, "loss=", 5) || strstr(extra, " loss=")) /* the task's own loss: said once */
+        snprintf(buf, cap, "%s", extra);
+    else
+        snprintf(buf, cap, "%s%sloss=%.4f", extra, extra[0] ? " " : "", mean);
     return SP_OK;
 }
 
@@ -733,12 +738,17 @@ static void shuffle(sp_rng *r, int *v, int n)
     }
 }
 
+int sp_trainer_steps_planned(const sp_trainer *t)
+{
+    int n = t->task->size(t->task_ctx, SEPAL_SPLIT_TRAIN), bs = t->o.batch;
+    int total = (n + bs - 1) / bs * t->o.epochs;
+    return t->o.max_steps > 0 && total > t->o.max_steps ? t->o.max_steps : total;
+}
+
 sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
 {
     int n = t->task->size(t->task_ctx, SEPAL_SPLIT_TRAIN), bs = t->o.batch;
-    int per_epoch = (n + bs - 1) / bs, total = per_epoch * t->o.epochs, step = 0;
-    if (t->o.max_steps > 0 && total > t->o.max_steps)
-        total = t->o.max_steps;
+    int total = sp_trainer_steps_planned(t), step = 0;
     int *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
     if (!order)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");

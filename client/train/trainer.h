@@ -55,10 +55,13 @@ typedef void (*sp_train_cb)(const sp_train_event *ev, void *user);
 typedef struct sp_trainer sp_trainer;
 
 /* blocks: NULL to run the blocks through rt's route, or a model holding every block to run them in this
- * process (the single-process baseline). */
+ * process (the single-process baseline). The task is opened (its arguments checked, its data read) before the
+ * swarm is asked for: "task sst2: no sentiment data in ..." comes before "no servers". */
 sp_status sp_trainer_new(sp_trainer **out, struct sp_runtime *rt, sp_model *blocks, const sepal_task *task,
                          const char *task_args, const sp_train_opts *o, sp_err *err);
 void sp_trainer_free(sp_trainer *t);
+/* The steps sp_trainer_fit will take: the epochs' batches, or --max-steps when that is fewer. */
+int sp_trainer_steps_planned(const sp_trainer *t);
 /* Optimizer steps applied by sp_trainer_fit so far. */
 int sp_trainer_steps_done(const sp_trainer *t);
 /* Also report the progress of evaluations (sp_trainer_eval, and fit's) to cb. */
@@ -76,7 +79,8 @@ const sp_pipe *sp_trainer_last_pipe(const sp_trainer *t);
 const struct sp_route *sp_trainer_last_route(const sp_trainer *t);
 /* The whole run: epochs over shuffled batches, validation after each epoch. */
 sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err);
-/* Validation metrics into buf ("accuracy=0.8120 loss=0.41 n=1000"). */
+/* Validation metrics into buf: the task's, then the mean loss ("accuracy=0.8120 n=1000 loss=0.4100"), unless
+ * the task's own say a loss already ("loss=2.31 perplexity=10.1 tokens=512": once). */
 sp_status sp_trainer_eval(sp_trainer *t, char *buf, size_t cap, sp_err *err);
 /* Trained parameters to / from a safetensors file. */
 /* Writes the trained parameters with what they are (task, tuning, pre_seq_len, the model's prefix and config

@@ -84,6 +84,17 @@ typedef struct sepal_task {
 typedef const sepal_task *(*sepal_plugin_task_fn)(void);
 #define SEPAL_PLUGIN_SYMBOL "sepal_plugin_task"
 
+/* Optional, beside the task: a plugin may also export
+ *
+ *     int sepal_plugin_check_args(const char *args, char *err, size_t errcap);
+ *
+ * which checks the task's arguments ("key=value ...", may be "") without loading anything: every key known,
+ * every value valid, a file or directory they name there and readable. 0 = ok, -1 = error (in err). The host
+ * calls it before it touches the swarm or opens the task, and for `sepal --dry-run`, so that a typo is said at
+ * once; without it open() is the first check. SEPAL_PLUGIN_CHECK_ARGS below exports it. */
+typedef int (*sepal_plugin_check_args_fn)(const char *args, char *err, size_t errcap);
+#define SEPAL_PLUGIN_CHECK_ARGS_SYMBOL "sepal_plugin_check_args"
+
 /* Marks that symbol exported when a plugin is built with -fvisibility=hidden (the shipped ones are). */
 #if defined(__GNUC__)
 #define SEPAL_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -119,6 +130,24 @@ static inline void sepal_set_err(char *err, size_t cap, const char *fmt, ...)
     SEPAL_PLUGIN_GETTER(task, getter)                                                                              \
     SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void);                                                 \
     SEPAL_PLUGIN_EXPORT const sepal_task *sepal_plugin_task(void) { return &(task); }
+#endif
+
+/* The stanza of the optional check: SEPAL_PLUGIN_CHECK_ARGS(fn, getter) after fn (a static function of the
+ * sepal_plugin_check_args_fn type). It defines getter(), which returns fn (a host that compiles the plugin in
+ * registers the check through it) and, in a module, the exported sepal_plugin_check_args(). */
+#define SEPAL_PLUGIN_CHECK_GETTER(fn, getter)                                                                      \
+    sepal_plugin_check_args_fn getter(void);                                                                       \
+    sepal_plugin_check_args_fn getter(void) { return fn; }
+#ifdef SEPAL_PLUGIN_BUILTIN
+#define SEPAL_PLUGIN_CHECK_ARGS(fn, getter) SEPAL_PLUGIN_CHECK_GETTER(fn, getter)
+#else
+#define SEPAL_PLUGIN_CHECK_ARGS(fn, getter)                                                                        \
+    SEPAL_PLUGIN_CHECK_GETTER(fn, getter)                                                                          \
+    SEPAL_PLUGIN_EXPORT int sepal_plugin_check_args(const char *args, char *err, size_t errcap);                   \
+    SEPAL_PLUGIN_EXPORT int sepal_plugin_check_args(const char *args, char *err, size_t errcap)                    \
+    {                                                                                                              \
+        return fn(args, err, errcap);                                                                              \
+    }
 #endif
 
 #ifdef __cplusplus

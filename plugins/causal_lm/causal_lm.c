@@ -8,7 +8,8 @@
  * (default 0.1; at least one when there are two or more chunks and valid > 0) is the validation split.
  * A batch row is a chunk truncated to max_length; targets[t] = ids[t + 1], -1 at the row's last token and on
  * the padding. Metrics: mean loss (nats per target token) and perplexity from the logits [B, T, V].
- * Built as a plugin (exports sepal_plugin_task) or, with SEPAL_PLUGIN_BUILTIN, compiled into the host. */
+ * Built as a plugin (exports sepal_plugin_task and sepal_plugin_check_args) or, with SEPAL_PLUGIN_BUILTIN,
+ * compiled into the host. */
 #include "sepal/plugin.h"
 
 #include <ctype.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define DEFAULT_LENGTH 128
 
@@ -111,13 +113,26 @@ static int parse_args(const char *args, options *o, char *err, size_t cap)
 
 /* ---- tokenizing the file ------------------------------------------------------------------------------ */
 
-static char *read_text(const char *path, size_t *n, char *err, size_t cap)
+/* The text file at path, open for reading; NULL (err set) when it cannot be read or is a directory. */
+static FILE *open_text(const char *path, char *err, size_t cap)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        sepal_set_err(err, cap, "causal_lm: cannot read %s: %s", path, strerror(errno));
-        return NULL;
+    struct stat sb;
+    if (f && fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        f = NULL;
+        errno = EISDIR;
     }
+    if (!f)
+        sepal_set_err(err, cap, "causal_lm: cannot read %s: %s", path, strerror(errno));
+    return f;
+}
+
+static char *read_text(const char *path, size_t *n, char *err, size_t cap)
+{
+    FILE *f = open_text(path, err, cap);
+    if (!f)
+        return NULL;
     char *buf = NULL, part[65536];
     size_t len = 0, got;
     int rc = 0;
@@ -423,6 +438,19 @@ static int clm_metrics_get(void *tp, char *out, size_t cap)
     return n >= 0 && (size_t)n < cap ? 0 : -1;
 }
 
+/* The arguments alone, before anything is loaded (sepal_plugin_check_args): valid, and the file there to read. */
+static int clm_check_args(const char *args, char *err, size_t cap)
+{
+    options o;
+    if (parse_args(args, &o, err, cap) != 0)
+        return -1;
+    FILE *f = open_text(o.file, err, cap);
+    if (!f)
+        return -1;
+    fclose(f);
+    return 0;
+}
+
 static const sepal_task task = {
     .abi = SEPAL_PLUGIN_ABI,
     .name = "causal_lm",
@@ -441,3 +469,4 @@ static const sepal_task task = {
 };
 
 SEPAL_PLUGIN_TASK(task, sp_causal_lm_task)
+SEPAL_PLUGIN_CHECK_ARGS(clm_check_args, sp_causal_lm_check_args)

@@ -5,8 +5,9 @@
  * Args: "data=DIR" (default ${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}/sentiment).
  * Each file is a JSON array of {"text": "...", "class": 0|1} ending with one {"text": "", "class": null}
  * that is skipped; texts lose their surrounding whitespace. Batches are right-padded to the longest row;
- * last[] is each row's last real token (the pooled one). Built as a plugin (exports sepal_plugin_task) or,
- * with SEPAL_PLUGIN_BUILTIN defined, compiled into the host (sp_sst2_task() only). */
+ * last[] is each row's last real token (the pooled one). Built as a plugin (exports sepal_plugin_task and
+ * sepal_plugin_check_args) or, with SEPAL_PLUGIN_BUILTIN defined, compiled into the host (sp_sst2_task() and
+ * sp_sst2_check_args() only). */
 #include "sepal/plugin.h"
 
 #include <cJSON.h>
@@ -231,21 +232,36 @@ static void sst2_close(void *tp)
     free(t);
 }
 
-static void *sst2_open(const sepal_host *host, const char *args, char *err, size_t cap)
+/* The data directory args name (data=DIR, else the default), which must be there; 0, or -1 (err set). */
+static int data_dir(const char *args, char *dir, size_t dircap, char *err, size_t cap)
 {
-    char dir[4096];
-    int r = parse_args(args, dir, sizeof dir, err, cap);
+    int r = parse_args(args, dir, dircap, err, cap);
     if (r < 0)
-        return NULL;
+        return -1;
     if (r == 0)
-        default_dir(dir, sizeof dir);
-    if (!host || !host->encode) {
-        sepal_set_err(err, cap, "sst2: the host offers no tokenizer");
-        return NULL;
-    }
+        default_dir(dir, dircap);
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
         sepal_set_err(err, cap, "no sentiment data in %s: run scripts/fetch-sentiment.sh", dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* The arguments alone, before anything is loaded (sepal_plugin_check_args). */
+static int sst2_check_args(const char *args, char *err, size_t cap)
+{
+    char dir[4096];
+    return data_dir(args, dir, sizeof dir, err, cap);
+}
+
+static void *sst2_open(const sepal_host *host, const char *args, char *err, size_t cap)
+{
+    char dir[4096];
+    if (data_dir(args, dir, sizeof dir, err, cap) != 0)
+        return NULL;
+    if (!host || !host->encode) {
+        sepal_set_err(err, cap, "sst2: the host offers no tokenizer");
         return NULL;
     }
     sst2 *t = calloc(1, sizeof *t);
@@ -440,3 +456,4 @@ static const sepal_task task = {
 };
 
 SEPAL_PLUGIN_TASK(task, sp_sst2_task)
+SEPAL_PLUGIN_CHECK_ARGS(sst2_check_args, sp_sst2_check_args)

@@ -77,16 +77,17 @@ before=$(pane | grep -A1 -m1 '^sepal> generate .Tom had a red kite' | tail -1)
 
 # Ctrl-C during a long generation
 keys C-l
+# (--ignore-eos: a sampled story may end in half a second; the prompt shows with the first token)
 keys "generate 'Once upon a time' --temperature 0.9 --max-new-tokens 250 --ignore-eos" Enter
 wait_for "^Once upon a time" 20
-sleep 0.3
+sleep 0.1
 t0=$(date +%s.%N)
 keys C-c
 if prompt_within 1; then ok "generation: the prompt is back within 1 s"; else bad "generation: no prompt within 1 s"; pane | tail -5 | sed 's/^/    /'; fi
 check "generation: it says how many tokens it kept" "^\^C \(stopped after [0-9]+ tokens?\)"
 keys "servers" Enter
 sleep 0.5
-n=$(pane | grep -cE '^[0-9a-f]{8} .* online .*\(local\)$')
+n=$(pane | grep -cE '^[0-9a-f]{8} local .* online ')
 [ "$n" -eq 3 ] && ok "servers: the swarm is intact" || bad "servers: $n of 3 online"
 keys C-l
 keys "generate 'Tom had a red kite' --greedy --max-new-tokens 30" Enter
@@ -125,7 +126,7 @@ if prompt_within 1; then ok "eval: the prompt is back within 1 s"; else
 check "eval: it says how far it went" "^\^C \(validation stopped after [0-9]+ of [0-9]+ batches\)$"
 keys "servers" Enter
 sleep 0.5
-n=$(pane | grep -cE '^[0-9a-f]{8} .* online .*\(local\)$')
+n=$(pane | grep -cE '^[0-9a-f]{8} local .* online ')
 [ "$n" -ge 3 ] && ok "servers after training's Ctrl-C" || bad "servers after training's Ctrl-C: $n online"
 
 # at the prompt: Ctrl-C clears the line

@@ -31,6 +31,7 @@ eval sst2 --save x.safetensors|eval: '--save' is an option of train, not of eval
 train sst2 --tuning bogus|train: --tuning: 'bogus' is not one of head, ptune, deep_ptune
 train sst2 --save $TMP/exists.safetensors --max-steps 1|train: --save .*exists.safetensors: the file exists \(add --overwrite to replace it\)
 train nosuchtask|train: unknown task 'nosuchtask' \(tasks: sst2, causal_lm
+train sst2 --args data=${SEPAL_SENTIMENT_DIR:-} --max-length 250 --pre-seq-len 16|train: 16 prompt positions \+ max_length 250 exceed the model's context of 256$
 set temprature 1|set: unknown setting 'temprature' \(did you mean temperature\?
 set s 1|set: ambiguous setting 's': seed, stop
 set top-p 0|set: top-p: expected a number in \(0, 1\], got '0'
@@ -44,6 +45,10 @@ connect nosuchhost.invalid:80|nosuchhost.invalid:80: no such host
 connect 127.0.0.1:NOTSEP|127.0.0.1:NOTSEP: not a sepal server
 connect 127.0.0.1:GQAPORT|127.0.0.1:GQAPORT serves llama-gqa \(config [0-9a-f]+, 4 blocks\), but the loaded model is stories15M \(config [0-9a-f]+, 6 blocks\)
 load $TMP/nope|$TMP/nope.*No such file
+load $TMP|$TMP: not a model directory \(no config.json\)$
+generate --ids 1,99999|generate: token id 99999 outside the vocabulary \(0\.\.31999\)$
+genrate hi|unknown command 'genrate' \(did you mean generate\?\)$
+generate hi --temprature 1|generate: unknown option '--temprature' \(did you mean --temperature\?\)$
 help frobnicate|help: unknown command 'frobnicate'
 EOF
 echo "not a safetensors file" > "$TMP/garbage"
@@ -88,15 +93,35 @@ n=$(grep -c 'stop: length' "$TMP/err")
 [ "$n" -eq 2 ] && ok "the swarm still generates after all of them" || bad "$n of 2 generations"
 first=$(grep -m1 '^Tom had a red kite' "$TMP/out"); last=$(grep '^Tom had a red kite' "$TMP/out" | tail -1)
 [ -n "$first" ] && [ "$first" = "$last" ] && ok "the same text before and after" || bad "texts differ: '$first' / '$last'"
-n=$(grep -cE '^[0-9a-f]{8} .* online .*\(local\)$' "$TMP/out")
+n=$(grep -cE '^[0-9a-f]{8} local .* online .* 0\.1\.0$' "$TMP/out")
 [ "$n" -eq 3 ] && ok "3 servers online at the end" || bad "$n servers online at the end"
 [ "$(cat "$TMP/exists.safetensors")" = "keep me" ] && ok "--save did not touch an existing file" || bad "--save overwrote a file"
 [ ! -e "$TMP/x.safetensors" ] && ok "eval --save wrote nothing" || bad "eval --save wrote a file"
 grep -q 'prompt has' "$TMP/out" && bad "the over-long prompt was echoed before the refusal" || ok "an over-long prompt is refused before anything is printed"
+grep -qE '(\w+: )\1' "$TMP/err" && bad "a message says its prefix twice: $(grep -E '(\w+: )\1' "$TMP/err" | head -1)" ||
+    ok "no message says its prefix twice"
 sleep 0.5
 left=0
 for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
 [ -n "$kids" ] && [ "$left" -eq 0 ] && ok "no server left after the session" || bad "servers '$kids': $left left"
+
+# ---- what generation says of itself: each thing once, in words ----------------------------------------------
+# one prompt token (not "1 prompt tokens"), and sampling options at temperature 0: one warning, not silence
+"$SEPAL" -c "load $M; swarm up 1; generate --ids 1 --max-new-tokens 1000 --top-p 0.5 --seed 3" > "$TMP/g.out" 2> "$TMP/g.err"
+rc=$?
+[ $rc -eq 0 ] && ok "generate --ids 1 exits 0" || bad "generate --ids 1: exit $rc"
+grep -qx "sepal: warning: --max-new-tokens 1000: 1 prompt token leaves room for 256 in the context of 256" "$TMP/g.err" &&
+    ok "the clamp says '1 prompt token leaves room'" || bad "the clamp: $(grep 'max-new' "$TMP/g.err")"
+grep -qE "^sepal: 1 prompt token in [0-9.]+ s" "$TMP/g.err" && ok "the figures say '1 prompt token'" ||
+    bad "the figures: $(grep 'prompt' "$TMP/g.err")"
+W="sepal: warning: --top-p, --seed have no effect at temperature 0 (greedy decoding; sampling needs --temperature above 0)"
+[ "$(grep -cxF "$W" "$TMP/g.err")" -eq 1 ] && [ "$(grep -c 'no effect' "$TMP/g.err")" -eq 1 ] &&
+    ok "sampling options at temperature 0: one warning" || bad "sampling at temperature 0: $(grep -c 'no effect' "$TMP/g.err") warnings"
+"$SEPAL" model generate "$M" --prompt "Once" --top-k 5 --max-new-tokens 4 > /dev/null 2> "$TMP/mg.err"
+grep -qxF "sepal: warning: --top-k has no effect at temperature 0 (greedy decoding; sampling needs --temperature above 0)" \
+    "$TMP/mg.err" && ok "model generate warns the same way" || bad "model generate --top-k at 0: $(head -2 "$TMP/mg.err")"
+"$SEPAL" model generate "$M" --prompt "Once" --top-k 5 --temperature 0.7 --max-new-tokens 4 > /dev/null 2> "$TMP/mg.err"
+grep -q "no effect" "$TMP/mg.err" && bad "a warning while sampling" || ok "no warning when it samples"
 
 # ---- the context rule: clamped with one warning -----------------------------------------------------------
 expect 0 "generate clamps --max-new-tokens with one warning" \
@@ -129,6 +154,8 @@ expect 1 "eval --load with a contradicting --tuning" "holds --tuning ptune --pre
 v1=$("$SEPAL" --version); v2=$("$S" --version)
 [ "${v1#sepal }" = "${v2#sepal-server }" ] && ok "sepal and sepal-server print the same version ($v1)" || bad "versions: '$v1' vs '$v2'"
 expect 1 "sepal-server: port in use" "^sepal-server: port $GQAPORT is in use" -- "$S" --model "$M" --blocks 0:6 --port "$GQAPORT" --no-measure
+expect 2 "sepal-server: a misspelt option gets the nearest name" "^sepal-server: unknown option '--blocs' \(did you mean --blocks\?\); --help lists the options$" -- "$S" --model "$M" --blocs 0:6
+expect 2 "sepal-server: a stray word" "^sepal-server: unexpected argument 'serve' \(--help lists the options\)$" -- "$S" serve --model "$M"
 expect 1 "sepal-server: a foreign --host" "^sepal-server: --host 10.1.2.3: not an address of this machine" -- "$S" --model "$M" --blocks 0:6 --host 10.1.2.3 --no-measure
 out=$("$S" --help)
 for o in $(grep -oE -- '"--[a-z][a-z-]*"' "$SEPAL_SRC_DIR/server/main.c" | tr -d '"' | sort -u); do

@@ -26,8 +26,30 @@ expect() {
     fi
 }
 
+# fuzz_smoke TARGET: tests/fuzz/run.sh --target TARGET for 20 s; ok when libFuzzer finished its runs cleanly
+fuzz_smoke() {
+    local out rc
+    out=$(bash "${SEPAL_SRC_DIR:?}/tests/fuzz/run.sh" --target "$1" 20 2>&1)
+    rc=$?
+    printf '%s\n' "$out" | grep -E "^(Done|stat::|fuzz:)" | sed 's/^/    /'
+    if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -qE "^Done [0-9]+ runs"; then
+        ok "fuzz_$1 20 s without a crash"
+    else
+        bad "fuzz_$1: exit $rc"
+        printf '%s\n' "$out" | tail -30 | sed 's/^/    /'
+    fi
+}
+
 finish() {
     echo "$PASS passed, $FAIL failed"
     [ "$FAIL" -eq 0 ]
     exit $?
+}
+
+# need_stories15M: the converted stories15M in $SEPAL_STORIES15M_DIR, else a failure and the end
+need_stories15M() {
+    if [ ! -f "${SEPAL_STORIES15M_DIR:?}/model.safetensors" ]; then
+        bad "$SEPAL_STORIES15M_DIR: no converted stories15M; run scripts/fetch-model.sh first"
+        finish
+    fi
 }

@@ -96,7 +96,7 @@ cp -r "$T/llama3-rope" "$TMP/nofield"
 sed -i '/"rms_norm_eps"/d' "$TMP/nofield/config.json"
 expect 1 "config missing field" "nofield/config.json: missing field 'rms_norm_eps'" -- "$SEPAL" model check "$TMP/nofield"
 rm "$TMP/nofield/config.json"
-expect 1 "config missing" "nofield/config.json: No such file" -- "$SEPAL" model info "$TMP/nofield"
+expect 1 "config missing" "nofield: not a model directory \(no config.json\)$" -- "$SEPAL" model info "$TMP/nofield"
 
 # A golden file of another model: values differ, and it lacks block 3.
 expect 1 "golden of another model" "logits +max\|err\| [0-9.e+]+ +FAIL" -- \
@@ -105,9 +105,18 @@ expect 1 "golden lacking a tensor" "golden.safetensors: tensor 'block.3.in' not 
     "$SEPAL" model check "$T/llama-gqa" --golden "$T/llama3-rope/golden.safetensors"
 expect 1 "golden file missing" "nope.safetensors: No such file" -- \
     "$SEPAL" model check "$T/llama-gqa" --golden "$TMP/nope.safetensors"
+# a model directory without golden outputs and no --golden: what is needed, and what a golden file is
+cp -r "$T/llama-gqa" "$TMP/nogolden"
+rm "$TMP/nogolden/golden.safetensors"
+expect 1 "no golden file: --golden FILE and what one is" \
+    "^sepal: model check: $TMP/nogolden has no golden.safetensors: give --golden FILE, the outputs to compare with \(the model's logits, every block's in -> out and grad_in, greedy ids; safetensors as tests/data/hf-tiny/README.md describes\)$" -- \
+    "$SEPAL" model check "$TMP/nogolden"
+expect 1 "not a model directory comes first" "^sepal: $TMP: not a model directory \(no config.json\)$" -- "$SEPAL" model check "$TMP"
 
 # Usage errors.
-expect 2 "unknown flag" "usage: sepal" -- "$SEPAL" --bogus
+expect 2 "unknown flag" "^Try 'sepal --help' for more information.$" -- "$SEPAL" --bogus
 expect 2 "unknown option" "unknown option '--bogus'" -- "$SEPAL" model generate "$T/llama-gqa" --prompt x --bogus 1
+expect 2 "model generate without its required --prompt" "^sepal: model generate: needs --prompt TEXT$" -- \
+    "$SEPAL" model generate "$T/llama-gqa"
 expect 2 "bad number" "--max-new-tokens: expected an integer" -- "$SEPAL" model generate "$T/llama-gqa" --prompt x --max-new-tokens ten
 finish

@@ -5,6 +5,7 @@
 #    still there; with the default interval the end of work that took 2 s or more (a `swarm up` of servers
 #    that each take a second to start) has its line;
 #  - the exact span line of `swarm up` and the `blocks-per-server` setting honoured;
+#  - `load` of a path that is not there, or of a directory without config.json: its one message, no progress;
 #  - `~` as a shell would read it, with HOME a fresh directory: `load ~/model` (a symlink to the model),
 #    `train --save ~/p.safetensors`, and SEPAL_CACHE=~/cache (the sst2 data found there, the servers'
 #    throughput cache written there), no directory named `~` made anywhere.
@@ -42,6 +43,25 @@ has "eval reads sst2 from SEPAL_CACHE=~/cache" "^sst2: accuracy=[0-9.]+ n=32 " "
     bad "no $H/cache/throughput.json"
 n=$(find "$TMP" -name '~' | wc -l)
 [ "$n" -eq 0 ] && ok "no directory named ~" || bad "$n paths named ~: $(find "$TMP" -name '~')"
+
+# ---- no progress before the first byte: a path that is no model is its one line ----------------------------
+mkdir -p "$TMP/nomodel"
+for d in "$TMP/missing" "$TMP/nomodel"; do
+    SEPAL_PROGRESS_INTERVAL=0 "$SEPAL" -c "load $d" > "$TMP/lout" 2> "$TMP/lerr"
+    rc=$?
+    case $d in
+    */missing) want="sepal: $d: No such file or directory" ;;
+    *) want="sepal: $d: not a model directory (no config.json)" ;;
+    esac
+    if [ $rc -eq 1 ] && [ ! -s "$TMP/lout" ] && [ "$(cat "$TMP/lerr")" = "$want" ]; then
+        ok "load ${d##*/}: '$want' alone, no progress line"
+    else
+        bad "load ${d##*/}: exit $rc, stderr:"; head -3 "$TMP/lerr" | sed 's/^/    /'
+    fi
+done
+SEPAL_PROGRESS_INTERVAL=0 "$SEPAL" model info "$TMP/nomodel" > "$TMP/lout" 2> "$TMP/lerr"
+[ "$(cat "$TMP/lerr")" = "sepal: $TMP/nomodel: not a model directory (no config.json)" ] &&
+    ok "model info says it too" || bad "model info of a directory without config.json: $(cat "$TMP/lerr")"
 
 # ---- --quiet -------------------------------------------------------------------------------------------------
 (cd "$TMP/run" && HOME="$H" SEPAL_CACHE='~/cache' SEPAL_PROGRESS_INTERVAL=0 \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README and `help` cannot drift from the program:
 #  - every command's option table (`sepal --dump-commands`) is in its README row and in `help CMD`, and the
-#    README's row names no option the command does not take; the front-end options and the settings are in
-#    the README;
+#    README's row names no option the command does not take; each row's synopsis, and each `sepal model SUB`
+#    synopsis, is help's usage line word for word; the front-end options and the settings are in the README;
+#  - every sample of a generation's figures (`sepal: N prompt tokens in ...`) has the shape the program prints;
 #  - the README's `sepal>` session runs, in order, against a real local swarm;
 #  - every `sepal ...` shell line of the README passes `--dry-run` (its commands, options and values exist);
 #  - every example of `help` runs (`sepal --dump-examples`), each in the context it needs;
@@ -37,6 +38,10 @@ fi
 # the README says ~/.cache/sepal/models/stories15M; the test's model may live elsewhere
 sub_model() { sed "s#~/.cache/sepal/models/stories15M#$M#g"; }
 
+# synopsis HELP-TEXT: help's "usage: ..." line, its continuation lines joined
+synopsis() { printf '%s\n' "$1" | awk '/^usage: / { on = 1; sub(/^usage: /, ""); printf "%s", $0; next }
+    on && /^ +/ { sub(/^ +/, " "); printf "%s", $0; next } on { exit }'; }
+
 # ---- options: table, help, README ------------------------------------------------------------------------
 "$SEPAL" --dump-commands > "$TMP/cmds" || bad "--dump-commands failed"
 # `help`'s list, a command's wrapped summary joined into its line
@@ -68,6 +73,11 @@ while read -r line; do
         printf ' %s ' "${opts[@]}" | grep -q -- " $o " || extra="$extra $o"
     done
     [ -z "$extra" ] && ok "README row of '$path' names no other option" || bad "README row of '$path' names options it does not take:$extra"
+    # the row's synopsis is help's usage line, word for word (brackets say what is optional)
+    syn=$(synopsis "$helptext")
+    cell=$(printf '%s\n' "$row" | sed 's/\\|/\x01/g' | cut -d'|' -f2 | sed 's/\x01/|/g; s/^ *`//; s/` *$//')
+    [ "$cell" = "$syn" ] && ok "README row of '$path' is its usage line" ||
+        bad "README row of '$path' is not its usage line: README '$cell', help '$syn'"
     # its aliases (help's "aliases: a,b"): each in its README row and in `help`'s list, each one the command
     read -ra als <<< "$(printf '%s\n' "$helptext" | sed -n 's/^aliases: //p' | tr ',' ' ')" # no globbing of `?`
     also=$(printf '%s\n' "$helplist" | grep -E "^  $path " | grep -oE '\(also: [^)]*\)' |
@@ -94,6 +104,19 @@ for e in SEPAL_CACHE XDG_CACHE_HOME SEPAL_HISTORY SEPAL_SERVER_BIN SEPAL_VERBOSE
     "$SEPAL" --help | grep -q "$e" && grep -q "$e" "$R" && ok "$e in --help and README" || bad "$e missing in --help or README"
 done
 
+# the Model tools' synopses (`sepal model SUB ...`, a description after two blanks) are help's usage lines too
+awk '/^```/{inb=!inb; next} inb' "$R" | sed -e ':a' -e '/\\$/N; s/\\\n *//; ta' | grep -E '^sepal model [a-z0-9-]+ ' |
+    sed 's/^sepal //; s/  .*//' > "$TMP/toolsyn"
+nsyn=0
+while IFS= read -r line; do
+    sub=$(printf '%s\n' "$line" | cut -d' ' -f1-2)
+    syn=$(synopsis "$("$SEPAL" -c "help $sub" 2>&1)")
+    nsyn=$((nsyn + 1))
+    [ "$line" = "$syn" ] && ok "README: sepal $sub's synopsis is its usage line" ||
+        bad "README: sepal $sub's synopsis: README '$line', help '$syn'"
+done < "$TMP/toolsyn"
+[ "$nsyn" -ge 4 ] && ok "$nsyn model tool synopses checked" || bad "only $nsyn model tool synopses found"
+
 # ---- the README's sepal> session --------------------------------------------------------------------------
 mkdir -p "$TMP/run"
 # the code blocks made of prompt lines only (a transcript with output is an illustration, not a session)
@@ -107,6 +130,18 @@ else
     out=$(cd "$TMP/run" && "$SEPAL" -f "$TMP/session.sepal" 2>&1)
     rc=$?
     [ $rc -eq 0 ] && ok "the README's sepal> session ($n commands) runs" || { bad "the README's session: exit $rc"; printf '%s\n' "$out" | tail -6 | sed 's/^/    /'; }
+    # the figures a generation ends with: every sample of them in the README has the shape the program prints
+    # (figures, the stop reason and a seed aside)
+    shape() { sed -E 's/[0-9]+(\.[0-9]+)?/N/g; s/stop: (length|eos|stop string|stopped|cancelled)/stop: WHY/; s/; seed N$//'; }
+    real=$(printf '%s\n' "$out" | grep -m1 -E '^sepal: [0-9]+ prompt tokens? in ' | shape)
+    nfig=0
+    while IFS= read -r line; do
+        nfig=$((nfig + 1))
+        [ -n "$real" ] && [ "$(printf '%s\n' "$line" | shape)" = "$real" ] &&
+            ok "README's sample figures have the program's shape: $line" ||
+            bad "README's sample figures differ from what the program prints: '$line' vs '$real'"
+    done < <(awk '/^```/{inb=!inb; next} inb' "$R" | grep -E '^sepal: [0-9]+ prompt')
+    [ "$nfig" -ge 1 ] && ok "$nfig sample figure lines checked" || bad "no sample figure line in the README"
 fi
 
 # ---- the README's shell lines pass --dry-run ----------------------------------------------------------------

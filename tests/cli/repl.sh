@@ -124,6 +124,28 @@ expect 0 "--help" "^usage: sepal" -- "$SEPAL" --help
 # Usage errors: exit 2.
 expect 2 "-c without an argument" "option '-c' needs a value" -- "$SEPAL" -c
 expect 2 "-f without an argument" "option '-f' needs a value \(FILE\)" -- "$SEPAL" -f
-expect 2 "unknown option" "unknown option '--bogus'" -- "$SEPAL" --bogus
-expect 2 "unknown program command" "unknown command 'frobnicate'" -- "$SEPAL" frobnicate
+# a usage error is one line and where to look, not the whole help (exactly these lines on stderr, nothing on stdout)
+usage_error() { # DESCRIPTION EXPECTED-STDERR -- sepal's arguments...
+    local desc=$1 want=$2
+    shift 3
+    "$SEPAL" "$@" > "$TMP/ue.out" 2> "$TMP/ue.err"
+    local rc=$?
+    printf '%s\nTry '"'"'sepal --help'"'"' for more information.\n' "$want" > "$TMP/ue.want"
+    if [ $rc -eq 2 ] && [ ! -s "$TMP/ue.out" ] && cmp -s "$TMP/ue.want" "$TMP/ue.err"; then
+        ok "$desc"
+    else
+        bad "$desc: exit $rc, stderr:"; head -4 "$TMP/ue.err" | sed 's/^/    /'
+    fi
+}
+usage_error "unknown option" "sepal: unknown option '--bogus'" -- --bogus
+usage_error "a typo of an option: the nearest" "sepal: unknown option '--quite' (did you mean --quiet?)" -- --quite
+usage_error "a bad --flag=value" "sepal: option '--tui' takes no value" -- --tui=1
+usage_error "unknown program command" "sepal: unexpected argument 'frobnicate' (commands run with -c \"CMD\" or -f FILE)" -- frobnicate
+usage_error "a command without -c" "sepal: 'generate' is a command: run it with -c (sepal -c \"generate ...\")" -- generate hi
+# a typo of a command, an option, a subcommand, a choice: the nearest names (as git and cargo say them)
+expect 1 "a typo of a command" "^sepal: unknown command 'genrate' \(did you mean generate\?\)$" -- "$SEPAL" -c "genrate hi"
+expect 1 "a typo of an option" "^sepal: generate: unknown option '--temprature' \(did you mean --temperature\?\)$" -- "$SEPAL" -c "generate hi --temprature 1"
+expect 1 "a typo of a subcommand" "^sepal: model: unknown subcommand 'chek' \(did you mean check\?\)$" -- "$SEPAL" -c "model chek x"
+expect 1 "a typo of a choice" "'deep-ptune' is not one of head, ptune, deep_ptune \(did you mean deep_ptune\?\)$" -- "$SEPAL" -c "train sst2 --tuning deep-ptune"
+expect 2 "a typo of sepal model's subcommand" "^sepal: model: unknown subcommand 'genrate' \(did you mean generate\?\)$" -- "$SEPAL" model genrate x
 finish

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The interactive REPL (`sepal --repl`) driven in tmux: prompt, help, tab completion, a failing command
-# that does not end the session, quit, Ctrl-D, and the history file.
+# that does not end the session, quit, Ctrl-D, and the history file; `--tui` with stdout in a pipe.
 . "$(dirname "$0")/lib.bash"
 if ! command -v tmux >/dev/null; then
     echo "tmux not found: skipped"
@@ -12,7 +12,7 @@ HIST="$TMP/hist"
 SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
 cleanup() {
     local s
-    for s in "$BASE" "$BASE-2" "$BASE-3" "$BASE-4"; do
+    for s in "$BASE" "$BASE-2" "$BASE-3" "$BASE-4" "$BASE-5"; do
         tmux -L "$s" kill-server 2>/dev/null
         rm -f "$SOCKDIR/$s" # kill-server can leave the socket file behind
     done
@@ -62,6 +62,10 @@ else bad "Tab on se"; fi
 # Aliases complete too, and setting names after set.
 keys "ex" Tab
 check "Tab completes an alias (ex -> exit)" "^sepal> exit"
+keys C-u
+# ...but an alias does not hide its command: "ge" is generate, not a stop at the common prefix of gen and generate
+keys "ge" Tab "--max-n" Tab
+check "Tab on ge completes generate (the alias gen stays out)" "^sepal> generate --max-new-tokens ?$"
 keys C-u
 keys "set tem" Tab "0.5" Enter "show temperature" Enter
 check "Tab completes a setting name" "^temperature +0.5 "
@@ -139,4 +143,15 @@ tmux -L "$SOCK" new-session -d -x 100 -y 30 \
 check "no arguments on a tty: the TUI" "1 Swarm"
 keys ":" "quit" Enter
 if ended; then ok "the TUI: :quit ends it"; else bad "the TUI: still running"; fi
+tmux -L "$SOCK" kill-server 2>/dev/null
+
+# --tui with stdout in a pipe (stdin still the terminal): it says why there is no TUI and what runs instead,
+# runs the commands and ends; it does not wait for commands at the terminal.
+SOCK="$BASE-5"
+tmux -L "$SOCK" new-session -d -x 100 -y 30 \
+    "env SEPAL_HISTORY=$HIST HOME=$TMP LANG=C.UTF-8 $SEPAL --tui -c 'echo hi' | cat; echo \"[exit \${PIPESTATUS[0]}]\"; sleep 30"
+check "--tui without a terminal says so" \
+    "^sepal: --tui needs a terminal \(stdout is not a terminal\): running the -c / -f commands without it$"
+check "--tui without a terminal: the commands run" "^hi$"
+if ended; then ok "--tui without a terminal: it ends after them (exit 0)"; else bad "--tui | cat: still running"; pane | tail -4; fi
 finish

@@ -40,13 +40,14 @@ for i in $(seq 0 $((n - 1))); do
         diff <(fold -w 80 "$TMP/want$i") <(fold -w 80 "$TMP/got$i") | head -6 | sed 's/^/    /'
     fi
 done
-grep -qE "^[0-9a-f]{8} +- +127\.0\.0\.1:[0-9]+ +0:2 +online .* 0\.1\.0 +\(local\)$" "$TMP/out" && ok "servers table lists 0:2 online" || bad "servers table"
+# (into a file: every column, the version last; a server of swarm up named `local`, as in the TUI)
+grep -qE "^[0-9a-f]{8} local +127\.0\.0\.1:[0-9]+ +0:2 +online .* 0\.1\.0$" "$TMP/out" && ok "servers table lists 0:2 online" || bad "servers table"
 # servers -l (and --long): every field of each record, one block per server, nothing cut
 awk '/^server [0-9a-f]+ /{on=1} /^[0-9]+:[0-9]+ 127\.0\.0\.1/{on=0} on' "$TMP/out" > "$TMP/long"
 nlong=$(grep -cE "^server [0-9a-f]{16} \(local: started by swarm up\)$" "$TMP/long")
 [ "$nlong" -eq 6 ] && ok "servers -l and --long: 3 servers each, full ids" ||
     bad "servers -l: $nlong server blocks, want 6"
-for f in "name        - \(no --public-name\)" "address     ws://127\.0\.0\.1:[0-9]+" "dht node    127\.0\.0\.1:[0-9]+" \
+for f in "name        local \(no --public-name\)" "address     ws://127\.0\.0\.1:[0-9]+" "dht node    127\.0\.0\.1:[0-9]+" \
          "model       stories15M \(config [0-9a-f]{16}, 6 blocks\)" "state       online" \
          "throughput  [0-9]+\.[0-9] tokens/s per block" \
          "rps         inference [0-9.]+ steps/s, forward [0-9.]+ tokens/s, network [0-9.]+ tokens/s" \
@@ -88,7 +89,8 @@ grep -qE "^server [0-9a-f]{16}$" "$TMP/named" && ok "servers --long: a server no
     bad "servers --long id line"
 kill "$named"; wait "$named"
 hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
-grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop; [0-9]+ steps/s expected$" "$TMP/out" && ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
+grep -qE "^0:2 $hop -> 2:4 $hop -> 4:6 $hop \+ [0-9.]+ ms local; [0-9]+ steps/s expected$" "$TMP/out" &&
+    ok "route 0:2 -> 2:4 -> 4:6 with latencies" || bad "route"
 grep -q "stopped" "$TMP/err" && ok "swarm down stops the servers" || bad "swarm down"
 
 # The tiny checkpoints (no tokenizer): ids in, ids out, against the golden greedy.output (transformers' for
@@ -168,7 +170,7 @@ rows=$(grep -cE "^[0-9a-f]{8} " "$TMP/rout")
     bad "restart: $n rows for :$PB, $rows in all"
 grep -vE "^(Tom had|id |[0-9a-f]{8} )" "$TMP/rout" > "$TMP/rroute"
 hop="127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\)"
-grep -qE "^0:3 $hop -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\); [0-9]+ steps/s expected$" "$TMP/rroute" &&
+grep -qE "^0:3 $hop -> 3:6 127\.0\.0\.1:$PB \([0-9.]+ ms\) \+ [0-9.]+ ms local; [0-9]+ steps/s expected$" "$TMP/rroute" &&
     [ "$(wc -l < "$TMP/rroute")" -eq 1 ] && ok "restart: route prints one chain" ||
     { bad "restart: route"; sed 's/^/    /' "$TMP/rroute"; }
 t1=$(grep '^Tom had' "$TMP/rout" | head -1); t2=$(grep '^Tom had' "$TMP/rout" | tail -1)

@@ -53,6 +53,22 @@ fi
 for i in $(seq 1 40); do echo "Once upon a time there was a cat named Tom. Tom liked to play in the sun with his ball."; done > "$TMP/story.txt"
 expect 0 "causal-LM prompt tuning on a text file" "^epoch 1: validation loss=[0-9.]+ perplexity=[0-9.]+" -- \
     "$SEPAL" -c "load $M; swarm up 2; train causal_lm --args 'file=$TMP/story.txt length=32' --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 3"
+# --max-steps above what the epochs hold: announced, counted and scheduled to the steps that run; the task's own
+# loss said once
+out=$("$SEPAL" -c "load $M; swarm up 1; train causal_lm --args 'file=$TMP/story.txt length=32' --tuning ptune \
+    --pre-seq-len 4 --batch 8 --max-length 32 --epochs 1 --warmup 0 --max-steps 500" 2>&1)
+n=$(grep -cE "^epoch 1 step [0-9]+/[0-9]+: " <<< "$out")
+if [ "$n" -ge 2 ] && grep -qE "^training causal_lm with ptune \(P 4\), batch 8, lr 0.01, 1 epoch \($n steps\)$" <<< "$out" &&
+    [ "$(grep -cE "^epoch 1 step [0-9]+/$n: " <<< "$out")" -eq "$n" ] && grep -qE "^epoch 1 step $n/$n: " <<< "$out"; then
+    ok "--max-steps 500 over a 1-epoch run of $n steps: '1 epoch ($n steps)', counted 1/$n .. $n/$n"
+else
+    bad "--max-steps beyond the epochs:"; grep -E "^training|^epoch 1 step" <<< "$out" | head -4 | sed 's/^/    /'
+fi
+lr_last=$(grep -E "^epoch 1 step $n/$n: " <<< "$out" | grep -oE "lr [0-9.e+-]+" | awk '{print $2}')
+awk -v lr="$lr_last" -v n="$n" 'BEGIN { exit !(lr + 0 > 0 && lr + 0 <= 0.01 / (n - 1) * 1.0001 + 1e-12 || n <= 1) }' &&
+    ok "the lr decays toward the last step that runs (step $n: lr $lr_last)" || bad "the lr at the last step: $lr_last"
+grep -qE "^epoch 1: validation loss=[0-9.]+ perplexity=[0-9.]+ tokens=[0-9]+$" <<< "$out" &&
+    ok "causal_lm's validation says its loss once" || bad "validation: $(grep 'validation' <<< "$out")"
 
 expect 0 "plugin list shows the built-in tasks" "^sst2 .*classes" -- "$SEPAL" -c "plugin list"
 expect 0 "plugin load of the sst2 .so" "loaded task sst2" -- "$SEPAL" -c "plugin load $SEPAL_BIN_DIR/plugins/libsepal_sst2.so"
@@ -64,5 +80,35 @@ expect 1 "unknown task" "unknown task 'nosuchtask'" -- "$SEPAL" -c "load $M; tra
 expect 1 "bad tuning" "'bogus' is not one of head, ptune, deep_ptune" -- "$SEPAL" -c "train sst2 --tuning bogus"
 expect 1 "bad number" "--lr: expected a number" -- "$SEPAL" -c "train sst2 --lr fast"
 expect 1 "causal_lm without a file" "file" -- "$SEPAL" -c "load $M; swarm up 1; train causal_lm"
+# the task's arguments are checked before the swarm (and by --dry-run): their one message, not "no servers"
+one_error() { # DESCRIPTION EXPECTED-STDERR -- sepal's arguments...
+    local desc=$1 want=$2
+    shift 3
+    "$SEPAL" "$@" > /dev/null 2> "$TMP/oe.err"
+    local rc=$?
+    [ $rc -eq 1 ] && [ "$(grep -v '^loaded ' "$TMP/oe.err")" = "$want" ] && ok "$desc" ||
+        { bad "$desc: exit $rc, stderr:"; head -4 "$TMP/oe.err" | sed 's/^/    /'; }
+}
+NOFILE="sepal: train: causal_lm: cannot read $TMP/none.txt: No such file or directory"
+one_error "train: a missing --args file before 'no servers'" "$NOFILE" -- -c "load $M; train causal_lm --args file=$TMP/none.txt"
+one_error "train: a missing --args file before the model" "$NOFILE" -- -c "train causal_lm --args file=$TMP/none.txt"
+one_error "--dry-run: a missing --args file" "$NOFILE" -- --dry-run -c "load $M; swarm up 1; train causal_lm --args file=$TMP/none.txt"
+one_error "--dry-run: a task's unknown argument" "sepal: eval: sst2: unknown argument dat=x (it takes data=DIR)" -- \
+    --dry-run -c "eval sst2 --args dat=x"
+# --device cuda where CUDA cannot run (test_cuda says 77 without a GPU; without it, no CUDA was built): said in
+# words, before the model and the swarm
+"$SEPAL_BIN_DIR/tests/test_cuda" > /dev/null 2>&1
+if [ $? -eq 77 ] || [ ! -x "$SEPAL_BIN_DIR/tests/test_cuda" ]; then
+    "$SEPAL" -c "train sst2 --device cuda" > /dev/null 2> "$TMP/cuda.err"
+    case "$(cat "$TMP/cuda.err")" in
+    "sepal: train: --device cuda: no usable GPU ("*"); without --device the optimizer runs on the CPU" | \
+        "sepal: train: --device cuda: this sepal was built without CUDA; without --device the optimizer runs on the CPU")
+        ok "--device cuda without a GPU: $(cat "$TMP/cuda.err")" ;;
+    *) bad "--device cuda without a GPU: $(cat "$TMP/cuda.err")" ;;
+    esac
+else
+    echo "a usable GPU: --device cuda's refusal not checked"
+fi
+expect 0 "--dry-run: good task arguments pass" "" -- "$SEPAL" --dry-run -c "train causal_lm --args 'file=$TMP/story.txt length=32'"
 expect 1 "context overflow" "context" -- "$SEPAL" -c "load $M; swarm up 1; train sst2 --max-length 250 --pre-seq-len 16"
 finish

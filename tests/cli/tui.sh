@@ -10,68 +10,12 @@
 #    the recording has them in that order); Tab completes at `:`; F1; `z` zooms; `s`/`S` sort the swarm rows; a
 #    mouse click focuses a panel and the wheel scrolls it; q while a command runs asks (n: it goes on; y: quits,
 #    no server left);
+#  - a generation waiting for a joining server: the route panel counts down to the next try, second by second;
 #  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
 #  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
 . "$(dirname "$0")/lib.bash"
-M="${SEPAL_STORIES15M_DIR:?}"
-if ! command -v tmux >/dev/null; then
-    echo "tmux not found: skipped"
-    finish
-fi
-if [ ! -f "$M/model.safetensors" ] || [ ! -f "${SEPAL_SENTIMENT_DIR:?}/imdb.json" ]; then
-    bad "run scripts/fetch-model.sh and scripts/fetch-sentiment.sh first"
-    finish
-fi
-export SEPAL_SERVER_BIN="$SEPAL_BIN_DIR/server/sepal-server"
-mkdir -p "$TMP/cache"
-ln -s "$SEPAL_SENTIMENT_DIR" "$TMP/cache/sentiment"
-SOCK="sepal-tui-$$"
-SOCKDIR="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
-cleanup() {
-    tmux -L "$SOCK" kill-server 2>/dev/null
-    rm -f "$SOCKDIR/$SOCK"
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-T() { tmux -L "$SOCK" -f /dev/null "$@"; }
-# under a sanitizer everything is slower
-SLOW=1
-"$SEPAL" --version >/dev/null 2>&1 && ldd "$SEPAL" 2>/dev/null | grep -q libasan && SLOW=3
-
-# start NAME COLSxROWS ENV... -- ARGS...: sepal in a new session; the pane keeps the shell's view afterwards
-start() {
-    local name=$1 size=$2 envs=() args=()
-    shift 2
-    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    args=("$@")
-    local cmd="stty -g > $TMP/$name.before; env SEPAL_TUI_TEST=1 SEPAL_HISTORY=$TMP/hist SEPAL_CACHE=$TMP/cache HOME=$TMP"
-    cmd="$cmd ${envs[*]} $SEPAL ${args[*]}; echo \"[exit \$?]\"; stty -g > $TMP/$name.after; sleep 600"
-    T new-session -d -s "$name" -x "${size%x*}" -y "${size#*x}" "$cmd"
-}
-pane() { T capture-pane -p -t "$1" 2>/dev/null; }
-keys() { local s=$1; shift; T send-keys -t "$s" "$@"; }
-text() { T send-keys -t "$1" -l -- "$2"; }
-# wait_for NAME PATTERN [SECONDS]: polls the pane every 50 ms
-wait_for() {
-    local i n=$(( ${3:-20} * 20 * SLOW ))
-    for i in $(seq "$n"); do
-        pane "$1" | grep -qE -- "$2" && return 0
-        sleep 0.05
-    done
-    return 1
-}
-# wait_gone NAME PATTERN [SECONDS]: polls until the pane no longer shows it
-wait_gone() {
-    local i n=$(( ${3:-20} * 20 * SLOW ))
-    for i in $(seq "$n"); do
-        pane "$1" | grep -qE -- "$2" || return 0
-        sleep 0.05
-    done
-    return 1
-}
-check() { if wait_for "$1" "$3" "${4:-20}"; then ok "$2"; else bad "$2: the screen lacks /$3/"; pane "$1" | sed 's/^/    | /'; fi; }
+. "$(dirname "$0")/tui_tmux.bash"
 # the frame number in the status row
 frame() { pane "$1" | grep -oE 'f=[0-9]+' | tail -1 | cut -d= -f2; }
 # after_frame NAME N: a frame later than N has been drawn
@@ -132,6 +76,16 @@ check a "generation: tok/s, first token, stop reason" "tok/s +first [0-9.]+(us|m
 check a "the route: the chain with each hop's time" \
     "you ▶ [0-9a-f]{8}\[0:2\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[2:4\) [0-9.]+(us|ms|s) ▶ [0-9a-f]{8}\[4:6\) [0-9.]+(us|ms|s)"
 check a "the header: covered, tok/s" "covered ✓ +[0-9.]+ tok/s"
+# :route prints the chain's figures, and the route panel shows the same ones
+keys a :
+text a "route"
+keys a Enter
+check a ":route prints the chain" "^0:2 127\.0\.0\.1:[0-9]+ \([0-9.]+ ms\) -> 2:4 "
+# (the log cuts the line at the panel's width: the recording has it whole)
+for i in $(seq 100); do grep -qE "steps/s expected" "$TMP/rec.jsonl" && break; sleep 0.05; done
+n=$(grep -oE "[0-9]+ steps/s expected" "$TMP/rec.jsonl" | tail -1 | grep -oE "^[0-9]+")
+[ -n "$n" ] && ok ":route predicts $n steps/s" || bad ":route printed no steps/s"
+check a "the route panel shows the steps/s :route printed ($n)" "hops, ~$n steps/s" 5
 
 keys a :
 text a "train sst2 --tuning ptune --pre-seq-len 4 --batch 4 --max-length 32 --max-steps 6 --eval-batches 1"
@@ -147,16 +101,8 @@ fi
 check a "the plot's axis and x labels" "└─+"
 check a "training: a progress bar at 100%" "\] 100%"
 
-# Ctrl-C stops a generation, not the program (a sampled story may end before the Ctrl-C lands: then again)
-for try in 1 2 3; do
-    keys a :
-    text a "generate 'Lily and Tom' --temperature 0.9 --max-new-tokens 250"
-    keys a Enter
-    wait_for a "─ 3 Generate ─+ generating ─" 30 || break
-    keys a C-c
-    wait_for a "stop: (cancelled|eos|length)" 10 || break
-    pane a | grep -q "stop: cancelled" && break
-done
+# Ctrl-C stops a generation, not the program
+ctrl_c_generation a
 check a "Ctrl-C stops the generation (its text kept)" "stop: cancelled" 1
 check a "the text so far is kept" "^Lily and Tom" 1
 f=$(frame a)
@@ -222,8 +168,9 @@ grep -q "^generate \"Once upon a time\" --max-new-tokens 40$" "$TMP/hist" && ok 
     bad "history lacks the : line"
 
 # ---- a server killed during a generation, and the keys: Tab at :, F1, sort, zoom, the quit question ----------
-# three servers of every block, so the route (one hop) can go round a dead one
-start r 100x30 LANG=C.UTF-8 -- -c "'load $M; swarm up 3 --blocks-per-server 6'" --record-events "$TMP/rec-r.jsonl" --tui
+# three servers of every block, so the route (one hop) can go round a dead one; each answers a step 5 ms late
+# (SEPAL_SERVER_FAULT=slow:5), so the 240 tokens take a second or more and the kill below lands while they stream
+start r 100x30 LANG=C.UTF-8 SEPAL_SERVER_FAULT=slow:5 -- -c "'load $M; swarm up 3 --blocks-per-server 6'" --record-events "$TMP/rec-r.jsonl" --tui
 check r "3 servers of all 6 blocks" "3/3 online" 60
 check r "coverage: three servers per block" "servers per block +3+ ok"
 check r "the : line opens (r)" "^:$"
@@ -232,8 +179,8 @@ PID=$(sepal_pid r)
 text r "gene"
 keys r Tab
 check r "Tab at : completes a command" "^:generate ?$"
-# once the first tokens are on the screen, SIGKILL the route's server while the text streams (a fast machine may
-# finish the 240 tokens before the kill lands: then once more, on the two servers left)
+# once the first tokens are on the screen, SIGKILL the route's server while the text streams (should the 240
+# tokens still end before the kill lands: once more, on the two servers left)
 for try in 1 2; do
     if [ "$try" -gt 1 ]; then
         keys r :
@@ -345,6 +292,35 @@ stty_same r && ok "stty -g unchanged after y" || bad "stty -g changed after y"
 left=0
 for k in $kids; do kill -0 "$k" 2>/dev/null && left=$((left + 1)); done
 [ "$left" -eq 0 ] && ok "no server left after y" || bad "children '$kids': $left left after y"
+
+# ---- a generation waiting for a server that is joining: the route panel counts down to the next try -----------
+S="$SEPAL_BIN_DIR/server/sepal-server"
+"$S" --model "$M" --blocks 0:3 --new-swarm --no-measure > "$TMP/wa.out" 2> "$TMP/wa.err" &
+WA=$!
+for i in $(seq 600); do grep -q "^sepal-server: serving" "$TMP/wa.out" && break; sleep 0.05; done
+PEER=127.0.0.1:$(grep -oE 'DHT 127\.0\.0\.1:[0-9]+' "$TMP/wa.out" | cut -d: -f2)
+SEPAL_SERVER_LOAD_DELAY=16 "$S" --model "$M" --blocks 3:6 --initial-peers "$PEER" --no-measure > "$TMP/wb.out" \
+    2> "$TMP/wb.err" &
+WB=$!
+for i in $(seq 100); do # until a client finds it joining (its record has reached the swarm's DHT)
+    "$SEPAL" -c "load $M; connect --initial-peers $PEER; servers" 2>/dev/null | grep -qE " 3:6 +joining " && break
+    sleep 0.05
+done
+start w 100x30 LANG=C.UTF-8 -- -c "'load $M; connect --initial-peers $PEER'" --tui
+check w "the : line opens (w)" "^:$" 30
+text w 'generate "Once upon a time" --max-new-tokens 8'
+keys w Enter
+check w "waiting: the route panel counts down to the next try" "2 Route .* next try in ([2-9]|[1-9][0-9]+) s" 30
+n1=$(pane w | grep -oE "next try in [0-9]+ s" | grep -oE "[0-9]+" | head -1)
+check w "... the second after, one less" "next try in $((n1 - 1)) s" 3
+check w "waiting: the route panel says who is joining" "no online server holds block 3 \(of 0\.\.5\) yet" 1
+check w "the text once the server is online" "^Once upon a time, there" 40
+wait_gone w "next try in" 5 && ok "the countdown is gone once routed" || bad "the countdown stays after the route"
+check w "the generation ends (w)" "stop: length" 30 # q while it runs would ask, and the question goes with the command
+keys w q
+check w "q quits (w)" "^\[exit 0\]$" 30
+kill "$WA" "$WB" 2>/dev/null
+wait "$WA" "$WB" 2>/dev/null
 
 # ---- quitting: Ctrl-C twice, a crash, SIGTERM --------------------------------------------------------------
 start b 100x30 LANG=C.UTF-8 -- --tui
