@@ -46,6 +46,7 @@ typedef struct sp_rt_settings {
     double backoff_max_s;    /* longest pause between retries (default 60 s) */
     char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
     char blocked[1024];      /* never these */
+    int push;                /* inference steps pushed from server to server where the chain's servers can (1) */
     double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;
