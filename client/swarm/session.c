@@ -599,7 +599,8 @@ static int await_collect(sp_lm_swarm *s, await_hop *w, float *cur, int T, int pu
  * client awaits every hop's output (the next hop's history) on threads. Where a hop fails, or a push does not
  * arrive, the rest of the step is client-driven from there, as run_hops_from: the hops after it replay their
  * history (their state is not known), the failed one is replaced, and pushes stop for the session when a push
- * failed. *done: the step ran this way (0: it could not start; nothing was sent). */
+ * did not arrive at a server that then answered the client. *done: the step ran this way (0: it could not start;
+ * nothing was sent). */
 static sp_status run_pushed(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, int *attempt, int *done,
                             sp_err *err)
 {
@@ -639,18 +640,19 @@ static sp_status run_pushed(sp_lm_swarm *s, float *cur, int T, const float *deep
         return SP_OK;
     for (int h = from + failed; h < s->route.nhops; h++)
         s->fresh[h] = 1; /* it may have stepped, or not: it replays */
-    if (!failed) {
+    if (failed && (st = recover(s, from, alive, attempt, st, err)))
+        return st;
+    int into = s->route.hop[from].server; /* (when its push did not arrive) */
+    memcpy(in, cur, N * sizeof(float));
+    st = run_hops_from(s, from, cur, T, deep, in, attempt, err);
+    if (!st && !failed && s->route.hop[from].server == into) { /* alive, but the push could not reach it */
         s->no_push = 1;
         char label[160];
         sp_rt_server_label(s->rt, s->route.hop[from - 1].server, label, sizeof label);
         sp_rt_emitf(s->rt, SP_EV_SERVER, s->route.hop[from - 1].server,
-                    "%s could not push to the next server: steps of this generation are client-driven", label);
-    } else {
-        if ((st = recover(s, from, alive, attempt, st, err)))
-            return st;
+                    "%s could not push to the next server: this generation's steps are client-driven", label);
     }
-    memcpy(in, cur, N * sizeof(float));
-    return run_hops_from(s, from, cur, T, deep, in, attempt, err);
+    return st;
 }
 
 /* cur [B, T, H] through every hop, recovering from failures: pushed from server to server where it can be, else
