@@ -48,6 +48,7 @@ stop_all() {
 }
 trap 'stop_all; rm -rf "$tmp"' EXIT
 . bench/pairs.sh # median
+. bench/relays.sh # relays
 free_ports() { python3 -c "
 import socket
 ss = [socket.socket() for _ in range($1)]
@@ -63,20 +64,10 @@ if [ ! -f "$model/config.json" ]; then
     "$sepal" model init "$model" --like llama-2-7b --layers 8 2>&1 | tail -1 || die "model init failed"
 fi
 
-# relays NAME DELAY PORT...: a linkem of that one-way delay leading to each port; their ports on stdout's last line
-relays() {
-    local name=$1 delay=$2 args=() p
-    shift 2
-    for p in "$@"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
-    "$linkem" --delay "$delay" "${args[@]}" >"$tmp/$name.out" 2>"$tmp/$name.err" &
-    pids+=($!)
-    for _ in $(seq 100); do grep -q "^linkem: ready" "$tmp/$name.out" && break; sleep 0.05; done
-    sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$tmp/$name.out" | tr '\n' ' '
-}
-
 spans=(0:3 3:6 6:8)
 read -r -a ports <<<"$(free_ports 3)"
-read -r -a peer <<<"$(relays peer 5 "${ports[@]}")"
+relays peer 5 "${ports[@]}" >"$tmp/peer.ports" # (in this shell, never in $(...): pids must reach the trap)
+read -r -a peer <"$tmp/peer.ports"
 [ "${#peer[@]}" = 3 ] || die "linkem did not start"
 for i in 0 1 2; do
     "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" --bulk-port -1 \
@@ -96,7 +87,8 @@ gen="generate '$prompt' --max-new-tokens $tokens --ignore-eos"
 one="model generate $model --prompt '$prompt' --max-new-tokens $tokens --ignore-eos --dtype int8"
 fail=0 summary=()
 for d in $delays; do
-    read -r -a cl <<<"$(relays "client$d" "$d" "${ports[@]}")"
+    relays "client$d" "$d" "${ports[@]}" >"$tmp/client.ports"
+    read -r -a cl <"$tmp/client.ports"
     script="load $model; set dtype int8; set step-timeout 60; connect 127.0.0.1:${cl[0]},127.0.0.1:${cl[1]},127.0.0.1:${cl[2]}"
     script="$script; $gen" # a warm-up (push on)
     kinds=(on off one) order=()

@@ -7,10 +7,8 @@
 . "$(dirname "$0")/lib.bash"
 S="$SEPAL_BIN_DIR/server/sepal-server"
 L="$SEPAL_BIN_DIR/bench/linkem"
-export SEPAL_CACHE="$TMP/cache" # a fresh throughput cache; stories15M's tokenizer comes from the model's dir below
 M="$TMP/l7"
-mkdir -p "$SEPAL_CACHE/models" && ln -s "${SEPAL_STORIES15M_DIR:?}" "$SEPAL_CACHE/models/stories15M"
-expect 0 "a narrow Llama-2-7B shape" "4 layers of 256" -- "$SEPAL" model init "$M" --like llama-2-7b --layers 4 --hidden 256
+narrow_llama "$M" 4
 
 expect 2 "--announce HOST:PORT with the bulk channel on and no bulk port" \
     "^sepal-server: --announce HOST:PORT moves the websocket's port: say where clients reach the bulk channel too \(--announce-bulk-port P\), or turn it off \(--bulk-port -1\) \(--help lists the options\)$" \

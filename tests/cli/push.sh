@@ -10,12 +10,11 @@
 #    address nothing listens at, so the first server cannot push to it and the generation goes on client-driven,
 #    saying so.
 . "$(dirname "$0")/lib.bash"
+. "${SEPAL_SRC_DIR:?}/bench/relays.sh" # relays
 S="$SEPAL_BIN_DIR/server/sepal-server"
-L="$SEPAL_BIN_DIR/bench/linkem"
-export SEPAL_CACHE="$TMP/cache" # a fresh throughput cache; stories15M's tokenizer comes from the model's dir below
+linkem="$SEPAL_BIN_DIR/bench/linkem" tmp="$TMP"
 M="$TMP/l7"
-mkdir -p "$SEPAL_CACHE/models" && ln -s "${SEPAL_STORIES15M_DIR:?}" "$SEPAL_CACHE/models/stories15M"
-expect 0 "a narrow Llama-2-7B shape" "6 layers of 256" -- "$SEPAL" model init "$M" --like llama-2-7b --layers 6 --hidden 256
+narrow_llama "$M" 6
 
 # free ports: four servers' websocket ports, and one nothing listens at
 read -r P1 P2 P3 P4 DEAD < <(python3 -c "
@@ -23,23 +22,12 @@ import socket
 ss = [socket.socket() for _ in range(5)]
 for s in ss: s.bind(('127.0.0.1', 0))
 print(' '.join(str(s.getsockname()[1]) for s in ss))")
-PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null; rm -rf "$TMP"' EXIT
-
-# relays NAME DELAY TARGET...: one linkem of that one-way delay, a link to each target port; their ports into
-# $TMP/NAME.ports in the targets' order
-relays() {
-    local name=$1 delay=$2 args=() p
-    shift 2
-    for p in "$@"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
-    "$L" --delay "$delay" "${args[@]}" > "$TMP/$name.out" 2> "$TMP/$name.err" &
-    PIDS+=($!)
-    for _ in $(seq 100); do grep -q "^linkem: ready" "$TMP/$name.out" && break; sleep 0.05; done
-    sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$TMP/$name.out" | tr '\n' ' ' > "$TMP/$name.ports"
-}
-relays peer 5 $P1 $P2 $P3 $P4
-relays client 10 $P1 $P2 $P3
-relays far 30 $P4
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$TMP"' EXIT
+# (relays run in this shell, never in $(...): their pids must reach the trap)
+relays peer 5 $P1 $P2 $P3 $P4 > "$TMP/peer.ports"
+relays client 10 $P1 $P2 $P3 > "$TMP/client.ports"
+relays far 30 $P4 > "$TMP/far.ports"
 read -r A1 A2 A3 A4 < "$TMP/peer.ports"
 read -r C1 C2 C3 < "$TMP/client.ports"
 read -r C4 < "$TMP/far.ports"
@@ -53,7 +41,7 @@ server() {
     port=$(eval echo "\$P$n")
     env "$@" "$S" --model "$M" --blocks "$blocks" --port "$port" --bulk-port -1 --no-measure \
         --announce "127.0.0.1:$ann" > "$TMP/s$n.out" 2>&1 &
-    PIDS+=($!)
+    pids+=($!)
     eval "PID$n=$!"
 }
 wait_serving() {
