@@ -491,22 +491,27 @@ static sp_status run_hops_from(sp_lm_swarm *s, int h, float *cur, int T, const f
 /* ---------------------------------------------------------------------------------------------- */
 /* pushed steps: client -> first server -> next server ... -> last server -> client */
 
-/* 1 if this step can go from server to server: the setting, no push failed in this session, two hops or more,
- * none of them replaying, each took pushes at open, no server twice (its calls would wait for each other). */
+/* 1 if this step can go from server to server: the setting (auto: the client's known pings to the chain's servers
+ * average 1 ms or more), no push failed in this session, two hops or more, none of them replaying, each took
+ * pushes at open, no server twice (its calls would wait for each other). */
 static int pushable(sp_lm_swarm *s)
 {
-    if (!s->rt->set.push || s->no_push || s->route.nhops < 2)
+    int mode = s->rt->set.push;
+    if (mode == SP_PUSH_OFF || s->no_push || s->route.nhops < 2)
         return 0;
     int ok = 1;
+    double rtt = 0;
     pthread_mutex_lock(&s->rt->lock);
     for (int h = 0; ok && h < s->route.nhops; h++) {
+        const sp_server_entry *e = s->rt->servers[s->route.hop[h].server];
         ok = !s->fresh[h] && s->token[h];
+        rtt += e->rtt > 0 && isfinite(e->rtt) ? e->rtt : 0;
         for (int g = 0; ok && g < h; g++)
             ok = s->route.hop[g].server != s->route.hop[h].server &&
-                 !sp_rt_same_addr(s->rt->servers[s->route.hop[g].server], s->rt->servers[s->route.hop[h].server]);
+                 !sp_rt_same_addr(s->rt->servers[s->route.hop[g].server], e);
     }
     pthread_mutex_unlock(&s->rt->lock);
-    return ok;
+    return ok && (mode == SP_PUSH_ON || rtt / s->route.nhops >= 1e-3);
 }
 
 /* One awaiting hop of a pushed step: its call runs on a thread of its own. */

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Server-to-server push (`set push on|off`) through bench/linkem relays: the client reaches each server through a
+# Server-to-server push (`set push auto|on|off`) through bench/linkem relays: the client reaches each server through a
 # relay of 10 ms each way, the servers reach each other through others of 5 ms (their --announce addresses, which
 # HELLO tells the client and the client tells each server of its successor). A narrow Llama-2-7B shape (`model init
 # --like`, 6 layers of 256), 3 servers of 2 blocks:
 #  - push on and off give the same greedy text (that of one process) and the same beams; with push on every step of
 #    the generations went from server to server (each server's shutdown line counts the pushes: exactly the steps),
-#    with push off none did;
-#  - a server killed (kill -9) in the middle of a pushed generation: the same text; its replacement announces an
+#    with push off none did, nor with push auto where the client reaches the servers directly (loopback: pings far
+#    under 1 ms);
+#  - a server killed (kill -9) in the middle of a pushed generation (push auto: 10 ms relays): the same text; its
+#    replacement announces an
 #    address nothing listens at, so the first server cannot push to it and the generation goes on client-driven,
 #    saying so.
 . "$(dirname "$0")/lib.bash"
@@ -64,8 +66,8 @@ stop() {
 
 prompt="Once upon a time"
 "$SEPAL" model generate "$M" --prompt "$prompt" --max-new-tokens 16 --ignore-eos > "$TMP/want" 2> /dev/null
-client() { # client PUSH: greedy 16 tokens, then 3 beams of 8 (16 + 8 steps), through the client's relays
-    "$SEPAL" -c "load $M; connect 127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3; set push $1; set ignore-eos on; echo ==greedy==;
+client() { # client PUSH PORTS: greedy 16 tokens, then 3 beams of 8 (16 + 8 steps), through the ports given
+    "$SEPAL" -c "load $M; connect $2; set push $1; set ignore-eos on; echo ==greedy==;
                  generate '$prompt' --max-new-tokens 16; echo ==beams==; set beams 3; generate '$prompt' --max-new-tokens 8"
 }
 
@@ -73,15 +75,19 @@ server 1 0:2 "$A1"
 server 2 2:4 "$A2"
 server 3 4:6 "$A3"
 wait_serving 1 2 3
-client on > "$TMP/on" 2> "$TMP/on.err" && ok "push on: the client generates" || { bad "push on"; tail -5 "$TMP/on.err"; }
-client off > "$TMP/off" 2> "$TMP/off.err" && ok "push off: the client generates" || { bad "push off"; tail -5 "$TMP/off.err"; }
+relayed="127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"
+client on "$relayed" > "$TMP/on" 2> "$TMP/on.err" && ok "push on: the client generates" || { bad "push on"; tail -5 "$TMP/on.err"; }
+client off "$relayed" > "$TMP/off" 2> "$TMP/off.err" && ok "push off: the client generates" ||
+    { bad "push off"; tail -5 "$TMP/off.err"; }
+client auto "127.0.0.1:$P1,127.0.0.1:$P2,127.0.0.1:$P3" > "$TMP/auto" 2> "$TMP/auto.err" &&
+    ok "push auto, the servers reached directly: the client generates" || { bad "push auto"; tail -5 "$TMP/auto.err"; }
 sed -n '/^==greedy==$/,/^==beams==$/p' "$TMP/on" | sed '1d;$d' > "$TMP/greedy.on"
 cmp -s "$TMP/greedy.on" "$TMP/want" && ok "push on: the greedy text of one process" ||
     { bad "push on: the greedy text differs"; diff "$TMP/want" "$TMP/greedy.on" | head -4; }
-cmp -s "$TMP/on" "$TMP/off" && ok "push on and off: the same greedy text and beams" ||
-    { bad "push on and off differ"; diff "$TMP/on" "$TMP/off" | head -6; }
+cmp -s "$TMP/on" "$TMP/off" && cmp -s "$TMP/on" "$TMP/auto" && ok "push on, off and auto: the same greedy text and beams" ||
+    { bad "push on, off and auto differ"; diff "$TMP/on" "$TMP/off" | head -6; diff "$TMP/on" "$TMP/auto" | head -6; }
 stop 1 2 3
-# 24 steps with push on: each went 1 -> 2 -> 3; none with push off
+# 24 steps with push on: each went 1 -> 2 -> 3; none with push off, nor with auto on loopback
 for want in "1:0 24" "2:24 24" "3:24 0"; do
     n=${want%%:*}
     [ "$(cat "$TMP/s$n.pushes")" = "${want#*:}" ] && ok "server $n: pushes in, out: ${want#*:}" ||
