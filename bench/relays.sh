@@ -13,4 +13,5 @@ relays() {
     pids+=($!)
     for _ in $(seq 100); do grep -q "^linkem: ready" "$tmp/$name.out" && break; sleep 0.05; done
     sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$tmp/$name.out" | tr '\n' ' '
+    echo
 }
