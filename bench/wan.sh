@@ -7,8 +7,9 @@
 # generate --dtype int8`, every block local, in the same app while the servers idle) + D + 5 + 5 + D ms (what a
 # token must cross at least: client -> server 1 -> server 2 -> server 3 -> client). Goal with push: <= 1.15x the
 # floor. One `sepal -c` session per delay: load, connect, a warm-up, then R triples (push on, push off, one
-# process) in rotating order. Texts must be identical. Prints every triple, the medians and the medians of the
-# triples' ratios.
+# process) in rotating order. Texts must be identical. Prints every triple, the medians, the medians of the
+# triples' ratios (to the floor, and push on / push off) and how many generations stopped pushing (a push not
+# acknowledged within 2 s turns a generation client-driven).
 #
 # usage: bench/wan.sh [--delays "25 200"] [--reps R] [--tokens N] [--models DIR] [--build DIR]
 #   --delays LIST  client <-> server one-way delays in ms, a session each (default "25")
@@ -75,7 +76,7 @@ for i in 0 1 2; do
     pids+=($!)
 done
 for i in 0 1 2; do
-    until grep -q "^sepal-server: serving" "$tmp/s$i.out"; do
+    until grep -qs "^sepal-server: serving" "$tmp/s$i.out"; do
         kill -0 "${pids[$((i + 1))]}" 2>/dev/null || { cat "$tmp/s$i.out" >&2; die "server $i died"; }
         sleep 0.2
     done
@@ -108,6 +109,7 @@ for d in $delays; do
     [ "$(wc -l <"$tmp/ms")" -eq $((3 * reps)) ] || { cat "$tmp/err" >&2; die "expected $((3 * reps)) rates"; }
     echo "client <-> servers $d ms each way: floor = one process + $d + 5 + 5 + $d ms"
     : >"$tmp/r.on" && : >"$tmp/r.off" && : >"$tmp/r.one" && : >"$tmp/r.fl" && : >"$tmp/r.ron" && : >"$tmp/r.roff"
+    : >"$tmp/r.onoff"
     for k in $(seq 1 "$reps"); do
         declare -A v=()
         for j in 0 1 2; do v[${order[$((3 * (k - 1) + j))]}]="$(sed -n "$((3 * (k - 1) + j + 1))p" "$tmp/ms")"; done
@@ -119,13 +121,16 @@ for d in $delays; do
         echo "$floor" >>"$tmp/r.fl"
         awk -v a="${v[on]}" -v f="$floor" 'BEGIN {printf "%.3f\n", a / f}' >>"$tmp/r.ron"
         awk -v a="${v[off]}" -v f="$floor" 'BEGIN {printf "%.3f\n", a / f}' >>"$tmp/r.roff"
-        printf '  triple %d: push on %s ms/token, push off %s, one process %s (floor %s): on %.3fx, off %.3fx the floor; texts %s\n' \
-            "$k" "${v[on]}" "${v[off]}" "${v[one]}" "$floor" "$(tail -1 "$tmp/r.ron")" "$(tail -1 "$tmp/r.roff")" "$same"
+        awk -v a="${v[on]}" -v b="${v[off]}" 'BEGIN {printf "%.3f\n", a / b}' >>"$tmp/r.onoff"
+        printf '  triple %d: push on %s ms/token, push off %s, one process %s (floor %s): on %.3fx, off %.3fx the floor, on/off %.3f; texts %s\n' \
+            "$k" "${v[on]}" "${v[off]}" "${v[one]}" "$floor" "$(tail -1 "$tmp/r.ron")" "$(tail -1 "$tmp/r.roff")" \
+            "$(tail -1 "$tmp/r.onoff")" "$same"
         unset v
     done
-    summary+=("$(printf '%s ms links: push on %.1f ms/token, push off %.1f, one process %.1f, floor %.1f; on %.3fx the floor (goal <= 1.15), off %.3fx' \
+    nopush="$(grep -c "could not push" "$tmp/err" || true)" # a push not acknowledged in 2 s: that generation went client-driven
+    summary+=("$(printf '%s ms links: push on %.1f ms/token, push off %.1f, one process %.1f, floor %.1f; on %.3fx the floor (goal <= 1.15), off %.3fx; on/off %.3f; generations that stopped pushing: %s' \
         "$d" "$(median <"$tmp/r.on")" "$(median <"$tmp/r.off")" "$(median <"$tmp/r.one")" "$(median <"$tmp/r.fl")" \
-        "$(median <"$tmp/r.ron")" "$(median <"$tmp/r.roff")")")
+        "$(median <"$tmp/r.ron")" "$(median <"$tmp/r.roff")" "$(median <"$tmp/r.onoff")" "$nopush")")
 done
 echo "medians:"
 for s in "${summary[@]}"; do echo "  $s"; done
