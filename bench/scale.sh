@@ -12,7 +12,9 @@
 #           causal_lm) through the swarm. The swarm (7.2 GB of servers and a 1.2 GB client) and the one process
 #           (8-9.4 GB) do not fit this machine together, so the R pairs alternate whole turns: servers started,
 #           a client session, servers stopped; then `sepal model generate` alone; in turns.
-# Prints every pair, the medians and the median of the pairs' ratios.
+# Prints every pair, the medians and the median of the pairs' ratios. The sessions `set step-timeout 60`: on a busy
+# machine a step can take longer than the timeout derived from the servers' speed (a few seconds), and a slow
+# step taken for a dead server would replay the session elsewhere, which is the failover benches' subject.
 #
 # usage: bench/scale.sh [--case "1 4"] [--reps R] [--tokens N] [--models DIR] [--build DIR] [--remove]
 #                       [--spans "0:3 3:6 6:8"]
@@ -145,7 +147,9 @@ pair() {
     local k="$1" sw="$2" on="$3" ts="$4" to="$5" same=identical r
     if [ -z "$ts" ] || [ "$ts" != "$to" ]; then
         same=different fail=1
-        { echo "    swarm: $ts"; echo "    one:   $to"; } >&2
+        { echo "    swarm: $ts"; echo "    one:   $to"; echo "    the session said:"; grep -vE \
+            '^(sepal: [0-9]+ prompt tokens|loaded |server [0-9a-f]+|joined the swarm|the LM head)' "$tmp/err" |
+            sed 's/^/      /'; } >&2
     fi
     r="$(awk -v a="$sw" -v b="$on" 'BEGIN {printf "%.3f", a / b}')"
     echo "$sw" >>"$tmp/sw"; echo "$on" >>"$tmp/on"; echo "$r" >>"$tmp/ra"
@@ -168,7 +172,7 @@ case1() {
     echo "case 1: $model, $(wc -w <<<"$spans1") servers (blocks $spans1)"
     local one="model generate $model --prompt '$prompt' --max-new-tokens $tokens --ignore-eos --dtype int8" k
     pairs_script "$gen" "$one" "$reps"
-    client "load $model; set dtype int8; connect --initial-peers $peers; $gen; echo @@rss$pairs_cmds; echo @@end"
+    client "load $model; set dtype int8; set step-timeout 60; connect --initial-peers $peers; $gen; echo @@rss$pairs_cmds; echo @@end"
     rates "$tmp/err" >"$tmp/rates"
     [ "$(wc -l <"$tmp/rates")" -eq $((2 * reps + 1)) ] || { cat "$tmp/err" >&2; die "expected $((2 * reps + 1)) rates"; }
     for k in $(seq 1 "$reps"); do
@@ -189,7 +193,8 @@ swarm_turn() {
     server_rss loaded
     [ "$k" = 1 ] && extra="; echo @@train; train causal_lm --args 'file=$tmp/text.txt' --tuning ptune --batch 2 \
 --max-length 32 --pre-seq-len 4 --microbatches 1 --max-steps 1 --epochs 1 --warmup 0"
-    client "load $model; set dtype int8; connect --initial-peers $peers; $gen; echo @@rss; sleep 2; echo @@swarm; $gen$extra"
+    client "load $model; set dtype int8; set step-timeout 60; connect --initial-peers $peers; $gen; echo @@rss; sleep 2; \
+echo @@swarm; $gen$extra"
     server_rss after
     stop_servers
     rates "$tmp/err" | sed -n 2p >>"$tmp/rate.swarm"

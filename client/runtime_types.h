@@ -38,6 +38,14 @@ typedef struct sp_route {
     double local;          /* of which the client's own part */
 } sp_route;
 
+/* Whether inference steps go from server to server (each pushing its output to the next) or through the client. */
+typedef enum sp_push_mode {
+    SP_PUSH_OFF,  /* every server gets its input from the client */
+    SP_PUSH_ON,   /* pushed wherever the chain's servers allow it */
+    SP_PUSH_AUTO, /* pushed where it is faster: the client's pings to the chain's servers average 1 ms or more (on
+                   * loopback a push's hand-offs cost more than the client's round trips it saves) */
+} sp_push_mode;
+
 /* Settings of the runtime (front ends' `set`). */
 typedef struct sp_rt_settings {
     int max_retries;         /* retries of one request after failures (default 8) */
@@ -46,6 +54,7 @@ typedef struct sp_rt_settings {
     double backoff_max_s;    /* longest pause between retries (default 60 s) */
     char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
     char blocked[1024];      /* never these */
+    int push;                /* sp_push_mode: inference steps pushed from server to server (default auto) */
     double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;

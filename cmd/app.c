@@ -109,6 +109,8 @@ sp_runtime *sp_app_runtime(sp_app *app)
     sp_runtime_settings(app->rt, &set);
     set.max_retries = (int)sp_app_num(app, SP_SET_MAX_RETRIES);
     set.step_timeout_s = sp_app_num(app, SP_SET_STEP_TIMEOUT);
+    const char *push = sp_app_get(app, SP_SET_PUSH);
+    set.push = !strcmp(push, "on") ? SP_PUSH_ON : !strcmp(push, "off") ? SP_PUSH_OFF : SP_PUSH_AUTO;
     snprintf(set.allowed, sizeof set.allowed, "%s", sp_app_get(app, SP_SET_ALLOWED_SERVERS));
     snprintf(set.blocked, sizeof set.blocked, "%s", sp_app_get(app, SP_SET_BLOCKED_SERVERS));
     sp_runtime_set_settings(app->rt, &set);

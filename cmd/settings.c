@@ -33,6 +33,11 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
     [SP_SET_STEP_TIMEOUT] = {"step-timeout", SP_OPT_NUM, .max = 86400, .def = "0",
                              .help = "seconds a server may take for one request before it counts as failed; 0 derives "
                                      "it from the server's announced speed (a few seconds for a decode step)"},
+    [SP_SET_PUSH] = {"push", SP_OPT_CHOICE, .choices = "auto|on|off", .def = "auto",
+                     .help = "inference steps go from server to server, each sending its output straight to the next: "
+                             "auto where that is faster (the client's pings to the chain's servers average 1 ms or "
+                             "more), on wherever the servers allow it, off never (the client sends every server its "
+                             "input)"},
     [SP_SET_ALLOWED_SERVERS] = {"allowed-servers", SP_OPT_STR, .def = "",
                                 .help = "route only through these servers (ids, id prefixes, names or HOST:PORT, "
                                         "comma-separated)"},

@@ -350,6 +350,8 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
     o.bulk_port = p->bulk_port;
     o.id = p->id;
     o.dht_port = p->ann ? sp_announce_dht_port(p->ann) : 0;
+    o.public_host = p->a.announce_host[0] ? p->a.announce_host : NULL;
+    o.public_port = p->a.announce_port;
     sp_status st = sp_server_start(&p->srv, &o, err);
     if (st)
         return st;
@@ -534,9 +536,12 @@ int main(int argc, char **argv)
         return 2;
     }
     rc = run(&p);
-    if (p.srv)
-        fprintf(stderr, "sepal-server: shutting down (%llu requests served)\n",
-                (unsigned long long)sp_server_requests(p.srv));
+    if (p.srv) {
+        uint64_t pin, pout;
+        sp_server_pushes(p.srv, &pin, &pout);
+        fprintf(stderr, "sepal-server: shutting down (%llu requests served; pushes: %llu in, %llu out)\n",
+                (unsigned long long)sp_server_requests(p.srv), (unsigned long long)pin, (unsigned long long)pout);
+    }
     sp_server_goodbye(p.srv); /* clients in a session hear why, and route around it at once */
     sp_announce_stop(p.ann);   /* OFFLINE: clients stop choosing it before its connections close */
     sp_server_stop(p.srv);

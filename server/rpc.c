@@ -438,14 +438,14 @@ static void rpc_open(req *r)
     if (B < 1 || B * L > (int64_t)r->s->o.cache_tokens)
         return (void)bad(r, "out_of_cache", "out of cache: batch %lld x max_length %lld exceeds the server's %ld tokens",
                          (long long)B, (long long)L, r->s->o.cache_tokens);
-    uint64_t id;
+    uint64_t id, token;
     sp_err err = {0};
-    if (session_open(r->s, r->conn, q.start, q.end, (int)B, (int)L, &id, &err))
+    if (session_open(r->s, r->conn, q.start, q.end, (int)B, (int)L, &id, &token, &err))
         return (void)bad(r, err.code == SP_ERR_RANGE ? "out_of_cache" : "internal", "%s", err.msg);
     /* buffers for its decode steps' messages (hidden [B, 1, H], hypo_ids [B]), whichever thread takes them */
     size_t numel[2] = {(size_t)B * r->s->m->cfg.hidden, 2 * (size_t)B};
     sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 3);
-    sp_open_reply a = {.session = id, .max_length = (int)L};
+    sp_open_reply a = {.session = id, .max_length = (int)L, .push_token = token};
     char meta[128];
     if (sp_open_reply_encode(&a, meta, sizeof meta, &err))
         return (void)bad(r, "internal", "%s", err.msg);
@@ -495,11 +495,12 @@ static int reorder_cache(req *r, session *x, int idx)
     return rc;
 }
 
-/* Tensor roles in a step: 0 hidden, then optional prompts (rank 4) and hypo_ids (i64), in any order. */
-static void step_roles(const req *r, int *prompts_idx, int *hypo_idx)
+/* Tensor roles in a step: 0 hidden (unless it awaits its hidden state: then none), then optional prompts (rank 4)
+ * and hypo_ids (i64), in any order. */
+static void step_roles(const req *r, int await, int *prompts_idx, int *hypo_idx)
 {
     *prompts_idx = *hypo_idx = r->m.n_tensors; /* absent */
-    for (int i = 1; i < r->m.n_tensors; i++) {
+    for (int i = await ? 0 : 1; i < r->m.n_tensors; i++) {
         if (r->m.t[i].enc == SP_ENC_I64 || r->m.t[i].enc == SP_ENC_I32)
             *hypo_idx = i;
         else
@@ -534,16 +535,18 @@ static sp_status step_blocks(req *r, session *x, float *h, float *buf, int B, in
     return SP_OK;
 }
 
-static void step_compute(req *r, const sp_step_req *q, session *x, sp_ws *ws)
+/* The step q of session x on the hidden state hid [B, T, H] (checked: a float tensor of rank 3, last dimension H,
+ * finite): the request's own tensor 0, or a push's. After it, the push q asks for, then the reply. */
+static void step_compute(req *r, const sp_step_req *q, session *x, const sp_tensor_view *hid, sp_ws *ws)
 {
     int B, T, P, pi, hi;
     float *h = NULL, *prompts = NULL, *big = NULL;
-    step_roles(r, &pi, &hi);
-    reply_encoding(r, q->reply_encoding, 0);
-    if (float_tensor(r, 0, "hidden", 3))
-        goto done;
-    B = (int)r->m.t[0].shape[0];
-    T = (int)r->m.t[0].shape[1];
+    step_roles(r, q->await > 0, &pi, &hi);
+    reply_encoding(r, q->reply_encoding, q->await > 0 ? r->m.n_tensors : 0);
+    if (q->await > 0 && q->reply_encoding < 0)
+        r->reply_enc = hid->enc;
+    B = (int)hid->shape[0];
+    T = (int)hid->shape[1];
     if (q->start_from_position >= 0) { /* roll back */
         if (q->start_from_position > x->len) {
             bad(r, "bad_request", "start_from_position %d outside 0..%d", q->start_from_position, x->len);
@@ -575,7 +578,7 @@ static void step_compute(req *r, const sp_step_req *q, session *x, sp_ws *ws)
         bad(r, "internal", "out of memory");
         goto done;
     }
-    if (sp_tensor_to_f32(&r->m.t[0], h, &err)) {
+    if (sp_tensor_to_f32(hid, h, &err)) {
         bad(r, "internal", "decoding tensor 0: %s", err.msg);
         goto done;
     }
@@ -585,17 +588,59 @@ static void step_compute(req *r, const sp_step_req *q, session *x, sp_ws *ws)
         goto done;
     }
     x->len += T;
+    sp_tensor_src out = tensor3(r, h, B, T, H);
     sp_step_reply a = {.position = x->len};
+    if (q->push_port > 0) { /* first the push: the next server's input is the critical path, this reply is not */
+        sp_err perr = {0};
+        a.pushed = sp_push_send(r->s, q, &out, &perr) == SP_OK;
+        if (a.pushed)
+            __atomic_add_fetch(&r->s->pushes_out, 1, __ATOMIC_RELAXED);
+        else
+            sp_log(SP_LOG_INFO, "session %llu: push to %s:%d failed: %s", (unsigned long long)x->id, q->push_host,
+                   q->push_port, perr.msg);
+    }
     char meta[64];
     if (sp_step_reply_encode(&a, meta, sizeof meta, &err)) {
         bad(r, "internal", "%s", err.msg);
         goto done;
     }
-    sp_tensor_src out = tensor3(r, h, B, T, H);
     reply(r, meta, &out, 1);
 done:
     free(big);
     free(prompts);
+}
+
+/* Keeps the request of a step that awaits its input in x (the message is taken: no reply now). */
+static void stash_step(req *r, session *x, uint64_t step)
+{
+    sp_buf_free(&x->pend);
+    x->pend = *r->msg;
+    memset(r->msg, 0, sizeof *r->msg);
+    r->msg = NULL;
+    x->pend_conn = r->conn;
+    x->pend_step = step;
+    if (x->inbox_step < step) /* an input of an earlier step: never used now */
+        sp_buf_free(&x->inbox);
+}
+
+/* A step whose input comes by push: run now if it came already (the inbox), else kept until it comes. */
+static void step_await(req *r, const sp_step_req *q, session *x, sp_ws *ws)
+{
+    if (!q->step)
+        return (void)bad(r, "bad_request", "a step that awaits its input needs a step number");
+    if (!x->inbox.len || x->inbox_step != q->step)
+        return stash_step(r, x, q->step);
+    sp_buf in = x->inbox;
+    memset(&x->inbox, 0, sizeof x->inbox);
+    sp_msg pm;
+    sp_err err = {0};
+    if (sp_msg_decode(&pm, in.data, in.len, &r->s->limits, &err) == SP_OK) {
+        step_compute(r, q, x, &pm.t[0], ws);
+        sp_msg_clear(&pm);
+    } else {
+        bad(r, "internal", "the pushed input: %s", err.msg);
+    }
+    sp_buf_free(&in);
 }
 
 static void rpc_step(req *r, sp_ws *ws)
@@ -604,12 +649,81 @@ static void rpc_step(req *r, sp_ws *ws)
     sp_err err = {0};
     if (bad_meta(r, sp_step_req_decode(&r->m, &q, &err), &err))
         return;
-    session *x = session_acquire(r->s, r->conn, q.session, &err);
+    if (q.await > 0 || q.push_port > 0)
+        __atomic_store_n(&r->s->pushing, 1, __ATOMIC_RELAXED);
+    session *x = q.await > 0 ? session_acquire_wait(r->s, r->conn, q.session, 0, &err)
+                             : session_acquire(r->s, r->conn, q.session, &err);
     if (!x)
         return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
     r->held = x;
-    step_compute(r, &q, x, ws);
+    if (q.await > 0) {
+        step_await(r, &q, x, ws);
+    } else {
+        session_drop_push(x); /* a step with its own input: whatever awaited or came early is superseded */
+        if (!float_tensor(r, 0, "hidden", 3))
+            step_compute(r, &q, x, &r->m.t[0], ws);
+    }
     let_go(r); /* (the answer went out already, unless a fault was injected) */
+}
+
+/* An empty reply (the acknowledgement of a push) in a buffer of its own: the request's holds the input. */
+static void ack(req *r)
+{
+    sp_buf b = {0};
+    if (sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, NULL, NULL, 0, NULL) == SP_OK)
+        sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
+    else
+        sp_buf_free(&b);
+}
+
+/* The step that awaited the input of push r in session x (held by r) runs on it: its reply goes to its own
+ * connection, and the session is let go before it does. */
+static void run_pending(req *r, session *x, sp_ws *ws)
+{
+    req p = {.s = r->s, .conn = x->pend_conn, .held = x};
+    sp_buf pb = x->pend;
+    memset(&x->pend, 0, sizeof x->pend);
+    x->pend_step = 0;
+    r->held = NULL;
+    sp_step_req q;
+    sp_err err = {0};
+    p.msg = &pb;
+    if (sp_msg_decode(&p.m, pb.data, pb.len, &r->s->limits, &err) == SP_OK &&
+        sp_step_req_decode(&p.m, &q, &err) == SP_OK)
+        step_compute(&p, &q, x, &r->m.t[0], ws);
+    else /* (it decoded when it came) */
+        bad(&p, "internal", "the awaiting step: %s", err.msg);
+    let_go(&p);
+    sp_msg_clear(&p.m);
+    sp_buf_free(&pb);
+}
+
+/* INFERENCE_PUSH: the input of a step of a session held here, from the server before this one in the session's
+ * chain (it knows the session's token). Acknowledged at once; then the step that awaits it runs, or it waits for
+ * that step. */
+static void rpc_push(req *r, sp_ws *ws)
+{
+    sp_push_req q;
+    sp_err err = {0};
+    if (bad_meta(r, sp_push_req_decode(&r->m, &q, &err), &err) || float_tensor(r, 0, "hidden", 3))
+        return;
+    session *x = session_acquire_wait(r->s, 0, q.session, q.token, &err);
+    if (!x)
+        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : err.code == SP_ERR_ARG ? "forbidden" : "no_session",
+                         "%s", err.msg);
+    r->held = x;
+    ack(r);
+    __atomic_add_fetch(&r->s->pushes_in, 1, __ATOMIC_RELAXED);
+    if (x->pend.len && x->pend_step == q.step) {
+        run_pending(r, x, ws);
+    } else if (!x->pend.len || x->pend_step < q.step) { /* its step comes later */
+        sp_buf_free(&x->inbox);
+        x->inbox = *r->msg;
+        memset(r->msg, 0, sizeof *r->msg);
+        r->msg = NULL;
+        x->inbox_step = q.step;
+    } /* else: the input of a step that was given up */
+    let_go(r);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -646,6 +760,7 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
     case SP_MSG_INFERENCE_OPEN: rpc_open(&r); break;
     case SP_MSG_INFERENCE_STEP: rpc_step(&r, ws); break;
     case SP_MSG_INFERENCE_CLOSE: rpc_close(&r); break;
+    case SP_MSG_INFERENCE_PUSH: rpc_push(&r, ws); break;
     default: bad(&r, "unknown_type", "%s is not a request this server serves", sp_msg_type_name(r.m.type));
     }
     sp_msg_clear(&r.m);
@@ -667,6 +782,8 @@ static void rpc_hello(req *r)
     sp_meta_set(a.model, sizeof a.model, s->model_name);
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));
     sp_meta_set(a.id, sizeof a.id, s->o.id);
+    snprintf(a.addr, sizeof a.addr, "%.63s:%d", s->o.public_host ? s->o.public_host : s->o.host ? s->o.host : "127.0.0.1",
+             s->o.public_port > 0 ? s->o.public_port : sp_server_port(s));
     char meta[SP_META_CAP];
     if (sp_hello_reply_encode(&a, meta, sizeof meta, &err))
         return (void)bad(r, "internal", "%s", err.msg);

@@ -173,6 +173,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     sp_msg_header_read(msg->data, msg->len, &h);
     /* A small decode step of a fast span: answer right here, unless another transport thread is doing so */
     if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && !s->o.workers_only &&
+        !__atomic_load_n(&s->pushing, __ATOMIC_RELAXED) &&
         __atomic_load_n(&s->step_ns, __ATOMIC_RELAXED) < 1000000 && msg->len <= 32768 && queue_idle(&s->q) &&
         pthread_mutex_trylock(&s->inline_lock) == 0) {
         uint64_t t0 = sp_now_ns();
@@ -367,6 +368,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_cond_init(&s->reaper_cond, NULL);
     kept_init(&s->kt, o->keep_bytes);
     pthread_mutex_init(&s->inline_lock, NULL);
+    pthread_mutex_init(&s->push_lock, NULL);
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
     if (o->threads > 0) /* the engine's pool (decode kernels), created by the first block that loads */
@@ -443,6 +445,12 @@ size_t sp_server_kept_bytes(sp_server *s)
     return n;
 }
 
+void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out)
+{
+    *in = __atomic_load_n(&s->pushes_in, __ATOMIC_RELAXED);
+    *out = __atomic_load_n(&s->pushes_out, __ATOMIC_RELAXED);
+}
+
 uint64_t sp_server_requests(sp_server *s)
 {
     pthread_mutex_lock(&s->stats_lock);
@@ -495,6 +503,8 @@ void sp_server_stop(sp_server *s)
         pthread_join(s->reaper, NULL);
     }
     queue_drain(&s->q);
+    sp_push_close_all(s);
+    pthread_mutex_destroy(&s->push_lock);
     if (s->m)
         sessions_destroy(&s->st);
     kept_destroy(&s->kt);

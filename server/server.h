@@ -34,6 +34,8 @@ typedef struct sp_server_opts {
     const char *host;          /* bind address, default 127.0.0.1 */
     int port;                  /* ws port, 0 = ephemeral */
     int bulk_port;             /* bulk TCP port, 0 = ephemeral, -1 = none */
+    const char *public_host;   /* the host it is announced at (--announce; NULL: host), where peers push to it */
+    int public_port;           /* the ws port it is announced at (0: the one it listens on) */
     int public_bulk_port;      /* the bulk port HELLO tells clients (a relay's or a port forward's: --announce);
                                   0: the one it listens on */
     int threads;               /* compute threads (the engine's pool, and OpenBLAS for large products); 0: the CPUs
@@ -82,6 +84,8 @@ size_t sp_server_weight_bytes(const sp_server *s);
 void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps);
 /* Sessions open now, and requests served so far. */
 int sp_server_sessions(sp_server *s);
+/* INFERENCE_PUSH messages taken into a session here (in), and pushes this server delivered (out). */
+void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out);
 uint64_t sp_server_requests(sp_server *s);
 /* Bytes of activations kept now for BACKWARDs to come (FORWARD with meta "keep"). */
 size_t sp_server_kept_bytes(sp_server *s);

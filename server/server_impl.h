@@ -27,6 +27,11 @@ typedef struct session {
     float *scratch;       /* a decode step's hidden states, sized at open (B x H floats) */
     size_t scratch_floats;
     sp_ws ws;             /* a decode step's block workspace, sized at open for max_length: steps allocate nothing */
+    uint64_t token;       /* what an INFERENCE_PUSH into it must carry (random, told to the client at open) */
+    /* server-to-server push: a step that awaits its input (the request, its connection and step number), and an
+     * input that came before its step; each holds one message at most (a newer one replaces it) */
+    sp_buf pend, inbox;
+    uint64_t pend_conn, pend_step, inbox_step;
     struct session *next;
 } session;
 
@@ -113,6 +118,11 @@ struct sp_server {
     pthread_mutex_t stats_lock;
     uint64_t requests;
     sp_swarm_key key; /* o.key points here */
+    int pushing;      /* a step asked for a push: steps go to the workers (a push waits for its acknowledgement) */
+    pthread_mutex_t push_lock; /* the connections pushes go out on (one push at a time) */
+    struct push_conn *push_conns;
+    int npush_conns;
+    uint64_t pushes_in, pushes_out; /* atomic: sp_server_pushes */
 };
 
 /* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply, in msg's buffer (which is
@@ -127,11 +137,17 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
 /* session.c */
 void sessions_init(session_table *t, long budget, long kv_bytes);
 void sessions_destroy(session_table *t);
-/* Opens a session (fails with SP_ERR_RANGE "out of cache" if the budget does not allow it). */
+/* Opens a session (fails with SP_ERR_RANGE "out of cache" if the budget does not allow it): its id and push token. */
 sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, int max_length, uint64_t *id,
-                       sp_err *err);
+                       uint64_t *token, sp_err *err);
 /* Takes a session for stepping (marks it busy); NULL if unknown, not this connection's, or busy. */
 session *session_acquire(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
+/* As session_acquire, but waits (up to 5 s) while another worker holds it: a step that awaits its input and the
+ * push that brings it may come at once. conn 0: any connection's session, if token is its push token (else NULL
+ * with SP_ERR_ARG "wrong push token ..."). */
+session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, sp_err *err);
+/* Frees the session's awaiting step and early input (a step that brings its own input supersedes them). */
+void session_drop_push(session *x);
 void session_release(sp_server *s, session *x);
 sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
 void sessions_close_conn(sp_server *s, uint64_t conn);
@@ -151,6 +167,12 @@ void kept_free(kept_table *t, kept *x);
 /* An activation buffer from the pool (zeroed struct if none), and back. */
 void kept_acts_get(kept_table *t, sp_block_acts *a);
 void kept_acts_put(kept_table *t, sp_block_acts *a);
+
+/* push.c: sends INFERENCE_PUSH of hidden (the output of step `step`) to the session push_session of the server at
+ * push_host:push_port (q's push fields), over a connection kept for the next pushes, and waits for its
+ * acknowledgement (at most 2 s): SP_OK once that server has it. */
+sp_status sp_push_send(sp_server *s, const sp_step_req *q, const sp_tensor_src *hidden, sp_err *err);
+void sp_push_close_all(sp_server *s);
 
 /* throughput.c */
 void sp_throughput_measure(sp_server *s);

@@ -2,6 +2,8 @@
  * connection each, freed on close, on disconnect and on timeouts. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "log.h"
 #include "server_impl.h"
@@ -23,7 +25,15 @@ static void session_free(session *x)
     free(x->kv);
     free(x->scratch);
     sp_ws_free(&x->ws);
+    session_drop_push(x);
     free(x);
+}
+
+void session_drop_push(session *x)
+{
+    sp_buf_free(&x->pend);
+    sp_buf_free(&x->inbox);
+    x->pend_step = x->inbox_step = 0;
 }
 
 void sessions_destroy(session_table *t)
@@ -39,7 +49,7 @@ void sessions_destroy(session_table *t)
 }
 
 sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, int max_length, uint64_t *id,
-                       sp_err *err)
+                       uint64_t *token, sp_err *err)
 {
     session_table *t = &s->st;
     long cost = (long)B * max_length * (end - start) * t->kv_bytes;
@@ -83,6 +93,8 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
         }
         return st;
     }
+    while (!x->token && getrandom(&x->token, sizeof x->token, 0) != (ssize_t)sizeof x->token)
+        x->token = 0; /* (an interrupted call: again) */
     x->conn = conn;
     x->start = start;
     x->end = end;
@@ -95,6 +107,7 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
     t->head = x;
     t->count++;
     *id = x->id;
+    *token = x->token;
     sp_ws_server_hold(s->ws, conn, +1); /* a connection with a session is not idle */
     pthread_mutex_unlock(&t->lock);
     return SP_OK;
@@ -147,6 +160,45 @@ session *session_acquire(sp_server *s, uint64_t conn, uint64_t id, sp_err *err)
     x->busy = 1;
     pthread_mutex_unlock(&t->lock);
     return x;
+}
+
+/* Session id with t->lock held, for a push: NULL (err set) when there is none, or its token is not `token`. */
+static session *find_push_locked(session_table *t, uint64_t id, uint64_t token, sp_err *err)
+{
+    session *x = t->head;
+    while (x && x->id != id)
+        x = x->next;
+    if (!x) {
+        sp_errf(err, SP_ERR_NOTFOUND, "no session %llu", (unsigned long long)id);
+        return NULL;
+    }
+    uint64_t d = x->token ^ token; /* the same time whatever bits differ */
+    if (d) {
+        sp_errf(err, SP_ERR_ARG, "wrong push token for session %llu", (unsigned long long)id);
+        return NULL;
+    }
+    return x;
+}
+
+session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, sp_err *err)
+{
+    session_table *t = &s->st;
+    for (int waited_us = 0;; waited_us += 200) {
+        pthread_mutex_lock(&t->lock);
+        session *x = conn ? find_locked(t, conn, id, err) : find_push_locked(t, id, token, err);
+        int free_now = x && !x->busy;
+        if (free_now)
+            x->busy = 1;
+        pthread_mutex_unlock(&t->lock);
+        if (!x || free_now)
+            return x;
+        if (waited_us >= 5000000) {
+            sp_errf(err, SP_ERR_STATE, "session %llu is already stepping", (unsigned long long)id);
+            return NULL;
+        }
+        struct timespec d = {0, 200000};
+        nanosleep(&d, NULL);
+    }
 }
 
 void session_release(sp_server *s, session *x)

@@ -616,10 +616,15 @@ static const sp_forward_req FORWARD_FULL = {.start = 1, .end = 4, .keep = 7, .re
 static const sp_backward_req BACKWARD_FULL = {.start = 1, .end = 4, .keep = 9007199254740991, .reply_encoding = 3},
                              BACKWARD_MIN = {.start = 5, .end = 2, .keep = 0, .reply_encoding = -1};
 static const sp_open_req OPEN_REQ = {.start = 0, .end = 2, .max_length = 0, .batch = 2147483647};
-static const sp_open_reply OPEN_REPLY_FULL = {.session = 12, .max_length = 64}, OPEN_REPLY_MIN = {.max_length = -1};
+static const sp_open_reply OPEN_REPLY_FULL = {.session = 12, .max_length = 64, .push_token = 0xfedcba9876543210},
+                           OPEN_REPLY_MIN = {.max_length = -1};
 static const sp_step_req STEP_FULL = {.session = 3, .start_from_position = 0, .reply_encoding = SP_ENC_F32},
-                         STEP_MIN = {.session = 3, .start_from_position = -1, .reply_encoding = -1};
-static const sp_step_reply STEP_REPLY = {.position = 9};
+                         STEP_MIN = {.session = 3, .start_from_position = -1, .reply_encoding = -1},
+                         STEP_PUSH = {.session = 3, .start_from_position = 7, .reply_encoding = -1, .step = 8,
+                                      .await = 1, .push_host = "10.0.0.2", .push_port = 31337, .push_session = 4,
+                                      .push_token = 1};
+static const sp_step_reply STEP_REPLY = {.position = 9}, STEP_REPLY_PUSHED = {.position = 10, .pushed = 1};
+static const sp_push_req PUSH_REQ = {.session = 4, .token = 0xffffffffffffffff, .step = 9007199254740991};
 static const sp_close_req CLOSE_REQ = {.session = 0};
 static const sp_error_reply ERROR_FULL = {.code = "shape", .message = "hidden: expected [1, 4, 288]"},
                             ERROR_MIN = {.code = "x"};
@@ -638,6 +643,7 @@ static const struct {
     {"forward_req", &FORWARD_FULL},   {"forward_req", &FORWARD_MIN},   {"backward_req", &BACKWARD_FULL},
     {"backward_req", &BACKWARD_MIN},  {"open_req", &OPEN_REQ},         {"open_reply", &OPEN_REPLY_FULL},
     {"open_reply", &OPEN_REPLY_MIN},  {"step_req", &STEP_FULL},        {"step_req", &STEP_MIN},
+    {"step_req", &STEP_PUSH},         {"step_reply", &STEP_REPLY_PUSHED}, {"push_req", &PUSH_REQ},
     {"step_reply", &STEP_REPLY},      {"close_req", &CLOSE_REQ},       {"error_reply", &ERROR_FULL},
     {"error_reply", &ERROR_MIN},            {"auth_hello", &AUTH_HELLO_FULL}, {"auth_hello", &AUTH_HELLO_MIN},
     {"auth_challenge", &AUTH_CHALLENGE}, {"auth_proof", &AUTH_PROOF},  {"auth_verdict", &AUTH_VERDICT_OK},
@@ -700,9 +706,14 @@ START_TEST(t_typed_wire_text)
         {"forward_req", &FORWARD_MIN, "{\"start\":0,\"end\":0}"},
         {"backward_req", &BACKWARD_FULL, "{\"start\":1,\"end\":4,\"kept\":9007199254740991,\"reply_encoding\":\"q8\"}"},
         {"open_req", &OPEN_REQ, "{\"start\":0,\"end\":2,\"max_length\":0,\"batch\":2147483647}"},
-        {"open_reply", &OPEN_REPLY_FULL, "{\"session\":12,\"max_length\":64}"},
+        {"open_reply", &OPEN_REPLY_FULL, "{\"session\":12,\"max_length\":64,\"push_token\":\"fedcba9876543210\"}"},
         {"step_req", &STEP_FULL, "{\"session\":3,\"start_from_position\":0,\"reply_encoding\":\"f32\"}"},
         {"step_req", &STEP_MIN, "{\"session\":3}"},
+        {"step_req", &STEP_PUSH, "{\"session\":3,\"start_from_position\":7,\"step\":8,\"await\":true,"
+                                 "\"push_host\":\"10.0.0.2\",\"push_port\":31337,\"push_session\":4,"
+                                 "\"push_token\":\"0000000000000001\"}"},
+        {"step_reply", &STEP_REPLY_PUSHED, "{\"position\":10,\"pushed\":true}"},
+        {"push_req", &PUSH_REQ, "{\"session\":4,\"token\":\"ffffffffffffffff\",\"step\":9007199254740991}"},
         {"step_reply", &STEP_REPLY, "{\"position\":9}"},
         {"close_req", &CLOSE_REQ, "{\"session\":0}"},
         {"error_reply", &ERROR_FULL, "{\"code\":\"shape\",\"message\":\"hidden: expected [1, 4, 288]\"}"},

@@ -365,6 +365,107 @@ static void slice(float *dst, const float *x, int B, int Tall, int t0, int T)
         memcpy(dst + (size_t)b * T * H, x + ((size_t)b * Tall + t0) * H, (size_t)T * H * 4);
 }
 
+/* A session on [a, b) of L positions, batch B: its id, and its push token into *token. */
+static uint64_t open_pushable(sp_remote *r, int a, int b, int L, int B, uint64_t *token)
+{
+    char meta[128];
+    sp_open_req q = {.start = a, .end = b, .max_length = L, .batch = B};
+    ck_assert_int_eq(sp_open_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+    sp_reply rep;
+    call_ok(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, 0, &rep);
+    sp_open_reply got = {0};
+    ck_assert_int_eq(sp_open_reply_decode(&rep.msg, &got, NULL), SP_OK);
+    sp_reply_clear(&rep);
+    *token = got.push_token;
+    return got.session;
+}
+
+/* An awaiting step on its own thread (its call blocks until the push comes). */
+typedef struct await_call {
+    sp_remote *r;
+    char meta[256];
+    sp_status st;
+    float out[2 * 3 * H];
+    int n;
+    pthread_t th;
+} await_call;
+
+static void *await_main(void *arg)
+{
+    await_call *a = arg;
+    sp_reply rep;
+    a->st = sp_remote_call(a->r, SP_MSG_INFERENCE_STEP, a->meta, NULL, 0, &rep, TMO, NULL);
+    a->n = a->st ? 0 : (int)rep.msg.t[0].numel;
+    if (!a->st && a->n <= (int)(sizeof a->out / sizeof *a->out))
+        sp_tensor_to_f32(&rep.msg.t[0], a->out, NULL);
+    sp_reply_clear(&rep);
+    return NULL;
+}
+
+/* Server-to-server push: server 1 pushes each step's output into server 2's session (the client asks, with the
+ * session's token), server 2 answers the step that awaited it, whichever came first: the same outputs as two plain
+ * steps. A push with a wrong token is refused (forbidden), one into no session too, and neither touches the
+ * session; a token is random per session. */
+START_TEST(t_push)
+{
+    sp_server *s1 = start_server(0, 2, 0, 0), *s2 = start_server(2, 4, 0, 0);
+    sp_remote *r1 = connect_to(s1), *r2 = connect_to(s2);
+    int B = 2, T = 3;
+    size_t N = (size_t)B * T * H;
+    sp_rng g;
+    sp_rng_seed(&g, 11);
+    float x[2 * 3 * H], mid[2 * 3 * H], want[2 * 3 * H];
+    sp_rng_fill_normal(&g, x, (long)N, 1.0f);
+    uint64_t t1, t2, tk3, i1 = open_pushable(r1, 0, 2, 8, B, &t1), i2 = open_pushable(r2, 2, 4, 8, B, &t2);
+    uint64_t i3 = open_pushable(r1, 0, 2, 8, B, &tk3), i4 = open_pushable(r2, 2, 4, 8, B, &t1);
+    ck_assert(t2 && tk3 && t1 && t2 != t1);
+    step(r1, i3, x, B, T, mid, 0, NULL); /* the plain steps, in sessions of their own */
+    step(r2, i4, mid, B, T, want, 0, NULL);
+    for (int k = 0; k < 2; k++) { /* k 0: the push comes first (it waits); 1: the awaiting step first */
+        sp_step_req q = {.session = i1, .start_from_position = 0, .reply_encoding = -1, .step = 1 + (uint64_t)k,
+                         .push_host = "127.0.0.1", .push_port = sp_server_port(s2), .push_session = i2,
+                         .push_token = t2};
+        sp_step_req w = {.session = i2, .start_from_position = 0, .reply_encoding = -1, .step = 1 + (uint64_t)k,
+                         .await = 1};
+        await_call a = {.r = r2};
+        ck_assert_int_eq(sp_step_req_encode(&w, a.meta, sizeof a.meta, NULL), SP_OK);
+        if (k == 1) {
+            ck_assert_int_eq(pthread_create(&a.th, NULL, await_main, &a), 0);
+            nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+        }
+        char meta[512];
+        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        sp_tensor_src tx = t3(x, B, T);
+        sp_reply rep;
+        free(call_ok(r1, SP_MSG_INFERENCE_STEP, meta, &tx, 1, 1, &rep));
+        sp_step_reply sr = {0};
+        ck_assert_int_eq(sp_step_reply_decode(&rep.msg, &sr, NULL), SP_OK);
+        ck_assert_msg(sr.pushed == 1 && sr.position == T, "pushed %d, position %d", sr.pushed, sr.position);
+        sp_reply_clear(&rep);
+        if (k == 0)
+            await_main(&a);
+        else
+            pthread_join(a.th, NULL);
+        ck_assert_msg(a.st == SP_OK && a.n == (int)N, "the awaiting step: status %d, %d values", a.st, a.n);
+        ck_assert_double_le(sp_max_abs_diff(a.out, want, N), 1e-5);
+    }
+    /* refused: a wrong token, a session that does not exist */
+    char meta[128];
+    sp_push_req p = {.session = i2, .token = t2 ^ 1, .step = 9};
+    ck_assert_int_eq(sp_push_req_encode(&p, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src tx = t3(mid, B, T);
+    call_err(r1, SP_MSG_INFERENCE_PUSH, meta, &tx, 1, "forbidden");
+    p = (sp_push_req){.session = 999, .token = t2, .step = 9};
+    ck_assert_int_eq(sp_push_req_encode(&p, meta, sizeof meta, NULL), SP_OK);
+    call_err(r1, SP_MSG_INFERENCE_PUSH, meta, &tx, 1, "no_session");
+    still_serving(s2, r2);
+    sp_remote_close(r1);
+    sp_remote_close(r2);
+    sp_server_stop(s1);
+    sp_server_stop(s2);
+}
+END_TEST
+
 START_TEST(t_sessions_two_servers)
 {
     sp_server *s1 = start_server(0, 2, 0, 0), *s2 = start_server(2, 4, 0, 0);
@@ -1034,6 +1135,7 @@ int main(void)
     tcase_add_test(tc, t_keep_kept);
     tcase_add_test(tc, t_keep_kept_inputs_only);
     tcase_add_test(tc, t_sessions_two_servers);
+    tcase_add_test(tc, t_push);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_cache_budget_and_info);

@@ -93,6 +93,7 @@ static const char *const type_names[SP_MSG__END] = {
     [SP_MSG_PING] = "PING",
     [SP_MSG_ERROR] = "ERROR",
     [SP_MSG_AUTH] = "AUTH",
+    [SP_MSG_INFERENCE_PUSH] = "INFERENCE_PUSH",
 };
 
 static const char *const enc_names[SP_ENC__END] = {
@@ -1265,7 +1266,7 @@ typedef struct field {
 
 /* The structs, by their place in sp_meta_codecs (which says their message and size). */
 enum { M_HELLO_REQ, M_HELLO_REPLY, M_INFO_REPLY, M_FORWARD_REQ, M_BACKWARD_REQ, M_OPEN_REQ, M_OPEN_REPLY, M_STEP_REQ,
-       M_STEP_REPLY, M_CLOSE_REQ, M_ERROR_REPLY, M_AUTH_HELLO, M_AUTH_CHALLENGE, M_AUTH_PROOF, M_AUTH_VERDICT, M__N,
+       M_STEP_REPLY, M_CLOSE_REQ, M_ERROR_REPLY, M_AUTH_HELLO, M_AUTH_CHALLENGE, M_AUTH_PROOF, M_AUTH_VERDICT, M_PUSH_REQ, M__N,
        M_NESTED = -1 };
 _Static_assert(M__N == SP_META_CODECS, "sp_meta_codecs lists every struct");
 
@@ -1313,6 +1314,7 @@ static const field hello_reply_f[] = {
     FIELD(sp_hello_reply, bulk_port, K_INT, OPT, -1, 65535, 0),
     FIELD(sp_hello_reply, bulk_token, K_D64, OPT, 0, 0, 0),
     FIELD(sp_hello_reply, dht_port, K_INT, OPT, 0, 65535, 0),
+    NAME(sp_hello_reply, addr),
 };
 
 static const char *hello_reply_check(const void *v, char *why, size_t cap)
@@ -1412,6 +1414,7 @@ static const meta_table open_req_t = TABLE("INFERENCE_OPEN request", M_OPEN_REQ,
 static const field open_reply_f[] = {
     FIELD(sp_open_reply, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
     FIELD(sp_open_reply, max_length, K_INT, OPT, 0, I32_MAX, -1),
+    FIELD(sp_open_reply, push_token, K_X64, OPT, 0, 0, 0),
 };
 static const meta_table open_reply_t = TABLE("INFERENCE_OPEN reply", M_OPEN_REPLY, open_reply_f, NULL);
 
@@ -1419,11 +1422,18 @@ static const field step_req_f[] = {
     FIELD(sp_step_req, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
     FIELD(sp_step_req, start_from_position, K_INT, OPT, 0, I32_MAX, -1),
     REPLY_ENCODING(sp_step_req),
+    FIELD(sp_step_req, step, K_U64, OPT, 0, JSON_INT_MAX, 0),
+    FIELD(sp_step_req, await, K_BOOL, OPT, 0, 1, 0),
+    NAME(sp_step_req, push_host),
+    FIELD(sp_step_req, push_port, K_INT, OPT, 0, 65535, 0),
+    FIELD(sp_step_req, push_session, K_U64, OPT, 0, JSON_INT_MAX, 0),
+    FIELD(sp_step_req, push_token, K_X64, OPT, 0, 0, 0),
 };
 static const meta_table step_req_t = TABLE("INFERENCE_STEP request", M_STEP_REQ, step_req_f, NULL);
 
 static const field step_reply_f[] = {
     FIELD(sp_step_reply, position, K_INT, REQ, 0, I32_MAX, 0),
+    FIELD(sp_step_reply, pushed, K_BOOL, OPT, 0, 1, 0),
 };
 static const meta_table step_reply_t = TABLE("INFERENCE_STEP reply", M_STEP_REPLY, step_reply_f, NULL);
 
@@ -1431,6 +1441,13 @@ static const field close_req_f[] = {
     FIELD(sp_close_req, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
 };
 static const meta_table close_req_t = TABLE("INFERENCE_CLOSE request", M_CLOSE_REQ, close_req_f, NULL);
+
+static const field push_req_f[] = {
+    FIELD(sp_push_req, session, K_U64, REQ, 0, JSON_INT_MAX, 0),
+    FIELD(sp_push_req, token, K_X64, REQ, 0, 0, 0),
+    FIELD(sp_push_req, step, K_U64, REQ, 0, JSON_INT_MAX, 0),
+};
+static const meta_table push_req_t = TABLE("INFERENCE_PUSH request", M_PUSH_REQ, push_req_f, NULL);
 
 /* ERROR, AUTH */
 
@@ -1967,6 +1984,7 @@ META_CODEC(auth_hello)
 META_CODEC(auth_challenge)
 META_CODEC(auth_proof)
 META_CODEC(auth_verdict)
+META_CODEC(push_req)
 
 #define CODEC(id, name, type, flags)                                                                                  \
     [id] = {#name, type, flags, sizeof(sp_##name), any_##name##_encode, any_##name##_decode}
@@ -1986,6 +2004,7 @@ const sp_meta_codec sp_meta_codecs[SP_META_CODECS] = {
     CODEC(M_AUTH_CHALLENGE, auth_challenge, SP_MSG_AUTH, SP_MSG_F_REPLY),
     CODEC(M_AUTH_PROOF, auth_proof, SP_MSG_AUTH, 0),
     CODEC(M_AUTH_VERDICT, auth_verdict, SP_MSG_AUTH, SP_MSG_F_REPLY),
+    CODEC(M_PUSH_REQ, push_req, SP_MSG_INFERENCE_PUSH, 0),
 };
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -44,6 +44,7 @@ typedef enum {
     SP_MSG_PING = 8,
     SP_MSG_ERROR = 9,
     SP_MSG_AUTH = 10, /* the swarm key exchange (1.1; the transport answers it, see transport.h) */
+    SP_MSG_INFERENCE_PUSH = 11, /* a step's input from the server before this one in the session's chain (1.2) */
     SP_MSG__END
 } sp_msg_type;
 
@@ -236,6 +237,8 @@ typedef struct sp_hello_reply {
     int bulk_port;       /* optional (0): the bulk channel's port; -1 or 0: none */
     uint64_t bulk_token; /* optional (0): the one-time token that attaches it, as a decimal string */
     int dht_port;        /* optional (0): the UDP port of its DHT node (0: none), what --initial-peers takes */
+    char addr[80];       /* optional: "HOST:PORT", the websocket address it is announced at (where the server before
+                          * it in a chain pushes to it; a client may reach it by another) */
 } sp_hello_reply;
 
 /* INFO reply's "transport" object (sp_ws_server_stats): each optional (-1; swarm_key a bool, -1 absent). */
@@ -286,6 +289,7 @@ typedef struct sp_open_req {
 typedef struct sp_open_reply {
     uint64_t session; /* required: the session's id */
     int max_length;   /* optional (-1): the session's positions */
+    uint64_t push_token; /* optional (0: the server takes no pushes): what a push into the session must carry */
 } sp_open_reply;
 
 /* INFERENCE_STEP request. */
@@ -293,12 +297,28 @@ typedef struct sp_step_req {
     uint64_t session;        /* required */
     int start_from_position; /* optional (-1): where the step starts (lower than the cache's length: a rollback) */
     int reply_encoding;      /* optional (-1) */
+    uint64_t step;           /* optional (0): the client's step number, which pushes of this step's input carry */
+    int await;               /* optional (0; a bool): the hidden state is not in this request, it comes by
+                              * INFERENCE_PUSH with the same step (the request's tensors: prompts, hypo_ids) */
+    char push_host[256];     /* optional (""): after the step, push the output to this server ... */
+    int push_port;           /* optional (0) */
+    uint64_t push_session;   /* optional (0): ... into its session ... */
+    uint64_t push_token;     /* optional (0): ... with this token (the session's, from its INFERENCE_OPEN reply) */
 } sp_step_req;
 
 /* INFERENCE_STEP reply. */
 typedef struct sp_step_reply {
     int position; /* required: the cache's length after the step */
+    int pushed;   /* optional (0; a bool): the push the request asked for was delivered (1; 0: not, or none asked) */
 } sp_step_reply;
+
+/* INFERENCE_PUSH request: the input hidden state [B, T, H] of a step of another server's session, from the server
+ * before it (its reply, an acknowledgement, has no metadata). */
+typedef struct sp_push_req {
+    uint64_t session; /* required */
+    uint64_t token;   /* required: the session's push token */
+    uint64_t step;    /* required: the step it is the input of */
+} sp_push_req;
 
 /* INFERENCE_CLOSE request (the reply has no metadata). */
 typedef struct sp_close_req {
@@ -347,6 +367,8 @@ sp_status sp_step_req_encode(const sp_step_req *v, char *out, size_t cap, sp_err
 sp_status sp_step_req_decode(const sp_msg *m, sp_step_req *v, sp_err *err);
 sp_status sp_step_reply_encode(const sp_step_reply *v, char *out, size_t cap, sp_err *err);
 sp_status sp_step_reply_decode(const sp_msg *m, sp_step_reply *v, sp_err *err);
+sp_status sp_push_req_encode(const sp_push_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_push_req_decode(const sp_msg *m, sp_push_req *v, sp_err *err);
 sp_status sp_close_req_encode(const sp_close_req *v, char *out, size_t cap, sp_err *err);
 sp_status sp_close_req_decode(const sp_msg *m, sp_close_req *v, sp_err *err);
 sp_status sp_error_reply_encode(const sp_error_reply *v, char *out, size_t cap, sp_err *err);
@@ -370,7 +392,7 @@ typedef struct sp_meta_codec {
     sp_status (*encode)(const void *v, char *out, size_t cap, sp_err *err);
     sp_status (*decode)(const sp_msg *m, void *v, sp_err *err);
 } sp_meta_codec;
-#define SP_META_CODECS 15
+#define SP_META_CODECS 16
 extern const sp_meta_codec sp_meta_codecs[SP_META_CODECS];
 
 

@@ -22,16 +22,21 @@ struct sp_remote {
     sp_proto_limits limits;
     sp_remote_info info;
     const int *cancel;    /* sp_remote_set_cancel */
+    const int *abort;     /* the call in progress's own (sp_remote_call_abortable) */
 };
 
 void sp_remote_set_cancel(sp_remote *r, const int *flag) { r->cancel = flag; }
 
-static int cancelled(const sp_remote *r) { return r->cancel && __atomic_load_n(r->cancel, __ATOMIC_RELAXED); }
+static int cancelled(const sp_remote *r)
+{
+    return (r->cancel && __atomic_load_n(r->cancel, __ATOMIC_RELAXED)) ||
+           (r->abort && __atomic_load_n(r->abort, __ATOMIC_RELAXED));
+}
 
 /* sp_ws_client_recv, in slices of 100 ms when the call can be cancelled. */
 static sp_status recv_some(sp_remote *r, sp_buf *b, int timeout_ms, sp_err *err)
 {
-    if (!r->cancel)
+    if (!r->cancel && !r->abort)
         return sp_ws_client_recv(r->c, b, timeout_ms, err);
     double end = timeout_ms < 0 ? 0 : sp_now_s() + timeout_ms / 1e3;
     for (;;) {
@@ -160,15 +165,23 @@ static sp_status send_built(sp_remote *r, sp_buf *b, sp_status st, uint64_t id, 
     return st;
 }
 
-sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
-                         sp_reply *rep, int timeout_ms, sp_err *err)
+sp_status sp_remote_call_abortable(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                                   sp_reply *rep, int timeout_ms, const int *abort, sp_err *err)
 {
     pthread_mutex_lock(&r->lock);
     uint64_t id = r->next_id++;
+    r->abort = abort;
     sp_buf b = {0};
     sp_status st = send_built(r, &b, sp_msg_encode(&b, type, 0, id, meta, t, n, err), id, rep, timeout_ms, err);
+    r->abort = NULL;
     pthread_mutex_unlock(&r->lock);
     return st;
+}
+
+sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                         sp_reply *rep, int timeout_ms, sp_err *err)
+{
+    return sp_remote_call_abortable(r, type, meta, t, n, rep, timeout_ms, NULL, err);
 }
 
 sp_status sp_remote_get_info(sp_remote *r, sp_info_reply *out, int timeout_ms, sp_err *err)
@@ -208,6 +221,7 @@ static void keep_hello(sp_remote *r, const sp_hello_reply *h)
     r->info.start = h->start;
     r->info.end = h->end;
     r->info.dht_port = h->dht_port;
+    snprintf(r->info.addr, sizeof r->info.addr, "%s", h->addr);
 }
 
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)

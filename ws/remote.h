@@ -23,6 +23,7 @@ typedef struct sp_remote_info {
     char dtype[16];       /* how it holds its blocks ("f32", "int8", ...; "" if not said) */
     char id[24];          /* the server's id in the swarm ("" if it has none) */
     int dht_port;         /* the UDP port of its DHT node (0 if it has none or did not say) */
+    char addr[80];        /* "HOST:PORT" it is announced at ("" if it did not say) */
 } sp_remote_info;
 
 typedef struct sp_remote_opts {
@@ -64,6 +65,10 @@ void sp_reply_clear(sp_reply *rep);
  * still returned so the caller can read the code. */
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                          sp_reply *rep, int timeout_ms, sp_err *err);
+/* sp_remote_call that also gives up (SP_ERR_CANCELLED, the connection sound: a late reply is dropped) once *abort
+ * is non-zero, looked at every 100 ms: the caller's thread ends a wait another thread no longer needs. */
+sp_status sp_remote_call_abortable(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                                   sp_reply *rep, int timeout_ms, const int *abort, sp_err *err);
 /* While waiting for a reply, a call looks at *flag every 100 ms and returns SP_ERR_CANCELLED once it is
  * non-zero (the reply, if it comes later, is dropped by the next call). NULL: never. */
 void sp_remote_set_cancel(sp_remote *r, const int *flag);

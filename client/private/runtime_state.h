@@ -57,6 +57,7 @@ typedef struct sp_server_entry {
                               leaves it out until it answers again or announces anew */
     int failures;          /* since the last success */
     long cache_total;      /* from INFO, for `servers` */
+    char addr[80];         /* "HOST:PORT" it is announced at, where other servers push to it (HELLO's; "": rec's) */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr, for swarm-started servers */
 } sp_server_entry;

@@ -200,11 +200,17 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
 sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                      sp_reply *rep, int timeout_ms, sp_err *err)
 {
+    return sp_rt_call_abortable(rt, i, type, meta, t, n, rep, timeout_ms, NULL, err);
+}
+
+sp_status sp_rt_call_abortable(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t,
+                               int n, sp_reply *rep, int timeout_ms, const int *abort, sp_err *err)
+{
     memset(rep, 0, sizeof *rep);
     sp_conn *c = conn_acquire(rt, i, timeout_ms < 10000 ? timeout_ms : 10000, err);
     if (!c)
         return err && err->code ? err->code : SP_ERR_IO;
-    sp_status st = sp_remote_call(c->r, type, meta, t, n, rep, timeout_ms, err);
+    sp_status st = sp_remote_call_abortable(c->r, type, meta, t, n, rep, timeout_ms, abort, err);
     /* an ERROR reply leaves the connection sound, and so does a cancelled wait (the late reply is dropped) */
     int broken = st && st != SP_ERR_CANCELLED && rep->msg.type != SP_MSG_ERROR;
     conn_release(rt, entry_of(rt, i), c, broken);
@@ -380,6 +386,8 @@ static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *
     sp_conn *c = calloc(1, sizeof *c);
     pthread_mutex_lock(&rt->lock);
     int i = c ? sp_rt_server_put(rt, &rec, 0) : -1;
+    if (i >= 0)
+        snprintf(rt->servers[i]->addr, sizeof rt->servers[i]->addr, "%s", h->addr);
     if (i >= 0 && !rt->servers[i]->conn) { /* this connection becomes the shared one */
         *c = (sp_conn){.r = r, .users = 1};
         rt->servers[i]->conn = c;

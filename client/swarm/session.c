@@ -12,6 +12,7 @@
 #include "swarm_impl.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,8 +46,9 @@ static void free_hops(sp_lm_swarm *s)
     s->hypo = NULL;
 }
 
-/* INFERENCE_OPEN for hop (B rows, max_length positions): the session id into *id. */
-static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, sp_reply *rep, sp_err *err)
+/* INFERENCE_OPEN for hop (B rows, max_length positions): the session id into *id, its push token into *token. */
+static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, uint64_t *token, sp_reply *rep,
+                              sp_err *err)
 {
     sp_runtime *rt = s->rt;
     char meta[160];
@@ -58,6 +60,7 @@ static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, s
     if (!st)
         st = sp_open_reply_decode(&rep->msg, &a, err);
     *id = a.session;
+    *token = st ? 0 : a.push_token;
     if (st) {
         char label[160];
         sp_rt_server_label(rt, hop->server, label, sizeof label);
@@ -86,11 +89,11 @@ static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *faile
     int k = st ? 0 : r.nhops, n = s->route.nhops;
     if (!st && n - 1 + k > SP_RT_MAX_HOPS)
         st = sp_errf(err, SP_ERR_RANGE, "a route of more than %d hops", SP_RT_MAX_HOPS);
-    uint64_t ids[SP_RT_MAX_HOPS] = {0};
+    uint64_t ids[SP_RT_MAX_HOPS] = {0}, tokens[SP_RT_MAX_HOPS] = {0};
     float *hist[SP_RT_MAX_HOPS] = {0};
     for (int i = 0; i < k && !st; i++) {
         sp_reply rep;
-        st = open_session(s, &r.hop[i], &ids[i], &rep, err);
+        st = open_session(s, &r.hop[i], &ids[i], &tokens[i], &rep, err);
         if (st && sp_rt_retryable(st, &rep))
             *failed = r.hop[i].server;
         sp_reply_clear(&rep);
@@ -116,12 +119,14 @@ static sp_status replace_hop(sp_lm_swarm *s, int h, int server_alive, int *faile
     hist[0] = s->history[h];
     memmove(&s->route.hop[h + k], &s->route.hop[h + 1], (size_t)(n - h - 1) * sizeof s->route.hop[0]);
     memmove(&s->session[h + k], &s->session[h + 1], (size_t)(n - h - 1) * sizeof s->session[0]);
+    memmove(&s->token[h + k], &s->token[h + 1], (size_t)(n - h - 1) * sizeof s->token[0]);
     memmove(&s->history[h + k], &s->history[h + 1], (size_t)(n - h - 1) * sizeof s->history[0]);
     memmove(&s->fresh[h + k], &s->fresh[h + 1], (size_t)(n - h - 1) * sizeof s->fresh[0]);
     s->route.nhops = n - 1 + k;
     for (int i = 0; i < k; i++) {
         s->route.hop[h + i] = r.hop[i];
         s->session[h + i] = ids[i];
+        s->token[h + i] = tokens[i];
         s->history[h + i] = hist[i];
         s->fresh[h + i] = 1;
     }
@@ -146,6 +151,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     s->max_length = max_length + s->P; /* the prompts take the first P positions */
     s->pos = 0;
     s->retries = 0;
+    s->no_push = 0;
     sp_err last = {0}; /* the last server's failure */
     for (int attempt = 0;; attempt++) {
         sp_status st = sp_runtime_route_inference(rt, 0, L, s->max_length, &s->route, err);
@@ -156,7 +162,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
         for (int h = 0; !st && h < s->route.nhops; h++) {
             s->fresh[h] = 0;
             s->history[h] = new_history(s);
-            st = s->history[h] ? open_session(s, &s->route.hop[h], &s->session[h], &rep, err)
+            st = s->history[h] ? open_session(s, &s->route.hop[h], &s->session[h], &s->token[h], &rep, err)
                                : sp_errf(err, SP_ERR_NOMEM, "out of memory");
             if (st)
                 failed = h;
@@ -215,8 +221,11 @@ static void swarm_end(void *ctx)
     free_hops(s);
     free(s->step_buf);
     free(s->hypo_buf);
+    free(s->push_out);
     s->step_buf = NULL;
     s->hypo_buf = NULL;
+    s->push_out = NULL;
+    s->push_out_floats = 0;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -240,19 +249,57 @@ static void scatter(const sp_lm_swarm *s, float *hist, const float *x, int from,
         memcpy(hist + ((size_t)b * s->max_length + from) * H, x + (size_t)b * T * H, (size_t)T * H * sizeof(float));
 }
 
-/* One INFERENCE_STEP of hop h on x [B, T, H] (in place) at positions from..from+T; deep: [n, B, P, H] of its blocks or NULL; hypo:
- * the cache reorder or NULL. *alive: the server answered (with an error, maybe). */
+/* What a step of a pushed chain adds (step_call): its number, whether its input comes by push (await), the hop
+ * its output goes to (next, -1: none), more time for the wait (extra_ms), the flag that ends the wait (abort);
+ * back: whether the push arrived (pushed). */
+typedef struct push_args {
+    uint64_t step;
+    int await, next, extra_ms;
+    const int *abort;
+    int pushed;
+} push_args;
+
+/* Fills q's push fields from pa: the next hop's announced address, session and token. */
+static void push_fields(sp_lm_swarm *s, sp_step_req *q, const push_args *pa)
+{
+    q->step = pa->step;
+    q->await = pa->await != 0;
+    if (pa->next < 0)
+        return;
+    sp_runtime *rt = s->rt;
+    pthread_mutex_lock(&rt->lock);
+    const sp_server_entry *e = rt->servers[s->route.hop[pa->next].server];
+    const char *colon = strrchr(e->addr, ':');
+    if (colon && colon > e->addr && atoi(colon + 1) > 0) { /* where it is announced, which its HELLO said */
+        snprintf(q->push_host, sizeof q->push_host, "%.*s", (int)(colon - e->addr), e->addr);
+        q->push_port = atoi(colon + 1);
+    } else { /* a server found in the DHT: its record's address is the announced one */
+        snprintf(q->push_host, sizeof q->push_host, "%s", e->rec.host);
+        q->push_port = e->rec.port;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    q->push_session = s->session[pa->next];
+    q->push_token = s->token[pa->next];
+}
+
+/* One INFERENCE_STEP of hop h on x [B, T, H] (in place; with pa->await, x only receives the output) at positions
+ * from..from+T; deep: [n, B, P, H] of its blocks or NULL; hypo: the cache reorder or NULL; pa: a pushed chain's
+ * step, or NULL. *alive: the server answered (with an error, maybe). */
 static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, const float *deep, const int64_t *hypo,
-                           int *alive, sp_err *err)
+                           push_args *pa, int *alive, sp_err *err)
 {
     sp_runtime *rt = s->rt;
     const sp_hop *hop = &s->route.hop[h];
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
-    char meta[128]; /* every step says where it starts (Petals' start_from_position): a rollback is a lower one */
+    char meta[640]; /* every step says where it starts (Petals' start_from_position): a rollback is a lower one */
     sp_step_req q = {.session = s->session[h], .start_from_position = from, .reply_encoding = -1};
+    if (pa)
+        push_fields(s, &q, pa);
     sp_step_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
-    sp_tensor_src t[3] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x}};
-    int n = 1;
+    sp_tensor_src t[3];
+    int n = 0;
+    if (!pa || !pa->await)
+        t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
     if (deep)
         t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, s->B, s->P, H}, .f32 = deep};
     if (hypo)
@@ -260,16 +307,20 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     int timeout = T * s->B > 64 ? sp_rt_timeout_ms(rt, hop->server, nb, (long)s->B * T, 0)
                                 : sp_rt_timeout_ms(rt, hop->server, nb, s->B, 1);
     sp_reply rep;
-    sp_status st = sp_rt_call(rt, hop->server, SP_MSG_INFERENCE_STEP, meta, t, n, &rep, timeout, err);
+    sp_status st = sp_rt_call_abortable(rt, hop->server, SP_MSG_INFERENCE_STEP, meta, t, n, &rep,
+                                        timeout + (pa ? pa->extra_ms : 0), pa ? pa->abort : NULL, err);
     *alive = !st || rep.msg.type == SP_MSG_ERROR;
     if (!st) {
         const sp_tensor_view *o = rep.msg.n_tensors ? &rep.msg.t[0] : NULL;
+        sp_step_reply a = {0};
         if (!o || o->rank != 3 || o->shape[0] != s->B || o->shape[1] != T || o->shape[2] != H)
             st = sp_errf(err, SP_ERR_FORMAT, "step reply is not [%d, %d, %d]", s->B, T, H);
         else if (!sp_tensor_all_finite(o))
             st = sp_errf(err, SP_ERR_FORMAT, "step reply holds non-finite values");
         else
             st = sp_tensor_to_f32(o, x, err);
+        if (pa)
+            pa->pushed = !st && sp_step_reply_decode(&rep.msg, &a, NULL) == SP_OK && a.pushed == 1;
     } else if (!sp_rt_retryable(st, &rep)) {
         *alive = -1; /* our request is at fault: no retry */
     }
@@ -310,7 +361,7 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
     scatter(s, s->history[h], cur, s->pos, T);
     if (!s->fresh[h]) {
         const float *d = s->pos == 0 ? hop_deep(s, deep, h) : NULL;
-        return step_call(s, h, cur, s->pos, T, d, s->hypo, alive, err);
+        return step_call(s, h, cur, s->pos, T, d, s->hypo, NULL, alive, err);
     }
     int full = s->pos + T;
     sp_status st;
@@ -321,7 +372,7 @@ static sp_status run_hop(sp_lm_swarm *s, int h, float *cur, int T, const float *
         return st ? st : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     }
     /* from position 0: the deep prompts go with it (the history is already in beam order: no hypo_ids) */
-    st = step_call(s, h, x, 0, full, d, NULL, alive, err);
+    st = step_call(s, h, x, 0, full, d, NULL, NULL, alive, err);
     free(d);
     if (!st) {
         if (h + 1 < s->route.nhops && s->fresh[h + 1])
@@ -368,23 +419,60 @@ static void learn_local(sp_lm_swarm *s, double now)
     pthread_mutex_unlock(&s->rt->lock);
 }
 
-/* cur [B, T, H] through every hop, recovering from failures. deep: all blocks' deep prompts [L, B, P, H]
- * of a first step, or NULL. in: room for [B, T, H] (the input of the hop being run, for a retry), or NULL. */
-static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, sp_err *err)
+/* Hop h failed with st (err says how; alive as step_call set it): its server is banned and the hop's blocks routed
+ * anew (replace_hop), retrying until a replacement is in place (SP_OK: run hop h again) or the retries
+ * (*attempt, counted over the step) run out, or waiting cannot help (that status). */
+static sp_status recover(sp_lm_swarm *s, int h, int alive, int *attempt, sp_status st, sp_err *err)
+{
+    sp_runtime *rt = s->rt;
+    int server = s->route.hop[h].server;
+    char label[160];
+    sp_rt_server_label(rt, server, label, sizeof label);
+    sp_err_prefix(err, "%s (blocks %d:%d): ", label, s->route.hop[h].start, s->route.hop[h].end);
+    if (alive < 0)
+        return st; /* any server would refuse this request */
+    sp_rt_failed(rt, server, *attempt, err);
+    /* retry until a replacement works or the retries run out; a failed replacement counts too */
+    for (;;) {
+        if ((*attempt)++ >= rt->set.max_retries) {
+            sp_err_prefix(err, "no server could run blocks %d:%d (%d retries): ", s->route.hop[h].start,
+                          s->route.hop[h].end, rt->set.max_retries);
+            return st;
+        }
+        s->retries++;
+        if (sp_rt_sleep(rt, sp_rt_backoff(rt, *attempt)))
+            return sp_errf(err, SP_ERR_CANCELLED, "cancelled");
+        sp_err rerr = {0};
+        int bad = -1;
+        st = replace_hop(s, h, alive, &bad, &rerr);
+        if (!st)
+            return SP_OK;
+        if (st != SP_ERR_NOTFOUND || bad >= 0) /* (no server for a block: err keeps the last failure) */
+            *err = rerr;
+        if (bad >= 0) {
+            sp_rt_failed(rt, bad, *attempt, err);
+        } else if (st != SP_ERR_NOTFOUND) { /* not a server's failure, nor a block without servers */
+            return st;
+        } else if (!sp_rt_no_server(rt, s->route.hop[h].start, s->route.hop[h].end, *attempt, err)) {
+            sp_err_prefix(err, "no server could run blocks %d:%d: ", s->route.hop[h].start, s->route.hop[h].end);
+            return st; /* nobody holds a block, and nobody is joining: waiting cannot help */
+        }
+    }
+}
+
+/* cur [B, T, H] through hops h.. (client-driven: the client sends each hop its input), recovering from failures.
+ * in: room for [B, T, H] (the input of the hop being run, for a retry). */
+static sp_status run_hops_from(sp_lm_swarm *s, int h, float *cur, int T, const float *deep, float *in, int *attempt,
+                               sp_err *err)
 {
     sp_runtime *rt = s->rt;
     size_t N = (size_t)s->B * T * rt->local->cfg.hidden;
-    float *own = in ? NULL : malloc(N * sizeof(float));
-    if (!in && !(in = own))
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    sp_status st = SP_OK;
-    int attempt = 0;
-    for (int h = 0; h < s->route.nhops;) {
+    while (h < s->route.nhops) {
         memcpy(in, cur, N * sizeof(float));
         int alive = 1, server = s->route.hop[h].server;
         double t0 = sp_now_s();
         int fresh = s->fresh[h];
-        st = run_hop(s, h, cur, T, deep, &alive, err);
+        sp_status st = run_hop(s, h, cur, T, deep, &alive, err);
         if (!st) {
             s->hop_s[h] = sp_now_s() - t0;
             sp_rt_succeeded(rt, server);
@@ -393,45 +481,201 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
             h++;
             continue;
         }
-        char label[160];
-        sp_rt_server_label(rt, server, label, sizeof label);
-        sp_err_prefix(err, "%s (blocks %d:%d): ", label, s->route.hop[h].start, s->route.hop[h].end);
-        if (alive < 0)
-            break; /* any server would refuse this request */
-        sp_rt_failed(rt, server, attempt, err);
-        /* retry until a replacement works or the retries run out; a failed replacement counts too */
-        for (;;) {
-            if (attempt++ >= rt->set.max_retries) {
-                sp_err_prefix(err, "no server could run blocks %d:%d (%d retries): ", s->route.hop[h].start,
-                              s->route.hop[h].end, rt->set.max_retries);
-                goto out;
-            }
-            s->retries++;
-            if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt))) {
-                st = sp_errf(err, SP_ERR_CANCELLED, "cancelled");
-                goto out;
-            }
-            sp_err rerr = {0};
-            int bad = -1;
-            st = replace_hop(s, h, alive, &bad, &rerr);
-            if (!st)
-                break;
-            if (st != SP_ERR_NOTFOUND || bad >= 0) /* (no server for a block: err keeps the last failure) */
-                *err = rerr;
-            if (bad >= 0) {
-                sp_rt_failed(rt, bad, attempt, err);
-            } else if (st != SP_ERR_NOTFOUND) { /* not a server's failure, nor a block without servers */
-                goto out;
-            } else if (!sp_rt_no_server(rt, s->route.hop[h].start, s->route.hop[h].end, attempt, err)) {
-                sp_err_prefix(err, "no server could run blocks %d:%d: ", s->route.hop[h].start, s->route.hop[h].end);
-                goto out; /* nobody holds a block, and nobody is joining: waiting cannot help */
-            }
-        }
+        if ((st = recover(s, h, alive, attempt, st, err)))
+            return st;
         memcpy(cur, in, N * sizeof(float));
     }
+    return SP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* pushed steps: client -> first server -> next server ... -> last server -> client */
+
+/* 1 if this step can go from server to server: the setting (auto: the client's known pings to the chain's servers
+ * average 1 ms or more), no push failed in this session, two hops or more, none of them replaying, each took
+ * pushes at open, no server twice (its calls would wait for each other). */
+static int pushable(sp_lm_swarm *s)
+{
+    int mode = s->rt->set.push;
+    if (mode == SP_PUSH_OFF || s->no_push || s->route.nhops < 2)
+        return 0;
+    int ok = 1;
+    double rtt = 0;
+    pthread_mutex_lock(&s->rt->lock);
+    for (int h = 0; ok && h < s->route.nhops; h++) {
+        const sp_server_entry *e = s->rt->servers[s->route.hop[h].server];
+        ok = !s->fresh[h] && s->token[h];
+        rtt += e->rtt > 0 && isfinite(e->rtt) ? e->rtt : 0;
+        for (int g = 0; ok && g < h; g++)
+            ok = s->route.hop[g].server != s->route.hop[h].server &&
+                 !sp_rt_same_addr(s->rt->servers[s->route.hop[g].server], e);
+    }
+    pthread_mutex_unlock(&s->rt->lock);
+    return ok && (mode == SP_PUSH_ON || rtt / s->route.nhops >= 1e-3);
+}
+
+/* One awaiting hop of a pushed step: its call runs on a thread of its own. */
+typedef struct await_hop {
+    sp_lm_swarm *s;
+    int h, T, alive;
+    const float *deep;
+    float *out; /* [B, T, H]: its output */
+    push_args pa;
+    sp_status st;
+    sp_err err;
+    pthread_t th;
+    int started, joined;
+} await_hop;
+
+static void *await_main(void *arg)
+{
+    await_hop *w = arg;
+    w->st = step_call(w->s, w->h, w->out, w->s->pos, w->T, w->deep, w->s->hypo, &w->pa, &w->alive, &w->err);
+    return NULL;
+}
+
+static void await_join(await_hop *w)
+{
+    if (w->started && !w->joined)
+        pthread_join(w->th, NULL);
+    w->joined = 1;
+}
+
+/* Starts the awaiting calls of hops 1.. of a pushed step (pos.., T positions): each waits as long as the hops
+ * before it may take (their timeouts, and a push's 2 s each), and pushes on to the next hop. -1 if a thread
+ * could not start (the started ones are told to stop: w[0].pa.abort). */
+static int await_start(sp_lm_swarm *s, await_hop *w, int T, const float *deep, int *abort, uint64_t step)
+{
+    size_t N = (size_t)s->B * T * s->rt->local->cfg.hidden;
+    int n = s->route.nhops, before = 0;
+    for (int h = 1; h < n; h++) {
+        const sp_hop *p = &s->route.hop[h - 1];
+        before += (T * s->B > 64 ? sp_rt_timeout_ms(s->rt, p->server, p->end - p->start, (long)s->B * T, 0)
+                                 : sp_rt_timeout_ms(s->rt, p->server, p->end - p->start, s->B, 1)) + 2000;
+        w[h] = (await_hop){.s = s, .h = h, .T = T, .out = s->push_out + (h - 1) * N,
+                           .deep = s->pos == 0 ? hop_deep(s, deep, h) : NULL,
+                           .pa = {.step = step, .await = 1, .next = h + 1 < n ? h + 1 : -1, .extra_ms = before,
+                                  .abort = abort}};
+        if (pthread_create(&w[h].th, NULL, await_main, &w[h])) {
+            __atomic_store_n(abort, 1, __ATOMIC_RELAXED);
+            for (int g = 1; g < h; g++)
+                await_join(&w[g]);
+            return -1;
+        }
+        w[h].started = 1;
+    }
+    return 0;
+}
+
+/* The replies of a pushed step in chain order, into the histories (what entered each hop) and cur (the last
+ * hop's output). 0 if every hop answered and pushed on; else the hop to go on from client-driven, cur then
+ * holding its input: *failed says whether that hop itself failed (else the push into it did), *alive and err
+ * how. */
+static int await_collect(sp_lm_swarm *s, await_hop *w, float *cur, int T, int pushed0, int *failed, int *alive,
+                         sp_status *st, sp_err *err)
+{
+    size_t N = (size_t)s->B * T * s->rt->local->cfg.hidden;
+    double t_prev = sp_now_s();
+    for (int h = 1; h < s->route.nhops; h++) {
+        scatter(s, s->history[h], cur, s->pos, T);
+        if (!(h == 1 ? pushed0 : w[h - 1].pa.pushed)) {
+            *failed = 0;
+            return h;
+        }
+        await_join(&w[h]);
+        if (w[h].st) {
+            *failed = 1;
+            *alive = w[h].alive;
+            *st = w[h].st;
+            if (err)
+                *err = w[h].err;
+            return h;
+        }
+        memcpy(cur, w[h].out, N * sizeof(float));
+        double now = sp_now_s();
+        s->hop_s[h] = now - t_prev;
+        t_prev = now;
+        sp_rt_succeeded(s->rt, s->route.hop[h].server);
+    }
+    return 0;
+}
+
+/* A pushed step of cur [B, T, H]: hop 0 gets the input and each hop pushes its output to the next, while the
+ * client awaits every hop's output (the next hop's history) on threads. Where a hop fails, or a push does not
+ * arrive, the rest of the step is client-driven from there, as run_hops_from: the hops after it replay their
+ * history (their state is not known), the failed one is replaced, and pushes stop for the session when a push
+ * did not arrive at a server that then answered the client. *done: the step ran this way (0: it could not start;
+ * nothing was sent). */
+static sp_status run_pushed(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, int *attempt, int *done,
+                            sp_err *err)
+{
+    size_t N = (size_t)s->B * T * s->rt->local->cfg.hidden, need = (size_t)(s->route.nhops - 1) * N;
+    *done = 0;
+    if (s->push_out_floats < need) {
+        float *p = realloc(s->push_out, need * sizeof(float));
+        if (!p)
+            return SP_OK;
+        s->push_out = p;
+        s->push_out_floats = need;
+    }
+    await_hop w[SP_RT_MAX_HOPS];
+    int abort = 0;
+    uint64_t step = ++s->step_no;
+    if (await_start(s, w, T, deep, &abort, step))
+        return SP_OK;
+    *done = 1;
+    memcpy(in, cur, N * sizeof(float));
+    scatter(s, s->history[0], cur, s->pos, T);
+    push_args pa = {.step = step, .next = 1};
+    int alive = 1, failed = 1, from = 0;
+    double t0 = sp_now_s();
+    sp_status st = step_call(s, 0, cur, s->pos, T, s->pos == 0 ? hop_deep(s, deep, 0) : NULL, s->hypo, &pa, &alive,
+                             err);
+    s->hop_s[0] = sp_now_s() - t0;
+    if (!st) {
+        sp_rt_succeeded(s->rt, s->route.hop[0].server);
+        from = await_collect(s, w, cur, T, pa.pushed, &failed, &alive, &st, err);
+    } else {
+        memcpy(cur, in, N * sizeof(float));
+    }
+    __atomic_store_n(&abort, 1, __ATOMIC_RELAXED);
+    for (int h = 1; h < s->route.nhops; h++)
+        await_join(&w[h]);
+    if (!st && !from) /* every hop answered, every push arrived */
+        return SP_OK;
+    for (int h = from + failed; h < s->route.nhops; h++)
+        s->fresh[h] = 1; /* it may have stepped, or not: it replays */
+    if (failed && (st = recover(s, from, alive, attempt, st, err)))
+        return st;
+    int into = s->route.hop[from].server; /* (when its push did not arrive) */
+    memcpy(in, cur, N * sizeof(float));
+    st = run_hops_from(s, from, cur, T, deep, in, attempt, err);
+    if (!st && !failed && s->route.hop[from].server == into) { /* alive, but the push could not reach it */
+        s->no_push = 1;
+        char label[160];
+        sp_rt_server_label(s->rt, s->route.hop[from - 1].server, label, sizeof label);
+        sp_rt_emitf(s->rt, SP_EV_SERVER, s->route.hop[from - 1].server,
+                    "%s could not push to the next server: this generation's steps are client-driven", label);
+    }
+    return st;
+}
+
+/* cur [B, T, H] through every hop, recovering from failures: pushed from server to server where it can be, else
+ * client-driven. deep: all blocks' deep prompts [L, B, P, H] of a first step, or NULL. in: room for [B, T, H]
+ * (the input of the hop being run, for a retry), or NULL. */
+static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, sp_err *err)
+{
+    sp_runtime *rt = s->rt;
+    size_t N = (size_t)s->B * T * rt->local->cfg.hidden;
+    float *own = in ? NULL : malloc(N * sizeof(float));
+    if (!in && !(in = own))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    int attempt = 0, done = 0;
+    sp_status st = pushable(s) ? run_pushed(s, cur, T, deep, in, &attempt, &done, err) : SP_OK;
+    if (!done)
+        st = run_hops_from(s, 0, cur, T, deep, in, &attempt, err);
     if (!st)
         sp_rt_emit_route(rt, SP_EV_STEP, NULL, 0, &s->route, s->hop_s);
-out:
     free(own);
     return st;
 }

@@ -81,6 +81,11 @@ typedef struct sp_lm_swarm {
                                      * of the time between two decode steps is the client's own part */
     float *step_buf;                /* a decode step's hidden states, last positions and retry copy ([3, B, H]):
                                      * sized at begin, so steps allocate nothing */
+    uint64_t token[SP_RT_MAX_HOPS]; /* each hop's push token (INFERENCE_OPEN's; 0: it takes no pushes) */
+    uint64_t step_no;               /* steps so far (the step number pushes carry) */
+    int no_push;                    /* a push failed in this session: its steps are client-driven from then on */
+    float *push_out;                /* the awaiting hops' outputs of a pushed step, [nhops - 1, B, T, H] */
+    size_t push_out_floats;
 } sp_lm_swarm;
 
 sp_lm sp_lm_swarm_make(sp_lm_swarm *s, sp_runtime *rt);

@@ -26,6 +26,9 @@ void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap);
  * sees the old one close (a hung server frees its sessions when it wakes). An ERROR reply keeps it. */
 sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                      sp_reply *rep, int timeout_ms, sp_err *err);
+/* sp_rt_call that gives up once *abort is non-zero (SP_ERR_CANCELLED; the connection stays): NULL never. */
+sp_status sp_rt_call_abortable(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t,
+                               int n, sp_reply *rep, int timeout_ms, const int *abort, sp_err *err);
 /* Closes every connection (swarm down, free). */
 void sp_rt_close_conns(sp_runtime *rt);
 /* 1 if a and b announce the same address (host and ws port): lives of one server, or the same one. */

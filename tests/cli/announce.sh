@@ -7,10 +7,8 @@
 . "$(dirname "$0")/lib.bash"
 S="$SEPAL_BIN_DIR/server/sepal-server"
 L="$SEPAL_BIN_DIR/bench/linkem"
-export SEPAL_CACHE="$TMP/cache" # a fresh throughput cache; stories15M's tokenizer comes from the model's dir below
 M="$TMP/l7"
-mkdir -p "$SEPAL_CACHE/models" && ln -s "${SEPAL_STORIES15M_DIR:?}" "$SEPAL_CACHE/models/stories15M"
-expect 0 "a narrow Llama-2-7B shape" "4 layers of 256" -- "$SEPAL" model init "$M" --like llama-2-7b --layers 4 --hidden 256
+narrow_llama "$M" 4
 
 expect 2 "--announce HOST:PORT with the bulk channel on and no bulk port" \
     "^sepal-server: --announce HOST:PORT moves the websocket's port: say where clients reach the bulk channel too \(--announce-bulk-port P\), or turn it off \(--bulk-port -1\) \(--help lists the options\)$" \
@@ -70,9 +68,10 @@ sed -n '/^==text==$/,$p' "$TMP/out" | tail -n +2 > "$TMP/got"
 cmp -s "$TMP/got" "$TMP/want" && ok "the same text as one process" ||
     { bad "the text through the relays differs"; diff "$TMP/want" "$TMP/got" | head -4; }
 
-# a prompt of 40 KiB of hidden state at least: its messages go over the bulk channel, through the bulk relays
+# a prompt of 40 KiB of hidden state at least: its messages go over the bulk channel, through the bulk relays (the
+# client sends each server its input: with push on, the second server's would come from the first)
 long=$(python3 -c "print(' '.join(['Once upon a time there was a little girl.'] * 12))")
-"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; generate '$long' --max-new-tokens 2" > /dev/null 2>&1 &&
+"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; set push off; generate '$long' --max-new-tokens 2" > /dev/null 2>&1 &&
     ok "a long prompt through the relays" || bad "a long prompt through the relays"
 
 kill $A $B

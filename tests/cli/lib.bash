@@ -53,3 +53,12 @@ need_stories15M() {
         finish
     fi
 }
+
+# narrow_llama DIR LAYERS: a narrow Llama-2-7B shape (`model init --like llama-2-7b`, LAYERS layers of 256) at DIR,
+# with a fresh throughput cache ($SEPAL_CACHE in $TMP, where stories15M's tokenizer is found)
+narrow_llama() {
+    export SEPAL_CACHE="$TMP/cache"
+    mkdir -p "$SEPAL_CACHE/models" && ln -s "${SEPAL_STORIES15M_DIR:?}" "$SEPAL_CACHE/models/stories15M"
+    expect 0 "a narrow Llama-2-7B shape" "$2 layers of 256" -- "$SEPAL" model init "$1" --like llama-2-7b --layers "$2" \
+        --hidden 256
+}
