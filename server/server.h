@@ -40,6 +40,7 @@ typedef struct sp_server_opts {
                                   this process may run on */
     int workers;               /* request worker threads (default 1) */
     int workers_only;          /* every request goes through a worker, even a short step (tests; default 0) */
+    int no_batch;              /* decode steps of different sessions run one by one, not as one pass (default 0) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
@@ -82,6 +83,13 @@ size_t sp_server_weight_bytes(const sp_server *s);
 void sp_server_throughput(const sp_server *s, double *inference_rps, double *forward_tps);
 /* Sessions open now, and requests served so far. */
 int sp_server_sessions(sp_server *s);
+/* Decode steps batched across sessions: passes run, rows through them, the most rows in one pass, and the recent
+ * steps' wait in the queue (seconds, a moving average: the load announced and told in INFO). */
+typedef struct sp_server_batch_stats {
+    uint64_t batches, rows, peak;
+    double queue_wait_s;
+} sp_server_batch_stats;
+void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);
 uint64_t sp_server_requests(sp_server *s);
 /* Bytes of activations kept now for BACKWARDs to come (FORWARD with meta "keep"). */
 size_t sp_server_kept_bytes(sp_server *s);

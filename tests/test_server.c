@@ -533,6 +533,120 @@ START_TEST(t_two_clients)
 }
 END_TEST
 
+/* Sessions decoding at once on one server, their steps batched: each gets the bits it gets alone. A job opens a
+ * session (rows B) once `after` steps of the others are done (joining mid-way), prefills, steps `steps` times and
+ * leaves (a close, or its connection dropped), its outputs kept. */
+typedef struct batch_job {
+    sp_server *s;
+    int seed, B, prefill, steps, after, drop;
+    int *done; /* steps done by all jobs (atomic) */
+    float *out; /* [B, prefill + steps, H] in step order */
+    int ok;
+} batch_job;
+
+static void *batch_client(void *p)
+{
+    batch_job *j = p;
+    int B = j->B, L = j->prefill + j->steps;
+    while (__atomic_load_n(j->done, __ATOMIC_SEQ_CST) < j->after)
+        usleep(1000);
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    if (sp_remote_connect(&r, "127.0.0.1", sp_server_port(j->s), 0, TMO, &err))
+        return NULL;
+    float *x = malloc((size_t)B * L * H * 4);
+    sp_rng g;
+    sp_rng_seed(&g, (uint64_t)j->seed);
+    sp_rng_fill_normal(&g, x, (long)B * L * H, 1.0f);
+    char meta[128];
+    sp_open_req oq = {.start = 0, .end = 4, .max_length = L, .batch = B};
+    sp_reply rep;
+    sp_open_reply a = {0};
+    int ok = sp_open_req_encode(&oq, meta, sizeof meta, &err) == SP_OK &&
+             sp_remote_call(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, TMO, &err) == SP_OK &&
+             sp_open_reply_decode(&rep.msg, &a, &err) == SP_OK;
+    sp_reply_clear(&rep);
+    float *y = j->out;
+    for (int pos = 0; ok && pos < L;) {
+        int T = pos ? 1 : j->prefill;
+        float *in = malloc((size_t)B * T * H * 4);
+        slice(in, x, B, L, pos, T);
+        sp_step_req q = {.session = a.session, .start_from_position = -1, .reply_encoding = -1};
+        sp_tensor_src ts = t3(in, B, T);
+        ok = sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK &&
+             sp_remote_call(r, SP_MSG_INFERENCE_STEP, meta, &ts, 1, &rep, TMO, &err) == SP_OK &&
+             sp_tensor_to_f32(&rep.msg.t[0], y, &err) == SP_OK;
+        sp_reply_clear(&rep);
+        free(in);
+        y += (size_t)B * T * H;
+        pos += T;
+        __atomic_add_fetch(j->done, 1, __ATOMIC_SEQ_CST);
+    }
+    if (ok && !j->drop) {
+        sp_close_req cq = {.session = a.session};
+        ok = sp_close_req_encode(&cq, meta, sizeof meta, &err) == SP_OK &&
+             sp_remote_call(r, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, TMO, &err) == SP_OK;
+        sp_reply_clear(&rep);
+    }
+    j->ok = ok;
+    sp_remote_close(r);
+    free(x);
+    return NULL;
+}
+
+START_TEST(t_batched_sessions_as_alone)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:4", 1); /* each answer 4 ms late: the steps that come meanwhile queue up */
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    enum { NJ = 6 };
+    int done = 0;
+    batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
+                       {.seed = 2, .B = 2, .prefill = 5, .steps = 9, .drop = 1},
+                       {.seed = 3, .B = 1, .prefill = 1, .steps = 6},
+                       {.seed = 4, .B = 1, .prefill = 7, .steps = 10, .after = 8},
+                       {.seed = 5, .B = 3, .prefill = 2, .steps = 8, .after = 15},
+                       {.seed = 6, .B = 1, .prefill = 4, .steps = 5, .after = 30, .drop = 1}};
+    float *together[NJ];
+    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone */
+        pthread_t th[NJ];
+        done = 1000 * (pass == 1);
+        for (int i = 0; i < NJ; i++) {
+            size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
+            if (pass == 1)
+                together[i] = j[i].out;
+            j[i].s = s, j[i].done = &done, j[i].ok = 0, j[i].out = calloc(n, 4);
+            pthread_create(&th[i], NULL, batch_client, &j[i]);
+            if (pass == 1)
+                pthread_join(th[i], NULL);
+        }
+        for (int i = 0; pass == 0 && i < NJ; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < NJ; i++)
+            ck_assert_msg(j[i].ok, "job %d (pass %d) failed", i, pass);
+        sp_server_batch_stats bs;
+        sp_server_batch_stats_get(s, &bs);
+        if (pass == 0) /* the steps did meet in passes of several sessions */
+            ck_assert_msg(bs.peak >= 3, "no pass had 3 rows: %llu passes, %llu rows", (unsigned long long)bs.batches,
+                          (unsigned long long)bs.rows);
+    }
+    for (int i = 0; i < NJ; i++) {
+        size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
+        ck_assert_msg(!memcmp(together[i], j[i].out, n * 4), "job %d: its outputs in a batch differ from alone", i);
+        free(together[i]), free(j[i].out);
+    }
+    for (int k = 0; k < 100 && sp_server_sessions(s); k++)
+        usleep(20000);
+    ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* cache budget, timeouts, info */
 
@@ -1036,6 +1150,7 @@ int main(void)
     tcase_add_test(tc, t_sessions_two_servers);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
+    tcase_add_test(tc, t_batched_sessions_as_alone);
     tcase_add_test(tc, t_cache_budget_and_info);
     tcase_add_test(tc, t_step_timeout);
     tcase_add_test(tc, t_bad_requests);
