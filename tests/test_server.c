@@ -21,6 +21,7 @@
 #include "server.h"
 #include "testutil.h"
 #include "timeutil.h"
+#include "transport.h"
 
 #define GQA SEPAL_TEST_DATA "/hf-tiny/llama-gqa"
 #define H 64
@@ -647,6 +648,129 @@ START_TEST(t_batched_sessions_as_alone)
 }
 END_TEST
 
+/* Fairness: client A pipelines a step of each of its 30 sessions on one connection (the protocol allows requests
+ * in flight at once), sending each session's next step as its answer comes, so some 26 of its steps always wait;
+ * client B steps one session. Passes hold 4 rows (--max-batch-tokens 4): taken in rounds of one step a
+ * connection, B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's
+ * answers) come while B waits; first come, first served, B would wait behind A's queue (some 26). A count, not a
+ * time. */
+typedef struct greedy_client {
+    sp_ws_client *c;
+    uint64_t session[30];
+    int sent_all, stop, done; /* atomics: every session's first step sent; stop sending; A's answers */
+    int ok;
+} greedy_client;
+
+static void raw_send(sp_ws_client *c, sp_msg_type type, uint64_t id, const char *meta, const sp_tensor_src *t, int n)
+{
+    sp_buf b = {0};
+    sp_err err = {0};
+    ck_assert_int_eq(sp_msg_encode(&b, type, 0, id, meta, t, n, &err), SP_OK);
+    ck_assert_int_eq(sp_ws_client_send(c, &b, &err), SP_OK);
+}
+
+/* The next answer's request id (it must not be an ERROR); its metadata into meta when asked. */
+static uint64_t raw_answer(sp_ws_client *c, char *meta, size_t cap)
+{
+    sp_buf b = {0};
+    sp_msg m;
+    sp_err err = {0};
+    ck_assert_msg(sp_ws_client_recv(c, &b, TMO, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+    ck_assert_msg(m.type != SP_MSG_ERROR, "an ERROR: %.*s", (int)m.meta_len, m.meta_json);
+    if (meta)
+        snprintf(meta, cap, "%.*s", (int)m.meta_len, m.meta_json);
+    uint64_t id = m.request_id;
+    sp_msg_clear(&m);
+    sp_buf_free(&b);
+    return id;
+}
+
+static void *greedy_main(void *p)
+{
+    greedy_client *a = p;
+    float x[H];
+    for (int i = 0; i < H; i++)
+        x[i] = (float)(i % 7) * 0.1f;
+    sp_tensor_src t = t3(x, 1, 1);
+    int pos[30] = {0}, inflight = 0;
+    char meta[128];
+    for (int k = 0; k < 30; k++, inflight++) { /* every session's first step at once */
+        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
+        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+    }
+    __atomic_store_n(&a->sent_all, 1, __ATOMIC_SEQ_CST);
+    while (inflight) {
+        int k = (int)(raw_answer(a->c, NULL, 0) - 1000);
+        inflight--;
+        __atomic_add_fetch(&a->done, 1, __ATOMIC_SEQ_CST);
+        if (++pos[k] >= 60 || __atomic_load_n(&a->stop, __ATOMIC_SEQ_CST))
+            continue;
+        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
+        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+        inflight++;
+    }
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(t_fair_between_clients)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1); /* passes of 4 steps take 12 ms or more: A's steps queue up */
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    o.max_batch_tokens = 4;
+    o.cache_tokens = 31 * 64;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    greedy_client a = {0};
+    sp_transport_opts to;
+    sp_transport_opts_default(&to);
+    ck_assert_msg(sp_ws_client_connect(&a.c, "127.0.0.1", sp_server_port(s), &to, TMO, &err) == SP_OK, "%s", err.msg);
+    char meta[256];
+    sp_hello_req hq = {.version = SP_PROTO_VERSION, .client = "test"};
+    ck_assert_int_eq(sp_hello_req_encode(&hq, meta, sizeof meta, NULL), SP_OK);
+    raw_send(a.c, SP_MSG_HELLO, 1, meta, NULL, 0);
+    raw_answer(a.c, NULL, 0);
+    for (int k = 0; k < 30; k++) {
+        sp_open_req oq = {.start = 0, .end = 4, .max_length = 64, .batch = 1};
+        ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
+        raw_send(a.c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
+        raw_answer(a.c, meta, sizeof meta);
+        cJSON *j = cJSON_Parse(meta);
+        a.session[k] = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
+        cJSON_Delete(j);
+    }
+    sp_remote *b = connect_to(s);
+    uint64_t id = open_session(b, 0, 4, 16, 1);
+    pthread_t th;
+    pthread_create(&th, NULL, greedy_main, &a);
+    while (!__atomic_load_n(&a.sent_all, __ATOMIC_SEQ_CST))
+        usleep(1000);
+    usleep(30000); /* A's queue fills */
+    float x[H] = {0}, y[H];
+    int most = 0;
+    for (int i = 0; i < 6; i++) {
+        int before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
+        step(b, id, x, 1, 1, y, -1, NULL);
+        int during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        most = during > most ? during : most;
+    }
+    __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    ck_assert(a.ok);
+    ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
+    sp_remote_close(b);
+    sp_ws_client_close(a.c);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* cache budget, timeouts, info */
 
@@ -1151,6 +1275,7 @@ int main(void)
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);
+    tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_cache_budget_and_info);
     tcase_add_test(tc, t_step_timeout);
     tcase_add_test(tc, t_bad_requests);
