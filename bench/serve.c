@@ -7,11 +7,16 @@
  * positions, wait for the others, then decode --steps single positions each (random hidden states: the span's
  * cost does not depend on them). Figures per C: the aggregate tokens/s (C x steps / the time from the start
  * to the last step's answer), and the p50 / p99 of the per-step latency (request sent to answer read, as a
- * client sees it). Ratios against the baseline of the same run and mode: aggregate tokens/s / C = 1, and p99
- * step / the p50 step of C = 1 (goals at C = 16 with batching: >= 8x and <= 3x).
+ * client sees it), and the server's CPU time per token (its utime + stime over the measure: what a token costs
+ * whatever else runs on the machine). Ratios against the baseline of the same run and mode: aggregate tokens/s /
+ * C = 1, and p99 step / the p50 step of C = 1 (goals at C = 16 with batching: >= 8x and <= 3x).
+ *
+ * Both servers run from the start and the modes take turns, --reps times for each C (a shared machine's load
+ * changes by the minute: each mode sees the same spells of it); tokens/s and CPU time per token are the medians
+ * of the reps, the latencies' quantiles are over all of them.
  *
  * usage: bench_serve [--model DIR] [--blocks A:B] [--dtype int8] [--sessions 1,4,16,64] [--steps N]
- *                    [--prefill N] [--modes batch,nobatch] [--threads N] */
+ *                    [--prefill N] [--modes batch,nobatch] [--threads N] [--reps N] */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,11 +35,12 @@
 
 typedef struct opts {
     const char *model, *blocks, *dtype, *threads;
-    int sessions[MAXC], nsessions, steps, prefill, modes[2], nmodes;
+    int sessions[MAXC], nsessions, steps, prefill, modes[2], nmodes, reps;
 } opts;
 
 typedef struct run {
     const opts *o;
+    pid_t pid;
     int port, hidden, start, end, C;
     pthread_barrier_t ready;
     double *lat; /* [C, steps] seconds */
@@ -119,39 +125,55 @@ static void *client_main(void *p)
     return NULL;
 }
 
-typedef struct figures {
-    double tps, p50, p99;
-} figures;
+/* CPU seconds the process has used (utime + stime), or 0. */
+static double cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the fields after the command name */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 
-/* C sessions at once; 0 or -1. */
-static int measure(run *r, int C, figures *f)
+/* C sessions at once: its tokens/s and server CPU s/token into tps[rep], cpu[rep], its latencies appended to lat
+ * (*nlat of them so far); 0 or -1. */
+static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nlat)
 {
     const opts *o = r->o;
     r->C = C;
     r->failed = 0;
-    r->lat = calloc((size_t)C * o->steps, sizeof *r->lat);
+    r->lat = lat + *nlat;
     client *cs = calloc((size_t)C, sizeof *cs);
     pthread_t *th = calloc((size_t)C, sizeof *th);
-    if (!r->lat || !cs || !th)
-        return free(r->lat), free(cs), free(th), -1;
+    if (!cs || !th)
+        return free(cs), free(th), -1;
     pthread_barrier_init(&r->ready, NULL, (unsigned)C + 1);
     for (int i = 0; i < C; i++) {
         cs[i] = (client){r, i};
         pthread_create(&th[i], NULL, client_main, &cs[i]);
     }
     pthread_barrier_wait(&r->ready); /* every session open and prefilled */
-    double t0 = sp_now_s();
+    double t0 = sp_now_s(), c0 = cpu_s(r->pid);
     for (int i = 0; i < C; i++)
         pthread_join(th[i], NULL);
     double wall = sp_now_s() - t0;
     pthread_barrier_destroy(&r->ready);
     int n = C * o->steps;
-    f->tps = n / wall;
-    f->p50 = quantile(r->lat, n, 0.50);
-    f->p99 = quantile(r->lat, n, 0.99);
-    free(r->lat), free(cs), free(th);
+    *tps = n / wall;
+    *cpu = (cpu_s(r->pid) - c0) / n; /* (the closes after the last step are in it too: small) */
+    *nlat += n;
+    free(cs), free(th);
     return r->failed ? -1 : 0;
 }
+
+static double median(double *v, int n) { return quantile(v, n, 0.5); }
 
 /* sepal-server for this mode; its pid, or -1 (*port set). */
 static pid_t spawn(const opts *o, int batch, int *port)
@@ -201,7 +223,7 @@ static int parse(int argc, char **argv, opts *o)
     static char model[4096];
     snprintf(model, sizeof model, "%s/.cache/sepal/models/llama-2-7b-like-8l", getenv("HOME") ? getenv("HOME") : ".");
     *o = (opts){.model = model, .blocks = "0:4", .dtype = "int8", .sessions = {1, 4, 16, 64}, .nsessions = 4,
-                .steps = 12, .prefill = 8, .modes = {1, 0}, .nmodes = 2};
+                .steps = 12, .prefill = 8, .modes = {1, 0}, .nmodes = 2, .reps = 3};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -217,6 +239,8 @@ static int parse(int argc, char **argv, opts *o)
             o->threads = v;
         else if (!strcmp(a, "--steps"))
             o->steps = atoi(v);
+        else if (!strcmp(a, "--reps"))
+            o->reps = atoi(v);
         else if (!strcmp(a, "--prefill"))
             o->prefill = atoi(v);
         else if (!strcmp(a, "--sessions")) {
@@ -236,7 +260,17 @@ static int parse(int argc, char **argv, opts *o)
     for (int i = 0; i < o->nsessions; i++)
         if (o->sessions[i] < 1)
             return fprintf(stderr, "bench_serve: --sessions wants counts >= 1\n"), -1;
-    return o->steps >= 1 && o->prefill >= 1 && o->nmodes ? 0 : (fprintf(stderr, "bench_serve: bad arguments\n"), -1);
+    int ok = o->steps >= 1 && o->prefill >= 1 && o->nmodes && o->reps >= 1 && o->reps <= 16;
+    return ok ? 0 : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16)\n"), -1);
+}
+
+static void stop_servers(run *runs, int n)
+{
+    for (int m = 0; m < n; m++)
+        if (runs[m].pid > 0) {
+            kill(runs[m].pid, SIGTERM);
+            waitpid(runs[m].pid, NULL, 0);
+        }
 }
 
 int main(int argc, char **argv)
@@ -244,33 +278,52 @@ int main(int argc, char **argv)
     opts o;
     if (parse(argc, argv, &o))
         return 2;
-    printf("bench_serve: %s blocks %s, %s, %d prefill + %d steps a session\n", o.model, o.blocks, o.dtype, o.prefill,
-           o.steps);
-    int rc = 0;
-    for (int m = 0; m < o.nmodes && !rc; m++) {
-        run r = {.o = &o};
-        pid_t pid = spawn(&o, o.modes[m], &r.port);
-        if (pid < 0 || span_of(&r)) {
-            rc = 1;
-            break;
+    printf("bench_serve: %s blocks %s, %s, %d prefill + %d steps a session, %d reps, modes in turn\n", o.model,
+           o.blocks, o.dtype, o.prefill, o.steps, o.reps);
+    run runs[2] = {{.o = &o}, {.o = &o}};
+    for (int m = 0; m < o.nmodes; m++)
+        if ((runs[m].pid = spawn(&o, o.modes[m], &runs[m].port)) < 0 || span_of(&runs[m])) {
+            stop_servers(runs, o.nmodes);
+            return 1;
         }
-        printf("\n%s:\n%9s %12s %10s %10s %12s %14s\n", o.modes[m] ? "batching on" : "batching off (--no-batch)",
-               "sessions", "tokens/s", "p50 ms", "p99 ms", "tok/s vs 1", "p99 vs 1's p50");
-        figures base = {0};
-        for (int i = 0; i < o.nsessions && !rc; i++) {
-            figures f;
-            if (measure(&r, o.sessions[i], &f)) {
-                rc = 1;
-                break;
-            }
+    int most = 0, rc = 0;
+    for (int i = 0; i < o.nsessions; i++)
+        most = o.sessions[i] > most ? o.sessions[i] : most;
+    double *lat[2], tps[2][MAXC][16], cpu[2][MAXC][16], base_tps[2] = {0}, base_p50[2] = {0};
+    char rows[2][MAXC][160];
+    for (int m = 0; m < o.nmodes; m++)
+        lat[m] = calloc((size_t)most * o.steps * o.reps, sizeof(double));
+    for (int i = 0; i < o.nsessions && !rc; i++) {
+        int C = o.sessions[i], nlat[2] = {0, 0};
+        for (int k = 0; k < o.reps && !rc; k++)
+            for (int m = 0; m < o.nmodes && !rc; m++)
+                rc = measure(&runs[m], C, &tps[m][i][k], &cpu[m][i][k], lat[m], &nlat[m]);
+        for (int m = 0; m < o.nmodes && !rc; m++) {
+            double t = median(tps[m][i], o.reps), c = median(cpu[m][i], o.reps);
+            double p50 = quantile(lat[m], nlat[m], 0.50), p99 = quantile(lat[m], nlat[m], 0.99);
             if (i == 0)
-                base = f;
-            printf("%9d %12.2f %10.1f %10.1f %11.2fx %13.2fx\n", o.sessions[i], f.tps, 1e3 * f.p50, 1e3 * f.p99,
-                   f.tps / base.tps, f.p99 / base.p50);
-            fflush(stdout);
+                base_tps[m] = t, base_p50[m] = p50;
+            snprintf(rows[m][i], sizeof rows[m][i], "%9d %11.2f %9.1f %9.1f %11.1f %11.2fx %13.2fx", C, t, 1e3 * p50,
+                     1e3 * p99, 1e3 * c, t / base_tps[m], p99 / base_p50[m]);
         }
-        kill(pid, SIGTERM);
-        waitpid(pid, NULL, 0);
+        printf("(%d sessions measured)\n", C);
+        fflush(stdout);
     }
+    for (int m = 0; m < o.nmodes && !rc; m++) {
+        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s\n", o.modes[m] ? "batching on" : "batching off (--no-batch)",
+               "sessions", "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50");
+        for (int i = 0; i < o.nsessions; i++)
+            printf("%s\n", rows[m][i]);
+    }
+    if (!rc && o.nmodes == 2)
+        for (int i = 0; i < o.nsessions; i++)
+        {
+            double c0 = median(cpu[0][i], o.reps), c1 = median(cpu[1][i], o.reps);
+            printf("%d sessions: batching on / off: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i],
+                   median(tps[0][i], o.reps) / median(tps[1][i], o.reps), c1 > 0 ? c0 / c1 : 0);
+        }
+    stop_servers(runs, o.nmodes);
+    for (int m = 0; m < o.nmodes; m++)
+        free(lat[m]);
     return rc;
 }
