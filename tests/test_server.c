@@ -536,9 +536,11 @@ END_TEST
 
 /* Sessions decoding at once on one server, their steps batched: each gets the bits it gets alone. A job opens a
  * session (rows B) once `after` steps of the others are done (joining mid-way), prefills, steps `steps` times and
- * leaves (a close, or its connection dropped), its outputs kept. */
+ * leaves (a close, or its connection dropped), its outputs kept. Three jobs share one connection (their calls in
+ * flight at once, as a client's concurrent sessions are). */
 typedef struct batch_job {
     sp_server *s;
+    sp_remote *shared; /* a connection other jobs use at once (NULL: its own) */
     int seed, B, prefill, steps, after, drop;
     int *done; /* steps done by all jobs (atomic) */
     float *out; /* [B, prefill + steps, H] in step order */
@@ -551,9 +553,9 @@ static void *batch_client(void *p)
     int B = j->B, L = j->prefill + j->steps;
     while (__atomic_load_n(j->done, __ATOMIC_SEQ_CST) < j->after)
         usleep(1000);
-    sp_remote *r = NULL;
+    sp_remote *r = j->shared;
     sp_err err = {0};
-    if (sp_remote_connect(&r, "127.0.0.1", sp_server_port(j->s), 0, TMO, &err))
+    if (!r && sp_remote_connect(&r, "127.0.0.1", sp_server_port(j->s), 0, TMO, &err))
         return NULL;
     float *x = malloc((size_t)B * L * H * 4);
     sp_rng g;
@@ -590,7 +592,8 @@ static void *batch_client(void *p)
         sp_reply_clear(&rep);
     }
     j->ok = ok;
-    sp_remote_close(r);
+    if (!j->shared)
+        sp_remote_close(r);
     free(x);
     return NULL;
 }
@@ -613,6 +616,8 @@ START_TEST(t_batched_sessions_as_alone)
                        {.seed = 5, .B = 3, .prefill = 2, .steps = 8, .after = 15},
                        {.seed = 6, .B = 1, .prefill = 4, .steps = 5, .after = 30, .drop = 1}};
     float *together[NJ];
+    sp_remote *shared = connect_to(s);
+    j[0].shared = j[2].shared = j[3].shared = shared;
     for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone */
         pthread_t th[NJ];
         done = 1000 * (pass == 1);
@@ -640,9 +645,45 @@ START_TEST(t_batched_sessions_as_alone)
         ck_assert_msg(!memcmp(together[i], j[i].out, n * 4), "job %d: its outputs in a batch differ from alone", i);
         free(together[i]), free(j[i].out);
     }
+    sp_remote_close(shared);
     for (int k = 0; k < 100 && sp_server_sessions(s); k++)
         usleep(20000);
     ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
+/* One connection, four threads stepping a session each: the calls are in flight at once (sp_remote hands each reply
+ * to its caller), so the server sees their steps together and batches them. */
+START_TEST(t_one_connection_many_sessions)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:10", 1);
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_remote *shared = connect_to(s);
+    int done = 0;
+    batch_job j[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        j[i] = (batch_job){.s = s, .shared = shared, .seed = 40 + i, .B = 1, .prefill = 2, .steps = 6, .done = &done};
+        j[i].out = calloc((size_t)8 * H, 4);
+        pthread_create(&th[i], NULL, batch_client, &j[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert(j[i].ok);
+        free(j[i].out);
+    }
+    sp_server_batch_stats bs;
+    sp_server_batch_stats_get(s, &bs);
+    ck_assert_msg(bs.peak >= 2, "one connection's sessions never met in a pass (%llu passes)",
+                  (unsigned long long)bs.batches);
+    sp_remote_close(shared);
     sp_server_stop(s);
     unsetenv("SEPAL_SERVER_FAULT");
 }
@@ -1276,6 +1317,7 @@ int main(void)
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
+    tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
     tcase_add_test(tc, t_step_timeout);
     tcase_add_test(tc, t_bad_requests);
