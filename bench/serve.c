@@ -125,23 +125,6 @@ static void *client_main(void *p)
     return NULL;
 }
 
-/* CPU seconds the process has used (utime + stime), or 0. */
-static double cpu_s(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')'); /* the fields after the command name */
-    unsigned long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 /* C sessions at once: its tokens/s and server CPU s/token into tps[rep], cpu[rep], its latencies appended to lat
  * (*nlat of them so far); 0 or -1. */
 static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nlat)
@@ -160,14 +143,14 @@ static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nl
         pthread_create(&th[i], NULL, client_main, &cs[i]);
     }
     pthread_barrier_wait(&r->ready); /* every session open and prefilled */
-    double t0 = sp_now_s(), c0 = cpu_s(r->pid);
+    double t0 = sp_now_s(), c0 = sp_serverproc_cpu_s(r->pid);
     for (int i = 0; i < C; i++)
         pthread_join(th[i], NULL);
     double wall = sp_now_s() - t0;
     pthread_barrier_destroy(&r->ready);
     int n = C * o->steps;
     *tps = n / wall;
-    *cpu = (cpu_s(r->pid) - c0) / n; /* (the closes after the last step are in it too: small) */
+    *cpu = (sp_serverproc_cpu_s(r->pid) - c0) / n; /* (the closes after the last step are in it too: small) */
     *nlat += n;
     free(cs), free(th);
     return r->failed ? -1 : 0;

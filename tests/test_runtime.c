@@ -22,7 +22,8 @@
 
 static sp_server *srv[3];
 
-static sp_server *start(int a, int b)
+/* workers_only: every step through the workers' queue (where they are batched), none run on arrival. */
+static sp_server *start(int a, int b, int workers_only)
 {
     sp_server_opts o;
     sp_server_opts_default(&o);
@@ -30,6 +31,7 @@ static sp_server *start(int a, int b)
     o.start = a;
     o.end = b;
     o.measure = 0;
+    o.workers_only = workers_only;
     sp_server *s = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
@@ -37,10 +39,10 @@ static sp_server *start(int a, int b)
 }
 
 /* A runtime with llama-gqa loaded and connected to servers 0:2 and 2:4. */
-static sp_runtime *swarm_runtime(void)
+static sp_runtime *swarm_runtime_opts(int workers_only)
 {
-    srv[0] = start(0, 2);
-    srv[1] = start(2, 4);
+    srv[0] = start(0, 2, workers_only);
+    srv[1] = start(2, 4, workers_only);
     sp_runtime *rt = NULL;
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
@@ -51,6 +53,8 @@ static sp_runtime *swarm_runtime(void)
     ck_assert_int_eq(sp_test_route_hops(rt), 2);
     return rt;
 }
+
+static sp_runtime *swarm_runtime(void) { return swarm_runtime_opts(0); }
 
 static void teardown(sp_runtime *rt)
 {
@@ -251,23 +255,7 @@ static void *gen_main(void *p)
 START_TEST(t_concurrent_generations_batched)
 {
     setenv("SEPAL_SERVER_FAULT", "slow:3", 1); /* answers 3 ms late: the others' steps come meanwhile */
-    for (int i = 0; i < 2; i++) {
-        sp_server_opts o;
-        sp_server_opts_default(&o);
-        o.model_dir = GQA;
-        o.start = 2 * i, o.end = 2 * i + 2;
-        o.measure = 0;
-        o.workers_only = 1;
-        sp_err err = {0};
-        ck_assert_msg(sp_server_start(&srv[i], &o, &err) == SP_OK, "%s", err.msg);
-    }
-    sp_runtime *rt = NULL;
-    sp_err err = {0};
-    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
-    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
-    char addrs[128];
-    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]), sp_server_port(srv[1]));
-    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    sp_runtime *rt = swarm_runtime_opts(1);
     static const int32_t p0[5] = {1, 17, 99, 3, 250}, p1[2] = {1, 400}, p2[7] = {1, 5, 6, 7, 8, 9, 10}, p3[3] = {1, 8, 9};
     enum { NJ = 5 };
     int progress = 0;
@@ -582,7 +570,7 @@ START_TEST(t_errors)
     ck_assert_int_ne(sp_runtime_connect(rt, "nonsense", &err), SP_OK);
     ck_assert_ptr_nonnull(strstr(err.msg, "HOST:PORT"));
     /* a route with a hole: only blocks 0:2 served */
-    srv[0] = start(0, 2);
+    srv[0] = start(0, 2, 0);
     char a[64];
     snprintf(a, sizeof a, "127.0.0.1:%d", sp_server_port(srv[0]));
     ck_assert_int_eq(sp_runtime_connect(rt, a, &err), SP_OK); /* servers may join later: a notice, no error */

@@ -598,15 +598,28 @@ static void *batch_client(void *p)
     return NULL;
 }
 
-START_TEST(t_batched_sessions_as_alone)
+/* A server of blocks 0:4 whose steps all go through the workers' queue (where they are batched), its answers
+ * SEPAL_SERVER_FAULT=slow (ms) late so that the steps that come meanwhile queue up; max_batch_tokens 0: the
+ * default. */
+static sp_server *start_batching(const char *slow, int max_batch_tokens)
 {
-    setenv("SEPAL_SERVER_FAULT", "slow:4", 1); /* each answer 4 ms late: the steps that come meanwhile queue up */
+    setenv("SEPAL_SERVER_FAULT", slow, 1);
     sp_server_opts o;
     gqa_opts(&o, 0, 4);
     o.workers_only = 1;
+    if (max_batch_tokens) {
+        o.max_batch_tokens = max_batch_tokens;
+        o.cache_tokens = 31 * 64;
+    }
     sp_server *s = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
+START_TEST(t_batched_sessions_as_alone)
+{
+    sp_server *s = start_batching("slow:4", 0);
     enum { NJ = 6 };
     int done = 0;
     batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
@@ -658,13 +671,7 @@ END_TEST
  * to its caller), so the server sees their steps together and batches them. */
 START_TEST(t_one_connection_many_sessions)
 {
-    setenv("SEPAL_SERVER_FAULT", "slow:10", 1);
-    sp_server_opts o;
-    gqa_opts(&o, 0, 4);
-    o.workers_only = 1;
-    sp_server *s = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_server *s = start_batching("slow:10", 0);
     sp_remote *shared = connect_to(s);
     int done = 0;
     batch_job j[4];
@@ -759,15 +766,8 @@ static void *greedy_main(void *p)
 
 START_TEST(t_fair_between_clients)
 {
-    setenv("SEPAL_SERVER_FAULT", "slow:3", 1); /* passes of 4 steps take 12 ms or more: A's steps queue up */
-    sp_server_opts o;
-    gqa_opts(&o, 0, 4);
-    o.workers_only = 1;
-    o.max_batch_tokens = 4;
-    o.cache_tokens = 31 * 64;
-    sp_server *s = NULL;
+    sp_server *s = start_batching("slow:3", 4); /* passes of 4 steps take 12 ms or more: A's steps queue up */
     sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
     greedy_client a = {0};
     sp_transport_opts to;
     sp_transport_opts_default(&to);
