@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -694,9 +695,9 @@ void sp_step_batch_free(sp_step_batch *b)
 }
 
 /* *p grown to n items of size sz (kept when that fails); 0 or -1. */
-static int grow(void *p, int n, size_t sz)
+static int grow(void *p, size_t n, size_t sz)
 {
-    void *q = realloc(*(void **)p, (size_t)n * sz);
+    void *q = n <= SIZE_MAX / sz ? realloc(*(void **)p, n * sz) : NULL;
     if (q)
         *(void **)p = q;
     return q ? 0 : -1;
@@ -707,9 +708,10 @@ static int batch_reserve(sp_step_batch *b, int n)
 {
     if (n <= b->cap)
         return 0;
-    if (grow(&b->r, n, sizeof *b->r) | grow(&b->q, n, sizeof *b->q) | grow(&b->st, n, sizeof *b->st) |
-        grow(&b->kv, n, sizeof *b->kv) | grow(&b->item_rows, n, sizeof *b->item_rows) |
-        grow(&b->group, n, sizeof *b->group))
+    size_t m = (size_t)n;
+    if (grow(&b->r, m, sizeof *b->r) | grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
+        grow(&b->kv, m, sizeof *b->kv) | grow(&b->item_rows, m, sizeof *b->item_rows) |
+        grow(&b->group, m, sizeof *b->group))
         return -1;
     b->cap = n;
     return 0;
@@ -740,7 +742,7 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     if (t->T != 1 || t->pi < r->m.n_tensors || t->B > SP_KERN_MAX_ROWS || *rows + t->B > s->o.max_batch_tokens)
         return;
     if (need > b->hcap) {
-        if (grow(&b->h, (int)(need * 2), sizeof(float)))
+        if (grow(&b->h, need * 2, sizeof(float)))
             return;
         b->hcap = need * 2;
     }
