@@ -11,9 +11,10 @@
  * whatever else runs on the machine). Ratios against the baseline of the same run and mode: aggregate tokens/s /
  * C = 1, and p99 step / the p50 step of C = 1 (goals at C = 16 with batching: >= 8x and <= 3x).
  *
- * Both servers run from the start and the modes take turns, --reps times for each C (a shared machine's load
- * changes by the minute: each mode sees the same spells of it); tokens/s and CPU time per token are the medians
- * of the reps, the latencies' quantiles are over all of them.
+ * Both servers run from the start and the modes take turns, --reps times for each C, which goes first turning
+ * each rep (a shared machine's load changes by the minute: each mode sees the same spells of it; and the first
+ * measure after the other's ran slower); tokens/s and CPU time per token are the medians of the reps, the
+ * latencies' quantiles are over all of them.
  *
  * usage: bench_serve [--model DIR] [--blocks A:B] [--dtype int8] [--sessions 1,4,16,64] [--steps N]
  *                    [--prefill N] [--modes batch,nobatch] [--threads N] [--reps N] */
@@ -278,9 +279,11 @@ int main(int argc, char **argv)
         lat[m] = calloc((size_t)most * o.steps * o.reps, sizeof(double));
     for (int i = 0; i < o.nsessions && !rc; i++) {
         int C = o.sessions[i], nlat[2] = {0, 0};
-        for (int k = 0; k < o.reps && !rc; k++)
-            for (int m = 0; m < o.nmodes && !rc; m++)
+        for (int k = 0; k < o.reps && !rc; k++) /* the modes' order turns each rep (the first one after a pause ran slower) */
+            for (int t = 0; t < o.nmodes && !rc; t++) {
+                int m = (t + k) % o.nmodes;
                 rc = measure(&runs[m], C, &tps[m][i][k], &cpu[m][i][k], lat[m], &nlat[m]);
+            }
         for (int m = 0; m < o.nmodes && !rc; m++) {
             double t = median(tps[m][i], o.reps), c = median(cpu[m][i], o.reps);
             double p50 = quantile(lat[m], nlat[m], 0.50), p99 = quantile(lat[m], nlat[m], 0.99);
@@ -298,13 +301,12 @@ int main(int argc, char **argv)
         for (int i = 0; i < o.nsessions; i++)
             printf("%s\n", rows[m][i]);
     }
-    if (!rc && o.nmodes == 2)
-        for (int i = 0; i < o.nsessions; i++)
-        {
-            double c0 = median(cpu[0][i], o.reps), c1 = median(cpu[1][i], o.reps);
-            printf("%d sessions: batching on / off: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i],
-                   median(tps[0][i], o.reps) / median(tps[1][i], o.reps), c1 > 0 ? c0 / c1 : 0);
-        }
+    int on = o.modes[0] ? 0 : 1; /* which of runs is batching's */
+    for (int i = 0; !rc && o.nmodes == 2 && i < o.nsessions; i++) {
+        double c0 = median(cpu[on][i], o.reps), c1 = median(cpu[1 - on][i], o.reps);
+        printf("%d sessions: batching on / off: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i],
+               median(tps[on][i], o.reps) / median(tps[1 - on][i], o.reps), c1 > 0 ? c0 / c1 : 0);
+    }
     stop_servers(runs, o.nmodes);
     for (int m = 0; m < o.nmodes; m++)
         free(lat[m]);
