@@ -231,12 +231,15 @@ size_t sp_block_bytes(const sp_block *b)
 }
 
 /* out[N, Cout] = in[N, Cin] W^T (+ bias), through m: the engine's kernels for decode-sized N or encoded
- * weights, sgemm on the f32 tensor W otherwise. */
+ * weights, sgemm on the f32 tensor W otherwise; exact: the decode kernels for any N (each row's bits as alone). */
 static void lin(const sp_block *b, const sp_qmat *m, const float *W, float *out, const float *in, const float *bias,
-                int N, int Cin, int Cout)
+                int N, int Cin, int Cout, int exact)
 {
-    if (m->q && (N <= 8 || !W)) {
-        sp_qmat_mul(m, in, out, N, b->pool);
+    if (m->q && (N <= SP_KERN_MAX_ROWS || !W || exact)) {
+        if (exact)
+            sp_qmat_mul_rows(m, in, out, N, b->pool);
+        else
+            sp_qmat_mul(m, in, out, N, b->pool);
         for (int i = 0; bias && i < N; i++)
             for (int c = 0; c < Cout; c++)
                 out[(size_t)i * Cout + c] += bias[c];
@@ -531,6 +534,9 @@ typedef struct acts {
     float *xs, *ys;              /* MoE: each slot's input row and its expert's (unweighted) output [N*K, H] */
     int32_t *ridx, *slot, *off;  /* MoE: chosen experts [N, K]; slot -> n*K + k [N*K]; expert e's slots start
                                     at off[e] [E + 1] */
+    int exact;                   /* a batch of decode steps: the products in the decode kernels whatever N is */
+    const int *item_rows;        /* ... its sequences' rows, in order (NULL: one item of N rows) */
+    int nitems;
 } acts;
 
 static size_t mlp_rows(const sp_block *b, size_t N) { return is_moe(b) ? N * (size_t)b->k.top_k : N; }
@@ -556,12 +562,14 @@ static size_t probs_floats(const sp_attn_dims *d)
 
 /* Floats the activation buffers take; with base non-NULL, points a's buffers into base (the MoE's index arrays
  * too: int32 values in float-sized slots of the same memory). */
-static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
+static size_t acts_layout_n(acts *a, const sp_block *b, int B, int T, size_t probs_n, float *base)
 {
+    if (base)
+        a->exact = 0, a->item_rows = NULL, a->nitems = 0;
     size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     size_t FF = (size_t)b->FF, half = b->rope ? (size_t)b->hd / 2 : 0, R = mlp_rows(b, N);
     size_t two = b->ln2_w != NULL, moe = is_moe(b), E = moe ? (size_t)b->k.n_experts : 0, NK = moe ? R : 0;
-    size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, probs_floats(ad),
+    size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, probs_n,
                       N * Q, N * H, two * N * H, two * N, two * N, is_gelu(b) ? 0 : R * FF, R * FF, R * FF,
                       N * E, NK, NK * H, NK * H};
     float **ptrs[] = {&a->cos, &a->sin, &a->ln1, &a->mean1, &a->rstd1, &a->q, &a->k, &a->v, &a->probs,
@@ -581,6 +589,11 @@ static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_att
         total += (isizes[i] + 15) & ~(size_t)15;
     }
     return total;
+}
+
+static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
+{
+    return acts_layout_n(a, b, B, T, probs_floats(ad), base);
 }
 
 /* Carves the activation buffers out of ws, after `extra` floats kept for the caller. */
@@ -655,7 +668,10 @@ static float *expert_g(float *g, int e, const sp_block *b) { return g ? g + (siz
 static void moe_forward(const sp_block *b, float *y, const float *x, int N, acts *a)
 {
     int H = b->H, FF = b->FF, E = b->k.n_experts, K = b->k.top_k;
-    sp_linear_forward(a->rlog, x, b->router, NULL, N, H, E); /* the router stays f32 */
+    if (!a->item_rows) /* the router stays f32; a batch's items one at a time (sgemm's bits follow its rows) */
+        sp_linear_forward(a->rlog, x, b->router, NULL, N, H, E);
+    for (int i = 0, r = 0; a->item_rows && i < a->nitems; r += a->item_rows[i++])
+        sp_linear_forward(a->rlog + (size_t)r * E, x + (size_t)r * H, b->router, NULL, a->item_rows[i], H, E);
     sp_moe_route_forward(a->rw, a->ridx, a->rlog, N, E, K);
     memset(a->off, 0, (size_t)(E + 1) * sizeof *a->off); /* counting sort of the (token, k) pairs by expert */
     for (int i = 0; i < N * K; i++)
@@ -674,10 +690,10 @@ static void moe_forward(const sp_block *b, float *y, const float *x, int N, acts
         if (!cnt)
             continue;
         size_t of = (size_t)o * FF, oh = (size_t)o * H;
-        lin(b, mlp_mat(b, 0, e), expert_w(b->w_gate, e, b), a->gate + of, a->xs + oh, NULL, cnt, H, FF);
-        lin(b, mlp_mat(b, 1, e), expert_w(b->w_up, e, b), a->up + of, a->xs + oh, NULL, cnt, H, FF);
+        lin(b, mlp_mat(b, 0, e), expert_w(b->w_gate, e, b), a->gate + of, a->xs + oh, NULL, cnt, H, FF, a->exact);
+        lin(b, mlp_mat(b, 1, e), expert_w(b->w_up, e, b), a->up + of, a->xs + oh, NULL, cnt, H, FF, a->exact);
         sp_swiglu_forward(a->act + of, a->gate + of, a->up + of, (long)cnt * FF);
-        lin(b, mlp_mat(b, 2, e), expert_w(b->w_down, e, b), a->ys + oh, a->act + of, NULL, cnt, FF, H);
+        lin(b, mlp_mat(b, 2, e), expert_w(b->w_down, e, b), a->ys + oh, a->act + of, NULL, cnt, FF, H, a->exact);
         for (int s = o; s < o + cnt; s++) {
             float w = a->rw[a->slot[s]], *dst = y + (size_t)(a->slot[s] / K) * H;
             const float *src = a->ys + (size_t)s * H;
@@ -723,16 +739,16 @@ static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts
     long n = (long)N * FF;
     switch (b->k.mlp) {
     case SP_MLP_SWIGLU:
-        lin(b, mlp_mat(b, 0, 0), b->w_gate, a->gate, x, NULL, N, H, FF);
-        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, NULL, N, H, FF);
+        lin(b, mlp_mat(b, 0, 0), b->w_gate, a->gate, x, NULL, N, H, FF, a->exact);
+        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, NULL, N, H, FF, a->exact);
         activation(b, SP_MLP_SWIGLU, a->act, a->gate, a->up, n);
-        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, NULL, N, FF, H);
+        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, NULL, N, FF, H, a->exact);
         break;
     case SP_MLP_GELU:
     case SP_MLP_GELU_TANH:
-        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, b->b_up, N, H, FF);
+        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, b->b_up, N, H, FF, a->exact);
         activation(b, b->k.mlp, a->act, a->up, NULL, n);
-        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, b->b_down, N, FF, H);
+        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, b->b_down, N, FF, H, a->exact);
         break;
     case SP_MLP_MOE:
         moe_forward(b, y, x, N, a);
@@ -868,33 +884,43 @@ static void attention(const sp_block *b, float *out, float *probs, const float *
     sp_pool_run_parts(b->pool, attn_combine_part, &j, (int)(cwork < 1 ? 1 : cwork < rows ? cwork : rows));
 }
 
-/* The forward pass proper; fills `a`. */
-static void forward_acts(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
-                         const sp_attn_dims *ad, acts *a)
+/* Norm 1 and the q, k, v projections of N rows (RoPE and the attention come after). */
+static void attn_in(const sp_block *b, const float *inp, int N, acts *a)
 {
-    int N = B * T, H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd;
-    /* attention: norm, q/k/v projections, RoPE on q and k (ALiBi goes into the scores instead) */
+    int H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd;
     norm_forward(b, a->ln1, a->mean1, a->rstd1, inp, b->ln1_w, b->ln1_b, N);
-    lin(b, &b->qm[M_Q], b->wq, a->q, a->ln1, b->bq, N, H, Q);
-    lin(b, &b->qm[M_K], b->wk, a->k, a->ln1, b->bk, N, H, KV);
-    lin(b, &b->qm[M_V], b->wv, a->v, a->ln1, b->bv, N, H, KV);
+    lin(b, &b->qm[M_Q], b->wq, a->q, a->ln1, b->bq, N, H, Q, a->exact);
+    lin(b, &b->qm[M_K], b->wk, a->k, a->ln1, b->bk, N, H, KV, a->exact);
+    lin(b, &b->qm[M_V], b->wv, a->v, a->ln1, b->bv, N, H, KV, a->exact);
+}
+
+/* RoPE on B sequences' q and k rows (T positions each from pos0; ALiBi goes into the scores instead), then their
+ * attention: over the cache (this step appended first) or over the step itself. q, k, v, att: the rows' own. */
+static void attn_mid(const sp_block *b, float *att, float *q, float *k, const float *v, int B, int T, int pos0,
+                     sp_kv_cache *kv, const sp_attn_dims *ad, acts *a)
+{
     if (b->rope) {
         sp_rope_tables(b->rope, pos0, T, a->cos, a->sin);
-        sp_rope_forward(a->q, a->q, a->cos, a->sin, B, T, b->nh, b->hd);
-        sp_rope_forward(a->k, a->k, a->cos, a->sin, B, T, b->nkv, b->hd);
+        sp_rope_forward(q, q, a->cos, a->sin, B, T, b->nh, b->hd);
+        sp_rope_forward(k, k, a->cos, a->sin, B, T, b->nkv, b->hd);
     }
-    const float *K = a->k, *V = a->v;
+    const float *K = k, *V = v;
     if (kv) { /* append this step, attend over the whole cached prefix */
-        kv_append(kv, a->k, a->v, B, T);
+        kv_append(kv, k, v, B, T);
         K = kv->k;
         V = kv->v;
     }
-    attention(b, a->att, a->probs, a->q, K, V, ad, kv != NULL);
-    /* residual: h1 = x + att Wo^T + bo */
-    lin(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H);
+    attention(b, att, a->probs, q, K, V, ad, kv != NULL);
+}
+
+/* The attention's output projection and residual (h1 = x + att Wo^T + bo), then the MLP on n2(h1) (sequential)
+ * or n2(x) (parallel; n1(x) itself with one norm) and its residual, over N rows. */
+static void attn_out_mlp(const sp_block *b, float *out, const float *inp, int N, acts *a)
+{
+    int H = b->H, Q = b->nh * b->hd;
+    lin(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H, a->exact);
     for (long i = 0; i < (long)N * H; i++)
         a->h1[i] += inp[i];
-    /* MLP on n2(h1) (sequential) or n2(x) (parallel; n1(x) itself with one norm), residual */
     const float *m = a->ln1;
     if (b->ln2_w) {
         norm_forward(b, a->ln2, a->mean2, a->rstd2, b->k.parallel ? inp : a->h1, b->ln2_w, b->ln2_b, N);
@@ -903,6 +929,15 @@ static void forward_acts(const sp_block *b, float *out, const float *inp, int B,
     mlp_forward(b, out, m, N, a);
     for (long i = 0; i < (long)N * H; i++)
         out[i] += a->h1[i];
+}
+
+/* The forward pass proper; fills `a`. */
+static void forward_acts(const sp_block *b, float *out, const float *inp, int B, int T, int pos0, sp_kv_cache *kv,
+                         const sp_attn_dims *ad, acts *a)
+{
+    attn_in(b, inp, B * T, a);
+    attn_mid(b, a->att, a->q, a->k, a->v, B, T, pos0, kv, ad, a);
+    attn_out_mlp(b, out, inp, B * T, a);
     if (kv)
         kv->len += T;
 }
@@ -931,6 +966,58 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
     if (s)
         return s;
     forward_acts(b, out, inp, B, T, pos0, kv, &ad, &a);
+    return SP_OK;
+}
+
+/* The item rows and the largest attention buffer of a batch of decode steps; an error for an item whose cache
+ * has no room or holds rows of another shape. */
+static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, int n, int *rows, int *item_rows,
+                            size_t *probs_n, sp_err *err)
+{
+    *rows = 0;
+    *probs_n = 0;
+    for (int i = 0; i < n; i++) {
+        sp_status s = check_dims(b, kv[i]->B, 1, kv[i]->len, kv[i], err);
+        if (s)
+            return s;
+        if (kv[i]->B > SP_KERN_MAX_ROWS)
+            return sp_errf(err, SP_ERR_ARG, "block: a batched decode step of %d rows (at most %d)", kv[i]->B,
+                           SP_KERN_MAX_ROWS);
+        sp_attn_dims ad = attn_dims(b, kv[i]->B, 1, kv[i], 0);
+        ad.S = kv[i]->cap; /* the cache's whole length: later steps need no more */
+        size_t p = probs_floats(&ad);
+        *probs_n = p > *probs_n ? p : *probs_n;
+        item_rows[i] = kv[i]->B;
+        *rows += kv[i]->B;
+    }
+    return SP_OK;
+}
+
+sp_status sp_block_decode_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, int n,
+                                int *item_rows, sp_ws *ws, sp_err *err)
+{
+    int N;
+    size_t probs_n;
+    sp_status s = batch_dims(b, kv, n, &N, item_rows, &probs_n, err);
+    if (s)
+        return s;
+    acts a;
+    if ((s = sp_ws_reserve(ws, acts_layout_n(&a, b, N, 1, probs_n, NULL), err)))
+        return s;
+    acts_layout_n(&a, b, N, 1, probs_n, ws->buf);
+    a.exact = 1;
+    a.item_rows = item_rows;
+    a.nitems = n;
+    attn_in(b, inp, N, &a);
+    size_t Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
+    for (int i = 0, r = 0; i < n; r += item_rows[i++]) { /* each sequence over its own cache, at its position */
+        sp_attn_dims ad = attn_dims(b, item_rows[i], 1, kv[i], 0);
+        attn_mid(b, a.att + r * Q, a.q + r * Q, a.k + r * KV, a.v + r * KV, item_rows[i], 1, kv[i]->len, kv[i], &ad,
+                 &a);
+    }
+    attn_out_mlp(b, out, inp, N, &a);
+    for (int i = 0; i < n; i++)
+        kv[i]->len++;
     return SP_OK;
 }
 

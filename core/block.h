@@ -108,6 +108,14 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
  * (a session's open), the steps of that cache reserve nothing more (each reserves for the whole cap). */
 size_t sp_block_ws_floats(const sp_block *b, int B, int T, int cap);
 
+/* Decode steps of n sequences at once (a server's batch): sequence i is kv[i]->B rows (at most
+ * SP_KERN_MAX_ROWS) of inp/out [sum of rows, H], one new position each at kv[i]->len, appended to its own cache
+ * (kv[i]->len += 1). The weights are read once for all rows; every row's output and cache entry have the bits
+ * sp_block_forward(b, .., kv[i]->B, 1, kv[i]->len, kv[i], ..) gives that sequence alone, whatever its
+ * batch-mates. item_rows: scratch of n ints. Checks every cache first: on an error nothing has changed. */
+sp_status sp_block_decode_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, int n,
+                                int *item_rows, sp_ws *ws, sp_err *err);
+
 /* Recomputes the forward (no cache, positions pos0..) and back-propagates: dinp[B,T,H] is WRITTEN with
  * d(out . dout)/d(inp); if grads is non-NULL (from sp_block_init) the weight gradients are ACCUMULATED into
  * it. A MoE block back-propagates through the routing weights of the experts it chose (the choice itself is

@@ -17,7 +17,7 @@
 
 #define Q8_BLOCK 32
 #define NF4_BLOCK 64
-#define MAXB 8
+#define MAXB SP_KERN_MAX_ROWS
 
 static int kern_level(void);
 static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv);
@@ -381,38 +381,50 @@ static int vec_end(const sp_qmat *m, int W)
 }
 
 /* A kernel for one encoding at one level: LOAD(src, scale, c) gives the W weights at column c as a vector.
- * B == 1 keeps four accumulators in flight; otherwise each row of X has its own. */
-#define DEFINE_DOT(NAME, TARGET, VEC, W, ZERO, FMA, LOADX, ADD, HSUM, LOAD)                                     \
+ * Every row of X has four accumulators (columns c, c + W, c + 2W, c + 3W of each 4W run), summed the same way
+ * whatever B is: a row's result never depends on the rows beside it (a batch of decode steps gives each step the
+ * bits it gets alone). The rows go G at a time (G: what the level's registers hold), the weights loaded once for
+ * the G of them; B == 1 runs a group of one. */
+#define DEFINE_DOT(NAME, TARGET, VEC, W, ZERO, FMA, LOADX, ADD, HSUM, LOAD, G)                                  \
+    TARGET static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *src, const float *scale,  \
+                                                                          int cv, const float *X, int g, int gmax,  \
+                                                                          int ldx, float *out)                      \
+    {                                                                                                          \
+        const float *xs[G];                                                                                    \
+        VEC acc[G][4];                                                                                         \
+        for (int k = 0; k < gmax; k++) {                                                                       \
+            xs[k] = X + (size_t)(k < g ? k : 0) * ldx; /* past the rows: row 0 again, its result dropped */    \
+            acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = ZERO();                                            \
+        }                                                                                                      \
+        int c = 0;                                                                                             \
+        for (; c + 4 * W <= cv; c += 4 * W) {                                                                  \
+            VEC w0 = LOAD(src, scale, c), w1 = LOAD(src, scale, c + W), w2 = LOAD(src, scale, c + 2 * W);      \
+            VEC w3 = LOAD(src, scale, c + 3 * W);                                                              \
+            for (int k = 0; k < gmax; k++) {                                                                   \
+                acc[k][0] = FMA(w0, LOADX(xs[k] + c), acc[k][0]);                                              \
+                acc[k][1] = FMA(w1, LOADX(xs[k] + c + W), acc[k][1]);                                          \
+                acc[k][2] = FMA(w2, LOADX(xs[k] + c + 2 * W), acc[k][2]);                                      \
+                acc[k][3] = FMA(w3, LOADX(xs[k] + c + 3 * W), acc[k][3]);                                      \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (; c < cv; c += W) {                                                                               \
+            VEC w0 = LOAD(src, scale, c);                                                                      \
+            for (int k = 0; k < gmax; k++)                                                                     \
+                acc[k][0] = FMA(w0, LOADX(xs[k] + c), acc[k][0]);                                              \
+        }                                                                                                      \
+        for (int k = 0; k < g; k++)                                                                            \
+            out[k] = HSUM(ADD(ADD(acc[k][0], acc[k][1]), ADD(acc[k][2], acc[k][3])));                          \
+    }                                                                                                          \
     TARGET static void NAME(const sp_qmat *m, int r, const float *X, int B, int ldx, float *out)               \
     {                                                                                                          \
         const uint8_t *src = (const uint8_t *)m->q + (size_t)r * m->row_bytes;                                 \
         int nb = m->type == SP_W_NF4 ? blocks_per_row(m->type, m->cols) : 0;                                 \
         const float *scale = nb ? m->scale + (size_t)r * nb : NULL;                                            \
-        int cv = vec_end(m, W), c = 0;                                                                         \
-        (void)scale;                                                                                           \
-        if (B == 1) {                                                                                          \
-            VEC a0 = ZERO(), a1 = ZERO(), a2 = ZERO(), a3 = ZERO();                                            \
-            for (; c + 4 * W <= cv; c += 4 * W) {                                                              \
-                a0 = FMA(LOAD(src, scale, c), LOADX(X + c), a0);                                               \
-                a1 = FMA(LOAD(src, scale, c + W), LOADX(X + c + W), a1);                                       \
-                a2 = FMA(LOAD(src, scale, c + 2 * W), LOADX(X + c + 2 * W), a2);                               \
-                a3 = FMA(LOAD(src, scale, c + 3 * W), LOADX(X + c + 3 * W), a3);                               \
-            }                                                                                                  \
-            for (; c < cv; c += W)                                                                             \
-                a0 = FMA(LOAD(src, scale, c), LOADX(X + c), a0);                                               \
-            out[0] = HSUM(ADD(ADD(a0, a1), ADD(a2, a3)));                                                      \
-        } else {                                                                                               \
-            VEC acc[MAXB];                                                                                     \
-            for (int b = 0; b < B; b++)                                                                        \
-                acc[b] = ZERO();                                                                               \
-            for (; c < cv; c += W) {                                                                           \
-                VEC w = LOAD(src, scale, c);                                                                   \
-                for (int b = 0; b < B; b++)                                                                    \
-                    acc[b] = FMA(w, LOADX(X + (size_t)b * ldx + c), acc[b]);                                   \
-            }                                                                                                  \
-            for (int b = 0; b < B; b++)                                                                        \
-                out[b] = HSUM(acc[b]);                                                                         \
-        }                                                                                                      \
+        int cv = vec_end(m, W);                                                                                \
+        if (B == 1)                                                                                            \
+            NAME##_rows(src, scale, cv, X, 1, 1, ldx, out);                                                    \
+        for (int b0 = 0; B > 1 && b0 < B; b0 += G)                                                             \
+            NAME##_rows(src, scale, cv, X + (size_t)b0 * ldx, B - b0 < G ? B - b0 : G, G, ldx, out + b0);      \
         dot_tail(m, r, cv, X, B, ldx, out);                                                                    \
     }
 
@@ -462,9 +474,9 @@ T2 static inline __m256 ld8_nf4(const uint8_t *src, const float *scale, int c)
 }
 
 #define AVX2_ARGS __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_add_ps, hsum8
-DEFINE_DOT_(dot2_f32, T2, AVX2_ARGS, ld8_f32)
-DEFINE_DOT_(dot2_bf16, T2, AVX2_ARGS, ld8_bf16)
-DEFINE_DOT_(dot2_nf4, T2, AVX2_ARGS, ld8_nf4)
+DEFINE_DOT_(dot2_f32, T2, AVX2_ARGS, ld8_f32, 2)
+DEFINE_DOT_(dot2_bf16, T2, AVX2_ARGS, ld8_bf16, 2)
+DEFINE_DOT_(dot2_nf4, T2, AVX2_ARGS, ld8_nf4, 2)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* AVX-512: 16 weights a vector */
@@ -499,9 +511,9 @@ T5 static inline __m512 ld16_nf4(const uint8_t *src, const float *scale, int c)
 }
 
 #define AVX512_ARGS __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_add_ps, hsum16
-DEFINE_DOT_(dot5_f32, T5, AVX512_ARGS, ld16_f32)
-DEFINE_DOT_(dot5_bf16, T5, AVX512_ARGS, ld16_bf16)
-DEFINE_DOT_(dot5_nf4, T5, AVX512_ARGS, ld16_nf4)
+DEFINE_DOT_(dot5_f32, T5, AVX512_ARGS, ld16_f32, 4)
+DEFINE_DOT_(dot5_bf16, T5, AVX512_ARGS, ld16_bf16, 4)
+DEFINE_DOT_(dot5_nf4, T5, AVX512_ARGS, ld16_nf4, 4)
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -982,27 +994,36 @@ typedef struct mul_job {
     const int32_t *XC;
 } mul_job;
 
+/* Rows [lo, hi) of W (whole groups of 16 for the integer kernels) times every row of X, MAXB rows of X at a time:
+ * a group's or a row's weights come from memory once and from the caches for the next rows of X. */
 static void mul_part(void *ctx, int i, int n)
 {
     mul_job *j = ctx;
     long lo, hi, R = j->W->rows;
+    int nb = blocks_per_row(SP_W_Q8, j->W->cols);
     sp_pool_split(R, i, n, Q8_GROUP, &lo, &hi);
     if (j->q8g) { /* whole groups of 16 rows (lo is a multiple of 16) */
         float out[MAXB * Q8_GROUP];
         for (long r0 = lo; r0 < hi; r0 += Q8_GROUP) {
-            j->q8g(j->W, (int)(r0 / Q8_GROUP), j->XQ, j->XS, j->XC, j->B, out);
             int nr = hi - r0 < Q8_GROUP ? (int)(hi - r0) : Q8_GROUP;
-            for (int b = 0; b < j->B; b++)
-                memcpy(j->Y + (size_t)b * R + r0, out + b * Q8_GROUP, (size_t)nr * sizeof(float));
+            for (int b0 = 0; b0 < j->B; b0 += MAXB) {
+                int bn = j->B - b0 < MAXB ? j->B - b0 : MAXB;
+                size_t xb = (size_t)b0 * nb;
+                j->q8g(j->W, (int)(r0 / Q8_GROUP), j->XQ + xb * Q8_BLOCK, j->XS + xb, j->XC + xb, bn, out);
+                for (int b = 0; b < bn; b++)
+                    memcpy(j->Y + (size_t)(b0 + b) * R + r0, out + b * Q8_GROUP, (size_t)nr * sizeof(float));
+            }
         }
         return;
     }
     float out[MAXB];
-    for (long r = lo; r < hi; r++) {
-        j->dot(j->W, (int)r, j->X, j->B, j->W->cols, out);
-        for (int b = 0; b < j->B; b++)
-            j->Y[(size_t)b * R + r] = out[b];
-    }
+    for (long r = lo; r < hi; r++)
+        for (int b0 = 0; b0 < j->B; b0 += MAXB) {
+            int bn = j->B - b0 < MAXB ? j->B - b0 : MAXB;
+            j->dot(j->W, (int)r, j->X + (size_t)b0 * j->W->cols, bn, j->W->cols, out);
+            for (int b = 0; b < bn; b++)
+                j->Y[(size_t)(b0 + b) * R + r] = out[b];
+        }
 }
 
 /* A per-thread scratch for X quantised (grown, kept, freed when the thread ends): no allocation a token. */
@@ -1069,36 +1090,48 @@ static int mul_parts(const sp_qmat *W, sp_pool *pool)
     return (int)(want < units ? want : units);
 }
 
+/* Y = X W^T in the decode kernels, any B: each row of Y as B == 1 computes it. */
+static void mul_kernels(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
+{
+    mul_job j = {W, X, Y, B, dot_for(W), NULL, NULL, NULL, NULL};
+    if (W->type == SP_W_Q8 && (j.q8g = q8g_for())) {
+        int nb = blocks_per_row(SP_W_Q8, W->cols);
+        size_t qbytes = ((size_t)B * nb * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nb;
+        uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
+        if (buf) {
+            int8_t *xq = (int8_t *)buf;
+            float *xs = (float *)(buf + qbytes);
+            int32_t *xc = (int32_t *)(xs + n);
+            for (int b = 0; b < B; b++)
+                sp_q8_quantize(X + (size_t)b * W->cols, W->cols, xq + (size_t)b * nb * Q8_BLOCK, xs + (size_t)b * nb);
+            for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
+                int32_t sum = 0;
+                for (int c = 0; c < Q8_BLOCK; c++)
+                    sum += xq[k * Q8_BLOCK + (size_t)c];
+                xc[k] = -128 * sum;
+            }
+            j.XQ = xq;
+            j.XS = xs;
+            j.XC = xc;
+        } else {
+            j.q8g = NULL; /* no room: the f32 kernel */
+        }
+    }
+    sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
+}
+
+void sp_qmat_mul_rows(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
+{
+    if (B > 0 && W->rows > 0)
+        mul_kernels(W, X, Y, B, pool);
+}
+
 void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
 {
     if (B <= 0 || W->rows <= 0)
         return;
     if (B <= MAXB) {
-        mul_job j = {W, X, Y, B, dot_for(W), NULL, NULL, NULL, NULL};
-        if (W->type == SP_W_Q8 && (j.q8g = q8g_for())) {
-            int nb = blocks_per_row(SP_W_Q8, W->cols);
-            size_t qbytes = ((size_t)B * nb * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nb;
-            uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
-            if (buf) {
-                int8_t *xq = (int8_t *)buf;
-                float *xs = (float *)(buf + qbytes);
-                int32_t *xc = (int32_t *)(xs + n);
-                for (int b = 0; b < B; b++)
-                    sp_q8_quantize(X + (size_t)b * W->cols, W->cols, xq + (size_t)b * nb * Q8_BLOCK, xs + (size_t)b * nb);
-                for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
-                    int32_t sum = 0;
-                    for (int c = 0; c < Q8_BLOCK; c++)
-                        sum += xq[k * Q8_BLOCK + (size_t)c];
-                    xc[k] = -128 * sum;
-                }
-                j.XQ = xq;
-                j.XS = xs;
-                j.XC = xc;
-            } else {
-                j.q8g = NULL; /* no room: the f32 kernel */
-            }
-        }
-        sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
+        mul_kernels(W, X, Y, B, pool);
         return;
     }
     if (W->type == SP_W_F32) {
@@ -1107,18 +1140,8 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
         return;
     }
     float *tile = malloc((size_t)TILE_ROWS * W->cols * sizeof(float));
-    if (!tile) { /* no room for a tile: the decode kernels, B rows at a time */
-        for (int b0 = 0; b0 < B; b0 += MAXB) {
-            int nb = B - b0 < MAXB ? B - b0 : MAXB;
-            float *tmp = malloc((size_t)nb * W->rows * sizeof(float));
-            if (!tmp)
-                return;
-            mul_job j = {W, X + (size_t)b0 * W->cols, tmp, nb, dot_for(W), NULL, NULL, NULL, NULL};
-            sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
-            for (int b = 0; b < nb; b++)
-                memcpy(Y + (size_t)(b0 + b) * W->rows, tmp + (size_t)b * W->rows, (size_t)W->rows * sizeof(float));
-            free(tmp);
-        }
+    if (!tile) { /* no room for a tile: the decode kernels */
+        mul_kernels(W, X, Y, B, pool);
         return;
     }
     for (int r0 = 0; r0 < W->rows; r0 += TILE_ROWS) {

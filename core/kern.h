@@ -52,9 +52,16 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out);
 /* Row r of an SP_W_Q8 matrix as stored: q [cols] int8 values, scales [ceil(cols / 32)] (tests). */
 void sp_qmat_q8_row(const sp_qmat *m, int r, int8_t *q, float *scales);
 
-/* Y[B, rows] = X[B, cols] W^T. B <= 8 runs the decode kernels (W read once for all B rows of X), split over
- * the pool by rows; larger B decodes tiles of W to f32 and multiplies them with sgemm. */
+/* The most rows of X the decode kernels take at once; sp_qmat_mul runs them up to here. */
+#define SP_KERN_MAX_ROWS 8
+
+/* Y[B, rows] = X[B, cols] W^T. B <= SP_KERN_MAX_ROWS runs the decode kernels (W read once for all B rows of X),
+ * split over the pool by rows; larger B decodes tiles of W to f32 and multiplies them with sgemm. */
 void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool);
+/* Y = X W^T in the decode kernels for any B (a batch of decode steps): row b of Y has the bits that
+ * sp_qmat_mul(W, X + b * cols, .., 1, ..) gives it alone, whatever the other rows are; W is read from memory
+ * once for SP_KERN_MAX_ROWS rows at a time and from the caches for the rest. */
+void sp_qmat_mul_rows(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool);
 /* Greedy decoding's argmax without every row in f32: S is W's SP_W_Q8 encoding, W an f32 matrix (the LM head).
  * Returns the first r maximising the f32 product W[r] . x exactly as sp_qmat_mul(W, x, .., 1, ..) computes it;
  * -1 when the screen cannot decide (a non-finite value, a row too long): compute all rows then. approx

@@ -281,6 +281,15 @@ static int choose_span(app *p, int *start, int *end)
     return 0;
 }
 
+/* The recent decode steps' wait in the server's queue (its load), 0 without a server. */
+static double queue_wait(app *p)
+{
+    sp_server_batch_stats bs = {0};
+    if (p->srv)
+        sp_server_batch_stats_get(p->srv, &bs);
+    return bs.queue_wait_s;
+}
+
 static void announce_state(app *p, int start, int end, sp_server_state state)
 {
     if (!p->ann)
@@ -297,14 +306,17 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     /* Petals: a request uses (nb + 1) / 2 of a span's blocks on average; before measuring, the network's rate */
     r.throughput = fwd > 0 ? fmin(r.forward_rps / ((nb + 1) / 2.0), r.network_rps) : r.network_rps;
     r.cache_tokens_left = p->srv ? sp_server_cache_left(p->srv) : 0;
+    r.queue_wait = queue_wait(p);
     sp_announce_update(p->ann, &r);
 }
 
 static void fill_record(void *user, sp_server_record *r)
 {
     app *p = user;
-    if (p->srv && r->state != SP_SERVER_OFFLINE)
+    if (p->srv && r->state != SP_SERVER_OFFLINE) {
         r->cache_tokens_left = sp_server_cache_left(p->srv);
+        r->queue_wait = queue_wait(p);
+    }
 }
 
 static void print_limits(app *p)

@@ -80,7 +80,9 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
                    .help = "compute threads (default: the CPUs this process may run on)"},
     [S_WORKERS] = {"--workers", SP_OPT_INT, "N", 1, 256, .def = "1", .help = "request worker threads"},
     [S_MAX_BATCH_TOKENS] = {"--max-batch-tokens", SP_OPT_INT, "N", 1, 1 << 24, .def = "2048",
-                            .help = "batch x positions per request"},
+                            .help = "batch x positions per request; rows of one batched pass of decode steps"},
+    [S_NO_BATCH] = {"--no-batch", SP_OPT_FLAG,
+                    .help = "run the decode steps of different sessions one by one, not as one pass"},
     [S_CACHE_TOKENS] = {"--cache-tokens", SP_OPT_INT, "N", 1, 1e12, .def = "8192",
                         .help = "KV-cache budget in positions over the span"},
     [S_CACHE_BYTES] = {"--cache-bytes", SP_OPT_INT, "N", 1, 1e15,
@@ -128,6 +130,7 @@ int sp_server_opt_take(sp_server_opts *o, int k, const char *v)
     case S_STEP_TIMEOUT: o->step_timeout_s = sp_opt_num(v); break;
     case S_SESSION_TIMEOUT: o->session_timeout_s = sp_opt_num(v); break;
     case S_NO_MEASURE: o->measure = 0; break;
+    case S_NO_BATCH: o->no_batch = 1; break;
     default: return 1;
     }
     return 0;

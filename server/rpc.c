@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -535,62 +536,42 @@ static sp_status step_blocks(req *r, session *x, float *h, float *buf, int B, in
     return SP_OK;
 }
 
-/* The step q of session x on the hidden state hid [B, T, H] (checked: a float tensor of rank 3, last dimension H,
- * finite): the request's own tensor 0, or a push's. After it, the push q asks for, then the reply. */
-static void step_compute(req *r, const sp_step_req *q, session *x, const sp_tensor_view *hid, sp_ws *ws)
+/* A step's checks and what comes before its compute (roll back, hypo_ids' reorder) on the hidden state hid
+ * [B, T, H] (checked: a float tensor of rank 3, last dimension H, finite): the request's own tensor 0, or a
+ * push's. *B, *T and the prompts' tensor index *pi (n_tensors: none). -1 after an ERROR reply. */
+static int step_prepare(req *r, const sp_step_req *q, session *x, const sp_tensor_view *hid, int *B, int *T, int *pi)
 {
-    int B, T, P, pi, hi;
-    float *h = NULL, *prompts = NULL, *big = NULL;
-    step_roles(r, q->await > 0, &pi, &hi);
+    int hi;
+    step_roles(r, q->await > 0, pi, &hi);
     reply_encoding(r, q->reply_encoding, q->await > 0 ? r->m.n_tensors : 0);
     if (q->await > 0 && q->reply_encoding < 0)
         r->reply_enc = hid->enc;
-    B = (int)hid->shape[0];
-    T = (int)hid->shape[1];
+    *B = (int)hid->shape[0];
+    *T = (int)hid->shape[1];
     if (q->start_from_position >= 0) { /* roll back */
-        if (q->start_from_position > x->len) {
-            bad(r, "bad_request", "start_from_position %d outside 0..%d", q->start_from_position, x->len);
-            goto done;
-        }
+        if (q->start_from_position > x->len)
+            return bad(r, "bad_request", "start_from_position %d outside 0..%d", q->start_from_position, x->len);
         x->len = q->start_from_position;
     }
-    if (B != x->B) {
-        bad(r, "shape", "session %llu has batch %d, step has %d", (unsigned long long)x->id, x->B, B);
-        goto done;
-    }
-    if (x->len + T > x->max_length) {
-        bad(r, "max_length", "%d cached + %d new positions exceed the session's max_length %d", x->len, T,
-            x->max_length);
-        goto done;
-    }
-    if (pi < r->m.n_tensors && x->len != 0) {
-        bad(r, "bad_request", "prompts are only accepted at position 0 (session is at %d)", x->len);
-        goto done;
-    }
-    if (prompts_arg(r, pi, x->end - x->start, B, T, &prompts, &P) || (hi < r->m.n_tensors && reorder_cache(r, x, hi)))
-        goto done;
-    /* a decode step in the session's scratch; a prefill (and its chunk buffer) in memory of its own, let go after */
-    int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
-    size_t n = (size_t)B * T * H, nbuf = T > chunk ? (size_t)B * chunk * H : 0;
-    h = n + nbuf <= x->scratch_floats ? x->scratch : (big = malloc((n + nbuf) * sizeof(float)));
+    if (*B != x->B)
+        return bad(r, "shape", "session %llu has batch %d, step has %d", (unsigned long long)x->id, x->B, *B);
+    if (x->len + *T > x->max_length)
+        return bad(r, "max_length", "%d cached + %d new positions exceed the session's max_length %d", x->len, *T,
+                   x->max_length);
+    if (*pi < r->m.n_tensors && x->len != 0)
+        return bad(r, "bad_request", "prompts are only accepted at position 0 (session is at %d)", x->len);
+    return hi < r->m.n_tensors ? reorder_cache(r, x, hi) : 0;
+}
+
+/* The reply of step q whose T positions of B rows are in h, the session advanced: first the push q asks for (the
+ * next server's input is the critical path, this reply is not), then the reply. */
+static void step_reply(req *r, const sp_step_req *q, session *x, const float *h, int B, int T)
+{
     sp_err err = {0};
-    if (!h) {
-        bad(r, "internal", "out of memory");
-        goto done;
-    }
-    if (sp_tensor_to_f32(hid, h, &err)) {
-        bad(r, "internal", "decoding tensor 0: %s", err.msg);
-        goto done;
-    }
-    blas_threads_for(r->s, (long)B * T);
-    if (step_blocks(r, x, h, h + n, B, T, prompts, P, T == 1 ? &x->ws : ws, &err)) { /* a decode step: the session's */
-        bad(r, "internal", "step: %s", err.msg);
-        goto done;
-    }
     x->len += T;
-    sp_tensor_src out = tensor3(r, h, B, T, H);
+    sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
     sp_step_reply a = {.position = x->len};
-    if (q->push_port > 0) { /* first the push: the next server's input is the critical path, this reply is not */
+    if (q->push_port > 0) {
         sp_err perr = {0};
         a.pushed = sp_push_send(r->s, q, &out, &perr) == SP_OK;
         if (a.pushed)
@@ -600,14 +581,45 @@ static void step_compute(req *r, const sp_step_req *q, session *x, const sp_tens
                    q->push_port, perr.msg);
     }
     char meta[64];
-    if (sp_step_reply_encode(&a, meta, sizeof meta, &err)) {
-        bad(r, "internal", "%s", err.msg);
-        goto done;
-    }
+    if (sp_step_reply_encode(&a, meta, sizeof meta, &err))
+        return (void)bad(r, "internal", "%s", err.msg);
     reply(r, meta, &out, 1);
-done:
+}
+
+/* A prepared step (step_prepare) on hid computed and answered. */
+static void step_run(req *r, const sp_step_req *q, session *x, const sp_tensor_view *hid, int B, int T, int pi,
+                     sp_ws *ws)
+{
+    int P;
+    float *h = NULL, *prompts = NULL, *big = NULL;
+    if (prompts_arg(r, pi, x->end - x->start, B, T, &prompts, &P))
+        return;
+    /* a decode step in the session's scratch; a prefill (and its chunk buffer) in memory of its own, let go after */
+    int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
+    size_t n = (size_t)B * T * H, nbuf = T > chunk ? (size_t)B * chunk * H : 0;
+    h = n + nbuf <= x->scratch_floats ? x->scratch : (big = malloc((n + nbuf) * sizeof(float)));
+    sp_err err = {0};
+    if (!h)
+        bad(r, "internal", "out of memory");
+    else if (sp_tensor_to_f32(hid, h, &err))
+        bad(r, "internal", "decoding tensor 0: %s", err.msg);
+    else {
+        blas_threads_for(r->s, (long)B * T);
+        if (step_blocks(r, x, h, h + n, B, T, prompts, P, T == 1 ? &x->ws : ws, &err)) /* decode: the session's ws */
+            bad(r, "internal", "step: %s", err.msg);
+        else
+            step_reply(r, q, x, h, B, T);
+    }
     free(big);
     free(prompts);
+}
+
+/* The step q of session x on hid, checked, computed and answered. */
+static void step_compute(req *r, const sp_step_req *q, session *x, const sp_tensor_view *hid, sp_ws *ws)
+{
+    int B, T, pi;
+    if (!step_prepare(r, q, x, hid, &B, &T, &pi))
+        step_run(r, q, x, hid, B, T, pi, ws);
 }
 
 /* Keeps the request of a step that awaits its input in x (the message is taken: no reply now). */
@@ -643,27 +655,33 @@ static void step_await(req *r, const sp_step_req *q, session *x, sp_ws *ws)
     sp_buf_free(&in);
 }
 
+/* A step (its metadata q decoded from r) run: one that awaits its input by push, or one with its own. */
+static void step_decoded(req *r, const sp_step_req *q, sp_ws *ws)
+{
+    sp_err err = {0};
+    if (q->await > 0 || q->push_port > 0)
+        __atomic_store_n(&r->s->pushing, 1, __ATOMIC_RELAXED);
+    session *x = q->await > 0 ? session_acquire_wait(r->s, r->conn, q->session, 0, &err)
+                              : session_acquire(r->s, r->conn, q->session, &err);
+    if (!x)
+        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
+    r->held = x;
+    if (q->await > 0) {
+        step_await(r, q, x, ws);
+    } else {
+        session_drop_push(x); /* a step with its own input: whatever awaited or came early is superseded */
+        if (!float_tensor(r, 0, "hidden", 3))
+            step_compute(r, q, x, &r->m.t[0], ws);
+    }
+    let_go(r); /* (the answer went out already, unless a fault was injected) */
+}
+
 static void rpc_step(req *r, sp_ws *ws)
 {
     sp_step_req q;
     sp_err err = {0};
-    if (bad_meta(r, sp_step_req_decode(&r->m, &q, &err), &err))
-        return;
-    if (q.await > 0 || q.push_port > 0)
-        __atomic_store_n(&r->s->pushing, 1, __ATOMIC_RELAXED);
-    session *x = q.await > 0 ? session_acquire_wait(r->s, r->conn, q.session, 0, &err)
-                             : session_acquire(r->s, r->conn, q.session, &err);
-    if (!x)
-        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
-    r->held = x;
-    if (q.await > 0) {
-        step_await(r, &q, x, ws);
-    } else {
-        session_drop_push(x); /* a step with its own input: whatever awaited or came early is superseded */
-        if (!float_tensor(r, 0, "hidden", 3))
-            step_compute(r, &q, x, &r->m.t[0], ws);
-    }
-    let_go(r); /* (the answer went out already, unless a fault was injected) */
+    if (!bad_meta(r, sp_step_req_decode(&r->m, &q, &err), &err))
+        step_decoded(r, &q, ws);
 }
 
 /* An empty reply (the acknowledgement of a push) in a buffer of its own: the request's holds the input. */
@@ -766,6 +784,183 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
     sp_msg_clear(&r.m);
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* decode steps of many sessions as one pass */
+
+/* One step taken in: where its rows are in the batch (-1: it runs alone after the pass; -2: answered already; -3:
+ * it awaits its input by push, and runs as a step alone would, after the pass), its
+ * shape and prompts' index (step_prepare's). */
+typedef struct bstep {
+    int off, B, T, pi;
+} bstep;
+
+struct sp_step_batch {
+    req *r;          /* the steps taken in, [cap] */
+    sp_step_req *q;
+    bstep *st;
+    float *h;        /* the batched steps' hidden states, rows in order [rows, H] */
+    size_t hcap;     /* floats */
+    sp_kv_cache **kv;
+    int *item_rows;
+    int *group;      /* the steps of one span, in order */
+    int cap;
+    sp_ws ws;
+};
+
+sp_step_batch *sp_step_batch_new(void) { return calloc(1, sizeof(sp_step_batch)); }
+
+void sp_step_batch_free(sp_step_batch *b)
+{
+    if (!b)
+        return;
+    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->item_rows), free(b->group);
+    sp_ws_free(&b->ws);
+    free(b);
+}
+
+/* *p grown to n items of size sz (kept when that fails); 0 or -1. */
+static int grow(void *p, size_t n, size_t sz)
+{
+    void *q = n <= SIZE_MAX / sz ? realloc(*(void **)p, n * sz) : NULL;
+    if (q)
+        *(void **)p = q;
+    return q ? 0 : -1;
+}
+
+/* Room for n steps, kept: a batch of that size allocates nothing the next time. */
+static int batch_reserve(sp_step_batch *b, int n)
+{
+    if (n <= b->cap)
+        return 0;
+    size_t m = (size_t)n;
+    if (grow(&b->r, m, sizeof *b->r) | grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
+        grow(&b->kv, m, sizeof *b->kv) | grow(&b->item_rows, m, sizeof *b->item_rows) |
+        grow(&b->group, m, sizeof *b->group))
+        return -1;
+    b->cap = n;
+    return 0;
+}
+
+/* Takes step i in: decoded, its session held, checked and prepared. Off is set to its first row in h when it
+ * joins the pass (its rows copied there; *rows grows), -1 when it runs alone (a prefill, prompts, a wide beam,
+ * no room left in the budget), -2 when it was answered already (an ERROR). */
+static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int i, int *rows)
+{
+    req *r = &b->r[i];
+    bstep *t = &b->st[i];
+    sp_err err = {0};
+    t->off = -2;
+    if (decode(r, s, conn, msg))
+        return;
+    r->msg = msg;
+    if (bad_meta(r, sp_step_req_decode(&r->m, &b->q[i], &err), &err))
+        return;
+    if (b->q[i].await > 0) /* its input comes by push: the step runs apart, after the pass */
+        return (void)(t->off = -3);
+    if (b->q[i].push_port > 0)
+        __atomic_store_n(&s->pushing, 1, __ATOMIC_RELAXED);
+    session *x = session_acquire(s, conn, b->q[i].session, &err);
+    if (!x)
+        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
+    r->held = x;
+    session_drop_push(x); /* a step with its own input: whatever awaited or came early is superseded */
+    if (float_tensor(r, 0, "hidden", 3) || step_prepare(r, &b->q[i], x, &r->m.t[0], &t->B, &t->T, &t->pi))
+        return;
+    t->off = -1;
+    size_t H = (size_t)s->m->cfg.hidden, need = (size_t)(*rows + t->B) * H;
+    if (t->T != 1 || t->pi < r->m.n_tensors || t->B > SP_KERN_MAX_ROWS || *rows + t->B > s->o.max_batch_tokens)
+        return;
+    if (need > b->hcap) {
+        if (grow(&b->h, need * 2, sizeof(float)))
+            return;
+        b->hcap = need * 2;
+    }
+    if (sp_tensor_to_f32(&r->m.t[0], b->h + (size_t)*rows * H, &err))
+        return (void)(bad(r, "internal", "decoding tensor 0: %s", err.msg), t->off = -2);
+    t->off = *rows;
+    *rows += t->B;
+}
+
+/* The steps g[0..n) (all over one span, their rows contiguous in h) through the span's blocks as one pass, then
+ * answered. */
+static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
+{
+    session *x0 = b->r[g[0]].held;
+    sp_err err = {0};
+    sp_status st = SP_OK;
+    int H = s->m->cfg.hidden;
+    float *h = b->h + (size_t)b->st[g[0]].off * H;
+    for (int i = x0->start; !st && i < x0->end; i++) {
+        for (int k = 0; k < n; k++) {
+            session *x = b->r[g[k]].held;
+            b->kv[k] = &x->kv[i - x->start];
+            b->kv[k]->len = x->len; /* (a roll back moves only x->len) */
+        }
+        st = sp_block_decode_batch(&s->m->blocks[i - s->m->first], h, h, b->kv, n, b->item_rows, &b->ws, &err);
+    }
+    for (int k = 0; k < n; k++) {
+        req *r = &b->r[g[k]];
+        if (st)
+            bad(r, "internal", "step: %s", err.msg);
+        else
+            step_reply(r, &b->q[g[k]], r->held, b->h + (size_t)b->st[g[k]].off * H, b->st[g[k]].B, 1);
+    }
+}
+
+/* The batched steps, a pass per span (sessions over other spans of the server's blocks run apart); a span's rows
+ * sit together in h unless another span's come between (then its steps run one by one). */
+static void batch_run(sp_step_batch *b, sp_server *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (b->st[i].off < 0)
+            continue;
+        session *xi = b->r[i].held;
+        int m = 0, contiguous = 1, next = b->st[i].off;
+        for (int j = i; j < n; j++) {
+            session *xj = b->st[j].off >= 0 ? b->r[j].held : NULL;
+            if (!xj || xj->start != xi->start || xj->end != xi->end)
+                continue;
+            contiguous &= b->st[j].off == next;
+            next = b->st[j].off + b->st[j].B;
+            b->group[m++] = j;
+        }
+        for (int k = 0; !contiguous && k < m; k++)
+            batch_run_group(b, s, &b->group[k], 1);
+        if (contiguous)
+            batch_run_group(b, s, b->group, m);
+        for (int k = 0; k < m; k++)
+            b->st[b->group[k]].off = -2;
+    }
+}
+
+void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_step_batch *b, sp_ws *ws)
+{
+    if (batch_reserve(b, n)) { /* no room to batch: one at a time */
+        for (int i = 0; i < n; i++)
+            sp_rpc_handle(s, conns[i], msgs[i], ws);
+        return;
+    }
+    int rows = 0;
+    for (int i = 0; i < n; i++)
+        batch_take(b, s, conns[i], msgs[i], i, &rows);
+    blas_threads_for(s, 1);
+    batch_run(b, s, n);
+    for (int i = 0; i < n; i++) { /* prefills and the rest, after the pass: each alone */
+        req *r = &b->r[i];
+        if (b->st[i].off == -1)
+            step_run(r, &b->q[i], r->held, &r->m.t[0], b->st[i].B, b->st[i].T, b->st[i].pi, ws);
+        else if (b->st[i].off == -3)
+            step_decoded(r, &b->q[i], ws);
+        let_go(r);
+        sp_msg_clear(&r->m);
+    }
+    __atomic_add_fetch(&s->batches, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->batched_rows, (uint64_t)rows, __ATOMIC_RELAXED);
+    for (uint64_t old = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED); (uint64_t)rows > old;)
+        if (__atomic_compare_exchange_n(&s->batch_peak, &old, (uint64_t)rows, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            break;
+}
+
 static void rpc_hello(req *r)
 {
     sp_hello_req q;
@@ -819,6 +1014,10 @@ static void rpc_info(req *r)
         .max_length = s->o.max_length, .inference_rps = s->inference_rps, .forward_tps = s->forward_tps,
         .sessions = sp_server_sessions(s), .kept_bytes = (int64_t)sp_server_kept_bytes(s),
         .requests = (int64_t)sp_server_requests(s)};
+    sp_server_batch_stats bs;
+    sp_server_batch_stats_get(s, &bs);
+    a.batches = (int64_t)bs.batches, a.batched_rows = (int64_t)bs.rows, a.batch_peak = (int64_t)bs.peak;
+    a.queue_wait = bs.queue_wait_s;
     sp_meta_set(a.model, sizeof a.model, s->model_name);
     sp_meta_set(a.architecture, sizeof a.architecture, s->m->cfg.architecture);
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));

@@ -36,7 +36,7 @@ static void queue_push(task_queue *q, task *t)
     else
         q->head[t->prio] = t;
     q->tail[t->prio] = t;
-    pthread_cond_signal(&q->cond);
+    pthread_cond_broadcast(&q->cond); /* (a worker gathering a batch waits on it too) */
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -122,11 +122,151 @@ static void task_done(task_queue *q, task *t)
         free(t);
 }
 
-/* A handled INFERENCE_STEP's time into the moving average (3/4 old, 1/4 new). */
-static void note_step(sp_server *s, uint64_t t0)
+/* ns into the moving average *avg (3/4 old, 1/4 new). */
+static void note_ns(uint64_t *avg, uint64_t ns)
 {
-    uint64_t ns = sp_now_ns() - t0, old = __atomic_load_n(&s->step_ns, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->step_ns, old ? (3 * old + ns) / 4 : ns, __ATOMIC_RELAXED);
+    uint64_t old = __atomic_load_n(avg, __ATOMIC_RELAXED);
+    __atomic_store_n(avg, old ? (3 * old + ns) / 4 : ns, __ATOMIC_RELAXED);
+}
+
+/* A handled INFERENCE_STEP's time into the moving average. */
+static void note_step(sp_server *s, uint64_t t0) { note_ns(&s->step_ns, sp_now_ns() - t0); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* batches of decode steps */
+
+/* Unlinks t from the inference list (prev: the task before it, NULL at the head); lock held. */
+static void unlink_task(task_queue *q, task *prev, task *t)
+{
+    if (prev)
+        prev->next = t->next;
+    else
+        q->head[0] = t->next;
+    if (q->tail[0] == t)
+        q->tail[0] = prev;
+}
+
+static int steps_waiting(const task_queue *q)
+{
+    int n = 0;
+    for (const task *t = q->head[0]; t; t = t->next)
+        n += t->step;
+    return n;
+}
+
+/* Takes up to max waiting steps out of the queue (lock held) into out, fairly: in rounds of at most one step a
+ * connection, each round taking the connections after *rr first (then the rest), a connection's steps in their
+ * order. One client's many sessions thus get one place a round like another's single one. *rr: the connection
+ * the round-robin starts after, moved on. */
+static int take_steps(task_queue *q, task **out, int max, uint64_t *rr)
+{
+    int n = 0;
+    for (int more = 1; more && n < max;) {
+        int round = n;
+        more = 0;
+        for (int pass = 0; pass < 2 && n < max; pass++) {
+            task *prev = NULL, *t = q->head[0];
+            while (t && n < max) {
+                task *next = t->next;
+                int seen = 0;
+                for (int k = round; k < n && !seen; k++)
+                    seen = out[k]->conn == t->conn;
+                if (t->step && !seen && (pass ? t->conn <= *rr : t->conn > *rr)) {
+                    unlink_task(q, prev, t);
+                    out[n++] = t;
+                    more = 1;
+                } else {
+                    prev = t;
+                }
+                t = next;
+            }
+        }
+    }
+    if (n)
+        *rr = out[0]->conn;
+    return n;
+}
+
+/* The batch of steps that first (just popped) leads: those waiting, and those of the last pass's sessions that
+ * come back within a short wait (a quarter of a pass, at most 5 ms: their answers have just gone out), fairly
+ * chosen (take_steps), at most max_batch_tokens of them. Returns how many are in out (first included). */
+static int gather_steps(sp_server *s, task *first, task **out)
+{
+    task_queue *q = &s->q;
+    int max = s->o.max_batch_tokens, expect = s->last_batch;
+    uint64_t wait = __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED) / 4;
+    uint64_t deadline = sp_now_ns() + (wait < 5000000 ? wait : 5000000);
+    out[0] = first;
+    pthread_mutex_lock(&q->lock);
+    while (!q->stop && 1 + steps_waiting(q) < expect && 1 + steps_waiting(q) < max && sp_now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t left = deadline - sp_now_ns(), ns = (uint64_t)ts.tv_nsec + (left < 1000000 ? left : 1000000);
+        ts.tv_sec += (time_t)(ns / 1000000000);
+        ts.tv_nsec = (long)(ns % 1000000000);
+        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+    }
+    int n = 1 + take_steps(q, out + 1, max - 1, &s->rr_conn);
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+/* The worker's buffers for a batch (kept between batches). */
+typedef struct step_bufs {
+    sp_step_batch *b;
+    task **tasks;
+    uint64_t *conns;
+    sp_buf **msgs;
+} step_bufs;
+
+static void task_finish(sp_server *s, task *t);
+
+/* Runs the step first and those gathered with it as one pass, one pass at a time. */
+static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
+{
+    pthread_mutex_lock(&s->batch_lock);
+    int n = gather_steps(s, first, sb->tasks);
+    uint64_t t0 = sp_now_ns();
+    for (int i = 0; i < n; i++) {
+        sb->conns[i] = sb->tasks[i]->conn;
+        sb->msgs[i] = &sb->tasks[i]->msg;
+        note_ns(&s->queue_wait_ns, t0 - sb->tasks[i]->queued_ns);
+    }
+    sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
+    note_ns(&s->batch_ns, sp_now_ns() - t0);
+    note_step(s, t0);
+    s->last_batch = n;
+    pthread_mutex_unlock(&s->batch_lock);
+    for (int i = 0; i < n; i++)
+        task_finish(s, sb->tasks[i]);
+}
+
+/* A handled task: its message freed, its bytes back to the input budget, the task kept for the next request. */
+static void task_finish(sp_server *s, task *t)
+{
+    sp_buf_free(&t->msg);
+    sp_ws_server_release(s->ws, t->conn, t->len);
+    task_done(&s->q, t);
+}
+
+static void step_bufs_free(step_bufs *sb)
+{
+    sp_step_batch_free(sb->b);
+    free(sb->tasks), free(sb->conns), free(sb->msgs);
+}
+
+/* A batch's buffers for up to max steps; -1 when out of memory (the worker then runs steps one by one). */
+static int step_bufs_init(step_bufs *sb, int max)
+{
+    memset(sb, 0, sizeof *sb);
+    sb->b = sp_step_batch_new();
+    sb->tasks = calloc((size_t)max, sizeof *sb->tasks);
+    sb->conns = calloc((size_t)max, sizeof *sb->conns);
+    sb->msgs = calloc((size_t)max, sizeof *sb->msgs);
+    if (sb->b && sb->tasks && sb->conns && sb->msgs)
+        return 0;
+    step_bufs_free(sb);
+    return -1;
 }
 
 static void *worker_main(void *arg)
@@ -134,16 +274,24 @@ static void *worker_main(void *arg)
     sp_server *s = arg;
     pthread_setname_np(pthread_self(), "sp-worker");
     sp_ws ws = {0};
+    step_bufs sb = {0};
+    int batching = !s->o.no_batch && !step_bufs_init(&sb, s->o.max_batch_tokens);
     task *t;
     while ((t = queue_pop(&s->q))) {
-        uint64_t len = t->msg.len, t0 = sp_now_ns();
+        if (t->step && batching) {
+            run_steps(s, t, &sb, &ws);
+            continue;
+        }
+        uint64_t t0 = sp_now_ns();
+        if (t->step)
+            note_ns(&s->queue_wait_ns, t0 - t->queued_ns);
         sp_rpc_handle(s, t->conn, &t->msg, &ws);
         if (t->step)
             note_step(s, t0);
-        sp_buf_free(&t->msg);
-        sp_ws_server_release(s->ws, t->conn, len); /* its bytes go back to the input budget */
-        task_done(&s->q, t);
+        task_finish(s, t);
     }
+    if (batching)
+        step_bufs_free(&sb);
     sp_ws_free(&ws);
     return NULL;
 }
@@ -194,6 +342,8 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
     t->step = type == SP_MSG_INFERENCE_STEP;
+    t->len = len;
+    t->queued_ns = sp_now_ns();
     queue_push(&s->q, t);
 }
 
@@ -369,6 +519,8 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     kept_init(&s->kt, o->keep_bytes);
     pthread_mutex_init(&s->inline_lock, NULL);
     pthread_mutex_init(&s->push_lock, NULL);
+    pthread_mutex_init(&s->batch_lock, NULL);
+    s->last_batch = 1;
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
     if (o->threads > 0) /* the engine's pool (decode kernels), created by the first block that loads */
@@ -435,6 +587,15 @@ int sp_server_sessions(sp_server *s)
     int n = s->st.count;
     pthread_mutex_unlock(&s->st.lock);
     return n;
+}
+
+void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out)
+{
+    *out = (sp_server_batch_stats){
+        .batches = __atomic_load_n(&s->batches, __ATOMIC_RELAXED),
+        .rows = __atomic_load_n(&s->batched_rows, __ATOMIC_RELAXED),
+        .peak = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED),
+        .queue_wait_s = (double)__atomic_load_n(&s->queue_wait_ns, __ATOMIC_RELAXED) / 1e9};
 }
 
 size_t sp_server_kept_bytes(sp_server *s)
@@ -511,6 +672,7 @@ void sp_server_stop(sp_server *s)
     free(s->workers);
     sp_ws_free(&s->inline_ws);
     pthread_mutex_destroy(&s->inline_lock);
+    pthread_mutex_destroy(&s->batch_lock);
     sp_model_free(s->m);
     pthread_mutex_destroy(&s->q.lock);
     pthread_cond_destroy(&s->q.cond);

@@ -42,6 +42,7 @@ typedef struct sp_server_opts {
                                   this process may run on */
     int workers;               /* request worker threads (default 1) */
     int workers_only;          /* every request goes through a worker, even a short step (tests; default 0) */
+    int no_batch;              /* decode steps of different sessions run one by one, not as one pass (default 0) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
@@ -86,6 +87,13 @@ void sp_server_throughput(const sp_server *s, double *inference_rps, double *for
 int sp_server_sessions(sp_server *s);
 /* INFERENCE_PUSH messages taken into a session here (in), and pushes this server delivered (out). */
 void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out);
+/* Decode steps batched across sessions: passes run, rows through them, the most rows in one pass, and the recent
+ * steps' wait in the queue (seconds, a moving average: the load announced and told in INFO). */
+typedef struct sp_server_batch_stats {
+    uint64_t batches, rows, peak;
+    double queue_wait_s;
+} sp_server_batch_stats;
+void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);
 uint64_t sp_server_requests(sp_server *s);
 /* Bytes of activations kept now for BACKWARDs to come (FORWARD with meta "keep"). */
 size_t sp_server_kept_bytes(sp_server *s);

@@ -78,6 +78,8 @@ typedef struct task {
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
+    uint64_t len;    /* the request's bytes, given back to the input budget when done */
+    uint64_t queued_ns; /* when it entered the queue (sp_now_ns) */
     struct task *next;
 } task;
 
@@ -117,6 +119,13 @@ struct sp_server {
     pthread_mutex_t inline_lock; /* one inline step at a time (ws and bulk threads may both try) */
     pthread_mutex_t stats_lock;
     uint64_t requests;
+    /* batched decode steps (rpc.c, server.c): one pass at a time; sizes and times are atomics */
+    pthread_mutex_t batch_lock;
+    int last_batch;          /* steps in the last pass: how many the next one waits for (briefly) */
+    uint64_t rr_conn;        /* the connection the last pass's round-robin started after */
+    uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
+    uint64_t batch_ns;       /* recent passes' time (a moving average) */
+    uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
     sp_swarm_key key; /* o.key points here */
     int pushing;      /* a step asked for a push: steps go to the workers (a push waits for its acknowledgement) */
     pthread_mutex_t push_lock; /* the connections pushes go out on (one push at a time) */
@@ -128,6 +137,14 @@ struct sp_server {
 /* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply, in msg's buffer (which is
  * then taken: *msg is left empty; its length must be read before, for the budget). */
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
+/* rpc.c: INFERENCE_STEPs taken from the queue together (msgs[i] from connection conns[i]; each buffer taken as
+ * sp_rpc_handle takes it): the single-position steps of up to SP_KERN_MAX_ROWS rows, at most max_batch_tokens rows
+ * in all, run as one pass over the span's blocks (block.h, sp_block_decode_batch: each session gets the bits it gets
+ * alone), the rest (prefills, prompts, wide beams) one by one after it. b: the worker's buffers, kept. */
+typedef struct sp_step_batch sp_step_batch;
+sp_step_batch *sp_step_batch_new(void);
+void sp_step_batch_free(sp_step_batch *b);
+void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_step_batch *b, sp_ws *ws);
 /* rpc.c: requests answered on the transport thread (HELLO, INFO, PING); 1 if handled. */
 int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg);
 /* Sends an ERROR reply. */

@@ -18,4 +18,7 @@ const char *sp_serverproc_bin(void);
  * after the first ':' that follows tag, or -1. */
 int sp_serverproc_port(const char *line, const char *tag);
 
+/* CPU seconds process pid has used (user + system, from /proc/PID/stat), or -1. */
+double sp_serverproc_cpu_s(pid_t pid);
+
 #endif

@@ -28,6 +28,7 @@
 #include "log.h"
 #include "remote.h"
 #include "runtime.h"
+#include "serverproc.h"
 #include "testutil.h"
 #include "timeutil.h"
 
@@ -430,23 +431,6 @@ END_TEST
  * descriptor (before, a bulk socket was left unanswered in the backlog while the bulk thread spun on its
  * level-triggered listener), the log says so a few times rather than once per connection (the issue: 34k lines),
  * and it serves again once the attacker is gone. */
-/* CPU seconds the process has used (user + system). */
-static double cpu_s(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return -1;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 /* BULK_PROBES sockets from the attacker's address present a token to the bulk port; 2 s later each must have had
  * its answer: the refusal ("SPBK" + 1) or the close. Returns how many had; *cpu gets the server's CPU seconds
  * over those 2 s. */
@@ -455,7 +439,7 @@ static int bulk_probes(fixture *f, int bulk_port, double *cpu)
 {
     int fds[BULK_PROBES], answered = 0;
     uint8_t pre[16] = {'S', 'P', 'B', 'K', 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};
-    double c0 = cpu_s(f->p.pid);
+    double c0 = sp_serverproc_cpu_s(f->p.pid);
     for (int i = 0; i < BULK_PROBES; i++) {
         fds[i] = sp_atk_connect(ATTACKER, bulk_port); /* the kernel completes it: the backlog has room */
         ck_assert_msg(fds[i] >= 0, "no TCP connection to the bulk port");
@@ -463,7 +447,7 @@ static int bulk_probes(fixture *f, int bulk_port, double *cpu)
     }
     struct timespec ts = {2, 0};
     nanosleep(&ts, NULL);
-    *cpu = cpu_s(f->p.pid) - c0;
+    *cpu = sp_serverproc_cpu_s(f->p.pid) - c0;
     for (int i = 0; i < BULK_PROBES; i++) {
         uint8_t ack[16];
         ssize_t r = recv(fds[i], ack, sizeof ack, MSG_DONTWAIT);

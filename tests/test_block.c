@@ -173,6 +173,68 @@ static void kv_cache_case(const char *model)
 START_TEST(t_kv_cache_matches_full) { kv_cache_case(families[_i]); }
 END_TEST
 
+/* A batch of decode steps (sp_block_decode_batch) of sequences at different positions, of 1 and 2 rows, gives
+ * every row the bits its sequence gets stepped alone, its cache too, for f32 and int8 (and the other encodings):
+ * a server's batch must not change what a session computes. */
+static void decode_batch_case(const char *model)
+{
+    sp_err err = {0};
+    for (int t = SP_W_F32; t < SP_W__COUNT; t++) {
+        sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+        sp_block *blk = &m->blocks[0];
+        if (t != SP_W_F32)
+            ck_assert_int_eq(sp_block_quantize(blk, (sp_wtype)t, &err), SP_OK);
+        enum { NS = 7 }; /* 10 rows: more than the plain product's decode kernels take */
+        int H = m->cfg.hidden, rows[NS] = {1, 2, 1, 1, 2, 1, 2}, prefix[NS] = {0, 3, 7, 1, 5, 2, 9}, N = 0;
+        sp_kv_cache alone[NS], batch[NS], *kvp[NS];
+        sp_rng r;
+        sp_rng_seed(&r, 21 + (uint64_t)t);
+        float *x = malloc((size_t)8 * 12 * H * sizeof(float)), *y = malloc((size_t)8 * 12 * H * sizeof(float));
+        for (int i = 0; i < NS; i++) { /* each sequence's prefix, through both caches alike */
+            ck_assert_int_eq(sp_kv_init(&alone[i], rows[i], 16, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
+            ck_assert_int_eq(sp_kv_init(&batch[i], rows[i], 16, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
+            kvp[i] = &batch[i];
+            N += rows[i];
+            if (!prefix[i])
+                continue;
+            sp_rng_fill_normal(&r, x, (long)rows[i] * prefix[i] * H, 1.0f);
+            ck_assert_int_eq(sp_block_forward(blk, y, x, rows[i], prefix[i], 0, &alone[i], &m->ws, &err), SP_OK);
+            ck_assert_int_eq(sp_block_forward(blk, y, x, rows[i], prefix[i], 0, &batch[i], &m->ws, &err), SP_OK);
+        }
+        float *in = malloc((size_t)N * H * sizeof(float)), *out = malloc((size_t)N * H * sizeof(float));
+        float *ref = malloc((size_t)N * H * sizeof(float));
+        int item_rows[NS];
+        sp_ws ws = {0};
+        for (int step = 0; step < 3; step++) {
+            sp_rng_fill_normal(&r, in, (long)N * H, 1.0f);
+            for (int i = 0, o = 0; i < NS; o += rows[i++])
+                ck_assert_int_eq(sp_block_forward(blk, ref + (size_t)o * H, in + (size_t)o * H, rows[i], 1,
+                                                  alone[i].len, &alone[i], &m->ws, &err), SP_OK);
+            ck_assert_msg(sp_block_decode_batch(blk, out, in, kvp, NS, item_rows, &ws, &err) == SP_OK, "%s", err.msg);
+            ck_assert_msg(!memcmp(out, ref, (size_t)N * H * sizeof(float)), "%s %s step %d: a batched row differs",
+                          model, sp_wtype_name((sp_wtype)t), step);
+        }
+        for (int i = 0; i < NS; i++) {
+            size_t n = (size_t)rows[i] * 16 * m->cfg.n_kv_heads * m->cfg.head_dim;
+            ck_assert_int_eq(batch[i].len, alone[i].len);
+            ck_assert(!memcmp(batch[i].k, alone[i].k, n * sizeof(float)) &&
+                      !memcmp(batch[i].v, alone[i].v, n * sizeof(float)));
+        }
+        /* a full cache is refused before anything changes */
+        batch[2].len = 16;
+        ck_assert_int_eq(sp_block_decode_batch(blk, out, in, kvp, NS, item_rows, &ws, &err), SP_ERR_RANGE);
+        ck_assert_int_eq(batch[0].len, alone[0].len);
+        for (int i = 0; i < NS; i++)
+            sp_kv_free(&alone[i]), sp_kv_free(&batch[i]);
+        sp_ws_free(&ws);
+        free(x), free(y), free(in), free(out), free(ref);
+        sp_model_free(m);
+    }
+}
+
+START_TEST(t_decode_batch_as_alone) { decode_batch_case(families[_i]); }
+END_TEST
+
 /* The weight tensors of a block (NULL: the family has none) and their sizes: they are carved from mem in this
  * order, so each ends where the next present one starts. */
 #define NW 18
@@ -602,6 +664,7 @@ static Suite *block_suite(void)
     tcase_add_loop_test(tc, t_golden_blocks, 0, NFAM);
     tcase_add_loop_test(tc, t_golden_model, 0, NFAM);
     tcase_add_loop_test(tc, t_kv_cache_matches_full, 0, NFAM);
+    tcase_add_loop_test(tc, t_decode_batch_as_alone, 0, NFAM);
     tcase_add_loop_test(tc, t_weight_grads_fd, 0, NFAM);
     tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
     tcase_add_loop_test(tc, t_encoded_blocks, 0, NFAM);

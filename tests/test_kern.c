@@ -424,6 +424,44 @@ START_TEST(t_large_batches)
 }
 END_TEST
 
+/* A batch's rows in the decode kernels (sp_qmat_mul_rows, any B) have the bits each row gets alone (B = 1), for
+ * every encoding and kernel level, the column tails included: a decode step's result must not depend on its
+ * batch-mates. */
+START_TEST(t_rows_as_alone)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    sp_err err = {0};
+    int rows = 45, cols = 200, Bmax = 21; /* 200: whole vectors and a tail at every level, Q8's short block */
+    float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)Bmax * cols, 1.0f);
+    float *Y = malloc((size_t)Bmax * rows * sizeof(float)), *one = malloc((size_t)rows * sizeof(float));
+    for (int lv = 2; lv >= 0; lv--) {
+        sp_kern_force(lv);
+        for (int t = 0; t < SP_W__COUNT; t++) {
+            sp_qmat m;
+            ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
+            int Bs[] = {2, 3, 5, 8, 9, 21};
+            for (size_t k = 0; k < sizeof Bs / sizeof *Bs; k++) {
+                int B = Bs[k];
+                if (B <= SP_KERN_MAX_ROWS) /* the plain product runs the same kernels up to here */
+                    sp_qmat_mul(&m, X, Y, B, sp_pool_default());
+                else
+                    sp_qmat_mul_rows(&m, X, Y, B, sp_pool_default());
+                for (int b = 0; b < B; b++) {
+                    sp_qmat_mul(&m, X + (size_t)b * cols, one, 1, sp_pool_default());
+                    ck_assert_msg(!memcmp(one, Y + (size_t)b * rows, (size_t)rows * sizeof(float)),
+                                  "%s level %d: row %d of %d differs from the row alone", sp_wtype_name((sp_wtype)t),
+                                  lv, b, B);
+                }
+            }
+            sp_qmat_free(&m);
+        }
+    }
+    sp_kern_force(-1);
+    free(w), free(X), free(Y), free(one);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* the pool */
 
@@ -638,6 +676,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_argmax_screen);
     tcase_add_test(tc, t_vector_scalar_same);
     tcase_add_test(tc, t_large_batches);
+    tcase_add_test(tc, t_rows_as_alone);
     tcase_add_test(tc, t_pool_parts);
     tcase_add_test(tc, t_pool_many_parts);
     tcase_add_test(tc, t_pool_concurrent);

@@ -102,6 +102,29 @@ START_TEST(t_cache_penalty)
 }
 END_TEST
 
+/* A server's announced queue wait is paid on entering it: a saturated server loses new sessions to an idle one. */
+START_TEST(t_queue_wait)
+{
+    sp_route_span s[] = {mk(0, 0, 4, 100), mk(1, 0, 4, 80)};
+    sp_route_hop h[8];
+    double cost;
+    int miss;
+    ck_assert_int_eq(route(s, 2, 0, 4, 0, h, &cost, &miss), 1);
+    expect_hop(&h[0], 0, 0, 4); /* the faster */
+    s[0].queue_wait = 0.5;    /* busy: half a second in its queue */
+    ck_assert_int_eq(route(s, 2, 0, 4, 0, h, &cost, &miss), 1);
+    expect_hop(&h[0], 1, 0, 4);
+    ck_assert_double_eq_tol(cost, ENTRY + 4 / 80.0 + EXIT, 1e-12);
+    s[1].queue_wait = 0.6; /* both busy: the smaller wait plus its blocks */
+    ck_assert_int_eq(route(s, 2, 0, 4, 0, h, &cost, &miss), 1);
+    expect_hop(&h[0], 0, 0, 4);
+    ck_assert_double_eq_tol(cost, ENTRY + 0.5 + 4 / 100.0 + EXIT, 1e-12);
+    s[0].queue_wait = NAN; /* not a wait: none */
+    route(s, 2, 0, 4, 0, h, &cost, &miss);
+    ck_assert_double_eq_tol(cost, ENTRY + 4 / 100.0 + EXIT, 1e-12);
+}
+END_TEST
+
 START_TEST(t_enter_mid_span)
 {
     sp_route_span s[] = {mk(0, 0, 2, 1000), mk(1, 0, 4, 5)};
@@ -588,6 +611,7 @@ int main(void)
     tcase_add_test(tc, t_single_server);
     tcase_add_test(tc, t_faster_chain_wins);
     tcase_add_test(tc, t_cache_penalty);
+    tcase_add_test(tc, t_queue_wait);
     tcase_add_test(tc, t_enter_mid_span);
     tcase_add_test(tc, t_used_to_span_end);
     tcase_add_test(tc, t_known_pings);

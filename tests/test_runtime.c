@@ -4,9 +4,11 @@
  * forward/backward over the chain equal to the local engine, what front ends read (copies of the server rows,
  * the settings, the route), and clear errors. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "generate.h"
 #include "kern.h"
@@ -20,7 +22,8 @@
 
 static sp_server *srv[3];
 
-static sp_server *start(int a, int b)
+/* workers_only: every step through the workers' queue (where they are batched), none run on arrival. */
+static sp_server *start(int a, int b, int workers_only)
 {
     sp_server_opts o;
     sp_server_opts_default(&o);
@@ -28,6 +31,7 @@ static sp_server *start(int a, int b)
     o.start = a;
     o.end = b;
     o.measure = 0;
+    o.workers_only = workers_only;
     sp_server *s = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
@@ -35,10 +39,10 @@ static sp_server *start(int a, int b)
 }
 
 /* A runtime with llama-gqa loaded and connected to servers 0:2 and 2:4. */
-static sp_runtime *swarm_runtime(void)
+static sp_runtime *swarm_runtime_opts(int workers_only)
 {
-    srv[0] = start(0, 2);
-    srv[1] = start(2, 4);
+    srv[0] = start(0, 2, workers_only);
+    srv[1] = start(2, 4, workers_only);
     sp_runtime *rt = NULL;
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
@@ -49,6 +53,8 @@ static sp_runtime *swarm_runtime(void)
     ck_assert_int_eq(sp_test_route_hops(rt), 2);
     return rt;
 }
+
+static sp_runtime *swarm_runtime(void) { return swarm_runtime_opts(0); }
 
 static void teardown(sp_runtime *rt)
 {
@@ -204,6 +210,95 @@ START_TEST(t_swarm_equals_local)
     sp_gen_result_free(&y);
     sp_model_free(full);
     teardown(rt);
+}
+END_TEST
+
+/* Concurrent generations of one runtime (its sessions share a connection to each server, their calls in flight at
+ * once) get the tokens each gets alone, greedy and seeded sampling, while the servers batch their steps: prompts
+ * and lengths differ, three join once the first has made some tokens, all leave when done. */
+typedef struct gen_job {
+    sp_runtime *rt;
+    const int32_t *prompt;
+    int len, max_new, wait_for, seed;
+    float temperature;
+    int *progress; /* tokens made by all jobs (atomic) */
+    sp_gen_result res;
+    int ok;
+} gen_job;
+
+static int count_token(int row, int token, const char *text, void *user)
+{
+    (void)row, (void)token, (void)text;
+    __atomic_add_fetch(((gen_job *)user)->progress, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static void *gen_main(void *p)
+{
+    gen_job *j = p;
+    while (__atomic_load_n(j->progress, __ATOMIC_SEQ_CST) < j->wait_for)
+        usleep(1000);
+    sp_lm_swarm sw;
+    sp_lm lm = sp_lm_swarm_make(&sw, j->rt);
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = j->max_new;
+    o.stop_at_eos = 0;
+    o.sample.temperature = j->temperature;
+    o.sample.top_p = j->temperature > 0 ? 0.9f : 1;
+    o.sample.seed = (uint64_t)j->seed;
+    sp_err err = {0};
+    j->ok = sp_generate(&lm, NULL, &j->prompt, &j->len, 1, &o, count_token, j, &j->res, &err) == SP_OK;
+    return NULL;
+}
+
+START_TEST(t_concurrent_generations_batched)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1); /* answers 3 ms late: the others' steps come meanwhile */
+    sp_runtime *rt = swarm_runtime_opts(1);
+    static const int32_t p0[5] = {1, 17, 99, 3, 250}, p1[2] = {1, 400}, p2[7] = {1, 5, 6, 7, 8, 9, 10}, p3[3] = {1, 8, 9};
+    enum { NJ = 5 };
+    int progress = 0;
+    gen_job j[NJ] = {{.prompt = p0, .len = 5, .max_new = 16},
+                     {.prompt = p1, .len = 2, .max_new = 10, .temperature = 0.8f, .seed = 3},
+                     {.prompt = p2, .len = 7, .max_new = 12, .wait_for = 4},
+                     {.prompt = p3, .len = 3, .max_new = 8, .temperature = 1.0f, .seed = 11, .wait_for = 8},
+                     {.prompt = p0, .len = 5, .max_new = 6, .temperature = 0.8f, .seed = 5, .wait_for = 12}};
+    sp_gen_result together[NJ];
+    for (int pass = 0; pass < 2; pass++) { /* at once, then one by one */
+        pthread_t th[NJ];
+        progress = pass ? 1 << 20 : 0;
+        for (int i = 0; i < NJ; i++) {
+            if (pass)
+                together[i] = j[i].res;
+            j[i].rt = rt, j[i].progress = &progress, j[i].ok = 0;
+            pthread_create(&th[i], NULL, gen_main, &j[i]);
+            if (pass)
+                pthread_join(th[i], NULL);
+        }
+        for (int i = 0; !pass && i < NJ; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < NJ; i++)
+            ck_assert_msg(j[i].ok, "generation %d (pass %d) failed", i, pass);
+        if (pass)
+            continue;
+        sp_server_batch_stats b0, b1;
+        sp_server_batch_stats_get(srv[0], &b0);
+        sp_server_batch_stats_get(srv[1], &b1);
+        ck_assert_msg(b0.peak >= 2 || b1.peak >= 2, "no pass of two sessions: %llu and %llu rows at most",
+                      (unsigned long long)b0.peak, (unsigned long long)b1.peak);
+    }
+    for (int i = 0; i < NJ; i++) {
+        ck_assert_int_eq(together[i].n[0], j[i].max_new);
+        ck_assert_int_eq(j[i].res.n[0], j[i].max_new);
+        for (int t = 0; t < j[i].max_new; t++)
+            ck_assert_msg(together[i].ids[0][t] == j[i].res.ids[0][t], "generation %d token %d: %d at once, %d alone",
+                          i, t, together[i].ids[0][t], j[i].res.ids[0][t]);
+        sp_gen_result_free(&together[i]);
+        sp_gen_result_free(&j[i].res);
+    }
+    teardown(rt);
+    unsetenv("SEPAL_SERVER_FAULT");
 }
 END_TEST
 
@@ -475,7 +570,7 @@ START_TEST(t_errors)
     ck_assert_int_ne(sp_runtime_connect(rt, "nonsense", &err), SP_OK);
     ck_assert_ptr_nonnull(strstr(err.msg, "HOST:PORT"));
     /* a route with a hole: only blocks 0:2 served */
-    srv[0] = start(0, 2);
+    srv[0] = start(0, 2, 0);
     char a[64];
     snprintf(a, sizeof a, "127.0.0.1:%d", sp_server_port(srv[0]));
     ck_assert_int_eq(sp_runtime_connect(rt, a, &err), SP_OK); /* servers may join later: a notice, no error */
@@ -495,6 +590,7 @@ int main(void)
     tcase_add_test(tc, t_cancel_finish_steps);
     tcase_add_test(tc, t_greedy_matches_transformers);
     tcase_add_test(tc, t_swarm_equals_local);
+    tcase_add_test(tc, t_concurrent_generations_batched);
     tcase_add_test(tc, t_beams_score_at_least_greedy);
     tcase_add_test(tc, t_forward_backward_over_route);
     tcase_add_test(tc, t_head_dtype);

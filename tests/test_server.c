@@ -21,6 +21,7 @@
 #include "server.h"
 #include "testutil.h"
 #include "timeutil.h"
+#include "transport.h"
 
 #define GQA SEPAL_TEST_DATA "/hf-tiny/llama-gqa"
 #define H 64
@@ -634,6 +635,284 @@ START_TEST(t_two_clients)
 }
 END_TEST
 
+/* Sessions decoding at once on one server, their steps batched: each gets the bits it gets alone. A job opens a
+ * session (rows B) once `after` steps of the others are done (joining mid-way), prefills, steps `steps` times and
+ * leaves (a close, or its connection dropped), its outputs kept. Three jobs share one connection (their calls in
+ * flight at once, as a client's concurrent sessions are). */
+typedef struct batch_job {
+    sp_server *s;
+    sp_remote *shared; /* a connection other jobs use at once (NULL: its own) */
+    int seed, B, prefill, steps, after, drop;
+    int *done; /* steps done by all jobs (atomic) */
+    float *out; /* [B, prefill + steps, H] in step order */
+    int ok;
+} batch_job;
+
+static void *batch_client(void *p)
+{
+    batch_job *j = p;
+    int B = j->B, L = j->prefill + j->steps;
+    while (__atomic_load_n(j->done, __ATOMIC_SEQ_CST) < j->after)
+        usleep(1000);
+    sp_remote *r = j->shared;
+    sp_err err = {0};
+    if (!r && sp_remote_connect(&r, "127.0.0.1", sp_server_port(j->s), 0, TMO, &err))
+        return NULL;
+    float *x = malloc((size_t)B * L * H * 4);
+    sp_rng g;
+    sp_rng_seed(&g, (uint64_t)j->seed);
+    sp_rng_fill_normal(&g, x, (long)B * L * H, 1.0f);
+    char meta[128];
+    sp_open_req oq = {.start = 0, .end = 4, .max_length = L, .batch = B};
+    sp_reply rep;
+    sp_open_reply a = {0};
+    int ok = sp_open_req_encode(&oq, meta, sizeof meta, &err) == SP_OK &&
+             sp_remote_call(r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, TMO, &err) == SP_OK &&
+             sp_open_reply_decode(&rep.msg, &a, &err) == SP_OK;
+    sp_reply_clear(&rep);
+    float *y = j->out;
+    for (int pos = 0; ok && pos < L;) {
+        int T = pos ? 1 : j->prefill;
+        float *in = malloc((size_t)B * T * H * 4);
+        slice(in, x, B, L, pos, T);
+        sp_step_req q = {.session = a.session, .start_from_position = -1, .reply_encoding = -1};
+        sp_tensor_src ts = t3(in, B, T);
+        ok = sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK &&
+             sp_remote_call(r, SP_MSG_INFERENCE_STEP, meta, &ts, 1, &rep, TMO, &err) == SP_OK &&
+             sp_tensor_to_f32(&rep.msg.t[0], y, &err) == SP_OK;
+        sp_reply_clear(&rep);
+        free(in);
+        y += (size_t)B * T * H;
+        pos += T;
+        __atomic_add_fetch(j->done, 1, __ATOMIC_SEQ_CST);
+    }
+    if (ok && !j->drop) {
+        sp_close_req cq = {.session = a.session};
+        ok = sp_close_req_encode(&cq, meta, sizeof meta, &err) == SP_OK &&
+             sp_remote_call(r, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep, TMO, &err) == SP_OK;
+        sp_reply_clear(&rep);
+    }
+    j->ok = ok;
+    if (!j->shared)
+        sp_remote_close(r);
+    free(x);
+    return NULL;
+}
+
+/* A server of blocks 0:4 whose steps all go through the workers' queue (where they are batched), its answers
+ * SEPAL_SERVER_FAULT=slow (ms) late so that the steps that come meanwhile queue up; max_batch_tokens 0: the
+ * default. */
+static sp_server *start_batching(const char *slow, int max_batch_tokens)
+{
+    setenv("SEPAL_SERVER_FAULT", slow, 1);
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    if (max_batch_tokens) {
+        o.max_batch_tokens = max_batch_tokens;
+        o.cache_tokens = 31 * 64;
+    }
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
+START_TEST(t_batched_sessions_as_alone)
+{
+    sp_server *s = start_batching("slow:4", 0);
+    enum { NJ = 6 };
+    int done = 0;
+    batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
+                       {.seed = 2, .B = 2, .prefill = 5, .steps = 9, .drop = 1},
+                       {.seed = 3, .B = 1, .prefill = 1, .steps = 6},
+                       {.seed = 4, .B = 1, .prefill = 7, .steps = 10, .after = 8},
+                       {.seed = 5, .B = 3, .prefill = 2, .steps = 8, .after = 15},
+                       {.seed = 6, .B = 1, .prefill = 4, .steps = 5, .after = 30, .drop = 1}};
+    float *together[NJ];
+    sp_remote *shared = connect_to(s);
+    j[0].shared = j[2].shared = j[3].shared = shared;
+    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone */
+        pthread_t th[NJ];
+        done = 1000 * (pass == 1);
+        for (int i = 0; i < NJ; i++) {
+            size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
+            if (pass == 1)
+                together[i] = j[i].out;
+            j[i].s = s, j[i].done = &done, j[i].ok = 0, j[i].out = calloc(n, 4);
+            pthread_create(&th[i], NULL, batch_client, &j[i]);
+            if (pass == 1)
+                pthread_join(th[i], NULL);
+        }
+        for (int i = 0; pass == 0 && i < NJ; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < NJ; i++)
+            ck_assert_msg(j[i].ok, "job %d (pass %d) failed", i, pass);
+        sp_server_batch_stats bs;
+        sp_server_batch_stats_get(s, &bs);
+        if (pass == 0) /* the steps did meet in passes of several sessions */
+            ck_assert_msg(bs.peak >= 3, "no pass had 3 rows: %llu passes, %llu rows", (unsigned long long)bs.batches,
+                          (unsigned long long)bs.rows);
+    }
+    for (int i = 0; i < NJ; i++) {
+        size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
+        ck_assert_msg(!memcmp(together[i], j[i].out, n * 4), "job %d: its outputs in a batch differ from alone", i);
+        free(together[i]), free(j[i].out);
+    }
+    sp_remote_close(shared);
+    for (int k = 0; k < 100 && sp_server_sessions(s); k++)
+        usleep(20000);
+    ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
+/* One connection, four threads stepping a session each: the calls are in flight at once (sp_remote hands each reply
+ * to its caller), so the server sees their steps together and batches them. */
+START_TEST(t_one_connection_many_sessions)
+{
+    sp_server *s = start_batching("slow:10", 0);
+    sp_remote *shared = connect_to(s);
+    int done = 0;
+    batch_job j[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        j[i] = (batch_job){.s = s, .shared = shared, .seed = 40 + i, .B = 1, .prefill = 2, .steps = 6, .done = &done};
+        j[i].out = calloc((size_t)8 * H, 4);
+        pthread_create(&th[i], NULL, batch_client, &j[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert(j[i].ok);
+        free(j[i].out);
+    }
+    sp_server_batch_stats bs;
+    sp_server_batch_stats_get(s, &bs);
+    ck_assert_msg(bs.peak >= 2, "one connection's sessions never met in a pass (%llu passes)",
+                  (unsigned long long)bs.batches);
+    sp_remote_close(shared);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
+/* Fairness: client A pipelines a step of each of its 30 sessions on one connection (the protocol allows requests
+ * in flight at once), sending each session's next step as its answer comes, so some 26 of its steps always wait;
+ * client B steps one session. Passes hold 4 rows (--max-batch-tokens 4): taken in rounds of one step a
+ * connection, B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's
+ * answers) come while B waits; first come, first served, B would wait behind A's queue (some 26). A count, not a
+ * time. */
+typedef struct greedy_client {
+    sp_ws_client *c;
+    uint64_t session[30];
+    int sent_all, stop, done; /* atomics: every session's first step sent; stop sending; A's answers */
+    int ok;
+} greedy_client;
+
+static void raw_send(sp_ws_client *c, sp_msg_type type, uint64_t id, const char *meta, const sp_tensor_src *t, int n)
+{
+    sp_buf b = {0};
+    sp_err err = {0};
+    ck_assert_int_eq(sp_msg_encode(&b, type, 0, id, meta, t, n, &err), SP_OK);
+    ck_assert_int_eq(sp_ws_client_send(c, &b, &err), SP_OK);
+}
+
+/* The next answer's request id (it must not be an ERROR); its metadata into meta when asked. */
+static uint64_t raw_answer(sp_ws_client *c, char *meta, size_t cap)
+{
+    sp_buf b = {0};
+    sp_msg m;
+    sp_err err = {0};
+    ck_assert_msg(sp_ws_client_recv(c, &b, TMO, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(sp_msg_decode(&m, b.data, b.len, NULL, &err), SP_OK);
+    ck_assert_msg(m.type != SP_MSG_ERROR, "an ERROR: %.*s", (int)m.meta_len, m.meta_json);
+    if (meta)
+        snprintf(meta, cap, "%.*s", (int)m.meta_len, m.meta_json);
+    uint64_t id = m.request_id;
+    sp_msg_clear(&m);
+    sp_buf_free(&b);
+    return id;
+}
+
+static void *greedy_main(void *p)
+{
+    greedy_client *a = p;
+    float x[H];
+    for (int i = 0; i < H; i++)
+        x[i] = (float)(i % 7) * 0.1f;
+    sp_tensor_src t = t3(x, 1, 1);
+    int pos[30] = {0}, inflight = 0;
+    char meta[128];
+    for (int k = 0; k < 30; k++, inflight++) { /* every session's first step at once */
+        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
+        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+    }
+    __atomic_store_n(&a->sent_all, 1, __ATOMIC_SEQ_CST);
+    while (inflight) {
+        int k = (int)(raw_answer(a->c, NULL, 0) - 1000);
+        inflight--;
+        __atomic_add_fetch(&a->done, 1, __ATOMIC_SEQ_CST);
+        if (++pos[k] >= 60 || __atomic_load_n(&a->stop, __ATOMIC_SEQ_CST))
+            continue;
+        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
+        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+        inflight++;
+    }
+    a->ok = 1;
+    return NULL;
+}
+
+START_TEST(t_fair_between_clients)
+{
+    sp_server *s = start_batching("slow:3", 4); /* passes of 4 steps take 12 ms or more: A's steps queue up */
+    sp_err err = {0};
+    greedy_client a = {0};
+    sp_transport_opts to;
+    sp_transport_opts_default(&to);
+    ck_assert_msg(sp_ws_client_connect(&a.c, "127.0.0.1", sp_server_port(s), &to, TMO, &err) == SP_OK, "%s", err.msg);
+    char meta[256];
+    sp_hello_req hq = {.version = SP_PROTO_VERSION, .client = "test"};
+    ck_assert_int_eq(sp_hello_req_encode(&hq, meta, sizeof meta, NULL), SP_OK);
+    raw_send(a.c, SP_MSG_HELLO, 1, meta, NULL, 0);
+    raw_answer(a.c, NULL, 0);
+    for (int k = 0; k < 30; k++) {
+        sp_open_req oq = {.start = 0, .end = 4, .max_length = 64, .batch = 1};
+        ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
+        raw_send(a.c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
+        raw_answer(a.c, meta, sizeof meta);
+        cJSON *j = cJSON_Parse(meta);
+        a.session[k] = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
+        cJSON_Delete(j);
+    }
+    sp_remote *b = connect_to(s);
+    uint64_t id = open_session(b, 0, 4, 16, 1);
+    pthread_t th;
+    pthread_create(&th, NULL, greedy_main, &a);
+    while (!__atomic_load_n(&a.sent_all, __ATOMIC_SEQ_CST))
+        usleep(1000);
+    usleep(30000); /* A's queue fills */
+    float x[H] = {0}, y[H];
+    int most = 0;
+    for (int i = 0; i < 6; i++) {
+        int before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
+        step(b, id, x, 1, 1, y, -1, NULL);
+        int during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        most = during > most ? during : most;
+    }
+    __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    ck_assert(a.ok);
+    ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
+    sp_remote_close(b);
+    sp_ws_client_close(a.c);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* cache budget, timeouts, info */
 
@@ -1138,6 +1417,9 @@ int main(void)
     tcase_add_test(tc, t_push);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
+    tcase_add_test(tc, t_batched_sessions_as_alone);
+    tcase_add_test(tc, t_fair_between_clients);
+    tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
     tcase_add_test(tc, t_step_timeout);
     tcase_add_test(tc, t_bad_requests);

@@ -134,6 +134,31 @@ static void some_record(sp_server_record *r)
     r->period = 30;
 }
 
+/* A record's queue_wait (the server's load) goes through; a record without it (an older server's) reads as 0,
+ * one with a negative or non-numeric value is refused. */
+START_TEST(t_record_queue_wait)
+{
+    sp_server_record r, back;
+    some_record(&r);
+    r.queue_wait = 0.375;
+    char buf[SP_RECORD_MAX];
+    size_t len;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_double_eq(back.queue_wait, 0.375);
+    char *at = memmem(buf, len, "\"queue_wait\":0.375,", 19);
+    ck_assert_ptr_nonnull(at);
+    memmove(at, at + 19, len - (size_t)(at + 19 - buf)); /* absent */
+    ck_assert_int_eq(sp_record_decode(&back, buf, len - 19, NULL, &err), SP_OK);
+    ck_assert_double_eq(back.queue_wait, 0);
+    r.queue_wait = -1;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_ne(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_msg(strstr(err.msg, "queue_wait"), "%s", err.msg);
+}
+END_TEST
+
 START_TEST(t_record_seal)
 {
     sp_swarm_key k, other;
@@ -936,6 +961,7 @@ static Suite *swarmkey_suite(void)
     tcase_add_test(tc, t_key_file);
     tcase_add_test(tc, t_hmac);
     tcase_add_test(tc, t_record_seal);
+    tcase_add_test(tc, t_record_queue_wait);
     tcase_add_test(tc, t_transport_exchange);
     tcase_add_test(tc, t_replayed_proof);
     tcase_add_test(tc, t_replayed_challenge);

@@ -267,6 +267,8 @@ typedef struct sp_info_reply {
     char public_name[64];
     int sessions;
     int64_t kept_bytes, requests;
+    int64_t batches, batched_rows, batch_peak; /* batched decode passes, rows through them, most rows in one */
+    double queue_wait;                         /* recent decode steps' wait in the queue, s (finite, >= 0) */
     sp_info_transport transport;
 } sp_info_reply;
 

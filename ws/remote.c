@@ -1,10 +1,13 @@
-/* remote.c - a synchronous request/reply connection to one server. */
+/* remote.c - a request/reply connection to one server. Calls from several threads are in flight at once (a
+ * client's concurrent sessions, which the server may batch): each sends under the lock and waits for the reply
+ * with its request id; one waiting call at a time reads the connection and hands the others' replies over. */
 #include "remote.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "timeutil.h"
 #include "log.h"
@@ -13,11 +16,22 @@
 
 static sp_log_limit g_bulk_log;
 
+/* A call waiting for its reply. */
+typedef struct waiter {
+    uint64_t id;
+    int done;       /* rep holds the reply */
+    sp_reply *rep;
+    struct waiter *next;
+} waiter;
+
 struct sp_remote {
     sp_ws_client *c;
     char host[256];
     int port;
-    pthread_mutex_t lock; /* one call at a time */
+    pthread_mutex_t lock; /* sends (one at a time: the bulk socket is written by the sender), ids, the waiters */
+    pthread_cond_t cond;  /* a reply handed over, or the reader's place free */
+    int reading;          /* a waiting call reads the connection for all */
+    waiter *waiting;
     uint64_t next_id;
     sp_proto_limits limits;
     sp_remote_info info;
@@ -88,28 +102,102 @@ static sp_status error_status(sp_reply *rep, sp_err *err)
     return sp_errf(err, st, "%s: %s", code ? code : "error", msg && *msg ? msg : "(no message)");
 }
 
-/* Waits for the reply to request `id`; replies to other (abandoned, timed-out) requests are dropped. */
+/* The waiter of request id, or NULL; lock held. */
+static waiter *waiter_of(sp_remote *r, uint64_t id)
+{
+    waiter *w = r->waiting;
+    while (w && w->id != id)
+        w = w->next;
+    return w;
+}
+
+/* A message read (b, decoded as m) to its call; lock held. An ERROR addressed to no request (the server's last word,
+ * "shutdown") answers every waiting call, a copy each; a reply nobody waits for (a call that gave up) is dropped. */
+static void hand_over(sp_remote *r, sp_buf *b, sp_msg *m)
+{
+    for (waiter *w = r->waiting; w && m->type == SP_MSG_ERROR && m->request_id == 0; w = w->next) {
+        if (w->done)
+            continue;
+        sp_buf c = {0};
+        if (sp_buf_append(&c, b->data, b->len, NULL) == SP_OK &&
+            sp_msg_decode(&w->rep->msg, c.data, c.len, &r->limits, NULL) == SP_OK) {
+            w->rep->buf = c;
+            w->done = 1;
+        } else {
+            sp_buf_free(&c);
+        }
+    }
+    waiter *w = m->request_id ? waiter_of(r, m->request_id) : NULL;
+    if (w && !w->done) {
+        w->rep->buf = *b;
+        w->rep->msg = *m;
+        w->done = 1;
+        memset(b, 0, sizeof *b);
+    } else {
+        sp_msg_clear(m);
+    }
+    sp_buf_free(b);
+    pthread_cond_broadcast(&r->cond);
+}
+
+/* Reads one message for whoever waits for it (the lock let go meanwhile; held again on return); SP_OK when one was
+ * handed over, else the read's status. */
+static sp_status read_one(sp_remote *r, int timeout_ms, sp_err *err)
+{
+    r->reading = 1;
+    pthread_mutex_unlock(&r->lock);
+    sp_buf b = {0};
+    sp_msg m;
+    sp_status st = recv_some(r, &b, timeout_ms, err);
+    if (!st && (st = sp_msg_decode(&m, b.data, b.len, &r->limits, err)))
+        sp_err_prefix(err, "reply from %s: ", r->host);
+    pthread_mutex_lock(&r->lock);
+    r->reading = 0;
+    if (st)
+        sp_buf_free(&b);
+    else
+        hand_over(r, &b, &m);
+    pthread_cond_broadcast(&r->cond);
+    return st;
+}
+
+/* Waits (lock held) for the reply to request `id` into rep: reading the connection when no other call does, else
+ * for the reader to hand it over. */
 static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
 {
-    for (;;) {
-        sp_buf b = {0};
-        sp_status st = recv_some(r, &b, timeout_ms, err);
-        if (st)
-            return st;
-        sp_msg m;
-        st = sp_msg_decode(&m, b.data, b.len, &r->limits, err);
-        if (st) {
-            sp_buf_free(&b);
-            return sp_err_prefix(err, "reply from %s: ", r->host);
+    waiter w = {.id = id, .rep = rep, .next = r->waiting};
+    r->waiting = &w;
+    double end = timeout_ms < 0 ? 0 : sp_now_s() + timeout_ms / 1e3;
+    sp_status st = SP_OK;
+    while (!w.done && !st) {
+        double left = timeout_ms < 0 ? 1e9 : end - sp_now_s();
+        if (!r->reading) {
+            st = read_one(r, timeout_ms < 0 ? -1 : left > 0 ? (int)(left * 1e3) + 1 : 0, err);
+            if (st == SP_ERR_TIMEOUT && !w.done && left > 0) /* (another's reply came first) */
+                st = SP_OK;
+            if (st == SP_ERR_TIMEOUT && !w.done)
+                sp_errf(err, st, "no reply from %s:%d within %d ms", r->host, r->port, timeout_ms);
+        } else if (cancelled(r)) {
+            st = sp_errf(err, SP_ERR_CANCELLED, "cancelled while waiting for %s", r->host);
+        } else if (left <= 0) {
+            st = sp_errf(err, SP_ERR_TIMEOUT, "no reply from %s:%d within %d ms", r->host, r->port, timeout_ms);
+        } else { /* the reader hands the reply over, or leaves its place */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long ns = ts.tv_nsec + (left < 0.1 ? (long)(left * 1e9) : 100000000L);
+            ts.tv_sec += ns / 1000000000L;
+            ts.tv_nsec = ns % 1000000000L;
+            pthread_cond_timedwait(&r->cond, &r->lock, &ts);
         }
-        if (m.request_id == id || (m.type == SP_MSG_ERROR && m.request_id == 0)) {
-            rep->buf = b;
-            rep->msg = m;
-            return m.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
-        }
-        sp_msg_clear(&m);
-        sp_buf_free(&b);
     }
+    for (waiter **p = &r->waiting; *p; p = &(*p)->next)
+        if (*p == &w) {
+            *p = w.next;
+            break;
+        }
+    if (w.done)
+        return rep->msg.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
+    return st;
 }
 
 /* The connection is closed: if the server said why before it closed (an ERROR addressed to no request, e.g.
@@ -139,7 +227,7 @@ sp_status sp_remote_last_word(sp_remote *r, sp_err *err)
         return SP_OK;
     pthread_mutex_lock(&r->lock);
     sp_reply rep = {0};
-    sp_status st = why_closed(r, &rep, SP_OK, err);
+    sp_status st = r->reading ? SP_OK : why_closed(r, &rep, SP_OK, err);
     sp_reply_clear(&rep);
     pthread_mutex_unlock(&r->lock);
     return st;
@@ -149,7 +237,7 @@ static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *r
 {
     memset(rep, 0, sizeof *rep);
     sp_status st = sp_ws_client_send(r->c, b, err);
-    if (st == SP_ERR_CLOSED)
+    if (st == SP_ERR_CLOSED && !r->reading) /* (a reader takes the last word to the calls waiting) */
         return why_closed(r, rep, st, err);
     return st ? st : wait_reply(r, id, rep, timeout_ms, err);
 }
@@ -275,6 +363,7 @@ sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, co
     snprintf(r->host, sizeof r->host, "%s", host);
     r->port = port;
     pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->cond, NULL);
     r->next_id = 1;
     r->limits = sp_proto_default_limits();
     sp_transport_opts o;
@@ -302,6 +391,7 @@ void sp_remote_close(sp_remote *r)
     if (r->c)
         sp_ws_client_close(r->c);
     pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->cond);
     free(r);
 }
 

@@ -60,7 +60,8 @@ typedef struct sp_reply {
 
 void sp_reply_clear(sp_reply *rep);
 
-/* Sends a request and waits up to timeout_ms for its reply (calls on one connection are serialised).
+/* Sends a request and waits up to timeout_ms for its reply. Calls from several threads on one connection are in
+ * flight at once (each waits for the reply with its own request id).
  * An ERROR reply becomes SP_ERR_ARG / SP_ERR_RANGE / ... with err->msg "CODE: message" and the reply is
  * still returned so the caller can read the code. */
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,

@@ -133,7 +133,8 @@ static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
         *s = (sp_route_span){.server = i, .start = e->rec.start, .end = e->rec.end,
                              .inference_rps = e->rec.inference_rps, .block_s = e->block_s,
                              .throughput = e->rec.throughput,
-                             .cache_tokens_left = e->rec.cache_tokens_left, .client_rtt = e->rtt,
+                             .cache_tokens_left = e->rec.cache_tokens_left, .queue_wait = e->rec.queue_wait,
+                             .client_rtt = e->rtt,
                              .banned = e->banned_until > now, .next = nx, .nnext = nn};
     }
     return n;

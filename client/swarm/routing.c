@@ -312,7 +312,8 @@ static int graph_build(graph *g)
         g->lo[i] = imax(x->start, g->start);
         g->hi[i] = imin(x->end, g->end);
         g->bc[i] = block_cost(x);
-        g->pen[i] = sp_route_has_cache(x, g->cache) ? 0 : SP_ROUTE_NO_CACHE;
+        g->pen[i] = (sp_route_has_cache(x, g->cache) ? 0 : SP_ROUTE_NO_CACHE) +
+                    (x->queue_wait > 0 && isfinite(x->queue_wait) ? x->queue_wait : 0);
         for (int b = imax(g->lo[i], g->start + 1); b < g->hi[i]; b++)
             g->blen[b - g->start]++; /* holds block b, b an inner boundary: a switch target at b */
     }

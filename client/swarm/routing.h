@@ -18,6 +18,9 @@
  * costs nothing. Either way a span's blocks cost its measured seconds per block when the caller knows them
  * (block_s), else 1 / inference_rps.
  *
+ * Entering a span also costs the wait its server announces for its queue (queue_wait): a saturated server's
+ * steps wait, and new sessions go elsewhere while another holds the blocks.
+ *
  * Which spans take part (both routes): a span that is banned, or that the client cannot reach
  * (client_rtt == +INFINITY), is "avoided": left out unless it holds some block of the range that no
  * other span holds (Petals' "drop banned peers unless that would leave the block with no servers").
@@ -49,6 +52,8 @@ typedef struct sp_route_span {
                                them; <= 0: unknown (1 / inference_rps) */
     double throughput;      /* tokens/s per block; max-throughput routing's weight (<= 0: span length) */
     long cache_tokens_left; /* positions a session over this whole span can still get; < 0: unknown */
+    double queue_wait;      /* seconds its steps wait in its queue now (its load; entering it costs that too);
+                               <= 0 or not finite: none */
     double client_rtt;      /* seconds; < 0: unknown; INFINITY: unreachable (avoided) */
     int banned;             /* avoided */
     const sp_route_next *next; /* its next pings (may be NULL); ping(this -> x) is the rtt of the first

@@ -1,0 +1,314 @@
+/* serve.c - what one server gives many users: concurrent inference sessions decoding through one sepal-server
+ * process, with the server's batching of decode steps across sessions on and off (--no-batch) in the same run.
+ *
+ * For each mode a sepal-server serves blocks --blocks of --model in --dtype (default: blocks 0:4 of a
+ * 7B-shaped checkpoint, `sepal model init --like llama-2-7b`, in int8); for each concurrency C (--sessions
+ * 1,4,16,64) C client threads, each with its own websocket connection, open a session, prefill --prefill
+ * positions, wait for the others, then decode --steps single positions each (random hidden states: the span's
+ * cost does not depend on them). Figures per C: the aggregate tokens/s (C x steps / the time from the start
+ * to the last step's answer), and the p50 / p99 of the per-step latency (request sent to answer read, as a
+ * client sees it), and the server's CPU time per token (its utime + stime over the measure: what a token costs
+ * whatever else runs on the machine). Ratios against the baseline of the same run and mode: aggregate tokens/s /
+ * C = 1, and p99 step / the p50 step of C = 1 (goals at C = 16 with batching: >= 8x and <= 3x).
+ *
+ * Both servers run from the start and the modes take turns, --reps times for each C, which goes first turning
+ * each rep (a shared machine's load changes by the minute: each mode sees the same spells of it; and the first
+ * measure after the other's ran slower); tokens/s and CPU time per token are the medians of the reps, the
+ * latencies' quantiles are over all of them.
+ *
+ * usage: bench_serve [--model DIR] [--blocks A:B] [--dtype int8] [--sessions 1,4,16,64] [--steps N]
+ *                    [--prefill N] [--modes batch,nobatch] [--threads N] [--reps N] */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../tests/serverproc.h"
+#include "remote.h"
+#include "rng.h"
+#include "timeutil.h"
+
+#define MAXC 8
+#define TMO 600000
+
+typedef struct opts {
+    const char *model, *blocks, *dtype, *threads;
+    int sessions[MAXC], nsessions, steps, prefill, modes[2], nmodes, reps;
+} opts;
+
+typedef struct run {
+    const opts *o;
+    pid_t pid;
+    int port, hidden, start, end, C;
+    pthread_barrier_t ready;
+    double *lat; /* [C, steps] seconds */
+    int failed;
+} run;
+
+typedef struct client {
+    run *r;
+    int i;
+} client;
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of v[0..n) (sorted in place), nearest rank. */
+static double quantile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    int k = (int)(q * n + 0.5) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+/* One call; 0 or -1 (the error printed). */
+static int call(sp_remote *rm, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, sp_reply *rep)
+{
+    sp_err err = {0};
+    if (sp_remote_call(rm, type, meta, t, n, rep, TMO, &err) == SP_OK)
+        return 0;
+    fprintf(stderr, "bench_serve: %s: %s\n", sp_msg_type_name(type), err.msg);
+    return -1;
+}
+
+/* A session: open, prefill, wait for the others, `steps` single steps timed, close. */
+static void *client_main(void *p)
+{
+    client *c = p;
+    run *r = c->r;
+    const opts *o = r->o;
+    int H = r->hidden, L = o->prefill + o->steps;
+    sp_remote *rm = NULL;
+    sp_err err = {0};
+    float *x = malloc((size_t)L * H * sizeof(float));
+    sp_rng g;
+    sp_rng_seed(&g, 100 + (uint64_t)c->i);
+    sp_rng_fill_normal(&g, x, (long)L * H, 1.0f);
+    int ok = x && sp_remote_connect(&rm, "127.0.0.1", r->port, 0, TMO, &err) == SP_OK;
+    if (!ok)
+        fprintf(stderr, "bench_serve: connect: %s\n", err.msg);
+    char meta[128];
+    sp_reply rep = {0};
+    sp_open_req oq = {.start = r->start, .end = r->end, .max_length = L, .batch = 1};
+    sp_open_reply a = {0};
+    ok = ok && sp_open_req_encode(&oq, meta, sizeof meta, &err) == SP_OK &&
+         !call(rm, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep) && sp_open_reply_decode(&rep.msg, &a, &err) == SP_OK;
+    sp_reply_clear(&rep);
+    sp_step_req q = {.start_from_position = -1, .reply_encoding = -1};
+    q.session = a.session;
+    ok = ok && sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK;
+    sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {1, o->prefill, H}, .f32 = x};
+    ok = ok && !call(rm, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep);
+    sp_reply_clear(&rep);
+    pthread_barrier_wait(&r->ready);
+    for (int s = 0; ok && s < o->steps; s++) {
+        t = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, H}, .f32 = x + (size_t)(o->prefill + s) * H};
+        double t0 = sp_now_s();
+        ok = !call(rm, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep);
+        r->lat[(size_t)c->i * o->steps + s] = sp_now_s() - t0;
+        sp_reply_clear(&rep);
+    }
+    if (!ok)
+        __atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+    if (rm && a.session) {
+        sp_close_req cq = {.session = a.session};
+        if (sp_close_req_encode(&cq, meta, sizeof meta, &err) == SP_OK && !call(rm, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep))
+            sp_reply_clear(&rep);
+    }
+    sp_remote_close(rm);
+    free(x);
+    return NULL;
+}
+
+/* C sessions at once: its tokens/s and server CPU s/token into tps[rep], cpu[rep], its latencies appended to lat
+ * (*nlat of them so far); 0 or -1. */
+static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nlat)
+{
+    const opts *o = r->o;
+    r->C = C;
+    r->failed = 0;
+    r->lat = lat + *nlat;
+    client *cs = calloc((size_t)C, sizeof *cs);
+    pthread_t *th = calloc((size_t)C, sizeof *th);
+    if (!cs || !th)
+        return free(cs), free(th), -1;
+    pthread_barrier_init(&r->ready, NULL, (unsigned)C + 1);
+    for (int i = 0; i < C; i++) {
+        cs[i] = (client){r, i};
+        pthread_create(&th[i], NULL, client_main, &cs[i]);
+    }
+    pthread_barrier_wait(&r->ready); /* every session open and prefilled */
+    double t0 = sp_now_s(), c0 = sp_serverproc_cpu_s(r->pid);
+    for (int i = 0; i < C; i++)
+        pthread_join(th[i], NULL);
+    double wall = sp_now_s() - t0;
+    pthread_barrier_destroy(&r->ready);
+    int n = C * o->steps;
+    *tps = n / wall;
+    *cpu = (sp_serverproc_cpu_s(r->pid) - c0) / n; /* (the closes after the last step are in it too: small) */
+    *nlat += n;
+    free(cs), free(th);
+    return r->failed ? -1 : 0;
+}
+
+static double median(double *v, int n) { return quantile(v, n, 0.5); }
+
+/* sepal-server for this mode; its pid, or -1 (*port set). */
+static pid_t spawn(const opts *o, int batch, int *port)
+{
+    char line[1024], cache[32];
+    int most = 0;
+    for (int i = 0; i < o->nsessions; i++)
+        most = o->sessions[i] > most ? o->sessions[i] : most;
+    snprintf(cache, sizeof cache, "%d", most * (o->prefill + o->steps));
+    const char *argv[24] = {"sepal-server", "--model", o->model, "--blocks", o->blocks, "--dtype", o->dtype,
+                            "--no-measure", "--cache-tokens", cache, "--max-length", "4096"};
+    int k = 12;
+    if (o->threads)
+        argv[k++] = "--threads", argv[k++] = o->threads;
+    if (!batch)
+        argv[k++] = "--no-batch";
+    argv[k] = NULL;
+    pid_t pid = sp_serverproc_start(NULL, argv, 0, NULL, line, sizeof line);
+    *port = sp_serverproc_port(line, "ws://");
+    if (pid <= 0 || *port <= 0) {
+        fprintf(stderr, "bench_serve: %s did not start: %s\n", sp_serverproc_bin(), line);
+        if (pid > 0)
+            kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return pid;
+}
+
+/* The span's hidden size and blocks, from HELLO and INFO. */
+static int span_of(run *r)
+{
+    sp_remote *rm = NULL;
+    sp_err err = {0};
+    if (sp_remote_connect(&rm, "127.0.0.1", r->port, 0, TMO, &err))
+        return fprintf(stderr, "bench_serve: %s\n", err.msg), -1;
+    sp_reply rep;
+    sp_info_reply a = {0};
+    int rc = call(rm, SP_MSG_INFO, NULL, NULL, 0, &rep) || sp_info_reply_decode(&rep.msg, &a, &err) ? -1 : 0;
+    sp_reply_clear(&rep);
+    sp_remote_close(rm);
+    r->hidden = a.hidden_size, r->start = a.start, r->end = a.end;
+    return rc;
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    static char model[4096];
+    snprintf(model, sizeof model, "%s/.cache/sepal/models/llama-2-7b-like-8l", getenv("HOME") ? getenv("HOME") : ".");
+    *o = (opts){.model = model, .blocks = "0:4", .dtype = "int8", .sessions = {1, 4, 16, 64}, .nsessions = 4,
+                .steps = 12, .prefill = 8, .modes = {1, 0}, .nmodes = 2, .reps = 3};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            return fprintf(stderr, "bench_serve: %s needs a value\n", a), -1;
+        i++;
+        if (!strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--blocks"))
+            o->blocks = v;
+        else if (!strcmp(a, "--dtype"))
+            o->dtype = v;
+        else if (!strcmp(a, "--threads"))
+            o->threads = v;
+        else if (!strcmp(a, "--steps"))
+            o->steps = atoi(v);
+        else if (!strcmp(a, "--reps"))
+            o->reps = atoi(v);
+        else if (!strcmp(a, "--prefill"))
+            o->prefill = atoi(v);
+        else if (!strcmp(a, "--sessions")) {
+            o->nsessions = 0;
+            for (const char *p = v; *p && o->nsessions < MAXC; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+                o->sessions[o->nsessions++] = atoi(p);
+        } else if (!strcmp(a, "--modes")) {
+            o->nmodes = 0;
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && o->nmodes < 2; t = strtok_r(NULL, ",", &save))
+                if (!strcmp(t, "batch") || !strcmp(t, "nobatch"))
+                    o->modes[o->nmodes++] = !strcmp(t, "batch");
+        } else
+            return fprintf(stderr, "bench_serve: unknown option %s\n", a), -1;
+    }
+    for (int i = 0; i < o->nsessions; i++)
+        if (o->sessions[i] < 1)
+            return fprintf(stderr, "bench_serve: --sessions wants counts >= 1\n"), -1;
+    int ok = o->steps >= 1 && o->prefill >= 1 && o->nmodes && o->reps >= 1 && o->reps <= 16;
+    return ok ? 0 : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16)\n"), -1);
+}
+
+static void stop_servers(run *runs, int n)
+{
+    for (int m = 0; m < n; m++)
+        if (runs[m].pid > 0) {
+            kill(runs[m].pid, SIGTERM);
+            waitpid(runs[m].pid, NULL, 0);
+        }
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    if (parse(argc, argv, &o))
+        return 2;
+    printf("bench_serve: %s blocks %s, %s, %d prefill + %d steps a session, %d reps, modes in turn\n", o.model,
+           o.blocks, o.dtype, o.prefill, o.steps, o.reps);
+    run runs[2] = {{.o = &o}, {.o = &o}};
+    for (int m = 0; m < o.nmodes; m++)
+        if ((runs[m].pid = spawn(&o, o.modes[m], &runs[m].port)) < 0 || span_of(&runs[m])) {
+            stop_servers(runs, o.nmodes);
+            return 1;
+        }
+    int most = 0, rc = 0;
+    for (int i = 0; i < o.nsessions; i++)
+        most = o.sessions[i] > most ? o.sessions[i] : most;
+    double *lat[2], tps[2][MAXC][16], cpu[2][MAXC][16], base_tps[2] = {0}, base_p50[2] = {0};
+    char rows[2][MAXC][160];
+    for (int m = 0; m < o.nmodes; m++)
+        lat[m] = calloc((size_t)most * o.steps * o.reps, sizeof(double));
+    for (int i = 0; i < o.nsessions && !rc; i++) {
+        int C = o.sessions[i], nlat[2] = {0, 0};
+        for (int k = 0; k < o.reps && !rc; k++) /* the modes' order turns each rep (the first one after a pause ran slower) */
+            for (int t = 0; t < o.nmodes && !rc; t++) {
+                int m = (t + k) % o.nmodes;
+                rc = measure(&runs[m], C, &tps[m][i][k], &cpu[m][i][k], lat[m], &nlat[m]);
+            }
+        for (int m = 0; m < o.nmodes && !rc; m++) {
+            double t = median(tps[m][i], o.reps), c = median(cpu[m][i], o.reps);
+            double p50 = quantile(lat[m], nlat[m], 0.50), p99 = quantile(lat[m], nlat[m], 0.99);
+            if (i == 0)
+                base_tps[m] = t, base_p50[m] = p50;
+            snprintf(rows[m][i], sizeof rows[m][i], "%9d %11.2f %9.1f %9.1f %11.1f %11.2fx %13.2fx", C, t, 1e3 * p50,
+                     1e3 * p99, 1e3 * c, t / base_tps[m], p99 / base_p50[m]);
+        }
+        printf("(%d sessions measured)\n", C);
+        fflush(stdout);
+    }
+    for (int m = 0; m < o.nmodes && !rc; m++) {
+        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s\n", o.modes[m] ? "batching on" : "batching off (--no-batch)",
+               "sessions", "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50");
+        for (int i = 0; i < o.nsessions; i++)
+            printf("%s\n", rows[m][i]);
+    }
+    int on = o.modes[0] ? 0 : 1; /* which of runs is batching's */
+    for (int i = 0; !rc && o.nmodes == 2 && i < o.nsessions; i++) {
+        double c0 = median(cpu[on][i], o.reps), c1 = median(cpu[1 - on][i], o.reps);
+        printf("%d sessions: batching on / off: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i],
+               median(tps[on][i], o.reps) / median(tps[1 - on][i], o.reps), c1 > 0 ? c0 / c1 : 0);
+    }
+    stop_servers(runs, o.nmodes);
+    for (int m = 0; m < o.nmodes; m++)
+        free(lat[m]);
+    return rc;
+}
