@@ -47,7 +47,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: sepal [--tui|--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
                "       sepal [--record-events FILE] [--replay-events FILE]\n"
-               "       sepal model info|check|generate|convert-llama2c ...\n"
+               "       sepal model info|check|generate|convert-llama2c|init ...\n"
                "       sepal serve [--http HOST:PORT] --model DIR --initial-peers HOST:PORT[,...] ...\n"
                "\n"
                "front ends:\n"
@@ -59,6 +59,7 @@ static void usage(FILE *f)
                "  model check DIR [--golden FILE]      run the model locally against golden outputs\n"
                "  model generate DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--seed S]\n"
                "  model convert-llama2c MODEL.bin TOKENIZER.bin OUTDIR\n"
+               "  model init OUTDIR --like NAME [--layers N]   a model of a real one's shape, random weights\n"
                "\n"
                "environment: SEPAL_CACHE (default $XDG_CACHE_HOME/sepal, else ~/.cache/sepal), SEPAL_HISTORY\n"
                "  (default ~/.sepal_history), SEPAL_SERVER_BIN (the sepal-server of `swarm up`), SEPAL_VERBOSE=1\n"

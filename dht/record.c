@@ -160,7 +160,7 @@ static sp_status get_num(const cJSON *o, const char *name, double lo, double hi,
 
 static sp_status get_int(const cJSON *o, const char *name, long lo, long hi, long *out, sp_err *err)
 {
-    double d;
+    double d = 0;
     sp_status st = get_num(o, name, (double)lo, (double)hi, &d, err);
     if (!st && d != floor(d))
         st = sp_errf(err, SP_ERR_FORMAT, "'%s' is not an integer", name);

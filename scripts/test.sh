@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test: install dependencies, build with warnings as errors, fetch the shipped model (the
-# stories15M tests need it), then ctest. SEPAL_SANITIZE=1 builds and tests under ASan+UBSan instead.
+# Runs every test: install dependencies, build with warnings as errors (Release, scripts/build.sh's default),
+# fetch the shipped model (the stories15M tests need it), then ctest. SEPAL_SANITIZE=1 builds and tests under
+# ASan+UBSan instead (scripts/build.sh --type asan, into build-asan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 if [ "${SEPAL_SANITIZE:-0}" = 1 ]; then
     export SEPAL_BUILD_DIR=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-    scripts/build.sh -DSEPAL_WERROR=ON -DSEPAL_SANITIZE=ON -DSEPAL_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+    scripts/build.sh --type asan -DSEPAL_WERROR=ON
 else
     export SEPAL_BUILD_DIR=build
     scripts/build.sh -DSEPAL_WERROR=ON

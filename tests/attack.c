@@ -183,7 +183,7 @@ int sp_atk_recv_msg(int fd, uint8_t **out, size_t *n)
     size_t mlen = 0;
     for (;;) {
         uint8_t h[10];
-        uint64_t plen;
+        uint64_t plen = 0;
         if (read_exact(fd, h, 2))
             break;
         size_t need = (h[1] & 0x7f) == 126 ? 4 : (h[1] & 0x7f) == 127 ? 10 : 2;

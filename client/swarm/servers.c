@@ -63,10 +63,10 @@ void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap)
 {
     pthread_mutex_lock(&rt->lock);
     const sp_server_record *r = &rt->servers[i]->rec;
-    if (r->name[0])
-        snprintf(buf, cap, "%s (%s:%d)", r->name, r->host, r->port);
-    else
-        snprintf(buf, cap, "%s:%d", r->host, r->port);
+    int n = r->name[0] ? snprintf(buf, cap, "%s (%s:%d)", r->name, r->host, r->port)
+                       : snprintf(buf, cap, "%s:%d", r->host, r->port);
+    if (n < 0 && cap) /* an encoding error leaves buf undefined; a longer label is cut */
+        buf[0] = '\0';
     pthread_mutex_unlock(&rt->lock);
 }
 
