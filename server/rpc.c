@@ -43,8 +43,10 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
     va_end(ap);
     sp_buf b = {0};
     sp_err err = {0};
-    if (sp_msg_encode_error(&b, request_id, code, msg, &err) == SP_OK)
+    if (sp_msg_encode_error(&b, request_id, code, msg, &err) == SP_OK) {
+        sp_mx_sent(&s->mx, b.len, 1);
         sp_ws_server_send(s->ws, conn, &b, NULL);
+    }
     else
         sp_buf_free(&b);
     sp_log(SP_LOG_DEBUG, "request %llu: %s: %s", (unsigned long long)request_id, code, msg);
@@ -117,6 +119,7 @@ static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
             sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "encoding the reply: %s", err.msg);
         return;
     }
+    sp_mx_sent(&r->s->mx, b.len, 0);
     sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
 }
 
@@ -634,12 +637,25 @@ static int decode(req *r, sp_server *s, uint64_t conn, const sp_buf *msg)
     return -1;
 }
 
+/* A compute request runs its blocks as a batch of its own (metrics.h): its positions, B x T of its hidden states. */
+static void count_batch(const req *r)
+{
+    int t = r->m.type;
+    int kind = t == SP_MSG_INFERENCE_STEP ? SP_MX_TOK_INFERENCE : t == SP_MSG_FORWARD ? SP_MX_TOK_FORWARD
+               : t == SP_MSG_BACKWARD                         ? SP_MX_TOK_BACKWARD
+                                                              : -1;
+    const sp_tensor_view *h = r->m.n_tensors > 0 ? &r->m.t[0] : NULL;
+    if (kind >= 0 && h && h->rank > 0 && h->shape[h->rank - 1] > 0)
+        sp_mx_batch(&r->s->mx, 1, kind, h->numel / (uint64_t)h->shape[h->rank - 1]);
+}
+
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
 {
     req r;
     if (decode(&r, s, conn, msg))
         return;
     r.msg = msg;
+    count_batch(&r);
     switch (r.m.type) {
     case SP_MSG_FORWARD: rpc_forward(&r, ws); break;
     case SP_MSG_BACKWARD: rpc_backward(&r, ws); break;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "block.h"
+#include "metrics.h"
 #include "model.h"
 #include "proto.h"
 #include "server.h"
@@ -73,6 +74,7 @@ typedef struct task {
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
+    uint64_t queued_ns; /* when it was queued (sp_now_ns) */
     struct task *next;
 } task;
 
@@ -112,8 +114,13 @@ struct sp_server {
     pthread_mutex_t inline_lock; /* one inline step at a time (ws and bulk threads may both try) */
     pthread_mutex_t stats_lock;
     uint64_t requests;
+    sp_server_metrics mx; /* --metrics (metrics.h) */
+    pthread_mutex_t mx_lock;
     sp_swarm_key key; /* o.key points here */
 };
+
+/* server.c: tasks waiting in the queue now. */
+int queue_length(task_queue *q);
 
 /* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply, in msg's buffer (which is
  * then taken: *msg is left empty; its length must be read before, for the budget). */
