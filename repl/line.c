@@ -336,7 +336,8 @@ static void line_emit(void *user, const sp_ui_event *ev)
         break;
     case SP_UI_TRAIN_END: break; /* the command says how it ended */
     case SP_UI_RUNTIME: runtime_event(ev->rt); break;
-    case SP_UI_LINE: break; /* scripts run quietly */
+    case SP_UI_LINE: break;  /* scripts run quietly */
+    case SP_UI_SERVE: break; /* the log lines of each request say it here */
     }
     pthread_mutex_unlock(&L.lock);
 }

@@ -1,5 +1,6 @@
-/* panel_gen.c - the generation (streamed text, tokens/s sparkline, time to first token, stop reason) and the
- * training (loss and validation plots with axes, learning rate, step rate, tokens/s, ETA, progress bar). */
+/* panel_gen.c - the generation (streamed text, tokens/s sparkline, time to first token, stop reason), or while
+ * `serve` runs its requests (those in progress, tokens/s, served and failed, the last error), and the training
+ * (loss and validation plots with axes, learning rate, step rate, tokens/s, ETA, progress bar). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,8 +9,49 @@
 #include "timeutil.h"
 #include "widgets.h"
 
+/* serve's requests: where it serves; active, waiting, tok/s, served, failed; a line per request in progress; the
+ * last error at the bottom. */
+static void draw_serve(tui_cb *cb, const tui_state *st, int focused)
+{
+    char right[64], active[32], waiting[32], tps[32], tps_c[32], served[32], failed[32];
+    snprintf(right, sizeof right, "serving: %d active", st->serve_active);
+    tui_draw_title(cb, 3, "Generate", focused, right);
+    int rows = cb->h - 1, y = 1;
+    if (rows < 1)
+        return;
+    snprintf(active, sizeof active, "%d active", st->serve_active);
+    snprintf(waiting, sizeof waiting, st->serve_waiting ? "%d waiting" : "", st->serve_waiting);
+    snprintf(tps, sizeof tps, "%.1f tok/s", st->serve_tps);
+    snprintf(tps_c, sizeof tps_c, "%.1ft/s", st->serve_tps);
+    snprintf(served, sizeof served, "%ld served", st->serve_served);
+    snprintf(failed, sizeof failed, "%ld failed", st->serve_failed);
+    const tui_field f[] = {{active, NULL, 5}, {waiting, NULL, 3}, {tps, tps_c, 4}, {served, NULL, 2},
+                           {failed, NULL, 3}};
+    tui_fields(cb, y++, 0, cb->w, f, 5, st->serve_failed ? R_WARN : R_TEXT);
+    if (y <= rows)
+        tui_cb_text(cb, y++, 0, cb->w, st->serve_url, R_DIM, 0);
+    int erows = !st->serve_error[0] || rows < 4 ? 0 : rows < 8 ? 1 : 2; /* the last error's, at the bottom */
+    int last = rows - erows;                                            /* the requests' */
+    for (const char *p = st->serve_reqs; p && *p && y <= last; y++) {
+        size_t n = strcspn(p, "\n");
+        char line[128];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p);
+        tui_cb_text(cb, y, 0, cb->w, line, R_TEXT, 0);
+        p += n + (p[n] == '\n');
+    }
+    char err[280];
+    snprintf(err, sizeof err, "last error: %s", st->serve_error);
+    size_t off = 0, len = strlen(err);
+    for (int r = 0; r < erows && off < len; r++) { /* cut at the width: the second row goes on */
+        tui_cb_text(cb, last + 1 + r, 0, cb->w, err + off, R_ERR, 0);
+        off += (size_t)cb->w;
+    }
+}
+
 void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
 {
+    if (st->serving == 1)
+        return draw_serve(cb, st, focused);
     char right[96] = "";
     if (st->gen_active)
         snprintf(right, sizeof right, "generating");

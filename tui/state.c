@@ -34,6 +34,7 @@ void tui_state_free(tui_state *st)
         free(st->log[i].text);
     free(st->log);
     free(st->out_partial);
+    free(st->serve_reqs);
     memset(st, 0, sizeof *st);
 }
 
@@ -404,6 +405,21 @@ static unsigned cmd_event(tui_state *st, const tui_ev *e)
     return TUI_D_STATUS | TUI_D_CMD | TUI_D_PANEL(TUI_P_LOG);
 }
 
+static unsigned serve_event(tui_state *st, const tui_ev *e)
+{
+    st->serving = e->epoch ? 2 : 1;
+    st->serve_active = e->i;
+    st->serve_waiting = e->n;
+    st->serve_served = e->step;
+    st->serve_failed = e->total;
+    st->serve_tps = e->a;
+    snprintf(st->serve_url, sizeof st->serve_url, "%s", e->what ? e->what : "");
+    snprintf(st->serve_error, sizeof st->serve_error, "%s", e->unit ? e->unit : "");
+    free(st->serve_reqs);
+    st->serve_reqs = e->text ? strdup(e->text) : NULL;
+    return TUI_D_PANEL(TUI_P_GEN);
+}
+
 unsigned tui_state_apply(tui_state *st, const tui_ev *e)
 {
     switch (e->kind) {
@@ -440,6 +456,7 @@ unsigned tui_state_apply(tui_state *st, const tui_ev *e)
         st->quit = 1;
         return TUI_D_STATUS;
     case TE_READY: return TUI_D_CMD;
+    case TE_SERVE: return serve_event(st, e);
     case TE_NKINDS: break;
     }
     return 0;

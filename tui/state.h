@@ -78,6 +78,12 @@ typedef struct tui_state {
     tui_series loss_s, val_s;
     char val_name[32];
     double val_last;
+    /* `serve` (TE_SERVE): 0 never, 1 serving, 2 stopped; its figures and a line per request in progress */
+    int serving, serve_active, serve_waiting;
+    long serve_served, serve_failed;
+    double serve_tps;
+    char serve_url[128], serve_error[240];
+    char *serve_reqs;
     /* progress bars */
     tui_bar bars[TUI_PROGRESS];
     /* the log: a ring of TUI_LOG_LINES */
