@@ -25,6 +25,8 @@ typedef enum sp_ui_kind {
     SP_UI_RUNTIME,    /* rt: an event of the client runtime */
     SP_UI_LINE,       /* text: a script's line about to run (where: "FILE:LINE"); not for comments or blank lines */
     SP_UI_SERVE,      /* serve: the endpoint's requests now (twice a second while `serve` runs, and when it stops) */
+    SP_UI_PLOT,       /* plot: runs' curves of one metric to draw (`plot`): the line front end as text, the TUI in
+                         its training panel */
 } sp_ui_kind;
 
 /* The figures of a finished generation. */
@@ -56,6 +58,20 @@ typedef struct sp_ui_serve {
     int stopped;                 /* serving has ended */
 } sp_ui_serve;
 
+/* Runs' curves of one metric (`plot FILE...`): each run's (x, y) points, x the step. */
+typedef struct sp_ui_run {
+    const char *name;            /* the file's name */
+    int n;
+    const double *x, *y;
+} sp_ui_run;
+
+typedef struct sp_ui_plot {
+    const char *metric;          /* "loss", "lr", "grad_norm", "tokens_per_s", or a validation metric */
+    int nruns;
+    const sp_ui_run *runs;
+    int width, height;           /* the text plot's size (the line front end) */
+} sp_ui_plot;
+
 typedef struct sp_ui_event {
     sp_ui_kind kind;
     const char *text;
@@ -66,6 +82,7 @@ typedef struct sp_ui_event {
     const sp_train_event *train;
     const sp_event *rt;
     const sp_ui_serve *serve;
+    const sp_ui_plot *plot;
 } sp_ui_event;
 
 typedef struct sp_sink {

@@ -16,7 +16,7 @@
 static const char *const KIND_NAMES[TE_NKINDS] = {
     "log", "out", "swarm", "app", "route", "hops", "retry", "gen_begin", "gen_text", "gen_end", "train_begin",
     "train_step", "train_eval", "train_end", "progress", "progress_end", "cmd_begin", "cmd_end", "quit", "ready",
-    "serve",
+    "plot", "serve",
 };
 
 const char *tui_ev_kind_name(tui_ev_kind k) { return k < TE_NKINDS ? KIND_NAMES[k] : "?"; }

@@ -158,8 +158,37 @@ static void train_figures(const tui_state *st, train_figs *f)
     }
 }
 
+/* `plot`'s runs: one curve each over the same axes, each in its colour, and a legend row naming them. */
+static void draw_plot(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
+{
+    static const int roles[TUI_PLOT_RUNS] = {R_PLOT, R_PLOT2, R_GOOD, R_WARN, R_ERR, R_JOINING, R_ONLINE, R_TEXT};
+    char right[96];
+    snprintf(right, sizeof right, "plot: %s, %d run%s", st->plot_metric, st->plot_n, st->plot_n == 1 ? "" : "s");
+    tui_draw_title(cb, 4, "Train", focused, right);
+    int rows = cb->h - 1;
+    if (rows < 1)
+        return;
+    tui_plot_line lines[TUI_PLOT_RUNS];
+    for (int i = 0; i < st->plot_n; i++)
+        lines[i] = (tui_plot_line){.xs = st->plot_s[i].x, .ys = st->plot_s[i].y, .n = st->plot_s[i].n, .role = roles[i]};
+    int legend = rows >= 4;
+    tui_plot_opts o = {.xunit = "step", .role = R_PLOT};
+    if (!strcmp(st->plot_metric, "accuracy"))
+        o.fixed = 1, o.fixed_lo = 0, o.fixed_hi = 1;
+    tui_plot_lines(cb, 1, 0, rows - legend, cb->w, lines, st->plot_n, &o, &v->loss_scale);
+    const tui_glyphs *g = tui_cb_glyphs(cb);
+    for (int i = 0, x = 0; legend && i < st->plot_n && x + (i ? 4 : 2) < cb->w; i++) { /* "─ a.jsonl  ─ b.jsonl" */
+        x += i ? 2 : 0;
+        tui_cb_put(cb, rows, x, g->h, roles[i], 0);
+        x += 2;
+        x += tui_cb_text(cb, rows, x, cb->w - x, st->plot_name[i], R_TEXT, 0);
+    }
+}
+
 void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
 {
+    if (st->plot_n)
+        return draw_plot(cb, st, v, focused);
     char right[128] = "", text[256] = "";
     const char *vname = st->val_name[0] ? st->val_name : "validation";
     int rows = cb->h - 1;

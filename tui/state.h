@@ -21,6 +21,7 @@
 #define TUI_ROUTE_NOTES 32
 #define TUI_SPARK 240
 #define TUI_PROGRESS 4
+#define TUI_PLOT_RUNS 8
 
 typedef struct tui_series {
     double *x, *y;
@@ -84,6 +85,10 @@ typedef struct tui_state {
     double serve_tps;
     char serve_url[128], serve_error[240];
     char *serve_reqs;
+    /* `plot` (TE_PLOT): runs' curves of one metric, shown in the training panel until a training starts */
+    int plot_n;
+    char plot_metric[32], plot_name[TUI_PLOT_RUNS][64];
+    tui_series plot_s[TUI_PLOT_RUNS];
     /* progress bars */
     tui_bar bars[TUI_PROGRESS];
     /* the log: a ring of TUI_LOG_LINES */

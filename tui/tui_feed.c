@@ -202,6 +202,28 @@ static tui_ev *serve_event(const sp_ui_serve *v)
     return e;
 }
 
+/* plot's runs as text: "# NAME" then an "X Y" line per point, each run after the other. */
+static tui_ev *plot_event(const sp_ui_plot *p)
+{
+    tui_ev *e = tui_ev_new(TE_PLOT);
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = e ? open_memstream(&s, &len) : NULL;
+    if (!f) {
+        tui_ev_free(e);
+        return NULL;
+    }
+    for (int r = 0; r < p->nruns; r++) {
+        fprintf(f, "# %s\n", p->runs[r].name);
+        for (int i = 0; i < p->runs[r].n; i++)
+            fprintf(f, "%.17g %.17g\n", p->runs[r].x[i], p->runs[r].y[i]);
+    }
+    fclose(f);
+    e->text = s;
+    e->what = strdup(p->metric);
+    return e;
+}
+
 static char *with_where(const sp_ui_event *ev)
 {
     char *s = NULL;
@@ -260,6 +282,7 @@ static void emit(tui *t, const sp_ui_event *ev)
             e->n = 1;
         break;
     case SP_UI_SERVE: e = serve_event(ev->serve); break;
+    case SP_UI_PLOT: e = plot_event(ev->plot); break;
     }
     post(t, e);
 }

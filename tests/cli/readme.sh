@@ -209,7 +209,7 @@ n=0
 while IFS= read -r ex; do
     n=$((n + 1))
     case "$ex" in
-    swarm\ up* | connect* | load* | model\ * | help* | set* | show* | echo* | sleep* | version* | plugin*) ctx="load $M" ;;
+    swarm\ up* | connect* | load* | model\ * | help* | set* | show* | echo* | sleep* | version* | plugin* | plot\ *) ctx="load $M" ;;
     *) ctx="load $M; swarm up 3" ;;
     esac
     if [[ $ex == "serve "* ]]; then # it serves until Ctrl-C: on a free port, with a token file, until it says so
