@@ -412,7 +412,7 @@ static int send_delta(stream_st *st, int row, size_t upto, int role)
     row_text *t = &st->row[row];
     if (upto <= t->sent && !role)
         return 0;
-    char *piece = strndup(t->acc + t->sent, upto - t->sent);
+    char *piece = t->acc ? strndup(t->acc + t->sent, upto - t->sent) : strdup(""); /* (the role: no text yet) */
     cJSON *choices, *root = envelope(st->q, st->p, 1, &choices);
     add_choice(st->p, choices, row, piece ? piece : "", NULL, 1, role);
     free(piece);
