@@ -70,6 +70,7 @@ extern const sp_cmd sp_cmds_model[];    /* model info|check|generate|convert-lla
 extern const sp_cmd sp_cmds_swarm[];    /* load, swarm, connect, servers, models, route */
 extern const sp_cmd sp_cmds_generate[]; /* generate */
 extern const sp_cmd sp_cmds_train[];    /* train, eval, plugin */
+extern const sp_cmd sp_cmds_plot[];     /* plot */
 extern const sp_cmd sp_cmds_serve[];    /* serve */
 
 typedef struct sp_cmd_group {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "app.h"
+#include "http.h"
 #include "runtime.h"
 
 enum { SERVE_HTTP, SERVE_API_KEY_FILE, SERVE_PARALLEL, SERVE_MODEL, SERVE_INITIAL_PEERS, SERVE_NOPTS };
@@ -13,20 +14,9 @@ enum { SERVE_HTTP, SERVE_API_KEY_FILE, SERVE_PARALLEL, SERVE_MODEL, SERVE_INITIA
 /* "HOST:PORT", "[V6]:PORT", ":PORT" (loopback) into o: 0, or 1 after a message. */
 static int parse_listen(sp_app *app, const char *s, sp_serve_opts *o)
 {
-    const char *colon = strrchr(s, ':');
-    char *end;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (!colon || colon[1] == 0 || *end || port < 0 || port > 65535)
-        return sp_app_error(app, "serve: --http: expected HOST:PORT (127.0.0.1:8080; port 0: a free one), got '%s'", s);
-    size_t hl = (size_t)(colon - s);
-    if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') /* [::1]:8080 */
-        s++, hl -= 2;
-    if (hl >= sizeof o->host)
-        return sp_app_error(app, "serve: --http: the host is too long");
-    snprintf(o->host, sizeof o->host, "%.*s", (int)hl, hl ? s : "127.0.0.1");
-    if (!hl)
-        snprintf(o->host, sizeof o->host, "127.0.0.1");
-    o->port = (int)port;
+    sp_err err = {0};
+    if (sp_http_parse_listen(s, o->host, sizeof o->host, &o->port, &err))
+        return sp_app_error(app, "serve: --http: %s", err.msg);
     return 0;
 }
 

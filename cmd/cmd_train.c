@@ -1,10 +1,14 @@
 /* cmd_train.c - `train`, `eval`, `plugin load|list`: prompt tuning from the command line. */
+#include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "app.h"
+#include "timeutil.h"
 #include "host.h"
 #include "optim.h"
 #include "runtime.h"
@@ -19,7 +23,7 @@ enum {
     TR_TUNING, TR_PRE_SEQ_LEN, TR_BATCH, TR_MAX_LENGTH, TR_MICROBATCHES, TR_EVAL_BATCHES, TR_SEED, TR_DEVICE,
     TR_ARGS, TR_LOAD, TR_NCOMMON,
     TR_LR = TR_NCOMMON, TR_EPOCHS, TR_WARMUP, TR_SCHEDULE, TR_MAX_IN_FLIGHT, TR_MAX_STEPS, TR_FP16, TR_SAVE,
-    TR_OVERWRITE, TR_NOPTS
+    TR_OVERWRITE, TR_LOG, TR_NOPTS
 };
 
 /* Option k when given, else cur. */
@@ -78,13 +82,71 @@ static void common_opts(sp_app *app, const sp_args *a, sp_train_opts *o)
 
 typedef struct progress_ctx {
     sp_app *app;
+    FILE *log;  /* --log: a JSON line per step and per validation */
+    double t0;
 } progress_ctx;
+
+/* A validation's metrics ("accuracy=0.75 loss=0.5 n=128") as a JSON object of numbers. */
+static cJSON *metrics_json(const char *m)
+{
+    cJSON *o = cJSON_CreateObject();
+    char name[64];
+    double v;
+    int used;
+    for (const char *p = m; p && sscanf(p, " %63[^= ]=%lf%n", name, &v, &used) == 2; p += used)
+        cJSON_AddNumberToObject(o, name, v);
+    return o;
+}
+
+/* --log: the step's (or the validation's) line, flushed (a plot may read it while the run goes on). */
+static void log_event(progress_ctx *p, const sp_train_event *ev)
+{
+    if (!p->log || ev->eval_total > 0)
+        return;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "step", ev->step);
+    cJSON_AddNumberToObject(o, "epoch", ev->epoch);
+    if (ev->metrics) {
+        cJSON_AddItemToObject(o, "validation", metrics_json(ev->metrics));
+    } else {
+        cJSON_AddNumberToObject(o, "loss", ev->loss);
+        cJSON_AddNumberToObject(o, "lr", ev->lr);
+        cJSON_AddNumberToObject(o, "grad_norm", ev->grad_norm);
+        cJSON_AddNumberToObject(o, "tokens_per_s", round(ev->tokens_per_s * 10) / 10);
+    }
+    cJSON_AddNumberToObject(o, "t", round((sp_now_s() - p->t0) * 1000) / 1000);
+    char *s = cJSON_PrintUnformatted(o);
+    if (s)
+        fprintf(p->log, "%s\n", s), fflush(p->log);
+    free(s);
+    cJSON_Delete(o);
+}
 
 static void on_train(const sp_train_event *ev, void *user)
 {
     progress_ctx *p = user;
+    log_event(p, ev);
     sp_ui_event e = {.kind = SP_UI_TRAIN, .train = ev};
     sp_emit(p->app, &e);
+}
+
+/* --log FILE: opened (refused when it exists, unless --overwrite), its first line the run's description. */
+static int open_log(sp_app *app, const sp_args *a, const char *what, progress_ctx *p)
+{
+    const char *path = sp_arg(app, a, TR_LOG);
+    if (!path)
+        return 0;
+    if (!(p->log = fopen(path, "w")))
+        return sp_app_error(app, "train: --log %s: cannot write it", path);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run", what);
+    cJSON_AddNumberToObject(o, "started", (double)time(NULL));
+    char *s = cJSON_PrintUnformatted(o);
+    if (s)
+        fprintf(p->log, "%s\n", s), fflush(p->log);
+    free(s);
+    cJSON_Delete(o);
+    return 0;
 }
 
 /* train TASK ... / eval [TASK] ... */
@@ -141,6 +203,9 @@ static int run(sp_app *app, const sp_args *a, int do_train)
         o.pre_seq_len = 0;
     if (save && access(save, F_OK) == 0 && !sp_arg_given(a, TR_OVERWRITE))
         return sp_app_error(app, "%s: --save %s: the file exists (add --overwrite to replace it)", cmd, save);
+    const char *log = do_train ? sp_arg(app, a, TR_LOG) : NULL;
+    if (log && access(log, F_OK) == 0 && !sp_arg_given(a, TR_OVERWRITE))
+        return sp_app_error(app, "%s: --log %s: the file exists (add --overwrite to replace it)", cmd, log);
     sp_trainer *t = NULL;
     if (sp_trainer_new(&t, rt, NULL, task, sp_arg(app, a, TR_ARGS), &o, &err))
         return sp_app_error(app, "%s: %s", cmd, err.msg);
@@ -162,9 +227,16 @@ static int run(sp_app *app, const sp_args *a, int do_train)
                      planned == 1 ? "" : "s");
         snprintf(what, sizeof what, "training %s with %s (P %d), batch %d, lr %g, %s", task->name,
                  TUNINGS[o.tuning], o.tuning == SP_TUNE_HEAD ? 0 : o.pre_seq_len, o.batch, (double)o.lr, span);
+        if (open_log(app, a, what, &pc)) {
+            sp_trainer_free(t);
+            return 1;
+        }
+        pc.t0 = sp_now_s();
         sp_ui_event b = {.kind = SP_UI_TRAIN_BEGIN, .text = what};
         sp_emit(app, &b);
         st = sp_trainer_fit(t, on_train, &pc, &err);
+        if (pc.log)
+            fclose(pc.log);
     } else {
         st = sp_trainer_eval(t, metrics, sizeof metrics, &err);
     }
@@ -269,7 +341,10 @@ static const sp_opt train_opts[] = {
     [TR_FP16] = {"--fp16", SP_OPT_FLAG, .help = "dynamic loss scaling, as fp16 training needs"},
     [TR_SAVE] = {"--save", SP_OPT_PATH, "FILE",
                  .help = "write the trained parameters (also when stopped after some steps)"},
-    [TR_OVERWRITE] = {"--overwrite", SP_OPT_FLAG, .help = "let --save replace an existing file"},
+    [TR_OVERWRITE] = {"--overwrite", SP_OPT_FLAG, .help = "let --save and --log replace an existing file"},
+    [TR_LOG] = {"--log", SP_OPT_PATH, "FILE",
+                .help = "write the run's metrics as JSON Lines (each step's loss, lr, grad_norm, tokens_per_s; "
+                        "each epoch's validation) for `plot`"},
     [TR_NOPTS] = {0},
 };
 
@@ -293,7 +368,7 @@ const sp_cmd sp_cmds_train[] = {
              "once. Loss and gradients are the same whatever the schedule. Ctrl-C stops after the current step (and "
              "--save writes what was trained). Tasks: `plugin list` (sst2 and causal_lm are built in; causal_lm "
              "needs --args \"file=PATH\").",
-     .examples = "train sst2 --tuning deep_ptune --max-steps 5 --eval-batches 2", .fn = cmd_train,
+     .examples = "train sst2 --tuning deep_ptune --max-steps 5 --eval-batches 2 --log run1.jsonl", .fn = cmd_train,
      .check = check_run, .complete = complete_task},
     {.name = "eval", .args = "[TASK]", .min_pos = 0, .max_pos = 1, SP_OPTS(eval_opts),
      .summary = "validation metrics of a task (with --load FILE: of trained parameters)",

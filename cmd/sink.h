@@ -24,6 +24,9 @@ typedef enum sp_ui_kind {
     SP_UI_TRAIN_END,  /* text: how it ended */
     SP_UI_RUNTIME,    /* rt: an event of the client runtime */
     SP_UI_LINE,       /* text: a script's line about to run (where: "FILE:LINE"); not for comments or blank lines */
+    SP_UI_SERVE,      /* serve: the endpoint's requests now (twice a second while `serve` runs, and when it stops) */
+    SP_UI_PLOT,       /* plot: runs' curves of one metric to draw (`plot`): the line front end as text, the TUI in
+                         its training panel */
 } sp_ui_kind;
 
 /* The figures of a finished generation. */
@@ -35,6 +38,40 @@ typedef struct sp_ui_gen {
     int sampled; /* the seed matters */
 } sp_ui_gen;
 
+/* The OpenAI endpoint's requests (`serve`): those generating or waiting, the rates, the totals. */
+#define SP_UI_SERVE_ROWS 8
+typedef struct sp_ui_serve_req {
+    long id;
+    int chat, stream, waiting;   /* /v1/chat/completions; streamed; waiting for its turn */
+    int prompt_tokens, new_tokens;
+    double secs;                 /* since it came */
+} sp_ui_serve_req;
+
+typedef struct sp_ui_serve {
+    const char *url;             /* "http://127.0.0.1:8080/v1" */
+    int active, waiting;         /* generating, waiting for a turn */
+    int nreq;                    /* rows in req (the oldest SP_UI_SERVE_ROWS requests in progress) */
+    sp_ui_serve_req req[SP_UI_SERVE_ROWS];
+    long served, failed;         /* requests answered so far, and of them with an error */
+    double tokens_per_s;         /* new tokens of all requests per second, over the last half second */
+    const char *last_error;      /* "#9 POST /v1/completions 400: 'temperature' must be ..." or NULL */
+    int stopped;                 /* serving has ended */
+} sp_ui_serve;
+
+/* Runs' curves of one metric (`plot FILE...`): each run's (x, y) points, x the step. */
+typedef struct sp_ui_run {
+    const char *name;            /* the file's name */
+    int n;
+    const double *x, *y;
+} sp_ui_run;
+
+typedef struct sp_ui_plot {
+    const char *metric;          /* "loss", "lr", "grad_norm", "tokens_per_s", or a validation metric */
+    int nruns;
+    const sp_ui_run *runs;
+    int width, height;           /* the text plot's size (the line front end) */
+} sp_ui_plot;
+
 typedef struct sp_ui_event {
     sp_ui_kind kind;
     const char *text;
@@ -44,6 +81,8 @@ typedef struct sp_ui_event {
     const sp_ui_gen *gen;
     const sp_train_event *train;
     const sp_event *rt;
+    const sp_ui_serve *serve;
+    const sp_ui_plot *plot;
 } sp_ui_event;
 
 typedef struct sp_sink {

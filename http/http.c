@@ -45,6 +45,25 @@ struct sp_http_conn {
     int answered, streaming, broken;
 };
 
+sp_status sp_http_parse_listen(const char *s, char *host, size_t cap, int *port, sp_err *err)
+{
+    const char *colon = strrchr(s, ':');
+    char *end;
+    long p = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon[1] == 0 || *end || p < 0 || p > 65535)
+        return sp_errf(err, SP_ERR_ARG, "expected HOST:PORT (127.0.0.1:8080; port 0: a free one), got '%s'", s);
+    size_t hl = (size_t)(colon - s);
+    if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') /* [::1]:8080 */
+        s++, hl -= 2;
+    if (hl >= cap)
+        return sp_errf(err, SP_ERR_ARG, "the host is too long");
+    snprintf(host, cap, "%.*s", (int)hl, hl ? s : "127.0.0.1");
+    if (!hl)
+        snprintf(host, cap, "127.0.0.1");
+    *port = (int)p;
+    return SP_OK;
+}
+
 const char *sp_http_reason(int status)
 {
     switch (status) {

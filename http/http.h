@@ -98,6 +98,10 @@ int sp_http_conns(sp_http *s);
 /* Stops (see above), waits for every handler, frees s. */
 void sp_http_stop(sp_http *s);
 
+/* A listening address "HOST:PORT" ("[::1]:8080"; ":8080" and an empty host: 127.0.0.1; port 0: a free one) into
+ * host (cap bytes) and *port. Error: "expected HOST:PORT (127.0.0.1:8080; port 0: a free one), got 'x'". */
+sp_status sp_http_parse_listen(const char *s, char *host, size_t cap, int *port, sp_err *err);
+
 /* "Bad Request" for 400, ... ("Unknown" for a code it does not know). */
 const char *sp_http_reason(int status);
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "paths.h"
+#include "plot.h"
 #include "timeutil.h"
 #include "version.h"
 
@@ -336,7 +337,14 @@ static void line_emit(void *user, const sp_ui_event *ev)
         break;
     case SP_UI_TRAIN_END: break; /* the command says how it ended */
     case SP_UI_RUNTIME: runtime_event(ev->rt); break;
-    case SP_UI_LINE: break; /* scripts run quietly */
+    case SP_UI_LINE: break;  /* scripts run quietly */
+    case SP_UI_SERVE: break; /* the log lines of each request say it here */
+    case SP_UI_PLOT: {
+        char *text = sp_plot_text(ev->plot);
+        out_text(text ? text : "plot: out of memory\n");
+        free(text);
+        break;
+    }
     }
     pthread_mutex_unlock(&L.lock);
 }

@@ -13,8 +13,13 @@
  *   indent, safe, e/escape, wordcount, center) and the string and dict methods templates call (strip, lstrip,
  *   rstrip, split, startswith, endswith, upper, lower, title, capitalize, replace, format, items, keys,
  *   values, get); globals raise_exception(msg), namespace(...), range(...), strftime_now(fmt).
+ * {% generation %} (transformers' marker) renders its body. Jinja's scoping holds: what a loop's iteration sets is
+ * gone at the next and after the loop; a macro sees the context and its arguments. Strings are indexed, sliced
+ * and counted by characters (UTF-8 code points); case filters map ASCII letters only.
  * Anything else is an error naming it and its line: a template outside the subset is refused, never
- * rendered wrong. Values are cJSON trees (the context: messages, add_generation_prompt, bos_token, ...). */
+ * rendered wrong. So is one past the limits (200 nested levels, 1000 parts in a tag, 10M steps, 16 MiB of output,
+ * range() of 100000): an error, never a crash or a hang. Values are cJSON trees (the context: messages,
+ * add_generation_prompt, bos_token, ...), so 2.0 prints as 2. tests/test_jinja.c holds it to Jinja2 itself. */
 #ifndef SEPAL_JINJA_H
 #define SEPAL_JINJA_H
 

@@ -412,7 +412,7 @@ static int send_delta(stream_st *st, int row, size_t upto, int role)
     row_text *t = &st->row[row];
     if (upto <= t->sent && !role)
         return 0;
-    char *piece = t->acc ? strndup(t->acc + t->sent, upto - t->sent) : NULL; /* the role's chunk: none yet */
+    char *piece = t->acc ? strndup(t->acc + t->sent, upto - t->sent) : strdup(""); /* (the role: no text yet) */
     cJSON *choices, *root = envelope(st->q, st->p, 1, &choices);
     add_choice(st->p, choices, row, piece ? piece : "", NULL, 1, role);
     free(piece);
@@ -425,8 +425,9 @@ static int on_token(int row, int token, const char *text, void *user)
     (void)token;
     stream_st *st = user;
     srv_req *q = st->q;
-    q->new_tokens++;
-    if (sp_http_stopping(q->c) || (!q->stream && (q->new_tokens & 7) == 0 && sp_http_peer_gone(q->c)))
+    int got = __atomic_add_fetch(&q->new_tokens, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&q->s->tokens, 1, __ATOMIC_RELAXED);
+    if (sp_http_stopping(q->c) || (!q->stream && (got & 7) == 0 && sp_http_peer_gone(q->c)))
         return st->gone = 1;
     if (!q->stream || !text || !*text)
         return 0;
@@ -562,9 +563,10 @@ static void generate(srv_req *q, oai *p)
     sp_status rc = sp_generate(&lm, s->tok, rows, lens, p->rows, &p->o, on_token, &st, &r, &err);
     srv_turn_end(q);
     q->gen_s = rc ? 0 : r.seconds;
-    q->new_tokens = 0;
+    int new_tokens = 0;
     for (int i = 0; !rc && i < p->rows; i++)
-        q->new_tokens += r.n[i];
+        new_tokens += r.n[i];
+    __atomic_store_n(&q->new_tokens, new_tokens, __ATOMIC_RELAXED);
     int stopped = !rc && (st.gone || r.stop_reason == SP_GEN_STOP_CANCELLED);
     const char *why = rc ? err.msg : "the endpoint is stopping";
     if (p->stream && (rc || stopped))
@@ -584,6 +586,7 @@ static void generate(srv_req *q, oai *p)
 void srv_completions(srv_req *q, int chat)
 {
     oai p = {.chat = chat};
+    q->chat = chat;
     p.root = cJSON_ParseWithLength(q->r->body, q->r->body_len);
     if (!cJSON_IsObject(p.root)) {
         srv_error(q, 400, NULL, NULL, "invalid_json", "the body is not a JSON object");

@@ -81,6 +81,7 @@ int srv_turn(srv_req *q)
     sp_srv *s = q->s;
     pthread_mutex_lock(&s->mu);
     s->waiting++;
+    q->waiting = 1;
     int gone = 0;
     while (s->generating >= s->parallel && !(gone = sp_http_stopping(q->c) || sp_http_peer_gone(q->c))) {
         struct timespec ts;
@@ -91,6 +92,7 @@ int srv_turn(srv_req *q)
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     s->waiting--;
+    q->waiting = 0;
     if (!gone)
         s->generating++;
     pthread_mutex_unlock(&s->mu);
@@ -221,6 +223,64 @@ static void log_request(srv_req *q)
                  q->new_tokens, q->gen_s, q->gen_s > 0 ? q->new_tokens / q->gen_s : 0.0, q->stream ? ", streamed" : "");
     sp_emitf(s->app, failed ? SP_UI_WARN : SP_UI_NOTICE, "serve: #%ld %s %s %d%s%s%s; %d active", q->id, q->r->method,
              q->r->path, q->status, figures, failed ? ": " : "", failed ? q->why : "", active);
+    if (failed) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->last_error, sizeof s->last_error, "#%ld %.16s %.80s %d: %.280s", q->id, q->r->method, q->r->path, q->status,
+                 q->why);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* A request in progress into the front end's view (0), or not when the view is full (-1). */
+static void live_add(sp_srv *s, srv_req *q)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->nlive < SRV_LIVE)
+        s->live[s->nlive++] = q;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void live_remove(sp_srv *s, srv_req *q)
+{
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nlive; i++)
+        if (s->live[i] == q) {
+            memmove(&s->live[i], &s->live[i + 1], (size_t)(s->nlive - i - 1) * sizeof *s->live);
+            s->nlive--;
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The front end's view (SP_UI_SERVE): the requests in progress, the totals, tokens/s since *last (updated). */
+static void emit_view(sp_srv *s, long *last_tokens, double *last_t, int stopped)
+{
+    sp_ui_serve v = {.url = s->url, .stopped = stopped};
+    double now = sp_now_s();
+    long tokens = __atomic_load_n(&s->tokens, __ATOMIC_RELAXED);
+    v.tokens_per_s = now > *last_t ? (double)(tokens - *last_tokens) / (now - *last_t) : 0;
+    *last_tokens = tokens;
+    *last_t = now;
+    char err[sizeof s->last_error];
+    pthread_mutex_lock(&s->mu);
+    v.active = s->generating;
+    v.waiting = s->waiting;
+    v.served = s->served;
+    v.failed = s->failed;
+    for (int i = 0; i < s->nlive && v.nreq < SP_UI_SERVE_ROWS; i++) {
+        const srv_req *q = s->live[i];
+        if (!q->prompt_tokens && !q->waiting) /* not generating (yet, or ever: /v1/models) */
+            continue;
+        v.req[v.nreq++] = (sp_ui_serve_req){.id = q->id, .chat = q->chat, .stream = q->stream,
+                                            .waiting = q->waiting, .prompt_tokens = q->prompt_tokens,
+                                            .new_tokens = __atomic_load_n(&q->new_tokens, __ATOMIC_RELAXED),
+                                            .secs = now - q->t0};
+    }
+    snprintf(err, sizeof err, "%s", s->last_error);
+    pthread_mutex_unlock(&s->mu);
+    v.last_error = err[0] ? err : NULL;
+    sp_ui_event e = {.kind = SP_UI_SERVE, .serve = &v};
+    sp_emit(s->app, &e);
 }
 
 static void handle(sp_http_conn *c, const sp_http_req *r, void *user)
@@ -230,7 +290,9 @@ static void handle(sp_http_conn *c, const sp_http_req *r, void *user)
     pthread_mutex_lock(&s->mu);
     q.id = ++s->next_id;
     pthread_mutex_unlock(&s->mu);
+    live_add(s, &q);
     route(&q);
+    live_remove(s, &q);
     if (strcmp(r->path, "/health"))
         log_request(&q);
 }
@@ -293,16 +355,22 @@ int sp_serve_run(sp_app *app, const sp_serve_opts *o)
         return sp_app_error(app, "serve: %s", err.msg);
     }
     int v6 = strchr(o->host, ':') != NULL;
-    sp_out(app, "serving %s at http://%s%s%s:%d/v1 (%s; %d at once%s); Ctrl-C stops\n", s->model, v6 ? "[" : "", o->host,
-           v6 ? "]" : "", sp_http_port(h), sp_chat_describe(s->chat), s->parallel, *s->api_key ? "; a token" : "");
+    snprintf(s->url, sizeof s->url, "http://%s%s%s:%d/v1", v6 ? "[" : "", o->host, v6 ? "]" : "", sp_http_port(h));
+    sp_out(app, "serving %s at %s (%s; %d at once%s); Ctrl-C stops\n", s->model, s->url, sp_chat_describe(s->chat),
+           s->parallel, *s->api_key ? "; a token" : "");
     if (!loopback(o->host) && !*s->api_key)
         sp_warn(app, "serve: %s is not a loopback address and no --api-key-file was given: anyone who reaches it "
                      "can use the swarm", o->host);
-    while (!sp_app_cancelled(app)) {
+    long last_tokens = 0;
+    double last_t = sp_now_s();
+    for (int tick = 1; !sp_app_cancelled(app); tick++) {
         struct timespec ts = {.tv_sec = 0, .tv_nsec = 50000000};
         nanosleep(&ts, NULL);
+        if (tick % 10 == 0) /* the front end's view, twice a second */
+            emit_view(s, &last_tokens, &last_t, 0);
     }
     sp_http_stop(h); /* the handlers see it, end their generations and answer */
+    emit_view(s, &last_tokens, &last_t, 1);
     sp_note(app, "serve: stopped after %ld request%s (%ld failed)", s->served, s->served == 1 ? "" : "s", s->failed);
     sp_chat_free(s->chat);
     pthread_mutex_destroy(&s->mu);

@@ -11,6 +11,8 @@
 #include "http.h"
 #include "runtime.h"
 
+#define SRV_LIVE 64 /* requests in progress the front end's view follows (the rest are served, not shown) */
+
 /* What a request leaves out: the settings when serving started (`show`). */
 typedef struct srv_defaults {
     int max_new, top_k, min_new, ignore_eos;
@@ -33,10 +35,16 @@ typedef struct sp_srv {
     pthread_cond_t cv;
     int parallel, generating, waiting; /* the turns */
     long next_id, served, failed;
+    char url[300];                     /* where it serves: "http://127.0.0.1:8080/v1" */
+    struct srv_req *live[SRV_LIVE];    /* requests in progress, oldest first (under mu; the front end's view) */
+    int nlive;
+    long tokens;                       /* new tokens of all requests (atomic) */
+    char last_error[400];              /* the last failed request's log line (under mu) */
 } sp_srv;
 
 /* One request being answered (on its connection's thread). */
 typedef struct srv_req {
+    int chat, waiting;     /* a chat; waiting for its turn (under s->mu) */
     sp_srv *s;
     sp_http_conn *c;
     const sp_http_req *r;
@@ -44,7 +52,7 @@ typedef struct srv_req {
     double t0;
     int status;            /* what was answered */
     char why[600];         /* an error's message, for the log */
-    int prompt_tokens, new_tokens, stream;
+    int prompt_tokens, new_tokens, stream; /* new_tokens: atomic (the front end's view reads it) */
     double gen_s;          /* the generation's seconds */
 } srv_req;
 

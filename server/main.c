@@ -9,6 +9,7 @@
  * serves its new span. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include "announce.h"
 #include "blocksel.h"
 #include "config.h"
+#include "http.h"
 #include "kern.h"
 #include "log.h"
 #include "memtune.h"
@@ -61,6 +63,8 @@ typedef struct args {
     double min_rate_kib;      /* --min-rate (KiB/s; 0: none); < 0: the default */
     char announce_host[64];   /* --announce HOST[:PORT]: where clients reach it ("": --host) */
     int announce_port;        /* 0: its own websocket port */
+    char metrics_host[256];   /* --metrics HOST:PORT ("": none) */
+    int metrics_port;
 } args;
 
 static void print_line(void *user, const char *line) { fprintf(user, "%s\n", line); }
@@ -106,6 +110,15 @@ static int parse_announce(const char *v, args *a)
     return 0;
 }
 
+static int parse_metrics(const char *v, args *a)
+{
+    sp_err err = {0};
+    if (!sp_http_parse_listen(v, a->metrics_host, sizeof a->metrics_host, &a->metrics_port, &err))
+        return 0;
+    fprintf(stderr, "sepal-server: --metrics: %s\n", err.msg);
+    return -1;
+}
+
 /* Where option k's value goes (v: given, or the row's default); -1 after a message. */
 static int take(args *a, int k, const char *v)
 {
@@ -115,6 +128,7 @@ static int take(args *a, int k, const char *v)
     case S_BLOCKS: return parse_blocks(v, a);
     case S_NUM_BLOCKS: a->num_blocks = (int)sp_opt_int(v); break;
     case S_ANNOUNCE: return parse_announce(v, a);
+    case S_METRICS: return parse_metrics(v, a);
     case S_NEW_SWARM: a->new_swarm = 1; break;
     case S_INITIAL_PEERS: a->initial_peers = v; break;
     case S_DHT_PORT: a->dht_port = (int)sp_opt_int(v); break;
@@ -216,11 +230,21 @@ typedef struct app {
     args a;
     char id[SP_SERVER_ID_LEN];
     sp_config cfg;
-    sp_server *srv;
+    sp_server *srv;          /* changed under srv_lock (the metrics' thread reads it) */
+    pthread_mutex_t srv_lock;
     sp_announce *ann;
     sp_rng rng;
     int port, bulk_port; /* kept across moves */
+    sp_http *metrics;    /* --metrics */
 } app;
+
+/* The server now, under srv_lock (NULL: none: loading, or moving). */
+static void set_srv(app *p, sp_server *s)
+{
+    pthread_mutex_lock(&p->srv_lock);
+    p->srv = s;
+    pthread_mutex_unlock(&p->srv_lock);
+}
 
 /* Sleeps up to s seconds, waking early on a stop signal. */
 static void nap(double s)
@@ -364,9 +388,11 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
     o.dht_port = p->ann ? sp_announce_dht_port(p->ann) : 0;
     o.public_host = p->a.announce_host[0] ? p->a.announce_host : NULL;
     o.public_port = p->a.announce_port;
-    sp_status st = sp_server_start(&p->srv, &o, err);
+    sp_server *srv = NULL;
+    sp_status st = sp_server_start(&srv, &o, err);
     if (st)
         return st;
+    set_srv(p, srv);
     sp_server_span(p->srv, &start, &end);
     p->port = sp_server_port(p->srv);
     if (p->bulk_port == 0)
@@ -403,8 +429,9 @@ static sp_status maybe_move(app *p, sp_err *err)
     int start, end, old_start, old_end;
     sp_server_span(p->srv, &old_start, &old_end);
     announce_state(p, old_start, old_end, SP_SERVER_OFFLINE);
-    sp_server_stop(p->srv);
-    p->srv = NULL;
+    sp_server *old = p->srv;
+    set_srv(p, NULL);
+    sp_server_stop(old);
     choose_span(p, &start, &end);
     fprintf(stderr, "sepal-server: moving from blocks %d:%d to %d:%d (the swarm gains throughput)\n", old_start,
             old_end, start, end);
@@ -432,6 +459,52 @@ static int run(app *p)
         }
         next_check = sp_now_s() + 2 * p->a.balance_period * sp_rng_f32(&p->rng);
     }
+    return 0;
+}
+
+/* GET /metrics: the server's metrics (Prometheus' text format), its DHT node's restarts added; 503 while no
+ * server runs (loading, moving). */
+static void metrics_handler(sp_http_conn *c, const sp_http_req *r, void *user)
+{
+    app *p = user;
+    if (strcmp(r->path, "/metrics")) {
+        sp_http_respond(c, 404, "text/plain", NULL, "not found: the metrics are at /metrics\n", 39);
+        return;
+    }
+    if (strcmp(r->method, "GET") && strcmp(r->method, "HEAD")) {
+        sp_http_respond(c, 405, "text/plain", "Allow: GET\r\n", "use GET\n", 8);
+        return;
+    }
+    sp_dht *d = p->ann ? sp_announce_dht(p->ann) : NULL;
+    sp_mx_extra x = {.have_dht = d != NULL, .dht_restarts = d ? sp_dht_restarts(d) : 0,
+                     .dht_refused = d ? sp_dht_refused(d) : 0};
+    pthread_mutex_lock(&p->srv_lock);
+    char *text = p->srv ? sp_server_metrics_text(p->srv, &x) : NULL;
+    int loading = !p->srv;
+    pthread_mutex_unlock(&p->srv_lock);
+    if (text)
+        sp_http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, text, strlen(text));
+    else if (loading)
+        sp_http_respond(c, 503, "text/plain", NULL, "no blocks served yet (loading)\n", 31);
+    else
+        sp_http_respond(c, 500, "text/plain", NULL, "out of memory\n", 14);
+    free(text);
+}
+
+static int start_metrics(app *p)
+{
+    if (!p->a.metrics_host[0])
+        return 0;
+    sp_err err = {0};
+    sp_http_opts ho = {.host = p->a.metrics_host, .port = p->a.metrics_port, .handler = metrics_handler, .user = p};
+    if (sp_http_start(&p->metrics, &ho, &err)) {
+        fprintf(stderr, "sepal-server: --metrics: %s\n", err.msg);
+        return -1;
+    }
+    int v6 = strchr(p->a.metrics_host, ':') != NULL;
+    printf("sepal-server: metrics at http://%s%s%s:%d/metrics\n", v6 ? "[" : "", p->a.metrics_host, v6 ? "]" : "",
+           sp_http_port(p->metrics));
+    fflush(stdout);
     return 0;
 }
 
@@ -547,6 +620,11 @@ int main(int argc, char **argv)
         sp_announce_stop(p.ann);
         return 2;
     }
+    pthread_mutex_init(&p.srv_lock, NULL);
+    if (start_metrics(&p)) {
+        sp_announce_stop(p.ann);
+        return 1;
+    }
     rc = run(&p);
     if (p.srv) {
         uint64_t pin, pout;
@@ -556,6 +634,10 @@ int main(int argc, char **argv)
     }
     sp_server_goodbye(p.srv); /* clients in a session hear why, and route around it at once */
     sp_announce_stop(p.ann);   /* OFFLINE: clients stop choosing it before its connections close */
-    sp_server_stop(p.srv);
+    if (p.metrics)
+        sp_http_stop(p.metrics);
+    sp_server *srv = p.srv;
+    set_srv(&p, NULL);
+    sp_server_stop(srv);
     return rc;
 }

@@ -95,6 +95,8 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
     [S_SESSION_TIMEOUT] = {"--session-timeout", SP_OPT_NUM, "S", 0.1, 1e9, .def = "1800",
                            .help = "close sessions older than S seconds"},
     [S_NO_MEASURE] = {"--no-measure", SP_OPT_FLAG, .help = "skip the throughput measurement at start"},
+    [S_METRICS] = {"--metrics", SP_OPT_STR, "HOST:PORT",
+                   .help = "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: a free one, said at start)"},
     [S_VERBOSE] = {"--verbose", SP_OPT_FLAG, .help = "log requests and sessions"},
     [S_VERSION] = {"--version", SP_OPT_FLAG, .help = "print the version and exit"},
     [S_HELP] = {"--help", SP_OPT_FLAG, .short_name = "-h", .help = "this text"},

@@ -44,8 +44,10 @@ void sp_rpc_error(sp_server *s, uint64_t conn, uint64_t request_id, const char *
     va_end(ap);
     sp_buf b = {0};
     sp_err err = {0};
-    if (sp_msg_encode_error(&b, request_id, code, msg, &err) == SP_OK)
+    if (sp_msg_encode_error(&b, request_id, code, msg, &err) == SP_OK) {
+        sp_mx_sent(&s->mx, b.len, 1);
         sp_ws_server_send(s->ws, conn, &b, NULL);
+    }
     else
         sp_buf_free(&b);
     sp_log(SP_LOG_DEBUG, "request %llu: %s: %s", (unsigned long long)request_id, code, msg);
@@ -118,6 +120,7 @@ static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
             sp_rpc_error(r->s, r->conn, r->m.request_id, "internal", "encoding the reply: %s", err.msg);
         return;
     }
+    sp_mx_sent(&r->s->mx, b.len, 0);
     sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
 }
 
@@ -766,12 +769,25 @@ static int decode(req *r, sp_server *s, uint64_t conn, const sp_buf *msg)
     return -1;
 }
 
+/* A compute request runs its blocks as a batch of its own (metrics.h): its positions, B x T of its hidden states. */
+static void count_batch(const req *r)
+{
+    int t = r->m.type;
+    int kind = t == SP_MSG_INFERENCE_STEP ? SP_MX_TOK_INFERENCE : t == SP_MSG_FORWARD ? SP_MX_TOK_FORWARD
+               : t == SP_MSG_BACKWARD                         ? SP_MX_TOK_BACKWARD
+                                                              : -1;
+    const sp_tensor_view *h = r->m.n_tensors > 0 ? &r->m.t[0] : NULL;
+    if (kind >= 0 && h && h->rank > 0 && h->shape[h->rank - 1] > 0)
+        sp_mx_batch(&r->s->mx, 1, kind, h->numel / (uint64_t)h->shape[h->rank - 1]);
+}
+
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
 {
     req r;
     if (decode(&r, s, conn, msg))
         return;
     r.msg = msg;
+    count_batch(&r);
     switch (r.m.type) {
     case SP_MSG_FORWARD: rpc_forward(&r, ws); break;
     case SP_MSG_BACKWARD: rpc_backward(&r, ws); break;
@@ -898,6 +914,11 @@ static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
         }
         st = sp_block_decode_batch(&s->m->blocks[i - s->m->first], h, h, b->kv, n, b->item_rows, &b->ws, &err);
     }
+    int rows = 0;
+    for (int k = 0; k < n; k++)
+        rows += b->st[g[k]].B;
+    if (!st)
+        sp_mx_batch(&s->mx, n, SP_MX_TOK_INFERENCE, (uint64_t)rows);
     for (int k = 0; k < n; k++) {
         req *r = &b->r[g[k]];
         if (st)
@@ -947,6 +968,8 @@ void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msg
     batch_run(b, s, n);
     for (int i = 0; i < n; i++) { /* prefills and the rest, after the pass: each alone */
         req *r = &b->r[i];
+        if (b->st[i].off == -1 || b->st[i].off == -3)
+            count_batch(r);
         if (b->st[i].off == -1)
             step_run(r, &b->q[i], r->held, &r->m.t[0], b->st[i].B, b->st[i].T, b->st[i].pi, ws);
         else if (b->st[i].off == -3)

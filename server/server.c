@@ -72,6 +72,17 @@ static int queue_idle(task_queue *q)
     return idle;
 }
 
+int queue_length(task_queue *q)
+{
+    int n = 0;
+    pthread_mutex_lock(&q->lock);
+    for (int p = 0; p < 2; p++)
+        for (const task *t = q->head[p]; t; t = t->next)
+            n++;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
 static void queue_drain(task_queue *q)
 {
     for (int p = 0; p < 2; p++)
@@ -231,6 +242,7 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
         sb->conns[i] = sb->tasks[i]->conn;
         sb->msgs[i] = &sb->tasks[i]->msg;
         note_ns(&s->queue_wait_ns, t0 - sb->tasks[i]->queued_ns);
+        sp_mx_waited(&s->mx, t0 - sb->tasks[i]->queued_ns);
     }
     sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
     note_ns(&s->batch_ns, sp_now_ns() - t0);
@@ -283,6 +295,7 @@ static void *worker_main(void *arg)
             continue;
         }
         uint64_t t0 = sp_now_ns();
+        sp_mx_waited(&s->mx, t0 - t->queued_ns);
         if (t->step)
             note_ns(&s->queue_wait_ns, t0 - t->queued_ns);
         sp_rpc_handle(s, t->conn, &t->msg, &ws);
@@ -313,12 +326,13 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     s->requests++;
     pthread_mutex_unlock(&s->stats_lock);
     uint64_t len = msg->len;
+    sp_msg_header h = {0};
+    sp_msg_header_read(msg->data, msg->len, &h);
+    sp_mx_request(&s->mx, h.type, len);
     if (sp_rpc_handle_inline(s, conn, msg)) {
         done_inline(s, conn, msg, len);
         return;
     }
-    sp_msg_header h = {0};
-    sp_msg_header_read(msg->data, msg->len, &h);
     /* A small decode step of a fast span: answer right here, unless another transport thread is doing so */
     if (h.type == SP_MSG_INFERENCE_STEP && s->inline_steps && !s->o.workers_only &&
         !__atomic_load_n(&s->pushing, __ATOMIC_RELAXED) &&
@@ -514,6 +528,8 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->q.lock, NULL);
     pthread_cond_init(&s->q.cond, NULL);
     pthread_mutex_init(&s->stats_lock, NULL);
+    pthread_mutex_init(&s->mx_lock, NULL);
+    s->mx.started_t = sp_now_s();
     pthread_mutex_init(&s->reaper_lock, NULL);
     pthread_cond_init(&s->reaper_cond, NULL);
     kept_init(&s->kt, o->keep_bytes);
@@ -677,6 +693,7 @@ void sp_server_stop(sp_server *s)
     pthread_mutex_destroy(&s->q.lock);
     pthread_cond_destroy(&s->q.cond);
     pthread_mutex_destroy(&s->stats_lock);
+    pthread_mutex_destroy(&s->mx_lock);
     pthread_mutex_destroy(&s->reaper_lock);
     pthread_cond_destroy(&s->reaper_cond);
     free(s);

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metrics.h"
 #include "status.h"
 #include "swarmkey.h"
 
@@ -105,6 +106,9 @@ void sp_server_limits_get(sp_server *s, sp_server_limits *out);
 /* The largest request (bytes on the wire, f32) the span's limits accept: BACKWARD of max_batch_tokens positions
  * with deep prompts, or an INFERENCE_STEP prefill of cache_tokens positions with prompts. */
 uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens);
+/* Its metrics in Prometheus' text format (metrics.h), with what the program adds (x may be NULL); malloc'd, NULL
+ * when out of memory. Scrapes should come from one thread (tokens_per_second is since the previous one). */
+char *sp_server_metrics_text(sp_server *s, const sp_mx_extra *x);
 void sp_server_stop(sp_server *s);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "block.h"
+#include "metrics.h"
 #include "model.h"
 #include "proto.h"
 #include "server.h"
@@ -126,6 +127,8 @@ struct sp_server {
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
+    sp_server_metrics mx; /* --metrics (metrics.h) */
+    pthread_mutex_t mx_lock;
     sp_swarm_key key; /* o.key points here */
     int pushing;      /* a step asked for a push: steps go to the workers (a push waits for its acknowledgement) */
     pthread_mutex_t push_lock; /* the connections pushes go out on (one push at a time) */
@@ -133,6 +136,9 @@ struct sp_server {
     int npush_conns;
     uint64_t pushes_in, pushes_out; /* atomic: sp_server_pushes */
 };
+
+/* server.c: tasks waiting in the queue now. */
+int queue_length(task_queue *q);
 
 /* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply, in msg's buffer (which is
  * then taken: *msg is left empty; its length must be read before, for the budget). */

@@ -16,6 +16,7 @@
 static const char *const KIND_NAMES[TE_NKINDS] = {
     "log", "out", "swarm", "app", "route", "hops", "retry", "gen_begin", "gen_text", "gen_end", "train_begin",
     "train_step", "train_eval", "train_end", "progress", "progress_end", "cmd_begin", "cmd_end", "quit", "ready",
+    "plot", "serve",
 };
 
 const char *tui_ev_kind_name(tui_ev_kind k) { return k < TE_NKINDS ? KIND_NAMES[k] : "?"; }
@@ -121,7 +122,10 @@ void tui_queue_destroy(tui_queue *q)
     pthread_mutex_destroy(&q->lock);
 }
 
-static int coalesced(tui_ev_kind k) { return k == TE_SWARM || k == TE_APP || k == TE_HOPS || k == TE_PROGRESS; }
+static int coalesced(tui_ev_kind k)
+{
+    return k == TE_SWARM || k == TE_APP || k == TE_HOPS || k == TE_PROGRESS || k == TE_SERVE;
+}
 static int is_stream(tui_ev_kind k) { return k == TE_OUT || k == TE_GEN_TEXT; }
 
 #define STREAM_MAX (16u << 20) /* bytes of queued stream text beyond which even streams are dropped */

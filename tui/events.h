@@ -37,6 +37,9 @@ typedef enum tui_ev_kind {
     TE_CMD_END,      /* i: status; n: 1 if it was cancelled */
     TE_QUIT,         /* the `quit` command ran */
     TE_READY,        /* the scripts given on the command line have run (the `:` line opens) */
+    TE_PLOT,         /* `plot`: what the metric; text: each run as "# NAME" then "X Y" lines */
+    TE_SERVE,        /* `serve`'s requests: i active, n waiting, step served, total failed, a tok/s, epoch 1 when
+                        stopped; what: its URL; unit: the last error; text: a line per request (coalesced) */
     TE_NKINDS
 } tui_ev_kind;
 

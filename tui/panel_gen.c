@@ -1,5 +1,6 @@
-/* panel_gen.c - the generation (streamed text, tokens/s sparkline, time to first token, stop reason) and the
- * training (loss and validation plots with axes, learning rate, step rate, tokens/s, ETA, progress bar). */
+/* panel_gen.c - the generation (streamed text, tokens/s sparkline, time to first token, stop reason), or while
+ * `serve` runs its requests (those in progress, tokens/s, served and failed, the last error), and the training
+ * (loss and validation plots with axes, learning rate, step rate, tokens/s, ETA, progress bar). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,8 +9,49 @@
 #include "timeutil.h"
 #include "widgets.h"
 
+/* serve's requests: where it serves; active, waiting, tok/s, served, failed; a line per request in progress; the
+ * last error at the bottom. */
+static void draw_serve(tui_cb *cb, const tui_state *st, int focused)
+{
+    char right[64], active[32], waiting[32], tps[32], tps_c[32], served[32], failed[32];
+    snprintf(right, sizeof right, "serving: %d active", st->serve_active);
+    tui_draw_title(cb, 3, "Generate", focused, right);
+    int rows = cb->h - 1, y = 1;
+    if (rows < 1)
+        return;
+    snprintf(active, sizeof active, "%d active", st->serve_active);
+    snprintf(waiting, sizeof waiting, st->serve_waiting ? "%d waiting" : "", st->serve_waiting);
+    snprintf(tps, sizeof tps, "%.1f tok/s", st->serve_tps);
+    snprintf(tps_c, sizeof tps_c, "%.1ft/s", st->serve_tps);
+    snprintf(served, sizeof served, "%ld served", st->serve_served);
+    snprintf(failed, sizeof failed, "%ld failed", st->serve_failed);
+    const tui_field f[] = {{active, NULL, 5}, {waiting, NULL, 3}, {tps, tps_c, 4}, {served, NULL, 2},
+                           {failed, NULL, 3}};
+    tui_fields(cb, y++, 0, cb->w, f, 5, st->serve_failed ? R_WARN : R_TEXT);
+    if (y <= rows)
+        tui_cb_text(cb, y++, 0, cb->w, st->serve_url, R_DIM, 0);
+    int erows = !st->serve_error[0] || rows < 4 ? 0 : rows < 8 ? 1 : 2; /* the last error's, at the bottom */
+    int last = rows - erows;                                            /* the requests' */
+    for (const char *p = st->serve_reqs; p && *p && y <= last; y++) {
+        size_t n = strcspn(p, "\n");
+        char line[128];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p);
+        tui_cb_text(cb, y, 0, cb->w, line, R_TEXT, 0);
+        p += n + (p[n] == '\n');
+    }
+    char err[280];
+    snprintf(err, sizeof err, "last error: %s", st->serve_error);
+    size_t off = 0, len = strlen(err);
+    for (int r = 0; r < erows && off < len; r++) { /* cut at the width: the second row goes on */
+        tui_cb_text(cb, last + 1 + r, 0, cb->w, err + off, R_ERR, 0);
+        off += (size_t)cb->w;
+    }
+}
+
 void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
 {
+    if (st->serving == 1)
+        return draw_serve(cb, st, focused);
     char right[96] = "";
     if (st->gen_active)
         snprintf(right, sizeof right, "generating");
@@ -116,8 +158,37 @@ static void train_figures(const tui_state *st, train_figs *f)
     }
 }
 
+/* `plot`'s runs: one curve each over the same axes, each in its colour, and a legend row naming them. */
+static void draw_plot(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
+{
+    static const int roles[TUI_PLOT_RUNS] = {R_PLOT, R_PLOT2, R_GOOD, R_WARN, R_ERR, R_JOINING, R_ONLINE, R_TEXT};
+    char right[96];
+    snprintf(right, sizeof right, "plot: %s, %d run%s", st->plot_metric, st->plot_n, st->plot_n == 1 ? "" : "s");
+    tui_draw_title(cb, 4, "Train", focused, right);
+    int rows = cb->h - 1;
+    if (rows < 1)
+        return;
+    tui_plot_line lines[TUI_PLOT_RUNS];
+    for (int i = 0; i < st->plot_n; i++)
+        lines[i] = (tui_plot_line){.xs = st->plot_s[i].x, .ys = st->plot_s[i].y, .n = st->plot_s[i].n, .role = roles[i]};
+    int legend = rows >= 4;
+    tui_plot_opts o = {.xunit = "step", .role = R_PLOT};
+    if (!strcmp(st->plot_metric, "accuracy"))
+        o.fixed = 1, o.fixed_lo = 0, o.fixed_hi = 1;
+    tui_plot_lines(cb, 1, 0, rows - legend, cb->w, lines, st->plot_n, &o, &v->loss_scale);
+    const tui_glyphs *g = tui_cb_glyphs(cb);
+    for (int i = 0, x = 0; legend && i < st->plot_n && x + (i ? 4 : 2) < cb->w; i++) { /* "─ a.jsonl  ─ b.jsonl" */
+        x += i ? 2 : 0;
+        tui_cb_put(cb, rows, x, g->h, roles[i], 0);
+        x += 2;
+        x += tui_cb_text(cb, rows, x, cb->w - x, st->plot_name[i], R_TEXT, 0);
+    }
+}
+
 void tui_draw_train(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
 {
+    if (st->plot_n)
+        return draw_plot(cb, st, v, focused);
     char right[128] = "", text[256] = "";
     const char *vname = st->val_name[0] ? st->val_name : "validation";
     int rows = cb->h - 1;

@@ -34,6 +34,9 @@ void tui_state_free(tui_state *st)
         free(st->log[i].text);
     free(st->log);
     free(st->out_partial);
+    free(st->serve_reqs);
+    for (int i = 0; i < TUI_PLOT_RUNS; i++)
+        series_free(&st->plot_s[i]);
     memset(st, 0, sizeof *st);
 }
 
@@ -257,6 +260,7 @@ static unsigned train_event(tui_state *st, const tui_ev *e)
         st->train_end[0] = 0;
         st->train_active = 1;
         st->train_runs++;
+        st->plot_n = 0; /* a training's own curves replace a plot's */
         st->loss_s.n = st->val_s.n = 0;
         st->epoch = st->step = st->total = st->steps_seen = 0;
         st->loss = st->lr = st->tokens_s = st->step_rate = st->eta_s = 0;
@@ -404,6 +408,39 @@ static unsigned cmd_event(tui_state *st, const tui_ev *e)
     return TUI_D_STATUS | TUI_D_CMD | TUI_D_PANEL(TUI_P_LOG);
 }
 
+/* plot's runs from the event's text ("# NAME", then "X Y" lines). */
+static unsigned plot_event(tui_state *st, const tui_ev *e)
+{
+    st->plot_n = 0;
+    snprintf(st->plot_metric, sizeof st->plot_metric, "%s", e->what ? e->what : "");
+    for (const char *p = e->text; p && *p; p += strcspn(p, "\n"), p += *p == '\n') {
+        double x, y;
+        if (p[0] == '#' && st->plot_n < TUI_PLOT_RUNS) {
+            int k = st->plot_n++;
+            snprintf(st->plot_name[k], sizeof st->plot_name[k], "%.*s", (int)strcspn(p + 2, "\n"), p + 2);
+            st->plot_s[k].n = 0;
+        } else if (st->plot_n && sscanf(p, "%lf %lf", &x, &y) == 2) {
+            series_add(&st->plot_s[st->plot_n - 1], x, y);
+        }
+    }
+    return TUI_D_PANEL(TUI_P_TRAIN);
+}
+
+static unsigned serve_event(tui_state *st, const tui_ev *e)
+{
+    st->serving = e->epoch ? 2 : 1;
+    st->serve_active = e->i;
+    st->serve_waiting = e->n;
+    st->serve_served = e->step;
+    st->serve_failed = e->total;
+    st->serve_tps = e->a;
+    snprintf(st->serve_url, sizeof st->serve_url, "%s", e->what ? e->what : "");
+    snprintf(st->serve_error, sizeof st->serve_error, "%s", e->unit ? e->unit : "");
+    free(st->serve_reqs);
+    st->serve_reqs = e->text ? strdup(e->text) : NULL;
+    return TUI_D_PANEL(TUI_P_GEN);
+}
+
 unsigned tui_state_apply(tui_state *st, const tui_ev *e)
 {
     switch (e->kind) {
@@ -440,6 +477,8 @@ unsigned tui_state_apply(tui_state *st, const tui_ev *e)
         st->quit = 1;
         return TUI_D_STATUS;
     case TE_READY: return TUI_D_CMD;
+    case TE_SERVE: return serve_event(st, e);
+    case TE_PLOT: return plot_event(st, e);
     case TE_NKINDS: break;
     }
     return 0;

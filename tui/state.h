@@ -21,6 +21,7 @@
 #define TUI_ROUTE_NOTES 32
 #define TUI_SPARK 240
 #define TUI_PROGRESS 4
+#define TUI_PLOT_RUNS 8
 
 typedef struct tui_series {
     double *x, *y;
@@ -78,6 +79,16 @@ typedef struct tui_state {
     tui_series loss_s, val_s;
     char val_name[32];
     double val_last;
+    /* `serve` (TE_SERVE): 0 never, 1 serving, 2 stopped; its figures and a line per request in progress */
+    int serving, serve_active, serve_waiting;
+    long serve_served, serve_failed;
+    double serve_tps;
+    char serve_url[128], serve_error[240];
+    char *serve_reqs;
+    /* `plot` (TE_PLOT): runs' curves of one metric, shown in the training panel until a training starts */
+    int plot_n;
+    char plot_metric[32], plot_name[TUI_PLOT_RUNS][64];
+    tui_series plot_s[TUI_PLOT_RUNS];
     /* progress bars */
     tui_bar bars[TUI_PROGRESS];
     /* the log: a ring of TUI_LOG_LINES */

@@ -172,6 +172,58 @@ static void train_event(tui *t, const sp_train_event *r)
     post(t, e);
 }
 
+/* serve's view: the figures in the numbers, a line per request in progress ("#12 chat, streamed: 12 + 40
+ * tokens in 1.2 s", "#13 completion: waiting 0.3 s"). */
+static tui_ev *serve_event(const sp_ui_serve *v)
+{
+    tui_ev *e = tui_ev_new(TE_SERVE);
+    if (!e)
+        return NULL;
+    e->i = v->active;
+    e->n = v->waiting;
+    e->step = (int)v->served;
+    e->total = (int)v->failed;
+    e->a = v->tokens_per_s;
+    e->epoch = v->stopped;
+    e->what = strdup(v->url ? v->url : "");
+    e->unit = v->last_error ? strdup(v->last_error) : NULL;
+    char lines[SP_UI_SERVE_ROWS * 96] = "";
+    size_t k = 0;
+    for (int i = 0; i < v->nreq && k < sizeof lines; i++) {
+        const sp_ui_serve_req *r = &v->req[i];
+        const char *kind = r->chat ? "chat" : "completion", *how = r->stream ? ", streamed" : "";
+        int n = r->waiting ? snprintf(lines + k, sizeof lines - k, "%s#%ld %s%s: waiting %.1f s", k ? "\n" : "", r->id,
+                                      kind, how, r->secs)
+                           : snprintf(lines + k, sizeof lines - k, "%s#%ld %s%s: %d + %d tokens in %.1f s",
+                                      k ? "\n" : "", r->id, kind, how, r->prompt_tokens, r->new_tokens, r->secs);
+        k += n > 0 ? (size_t)n : 0;
+    }
+    e->text = strdup(lines);
+    return e;
+}
+
+/* plot's runs as text: "# NAME" then an "X Y" line per point, each run after the other. */
+static tui_ev *plot_event(const sp_ui_plot *p)
+{
+    tui_ev *e = tui_ev_new(TE_PLOT);
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = e ? open_memstream(&s, &len) : NULL;
+    if (!f) {
+        tui_ev_free(e);
+        return NULL;
+    }
+    for (int r = 0; r < p->nruns; r++) {
+        fprintf(f, "# %s\n", p->runs[r].name);
+        for (int i = 0; i < p->runs[r].n; i++)
+            fprintf(f, "%.17g %.17g\n", p->runs[r].x[i], p->runs[r].y[i]);
+    }
+    fclose(f);
+    e->text = s;
+    e->what = strdup(p->metric);
+    return e;
+}
+
 static char *with_where(const sp_ui_event *ev)
 {
     char *s = NULL;
@@ -229,6 +281,8 @@ static void emit(tui *t, const sp_ui_event *ev)
         if (e)
             e->n = 1;
         break;
+    case SP_UI_SERVE: e = serve_event(ev->serve); break;
+    case SP_UI_PLOT: e = plot_event(ev->plot); break;
     }
     post(t, e);
 }

@@ -279,15 +279,42 @@ static void x_labels(tui_cb *cb, int y, int px, int pw, double x0, double x1, in
 void tui_plot(tui_cb *cb, int y, int x, int h, int w, const double *xs, const double *ys, int n,
               const tui_plot_opts *o, tui_plot_scale *scale)
 {
+    tui_plot_line one = {.xs = xs, .ys = ys, .n = n, .role = o ? o->role : R_PLOT};
+    tui_plot_lines(cb, y, x, h, w, &one, 1, o, scale);
+}
+
+/* Every line's y values in one array (*own: to free), for the range. */
+static const double *all_ys(const tui_plot_line *lines, int nl, int *n, double **own)
+{
+    *own = NULL;
+    *n = 0;
+    for (int i = 0; i < nl; i++)
+        *n += lines[i].n;
+    if (nl == 1)
+        return lines[0].ys;
+    double *ys = *n ? malloc((size_t)*n * sizeof *ys) : NULL;
+    for (int i = 0, k = 0; ys && i < nl; k += lines[i].n, i++)
+        memcpy(ys + k, lines[i].ys, (size_t)lines[i].n * sizeof *ys);
+    *own = ys;
+    if (!ys)
+        *n = 0;
+    return ys;
+}
+
+void tui_plot_lines(tui_cb *cb, int y, int x, int h, int w, const tui_plot_line *lines, int nl,
+                    const tui_plot_opts *o, tui_plot_scale *scale)
+{
     const tui_glyphs *g = tui_cb_glyphs(cb);
     static const tui_plot_opts def = {.role = R_PLOT};
     if (!o)
         o = &def;
     if (h < 2 || w < 8)
         return;
-    int sep_labels = h >= 6, ph = h - 1 - sep_labels;
-    double lo, hi;
+    int sep_labels = h >= 6, ph = h - 1 - sep_labels, n;
+    double lo, hi, *own;
+    const double *ys = all_ys(lines, nl, &n, &own);
     y_range(ys, n, o, scale, &lo, &hi);
+    free(own);
     tui_axis ax;
     int max_ticks = ph / 2 + 2 > 5 ? 5 : ph / 2 + 2; /* a label every other row at most */
     if (o->logy)
@@ -326,23 +353,31 @@ void tui_plot(tui_cb *cb, int y, int x, int h, int w, const double *xs, const do
             tui_cb_text_right(cb, y + r, x + gw, gw, lab[i], R_AXIS, 0);
         }
     }
-    /* the curve */
-    double x0 = n ? xs[0] : 0, x1 = n ? xs[n - 1] : 1;
+    /* the curves: the steps of all of them */
+    double x0 = INFINITY, x1 = -INFINITY;
+    for (int i = 0; i < nl; i++)
+        if (lines[i].n) {
+            x0 = fmin(x0, lines[i].xs[0]);
+            x1 = fmax(x1, lines[i].xs[lines[i].n - 1]);
+        }
+    if (!n)
+        x0 = 0, x1 = 1;
     if (!(x1 > x0))
         x1 = x0 + 1;
     canvas c = {.cw = pw, .ch = ph, .dx = g->braille ? 2 : 1, .dy = g->braille ? 4 : 2};
     c.bits = calloc((size_t)pw * (size_t)ph, 1);
-    if (c.bits) {
-        polyline(&c, xs, ys, n, x0, x1, lo, hi, o->logy);
+    for (int i = 0; c.bits && i < nl; i++) {
+        memset(c.bits, 0, (size_t)pw * (size_t)ph);
+        polyline(&c, lines[i].xs, lines[i].ys, lines[i].n, x0, x1, lo, hi, o->logy);
         for (int r = 0; r < ph; r++)
             for (int k = 0; k < pw; k++) {
                 uint8_t b = c.bits[r * pw + k];
                 if (!b)
                     continue;
                 uint32_t ch = g->braille ? 0x2800u + b : b == 3 ? ':' : b == 1 ? '\'' : '.';
-                tui_cb_put(cb, y + r, px + k, ch, o->role, 0);
+                tui_cb_put(cb, y + r, px + k, ch, lines[i].role, 0);
             }
-        free(c.bits);
     }
+    free(c.bits);
     x_labels(cb, y + ph + sep_labels, px, pw, x0, x1, n, o->xunit);
 }

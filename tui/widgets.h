@@ -66,6 +66,14 @@ typedef struct tui_plot_opts {
  * curve reads as a line. scale may be NULL (no hysteresis). */
 void tui_plot(tui_cb *cb, int y, int x, int h, int w, const double *xs, const double *ys, int n,
               const tui_plot_opts *o, tui_plot_scale *scale);
+/* Several lines on one pair of axes (the y range and the steps of all of them), each in its role (a cell two
+ * lines cross shows the later one's). */
+typedef struct tui_plot_line {
+    const double *xs, *ys;
+    int n, role;
+} tui_plot_line;
+void tui_plot_lines(tui_cb *cb, int y, int x, int h, int w, const tui_plot_line *lines, int nlines,
+                    const tui_plot_opts *o, tui_plot_scale *scale);
 
 /* ---- bars ---- */
 /* [█████▍    ] frac of the width w (brackets included), in eighths of a cell in UTF-8 mode. */

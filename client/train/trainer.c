@@ -45,6 +45,7 @@ struct sp_trainer {
     sp_train_cb progress;  /* sp_trainer_on_progress */
     void *progress_user;
     int steps_done;        /* applied by fit */
+    float grad_norm;       /* the last step's gradients' norm (before clipping; inf: skipped by loss scaling) */
 };
 
 int sp_trainer_steps_done(const sp_trainer *t) { return t->steps_done; }
@@ -636,9 +637,10 @@ sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_
     sp_status st = run_schedule(t, idx, n, loss, err);
     sp_graph_clear(t->g);
     int skipped;
-    float norm;
+    float norm = 0;
     if (!st)
         st = sp_optim_step(t->opt, &skipped, &norm, err);
+    t->grad_norm = norm;
     return st;
 }
 
@@ -782,7 +784,7 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
                 pos += t->positions[m];
             if (!st && cb) {
                 sp_train_event ev = {.epoch = e + 1, .step = step, .steps_total = total, .loss = loss, .lr = lr,
-                                     .tokens_per_s = (double)pos / (sp_now_s() - t0)};
+                                     .grad_norm = t->grad_norm, .tokens_per_s = (double)pos / (sp_now_s() - t0)};
                 cb(&ev, user);
             }
         }

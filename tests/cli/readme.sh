@@ -191,13 +191,31 @@ SRV=$!
 trap 'kill $SRV 2>/dev/null; rm -rf "$TMP"' EXIT
 for i in $(seq 200); do grep -q "^sepal-server: serving" "$TMP/srv.out" && break; sleep 0.05; done
 grep -q "^sepal-server: serving" "$TMP/srv.out" || bad "the server on 31330 did not start: $(cat "$TMP/srv.out")"
+# serve_example CONTEXT EXAMPLE: `serve` on port 0 (the token file made) until it says it serves, then Ctrl-C: 130
+serve_example() {
+    local ex=${2//:8080/:0}
+    ex=${ex//\~\/.sepal-token/$TMP/token}
+    echo "example-token" > "$TMP/token"
+    (cd "$TMP/run" && exec "$SEPAL" -c "$1" -c "$ex" < /dev/null > "$TMP/serve.out" 2>&1) &
+    local pid=$! rc
+    for _ in $(seq 600); do grep -q "^serving .* at http://" "$TMP/serve.out" && break; sleep 0.2; done
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    grep -q "^serving .* at http://" "$TMP/serve.out" && [ $rc -eq 130 ] && ok "help example: $2 (served; Ctrl-C: 130)" ||
+        { bad "help example: $2: exit $rc"; tail -4 "$TMP/serve.out" | sed 's/^/    /'; }
+}
 n=0
 while IFS= read -r ex; do
     n=$((n + 1))
     case "$ex" in
-    swarm\ up* | connect* | load* | model\ * | help* | set* | show* | echo* | sleep* | version* | plugin*) ctx="load $M" ;;
+    swarm\ up* | connect* | load* | model\ * | help* | set* | show* | echo* | sleep* | version* | plugin* | plot\ *) ctx="load $M" ;;
     *) ctx="load $M; swarm up 3" ;;
     esac
+    if [[ $ex == "serve "* ]]; then # it serves until Ctrl-C: on a free port, with a token file, until it says so
+        serve_example "$ctx" "$ex"
+        continue
+    fi
     out=$(cd "$TMP/run" && timeout 120 "$SEPAL" -c "$ctx" -c "$ex" < /dev/null 2>&1)
     rc=$?
     [ $rc -eq 0 ] && ok "help example: $ex" || { bad "help example: $ex: exit $rc"; printf '%s\n' "$out" | grep -vE '^server |stopped$' | tail -6 | sed 's/^/    /'; }

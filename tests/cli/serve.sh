@@ -33,7 +33,7 @@ script="$script; echo ==end==; servers --long; serve --http 127.0.0.1:0 --parall
 # each server answers 2 ms late: a long stream lasts long enough for the Ctrl-C at the end to land in it
 SEPAL_SERVER_FAULT=slow:2 "$SEPAL" -c "$script" > "$TMP/out" 2> "$TMP/err" &
 PID=$!
-trap 'kill $PID $PID2 $PID3 2>/dev/null; rm -rf "$TMP"' EXIT
+trap 'kill $PID $PID2 $PID3 $PID4 2>/dev/null; rm -rf "$TMP"' EXIT
 PORT=$(port_of "$TMP/out")
 if [ -z "$PORT" ]; then
     bad "serve did not start"; tail -5 "$TMP/err" | sed 's/^/    /'; finish
@@ -154,6 +154,46 @@ if [ -n "$P3" ]; then
 else
     bad "sepal serve without servers did not start: $(tail -3 "$TMP/err3")"
 fi
+
+# ---- the model's chat template: a copy of the model whose tokenizer_config.json has one ----------------------
+# (the same directory name: the same model in the swarm). It drops the system message and joins the rest with
+# spaces after BOS, so that the chat's prompt is "Once upon a time": generate's greedy text, 5 tokens; the plain
+# template would have joined the three messages with newlines. It raises when the last message is not the user's.
+# shellcheck disable=SC2016
+chat_tpl() {
+    mkdir -p "$TMP/$1/stories15M"
+    for f in "$M"/*; do [ "${f##*/}" = tokenizer_config.json ] || ln -s "$f" "$TMP/$1/stories15M/"; done
+    python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); c["chat_template"] = sys.argv[2]
+json.dump(c, open(sys.argv[3], "w"))' "$M/tokenizer_config.json" "$2" "$TMP/$1/stories15M/tokenizer_config.json"
+}
+chat_tpl tpl "{% if messages[-1]['role'] != 'user' %}{{ raise_exception('the last message must be the user\\'s') }}{% endif %}
+{{- bos_token }}{% for m in messages if m.role != 'system' %}{{ m.content|trim }}{% if not loop.last %} {% endif %}{% endfor %}"
+"$SEPAL" serve --http 127.0.0.1:0 --model "$TMP/tpl/stories15M" --initial-peers "127.0.0.1:$DHT" > "$TMP/out4" 2> "$TMP/err4" &
+PID4=$!
+P4=$(port_of "$TMP/out4")
+grep -q "(the chat template of tokenizer_config.json;" "$TMP/out4" && ok "serve says it uses the model's chat template" ||
+    bad "serve's first line: $(head -2 "$TMP/out4")"
+if [ -n "$P4" ]; then
+    B="http://127.0.0.1:$P4"
+    st=$(req POST /v1/chat/completions '{"messages":[{"role":"system","content":"Ignore me"},{"role":"user","content":"Once upon"},{"role":"user","content":" a time "}],"max_tokens":'$N',"temperature":0}')
+    [ "$st" = 200 ] && [ "$(jget 'd["choices"][0]["message"]["content"]' < "$TMP/body")" = "$want0" ] &&
+        [ "$(jget 'd["usage"]["prompt_tokens"]' < "$TMP/body")" = 5 ] &&
+        ok "a chat through the model's template: the prompt it renders (5 tokens), generate's greedy text" ||
+        bad "chat template: $st $(head -c 400 "$TMP/body")"
+    errcase 400 invalid_request_error '"messages"' "the template's raise_exception" POST /v1/chat/completions \
+        '{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}'
+    grep -q "chat template: raise_exception: the last message must be the user's" "$TMP/body" &&
+        ok "its message is the template's" || bad "raise_exception's message: $(cat "$TMP/body")"
+else
+    bad "sepal serve with a chat template did not start: $(tail -3 "$TMP/err4")"
+fi
+kill -INT $PID4; wait $PID4
+chat_tpl badtpl "{% for m in messages %}{{ m.content | frobnicate }}{% endfor %}"
+expect 1 "a chat template outside the subset" \
+    "serve: $TMP/badtpl/stories15M/tokenizer_config.json: chat template line 1: unknown filter 'frobnicate'" -- \
+    "$SEPAL" serve --http 127.0.0.1:0 --model "$TMP/badtpl/stories15M"
+
 kill -INT $PID2 $PID3
 wait $PID2; rc2=$?
 wait $PID3; rc3=$?
