@@ -117,7 +117,7 @@ int main(int argc, char **argv)
     for (int rep = 0; rep < reps; rep++) {
         double t0 = sp_now_s();
         read_job rj = {.p = big, .n = params};
-        sp_pool_run(pool, sp_kern_level() >= 2 ? read_part : read_part_scalar, &rj);
+        sp_pool_run(pool, sp_kern_level() >= SP_ISA_AVX512 ? read_part : read_part_scalar, &rj);
         t_read[rep] = sp_now_s() - t0;
         t0 = sp_now_s();
         for (int k = 0; k < 7; k++)
