@@ -8,6 +8,7 @@
 #include "app.h"
 #include "line.h"
 #include "memtune.h"
+#include "serve.h"
 #include "tui.h"
 #include "version.h"
 
@@ -46,7 +47,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: sepal [--tui|--repl] [--quiet] [--keep-going] [-c \"CMD; CMD\"]... [-f FILE]...\n"
                "       sepal [--record-events FILE] [--replay-events FILE]\n"
-               "       sepal model info|check|generate|convert-llama2c ...\n"
+               "       sepal model info|check|generate|convert-llama2c|init ...\n"
+               "       sepal serve [--http HOST:PORT] --model DIR --initial-peers HOST:PORT[,...] ...\n"
                "\n"
                "front ends:\n"
                "  (no arguments)        the TUI on a terminal, else commands from stdin\n");
@@ -57,6 +59,7 @@ static void usage(FILE *f)
                "  model check DIR [--golden FILE]      run the model locally against golden outputs\n"
                "  model generate DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--seed S]\n"
                "  model convert-llama2c MODEL.bin TOKENIZER.bin OUTDIR\n"
+               "  model init OUTDIR --like NAME [--layers N]   a model of a real one's shape, random weights\n"
                "\n"
                "environment: SEPAL_CACHE (default $XDG_CACHE_HOME/sepal, else ~/.cache/sepal), SEPAL_HISTORY\n"
                "  (default ~/.sepal_history), SEPAL_SERVER_BIN (the sepal-server of `swarm up`), SEPAL_VERBOSE=1\n"
@@ -190,6 +193,7 @@ static int run_app(int argc, char **argv)
     }
     sp_app app;
     sp_app_init(&app, sp_line_sink());
+    app.serve = sp_serve_run;
     app.quiet = fe.val[F_QUIET] != NULL;
     sp_line_set_quiet(app.quiet);
     app.dry_run = fe.val[F_DRY] != NULL;
@@ -207,29 +211,31 @@ static int run_app(int argc, char **argv)
     return rc;
 }
 
-/* `sepal model ...`: the model command through the same layer; its exit status (0, 1, 2). */
-static int run_model_tool(int argc, char **argv)
+/* `sepal model ...` and `sepal serve ...`: that command through the same layer; its exit status (0, 1, 2; 130 / 143
+ * when SIGINT / SIGTERM stopped it). */
+static int run_tool(int argc, char **argv)
 {
     sp_app app;
     sp_app_init(&app, sp_line_sink());
+    app.serve = sp_serve_run;
     sp_line_signals(&app, 0);
-    char why[512];
-    const sp_cmd *m = sp_cmd_find("model", why, sizeof why);
-    if (argc < 3) {
+    char why[512], path[64];
+    const sp_cmd *c = sp_cmd_find(argv[1], why, sizeof why), *sub = c;
+    int skip = 1;
+    if (c->subs && argc < 3) {
         char syn[1024];
-        sp_cmd_synopsis(m, "sepal model", 7, 100, 12, syn, sizeof syn);
+        sp_cmd_synopsis(c, "sepal model", 7, 100, 12, syn, sizeof syn);
         fprintf(stderr, "usage: %s\n", syn);
         return 2;
     }
-    const sp_cmd *sub = sp_cmd_find_in(m->subs, argv[2], why, sizeof why);
-    if (!sub) {
-        fprintf(stderr, "sepal: model: %s\n", why);
+    if (c->subs && !(sub = sp_cmd_find_in(c->subs, argv[2], why, sizeof why))) {
+        fprintf(stderr, "sepal: %s: %s\n", c->name, why);
         return 2;
     }
-    char path[64];
-    snprintf(path, sizeof path, "model %s", sub->name);
+    skip += c->subs != NULL;
+    snprintf(path, sizeof path, "%s%s%s", c->name, c->subs ? " " : "", c->subs ? sub->name : "");
     sp_args a;
-    if (sp_args_parse(&app, sub, path, argc - 2, argv + 2, &a))
+    if (sp_args_parse(&app, sub, path, argc - skip, argv + skip, &a))
         return 2;
     int rc = sub->fn(&app, &a);
     sp_args_free(&a);
@@ -245,7 +251,7 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (argc >= 2 && !strcmp(argv[1], "model"))
-        return run_model_tool(argc, argv);
+    if (argc >= 2 && (!strcmp(argv[1], "model") || !strcmp(argv[1], "serve")))
+        return run_tool(argc, argv);
     return run_app(argc, argv);
 }

@@ -59,7 +59,7 @@ start_busy() {
         busy_pids+=($!)
     done
 }
-median() { sort -g | awk '{v[NR] = $1} END {if (!NR) print 0; else print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+. bench/pairs.sh
 q() { printf "'%s'" "$1"; } # the prompt quoted for a sepal command line
 
 echo "swarm: $("$sepal" --version 2>/dev/null | head -1), stories15M, \"$prompt\" + $tokens tokens greedy, $reps pairs a" \
@@ -73,18 +73,8 @@ declare -A idle_swarm
 for load in $loads; do
     [ "$load" = busy ] && start_busy
     for n in $servers; do
-        script="load $model; swarm up $n; $gen"
-        order=()
-        for k in $(seq 1 "$reps"); do
-            if [ $((k % 2)) -eq 1 ]; then
-                script="$script; echo @@swarm $k; $gen; echo @@one $k; $one"
-                order+=(swarm one)
-            else
-                script="$script; echo @@one $k; $one; echo @@swarm $k; $gen"
-                order+=(one swarm)
-            fi
-        done
-        script="$script; echo @@end"
+        pairs_script "$gen" "$one" "$reps"
+        script="load $model; swarm up $n; $gen$pairs_cmds; echo @@end"
         "$sepal" -c "$script" >"$tmp/out" 2>"$tmp/err" || { tail -20 "$tmp/err" >&2; die "the session of $n servers failed"; }
         # the rates in command order: the warm-up first
         sed -n 's/^sepal: .* \([0-9]*\) new in \([0-9.]*\) s .*/\1 \2/p' "$tmp/err" |

@@ -10,6 +10,14 @@
 #include "settings.h"
 #include "sink.h"
 
+/* What `serve` asks for (cmd_serve.c fills it from its options); the HTTP front end (serve/) runs it. */
+typedef struct sp_serve_opts {
+    char host[256];      /* the address to listen on */
+    int port;            /* 0: a free port */
+    char api_key[512];   /* the bearer token every request must carry ("": none) */
+    int parallel;        /* generations at once; more wait for their turn */
+} sp_serve_opts;
+
 struct sp_app {
     int quit;          /* set by `quit` */
     int interactive;   /* 1 in the REPL and the TUI, 0 for -c / -f / piped stdin */
@@ -24,6 +32,8 @@ struct sp_app {
     int dry_run;       /* --dry-run: commands and their options are checked, not run */
     int keep_going;    /* -k: scripts go on after a failed command (the exit status still says it failed) */
     int failed;        /* commands that failed under keep_going */
+    /* the HTTP front end that `serve` runs until Ctrl-C (the program sets it: serve/serve.h); NULL: none */
+    int (*serve)(sp_app *app, const sp_serve_opts *o);
 };
 
 void sp_app_init(sp_app *app, sp_sink sink);

@@ -13,6 +13,7 @@ const sp_cmd_group sp_cmd_groups[] = {
     {"swarm", sp_cmds_swarm},
     {"generate", sp_cmds_generate},
     {"train", sp_cmds_train},
+    {"serve", sp_cmds_serve},
     {NULL, NULL},
 };
 

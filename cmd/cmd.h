@@ -66,10 +66,11 @@ typedef struct sp_cmd {
 
 /* Each command group (cmd/cmd_*.c) exports a table ending with {NULL}. */
 extern const sp_cmd sp_cmds_core[];     /* help, quit, set, show, echo, sleep */
-extern const sp_cmd sp_cmds_model[];    /* model info|check|generate|convert-llama2c */
+extern const sp_cmd sp_cmds_model[];    /* model info|check|generate|convert-llama2c|init */
 extern const sp_cmd sp_cmds_swarm[];    /* load, swarm, connect, servers, models, route */
 extern const sp_cmd sp_cmds_generate[]; /* generate */
 extern const sp_cmd sp_cmds_train[];    /* train, eval, plugin */
+extern const sp_cmd sp_cmds_serve[];    /* serve */
 
 typedef struct sp_cmd_group {
     const char *title;

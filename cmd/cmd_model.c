@@ -1,4 +1,4 @@
-/* cmd_model.c - `model info|check|generate|convert-llama2c`: a model directory used locally, without the swarm
+/* cmd_model.c - `model info|check|generate|convert-llama2c|init`: a model directory used locally, without the swarm
  * (also `sepal model ...` from the shell). Exit statuses there: 0, 1 failure, 2 unsupported or usage. */
 #include <cblas.h>
 #include <math.h>
@@ -12,7 +12,9 @@
 #include "generate.h"
 #include "config.h"
 #include "convert_llama2c.h"
+#include "like.h"
 #include "model.h"
+#include "paths.h"
 #include "rng.h"
 #include "safetensors.h"
 #include "timeutil.h"
@@ -353,7 +355,7 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
         rc = sp_app_error(app, "model generate: cannot start %d threads", threads);
         goto done;
     }
-    if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load(&m, dir, SP_LOAD_ALL, 0, -1, &err) ||
+    if (sp_tokenizer_load(&tok, dir, &err) || sp_model_load_encoded(&m, dir, SP_LOAD_ALL, 0, -1, dtype, &err) ||
         sp_model_quantize(m, dtype, 1, &err) || sp_tokenizer_encode(tok, prompt, 1, &raw, &n, &err)) {
         rc = fail_err(app, &err);
         goto done;
@@ -462,6 +464,68 @@ static int cmd_convert(sp_app *app, const sp_args *a)
     return CLI_OK;
 }
 
+enum { MI_LIKE, MI_LAYERS, MI_HIDDEN, MI_DTYPE, MI_SEED, MI_SHARD_SIZE, MI_NOPTS };
+
+static void init_progress(void *user, uint64_t done, uint64_t total)
+{
+    sp_progress(user, "writing", (double)done / 1e9, (double)total / 1e9, "GB");
+}
+
+/* "DIR: llama-2-7b-shaped, 32 layers of 4096, 6.74B parameters, bf16, 13.48 GB in 3 shards; tokenizer: ..." */
+static void init_summary(sp_app *app, const char *dir, const char *like, const sp_like_result *r, sp_dtype dtype)
+{
+    double p = (double)r->params, gb = (double)r->bytes / 1e9;
+    int big = p >= 1e9, gbs = gb >= 1;
+    sp_out(app, "%s: %s-shaped, %d layers of %d, %.*f%s parameters, %s, %.*f %s in %d shard%s; tokenizer: %s, %d "
+           "tokens\n", dir, like, r->layers, r->hidden, big ? 2 : 1, p / (big ? 1e9 : 1e6), big ? "B" : "M",
+           dtype == SP_F32 ? "f32" : "bf16", gbs ? 2 : 1, gbs ? gb : gb * 1e3, gbs ? "GB" : "MB", r->shards,
+           r->shards == 1 ? "" : "s", r->synthetic_tokenizer ? "synthetic" : "stories15M's", r->vocab);
+}
+
+/* A model of real shape with random weights (core/like.h); the tokenizer of stories15M where it fits. */
+static int cmd_init(sp_app *app, const sp_args *a)
+{
+    const char *like = sp_arg(app, a, MI_LIKE);
+    if (!like)
+        return sp_app_error(app, "model init: needs --like NAME (%s)", SP_LIKE_NAMES), CLI_USAGE;
+    sp_err err = {0};
+    sp_like_opts o = {.like = like, .layers = (int)sp_arg_int(app, a, MI_LAYERS),
+                      .hidden = (int)sp_arg_int(app, a, MI_HIDDEN),
+                      .dtype = sp_arg_choice(app, a, MI_DTYPE) == 1 ? SP_F32 : SP_BF16,
+                      .seed = (uint64_t)sp_arg_int(app, a, MI_SEED), .cancel = &app->cancel,
+                      .progress = init_progress, .user = app};
+    if (sp_like_parse_size(sp_arg(app, a, MI_SHARD_SIZE), &o.shard_bytes, &err))
+        return sp_app_error(app, "%s", err.msg), CLI_USAGE;
+    char tok[4096], cache[4000];
+    sp_cache_dir(cache, sizeof cache);
+    snprintf(tok, sizeof tok, "%s/models/stories15M", cache);
+    o.tokenizer = tok;
+    sp_like_result r;
+    sp_status st = sp_like_init(a->pos[0], &o, &r, &err);
+    sp_progress_end(app, "writing");
+    if (st)
+        return st == SP_ERR_ARG ? (sp_app_error(app, "%s", err.msg), CLI_USAGE) : fail_err(app, &err);
+    if (r.synthetic_tokenizer && r.vocab == 32000)
+        sp_note(app, "no stories15M tokenizer in %s (scripts/fetch-model.sh fetches it): a synthetic one", tok);
+    init_summary(app, a->pos[0], like, &r, o.dtype);
+    return CLI_OK;
+}
+
+static const sp_opt init_opts[] = {
+    [MI_LIKE] = {"--like", SP_OPT_CHOICE, .choices = SP_LIKE_NAMES, .help = "the model whose shapes to take (needed)"},
+    [MI_LAYERS] = {"--layers", SP_OPT_INT, "N", 1, 1000,
+                   .help = "fewer layers than the model has (the width stays); default: all"},
+    [MI_HIDDEN] = {"--hidden", SP_OPT_INT, "N", 64, 1 << 20,
+                   .help = "a narrower width (small models for tests): the same heads, the head size and the MLP in "
+                           "proportion; default: the model's"},
+    [MI_DTYPE] = {"--dtype", SP_OPT_CHOICE, .choices = "bf16|f32", .def = "bf16", .help = "the weights on disk"},
+    [MI_SEED] = {"--seed", SP_OPT_INT, "S", 0, 9.2e18, .def = "0",
+                 .help = "the weights' seed: the same seed writes the same tensors"},
+    [MI_SHARD_SIZE] = {"--shard-size", SP_OPT_STR, "SIZE", .def = "5GB",
+                       .help = "the largest shard (5GB, 500MB, 2GiB), as transformers' max_shard_size"},
+    [MI_NOPTS] = {0},
+};
+
 static const sp_opt check_opts[] = {
     [CHECK_GOLDEN] = {"--golden", SP_OPT_PATH, "FILE",
                       .help = "the golden outputs to compare with (default DIR/golden.safetensors)"},
@@ -504,11 +568,14 @@ static const sp_cmd model_subs[] = {
      .fn = cmd_gen},
     {.name = "convert-llama2c", .args = "MODEL.bin TOKENIZER.bin OUTDIR", .min_pos = 3, .max_pos = 3, .pos_paths = 1,
      .summary = "convert a llama2.c checkpoint to a Hugging Face directory", .fn = cmd_convert},
+    {.name = "init", .args = "OUTDIR", .min_pos = 1, .max_pos = 1, .pos_paths = 1, SP_OPTS(init_opts),
+     .summary = "write a model of a real model's shape with random weights (for benches and tests)",
+     .examples = "model init llama-2-7b-narrow --like llama-2-7b --layers 2 --hidden 256", .fn = cmd_init},
     {0},
 };
 
 const sp_cmd sp_cmds_model[] = {
-    {.name = "model", .args = "info|check|generate|convert-llama2c ...", .subs = model_subs,
+    {.name = "model", .args = "info|check|generate|convert-llama2c|init ...", .subs = model_subs,
      .summary = "inspect, check or run a model directory locally"},
     {0},
 };

@@ -1,6 +1,10 @@
 /* memtune.c - see memtune.h. */
 #include "memtune.h"
 
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -11,4 +15,13 @@ void sp_memtune(void)
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
+}
+
+void sp_mem_release(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + n;
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED);
 }

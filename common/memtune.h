@@ -2,11 +2,18 @@
 #ifndef SEPAL_MEMTUNE_H
 #define SEPAL_MEMTUNE_H
 
+#include <stddef.h>
+
 /* Training and inference allocate and free buffers of a few MB to tens of MB at every step (decoded tensors,
  * activations kept for a backward, chain boundaries). glibc hands blocks of that size back to the kernel on
  * free and the next step faults them in again page by page: a quarter of a training step, measured. This
  * keeps them in the process (up to the 32 MiB glibc allows below mmap). Programs call it first thing;
  * the libraries never do. */
 void sp_memtune(void);
+
+/* Gives the pages wholly inside [p, p + n) back to the kernel (madvise MADV_DONTNEED): memory a reader has done
+ * with (a tensor copied out of a mapped checkpoint, f32 weights once encoded). Their contents are lost: the file's
+ * again for a file mapping, zeros for anonymous memory, on the next touch. */
+void sp_mem_release(const void *p, size_t n);
 
 #endif

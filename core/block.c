@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "memtune.h"
 #include "ops.h"
 
 sp_status sp_ws_reserve(sp_ws *ws, size_t nfloats, sp_err *err)
@@ -138,8 +139,17 @@ sp_status sp_block_init(sp_block *b, const sp_config *cfg, const sp_rope *rope, 
     return st;
 }
 
+static void free_early(sp_block *b)
+{
+    for (int i = 0; b->early && i < b->nqm; i++)
+        sp_qmat_free(&b->early[i]);
+    free(b->early);
+    b->early = NULL;
+}
+
 void sp_block_free(sp_block *b)
 {
+    free_early(b);
     for (int i = 0; b->qm && i < b->nqm; i++)
         sp_qmat_free(&b->qm[i]);
     free(b->qm);
@@ -164,6 +174,11 @@ sp_status sp_block_quantize(sp_block *b, sp_wtype t, sp_err *err)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < b->nqm; i++) {
         const sp_qmat *v = &b->qm[i];
+        if (b->early && b->early_t == t && b->early[i].q) { /* encoded while loading */
+            q[i] = b->early[i];
+            b->early[i] = (sp_qmat){0};
+            continue;
+        }
         if (!v->q)
             continue;
         sp_status st = sp_qmat_encode(&q[i], t, (const float *)v->q, v->rows, v->cols, err);
@@ -202,6 +217,7 @@ sp_status sp_block_quantize(sp_block *b, sp_wtype t, sp_err *err)
     free(b->qm);
     b->qm = q;
     b->wtype = t;
+    free_early(b);
     return SP_OK;
 }
 
@@ -261,14 +277,17 @@ static void block_prefix(const sp_block *b, sp_safetensors *st, int layer, char 
         snprintf(buf, cap, "transformer.h.%d.", layer);
 }
 
-/* Reads prefix + name into dst, checking its shape [d0] or [d0, d1]. */
+/* Reads prefix + name into dst, checking its shape [d0] or [d0, d1]; the checkpoint's pages of it go back (the
+ * block holds its own copy). */
 static sp_status read_t(sp_safetensors *st, const char *prefix, const char *name, float *dst, int64_t d0, int64_t d1,
                         sp_err *err)
 {
     char full[320];
     int64_t shape[2] = {d0, d1};
     snprintf(full, sizeof full, "%s%s", prefix, name);
-    return sp_st_read_f32(st, full, dst, d1 ? 2 : 1, shape, err);
+    sp_status s = sp_st_read_f32(st, full, dst, d1 ? 2 : 1, shape, err);
+    sp_st_release(st, full);
+    return s;
 }
 
 /* A norm's weight (and bias for LayerNorm) under `name`. */
@@ -282,13 +301,31 @@ static sp_status read_norm(const sp_block *b, sp_safetensors *st, const char *pr
     return s || !bias ? s : read_t(st, prefix, n, bias, b->H, 0, err);
 }
 
+/* Loading encoded (b->early): the matrix whose f32 view starts at w, encoded now, and its f32 pages given back
+ * (nothing reads them again: sp_block_quantize takes the encoding). Nothing for other tensors. */
+static sp_status settle(sp_block *b, const float *w, sp_err *err)
+{
+    for (int i = 0; b->early && i < b->nqm; i++) {
+        const sp_qmat *v = &b->qm[i];
+        if (v->q != w || b->early[i].q)
+            continue;
+        sp_status s = sp_qmat_encode(&b->early[i], b->early_t, w, v->rows, v->cols, err);
+        if (!s)
+            sp_mem_release(w, (size_t)v->rows * (size_t)v->cols * sizeof(float));
+        return s;
+    }
+    return SP_OK;
+}
+
 /* A linear layer's weight [out, in] and its bias [out] when the block has one. */
-static sp_status read_linear(sp_safetensors *st, const char *prefix, const char *name, float *w, float *bias,
-                             int64_t out, int64_t in, sp_err *err)
+static sp_status read_linear(sp_block *b, sp_safetensors *st, const char *prefix, const char *name, float *w,
+                             float *bias, int64_t out, int64_t in, sp_err *err)
 {
     char n[96];
     snprintf(n, sizeof n, "%s.weight", name);
     sp_status s = read_t(st, prefix, n, w, out, in, err);
+    if (!s)
+        s = settle(b, w, err);
     snprintf(n, sizeof n, "%s.bias", name);
     return s || !bias ? s : read_t(st, prefix, n, bias, out, 0, err);
 }
@@ -302,7 +339,7 @@ static sp_status read_fused_qkv(sp_block *b, sp_safetensors *st, const char *pre
     float *tmp = malloc((size_t)R * H * sizeof(float)), *tb = b->bq ? malloc((size_t)R * sizeof(float)) : NULL;
     sp_status s = tmp && (tb || !b->bq) ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory loading query_key_value");
     if (!s)
-        s = read_linear(st, prefix, "self_attention.query_key_value", tmp, tb, R, H, err);
+        s = read_linear(b, st, prefix, "self_attention.query_key_value", tmp, tb, R, H, err);
     for (int r = 0; !s && r < R; r++) {
         int grp = r / ((g + 2) * hd), j = (r / hd) % (g + 2), i = r % hd;
         float *w = j < g ? b->wq : j == g ? b->wk : b->wv, *bias = j < g ? b->bq : j == g ? b->bk : b->bv;
@@ -313,6 +350,9 @@ static sp_status read_fused_qkv(sp_block *b, sp_safetensors *st, const char *pre
     }
     free(tmp);
     free(tb);
+    const float *qkv[3] = {b->wq, b->wk, b->wv};
+    for (int i = 0; !s && i < 3; i++)
+        s = settle(b, qkv[i], err);
     return s;
 }
 
@@ -321,40 +361,40 @@ static sp_status read_attention(sp_block *b, sp_safetensors *st, const char *pre
     int64_t H = b->H, Q = (int64_t)b->nh * b->hd, KV = (int64_t)b->nkv * b->hd;
     if (b->k.qkv == SP_QKV_FUSED) {
         sp_status s = read_fused_qkv(b, st, prefix, err);
-        return s ? s : read_linear(st, prefix, "self_attention.dense", b->wo, b->bo, H, Q, err);
+        return s ? s : read_linear(b, st, prefix, "self_attention.dense", b->wo, b->bo, H, Q, err);
     }
-    sp_status s = read_linear(st, prefix, "self_attn.q_proj", b->wq, b->bq, Q, H, err);
+    sp_status s = read_linear(b, st, prefix, "self_attn.q_proj", b->wq, b->bq, Q, H, err);
     if (!s)
-        s = read_linear(st, prefix, "self_attn.k_proj", b->wk, b->bk, KV, H, err);
+        s = read_linear(b, st, prefix, "self_attn.k_proj", b->wk, b->bk, KV, H, err);
     if (!s)
-        s = read_linear(st, prefix, "self_attn.v_proj", b->wv, b->bv, KV, H, err);
-    return s ? s : read_linear(st, prefix, "self_attn.o_proj", b->wo, b->bo, H, Q, err);
+        s = read_linear(b, st, prefix, "self_attn.v_proj", b->wv, b->bv, KV, H, err);
+    return s ? s : read_linear(b, st, prefix, "self_attn.o_proj", b->wo, b->bo, H, Q, err);
 }
 
 static sp_status read_mlp(sp_block *b, sp_safetensors *st, const char *prefix, sp_err *err)
 {
     int64_t H = b->H, FF = b->FF;
     if (is_gelu(b)) {
-        sp_status s = read_linear(st, prefix, "mlp.dense_h_to_4h", b->w_up, b->b_up, FF, H, err);
-        return s ? s : read_linear(st, prefix, "mlp.dense_4h_to_h", b->w_down, b->b_down, H, FF, err);
+        sp_status s = read_linear(b, st, prefix, "mlp.dense_h_to_4h", b->w_up, b->b_up, FF, H, err);
+        return s ? s : read_linear(b, st, prefix, "mlp.dense_4h_to_h", b->w_down, b->b_down, H, FF, err);
     }
     if (!is_moe(b)) {
-        sp_status s = read_linear(st, prefix, "mlp.gate_proj", b->w_gate, NULL, FF, H, err);
+        sp_status s = read_linear(b, st, prefix, "mlp.gate_proj", b->w_gate, NULL, FF, H, err);
         if (!s)
-            s = read_linear(st, prefix, "mlp.up_proj", b->w_up, NULL, FF, H, err);
-        return s ? s : read_linear(st, prefix, "mlp.down_proj", b->w_down, NULL, H, FF, err);
+            s = read_linear(b, st, prefix, "mlp.up_proj", b->w_up, NULL, FF, H, err);
+        return s ? s : read_linear(b, st, prefix, "mlp.down_proj", b->w_down, NULL, H, FF, err);
     }
-    sp_status s = read_linear(st, prefix, "block_sparse_moe.gate", b->router, NULL, b->k.n_experts, H, err);
+    sp_status s = read_linear(b, st, prefix, "block_sparse_moe.gate", b->router, NULL, b->k.n_experts, H, err);
     for (int e = 0; !s && e < b->k.n_experts; e++) { /* w1: gate, w3: up, w2: down */
         char n[3][64];
         for (int j = 0; j < 3; j++)
             snprintf(n[j], sizeof n[j], "block_sparse_moe.experts.%d.w%d", e, j + 1);
         size_t o = (size_t)e * FF * H;
-        s = read_linear(st, prefix, n[0], b->w_gate + o, NULL, FF, H, err);
+        s = read_linear(b, st, prefix, n[0], b->w_gate + o, NULL, FF, H, err);
         if (!s)
-            s = read_linear(st, prefix, n[2], b->w_up + o, NULL, FF, H, err);
+            s = read_linear(b, st, prefix, n[2], b->w_up + o, NULL, FF, H, err);
         if (!s)
-            s = read_linear(st, prefix, n[1], b->w_down + o, NULL, H, FF, err);
+            s = read_linear(b, st, prefix, n[1], b->w_down + o, NULL, H, FF, err);
     }
     return s;
 }
@@ -371,6 +411,15 @@ sp_status sp_block_load(sp_block *b, sp_safetensors *st, int layer, sp_err *err)
     if (!s)
         s = read_attention(b, st, prefix, err);
     return s ? s : read_mlp(b, st, prefix, err);
+}
+
+sp_status sp_block_load_encoded(sp_block *b, sp_safetensors *st, int layer, sp_wtype t, sp_err *err)
+{
+    if (t != SP_W_F32 && t != b->wtype && !(b->early = calloc((size_t)b->nqm, sizeof *b->early)))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    b->early_t = t;
+    sp_status s = sp_block_load(b, st, layer, err);
+    return s ? s : sp_block_quantize(b, t, err);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -60,6 +60,9 @@ typedef struct sp_block {
     sp_wtype wtype;
     sp_qmat *qm;
     int nqm;
+    sp_qmat *early;       /* sp_block_load_encoded: each matrix encoded as soon as it is read (then its f32 pages
+                             are given back), for sp_block_quantize to take; NULL otherwise */
+    sp_wtype early_t;
     sp_pool *pool;        /* the engine's default pool unless set */
 } sp_block;
 
@@ -75,6 +78,10 @@ size_t sp_block_bytes(const sp_block *b);
 /* Reads block `layer`'s tensors from the checkpoint under the family's names (any float dtype, converted to
  * f32); a fused query_key_value is split into q, k, v. */
 sp_status sp_block_load(sp_block *b, sp_safetensors *st, int layer, sp_err *err);
+/* sp_block_load then sp_block_quantize(t), each matrix encoded as soon as it is read and its f32 pages given back
+ * at once: loading holds one f32 matrix at a time, not the block (a Llama-2-7B block in int8: 180 MB of f32 at
+ * most, not 808). After a failure the block is only good for sp_block_free. */
+sp_status sp_block_load_encoded(sp_block *b, sp_safetensors *st, int layer, sp_wtype t, sp_err *err);
 
 /* KV cache of one block for B sequences of up to `cap` positions: k, v are [B, cap, nkv, hd]. */
 typedef struct sp_kv_cache {

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hfdir.h"
 #include "safetensors.h"
 
 #define L2C_HDR_BYTES 28
@@ -83,59 +84,6 @@ static int add_prod(uint64_t *acc, uint64_t a, uint64_t b, uint64_t c)
     if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc))
         return 0;
     return !__builtin_add_overflow(*acc, abc, acc);
-}
-
-static sp_status mkdir_p(const char *dir, sp_err *err)
-{
-    char buf[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof buf)
-        return sp_errf(err, SP_ERR_ARG, "invalid output directory '%s'", dir);
-    memcpy(buf, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char saved = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return sp_errf(err, SP_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
-        buf[i] = saved;
-    }
-    struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return sp_errf(err, SP_ERR_IO, "%s: not a directory", dir);
-    return SP_OK;
-}
-
-static sp_status join_path(char *out, size_t cap, const char *dir, const char *name, sp_err *err)
-{
-    int n = snprintf(out, cap, "%s/%s", dir, name);
-    if (n < 0 || (size_t)n >= cap)
-        return sp_errf(err, SP_ERR_ARG, "%s: path too long", dir);
-    return SP_OK;
-}
-
-/* Writes a cJSON tree to outdir/name and frees it. */
-static sp_status write_json(cJSON *root, const char *outdir, const char *name, int pretty, sp_err *err)
-{
-    char path[4096];
-    sp_status s = join_path(path, sizeof path, outdir, name, err);
-    char *txt = s == SP_OK && root ? (pretty ? cJSON_Print(root) : cJSON_PrintUnformatted(root)) : NULL;
-    cJSON_Delete(root);
-    if (s != SP_OK)
-        return s;
-    if (!txt)
-        return sp_errf(err, SP_ERR_NOMEM, "%s: out of memory building JSON", path);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(txt);
-        return sp_errf(err, SP_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    size_t n = strlen(txt);
-    int ok = fwrite(txt, 1, n, f) == n && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    free(txt);
-    return ok ? SP_OK : sp_errf(err, SP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -273,7 +221,7 @@ static sp_status write_weights(const l2c_hdr *h, const l2c_weights *w, const cha
     if (!h->shared)
         set_tensor(&t[nt++], "lm_head.weight", w->wcls, 2, h->vocab, D);
     char path[4096];
-    s = join_path(path, sizeof path, outdir, "model.safetensors", err);
+    s = sp_hf_path(path, sizeof path, outdir, "model.safetensors", err);
     if (s == SP_OK)
         s = sp_st_write(path, t, nt, "{\"format\":\"pt\"}", err);
 done:
@@ -307,7 +255,7 @@ static sp_status write_config(const l2c_hdr *h, const char *outdir, sp_err *err)
     cJSON_AddStringToObject(c, "torch_dtype", "float32");
     cJSON_AddBoolToObject(c, "attention_bias", 0);
     cJSON_AddBoolToObject(c, "mlp_bias", 0);
-    return write_json(c, outdir, "config.json", 1, err);
+    return sp_hf_write_json(c, outdir, "config.json", 1, err);
 }
 
 /* Maps model.bin (header already parsed into *h) after checking that its size matches the header. */
@@ -713,10 +661,10 @@ static sp_status write_tokenizer_json(const l2c_vocab *v, const char *outdir, sp
     add_normalizer_decoder(root);
     add_post_processor(root);
     add_model(root, v, v->merges, v->n_merges);
-    return write_json(root, outdir, "tokenizer.json", 0, err);
+    return sp_hf_write_json(root, outdir, "tokenizer.json", 0, err);
 }
 
-static sp_status write_tokenizer_configs(const l2c_hdr *h, const char *outdir, sp_err *err)
+sp_status sp_spm_tokenizer_configs_write(int64_t max_len, const char *outdir, sp_err *err)
 {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddBoolToObject(c, "add_bos_token", 1);
@@ -724,17 +672,38 @@ static sp_status write_tokenizer_configs(const l2c_hdr *h, const char *outdir, s
     cJSON_AddStringToObject(c, "bos_token", "<s>");
     cJSON_AddStringToObject(c, "eos_token", "</s>");
     cJSON_AddStringToObject(c, "unk_token", "<unk>");
-    cJSON_AddNumberToObject(c, "model_max_length", (double)h->seq_len);
+    cJSON_AddNumberToObject(c, "model_max_length", (double)max_len);
     cJSON_AddStringToObject(c, "tokenizer_class", "LlamaTokenizer");
     cJSON_AddBoolToObject(c, "legacy", 1);
     cJSON_AddBoolToObject(c, "clean_up_tokenization_spaces", 0);
-    sp_status s = write_json(c, outdir, "tokenizer_config.json", 1, err);
+    sp_status s = sp_hf_write_json(c, outdir, "tokenizer_config.json", 1, err);
     if (s != SP_OK)
         return s;
     cJSON *g = cJSON_CreateObject();
     cJSON_AddNumberToObject(g, "bos_token_id", 1);
     cJSON_AddNumberToObject(g, "eos_token_id", 2);
-    return write_json(g, outdir, "generation_config.json", 1, err);
+    return sp_hf_write_json(g, outdir, "generation_config.json", 1, err);
+}
+
+sp_status sp_spm_tokenizer_write(char *const *pieces, const float *scores, int n, int max_len, const char *outdir,
+                                 sp_err *err)
+{
+    if (n < L2C_FIRST_PIECE)
+        return sp_errf(err, SP_ERR_ARG, "%s: a tokenizer of %d tokens, below %d (3 special + 256 byte tokens)", outdir,
+                       n, L2C_FIRST_PIECE);
+    l2c_vocab v = {.n = n, .piece = (char **)pieces, .score = (float *)scores};
+    if (!(v.len = malloc((size_t)n * sizeof *v.len)))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        v.len[i] = strlen(pieces[i]);
+    sp_status s = prepare_merges(&v, outdir, err);
+    if (s == SP_OK)
+        s = write_tokenizer_json(&v, outdir, err);
+    if (s == SP_OK)
+        s = sp_spm_tokenizer_configs_write(max_len, outdir, err);
+    free(v.len);
+    free(v.merges);
+    return s;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -767,13 +736,13 @@ sp_status sp_convert_llama2c(const char *model_bin, const char *tokenizer_bin, c
     if (s == SP_OK)
         s = prepare_merges(&v, tokenizer_bin, err);
     if (s == SP_OK) /* everything is validated: start writing */
-        s = mkdir_p(outdir, err);
+        s = sp_hf_mkdir(outdir, err);
     if (s == SP_OK)
         s = write_model(&h, map, outdir, err);
     if (s == SP_OK)
         s = write_tokenizer_json(&v, outdir, err);
     if (s == SP_OK)
-        s = write_tokenizer_configs(&h, outdir, err);
+        s = sp_spm_tokenizer_configs_write(h.seq_len, outdir, err);
     if (map)
         munmap(map, size);
     vocab_free(&v);

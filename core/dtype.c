@@ -28,6 +28,16 @@ int sp_dtype_from_name(const char *name, sp_dtype *out)
     return -1;
 }
 
+/* n 16-bit values at p (unaligned, little-endian) widened by to_f32. */
+static void halves_to_f32(float *dst, const unsigned char *p, size_t n, float (*to_f32)(uint16_t))
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        dst[i] = to_f32(h);
+    }
+}
+
 sp_status sp_to_f32(float *dst, const void *src, sp_dtype t, size_t n, sp_err *err)
 {
     const unsigned char *p = src;
@@ -36,18 +46,10 @@ sp_status sp_to_f32(float *dst, const void *src, sp_dtype t, size_t n, sp_err *e
         memcpy(dst, src, n * 4);
         return SP_OK;
     case SP_F16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            dst[i] = sp_f16_to_f32(h);
-        }
+        halves_to_f32(dst, p, n, sp_f16_to_f32);
         return SP_OK;
     case SP_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            dst[i] = sp_bf16_to_f32(h);
-        }
+        halves_to_f32(dst, p, n, sp_bf16_to_f32);
         return SP_OK;
     case SP_F64:
         for (size_t i = 0; i < n; i++) {

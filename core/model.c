@@ -101,7 +101,7 @@ static sp_status load_local_parts(sp_model *m, sp_safetensors *st, unsigned part
     return s;
 }
 
-static sp_status load_blocks(sp_model *m, sp_safetensors *st, sp_err *err)
+static sp_status load_blocks(sp_model *m, sp_safetensors *st, sp_wtype t, sp_err *err)
 {
     int n = m->last - m->first;
     m->blocks = calloc((size_t)(n > 0 ? n : 1), sizeof *m->blocks);
@@ -109,16 +109,23 @@ static sp_status load_blocks(sp_model *m, sp_safetensors *st, sp_err *err)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         sp_status s = sp_block_init(&m->blocks[i], &m->cfg, &m->rope, err);
+        size_t numel = m->blocks[i].numel; /* what is read, as f32 */
         if (!s)
-            s = sp_block_load(&m->blocks[i], st, m->first + i, err);
+            s = sp_block_load_encoded(&m->blocks[i], st, m->first + i, t, err);
         if (s)
-            return s;
-        m->bytes_loaded += m->blocks[i].numel * sizeof(float);
+            return t == SP_W_F32 ? s : sp_err_prefix(err, "block %d to %s: ", m->first + i, sp_wtype_name(t));
+        m->bytes_loaded += numel * sizeof(float);
     }
     return SP_OK;
 }
 
 sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_err *err)
+{
+    return sp_model_load_encoded(out, dir, parts, first, last, SP_W_F32, err);
+}
+
+sp_status sp_model_load_encoded(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_wtype t,
+                                sp_err *err)
 {
     *out = NULL;
     sp_model *m = calloc(1, sizeof *m);
@@ -144,7 +151,7 @@ sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int fir
     if (!s)
         s = load_local_parts(m, st, parts, err);
     if (!s && (parts & SP_LOAD_BLOCKS))
-        s = load_blocks(m, st, err);
+        s = load_blocks(m, st, t, err);
     if (st)
         m->files_mapped = sp_st_files_mapped(st);
     if (m->embed_mapped || m->head_mapped)

@@ -51,6 +51,11 @@ typedef struct sp_model {
  * set (last = -1 means all). Fails with SP_ERR_UNSUPPORTED ("unsupported architecture: X (supported: llama,
  * bloom, falcon, mixtral)") for other families. */
 sp_status sp_model_load(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_err *err);
+/* sp_model_load with each block encoded in t (sp_block_quantize) as soon as it is read, and the checkpoint's
+ * pages of its tensors given back: a span loads in its encoding's memory plus one f32 block, not in all of its
+ * f32 blocks (a server's --dtype int8 span of a 7B model: 1.7 GB, not 6.5). */
+sp_status sp_model_load_encoded(sp_model **out, const char *dir, unsigned parts, int first, int last, sp_wtype t,
+                                sp_err *err);
 void sp_model_free(sp_model *m);
 
 /* Re-encodes the held blocks' projections (sp_block_quantize) and, with head set, the LM head in t, as a

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "memtune.h"
+
 #define ST_MAX_HEADER (100u << 20) /* the format caps the JSON header at 100 MB */
 
 typedef struct st_file {
@@ -417,6 +419,13 @@ int sp_st_has(sp_safetensors *st, const char *name)
     return find_entry(st, name) != NULL;
 }
 
+void sp_st_release(sp_safetensors *st, const char *name)
+{
+    const st_entry *e = find_entry(st, name);
+    if (e && e->resolved && st->files[e->file].base)
+        sp_mem_release(e->t.data, e->t.nbytes);
+}
+
 sp_status sp_st_read_f32(sp_safetensors *st, const char *name, float *dst, int ndim, const int64_t *shape,
                          sp_err *err)
 {
@@ -455,30 +464,43 @@ int sp_st_files_mapped(const sp_safetensors *st)
 /* ---------------------------------------------------------------------------------------------- */
 /* writer */
 
-sp_status sp_st_write(const char *path, const sp_st_wtensor *t, int n, const char *metadata_json, sp_err *err)
+struct sp_st_writer {
+    FILE *fp;
+    char *path;
+    uint64_t left; /* data bytes still to come */
+};
+
+static uint64_t wtensor_bytes(const sp_st_wtensor *t)
+{
+    uint64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++)
+        numel *= (uint64_t)t->shape[d];
+    return numel * sp_dtype_size(t->dtype);
+}
+
+/* The JSON header of tensors t[0..n) laid out in order (malloc'd), and the bytes of their data. */
+static char *write_header(const sp_st_wtensor *t, int n, const char *metadata_json, const char *path,
+                          uint64_t *data_bytes, sp_err *err)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory"), NULL;
     if (metadata_json) {
         cJSON *meta = cJSON_Parse(metadata_json);
         if (!meta) {
             cJSON_Delete(root);
-            return sp_errf(err, SP_ERR_ARG, "%s: metadata is not valid JSON", path);
+            return sp_errf(err, SP_ERR_ARG, "%s: metadata is not valid JSON", path), NULL;
         }
         cJSON_AddItemToObject(root, "__metadata__", meta);
     }
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
-        uint64_t numel = 1;
         cJSON *item = cJSON_AddObjectToObject(root, t[i].name);
         cJSON_AddStringToObject(item, "dtype", sp_dtype_name(t[i].dtype));
         cJSON *shape = cJSON_AddArrayToObject(item, "shape");
-        for (int d = 0; d < t[i].ndim; d++) {
+        for (int d = 0; d < t[i].ndim; d++)
             cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t[i].shape[d]));
-            numel *= (uint64_t)t[i].shape[d];
-        }
-        uint64_t nb = numel * sp_dtype_size(t[i].dtype);
+        uint64_t nb = wtensor_bytes(&t[i]);
         cJSON *offs = cJSON_AddArrayToObject(item, "data_offsets");
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + nb)));
@@ -487,26 +509,92 @@ sp_status sp_st_write(const char *path, const sp_st_wtensor *t, int n, const cha
     char *hdr = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!hdr)
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7; /* align the data section to 8 bytes */
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
+        sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    *data_bytes = off;
+    return hdr;
+}
+
+sp_status sp_st_writer_open(sp_st_writer **out, const char *path, const sp_st_wtensor *t, int n,
+                            const char *metadata_json, sp_err *err)
+{
+    *out = NULL;
+    uint64_t data = 0;
+    char *hdr = write_header(t, n, metadata_json, path, &data, err);
+    if (!hdr)
+        return err ? err->code : SP_ERR_NOMEM;
+    sp_st_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->path = xstrdup(path))) {
+        free(w);
         free(hdr);
-        return sp_errf(err, SP_ERR_IO, "%s: %s", path, strerror(errno));
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     }
+    w->left = data;
+    if (!(w->fp = fopen(path, "wb"))) {
+        sp_status s = sp_errf(err, SP_ERR_IO, "%s: %s", path, strerror(errno));
+        free(w->path);
+        free(w);
+        free(hdr);
+        return s;
+    }
+    size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7; /* align the data section to 8 bytes */
     uint64_t hlen = padded;
-    int ok = fwrite(&hlen, 8, 1, fp) == 1 && fwrite(hdr, 1, hl, fp) == hl;
+    int ok = fwrite(&hlen, 8, 1, w->fp) == 1 && fwrite(hdr, 1, hl, w->fp) == hl;
     for (size_t i = hl; ok && i < padded; i++)
-        ok = fputc(' ', fp) != EOF;
+        ok = fputc(' ', w->fp) != EOF;
     free(hdr);
-    for (int i = 0; ok && i < n; i++) {
-        uint64_t numel = 1;
-        for (int d = 0; d < t[i].ndim; d++)
-            numel *= (uint64_t)t[i].shape[d];
-        size_t nb = (size_t)(numel * sp_dtype_size(t[i].dtype));
-        ok = nb == 0 || fwrite(t[i].data, 1, nb, fp) == nb;
+    *out = w;
+    if (!ok) {
+        sp_errf(err, SP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        sp_st_writer_abort(w);
+        *out = NULL;
+        return SP_ERR_IO;
     }
-    if (fclose(fp) != 0)
-        ok = 0;
-    return ok ? SP_OK : sp_errf(err, SP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    return SP_OK;
+}
+
+sp_status sp_st_writer_put(sp_st_writer *w, const void *data, size_t bytes, sp_err *err)
+{
+    if (bytes > w->left)
+        return sp_errf(err, SP_ERR_ARG, "%s: %zu bytes more than the header's tensors hold", w->path, bytes);
+    if (bytes && fwrite(data, 1, bytes, w->fp) != bytes)
+        return sp_errf(err, SP_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
+    w->left -= bytes;
+    return SP_OK;
+}
+
+sp_status sp_st_writer_close(sp_st_writer *w, sp_err *err)
+{
+    if (!w)
+        return SP_OK;
+    sp_status s = SP_OK;
+    if (w->left)
+        s = sp_errf(err, SP_ERR_ARG, "%s: %llu bytes of tensor data missing", w->path, (unsigned long long)w->left);
+    if (fclose(w->fp) != 0 && !s)
+        s = sp_errf(err, SP_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
+    w->fp = NULL;
+    sp_st_writer_abort(w);
+    return s;
+}
+
+void sp_st_writer_abort(sp_st_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fp)
+        fclose(w->fp);
+    free(w->path);
+    free(w);
+}
+
+sp_status sp_st_write(const char *path, const sp_st_wtensor *t, int n, const char *metadata_json, sp_err *err)
+{
+    sp_st_writer *w = NULL;
+    sp_status s = sp_st_writer_open(&w, path, t, n, metadata_json, err);
+    for (int i = 0; !s && i < n; i++)
+        s = sp_st_writer_put(w, t[i].data, (size_t)wtensor_bytes(&t[i]), err);
+    if (s) {
+        sp_st_writer_abort(w);
+        return s;
+    }
+    return sp_st_writer_close(w, err);
 }

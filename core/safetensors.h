@@ -1,4 +1,5 @@
-/* safetensors.h - reader (mmap; single file or sharded index; reads only the tensors asked for) and writer.
+/* safetensors.h - reader (mmap; single file or sharded index; reads only the tensors asked for) and writers (a
+ * file at once, or streamed).
  *
  * Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets:[b,e]},
  * "__metadata__": {...}}, then the data section. Every offset, shape and dtype is validated before use:
@@ -36,6 +37,10 @@ void sp_st_close(sp_safetensors *st);
  * its shard cannot be opened. */
 const sp_st_tensor *sp_st_get(sp_safetensors *st, const char *name, sp_err *err);
 int sp_st_has(sp_safetensors *st, const char *name);
+/* Gives back the memory of tensor `name`'s pages in the mapping (those wholly inside it; the file stays mapped and
+ * a later read faults them in again): for a reader that has copied the tensor, so that what it read does not stay
+ * resident in it. Nothing when the tensor is unknown or not mapped yet. */
+void sp_st_release(sp_safetensors *st, const char *name);
 
 /* Reads tensor `name` into dst as f32, after checking its shape equals shape[0..ndim). */
 sp_status sp_st_read_f32(sp_safetensors *st, const char *name, float *dst, int ndim, const int64_t *shape,
@@ -62,5 +67,15 @@ typedef struct sp_st_wtensor {
 } sp_st_wtensor;
 
 sp_status sp_st_write(const char *path, const sp_st_wtensor *t, int n, const char *metadata_json, sp_err *err);
+
+/* Streaming writer of one file: the header from the tensors' names, dtypes and shapes (their data unused), then
+ * their bytes in order, in pieces of any size (a model larger than memory). close checks that every byte came;
+ * abort (also after a failed put) closes without that check, leaving the file for the caller to remove. */
+typedef struct sp_st_writer sp_st_writer;
+sp_status sp_st_writer_open(sp_st_writer **w, const char *path, const sp_st_wtensor *t, int n,
+                            const char *metadata_json, sp_err *err);
+sp_status sp_st_writer_put(sp_st_writer *w, const void *data, size_t bytes, sp_err *err);
+sp_status sp_st_writer_close(sp_st_writer *w, sp_err *err);
+void sp_st_writer_abort(sp_st_writer *w);
 
 #endif

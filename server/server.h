@@ -34,6 +34,8 @@ typedef struct sp_server_opts {
     const char *host;          /* bind address, default 127.0.0.1 */
     int port;                  /* ws port, 0 = ephemeral */
     int bulk_port;             /* bulk TCP port, 0 = ephemeral, -1 = none */
+    int public_bulk_port;      /* the bulk port HELLO tells clients (a relay's or a port forward's: --announce);
+                                  0: the one it listens on */
     int threads;               /* compute threads (the engine's pool, and OpenBLAS for large products); 0: the CPUs
                                   this process may run on */
     int workers;               /* request worker threads (default 1) */
@@ -59,6 +61,7 @@ typedef struct sp_server_opts {
     sp_server_limits limits;
 } sp_server_opts;
 
+/* The defaults: those of sepal-server's option table (opts.h), and what no option sets. */
 void sp_server_opts_default(sp_server_opts *o);
 
 typedef struct sp_server sp_server;
@@ -70,6 +73,8 @@ void sp_server_span(const sp_server *s, int *start, int *end);
 /* Positions a new session over the whole span can still get from the KV budget. */
 long sp_server_cache_left(sp_server *s);
 int sp_server_bulk_port(const sp_server *s);
+/* The bulk port clients are told (opts.public_bulk_port when it listens on one, else that one; -1: none). */
+int sp_server_public_bulk_port(const sp_server *s);
 /* The encoding the blocks are held in ("f32", "bf16", "int8", "nf4"), and their bytes. */
 const char *sp_server_dtype(const sp_server *s);
 size_t sp_server_weight_bytes(const sp_server *s);

@@ -118,16 +118,25 @@ static void unlink_locked(sp_server *s, session_table *t, session *x)
         session_free(x);
 }
 
+/* Session id of connection conn, with t->lock held: NULL (err set) when it has none of that id. */
+static session *find_locked(session_table *t, uint64_t conn, uint64_t id, sp_err *err)
+{
+    session *x = t->head;
+    while (x && x->id != id)
+        x = x->next;
+    if (x && x->conn == conn)
+        return x;
+    sp_errf(err, SP_ERR_NOTFOUND, "no session %llu on this connection", (unsigned long long)id);
+    return NULL;
+}
+
 session *session_acquire(sp_server *s, uint64_t conn, uint64_t id, sp_err *err)
 {
     session_table *t = &s->st;
     pthread_mutex_lock(&t->lock);
-    session *x = t->head;
-    while (x && x->id != id)
-        x = x->next;
-    if (!x || x->conn != conn) {
+    session *x = find_locked(t, conn, id, err);
+    if (!x) {
         pthread_mutex_unlock(&t->lock);
-        sp_errf(err, SP_ERR_NOTFOUND, "no session %llu on this connection", (unsigned long long)id);
         return NULL;
     }
     if (x->busy) { /* a client steps a session one step at a time */
@@ -154,12 +163,10 @@ sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err)
 {
     session_table *t = &s->st;
     pthread_mutex_lock(&t->lock);
-    session *x = t->head;
-    while (x && x->id != id)
-        x = x->next;
-    if (!x || x->conn != conn) {
+    session *x = find_locked(t, conn, id, err);
+    if (!x) {
         pthread_mutex_unlock(&t->lock);
-        return sp_errf(err, SP_ERR_NOTFOUND, "no session %llu on this connection", (unsigned long long)id);
+        return SP_ERR_NOTFOUND;
     }
     unlink_locked(s, t, x);
     pthread_mutex_unlock(&t->lock);

@@ -451,6 +451,41 @@ static void encoded_case(const char *model)
 START_TEST(t_encoded_blocks) { encoded_case(families[_i]); }
 END_TEST
 
+/* Blocks encoded as they are read (sp_model_load_encoded: each matrix encoded and its f32 pages given back at once)
+ * hold the very bytes of blocks read in f32 and encoded after: every matrix, norm, bias and router. */
+static void loaded_encoded_case(const char *model)
+{
+    sp_err err = {0};
+    for (int t = SP_W_BF16; t < SP_W__COUNT; t++) {
+        sp_model *ref = load(model, SP_LOAD_BLOCKS, 0, -1), *m = NULL;
+        ck_assert_msg(!sp_model_load_encoded(&m, tiny(model), SP_LOAD_BLOCKS, 0, -1, (sp_wtype)t, &err), "%s", err.msg);
+        ck_assert_int_eq(m->bytes_loaded, ref->bytes_loaded); /* what was read, as f32 */
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            sp_block *b = &m->blocks[i], *r = &ref->blocks[i];
+            ck_assert_int_eq(sp_block_quantize(r, (sp_wtype)t, &err), SP_OK);
+            ck_assert(b->wtype == (sp_wtype)t && b->early == NULL && b->nqm == r->nqm && b->numel == r->numel);
+            ck_assert_msg(!memcmp(b->mem, r->mem, b->numel * sizeof(float)), "%s block %d: norms, biases", model, i);
+            for (int k = 0; k < b->nqm; k++) { /* every row decoded: the same values, bit for bit */
+                const sp_qmat *x = &b->qm[k], *y = &r->qm[k];
+                ck_assert(!x->q == !y->q && x->rows == y->rows && x->cols == y->cols && x->type == y->type);
+                float *u = malloc((size_t)x->cols * sizeof(float)), *v = malloc((size_t)x->cols * sizeof(float));
+                for (int row = 0; x->q && row < x->rows; row++) {
+                    sp_qmat_row(x, row, u);
+                    sp_qmat_row(y, row, v);
+                    ck_assert_msg(!memcmp(u, v, (size_t)x->cols * sizeof(float)), "%s %s block %d matrix %d row %d",
+                                  model, sp_wtype_name((sp_wtype)t), i, k, row);
+                }
+                free(u), free(v);
+            }
+        }
+        sp_model_free(m);
+        sp_model_free(ref);
+    }
+}
+
+START_TEST(t_loaded_encoded) { loaded_encoded_case(families[_i]); }
+END_TEST
+
 /* In-place row gathers (beam search's cache reorders) equal a gather through a copy: permutations with long
  * cycles, repeated and dropped rows, rows that stay; rows longer than the stack piece. */
 /* Inference steps of up to 8 positions attend on the pool in the own kernels, in chunks of cached positions (and
@@ -574,6 +609,7 @@ static Suite *block_suite(void)
     tcase_add_loop_test(tc, t_weight_grads_fd, 0, NFAM);
     tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
     tcase_add_loop_test(tc, t_encoded_blocks, 0, NFAM);
+    tcase_add_loop_test(tc, t_loaded_encoded, 0, NFAM);
     tcase_add_test(tc, t_partial_load_reads_only_its_part);
     tcase_add_test(tc, t_bloom_unprefixed_names);
     tcase_add_test(tc, t_unsupported_architecture);

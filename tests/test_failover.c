@@ -907,6 +907,40 @@ START_TEST(t_server_joins_later)
 }
 END_TEST
 
+/* Training's route at the start of a step: with nobody for blocks 3:6 it fails at once, saying so; with a server
+ * joining for them it waits (a retry event each try, saying who joins) and routes through it. */
+START_TEST(t_train_route_waits_for_joining)
+{
+    const char *spans[] = {"0:3"};
+    sp_runtime *rt = swarm(spans, 1);
+    sp_route r;
+    sp_err err = {0};
+    double t0 = sp_now_s();
+    ck_assert_int_eq(sp_runtime_route_train(rt, &r, &err), SP_ERR_NOTFOUND);
+    printf("training, nobody for 3:6: %s (%.3f s)\n", err.msg, sp_now_s() - t0);
+    ck_assert_msg(strstr(err.msg, "no server could run blocks 0:6: no online server holds block 3 (of 0..5), and none "
+                                  "is joining"), "%s", err.msg);
+    ck_assert_int_eq(F.retries, 0);
+    setenv("SEPAL_SERVER_LOAD_DELAY", "3", 1); /* it stays JOINING for 3 s */
+    pthread_t th;
+    ck_assert(!pthread_create(&th, NULL, late_server, (void *)"3:6"));
+    ck_assert_msg(sp_test_wait_for(joining_at, rt, 20), "the client never saw the server joining");
+    unsetenv("SEPAL_SERVER_LOAD_DELAY");
+    memset(&err, 0, sizeof err);
+    ck_assert_msg(sp_runtime_route_train(rt, &r, &err) == SP_OK, "%s", err.msg);
+    printf("training, a server joining for 3:6: %d retry events, the last: %s\n", F.retries, F.last_retry);
+    ck_assert_int_ge(F.retries, 1);
+    ck_assert_msg(strstr(F.last_retry, "no online server holds block 3 (of 0..5) yet; server ") &&
+                      strstr(F.last_retry, "(blocks 3:6) is joining; retry "), "retry event: %s", F.last_retry);
+    ck_assert_int_eq(port_of_hop(rt, &r, 4), procs[1].port);
+    sp_runtime_free(rt);
+    stop_all();
+    __atomic_store_n(&late_done, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    __atomic_store_n(&late_done, 0, __ATOMIC_SEQ_CST);
+}
+END_TEST
+
 /* A server that answers with non-finite values, or with ERROR replies, to valid requests (a broken or hostile
  * server: SEPAL_SERVER_FAULT makes a real sepal-server do it from its 4th compute request on) is banned like
  * a dead one, and the generation gives the same tokens elsewhere. One hop over all blocks is the cheapest
@@ -993,6 +1027,7 @@ static Suite *suite(void)
     tcase_set_timeout(te, 180);
     tcase_add_test(te, t_no_server_left);
     tcase_add_test(te, t_server_joins_later);
+    tcase_add_test(te, t_train_route_waits_for_joining);
     tcase_add_test(te, t_restarted_address);
     suite_add_tcase(s, te);
     return s;

@@ -217,13 +217,7 @@ static cJSON *read_json(const char *name)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", SEPAL_SENTIMENT_DIR, name);
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "%s", path);
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
+    cJSON *j = sp_test_read_json(path);
     ck_assert_msg(cJSON_IsArray(j), "%s", path);
     return j;
 }

@@ -30,20 +30,6 @@ static sp_tokenizer *load_gpt2(void)
     return load_dir(SEPAL_GPT2_DIR);
 }
 
-static cJSON *read_json(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    ck_assert_uint_lt(n, sizeof buf - 1);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    ck_assert_msg(j != NULL, "%s is not JSON", path);
-    return j;
-}
-
 static int *json_ints(const cJSON *arr, int *n)
 {
     *n = cJSON_GetArraySize(arr);
@@ -133,7 +119,7 @@ static char *stream_decode(const sp_tokenizer *t, const int *ids, int n, int *he
 
 START_TEST(test_gpt2_golden)
 {
-    cJSON *root = read_json(GPT2_GOLDEN);
+    cJSON *root = sp_test_read_json(GPT2_GOLDEN);
     ck_assert_str_eq(cJSON_GetObjectItem(root, "package")->valuestring, "gpt-3-encoder@1.1.4");
     sp_tokenizer *t = load_gpt2();
     ck_assert_int_eq(sp_tokenizer_kind(t), SP_TOK_BYTE_BPE);

@@ -1,6 +1,7 @@
 #include "testutil.h"
 #include "serverproc.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
@@ -46,6 +47,20 @@ const char *sp_test_tmpdir(void)
     if (!mkdtemp(d))
         return NULL;
     return d;
+}
+
+cJSON *sp_test_read_json(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    ck_assert_msg(n < sizeof buf - 1, "%s: larger than %zu bytes", path, sizeof buf - 1);
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    ck_assert_msg(j != NULL, "%s is not JSON", path);
+    return j;
 }
 
 const char *sp_test_write_file(const char *name, const void *data, size_t n)

@@ -14,6 +14,8 @@ int sp_test_run(Suite *s);
 double sp_max_abs_diff(const float *a, const float *b, size_t n);
 /* Writes `n` bytes to a fresh file under a per-test temp dir; returns its path (static buffer rotation). */
 const char *sp_test_write_file(const char *name, const void *data, size_t n);
+/* The JSON of a file of at most 1 MiB (fails the test when it cannot be read or is not JSON); cJSON_Delete it. */
+struct cJSON *sp_test_read_json(const char *path);
 /* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp). */
 const char *sp_test_tmpdir(void);
 

@@ -128,8 +128,9 @@ static void gen_end(tui *t, const sp_ui_gen *g)
     e->what = strdup(sp_gen_stop_name(g->stop));
     post(t, e);
     char line[300];
-    int n = snprintf(line, sizeof line, "%d prompt tokens in %.3f s, %d new in %.3f s (%.1f tok/s)", g->prompt_tokens,
-                     g->prefill_s, g->new_tokens, g->decode_s, g->decode_s > 0 ? g->new_tokens / g->decode_s : 0);
+    int n = snprintf(line, sizeof line, "%d prompt token%s in %.3f s, %d new in %.3f s (%.1f tok/s)", g->prompt_tokens,
+                     g->prompt_tokens == 1 ? "" : "s", g->prefill_s, g->new_tokens, g->decode_s,
+                     g->decode_s > 0 ? g->new_tokens / g->decode_s : 0);
     if (g->first_token_s > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ", first after %.3f s", g->first_token_s);
     if (n < (int)sizeof line)

@@ -149,19 +149,24 @@ static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *r
     return st ? st : wait_reply(r, id, rep, timeout_ms, err);
 }
 
+/* The request in b (built with status st) sent and its reply waited for, with r->lock held; b is consumed. */
+static sp_status send_built(sp_remote *r, sp_buf *b, sp_status st, uint64_t id, sp_reply *rep, int timeout_ms,
+                            sp_err *err)
+{
+    if (!st)
+        return send_and_wait(r, b, id, rep, timeout_ms, err);
+    sp_buf_free(b);
+    memset(rep, 0, sizeof *rep);
+    return st;
+}
+
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                          sp_reply *rep, int timeout_ms, sp_err *err)
 {
     pthread_mutex_lock(&r->lock);
     uint64_t id = r->next_id++;
     sp_buf b = {0};
-    sp_status st = sp_msg_encode(&b, type, 0, id, meta, t, n, err);
-    if (st) {
-        sp_buf_free(&b);
-        memset(rep, 0, sizeof *rep);
-    } else {
-        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
-    }
+    sp_status st = send_built(r, &b, sp_msg_encode(&b, type, 0, id, meta, t, n, err), id, rep, timeout_ms, err);
     pthread_mutex_unlock(&r->lock);
     return st;
 }
@@ -184,12 +189,7 @@ sp_status sp_remote_call_raw(sp_remote *r, const uint8_t *bytes, size_t len, sp_
     uint64_t id = 0;
     for (int i = 7; len >= 24 && i >= 0; i--)
         id = id << 8 | bytes[16 + i];
-    if (st) {
-        sp_buf_free(&b);
-        memset(rep, 0, sizeof *rep);
-    } else {
-        st = send_and_wait(r, &b, id, rep, timeout_ms, err);
-    }
+    st = send_built(r, &b, st, id, rep, timeout_ms, err);
     pthread_mutex_unlock(&r->lock);
     return st;
 }
@@ -289,4 +289,29 @@ void sp_remote_close(sp_remote *r)
         sp_ws_client_close(r->c);
     pthread_mutex_destroy(&r->lock);
     free(r);
+}
+
+void sp_remote_describe_port(const char *host, int port, const sp_swarm_key *key, int timeout_ms, char *why,
+                             size_t cap)
+{
+    sp_remote *r = NULL;
+    sp_err e = {0};
+    sp_remote_opts ro = {.no_bulk = 1, .key = key};
+    if (!sp_remote_connect_opts(&r, host, port, &ro, timeout_ms, &e)) {
+        const sp_remote_info *i = sp_remote_hello(r);
+        if (i->dht_port > 0)
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server (blocks %d:%d of %s); its DHT node is "
+                     "%s:%d: use --initial-peers %s:%d", host, port, i->start, i->end, i->model, host, i->dht_port,
+                     host, i->dht_port);
+        else
+            snprintf(why, cap, "%s:%d is the websocket port of a sepal-server that runs no DHT node (it was started "
+                     "without --new-swarm or --initial-peers)", host, port);
+        sp_remote_close(r);
+    } else if (strstr(e.msg, "unauthorized") || strstr(e.msg, "swarm key")) {
+        snprintf(why, cap, "%s:%d is the websocket port of a sepal-server, not a DHT node (and it refused this "
+                 "connection: %.200s)", host, port, e.msg);
+    } else {
+        snprintf(why, cap, "%s:%d does not answer as a DHT node of a sepal swarm (no reply to a DHT ping; a server "
+                 "prints its DHT address on its serving line: \"DHT HOST:PORT\")", host, port);
+    }
 }

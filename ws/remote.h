@@ -44,6 +44,12 @@ sp_status sp_remote_last_word(sp_remote *r, sp_err *err);
 const sp_remote_info *sp_remote_hello(const sp_remote *r);
 void sp_remote_close(sp_remote *r);
 
+/* What answers at host:port, for an address given as a DHT node that did not answer as one (--initial-peers):
+ * a sepal-server's websocket port (HELLO says its DHT node: "use --initial-peers HOST:DHT"), one that refuses
+ * this key, or nothing sepal knows. One line into why (cap bytes); probes for at most timeout_ms. */
+void sp_remote_describe_port(const char *host, int port, const sp_swarm_key *key, int timeout_ms, char *why,
+                             size_t cap);
+
 /* A reply: the decoded message (views point into buf). Release with sp_reply_clear. */
 typedef struct sp_reply {
     sp_buf buf;

@@ -103,3 +103,4 @@ const sp_config *sp_runtime_config(const sp_runtime *rt) { return rt->local ? &r
 sp_model *sp_runtime_model(const sp_runtime *rt) { return rt->local; }
 const sp_tokenizer *sp_runtime_tokenizer(const sp_runtime *rt) { return rt->tok; }
 const char *sp_runtime_model_name(const sp_runtime *rt) { return rt->model_prefix; }
+const char *sp_runtime_model_dir(const sp_runtime *rt) { return rt->model_dir; }

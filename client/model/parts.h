@@ -24,6 +24,7 @@ int sp_runtime_threads(const sp_runtime *rt);
 const sp_config *sp_runtime_config(const sp_runtime *rt);
 sp_model *sp_runtime_model(const sp_runtime *rt);           /* the local parts (sp_model_embed, sp_model_head) */
 const sp_tokenizer *sp_runtime_tokenizer(const sp_runtime *rt); /* NULL also when the model has none */
+const char *sp_runtime_model_dir(const sp_runtime *rt);     /* the directory it was loaded from ("": none) */
 const char *sp_runtime_model_name(const sp_runtime *rt);    /* its prefix in the swarm (sp_model_prefix) */
 
 #endif

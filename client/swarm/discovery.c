@@ -16,6 +16,9 @@
 #include "timeutil.h"
 #include "view.h"
 
+#define PEER_CHECK_MS 10000 /* the longest the peers' DHT pings are waited for (one goes unanswered in ~3 s) */
+#define PEER_PROBE_MS 3000  /* a silent peer's websocket probe */
+
 #define PINGS_PER_GROUP 3
 #define PING_BURST 3      /* pings per measurement: the fastest counts (the first may open the connection) */
 #define PING_WINDOW 4     /* the estimate: the median of the last measurements, so start-up is soon forgotten */
@@ -263,6 +266,31 @@ static const char *bind_for(const char *peers)
     return "127.0.0.1";
 }
 
+/* With nothing found through peers: an error when none of them answered as a DHT node, saying what each one
+ * is instead (sepal-server's own check of its --initial-peers; a silent peer is declared in about 3 s). */
+static sp_status no_peer_answers(sp_runtime *rt, const char *peers, sp_err *err)
+{
+    char silent[1024], why[1536] = "";
+    int quiet = sp_dht_silent_peers(rt->dht, PEER_CHECK_MS, silent, sizeof silent), given = 1;
+    for (const char *c = peers; *c; c++)
+        given += *c == ',';
+    if (quiet < given)
+        return SP_OK;
+    size_t at = 0;
+    for (char *save = NULL, *t = strtok_r(silent, ",", &save); t && at < sizeof why; t = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(t, ':');
+        if (!colon)
+            continue;
+        *colon = '\0';
+        at += (size_t)snprintf(why + at, sizeof why - at, "%s", at ? "; " : "");
+        if (at < sizeof why)
+            sp_remote_describe_port(t, atoi(colon + 1), rt->has_key ? &rt->key : NULL, PEER_PROBE_MS, why + at,
+                                    sizeof why - at);
+        at += strlen(why + at);
+    }
+    return sp_errf(err, SP_ERR_ARG, "--initial-peers %s: %s", peers, why);
+}
+
 sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err)
 {
     if (rt->dht)
@@ -287,6 +315,10 @@ sp_status sp_runtime_join(sp_runtime *rt, const char *initial_peers, sp_err *err
     for (int i = 0; i < rt->nservers; i++)
         n += rt->servers[i]->from_dht && !rt->servers[i]->gone;
     pthread_mutex_unlock(&rt->lock);
+    if (!n && (st = no_peer_answers(rt, initial_peers, err))) { /* a websocket port given for a DHT node, say */
+        sp_rt_leave(rt);
+        return st;
+    }
     sp_rt_emitf(rt, SP_EV_INFO, 0, "joined the swarm through %s (DHT node on %s:%d): %d server%s seen%s", initial_peers,
                 o.bind, sp_dht_port(rt->dht), n, n == 1 ? "" : "s", rt->local ? "" : " (load a model to see its servers)");
     say_unreadable(rt);

@@ -270,7 +270,31 @@ sp_status sp_runtime_route_train(sp_runtime *rt, sp_route *out, sp_err *err)
 {
     if (!rt->local)
         return sp_errf(err, SP_ERR_STATE, "no model loaded");
-    return sp_rt_route_span_train(rt, 0, rt->local->cfg.n_layers, out, err);
+    int L = rt->local->cfg.n_layers;
+    for (int attempt = 0;; attempt++) { /* no server for a block: wait only for one that is joining */
+        sp_err rerr = {0};
+        sp_status st = sp_rt_route_span_train(rt, 0, L, out, &rerr);
+        if (st != SP_ERR_NOTFOUND) {
+            if (st && err)
+                *err = rerr;
+            return st;
+        }
+        if (attempt >= rt->set.max_retries) {
+            if (err)
+                *err = rerr;
+            sp_err_prefix(err, "no server could run blocks 0:%d (%d retries): ", L, rt->set.max_retries);
+            return SP_ERR_NOTFOUND;
+        }
+        sp_err why = {0};
+        if (!sp_rt_no_server(rt, 0, L, attempt + 1, &why)) { /* nobody holds a block, nobody is joining */
+            if (err)
+                *err = why;
+            sp_err_prefix(err, "no server could run blocks 0:%d: ", L);
+            return SP_ERR_NOTFOUND;
+        }
+        if (sp_rt_sleep(rt, sp_rt_backoff(rt, attempt + 1)))
+            return sp_errf(err, SP_ERR_CANCELLED, "cancelled");
+    }
 }
 
 sp_status sp_runtime_route(sp_runtime *rt, sp_err *err)

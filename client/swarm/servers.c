@@ -73,6 +73,16 @@ void sp_rt_server_label(sp_runtime *rt, int i, char *buf, size_t cap)
 /* ---------------------------------------------------------------------------------------------- */
 /* connections */
 
+/* Entry i, read under the lock: the table's array moves when the DHT's thread adds a server (sp_rt_server_put),
+ * while the entries themselves stay where they are. */
+static sp_server_entry *entry_of(sp_runtime *rt, int i)
+{
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
+    pthread_mutex_unlock(&rt->lock);
+    return e;
+}
+
 /* A connection with the bulk channel, proving the swarm key first when there is one. */
 static sp_status rt_connect(sp_runtime *rt, sp_remote **r, const char *host, int port, int timeout_ms, sp_err *err)
 {
@@ -120,8 +130,8 @@ static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int bro
 static int other_server(sp_runtime *rt, int i, const sp_remote *r, sp_err *err)
 {
     const char *id = sp_remote_hello(r)->id;
-    sp_server_entry *e = rt->servers[i];
     pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
     int other = e->from_dht && id[0] && strcmp(id, e->rec.id);
     char was[SP_SERVER_ID_LEN];
     snprintf(was, sizeof was, "%s", e->rec.id);
@@ -139,8 +149,8 @@ static int other_server(sp_runtime *rt, int i, const sp_remote *r, sp_err *err)
  * trip or a timeout). */
 static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
 {
-    sp_server_entry *e = rt->servers[i];
     pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
     sp_conn *c = e->conn;
     char host[64];
     int port = e->rec.port;
@@ -197,7 +207,7 @@ sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, 
     sp_status st = sp_remote_call(c->r, type, meta, t, n, rep, timeout_ms, err);
     /* an ERROR reply leaves the connection sound, and so does a cancelled wait (the late reply is dropped) */
     int broken = st && st != SP_ERR_CANCELLED && rep->msg.type != SP_MSG_ERROR;
-    conn_release(rt, rt->servers[i], c, broken);
+    conn_release(rt, entry_of(rt, i), c, broken);
     return st;
 }
 
@@ -205,12 +215,13 @@ void sp_rt_close_conns(sp_runtime *rt)
 {
     for (int i = 0; i < rt->nservers; i++) {
         pthread_mutex_lock(&rt->lock);
-        sp_conn *c = rt->servers[i]->conn;
+        sp_server_entry *e = rt->servers[i];
+        sp_conn *c = e->conn;
         if (c)
             c->users++; /* as a caller would */
         pthread_mutex_unlock(&rt->lock);
         if (c)
-            conn_release(rt, rt->servers[i], c, 1);
+            conn_release(rt, e, c, 1);
     }
 }
 

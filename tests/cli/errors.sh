@@ -154,6 +154,8 @@ expect 1 "eval --load with a contradicting --tuning" "holds --tuning ptune --pre
 v1=$("$SEPAL" --version); v2=$("$S" --version)
 [ "${v1#sepal }" = "${v2#sepal-server }" ] && ok "sepal and sepal-server print the same version ($v1)" || bad "versions: '$v1' vs '$v2'"
 expect 1 "sepal-server: port in use" "^sepal-server: port $GQAPORT is in use" -- "$S" --model "$M" --blocks 0:6 --port "$GQAPORT" --no-measure
+expect 2 "sepal-server: a misspelt option gets the nearest name" "^sepal-server: unknown option '--blocs' \(did you mean --blocks\?\); --help lists the options$" -- "$S" --model "$M" --blocs 0:6
+expect 2 "sepal-server: a stray word" "^sepal-server: unexpected argument 'serve' \(--help lists the options\)$" -- "$S" serve --model "$M"
 expect 1 "sepal-server: a foreign --host" "^sepal-server: --host 10.1.2.3: not an address of this machine" -- "$S" --model "$M" --blocks 0:6 --host 10.1.2.3 --no-measure
 out=$("$S" --help)
 for o in $(grep -oE -- '"--[a-z][a-z-]*"' "$SEPAL_SRC_DIR/server/main.c" | tr -d '"' | sort -u); do

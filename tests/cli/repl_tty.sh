@@ -70,7 +70,7 @@ keys C-u
 keys "set tem" Tab "0.5" Enter "show temperature" Enter
 check "Tab completes a setting name" "^temperature +0.5 "
 # File names after other commands (directories end with / and take no space).
-keys "model i" Tab "$SEPAL_TEST_DATA/hf-t" Tab "llama-g" Tab Enter
+keys "model inf" Tab "$SEPAL_TEST_DATA/hf-t" Tab "llama-g" Tab Enter
 check "Tab completes model subcommands and paths" "parameters: +250432"
 
 # Options, their values, subcommands and task names complete too.

@@ -2,7 +2,8 @@
 # A private swarm from the command line: sepal-server --gen-swarm-key / --swarm-key, and the app's
 # `connect --swarm-key FILE` and `swarm-key` setting against a real keyed server (and `swarm up` with the key);
 # over a keyed swarm's DHT, a client with another key or none is told, before any generation, that it found
-# records it cannot read; a server given a websocket port (or a dead address) as --initial-peers exits saying so.
+# records it cannot read; a server given a websocket port (or a dead address) as --initial-peers exits saying so,
+# and the app's `connect --initial-peers` given one says so too.
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
 SERVER="$SEPAL_BIN_DIR/server/sepal-server"
@@ -78,6 +79,10 @@ expect 2 "--initial-peers given a websocket port: the DHT port named" \
     timeout 60 "$SERVER" --model "$M" --blocks 3:6 --no-measure --swarm-key "$TMP/k1" --initial-peers "127.0.0.1:$DWS"
 expect 2 "--initial-peers where nothing answers: said" "127.0.0.1:9 does not answer as a DHT node" -- \
     timeout 60 "$SERVER" --model "$M" --blocks 3:6 --no-measure --initial-peers 127.0.0.1:9
+# ... and the app's connect --initial-peers the same way (it finds no server: then it says why)
+expect 1 "connect --initial-peers given a websocket port: the DHT port named" \
+    "--initial-peers 127.0.0.1:$DWS: 127.0.0.1:$DWS is the websocket port of a sepal-server .*use --initial-peers 127.0.0.1:$DPORT" -- \
+    timeout 60 "$SEPAL" -c "load $M; connect --swarm-key $TMP/k1 --initial-peers 127.0.0.1:$DWS"
 
 # swarm up with a key: its servers hold it (a keyed client refuses a server without one)
 expect 0 "swarm up with the key, then generate" "there was a little girl" -- \

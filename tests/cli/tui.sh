@@ -316,6 +316,7 @@ check w "... the second after, one less" "next try in $((n1 - 1)) s" 3
 check w "waiting: the route panel says who is joining" "no online server holds block 3 \(of 0\.\.5\) yet" 1
 check w "the text once the server is online" "^Once upon a time, there" 40
 wait_gone w "next try in" 5 && ok "the countdown is gone once routed" || bad "the countdown stays after the route"
+check w "the generation ends (w)" "stop: length" 30 # q while it runs would ask, and the question goes with the command
 keys w q
 check w "q quits (w)" "^\[exit 0\]$" 30
 kill "$WA" "$WB" 2>/dev/null
