@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "app.h"
+#include "kern.h"
 #include "line.h"
 #include "memtune.h"
 #include "serve.h"
@@ -247,6 +248,11 @@ static int run_tool(int argc, char **argv)
 int main(int argc, char **argv)
 {
     sp_memtune();
+    sp_err err = {0};
+    if (sp_kern_check_env(&err)) {
+        fprintf(stderr, "sepal: %s\n", err.msg);
+        return 2;
+    }
     if (argc >= 2 && !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -878,7 +879,7 @@ T5V static void qg_vnni512(const sp_qmat *m, int g, const int8_t *XQ, const floa
 /* dispatch: the levels this CPU has, SEPAL_ISA's cap (read once), sp_kern_force's */
 
 static const char *const isa_names[SP_ISA__COUNT] = {"scalar", "avx2", "avxvnni", "avx512"};
-static int supported_mask = -1, has_vnni512, env_cap = SP_ISA__COUNT - 1, forced = -1;
+static int supported_mask = -1, has_vnni512, env_cap = SP_ISA__COUNT - 1, forced = -1, env_checked;
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
 static int best_at_most(int cap)
@@ -889,21 +890,35 @@ static int best_at_most(int cap)
     return SP_ISA_SCALAR;
 }
 
-/* SEPAL_ISA=NAME caps the level; a name this CPU lacks, or one unknown, is said once. */
+/* What SEPAL_ISA (NAME) asks: SP_OK and *lv its level when this CPU runs it, else the error that says why. */
+static sp_status env_level(const char *name, int *lv, sp_err *err)
+{
+    *lv = sp_kern_level_parse(name);
+    if (*lv < 0)
+        return sp_errf(err, SP_ERR_ARG, "SEPAL_ISA=%s: not a kernel level (scalar, avx2, avxvnni, avx512)", name);
+    if (supported_mask >> *lv & 1)
+        return SP_OK;
+    char have[64] = "";
+    for (int k = 0; k < SP_ISA__COUNT; k++)
+        if (supported_mask >> k & 1)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "", isa_names[k]);
+    return sp_errf(err, SP_ERR_UNSUPPORTED, "SEPAL_ISA=%s: this CPU does not run %s kernels (it runs %s)", name,
+                   name, have);
+}
+
+/* SEPAL_ISA caps the level; one unknown is ignored, one this CPU lacks gives the best level below it, each said
+ * once (unless sp_kern_check_env came first: the programs refuse both at start, saying why). */
 static void read_env(void)
 {
     const char *e = getenv("SEPAL_ISA");
+    int lv;
+    sp_err err = {0};
     if (!e || !*e)
         return;
-    int lv = sp_kern_level_parse(e);
-    if (lv < 0) {
-        sp_log(SP_LOG_WARN, "SEPAL_ISA=%s: not one of scalar, avx2, avxvnni, avx512; ignored", e);
-        return;
-    }
-    env_cap = lv;
-    if (best_at_most(lv) != lv)
-        sp_log(SP_LOG_WARN, "SEPAL_ISA=%s: this CPU has no %s; %s kernels run", e, isa_names[lv],
-               isa_names[best_at_most(lv)]);
+    if (env_level(e, &lv, &err) != SP_OK && !__atomic_load_n(&env_checked, __ATOMIC_RELAXED))
+        sp_log(SP_LOG_WARN, "%s", err.msg);
+    if (lv >= 0)
+        env_cap = lv;
 }
 
 static void detect(void)
@@ -939,6 +954,15 @@ int sp_kern_level(void)
 }
 
 void sp_kern_force(int level) { __atomic_store_n(&forced, level, __ATOMIC_RELAXED); }
+
+sp_status sp_kern_check_env(sp_err *err)
+{
+    __atomic_store_n(&env_checked, 1, __ATOMIC_RELAXED); /* the caller says it: no warning as well */
+    detect_init();
+    const char *e = getenv("SEPAL_ISA");
+    int lv;
+    return e && *e ? env_level(e, &lv, err) : SP_OK;
+}
 
 const char *sp_kern_level_name(int level)
 {
@@ -997,6 +1021,13 @@ const char *sp_kern_int_name(sp_wtype t)
 #endif
     (void)f;
     return NULL;
+}
+
+void sp_kern_describe(char *buf, size_t n)
+{
+    const char *q8 = sp_kern_int_name(SP_W_Q8), *nf4 = sp_kern_int_name(SP_W_NF4);
+    snprintf(buf, n, "%s kernels (int8 and nf4 %s%s)", isa_names[sp_kern_level()], q8 && nf4 ? "in integers: " : "in f32",
+             q8 && nf4 ? q8 : "");
 }
 
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x)

@@ -75,8 +75,13 @@ void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_p
 typedef enum { SP_ISA_SCALAR, SP_ISA_AVX2, SP_ISA_AVXVNNI, SP_ISA_AVX512, SP_ISA__COUNT } sp_isa;
 
 /* Which kernels run: the best level this CPU has, at most what SEPAL_ISA names (scalar, avx2, avxvnni or avx512;
- * read once: a name this CPU lacks gives the best level below it, with a warning) or sp_kern_force set. */
+ * read once: a name this CPU lacks gives the best level below it, an unknown one is ignored, each with a
+ * warning) or sp_kern_force set. */
 int sp_kern_level(void);
+/* SEPAL_ISA unset, or a level this CPU runs: SP_OK. Else SP_ERR_ARG ("SEPAL_ISA=avx9: not a kernel level
+ * (scalar, avx2, avxvnni, avx512)") or SP_ERR_UNSUPPORTED ("SEPAL_ISA=avx512: this CPU does not run avx512
+ * kernels (it runs scalar, avx2)"). The programs call it at start and refuse to run on an error. */
+sp_status sp_kern_check_env(sp_err *err);
 /* 1 if this CPU runs the level. */
 int sp_kern_supported(int level);
 /* Tests and benchmarks: use the best supported level at most this one (-1: the best again, SEPAL_ISA's cap). */
@@ -89,6 +94,8 @@ int sp_kern_level_parse(const char *name);
  * above); sp_kern_int_name says with what ("avx2 vpmaddubsw", ...; NULL: in f32). */
 int sp_kern_integer(sp_wtype t);
 const char *sp_kern_int_name(sp_wtype t);
+/* What runs now, for the programs' reports: "avx2 kernels (int8 and nf4 in integers: avx2 vpmaddubsw)". */
+void sp_kern_describe(char *buf, size_t n);
 /* One row's dot product with x in the current level's f32 kernel (tests). */
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x);
 
