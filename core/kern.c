@@ -654,6 +654,16 @@ static inline int32_t load_i32(const int8_t *p)
 #if SP_X86
 #define INLINE inline __attribute__((always_inline))
 
+/* A group kernel's body compiled four times: NF4 or Q8 (its unit loops unrolled, every chain in a register),
+ * B == 1 or any B. */
+#define QG_SPECIALISE(BODY, ...)                                                                               \
+    do {                                                                                                       \
+        if (m->type == SP_W_NF4)                                                                               \
+            B == 1 ? BODY(__VA_ARGS__, 1, 1, out) : BODY(__VA_ARGS__, B, 1, out);                             \
+        else                                                                                                   \
+            B == 1 ? BODY(__VA_ARGS__, 1, 0, out) : BODY(__VA_ARGS__, B, 0, out);                             \
+    } while (0)
+
 /* Where X's block xb starts in a group's weights, and the group's 16 steps for it. */
 static INLINE const uint8_t *qg_units(const sp_qmat *m, int nb, int g, int xb)
 {
@@ -690,9 +700,9 @@ T2 static INLINE __m256i mac2(__m256i d, __m256i w, __m256i x, __m256i xa)
 }
 
 /* B == 1: both halves at once (X's broadcasts shared); else a half at a time for every row of X. */
-T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, int B, float *out)
+T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, int B, int nf4, float *out)
 {
-    int nf4 = m->type == SP_W_NF4, nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
     int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
     __m256 acc[MAXB][2];
     for (int b = 0; b < B; b++)
@@ -703,6 +713,7 @@ T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const 
         if (B == 1) {
             const int8_t *xq = XQ + (size_t)xb * 32;
             __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int k = 0; k < units; k++) {
                 __m256i w0[2], w1[2];
                 unit2_s8(u + k * 64, 0, nf4, w0);
@@ -722,6 +733,7 @@ T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const 
             __m256i d[MAXB];
             for (int b = 0; b < B; b++)
                 d[b] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int k = 0; k < units; k++) {
                 __m256i w[2];
                 unit2_s8(u + k * 64, h, nf4, w);
@@ -747,10 +759,7 @@ T2 static void qg_avx2(const sp_qmat *m, int g, const int8_t *XQ, const float *X
                        float *out)
 {
     (void)XC;
-    if (B == 1)
-        qg2_body(m, g, XQ, XS, 1, out);
-    else
-        qg2_body(m, g, XQ, XS, B, out);
+    QG_SPECIALISE(qg2_body, m, g, XQ, XS);
 }
 
 /* AVX-VNNI (256 bits): dpbusd of the unsigned stored bytes (Q8) or looked-up levels + 128 (NF4) with x
@@ -770,10 +779,10 @@ TV static INLINE void unit2_u8(const uint8_t *u, int h, int nf4, __m256i *w)
     }
 }
 
-TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B, int nf4,
                                float *out)
 {
-    int nf4 = m->type == SP_W_NF4, nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
     int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
     __m256 acc[MAXB][2];
     for (int b = 0; b < B; b++)
@@ -781,10 +790,33 @@ TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const 
     for (int xb = 0; xb < nx; xb++) {
         const uint8_t *u = qg_units(m, nb, g, xb);
         const float *st = qg_steps(m, nb, g, xb);
+        if (B == 1) { /* both halves at once, two chains each (dpbusd's latency, not its rate, bounds one) */
+            const int8_t *xq = XQ + (size_t)xb * 32;
+            __m256i d[2][2] = {{_mm256_set1_epi32(XC[xb]), _mm256_setzero_si256()},
+                               {_mm256_set1_epi32(XC[xb]), _mm256_setzero_si256()}};
+            #pragma GCC unroll 8
+            for (int k = 0; k < units; k++) {
+                __m256i w0[2], w1[2];
+                unit2_u8(u + k * 64, 0, nf4, w0);
+                unit2_u8(u + k * 64, 1, nf4, w1);
+                for (int s = 0; s < sets; s++) {
+                    __m256i x = _mm256_set1_epi32(load_i32(xq + (k * sets + s) * 4));
+                    int c = nf4 ? s : k & 1;
+                    d[0][c] = _mm256_dpbusd_avx_epi32(d[0][c], w0[s], x);
+                    d[1][c] = _mm256_dpbusd_avx_epi32(d[1][c], w1[s], x);
+                }
+            }
+            __m256 xs = _mm256_set1_ps(XS[xb]);
+            for (int h = 0; h < 2; h++)
+                acc[0][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(d[h][0], d[h][1])),
+                                            _mm256_mul_ps(_mm256_loadu_ps(st + 8 * h), xs), acc[0][h]);
+            continue;
+        }
         for (int h = 0; h < 2; h++) {
             __m256i d[MAXB];
             for (int b = 0; b < B; b++)
                 d[b] = _mm256_set1_epi32(XC[(size_t)b * nx + xb]);
+            #pragma GCC unroll 8
             for (int k = 0; k < units; k++) {
                 __m256i w[2];
                 unit2_u8(u + k * 64, h, nf4, w);
@@ -808,13 +840,10 @@ TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const 
 TV static void qg_avxvnni(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
                           float *out)
 {
-    if (B == 1)
-        qgv_body(m, g, XQ, XS, XC, 1, out);
-    else
-        qgv_body(m, g, XQ, XS, XC, B, out);
+    QG_SPECIALISE(qgv_body, m, g, XQ, XS, XC);
 }
 
-/* AVX-512 VNNI: the same on all 16 rows of a unit at once. B == 1 keeps two chains (dpbusd's latency). */
+/* AVX-512 VNNI: the same on all 16 rows of a unit at once. B == 1 keeps four chains (dpbusd's latency). */
 #define T5V __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 T5V static INLINE void unit5_u8(const uint8_t *u, int nf4, __m512i *w)
@@ -830,10 +859,10 @@ T5V static INLINE void unit5_u8(const uint8_t *u, int nf4, __m512i *w)
     }
 }
 
-T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B, int nf4,
                                 float *out)
 {
-    int nf4 = m->type == SP_W_NF4, nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
     int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
     __m512 acc[MAXB];
     for (int b = 0; b < B; b++)
@@ -841,23 +870,25 @@ T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const
     for (int xb = 0; xb < nx; xb++) {
         const uint8_t *u = qg_units(m, nb, g, xb);
         __m512 sv = _mm512_loadu_ps(qg_steps(m, nb, g, xb));
-        __m512i d[MAXB][2];
+        __m512i d[MAXB][4];
         for (int b = 0; b < B; b++) {
             d[b][0] = _mm512_set1_epi32(XC[(size_t)b * nx + xb]);
-            d[b][1] = _mm512_setzero_si512();
+            d[b][1] = d[b][2] = d[b][3] = _mm512_setzero_si512();
         }
+        #pragma GCC unroll 8
         for (int k = 0; k < units; k++) {
             __m512i w[2];
             unit5_u8(u + k * 64, nf4, w);
             for (int s = 0; s < sets; s++)
                 for (int b = 0; b < B; b++) {
-                    int c = (k * sets + s) * 4, chain = B == 1 ? (nf4 ? s : k & 1) : 0;
+                    int c = (k * sets + s) * 4, chain = B == 1 ? (nf4 ? (k & 1) * 2 + s : k & 3) : 0;
                     d[b][chain] = _mm512_dpbusd_epi32(d[b][chain], w[s],
                                                       _mm512_set1_epi32(load_i32(XQ + ((size_t)b * nx + xb) * 32 + c)));
                 }
         }
         for (int b = 0; b < B; b++) {
-            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(d[b][0], d[b][1]));
+            __m512 f = _mm512_cvtepi32_ps(
+                _mm512_add_epi32(_mm512_add_epi32(d[b][0], d[b][1]), _mm512_add_epi32(d[b][2], d[b][3])));
             acc[b] = _mm512_fmadd_ps(f, _mm512_mul_ps(sv, _mm512_set1_ps(XS[(size_t)b * nx + xb])), acc[b]);
         }
     }
@@ -868,10 +899,7 @@ T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const
 T5V static void qg_vnni512(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
                            float *out)
 {
-    if (B == 1)
-        qg5_body(m, g, XQ, XS, XC, 1, out);
-    else
-        qg5_body(m, g, XQ, XS, XC, B, out);
+    QG_SPECIALISE(qg5_body, m, g, XQ, XS, XC);
 }
 #endif
 
