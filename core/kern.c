@@ -779,8 +779,8 @@ TV static INLINE void unit2_u8(const uint8_t *u, int h, int nf4, __m256i *w)
     }
 }
 
-TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B, int nf4,
-                               float *out)
+TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                               int nf4, float *out)
 {
     int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
     int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
@@ -821,9 +821,10 @@ TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const 
                 __m256i w[2];
                 unit2_u8(u + k * 64, h, nf4, w);
                 for (int s = 0; s < sets; s++)
-                    for (int b = 0; b < B; b++)
-                        d[b] = _mm256_dpbusd_avx_epi32(
-                            d[b], w[s], _mm256_set1_epi32(load_i32(XQ + ((size_t)b * nx + xb) * 32 + (k * sets + s) * 4)));
+                    for (int b = 0; b < B; b++) {
+                        const int8_t *xq = XQ + ((size_t)b * nx + xb) * 32 + (k * sets + s) * 4;
+                        d[b] = _mm256_dpbusd_avx_epi32(d[b], w[s], _mm256_set1_epi32(load_i32(xq)));
+                    }
             }
             __m256 sv = _mm256_loadu_ps(st + 8 * h);
             for (int b = 0; b < B; b++)
@@ -859,8 +860,8 @@ T5V static INLINE void unit5_u8(const uint8_t *u, int nf4, __m512i *w)
     }
 }
 
-T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B, int nf4,
-                                float *out)
+T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                                int nf4, float *out)
 {
     int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
     int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
@@ -1054,8 +1055,9 @@ const char *sp_kern_int_name(sp_wtype t)
 void sp_kern_describe(char *buf, size_t n)
 {
     const char *q8 = sp_kern_int_name(SP_W_Q8), *nf4 = sp_kern_int_name(SP_W_NF4);
-    snprintf(buf, n, "%s kernels (int8 and nf4 %s%s)", isa_names[sp_kern_level()], q8 && nf4 ? "in integers: " : "in f32",
-             q8 && nf4 ? q8 : "");
+    int in = q8 && nf4;
+    snprintf(buf, n, "%s kernels (int8 and nf4 %s%s)", isa_names[sp_kern_level()], in ? "in integers: " : "in f32",
+             in ? q8 : "");
 }
 
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x)

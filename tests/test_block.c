@@ -376,8 +376,8 @@ END_TEST
 
 /* Blocks re-encoded (bf16, int8, nf4): forward and the backward to the input equal an f32 block holding the
  * decoded weights (the encoding is the only difference); decoding with a KV cache equals the full forward
- * (int8 and nf4 decode quantise their input, as llama.cpp's Q8_0 and Q4_0 do: a looser bound); weight gradients are refused;
- * the bytes shrink. */
+ * (int8 and nf4 decode quantise their input, as llama.cpp's Q8_0 and Q4_0 do: a looser bound); weight
+ * gradients are refused; the bytes shrink. */
 static void encoded_case(const char *model)
 {
     sp_err err = {0};

@@ -145,8 +145,9 @@ START_TEST(t_kernels_levels)
     sp_err err = {0};
     sp_pool *pool = sp_pool_new(2);
     int best = sp_kern_level();
-    printf("kernels: this CPU runs %s (int8: %s, nf4: %s)\n", sp_kern_level_name(best),
-           sp_kern_int_name(SP_W_Q8) ? sp_kern_int_name(SP_W_Q8) : "f32", sp_kern_int_name(SP_W_NF4) ? sp_kern_int_name(SP_W_NF4) : "f32");
+    char kern[96];
+    sp_kern_describe(kern, sizeof kern);
+    printf("kernels: this CPU runs %s\n", kern);
     for (int lv = 0; lv <= best; lv++) {
         if (!sp_kern_supported(lv))
             continue;
