@@ -279,6 +279,31 @@ void sp_qmat_free(sp_qmat *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Row r of a Q8 or NF4 matrix decoded a block at a time, as grouped_weight gives each weight (the tiles of
+ * large products decode through this). */
+static void grouped_row(const sp_qmat *m, int r, float *out)
+{
+    int C = m->cols, nf4 = m->type == SP_W_NF4, blk = nf4 ? NF4_BLOCK : Q8_BLOCK, nb = blocks_per_row(m->type, C);
+    const uint8_t *row = (const uint8_t *)m->q + group_at(nb, r) + (size_t)(r % GROUP) * 4;
+    float v[NF4_BLOCK];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *u = row + (size_t)b * GROUP_BLOCK;
+        float st = m->scale[scale_at(nb, r, b)];
+        for (int k = 0; k < 8; k++)
+            for (int j = 0; j < 4; j++) {
+                uint8_t q = u[k * 64 + j];
+                if (nf4) {
+                    v[8 * k + j] = (float)nf4_q[q & 15] * st;
+                    v[8 * k + 4 + j] = (float)nf4_q[q >> 4] * st;
+                } else {
+                    v[4 * k + j] = (float)(int8_t)(q ^ 0x80) * st;
+                }
+            }
+        int c0 = b * blk, n = C - c0 < blk ? C - c0 : blk;
+        memcpy(out + c0, v, (size_t)n * sizeof(float));
+    }
+}
+
 void sp_qmat_row(const sp_qmat *m, int r, float *out)
 {
     int C = m->cols;
@@ -290,10 +315,7 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out)
             out[c] = bf16_to_f32(((const uint16_t *)src)[c]);
         break;
     case SP_W_Q8:
-    case SP_W_NF4:
-        for (int c = 0; c < C; c++)
-            out[c] = grouped_weight(m, r, c);
-        break;
+    case SP_W_NF4: grouped_row(m, r, out); break;
     default: memset(out, 0, (size_t)C * 4);
     }
 }
