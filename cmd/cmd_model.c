@@ -490,9 +490,7 @@ static void init_summary(sp_app *app, const char *dir, const char *like, const s
 /* A model of real shape with random weights (core/like.h); the tokenizer of stories15M where it fits. */
 static int cmd_init(sp_app *app, const sp_args *a)
 {
-    const char *like = sp_arg(app, a, MI_LIKE);
-    if (!like)
-        return sp_app_error(app, "model init: needs --like NAME (%s)", SP_LIKE_NAMES), CLI_USAGE;
+    const char *like = sp_arg(app, a, MI_LIKE); /* required: the command layer has refused a line without it */
     sp_err err = {0};
     sp_like_opts o = {.like = like, .layers = (int)sp_arg_int(app, a, MI_LAYERS),
                       .hidden = (int)sp_arg_int(app, a, MI_HIDDEN),
@@ -517,7 +515,8 @@ static int cmd_init(sp_app *app, const sp_args *a)
 }
 
 static const sp_opt init_opts[] = {
-    [MI_LIKE] = {"--like", SP_OPT_CHOICE, .choices = SP_LIKE_NAMES, .help = "the model whose shapes to take (needed)"},
+    [MI_LIKE] = {"--like", SP_OPT_CHOICE, .choices = SP_LIKE_NAMES, .required = 1,
+                 .help = "the model whose shapes to take"},
     [MI_LAYERS] = {"--layers", SP_OPT_INT, "N", 1, 1000,
                    .help = "fewer layers than the model has (the width stays); default: all"},
     [MI_HIDDEN] = {"--hidden", SP_OPT_INT, "N", 64, 1 << 20,

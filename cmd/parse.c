@@ -116,7 +116,10 @@ int sp_args_parse(sp_app *app, const sp_cmd *c, const char *path, int argc, char
     }
     for (int i = 0; !rc && i < c->nopts; i++) { /* an option every use gives */
         const sp_opt *o = &c->opts[i];
-        if (o->required && !a->val[i])
+        const sp_opt *spec = sp_opt_spec(o);
+        if (o->required && !a->val[i] && spec->choices)
+            rc = sp_app_error(app, "%s: needs %s, one of %s", path, o->name, spec->choices);
+        else if (o->required && !a->val[i])
             rc = sp_app_error(app, "%s: needs %s %s", path, o->name, o->meta ? o->meta : "VALUE");
     }
     if (!rc)

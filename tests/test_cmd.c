@@ -294,7 +294,7 @@ START_TEST(t_lookup)
     ck_assert_str_eq(sp_cmd_find("?", why, sizeof why)->name, "help");
     ck_assert_str_eq(sp_cmd_find("gene", why, sizeof why)->name, "generate"); /* a unique prefix */
     ck_assert_ptr_null(sp_cmd_find("se", why, sizeof why));
-    ck_assert_str_eq(why, "ambiguous command 'se': set, servers");
+    ck_assert_str_eq(why, "ambiguous command 'se': set, servers, serve");
     ck_assert_ptr_null(sp_cmd_find("xyzzy", why, sizeof why));
     ck_assert_str_eq(why, "unknown command 'xyzzy' (try 'help')");
     const sp_cmd *sw = sp_cmd_find("swarm", why, sizeof why);

@@ -30,7 +30,7 @@ expect 0 "info: the experts" "^mlp: +sparse mixture of SwiGLU experts: 8 experts
 expect 0 "generate through the shards" "tok/s" -- "$SEPAL" model generate "$M" --prompt "Hello" --max-new-tokens 3
 
 expect 2 "an unknown name" "'gpt-5' is not one of llama-2-7b, llama-2-70b" -- "$SEPAL" model init "$TMP/x" --like gpt-5
-expect 2 "--like is needed" "model init: needs --like NAME" -- "$SEPAL" model init "$TMP/x"
+expect 2 "--like is needed" "model init: needs --like, one of llama-2-7b\|llama-2-70b" -- "$SEPAL" model init "$TMP/x"
 expect 2 "a bad shard size" "expected a size such as 5GB, 500MB or 2GiB, got '5 GB'" -- \
     "$SEPAL" model init "$TMP/x" --like llama-2-7b --shard-size "5 GB"
 expect 2 "a width that is no multiple of 64" "--hidden 200: llama-2-7b's width can be cut to a multiple of 64" -- \
