@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "app.h"
+#include "kern.h"
 #include "line.h"
 #include "memtune.h"
 #include "serve.h"
@@ -64,7 +65,8 @@ static void usage(FILE *f)
                "environment: SEPAL_CACHE (default $XDG_CACHE_HOME/sepal, else ~/.cache/sepal), SEPAL_HISTORY\n"
                "  (default ~/.sepal_history), SEPAL_SERVER_BIN (the sepal-server of `swarm up`), SEPAL_VERBOSE=1\n"
                "  (library warnings too), SEPAL_PROGRESS_INTERVAL (seconds between progress lines when stderr is\n"
-               "  not a terminal; default 10), NO_COLOR, SEPAL_TUI_REPLAY_SPEED\n"
+               "  not a terminal; default 10), NO_COLOR, SEPAL_TUI_REPLAY_SPEED, SEPAL_ISA (scalar, avx2, avxvnni\n"
+               "  or avx512: the highest kernel level used; a level this CPU lacks is refused)\n"
                "exit status: 0 success, 1 a command failed, 2 usage error or unsupported, 130/143 stopped by\n"
                "  SIGINT/SIGTERM (the TUI: 130 when Ctrl-C twice quits it)\n");
 }
@@ -247,6 +249,11 @@ static int run_tool(int argc, char **argv)
 int main(int argc, char **argv)
 {
     sp_memtune();
+    sp_err err = {0};
+    if (sp_kern_check_env(&err)) {
+        fprintf(stderr, "sepal: %s\n", err.msg);
+        return 2;
+    }
     if (argc >= 2 && !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

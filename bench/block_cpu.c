@@ -32,6 +32,7 @@
 
 #include "block.h"
 #include "config.h"
+#include "kern.h"
 #include "rng.h"
 #include "rope.h"
 #include "timeutil.h"
@@ -554,9 +555,11 @@ static int run_family(bench *c, const preset *p, result *res)
         char attn[160];
         sp_config_attention_desc(&c->cfg, attn, sizeof attn);
         res->mb = (double)c->b.numel * 4 / 1e6;
-        printf("%s block (%s): hidden %d, ff %d%s, %s; %.1f MB f32 weights; %d threads; setup %.1f s\n", p->model,
-               p->name, c->cfg.hidden, c->cfg.intermediate, c->cfg.blk.mlp == SP_MLP_MOE ? " per expert" : "", attn,
-               res->mb, c->nthreads, sp_now_s() - t0);
+        char kern[96];
+        sp_kern_describe(kern, sizeof kern);
+        printf("%s block (%s): hidden %d, ff %d%s, %s; %.1f MB f32 weights; %d threads; %s; setup %.1f s\n",
+               p->model, p->name, c->cfg.hidden, c->cfg.intermediate, c->cfg.blk.mlp == SP_MLP_MOE ? " per expert" : "",
+               attn, res->mb, c->nthreads, kern, sp_now_s() - t0);
         if (c->cfg.blk.mlp == SP_MLP_MOE)
             printf("experts: %d, %d per token: a decode step reads %.1f MB of the %.1f MB\n", c->cfg.blk.n_experts,
                    c->cfg.blk.top_k, (double)c->decode_bytes / 1e6, res->mb);
@@ -578,6 +581,10 @@ int main(int argc, char **argv)
     static bench c; /* zeroed: teardown is safe whatever failed */
     if (parse_args(argc, argv, &c.o))
         return 2;
+    if (sp_kern_check_env(&c.err)) {
+        fprintf(stderr, "bench_block_cpu: %s\n", c.err.msg);
+        return 2;
+    }
     if (c.o.threads)
         openblas_set_num_threads(c.o.threads);
     c.nthreads = openblas_get_num_threads();

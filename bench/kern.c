@@ -83,6 +83,9 @@ int main(int argc, char **argv)
     }
     if (reps < 1 || reps > 100)
         reps = 7;
+    sp_err err = {0};
+    if (sp_kern_check_env(&err))
+        return fprintf(stderr, "bench_kern: %s\n", err.msg), 2;
     sp_pool *pool = sp_pool_new(threads);
     threads = sp_pool_threads(pool);
     openblas_set_num_threads(threads);
@@ -93,7 +96,6 @@ int main(int argc, char **argv)
     sp_qmat m[SP_W__COUNT][7];
     float *wf[7];
     size_t params = 0;
-    sp_err err = {0};
     for (int k = 0; k < 7; k++) {
         size_t n = (size_t)sh[k].rows * sh[k].cols;
         wf[k] = malloc(n * sizeof(float));
@@ -111,13 +113,15 @@ int main(int argc, char **argv)
     float *big = malloc(params * sizeof(float));
     for (size_t i = 0; i < params; i++)
         big[i] = 1e-3f * (float)(i & 1023);
-    printf("bench_kern: a Llama-2-7B-shaped block (H %d, FFN %d: %.1fM weights), %d thread%s, kernels %s, %d reps\n",
-           H, F, params / 1e6, threads, threads == 1 ? "" : "s", sp_kern_level_name(sp_kern_level()), reps);
+    char kern[96];
+    sp_kern_describe(kern, sizeof kern);
+    printf("bench_kern: a Llama-2-7B-shaped block (H %d, FFN %d: %.1fM weights), %d thread%s, %s, %d reps\n", H, F,
+           params / 1e6, threads, threads == 1 ? "" : "s", kern, reps);
     double t_read[100], t_blas[100], t_k[SP_W__COUNT][100];
     for (int rep = 0; rep < reps; rep++) {
         double t0 = sp_now_s();
         read_job rj = {.p = big, .n = params};
-        sp_pool_run(pool, sp_kern_level() >= 2 ? read_part : read_part_scalar, &rj);
+        sp_pool_run(pool, sp_kern_level() >= SP_ISA_AVX512 ? read_part : read_part_scalar, &rj);
         t_read[rep] = sp_now_s() - t0;
         t0 = sp_now_s();
         for (int k = 0; k < 7; k++)

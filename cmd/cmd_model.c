@@ -10,6 +10,7 @@
 #include "block.h"
 #include "app.h"
 #include "generate.h"
+#include "kern.h"
 #include "config.h"
 #include "convert_llama2c.h"
 #include "like.h"
@@ -400,6 +401,10 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
                    .seed = (unsigned long long)o.sample.seed, .sampled = o.sample.temperature > 0};
     sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
     sp_emit(app, &end);
+    char kern[96];
+    int nth = pool ? threads : sp_pool_threads(sp_pool_default());
+    sp_kern_describe(kern, sizeof kern);
+    sp_note(app, "model generate: %s, %d thread%s", kern, nth, nth == 1 ? "" : "s");
     if (r.stop_reason == SP_GEN_STOP_CANCELLED)
         sp_note(app, "^C (stopped after %d token%s)", r.n[0], r.n[0] == 1 ? "" : "s");
     sp_gen_result_free(&r);

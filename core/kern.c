@@ -1,14 +1,19 @@
-/* kern.c - encoded weight matrices and their products: encoders, row decoders, the decode kernels in three
- * levels (scalar reference, AVX2+FMA, AVX-512) behind one dispatch, and the large products on sgemm. */
+/* kern.c - encoded weight matrices and their products: encoders, row decoders, the decode kernels in four
+ * levels (scalar reference, AVX2+FMA, AVX2 with AVX-VNNI, AVX-512) behind one dispatch that SEPAL_ISA and
+ * sp_kern_force cap, and the large products on sgemm. */
 #include "kern.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define SP_X86 1
 #else
@@ -17,27 +22,20 @@
 
 #define Q8_BLOCK 32
 #define NF4_BLOCK 64
+#define GROUP 16       /* Q8 and NF4: rows interleaved 16 at a time */
+#define GROUP_BLOCK 512 /* bytes of one block of a group: 16 rows x 32 int8, or x 64 nibbles */
 #define MAXB SP_KERN_MAX_ROWS
 
-static int kern_level(void);
 static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv);
 
-const float sp_nf4_levels[16] = {-1.0f,
-                                 -0.6961928009986877f,
-                                 -0.5250730514526367f,
-                                 -0.39491748809814453f,
-                                 -0.28444138169288635f,
-                                 -0.18477343022823334f,
-                                 -0.09105003625154495f,
-                                 0.0f,
-                                 0.07958029955625534f,
-                                 0.16093020141124725f,
-                                 0.24611230194568634f,
-                                 0.33791524171829224f,
-                                 0.44070982933044434f,
-                                 0.5626170039176941f,
-                                 0.7229568362236023f,
-                                 1.0f};
+/* NF4's levels as integers (bitsandbytes' code book times 127, rounded): weight = level x the block's step. */
+static const int8_t nf4_q[16] = {-127, -88, -67, -50, -36, -23, -12, 0, 10, 20, 31, 43, 56, 71, 92, 127};
+/* ... and + 128, unsigned (VNNI's dpbusd multiplies unsigned bytes; the sum of x times 128 is taken off) */
+static const uint8_t nf4_u[16] = {1, 40, 61, 78, 92, 105, 116, 128, 138, 148, 159, 171, 184, 199, 220, 255};
+
+const float sp_nf4_levels[16] = {-127 / 127.0f, -88 / 127.0f, -67 / 127.0f, -50 / 127.0f, -36 / 127.0f, -23 / 127.0f,
+                                 -12 / 127.0f,  0.0f,         10 / 127.0f,  20 / 127.0f,  31 / 127.0f,  43 / 127.0f,
+                                 56 / 127.0f,   71 / 127.0f,  92 / 127.0f,  127 / 127.0f};
 
 static const char *const wnames[SP_W__COUNT] = {"f32", "bf16", "int8", "nf4"};
 
@@ -56,6 +54,8 @@ int sp_wtype_parse(const char *name, sp_wtype *t)
     }
     return -1;
 }
+
+static int grouped(sp_wtype t) { return t == SP_W_Q8 || t == SP_W_NF4; }
 
 static int blocks_per_row(sp_wtype t, int cols)
 {
@@ -76,12 +76,11 @@ static size_t row_bytes(sp_wtype t, int cols)
 
 size_t sp_qmat_bytes(sp_wtype t, int rows, int cols)
 {
-    if (t == SP_W_Q8) { /* groups of 16 rows, blocks of 32 columns (see the layout below) */
-        size_t groups = ((size_t)rows + 15) / 16, nb = (size_t)blocks_per_row(t, cols);
-        return groups * 16 * nb * (32 + sizeof(float));
+    if (grouped(t)) { /* groups of 16 rows, blocks of 32 (int8) or 64 (nf4) columns (see the layouts below) */
+        size_t groups = ((size_t)rows + GROUP - 1) / GROUP, nb = (size_t)blocks_per_row(t, cols);
+        return groups * nb * (GROUP_BLOCK + GROUP * sizeof(float));
     }
-    size_t s = t == SP_W_NF4 ? (size_t)rows * blocks_per_row(t, cols) * sizeof(float) : 0;
-    return (size_t)rows * row_bytes(t, cols) + s;
+    return (size_t)rows * row_bytes(t, cols);
 }
 
 sp_qmat sp_qmat_f32(const float *w, int rows, int cols)
@@ -110,34 +109,57 @@ static float bf16_to_f32(uint16_t h)
     return f;
 }
 
-/* Q8's layout: rows in groups of 16 (the last group padded with zero rows), each group's block b as eight
- * 64-byte pieces, piece k holding columns 4k..4k+3 of the block for the 16 rows in turn (4 bytes a row), each
- * value stored as its int8 value + 128 (the sign bit flipped: an unsigned byte, what VNNI's dpbusd wants);
- * the group's scales of block b as 16 floats (a row each). A short last block is padded with zeros. So one
- * 64-byte load gives 16 rows' next 4 weights: a product needs no horizontal sums. */
-#define Q8_GROUP 16
-
-static inline size_t q8_group_bytes(int nb) { return (size_t)nb * Q8_BLOCK * Q8_GROUP; }
+/* The grouped layouts, Q8's and NF4's: rows in groups of 16 (the last group padded with zero rows), each
+ * group's block b as 512 bytes in eight 64-byte units, unit k holding the 16 rows in turn, 4 bytes a row, and
+ * the group's steps (scales) of block b as 16 floats (a row each). So one 64-byte load gives 16 rows' next
+ * weights and a product needs no horizontal sums.
+ *   Q8: unit k holds columns 4k..4k+3 of the block (a block is 32 columns), each value stored as its int8
+ *       value + 128 (the sign bit flipped: an unsigned byte, what VNNI's dpbusd wants).
+ *   NF4: unit k holds columns 8k..8k+7 (a block is 64 columns): byte j of a row's 4 has column 8k + j in its
+ *       low nibble and 8k + 4 + j in its high one; a nibble indexes nf4_q. So the low nibbles of a unit are a
+ *       Q8 unit of 4 columns and the high nibbles the next one, each a table lookup (pshufb) away.
+ * A short last block is padded with zeros (NF4: index 7, the level 0). */
+static inline size_t group_at(int nb, int r) { return (size_t)(r / GROUP) * nb * GROUP_BLOCK; }
 
 static inline size_t q8_at(int nb, int r, int c)
 {
     int k = (c % Q8_BLOCK) / 4;
-    return (size_t)(r / Q8_GROUP) * q8_group_bytes(nb) + (size_t)(c / Q8_BLOCK) * Q8_BLOCK * Q8_GROUP +
-           (size_t)k * 64 + (size_t)(r % Q8_GROUP) * 4 + (size_t)(c % 4);
+    return group_at(nb, r) + (size_t)(c / Q8_BLOCK) * GROUP_BLOCK + (size_t)k * 64 + (size_t)(r % GROUP) * 4 +
+           (size_t)(c % 4);
 }
 
-static inline size_t q8_scale_at(int nb, int r, int b)
+/* The byte of NF4 weight (r, c); *shift: 0 for the low nibble, 4 for the high one. */
+static inline size_t nf4_at(int nb, int r, int c, int *shift)
 {
-    return ((size_t)(r / Q8_GROUP) * nb + b) * Q8_GROUP + (size_t)(r % Q8_GROUP);
+    int k = (c % NF4_BLOCK) / 8, j = c % 8;
+    *shift = j < 4 ? 0 : 4;
+    return group_at(nb, r) + (size_t)(c / NF4_BLOCK) * GROUP_BLOCK + (size_t)k * 64 + (size_t)(r % GROUP) * 4 +
+           (size_t)(j & 3);
 }
 
-/* Weight (r, c) of a Q8 matrix. */
-static inline float q8_weight(const sp_qmat *m, int r, int c)
+static inline size_t scale_at(int nb, int r, int b)
 {
-    int nb = blocks_per_row(SP_W_Q8, m->cols);
-    int8_t q = (int8_t)(((const uint8_t *)m->q)[q8_at(nb, r, c)] ^ 0x80);
-    return (float)q * m->scale[q8_scale_at(nb, r, c / Q8_BLOCK)];
+    return ((size_t)(r / GROUP) * nb + b) * GROUP + (size_t)(r % GROUP);
 }
+
+/* Weight (r, c) of a Q8 or NF4 matrix as an integer; its step is m->scale[scale_at(nb, r, c / block)]. */
+static inline int int_weight(const sp_qmat *m, int nb, int r, int c)
+{
+    const uint8_t *q = (const uint8_t *)m->q;
+    if (m->type == SP_W_Q8)
+        return (int8_t)(q[q8_at(nb, r, c)] ^ 0x80);
+    int sh;
+    size_t at = nf4_at(nb, r, c, &sh);
+    return nf4_q[(q[at] >> sh) & 15];
+}
+
+/* Weight (r, c) of a Q8 or NF4 matrix. */
+static inline float grouped_weight(const sp_qmat *m, int r, int c)
+{
+    int nb = blocks_per_row(m->type, m->cols), blk = m->type == SP_W_Q8 ? Q8_BLOCK : NF4_BLOCK;
+    return (float)int_weight(m, nb, r, c) * m->scale[scale_at(nb, r, c / blk)];
+}
+
 
 /* roundf(v) clamped to [-127, 127], without the libm call (a tenth of the time of encoding a matrix): the
  * same value for every v (halves away from zero); NaN gives 0. */
@@ -151,9 +173,11 @@ static inline int8_t q8_round(float v)
     return (int8_t)(i + (f >= 0.5f) - (f <= -0.5f));
 }
 
+
+/* The nearest NF4 level of v (in units of the block's absmax): binary search on the midpoints. */
 static int nf4_index(float v)
 {
-    int lo = 0, hi = 15; /* the nearest of the ascending levels: binary search on midpoints */
+    int lo = 0, hi = 15;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
         if (v > 0.5f * (sp_nf4_levels[mid] + sp_nf4_levels[mid + 1]))
@@ -164,10 +188,46 @@ static int nf4_index(float v)
     return lo;
 }
 
+static void encode_q8(sp_qmat *m, int r, const float *w)
+{
+    int C = m->cols, nb = blocks_per_row(SP_W_Q8, C), lv = sp_kern_level();
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < C ? c0 + Q8_BLOCK : C;
+        int8_t q[Q8_BLOCK];
+        q8_block(w + c0, c1 - c0, q, &m->scale[scale_at(nb, r, b)], lv);
+        uint8_t *d = (uint8_t *)m->q + q8_at(nb, r, c0);
+        for (int k = 0; k < Q8_BLOCK / 4; k++) { /* 4 values a unit; the padding stays 0 (0x80) */
+            uint32_t v;
+            memcpy(&v, q + 4 * k, 4);
+            v ^= 0x80808080u;
+            memcpy(d + k * 64, &v, 4);
+        }
+    }
+}
+
+static void encode_nf4(sp_qmat *m, int r, const float *w)
+{
+    int C = m->cols, nb = blocks_per_row(SP_W_NF4, C);
+    uint8_t *q = (uint8_t *)m->q;
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * NF4_BLOCK, c1 = c0 + NF4_BLOCK < C ? c0 + NF4_BLOCK : C;
+        float amax = 0;
+        for (int c = c0; c < c1; c++)
+            amax = fabsf(w[c]) > amax ? fabsf(w[c]) : amax;
+        m->scale[scale_at(nb, r, b)] = amax / 127.0f;
+        float inv = amax > 0 ? 1.0f / amax : 0;
+        for (int c = c0; c < c1; c++) { /* the padding stays index 7 (0x77) */
+            int sh;
+            size_t at = nf4_at(nb, r, c, &sh);
+            q[at] = (uint8_t)((q[at] & ~(15 << sh)) | nf4_index(w[c] * inv) << sh);
+        }
+    }
+}
+
 static void encode_row(sp_qmat *m, int r, const float *w)
 {
     int C = m->cols;
-    uint8_t *dst = m->type == SP_W_Q8 ? (uint8_t *)m->q : (uint8_t *)m->q + (size_t)r * m->row_bytes;
+    uint8_t *dst = (uint8_t *)m->q + (size_t)r * m->row_bytes;
     if (m->type == SP_W_F32) {
         memcpy(dst, w, (size_t)C * 4);
     } else if (m->type == SP_W_BF16) {
@@ -175,45 +235,9 @@ static void encode_row(sp_qmat *m, int r, const float *w)
         for (int c = 0; c < C; c++)
             d[c] = f32_to_bf16(w[c]);
     } else if (m->type == SP_W_Q8) {
-        int nb = blocks_per_row(SP_W_Q8, C), lv = kern_level();
-        for (int b = 0; b < nb; b++) {
-            int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < C ? c0 + Q8_BLOCK : C;
-            int8_t q[Q8_BLOCK];
-            q8_block(w + c0, c1 - c0, q, &m->scale[q8_scale_at(nb, r, b)], lv);
-            uint8_t *d = dst + q8_at(nb, r, c0);
-            for (int k = 0; k < Q8_BLOCK / 4; k++) { /* 4 values a piece; the padding stays 0 (0x80) */
-                uint32_t v;
-                memcpy(&v, q + 4 * k, 4);
-                v ^= 0x80808080u;
-                memcpy(d + k * 64, &v, 4);
-            }
-        }
+        encode_q8(m, r, w);
     } else if (m->type == SP_W_NF4) {
-        int nb = blocks_per_row(SP_W_NF4, C);
-        memset(dst, 0, m->row_bytes);
-        for (int b = 0; b < nb; b++) {
-            int c0 = b * NF4_BLOCK, c1 = c0 + NF4_BLOCK < C ? c0 + NF4_BLOCK : C;
-            float amax = 0;
-            for (int c = c0; c < c1; c++)
-                amax = fabsf(w[c]) > amax ? fabsf(w[c]) : amax;
-            m->scale[(size_t)r * nb + b] = amax;
-            float inv = amax > 0 ? 1.0f / amax : 0;
-            uint8_t *blk = dst + (size_t)b * (NF4_BLOCK / 2);
-            for (int c = c0; c < c1; c++) {
-                int k = c - c0, idx = nf4_index(w[c] * inv);
-                if (k < NF4_BLOCK / 2)
-                    blk[k] |= (uint8_t)idx;
-                else
-                    blk[k - NF4_BLOCK / 2] |= (uint8_t)(idx << 4);
-            }
-            if (c1 - c0 < NF4_BLOCK) /* a short last block: unused nibbles index level 7 (0.0) */
-                for (int k = c1 - c0; k < NF4_BLOCK; k++) {
-                    if (k < NF4_BLOCK / 2)
-                        blk[k] |= 7;
-                    else
-                        blk[k - NF4_BLOCK / 2] |= 7 << 4;
-                }
-        }
+        encode_nf4(m, r, w);
     }
 }
 
@@ -227,11 +251,11 @@ sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int c
     m->cols = cols;
     m->row_bytes = row_bytes(t, cols);
     m->owned = 1;
-    /* 64-byte alignment, and rows padded so that a kernel's 32-byte loads stay inside; Q8: whole groups of 16
-     * rows, zeros (stored as 0x80) in the padding */
-    int nb = (t == SP_W_Q8 || t == SP_W_NF4) ? blocks_per_row(t, cols) : 0;
-    size_t srows = t == SP_W_Q8 ? ((size_t)rows + Q8_GROUP - 1) / Q8_GROUP * Q8_GROUP : (size_t)rows;
-    size_t data = t == SP_W_Q8 ? srows / Q8_GROUP * q8_group_bytes(nb) : (size_t)rows * m->row_bytes;
+    /* 64-byte alignment, and rows padded so that a kernel's 32-byte loads stay inside; Q8 and NF4: whole groups
+     * of 16 rows, zeros (stored as 0x80, NF4 0x77) in the padding */
+    int nb = grouped(t) ? blocks_per_row(t, cols) : 0;
+    size_t srows = nb ? ((size_t)rows + GROUP - 1) / GROUP * GROUP : (size_t)rows;
+    size_t data = nb ? srows / GROUP * nb * GROUP_BLOCK : (size_t)rows * m->row_bytes;
     size_t qb = (data + 64 + 63) & ~(size_t)63;
     m->q = aligned_alloc(64, qb ? qb : 64);
     if (nb)
@@ -240,7 +264,7 @@ sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int c
         sp_qmat_free(m);
         return sp_errf(err, SP_ERR_NOMEM, "weights: out of memory for [%d, %d] %s", rows, cols, sp_wtype_name(t));
     }
-    memset(m->q, t == SP_W_Q8 ? 0x80 : 0, qb);
+    memset(m->q, t == SP_W_Q8 ? 0x80 : t == SP_W_NF4 ? 0x77 : 0, qb);
     for (int r = 0; r < rows; r++)
         encode_row(m, r, w + (size_t)r * cols);
     return SP_OK;
@@ -255,6 +279,31 @@ void sp_qmat_free(sp_qmat *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Row r of a Q8 or NF4 matrix decoded a block at a time, as grouped_weight gives each weight (the tiles of
+ * large products decode through this). */
+static void grouped_row(const sp_qmat *m, int r, float *out)
+{
+    int C = m->cols, nf4 = m->type == SP_W_NF4, blk = nf4 ? NF4_BLOCK : Q8_BLOCK, nb = blocks_per_row(m->type, C);
+    const uint8_t *row = (const uint8_t *)m->q + group_at(nb, r) + (size_t)(r % GROUP) * 4;
+    float v[NF4_BLOCK];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *u = row + (size_t)b * GROUP_BLOCK;
+        float st = m->scale[scale_at(nb, r, b)];
+        for (int k = 0; k < 8; k++)
+            for (int j = 0; j < 4; j++) {
+                uint8_t q = u[k * 64 + j];
+                if (nf4) {
+                    v[8 * k + j] = (float)nf4_q[q & 15] * st;
+                    v[8 * k + 4 + j] = (float)nf4_q[q >> 4] * st;
+                } else {
+                    v[4 * k + j] = (float)(int8_t)(q ^ 0x80) * st;
+                }
+            }
+        int c0 = b * blk, n = C - c0 < blk ? C - c0 : blk;
+        memcpy(out + c0, v, (size_t)n * sizeof(float));
+    }
+}
+
 void sp_qmat_row(const sp_qmat *m, int r, float *out)
 {
     int C = m->cols;
@@ -265,45 +314,24 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out)
         for (int c = 0; c < C; c++)
             out[c] = bf16_to_f32(((const uint16_t *)src)[c]);
         break;
-    case SP_W_Q8: {
-        int nb = blocks_per_row(SP_W_Q8, C);
-        const uint8_t *q = (const uint8_t *)m->q;
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *d = q + q8_at(nb, r, b * Q8_BLOCK);
-            float sc = m->scale[q8_scale_at(nb, r, b)];
-            for (int c = b * Q8_BLOCK; c < C && c < (b + 1) * Q8_BLOCK; c++) {
-                int k = c - b * Q8_BLOCK;
-                out[c] = (float)(int8_t)(d[k / 4 * 64 + k % 4] ^ 0x80) * sc;
-            }
-        }
-        break;
-    }
-    case SP_W_NF4: {
-        int nb = blocks_per_row(SP_W_NF4, C);
-        for (int c = 0; c < C; c++) {
-            int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
-            uint8_t byte = src[(size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2))];
-            int idx = k < NF4_BLOCK / 2 ? byte & 15 : byte >> 4;
-            out[c] = sp_nf4_levels[idx] * m->scale[(size_t)r * nb + b];
-        }
-        break;
-    }
+    case SP_W_Q8:
+    case SP_W_NF4: grouped_row(m, r, out); break;
     default: memset(out, 0, (size_t)C * 4);
     }
 }
 
-void sp_qmat_q8_row(const sp_qmat *m, int r, int8_t *q, float *scales)
+void sp_qmat_int_row(const sp_qmat *m, int r, int8_t *q, float *scales)
 {
-    int C = m->cols, nb = blocks_per_row(SP_W_Q8, C);
+    int C = m->cols, nb = blocks_per_row(m->type, C), per = m->type == SP_W_Q8 ? 1 : NF4_BLOCK / Q8_BLOCK;
     for (int c = 0; c < C; c++)
-        q[c] = (int8_t)(((const uint8_t *)m->q)[q8_at(nb, r, c)] ^ 0x80);
-    for (int b = 0; b < nb; b++)
-        scales[b] = m->scale[q8_scale_at(nb, r, b)];
+        q[c] = (int8_t)int_weight(m, nb, r, c);
+    for (int k = 0; k < (C + Q8_BLOCK - 1) / Q8_BLOCK; k++)
+        scales[k] = m->scale[scale_at(nb, r, k / per)];
 }
 
 void sp_q8_quantize(const float *x, int n, int8_t *q, float *s)
 {
-    int nb = (n + Q8_BLOCK - 1) / Q8_BLOCK, lv = kern_level();
+    int nb = (n + Q8_BLOCK - 1) / Q8_BLOCK, lv = sp_kern_level();
     for (int b = 0; b < nb; b++) {
         int c0 = b * Q8_BLOCK, c1 = c0 + Q8_BLOCK < n ? c0 + Q8_BLOCK : n;
         q8_block(x + c0, c1 - c0, q + c0, s + b, lv);
@@ -313,24 +341,22 @@ void sp_q8_quantize(const float *x, int n, int8_t *q, float *s)
 /* ---------------------------------------------------------------------------------------------- */
 /* the scalar reference: out[b] = row r . X[b] for b < B (X rows ldx apart) */
 
+/* Weight (r, c) of any encoding, src its row (the grouped layouts ignore it). */
+static inline float weight_at(const sp_qmat *m, const uint8_t *src, int r, int c)
+{
+    switch (m->type) {
+    case SP_W_F32: return ((const float *)src)[c];
+    case SP_W_BF16: return bf16_to_f32(((const uint16_t *)src)[c]);
+    default: return grouped_weight(m, r, c);
+    }
+}
+
 static void dot_scalar(const sp_qmat *m, int r, const float *X, int B, int ldx, float *out)
 {
-    int C = m->cols;
     double acc[MAXB] = {0};
     const uint8_t *src = (const uint8_t *)m->q + (size_t)r * m->row_bytes;
-    int nb = (m->type == SP_W_Q8 || m->type == SP_W_NF4) ? blocks_per_row(m->type, C) : 0;
-    for (int c = 0; c < C; c++) {
-        float w;
-        switch (m->type) {
-        case SP_W_F32: w = ((const float *)src)[c]; break;
-        case SP_W_BF16: w = bf16_to_f32(((const uint16_t *)src)[c]); break;
-        case SP_W_Q8: w = q8_weight(m, r, c); break;
-        default: {
-            int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
-            uint8_t byte = src[(size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2))];
-            w = sp_nf4_levels[k < NF4_BLOCK / 2 ? byte & 15 : byte >> 4] * m->scale[(size_t)r * nb + b];
-        }
-        }
+    for (int c = 0; c < m->cols; c++) {
+        float w = weight_at(m, src, r, c);
         for (int b = 0; b < B; b++)
             acc[b] += (double)w * X[(size_t)b * ldx + c];
     }
@@ -338,57 +364,28 @@ static void dot_scalar(const sp_qmat *m, int r, const float *X, int B, int ldx, 
         out[b] = (float)acc[b];
 }
 
-/* The weights [c0, C) of a row that the vector loop leaves (fewer than a block), decoded one by one, dotted
- * with the B rows of X into out (added). */
+/* The weights [c0, C) of a row that the vector loop leaves (fewer than a vector), dotted with the B rows of X
+ * into out (added). */
 static void dot_tail(const sp_qmat *m, int r, int c0, const float *X, int B, int ldx, float *out)
 {
-    int C = m->cols;
-    if (c0 >= C)
-        return;
-    float w[NF4_BLOCK];
     const uint8_t *src = (const uint8_t *)m->q + (size_t)r * m->row_bytes;
-    int nb = (m->type == SP_W_Q8 || m->type == SP_W_NF4) ? blocks_per_row(m->type, C) : 0;
-    for (int c = c0; c < C; c++) {
-        float v;
-        if (m->type == SP_W_F32)
-            v = ((const float *)src)[c];
-        else if (m->type == SP_W_BF16)
-            v = bf16_to_f32(((const uint16_t *)src)[c]);
-        else if (m->type == SP_W_Q8)
-            v = q8_weight(m, r, c);
-        else {
-            int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
-            uint8_t byte = src[(size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2))];
-            v = sp_nf4_levels[k < NF4_BLOCK / 2 ? byte & 15 : byte >> 4] * m->scale[(size_t)r * nb + b];
-        }
-        w[c - c0] = v;
-    }
     for (int b = 0; b < B; b++) {
         float s = 0;
-        for (int c = c0; c < C; c++)
-            s += w[c - c0] * X[(size_t)b * ldx + c];
+        for (int c = c0; c < m->cols; c++)
+            s += weight_at(m, src, r, c) * X[(size_t)b * ldx + c];
         out[b] += s;
     }
 }
 
-/* Where the vector loop of a kernel of width W stops: whole blocks (NF4), else whole vectors. */
-static int vec_end(const sp_qmat *m, int W)
-{
-    int C = m->cols;
-    if (m->type == SP_W_NF4)
-        return C / NF4_BLOCK * NF4_BLOCK;
-    return C / W * W;
-}
-
-/* A kernel for one encoding at one level: LOAD(src, scale, c) gives the W weights at column c as a vector.
+/* A kernel for one encoding at one level: LOAD(src, c) gives the W weights at column c as a vector.
  * Every row of X has four accumulators (columns c, c + W, c + 2W, c + 3W of each 4W run), summed the same way
  * whatever B is: a row's result never depends on the rows beside it (a batch of decode steps gives each step the
  * bits it gets alone). The rows go G at a time (G: what the level's registers hold), the weights loaded once for
  * the G of them; B == 1 runs a group of one. */
 #define DEFINE_DOT(NAME, TARGET, VEC, W, ZERO, FMA, LOADX, ADD, HSUM, LOAD, G)                                  \
-    TARGET static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *src, const float *scale,  \
-                                                                          int cv, const float *X, int g, int gmax,  \
-                                                                          int ldx, float *out)                      \
+    TARGET static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *src, int cv,            \
+                                                                          const float *X, int g, int gmax,      \
+                                                                          int ldx, float *out)                  \
     {                                                                                                          \
         const float *xs[G];                                                                                    \
         VEC acc[G][4];                                                                                         \
@@ -398,8 +395,7 @@ static int vec_end(const sp_qmat *m, int W)
         }                                                                                                      \
         int c = 0;                                                                                             \
         for (; c + 4 * W <= cv; c += 4 * W) {                                                                  \
-            VEC w0 = LOAD(src, scale, c), w1 = LOAD(src, scale, c + W), w2 = LOAD(src, scale, c + 2 * W);      \
-            VEC w3 = LOAD(src, scale, c + 3 * W);                                                              \
+            VEC w0 = LOAD(src, c), w1 = LOAD(src, c + W), w2 = LOAD(src, c + 2 * W), w3 = LOAD(src, c + 3 * W);  \
             for (int k = 0; k < gmax; k++) {                                                                   \
                 acc[k][0] = FMA(w0, LOADX(xs[k] + c), acc[k][0]);                                              \
                 acc[k][1] = FMA(w1, LOADX(xs[k] + c + W), acc[k][1]);                                          \
@@ -408,7 +404,7 @@ static int vec_end(const sp_qmat *m, int W)
             }                                                                                                  \
         }                                                                                                      \
         for (; c < cv; c += W) {                                                                               \
-            VEC w0 = LOAD(src, scale, c);                                                                      \
+            VEC w0 = LOAD(src, c);                                                                             \
             for (int k = 0; k < gmax; k++)                                                                     \
                 acc[k][0] = FMA(w0, LOADX(xs[k] + c), acc[k][0]);                                              \
         }                                                                                                      \
@@ -418,13 +414,11 @@ static int vec_end(const sp_qmat *m, int W)
     TARGET static void NAME(const sp_qmat *m, int r, const float *X, int B, int ldx, float *out)               \
     {                                                                                                          \
         const uint8_t *src = (const uint8_t *)m->q + (size_t)r * m->row_bytes;                                 \
-        int nb = m->type == SP_W_NF4 ? blocks_per_row(m->type, m->cols) : 0;                                 \
-        const float *scale = nb ? m->scale + (size_t)r * nb : NULL;                                            \
-        int cv = vec_end(m, W);                                                                                \
+        int cv = m->cols / W * W;                                                                              \
         if (B == 1)                                                                                            \
-            NAME##_rows(src, scale, cv, X, 1, 1, ldx, out);                                                    \
+            NAME##_rows(src, cv, X, 1, 1, ldx, out);                                                           \
         for (int b0 = 0; B > 1 && b0 < B; b0 += G)                                                             \
-            NAME##_rows(src, scale, cv, X + (size_t)b0 * ldx, B - b0 < G ? B - b0 : G, G, ldx, out + b0);      \
+            NAME##_rows(src, cv, X + (size_t)b0 * ldx, B - b0 < G ? B - b0 : G, G, ldx, out + b0);             \
         dot_tail(m, r, cv, X, B, ldx, out);                                                                    \
     }
 
@@ -446,37 +440,17 @@ T2 static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(a);
 }
 
-T2 static inline __m256 ld8_f32(const uint8_t *src, const float *scale, int c)
-{
-    (void)scale;
-    return _mm256_loadu_ps((const float *)src + c);
-}
+T2 static inline __m256 ld8_f32(const uint8_t *src, int c) { return _mm256_loadu_ps((const float *)src + c); }
 
-T2 static inline __m256 ld8_bf16(const uint8_t *src, const float *scale, int c)
+T2 static inline __m256 ld8_bf16(const uint8_t *src, int c)
 {
-    (void)scale;
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + c)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
-
-T2 static inline __m256 ld8_nf4(const uint8_t *src, const float *scale, int c)
-{
-    int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
-    __m256i idx = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64((const __m128i *)(src + (size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2)))));
-    if (k >= NF4_BLOCK / 2)
-        idx = _mm256_srli_epi32(idx, 4);
-    idx = _mm256_and_si256(idx, _mm256_set1_epi32(15));
-    __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sp_nf4_levels), idx);
-    __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sp_nf4_levels + 8), idx);
-    __m256 sel = _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(7)));
-    return _mm256_mul_ps(_mm256_blendv_ps(lo, hi, sel), _mm256_set1_ps(scale[b]));
 }
 
 #define AVX2_ARGS __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_add_ps, hsum8
 DEFINE_DOT_(dot2_f32, T2, AVX2_ARGS, ld8_f32, 2)
 DEFINE_DOT_(dot2_bf16, T2, AVX2_ARGS, ld8_bf16, 2)
-DEFINE_DOT_(dot2_nf4, T2, AVX2_ARGS, ld8_nf4, 2)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* AVX-512: 16 weights a vector */
@@ -485,35 +459,17 @@ DEFINE_DOT_(dot2_nf4, T2, AVX2_ARGS, ld8_nf4, 2)
 
 T5 static inline float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-T5 static inline __m512 ld16_f32(const uint8_t *src, const float *scale, int c)
-{
-    (void)scale;
-    return _mm512_loadu_ps((const float *)src + c);
-}
+T5 static inline __m512 ld16_f32(const uint8_t *src, int c) { return _mm512_loadu_ps((const float *)src + c); }
 
-T5 static inline __m512 ld16_bf16(const uint8_t *src, const float *scale, int c)
+T5 static inline __m512 ld16_bf16(const uint8_t *src, int c)
 {
-    (void)scale;
     __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + c)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-}
-
-T5 static inline __m512 ld16_nf4(const uint8_t *src, const float *scale, int c)
-{
-    int b = c / NF4_BLOCK, k = c % NF4_BLOCK;
-    __m512i idx = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128((const __m128i *)(src + (size_t)b * (NF4_BLOCK / 2) + (k % (NF4_BLOCK / 2)))));
-    if (k >= NF4_BLOCK / 2)
-        idx = _mm512_srli_epi32(idx, 4);
-    idx = _mm512_and_si512(idx, _mm512_set1_epi32(15));
-    __m512 w = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sp_nf4_levels));
-    return _mm512_mul_ps(w, _mm512_set1_ps(scale[b]));
 }
 
 #define AVX512_ARGS __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_add_ps, hsum16
 DEFINE_DOT_(dot5_f32, T5, AVX512_ARGS, ld16_f32, 4)
 DEFINE_DOT_(dot5_bf16, T5, AVX512_ARGS, ld16_bf16, 4)
-DEFINE_DOT_(dot5_nf4, T5, AVX512_ARGS, ld16_nf4, 4)
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -540,18 +496,26 @@ static int first_max_scalar(const float *x, int n)
     return best;
 }
 
+/* The step of a whole block whose absmax is amax, and its inverse, as the scalar loop computes them; 0 when the
+ * vector loops must leave the block to it (NaN or infinity in the block or the inverse: its clamps treat NaN
+ * their own way, and 0 * inf is NaN in a tiny block). */
+static inline int q8_step(float amax, float *sc, float *inv)
+{
+    if (!(amax <= 3.4e38f))
+        return 0;
+    *sc = amax / 127.0f;
+    *inv = *sc > 0 ? 1.0f / *sc : 0;
+    return *inv <= 3.4e38f;
+}
+
 #if SP_X86
-/* A whole block without NaN or infinity in it or its inverse step (else 0: the scalar loop, whose clamps treat
- * NaN their own way): the same operations on 16 lanes; roundf's halves away from zero by truncation and the
- * exact fraction. */
+/* A whole block without NaN or infinity (else 0: the scalar loop): the same operations on 16 lanes; roundf's
+ * halves away from zero by truncation and the exact fraction. */
 T5 static int q8_block5(const float *x, int8_t *out, float *scale)
 {
     __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) || _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) || !(amax <= 3.4e38f))
-        return 0;
-    float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0;
-    if (!(inv <= 3.4e38f)) /* a tiny block: 0 * inf is NaN there */
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b))), sc, inv;
+    if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) || _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) || !q8_step(amax, &sc, &inv))
         return 0;
     *scale = sc;
     const __m512 vi = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
@@ -565,6 +529,40 @@ T5 static int q8_block5(const float *x, int8_t *out, float *scale)
         i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(f, mhalf, _CMP_LE_OQ), i, one);
         _mm_storeu_si128((__m128i *)(out + 16 * h), _mm512_cvtepi32_epi8(i));
     }
+    return 1;
+}
+
+/* The same on 8 lanes: a comparison's all-ones lanes (-1) subtracted add one. */
+T2 static int q8_block2(const float *x, int8_t *out, float *scale)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[k], absmask));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float amax = _mm_cvtss_f32(m4), sc, inv;
+    if (_mm256_movemask_ps(nan) || !q8_step(amax, &sc, &inv))
+        return 0;
+    *scale = sc;
+    const __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) {
+        __m256 a = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[k], vi), lo), hi);
+        __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(a, t);
+        __m256i i = _mm256_cvttps_epi32(t);
+        i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(f, half, _CMP_GE_OQ)));
+        q[k] = _mm256_add_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ)));
+    }
+    /* packs work within 128-bit lanes: 4-byte runs come out as 0 8 16 24 4 12 20 28; the permute orders them */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p);
     return 1;
 }
 
@@ -598,13 +596,57 @@ T5 static int first_max5(const float *x, int n)
     }
     return b;
 }
+
+/* The same on 8 lanes, two vectors a step (two independent chains). */
+T2 static int first_max2(const float *x, int n)
+{
+    __m256 b0 = _mm256_loadu_ps(x), b1 = _mm256_loadu_ps(x + 8);
+    __m256i i0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), i1 = _mm256_add_epi32(i0, _mm256_set1_epi32(8));
+    __m256i x0 = i0, x1 = i1;
+    const __m256i step = _mm256_set1_epi32(16);
+    __m256 nan = _mm256_or_ps(_mm256_cmp_ps(b0, b0, _CMP_UNORD_Q), _mm256_cmp_ps(b1, b1, _CMP_UNORD_Q));
+    int i = 16;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        x0 = _mm256_add_epi32(x0, step);
+        x1 = _mm256_add_epi32(x1, step);
+        nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_cmp_ps(v0, v0, _CMP_UNORD_Q), _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q)));
+        __m256 g0 = _mm256_cmp_ps(v0, b0, _CMP_GT_OQ), g1 = _mm256_cmp_ps(v1, b1, _CMP_GT_OQ);
+        b0 = _mm256_blendv_ps(b0, v0, g0);
+        b1 = _mm256_blendv_ps(b1, v1, g1);
+        i0 = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(i0), _mm256_castsi256_ps(x0), g0));
+        i1 = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(i1), _mm256_castsi256_ps(x1), g1));
+    }
+    if (_mm256_movemask_ps(nan))
+        return -1;
+    float lane[16];
+    int at[16];
+    _mm256_storeu_ps(lane, b0);
+    _mm256_storeu_ps(lane + 8, b1);
+    _mm256_storeu_si256((__m256i *)at, i0);
+    _mm256_storeu_si256((__m256i *)(at + 8), i1);
+    float mv = lane[0];
+    int b = at[0];
+    for (int k = 1; k < 16; k++) /* the largest, the lowest index among equals */
+        if (lane[k] > mv || (lane[k] == mv && at[k] < b))
+            mv = lane[k], b = at[k];
+    for (; i < n; i++) {
+        if (x[i] != x[i])
+            return -1;
+        if (x[i] > mv)
+            mv = x[i], b = i;
+    }
+    return b;
+}
 #endif
 
 /* One block as q8_block_scalar gives it, on the vector unit when the level allows. */
 static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv)
 {
 #if SP_X86
-    if (lv >= 2 && n == Q8_BLOCK && q8_block5(x, out, scale))
+    if (n == Q8_BLOCK && lv >= SP_ISA_AVX512 && q8_block5(x, out, scale))
+        return;
+    if (n == Q8_BLOCK && lv >= SP_ISA_AVX2 && lv < SP_ISA_AVX512 && q8_block2(x, out, scale))
         return;
 #endif
     (void)lv;
@@ -616,21 +658,25 @@ int sp_argmax(const float *x, int n)
     if (n <= 0)
         return 0;
 #if SP_X86
-    if (n >= 16 && kern_level() >= 2) {
-        int b = first_max5(x, n);
-        if (b >= 0)
-            return b;
-    }
+    int lv = sp_kern_level(), b = -1;
+    if (n >= 16 && lv >= SP_ISA_AVX512)
+        b = first_max5(x, n);
+    else if (n >= 16 && lv >= SP_ISA_AVX2)
+        b = first_max2(x, n);
+    if (b >= 0)
+        return b;
 #endif
     return first_max_scalar(x, n);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Q8 in integers, a group of 16 rows at a time: X quantised (XQ rows of nb * 32 bytes, XS rows of nb scales,
- * XC rows of nb corrections -128 * the block's sum of XQ); out[b * 16 + l] = row 16 g + l . X[b]. */
+/* Q8 and NF4 in integers, a group of 16 rows at a time: X quantised by blocks of 32 columns (XQ rows of nx * 32
+ * bytes, XS rows of nx scales, XC rows of nx corrections -128 * the block's sum of XQ; nx = ceil(cols / 32));
+ * out[b * 16 + l] = row 16 g + l . X[b]. A block of X meets 8 units of Q8 (4 columns each) or 4 of NF4 (8
+ * columns each: two sets of 4); each set of 4 columns of 16 rows meets X's 4 values broadcast. */
 
-typedef void (*q8g_fn)(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
-                       float *out);
+typedef void (*qg_fn)(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                      float *out);
 
 static inline int32_t load_i32(const int8_t *p)
 {
@@ -640,146 +686,412 @@ static inline int32_t load_i32(const int8_t *p)
 }
 
 #if SP_X86
-/* AVX2: the stored bytes' sign bit flipped back (signed weights), |w| times x with w's sign (maddubs), pairs
- * summed (madd): 8 rows a vector, two halves a group. */
-T2 static void q8g_avx2(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
-                        float *out)
+#define INLINE inline __attribute__((always_inline))
+
+/* A group kernel's body compiled four times: NF4 or Q8 (its unit loops unrolled, every chain in a register),
+ * B == 1 or any B. */
+#define QG_SPECIALISE(BODY, ...)                                                                               \
+    do {                                                                                                       \
+        if (m->type == SP_W_NF4)                                                                               \
+            B == 1 ? BODY(__VA_ARGS__, 1, 1, out) : BODY(__VA_ARGS__, B, 1, out);                             \
+        else                                                                                                   \
+            B == 1 ? BODY(__VA_ARGS__, 1, 0, out) : BODY(__VA_ARGS__, B, 0, out);                             \
+    } while (0)
+
+/* Where X's block xb starts in a group's weights, and the group's 16 steps for it. */
+static INLINE const uint8_t *qg_units(const sp_qmat *m, int nb, int g, int xb)
 {
-    (void)XC;
-    int nb = blocks_per_row(SP_W_Q8, m->cols);
-    const uint8_t *w = (const uint8_t *)m->q + (size_t)g * q8_group_bytes(nb);
-    const float *sc = m->scale + (size_t)g * nb * Q8_GROUP;
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    int nf4 = m->type == SP_W_NF4;
+    return (const uint8_t *)m->q + group_at(nb, g * GROUP) + (size_t)(nf4 ? xb / 2 : xb) * GROUP_BLOCK +
+           (size_t)(nf4 ? xb % 2 : 0) * (GROUP_BLOCK / 2);
+}
+
+static INLINE const float *qg_steps(const sp_qmat *m, int nb, int g, int xb)
+{
+    return m->scale + ((size_t)g * nb + (size_t)(m->type == SP_W_NF4 ? xb / 2 : xb)) * GROUP;
+}
+
+/* AVX2: half h (8 rows) of the unit at u as signed weights, w[0] its first 4 columns, NF4's w[1] the next 4. */
+T2 static INLINE void unit2_s8(const uint8_t *u, int h, int nf4, __m256i *w)
+{
+    __m256i v = _mm256_load_si256((const __m256i *)(u + 32 * h));
+    if (nf4) {
+        const __m256i lo = _mm256_set1_epi8(15);
+        const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nf4_q));
+        w[0] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, lo));
+        w[1] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+    } else {
+        w[0] = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+    }
+}
+
+/* d + the 8 rows' sums of w times x (4 values of X broadcast; xa = |x|): |x| times w with x's sign (maddubs,
+ * 2 x 127 x 127 fits in 16 bits), pairs summed (madd). */
+T2 static INLINE __m256i mac2(__m256i d, __m256i w, __m256i x, __m256i xa)
+{
+    __m256i p = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, x));
+    return _mm256_add_epi32(d, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* B == 1: both halves at once (X's broadcasts shared); else a half at a time for every row of X. */
+T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, int B, int nf4, float *out)
+{
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
     __m256 acc[MAXB][2];
     for (int b = 0; b < B; b++)
         acc[b][0] = acc[b][1] = _mm256_setzero_ps();
-    for (int blk = 0; blk < nb; blk++, w += Q8_BLOCK * Q8_GROUP, sc += Q8_GROUP)
+    for (int xb = 0; xb < nx; xb++) {
+        const uint8_t *u = qg_units(m, nb, g, xb);
+        const float *st = qg_steps(m, nb, g, xb);
+        if (B == 1) {
+            const int8_t *xq = XQ + (size_t)xb * 32;
+            __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int k = 0; k < units; k++) {
+                __m256i w0[2], w1[2];
+                unit2_s8(u + k * 64, 0, nf4, w0);
+                unit2_s8(u + k * 64, 1, nf4, w1);
+                for (int s = 0; s < sets; s++) {
+                    __m256i x = _mm256_set1_epi32(load_i32(xq + (k * sets + s) * 4)), xa = _mm256_abs_epi8(x);
+                    d0 = mac2(d0, w0[s], x, xa);
+                    d1 = mac2(d1, w1[s], x, xa);
+                }
+            }
+            __m256 xs = _mm256_set1_ps(XS[xb]);
+            acc[0][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(_mm256_loadu_ps(st), xs), acc[0][0]);
+            acc[0][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(_mm256_loadu_ps(st + 8), xs), acc[0][1]);
+            continue;
+        }
         for (int h = 0; h < 2; h++) {
             __m256i d[MAXB];
             for (int b = 0; b < B; b++)
                 d[b] = _mm256_setzero_si256();
-            for (int k = 0; k < 8; k++) {
-                __m256i ws = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(w + k * 64 + h * 32)), flip);
-                __m256i wa = _mm256_sign_epi8(ws, ws);
-                for (int b = 0; b < B; b++) {
-                    __m256i x = _mm256_set1_epi32(load_i32(XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK + 4 * k));
-                    __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, ws)); /* 2 x 127 x 127 fits */
-                    d[b] = _mm256_add_epi32(d[b], _mm256_madd_epi16(p, ones));
-                }
+            #pragma GCC unroll 8
+            for (int k = 0; k < units; k++) {
+                __m256i w[2];
+                unit2_s8(u + k * 64, h, nf4, w);
+                for (int s = 0; s < sets; s++)
+                    for (int b = 0; b < B; b++) {
+                        __m256i x = _mm256_set1_epi32(load_i32(XQ + ((size_t)b * nx + xb) * 32 + (k * sets + s) * 4));
+                        d[b] = mac2(d[b], w[s], x, _mm256_abs_epi8(x));
+                    }
             }
-            __m256 s = _mm256_loadu_ps(sc + h * 8);
+            __m256 sv = _mm256_loadu_ps(st + 8 * h);
             for (int b = 0; b < B; b++)
                 acc[b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[b]),
-                                            _mm256_mul_ps(s, _mm256_set1_ps(XS[(size_t)b * nb + blk])), acc[b][h]);
+                                            _mm256_mul_ps(sv, _mm256_set1_ps(XS[(size_t)b * nx + xb])), acc[b][h]);
         }
+    }
     for (int b = 0; b < B; b++) {
         _mm256_storeu_ps(out + b * 16, acc[b][0]);
         _mm256_storeu_ps(out + b * 16 + 8, acc[b][1]);
     }
 }
 
+T2 static void qg_avx2(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                       float *out)
+{
+    (void)XC;
+    QG_SPECIALISE(qg2_body, m, g, XQ, XS);
+}
+
+/* AVX-VNNI (256 bits): dpbusd of the unsigned stored bytes (Q8) or looked-up levels + 128 (NF4) with x
+ * broadcast 4 bytes at a time; starting from -128 * sum(x) (XC) leaves sum(w x), exact in int32. */
+#define TV __attribute__((target("avx2,fma,avxvnni")))
+
+TV static INLINE void unit2_u8(const uint8_t *u, int h, int nf4, __m256i *w)
+{
+    __m256i v = _mm256_load_si256((const __m256i *)(u + 32 * h));
+    if (nf4) {
+        const __m256i lo = _mm256_set1_epi8(15);
+        const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nf4_u));
+        w[0] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, lo));
+        w[1] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+    } else {
+        w[0] = v;
+    }
+}
+
+TV static INLINE void qgv_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                               int nf4, float *out)
+{
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
+    __m256 acc[MAXB][2];
+    for (int b = 0; b < B; b++)
+        acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+    for (int xb = 0; xb < nx; xb++) {
+        const uint8_t *u = qg_units(m, nb, g, xb);
+        const float *st = qg_steps(m, nb, g, xb);
+        if (B == 1) { /* both halves at once, two chains each (dpbusd's latency, not its rate, bounds one) */
+            const int8_t *xq = XQ + (size_t)xb * 32;
+            __m256i d[2][2] = {{_mm256_set1_epi32(XC[xb]), _mm256_setzero_si256()},
+                               {_mm256_set1_epi32(XC[xb]), _mm256_setzero_si256()}};
+            #pragma GCC unroll 8
+            for (int k = 0; k < units; k++) {
+                __m256i w0[2], w1[2];
+                unit2_u8(u + k * 64, 0, nf4, w0);
+                unit2_u8(u + k * 64, 1, nf4, w1);
+                for (int s = 0; s < sets; s++) {
+                    __m256i x = _mm256_set1_epi32(load_i32(xq + (k * sets + s) * 4));
+                    int c = nf4 ? s : k & 1;
+                    d[0][c] = _mm256_dpbusd_avx_epi32(d[0][c], w0[s], x);
+                    d[1][c] = _mm256_dpbusd_avx_epi32(d[1][c], w1[s], x);
+                }
+            }
+            __m256 xs = _mm256_set1_ps(XS[xb]);
+            for (int h = 0; h < 2; h++)
+                acc[0][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(d[h][0], d[h][1])),
+                                            _mm256_mul_ps(_mm256_loadu_ps(st + 8 * h), xs), acc[0][h]);
+            continue;
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i d[MAXB];
+            for (int b = 0; b < B; b++)
+                d[b] = _mm256_set1_epi32(XC[(size_t)b * nx + xb]);
+            #pragma GCC unroll 8
+            for (int k = 0; k < units; k++) {
+                __m256i w[2];
+                unit2_u8(u + k * 64, h, nf4, w);
+                for (int s = 0; s < sets; s++)
+                    for (int b = 0; b < B; b++) {
+                        const int8_t *xq = XQ + ((size_t)b * nx + xb) * 32 + (k * sets + s) * 4;
+                        d[b] = _mm256_dpbusd_avx_epi32(d[b], w[s], _mm256_set1_epi32(load_i32(xq)));
+                    }
+            }
+            __m256 sv = _mm256_loadu_ps(st + 8 * h);
+            for (int b = 0; b < B; b++)
+                acc[b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[b]),
+                                            _mm256_mul_ps(sv, _mm256_set1_ps(XS[(size_t)b * nx + xb])), acc[b][h]);
+        }
+    }
+    for (int b = 0; b < B; b++) {
+        _mm256_storeu_ps(out + b * 16, acc[b][0]);
+        _mm256_storeu_ps(out + b * 16 + 8, acc[b][1]);
+    }
+}
+
+TV static void qg_avxvnni(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                          float *out)
+{
+    QG_SPECIALISE(qgv_body, m, g, XQ, XS, XC);
+}
+
+/* AVX-512 VNNI: the same on all 16 rows of a unit at once. B == 1 keeps four chains (dpbusd's latency). */
 #define T5V __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-/* AVX-512 VNNI: dpbusd of the stored (unsigned, w + 128) bytes with x broadcast 4 bytes at a time gives the 16
- * rows' sums of (w + 128) x; starting from -128 * sum(x) (XC) leaves sum(w x), exact in int32. Two chains
- * of four products per block (dpbusd's latency). */
-T5V static void q8g_vnni(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
-                         float *out)
+T5V static INLINE void unit5_u8(const uint8_t *u, int nf4, __m512i *w)
 {
-    int nb = blocks_per_row(SP_W_Q8, m->cols);
-    const uint8_t *w = (const uint8_t *)m->q + (size_t)g * q8_group_bytes(nb);
-    const float *sc = m->scale + (size_t)g * nb * Q8_GROUP;
+    __m512i v = _mm512_load_si512((const void *)u);
+    if (nf4) {
+        const __m512i lo = _mm512_set1_epi8(15);
+        const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nf4_u));
+        w[0] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, lo));
+        w[1] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo));
+    } else {
+        w[0] = v;
+    }
+}
+
+T5V static INLINE void qg5_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                                int nf4, float *out)
+{
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
     __m512 acc[MAXB];
     for (int b = 0; b < B; b++)
         acc[b] = _mm512_setzero_ps();
-    if (B == 1) {
-        for (int blk = 0; blk < nb; blk++, w += Q8_BLOCK * Q8_GROUP, sc += Q8_GROUP) {
-            const int8_t *xq = XQ + blk * Q8_BLOCK;
-            __m512i d0 = _mm512_set1_epi32(XC[blk]), d1 = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
-                d0 = _mm512_dpbusd_epi32(d0, _mm512_load_si512((const void *)(w + k * 64)),
-                                         _mm512_set1_epi32(load_i32(xq + 4 * k)));
-                d1 = _mm512_dpbusd_epi32(d1, _mm512_load_si512((const void *)(w + (k + 4) * 64)),
-                                         _mm512_set1_epi32(load_i32(xq + 4 * (k + 4))));
-            }
-            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
-            acc[0] = _mm512_fmadd_ps(f, _mm512_mul_ps(_mm512_loadu_ps(sc), _mm512_set1_ps(XS[blk])), acc[0]);
+    for (int xb = 0; xb < nx; xb++) {
+        const uint8_t *u = qg_units(m, nb, g, xb);
+        __m512 sv = _mm512_loadu_ps(qg_steps(m, nb, g, xb));
+        __m512i d[MAXB][4];
+        for (int b = 0; b < B; b++) {
+            d[b][0] = _mm512_set1_epi32(XC[(size_t)b * nx + xb]);
+            d[b][1] = d[b][2] = d[b][3] = _mm512_setzero_si512();
         }
-        _mm512_storeu_ps(out, acc[0]);
-        return;
-    }
-    for (int blk = 0; blk < nb; blk++, w += Q8_BLOCK * Q8_GROUP, sc += Q8_GROUP) {
-        __m512i d[MAXB];
-        for (int b = 0; b < B; b++)
-            d[b] = _mm512_set1_epi32(XC[(size_t)b * nb + blk]);
-        for (int k = 0; k < 8; k++) {
-            __m512i wv = _mm512_load_si512((const void *)(w + k * 64));
-            for (int b = 0; b < B; b++)
-                d[b] = _mm512_dpbusd_epi32(d[b], wv,
-                                           _mm512_set1_epi32(load_i32(XQ + (size_t)b * nb * Q8_BLOCK + blk * Q8_BLOCK + 4 * k)));
+        #pragma GCC unroll 8
+        for (int k = 0; k < units; k++) {
+            __m512i w[2];
+            unit5_u8(u + k * 64, nf4, w);
+            for (int s = 0; s < sets; s++)
+                for (int b = 0; b < B; b++) {
+                    int c = (k * sets + s) * 4, chain = B == 1 ? (nf4 ? (k & 1) * 2 + s : k & 3) : 0;
+                    d[b][chain] = _mm512_dpbusd_epi32(d[b][chain], w[s],
+                                                      _mm512_set1_epi32(load_i32(XQ + ((size_t)b * nx + xb) * 32 + c)));
+                }
         }
-        __m512 s = _mm512_loadu_ps(sc);
-        for (int b = 0; b < B; b++)
-            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[b]), _mm512_mul_ps(s, _mm512_set1_ps(XS[(size_t)b * nb + blk])),
-                                     acc[b]);
+        for (int b = 0; b < B; b++) {
+            __m512 f = _mm512_cvtepi32_ps(
+                _mm512_add_epi32(_mm512_add_epi32(d[b][0], d[b][1]), _mm512_add_epi32(d[b][2], d[b][3])));
+            acc[b] = _mm512_fmadd_ps(f, _mm512_mul_ps(sv, _mm512_set1_ps(XS[(size_t)b * nx + xb])), acc[b]);
+        }
     }
     for (int b = 0; b < B; b++)
         _mm512_storeu_ps(out + b * 16, acc[b]);
 }
-#endif
 
-static int has_vnni = -1;
+T5V static void qg_vnni512(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
+                           float *out)
+{
+    QG_SPECIALISE(qg5_body, m, g, XQ, XS, XC);
+}
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
-/* dispatch */
+/* dispatch: the levels this CPU has, SEPAL_ISA's cap (read once), sp_kern_force's */
 
-static int best_level = -1, forced = -1;
+static const char *const isa_names[SP_ISA__COUNT] = {"scalar", "avx2", "avxvnni", "avx512"};
+static int supported_mask = -1, has_vnni512, env_cap = SP_ISA__COUNT - 1, forced = -1, env_checked;
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
-static int detect(void)
+static int best_at_most(int cap)
 {
-#if SP_X86
-    __builtin_cpu_init();
-    has_vnni = __builtin_cpu_supports("avx512vnni");
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return 1;
-#endif
-    return 0;
+    for (int lv = cap < SP_ISA__COUNT ? cap : SP_ISA__COUNT - 1; lv > 0; lv--)
+        if (supported_mask >> lv & 1)
+            return lv;
+    return SP_ISA_SCALAR;
 }
 
-static int kern_level(void) { return sp_kern_level(); }
+/* What SEPAL_ISA (NAME) asks: SP_OK and *lv its level when this CPU runs it, else the error that says why. */
+static sp_status env_level(const char *name, int *lv, sp_err *err)
+{
+    *lv = sp_kern_level_parse(name);
+    if (*lv < 0)
+        return sp_errf(err, SP_ERR_ARG, "SEPAL_ISA=%s: not a kernel level (scalar, avx2, avxvnni, avx512)", name);
+    if (supported_mask >> *lv & 1)
+        return SP_OK;
+    char have[64] = "";
+    for (int k = 0; k < SP_ISA__COUNT; k++)
+        if (supported_mask >> k & 1)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "", isa_names[k]);
+    return sp_errf(err, SP_ERR_UNSUPPORTED, "SEPAL_ISA=%s: this CPU does not run %s kernels (it runs %s)", name,
+                   name, have);
+}
+
+/* SEPAL_ISA caps the level; one unknown is ignored, one this CPU lacks gives the best level below it, each said
+ * once (unless sp_kern_check_env came first: the programs refuse both at start, saying why). */
+static void read_env(void)
+{
+    const char *e = getenv("SEPAL_ISA");
+    int lv;
+    sp_err err = {0};
+    if (!e || !*e)
+        return;
+    if (env_level(e, &lv, &err) != SP_OK && !__atomic_load_n(&env_checked, __ATOMIC_RELAXED))
+        sp_log(SP_LOG_WARN, "%s", err.msg);
+    if (lv >= 0)
+        env_cap = lv;
+}
+
+static void detect(void)
+{
+    int mask = 1;
+#if SP_X86
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    unsigned a, b, c, d; /* AVX-VNNI: CPUID leaf 7 subleaf 1, EAX bit 4 (gcc 12 has no name for it) */
+    int avxvnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+    mask |= avx2 << SP_ISA_AVX2 | (avx2 && avxvnni) << SP_ISA_AVXVNNI | avx512 << SP_ISA_AVX512;
+    has_vnni512 = avx512 && __builtin_cpu_supports("avx512vnni");
+#endif
+    supported_mask = mask;
+    read_env();
+}
+
+static void detect_init(void) { pthread_once(&detect_once, detect); }
+
+int sp_kern_supported(int level)
+{
+    detect_init();
+    return level >= 0 && level < SP_ISA__COUNT && (supported_mask >> level & 1);
+}
 
 int sp_kern_level(void)
 {
-    int best = __atomic_load_n(&best_level, __ATOMIC_RELAXED);
-    if (best < 0) {
-        best = detect();
-        __atomic_store_n(&best_level, best, __ATOMIC_RELAXED);
-    }
+    detect_init();
     int f = __atomic_load_n(&forced, __ATOMIC_RELAXED);
-    return f >= 0 && f < best ? f : best;
+    return best_at_most(f >= 0 && f < env_cap ? f : env_cap);
 }
 
 void sp_kern_force(int level) { __atomic_store_n(&forced, level, __ATOMIC_RELAXED); }
 
-const char *sp_kern_level_name(int level) { return level >= 2 ? "avx512" : level == 1 ? "avx2" : "scalar"; }
+sp_status sp_kern_check_env(sp_err *err)
+{
+    __atomic_store_n(&env_checked, 1, __ATOMIC_RELAXED); /* the caller says it: no warning as well */
+    detect_init();
+    const char *e = getenv("SEPAL_ISA");
+    int lv;
+    return e && *e ? env_level(e, &lv, err) : SP_OK;
+}
+
+const char *sp_kern_level_name(int level)
+{
+    return level >= 0 && level < SP_ISA__COUNT ? isa_names[level] : "?";
+}
+
+int sp_kern_level_parse(const char *name)
+{
+    for (int lv = 0; lv < SP_ISA__COUNT; lv++)
+        if (!strcmp(name, isa_names[lv]))
+            return lv;
+    return -1;
+}
 
 static dot_fn dot_for(const sp_qmat *m)
 {
 #if SP_X86
-    /* Q8: its f32 products are the integer kernels' fallback only (a scratch that could not grow) */
-    static const dot_fn l2[SP_W__COUNT] = {dot5_f32, dot5_bf16, dot_scalar, dot5_nf4};
-    static const dot_fn l1[SP_W__COUNT] = {dot2_f32, dot2_bf16, dot_scalar, dot2_nf4};
+    /* Q8 and NF4: their f32 products are the integer kernels' fallback only (a scratch that could not grow) */
+    static const dot_fn l5[SP_W__COUNT] = {dot5_f32, dot5_bf16, dot_scalar, dot_scalar};
+    static const dot_fn l2[SP_W__COUNT] = {dot2_f32, dot2_bf16, dot_scalar, dot_scalar};
     int lv = sp_kern_level();
-    if (lv >= 2)
+    if (lv >= SP_ISA_AVX512)
+        return l5[m->type];
+    if (lv >= SP_ISA_AVX2)
         return l2[m->type];
-    if (lv == 1)
-        return l1[m->type];
 #endif
     (void)m;
     return dot_scalar;
+}
+
+static qg_fn qg_for(sp_wtype t)
+{
+#if SP_X86
+    int lv = sp_kern_level();
+    if (grouped(t) && lv >= SP_ISA_AVX512 && has_vnni512)
+        return qg_vnni512;
+    if (grouped(t) && lv >= SP_ISA_AVXVNNI && sp_kern_supported(SP_ISA_AVXVNNI))
+        return qg_avxvnni;
+    if (grouped(t) && lv >= SP_ISA_AVX2)
+        return qg_avx2;
+#endif
+    (void)t;
+    return NULL;
+}
+
+const char *sp_kern_int_name(sp_wtype t)
+{
+    qg_fn f = qg_for(t);
+#if SP_X86
+    if (f == qg_vnni512)
+        return "avx512 vpdpbusd";
+    if (f == qg_avxvnni)
+        return "avx-vnni vpdpbusd";
+    if (f == qg_avx2)
+        return "avx2 vpmaddubsw";
+#endif
+    (void)f;
+    return NULL;
+}
+
+void sp_kern_describe(char *buf, size_t n)
+{
+    const char *q8 = sp_kern_int_name(SP_W_Q8), *nf4 = sp_kern_int_name(SP_W_NF4);
+    int in = q8 && nf4;
+    snprintf(buf, n, "%s kernels (int8 and nf4 %s%s)", isa_names[sp_kern_level()], in ? "in integers: " : "in f32",
+             in ? q8 : "");
 }
 
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x)
@@ -951,11 +1263,11 @@ void sp_f32_dot_rows(const float *W, size_t ldw, int rows, int cols, const float
 {
 #if SP_X86
     int lv = sp_kern_level();
-    if (lv >= 2) {
+    if (lv >= SP_ISA_AVX512) {
         dot_rows5(W, ldw, rows, cols, x, scale, y);
         return;
     }
-    if (lv == 1) {
+    if (lv >= SP_ISA_AVX2) {
         dot_rows2(W, ldw, rows, cols, x, scale, y);
         return;
     }
@@ -967,17 +1279,18 @@ void sp_f32_axpy_rows(const float *W, size_t ldw, int rows, int cols, const floa
 {
 #if SP_X86
     int lv = sp_kern_level();
-    if (lv >= 2) {
+    if (lv >= SP_ISA_AVX512) {
         axpy_rows5(W, ldw, rows, cols, p, y);
         return;
     }
-    if (lv == 1) {
+    if (lv >= SP_ISA_AVX2) {
         axpy_rows2(W, ldw, rows, cols, p, y);
         return;
     }
 #endif
     axpy_rows_scalar(W, ldw, rows, cols, p, y, 0);
 }
+
 
 /* ---------------------------------------------------------------------------------------------- */
 /* products */
@@ -988,7 +1301,7 @@ typedef struct mul_job {
     float *Y;
     int B;
     dot_fn dot;
-    q8g_fn q8g;        /* Q8 in integers (then XQ, XS, XC hold X quantised) */
+    qg_fn qg;          /* Q8 / NF4 in integers (then XQ, XS, XC hold X quantised) */
     const int8_t *XQ;
     const float *XS;
     const int32_t *XC;
@@ -1000,18 +1313,18 @@ static void mul_part(void *ctx, int i, int n)
 {
     mul_job *j = ctx;
     long lo, hi, R = j->W->rows;
-    int nb = blocks_per_row(SP_W_Q8, j->W->cols);
-    sp_pool_split(R, i, n, Q8_GROUP, &lo, &hi);
-    if (j->q8g) { /* whole groups of 16 rows (lo is a multiple of 16) */
-        float out[MAXB * Q8_GROUP];
-        for (long r0 = lo; r0 < hi; r0 += Q8_GROUP) {
-            int nr = hi - r0 < Q8_GROUP ? (int)(hi - r0) : Q8_GROUP;
+    int nx = (j->W->cols + Q8_BLOCK - 1) / Q8_BLOCK; /* X's blocks a row, quantised (quantize_x) */
+    sp_pool_split(R, i, n, GROUP, &lo, &hi);
+    if (j->qg) { /* whole groups of 16 rows (lo is a multiple of 16) */
+        float out[MAXB * GROUP];
+        for (long r0 = lo; r0 < hi; r0 += GROUP) {
+            int nr = hi - r0 < GROUP ? (int)(hi - r0) : GROUP;
             for (int b0 = 0; b0 < j->B; b0 += MAXB) {
                 int bn = j->B - b0 < MAXB ? j->B - b0 : MAXB;
-                size_t xb = (size_t)b0 * nb;
-                j->q8g(j->W, (int)(r0 / Q8_GROUP), j->XQ + xb * Q8_BLOCK, j->XS + xb, j->XC + xb, bn, out);
+                size_t xb = (size_t)b0 * nx;
+                j->qg(j->W, (int)(r0 / GROUP), j->XQ + xb * Q8_BLOCK, j->XS + xb, j->XC + xb, bn, out);
                 for (int b = 0; b < bn; b++)
-                    memcpy(j->Y + (size_t)(b0 + b) * R + r0, out + b * Q8_GROUP, (size_t)nr * sizeof(float));
+                    memcpy(j->Y + (size_t)(b0 + b) * R + r0, out + b * GROUP, (size_t)nr * sizeof(float));
             }
         }
         return;
@@ -1063,20 +1376,8 @@ static void *scratch_get(size_t n)
     return s->p;
 }
 
-static q8g_fn q8g_for(void);
-int sp_kern_q8_integer(void) { return q8g_for() != NULL; }
 
-static q8g_fn q8g_for(void)
-{
-#if SP_X86
-    int lv = sp_kern_level();
-    if (lv >= 2 && has_vnni > 0)
-        return q8g_vnni;
-    if (lv >= 1)
-        return q8g_avx2;
-#endif
-    return NULL;
-}
+int sp_kern_integer(sp_wtype t) { return qg_for(t) != NULL; }
 
 #define TILE_ROWS 256
 
@@ -1090,33 +1391,37 @@ static int mul_parts(const sp_qmat *W, sp_pool *pool)
     return (int)(want < units ? want : units);
 }
 
+/* X [B, cols] quantised into the calling thread's scratch for the integer kernels: 0, or -1 without room. */
+static int quantize_x(mul_job *j)
+{
+    int C = j->W->cols, nx = (C + Q8_BLOCK - 1) / Q8_BLOCK, B = j->B;
+    size_t qbytes = ((size_t)B * nx * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nx;
+    uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
+    if (!buf)
+        return -1;
+    int8_t *xq = (int8_t *)buf;
+    float *xs = (float *)(buf + qbytes);
+    int32_t *xc = (int32_t *)(xs + n);
+    for (int b = 0; b < B; b++)
+        sp_q8_quantize(j->X + (size_t)b * C, C, xq + (size_t)b * nx * Q8_BLOCK, xs + (size_t)b * nx);
+    for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
+        int32_t sum = 0;
+        for (int c = 0; c < Q8_BLOCK; c++)
+            sum += xq[k * Q8_BLOCK + (size_t)c];
+        xc[k] = -128 * sum;
+    }
+    j->XQ = xq;
+    j->XS = xs;
+    j->XC = xc;
+    return 0;
+}
+
 /* Y = X W^T in the decode kernels, any B: each row of Y as B == 1 computes it. */
 static void mul_kernels(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
 {
-    mul_job j = {W, X, Y, B, dot_for(W), NULL, NULL, NULL, NULL};
-    if (W->type == SP_W_Q8 && (j.q8g = q8g_for())) {
-        int nb = blocks_per_row(SP_W_Q8, W->cols);
-        size_t qbytes = ((size_t)B * nb * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nb;
-        uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
-        if (buf) {
-            int8_t *xq = (int8_t *)buf;
-            float *xs = (float *)(buf + qbytes);
-            int32_t *xc = (int32_t *)(xs + n);
-            for (int b = 0; b < B; b++)
-                sp_q8_quantize(X + (size_t)b * W->cols, W->cols, xq + (size_t)b * nb * Q8_BLOCK, xs + (size_t)b * nb);
-            for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
-                int32_t sum = 0;
-                for (int c = 0; c < Q8_BLOCK; c++)
-                    sum += xq[k * Q8_BLOCK + (size_t)c];
-                xc[k] = -128 * sum;
-            }
-            j.XQ = xq;
-            j.XS = xs;
-            j.XC = xc;
-        } else {
-            j.q8g = NULL; /* no room: the f32 kernel */
-        }
-    }
+    mul_job j = {W, X, Y, B, dot_for(W), qg_for(W->type), NULL, NULL, NULL};
+    if (j.qg && quantize_x(&j))
+        j.qg = NULL; /* no room: the f32 kernel */
     sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
 }
 
@@ -1177,13 +1482,13 @@ int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *ap
     }
     sp_qmat_mul(S, x, approx, 1, pool);
     float lo = -INFINITY, chk = 0;
-    for (int r0 = 0; r0 < R; r0 += Q8_GROUP) { /* approx[r] becomes the row's upper bound */
+    for (int r0 = 0; r0 < R; r0 += GROUP) { /* approx[r] becomes the row's upper bound */
         const float *sc = S->scale + (size_t)r0 * nb; /* the group's scales, block by block (16 a block) */
-        float bound[Q8_GROUP] = {0};
+        float bound[GROUP] = {0};
         for (int b = 0; b < nb; b++)
-            for (int l = 0; l < Q8_GROUP; l++)
-                bound[l] += sc[b * Q8_GROUP + l] * K[b];
-        for (int l = 0; l < Q8_GROUP && r0 + l < R; l++) {
+            for (int l = 0; l < GROUP; l++)
+                bound[l] += sc[b * GROUP + l] * K[b];
+        for (int l = 0; l < GROUP && r0 + l < R; l++) {
             float a = approx[r0 + l], bd = bound[l] + fabsf(a) * 1e-5f;
             chk += (a + bd) * 0.0f; /* NaN if anything is not finite */
             lo = a - bd > lo ? a - bd : lo;

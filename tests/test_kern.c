@@ -43,9 +43,9 @@ static void reference(const sp_qmat *W, const float *X, int B, double *y, double
     free(row);
 }
 
-/* What the integer Q8 path computes: x quantised by blocks of 32 (sp_q8_quantize), each block's int8
- * products summed exactly and scaled by both scales, the short last block too. */
-static void reference_q8int(const sp_qmat *W, const float *X, int B, double *y, double *mag)
+/* What the integer Q8 and NF4 paths compute: x quantised by blocks of 32 (sp_q8_quantize), each block's int8
+ * products (NF4: its levels as integers) summed exactly and scaled by both steps, the short last block too. */
+static void reference_int(const sp_qmat *W, const float *X, int B, double *y, double *mag)
 {
     int C = W->cols, nb = (C + 31) / 32;
     int8_t *xq = malloc((size_t)nb * 32), *q = malloc((size_t)C);
@@ -54,7 +54,7 @@ static void reference_q8int(const sp_qmat *W, const float *X, int B, double *y, 
     for (int b = 0; b < B; b++) {
         sp_q8_quantize(X + (size_t)b * C, C, xq, xs);
         for (int r = 0; r < W->rows; r++) {
-            sp_qmat_q8_row(W, r, q, ws);
+            sp_qmat_int_row(W, r, q, ws);
             double s = 0, m = 0;
             for (int blk = 0; blk < nb; blk++) {
                 long acc = 0;
@@ -145,8 +145,12 @@ START_TEST(t_kernels_levels)
     sp_err err = {0};
     sp_pool *pool = sp_pool_new(2);
     int best = sp_kern_level();
-    printf("kernels: this CPU runs %s%s\n", sp_kern_level_name(best), sp_kern_q8_integer() ? " (Q8 in integers)" : "");
+    char kern[96];
+    sp_kern_describe(kern, sizeof kern);
+    printf("kernels: this CPU runs %s\n", kern);
     for (int lv = 0; lv <= best; lv++) {
+        if (!sp_kern_supported(lv))
+            continue;
         sp_kern_force(lv);
         ck_assert_int_eq(sp_kern_level(), lv);
         for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
@@ -158,9 +162,9 @@ START_TEST(t_kernels_levels)
                 for (int B = 1; B <= 8; B += (B < 3 ? 1 : 5)) {
                     float *X = randn(&r, (size_t)B * cols, 1.0f), *Y = malloc((size_t)B * rows * sizeof(float));
                     double *ref = malloc((size_t)B * rows * sizeof(double)), *mag = malloc((size_t)B * rows * sizeof(double));
-                    int integer = t == SP_W_Q8 && sp_kern_q8_integer();
+                    int integer = sp_kern_integer((sp_wtype)t);
                     if (integer)
-                        reference_q8int(&m, X, B, ref, mag);
+                        reference_int(&m, X, B, ref, mag);
                     else
                         reference(&m, X, B, ref, mag);
                     sp_qmat_mul(&m, X, Y, B, pool);
@@ -195,6 +199,8 @@ START_TEST(t_attention_rows)
     sp_rng_seed(&r, 11);
     int best = sp_kern_level();
     for (int lv = 0; lv <= best; lv++) {
+        if (!sp_kern_supported(lv))
+            continue;
         sp_kern_force(lv);
         for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
             for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++) {
@@ -256,6 +262,8 @@ START_TEST(t_argmax_screen)
     sp_pool *pool = sp_pool_new(2);
     int top = sp_kern_level(), decided = 0, trials = 0;
     for (int lv = 0; lv <= top; lv++) {
+        if (!sp_kern_supported(lv))
+            continue;
         sp_kern_force(lv);
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int rows = shapes[si][0], cols = shapes[si][1];
@@ -344,8 +352,14 @@ START_TEST(t_vector_scalar_same)
             for (int i = 1; i < n; i++)
                 scalar = x[i] > x[scalar] ? i : scalar;
             ck_assert_int_eq(want, scalar);
+            for (int lv = 1; lv <= top; lv++) {
+                if (!sp_kern_supported(lv))
+                    continue;
+                sp_kern_force(lv);
+                ck_assert_msg(sp_argmax(x, n) == want, "%s n %d case %d: %d vs %d", sp_kern_level_name(lv), n, k,
+                              sp_argmax(x, n), want);
+            }
             sp_kern_force(-1);
-            ck_assert_msg(sp_argmax(x, n) == want, "n %d case %d: %d vs %d", n, k, sp_argmax(x, n), want);
         }
         free(x);
     }
@@ -365,21 +379,24 @@ START_TEST(t_vector_scalar_same)
         if (k == 4)
             for (int i = 0; i < n; i++)
                 x[i] = (float)(i % 9) * 1e-40f; /* subnormals */
-        sp_kern_force(0);
-        sp_q8_quantize(x, n, q0, s0);
-        sp_kern_force(-1);
-        sp_q8_quantize(x, n, q1, s1);
-        ck_assert_msg(!memcmp(q0, q1, (size_t)nb * 32) && !memcmp(s0, s1, (size_t)nb * sizeof(float)),
-                      "quantise case %d: %s differs from scalar", k, sp_kern_level_name(top));
         sp_qmat m0, m1;
         sp_kern_force(0);
+        sp_q8_quantize(x, n, q0, s0);
         ck_assert_int_eq(sp_qmat_encode(&m0, SP_W_Q8, x, 1, n, &err), SP_OK);
+        for (int lv = 1; lv <= top; lv++) {
+            if (!sp_kern_supported(lv))
+                continue;
+            sp_kern_force(lv);
+            sp_q8_quantize(x, n, q1, s1);
+            ck_assert_msg(!memcmp(q0, q1, (size_t)nb * 32) && !memcmp(s0, s1, (size_t)nb * sizeof(float)),
+                          "quantise case %d: %s differs from scalar", k, sp_kern_level_name(lv));
+            ck_assert_int_eq(sp_qmat_encode(&m1, SP_W_Q8, x, 1, n, &err), SP_OK);
+            ck_assert(!memcmp(m0.q, m1.q, sp_qmat_bytes(SP_W_Q8, 1, n) - (size_t)16 * nb * sizeof(float)));
+            ck_assert(!memcmp(m0.scale, m1.scale, (size_t)16 * nb * sizeof(float)));
+            sp_qmat_free(&m1);
+        }
         sp_kern_force(-1);
-        ck_assert_int_eq(sp_qmat_encode(&m1, SP_W_Q8, x, 1, n, &err), SP_OK);
-        ck_assert(!memcmp(m0.q, m1.q, sp_qmat_bytes(SP_W_Q8, 1, n) - (size_t)16 * nb * sizeof(float)));
-        ck_assert(!memcmp(m0.scale, m1.scale, (size_t)16 * nb * sizeof(float)));
         sp_qmat_free(&m0);
-        sp_qmat_free(&m1);
     }
     free(x), free(q0), free(q1), free(s0), free(s1);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `sepal model generate` on stories15M (converted by our command) prints exactly what llama2.c's run.c
-# printed for every golden prompt: the prompt, then the greedy continuation, then a newline.
+# printed for every golden prompt: the prompt, then the greedy continuation, then a newline; at every kernel
+# level the CPU runs (SEPAL_ISA), and an unknown or missing level is refused.
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
 G="$SEPAL_TEST_DATA/stories15M/golden.jsonl"
@@ -29,6 +30,22 @@ PY
         diff <(fold -w 80 "$TMP/want") <(fold -w 80 "$TMP/got") | head -6 | sed 's/^/    /'
     fi
 done
+# the last golden line at every kernel level (SEPAL_ISA): run.c's text again, and the note names the level; a
+# level this CPU lacks is refused (exit 2, saying what it runs), an unknown name too
+for isa in scalar avx2 avxvnni avx512; do
+    SEPAL_ISA=$isa "$SEPAL" model generate "$M" --prompt "$(cat "$TMP/prompt")" --max-new-tokens "$(cat "$TMP/n")" \
+        > "$TMP/got" 2> "$TMP/err"
+    rc=$?
+    if [ $rc -eq 0 ] && cmp -s "$TMP/got" "$TMP/want" && grep -q "^model generate: $isa kernels " "$TMP/err"; then
+        ok "SEPAL_ISA=$isa: identical to run.c ($(grep '^model generate: ' "$TMP/err"))"
+    elif [ $rc -eq 2 ] && grep -q "^sepal: SEPAL_ISA=$isa: this CPU does not run $isa kernels (it runs scalar" "$TMP/err"; then
+        ok "SEPAL_ISA=$isa refused: $(cat "$TMP/err")"
+    else
+        bad "SEPAL_ISA=$isa: exit $rc: $(tail -3 "$TMP/err")"
+    fi
+done
+expect 2 "an unknown SEPAL_ISA is refused" "^sepal: SEPAL_ISA=avx9: not a kernel level \(scalar, avx2, avxvnni, avx512\)$" -- \
+    env SEPAL_ISA=avx9 "$SEPAL" model generate "$M" --prompt Hi --max-new-tokens 2
 expect 0 "sampling with a seed is repeatable" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" = \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" ]"
 expect 0 "different seeds differ" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" != \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 8 --max-new-tokens 20 2>/dev/null)\" ]"
 # the greedy story ends (EOS) after 217 new tokens; --ignore-eos goes on to the limit, --min-new-tokens past 217
