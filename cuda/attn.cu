@@ -1,0 +1,59 @@
+// attn.cu - attention on the device (kernels.h): decode over a KV cache (one query position, GQA / MQA, ALiBi)
+// and the cache append. The arithmetic is kmath.h's (sp_km_attn_*); the CPU reference is sp_attention_forward.
+#include "kernels.h"
+#include "launch.cuh"
+
+using spk::block_max;
+using spk::block_sum;
+
+namespace {
+
+// Decode attention: block (b, h) over the len cached positions; p: its len scores, then probabilities.
+__global__ void attn_decode_kernel(float *out, const float *q, const float *kc, const float *vc, const float *slopes,
+                                   float *scratch, int nh, int nkv, int hd, int cap, int len)
+{
+    __shared__ float sh[SP_KM_MAX_THREADS];
+    int tid = threadIdx.x, nt = blockDim.x, bh = blockIdx.x, h;
+    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h);
+    const float *qv = q + (long)bh * hd;
+    float *p = scratch + (long)bh * len, scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
+    for (int s = tid; s < len; s += nt)
+        p[s] = sp_km_attn_score(qv, kc + kv0 + s * ldk, hd, scale, slope, s, len - 1);
+    float mx = block_max(sp_km_max_part(p, len, tid, nt), sh); // each thread reads back what it wrote
+    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, len, tid, nt), sh);
+    for (int s = tid; s < len; s += nt)
+        p[s] = sp_km_attn_prob(p[s], mx, inv);
+    __syncthreads();
+    for (int j = tid; j < hd; j += nt)
+        out[(long)bh * hd + j] = sp_km_attn_out(p, vc + kv0, ldk, len, j);
+}
+
+} // namespace
+
+extern "C" sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const float *kc, const float *vc,
+                                         const float *slopes, int B, int nh, int nkv, int hd, int cap, int len,
+                                         sp_err *err)
+{
+    if (B <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || len <= 0 || len > cap)
+        return sp_errf(err, SP_ERR_ARG, "attention: bad shape B %d heads %d/%d head dim %d length %d of %d", B, nh,
+                       nkv, hd, len, cap);
+    void *scratch = NULL;
+    sp_status st = sp_cuda_workspace(cu, (size_t)B * nh * len * sizeof(float), &scratch, err);
+    if (st != SP_OK)
+        return st;
+    attn_decode_kernel<<<B * nh, sp_km_row_threads(len), 0, spk::stream_of(cu)>>>(out, q, kc, vc, slopes,
+                                                                                 (float *)scratch, nh, nkv, hd, cap,
+                                                                                 len);
+    return spk::launched(err, "decode attention");
+}
+
+extern "C" sp_status sp_cuda_kv_append(sp_cuda *cu, float *cache, const float *x, int B, int T, int cap, int len,
+                                       int row, sp_err *err)
+{
+    if (B <= 0 || T <= 0 || row <= 0 || len < 0 || T > cap - len)
+        return sp_errf(err, SP_ERR_ARG, "kv cache: %d positions at %d do not fit %d", T, len, cap);
+    size_t w = (size_t)T * row * sizeof(float);
+    cudaError_t e = cudaMemcpy2DAsync(cache + (size_t)len * row, (size_t)cap * row * sizeof(float), x, w, w, (size_t)B,
+                                      cudaMemcpyDeviceToDevice, spk::stream_of(cu));
+    return sp_cuda_error(err, (int)e, "kv cache append");
+}
