@@ -1,5 +1,7 @@
-// attn.cu - attention on the device (kernels.h): decode over a KV cache (one query position, GQA / MQA, ALiBi)
-// and the cache append. The arithmetic is kmath.h's (sp_km_attn_*); the CPU reference is sp_attention_forward.
+// attn.cu - attention on the device (kernels.h): decode over a KV cache (one query position, GQA / MQA, ALiBi),
+// prefill through cuBLAS with the causal softmax, and the cache append. The arithmetic is kmath.h's
+// (sp_km_attn_*); the CPU reference is sp_attention_forward.
+#include "gemm.h"
 #include "kernels.h"
 #include "launch.cuh"
 
@@ -26,6 +28,18 @@ __global__ void attn_decode_kernel(float *out, const float *q, const float *kc, 
     __syncthreads();
     for (int j = tid; j < hd; j += nt)
         out[(long)bh * hd + j] = sp_km_attn_out(p, vc + kv0, ldk, len, j);
+}
+
+// Row blockIdx.x of [rows, S] prefill scores: softmax over its visible keys, zeros after.
+__global__ void causal_softmax_kernel(float *scores, int T, int S, int past)
+{
+    __shared__ float sh[SP_KM_MAX_THREADS];
+    int tid = threadIdx.x, nt = blockDim.x, n = sp_km_causal_len(blockIdx.x, T, past);
+    float *p = scores + (long)blockIdx.x * S;
+    float mx = block_max(sp_km_max_part(p, n, tid, nt), sh);
+    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, n, tid, nt), sh);
+    for (int s = tid; s < S; s += nt)
+        p[s] = s < n ? sp_km_attn_prob(p[s], mx, inv) : 0.0f;
 }
 
 } // namespace
@@ -56,4 +70,41 @@ extern "C" sp_status sp_cuda_kv_append(sp_cuda *cu, float *cache, const float *x
     cudaError_t e = cudaMemcpy2DAsync(cache + (size_t)len * row, (size_t)cap * row * sizeof(float), x, w, w, (size_t)B,
                                       cudaMemcpyDeviceToDevice, spk::stream_of(cu));
     return sp_cuda_error(err, (int)e, "kv cache append");
+}
+
+extern "C" sp_status sp_cuda_causal_softmax(sp_cuda *cu, float *scores, long rows, int T, int S, int past, sp_err *err)
+{
+    if (rows <= 0 || rows > INT32_MAX || T <= 0 || past < 0 || S != past + T || rows % T)
+        return sp_errf(err, SP_ERR_ARG, "causal softmax: bad shape %ld rows T %d S %d past %d", rows, T, S, past);
+    causal_softmax_kernel<<<(unsigned)rows, sp_km_row_threads(S), 0, spk::stream_of(cu)>>>(scores, T, S, past);
+    return spk::launched(err, "causal softmax");
+}
+
+extern "C" sp_status sp_cuda_attn_prefill(sp_cuda *cu, float *out, float *probs, const float *q, const float *kc,
+                                          const float *vc, const float *slopes, int B, int T, int past, int nh, int nkv,
+                                          int hd, int cap, sp_err *err)
+{
+    int S = past + T;
+    if (B <= 0 || T <= 0 || past < 0 || nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || S > cap)
+        return sp_errf(err, SP_ERR_ARG, "attention: bad shape B %d T %d past %d heads %d/%d head dim %d of %d", B, T,
+                       past, nh, nkv, hd, cap);
+    int ldq = nh * hd, ldk = nkv * hd;
+    sp_gemm_plan ps = sp_gemm_plan_scores(T, S, hd, ldq, ldk, 1.0f / sqrtf((float)hd));
+    sp_gemm_plan po = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq);
+    sp_status st = SP_OK;
+    for (int bh = 0; st == SP_OK && bh < B * nh; bh++) {
+        int h;
+        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
+        st = sp_cuda_gemm(cu, &ps, kc + kv0, q + q0, probs + (long)bh * T * S, SP_CU_F32, err);
+    }
+    if (st == SP_OK && slopes)
+        st = sp_cuda_alibi_add(cu, probs, slopes, B, nh, T, S, past, err);
+    if (st == SP_OK)
+        st = sp_cuda_causal_softmax(cu, probs, (long)B * nh * T, T, S, past, err);
+    for (int bh = 0; st == SP_OK && bh < B * nh; bh++) {
+        int h;
+        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
+        st = sp_cuda_gemm(cu, &po, vc + kv0, probs + (long)bh * T * S, out + q0, SP_CU_F32, err);
+    }
+    return st;
 }

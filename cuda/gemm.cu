@@ -25,7 +25,7 @@ extern "C" sp_status sp_cuda_gemm(sp_cuda *cu, const sp_gemm_plan *p, const void
                        p->lda, p->ldb, p->ldc);
 #ifdef SEPAL_HAVE_CUBLAS
     cudaDataType ab = t == SP_CU_BF16 ? CUDA_R_16BF : t == SP_CU_F16 ? CUDA_R_16F : CUDA_R_32F;
-    float alpha = 1.0f, beta = p->beta;
+    float alpha = p->alpha, beta = p->beta;
     cublasStatus_t s = cublasGemmEx((cublasHandle_t)sp_cuda_cublas(cu), p->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                     p->tb ? CUBLAS_OP_T : CUBLAS_OP_N, p->m, p->n, p->k, &alpha, A, ab, p->lda, B, ab,
                                     p->ldb, &beta, C, CUDA_R_32F, p->ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);

@@ -16,30 +16,45 @@ extern "C" {
 
 typedef enum { SP_CU_F32, SP_CU_BF16, SP_CU_F16 } sp_cu_dtype;
 
-/* C[m, n] = op(A) op(B) + beta C, column-major, op = transpose when ta / tb; A's operand is `a` (see below). */
+/* C[m, n] = alpha op(A) op(B) + beta C, column-major, op = transpose when ta / tb; which array is A and which B
+ * each constructor says. */
 typedef struct sp_gemm_plan {
     int ta, tb, m, n, k, lda, ldb, ldc;
-    float beta;
+    float alpha, beta;
 } sp_gemm_plan;
 
 /* Y[N, out] = X[N, in] W^T (+ Y when acc): A = W, B = X. */
 static inline sp_gemm_plan sp_gemm_plan_linear(int N, int in, int out, int acc)
 {
-    sp_gemm_plan p = {1, 0, out, N, in, in, in, out, acc ? 1.0f : 0.0f};
+    sp_gemm_plan p = {1, 0, out, N, in, in, in, out, 1.0f, acc ? 1.0f : 0.0f};
     return p;
 }
 
 /* dX[N, in] += dY[N, out] W: A = W, B = dY. */
 static inline sp_gemm_plan sp_gemm_plan_linear_dx(int N, int in, int out)
 {
-    sp_gemm_plan p = {0, 0, in, N, out, in, out, in, 1.0f};
+    sp_gemm_plan p = {0, 0, in, N, out, in, out, in, 1.0f, 1.0f};
     return p;
 }
 
 /* dW[out, in] += dY^T X: A = X, B = dY. */
 static inline sp_gemm_plan sp_gemm_plan_linear_dw(int N, int in, int out)
 {
-    sp_gemm_plan p = {0, 1, in, out, N, in, out, in, 1.0f};
+    sp_gemm_plan p = {0, 1, in, out, N, in, out, in, 1.0f, 1.0f};
+    return p;
+}
+
+/* One head's attention scores P[T, S] = scale Q[T, hd] K[S, hd]^T, rows ldq / ldk floats apart: A = K, B = Q. */
+static inline sp_gemm_plan sp_gemm_plan_scores(int T, int S, int hd, int ldq, int ldk, float scale)
+{
+    sp_gemm_plan p = {1, 0, S, T, hd, ldk, ldq, S, scale, 0.0f};
+    return p;
+}
+
+/* One head's output O[T, hd] = P[T, S] V[S, hd], V's rows ldv and O's ldo floats apart: A = V, B = P. */
+static inline sp_gemm_plan sp_gemm_plan_attn_out(int T, int S, int hd, int ldv, int ldo)
+{
+    sp_gemm_plan p = {0, 0, hd, T, S, ldv, S, ldo, 1.0f, 0.0f};
     return p;
 }
 

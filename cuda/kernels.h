@@ -89,6 +89,15 @@ sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, f
  * or NULL. Scratch: B * nh * len floats of the workspace. */
 sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const float *kc, const float *vc,
                               const float *slopes, int B, int nh, int nkv, int hd, int cap, int len, sp_err *err);
+/* Prefill / forward attention (sp_attention_forward with keep_probs): q, out [B, T, nh * hd]; the caches
+ * [B, cap, nkv, hd] hold past + T positions (this step's appended); probs [B, nh, T, past + T] receives the
+ * probabilities (kept for a backward). Scores and outputs through cuBLAS, a GEMM a head (GQA / MQA by nh / nkv),
+ * then ALiBi (slopes [nh] or NULL) and the causal softmax by kernels. */
+sp_status sp_cuda_attn_prefill(sp_cuda *cu, float *out, float *probs, const float *q, const float *kc, const float *vc,
+                               const float *slopes, int B, int T, int past, int nh, int nkv, int hd, int cap,
+                               sp_err *err);
+/* The causal softmax of scores [rows, S] in place, rows = B * nh * T (sp_km_causal_len keys each, zeros after). */
+sp_status sp_cuda_causal_softmax(sp_cuda *cu, float *scores, long rows, int T, int S, int past, sp_err *err);
 /* Appends a step's keys or values x [B, T, nkv * hd] to a cache [B, cap, nkv * hd] at positions len .. len + T - 1. */
 sp_status sp_cuda_kv_append(sp_cuda *cu, float *cache, const float *x, int B, int T, int cap, int len, int row,
                             sp_err *err);

@@ -356,6 +356,9 @@ SP_HD long sp_km_attn_block(int bh, int nh, int nkv, int hd, int cap, int *h)
     return ((long)b * cap * nkv + g) * hd;
 }
 
+/* Block bh's first query (and output) row in q [B, T, nh, hd]: rows nh * hd floats apart. */
+SP_HD long sp_km_attn_qoff(int bh, int nh, int T, int hd) { return (long)(bh / nh) * T * nh * hd + (long)(bh % nh) * hd; }
+
 /* Scaled score of key s: scale q . k_s + ALiBi (slope 0: none). */
 SP_HD float sp_km_attn_score(const float *q, const float *k, int hd, float scale, float slope, int s, int qpos)
 {
@@ -364,6 +367,9 @@ SP_HD float sp_km_attn_score(const float *q, const float *k, int hd, float scale
         d += q[j] * k[j];
     return d * scale + sp_km_alibi(slope, s, qpos);
 }
+
+/* Keys row `row` of prefill scores [B, nh, T, S] sees: its query (t = row % T) is at past + t. */
+SP_HD int sp_km_causal_len(long row, int T, int past) { return past + (int)(row % T) + 1; }
 
 /* A normalised probability: exp(score - max) / sum, as the CPU's masked softmax: times 1 / sum. */
 SP_HD float sp_km_attn_prob(float score, float mx, float inv_sum) { return expf(score - mx) * inv_sum; }

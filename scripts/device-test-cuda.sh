@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA="${CUDA_HOME:-/usr/local/cuda}"
-INC=(-Icommon -Icore -Icuda -Iclient -Iclient/train -Itests)
+INC=(-Icommon -Icore -Icuda -Iclient/train -Itests)
 LIBDIRS=(-L"$CUDA/lib64")
 export LD_LIBRARY_PATH="$CUDA/lib64:${LD_LIBRARY_PATH:-}"
 if compgen -G ".debs/*.deb" > /dev/null; then
@@ -40,10 +40,12 @@ for src in cuda/*.cu; do
     OBJS+=("$o")
 done
 wait_all
-# client/train/optim.c with its CUDA path (it needs only common/ and the autograd.h header, not autograd.c); the
-# parts of core/ the kernels' references and the weight encodings live in.
-C_SRC=(common/*.c core/ops.c core/kern.c core/pool.c core/rope.c cuda/wlayout.c client/train/optim.c
-       tests/testutil.c tests/cuda_emul.c)
+# sepal_common's files (common/CMakeLists.txt: not swarmkey.c, which needs OpenSSL); client/train/optim.c with its
+# CUDA path (it needs only common/ and the autograd.h header, not autograd.c); the parts of core/ the kernels'
+# references and the weight encodings live in.
+COMMON=($(sed -n 's/^add_library(sepal_common STATIC \(.*\))$/\1/p' common/CMakeLists.txt))
+C_SRC=("${COMMON[@]/#/common/}" core/ops.c core/kern.c core/pool.c core/rope.c cuda/wlayout.c client/train/optim.c
+       tests/testrun.c tests/cuda_emul.c)
 for t in test_cuda_host test_cuda; do
     gcc -O2 -std=c11 -D_GNU_SOURCE -DSEPAL_HAVE_CUDA=1 -Wall -Wextra "${INC[@]}" "${C_SRC[@]}" "tests/$t.c" "${OBJS[@]}" \
         "${LIBDIRS[@]}" -l:libopenblas.so.0 "${CHECK[@]}" -lcublas -lcudart -lstdc++ -lm -lpthread -lrt \

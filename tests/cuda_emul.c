@@ -110,14 +110,38 @@ void emul_alibi_add(float *scores, const float *slopes, int B, int nh, int T, in
     }
 }
 
-void emul_causal_softmax(float *scores, int rows, int T, int S, int past)
+void emul_causal_softmax(float *scores, long rows, int T, int S, int past)
 {
-    for (int row = 0; row < rows; row++) {
-        float *p = scores + (long)row * S;
-        int n = past + row % T + 1;
-        emul_softmax(p, p, 1, n);
-        for (int s = n; s < S; s++)
-            p[s] = 0.0f;
+    int nt = sp_km_row_threads(S);
+    for (long row = 0; row < rows; row++) {
+        float *p = scores + row * S, mx, sum;
+        int n = sp_km_causal_len(row, T, past);
+        EMUL_BLOCK_MAX(mx, nt, sp_km_max_part(p, n, tid, nt));
+        EMUL_BLOCK_SUM(sum, nt, sp_km_sumexp_part(p, mx, n, tid, nt));
+        float inv = 1.0f / sum;
+        for (int s = 0; s < S; s++)
+            p[s] = s < n ? sp_km_attn_prob(p[s], mx, inv) : 0.0f;
+    }
+}
+
+void emul_attn_prefill(float *out, float *probs, const float *q, const float *kc, const float *vc, const float *slopes,
+                       int B, int T, int past, int nh, int nkv, int hd, int cap)
+{
+    int S = past + T, ldq = nh * hd, ldk = nkv * hd;
+    sp_gemm_plan ps = sp_gemm_plan_scores(T, S, hd, ldq, ldk, 1.0f / sqrtf((float)hd));
+    sp_gemm_plan po = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq);
+    for (int bh = 0; bh < B * nh; bh++) {
+        int h;
+        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
+        emul_gemm(&ps, kc + kv0, q + q0, probs + (long)bh * T * S);
+    }
+    if (slopes)
+        emul_alibi_add(probs, slopes, B, nh, T, S, past);
+    emul_causal_softmax(probs, (long)B * nh * T, T, S, past);
+    for (int bh = 0; bh < B * nh; bh++) {
+        int h;
+        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
+        emul_gemm(&po, vc + kv0, probs + (long)bh * T * S, out + q0);
     }
 }
 
@@ -208,7 +232,7 @@ void emul_gemm(const sp_gemm_plan *p, const float *A, const float *B, float *C)
                 s += a * b;
             }
             float *c = &C[(long)j * p->ldc + i];
-            *c = (float)(s + (p->beta != 0.0f ? (double)p->beta * *c : 0.0));
+            *c = (float)((double)p->alpha * s + (p->beta != 0.0f ? (double)p->beta * *c : 0.0));
         }
 }
 

@@ -23,8 +23,11 @@ void emul_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, co
 void emul_rope(float *out, const float *inp, const float *inv_freq, int pos0, int B, int T, int nh, int hd,
                int backward);
 void emul_alibi_add(float *scores, const float *slopes, int B, int nh, int T, int S, int past);
-/* the kernels' masked softmax of prefill attention: row (b, h, t) over its past + t + 1 visible keys, zeros after */
-void emul_causal_softmax(float *scores, int rows, int T, int S, int past);
+/* the causal softmax of prefill attention: row (b, h, t) over its past + t + 1 visible keys, zeros after */
+void emul_causal_softmax(float *scores, long rows, int T, int S, int past);
+/* sp_cuda_attn_prefill: its GEMMs (emul_gemm), ALiBi and causal softmax in the same order */
+void emul_attn_prefill(float *out, float *probs, const float *q, const float *kc, const float *vc, const float *slopes,
+                       int B, int T, int past, int nh, int nkv, int hd, int cap);
 void emul_softmax(float *out, const float *inp, int N, int C);
 /* losses (forward) or dlogits += (backward, losses NULL); returns 1 if a target was >= V (the kernel's flag) */
 int emul_crossentropy(float *losses, float *dlogits, const float *dlosses, const float *logits, const int32_t *targets,
@@ -34,7 +37,7 @@ int emul_embedding(float *out, const int32_t *ids, const float *table, int V, in
 void emul_wmat_mul(const sp_km_w *w, const float *X, float *Y, int B);
 void emul_attn_decode(float *out, const float *q, const float *kc, const float *vc, const float *slopes, int B, int nh,
                       int nkv, int hd, int cap, int len);
-/* C = op(A) op(B) + beta C, column-major, in double: what cuBLAS computes for plan p */
+/* C = alpha op(A) op(B) + beta C, column-major, in double: what cuBLAS computes for plan p */
 void emul_gemm(const sp_gemm_plan *p, const float *A, const float *B, float *C);
 
 /* scale[N, out] = sum over c of |X[n, c] W[o, c]|: the size of the rounding of each output of X W^T. */

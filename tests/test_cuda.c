@@ -16,7 +16,7 @@
 #include "optim_cuda.h"
 #include "rng.h"
 #include "rope.h"
-#include "testutil.h"
+#include "testrun.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the block's kernels (cuda/kernels.cu, weights.cu, attn.cu, gemm.cu) against core's CPU references. The
@@ -145,7 +145,7 @@ START_TEST(t_rope_gpu)
 }
 END_TEST
 
-/* ALiBi added to prefill scores on the device equals the host emulation, which t_alibi_prefill_vs_cpu checks
+/* ALiBi added to prefill scores on the device equals the host emulation, which t_attn_prefill_vs_cpu checks
  * against sp_attention_forward; exact (one product and one sum an element). */
 START_TEST(t_alibi_gpu)
 {
@@ -394,6 +394,39 @@ START_TEST(t_attn_decode_gpu)
 }
 END_TEST
 
+/* Prefill attention (cuBLAS scores and outputs, ALiBi, causal softmax): MHA without ALiBi and a short prefix, GQA
+ * with ALiBi over a long prompt, MQA; probabilities and outputs (t_attn_prefill_vs_cpu's tolerances). */
+START_TEST(t_attn_prefill_gpu)
+{
+    const int cases[][3] = {{8, 5, 3}, {2, 300, 0}, {1, 64, 17}}; /* kv heads, T, past */
+    float slopes[8];
+    sp_alibi_slopes(slopes, 8);
+    sp_rng r;
+    sp_rng_seed(&r, 49);
+    for (int k = 0; k < 3; k++) {
+        int B = 2, nh = 8, nkv = cases[k][0], T = cases[k][1], past = cases[k][2], hd = 64, S = past + T, cap = S + 3;
+        const float *al = k == 1 ? slopes : NULL;
+        size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * cap * nkv * hd, np = (size_t)B * nh * T * S;
+        float *q = emul_randn(&r, nq, 1.0f), *kc = emul_randn(&r, nk, 1.0f), *vc = emul_randn(&r, nk, 1.0f);
+        float *o0 = malloc(nq * 4), *p0 = malloc(np * 4);
+        sp_attn_dims d = {.B = B, .T = T, .S = S, .past = past, .nh = nh, .nkv = nkv, .hd = hd, .kv_cap = cap,
+                          .keep_probs = 1, .alibi = al};
+        sp_attention_forward(o0, p0, q, kc, vc, &d);
+        float *dQ = up(q, nq), *dK = up(kc, nk), *dV = up(vc, nk), *dS = up(slopes, 8), *dO = NULL, *dP = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&dO, nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dP, np * 4, E));
+        OK(sp_cuda_attn_prefill(cu, dO, dP, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap, E));
+        float *o1 = down(dO, nq), *p1 = down(dP, np);
+        CLOSE(p1, p0, np, 1e-6, 1e-5, "prefill probabilities");
+        CLOSE(o1, o0, nq, 1e-5, 1e-5, "prefill attention output");
+        free(q), free(kc), free(vc), free(o0), free(p0), free(o1), free(p1);
+        void *bufs[] = {dQ, dK, dV, dS, dO, dP};
+        for (int i = 0; i < 6; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
 /* Bad shapes and impossible allocations are errors that leave the context usable. */
 START_TEST(t_errors_gpu)
 {
@@ -637,6 +670,7 @@ int main(void)
     tcase_add_test(tk, t_weights_gpu);
     tcase_add_test(tk, t_gemm_gpu);
     tcase_add_test(tk, t_attn_decode_gpu);
+    tcase_add_test(tk, t_attn_prefill_gpu);
     tcase_add_test(tk, t_errors_gpu);
     suite_add_tcase(s, tk);
     TCase *tc = tcase_create("optimiser_vs_cpu");

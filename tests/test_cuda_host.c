@@ -15,7 +15,7 @@
 #include "ops.h"
 #include "rng.h"
 #include "rope.h"
-#include "testutil.h"
+#include "testrun.h"
 
 static const int odd_C[] = {1, 7, 33, 257, 1000, 4097};
 #define NSHAPES (int)(sizeof odd_C / sizeof odd_C[0])
@@ -137,42 +137,31 @@ START_TEST(t_rope_vs_cpu)
 }
 END_TEST
 
-/* Prefill attention as the GPU path composes it (scores by GEMM, then the ALiBi and causal-softmax kernels, then
- * P V), against sp_attention_forward with ALiBi: checks the kernels' indexing of [B, nh, T, S] scores. */
-START_TEST(t_alibi_prefill_vs_cpu)
+/* Prefill attention as the GPU path composes it (a GEMM a head for the scores, the ALiBi and causal-softmax
+ * kernels, a GEMM a head for P V), against sp_attention_forward: MHA, GQA and MQA, with and without ALiBi, with
+ * and without a cached prefix; probabilities and outputs. */
+START_TEST(t_attn_prefill_vs_cpu)
 {
-    int B = 2, nh = 6, nkv = 3, hd = 16, T = 5, past = 3, S = past + T, cap = S + 2, group = nh / nkv;
+    const int kvh[] = {6, 3, 1}, pasts[] = {0, 3};
     sp_rng r;
     sp_rng_seed(&r, 24);
     float slopes[6];
-    sp_alibi_slopes(slopes, nh);
-    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * cap * nkv * hd, np = (size_t)B * nh * T * S;
-    float *q = emul_randn(&r, nq, 1.0f), *kc = emul_randn(&r, nk, 1.0f), *vc = emul_randn(&r, nk, 1.0f);
-    float *o0 = malloc(nq * 4), *p0 = malloc(np * 4), *p1 = malloc(np * 4), *o1 = calloc(nq, 4);
-    sp_attn_dims d = {.B = B, .T = T, .S = S, .past = past, .nh = nh, .nkv = nkv, .hd = hd, .kv_cap = cap,
-                      .keep_probs = 1, .alibi = slopes};
-    sp_attention_forward(o0, p0, q, kc, vc, &d);
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < nh; h++)
-            for (int t = 0; t < T; t++)
-                for (int s = 0; s < S; s++) {
-                    const float *qv = q + (((size_t)b * T + t) * nh + h) * hd;
-                    const float *kv = kc + (((size_t)b * cap + s) * nkv + h / group) * hd;
-                    p1[(((size_t)b * nh + h) * T + t) * S + s] = sp_km_attn_score(qv, kv, hd, scale, 0.0f, s, 0);
-                }
-    emul_alibi_add(p1, slopes, B, nh, T, S, past);
-    emul_causal_softmax(p1, B * nh * T, T, S, past);
-    ASSERT_CLOSE(p1, p0, np, 1e-6, 1e-5, "alibi + causal softmax");
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < nh; h++)
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < hd; j++)
-                    o1[(((size_t)b * T + t) * nh + h) * hd + j] =
-                        sp_km_attn_out(p1 + (((size_t)b * nh + h) * T + t) * S,
-                                       vc + ((size_t)b * cap * nkv + h / group) * hd, (long)nkv * hd, S, j);
-    ASSERT_CLOSE(o1, o0, nq, 1e-5, 1e-5, "prefill attention output");
-    free(q), free(kc), free(vc), free(o0), free(p0), free(p1), free(o1);
+    sp_alibi_slopes(slopes, 6);
+    for (int a = 0; a < 3; a++)
+        for (int k = 0; k < 4; k++) {
+            int B = 2, nh = 6, nkv = kvh[a], hd = 16, T = 5, past = pasts[k % 2], S = past + T, cap = S + 2;
+            const float *al = k >= 2 ? slopes : NULL;
+            size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * cap * nkv * hd, np = (size_t)B * nh * T * S;
+            float *q = emul_randn(&r, nq, 1.0f), *kc = emul_randn(&r, nk, 1.0f), *vc = emul_randn(&r, nk, 1.0f);
+            float *o0 = malloc(nq * 4), *p0 = malloc(np * 4), *p1 = malloc(np * 4), *o1 = malloc(nq * 4);
+            sp_attn_dims d = {.B = B, .T = T, .S = S, .past = past, .nh = nh, .nkv = nkv, .hd = hd, .kv_cap = cap,
+                              .keep_probs = 1, .alibi = al};
+            sp_attention_forward(o0, p0, q, kc, vc, &d);
+            emul_attn_prefill(o1, p1, q, kc, vc, al, B, T, past, nh, nkv, hd, cap);
+            ASSERT_CLOSE(p1, p0, np, 1e-6, 1e-5, "prefill probabilities");
+            ASSERT_CLOSE(o1, o0, nq, 1e-5, 1e-5, "prefill attention output");
+            free(q), free(kc), free(vc), free(o0), free(p0), free(p1), free(o1);
+        }
 }
 END_TEST
 
@@ -446,7 +435,7 @@ int main(void)
     tcase_add_test(tc, t_rmsnorm_vs_cpu);
     tcase_add_test(tc, t_layernorm_vs_cpu);
     tcase_add_test(tc, t_rope_vs_cpu);
-    tcase_add_test(tc, t_alibi_prefill_vs_cpu);
+    tcase_add_test(tc, t_attn_prefill_vs_cpu);
     tcase_add_test(tc, t_attn_decode_vs_cpu);
     tcase_add_test(tc, t_activations_vs_cpu);
     tcase_add_test(tc, t_embedding_vs_cpu);
