@@ -218,6 +218,12 @@ extern "C" sp_status sp_cuda_download(sp_cuda *cu, void *dst, const void *src, s
     return copy(cu, dst, src, bytes, cudaMemcpyDeviceToHost, "copy from the device", err);
 }
 
+extern "C" sp_status sp_cuda_copy_d2d(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err)
+{
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu->stream), "copy on the device");
+    return SP_OK;
+}
+
 extern "C" sp_status sp_cuda_dup(sp_cuda *cu, void **p, const void *src, size_t bytes, sp_err *err)
 {
     sp_status st = sp_cuda_alloc(cu, p, bytes, err);

@@ -52,6 +52,8 @@ void sp_cuda_free(sp_cuda *cu, void *p);
 /* Copies on the context's stream; they return when the copy is done (host memory need not be pinned). */
 sp_status sp_cuda_upload(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err);
 sp_status sp_cuda_download(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err);
+/* A device-to-device copy queued on the stream (returns at once). */
+sp_status sp_cuda_copy_d2d(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err);
 /* A buffer of bytes holding a copy of src (sp_cuda_alloc + sp_cuda_upload; freed on failure). */
 sp_status sp_cuda_dup(sp_cuda *cu, void **p, const void *src, size_t bytes, sp_err *err);
 sp_status sp_cuda_zero(sp_cuda *cu, void *p, size_t bytes, sp_err *err);

@@ -17,11 +17,13 @@ __global__ void dequant_kernel(float *out, sp_km_w w, int r0, long n)
     out[e] = sp_km_w_at(&w, r0 + (int)(e / w.cols), (int)(e % w.cols));
 }
 
-// Decode product: block r computes Y[b, r] for every b < B.
-__global__ void wmat_dot_kernel(float *Y, sp_km_w w, const float *X, int B)
+// Decode product: block r computes Y[b, r] for every b < B. One instance per encoding: with w.type a constant,
+// sp_km_w_at's switch folds away and the inner loop is the encoding's own.
+template <int TYPE> __global__ void wmat_dot_kernel(float *Y, sp_km_w w, const float *X, int B)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
     int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    w.type = TYPE;
     for (int b = 0; b < B; b++) {
         float y = block_sum(sp_km_w_dot_part(&w, r, X + (long)b * w.cols, tid, nt), sh);
         if (tid == 0)
@@ -124,6 +126,13 @@ extern "C" sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const 
         return sp_errf(err, SP_ERR_ARG, "cuda: product with %d rows or an empty matrix", B);
     if (B > kMaxDecodeRows)
         return mul_gemm(cu, W, X, Y, B, err);
-    wmat_dot_kernel<<<W->w.rows, sp_km_row_threads(W->w.cols), 0, spk::stream_of(cu)>>>(Y, W->w, X, B);
+    dim3 grid(W->w.rows), block(sp_km_row_threads(W->w.cols));
+    cudaStream_t st = spk::stream_of(cu);
+    switch (W->w.type) {
+    case SP_KM_F32: wmat_dot_kernel<SP_KM_F32><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
+    case SP_KM_BF16: wmat_dot_kernel<SP_KM_BF16><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
+    case SP_KM_Q8: wmat_dot_kernel<SP_KM_Q8><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
+    default: wmat_dot_kernel<SP_KM_NF4><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
+    }
     return spk::launched(err, "decode product");
 }
