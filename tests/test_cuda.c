@@ -29,7 +29,7 @@ static void *up_bytes(const void *h, size_t bytes)
 {
     void *d = NULL;
     sp_err err = {0};
-    ck_assert_msg(sp_cuda_dup(cu, &d, h, bytes ? bytes : 1, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_cuda_dup(cu, &d, h, bytes, &err) == SP_OK, "%s", err.msg);
     return d;
 }
 
@@ -45,6 +45,7 @@ static float *down(const float *d, size_t n)
     return h;
 }
 
+/* OK(call): the call must succeed; inside it, E is the sp_err it fills. */
 #define OK(call)                                                                                               \
     do {                                                                                                       \
         sp_err e_ = {0};                                                                                       \
