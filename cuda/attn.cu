@@ -42,6 +42,18 @@ __global__ void causal_softmax_kernel(float *scores, int T, int S, int past)
         p[s] = s < n ? sp_km_attn_prob(p[s], mx, inv) : 0.0f;
 }
 
+// Row blockIdx.x of dP [rows, S] becomes dScore = P (dP - sum(dP P)) scale, in place.
+__global__ void softmax_bwd_kernel(float *dp, const float *probs, int S, float scale)
+{
+    __shared__ float sh[SP_KM_MAX_THREADS];
+    int tid = threadIdx.x, nt = blockDim.x;
+    float *g = dp + (long)blockIdx.x * S;
+    const float *p = probs + (long)blockIdx.x * S;
+    float dot = block_sum(sp_km_dot3_part(g, p, NULL, S, tid, nt), sh);
+    for (int s = tid; s < S; s += nt)
+        g[s] = sp_km_softmax_bwd(p[s], g[s], dot, scale);
+}
+
 } // namespace
 
 extern "C" sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const float *kc, const float *vc,
@@ -80,31 +92,75 @@ extern "C" sp_status sp_cuda_causal_softmax(sp_cuda *cu, float *scores, long row
     return spk::launched(err, "causal softmax");
 }
 
+// Plan p once per head bh: A, B, C at the head's offsets (sp_km_head_off's kinds ao, bo, co). Nothing when c is NULL.
+static sp_status per_head(sp_cuda *cu, const sp_gemm_plan *p, const float *a, int ao, const float *b, int bo, float *c,
+                          int co, int B, int T, int S, int nh, int nkv, int hd, int cap, sp_err *err)
+{
+    sp_status st = SP_OK;
+    for (int bh = 0; c && st == SP_OK && bh < B * nh; bh++)
+        st = sp_cuda_gemm(cu, p, a + sp_km_head_off(ao, bh, nh, nkv, T, S, hd, cap),
+                          b + sp_km_head_off(bo, bh, nh, nkv, T, S, hd, cap),
+                          c + sp_km_head_off(co, bh, nh, nkv, T, S, hd, cap), SP_CU_F32, err);
+    return st;
+}
+
+static bool attn_shape_ok(int B, int T, int past, int nh, int nkv, int hd, int cap)
+{
+    return B > 0 && T > 0 && past >= 0 && nh > 0 && nkv > 0 && nh % nkv == 0 && hd > 0 && past + T <= cap;
+}
+
+static sp_status attn_bad_shape(sp_err *err, const char *what, int B, int T, int past, int nh, int nkv, int hd, int cap)
+{
+    return sp_errf(err, SP_ERR_ARG, "%s: bad shape B %d T %d past %d heads %d/%d head dim %d of %d", what, B, T, past,
+                   nh, nkv, hd, cap);
+}
+
+enum { Q = SP_KM_OFF_Q, KV = SP_KM_OFF_KV, TS = SP_KM_OFF_TS };
+
 extern "C" sp_status sp_cuda_attn_prefill(sp_cuda *cu, float *out, float *probs, const float *q, const float *kc,
                                           const float *vc, const float *slopes, int B, int T, int past, int nh, int nkv,
                                           int hd, int cap, sp_err *err)
 {
-    int S = past + T;
-    if (B <= 0 || T <= 0 || past < 0 || nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || S > cap)
-        return sp_errf(err, SP_ERR_ARG, "attention: bad shape B %d T %d past %d heads %d/%d head dim %d of %d", B, T,
-                       past, nh, nkv, hd, cap);
-    int ldq = nh * hd, ldk = nkv * hd;
+    if (!attn_shape_ok(B, T, past, nh, nkv, hd, cap))
+        return attn_bad_shape(err, "attention", B, T, past, nh, nkv, hd, cap);
+    int S = past + T, ldq = nh * hd, ldk = nkv * hd;
     sp_gemm_plan ps = sp_gemm_plan_scores(T, S, hd, ldq, ldk, 1.0f / sqrtf((float)hd));
-    sp_gemm_plan po = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq);
-    sp_status st = SP_OK;
-    for (int bh = 0; st == SP_OK && bh < B * nh; bh++) {
-        int h;
-        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
-        st = sp_cuda_gemm(cu, &ps, kc + kv0, q + q0, probs + (long)bh * T * S, SP_CU_F32, err);
-    }
+    sp_gemm_plan po = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq, 0);
+    sp_status st = per_head(cu, &ps, kc, KV, q, Q, probs, TS, B, T, S, nh, nkv, hd, cap, err);
     if (st == SP_OK && slopes)
         st = sp_cuda_alibi_add(cu, probs, slopes, B, nh, T, S, past, err);
     if (st == SP_OK)
         st = sp_cuda_causal_softmax(cu, probs, (long)B * nh * T, T, S, past, err);
-    for (int bh = 0; st == SP_OK && bh < B * nh; bh++) {
-        int h;
-        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
-        st = sp_cuda_gemm(cu, &po, vc + kv0, probs + (long)bh * T * S, out + q0, SP_CU_F32, err);
+    if (st == SP_OK)
+        st = per_head(cu, &po, vc, KV, probs, TS, out, Q, B, T, S, nh, nkv, hd, cap, err);
+    return st;
+}
+
+extern "C" sp_status sp_cuda_attn_backward(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout,
+                                           const float *probs, const float *q, const float *kc, const float *vc, int B,
+                                           int T, int past, int nh, int nkv, int hd, int cap, sp_err *err)
+{
+    if (!attn_shape_ok(B, T, past, nh, nkv, hd, cap))
+        return attn_bad_shape(err, "attention backward", B, T, past, nh, nkv, hd, cap);
+    int S = past + T, ldq = nh * hd, ldk = nkv * hd;
+    void *ws = NULL;
+    sp_status st = sp_cuda_workspace(cu, (size_t)B * nh * T * S * sizeof(float), &ws, err);
+    float *dp = (float *)ws;
+    sp_gemm_plan pdp = sp_gemm_plan_scores(T, S, hd, ldq, ldk, 1.0f); // dP = dO V^T
+    sp_gemm_plan pkv = sp_gemm_plan_attn_kv_grad(T, S, hd, ldq, ldk); // dV += P^T dO, dK += dS^T Q
+    sp_gemm_plan pq = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq, 1);   // dQ += dS K
+    if (st == SP_OK)
+        st = per_head(cu, &pdp, vc, KV, dout, Q, dp, TS, B, T, S, nh, nkv, hd, cap, err);
+    if (st == SP_OK)
+        st = per_head(cu, &pkv, dout, Q, probs, TS, dv, KV, B, T, S, nh, nkv, hd, cap, err);
+    if (st == SP_OK) { // dP becomes dScore
+        softmax_bwd_kernel<<<B * nh * T, sp_km_row_threads(S), 0, spk::stream_of(cu)>>>(dp, probs, S,
+                                                                                     1.0f / sqrtf((float)hd));
+        st = spk::launched(err, "attention backward");
     }
+    if (st == SP_OK)
+        st = per_head(cu, &pq, kc, KV, dp, TS, dq, Q, B, T, S, nh, nkv, hd, cap, err);
+    if (st == SP_OK)
+        st = per_head(cu, &pkv, q, Q, dp, TS, dk, KV, B, T, S, nh, nkv, hd, cap, err);
     return st;
 }

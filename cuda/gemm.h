@@ -51,10 +51,19 @@ static inline sp_gemm_plan sp_gemm_plan_scores(int T, int S, int hd, int ldq, in
     return p;
 }
 
-/* One head's output O[T, hd] = P[T, S] V[S, hd], V's rows ldv and O's ldo floats apart: A = V, B = P. */
-static inline sp_gemm_plan sp_gemm_plan_attn_out(int T, int S, int hd, int ldv, int ldo)
+/* One head's output O[T, hd] (+)= P[T, S] V[S, hd] (+ O when acc), V's rows ldv and O's ldo floats apart:
+ * A = V, B = P. (The backward's dQ += dS K too.) */
+static inline sp_gemm_plan sp_gemm_plan_attn_out(int T, int S, int hd, int ldv, int ldo, int acc)
 {
-    sp_gemm_plan p = {0, 0, hd, T, S, ldv, S, ldo, 1.0f, 0.0f};
+    sp_gemm_plan p = {0, 0, hd, T, S, ldv, S, ldo, 1.0f, acc ? 1.0f : 0.0f};
+    return p;
+}
+
+/* The backward's dV[S, hd] += P[T, S]^T dO[T, hd] (and dK += dS^T Q): A = dO (rows ldq apart), B = P; dV's rows
+ * ldk apart. */
+static inline sp_gemm_plan sp_gemm_plan_attn_kv_grad(int T, int S, int hd, int ldq, int ldk)
+{
+    sp_gemm_plan p = {0, 1, hd, S, T, ldq, S, ldk, 1.0f, 1.0f};
     return p;
 }
 

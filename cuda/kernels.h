@@ -96,6 +96,12 @@ sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const flo
 sp_status sp_cuda_attn_prefill(sp_cuda *cu, float *out, float *probs, const float *q, const float *kc, const float *vc,
                                const float *slopes, int B, int T, int past, int nh, int nkv, int hd, int cap,
                                sp_err *err);
+/* The backward of sp_cuda_attn_prefill (sp_attention_backward): from dout [B, T, nh * hd] and the forward's probs,
+ * ADDS into dq [B, T, nh * hd] and dk, dv (caches' layout [B, cap, nkv, hd]); any of the three may be NULL. Scratch:
+ * B * nh * T * (past + T) floats of the workspace. */
+sp_status sp_cuda_attn_backward(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout, const float *probs,
+                                const float *q, const float *kc, const float *vc, int B, int T, int past, int nh,
+                                int nkv, int hd, int cap, sp_err *err);
 /* The causal softmax of scores [rows, S] in place, rows = B * nh * T (sp_km_causal_len keys each, zeros after). */
 sp_status sp_cuda_causal_softmax(sp_cuda *cu, float *scores, long rows, int T, int S, int past, sp_err *err);
 /* Appends a step's keys or values x [B, T, nkv * hd] to a cache [B, cap, nkv * hd] at positions len .. len + T - 1. */

@@ -359,6 +359,18 @@ SP_HD long sp_km_attn_block(int bh, int nh, int nkv, int hd, int cap, int *h)
 /* Block bh's first query (and output) row in q [B, T, nh, hd]: rows nh * hd floats apart. */
 SP_HD long sp_km_attn_qoff(int bh, int nh, int T, int hd) { return (long)(bh / nh) * T * nh * hd + (long)(bh % nh) * hd; }
 
+/* Where head bh's operand of a per-head attention GEMM starts: its query rows in [B, T, nh, hd], its kv head's rows
+ * in a cache [B, cap, nkv, hd], or its [T, S] block of scores [B, nh, T, S]. */
+enum { SP_KM_OFF_Q, SP_KM_OFF_KV, SP_KM_OFF_TS };
+
+SP_HD long sp_km_head_off(int which, int bh, int nh, int nkv, int T, int S, int hd, int cap)
+{
+    int h;
+    if (which == SP_KM_OFF_KV)
+        return sp_km_attn_block(bh, nh, nkv, hd, cap, &h);
+    return which == SP_KM_OFF_Q ? sp_km_attn_qoff(bh, nh, T, hd) : (long)bh * T * S;
+}
+
 /* Scaled score of key s: scale q . k_s + ALiBi (slope 0: none). */
 SP_HD float sp_km_attn_score(const float *q, const float *k, int hd, float scale, float slope, int s, int qpos)
 {
@@ -373,6 +385,9 @@ SP_HD int sp_km_causal_len(long row, int T, int past) { return past + (int)(row 
 
 /* A normalised probability: exp(score - max) / sum, as the CPU's masked softmax: times 1 / sum. */
 SP_HD float sp_km_attn_prob(float score, float mx, float inv_sum) { return expf(score - mx) * inv_sum; }
+
+/* The softmax backward of one probability (ops_impl.h's attention backward): p (g - sum(g p)) scale. */
+SP_HD float sp_km_softmax_bwd(float p, float g, float dot, float scale) { return p * (g - dot) * scale; }
 
 /* Output element j: sum over s of p[s] v_s[j] (p normalised), in key order. */
 SP_HD float sp_km_attn_out(const float *p, const float *v, long ldv, int len, int j)

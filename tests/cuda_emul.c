@@ -124,25 +124,50 @@ void emul_causal_softmax(float *scores, long rows, int T, int S, int past)
     }
 }
 
+/* sp_cuda_attn's per_head: plan p once per head, A, B, C at the head's offsets of kinds ao, bo, co. */
+static void emul_per_head(const sp_gemm_plan *p, const float *a, int ao, const float *b, int bo, float *c, int co,
+                          int B, int T, int S, int nh, int nkv, int hd, int cap)
+{
+    for (int bh = 0; c && bh < B * nh; bh++)
+        emul_gemm(p, a + sp_km_head_off(ao, bh, nh, nkv, T, S, hd, cap),
+                  b + sp_km_head_off(bo, bh, nh, nkv, T, S, hd, cap), c + sp_km_head_off(co, bh, nh, nkv, T, S, hd, cap));
+}
+
+enum { Q = SP_KM_OFF_Q, KV = SP_KM_OFF_KV, TS = SP_KM_OFF_TS };
+
 void emul_attn_prefill(float *out, float *probs, const float *q, const float *kc, const float *vc, const float *slopes,
                        int B, int T, int past, int nh, int nkv, int hd, int cap)
 {
     int S = past + T, ldq = nh * hd, ldk = nkv * hd;
     sp_gemm_plan ps = sp_gemm_plan_scores(T, S, hd, ldq, ldk, 1.0f / sqrtf((float)hd));
-    sp_gemm_plan po = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq);
-    for (int bh = 0; bh < B * nh; bh++) {
-        int h;
-        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
-        emul_gemm(&ps, kc + kv0, q + q0, probs + (long)bh * T * S);
-    }
+    sp_gemm_plan po = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq, 0);
+    emul_per_head(&ps, kc, KV, q, Q, probs, TS, B, T, S, nh, nkv, hd, cap);
     if (slopes)
         emul_alibi_add(probs, slopes, B, nh, T, S, past);
     emul_causal_softmax(probs, (long)B * nh * T, T, S, past);
-    for (int bh = 0; bh < B * nh; bh++) {
-        int h;
-        long kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h), q0 = sp_km_attn_qoff(bh, nh, T, hd);
-        emul_gemm(&po, vc + kv0, probs + (long)bh * T * S, out + q0);
+    emul_per_head(&po, vc, KV, probs, TS, out, Q, B, T, S, nh, nkv, hd, cap);
+}
+
+void emul_attn_backward(float *dq, float *dk, float *dv, const float *dout, const float *probs, const float *q,
+                        const float *kc, const float *vc, int B, int T, int past, int nh, int nkv, int hd, int cap)
+{
+    int S = past + T, ldq = nh * hd, ldk = nkv * hd, rows = B * nh * T, nt = sp_km_row_threads(S);
+    float *dp = calloc((size_t)rows * S, sizeof(float)), scale = 1.0f / sqrtf((float)hd);
+    sp_gemm_plan pdp = sp_gemm_plan_scores(T, S, hd, ldq, ldk, 1.0f);
+    sp_gemm_plan pkv = sp_gemm_plan_attn_kv_grad(T, S, hd, ldq, ldk);
+    sp_gemm_plan pq = sp_gemm_plan_attn_out(T, S, hd, ldk, ldq, 1);
+    emul_per_head(&pdp, vc, KV, dout, Q, dp, TS, B, T, S, nh, nkv, hd, cap);
+    emul_per_head(&pkv, dout, Q, probs, TS, dv, KV, B, T, S, nh, nkv, hd, cap);
+    for (int row = 0; row < rows; row++) {
+        float *g = dp + (long)row * S, dot;
+        const float *p = probs + (long)row * S;
+        EMUL_BLOCK_SUM(dot, nt, sp_km_dot3_part(g, p, NULL, S, tid, nt));
+        for (int s = 0; s < S; s++)
+            g[s] = sp_km_softmax_bwd(p[s], g[s], dot, scale);
     }
+    emul_per_head(&pq, kc, KV, dp, TS, dq, Q, B, T, S, nh, nkv, hd, cap);
+    emul_per_head(&pkv, q, Q, dp, TS, dk, KV, B, T, S, nh, nkv, hd, cap);
+    free(dp);
 }
 
 void emul_softmax(float *out, const float *inp, int N, int C)
@@ -281,4 +306,21 @@ float *emul_dup(const float *x, size_t n)
     float *y = malloc((n ? n : 1) * sizeof(float));
     memcpy(y, x, n * sizeof(float));
     return y;
+}
+
+void emul_attn_case(emul_attn *c, sp_rng *r, int B, int T, int past, int nh, int nkv, int hd, int cap,
+                    const float *alibi)
+{
+    sp_attn_dims d = {.B = B, .T = T, .S = past + T, .past = past, .nh = nh, .nkv = nkv, .hd = hd, .kv_cap = cap,
+                      .keep_probs = 1, .alibi = alibi};
+    c->d = d;
+    c->nq = (size_t)B * T * nh * hd, c->nk = (size_t)B * cap * nkv * hd, c->np = (size_t)B * nh * T * d.S;
+    c->q = emul_randn(r, c->nq, 1.0f), c->kc = emul_randn(r, c->nk, 1.0f), c->vc = emul_randn(r, c->nk, 1.0f);
+    c->out = malloc(c->nq * sizeof(float)), c->probs = malloc(c->np * sizeof(float));
+    sp_attention_forward(c->out, c->probs, c->q, c->kc, c->vc, &c->d);
+}
+
+void emul_attn_free(emul_attn *c)
+{
+    free(c->q), free(c->kc), free(c->vc), free(c->out), free(c->probs);
 }

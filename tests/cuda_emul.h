@@ -11,6 +11,7 @@
 
 #include "gemm.h"
 #include "kmath.h"
+#include "ops.h"
 #include "rng.h"
 
 void emul_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
@@ -28,6 +29,9 @@ void emul_causal_softmax(float *scores, long rows, int T, int S, int past);
 /* sp_cuda_attn_prefill: its GEMMs (emul_gemm), ALiBi and causal softmax in the same order */
 void emul_attn_prefill(float *out, float *probs, const float *q, const float *kc, const float *vc, const float *slopes,
                        int B, int T, int past, int nh, int nkv, int hd, int cap);
+/* sp_cuda_attn_backward, the same way (dq, dk, dv added into; NULL: not wanted) */
+void emul_attn_backward(float *dq, float *dk, float *dv, const float *dout, const float *probs, const float *q,
+                        const float *kc, const float *vc, int B, int T, int past, int nh, int nkv, int hd, int cap);
 void emul_softmax(float *out, const float *inp, int N, int C);
 /* losses (forward) or dlogits += (backward, losses NULL); returns 1 if a target was >= V (the kernel's flag) */
 int emul_crossentropy(float *losses, float *dlogits, const float *dlosses, const float *logits, const int32_t *targets,
@@ -39,6 +43,17 @@ void emul_attn_decode(float *out, const float *q, const float *kc, const float *
                       int nkv, int hd, int cap, int len);
 /* C = alpha op(A) op(B) + beta C, column-major, in double: what cuBLAS computes for plan p */
 void emul_gemm(const sp_gemm_plan *p, const float *A, const float *B, float *C);
+
+/* An attention case: q [B, T, nh, hd] and caches [B, cap, nkv, hd] drawn from r (sd 1), the CPU's forward
+ * (sp_attention_forward with keep_probs and ALiBi slopes alibi or none): out and probs [B, nh, T, past + T]. */
+typedef struct emul_attn {
+    sp_attn_dims d;
+    size_t nq, nk, np; /* floats of q (and out), of a cache, of probs */
+    float *q, *kc, *vc, *out, *probs;
+} emul_attn;
+void emul_attn_case(emul_attn *c, sp_rng *r, int B, int T, int past, int nh, int nkv, int hd, int cap,
+                    const float *alibi);
+void emul_attn_free(emul_attn *c);
 
 /* scale[N, out] = sum over c of |X[n, c] W[o, c]|: the size of the rounding of each output of X W^T. */
 void emul_linear_scale(float *scale, const float *X, const float *W, int N, int in, int out);

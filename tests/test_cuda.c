@@ -405,24 +405,62 @@ START_TEST(t_attn_prefill_gpu)
     sp_rng r;
     sp_rng_seed(&r, 49);
     for (int k = 0; k < 3; k++) {
-        int B = 2, nh = 8, nkv = cases[k][0], T = cases[k][1], past = cases[k][2], hd = 64, S = past + T, cap = S + 3;
+        int B = 2, nh = 8, nkv = cases[k][0], T = cases[k][1], past = cases[k][2], hd = 64, cap = past + T + 3;
         const float *al = k == 1 ? slopes : NULL;
-        size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * cap * nkv * hd, np = (size_t)B * nh * T * S;
-        float *q = emul_randn(&r, nq, 1.0f), *kc = emul_randn(&r, nk, 1.0f), *vc = emul_randn(&r, nk, 1.0f);
-        float *o0 = malloc(nq * 4), *p0 = malloc(np * 4);
-        sp_attn_dims d = {.B = B, .T = T, .S = S, .past = past, .nh = nh, .nkv = nkv, .hd = hd, .kv_cap = cap,
-                          .keep_probs = 1, .alibi = al};
-        sp_attention_forward(o0, p0, q, kc, vc, &d);
-        float *dQ = up(q, nq), *dK = up(kc, nk), *dV = up(vc, nk), *dS = up(slopes, 8), *dO = NULL, *dP = NULL;
-        OK(sp_cuda_alloc(cu, (void **)&dO, nq * 4, E));
-        OK(sp_cuda_alloc(cu, (void **)&dP, np * 4, E));
+        emul_attn c;
+        emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, cap, al);
+        float *dQ = up(c.q, c.nq), *dK = up(c.kc, c.nk), *dV = up(c.vc, c.nk), *dS = up(slopes, 8), *dO = NULL,
+              *dP = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&dO, c.nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dP, c.np * 4, E));
         OK(sp_cuda_attn_prefill(cu, dO, dP, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap, E));
-        float *o1 = down(dO, nq), *p1 = down(dP, np);
-        CLOSE(p1, p0, np, 1e-6, 1e-5, "prefill probabilities");
-        CLOSE(o1, o0, nq, 1e-5, 1e-5, "prefill attention output");
-        free(q), free(kc), free(vc), free(o0), free(p0), free(o1), free(p1);
+        float *o1 = down(dO, c.nq), *p1 = down(dP, c.np);
+        CLOSE(p1, c.probs, c.np, 1e-6, 1e-5, "prefill probabilities");
+        CLOSE(o1, c.out, c.nq, 1e-5, 1e-5, "prefill attention output");
+        free(o1), free(p1);
+        emul_attn_free(&c);
         void *bufs[] = {dQ, dK, dV, dS, dO, dP};
         for (int i = 0; i < 6; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
+/* The attention backward on the device from the device's own forward: GQA over a prefix and MQA over a long prompt,
+ * against sp_attention_backward from the CPU's probabilities (t_attn_backward_vs_cpu's tolerances). */
+START_TEST(t_attn_backward_gpu)
+{
+    const int cases[][3] = {{2, 7, 9}, {1, 256, 0}}; /* kv heads, T, past */
+    sp_rng r;
+    sp_rng_seed(&r, 50);
+    for (int k = 0; k < 2; k++) {
+        int B = 2, nh = 8, nkv = cases[k][0], T = cases[k][1], past = cases[k][2], hd = 64, cap = past + T + 1;
+        emul_attn c;
+        emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, cap, NULL);
+        size_t nq = c.nq, nk = c.nk;
+        float *g = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4);
+        float *dq0 = calloc(nq, 4), *dk0 = calloc(nk, 4), *dv0 = calloc(nk, 4);
+        sp_attention_backward(dq0, dk0, dv0, scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
+        float *dQ = up(c.q, nq), *dK = up(c.kc, nk), *dV = up(c.vc, nk), *dG = up(g, nq), *dO = NULL, *dP = NULL;
+        float *gq = NULL, *gk = NULL, *gv = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&gq, nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&gk, nk * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&gv, nk * 4, E));
+        OK(sp_cuda_zero(cu, gq, nq * 4, E));
+        OK(sp_cuda_zero(cu, gk, nk * 4, E));
+        OK(sp_cuda_zero(cu, gv, nk * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dO, nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dP, c.np * 4, E));
+        OK(sp_cuda_attn_prefill(cu, dO, dP, dQ, dK, dV, NULL, B, T, past, nh, nkv, hd, cap, E));
+        OK(sp_cuda_attn_backward(cu, gq, gk, gv, dG, dP, dQ, dK, dV, B, T, past, nh, nkv, hd, cap, E));
+        float *dq1 = down(gq, nq), *dk1 = down(gk, nk), *dv1 = down(gv, nk);
+        CLOSE(dq1, dq0, nq, 1e-5, 1e-5, "attention dq");
+        CLOSE(dk1, dk0, nk, 1e-5, 1e-5, "attention dk");
+        CLOSE(dv1, dv0, nk, 1e-5, 1e-5, "attention dv");
+        free(g), free(scratch), free(dq0), free(dk0), free(dv0), free(dq1), free(dk1), free(dv1);
+        emul_attn_free(&c);
+        void *bufs[] = {dQ, dK, dV, dG, dO, dP, gq, gk, gv};
+        for (int i = 0; i < 9; i++)
             sp_cuda_free(cu, bufs[i]);
     }
 }
@@ -672,6 +710,7 @@ int main(void)
     tcase_add_test(tk, t_gemm_gpu);
     tcase_add_test(tk, t_attn_decode_gpu);
     tcase_add_test(tk, t_attn_prefill_gpu);
+    tcase_add_test(tk, t_attn_backward_gpu);
     tcase_add_test(tk, t_errors_gpu);
     suite_add_tcase(s, tk);
     TCase *tc = tcase_create("optimiser_vs_cpu");

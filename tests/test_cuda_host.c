@@ -149,18 +149,44 @@ START_TEST(t_attn_prefill_vs_cpu)
     sp_alibi_slopes(slopes, 6);
     for (int a = 0; a < 3; a++)
         for (int k = 0; k < 4; k++) {
-            int B = 2, nh = 6, nkv = kvh[a], hd = 16, T = 5, past = pasts[k % 2], S = past + T, cap = S + 2;
+            int B = 2, nh = 6, nkv = kvh[a], hd = 16, T = 5, past = pasts[k % 2];
             const float *al = k >= 2 ? slopes : NULL;
-            size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * cap * nkv * hd, np = (size_t)B * nh * T * S;
-            float *q = emul_randn(&r, nq, 1.0f), *kc = emul_randn(&r, nk, 1.0f), *vc = emul_randn(&r, nk, 1.0f);
-            float *o0 = malloc(nq * 4), *p0 = malloc(np * 4), *p1 = malloc(np * 4), *o1 = malloc(nq * 4);
-            sp_attn_dims d = {.B = B, .T = T, .S = S, .past = past, .nh = nh, .nkv = nkv, .hd = hd, .kv_cap = cap,
-                              .keep_probs = 1, .alibi = al};
-            sp_attention_forward(o0, p0, q, kc, vc, &d);
-            emul_attn_prefill(o1, p1, q, kc, vc, al, B, T, past, nh, nkv, hd, cap);
-            ASSERT_CLOSE(p1, p0, np, 1e-6, 1e-5, "prefill probabilities");
-            ASSERT_CLOSE(o1, o0, nq, 1e-5, 1e-5, "prefill attention output");
-            free(q), free(kc), free(vc), free(o0), free(p0), free(p1), free(o1);
+            emul_attn c;
+            emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, past + T + 2, al);
+            float *p1 = malloc(c.np * 4), *o1 = malloc(c.nq * 4);
+            emul_attn_prefill(o1, p1, c.q, c.kc, c.vc, al, B, T, past, nh, nkv, hd, c.d.kv_cap);
+            ASSERT_CLOSE(p1, c.probs, c.np, 1e-6, 1e-5, "prefill probabilities");
+            ASSERT_CLOSE(o1, c.out, c.nq, 1e-5, 1e-5, "prefill attention output");
+            free(p1), free(o1);
+            emul_attn_free(&c);
+        }
+}
+END_TEST
+
+/* The attention backward as the device composes it (GEMMs a head for dP, dV, dQ, dK; the softmax backward by rows)
+ * against sp_attention_backward, from the same probabilities: MHA, GQA and MQA, a cached prefix or none; all three
+ * gradients added into what they held. */
+START_TEST(t_attn_backward_vs_cpu)
+{
+    const int kvh[] = {6, 3, 1}, pasts[] = {0, 4};
+    sp_rng r;
+    sp_rng_seed(&r, 31);
+    for (int a = 0; a < 3; a++)
+        for (int k = 0; k < 2; k++) {
+            int B = 2, nh = 6, nkv = kvh[a], hd = 16, T = 5, past = pasts[k];
+            emul_attn c;
+            emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, past + T + 1, NULL);
+            size_t nq = c.nq, nk = c.nk;
+            float *dout = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4);
+            float *dq0 = emul_randn(&r, nq, 1.0f), *dk0 = emul_randn(&r, nk, 1.0f), *dv0 = emul_randn(&r, nk, 1.0f);
+            float *dq1 = emul_dup(dq0, nq), *dk1 = emul_dup(dk0, nk), *dv1 = emul_dup(dv0, nk);
+            sp_attention_backward(dq0, dk0, dv0, scratch, dout, c.probs, c.q, c.kc, c.vc, &c.d);
+            emul_attn_backward(dq1, dk1, dv1, dout, c.probs, c.q, c.kc, c.vc, B, T, past, nh, nkv, hd, c.d.kv_cap);
+            ASSERT_CLOSE(dq1, dq0, nq, 1e-5, 1e-5, "attention dq");
+            ASSERT_CLOSE(dk1, dk0, nk, 1e-5, 1e-5, "attention dk");
+            ASSERT_CLOSE(dv1, dv0, nk, 1e-5, 1e-5, "attention dv");
+            free(dout), free(scratch), free(dq0), free(dk0), free(dv0), free(dq1), free(dk1), free(dv1);
+            emul_attn_free(&c);
         }
 }
 END_TEST
@@ -436,6 +462,7 @@ int main(void)
     tcase_add_test(tc, t_layernorm_vs_cpu);
     tcase_add_test(tc, t_rope_vs_cpu);
     tcase_add_test(tc, t_attn_prefill_vs_cpu);
+    tcase_add_test(tc, t_attn_backward_vs_cpu);
     tcase_add_test(tc, t_attn_decode_vs_cpu);
     tcase_add_test(tc, t_activations_vs_cpu);
     tcase_add_test(tc, t_embedding_vs_cpu);
