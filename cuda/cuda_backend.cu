@@ -1,13 +1,24 @@
-// cuda_backend.cu - device query and the first kernels (CPU references live in core/ops.c).
+// cuda_backend.cu - the device context, buffers, copies and the mapping of CUDA's errors (cuda_backend.h).
 #include "cuda_backend.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
 
-static sp_status cuda_fail(sp_err *err, cudaError_t e, const char *what)
-{
-    return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: %s: %s", what, cudaGetErrorString(e));
-}
+#include <new>
+
+#ifdef SEPAL_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+struct sp_cuda {
+    int device;
+    cudaStream_t stream;
+    void *cublas;      // cublasHandle_t when built with cuBLAS
+    void *ws;          // workspace
+    size_t ws_bytes;
+    int *flag;         // one int: set by kernels on bad input
+    char name[256];
+};
 
 extern "C" int sp_cuda_device_count(char *why, int cap)
 {
@@ -32,50 +43,225 @@ extern "C" void sp_cuda_device_name(char *name, int cap)
         name[0] = '\0';
 }
 
-// One block per row; a shared-memory tree reduction of the sum of squares.
-__global__ void rmsnorm_kernel(float *out, const float *inp, const float *w, int C, float eps)
+static sp_status status_of(cudaError_t e)
 {
-    extern __shared__ float partial[];
-    const float *x = inp + (size_t)blockIdx.x * C;
-    float *y = out + (size_t)blockIdx.x * C;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < C; i += blockDim.x)
-        ss += x[i] * x[i];
-    partial[threadIdx.x] = ss;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s)
-            partial[threadIdx.x] += partial[threadIdx.x + s];
-        __syncthreads();
+    switch (e) {
+    case cudaErrorMemoryAllocation: return SP_ERR_NOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidMemcpyDirection:
+    case cudaErrorInvalidConfiguration: return SP_ERR_ARG;
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorNotSupported: return SP_ERR_UNSUPPORTED;
+    default: return SP_ERR_STATE;
     }
-    float rstd = rsqrtf(partial[0] / (float)C + eps);
-    for (int i = threadIdx.x; i < C; i += blockDim.x)
-        y[i] = x[i] * rstd * w[i];
 }
 
-extern "C" sp_status sp_cuda_rmsnorm_forward(float *out, const float *inp, const float *w, int N, int C, float eps,
-                                             sp_err *err)
+extern "C" sp_status sp_cuda_error(sp_err *err, int code, const char *what)
 {
-    float *d_in = NULL, *d_out = NULL, *d_w = NULL;
-    size_t nb = (size_t)N * C * sizeof(float);
-    cudaError_t e = cudaMalloc(&d_in, nb);
+    cudaError_t e = (cudaError_t)code;
     if (e == cudaSuccess)
-        e = cudaMalloc(&d_out, nb);
-    if (e == cudaSuccess)
-        e = cudaMalloc(&d_w, (size_t)C * sizeof(float));
-    if (e == cudaSuccess)
-        e = cudaMemcpy(d_in, inp, nb, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess)
-        e = cudaMemcpy(d_w, w, (size_t)C * sizeof(float), cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) {
-        const int threads = 256;
-        rmsnorm_kernel<<<N, threads, threads * sizeof(float)>>>(d_out, d_in, d_w, C, eps);
-        e = cudaGetLastError();
+        return SP_OK;
+    return sp_errf(err, status_of(e), "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+extern "C" sp_status sp_cublas_error(sp_err *err, int code, const char *what)
+{
+#ifdef SEPAL_HAVE_CUBLAS
+    cublasStatus_t s = (cublasStatus_t)code;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return SP_OK;
+    sp_status st = s == CUBLAS_STATUS_ALLOC_FAILED                                   ? SP_ERR_NOMEM
+                   : s == CUBLAS_STATUS_INVALID_VALUE                                ? SP_ERR_ARG
+                   : s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_ARCH_MISMATCH ||
+                           s == CUBLAS_STATUS_NOT_INITIALIZED                        ? SP_ERR_UNSUPPORTED
+                                                                                     : SP_ERR_STATE;
+    return sp_errf(err, st, "cublas: %s: %s", what, cublasGetStatusString(s));
+#else
+    return code == 0 ? SP_OK : sp_errf(err, SP_ERR_UNSUPPORTED, "cublas: %s: not built with cuBLAS", what);
+#endif
+}
+
+// Returns sp_cuda_error's status from the enclosing function when the call fails.
+#define CU_TRY(call, what)                                                                                   \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess)                                                                               \
+            return sp_cuda_error(err, (int)e_, what);                                                        \
+    } while (0)
+
+static sp_status open_parts(sp_cuda *cu, sp_err *err)
+{
+    char why[200];
+    int n = sp_cuda_device_count(why, (int)sizeof why);
+    if (n <= 0)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: no usable GPU (%s)", why);
+    if (cu->device < 0 || cu->device >= n)
+        return sp_errf(err, SP_ERR_ARG, "cuda: no device %d (%d device(s): cuda:0 .. cuda:%d)", cu->device, n,
+                       n - 1);
+    cudaDeviceProp p;
+    CU_TRY(cudaSetDevice(cu->device), "select device");
+    CU_TRY(cudaGetDeviceProperties(&p, cu->device), "device properties");
+    snprintf(cu->name, sizeof cu->name, "%s", p.name);
+    CU_TRY(cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking), "create stream");
+    CU_TRY(cudaMalloc((void **)&cu->flag, sizeof(int)), "error flag");
+    CU_TRY(cudaMemsetAsync(cu->flag, 0, sizeof(int), cu->stream), "error flag");
+#ifdef SEPAL_HAVE_CUBLAS
+    cublasHandle_t h = NULL;
+    cublasStatus_t s = cublasCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return sp_cublas_error(err, (int)s, "create handle");
+    cu->cublas = h;
+    s = cublasSetStream(h, cu->stream);
+    if (s == CUBLAS_STATUS_SUCCESS) // fp32 GEMMs stay fp32 (no TF32): results comparable with the CPU's
+        s = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return sp_cublas_error(err, (int)s, "configure handle");
+#endif
+    return SP_OK;
+}
+
+extern "C" sp_status sp_cuda_open(sp_cuda **out, int device, sp_err *err)
+{
+    *out = NULL;
+    sp_cuda *cu = new (std::nothrow) sp_cuda();
+    if (!cu)
+        return sp_errf(err, SP_ERR_NOMEM, "cuda: out of memory for the context");
+    cu->device = device;
+    sp_status st = open_parts(cu, err);
+    if (st != SP_OK) {
+        sp_cuda_close(cu);
+        return st;
     }
-    if (e == cudaSuccess)
-        e = cudaMemcpy(out, d_out, nb, cudaMemcpyDeviceToHost);
-    cudaFree(d_in);
-    cudaFree(d_out);
-    cudaFree(d_w);
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, "rmsnorm_forward");
+    *out = cu;
+    return SP_OK;
+}
+
+extern "C" void sp_cuda_close(sp_cuda *cu)
+{
+    if (!cu)
+        return;
+    if (cu->stream)
+        cudaStreamSynchronize(cu->stream);
+#ifdef SEPAL_HAVE_CUBLAS
+    if (cu->cublas)
+        cublasDestroy((cublasHandle_t)cu->cublas);
+#endif
+    cudaFree(cu->ws);
+    cudaFree(cu->flag);
+    if (cu->stream)
+        cudaStreamDestroy(cu->stream);
+    delete cu;
+}
+
+extern "C" sp_status sp_cuda_sync(sp_cuda *cu, sp_err *err)
+{
+    CU_TRY(cudaStreamSynchronize(cu->stream), "kernel");
+    return SP_OK;
+}
+
+extern "C" void *sp_cuda_stream(const sp_cuda *cu) { return cu->stream; }
+extern "C" void *sp_cuda_cublas(const sp_cuda *cu) { return cu->cublas; }
+extern "C" const char *sp_cuda_name(const sp_cuda *cu) { return cu->name; }
+
+extern "C" sp_status sp_cuda_meminfo(sp_cuda *cu, size_t *free_bytes, size_t *total_bytes, sp_err *err)
+{
+    CU_TRY(cudaSetDevice(cu->device), "select device");
+    CU_TRY(cudaMemGetInfo(free_bytes, total_bytes), "memory info");
+    return SP_OK;
+}
+
+extern "C" sp_status sp_cuda_alloc(sp_cuda *cu, void **p, size_t bytes, sp_err *err)
+{
+    *p = NULL;
+    if (bytes == 0)
+        return sp_errf(err, SP_ERR_ARG, "cuda: allocation of 0 bytes");
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        cudaGetLastError(); // an allocation failure is not sticky: clear it
+        sp_cuda_error(err, (int)e, "allocate");
+        return sp_err_prefix(err, "%zu bytes on %s: ", bytes, cu->name);
+    }
+    return SP_OK;
+}
+
+extern "C" void sp_cuda_free(sp_cuda *cu, void *p)
+{
+    (void)cu;
+    if (p)
+        cudaFree(p);
+}
+
+static sp_status copy(sp_cuda *cu, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what,
+                      sp_err *err)
+{
+    if (bytes == 0)
+        return SP_OK;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, kind, cu->stream), what);
+    CU_TRY(cudaStreamSynchronize(cu->stream), what);
+    return SP_OK;
+}
+
+extern "C" sp_status sp_cuda_upload(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err)
+{
+    return copy(cu, dst, src, bytes, cudaMemcpyHostToDevice, "copy to the device", err);
+}
+
+extern "C" sp_status sp_cuda_download(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err)
+{
+    return copy(cu, dst, src, bytes, cudaMemcpyDeviceToHost, "copy from the device", err);
+}
+
+extern "C" sp_status sp_cuda_copy_d2d(sp_cuda *cu, void *dst, const void *src, size_t bytes, sp_err *err)
+{
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu->stream), "copy on the device");
+    return SP_OK;
+}
+
+extern "C" sp_status sp_cuda_dup(sp_cuda *cu, void **p, const void *src, size_t bytes, sp_err *err)
+{
+    sp_status st = sp_cuda_alloc(cu, p, bytes, err);
+    if (st == SP_OK && (st = sp_cuda_upload(cu, *p, src, bytes, err)) != SP_OK) {
+        sp_cuda_free(cu, *p);
+        *p = NULL;
+    }
+    return st;
+}
+
+extern "C" sp_status sp_cuda_zero(sp_cuda *cu, void *p, size_t bytes, sp_err *err)
+{
+    CU_TRY(cudaMemsetAsync(p, 0, bytes, cu->stream), "clear");
+    return SP_OK;
+}
+
+extern "C" sp_status sp_cuda_workspace(sp_cuda *cu, size_t bytes, void **p, sp_err *err)
+{
+    if (bytes > cu->ws_bytes) {
+        CU_TRY(cudaStreamSynchronize(cu->stream), "workspace"); // queued kernels may still use the old one
+        cudaFree(cu->ws);
+        cu->ws = NULL;
+        cu->ws_bytes = 0;
+        sp_status st = sp_cuda_alloc(cu, &cu->ws, bytes, err);
+        if (st != SP_OK)
+            return sp_err_prefix(err, "workspace: ");
+        cu->ws_bytes = bytes;
+    }
+    *p = cu->ws;
+    return SP_OK;
+}
+
+extern "C" int *sp_cuda_flag(sp_cuda *cu) { return cu->flag; }
+
+extern "C" sp_status sp_cuda_flag_take(sp_cuda *cu, int *flag, sp_err *err)
+{
+    sp_status st = sp_cuda_download(cu, flag, cu->flag, sizeof(int), err);
+    if (st == SP_OK)
+        st = sp_cuda_zero(cu, cu->flag, sizeof(int), err);
+    return st;
 }

@@ -3,6 +3,8 @@
 // into FMAs: each operation rounds exactly like the CPU loop, in the same order.
 #include "optim_cuda.h"
 
+#include "cuda_backend.h"
+
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,11 +16,6 @@ namespace {
 constexpr int kThreads = 256;     // block size of every kernel here (a power of two)
 constexpr int kRedBlocks = 1024;  // at most this many partial sums in the first reduction pass
 constexpr int kMaxBlocks = 65535; // grid-stride loops beyond this
-
-sp_status cuda_fail(sp_err *err, cudaError_t e, const char *what)
-{
-    return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: %s: %s", what, cudaGetErrorString(e));
-}
 
 int blocks_for(int64_t n, int cap)
 {
@@ -216,7 +213,7 @@ extern "C" sp_status sp_cuda_adamw_new(sp_cuda_adamw **out, int64_t n, sp_err *e
         e = s->sc.init();
     if (e != cudaSuccess) {
         sp_cuda_adamw_free(s);
-        return cuda_fail(err, e, "adamw state");
+        return sp_cuda_error(err, (int)e, "adamw state");
     }
     *out = s;
     return SP_OK;
@@ -239,7 +236,7 @@ extern "C" sp_status sp_cuda_adamw_upload(sp_cuda_adamw *s, int64_t off, int64_t
     cudaError_t e = cudaMemcpy(s->p + off, p, nb, cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
         e = g ? cudaMemcpy(s->g + off, g, nb, cudaMemcpyHostToDevice) : cudaMemset(s->g + off, 0, nb);
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, "adamw upload");
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "adamw upload");
 }
 
 extern "C" sp_status sp_cuda_adamw_unscale_norm(sp_cuda_adamw *s, float inv_scale, int *found_inf, double *sumsq,
@@ -248,7 +245,7 @@ extern "C" sp_status sp_cuda_adamw_unscale_norm(sp_cuda_adamw *s, float inv_scal
     if (!s)
         return sp_errf(err, SP_ERR_ARG, "cuda adamw: NULL state");
     cudaError_t e = unscale_norm(s->sc, s->g, s->n, inv_scale, found_inf, sumsq);
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, "unscale / norm");
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "unscale / norm");
 }
 
 extern "C" sp_status sp_cuda_adamw_apply(sp_cuda_adamw *s, int64_t off, int64_t n, float gscale, float lr, float b1,
@@ -258,7 +255,7 @@ extern "C" sp_status sp_cuda_adamw_apply(sp_cuda_adamw *s, int64_t off, int64_t 
         return sp_errf(err, SP_ERR_ARG, "cuda adamw apply: bad range or step");
     Coefs c = make_coefs(lr, b1, b2, eps, wd, t);
     cudaError_t e = launch_adamw(s->p + off, s->g + off, s->m + off, s->v + off, n, gscale, c);
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, "adamw update");
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "adamw update");
 }
 
 extern "C" sp_status sp_cuda_adamw_download(sp_cuda_adamw *s, int64_t off, int64_t n, float *p, sp_err *err)
@@ -268,7 +265,7 @@ extern "C" sp_status sp_cuda_adamw_download(sp_cuda_adamw *s, int64_t off, int64
     if (n == 0)
         return SP_OK;
     cudaError_t e = cudaMemcpy(p, s->p + off, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost);
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, "adamw download");
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "adamw download");
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -300,7 +297,7 @@ extern "C" sp_status sp_cuda_adamw_update(float *p, const float *g, float *m, fl
         e = cudaMemcpy(v, d[3], nb, cudaMemcpyDeviceToHost);
     for (int k = 0; k < 4; k++)
         cudaFree(d[k]);
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, "adamw update");
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "adamw update");
 }
 
 // Copies g in, runs the reduction (optionally scaling), copies g back when it changed.
@@ -323,7 +320,7 @@ static sp_status host_reduce(float *g, int64_t n, float inv_scale, int *found_in
         e = cudaMemcpy(g, d_g, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost);
     cudaFree(d_g);
     sc.release();
-    return e == cudaSuccess ? SP_OK : cuda_fail(err, e, what);
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, what);
 }
 
 extern "C" sp_status sp_cuda_unscale_check(float *g, int64_t n, float inv_scale, int *found_inf, sp_err *err)

@@ -1,7 +1,8 @@
 /* optim_cuda.h - the device side of client/optim: AdamW state in flat device buffers (params, grads, m, v),
  * a fused unscale + finite check + sum-of-squares reduction, and the clipped AdamW update. The float
  * operations and their order are those of client/optim.c (no FMA contraction), so CPU and GPU agree.
- * Every call returns SP_ERR_UNSUPPORTED (with the runtime's reason) when CUDA fails or there is no GPU. */
+ * A CUDA failure comes back as sp_cuda_error maps it (cuda_backend.h), with the runtime's reason:
+ * SP_ERR_UNSUPPORTED without a GPU, SP_ERR_NOMEM when the device's memory runs out, and so on. */
 #ifndef SEPAL_OPTIM_CUDA_H
 #define SEPAL_OPTIM_CUDA_H
 

@@ -1,35 +1,493 @@
-/* test_cuda.c - CUDA kernels against their CPU references. Without a GPU every test reports itself
- * skipped (exit 77 for ctest) instead of passing silently. */
+/* test_cuda.c - the CUDA kernels on a GPU against their CPU references (core/ops, core/kern, client/train/optim).
+ * Without a GPU the whole suite reports itself skipped (exit 77 for ctest) instead of passing silently; the kernels'
+ * arithmetic is still checked on the host by test_cuda_host. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_backend.h"
+#include "cuda_emul.h"
+#include "gemm.h"
 #include "half.h"
+#include "kernels.h"
 #include "ops.h"
 #include "optim.h"
 #include "optim_cuda.h"
 #include "rng.h"
-#include "testutil.h"
+#include "rope.h"
+#include "testrun.h"
 
-START_TEST(t_rmsnorm_matches_cpu)
+/* ---------------------------------------------------------------------------------------------- */
+/* the block's kernels (cuda/kernels.cu, weights.cu, attn.cu, gemm.cu) against core's CPU references. The
+ * tolerances are test_cuda_host's (where the same arithmetic runs on the host against the same references) times
+ * 4: the device's expf / erff / cosf (2 ulp where glibc is within 1) and nvcc's FMA contraction. */
+
+static sp_cuda *cu; /* opened by main */
+
+static void *up_bytes(const void *h, size_t bytes)
 {
-    int N = 37, C = 1000;
-    sp_rng r;
-    sp_rng_seed(&r, 5);
-    float *x = malloc((size_t)N * C * 4), *w = malloc((size_t)C * 4);
-    float *cpu = malloc((size_t)N * C * 4), *gpu = malloc((size_t)N * C * 4);
-    sp_rng_fill_normal(&r, x, (long)N * C, 2.0f);
-    sp_rng_fill_normal(&r, w, C, 1.0f);
-    sp_rmsnorm_forward(cpu, NULL, x, w, N, C, 1e-5f);
+    void *d = NULL;
     sp_err err = {0};
-    ck_assert_msg(sp_cuda_rmsnorm_forward(gpu, x, w, N, C, 1e-5f, &err) == SP_OK, "%s", err.msg);
-    ck_assert_double_le(sp_max_abs_diff(cpu, gpu, (size_t)N * C), 1e-5);
-    free(x), free(w), free(cpu), free(gpu);
+    ck_assert_msg(sp_cuda_dup(cu, &d, h, bytes, &err) == SP_OK, "%s", err.msg);
+    return d;
+}
+
+static float *up(const float *h, size_t n) { return up_bytes(h, n * sizeof(float)); }
+
+/* A host copy of n device floats (after the stream's work: a kernel's fault fails the test here). */
+static float *down(const float *d, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    sp_err err = {0};
+    ck_assert_msg(sp_cuda_sync(cu, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_cuda_download(cu, h, d, n * sizeof(float), &err) == SP_OK, "%s", err.msg);
+    return h;
+}
+
+/* OK(call): the call must succeed; inside it, E is the sp_err it fills. */
+#define OK(call)                                                                                               \
+    do {                                                                                                       \
+        sp_err e_ = {0};                                                                                       \
+        ck_assert_msg((call) == SP_OK, "%s", e_.msg);                                                          \
+    } while (0)
+#define E (&e_)
+
+#define CLOSE(a, b, n, abs_tol, rel_tol, what)                                                                 \
+    do {                                                                                                       \
+        double x_ = emul_err((a), (b), (n), 4 * (abs_tol), 4 * (rel_tol));                                     \
+        ck_assert_msg(x_ <= 1.0, "%s: error %.3g of the tolerance", (what), x_);                               \
+    } while (0)
+
+static const int odd_C[] = {1, 7, 33, 257, 1000, 4097};
+
+START_TEST(t_norms_gpu)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 41);
+    for (int k = 0; k < 6; k++) {
+        int N = 5 + k, C = odd_C[k];
+        size_t n = (size_t)N * C;
+        float *x = emul_randn(&r, n, 2.0f), *w = emul_randn(&r, (size_t)C, 1.0f), *b = emul_randn(&r, (size_t)C, 1.0f);
+        float *dy = emul_randn(&r, n, 1.0f), *y0 = malloc(n * 4), *m0 = malloc((size_t)N * 4), *r0 = malloc((size_t)N * 4);
+        float *dx0 = emul_randn(&r, n, 1.0f), *dw0 = emul_randn(&r, (size_t)C, 1.0f), *db0 = emul_randn(&r, (size_t)C, 1.0f);
+        float *dx = up(dx0, n), *dw = up(dw0, (size_t)C), *db = up(db0, (size_t)C);
+        float *dX = up(x, n), *dW = up(w, (size_t)C), *dB = up(b, (size_t)C), *dDY = up(dy, n), *dY = up(x, n);
+        float *dM = up(m0, (size_t)N), *dR = up(r0, (size_t)N);
+        /* RMSNorm (tolerances: test_cuda_host t_rmsnorm_vs_cpu) */
+        sp_rmsnorm_forward(y0, r0, x, w, N, C, 1e-5f);
+        OK(sp_cuda_rmsnorm_fwd(cu, dY, dR, dX, dW, N, C, 1e-5f, E));
+        float *y1 = down(dY, n), *r1 = down(dR, (size_t)N);
+        CLOSE(y1, y0, n, 1e-6, 1e-5, "rmsnorm forward");
+        CLOSE(r1, r0, (size_t)N, 0, 1e-5, "rmsnorm rstd");
+        sp_rmsnorm_backward(dx0, dw0, dy, x, w, r0, N, C);
+        OK(sp_cuda_rmsnorm_bwd(cu, dx, dw, dDY, dX, dW, dR, N, C, E));
+        float *dx1 = down(dx, n), *dw1 = down(dw, (size_t)C);
+        CLOSE(dx1, dx0, n, 1e-5, 1e-5, "rmsnorm dinp");
+        CLOSE(dw1, dw0, (size_t)C, 1e-5, 1e-5, "rmsnorm dw");
+        free(y1), free(r1), free(dx1), free(dw1);
+        /* LayerNorm, affine (t_layernorm_vs_cpu) */
+        sp_layernorm_forward(y0, m0, r0, x, w, b, N, C, 1e-5f);
+        OK(sp_cuda_layernorm_fwd(cu, dY, dM, dR, dX, dW, dB, N, C, 1e-5f, E));
+        y1 = down(dY, n);
+        float *m1 = down(dM, (size_t)N);
+        CLOSE(y1, y0, n, 1e-5, 1e-5, "layernorm forward");
+        CLOSE(m1, m0, (size_t)N, 1e-6, 1e-5, "layernorm mean");
+        dx1 = down(dx, n), dw1 = down(dw, (size_t)C);
+        float *db1 = down(db, (size_t)C);
+        memcpy(dx0, dx1, n * 4), memcpy(dw0, dw1, (size_t)C * 4), memcpy(db0, db1, (size_t)C * 4);
+        sp_layernorm_backward(dx0, dw0, db0, dy, x, w, m0, r0, N, C);
+        OK(sp_cuda_layernorm_bwd(cu, dx, dw, db, dDY, dX, dW, dM, dR, N, C, E));
+        free(dx1), free(dw1), free(db1);
+        dx1 = down(dx, n), dw1 = down(dw, (size_t)C), db1 = down(db, (size_t)C);
+        CLOSE(dx1, dx0, n, 1e-5, 1e-5, "layernorm dinp");
+        CLOSE(dw1, dw0, (size_t)C, 1e-5, 1e-5, "layernorm dw");
+        CLOSE(db1, db0, (size_t)C, 1e-5, 1e-5, "layernorm db");
+        /* in place, no affine parameters */
+        sp_layernorm_forward(y0, m0, r0, x, NULL, NULL, N, C, 1e-5f);
+        OK(sp_cuda_layernorm_fwd(cu, dX, dM, dR, dX, NULL, NULL, N, C, 1e-5f, E));
+        free(y1);
+        y1 = down(dX, n);
+        CLOSE(y1, y0, n, 1e-5, 1e-5, "layernorm in place");
+        free(x), free(w), free(b), free(dy), free(y0), free(m0), free(r0), free(dx0), free(dw0), free(db0);
+        free(y1), free(m1), free(dx1), free(dw1), free(db1);
+        void *bufs[] = {dx, dw, db, dX, dW, dB, dDY, dY, dM, dR};
+        for (int i = 0; i < 10; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
 }
 END_TEST
 
+START_TEST(t_rope_gpu)
+{
+    sp_config cfg = {.head_dim = 128, .rope_theta = 500000.0, .rope_type = SP_ROPE_LLAMA3, .rope_factor = 8.0,
+                     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0, .rope_orig_max_pos = 8192};
+    sp_rope rope;
+    ck_assert_int_eq(sp_rope_init(&rope, &cfg, NULL), SP_OK);
+    int B = 2, T = 5, nh = 3, hd = 128, half = 64, pos0 = 8190;
+    size_t n = (size_t)B * T * nh * hd;
+    sp_rng r;
+    sp_rng_seed(&r, 42);
+    float *cs = malloc((size_t)T * half * 4), *sn = malloc((size_t)T * half * 4);
+    sp_rope_tables(&rope, pos0, T, cs, sn);
+    float *x = emul_randn(&r, n, 1.0f), *y0 = malloc(n * 4), *d0 = emul_randn(&r, n, 1.0f);
+    float *dX = up(x, n), *dD = up(d0, n), *dF = up(rope.inv_freq, (size_t)half);
+    sp_rope_forward(y0, x, cs, sn, B, T, nh, hd);
+    sp_rope_backward(d0, x, cs, sn, B, T, nh, hd);
+    OK(sp_cuda_rope_bwd(cu, dD, dX, dF, pos0, B, T, nh, hd, E));
+    OK(sp_cuda_rope_fwd(cu, dX, dX, dF, pos0, B, T, nh, hd, E)); /* in place */
+    float *y1 = down(dX, n), *d1 = down(dD, n);
+    CLOSE(y1, y0, n, 1e-6, 1e-6, "rope forward"); /* t_rope_vs_cpu */
+    CLOSE(d1, d0, n, 1e-6, 1e-6, "rope backward");
+    sp_err err = {0};
+    ck_assert_int_eq(sp_cuda_rope_fwd(cu, dX, dX, dF, 0, B, T, nh, 7, &err), SP_ERR_ARG); /* odd head dim */
+    free(cs), free(sn), free(x), free(y0), free(d0), free(y1), free(d1);
+    sp_cuda_free(cu, dX), sp_cuda_free(cu, dD), sp_cuda_free(cu, dF);
+}
+END_TEST
+
+/* ALiBi added to prefill scores on the device equals the host emulation, which t_attn_prefill_vs_cpu checks
+ * against sp_attention_forward; exact (one product and one sum an element). */
+START_TEST(t_alibi_gpu)
+{
+    int B = 2, nh = 6, T = 5, past = 3, S = past + T;
+    size_t n = (size_t)B * nh * T * S;
+    float slopes[6];
+    sp_alibi_slopes(slopes, nh);
+    sp_rng r;
+    sp_rng_seed(&r, 43);
+    float *p0 = emul_randn(&r, n, 1.0f), *dP = up(p0, n), *dS = up(slopes, 6);
+    emul_alibi_add(p0, slopes, B, nh, T, S, past);
+    OK(sp_cuda_alibi_add(cu, dP, dS, B, nh, T, S, past, E));
+    float *p1 = down(dP, n);
+    ck_assert_mem_eq(p1, p0, n * 4);
+    free(p0), free(p1), sp_cuda_free(cu, dP), sp_cuda_free(cu, dS);
+}
+END_TEST
+
+START_TEST(t_activations_gpu)
+{
+    size_t n = 1000003; /* more than one grid's worth of elements per thread is not needed, an odd tail is */
+    sp_rng r;
+    sp_rng_seed(&r, 44);
+    float *x = emul_randn(&r, n, 4.0f), *u = emul_randn(&r, n, 1.0f), *dy = emul_randn(&r, n, 1.0f);
+    float *y0 = malloc(n * 4), *a0 = emul_randn(&r, n, 1.0f), *b0 = emul_randn(&r, n, 1.0f);
+    float *dX = up(x, n), *dU = up(u, n), *dDY = up(dy, n), *dY = up(y0, n), *dA = up(a0, n), *dB = up(b0, n);
+    sp_swiglu_forward(y0, x, u, (long)n);
+    OK(sp_cuda_swiglu_fwd(cu, dY, dX, dU, (long)n, E));
+    float *y1 = down(dY, n);
+    CLOSE(y1, y0, n, 1e-30, 5e-7, "swiglu"); /* t_activations_vs_cpu */
+    free(y1);
+    sp_swiglu_backward(a0, b0, dy, x, u, (long)n);
+    OK(sp_cuda_swiglu_bwd(cu, dA, dB, dDY, dX, dU, (long)n, E));
+    float *a1 = down(dA, n), *b1 = down(dB, n);
+    CLOSE(a1, a0, n, 1e-6, 1e-6, "swiglu dgate");
+    CLOSE(b1, b0, n, 1e-6, 1e-6, "swiglu dup");
+    free(a1), free(b1);
+    for (int tanh_approx = 0; tanh_approx < 2; tanh_approx++) {
+        (tanh_approx ? sp_gelu_tanh_forward : sp_gelu_forward)(y0, x, (long)n);
+        OK(sp_cuda_gelu_fwd(cu, dY, dX, (long)n, tanh_approx, E));
+        y1 = down(dY, n);
+        CLOSE(y1, y0, n, 1e-6, 1e-6, tanh_approx ? "gelu_tanh" : "gelu");
+        free(y1);
+        (tanh_approx ? sp_gelu_tanh_backward : sp_gelu_backward)(a0, dy, x, (long)n);
+        OK(sp_cuda_gelu_bwd(cu, dA, dDY, dX, (long)n, tanh_approx, E));
+        a1 = down(dA, n);
+        CLOSE(a1, a0, n, 1e-6, 1e-6, tanh_approx ? "gelu_tanh backward" : "gelu backward");
+        free(a1);
+    }
+    free(x), free(u), free(dy), free(y0), free(a0), free(b0);
+    void *bufs[] = {dX, dU, dDY, dY, dA, dB};
+    for (int i = 0; i < 6; i++)
+        sp_cuda_free(cu, bufs[i]);
+}
+END_TEST
+
+START_TEST(t_embedding_crossentropy_gpu)
+{
+    int V = 32000, N = 4, C = 33;
+    sp_rng r;
+    sp_rng_seed(&r, 45);
+    float *table = emul_randn(&r, (size_t)V * C, 1.0f), *e0 = malloc((size_t)N * C * 4);
+    int32_t ids[4] = {0, V - 1, 17, 17}, tg[4] = {3, V - 1, -1, 100};
+    float *dT = up(table, (size_t)V * C), *dE = up(e0, (size_t)N * C);
+    int32_t *dI = up_bytes(ids, sizeof ids), *dG = up_bytes(tg, sizeof tg);
+    sp_embedding_forward(e0, ids, table, N, C);
+    OK(sp_cuda_embedding_fwd(cu, dE, dI, dT, V, N, C, E));
+    float *e1 = down(dE, (size_t)N * C);
+    ck_assert_mem_eq(e1, e0, (size_t)N * C * 4); /* a copy */
+    /* softmax and cross-entropy over the vocabulary (t_softmax_crossentropy_vs_cpu) */
+    size_t n = (size_t)N * V;
+    float *x = emul_randn(&r, n, 3.0f), *s0 = malloc(n * 4), *d0 = emul_randn(&r, n, 1.0f);
+    float dl[4] = {0.25f, 1.0f, 3.0f, -0.5f}, l0[4];
+    double rel = 5e-7 * sqrt((double)V) + 1e-6; /* t_softmax_crossentropy_vs_cpu's */
+    float *dX = up(x, n), *dS = up(s0, n), *dD = up(d0, n), *dL = up(l0, 4), *dDL = up(dl, 4);
+    sp_softmax_forward(s0, x, N, V);
+    OK(sp_cuda_softmax_fwd(cu, dS, dX, N, V, E));
+    float *s1 = down(dS, n);
+    CLOSE(s1, s0, n, 1e-9, rel, "softmax");
+    sp_crossentropy_forward(l0, x, tg, N, V);
+    OK(sp_cuda_crossentropy_fwd(cu, dL, dX, dG, N, V, E));
+    float *l1 = down(dL, 4);
+    CLOSE(l1, l0, 4, 1e-5, rel, "cross-entropy");
+    sp_crossentropy_backward(d0, dl, x, tg, N, V);
+    OK(sp_cuda_crossentropy_bwd(cu, dD, dDL, dX, dG, N, V, E));
+    float *d1 = down(dD, n);
+    CLOSE(d1, d0, n, 1e-6, rel, "cross-entropy backward");
+    /* ids and targets outside the vocabulary are errors, and the context stays usable */
+    sp_err err = {0};
+    ids[2] = V;
+    sp_cuda_upload(cu, dI, ids, sizeof ids, &err);
+    ck_assert_int_eq(sp_cuda_embedding_fwd(cu, dE, dI, dT, V, N, C, &err), SP_ERR_ARG);
+    ck_assert_msg(strstr(err.msg, "outside the vocabulary") != NULL, "%s", err.msg);
+    tg[0] = V;
+    sp_cuda_upload(cu, dG, tg, sizeof tg, &err);
+    ck_assert_int_eq(sp_cuda_crossentropy_fwd(cu, dL, dX, dG, N, V, &err), SP_ERR_ARG);
+    OK(sp_cuda_softmax_fwd(cu, dS, dX, N, V, E));
+    OK(sp_cuda_sync(cu, E));
+    free(table), free(e0), free(e1), free(x), free(s0), free(d0), free(s1), free(l1), free(d1);
+    void *bufs[] = {dT, dE, dI, dG, dX, dS, dD, dL, dDL};
+    for (int i = 0; i < 9; i++)
+        sp_cuda_free(cu, bufs[i]);
+}
+END_TEST
+
+/* Every encoding uploaded, decoded (bit for bit sp_qmat_row's values) and multiplied: B <= 8 by the fused decode
+ * kernel, B > 8 through cuBLAS on decoded tiles; against the decoded matrix times x in double. */
+START_TEST(t_weights_gpu)
+{
+    const int shapes[][2] = {{17, 33}, {300, 130}, {4096, 4096}};
+    sp_rng r;
+    sp_rng_seed(&r, 46);
+    for (int t = 0; t < SP_W__COUNT; t++)
+        for (int k = 0; k < 3; k++) {
+            int rows = shapes[k][0], C = shapes[k][1];
+            float *w = emul_randn(&r, (size_t)rows * C, 0.05f);
+            sp_qmat m;
+            ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, C, NULL), SP_OK);
+            sp_cuda_wmat dw;
+            OK(sp_cuda_wmat_upload(cu, &dw, &m, E));
+            float *dec = malloc((size_t)rows * C * 4), *dDec = NULL;
+            for (int i = 0; i < rows; i++)
+                sp_qmat_row(&m, i, dec + (size_t)i * C);
+            OK(sp_cuda_alloc(cu, (void **)&dDec, (size_t)rows * C * 4, E));
+            OK(sp_cuda_dequant(cu, dDec, &dw, 0, rows, E));
+            float *dec1 = down(dDec, (size_t)rows * C);
+            ck_assert_mem_eq(dec1, dec, (size_t)rows * C * 4);
+            const int Bs[] = {1, 8, 9, 64};
+            for (int j = 0; j < (k == 2 ? 3 : 4); j++) { /* 4096 x 4096: the reference in double costs */
+                int B = Bs[j];
+                float *x = emul_randn(&r, (size_t)B * C, 1.0f), *y0 = malloc((size_t)B * rows * 4);
+                float *tol = malloc((size_t)B * rows * 4);
+                for (int b = 0; b < B; b++)
+                    for (int i = 0; i < rows; i++) {
+                        double s = 0, a = 0;
+                        for (int c = 0; c < C; c++) {
+                            double p = (double)dec[(size_t)i * C + c] * x[(size_t)b * C + c];
+                            s += p, a += fabs(p);
+                        }
+                        y0[(size_t)b * rows + i] = (float)s;
+                        tol[(size_t)b * rows + i] = (float)(a * 1e-5 + 1e-30); /* f32 accumulation of C terms */
+                    }
+                float *dXb = up(x, (size_t)B * C), *dYb = NULL;
+                OK(sp_cuda_alloc(cu, (void **)&dYb, (size_t)B * rows * 4, E));
+                OK(sp_cuda_wmat_mul(cu, &dw, dXb, dYb, B, E));
+                float *y1 = down(dYb, (size_t)B * rows);
+                for (size_t i = 0; i < (size_t)B * rows; i++)
+                    ck_assert_msg(fabs((double)y1[i] - y0[i]) <= tol[i], "%s [%d, %d] B %d: %g vs %g",
+                                  sp_wtype_name(m.type), rows, C, B, (double)y1[i], (double)y0[i]);
+                free(x), free(y0), free(tol), free(y1), sp_cuda_free(cu, dXb), sp_cuda_free(cu, dYb);
+            }
+            free(w), free(dec), free(dec1), sp_cuda_free(cu, dDec);
+            sp_cuda_wmat_free(cu, &dw);
+            sp_qmat_free(&m);
+        }
+}
+END_TEST
+
+/* cuBLAS through the plans: f32, bf16 and fp16 operands (cast on the device), fp32 accumulation, within
+ * emul_gemm_tol(t) of sum |x w| (t_gemm_plans_vs_cpu checks those bounds hold for the rounding alone). */
+START_TEST(t_gemm_gpu)
+{
+    const int shapes[][3] = {{5, 33, 17}, {1024, 4096, 512}};
+    sp_rng r;
+    sp_rng_seed(&r, 47);
+    for (int k = 0; k < 2; k++) {
+        int N = shapes[k][0], in = shapes[k][1], out = shapes[k][2];
+        float *X = emul_randn(&r, (size_t)N * in, 1.0f), *W = emul_randn(&r, (size_t)out * in, 1.0f);
+        float *y0 = malloc((size_t)N * out * 4), *scale = malloc((size_t)N * out * 4);
+        sp_linear_forward(y0, X, W, NULL, N, in, out);
+        emul_linear_scale(scale, X, W, N, in, out);
+        float *dX = up(X, (size_t)N * in), *dW = up(W, (size_t)out * in), *dY = NULL;
+        void *hX = NULL, *hW = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&dY, (size_t)N * out * 4, E));
+        OK(sp_cuda_alloc(cu, &hX, (size_t)N * in * 2, E));
+        OK(sp_cuda_alloc(cu, &hW, (size_t)out * in * 2, E));
+        for (int t = SP_CU_F32; t <= SP_CU_F16; t++) {
+            if (t != SP_CU_F32) {
+                OK(sp_cuda_f32_to(cu, hX, dX, (long)N * in, (sp_cu_dtype)t, E));
+                OK(sp_cuda_f32_to(cu, hW, dW, (long)out * in, (sp_cu_dtype)t, E));
+            }
+            OK(sp_cuda_linear(cu, dY, t == SP_CU_F32 ? (void *)dX : hX, t == SP_CU_F32 ? (void *)dW : hW,
+                              (sp_cu_dtype)t, N, in, out, 0, E));
+            float *y1 = down(dY, (size_t)N * out);
+            for (size_t i = 0; i < (size_t)N * out; i++)
+                ck_assert_msg(fabs((double)y1[i] - y0[i]) <= emul_gemm_tol((sp_cu_dtype)t) * scale[i],
+                              "dtype %d [%d, %d, %d] at %zu: %g vs %g", t, N, in, out, i, (double)y1[i], (double)y0[i]);
+            free(y1);
+        }
+        /* backward in f32: dX += dY W, dW += dY^T X */
+        float *g = emul_randn(&r, (size_t)N * out, 1.0f), *gx0 = calloc((size_t)N * in, 4), *gw0 = calloc((size_t)out * in, 4);
+        float *dG = up(g, (size_t)N * out), *dGX = up(gx0, (size_t)N * in), *dGW = up(gw0, (size_t)out * in);
+        sp_linear_backward(gx0, gw0, NULL, g, X, W, N, in, out);
+        OK(sp_cuda_linear_dx(cu, dGX, dG, dW, SP_CU_F32, N, in, out, E));
+        OK(sp_cuda_linear_dw(cu, dGW, dG, dX, SP_CU_F32, N, in, out, E));
+        float *gx1 = down(dGX, (size_t)N * in), *gw1 = down(dGW, (size_t)out * in);
+        CLOSE(gx1, gx0, (size_t)N * in, 1e-4 * sqrt((double)out), 1e-5, "linear dX");
+        CLOSE(gw1, gw0, (size_t)out * in, 1e-4 * sqrt((double)N), 1e-5, "linear dW");
+        free(X), free(W), free(y0), free(scale), free(g), free(gx0), free(gw0), free(gx1), free(gw1);
+        void *bufs[] = {dX, dW, dY, hX, hW, dG, dGX, dGW};
+        for (int i = 0; i < 8; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
+/* Decode attention over a cache filled by sp_cuda_kv_append: MHA, GQA, MQA, with ALiBi, short and long. */
+START_TEST(t_attn_decode_gpu)
+{
+    const int kvh[] = {8, 2, 1}, lens[] = {1, 300, 2049};
+    float slopes[8];
+    sp_alibi_slopes(slopes, 8);
+    sp_rng r;
+    sp_rng_seed(&r, 48);
+    for (int a = 0; a < 3; a++)
+        for (int l = 0; l < 3; l++) {
+            int B = 2, nh = 8, nkv = kvh[a], hd = 128, len = lens[l], cap = len + 5, row = nkv * hd, al = l == 1;
+            size_t nq = (size_t)B * nh * hd, nk = (size_t)B * cap * row;
+            float *q = emul_randn(&r, nq, 1.0f), *kc = emul_randn(&r, nk, 1.0f), *vc = emul_randn(&r, nk, 1.0f);
+            float *o0 = malloc(nq * 4), *probs = malloc((size_t)len * 4);
+            sp_attn_dims d = {.B = B, .T = 1, .S = len, .past = len - 1, .nh = nh, .nkv = nkv, .hd = hd,
+                              .kv_cap = cap, .alibi = al ? slopes : NULL};
+            sp_attention_forward(o0, probs, q, kc, vc, &d);
+            /* the cache on the device: the first len - 1 positions copied, the last appended as a step would */
+            float *dK = up(kc, nk), *dV = up(vc, nk), *dQ = up(q, nq), *dO = NULL, *dS = up(slopes, 8);
+            float *step = malloc((size_t)B * row * 4);
+            for (int b = 0; b < B; b++)
+                memcpy(step + (size_t)b * row, kc + ((size_t)b * cap + len - 1) * row, (size_t)row * 4);
+            float *dStep = up(step, (size_t)B * row);
+            OK(sp_cuda_zero(cu, dK, nk * 4, E));
+            for (int b = 0; b < B; b++) /* positions 0 .. len - 2 of each row */
+                OK(sp_cuda_upload(cu, dK + (size_t)b * cap * row, kc + (size_t)b * cap * row,
+                                  (size_t)(len - 1) * row * 4, E));
+            OK(sp_cuda_kv_append(cu, dK, dStep, B, 1, cap, len - 1, row, E));
+            OK(sp_cuda_alloc(cu, (void **)&dO, nq * 4, E));
+            OK(sp_cuda_attn_decode(cu, dO, dQ, dK, dV, al ? dS : NULL, B, nh, nkv, hd, cap, len, E));
+            float *o1 = down(dO, nq);
+            CLOSE(o1, o0, nq, 1e-5, 1e-5, "decode attention"); /* t_attn_decode_vs_cpu */
+            sp_err err = {0};
+            ck_assert_int_eq(sp_cuda_kv_append(cu, dK, dStep, B, 6, cap, len, row, &err), SP_ERR_ARG); /* overflow */
+            free(q), free(kc), free(vc), free(o0), free(probs), free(step), free(o1);
+            void *bufs[] = {dK, dV, dQ, dO, dS, dStep};
+            for (int i = 0; i < 6; i++)
+                sp_cuda_free(cu, bufs[i]);
+        }
+}
+END_TEST
+
+/* Prefill attention (cuBLAS scores and outputs, ALiBi, causal softmax): MHA without ALiBi and a short prefix, GQA
+ * with ALiBi over a long prompt, MQA; probabilities and outputs (t_attn_prefill_vs_cpu's tolerances). */
+START_TEST(t_attn_prefill_gpu)
+{
+    const int cases[][3] = {{8, 5, 3}, {2, 300, 0}, {1, 64, 17}}; /* kv heads, T, past */
+    float slopes[8];
+    sp_alibi_slopes(slopes, 8);
+    sp_rng r;
+    sp_rng_seed(&r, 49);
+    for (int k = 0; k < 3; k++) {
+        int B = 2, nh = 8, nkv = cases[k][0], T = cases[k][1], past = cases[k][2], hd = 64, cap = past + T + 3;
+        const float *al = k == 1 ? slopes : NULL;
+        emul_attn c;
+        emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, cap, al);
+        float *dQ = up(c.q, c.nq), *dK = up(c.kc, c.nk), *dV = up(c.vc, c.nk), *dS = up(slopes, 8), *dO = NULL,
+              *dP = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&dO, c.nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dP, c.np * 4, E));
+        OK(sp_cuda_attn_prefill(cu, dO, dP, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap, E));
+        float *o1 = down(dO, c.nq), *p1 = down(dP, c.np);
+        CLOSE(p1, c.probs, c.np, 1e-6, 1e-5, "prefill probabilities");
+        CLOSE(o1, c.out, c.nq, 1e-5, 1e-5, "prefill attention output");
+        free(o1), free(p1);
+        emul_attn_free(&c);
+        void *bufs[] = {dQ, dK, dV, dS, dO, dP};
+        for (int i = 0; i < 6; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
+/* The attention backward on the device from the device's own forward: GQA over a prefix and MQA over a long prompt,
+ * against sp_attention_backward from the CPU's probabilities (t_attn_backward_vs_cpu's tolerances). */
+START_TEST(t_attn_backward_gpu)
+{
+    const int cases[][3] = {{2, 7, 9}, {1, 256, 0}}; /* kv heads, T, past */
+    sp_rng r;
+    sp_rng_seed(&r, 50);
+    for (int k = 0; k < 2; k++) {
+        int B = 2, nh = 8, nkv = cases[k][0], T = cases[k][1], past = cases[k][2], hd = 64, cap = past + T + 1;
+        emul_attn c;
+        emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, cap, NULL);
+        size_t nq = c.nq, nk = c.nk;
+        float *g = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4);
+        float *dq0 = calloc(nq, 4), *dk0 = calloc(nk, 4), *dv0 = calloc(nk, 4);
+        sp_attention_backward(dq0, dk0, dv0, scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
+        float *dQ = up(c.q, nq), *dK = up(c.kc, nk), *dV = up(c.vc, nk), *dG = up(g, nq), *dO = NULL, *dP = NULL;
+        float *gq = NULL, *gk = NULL, *gv = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&gq, nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&gk, nk * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&gv, nk * 4, E));
+        OK(sp_cuda_zero(cu, gq, nq * 4, E));
+        OK(sp_cuda_zero(cu, gk, nk * 4, E));
+        OK(sp_cuda_zero(cu, gv, nk * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dO, nq * 4, E));
+        OK(sp_cuda_alloc(cu, (void **)&dP, c.np * 4, E));
+        OK(sp_cuda_attn_prefill(cu, dO, dP, dQ, dK, dV, NULL, B, T, past, nh, nkv, hd, cap, E));
+        OK(sp_cuda_attn_backward(cu, gq, gk, gv, dG, dP, dQ, dK, dV, B, T, past, nh, nkv, hd, cap, E));
+        float *dq1 = down(gq, nq), *dk1 = down(gk, nk), *dv1 = down(gv, nk);
+        CLOSE(dq1, dq0, nq, 1e-5, 1e-5, "attention dq");
+        CLOSE(dk1, dk0, nk, 1e-5, 1e-5, "attention dk");
+        CLOSE(dv1, dv0, nk, 1e-5, 1e-5, "attention dv");
+        free(g), free(scratch), free(dq0), free(dk0), free(dv0), free(dq1), free(dk1), free(dv1);
+        emul_attn_free(&c);
+        void *bufs[] = {dQ, dK, dV, dG, dO, dP, gq, gk, gv};
+        for (int i = 0; i < 9; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
+/* Bad shapes and impossible allocations are errors that leave the context usable. */
+START_TEST(t_errors_gpu)
+{
+    sp_err err = {0};
+    void *p = NULL;
+    ck_assert_int_eq(sp_cuda_alloc(cu, &p, (size_t)1 << 62, &err), SP_ERR_NOMEM);
+    ck_assert_ptr_null(p);
+    ck_assert_int_eq(sp_cuda_rmsnorm_fwd(cu, NULL, NULL, NULL, NULL, 0, 5, 1e-5f, &err), SP_ERR_ARG);
+    ck_assert_int_eq(sp_cuda_attn_decode(cu, NULL, NULL, NULL, NULL, NULL, 1, 6, 4, 8, 10, 3, &err), SP_ERR_ARG);
+    ck_assert_int_eq(sp_cuda_attn_decode(cu, NULL, NULL, NULL, NULL, NULL, 1, 8, 4, 8, 10, 11, &err), SP_ERR_ARG);
+    sp_gemm_plan bad = sp_gemm_plan_linear(4, 8, 8, 0);
+    bad.lda = 2;
+    ck_assert_int_eq(sp_cuda_gemm(cu, &bad, NULL, NULL, NULL, SP_CU_F32, &err), SP_ERR_ARG);
+    size_t fr = 0, tot = 0;
+    OK(sp_cuda_meminfo(cu, &fr, &tot, E));
+    ck_assert(fr > 0 && fr <= tot);
+    OK(sp_cuda_alloc(cu, &p, 1024, E));
+    OK(sp_cuda_zero(cu, p, 1024, E));
+    OK(sp_cuda_sync(cu, E));
+    sp_cuda_free(cu, p);
+}
+END_TEST
 /* ---------------------------------------------------------------------------------------------- */
 /* optimiser kernels (cuda/optim.cu) against the CPU specification (client/train/optim.c) */
 
@@ -47,32 +505,19 @@ static double max_rel_diff(const float *a, const float *b, size_t n, double floo
     return worst;
 }
 
-static float *rnd(sp_rng *r, size_t n, float sd)
-{
-    float *x = malloc(n * sizeof(float));
-    sp_rng_fill_normal(r, x, (long)n, sd);
-    return x;
-}
-
-static float *dup_f(const float *x, size_t n)
-{
-    float *y = malloc(n * sizeof(float));
-    memcpy(y, x, n * sizeof(float));
-    return y;
-}
 
 START_TEST(t_adamw_update_matches_cpu)
 {
     sp_rng r;
     sp_rng_seed(&r, 11);
     size_t n = BIG;
-    float *p = rnd(&r, n, 1.0f), *m = rnd(&r, n, 0.01f), *v = rnd(&r, n, 0.001f);
+    float *p = emul_randn(&r, n, 1.0f), *m = emul_randn(&r, n, 0.01f), *v = emul_randn(&r, n, 0.001f);
     for (size_t i = 0; i < n; i++)
         v[i] = v[i] * v[i]; /* second moments are >= 0 */
-    float *pc = dup_f(p, n), *mc = dup_f(m, n), *vc = dup_f(v, n);
+    float *pc = emul_dup(p, n), *mc = emul_dup(m, n), *vc = emul_dup(v, n);
     sp_err err = {0};
     for (int t = 1; t <= 5; t++) {
-        float *g = rnd(&r, n, 0.1f);
+        float *g = emul_randn(&r, n, 0.1f);
         sp_adamw_update_cpu(pc, g, mc, vc, (int64_t)n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t);
         ck_assert_msg(sp_cuda_adamw_update(p, g, m, v, (int64_t)n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t, &err) == SP_OK,
                       "%s", err.msg);
@@ -90,7 +535,7 @@ START_TEST(t_unscale_check_matches_cpu)
     sp_rng r;
     sp_rng_seed(&r, 12);
     size_t n = BIG;
-    float *g = rnd(&r, n, 1000.0f), *gc = dup_f(g, n);
+    float *g = emul_randn(&r, n, 1000.0f), *gc = emul_dup(g, n);
     sp_err err = {0};
     int found = -1;
     ck_assert_msg(sp_cuda_unscale_check(g, (int64_t)n, 1.0f / 1024.0f, &found, &err) == SP_OK, "%s", err.msg);
@@ -126,7 +571,7 @@ START_TEST(t_sumsq_matches_cpu)
     const size_t sizes[] = {1, 255, 257, 4099, BIG};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         size_t n = sizes[k];
-        float *g = rnd(&r, n, 0.5f);
+        float *g = emul_randn(&r, n, 0.5f);
         double gpu = -1, cpu = sp_sumsq_cpu(g, (int64_t)n);
         sp_err err = {0};
         ck_assert_msg(sp_cuda_sumsq(g, (int64_t)n, &gpu, &err) == SP_OK, "%s", err.msg);
@@ -157,9 +602,9 @@ START_TEST(t_optim_step_matches_cpu)
     sp_rng_seed(&r, 14);
     sp_t *cp[NP], *gp[NP];
     for (int k = 0; k < NP; k++) {
-        float *d = rnd(&r, (size_t)sizes[k], 1.0f);
+        float *d = emul_randn(&r, (size_t)sizes[k], 1.0f);
         cp[k] = mk_leaf(d, sizes[k]);
-        gp[k] = mk_leaf(dup_f(d, (size_t)sizes[k]), sizes[k]);
+        gp[k] = mk_leaf(emul_dup(d, (size_t)sizes[k]), sizes[k]);
     }
     sp_adamw_opts o;
     sp_adamw_opts_default(&o);
@@ -186,7 +631,7 @@ START_TEST(t_optim_step_matches_cpu)
         for (int k = 0; k < NP; k++) {
             /* step 5: the scalar parameter gets no grad (left alone on both) */
             int none = s == 5 && k == 2;
-            float *g = rnd(&r, (size_t)sizes[k], s == 2 ? 1.0f : 0.2f); /* step 2: clipped */
+            float *g = emul_randn(&r, (size_t)sizes[k], s == 2 ? 1.0f : 0.2f); /* step 2: clipped */
             for (int64_t i = 0; i < sizes[k]; i++)
                 g[i] *= scale;
             if (s == 4 && k == 1)
@@ -248,13 +693,33 @@ int main(void)
     sp_cuda_device_name(name, sizeof name);
     printf("test_cuda: running on %s\n", name);
     setenv("CK_FORK", "no", 1); /* a CUDA context made before fork() is unusable in the child */
+    sp_err err = {0};
+    if (sp_cuda_open(&cu, 0, &err) != SP_OK) {
+        fprintf(stderr, "test_cuda: %s\n", err.msg);
+        return 1;
+    }
     Suite *s = suite_create("cuda");
-    TCase *tc = tcase_create("kernels_vs_cpu");
-    tcase_add_test(tc, t_rmsnorm_matches_cpu);
+    TCase *tk = tcase_create("block_kernels_vs_cpu");
+    tcase_set_timeout(tk, 300);
+    tcase_add_test(tk, t_norms_gpu);
+    tcase_add_test(tk, t_rope_gpu);
+    tcase_add_test(tk, t_alibi_gpu);
+    tcase_add_test(tk, t_activations_gpu);
+    tcase_add_test(tk, t_embedding_crossentropy_gpu);
+    tcase_add_test(tk, t_weights_gpu);
+    tcase_add_test(tk, t_gemm_gpu);
+    tcase_add_test(tk, t_attn_decode_gpu);
+    tcase_add_test(tk, t_attn_prefill_gpu);
+    tcase_add_test(tk, t_attn_backward_gpu);
+    tcase_add_test(tk, t_errors_gpu);
+    suite_add_tcase(s, tk);
+    TCase *tc = tcase_create("optimiser_vs_cpu");
     tcase_add_test(tc, t_adamw_update_matches_cpu);
     tcase_add_test(tc, t_unscale_check_matches_cpu);
     tcase_add_test(tc, t_sumsq_matches_cpu);
     tcase_add_test(tc, t_optim_step_matches_cpu);
     suite_add_tcase(s, tc);
-    return sp_test_run(s);
+    int rc = sp_test_run(s);
+    sp_cuda_close(cu);
+    return rc;
 }

@@ -7,11 +7,7 @@
 #include <sys/types.h>
 
 #include "runtime_types.h"
-
-/* Runs one suite and returns the process exit status (non-zero on any failure). */
-int sp_test_run(Suite *s);
-/* max |a - b| over n elements. */
-double sp_max_abs_diff(const float *a, const float *b, size_t n);
+#include "testrun.h" /* sp_test_run, sp_max_abs_diff */
 /* Writes `n` bytes to a fresh file under a per-test temp dir; returns its path (static buffer rotation). */
 const char *sp_test_write_file(const char *name, const void *data, size_t n);
 /* The JSON of a file of at most 1 MiB (fails the test when it cannot be read or is not JSON); cJSON_Delete it. */

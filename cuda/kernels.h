@@ -1,0 +1,118 @@
+/* kernels.h - the block's fused kernels on the device: norms, RoPE, ALiBi, activations, embedding, softmax and
+ * cross-entropy, weight decoding (int8 / NF4 / bf16) and the decode products, decode attention over a KV cache.
+ *
+ * Every pointer is device memory; every call queues work on the context's stream and returns (a fault shows
+ * at the next sync), except where it says it syncs. Each op computes what its CPU reference in core/ computes
+ * (named beside it), with the arithmetic of kmath.h; the names, argument order and accumulate-into-gradients
+ * convention are core/ops.h's (backward calls ADD into their gradients; NULL: not wanted). Shapes are
+ * checked (SP_ERR_ARG). */
+#ifndef SEPAL_CUDA_KERNELS_H
+#define SEPAL_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_backend.h"
+#include "kmath.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "kern.h" /* a C header without linkage guards of its own */
+
+/* sp_rmsnorm_forward / _backward (rstd [N] may be NULL in the forward) */
+sp_status sp_cuda_rmsnorm_fwd(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                              float eps, sp_err *err);
+sp_status sp_cuda_rmsnorm_bwd(sp_cuda *cu, float *dinp, float *dw, const float *dout, const float *inp,
+                              const float *w, const float *rstd, int N, int C, sp_err *err);
+/* sp_layernorm_forward / _backward (w, b may be NULL: ones, zeros) */
+sp_status sp_cuda_layernorm_fwd(sp_cuda *cu, float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                const float *b, int N, int C, float eps, sp_err *err);
+sp_status sp_cuda_layernorm_bwd(sp_cuda *cu, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                const float *w, const float *mean, const float *rstd, int N, int C, sp_err *err);
+
+/* sp_rope_forward / _backward on x [B, T, nh, hd] at positions pos0 .. pos0 + T - 1; the angles come from
+ * inv_freq [hd / 2] (sp_rope's, llama3 or linear scaling already applied, uploaded) instead of host tables.
+ * out may equal inp. */
+sp_status sp_cuda_rope_fwd(sp_cuda *cu, float *out, const float *inp, const float *inv_freq, int pos0, int B, int T,
+                           int nh, int hd, sp_err *err);
+sp_status sp_cuda_rope_bwd(sp_cuda *cu, float *dinp, const float *dout, const float *inv_freq, int pos0, int B, int T,
+                           int nh, int hd, sp_err *err);
+/* ALiBi (sp_attention_forward's alibi): scores [B, nh, T, S] of queries at past + t get slopes[h] * (s - (past + t))
+ * over the visible keys s <= past + t. */
+sp_status sp_cuda_alibi_add(sp_cuda *cu, float *scores, const float *slopes, int B, int nh, int T, int S, int past,
+                            sp_err *err);
+
+/* sp_swiglu_*, sp_gelu_* (tanh_approx 0) and sp_gelu_tanh_* (tanh_approx 1) over n elements */
+sp_status sp_cuda_swiglu_fwd(sp_cuda *cu, float *out, const float *gate, const float *up, long n, sp_err *err);
+sp_status sp_cuda_swiglu_bwd(sp_cuda *cu, float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, long n, sp_err *err);
+sp_status sp_cuda_gelu_fwd(sp_cuda *cu, float *out, const float *inp, long n, int tanh_approx, sp_err *err);
+sp_status sp_cuda_gelu_bwd(sp_cuda *cu, float *dinp, const float *dout, const float *inp, long n, int tanh_approx,
+                           sp_err *err);
+
+/* sp_embedding_forward from a [V, C] table; syncs, and an id outside [0, V) is SP_ERR_ARG (its row is zeros). */
+sp_status sp_cuda_embedding_fwd(sp_cuda *cu, float *out, const int32_t *ids, const float *table, int V, int N, int C,
+                                sp_err *err);
+/* sp_softmax_forward over rows of C */
+sp_status sp_cuda_softmax_fwd(sp_cuda *cu, float *out, const float *inp, int N, int C, sp_err *err);
+/* sp_crossentropy_forward / _backward (a negative target: loss 0, no gradient); both sync, and a target >= V is
+ * SP_ERR_ARG. */
+sp_status sp_cuda_crossentropy_fwd(sp_cuda *cu, float *losses, const float *logits, const int32_t *targets, int N,
+                                   int V, sp_err *err);
+sp_status sp_cuda_crossentropy_bwd(sp_cuda *cu, float *dlogits, const float *dlosses, const float *logits,
+                                   const int32_t *targets, int N, int V, sp_err *err);
+
+/* A weight matrix on the device, in the encoding it had on the host (kern.h): f32, bf16, int8 (laid out row-major:
+ * int8 [rows, cols] and scales [rows, ceil(cols / 32)]) or NF4 (kern.c's layout). */
+typedef struct sp_cuda_wmat {
+    sp_km_w w; /* type, shape, device pointers and NF4's levels, as the kernels take it */
+    void *q;
+    float *scale;
+} sp_cuda_wmat;
+
+/* Q8 matrix m's values and scales in the device layout (host memory: rows * cols int8, rows * ceil(cols / 32)). */
+void sp_cuda_q8_rowmajor(const sp_qmat *m, int8_t *q, float *scales);
+/* NF4 matrix m in the device layout (host memory): each row ceil(cols / 64) blocks of 32 bytes, the first half of
+ * a block in the low nibbles (q: rows * that), and each block's step (scales: rows * ceil(cols / 64)); the
+ * kernels' levels are kern.c's integers, so a weight decodes to the same float. */
+sp_status sp_cuda_nf4_rowmajor(const sp_qmat *m, uint8_t *q, float *scales, sp_err *err);
+/* The kernels' view of a matrix whose values q and scales live wherever the pointers say (host: tests). */
+sp_km_w sp_cuda_km_w(sp_wtype type, int rows, int cols, const void *q, const float *scale);
+
+sp_status sp_cuda_wmat_upload(sp_cuda *cu, sp_cuda_wmat *out, const sp_qmat *m, sp_err *err);
+void sp_cuda_wmat_free(sp_cuda *cu, sp_cuda_wmat *w);
+/* out [rows, cols] f32 = rows r0 .. r0 + rows - 1 decoded (sp_qmat_row). */
+sp_status sp_cuda_dequant(sp_cuda *cu, float *out, const sp_cuda_wmat *w, int r0, int rows, sp_err *err);
+/* Y[B, rows] = X[B, cols] W^T (sp_qmat_mul): B <= 8 in one fused decode kernel (W read in place, one block a
+ * row); larger B: f32 W through cuBLAS, the others decoded a tile of rows at a time into the workspace. */
+sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, float *Y, int B, sp_err *err);
+
+/* Decode attention (sp_attention_forward with T = 1, past = len - 1): out, q [B, nh * hd]; the caches
+ * [B, cap, nkv, hd] hold len positions (the step's own included); GQA / MQA by nh / nkv; slopes [nh] for ALiBi
+ * or NULL. Scratch: B * nh * len floats of the workspace. */
+sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const float *kc, const float *vc,
+                              const float *slopes, int B, int nh, int nkv, int hd, int cap, int len, sp_err *err);
+/* Prefill / forward attention (sp_attention_forward with keep_probs): q, out [B, T, nh * hd]; the caches
+ * [B, cap, nkv, hd] hold past + T positions (this step's appended); probs [B, nh, T, past + T] receives the
+ * probabilities (kept for a backward). Scores and outputs through cuBLAS, a GEMM a head (GQA / MQA by nh / nkv),
+ * then ALiBi (slopes [nh] or NULL) and the causal softmax by kernels. */
+sp_status sp_cuda_attn_prefill(sp_cuda *cu, float *out, float *probs, const float *q, const float *kc, const float *vc,
+                               const float *slopes, int B, int T, int past, int nh, int nkv, int hd, int cap,
+                               sp_err *err);
+/* The backward of sp_cuda_attn_prefill (sp_attention_backward): from dout [B, T, nh * hd] and the forward's probs,
+ * ADDS into dq [B, T, nh * hd] and dk, dv (caches' layout [B, cap, nkv, hd]); any of the three may be NULL. Scratch:
+ * B * nh * T * (past + T) floats of the workspace. */
+sp_status sp_cuda_attn_backward(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout, const float *probs,
+                                const float *q, const float *kc, const float *vc, int B, int T, int past, int nh,
+                                int nkv, int hd, int cap, sp_err *err);
+/* The causal softmax of scores [rows, S] in place, rows = B * nh * T (sp_km_causal_len keys each, zeros after). */
+sp_status sp_cuda_causal_softmax(sp_cuda *cu, float *scores, long rows, int T, int S, int past, sp_err *err);
+/* Appends a step's keys or values x [B, T, nkv * hd] to a cache [B, cap, nkv * hd] at positions len .. len + T - 1. */
+sp_status sp_cuda_kv_append(sp_cuda *cu, float *cache, const float *x, int B, int T, int cap, int len, int row,
+                            sp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
