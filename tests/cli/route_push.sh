@@ -3,9 +3,10 @@
 # round trip to its server; pushed, the client's one-way link to the first server, each server's measured link to
 # the next (the pings in its DHT record) and the last server's back to the client. Four servers of a narrow
 # Llama-2-7B shape (6 layers of 256) behind bench/linkem relays that they --announce (so the client and the servers
-# reach each server through its relay), one-way delays: S1 0:2 10 ms, S2 2:6 60 ms, S3 2:4 40 ms, S4 4:6 30 ms.
-#   relayed: S1 -> S2 = 2 x 10 + 2 x 60 = 140 ms, S1 -> S3 -> S4 = 2 x (10 + 40 + 30) = 160 ms: S1 -> S2;
-#   pushed:  S1 -> S2 = 10 + 60 + 60 = 130 ms,      S1 -> S3 -> S4 = 10 + 40 + 30 + 30 = 110 ms: S1 -> S3 -> S4.
+# reach each server through its relay), one-way delays: S1 0:2 10 ms, S2 2:6 80 ms, S3 2:4 100 ms, S4 4:6 10 ms.
+#   relayed: S1 -> S2 = 2 x 10 + 2 x 80 = 180 ms, S1 -> S3 -> S4 = 2 x (10 + 100 + 10) = 240 ms: S1 -> S2;
+#   pushed:  S1 -> S2 = 10 + 80 + 80 = 170 ms,      S1 -> S3 -> S4 = 10 + 100 + 10 + 10 = 130 ms: S1 -> S3 -> S4.
+# (margins of 60 and 40 ms: a loaded machine adds some to each ping)
 # `route` with push off goes S1 -> S2, with push on and push auto (pings far above 1 ms) S1 -> S3 -> S4, and a
 # generation with push auto pushes its steps along that chain.
 . "$(dirname "$0")/lib.bash"
@@ -25,14 +26,14 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$TMP"' EXIT
 # (relays run in this shell, never in $(...): their pids must reach the trap)
 relays r1 10 $P1 > "$TMP/r1.ports"
-relays r2 60 $P2 > "$TMP/r2.ports"
-relays r3 40 $P3 > "$TMP/r3.ports"
-relays r4 30 $P4 > "$TMP/r4.ports"
+relays r2 80 $P2 > "$TMP/r2.ports"
+relays r3 100 $P3 > "$TMP/r3.ports"
+relays r4 10 $P4 > "$TMP/r4.ports"
 read -r A1 < "$TMP/r1.ports"
 read -r A2 < "$TMP/r2.ports"
 read -r A3 < "$TMP/r3.ports"
 read -r A4 < "$TMP/r4.ports"
-[ -n "$A1" ] && [ -n "$A2" ] && [ -n "$A3" ] && [ -n "$A4" ] && ok "relays of 10, 60, 40 and 30 ms" ||
+[ -n "$A1" ] && [ -n "$A2" ] && [ -n "$A3" ] && [ -n "$A4" ] && ok "relays of 10, 80, 100 and 10 ms" ||
     bad "linkem did not start"
 
 # server N BLOCKS DHT-ARGS...: sepal-server N on port P<N>, DHT port D<N>, announced at its relay
@@ -57,7 +58,7 @@ route() {
 via_s2="^0:2 127\.0\.0\.1:$A1 \([0-9.]+ ms\) -> 2:6 127\.0\.0\.1:$A2 \([0-9.]+ ms\)"
 via_s3="^0:2 127\.0\.0\.1:$A1 \([0-9.]+ ms\) -> 2:4 127\.0\.0\.1:$A3 \([0-9.]+ ms\) -> 4:6 127\.0\.0\.1:$A4 \([0-9.]+ ms\)"
 # the servers ping their successors soon after they see them, and publish the pings: until S1's and S3's records
-# carry them, a pushed chain guesses each switch from the client's own ping (60 + 60 ms against 40 + 30 + 30: the
+# carry them, a pushed chain guesses each switch from the client's own ping (80 + 80 ms against 100 + 10 + 10: the
 # same choice), so the route is read until the chain through S3 shows (a loaded machine may take a while to store
 # four records)
 for _ in $(seq ${ROUTE_TRIES:-60}); do
