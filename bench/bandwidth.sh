@@ -40,19 +40,9 @@ sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/benc
 export OPENBLAS_THREAD_TIMEOUT=4
 tmp="$(mktemp -d)"
 pids=()
-stop_all() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop_all; rm -rf "$tmp"' EXIT
 . bench/pairs.sh # median
-free_ports() { python3 -c "
-import socket
-ss = [socket.socket() for _ in range($1)]
-for s in ss: s.bind(('127.0.0.1', 0))
-print(' '.join(str(s.getsockname()[1]) for s in ss))"; }
+. bench/relays.sh # stop_all, free_ports
+trap 'stop_all; rm -rf "$tmp"' EXIT
 
 if [ "$hidden" = 4096 ]; then model="$models/llama-2-7b-like-8l" init=(); else
     model="$models/llama-2-7b-like-8l-h$hidden" init=(--hidden "$hidden"); fi
