@@ -1,6 +1,6 @@
 # relays.sh - bench/linkem relays for the shell benches and tests that put links between a client and servers
-# (sourced by bench/wan.sh and tests/cli/push.sh; they set `linkem` to the binary, `pids` (an array) to what they
-# stop, and `tmp` to a scratch directory).
+# (sourced by bench/wan.sh, bench/bandwidth.sh, tests/cli/push.sh and route_push.sh; they set `linkem` to the binary,
+# `pids` (an array) to what they stop, and `tmp` to a scratch directory), and the benches' stop_all and free_ports.
 
 # relays NAME DELAY PORT...: one linkem of that one-way delay (ms), a link leading to each 127.0.0.1:PORT; prints the
 # links' own ports in the same order (empty when it did not start). Its output goes to $tmp/NAME.out and .err (the
@@ -14,4 +14,21 @@ relays() {
     for _ in $(seq 100); do grep -q "^linkem: ready" "$tmp/$name.out" && break; sleep 0.05; done
     sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$tmp/$name.out" | tr '\n' ' '
     echo
+}
+
+# stop_all: stops every process in pids and waits for them.
+stop_all() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    pids=()
+}
+
+# free_ports N: N free TCP ports on 127.0.0.1, space-separated.
+free_ports() {
+    python3 -c "
+import socket
+ss = [socket.socket() for _ in range($1)]
+for s in ss: s.bind(('127.0.0.1', 0))
+print(' '.join(str(s.getsockname()[1]) for s in ss))"
 }

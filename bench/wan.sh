@@ -41,20 +41,9 @@ sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/benc
 export OPENBLAS_THREAD_TIMEOUT=4 # idle BLAS threads sleep at once (several processes share the cores)
 tmp="$(mktemp -d)"
 pids=()
-stop_all() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop_all; rm -rf "$tmp"' EXIT
 . bench/pairs.sh # median
-. bench/relays.sh # relays
-free_ports() { python3 -c "
-import socket
-ss = [socket.socket() for _ in range($1)]
-for s in ss: s.bind(('127.0.0.1', 0))
-print(' '.join(str(s.getsockname()[1]) for s in ss))"; }
+. bench/relays.sh # relays, stop_all, free_ports
+trap 'stop_all; rm -rf "$tmp"' EXIT
 # milliseconds per decode step of every "N new in S s" line of a file: S / (N - 1) (the first token is the prefill's)
 ms_per_token() { sed -n 's/^sepal: .* \([0-9]*\) new in \([0-9.]*\) s .*/\1 \2/p' "$1" | awk '{printf "%.1f\n", 1000 * $2 / ($1 - 1)}'; }
 between() { awk -v m="$2" '$0 ~ /^@@/ {on = ($0 == m); next} on' "$1"; } # the lines after marker m, to the next

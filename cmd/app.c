@@ -9,6 +9,7 @@
 #include "kern.h"
 #include "log.h"
 #include "paths.h"
+#include "proto.h"
 #include "runtime.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -111,6 +112,8 @@ sp_runtime *sp_app_runtime(sp_app *app)
     set.step_timeout_s = sp_app_num(app, SP_SET_STEP_TIMEOUT);
     const char *push = sp_app_get(app, SP_SET_PUSH);
     set.push = !strcmp(push, "on") ? SP_PUSH_ON : !strcmp(push, "off") ? SP_PUSH_OFF : SP_PUSH_AUTO;
+    int wire = sp_encoding_from_name(sp_app_get(app, SP_SET_WIRE)); /* (the setting's choices are its names) */
+    set.wire = wire >= 0 ? wire : SP_ENC_F32;
     snprintf(set.allowed, sizeof set.allowed, "%s", sp_app_get(app, SP_SET_ALLOWED_SERVERS));
     snprintf(set.blocked, sizeof set.blocked, "%s", sp_app_get(app, SP_SET_BLOCKED_SERVERS));
     sp_runtime_set_settings(app->rt, &set);

@@ -313,6 +313,34 @@ START_TEST(t_relayed)
 }
 END_TEST
 
+/* The pushed model: client -> first server, the first's measured link to the next, the last back to the client.
+ * Two candidates for the second span at the same distance from the client: the one the first server reaches in
+ * 5 ms wins over the one 40 ms away, which relaying could not tell apart; a switch with no known ping costs the
+ * client's one-way delay to the target. */
+START_TEST(t_pushed)
+{
+    const sp_route_model m = {.relayed = 0, .overhead = 0, .guess_switch = 1};
+    sp_route_span s[] = {mk(0, 0, 2, 1000), mk(1, 2, 4, 1000), mk(2, 2, 4, 1000)};
+    sp_route_next pings[] = {{.server = 1, .rtt = 0.080}, {.server = 2, .rtt = 0.010}};
+    sp_route_hop h[8];
+    double cost;
+    int miss;
+    s[0].client_rtt = s[1].client_rtt = s[2].client_rtt = 0.050;
+    s[0].next = pings, s[0].nnext = 2;
+    ck_assert_int_eq(sp_route_min_latency_model(s, 3, 0, 4, 0, &m, h, 8, &cost, &miss), 2);
+    ck_assert_int_eq(h[1].server, 2);
+    ck_assert_double_eq_tol(cost, 0.025 + 0.002 + 0.005 + 0.002 + 0.025, 1e-12);
+    pings[1].rtt = 0.120; /* now 1 is the near one */
+    sp_route_min_latency_model(s, 3, 0, 4, 0, &m, h, 8, &cost, &miss);
+    ck_assert_int_eq(h[1].server, 1);
+    s[0].nnext = 0; /* no pings known: each switch guessed at the target's client delay */
+    s[2].client_rtt = 0.030;
+    sp_route_min_latency_model(s, 3, 0, 4, 0, &m, h, 8, &cost, &miss);
+    ck_assert_int_eq(h[1].server, 2);
+    ck_assert_double_eq_tol(cost, 0.025 + 0.002 + 0.015 + 0.002 + 0.015, 1e-12);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* the exhaustive reference: the cost model of routing.h, written again from its comment */
 
@@ -425,6 +453,8 @@ static double enter(const swarm *w, int j, double rtt)
 {
     const sp_route_span *x = &w->s[j];
     int cache = w->need <= 0 || x->cache_tokens_left < 0 || w->need <= x->cache_tokens_left;
+    if (!(rtt >= 0) && ref_model.guess_switch) /* pushed: an unknown switch guessed from the client's link */
+        rtt = x->client_rtt;
     double d = ref_model.relayed ? (!(x->client_rtt >= 0) ? 0.3 : fmin(x->client_rtt, 10)) : delay(rtt);
     return d + ref_model.overhead + (cache ? 0 : 10);
 }
@@ -515,7 +545,7 @@ static void exhaustive(const sp_route_model *m, int iterations)
             avoided_used += is_avoided(&w.s[index_of(&w, h[k].server)]);
     }
     printf("exhaustive (%s): %d routed (%d over several servers, %d hops on avoided spans), %d missing\n",
-           ref_model.relayed ? "relayed" : "Petals'", routed, multi, avoided_used, missed);
+           ref_model.relayed ? "relayed" : ref_model.guess_switch ? "pushed" : "Petals'", routed, multi, avoided_used, missed);
     /* the random cases reach every kind of outcome */
     ck_assert_int_gt(routed, iterations * 2 / 3);
     ck_assert_int_gt(missed, iterations / 12);
@@ -530,6 +560,14 @@ END_TEST
 START_TEST(t_exhaustive_relayed)
 {
     sp_route_model m = {.relayed = 1, .overhead = 0.0003};
+    exhaustive(&m, 30000);
+}
+END_TEST
+
+/* The pushed model (servers pass steps on; a switch without a known ping guessed from the client's): the same. */
+START_TEST(t_exhaustive_pushed)
+{
+    sp_route_model m = {.relayed = 0, .overhead = 0, .guess_switch = 1};
     exhaustive(&m, 30000);
 }
 END_TEST
@@ -620,8 +658,10 @@ int main(void)
     tcase_add_test(tc, t_unreachable);
     tcase_add_test(tc, t_bad_input);
     tcase_add_test(tc, t_relayed);
+    tcase_add_test(tc, t_pushed);
     tcase_add_test(tc, t_exhaustive);
     tcase_add_test(tc, t_exhaustive_relayed);
+    tcase_add_test(tc, t_exhaustive_pushed);
     suite_add_tcase(s, tc);
     TCase *mt = tcase_create("max_throughput");
     tcase_add_test(mt, t_throughput_frequencies);

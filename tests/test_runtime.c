@@ -13,6 +13,7 @@
 #include "generate.h"
 #include "kern.h"
 #include "pool.h"
+#include "proto.h"
 #include "rng.h"
 #include "runtime.h"
 #include "server.h"
@@ -341,6 +342,18 @@ START_TEST(t_beams_score_at_least_greedy)
 }
 END_TEST
 
+/* Max |a - b| over max |b|. */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(b[i]));
+    return sp_max_abs_diff(a, b, n) / (m > 0 ? m : 1);
+}
+
+/* FORWARD and BACKWARD over a 2-server route equal the local engine's blocks, in each wire encoding of the
+ * hidden states and gradients (the `wire` setting: requests and replies): f32 within 1e-5, f16, bf16 and q8
+ * within their rounding compounded over the two hops (relative to the largest value: 2e-3, 1.5e-2, 5e-2). */
 START_TEST(t_forward_backward_over_route)
 {
     sp_runtime *rt = swarm_runtime();
@@ -351,29 +364,42 @@ START_TEST(t_forward_backward_over_route)
     size_t N = (size_t)B * T * H;
     sp_rng r;
     sp_rng_seed(&r, 4);
-    float *x = malloc(N * 4), *y = malloc(N * 4), *g = malloc(N * 4), *gl = malloc(N * 4);
-    float *bound = malloc(2 * N * 4), *acts = malloc(4 * N * 4);
+    float *x = malloc(N * 4), *y = malloc(N * 4), *g0 = malloc(N * 4), *g = malloc(N * 4), *gl = malloc(N * 4);
+    float *bound = malloc(2 * N * 4), *acts = malloc(4 * N * 4), *out = malloc(N * 4);
     sp_rng_fill_normal(&r, x, (long)N, 1.0f);
-    sp_rng_fill_normal(&r, g, (long)N, 1.0f);
-    memcpy(y, x, N * 4);
-    sp_route route;
-    ck_assert_int_eq(sp_runtime_route_train(rt, &route, &err), SP_OK);
-    ck_assert_int_eq(route.nstages, 2);
-    ck_assert_int_eq(sp_runtime_forward(rt, &route, y, B, T, NULL, 0, bound, NULL, &err), SP_OK);
-    /* local: the 4 blocks in a row, keeping each input */
+    sp_rng_fill_normal(&r, g0, (long)N, 1.0f);
+    /* local: the 4 blocks in a row, keeping each input, and back */
     sp_ws ws = {0};
     memcpy(acts, x, N * 4);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(sp_block_forward(&blocks->blocks[i], acts + (i + 1) * N, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
-    float *out = malloc(N * 4);
     ck_assert_int_eq(sp_block_forward(&blocks->blocks[3], out, acts + 3 * N, B, T, 0, NULL, &ws, &err), SP_OK);
-    ck_assert_double_le(sp_max_abs_diff(y, out, N), 1e-5);
-    memcpy(gl, g, N * 4);
+    memcpy(gl, g0, N * 4);
     for (int i = 3; i >= 0; i--)
         ck_assert_int_eq(sp_block_backward(&blocks->blocks[i], gl, gl, acts + i * N, B, T, 0, NULL, &ws, &err), SP_OK);
-    ck_assert_int_eq(sp_runtime_backward(rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err), SP_OK);
-    ck_assert_double_le(sp_max_abs_diff(g, gl, N), 1e-5);
-    free(x), free(y), free(g), free(gl), free(bound), free(acts), free(out);
+    const struct { int enc; double tol; } wire[] = {{SP_ENC_F32, 1e-5}, {SP_ENC_F16, 2e-3}, {SP_ENC_BF16, 1.5e-2},
+                                                     {SP_ENC_Q8, 5e-2}};
+    for (int w = 0; w < 4; w++) {
+        sp_rt_settings set;
+        sp_runtime_settings(rt, &set);
+        set.wire = wire[w].enc;
+        sp_runtime_set_settings(rt, &set);
+        sp_route route;
+        ck_assert_int_eq(sp_runtime_route_train(rt, &route, &err), SP_OK);
+        ck_assert_int_eq(route.nstages, 2);
+        memcpy(y, x, N * 4);
+        memcpy(g, g0, N * 4);
+        ck_assert_int_eq(sp_runtime_forward(rt, &route, y, B, T, NULL, 0, bound, NULL, &err), SP_OK);
+        ck_assert_int_eq(sp_runtime_backward(rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err), SP_OK);
+        double ey = rel_err(y, out, N), eg = rel_err(g, gl, N);
+        printf("wire %s: output error %.2e, gradient error %.2e (relative to the largest value)\n",
+               sp_encoding_name(wire[w].enc), ey, eg);
+        ck_assert_double_le(ey, wire[w].tol);
+        ck_assert_double_le(eg, wire[w].tol);
+        if (w > 0) /* the encoding was used: not exact */
+            ck_assert_double_gt(ey, 1e-6);
+    }
+    free(x), free(y), free(g0), free(g), free(gl), free(bound), free(acts), free(out);
     sp_ws_free(&ws);
     sp_model_free(blocks);
     teardown(rt);

@@ -5,7 +5,8 @@
  * and its stage is routed anew (max-throughput over the stage's blocks) and run again from its boundary: a
  * forward simply goes on; a backward first re-runs the replacement's forward (to get the inputs of its
  * hops), then its backward. The servers compute the same functions, so loss and gradients are those of a
- * run without the failure. */
+ * run without the failure. Hidden states and gradients travel in the `wire` setting's encoding both ways
+ * (f32, f16, bf16 or q8; the replies in the request's), deep prompts in f32. */
 #include "swarm_impl.h"
 
 #include <stdio.h>
@@ -28,6 +29,8 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
         sp_forward_req_encode(&q, meta, sizeof meta, NULL);
     sp_tensor_src a[3];
     memcpy(a, t, (size_t)n * sizeof *t);
+    for (int i = 0; i < n; i++) /* hidden states and gradients in the wire setting's encoding (the reply too) */
+        a[i].enc = (sp_encoding)rt->set.wire;
     if (prompts)
         a[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H},
                                  .f32 = prompts + (size_t)hop->start * B * P * H};

@@ -205,13 +205,13 @@ void sp_rt_forget_pings(sp_runtime *rt)
     pthread_mutex_unlock(&rt->lock);
 }
 
-/* Servers of the first block, of middle blocks and of the last block whose round trip is unknown, or (while
- * no request runs: a ping would wait behind its steps, and delay them) older than PING_REFRESH_S or the update
- * period: up to PINGS_PER_GROUP of each. */
-static int ping_candidates(sp_runtime *rt, int *out, int cap)
+/* Servers of the first block, of middle blocks and of the last block whose round trip is unknown, or (unless
+ * unknown_only, and while no request runs: a ping would wait behind its steps, and delay them) older than
+ * PING_REFRESH_S or the update period: up to PINGS_PER_GROUP of each. */
+static int ping_candidates(sp_runtime *rt, int *out, int cap, int unknown_only)
 {
     int L = rt->local ? rt->local->cfg.n_layers : 0, n = 0, count[3] = {0, 0, 0};
-    int idle = !__atomic_load_n(&rt->active, __ATOMIC_RELAXED);
+    int idle = !unknown_only && !__atomic_load_n(&rt->active, __ATOMIC_RELAXED);
     double now = sp_now_s(), period = fmin(rt->set.update_period_s, PING_REFRESH_S);
     pthread_mutex_lock(&rt->lock);
     for (int i = 0; i < rt->nservers && n < cap && L > 0; i++) {
@@ -243,13 +243,21 @@ static void *pinger_main(void *arg)
         pthread_mutex_unlock(&rt->lock);
         sp_rt_reap_local(rt);
         int cand[3 * PINGS_PER_GROUP];
-        int n = ping_candidates(rt, cand, 3 * PINGS_PER_GROUP);
+        int n = ping_candidates(rt, cand, 3 * PINGS_PER_GROUP, 0);
         for (int k = 0; k < n && !rt->pinger_stop; k++)
             sp_rt_ping(rt, cand[k]);
         pthread_mutex_lock(&rt->lock);
     }
     pthread_mutex_unlock(&rt->lock);
     return NULL;
+}
+
+void sp_rt_ping_unknown(sp_runtime *rt)
+{
+    int cand[3 * PINGS_PER_GROUP];
+    int n = ping_candidates(rt, cand, 3 * PINGS_PER_GROUP, 1);
+    for (int k = 0; k < n; k++)
+        sp_rt_ping(rt, cand[k]);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -2,8 +2,9 @@
  * pure functions), and the hops they return become sp_routes (stages of hops, runtime.h). Servers that
  * are gone, down (nothing listens at their address), not ONLINE, not allowed or blocked by the settings are
  * left out; banned ones are used only where nothing else covers a block. Inference routes are priced as the
- * client relays them, on measured pings (an unknown one measured first) and, once seen, measured block times;
- * a route over every block adds the client's own part of a step. */
+ * session will run them (relayed by the client, or pushed from server to server: the push setting), on measured
+ * pings (an unknown one of the client's measured first; the servers' to each other from their records) and, once
+ * seen, measured block times; a route over every block adds the client's own part of a step. */
 #include "swarm_impl.h"
 
 #include <math.h>
@@ -140,9 +141,29 @@ static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
     return n;
 }
 
-/* Sessions relay every hop from the client (no server-to-server push yet): each hop costs the client's round
- * trip to its server, which the ping measures whole (the websocket, the server's loop), and its blocks. */
+/* How the session's steps will travel: relayed by the client (each hop costs the client's round trip to its
+ * server, which the ping measures whole: the websocket, the server's loop), or pushed from server to server
+ * (client -> first, each server's measured link to the next from its record, last -> client). */
 static const sp_route_model RELAYED = {.relayed = 1, .overhead = 0};
+static const sp_route_model PUSHED = {.relayed = 0, .overhead = 0, .guess_switch = 1};
+
+/* The min-latency route as the session will run it: push off relayed, on pushed; auto pushed where the pushed
+ * route's servers are far enough for push auto to push it (pushable() in session.c), else relayed. Caller holds
+ * rt->lock. */
+static int route_inference(sp_runtime *rt, const sp_route_span *sp, int k, int start, int end, long cache,
+                           sp_route_hop *hops, double *cost, int *missing)
+{
+    int mode = rt->set.push, nh = -1;
+    if (mode != SP_PUSH_OFF) {
+        nh = sp_route_min_latency_model(sp, k, start, end, cache, &PUSHED, hops, SP_RT_MAX_HOPS, cost, missing);
+        int srv[SP_RT_MAX_HOPS];
+        for (int h = 0; h < nh; h++)
+            srv[h] = hops[h].server;
+        if (mode == SP_PUSH_ON || nh < 2 || sp_rt_pings_call_for_push(rt, srv, nh))
+            return nh;
+    }
+    return sp_route_min_latency_model(sp, k, start, end, cache, &RELAYED, hops, SP_RT_MAX_HOPS, cost, missing);
+}
 
 /* Routing over the table: min-latency (inference) when train is 0, else max-throughput. */
 static int route_table(sp_runtime *rt, int train, int start, int end, long cache, sp_route_hop *hops, double *cost,
@@ -157,8 +178,7 @@ static int route_table(sp_runtime *rt, int train, int start, int end, long cache
     if (sp && nx) {
         int k = make_spans(rt, sp, nx);
         nh = train ? sp_route_max_throughput(sp, k, start, end, &rt->rng, hops, SP_RT_MAX_HOPS, missing)
-                   : sp_route_min_latency_model(sp, k, start, end, cache, &RELAYED, hops, SP_RT_MAX_HOPS, cost,
-                                                missing);
+                   : route_inference(rt, sp, k, start, end, cache, hops, cost, missing);
     }
     pthread_mutex_unlock(&rt->lock);
     free(sp);
@@ -243,7 +263,11 @@ sp_status sp_runtime_route_inference(sp_runtime *rt, int start, int end, long ca
     double cost;
     int missing = -1, nh = -1, srv[SP_RT_MAX_HOPS];
     /* a ping unknown to routing costs a guess (0.3 s): the servers the route would use are measured first, and
-     * the route made again on what was measured (a few rounds at most) */
+     * the route made again on what was measured (a few rounds at most); a pushed chain's price hangs on the
+     * client's pings to the servers it could start and end at, not only those of the route: those are measured
+     * first */
+    if (rt->set.push != SP_PUSH_OFF)
+        sp_rt_ping_unknown(rt);
     for (int round = 0, n = 1; round < 3 && n > 0; round++) {
         nh = route_table(rt, 0, start, end, cache_tokens, hops, &cost, &missing);
         n = nh > 0 ? unmeasured(rt, hops, nh, srv) : 0;

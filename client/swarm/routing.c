@@ -376,10 +376,13 @@ static double exit_cost(const graph *g, int t)
     return g->m->relayed ? 0 : sp_route_delay(g->s[g->sel[t]].client_rtt);
 }
 
-/* A switch into graph span t from a span without a known ping to it (Petals: an unknown rtt). */
+/* A switch into graph span t from a span without a known ping to it (Petals: an unknown rtt; guess_switch: the
+ * client's rtt to t). */
 static double switch_price(const graph *g, int t)
 {
-    return g->m->relayed ? relay_entry(g, t) : entry_at(g, t, -1);
+    if (g->m->relayed)
+        return relay_entry(g, t);
+    return entry_at(g, t, g->m->guess_switch ? g->s[g->sel[t]].client_rtt : -1);
 }
 
 /* The known ping of graph span i to graph span t, or -1. */

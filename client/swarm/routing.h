@@ -15,7 +15,8 @@
  * (sepal's sessions: each step is a round trip from the client to each server in turn) uses the relayed model
  * (sp_route_model): entering a span costs the client's whole round trip to that server plus the model's
  * overhead (unknown: 2 x 0.15 s; unreachable: 2 x 5 s), the servers' next pings play no part, and the exit
- * costs nothing. Either way a span's blocks cost its measured seconds per block when the caller knows them
+ * costs nothing. A client whose servers push (sepal's `set push`) prices chains with Petals' model, without its
+ * overhead and guessing an unknown switch from the client's ping (guess_switch). Either way a span's blocks cost its measured seconds per block when the caller knows them
  * (block_s), else 1 / inference_rps.
  *
  * Entering a span also costs the wait its server announces for its queue (queue_wait): a saturated server's
@@ -65,6 +66,8 @@ typedef struct sp_route_span {
 typedef struct sp_route_model {
     int relayed;     /* 0: Petals' (servers pass the step on); 1: the client relays every hop */
     double overhead; /* seconds per span entered besides the round trips (Petals: SP_ROUTE_OVERHEAD) */
+    int guess_switch; /* not relayed: a switch with no known ping costs delay(the target's client rtt), the link
+                         from the client standing in for the one from the previous server (0: Petals' 0.15 s) */
 } sp_route_model;
 
 typedef struct sp_route_hop {

@@ -499,19 +499,19 @@ static int pushable(sp_lm_swarm *s)
     int mode = s->rt->set.push;
     if (mode == SP_PUSH_OFF || s->no_push || s->route.nhops < 2)
         return 0;
-    int ok = 1;
-    double rtt = 0;
+    int ok = 1, srv[SP_RT_MAX_HOPS];
     pthread_mutex_lock(&s->rt->lock);
     for (int h = 0; ok && h < s->route.nhops; h++) {
         const sp_server_entry *e = s->rt->servers[s->route.hop[h].server];
+        srv[h] = s->route.hop[h].server;
         ok = !s->fresh[h] && s->token[h];
-        rtt += e->rtt > 0 && isfinite(e->rtt) ? e->rtt : 0;
         for (int g = 0; ok && g < h; g++)
             ok = s->route.hop[g].server != s->route.hop[h].server &&
                  !sp_rt_same_addr(s->rt->servers[s->route.hop[g].server], e);
     }
+    ok = ok && (mode == SP_PUSH_ON || sp_rt_pings_call_for_push(s->rt, srv, s->route.nhops));
     pthread_mutex_unlock(&s->rt->lock);
-    return ok && (mode == SP_PUSH_ON || rtt / s->route.nhops >= 1e-3);
+    return ok;
 }
 
 /* One awaiting hop of a pushed step: its call runs on a thread of its own. */

@@ -3,6 +3,7 @@
 #ifndef SEPAL_SWARM_IMPL_H
 #define SEPAL_SWARM_IMPL_H
 
+#include <math.h>
 #include <string.h>
 
 #include "remote.h"
@@ -35,6 +36,18 @@ void sp_rt_close_conns(sp_runtime *rt);
 static inline int sp_rt_same_addr(const sp_server_entry *a, const sp_server_entry *b)
 {
     return a->rec.port == b->rec.port && !strcmp(a->rec.host, b->rec.host);
+}
+/* Push auto's rule: steps over these servers are pushed when the client's known pings to them average 1 ms or
+ * more (unknown ones count 0). Caller holds rt->lock. */
+#define SP_PUSH_AUTO_PING 1e-3
+static inline int sp_rt_pings_call_for_push(const sp_runtime *rt, const int *server, int n)
+{
+    double rtt = 0;
+    for (int h = 0; h < n; h++) {
+        double r = rt->servers[server[h]]->rtt;
+        rtt += r > 0 && isfinite(r) ? r : 0;
+    }
+    return n > 0 && rtt / n >= SP_PUSH_AUTO_PING;
 }
 /* After a transport failure of server i: when its address refuses connections now (a plain TCP connect;
  * a killed server's port closes with it), every entry at that address is down (routing leaves them out)
@@ -97,6 +110,9 @@ void sp_rt_leave(sp_runtime *rt);
 /* Measures the round trip to server i now (a burst of pings, the fastest; the median of the last few is its
  * ping); a server that does not answer is unreachable (and down if nothing listens at its address). */
 void sp_rt_ping(sp_runtime *rt, int i);
+/* Pings, now, up to 3 servers each of the first block, of middle blocks and of the last block whose round trip is
+ * still unknown (what the pinger thread measures first). */
+void sp_rt_ping_unknown(sp_runtime *rt);
 /* Forgets every measured ping (they were taken while servers started): the next use measures them anew. */
 void sp_rt_forget_pings(sp_runtime *rt);
 /* Waits until the view holds an ONLINE record of a server at port (on 127.0.0.1): its index, or -1. */

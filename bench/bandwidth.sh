@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# bandwidth.sh - issue 24's bench 3: prompt tuning through links of limited rate, per wire format of training's
+# hidden states and gradients (the `wire` setting: f32, f16, bf16, q8). A Llama-2-7B-shaped model of 8 layers in int8
+# on 3 sepal-server processes (blocks 0:3, 3:6, 6:8); the client reaches each through a bench/linkem relay of D ms
+# each way (default 25) and R Mbit/s each way (each of --rates, default "1000 100"). Per rate, one `sepal -c`
+# session trains causal_lm (ptune, a fixed seed: the same data and start each time) for N steps in each format, in
+# rotating order; prints the median steps/s of each (from the step lines' tokens/s), its ratio to f32's at that
+# rate, and each format's losses against f32's (max |difference| over the steps). Gradient error per format:
+# test_runtime's (README, "Training over a slow link").
+#
+# usage: bench/bandwidth.sh [--rates "1000 100"] [--delay D] [--steps N] [--batch B] [--length L] [--hidden H]
+#                           [--formats "f32 f16 bf16 q8"] [--models DIR] [--build DIR]
+#   --hidden H  the model's width: 4096 (Llama-2-7B's) uses llama-2-7b-like-8l; narrower ones (default 1024, since
+#               a 4096-wide step takes tens of seconds on 2 shared cores) are made once as llama-2-7b-like-8l-hH
+# Exit status: 0 after a run, 1 when a step fails. Every process it started is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rates="1000 100" delay=25 steps=4 batch=4 length=32 hidden=1024 formats="f32 f16 bf16 q8"
+build="${SEPAL_BUILD_DIR:-build}" models="${SEPAL_CACHE:-$HOME/.cache/sepal}/models"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --rates) rates="$2"; shift 2 ;;
+    --delay) delay="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    --length) length="$2"; shift 2 ;;
+    --hidden) hidden="$2"; shift 2 ;;
+    --formats) formats="$2"; shift 2 ;;
+    --models) models="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "bandwidth: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+die() { echo "bandwidth: $*" >&2; exit 1; }
+
+sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/bench/linkem"
+[ -x "$sepal" ] && [ -x "$server" ] && [ -x "$linkem" ] || die "sepal, sepal-server or linkem not in $build: build first"
+export OPENBLAS_THREAD_TIMEOUT=4
+tmp="$(mktemp -d)"
+pids=()
+. bench/pairs.sh # median
+. bench/relays.sh # stop_all, free_ports
+trap 'stop_all; rm -rf "$tmp"' EXIT
+
+if [ "$hidden" = 4096 ]; then model="$models/llama-2-7b-like-8l" init=(); else
+    model="$models/llama-2-7b-like-8l-h$hidden" init=(--hidden "$hidden"); fi
+if [ ! -f "$model/config.json" ]; then
+    echo "making $model (8 layers; kept for later runs)"
+    "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1 || die "model init failed"
+fi
+spans=(0:3 3:6 6:8)
+read -r -a ports <<<"$(free_ports 3)"
+for i in 0 1 2; do
+    "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" --bulk-port -1 \
+        >"$tmp/s$i.out" 2>&1 &
+    pids+=($!)
+done
+for i in 0 1 2; do
+    until grep -qs "^sepal-server: serving" "$tmp/s$i.out"; do
+        kill -0 "${pids[$i]}" 2>/dev/null || { cat "$tmp/s$i.out" >&2; die "server $i died"; }
+        sleep 0.2
+    done
+done
+# a text to tune on: the stories15M tokenizer's kind of English
+python3 -c "print(' '.join(['Once upon a time there was a little girl who liked to play in the park with her dog.'] * 200))" \
+    >"$tmp/text.txt"
+echo "bench 3: $model (hidden $hidden), int8, 3 servers (blocks ${spans[*]}), client links $delay ms each way;"
+echo "  causal_lm ptune, batch $batch x $length tokens, $steps steps a format, formats: $formats"
+echo "  CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared)"
+
+train="train causal_lm --args 'file=$tmp/text.txt length=$length' --tuning ptune --pre-seq-len 4 --batch $batch"
+train="$train --max-length $length --max-steps $steps --eval-batches 1 --seed 7"
+read -r -a fmts <<<"$formats"
+nf=${#fmts[@]} ri=0
+for r in $rates; do
+    ri=$((ri + 1))
+    args=()
+    for p in "${ports[@]}"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
+    "$linkem" --delay "$delay" --rate "$r" "${args[@]}" >"$tmp/l$r.out" 2>"$tmp/l$r.err" &
+    pids+=($!)
+    for _ in $(seq 100); do grep -q "^linkem: ready" "$tmp/l$r.out" && break; sleep 0.05; done
+    read -r -a cl <<<"$(sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$tmp/l$r.out" | tr '\n' ' ')"
+    [ "${#cl[@]}" = 3 ] || die "linkem did not start"
+    script="load $model; set step-timeout 120; connect 127.0.0.1:${cl[0]},127.0.0.1:${cl[1]},127.0.0.1:${cl[2]}"
+    for k in $(seq 0 $((nf - 1))); do # rotating order: the first format runs cold once, then each moves up a place
+        f="${fmts[$(((k + ri) % nf))]}"
+        script="$script; set wire $f; echo @@$f; $train"
+    done
+    "$sepal" -c "$script" >"$tmp/out" 2>&1 || { tail -20 "$tmp/out" >&2; die "the session failed at $r Mbit/s"; }
+    echo "$r Mbit/s each way:"
+    for f in "${fmts[@]}"; do
+        awk -v m="@@$f" '$0 ~ /^@@/ {on = ($0 == m); next} on' "$tmp/out" | grep -E "^epoch [0-9]+ step" >"$tmp/$f.steps" || true
+        [ -s "$tmp/$f.steps" ] || { cat "$tmp/out" >&2; die "no step lines for $f"; }
+        sed -n 's/.*loss \([0-9.]*\) .*/\1/p' "$tmp/$f.steps" >"$tmp/$f.loss"
+        sed -n 's/.*(\([0-9.]*\) tok\/s)$/\1/p' "$tmp/$f.steps" | tail -n +2 |
+            awk -v n="$((batch * length))" '{printf "%.4f\n", $1 / n}' >"$tmp/$f.sps" # the first step warms up
+    done
+    base="$(median <"$tmp/${fmts[0]}.sps")"
+    for f in "${fmts[@]}"; do
+        sps="$(median <"$tmp/$f.sps")"
+        dl="$(paste "$tmp/$f.loss" "$tmp/${fmts[0]}.loss" | awk '{d = $1 - $2; d = d < 0 ? -d : d; if (d > m) m = d} END {printf "%.4f", m}')"
+        printf '  %-5s %.3f steps/s (%.2fx %s), losses %s; max |loss - %s loss| %s\n' "$f" "$sps" \
+            "$(awk -v a="$sps" -v b="$base" 'BEGIN {print (b > 0 ? a / b : 0)}')" "${fmts[0]}" \
+            "$(tr '\n' ' ' <"$tmp/$f.loss" | sed 's/ $//')" "${fmts[0]}" "$dl"
+    done
+done
