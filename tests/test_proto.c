@@ -796,6 +796,9 @@ START_TEST(t_typed_malformed)
          "'inference_rps' must be a finite number >= 0, got -1"},
         {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"forward_tps\":1e999}", "'forward_tps' must be a finite"},
         {"step_reply", "{\"position\":1.5}", "'position' must be an integer in 0..2147483647, got 1.5"},
+        /* an int member's count: no more than an int holds (the fuzzer's 199e9, once converted out of range) */
+        {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"head_dim\":199e9}",
+         "'head_dim' must be an integer in 0..2147483647, got 199e9"},
         /* strings: too long, empty where not allowed, NUL, bad digits */
         {"error_reply", "{\"code\":\"0123456789012345678901234567890123\"}", "'code' is 34 bytes long, at most 31 allowed"},
         {"error_reply", "{\"code\":\"\"}", "ERROR: 'code' must not be empty"},

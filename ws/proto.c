@@ -5,6 +5,7 @@
 
 #include <inttypes.h>
 #include <locale.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1589,9 +1590,11 @@ static sp_status read_number(jcur *c, const field *f, void *p, const where *w, s
         memcpy(p, &d, sizeof d);
         return SP_OK;
     }
-    if (!ok || d != floor(d) || d < f->lo || d > f->hi)
-        return field_bad(err, w, f, "must be an integer in %.0f..%.0f, got %s%.*s", f->lo, f->hi, kind, ok ? len : 0,
-                         at);
+    /* an int member holds no more than an int does, whatever the row allows */
+    int narrow = f->kind != K_U64 && f->size != sizeof(int64_t);
+    double lo = narrow && f->lo < INT_MIN ? INT_MIN : f->lo, hi = narrow && f->hi > INT_MAX ? INT_MAX : f->hi;
+    if (!ok || d != floor(d) || d < lo || d > hi)
+        return field_bad(err, w, f, "must be an integer in %.0f..%.0f, got %s%.*s", lo, hi, kind, ok ? len : 0, at);
     put_int(p, f, d);
     return SP_OK;
 }
