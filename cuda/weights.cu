@@ -41,34 +41,20 @@ sp_status put(sp_cuda *cu, void **d, const void *src, size_t n, sp_err *err)
     return n ? sp_cuda_dup(cu, d, src, n, err) : SP_OK;
 }
 
-// Q8: re-laid out row-major on the host first (kern.c interleaves 16 rows for its SIMD loads).
-sp_status put_q8(sp_cuda *cu, sp_cuda_wmat *w, const sp_qmat *m, sp_err *err)
+// Q8 and NF4: re-laid out row-major on the host first (kern.c interleaves 16 rows for its SIMD loads).
+sp_status put_relaid(sp_cuda *cu, sp_cuda_wmat *w, const sp_qmat *m, sp_err *err)
 {
-    size_t nq = (size_t)m->rows * m->cols, ns = (size_t)m->rows * sp_km_blocks(m->cols, SP_KM_Q8_BLOCK);
-    int8_t *q = (int8_t *)malloc(nq ? nq : 1);
-    float *s = (float *)malloc((ns ? ns : 1) * sizeof(float));
-    sp_status st = q && s ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "cuda: out of host memory re-laying an int8 matrix");
-    if (st == SP_OK) {
-        sp_cuda_q8_rowmajor(m, q, s);
-        st = put(cu, &w->q, q, nq, err);
-    }
-    if (st == SP_OK)
-        st = put(cu, (void **)&w->scale, s, ns * sizeof(float), err);
-    free(q);
-    free(s);
-    return st;
-}
-
-// NF4: re-laid out row-major on the host first, the same way.
-sp_status put_nf4(sp_cuda *cu, sp_cuda_wmat *w, const sp_qmat *m, sp_err *err)
-{
-    int nb = sp_km_blocks(m->cols, SP_KM_NF4_BLOCK);
-    size_t nq = (size_t)m->rows * nb * (SP_KM_NF4_BLOCK / 2), ns = (size_t)m->rows * nb;
+    int nf4 = m->type == SP_W_NF4, blk = nf4 ? SP_KM_NF4_BLOCK : SP_KM_Q8_BLOCK, nb = sp_km_blocks(m->cols, blk);
+    size_t nq = (size_t)m->rows * (nf4 ? (size_t)nb * (blk / 2) : (size_t)m->cols), ns = (size_t)m->rows * nb;
     uint8_t *q = (uint8_t *)malloc(nq ? nq : 1);
     float *s = (float *)malloc((ns ? ns : 1) * sizeof(float));
-    sp_status st = q && s ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "cuda: out of host memory re-laying an nf4 matrix");
-    if (st == SP_OK)
+    sp_status st = q && s ? SP_OK
+                          : sp_errf(err, SP_ERR_NOMEM, "cuda: out of host memory re-laying an %s matrix",
+                                    sp_wtype_name(m->type));
+    if (st == SP_OK && nf4)
         st = sp_cuda_nf4_rowmajor(m, q, s, err);
+    else if (st == SP_OK)
+        sp_cuda_q8_rowmajor(m, (int8_t *)q, s);
     if (st == SP_OK)
         st = put(cu, &w->q, q, nq, err);
     if (st == SP_OK)
@@ -86,13 +72,10 @@ extern "C" sp_status sp_cuda_wmat_upload(sp_cuda *cu, sp_cuda_wmat *out, const s
     if (m->rows <= 0 || m->cols <= 0 || (unsigned)m->type >= SP_W__COUNT)
         return sp_errf(err, SP_ERR_ARG, "cuda: weights: bad matrix [%d, %d]", m->rows, m->cols);
     sp_status st;
-    if (m->type == SP_W_Q8) {
-        st = put_q8(cu, out, m, err);
-    } else if (m->type == SP_W_NF4) {
-        st = put_nf4(cu, out, m, err);
-    } else {
+    if (m->type == SP_W_Q8 || m->type == SP_W_NF4)
+        st = put_relaid(cu, out, m, err);
+    else
         st = put(cu, &out->q, m->q, (size_t)m->rows * m->row_bytes, err);
-    }
     if (st != SP_OK) {
         sp_cuda_wmat_free(cu, out);
         return sp_err_prefix(err, "uploading a [%d, %d] %s matrix: ", m->rows, m->cols, sp_wtype_name(m->type));
