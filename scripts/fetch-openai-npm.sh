@@ -24,13 +24,7 @@ fi
 mkdir -p "$CACHE/npm" "$CACHE/node"
 WORK="$(mktemp -d "$CACHE/.fetch-openai.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-if [[ ! -f "$TGZ" ]]; then
-    command -v npm >/dev/null 2>&1 || die "npm is needed to download openai@$VERSION (or place openai-$VERSION.tgz in $CACHE/npm)"
-    echo "fetch-openai-npm: downloading openai@$VERSION ..." >&2
-    (cd "$WORK" && npm pack "openai@$VERSION" --ignore-scripts >&2) || die "npm pack openai@$VERSION failed"
-    [[ -f "$WORK/openai-$VERSION.tgz" ]] || die "npm pack openai@$VERSION did not produce openai-$VERSION.tgz"
-    mv "$WORK/openai-$VERSION.tgz" "$TGZ"
-fi
+npm_pack "openai@$VERSION" "openai-$VERSION.tgz" "$TGZ" "$WORK"
 verify "$TGZ" "$SHA" "$TGZ" "openai-$VERSION.tgz"
 mkdir -p "$WORK/node_modules"
 tar -xzf "$TGZ" -C "$WORK" || die "cannot unpack $TGZ; delete it and run this script again"

