@@ -10,9 +10,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA="${CUDA_HOME:-/usr/local/cuda}"
+if [ ! -x "$CUDA/bin/nvcc" ] && command -v nvcc > /dev/null; then CUDA="$(dirname "$(dirname "$(command -v nvcc)")")"; fi
 INC=(-Icommon -Icore -Icuda -Iclient/train -Itests)
 LIBDIRS=(-L"$CUDA/lib64")
 export LD_LIBRARY_PATH="$CUDA/lib64:${LD_LIBRARY_PATH:-}"
+NVINC=()
+# cuBLAS from the toolkit, else from the Python wheel a PyTorch image carries (nvidia/cublas/{include,lib})
+if ! compgen -G "$CUDA/lib64/libcublas.so*" > /dev/null; then
+    W=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__))' 2>/dev/null ||
+        find / -path /proc -prune -o -name 'libcublas.so*' -path '*nvidia/cublas/lib*' -print 2>/dev/null | head -1 | xargs -r dirname | xargs -r dirname)
+    if [ -n "$W" ]; then
+        echo "cuBLAS from $W"
+        NVINC+=(-I"$W/include")
+        INC+=(-I"$W/include")
+        [ -e "$W/lib/libcublas.so" ] || { mkdir -p /tmp/cublas-link; ln -sf "$W"/lib/libcublas.so.* /tmp/cublas-link/; ln -sf "$(ls "$W"/lib/libcublas.so.* | head -1)" /tmp/cublas-link/libcublas.so; LIBDIRS+=(-L/tmp/cublas-link); }
+        LIBDIRS+=(-L"$W/lib")
+        export LD_LIBRARY_PATH="$W/lib:$LD_LIBRARY_PATH"
+    fi
+fi
 if compgen -G ".debs/*.deb" > /dev/null; then
     D=/tmp/deps
     mkdir -p "$D"
@@ -36,7 +51,7 @@ OBJS=() PIDS=()
 wait_all() { local p; for p in "${PIDS[@]}"; do wait "$p"; done; PIDS=(); }
 for src in cuda/*.cu; do
     o="$OUTDIR/$(basename "$src" .cu).o"
-    "$CUDA/bin/nvcc" -O3 -std=c++17 -arch="$ARCH" -DSEPAL_HAVE_CUBLAS=1 -Icommon -Icore -Icuda -c "$src" -o "$o" &
+    "$CUDA/bin/nvcc" -O3 -std=c++17 -arch="$ARCH" -DSEPAL_HAVE_CUBLAS=1 -Icommon -Icore -Icuda "${NVINC[@]}" -c "$src" -o "$o" &
     PIDS+=($!)
     OBJS+=("$o")
 done
