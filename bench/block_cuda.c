@@ -124,6 +124,36 @@ static void run_fwd_bwd(void *p)
     TRY(sp_cuda_block_backward_kept(c->cb, c->d, c->y, c->x, &c->acts, &err));
 }
 
+/* The block's products alone (sp_cuda_wmat_mul on one row), for the share of a decode step they take. */
+typedef struct {
+    sp_cuda_wmat m[8];
+    int n;
+    float *x, *y;
+} prod_ctx;
+
+static void run_products(void *p)
+{
+    prod_ctx *c = p;
+    for (int i = 0; i < c->n; i++)
+        TRY(sp_cuda_wmat_mul(cu, &c->m[i], c->x, c->y, 1, &err));
+}
+
+static double time_products(const sp_block *b, int reps)
+{
+    prod_ctx c = {.n = b->nqm < 8 ? b->nqm : 8};
+    int widest = b->FF > b->H ? b->FF : b->H;
+    widest = widest > b->nh * b->hd ? widest : b->nh * b->hd;
+    c.x = dev_randn((size_t)widest, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)widest * sizeof(float), &err));
+    for (int i = 0; i < c.n; i++)
+        TRY(sp_cuda_wmat_upload(cu, &c.m[i], &b->qm[i], &err));
+    double s = time_reps(run_products, &c, reps);
+    for (int i = 0; i < c.n; i++)
+        sp_cuda_wmat_free(cu, &c.m[i]);
+    sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
+    return s;
+}
+
 /* Decode of one token at KV length K: steps/s and weight bytes/s over copy. */
 static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps)
 {
@@ -141,6 +171,9 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
     sp_cuda_kv_free(c.kv);
     sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
     sp_cuda_block_free(c.cb);
+    double sp = time_products(b, reps);
+    printf("%s %-4s   of which its %d products alone (sp_cuda_wmat_mul, 1 row): %7.1f us, %.2f of copy\n", name,
+           sp_wtype_name(b->wtype), b->nqm, sp * 1e6, bytes / sp / copy_bw);
 }
 
 /* 1024-token forward and forward + backward: FLOP/s over the GEMM peak, tokens/s. */

@@ -10,12 +10,24 @@ using spk::block_sum;
 
 namespace {
 
-// Decode attention: block (b, h) over the len cached positions; its scores in scratch (len a head).
+// Decode attention: block (b, h) over the len cached positions; p: its len scores, then probabilities.
 __global__ void attn_decode_kernel(float *out, const float *q, const float *kc, const float *vc, const float *slopes,
                                    float *scratch, int nh, int nkv, int hd, int cap, int len)
 {
-    int bh = blockIdx.x;
-    spk::attn_decode_block(out, q, kc, vc, slopes, scratch + (long)bh * len, bh, nh, nkv, hd, cap, len);
+    __shared__ float sh[SP_KM_MAX_THREADS];
+    int tid = threadIdx.x, nt = blockDim.x, bh = blockIdx.x, h;
+    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h);
+    const float *qv = q + (long)bh * hd;
+    float *p = scratch + (long)bh * len, scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
+    for (int s = tid; s < len; s += nt)
+        p[s] = sp_km_attn_score(qv, kc + kv0 + s * ldk, hd, scale, slope, s, len - 1);
+    float mx = block_max(sp_km_max_part(p, len, tid, nt), sh); // each thread reads back what it wrote
+    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, len, tid, nt), sh);
+    for (int s = tid; s < len; s += nt)
+        p[s] = sp_km_attn_prob(p[s], mx, inv);
+    __syncthreads();
+    for (int j = tid; j < hd; j += nt)
+        out[(long)bh * hd + j] = sp_km_attn_out(p, vc + kv0, ldk, len, j);
 }
 
 // Row blockIdx.x of [rows, S] prefill scores: softmax over its visible keys, zeros after.

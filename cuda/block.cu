@@ -10,6 +10,9 @@
 #include "kernels.h"
 #include "launch.cuh"
 
+using spk::block_max;
+using spk::block_sum;
+
 
 #define TRY(call)                                                                                              \
     do {                                                                                                       \
@@ -57,14 +60,56 @@ __global__ void kv_store_kernel(float *kc, float *vc, const float *k, const floa
     }
 }
 
-// Decode attention of block (b, h) over pos[b] + 1 cached positions (attn.cu's kernel with its length read from
-// device memory; the block's threads fixed by cap, so a graph replays it at any length). scratch: cap a head.
+// Decode attention of block (b, h) over pos[b] + 1 cached positions, its length read from device memory (so a
+// graph replays it at any length). A warp a key for the scores (lanes over the head's values, coalesced, summed by
+// shuffles), kmath's softmax over the block, then the output a warp's share of the keys at a time (lanes over the
+// values), the warps' partial sums added in warp order. p: the head's scores (cap floats of scratch). Dynamic
+// shared memory: (warps + 1) * hd floats.
+constexpr int kAttnThreads = 256;
+
 __global__ void attn_decode_pos_kernel(float *out, const float *q, const float *kc, const float *vc,
                                        const float *slopes, float *scratch, const int *pos, int nh, int nkv, int hd,
                                        int cap)
 {
-    int bh = blockIdx.x;
-    spk::attn_decode_block(out, q, kc, vc, slopes, scratch + (long)bh * cap, bh, nh, nkv, hd, cap, pos[bh / nh] + 1);
+    extern __shared__ float smem[]; // q [hd], then each warp's partial output [warps][hd]
+    __shared__ float sh[kAttnThreads];
+    int bh = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5, h;
+    int len = pos[bh / nh] + 1;
+    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h);
+    float *qs = smem, *part = smem + hd, *p = scratch + (long)bh * cap;
+    float scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
+    for (int j = tid; j < hd; j += nt)
+        qs[j] = q[(long)bh * hd + j];
+    __syncthreads();
+    for (int s = warp; s < len; s += nw) {
+        const float *k = kc + kv0 + s * ldk;
+        float d = 0.0f;
+        for (int j = lane; j < hd; j += 32)
+            d += qs[j] * k[j];
+        for (int o = 16; o > 0; o >>= 1)
+            d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (lane == 0)
+            p[s] = d * scale + sp_km_alibi(slope, s, len - 1);
+    }
+    __syncthreads();
+    float mx = block_max(sp_km_max_part(p, len, tid, nt), sh);
+    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, len, tid, nt), sh);
+    for (int s = tid; s < len; s += nt)
+        p[s] = sp_km_attn_prob(p[s], mx, inv);
+    __syncthreads();
+    for (int j = lane; j < hd; j += 32) {
+        float o = 0.0f;
+        for (int s = warp; s < len; s += nw)
+            o += p[s] * vc[kv0 + s * ldk + j];
+        part[warp * hd + j] = o;
+    }
+    __syncthreads();
+    for (int j = tid; j < hd; j += nt) {
+        float o = 0.0f;
+        for (int w = 0; w < nw; w++)
+            o += part[w * hd + j];
+        out[(long)bh * hd + j] = o;
+    }
 }
 
 // pos[b] = value (add 0) or pos[b] += value (add 1) for b < B.
@@ -415,8 +460,9 @@ static sp_status decode_core(sp_cuda_block *cb, sp_cuda_kv *kv, sp_err *err)
     }
     long n = (long)B * row;
     kv_store_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(kv->k, kv->v, a->k, a->v, kv->pos, kv->cap, row, n);
-    attn_decode_pos_kernel<<<B * cb->nh, sp_km_row_threads(kv->cap), 0, s>>>(
-        a->att, a->q, kv->k, kv->v, cb->slopes, a->probs, kv->pos, cb->nh, cb->nkv, cb->hd, kv->cap);
+    size_t shm = (size_t)(kAttnThreads / 32 + 1) * cb->hd * sizeof(float);
+    attn_decode_pos_kernel<<<B * cb->nh, kAttnThreads, shm, s>>>(a->att, a->q, kv->k, kv->v, cb->slopes, a->probs,
+                                                                 kv->pos, cb->nh, cb->nkv, cb->hd, kv->cap);
     TRY(spk::launched(err, "decode attention"));
     TRY(attn_out_mlp(cb, kv->xout, kv->xin, B, a, err));
     return set_pos(cb->cu, kv->pos, B, 1, 1, err);

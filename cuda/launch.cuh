@@ -55,28 +55,6 @@ __device__ inline float block_max(float v, float *sh)
     return r;
 }
 
-// Decode attention of query head bh (of B * nh) over len cached positions (kmath.h's sp_km_attn_*): the scores,
-// then probabilities, in p (len floats), the output row written. The whole block runs it.
-__device__ inline void attn_decode_block(float *out, const float *q, const float *kc, const float *vc,
-                                         const float *slopes, float *p, int bh, int nh, int nkv, int hd, int cap,
-                                         int len)
-{
-    __shared__ float sh[SP_KM_MAX_THREADS];
-    int tid = threadIdx.x, nt = blockDim.x, h;
-    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h);
-    const float *qv = q + (long)bh * hd;
-    float scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
-    for (int s = tid; s < len; s += nt)
-        p[s] = sp_km_attn_score(qv, kc + kv0 + s * ldk, hd, scale, slope, s, len - 1);
-    float mx = block_max(sp_km_max_part(p, len, tid, nt), sh); // each thread reads back what it wrote
-    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, len, tid, nt), sh);
-    for (int s = tid; s < len; s += nt)
-        p[s] = sp_km_attn_prob(p[s], mx, inv);
-    __syncthreads();
-    for (int j = tid; j < hd; j += nt)
-        out[(long)bh * hd + j] = sp_km_attn_out(p, vc + kv0, ldk, len, j);
-}
-
 } // namespace spk
 
 // for (long i = ...; i < n; i += ...) over the grid's threads
