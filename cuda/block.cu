@@ -47,27 +47,27 @@ __global__ void rope_pos_kernel(float *x, const float *inv_freq, const int *pos,
     sp_km_rope_apply(x, x, inv_freq, pos[(int)(e / ((long)nh * (hd / 2)))], 1, nh, hd, e, 0);
 }
 
-// The step's keys and values [B, row] into the caches [B, cap, row] at position pos[b].
-__global__ void kv_store_kernel(float *kc, float *vc, const float *k, const float *v, const int *pos, int cap, int row,
-                                long n)
+// The step's keys and values [N, row] into each row's caches (kp[r], vp[r]: [cap, row]) at position pos[r].
+__global__ void kv_store_kernel(float *const *kp, float *const *vp, const float *k, const float *v, const int *pos,
+                                int row, long n)
 {
     SPK_GRID_LOOP(i, n)
     {
-        int b = (int)(i / row);
-        long d = ((long)b * cap + pos[b]) * row + i % row;
-        kc[d] = k[i];
-        vc[d] = v[i];
+        int r = (int)(i / row);
+        long d = (long)pos[r] * row + i % row;
+        kp[r][d] = k[i];
+        vp[r][d] = v[i];
     }
 }
 
 // Decode attention of block (b, h) over pos[b] + 1 cached positions, its length read from device memory (so a
-// graph replays it at any length). A warp a key for the scores (lanes over the head's values, coalesced, summed by
+// graph replays it at any length; kp / vp: each row's caches, the rows of one sequence or of several). A warp a key for the scores (lanes over the head's values, coalesced, summed by
 // shuffles), kmath's softmax over the block, then the output a warp's share of the keys at a time (lanes over the
 // values), the warps' partial sums added in warp order. p: the head's scores (cap floats of scratch). Dynamic
 // shared memory: (warps + 1) * hd floats.
 constexpr int kAttnThreads = 256;
 
-__global__ void attn_decode_pos_kernel(float *out, const float *q, const float *kc, const float *vc,
+__global__ void attn_decode_pos_kernel(float *out, const float *q, float *const *kp, float *const *vp,
                                        const float *slopes, float *scratch, const int *pos, int nh, int nkv, int hd,
                                        int cap)
 {
@@ -75,7 +75,8 @@ __global__ void attn_decode_pos_kernel(float *out, const float *q, const float *
     __shared__ float sh[kAttnThreads];
     int bh = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5, h;
     int len = pos[bh / nh] + 1;
-    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh, nh, nkv, hd, cap, &h);
+    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh % nh, nh, nkv, hd, cap, &h); // within the row's cache
+    const float *kc = kp[bh / nh], *vc = vp[bh / nh];
     float *qs = smem, *part = smem + hd, *p = scratch + (long)bh * cap;
     float scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
     for (int j = tid; j < hd; j += nt)
@@ -180,13 +181,37 @@ shape shape_of(const sp_block *b)
     return s;
 }
 
-// The decode step's buffers of a cache: its activations (scores: cap a head) and the step's input and output.
-size_t decode_layout(const shape &s, int nh, int B, int cap, dacts *a, float **xin, float **xout, char *base)
+// Rows of decode steps and what a graph of them needs: each row's caches and position (device tables), the rows'
+// activations (scores: scap a head), input and output, and the graph. A cache holds one for its rows (its
+// positions advanced on the device by the step itself); the block one for batches of several caches (the tables
+// uploaded before each step).
+struct decoder {
+    int N, scap;
+    float **kp, **vp; // [N] device: each row's keys and values [cap, nkv * hd]
+    int *pos;         // [N] device: the position each row's step writes
+    void *buf;        // tables, activations, xin, xout
+    dacts a;
+    float *xin, *xout;
+    int advance;      // the step adds 1 to pos (a cache's own rows)
+    cudaGraphExec_t exec;
+    void *exec_ws;    // the context's workspace when the graph was captured
+    int steps;        // steps run (the first runs plainly)
+    int graph_failed; // a capture failed: launch one by one from now on
+};
+
+// Carves a decoder's buffers out of base (NULL: only counts); returns bytes. The tables come first.
+size_t decoder_layout(const shape &s, int nh, decoder *d, char *base)
 {
-    size_t n = acts_layout(s, a, (size_t)B, (size_t)B * nh * cap, base);
-    size_t io[] = {(size_t)B * s.H, (size_t)B * s.H};
-    float **const ptrs[] = {xin, xout};
-    return n + carve(ptrs, io, 2, base ? base + n : NULL);
+    size_t N = (size_t)d->N, tab = ((2 * N * sizeof(float *) + N * sizeof(int)) + 255) & ~(size_t)255;
+    if (base) {
+        d->kp = (float **)(void *)base, d->vp = d->kp + N;
+        d->pos = (int *)(void *)(d->vp + N);
+    }
+    char *b = base ? base + tab : NULL;
+    size_t n = acts_layout(s, &d->a, N, N * nh * (size_t)d->scap, b);
+    size_t io[] = {N * s.H, N * s.H};
+    float **const ptrs[] = {&d->xin, &d->xout};
+    return tab + n + carve(ptrs, io, 2, b ? b + n : NULL);
 }
 
 constexpr int kGraphRows = 8; // decode products fused (weights.cu's limit): no workspace, safe to capture
@@ -205,6 +230,8 @@ struct sp_cuda_block {
     int graphs;
     void *ws; // forward / backward buffers, grown
     size_t ws_bytes;
+    decoder bat;    // batches of several caches (sp_cuda_block_decode_batch)
+    void *bat_host; // its tables on the host
 };
 
 struct sp_cuda_kv {
@@ -213,15 +240,10 @@ struct sp_cuda_kv {
     size_t bytes;
     int B, cap, len;
     float *k, *v;
-    int *pos; // [B] device: the position each row's next step writes
-    void *buf;
-    dacts a;
-    float *xin, *xout;
-    cudaGraphExec_t exec;
-    void *exec_ws;    // the context's workspace when the graph was captured
-    int steps;        // decode steps run (the first runs plainly)
-    int graph_failed; // a capture failed: launch one by one from now on
+    decoder d; // its rows' decode steps (d.pos: the position each row's next step writes)
 };
+
+static void decoder_free(sp_cuda *cu, decoder *d);
 
 // ---------------------------------------------------------------------------------------------------------------
 // host-side planning
@@ -253,13 +275,15 @@ extern "C" sp_status sp_cuda_block_supported(const sp_block *b, sp_err *err)
     return SP_OK;
 }
 
-extern "C" size_t sp_cuda_kv_bytes(const sp_block *b, int B, int cap)
+// A cache's device bytes: keys and values, and its rows' decoder.
+static size_t kv_bytes(const shape &s, int nh, int B, int cap)
 {
-    dacts a;
-    float *xi, *xo;
-    size_t cache = 2 * (size_t)B * cap * b->nkv * b->hd * sizeof(float);
-    return cache + (size_t)B * sizeof(int) + decode_layout(shape_of(b), b->nh, B, cap, &a, &xi, &xo, NULL);
+    decoder d = {};
+    d.N = B, d.scap = cap;
+    return 2 * (size_t)B * cap * s.KV * sizeof(float) + decoder_layout(s, nh, &d, NULL);
 }
+
+extern "C" size_t sp_cuda_kv_bytes(const sp_block *b, int B, int cap) { return kv_bytes(shape_of(b), b->nh, B, cap); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // upload
@@ -324,6 +348,8 @@ extern "C" void sp_cuda_block_free(sp_cuda_block *cb)
     for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++)
         sp_cuda_free(cb->cu, vecs[i]);
     sp_cuda_free(cb->cu, cb->ws);
+    decoder_free(cb->cu, &cb->bat);
+    free(cb->bat_host);
     free(cb);
 }
 
@@ -436,7 +462,7 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
     TRY(attn_out_mlp(cb, out, inp, N, a, err));
     if (kv) {
         kv->len += T;
-        TRY(set_pos(cb->cu, kv->pos, B, kv->len, 0, err));
+        TRY(set_pos(cb->cu, kv->d.pos, B, kv->len, 0, err));
     }
     return SP_OK;
 }
@@ -444,83 +470,160 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
 // ---------------------------------------------------------------------------------------------------------------
 // decode steps
 
-// One decode step of kv's B rows from kv->xin to kv->xout at the positions kv->pos holds (then advanced): the
-// same launches whatever the positions, so a graph of them replays any step.
-static sp_status decode_core(sp_cuda_block *cb, sp_cuda_kv *kv, sp_err *err)
+// One decode step of d's rows from d->xin to d->xout at the positions d->pos holds (then advanced when d->advance):
+// the same launches whatever the positions, so a graph of them replays any step.
+static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
 {
-    int B = kv->B, row = cb->nkv * cb->hd;
-    dacts *a = &kv->a;
+    int N = d->N, row = cb->nkv * cb->hd;
+    dacts *a = &d->a;
     cudaStream_t s = spk::stream_of(cb->cu);
-    TRY(attn_in(cb, kv->xin, B, a, err));
+    TRY(attn_in(cb, d->xin, N, a, err));
     if (cb->inv_freq) {
-        long pq = (long)B * cb->nh * (cb->hd / 2), pk = (long)B * cb->nkv * (cb->hd / 2);
-        rope_pos_kernel<<<spk::grid_for(pq), spk::kThreads, 0, s>>>(a->q, cb->inv_freq, kv->pos, cb->nh, cb->hd, pq);
-        rope_pos_kernel<<<spk::grid_for(pk), spk::kThreads, 0, s>>>(a->k, cb->inv_freq, kv->pos, cb->nkv, cb->hd, pk);
+        long pq = (long)N * cb->nh * (cb->hd / 2), pk = (long)N * cb->nkv * (cb->hd / 2);
+        rope_pos_kernel<<<spk::grid_for(pq), spk::kThreads, 0, s>>>(a->q, cb->inv_freq, d->pos, cb->nh, cb->hd, pq);
+        rope_pos_kernel<<<spk::grid_for(pk), spk::kThreads, 0, s>>>(a->k, cb->inv_freq, d->pos, cb->nkv, cb->hd, pk);
         TRY(spk::launched(err, "rope"));
     }
-    long n = (long)B * row;
-    kv_store_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(kv->k, kv->v, a->k, a->v, kv->pos, kv->cap, row, n);
+    long n = (long)N * row;
+    kv_store_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(d->kp, d->vp, a->k, a->v, d->pos, row, n);
     size_t shm = (size_t)(kAttnThreads / 32 + 1) * cb->hd * sizeof(float);
-    attn_decode_pos_kernel<<<B * cb->nh, kAttnThreads, shm, s>>>(a->att, a->q, kv->k, kv->v, cb->slopes, a->probs,
-                                                                 kv->pos, cb->nh, cb->nkv, cb->hd, kv->cap);
+    attn_decode_pos_kernel<<<N * cb->nh, kAttnThreads, shm, s>>>(a->att, a->q, d->kp, d->vp, cb->slopes, a->probs,
+                                                                 d->pos, cb->nh, cb->nkv, cb->hd, d->scap);
     TRY(spk::launched(err, "decode attention"));
-    TRY(attn_out_mlp(cb, kv->xout, kv->xin, B, a, err));
-    return set_pos(cb->cu, kv->pos, B, 1, 1, err);
+    TRY(attn_out_mlp(cb, d->xout, d->xin, N, a, err));
+    return d->advance ? set_pos(cb->cu, d->pos, N, 1, 1, err) : SP_OK;
 }
 
-// Captures decode_core into kv->exec; on any failure nothing is left captured and kv falls back to launches.
-static void capture(sp_cuda_block *cb, sp_cuda_kv *kv, void *ws)
+// Captures decode_rows into d->exec; on any failure nothing is left captured and d falls back to launches.
+static void capture(sp_cuda_block *cb, decoder *d, void *ws)
 {
     cudaStream_t s = spk::stream_of(cb->cu);
     cudaGraph_t g = NULL;
     sp_err scratch = {};
     if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         cudaGetLastError();
-        kv->graph_failed = 1;
+        d->graph_failed = 1;
         return;
     }
-    sp_status st = decode_core(cb, kv, &scratch);
+    sp_status st = decode_rows(cb, d, &scratch);
     cudaError_t e = cudaStreamEndCapture(s, &g);
     if (st == SP_OK && e == cudaSuccess && g)
-        e = cudaGraphInstantiate(&kv->exec, g, 0);
+        e = cudaGraphInstantiate(&d->exec, g, 0);
     if (g)
         cudaGraphDestroy(g);
     if (st != SP_OK || e != cudaSuccess) {
         cudaGetLastError(); // a capture that broke leaves no sticky error; clear the last one
-        kv->exec = NULL;
-        kv->graph_failed = 1;
+        d->exec = NULL;
+        d->graph_failed = 1;
         return;
     }
-    kv->exec_ws = ws;
+    d->exec_ws = ws;
 }
 
-static void drop_graph(sp_cuda_kv *kv)
+static void drop_graph(decoder *d)
 {
-    if (kv->exec)
-        cudaGraphExecDestroy(kv->exec);
-    kv->exec = NULL;
+    if (d->exec)
+        cudaGraphExecDestroy(d->exec);
+    d->exec = NULL;
+}
+
+static sp_status decoder_alloc(sp_cuda_block *cb, decoder *d, int N, int scap, int advance, sp_err *err)
+{
+    memset(d, 0, sizeof *d);
+    d->N = N, d->scap = scap, d->advance = advance;
+    TRY(sp_cuda_alloc(cb->cu, &d->buf, decoder_layout(cb->s, cb->nh, d, NULL), err));
+    decoder_layout(cb->s, cb->nh, d, (char *)d->buf);
+    return SP_OK;
+}
+
+static void decoder_free(sp_cuda *cu, decoder *d)
+{
+    if (d->exec)
+        cudaStreamSynchronize(spk::stream_of(cu)); // a replay may still run
+    drop_graph(d);
+    sp_cuda_free(cu, d->buf);
+    memset(d, 0, sizeof *d);
+}
+
+// out = the step of d's rows from inp: a replayed graph from the second step on (B <= kGraphRows, graphs on).
+static sp_status decoder_run(sp_cuda_block *cb, decoder *d, float *out, const float *inp, sp_err *err)
+{
+    size_t io = (size_t)d->N * cb->H * sizeof(float);
+    TRY(sp_cuda_copy_d2d(cb->cu, d->xin, inp, io, err));
+    int graphs = cb->graphs && d->N <= kGraphRows && d->steps > 0 && !d->graph_failed;
+    if (graphs) {
+        void *ws = NULL;
+        TRY(sp_cuda_workspace(cb->cu, 0, &ws, err)); // where it is now (grows nothing)
+        if (d->exec && ws != d->exec_ws)
+            drop_graph(d);
+        if (!d->exec)
+            capture(cb, d, ws);
+    }
+    if (graphs && d->exec)
+        TRY(sp_cuda_error(err, (int)cudaGraphLaunch(d->exec, spk::stream_of(cb->cu)), "decode graph"));
+    else
+        TRY(decode_rows(cb, d, err));
+    TRY(sp_cuda_copy_d2d(cb->cu, out, d->xout, io, err));
+    d->steps++;
+    return SP_OK;
 }
 
 static sp_status decode_step(sp_cuda_block *cb, float *out, const float *inp, sp_cuda_kv *kv, sp_err *err)
 {
-    size_t io = (size_t)kv->B * cb->H * sizeof(float);
-    TRY(sp_cuda_copy_d2d(cb->cu, kv->xin, inp, io, err));
-    int graphs = cb->graphs && kv->B <= kGraphRows && kv->steps > 0 && !kv->graph_failed;
-    if (graphs) {
-        void *ws = NULL;
-        TRY(sp_cuda_workspace(cb->cu, 0, &ws, err)); // where it is now (grows nothing)
-        if (kv->exec && ws != kv->exec_ws)
-            drop_graph(kv);
-        if (!kv->exec)
-            capture(cb, kv, ws);
-    }
-    if (graphs && kv->exec)
-        TRY(sp_cuda_error(err, (int)cudaGraphLaunch(kv->exec, spk::stream_of(cb->cu)), "decode graph"));
-    else
-        TRY(decode_core(cb, kv, err));
-    TRY(sp_cuda_copy_d2d(cb->cu, out, kv->xout, io, err));
+    TRY(decoder_run(cb, &kv->d, out, inp, err));
     kv->len++;
-    kv->steps++;
+    return SP_OK;
+}
+
+// The tables of rows r0 .. r0 + B - 1 of a batch: kv's rows' caches and, when pos is non-NULL, its length.
+static void kv_rows(const sp_cuda_kv *kv, float **kp, float **vp, int *pos)
+{
+    size_t stride = (size_t)kv->cap * kv->cb->nkv * kv->cb->hd;
+    for (int b = 0; b < kv->B; b++) {
+        kp[b] = kv->k + b * stride;
+        vp[b] = kv->v + b * stride;
+        if (pos)
+            pos[b] = kv->len;
+    }
+}
+
+extern "C" sp_status sp_cuda_block_decode_batch(sp_cuda_block *cb, float *out, const float *inp,
+                                                sp_cuda_kv *const *kv, int n, sp_err *err)
+{
+    int N = 0, scap = 0;
+    for (int i = 0; i < n; i++) {
+        TRY(sp_block_check_step(cb->nkv, cb->hd, kv[i]->B, 1, kv[i]->len, NULL, err));
+        if (kv[i]->cb != cb)
+            return sp_errf(err, SP_ERR_ARG, "block: the KV cache belongs to another block");
+        if (kv[i]->len >= kv[i]->cap)
+            return sp_errf(err, SP_ERR_RANGE, "block: %d + 1 positions exceed the cache's %d", kv[i]->len,
+                           kv[i]->cap);
+        N += kv[i]->B;
+        scap = kv[i]->cap > scap ? kv[i]->cap : scap;
+    }
+    if (n <= 0)
+        return sp_errf(err, SP_ERR_ARG, "block: a batch of %d caches", n);
+    decoder *d = &cb->bat;
+    if (d->N != N || d->scap < scap) { // new buffers (and graph) for another number of rows or a longer cache
+        TRY(sp_cuda_sync(cb->cu, err));
+        scap = d->N == N && d->scap > scap ? d->scap : scap;
+        decoder_free(cb->cu, d);
+        free(cb->bat_host);
+        cb->bat_host = malloc((size_t)N * (2 * sizeof(float *) + sizeof(int)));
+        if (!cb->bat_host)
+            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        TRY(decoder_alloc(cb, d, N, scap, 0, err));
+    }
+    float **kp = (float **)cb->bat_host, **vp = kp + N;
+    int *pos = (int *)(void *)(vp + N);
+    for (int i = 0, r = 0; i < n; r += kv[i++]->B)
+        kv_rows(kv[i], kp + r, vp + r, pos + r);
+    TRY(sp_cuda_upload(cb->cu, d->kp, cb->bat_host, (size_t)N * (2 * sizeof(float *) + sizeof(int)), err));
+    TRY(decoder_run(cb, d, out, inp, err));
+    for (int i = 0; i < n; i++) { // each cache's own positions follow
+        kv[i]->len++;
+        TRY(set_pos(cb->cu, kv[i]->d.pos, kv[i]->B, kv[i]->len, 0, err));
+    }
     return SP_OK;
 }
 
@@ -534,15 +637,18 @@ extern "C" sp_status sp_cuda_kv_new(sp_cuda_block *cb, sp_cuda_kv **out, int B, 
     if (B <= 0 || cap <= 0)
         return sp_errf(err, SP_ERR_ARG, "kv cache: bad batch %d or length %d", B, cap);
     sp_cuda_kv *kv = (sp_cuda_kv *)calloc(1, sizeof *kv);
-    if (!kv)
+    size_t tab = (size_t)B * (2 * sizeof(float *) + sizeof(int));
+    void *host = malloc(tab);
+    if (!kv || !host) {
+        free(kv), free(host);
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
     kv->cb = cb, kv->B = B, kv->cap = cap;
     size_t cache = (size_t)B * cap * cb->nkv * cb->hd * sizeof(float);
-    size_t dec = decode_layout(cb->s, cb->nh, B, cap, &kv->a, &kv->xin, &kv->xout, NULL);
-    kv->bytes = 2 * cache + (size_t)B * sizeof(int) + dec;
+    kv->bytes = kv_bytes(cb->s, cb->nh, B, cap);
     sp_status st = sp_cuda_budget_take(budget, kv->bytes, err);
     if (st != SP_OK) {
-        free(kv);
+        free(kv), free(host);
         return st;
     }
     kv->budget = budget;
@@ -550,16 +656,17 @@ extern "C" sp_status sp_cuda_kv_new(sp_cuda_block *cb, sp_cuda_kv **out, int B, 
     if (st == SP_OK)
         st = sp_cuda_alloc(cb->cu, (void **)&kv->v, cache, err);
     if (st == SP_OK)
-        st = sp_cuda_alloc(cb->cu, (void **)&kv->pos, (size_t)B * sizeof(int), err);
-    if (st == SP_OK)
-        st = sp_cuda_alloc(cb->cu, &kv->buf, dec, err);
-    if (st == SP_OK)
-        st = sp_cuda_zero(cb->cu, kv->pos, (size_t)B * sizeof(int), err);
+        st = decoder_alloc(cb, &kv->d, B, cap, 1, err);
+    if (st == SP_OK) { // the rows' tables, positions 0
+        float **kp = (float **)host, **vp = kp + B;
+        kv_rows(kv, kp, vp, (int *)(void *)(vp + B));
+        st = sp_cuda_upload(cb->cu, kv->d.kp, host, tab, err);
+    }
+    free(host);
     if (st != SP_OK) {
         sp_cuda_kv_free(kv);
         return sp_err_prefix(err, "kv cache of %d x %d positions: ", B, cap);
     }
-    decode_layout(cb->s, cb->nh, B, cap, &kv->a, &kv->xin, &kv->xout, (char *)kv->buf);
     *out = kv;
     return SP_OK;
 }
@@ -569,19 +676,38 @@ extern "C" void sp_cuda_kv_free(sp_cuda_kv *kv)
     if (!kv)
         return;
     sp_cuda *cu = kv->cb->cu;
-    if (kv->exec)
-        cudaStreamSynchronize(spk::stream_of(cu)); // a replay may still run
-    drop_graph(kv);
+    decoder_free(cu, &kv->d);
     sp_cuda_free(cu, kv->k);
     sp_cuda_free(cu, kv->v);
-    sp_cuda_free(cu, kv->pos);
-    sp_cuda_free(cu, kv->buf);
     sp_cuda_budget_give(kv->budget, kv->bytes);
     free(kv);
 }
 
+extern "C" sp_status sp_cuda_kv_reorder(sp_cuda_kv *kv, const int64_t *src, sp_err *err)
+{
+    for (int b = 0; b < kv->B; b++)
+        if (src[b] < 0 || src[b] >= kv->B)
+            return sp_errf(err, SP_ERR_ARG, "kv cache: row %d would take row %lld of %d", b, (long long)src[b], kv->B);
+    if (kv->len == 0)
+        return SP_OK;
+    size_t row = (size_t)kv->cb->nkv * kv->cb->hd, used = (size_t)kv->len * row, stride = (size_t)kv->cap * row;
+    void *ws = NULL;
+    TRY(sp_cuda_workspace(kv->cb->cu, 2 * (size_t)kv->B * used * sizeof(float), &ws, err));
+    cudaStream_t s = spk::stream_of(kv->cb->cu);
+    float *tmp[2] = {(float *)ws, (float *)ws + (size_t)kv->B * used}, *cache[2] = {kv->k, kv->v};
+    for (int c = 0; c < 2; c++) { // the used rows aside, then each row from its source
+        cudaError_t e = cudaMemcpy2DAsync(tmp[c], used * sizeof(float), cache[c], stride * sizeof(float),
+                                          used * sizeof(float), (size_t)kv->B, cudaMemcpyDeviceToDevice, s);
+        for (int b = 0; e == cudaSuccess && b < kv->B; b++)
+            e = cudaMemcpyAsync(cache[c] + b * stride, tmp[c] + (size_t)src[b] * used, used * sizeof(float),
+                                cudaMemcpyDeviceToDevice, s);
+        TRY(sp_cuda_error(err, (int)e, "kv cache reorder"));
+    }
+    return SP_OK;
+}
+
 extern "C" int sp_cuda_kv_len(const sp_cuda_kv *kv) { return kv->len; }
-extern "C" int sp_cuda_kv_graphed(const sp_cuda_kv *kv) { return kv->exec != NULL; }
+extern "C" int sp_cuda_kv_graphed(const sp_cuda_kv *kv) { return kv->d.exec != NULL; }
 
 extern "C" void sp_cuda_kv_arrays(const sp_cuda_kv *kv, const float **k, const float **v)
 {
@@ -594,7 +720,7 @@ extern "C" sp_status sp_cuda_kv_set_len(sp_cuda_kv *kv, int len, sp_err *err)
     if (len < 0 || len > kv->len)
         return sp_errf(err, SP_ERR_ARG, "kv cache: cannot roll back to %d of %d positions", len, kv->len);
     kv->len = len;
-    return set_pos(kv->cb->cu, kv->pos, kv->B, len, 0, err);
+    return set_pos(kv->cb->cu, kv->d.pos, kv->B, len, 0, err);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #define SEPAL_CUDA_BLOCK_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cuda_backend.h"
 #include "gemm.h"
@@ -71,6 +72,9 @@ void sp_cuda_kv_free(sp_cuda_kv *kv);
 int sp_cuda_kv_len(const sp_cuda_kv *kv);
 /* Rolls back to len positions (0 <= len <= the current length): the next step writes at len. */
 sp_status sp_cuda_kv_set_len(sp_cuda_kv *kv, int len, sp_err *err);
+/* Row b takes old row src[b] (positions [0, len); src values in [0, B), repeats allowed: beam search's hypo_ids),
+ * as sp_kv_reorder does; SP_ERR_ARG and nothing changed for a value outside. */
+sp_status sp_cuda_kv_reorder(sp_cuda_kv *kv, const int64_t *src, sp_err *err);
 /* 1 when the cache's decode steps replay a captured graph now. */
 int sp_cuda_kv_graphed(const sp_cuda_kv *kv);
 /* The cache's device arrays (keys, values [B, cap, nkv, hd]). */
@@ -81,6 +85,15 @@ void sp_cuda_kv_arrays(const sp_cuda_kv *kv, const float **k, const float **v);
  * cached prefix; the length grows by T. T = 1 with a cache is a decode step (graphs, above). out may equal inp. */
 sp_status sp_cuda_block_forward(sp_cuda_block *cb, float *out, const float *inp, int B, int T, int pos0,
                                 sp_cuda_kv *kv, sp_err *err);
+
+/* Decode steps of n caches at once (a server's batch of sessions; sp_block_decode_batch): cache i's kv[i]->B rows
+ * of inp / out [sum of rows, H], one new position each at that cache's length, appended to it (its length += 1).
+ * The weights are read once for all rows; each row's result is what sp_cuda_block_forward gives its cache alone,
+ * within rounding (the products of more than 8 rows take another path). The caches must be distinct and of this
+ * block; every one is checked before anything runs. A graph per number of rows as for one cache, replayed while
+ * the batch's row count stays (the rows' positions and caches are uploaded before each step). */
+sp_status sp_cuda_block_decode_batch(sp_cuda_block *cb, float *out, const float *inp, sp_cuda_kv *const *kv, int n,
+                                     sp_err *err);
 
 /* Activations of one forward kept for its backward (device memory, grown as needed; free with sp_cuda_acts_free). */
 typedef struct sp_cuda_acts {

@@ -2,8 +2,9 @@
  * family and feature the device runs (GQA, multi-query, ALiBi, llama3 RoPE, LayerNorm with and without biases,
  * GELU, parallel blocks with one or two norms) in every weight encoding, at odd shapes with random weights:
  * forward without a cache (the fused decode products and the GEMM path), prefill then decode steps with a KV
- * cache (through CUDA graphs, rolled back and replayed, and the same steps without graphs: the same bits), and
- * the backward to the input from kept activations and recomputed. Without a GPU the suite reports itself skipped
+ * cache (through CUDA graphs, rolled back and replayed, and the same steps without graphs: the same bits), a
+ * server's batch of several caches (against sp_block_decode_batch and each cache alone, with beam search's reorder),
+ * and the backward to the input from kept activations and recomputed. Without a GPU the suite reports itself skipped
  * (exit 77); the host-side parts (budget, sizes, what is supported) are checked by test_cuda_host. */
 #include <math.h>
 #include <stdio.h>
@@ -261,6 +262,87 @@ START_TEST(t_block_decode_vs_cpu)
 }
 END_TEST
 
+/* A server's batch: three sessions' caches of 1, 2 and 1 rows at lengths 3, 6 and 4 decoded together, against the
+ * CPU's sp_block_decode_batch and against each cache stepped alone on the device (4 rows: the fused products,
+ * so the same bits); then beam search's reorder of the 2-row cache on both sides and more batched steps. */
+START_TEST(t_block_decode_batch_vs_cpu)
+{
+    enum { N = 3 };
+    int rows[N] = {1, 2, 1}, lens[N] = {3, 6, 4}, caps[N] = {12, 11, 16}, R = 4; /* the 2-row cache full at the end */
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        tcase c;
+        case_init(&c, _i, (sp_wtype)t);
+        int H = c.H;
+        sp_rng r;
+        sp_rng_seed(&r, 17);
+        sp_kv_cache kv[N], *kvp[N];
+        sp_cuda_kv *dkv[N], *alone[N];
+        sp_ws ws = {0};
+        sp_err err = {0};
+        float *dx = dev_zero((size_t)R * 8 * H), *dy = dev_zero((size_t)R * 8 * H);
+        for (int i = 0; i < N; i++) {
+            kvp[i] = &kv[i];
+            ck_assert_int_eq(sp_kv_init(&kv[i], rows[i], caps[i], c.b.nkv, c.b.hd, &err), SP_OK);
+            OK(sp_cuda_kv_new(c.cb, &dkv[i], rows[i], caps[i], NULL, E));
+            OK(sp_cuda_kv_new(c.cb, &alone[i], rows[i], caps[i], NULL, E));
+            size_t n = (size_t)rows[i] * lens[i] * H;
+            float *x = randn(&r, n, 1.0f), *y = malloc(n * sizeof(float));
+            ck_assert_int_eq(sp_block_forward(&c.b, y, x, rows[i], lens[i], 0, &kv[i], &ws, &err), SP_OK);
+            OK(sp_cuda_upload(cu, dx, x, n * sizeof(float), E));
+            OK(sp_cuda_block_forward(c.cb, dy, dx, rows[i], lens[i], 0, dkv[i], E));
+            OK(sp_cuda_block_forward(c.cb, dy, dx, rows[i], lens[i], 0, alone[i], E));
+            free(x), free(y);
+        }
+        int item_rows[N];
+        size_t nr = (size_t)R * H;
+        float *want = malloc(nr * sizeof(float));
+        for (int s = 0; s < 5; s++) {
+            if (s == 3) { /* beam search reorders the 2-row session's cache: both rows continue row 1 */
+                int64_t src[2] = {1, 1};
+                ck_assert_int_eq(sp_kv_reorder(&kv[1], src, &err), SP_OK);
+                OK(sp_cuda_kv_reorder(dkv[1], src, E));
+                OK(sp_cuda_kv_reorder(alone[1], src, E));
+            }
+            float *x = randn(&r, nr, 1.0f);
+            ck_assert_int_eq(sp_block_decode_batch(&c.b, want, x, kvp, N, item_rows, &ws, &err), SP_OK);
+            OK(sp_cuda_upload(cu, dx, x, nr * sizeof(float), E));
+            OK(sp_cuda_block_decode_batch(c.cb, dy, dx, dkv, N, E));
+            float *got = host(dy, nr);
+            double e = rel_err(got, want, nr);
+            ck_assert_msg(e <= tol_fwd[t], "batched step %d %s: error %.3g", s, sp_wtype_name((sp_wtype)t), e);
+            for (int i = 0, o = 0; i < N; o += rows[i++]) { /* each cache alone: the same bits */
+                ck_assert_int_eq(sp_cuda_kv_len(dkv[i]), kv[i].len);
+                OK(sp_cuda_block_forward(c.cb, dy + (size_t)o * H, dx + (size_t)o * H, rows[i], 1,
+                                         sp_cuda_kv_len(alone[i]), alone[i], E));
+            }
+            float *one = host(dy, nr);
+            ck_assert_msg(memcmp(one, got, nr * sizeof(float)) == 0, "step %d: batched differs from alone", s);
+            free(x), free(got), free(one);
+        }
+        /* a full cache in the batch: refused before anything runs */
+        sp_cuda_kv *full = NULL;
+        OK(sp_cuda_kv_new(c.cb, &full, 1, 1, NULL, E));
+        OK(sp_cuda_block_forward(c.cb, dy, dx, 1, 1, 0, full, E));
+        sp_cuda_kv *bad[2] = {dkv[0], full};
+        int len0 = sp_cuda_kv_len(dkv[0]);
+        ck_assert_int_eq(sp_cuda_block_decode_batch(c.cb, dy, dx, bad, 2, &err), SP_ERR_RANGE);
+        ck_assert_int_eq(sp_cuda_kv_len(dkv[0]), len0);
+        int64_t out_of_range[2] = {0, 2};
+        ck_assert_int_eq(sp_cuda_kv_reorder(dkv[1], out_of_range, &err), SP_ERR_ARG);
+        sp_cuda_kv_free(full);
+        for (int i = 0; i < N; i++) {
+            sp_kv_free(&kv[i]);
+            sp_cuda_kv_free(dkv[i]);
+            sp_cuda_kv_free(alone[i]);
+        }
+        free(want);
+        sp_ws_free(&ws);
+        sp_cuda_free(cu, dx), sp_cuda_free(cu, dy);
+        case_free(&c);
+    }
+}
+END_TEST
+
 START_TEST(t_block_backward_vs_cpu)
 {
     for (int t = 0; t < SP_W__COUNT; t++) {
@@ -329,6 +411,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, t_block_forward_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_decode_vs_cpu, 0, NCFG);
+    tcase_add_loop_test(tc, t_block_decode_batch_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_backward_vs_cpu, 0, NCFG);
     tcase_add_test(tc, t_block_errors);
     suite_add_tcase(s, tc);
