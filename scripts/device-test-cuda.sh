@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the CUDA Check suites (test_cuda_host, test_cuda, test_cuda_block) and the benchmarks
-# (bench_kern_cuda, bench_block_cuda) on a GPU machine that has nvcc but none of our Debian -dev packages and no network (the lent
-# device machine). The packages travel as .deb files in .debs/ (made here with: mkdir -p .debs && cd .debs &&
-# apt-get download libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev check libsubunit0 libsubunit-dev
-# libcjson1 libcjson-dev libgfortran5) and are unpacked under /tmp/deps, never into /. Without .debs/ the system's
+# (bench_kern_cuda, bench_block_cuda) on a GPU machine that has nvcc but none of our Debian -dev packages and no
+# network (the lent device machine). The packages travel as .deb files in .debs/ (made here with: mkdir -p .debs &&
+# cd .debs && apt-get download libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev check libsubunit0
+# libsubunit-dev libcjson1 libcjson-dev libgfortran5) and are unpacked under /tmp/deps, never into /. Without .debs/ the system's
 # packages are used (a machine like this one: the build is checked, test_cuda reports itself skipped and the
 # benchmark says there is no GPU). Outputs (objects, binaries, logs, summary.txt, bench_*.txt) go to
 # $OUT/device-build (or /tmp/device-build). SEPAL_CUDA_SUITES and SEPAL_CUDA_BENCHES name a subset to build and run

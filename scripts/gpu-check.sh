@@ -5,7 +5,8 @@
 # most 8 files): summary.txt, test_cuda_host.log, test_cuda.log, test_cuda_block.log, bench_kern_cuda.txt,
 # bench_block_cuda.txt, memcheck.log, build.log. SEPAL_CUDA_SUITES / SEPAL_CUDA_BENCHES (device-test-cuda.sh) pick
 # a subset; memcheck runs on the first suite of them that is a GPU suite.
-# Usage (device tool): bash scripts/gpu-check.sh   with .debs carried. Runs in about 2 minutes on an H100/H200.
+# Usage (device tool): bash scripts/gpu-check.sh   with .debs carried. Runs in about 3 minutes on an H100/H200
+# (bench_block_cuda: 30 s of it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST="${OUT:-/tmp/gpu-check-out}"
