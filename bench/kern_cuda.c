@@ -7,10 +7,10 @@
 #include <stdlib.h>
 
 #include "cuda_backend.h"
+#include "cuda_timing.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "rng.h"
-#include "timeutil.h"
 
 static sp_cuda *cu;
 
@@ -26,26 +26,9 @@ static void die(const sp_err *err)
             die(&err);                                                                                         \
     } while (0)
 
-/* Seconds one rep of what `run` queues takes: a warm-up rep, then reps of them, synced. */
-typedef void (*rep_fn)(void *ctx);
-static double time_reps(rep_fn run, void *ctx, int reps)
+static double time_reps(void (*run)(void *ctx), void *ctx, int reps)
 {
-    sp_err err = {0};
-    run(ctx);
-    TRY(sp_cuda_sync(cu, &err));
-    double t0 = sp_now_s();
-    for (int i = 0; i < reps; i++)
-        run(ctx);
-    TRY(sp_cuda_sync(cu, &err));
-    return (sp_now_s() - t0) / reps;
-}
-
-typedef struct { void *dst, *src; size_t bytes; } copy_ctx;
-static void run_copy(void *p)
-{
-    copy_ctx *c = p;
-    sp_err err = {0};
-    TRY(sp_cuda_copy_d2d(cu, c->dst, c->src, c->bytes, &err));
+    return sp_bench_cuda_reps(cu, run, ctx, reps, "bench_kern_cuda");
 }
 
 typedef struct { sp_cuda_wmat w; float *x, *y; } mul_ctx;
@@ -88,12 +71,8 @@ int main(int argc, char **argv)
     printf("device: %s\n", sp_cuda_name(cu));
     sp_rng r;
     sp_rng_seed(&r, 1);
-    copy_ctx cc = {.bytes = (size_t)1 << 30};
-    TRY(sp_cuda_alloc(cu, &cc.dst, cc.bytes, &err));
-    TRY(sp_cuda_alloc(cu, &cc.src, cc.bytes, &err));
-    double copy_bw = 2.0 * cc.bytes / time_reps(run_copy, &cc, 10);
+    double copy_bw = sp_bench_cuda_copy_bw(cu, "bench_kern_cuda");
     printf("device-to-device copy: %.0f GB/s (read + written)\n", copy_bw / 1e9);
-    sp_cuda_free(cu, cc.dst), sp_cuda_free(cu, cc.src);
     /* decode: one token through a 7B block's largest matrices (gate/up [11008, 4096]) */
     int rows = 11008, cols = 4096;
     float *hw = malloc((size_t)rows * cols * sizeof(float));

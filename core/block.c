@@ -607,12 +607,12 @@ static sp_status acts_alloc(acts *a, const sp_block *b, int B, int T, const sp_a
     return SP_OK;
 }
 
-static sp_status check_dims(const sp_block *b, int B, int T, int pos0, const sp_kv_cache *kv, sp_err *err)
+sp_status sp_block_check_step(int nkv, int hd, int B, int T, int pos0, const sp_kv_cache *kv, sp_err *err)
 {
     if (B <= 0 || T <= 0 || pos0 < 0)
         return sp_errf(err, SP_ERR_ARG, "block: bad batch %d / length %d / position %d", B, T, pos0);
     if (kv) {
-        if (kv->B != B || kv->nkv != b->nkv || kv->hd != b->hd)
+        if (kv->B != B || kv->nkv != nkv || kv->hd != hd)
             return sp_errf(err, SP_ERR_ARG, "block: KV cache holds batch %d, step has %d", kv->B, B);
         if (pos0 != kv->len)
             return sp_errf(err, SP_ERR_ARG, "block: step at position %d but the cache holds %d", pos0, kv->len);
@@ -620,6 +620,11 @@ static sp_status check_dims(const sp_block *b, int B, int T, int pos0, const sp_
             return sp_errf(err, SP_ERR_RANGE, "block: %d + %d positions exceed the cache's %d", kv->len, T, kv->cap);
     }
     return SP_OK;
+}
+
+static sp_status check_dims(const sp_block *b, int B, int T, int pos0, const sp_kv_cache *kv, sp_err *err)
+{
+    return sp_block_check_step(b->nkv, b->hd, B, T, pos0, kv, err);
 }
 
 static sp_attn_dims attn_dims(const sp_block *b, int B, int T, const sp_kv_cache *kv, int keep)

@@ -99,6 +99,11 @@ sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err);
  * a small buffer on the stack. Allocates nothing for B <= 64. */
 sp_status sp_rows_gather(float *rows, size_t stride, size_t used, const int64_t *src, int B, sp_err *err);
 
+/* SP_OK when a step of B rows of T positions at pos0 may run over kv (NULL: none) of a block with nkv KV heads of
+ * hd: SP_ERR_ARG for a bad shape, a cache of other rows or heads or a position other than its length, SP_ERR_RANGE
+ * when the positions exceed its capacity (what sp_block_forward checks; the CUDA block checks the same). */
+sp_status sp_block_check_step(int nkv, int hd, int B, int T, int pos0, const sp_kv_cache *kv, sp_err *err);
+
 /* out[B,T,H] = block(inp[B,T,H]) at positions pos0..pos0+T-1. With a cache, pos0 must equal kv->len:
  * the step's keys/values are appended and attention sees the whole cached prefix; kv->len += T.
  * out may equal inp. */

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds and runs the CUDA Check suites (test_cuda_host, then test_cuda) and the kernels' benchmark
-# (bench_kern_cuda) on a GPU machine that has nvcc but none of our Debian -dev packages and no network (the lent
-# device machine). The packages travel as .deb files in .debs/ (made here with: mkdir -p .debs && cd .debs &&
-# apt-get download libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev check libsubunit0 libsubunit-dev
-# libcjson1 libcjson-dev libgfortran5) and are unpacked under /tmp/deps, never into /. Without .debs/ the system's
+# Builds and runs the CUDA Check suites (test_cuda_host, test_cuda, test_cuda_block) and the benchmarks
+# (bench_kern_cuda, bench_block_cuda) on a GPU machine that has nvcc but none of our Debian -dev packages and no
+# network (the lent device machine). The packages travel as .deb files in .debs/ (made here with: mkdir -p .debs &&
+# cd .debs && apt-get download libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev check libsubunit0
+# libsubunit-dev libcjson1 libcjson-dev libgfortran5) and are unpacked under /tmp/deps, never into /. Without .debs/ the system's
 # packages are used (a machine like this one: the build is checked, test_cuda reports itself skipped and the
-# benchmark says there is no GPU). Outputs (objects, binaries, logs, summary.txt, bench_kern_cuda.txt) go to
-# $OUT/device-build (or /tmp/device-build).
+# benchmark says there is no GPU). Outputs (objects, binaries, logs, summary.txt, bench_*.txt) go to
+# $OUT/device-build (or /tmp/device-build). SEPAL_CUDA_SUITES and SEPAL_CUDA_BENCHES name a subset to build and run
+# (default: all of them; "" for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA="${CUDA_HOME:-/usr/local/cuda}"
@@ -56,23 +57,27 @@ for src in cuda/*.cu; do
     OBJS+=("$o")
 done
 wait_all
-# sepal_common's files (common/CMakeLists.txt: not swarmkey.c, which needs OpenSSL) and the parts of core/ the
-# kernels' references and the weight encodings live in; for the tests, client/train/optim.c with its CUDA path (it
+# sepal_common's files (common/CMakeLists.txt: not swarmkey.c, which needs OpenSSL) and core/ (the CPU references:
+# ops, the weight encodings, the block); for the tests, client/train/optim.c with its CUDA path (it
 # needs only common/ and the autograd.h header, not autograd.c) and the host harness.
 COMMON=($(sed -n 's/^add_library(sepal_common STATIC \(.*\))$/\1/p' common/CMakeLists.txt))
-LIB_SRC=("${COMMON[@]/#/common/}" core/ops.c core/kern.c core/pool.c core/rope.c cuda/wlayout.c)
+LIB_SRC=("${COMMON[@]/#/common/}" core/*.c cuda/wlayout.c) # core/block.c and what it loads with
 TEST_SRC=(client/train/optim.c tests/testrun.c tests/cuda_emul.c)
-LINK=("${LIBDIRS[@]}" -l:libopenblas.so.0 -lcublas -lcudart -lstdc++ -lm -lpthread -lrt)
+LINK=("${LIBDIRS[@]}" -l:libopenblas.so.0 -lcjson -lcublas -lcudart -lstdc++ -lm -lpthread -lrt)
+SUITES=(${SEPAL_CUDA_SUITES-test_cuda_host test_cuda test_cuda_block})
+BENCHES=(${SEPAL_CUDA_BENCHES-kern_cuda block_cuda})
 CC=(gcc -O2 -std=c11 -D_GNU_SOURCE -DSEPAL_HAVE_CUDA=1 -Wall -Wextra "${INC[@]}")
-for t in test_cuda_host test_cuda; do
+for t in "${SUITES[@]}"; do
     "${CC[@]}" "${LIB_SRC[@]}" "${TEST_SRC[@]}" "tests/$t.c" "${OBJS[@]}" "${CHECK[@]}" "${LINK[@]}" -o "$OUTDIR/$t" &
     PIDS+=($!)
 done
-"${CC[@]}" "${LIB_SRC[@]}" bench/kern_cuda.c "${OBJS[@]}" "${LINK[@]}" -o "$OUTDIR/bench_kern_cuda" &
-PIDS+=($!)
+for b in "${BENCHES[@]}"; do
+    "${CC[@]}" "${LIB_SRC[@]}" "bench/$b.c" "${OBJS[@]}" "${LINK[@]}" -o "$OUTDIR/bench_$b" &
+    PIDS+=($!)
+done
 wait_all
 rc=0
-for t in test_cuda_host test_cuda; do
+for t in "${SUITES[@]}"; do
     set +e
     "$OUTDIR/$t" 2>&1 | tee "$OUTDIR/$t.log"
     r=${PIPESTATUS[0]}
@@ -80,6 +85,8 @@ for t in test_cuda_host test_cuda; do
     echo "$t: exit $r" | tee -a "$OUTDIR/summary.txt"
     [ "$r" -eq 0 ] || [ "$r" -eq 77 ] || rc=1
 done
-# the kernels' speed (bench/kern_cuda.c), whatever the tests said
-timeout 300 "$OUTDIR/bench_kern_cuda" 2>&1 | tee "$OUTDIR/bench_kern_cuda.txt" || rc=1
+# the kernels' and the block's speed (bench/kern_cuda.c, bench/block_cuda.c), whatever the tests said
+for b in "${BENCHES[@]}"; do
+    timeout 300 "$OUTDIR/bench_$b" ${SEPAL_CUDA_BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench_$b.txt" || rc=1
+done
 exit $rc

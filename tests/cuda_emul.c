@@ -3,6 +3,7 @@
 #include "cuda_emul.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -323,4 +324,21 @@ void emul_attn_case(emul_attn *c, sp_rng *r, int B, int T, int past, int nh, int
 void emul_attn_free(emul_attn *c)
 {
     free(c->q), free(c->kc), free(c->vc), free(c->out), free(c->probs);
+}
+
+int emul_open_gpu(const char *suite, sp_cuda **cu)
+{
+    char why[256];
+    if (sp_cuda_device_count(why, sizeof why) <= 0) {
+        printf("%s: skipped: no usable GPU (%s)\n", suite, why);
+        return 77;
+    }
+    setenv("CK_FORK", "no", 1);
+    sp_err err = {0};
+    if (sp_cuda_open(cu, 0, &err) != SP_OK) {
+        fprintf(stderr, "%s: %s\n", suite, err.msg);
+        return 1;
+    }
+    printf("%s: running on %s\n", suite, sp_cuda_name(*cu));
+    return 0;
 }

@@ -67,6 +67,11 @@ double emul_gemm_tol(sp_cu_dtype t);
 float *emul_randn(sp_rng *r, size_t n, float sd);
 float *emul_dup(const float *x, size_t n);
 
+/* The GPU suites' start: without a usable GPU prints "SUITE: skipped: no usable GPU (why)" and returns 77 (ctest's
+ * skip); else opens device 0 into *cu (printing "SUITE: running on NAME"), sets CK_FORK=no (a CUDA context made
+ * before fork() is unusable in the child) and returns 0; 1 after printing why opening failed. */
+int emul_open_gpu(const char *suite, sp_cuda **cu);
+
 /* max over i of |a - b| / (abs_tol + rel_tol |b|); <= 1 passes. NaN in either is +inf. */
 double emul_err(const float *a, const float *b, size_t n, double abs_tol, double rel_tol);
 

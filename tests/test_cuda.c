@@ -684,20 +684,9 @@ END_TEST
 
 int main(void)
 {
-    char why[256];
-    if (sp_cuda_device_count(why, sizeof why) <= 0) {
-        printf("test_cuda: skipped: no usable GPU (%s)\n", why);
-        return 77;
-    }
-    char name[256];
-    sp_cuda_device_name(name, sizeof name);
-    printf("test_cuda: running on %s\n", name);
-    setenv("CK_FORK", "no", 1); /* a CUDA context made before fork() is unusable in the child */
-    sp_err err = {0};
-    if (sp_cuda_open(&cu, 0, &err) != SP_OK) {
-        fprintf(stderr, "test_cuda: %s\n", err.msg);
-        return 1;
-    }
+    int rc = emul_open_gpu("test_cuda", &cu);
+    if (rc)
+        return rc;
     Suite *s = suite_create("cuda");
     TCase *tk = tcase_create("block_kernels_vs_cpu");
     tcase_set_timeout(tk, 300);
@@ -719,7 +708,7 @@ int main(void)
     tcase_add_test(tc, t_sumsq_matches_cpu);
     tcase_add_test(tc, t_optim_step_matches_cpu);
     suite_add_tcase(s, tc);
-    int rc = sp_test_run(s);
+    rc = sp_test_run(s);
     sp_cuda_close(cu);
     return rc;
 }

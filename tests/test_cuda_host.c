@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block.h"
+#include "block_cuda.h"
 #include "cuda_backend.h"
 #include "cuda_emul.h"
 #include "kernels.h"
@@ -435,6 +437,89 @@ START_TEST(t_errors_mapped)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* the device block's host-side planning (cuda/block.cu): what runs, what a cache costs, the budget, and the
+ * backward's tiled product with int8 / NF4 weights */
+
+static void block_of(sp_block *b, sp_rope *rope, const char *json)
+{
+    sp_config cfg;
+    sp_err err = {0};
+    ck_assert_msg(sp_config_parse(&cfg, json, "test", &err) == SP_OK, "%s", err.msg);
+    if (cfg.blk.pos == SP_POS_ROPE)
+        ck_assert_int_eq(sp_rope_init(rope, &cfg, &err), SP_OK);
+    ck_assert_msg(sp_block_init(b, &cfg, rope, &err) == SP_OK, "%s", err.msg);
+}
+
+START_TEST(t_block_plan)
+{
+    static const char *dense[] = {
+        "{\"model_type\":\"llama\",\"hidden_size\":108,\"num_attention_heads\":6,\"num_key_value_heads\":2,"
+        "\"intermediate_size\":170,\"num_hidden_layers\":1,\"vocab_size\":64,\"rms_norm_eps\":1e-5}",
+        "{\"model_type\":\"bloom\",\"hidden_size\":84,\"n_head\":7,\"num_hidden_layers\":1,\"vocab_size\":64,"
+        "\"layer_norm_epsilon\":1e-5}",
+        "{\"model_type\":\"falcon\",\"multi_query\":true,\"parallel_attn\":true,\"hidden_size\":88,"
+        "\"num_attention_heads\":4,\"num_hidden_layers\":1,\"vocab_size\":64}",
+    };
+    sp_block b;
+    sp_rope rope;
+    sp_err err = {0};
+    for (int i = 0; i < 3; i++) {
+        block_of(&b, &rope, dense[i]);
+        ck_assert_msg(sp_cuda_block_supported(&b, &err) == SP_OK, "%s", err.msg);
+        /* a cache: its keys and values, and more (the decode step's buffers), growing with rows and length */
+        size_t kv = 2 * (size_t)3 * 40 * b.nkv * b.hd * sizeof(float), n = sp_cuda_kv_bytes(&b, 3, 40);
+        ck_assert_uint_gt(n, kv);
+        ck_assert_uint_lt(n, 3 * kv + (size_t)3 * 20 * (b.H + b.FF) * sizeof(float));
+        ck_assert_uint_lt(n, sp_cuda_kv_bytes(&b, 3, 41));
+        ck_assert_uint_lt(n, sp_cuda_kv_bytes(&b, 4, 40));
+        sp_block_free(&b);
+    }
+    block_of(&b, &rope, "{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                        "\"num_key_value_heads\":2,\"intermediate_size\":96,\"num_local_experts\":4,"
+                        "\"num_experts_per_tok\":2,\"num_hidden_layers\":1,\"vocab_size\":64,"
+                        "\"rms_norm_eps\":1e-5}");
+    ck_assert_int_eq(sp_cuda_block_supported(&b, &err), SP_ERR_UNSUPPORTED);
+    ck_assert_str_eq(err.msg, "cuda: mixtral's sparse experts do not run on the device yet");
+    sp_block_free(&b);
+    /* the budget: what fits is charged, what does not is refused with nothing charged; giving back frees it */
+    sp_cuda_budget bu = {.limit = 1000000};
+    ck_assert_int_eq(sp_cuda_budget_take(&bu, 600000, &err), SP_OK);
+    ck_assert_int_eq(sp_cuda_budget_take(&bu, 400001, &err), SP_ERR_NOMEM);
+    ck_assert_str_eq(err.msg, "kv cache: 0.4 MB more would exceed the budget (0.6 of 1.0 MB held)");
+    ck_assert_int_eq(sp_cuda_budget_take(&bu, (size_t)-1, &err), SP_ERR_NOMEM); /* no wrap-around */
+    ck_assert_uint_eq(bu.used, 600000);
+    ck_assert_int_eq(sp_cuda_budget_take(&bu, 400000, &err), SP_OK);
+    ck_assert_uint_eq(bu.used, 1000000);
+    sp_cuda_budget_give(&bu, 600000);
+    ck_assert_uint_eq(bu.used, 400000);
+    ck_assert_int_eq(sp_cuda_budget_take(NULL, (size_t)-1, &err), SP_OK); /* no budget: anything */
+}
+END_TEST
+
+/* dX += dY W through tiles of decoded rows (the plans block.cu runs on cuBLAS) equals sp_linear_backward's. */
+START_TEST(t_block_dx_tiles_vs_cpu)
+{
+    int N = 5, in = 37, out = 103, tiles[] = {1, 7, 40, 103};
+    sp_rng r;
+    sp_rng_seed(&r, 77);
+    float *W = emul_randn(&r, (size_t)out * in, 1.0f), *dY = emul_randn(&r, (size_t)N * out, 1.0f);
+    float *dX0 = emul_randn(&r, (size_t)N * in, 1.0f), *want = emul_dup(dX0, (size_t)N * in);
+    sp_linear_backward(want, NULL, NULL, dY, NULL, W, N, in, out);
+    for (int k = 0; k < 4; k++) {
+        float *dX = emul_dup(dX0, (size_t)N * in);
+        for (int r0 = 0; r0 < out; r0 += tiles[k]) {
+            int tr = out - r0 < tiles[k] ? out - r0 : tiles[k];
+            sp_gemm_plan p = sp_cuda_plan_dx_tile(N, in, out, tr);
+            emul_gemm(&p, W + (size_t)r0 * in, dY + r0, dX);
+        }
+        ASSERT_CLOSE(dX, want, (size_t)N * in, 1e-5, 1e-5, "tiled dX");
+        free(dX);
+    }
+    free(W), free(dY), free(dX0), free(want);
+}
+END_TEST
+
 /* Without a GPU, opening the device is an error that says why (no abort); with one, a missing index is. */
 START_TEST(t_open_device)
 {
@@ -474,6 +559,8 @@ int main(void)
     tcase_add_test(tc, t_softmax_crossentropy_vs_cpu);
     tcase_add_test(tc, t_weights_vs_cpu);
     tcase_add_test(tc, t_gemm_plans_vs_cpu);
+    tcase_add_test(tc, t_block_dx_tiles_vs_cpu);
+    tcase_add_test(tc, t_block_plan);
     suite_add_tcase(s, tc);
     TCase *te = tcase_create("errors");
     tcase_add_test(te, t_errors_mapped);

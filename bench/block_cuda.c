@@ -1,0 +1,237 @@
+/* block_cuda.c - the device block (cuda/block_cuda.h) at Llama-2-7B and Llama-2-70B shapes with random weights,
+ * against the device's own limits measured in the same run (issue 27's benchmarks):
+ *
+ * 1. decode: one sequence, one token over a KV cache of 128 positions, graphs on: weight bytes read per second
+ *    over the device-to-device copy bandwidth (bytes read + written by cudaMemcpy). Goal >= 0.8. bf16, and the
+ *    7B block in int8 and NF4 (bytes of their encodings).
+ * 2. forward of 1024 tokens (no cache), and forward + backward to the input (kept activations): FLOP/s over the
+ *    peak of a cuBLAS bf16 GEMM of the block's largest product ([1024, H] x [H, FF]). Goal >= 0.6. FLOPs: 2 per
+ *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more
+ *    product, so forward + backward is 2x the products) plus attention's 4 T^2 hd per head (x2.5 with backward).
+ *
+ * Prints the device and the ratios; without a GPU it says so and exits 0. Usage: bench_block_cuda [--quick]
+ * (--quick: the 7B block only, fewer repetitions). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "block.h"
+#include "block_cuda.h"
+#include "cuda_backend.h"
+#include "cuda_timing.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "rng.h"
+
+static sp_cuda *cu;
+static sp_err err;
+
+static void die(void)
+{
+    fprintf(stderr, "bench_block_cuda: %s\n", err.msg);
+    exit(1);
+}
+
+#define TRY(call)                                                                                              \
+    do {                                                                                                       \
+        if ((call) != SP_OK)                                                                                   \
+            die();                                                                                             \
+    } while (0)
+
+static double time_reps(void (*run)(void *ctx), void *ctx, int reps)
+{
+    return sp_bench_cuda_reps(cu, run, ctx, reps, "bench_block_cuda");
+}
+
+typedef struct { void *X, *W; float *Y; int N, in, out; } gemm_ctx;
+static void run_gemm(void *p)
+{
+    gemm_ctx *c = p;
+    TRY(sp_cuda_linear(cu, c->Y, c->X, c->W, SP_CU_BF16, c->N, c->in, c->out, 0, &err));
+}
+
+/* The peak of a bf16 GEMM [N, in] x [in, out] (fp32 accumulation), FLOP/s. */
+static double gemm_peak(int N, int in, int out)
+{
+    gemm_ctx g = {.N = N, .in = in, .out = out};
+    TRY(sp_cuda_alloc(cu, &g.X, (size_t)N * in * 2, &err));
+    TRY(sp_cuda_alloc(cu, &g.W, (size_t)out * in * 2, &err));
+    TRY(sp_cuda_alloc(cu, (void **)&g.Y, (size_t)N * out * sizeof(float), &err));
+    TRY(sp_cuda_zero(cu, g.X, (size_t)N * in * 2, &err));
+    TRY(sp_cuda_zero(cu, g.W, (size_t)out * in * 2, &err));
+    double fl = 2.0 * N * in * out / time_reps(run_gemm, &g, 20);
+    sp_cuda_free(cu, g.X), sp_cuda_free(cu, g.W), sp_cuda_free(cu, g.Y);
+    return fl;
+}
+
+/* A Llama-2-shaped block, random N(0, 0.02) weights, norm gains 1, encoded in t. */
+static void make_block(sp_block *b, sp_config *cfg, sp_rope *rope, int H, int FF, int nh, int nkv, sp_wtype t)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model_type\":\"llama\",\"hidden_size\":%d,\"intermediate_size\":%d,\"num_attention_heads\":%d,"
+             "\"num_key_value_heads\":%d,\"num_hidden_layers\":1,\"vocab_size\":32000,\"rms_norm_eps\":1e-5,"
+             "\"max_position_embeddings\":4096}",
+             H, FF, nh, nkv);
+    TRY(sp_config_parse(cfg, json, "bench", &err));
+    TRY(sp_rope_init(rope, cfg, &err));
+    TRY(sp_block_init(b, cfg, rope, &err));
+    sp_rng r;
+    sp_rng_seed(&r, 5);
+    sp_rng_fill_normal_fast(&r, b->mem, (long)b->numel, 0.02f);
+    for (int i = 0; i < H; i++)
+        b->ln1_w[i] = b->ln2_w[i] = 1.0f;
+    TRY(sp_block_quantize(b, t, &err));
+}
+
+static float *dev_randn(size_t n, float sd)
+{
+    float *h = malloc(n * sizeof(float));
+    sp_rng r;
+    sp_rng_seed(&r, 3);
+    sp_rng_fill_normal_fast(&r, h, (long)n, sd);
+    void *d = NULL;
+    TRY(sp_cuda_dup(cu, &d, h, n * sizeof(float), &err));
+    free(h);
+    return d;
+}
+
+typedef struct {
+    sp_cuda_block *cb;
+    sp_cuda_kv *kv;
+    sp_cuda_acts acts;
+    float *x, *y, *d;
+    int T, K; /* forward tokens; decode: cache positions before the step */
+} run_ctx;
+
+static void run_decode(void *p)
+{
+    run_ctx *c = p;
+    TRY(sp_cuda_kv_set_len(c->kv, c->K, &err));
+    TRY(sp_cuda_block_forward(c->cb, c->y, c->x, 1, 1, c->K, c->kv, &err));
+}
+
+static void run_forward(void *p)
+{
+    run_ctx *c = p;
+    TRY(sp_cuda_block_forward(c->cb, c->y, c->x, 1, c->T, 0, NULL, &err));
+}
+
+static void run_fwd_bwd(void *p)
+{
+    run_ctx *c = p;
+    TRY(sp_cuda_block_forward_keep(c->cb, c->y, c->x, 1, c->T, 0, &c->acts, &err));
+    TRY(sp_cuda_block_backward_kept(c->cb, c->d, c->y, c->x, &c->acts, &err));
+}
+
+/* The block's products alone (sp_cuda_wmat_mul on one row), for the share of a decode step they take. */
+typedef struct {
+    sp_cuda_wmat m[8];
+    int n;
+    float *x, *y;
+} prod_ctx;
+
+static void run_products(void *p)
+{
+    prod_ctx *c = p;
+    for (int i = 0; i < c->n; i++)
+        TRY(sp_cuda_wmat_mul(cu, &c->m[i], c->x, c->y, 1, &err));
+}
+
+static double time_products(const sp_block *b, int reps)
+{
+    prod_ctx c = {.n = b->nqm < 8 ? b->nqm : 8};
+    int widest = b->FF > b->H ? b->FF : b->H;
+    widest = widest > b->nh * b->hd ? widest : b->nh * b->hd;
+    c.x = dev_randn((size_t)widest, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)widest * sizeof(float), &err));
+    for (int i = 0; i < c.n; i++)
+        TRY(sp_cuda_wmat_upload(cu, &c.m[i], &b->qm[i], &err));
+    double s = time_reps(run_products, &c, reps);
+    for (int i = 0; i < c.n; i++)
+        sp_cuda_wmat_free(cu, &c.m[i]);
+    sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
+    return s;
+}
+
+/* Decode of one token at KV length K: steps/s and weight bytes/s over copy. */
+static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps)
+{
+    run_ctx c = {.K = K};
+    TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
+    TRY(sp_cuda_kv_new(c.cb, &c.kv, 1, K + 1, NULL, &err));
+    c.x = dev_randn((size_t)K * b->H, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)K * b->H * sizeof(float), &err));
+    TRY(sp_cuda_block_forward(c.cb, c.y, c.x, 1, K, 0, c.kv, &err)); /* the cache's K positions */
+    run_decode(&c);                                                   /* plain; the next is captured */
+    double s = time_reps(run_decode, &c, reps), bytes = (double)sp_cuda_block_bytes(c.cb);
+    printf("%s %-4s decode (KV %d, graph %s): %7.1f us/step, %6.0f steps/s, %5.0f GB/s of weights, %.2f of copy\n",
+           name, sp_wtype_name(b->wtype), K, sp_cuda_kv_graphed(c.kv) ? "yes" : "no", s * 1e6, 1 / s, bytes / s / 1e9,
+           bytes / s / copy_bw);
+    sp_cuda_kv_free(c.kv);
+    sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
+    sp_cuda_block_free(c.cb);
+    double sp = time_products(b, reps);
+    printf("%s %-4s   of which its %d products alone (sp_cuda_wmat_mul, 1 row): %7.1f us, %.2f of copy\n", name,
+           sp_wtype_name(b->wtype), b->nqm, sp * 1e6, bytes / sp / copy_bw);
+}
+
+/* 1024-token forward and forward + backward: FLOP/s over the GEMM peak, tokens/s. */
+static void bench_forward(const char *name, const sp_block *b, int T, int reps)
+{
+    double peak = gemm_peak(T, b->H, b->FF);
+    run_ctx c = {.T = T};
+    TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
+    size_t n = (size_t)T * b->H;
+    c.x = dev_randn(n, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&c.y, n * sizeof(float), &err));
+    TRY(sp_cuda_alloc(cu, (void **)&c.d, n * sizeof(float), &err));
+    double params = 0;
+    for (int i = 0; i < b->nqm; i++)
+        params += (double)b->qm[i].rows * b->qm[i].cols;
+    double attn = 4.0 * T * (double)T * b->hd * b->nh / 2; /* causal: half the scores */
+    double fwd = 2.0 * params * T + attn, both = 2 * (2.0 * params * T) + 3 * attn;
+    double sf = time_reps(run_forward, &c, reps), sb = time_reps(run_fwd_bwd, &c, reps);
+    printf("%s %-4s bf16 GEMM peak [%d x %d x %d]: %.0f TFLOP/s\n", name, sp_wtype_name(b->wtype), T, b->H, b->FF,
+           peak / 1e12);
+    printf("%s %-4s forward %d tokens: %8.2f ms, %8.0f tok/s, %6.1f TFLOP/s, %.2f of the GEMM peak\n", name,
+           sp_wtype_name(b->wtype), T, sf * 1e3, T / sf, fwd / sf / 1e12, fwd / sf / peak);
+    printf("%s %-4s forward+backward %d tokens: %8.2f ms, %6.1f TFLOP/s, %.2f of the GEMM peak\n", name,
+           sp_wtype_name(b->wtype), T, sb * 1e3, both / sb / 1e12, both / sb / peak);
+    sp_cuda_acts_free(c.cb, &c.acts);
+    sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y), sp_cuda_free(cu, c.d);
+    sp_cuda_block_free(c.cb);
+}
+
+int main(int argc, char **argv)
+{
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    char why[256];
+    if (sp_cuda_device_count(why, sizeof why) <= 0) {
+        printf("bench_block_cuda: no usable GPU (%s)\n", why);
+        return 0;
+    }
+    TRY(sp_cuda_open(&cu, 0, &err));
+    printf("device: %s\n", sp_cuda_name(cu));
+    double copy_bw = sp_bench_cuda_copy_bw(cu, "bench_block_cuda");
+    printf("device-to-device copy: %.0f GB/s (read + written)\n", copy_bw / 1e9);
+    struct {
+        const char *name;
+        int H, FF, nh, nkv;
+    } shapes[] = {{"llama-2-7b", 4096, 11008, 32, 32}, {"llama-2-70b", 8192, 28672, 64, 8}};
+    for (int s = 0; s < (quick ? 1 : 2); s++) {
+        sp_wtype types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4};
+        for (int t = 0; t < (s == 0 ? 3 : 1); t++) {
+            sp_block b;
+            sp_config cfg;
+            sp_rope rope;
+            make_block(&b, &cfg, &rope, shapes[s].H, shapes[s].FF, shapes[s].nh, shapes[s].nkv, types[t]);
+            bench_decode(shapes[s].name, &b, 128, copy_bw, quick ? 20 : 100);
+            if (t == 0)
+                bench_forward(shapes[s].name, &b, 1024, quick ? 2 : 5);
+            sp_block_free(&b);
+        }
+    }
+    sp_cuda_close(cu);
+    return 0;
+}
