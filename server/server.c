@@ -40,7 +40,49 @@ static void queue_push(task_queue *q, task *t)
     pthread_mutex_unlock(&q->lock);
 }
 
-/* Blocks for the next task, inference first; NULL once stopping. */
+/* Unlinks t from list p (prev: the task before it, NULL at the head); lock held. */
+static void unlink_task(task_queue *q, int p, task *prev, task *t)
+{
+    if (prev)
+        prev->next = t->next;
+    else
+        q->head[p] = t->next;
+    if (q->tail[p] == t)
+        q->tail[p] = prev;
+}
+
+/* The peer whose turn is next in list p after peer `after`: the smallest key above it among the tasks waiting (steps
+ * only, when steps is set), else (a new round) the smallest of all; 0 if none waits. Lock held. */
+static uint64_t next_peer(const task_queue *q, int p, uint64_t after, int steps)
+{
+    uint64_t above = 0, least = 0;
+    for (const task *t = q->head[p]; t; t = t->next) {
+        if (steps && !t->step)
+            continue;
+        if (t->peer > after && (!above || t->peer < above))
+            above = t->peer;
+        if (!least || t->peer < least)
+            least = t->peer;
+    }
+    return above ? above : least;
+}
+
+/* Takes the oldest task of the next peer's in list p (steps only, when steps is set), the turn moved on to it; NULL
+ * if none waits. Lock held. */
+static task *take_turn(task_queue *q, int p, int steps)
+{
+    uint64_t peer = next_peer(q, p, q->rr[p], steps);
+    task *prev = NULL;
+    for (task *t = q->head[p]; t; prev = t, t = t->next)
+        if (t->peer == peer && (t->step || !steps)) {
+            unlink_task(q, p, prev, t);
+            q->rr[p] = peer;
+            return t;
+        }
+    return NULL;
+}
+
+/* Blocks for the next task, inference first, round-robin over the peers within a priority; NULL once stopping. */
 static task *queue_pop(task_queue *q)
 {
     pthread_mutex_lock(&q->lock);
@@ -50,11 +92,8 @@ static task *queue_pop(task_queue *q)
             return NULL;
         }
         for (int p = 0; p < 2; p++) {
-            task *t = q->head[p];
+            task *t = take_turn(q, p, 0);
             if (t) {
-                q->head[p] = t->next;
-                if (!q->head[p])
-                    q->tail[p] = NULL;
                 pthread_mutex_unlock(&q->lock);
                 return t;
             }
@@ -146,17 +185,6 @@ static void note_step(sp_server *s, uint64_t t0) { note_ns(&s->step_ns, sp_now_n
 /* ---------------------------------------------------------------------------------------------- */
 /* batches of decode steps */
 
-/* Unlinks t from the inference list (prev: the task before it, NULL at the head); lock held. */
-static void unlink_task(task_queue *q, task *prev, task *t)
-{
-    if (prev)
-        prev->next = t->next;
-    else
-        q->head[0] = t->next;
-    if (q->tail[0] == t)
-        q->tail[0] = prev;
-}
-
 static int steps_waiting(const task_queue *q)
 {
     int n = 0;
@@ -165,36 +193,27 @@ static int steps_waiting(const task_queue *q)
     return n;
 }
 
-/* Takes up to max waiting steps out of the queue (lock held) into out, fairly: in rounds of at most one step a
- * connection, each round taking the connections after *rr first (then the rest), a connection's steps in their
- * order. One client's many sessions thus get one place a round like another's single one. *rr: the connection
- * the round-robin starts after, moved on. */
-static int take_steps(task_queue *q, task **out, int max, uint64_t *rr)
+/* Takes up to max waiting steps out of the queue (lock held) into out: all of them when they fit, else fairly, by
+ * turns (take_turn): round-robin over the peers (a client: its source address), a peer's steps in their order (its
+ * sessions each wait with one step at most, so they take turns too). One client's many sessions, over however many
+ * connections, thus get one place a round like another client's single one. */
+static int take_steps(task_queue *q, task **out, int max)
 {
     int n = 0;
-    for (int more = 1; more && n < max;) {
-        int round = n;
-        more = 0;
-        for (int pass = 0; pass < 2 && n < max; pass++) {
-            task *prev = NULL, *t = q->head[0];
-            while (t && n < max) {
-                task *next = t->next;
-                int seen = 0;
-                for (int k = round; k < n && !seen; k++)
-                    seen = out[k]->conn == t->conn;
-                if (t->step && !seen && (pass ? t->conn <= *rr : t->conn > *rr)) {
-                    unlink_task(q, prev, t);
-                    out[n++] = t;
-                    more = 1;
-                } else {
-                    prev = t;
-                }
-                t = next;
+    if (steps_waiting(q) <= max) {
+        for (task *prev = NULL, *t = q->head[0], *next; t; t = next) {
+            next = t->next;
+            if (t->step) {
+                unlink_task(q, 0, prev, t);
+                out[n++] = t;
+            } else {
+                prev = t;
             }
         }
+        return n;
     }
-    if (n)
-        *rr = out[0]->conn;
+    for (task *t; n < max && (t = take_turn(q, 0, 1));)
+        out[n++] = t;
     return n;
 }
 
@@ -217,7 +236,7 @@ static int gather_steps(sp_server *s, task *first, task **out)
         ts.tv_nsec = (long)(ns % 1000000000);
         pthread_cond_timedwait(&q->cond, &q->lock, &ts);
     }
-    int n = 1 + take_steps(q, out + 1, max - 1, &s->rr_conn);
+    int n = 1 + take_steps(q, out + 1, max - 1);
     pthread_mutex_unlock(&q->lock);
     return n;
 }
@@ -353,6 +372,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     }
     int type = h.type;
     t->conn = conn;
+    t->peer = sp_ws_server_peer(s->ws, conn);
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
     t->step = type == SP_MSG_INFERENCE_STEP;

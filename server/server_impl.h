@@ -72,10 +72,12 @@ typedef struct kept_table {
 } kept_table;
 
 /* ---------------------------------------------------------------------------------------------- */
-/* work queue: inference first, then forward/backward; FIFO within a priority */
+/* work queue: inference first, then forward/backward; within a priority, round-robin over the clients (peers, by
+ * source address), each client's requests first come, first served */
 
 typedef struct task {
     uint64_t conn;
+    uint64_t peer;   /* its connection's source address (sp_ws_server_peer): the client it is fair between */
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
@@ -88,6 +90,7 @@ typedef struct task_queue {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     task *head[2], *tail[2];
+    uint64_t rr[2];  /* the peer whose turn came last, per priority: the next turn goes to the next peer after it */
     task *spare; /* handled tasks, for the next requests (no allocation per request) */
     int nspare;
     int stop;
@@ -123,7 +126,6 @@ struct sp_server {
     /* batched decode steps (rpc.c, server.c): one pass at a time; sizes and times are atomics */
     pthread_mutex_t batch_lock;
     int last_batch;          /* steps in the last pass: how many the next one waits for (briefly) */
-    uint64_t rr_conn;        /* the connection the last pass's round-robin started after */
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */

@@ -797,17 +797,18 @@ START_TEST(t_one_connection_many_sessions)
 }
 END_TEST
 
-/* Fairness: client A pipelines a step of each of its 30 sessions on one connection (the protocol allows requests
- * in flight at once), sending each session's next step as its answer comes, so some 26 of its steps always wait;
- * client B steps one session. Passes hold 4 rows (--max-batch-tokens 4): taken in rounds of one step a
- * connection, B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's
- * answers) come while B waits; first come, first served, B would wait behind A's queue (some 26). A count, not a
- * time. */
+/* Fairness between clients (peers: source addresses), a real sepal-server process: client A, from 127.0.0.2, opens
+ * 30 sessions, each on a connection of its own, and pipelines a step of each (the protocol allows requests in flight at once),
+ * sending each session's next step as its answer comes, so some 26 of its steps always wait; client B, from
+ * 127.0.0.1, steps one session. Passes hold 4 rows (--max-batch-tokens 4): with turns round-robin over the peers,
+ * B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's answers) come
+ * while B waits; by connection B would have one turn in 31 (up to some 30 of A's answers), first come, first served
+ * it would wait behind A's queue (some 26). A count of answers, not a time. */
+enum { FAIR_CONNS = 30, FAIR_PER = 1 };
+
 typedef struct greedy_client {
-    sp_ws_client *c;
-    uint64_t session[30];
-    int sent_all, stop, done; /* atomics: every session's first step sent; stop sending; A's answers */
-    int ok;
+    int port;
+    int stop, done, ready; /* atomics: stop sending; A's answers; connections with every first step sent */
 } greedy_client;
 
 static void raw_send(sp_ws_client *c, sp_msg_type type, uint64_t id, const char *meta, const sp_tensor_src *t, int n)
@@ -835,63 +836,86 @@ static uint64_t raw_answer(sp_ws_client *c, char *meta, size_t cap)
     return id;
 }
 
-static void *greedy_main(void *p)
+/* A raw connection to port from the local address source, past its HELLO. */
+static sp_ws_client *raw_connect(int port, const char *source)
 {
-    greedy_client *a = p;
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    sp_transport_opts to;
+    sp_transport_opts_default(&to);
+    to.source = source;
+    ck_assert_msg(sp_ws_client_connect(&c, "127.0.0.1", port, &to, TMO, &err) == SP_OK, "%s", err.msg);
+    char meta[256];
+    sp_hello_req hq = {.version = SP_PROTO_VERSION, .client = "test"};
+    ck_assert_int_eq(sp_hello_req_encode(&hq, meta, sizeof meta, NULL), SP_OK);
+    raw_send(c, SP_MSG_HELLO, 1, meta, NULL, 0);
+    raw_answer(c, NULL, 0);
+    return c;
+}
+
+static void raw_step(sp_ws_client *c, uint64_t session, int k)
+{
     float x[H];
     for (int i = 0; i < H; i++)
         x[i] = (float)(i % 7) * 0.1f;
     sp_tensor_src t = t3(x, 1, 1);
-    int pos[30] = {0}, inflight = 0;
     char meta[128];
-    for (int k = 0; k < 30; k++, inflight++) { /* every session's first step at once */
-        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
-        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
-        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+    sp_step_req q = {.session = session, .start_from_position = -1, .reply_encoding = -1};
+    ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+    raw_send(c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+}
+
+/* One of A's connections: its FAIR_PER sessions opened, then stepped, each step sent as the last one's answer
+ * comes, 60 steps a session or until told to stop. */
+static void *greedy_conn(void *p)
+{
+    greedy_client *a = p;
+    sp_ws_client *c = raw_connect(a->port, "127.0.0.2");
+    uint64_t session[FAIR_PER];
+    char meta[256];
+    for (int k = 0; k < FAIR_PER; k++) {
+        sp_open_req oq = {.start = 0, .end = 4, .max_length = 64, .batch = 1};
+        ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
+        raw_send(c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
+        raw_answer(c, meta, sizeof meta);
+        cJSON *j = cJSON_Parse(meta);
+        session[k] = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
+        cJSON_Delete(j);
     }
-    __atomic_store_n(&a->sent_all, 1, __ATOMIC_SEQ_CST);
+    int pos[FAIR_PER] = {0}, inflight = 0;
+    for (int k = 0; k < FAIR_PER; k++, inflight++) /* every session's first step at once */
+        raw_step(c, session[k], k);
+    __atomic_add_fetch(&a->ready, 1, __ATOMIC_SEQ_CST);
     while (inflight) {
-        int k = (int)(raw_answer(a->c, NULL, 0) - 1000);
+        int k = (int)(raw_answer(c, NULL, 0) - 1000);
         inflight--;
         __atomic_add_fetch(&a->done, 1, __ATOMIC_SEQ_CST);
         if (++pos[k] >= 60 || __atomic_load_n(&a->stop, __ATOMIC_SEQ_CST))
             continue;
-        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
-        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
-        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+        raw_step(c, session[k], k);
         inflight++;
     }
-    a->ok = 1;
+    sp_ws_client_close(c);
     return NULL;
 }
 
 START_TEST(t_fair_between_clients)
 {
-    sp_server *s = start_batching("slow:3", 4); /* passes of 4 steps take 12 ms or more: A's steps queue up */
+    /* passes of 4 steps take 12 ms or more (SEPAL_SERVER_FAULT=slow:3): A's steps queue up */
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
+    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", "4", NULL};
+    sp_test_proc p;
+    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
+    unsetenv("SEPAL_SERVER_FAULT");
+    greedy_client a = {.port = p.port};
+    pthread_t th[FAIR_CONNS];
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_create(&th[i], NULL, greedy_conn, &a);
+    sp_remote *b = NULL;
     sp_err err = {0};
-    greedy_client a = {0};
-    sp_transport_opts to;
-    sp_transport_opts_default(&to);
-    ck_assert_msg(sp_ws_client_connect(&a.c, "127.0.0.1", sp_server_port(s), &to, TMO, &err) == SP_OK, "%s", err.msg);
-    char meta[256];
-    sp_hello_req hq = {.version = SP_PROTO_VERSION, .client = "test"};
-    ck_assert_int_eq(sp_hello_req_encode(&hq, meta, sizeof meta, NULL), SP_OK);
-    raw_send(a.c, SP_MSG_HELLO, 1, meta, NULL, 0);
-    raw_answer(a.c, NULL, 0);
-    for (int k = 0; k < 30; k++) {
-        sp_open_req oq = {.start = 0, .end = 4, .max_length = 64, .batch = 1};
-        ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
-        raw_send(a.c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
-        raw_answer(a.c, meta, sizeof meta);
-        cJSON *j = cJSON_Parse(meta);
-        a.session[k] = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
-        cJSON_Delete(j);
-    }
-    sp_remote *b = connect_to(s);
+    ck_assert_msg(sp_remote_connect(&b, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
     uint64_t id = open_session(b, 0, 4, 16, 1);
-    pthread_t th;
-    pthread_create(&th, NULL, greedy_main, &a);
-    while (!__atomic_load_n(&a.sent_all, __ATOMIC_SEQ_CST))
+    while (__atomic_load_n(&a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
         usleep(1000);
     usleep(30000); /* A's queue fills */
     float x[H] = {0}, y[H];
@@ -903,13 +927,12 @@ START_TEST(t_fair_between_clients)
         most = during > most ? during : most;
     }
     __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
-    pthread_join(th, NULL);
-    ck_assert(a.ok);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "fairness: at most %d of A's steps answered while one of B's waited\n", most);
     ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
     sp_remote_close(b);
-    sp_ws_client_close(a.c);
-    sp_server_stop(s);
-    unsetenv("SEPAL_SERVER_FAULT");
+    sp_test_proc_signal(&p, SIGTERM);
 }
 END_TEST
 
