@@ -442,6 +442,12 @@ static void rpc_open(req *r)
     if (B < 1 || B * L > (int64_t)r->s->o.cache_tokens)
         return (void)bad(r, "out_of_cache", "out of cache: batch %lld x max_length %lld exceeds the server's %ld tokens",
                          (long long)B, (long long)L, r->s->o.cache_tokens);
+    if (sp_server_saturated(r->s)) {
+        __atomic_add_fetch(&r->s->mx.overloaded, 1, __ATOMIC_RELAXED);
+        return (void)bad(r, "overloaded", "decode steps wait %.3g s in this server's queue, over its bound of %g s "
+                         "(--max-queue-wait); new sessions go elsewhere, or wait", sp_server_queue_wait(r->s),
+                         r->s->o.max_queue_wait_s);
+    }
     uint64_t id, token;
     sp_err err = {0};
     if (session_open(r->s, r->conn, q.start, q.end, (int)B, (int)L, &id, &token, &err))
@@ -1041,6 +1047,7 @@ static void rpc_info(req *r)
     sp_server_batch_stats_get(s, &bs);
     a.batches = (int64_t)bs.batches, a.batched_rows = (int64_t)bs.rows, a.batch_peak = (int64_t)bs.peak;
     a.queue_wait = bs.queue_wait_s;
+    a.max_queue_wait = s->o.max_queue_wait_s;
     sp_meta_set(a.model, sizeof a.model, s->model_name);
     sp_meta_set(a.architecture, sizeof a.architecture, s->m->cfg.architecture);
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));

@@ -179,6 +179,13 @@ static void note_ns(uint64_t *avg, uint64_t ns)
     __atomic_store_n(avg, old ? (3 * old + ns) / 4 : ns, __ATOMIC_RELAXED);
 }
 
+/* A step taken from the queue now (t0), queued at queued: its wait into the load and the metrics. */
+static void note_wait(sp_server *s, uint64_t t0, uint64_t queued)
+{
+    note_ns(&s->queue_wait_ns, t0 - queued);
+    __atomic_store_n(&s->waited_at_ns, t0, __ATOMIC_RELAXED);
+}
+
 /* A handled INFERENCE_STEP's time into the moving average. */
 static void note_step(sp_server *s, uint64_t t0) { note_ns(&s->step_ns, sp_now_ns() - t0); }
 
@@ -260,7 +267,7 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
     for (int i = 0; i < n; i++) {
         sb->conns[i] = sb->tasks[i]->conn;
         sb->msgs[i] = &sb->tasks[i]->msg;
-        note_ns(&s->queue_wait_ns, t0 - sb->tasks[i]->queued_ns);
+        note_wait(s, t0, sb->tasks[i]->queued_ns);
         sp_mx_waited(&s->mx, t0 - sb->tasks[i]->queued_ns);
     }
     sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
@@ -316,7 +323,7 @@ static void *worker_main(void *arg)
         uint64_t t0 = sp_now_ns();
         sp_mx_waited(&s->mx, t0 - t->queued_ns);
         if (t->step)
-            note_ns(&s->queue_wait_ns, t0 - t->queued_ns);
+            note_wait(s, t0, t->queued_ns);
         sp_rpc_handle(s, t->conn, &t->msg, &ws);
         if (t->step)
             note_step(s, t0);
@@ -631,7 +638,26 @@ void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out)
         .batches = __atomic_load_n(&s->batches, __ATOMIC_RELAXED),
         .rows = __atomic_load_n(&s->batched_rows, __ATOMIC_RELAXED),
         .peak = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED),
-        .queue_wait_s = (double)__atomic_load_n(&s->queue_wait_ns, __ATOMIC_RELAXED) / 1e9};
+        .queue_wait_s = sp_server_queue_wait(s)};
+}
+
+double sp_server_queue_wait(sp_server *s)
+{
+    uint64_t now = sp_now_ns(), oldest = 0;
+    pthread_mutex_lock(&s->q.lock);
+    if (s->q.head[0]) /* (the inference list is in arrival order) */
+        oldest = now - s->q.head[0]->queued_ns;
+    pthread_mutex_unlock(&s->q.lock);
+    uint64_t avg = __atomic_load_n(&s->queue_wait_ns, __ATOMIC_RELAXED),
+             at = __atomic_load_n(&s->waited_at_ns, __ATOMIC_RELAXED),
+             fresh = 2000000000ull + 2 * __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED);
+    uint64_t recent = at && now - at < fresh ? avg : 0;
+    return (double)(recent > oldest ? recent : oldest) / 1e9;
+}
+
+int sp_server_saturated(sp_server *s)
+{
+    return s->o.max_queue_wait_s > 0 && sp_server_queue_wait(s) > s->o.max_queue_wait_s;
 }
 
 size_t sp_server_kept_bytes(sp_server *s)

@@ -129,6 +129,7 @@ struct sp_server {
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
+    uint64_t waited_at_ns;   /* when the last step was taken from the queue (sp_now_ns) */
     sp_server_metrics mx; /* --metrics (metrics.h) */
     pthread_mutex_t mx_lock;
     sp_swarm_key key; /* o.key points here */

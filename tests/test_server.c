@@ -936,6 +936,75 @@ START_TEST(t_fair_between_clients)
 }
 END_TEST
 
+/* The queue wait's bound (--max-queue-wait): three sessions step without pause on a server whose answers come 20 ms
+ * late each, so that steps wait for the pass before theirs (tens of ms, over a bound of 1 ms): a new session is
+ * refused with ERROR "overloaded" (and counted), the running ones go on; once their steps stop, nothing waits, and a
+ * session opens again. Conditions polled for, never a time asserted. */
+typedef struct loader {
+    sp_remote *r;
+    uint64_t id;      /* its session, opened before any loader steps (a later one would be refused) */
+    int *stop, *steps; /* atomics */
+} loader;
+
+static void *loader_main(void *p)
+{
+    loader *l = p;
+    float x[H] = {0}, y[H];
+    for (int k = 0; !__atomic_load_n(l->stop, __ATOMIC_SEQ_CST); k = k == 60 ? 0 : k + 1) {
+        step(l->r, l->id, x, 1, 1, y, k == 60 ? 0 : -1, NULL); /* (rolled back before the session fills) */
+        __atomic_add_fetch(l->steps, 1, __ATOMIC_SEQ_CST);
+    }
+    return NULL;
+}
+
+static int saturated(void *s) { return sp_server_saturated(s); }
+static int unsaturated(void *s) { return !sp_server_saturated(s); }
+
+START_TEST(t_queue_wait_bound)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:20", 1);
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    o.max_queue_wait_s = 0.001;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    int stop = 0, steps = 0;
+    loader l[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        l[i] = (loader){.r = connect_to(s), .stop = &stop, .steps = &steps};
+        l[i].id = open_session(l[i].r, 0, 4, 64, 1);
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, loader_main, &l[i]);
+    ck_assert_msg(sp_test_wait_for(saturated, s, 30), "the queue wait never passed 1 ms: %.6f s",
+                  sp_server_queue_wait(s));
+    sp_remote *r = connect_to(s);
+    call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":4,\"max_length\":8,\"batch\":1}", NULL, 0, "overloaded");
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_double_eq(info.max_queue_wait, 0.001);
+    int before = __atomic_load_n(&steps, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&steps, __ATOMIC_SEQ_CST) < before + 6) /* the running sessions go on */
+        usleep(1000);
+    char *text = sp_server_metrics_text(s, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "\nsepal_sessions_refused_overloaded_total 1\n"));
+    free(text);
+    __atomic_store_n(&stop, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        sp_remote_close(l[i].r);
+    }
+    ck_assert_msg(sp_test_wait_for(unsaturated, s, 30), "still saturated: %.6f s", sp_server_queue_wait(s));
+    open_session(r, 0, 4, 8, 1);
+    sp_remote_close(r);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* cache budget, timeouts, info */
 
@@ -1442,6 +1511,7 @@ int main(void)
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
+    tcase_add_test(tc, t_queue_wait_bound);
     tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
     tcase_add_test(tc, t_step_timeout);
