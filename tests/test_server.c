@@ -940,23 +940,6 @@ END_TEST
  * late each, so that steps wait for the pass before theirs (tens of ms, over a bound of 1 ms): a new session is
  * refused with ERROR "overloaded" (and counted), the running ones go on; once their steps stop, nothing waits, and a
  * session opens again. Conditions polled for, never a time asserted. */
-typedef struct loader {
-    sp_remote *r;
-    uint64_t id;      /* its session, opened before any loader steps (a later one would be refused) */
-    int *stop, *steps; /* atomics */
-} loader;
-
-static void *loader_main(void *p)
-{
-    loader *l = p;
-    float x[H] = {0}, y[H];
-    for (int k = 0; !__atomic_load_n(l->stop, __ATOMIC_SEQ_CST); k = k == 60 ? 0 : k + 1) {
-        step(l->r, l->id, x, 1, 1, y, k == 60 ? 0 : -1, NULL); /* (rolled back before the session fills) */
-        __atomic_add_fetch(l->steps, 1, __ATOMIC_SEQ_CST);
-    }
-    return NULL;
-}
-
 static int saturated(void *s) { return sp_server_saturated(s); }
 static int unsaturated(void *s) { return !sp_server_saturated(s); }
 
@@ -970,15 +953,7 @@ START_TEST(t_queue_wait_bound)
     sp_server *s = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
-    int stop = 0, steps = 0;
-    loader l[3];
-    pthread_t th[3];
-    for (int i = 0; i < 3; i++) {
-        l[i] = (loader){.r = connect_to(s), .stop = &stop, .steps = &steps};
-        l[i].id = open_session(l[i].r, 0, 4, 64, 1);
-    }
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, loader_main, &l[i]);
+    sp_test_load *l = sp_test_load_start(sp_server_port(s), 3, 0, 4, H);
     ck_assert_msg(sp_test_wait_for(saturated, s, 30), "the queue wait never passed 1 ms: %.6f s",
                   sp_server_queue_wait(s));
     sp_remote *r = connect_to(s);
@@ -986,17 +961,13 @@ START_TEST(t_queue_wait_bound)
     sp_info_reply info;
     ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
     ck_assert_double_eq(info.max_queue_wait, 0.001);
-    int before = __atomic_load_n(&steps, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&steps, __ATOMIC_SEQ_CST) < before + 6) /* the running sessions go on */
+    int before = sp_test_load_steps(l);
+    while (sp_test_load_steps(l) < before + 6) /* the running sessions go on */
         usleep(1000);
     char *text = sp_server_metrics_text(s, NULL);
     ck_assert_ptr_nonnull(strstr(text, "\nsepal_sessions_refused_overloaded_total 1\n"));
     free(text);
-    __atomic_store_n(&stop, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 3; i++) {
-        pthread_join(th[i], NULL);
-        sp_remote_close(l[i].r);
-    }
+    sp_test_load_stop(l);
     ck_assert_msg(sp_test_wait_for(unsaturated, s, 30), "still saturated: %.6f s", sp_server_queue_wait(s));
     open_session(r, 0, 4, 8, 1);
     sp_remote_close(r);
