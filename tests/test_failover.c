@@ -351,24 +351,31 @@ static void same_tokens(const sp_gen_result *a, const sp_gen_result *b)
                       b->ids[0][t]);
 }
 
+/* Generates (mode: gen_opts') through rt, hit as F says: the tokens must be those of the reference (want, got:
+ * both results, the caller frees them; sw: the swarm LM it ran). */
+static void generate_same(sp_runtime *rt, int mode, sp_lm_swarm *sw, sp_gen_result *want, sp_gen_result *got)
+{
+    sp_gen_opts o;
+    gen_opts(&o, mode);
+    reference(&o, want);
+    sp_lm lm = faulty_lm(rt, sw);
+    sp_err err = {0};
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, got, &err) == SP_OK, "%s", err.msg);
+    same_tokens(got, want);
+}
+
 /* Generates with the server of block F.block hit before forward call F.at; the tokens must be those of the
  * reference. */
 static void generate_through_failure(sp_runtime *rt, int mode)
 {
-    sp_gen_opts o;
-    gen_opts(&o, mode);
     sp_gen_result want, got;
-    reference(&o, &want);
     sp_lm_swarm sw;
-    sp_lm lm = faulty_lm(rt, &sw);
-    sp_err err = {0};
-    const int32_t *pp = PROMPT;
-    int len = PROMPT_LEN;
-    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
+    generate_same(rt, mode, &sw, &want, &got);
     ck_assert_msg(F.port_hit > 0, "no server was hit");
     ck_assert_msg(sw.retries >= 1, "no failure was met");
     ck_assert_int_ge(F.reroutes, 1);
-    same_tokens(&got, &want);
     if (mode == 2)
         ck_assert_float_eq_tol(got.best_score, want.best_score, 1e-4);
     printf("failover (mode %d, hit before call %d): %d retries; the step took %.3f s (others at most %.3f s)\n",
@@ -1058,18 +1065,10 @@ static sp_test_proc *saturated_server(sp_test_load **load)
 /* Greedy through rt, the tokens those of the reference. */
 static void generate_as_reference(sp_runtime *rt)
 {
-    sp_gen_opts o;
-    gen_opts(&o, 0);
     sp_gen_result want, got;
-    reference(&o, &want);
     F.at = -1, F.block = 0; /* nobody is hit; F.port_now: the server of block 0 */
     sp_lm_swarm sw;
-    sp_lm lm = faulty_lm(rt, &sw);
-    sp_err err = {0};
-    const int32_t *pp = PROMPT;
-    int len = PROMPT_LEN;
-    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
-    same_tokens(&got, &want);
+    generate_same(rt, 0, &sw, &want, &got);
     sp_gen_result_free(&want);
     sp_gen_result_free(&got);
 }

@@ -701,13 +701,14 @@ static void *batch_client(void *p)
 
 /* A server of blocks 0:4 whose steps all go through the workers' queue (where they are batched), its answers
  * SEPAL_SERVER_FAULT=slow (ms) late so that the steps that come meanwhile queue up; max_batch_tokens 0: the
- * default. */
-static sp_server *start_batching(const char *slow, int max_batch_tokens)
+ * default; max_queue_wait: its --max-queue-wait (0: none). */
+static sp_server *start_batching(const char *slow, int max_batch_tokens, double max_queue_wait)
 {
     setenv("SEPAL_SERVER_FAULT", slow, 1);
     sp_server_opts o;
     gqa_opts(&o, 0, 4);
     o.workers_only = 1;
+    o.max_queue_wait_s = max_queue_wait;
     if (max_batch_tokens) {
         o.max_batch_tokens = max_batch_tokens;
         o.cache_tokens = 31 * 64;
@@ -720,7 +721,7 @@ static sp_server *start_batching(const char *slow, int max_batch_tokens)
 
 START_TEST(t_batched_sessions_as_alone)
 {
-    sp_server *s = start_batching("slow:4", 0);
+    sp_server *s = start_batching("slow:4", 0, 0);
     enum { NJ = 6 };
     int done = 0;
     batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
@@ -772,7 +773,7 @@ END_TEST
  * to its caller), so the server sees their steps together and batches them. */
 START_TEST(t_one_connection_many_sessions)
 {
-    sp_server *s = start_batching("slow:10", 0);
+    sp_server *s = start_batching("slow:10", 0, 0);
     sp_remote *shared = connect_to(s);
     int done = 0;
     batch_job j[4];
@@ -945,14 +946,7 @@ static int unsaturated(void *s) { return !sp_server_saturated(s); }
 
 START_TEST(t_queue_wait_bound)
 {
-    setenv("SEPAL_SERVER_FAULT", "slow:20", 1);
-    sp_server_opts o;
-    gqa_opts(&o, 0, 4);
-    o.workers_only = 1;
-    o.max_queue_wait_s = 0.001;
-    sp_server *s = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_server *s = start_batching("slow:20", 0, 0.001);
     sp_test_load *l = sp_test_load_start(sp_server_port(s), 3, 0, 4, H);
     ck_assert_msg(sp_test_wait_for(saturated, s, 30), "the queue wait never passed 1 ms: %.6f s",
                   sp_server_queue_wait(s));
