@@ -638,6 +638,7 @@ void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out)
         .batches = __atomic_load_n(&s->batches, __ATOMIC_RELAXED),
         .rows = __atomic_load_n(&s->batched_rows, __ATOMIC_RELAXED),
         .peak = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED),
+        .prefills = __atomic_load_n(&s->batched_prefills, __ATOMIC_RELAXED),
         .queue_wait_s = sp_server_queue_wait(s)};
 }
 

@@ -94,6 +94,7 @@ void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out);
  * wait (sp_server_queue_wait: the load announced and told in INFO). */
 typedef struct sp_server_batch_stats {
     uint64_t batches, rows, peak;
+    uint64_t prefills; /* steps of several positions (short prefills) that ran through a pass */
     double queue_wait_s;
 } sp_server_batch_stats;
 void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);

@@ -127,6 +127,7 @@ struct sp_server {
     pthread_mutex_t batch_lock;
     int last_batch;          /* steps in the last pass: how many the next one waits for (briefly) */
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
+    uint64_t batched_prefills; /* steps of several positions (short prefills) that ran in a pass */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
     uint64_t waited_at_ns;   /* when the last step was taken from the queue (sp_now_ns) */
@@ -147,9 +148,10 @@ int queue_length(task_queue *q);
  * then taken: *msg is left empty; its length must be read before, for the budget). */
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
 /* rpc.c: INFERENCE_STEPs taken from the queue together (msgs[i] from connection conns[i]; each buffer taken as
- * sp_rpc_handle takes it): the single-position steps of up to SP_KERN_MAX_ROWS rows, at most max_batch_tokens rows
- * in all, run as one pass over the span's blocks (block.h, sp_block_decode_batch: each session gets the bits it gets
- * alone), the rest (prefills, prompts, wide beams) one by one after it. b: the worker's buffers, kept. */
+ * sp_rpc_handle takes it): the decode steps and short prefills whose rows (batch x positions) alone run in the decode
+ * kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS), at most max_batch_tokens rows in all, run as one pass over
+ * the span's blocks (block.h, sp_block_step_batch: each session gets the bits it gets alone), the rest (longer
+ * prefills, prompts, wide beams) one by one after it. b: the worker's buffers, kept. */
 typedef struct sp_step_batch sp_step_batch;
 sp_step_batch *sp_step_batch_new(void);
 void sp_step_batch_free(sp_step_batch *b);

@@ -701,14 +701,15 @@ static void *batch_client(void *p)
 
 /* A server of blocks 0:4 whose steps all go through the workers' queue (where they are batched), its answers
  * SEPAL_SERVER_FAULT=slow (ms) late so that the steps that come meanwhile queue up; max_batch_tokens 0: the
- * default; max_queue_wait: its --max-queue-wait (0: none). */
-static sp_server *start_batching(const char *slow, int max_batch_tokens, double max_queue_wait)
+ * default; max_queue_wait: its --max-queue-wait (0: none); no_batch: --no-batch (each step alone). */
+static sp_server *start_batching(const char *slow, int max_batch_tokens, double max_queue_wait, int no_batch)
 {
     setenv("SEPAL_SERVER_FAULT", slow, 1);
     sp_server_opts o;
     gqa_opts(&o, 0, 4);
     o.workers_only = 1;
     o.max_queue_wait_s = max_queue_wait;
+    o.no_batch = no_batch;
     if (max_batch_tokens) {
         o.max_batch_tokens = max_batch_tokens;
         o.cache_tokens = 31 * 64;
@@ -721,7 +722,7 @@ static sp_server *start_batching(const char *slow, int max_batch_tokens, double 
 
 START_TEST(t_batched_sessions_as_alone)
 {
-    sp_server *s = start_batching("slow:4", 0, 0);
+    sp_server *s = start_batching("slow:4", 0, 0, 0), *unbatched = start_batching("slow:4", 0, 0, 1);
     enum { NJ = 6 };
     int done = 0;
     batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
@@ -733,14 +734,14 @@ START_TEST(t_batched_sessions_as_alone)
     float *together[NJ];
     sp_remote *shared = connect_to(s);
     j[0].shared = j[2].shared = j[3].shared = shared;
-    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone */
+    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone on a --no-batch server */
         pthread_t th[NJ];
         done = 1000 * (pass == 1);
         for (int i = 0; i < NJ; i++) {
             size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
             if (pass == 1)
-                together[i] = j[i].out;
-            j[i].s = s, j[i].done = &done, j[i].ok = 0, j[i].out = calloc(n, 4);
+                together[i] = j[i].out, j[i].shared = NULL;
+            j[i].s = pass ? unbatched : s, j[i].done = &done, j[i].ok = 0, j[i].out = calloc(n, 4);
             pthread_create(&th[i], NULL, batch_client, &j[i]);
             if (pass == 1)
                 pthread_join(th[i], NULL);
@@ -751,9 +752,9 @@ START_TEST(t_batched_sessions_as_alone)
             ck_assert_msg(j[i].ok, "job %d (pass %d) failed", i, pass);
         sp_server_batch_stats bs;
         sp_server_batch_stats_get(s, &bs);
-        if (pass == 0) /* the steps did meet in passes of several sessions */
-            ck_assert_msg(bs.peak >= 3, "no pass had 3 rows: %llu passes, %llu rows", (unsigned long long)bs.batches,
-                          (unsigned long long)bs.rows);
+        if (pass == 0) /* the steps did meet in passes of several sessions; the short prefills went through them */
+            ck_assert_msg(bs.peak >= 3 && bs.prefills >= 4, "no pass had 3 rows: %llu passes, %llu rows; %llu prefills",
+                          (unsigned long long)bs.batches, (unsigned long long)bs.rows, (unsigned long long)bs.prefills);
     }
     for (int i = 0; i < NJ; i++) {
         size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
@@ -764,7 +765,11 @@ START_TEST(t_batched_sessions_as_alone)
     for (int k = 0; k < 100 && sp_server_sessions(s); k++)
         usleep(20000);
     ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_batch_stats bs;
+    sp_server_batch_stats_get(unbatched, &bs);
+    ck_assert_int_eq(bs.batches, 0);
     sp_server_stop(s);
+    sp_server_stop(unbatched);
     unsetenv("SEPAL_SERVER_FAULT");
 }
 END_TEST
@@ -773,7 +778,7 @@ END_TEST
  * to its caller), so the server sees their steps together and batches them. */
 START_TEST(t_one_connection_many_sessions)
 {
-    sp_server *s = start_batching("slow:10", 0, 0);
+    sp_server *s = start_batching("slow:10", 0, 0, 0);
     sp_remote *shared = connect_to(s);
     int done = 0;
     batch_job j[4];
@@ -946,7 +951,7 @@ static int unsaturated(void *s) { return !sp_server_saturated(s); }
 
 START_TEST(t_queue_wait_bound)
 {
-    sp_server *s = start_batching("slow:20", 0, 0.001);
+    sp_server *s = start_batching("slow:20", 0, 0.001, 0);
     sp_test_load *l = sp_test_load_start(sp_server_port(s), 3, 0, 4, H);
     ck_assert_msg(sp_test_wait_for(saturated, s, 30), "the queue wait never passed 1 ms: %.6f s",
                   sp_server_queue_wait(s));
