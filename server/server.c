@@ -646,8 +646,11 @@ double sp_server_queue_wait(sp_server *s)
 {
     uint64_t now = sp_now_ns(), oldest = 0;
     pthread_mutex_lock(&s->q.lock);
-    if (s->q.head[0]) /* (the inference list is in arrival order) */
-        oldest = now - s->q.head[0]->queued_ns;
+    const task *t = s->q.head[0];
+    while (t && !t->step) /* (opens and closes cost nothing; the list is in arrival order) */
+        t = t->next;
+    if (t)
+        oldest = now - t->queued_ns;
     pthread_mutex_unlock(&s->q.lock);
     uint64_t avg = __atomic_load_n(&s->queue_wait_ns, __ATOMIC_RELAXED),
              at = __atomic_load_n(&s->waited_at_ns, __ATOMIC_RELAXED),

@@ -100,7 +100,7 @@ typedef struct sp_server_batch_stats {
 void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);
 uint64_t sp_server_requests(sp_server *s);
 /* The server's load, in seconds: the recent decode steps' wait in the queue (a moving average), or the wait so far of
- * the oldest inference request still queued when that is longer; 0 once nothing waits and no step has been taken
+ * the oldest step still queued when that is longer; 0 once nothing waits and no step has been taken
  * from the queue for 2 s and two passes (the average would otherwise keep an old load). */
 double sp_server_queue_wait(sp_server *s);
 /* 1 while the queue wait is over opts.max_queue_wait_s (when set): new inference sessions are refused. */
