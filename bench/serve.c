@@ -168,8 +168,9 @@ static pid_t spawn(const opts *o, int batch, int *port)
         most = o->sessions[i] > most ? o->sessions[i] : most;
     snprintf(cache, sizeof cache, "%d", most * (o->prefill + o->steps));
     const char *argv[24] = {"sepal-server", "--model", o->model, "--blocks", o->blocks, "--dtype", o->dtype,
-                            "--no-measure", "--cache-tokens", cache, "--max-length", "4096"};
-    int k = 12;
+                            "--no-measure", "--cache-tokens", cache, "--max-length", "4096",
+                            "--max-queue-wait", "0"}; /* every session is let in: throughput, not admission */
+    int k = 14;
     if (o->threads)
         argv[k++] = "--threads", argv[k++] = o->threads;
     if (!batch)

@@ -331,16 +331,21 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     r.throughput = fwd > 0 ? fmin(r.forward_rps / ((nb + 1) / 2.0), r.network_rps) : r.network_rps;
     r.cache_tokens_left = p->srv ? sp_server_cache_left(p->srv) : 0;
     r.queue_wait = queue_wait(p);
+    r.max_queue_wait = p->a.so.max_queue_wait_s;
     sp_announce_update(p->ann, &r);
 }
 
+/* The announcer's thread (every 200 ms): the server is used under srv_lock, so a move cannot stop it meanwhile. */
 static void fill_record(void *user, sp_server_record *r)
 {
     app *p = user;
+    pthread_mutex_lock(&p->srv_lock);
     if (p->srv && r->state != SP_SERVER_OFFLINE) {
         r->cache_tokens_left = sp_server_cache_left(p->srv);
         r->queue_wait = queue_wait(p);
+        r->max_queue_wait = p->a.so.max_queue_wait_s;
     }
+    pthread_mutex_unlock(&p->srv_lock);
 }
 
 static void print_limits(app *p)
