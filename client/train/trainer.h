@@ -1,7 +1,8 @@
 /* trainer.h - prompt tuning through the swarm (Petals semantics, petals-internals.md §3): the trainable
  * parameters live on the client (shallow prompts [P, H], deep prompts [L, P, H], a classification head
  * [C, H]); forward and backward of the blocks run on the servers; the optimizer runs locally (CUDA if
- * present). A task (include/sepal/plugin.h) supplies data, batches, loss and metrics.
+ * present; with device 1 the local parts too, their parameters resident on the GPU: devparts.h). A task
+ * (include/sepal/plugin.h) supplies data, batches, loss and metrics.
  *
  * Modes: head-only (P = 0), ptune (P prefix embeddings prepended, plus the head), deep_ptune (also a prompt
  * per block added to the first P positions entering it). A causal-LM task uses the model's own head.
@@ -34,7 +35,9 @@ typedef struct sp_train_opts {
     int epochs, batch, warmup, max_length, microbatches, max_in_flight;
     sp_schedule schedule;
     uint64_t seed;
-    int device;        /* optimizer device: -1 auto, 0 CPU, 1 CUDA */
+    int device;        /* -1 auto (the optimizer on CUDA if present, the local parts on the CPU), 0 CPU, 1 CUDA:
+                        * the local parts and the optimizer on GPU device_index (devparts.h) */
+    int device_index;
     int fp16;          /* dynamic loss scaling (fp32 master parameters) */
     int max_steps;     /* 0: all epochs */
     int eval_batches;  /* 0: the whole validation split */
