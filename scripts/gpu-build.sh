@@ -50,8 +50,8 @@ unpack() {
         dpkg-deb -x "$f" "$D" || { say "gpu-build: cannot unpack $f"; return 1; }
         n=$((n + 1))
     done
-    # absolute symlinks (libtinfo.so -> /lib/...) point into $D
-    find "$D" -type l -lname '/*' | while read -r l; do ln -sfn "$D$(readlink "$l")" "$l"; done
+    # absolute symlinks (libtinfo.so -> /lib/...) point into $D when their target is there
+    find "$D" -type l -lname '/*' | while read -r l; do [ -e "$D$(readlink "$l")" ] && ln -sfn "$D$(readlink "$l")" "$l"; done
     # .pc files: /usr -> $D/usr (prefix=, libdir=, -I/usr, -L/usr)
     find "$D" -name '*.pc' -exec sed -i -E "s#(=|-I|-L)/usr/#\1$D/usr/#g; s#=/usr\$#=$D/usr#" {} +
     say "gpu-build: $n packages unpacked under $D"
@@ -64,7 +64,11 @@ export PKG_CONFIG_LIBDIR="$D/usr/lib/$A/pkgconfig:$D/usr/lib/$A/openblas-pthread
 export CMAKE_PREFIX_PATH="$D/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 export CPATH="$D/usr/include${CPATH:+:$CPATH}"
 export LIBRARY_PATH="$LIBS${LIBRARY_PATH:+:$LIBRARY_PATH}"
-export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" # also how ld finds the libraries' own needs
+export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# the linker searches $D before the system's folders, for -l, linker scripts (libncursesw.so: INPUT(libncursesw.so.6
+# -ltinfo)) and the libraries' own needs alike, so a program links against the copies it runs with (the first GPU
+# run linked the machine's newer libncursesw.so.6 with the packages' older libtinfo.so.6 and failed)
+export LDFLAGS="-L${LIBS//:/ -L} -Wl,-rpath-link,$LIBS${LDFLAGS:+ $LDFLAGS}"
 for m in openblas libcjson check libwebsockets ncursesw opendht-c opendht libedit libcrypto; do
     pkg-config --exists "$m" || say "gpu-build: pkg-config cannot find $m: $(pkg-config --print-errors --exists "$m" 2>&1 | head -2)"
 done
