@@ -51,7 +51,10 @@ unpack() {
         n=$((n + 1))
     done
     # absolute symlinks (libtinfo.so -> /lib/...) point into $D when their target is there
-    find "$D" -type l -lname '/*' | while read -r l; do [ -e "$D$(readlink "$l")" ] && ln -sfn "$D$(readlink "$l")" "$l"; done
+    local l
+    find "$D" -type l -lname '/*' | while read -r l; do
+        [ -e "$D$(readlink "$l")" ] && ln -sfn "$D$(readlink "$l")" "$l"
+    done
     # .pc files: /usr -> $D/usr (prefix=, libdir=, -I/usr, -L/usr)
     find "$D" -name '*.pc' -exec sed -i -E "s#(=|-I|-L)/usr/#\1$D/usr/#g; s#=/usr\$#=$D/usr#" {} +
     say "gpu-build: $n packages unpacked under $D"
@@ -60,7 +63,8 @@ unpack() {
 unpack || exit 1
 A=x86_64-linux-gnu
 LIBS="$D/usr/lib/$A:$D/lib/$A:$D/usr/lib/$A/openblas-pthread"
-export PKG_CONFIG_LIBDIR="$D/usr/lib/$A/pkgconfig:$D/usr/lib/$A/openblas-pthread/pkgconfig:$D/usr/share/pkgconfig:$D/usr/lib/pkgconfig"
+PC="$D/usr/lib/$A/pkgconfig:$D/usr/lib/$A/openblas-pthread/pkgconfig"
+export PKG_CONFIG_LIBDIR="$PC:$D/usr/share/pkgconfig:$D/usr/lib/pkgconfig"
 export CMAKE_PREFIX_PATH="$D/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 export CPATH="$D/usr/include${CPATH:+:$CPATH}"
 export LIBRARY_PATH="$LIBS${LIBRARY_PATH:+:$LIBRARY_PATH}"
@@ -70,7 +74,8 @@ export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # run linked the machine's newer libncursesw.so.6 with the packages' older libtinfo.so.6 and failed)
 export LDFLAGS="-L${LIBS//:/ -L} -Wl,-rpath-link,$LIBS${LDFLAGS:+ $LDFLAGS}"
 for m in openblas libcjson check libwebsockets ncursesw opendht-c opendht libedit libcrypto; do
-    pkg-config --exists "$m" || say "gpu-build: pkg-config cannot find $m: $(pkg-config --print-errors --exists "$m" 2>&1 | head -2)"
+    pkg-config --exists "$m" ||
+        say "gpu-build: pkg-config cannot find $m: $(pkg-config --print-errors --exists "$m" 2>&1 | head -2)"
 done
 say "gpu-build: $(command -v nvcc || echo 'no nvcc on PATH'), $(cmake --version | head -1), $(gcc --version | head -1)"
 

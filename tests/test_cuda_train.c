@@ -1,9 +1,9 @@
 /* test_cuda_train.c - prompt tuning with the client's local parts and the optimizer on the GPU (train --device
  * cuda, client/train/devparts.h) against the same run on the CPU: the loss of every step within 1e-4 relative
  * (f32), and the trained parameters within 1e-3 of their largest value (AdamW's first steps move a weight by
- * about lr whatever its gradient's size, so a gradient near zero may round either way), for a causal LM and for classes, shallow
- * and deep prompts and a head alone, RMSNorm (Llama, GQA) and LayerNorm with BLOOM's embedding norm, two
- * microbatches, clipping and fp16 loss scaling. The blocks run in this process (the trainer's local baseline, as
+ * about lr whatever its gradient's size, so a gradient near zero may round either way), for a causal LM and for
+ * classes, shallow and deep prompts and a head alone, RMSNorm (Llama, GQA) and LayerNorm with BLOOM's embedding
+ * norm, two microbatches, clipping and fp16 loss scaling. The blocks run in this process (the trainer's local baseline, as
  * test_trainer's), so the test needs no swarm and no cache: the models are tests/data/hf-tiny's, the data a
  * task of this file (random ids of seeded lengths). Without a GPU, asking for one is refused in words
  * ("no usable GPU: ...") and the suite reports itself skipped (exit 77). */

@@ -672,6 +672,8 @@ static sp_status run_schedule(sp_trainer *t, const int *idx, int n, float *loss,
 
 sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err)
 {
+    if (t->dev)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "the gradients of training on the GPU stay there");
     for (int i = 0; i < t->nparams; i++)
         sp_zero_grad(t->params[i]);
     sp_status st = run_schedule(t, idx, n, loss, err);

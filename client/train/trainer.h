@@ -73,7 +73,8 @@ void sp_trainer_on_progress(sp_trainer *t, sp_train_cb cb, void *user);
 /* One optimizer step over the batch of examples idx[0..n) of the train split (split into microbatches
  * per the schedule). Reports the mean loss. */
 sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
-/* Loss and gradients only (no update): for tests comparing schedules. grads: the trainable tensors. */
+/* Loss and gradients only (no update): for tests comparing schedules. grads: the trainable tensors (device 1:
+ * SP_ERR_UNSUPPORTED, the gradients stay on the GPU). */
 sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
 int sp_trainer_params(sp_trainer *t, sp_t ***params);
 /* The stages of the last pipelined step (its per-stage traces), or NULL if none ran. */
