@@ -135,8 +135,8 @@ sp_status sp_devparts_new(sp_devparts **out, const sp_model *m, int index, int c
     d->H = c->hidden, d->V = c->vocab, d->L = c->n_layers, d->C = classes, d->P = P, d->eps = c->norm_eps;
     size_t H = (size_t)d->H, VH = (size_t)d->V * H;
     sp_status st = sp_cuda_open(&d->cu, index, err);
-    if (!st && !m->embed)
-        st = sp_errf(err, SP_ERR_STATE, "model: embeddings not loaded");
+    if (!st && (!m->embed || !m->norm || (classes == 0 && !m->lm_head)))
+        st = sp_errf(err, SP_ERR_STATE, "model: the embeddings, the final norm or the LM head are not loaded");
     if (!st)
         st = up(d->cu, &d->table, m->embed, VH, err);
     if (!st)
