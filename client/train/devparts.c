@@ -428,20 +428,23 @@ static sp_status head_backward(void *p, const float *gout, float **gin, sp_err *
         st = sp_cuda_linear_dx(d->cu, din, dl, W, SP_CU_F32, c->N, H, c->out, err);
     if (!st && d->C && d->gscore)
         st = sp_cuda_linear_dw(d->cu, d->gscore, dl, c->pooled, SP_CU_F32, c->N, H, c->out, err);
+    if (!gin[0]) /* h needs no gradient (a head alone): the score's was all */
+        goto done;
     if (!st && d->C && !(st = zalloc(d->cu, &dy, (size_t)BT * H, err)))
         for (int b = 0; !st && b < c->B; b++)
             st = sp_cuda_copy_d2d(d->cu, dy + ((size_t)b * c->T + c->pos[b]) * H, din + (size_t)b * H,
                                   (size_t)H * sizeof(float), err);
     if (!st && !(st = zalloc(d->cu, &dxs, (size_t)BT * H, err)))
         st = final_norm(c, dxs, d->C ? dy : din, err);
-    if (!st)
-        host = to_host(d->cu, dxs, (size_t)BT * H, err);
-    if (host && gin[0]) /* h's gradient: the positions after the prompts */
-        for (int b = 0; b < c->B; b++)
-            for (size_t k = 0; k < (size_t)c->T * H; k++)
-                gin[0][((size_t)b * S + d->P) * H + k] += host[(size_t)b * c->T * H + k];
-    st = host ? SP_OK : st ? st : SP_ERR_NOMEM;
+    if (!st && !(host = to_host(d->cu, dxs, (size_t)BT * H, err)))
+        st = err && err->code ? err->code : SP_ERR_NOMEM;
+    for (int b = 0; host && b < c->B; b++) /* h's gradient: the positions after the prompts */
+        for (size_t k = 0; k < (size_t)c->T * H; k++)
+            gin[0][((size_t)b * S + d->P) * H + k] += host[(size_t)b * c->T * H + k];
     free(host);
+done:
+    if (!st && !gin[0])
+        st = sp_cuda_sync(d->cu, err);
     void *bufs[] = {dl, din, dy, dxs};
     for (size_t i = 0; i < 4; i++)
         sp_cuda_free(d->cu, bufs[i]);
