@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "app.h"
+#include "devparts.h"
 #include "timeutil.h"
 #include "host.h"
 #include "optim.h"
@@ -76,8 +77,11 @@ static void common_opts(sp_app *app, const sp_args *a, sp_train_opts *o)
     o->microbatches = int_or(app, a, TR_MICROBATCHES, o->microbatches);
     if (sp_arg_given(a, TR_SEED))
         o->seed = (uint64_t)sp_arg_int(app, a, TR_SEED);
-    if (sp_arg_given(a, TR_DEVICE))
-        o->device = sp_arg_choice(app, a, TR_DEVICE);
+    int cuda, index; /* "auto": -1, as the default is */
+    char why[320];
+    const char *dev = sp_arg(app, a, TR_DEVICE);
+    if (strcmp(dev, "auto") && !sp_device_parse(dev, &cuda, &index, why, sizeof why))
+        o->device = cuda, o->device_index = index;
 }
 
 typedef struct progress_ctx {
@@ -171,9 +175,10 @@ static int run(sp_app *app, const sp_args *a, int do_train)
     const sepal_task *task = find_task(app, cmd, task_name);
     if (!task || check_task_args(app, a, cmd, task))
         return 1;
-    char why[300];
-    if (sp_arg_choice(app, a, TR_DEVICE) == 1 && !sp_optim_cuda_usable(why, sizeof why)) /* before the swarm */
-        return sp_app_error(app, "%s: --device cuda: %s; without --device the optimizer runs on the CPU", cmd, why);
+    char why[400];
+    const char *dev = sp_arg(app, a, TR_DEVICE); /* given, or the device setting's */
+    if (strcmp(dev, "auto") && sp_app_device_check(dev, why, sizeof why)) /* before the swarm */
+        return sp_app_error(app, "%s: %s%s", cmd, sp_arg_given(a, TR_DEVICE) ? "--" : "", why);
     sp_runtime *rt = sp_app_runtime(app);
     if (!rt)
         return 1;
@@ -309,8 +314,8 @@ static int cmd_plugin_list(sp_app *app, const sp_args *a)
     [TR_EVAL_BATCHES] = {"--eval-batches", SP_OPT_INT, "N", 0, 1 << 30, .def = "0",                               \
                          .help = "validate on N batches only; 0: all"},                                            \
     [TR_SEED] = {"--seed", SP_OPT_INT, "S", 0, 9.2e18, .def = "0", .help = "seed of initialisation and shuffling"}, \
-    [TR_DEVICE] = {"--device", SP_OPT_CHOICE, .choices = "cpu|cuda",                                              \
-                   .help = "where the optimizer step runs (default cuda if present)"},                            \
+    [TR_DEVICE] = {"--device", .meta = "auto|cpu|cuda[:N]", SP_SETTING(SP_SET_DEVICE),                            \
+                   .help = "where the local parts and the optimizer run (the device setting)"},                   \
     [TR_ARGS] = {"--args", SP_OPT_STR, "\"k=v ...\"", .help = "the task's arguments (causal_lm: file=PATH)"},      \
     [TR_LOAD] = {"--load", SP_OPT_PATH, "FILE",                                                                   \
                  .help = "start from parameters saved by --save (the file says its task, tuning and pre-seq-len)"}

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "app.h"
+#include "devparts.h"
 
 const sp_opt sp_settings[SP_SET_N + 1] = {
     [SP_SET_MAX_NEW_TOKENS] = {"max-new-tokens", SP_OPT_INT, .max = 1 << 20, .def = "64",
@@ -56,6 +57,10 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
     [SP_SET_SWARM_KEY] = {"swarm-key", SP_OPT_PATH, .def = "",
                           .help = "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove "
                                   "it both ways and only DHT records sealed with it are read; empty is none"},
+    [SP_SET_DEVICE] = {"device", SP_OPT_STR, "auto|cpu|cuda[:N]", .def = "auto",
+                       .help = "where train and eval run the client's local parts (embeddings, norms, head, prompts) "
+                               "and the optimizer: cuda or cuda:N on that GPU, cpu on the CPU, auto the local parts "
+                               "on the CPU and the optimizer on a GPU if there is one"},
     [SP_SET_N] = {0},
 };
 
@@ -103,6 +108,19 @@ int sp_app_set(sp_app *app, sp_set k, const char *value, char *why, size_t cap)
     }
     if (sp_opt_check(&sp_settings[k], value, why, cap))
         return -1;
+    if (k == SP_SET_DEVICE && strcmp(value, "auto") && sp_app_device_check(value, why, cap))
+        return -1;
     snprintf(app->set[k], sizeof app->set[k], "%s", value);
+    return 0;
+}
+
+int sp_app_device_check(const char *value, char *why, size_t cap)
+{
+    int cuda, index;
+    char msg[320];
+    if (sp_device_parse(value, &cuda, &index, msg, sizeof msg) || (cuda && !sp_device_usable(index, msg, sizeof msg))) {
+        snprintf(why, cap, "device %s: %s", value, msg);
+        return -1;
+    }
     return 0;
 }

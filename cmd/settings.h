@@ -27,6 +27,7 @@ typedef enum sp_set {
     SP_SET_THREADS,
     SP_SET_DTYPE,
     SP_SET_SWARM_KEY,
+    SP_SET_DEVICE,
     SP_SET_N
 } sp_set;
 
@@ -40,5 +41,9 @@ extern const sp_opt sp_settings[SP_SET_N + 1];
 
 /* The setting whose row is o (o->like of an option), or -1. */
 int sp_setting_of(const sp_opt *o);
+
+/* A value of the device setting other than "auto" ("cpu", "cuda", "cuda:N"): 0, or -1 and why ("device cuda: no
+ * usable GPU: ..."): a GPU that cannot run is refused when it is set. */
+int sp_app_device_check(const char *value, char *why, size_t cap);
 
 #endif

@@ -268,6 +268,26 @@ extern "C" sp_status sp_cuda_adamw_download(sp_cuda_adamw *s, int64_t off, int64
     return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "adamw download");
 }
 
+extern "C" float *sp_cuda_adamw_params(sp_cuda_adamw *s)
+{
+    return s ? s->p : nullptr;
+}
+
+extern "C" float *sp_cuda_adamw_grads(sp_cuda_adamw *s)
+{
+    return s ? s->g : nullptr;
+}
+
+extern "C" sp_status sp_cuda_adamw_zero_grads(sp_cuda_adamw *s, sp_err *err)
+{
+    if (!s)
+        return sp_errf(err, SP_ERR_ARG, "cuda adamw: NULL state");
+    cudaError_t e = cudaMemset(s->g, 0, (size_t)(s->n > 0 ? s->n : 1) * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    return e == cudaSuccess ? SP_OK : sp_cuda_error(err, (int)e, "adamw zero grads");
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* bare operations on host arrays */
 

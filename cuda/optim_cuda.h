@@ -30,6 +30,13 @@ sp_status sp_cuda_adamw_apply(sp_cuda_adamw *s, int64_t off, int64_t n, float gs
 /* Copies n param values at offset off out to p. */
 sp_status sp_cuda_adamw_download(sp_cuda_adamw *s, int64_t off, int64_t n, float *p, sp_err *err);
 
+/* The device buffers of the params and the grads (the client's local parts on the GPU write the grads there and
+ * read the params, client/train/devparts.h). */
+float *sp_cuda_adamw_params(sp_cuda_adamw *s);
+float *sp_cuda_adamw_grads(sp_cuda_adamw *s);
+/* Zeroes the whole grad buffer and waits for everything queued on the device (the updates included). */
+sp_status sp_cuda_adamw_zero_grads(sp_cuda_adamw *s, sp_err *err);
+
 /* Bare operations on host arrays (copied in and out), the counterparts of sp_adamw_update_cpu,
  * sp_unscale_check_cpu and sp_sumsq_cpu. */
 sp_status sp_cuda_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2,

@@ -393,6 +393,65 @@ START_TEST(t_retain_grad)
 }
 END_TEST
 
+/* An external op (sp_external) that is 3 x elsewhere: its backward adds 3 gout; its context counts frees. */
+typedef struct ext_ctx {
+    int64_t n;
+    int freed;
+} ext_ctx;
+
+static sp_status ext_backward(void *p, const float *gout, float **gin, sp_err *err)
+{
+    (void)err;
+    ext_ctx *c = p;
+    for (int64_t i = 0; gin[0] && i < c->n; i++)
+        gin[0][i] += 3.0f * gout[i];
+    return SP_OK;
+}
+
+static void ext_free(void *p) { ((ext_ctx *)p)->freed++; }
+
+static const sp_ext_fn ext_fn = {ext_backward, ext_free};
+
+START_TEST(t_external)
+{
+    sp_graph *g = sp_graph_new(), *other = sp_graph_new();
+    sp_err err = {0};
+    sp_t *x = rand_leaf(g, 2, (int64_t[]){2, 3}, 1.0f, 0, "x");
+    sp_t *W = rand_leaf(g, 2, (int64_t[]){4, 3}, 1.0f, 1, "W");
+    float tgt[8] = {0.5f, -1, 2, 0, 1, 1, -2, 0.25f}, y[8];
+    /* the reference: mse(3 (x W^T)) */
+    sp_t *h = sp_linear(x, W, NULL, &err);
+    ck_assert_int_eq(sp_backward(sp_mse(sp_scale(h, 3.0f, &err), tgt, &err), NULL, &err), SP_OK);
+    float ref[12];
+    memcpy(ref, W->grad, sizeof ref);
+    sp_zero_grad(W);
+    for (int i = 0; i < 8; i++)
+        y[i] = 3.0f * h->data[i];
+    ext_ctx c = {.n = 8};
+    sp_t *e = sp_external(g, 2, h->shape, y, h, NULL, &ext_fn, &c, &err);
+    ck_assert_ptr_nonnull(e);
+    ck_assert(e->requires_grad);
+    ck_assert_float_eq(e->data[7], y[7]);
+    ck_assert_int_eq(sp_backward(sp_mse(e, tgt, &err), NULL, &err), SP_OK);
+    ck_assert_double_le(sp_max_abs_diff(W->grad, ref, 12), 1e-6);
+    /* no input that requires grad: a constant; the graph frees each context once, at its clear */
+    ext_ctx c2 = {.n = 8};
+    ck_assert(!sp_external(g, 2, h->shape, NULL, NULL, NULL, &ext_fn, &c2, &err)->requires_grad);
+    ck_assert_int_eq(c.freed + c2.freed, 0);
+    sp_graph_clear(g);
+    ck_assert_int_eq(c.freed, 1);
+    ck_assert_int_eq(c2.freed, 1);
+    /* an input of another graph: refused, and the context freed at once */
+    ext_ctx c3 = {.n = 8};
+    sp_t *o = rand_leaf(other, 1, (int64_t[]){8}, 1.0f, 1, "o");
+    ck_assert_ptr_null(sp_external(g, 1, o->shape, NULL, o, NULL, &ext_fn, &c3, &err));
+    ck_assert_int_eq(err.code, SP_ERR_ARG);
+    ck_assert_int_eq(c3.freed, 1);
+    sp_graph_free(g);
+    sp_graph_free(other);
+}
+END_TEST
+
 static void count_hook(sp_graph *g, void *user)
 {
     (void)g;
@@ -620,6 +679,7 @@ int main(void)
     tcase_add_test(sem, t_accumulate);
     tcase_add_test(sem, t_retain_grad);
     tcase_add_test(sem, t_hook_and_errors);
+    tcase_add_test(sem, t_external);
     suite_add_tcase(s, sem);
     TCase *chain = tcase_create("chain");
     tcase_set_timeout(chain, 240);

@@ -34,6 +34,7 @@ typedef enum {
     OP_BCE,
     OP_CHAIN,
     OP_LOCAL,
+    OP_EXT,
 } op_kind;
 
 /* What the remote chain's backward needs: the route each sub-batch ran over (with the servers that
@@ -75,6 +76,8 @@ struct sp_node {
     sp_model *model; /* local chain: the blocks; saved holds the input of each block */
     sp_block_acts *bacts; /* local chain: each block's activations, for a backward without recompute */
     int nbacts;
+    const sp_ext_fn *ext; /* an external op (sp_external): its backward and free, and their context */
+    void *ext_ctx;
     float *gout;   /* gradient w.r.t. out during one backward call */
     unsigned mark; /* reachable from the current root */
 };
@@ -174,6 +177,8 @@ static void pool_put(sp_graph *g, sp_block_acts *a)
 static void node_free(sp_graph *g, sp_node *nd)
 {
     chain_saved_free(nd->chain);
+    if (nd->ext && nd->ext->free)
+        nd->ext->free(nd->ext_ctx);
     for (int i = 0; i < nd->nbacts; i++)
         pool_put(g, &nd->bacts[i]);
     free(nd->bacts);
@@ -682,6 +687,26 @@ sp_t *sp_bce_logits(sp_t *logits, const float *target, sp_err *err)
     return o;
 }
 
+sp_t *sp_external(sp_graph *g, int ndim, const int64_t *shape, const float *data, sp_t *a, sp_t *b,
+                  const sp_ext_fn *fn, void *ctx, sp_err *err)
+{
+    sp_t *o = NULL;
+    if (!g || !fn || !fn->backward || (a && a->g != g) || (b && b->g != g))
+        sp_errf(err, SP_ERR_ARG, "external op: no graph or backward, or an input of another graph");
+    else
+        o = op_out(g, ndim, shape, OP_EXT, a, b, NULL, err);
+    if (!o) {
+        if (fn && fn->free)
+            fn->free(ctx);
+        return NULL;
+    }
+    o->node->ext = fn;
+    o->node->ext_ctx = ctx;
+    if (data && o->n > 0)
+        memcpy(o->data, data, (size_t)o->n * sizeof(float));
+    return o;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* the remote chain: sub-batches of at most CHAIN_MAX_TOKENS tokens, one thread each */
 
@@ -1080,6 +1105,7 @@ static sp_status op_backward(sp_node *nd, float **d, sp_err *err)
     case OP_BCE: pointwise_backward(nd, d, g); return SP_OK;
     case OP_CHAIN: return chain_backward(nd, d, err);
     case OP_LOCAL: return local_backward(nd, d, err);
+    case OP_EXT: return nd->ext->backward(nd->ext_ctx, g, d, err);
     }
     return sp_errf(err, SP_ERR_STATE, "unknown op %d", (int)nd->op);
 }

@@ -91,6 +91,16 @@ sp_t *sp_scale(sp_t *a, float s, sp_err *err);
 sp_t *sp_cross_entropy(sp_t *logits, const int32_t *targets, sp_err *err); /* logits [N, C] */
 sp_t *sp_mse(sp_t *pred, const float *target, sp_err *err);
 sp_t *sp_bce_logits(sp_t *logits, const float *target, sp_err *err);
+/* An op of g computed elsewhere (the client's local parts on a GPU, devparts.h): out [shape] holds data (copied;
+ * NULL: zeros) and requires grad if a or b does (either may be NULL; they keep the backward's reach). Its
+ * backward calls fn->backward(ctx, gout, gin, err) with gin[0], gin[1] the gradient slots of a and b (NULL where
+ * one needs none: ADD into them); the graph calls fn->free(ctx) when it drops the node (also when this fails). */
+typedef struct sp_ext_fn {
+    sp_status (*backward)(void *ctx, const float *gout, float **gin, sp_err *err);
+    void (*free)(void *ctx);
+} sp_ext_fn;
+sp_t *sp_external(sp_graph *g, int ndim, const int64_t *shape, const float *data, sp_t *a, sp_t *b,
+                  const sp_ext_fn *fn, void *ctx, sp_err *err);
 /* The remote chain through the swarm: x [B, T, H] through every block; deep prompts [L, B, P, H] (NULL: none;
  * P <= T). The batch runs as sub-batches of max(1, 1024 / T) rows, concurrently (one thread each), forward
  * and backward, each over its own max-throughput route; the result equals the unsplit computation. Servers

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devparts.h"
 #include "half.h"
 
 #ifdef SEPAL_HAVE_CUDA
@@ -27,6 +28,7 @@ struct sp_optim {
     float scale;     /* loss scale (1 without fp16) */
     int growth_tracker;
     int on_cuda;
+    int resident;    /* params and grads live on the device (sp_optim_make_resident) */
 #ifdef SEPAL_HAVE_CUDA
     sp_cuda_adamw *cu;
 #endif
@@ -203,15 +205,7 @@ void sp_optim_free(sp_optim *opt)
 
 int sp_optim_cuda_usable(char *why, size_t cap)
 {
-#ifdef SEPAL_HAVE_CUDA
-    char buf[256] = "";
-    if (sp_cuda_device_count(buf, (int)sizeof buf) > 0)
-        return 1;
-    snprintf(why, cap, "no usable GPU (%s)", buf[0] ? buf : "none found");
-#else
-    snprintf(why, cap, "this sepal was built without CUDA");
-#endif
-    return 0;
+    return sp_device_usable(0, why, cap);
 }
 
 /* Picks the device: 1 = CUDA, 0 = CPU. */
@@ -391,7 +385,7 @@ static sp_status step_cpu(sp_optim *opt, int *found_inf, float *norm, float lr)
 static sp_status step_cuda(sp_optim *opt, int *found_inf, float *norm, float lr, sp_err *err)
 {
     sp_status st;
-    for (int i = 0; i < opt->n; i++) {
+    for (int i = 0; i < opt->n && !opt->resident; i++) {
         sp_t *p = opt->params[i];
         if ((st = sp_cuda_adamw_upload(opt->cu, opt->off[i], p->n, p->data, p->grad, err)) != SP_OK)
             return st;
@@ -405,11 +399,11 @@ static sp_status step_cuda(sp_optim *opt, int *found_inf, float *norm, float lr,
     float gscale = sp_clip_coef(*norm, opt->o.clip_norm);
     for (int i = 0; i < opt->n; i++) {
         sp_t *p = opt->params[i];
-        if (!p->grad)
+        if (!p->grad && !opt->resident) /* resident: every parameter's gradient is the device's */
             continue;
         st = sp_cuda_adamw_apply(opt->cu, opt->off[i], p->n, gscale, lr, opt->o.beta1, opt->o.beta2, opt->o.eps,
                                  opt->o.weight_decay, opt->t[i] + 1, err);
-        if (st == SP_OK)
+        if (st == SP_OK && !opt->resident)
             st = sp_cuda_adamw_download(opt->cu, opt->off[i], p->n, p->data, err);
         if (st != SP_OK)
             return st;
@@ -446,9 +440,60 @@ sp_status sp_optim_step(sp_optim *opt, int *skipped, float *grad_norm, sp_err *e
         opt->sched++;
     scale_update(opt, found_inf);
     zero_grads(opt);
+#ifdef SEPAL_HAVE_CUDA
+    if (opt->resident && (st = sp_cuda_adamw_zero_grads(opt->cu, err)) != SP_OK)
+        return st;
+#endif
     if (skipped)
         *skipped = found_inf;
     if (grad_norm)
         *grad_norm = norm;
     return SP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* resident on the device */
+
+sp_status sp_optim_make_resident(sp_optim *opt, sp_err *err)
+{
+    if (!opt->on_cuda)
+        return sp_errf(err, SP_ERR_STATE, "optim: the parameters stay on the host without CUDA");
+    opt->resident = 1;
+    return sp_optim_to_device(opt, err);
+}
+
+float *sp_optim_device_buf(sp_optim *opt, int idx, int grad)
+{
+#ifdef SEPAL_HAVE_CUDA
+    if (opt->on_cuda && idx >= 0 && idx < opt->n)
+        return (grad ? sp_cuda_adamw_grads(opt->cu) : sp_cuda_adamw_params(opt->cu)) + opt->off[idx];
+#else
+    (void)grad;
+#endif
+    (void)opt, (void)idx;
+    return NULL;
+}
+
+sp_status sp_optim_to_device(sp_optim *opt, sp_err *err)
+{
+    sp_status st = SP_OK;
+#ifdef SEPAL_HAVE_CUDA
+    for (int i = 0; opt->on_cuda && !st && i < opt->n; i++)
+        st = sp_cuda_adamw_upload(opt->cu, opt->off[i], opt->params[i]->n, opt->params[i]->data, NULL, err);
+#else
+    (void)opt, (void)err;
+#endif
+    return st;
+}
+
+sp_status sp_optim_to_host(sp_optim *opt, sp_err *err)
+{
+    sp_status st = SP_OK;
+#ifdef SEPAL_HAVE_CUDA
+    for (int i = 0; opt->resident && !st && i < opt->n; i++)
+        st = sp_cuda_adamw_download(opt->cu, opt->off[i], opt->params[i]->n, opt->params[i]->data, err);
+#else
+    (void)opt, (void)err;
+#endif
+    return st;
 }

@@ -77,8 +77,8 @@ void sp_adamw_update_cpu(float *p, const float *g, float *m, float *v, int64_t n
  * in one reduction, then the clipped AdamW update) and downloads .data, so the host sp_t mirrors the device
  * after every step. m and v stay on the device. */
 
-/* Whether the optimizer can run on CUDA here: 1, or 0 with why ("no usable GPU (...)", "this sepal was built
- * without CUDA"). A device 1 (CUDA) optimizer where it cannot: "CUDA was asked for, but no usable GPU (...)". */
+/* Whether the optimizer can run on CUDA here: 1, or 0 with why ("no usable GPU: ...", "this sepal was built
+ * without CUDA"). A device 1 (CUDA) optimizer where it cannot: "CUDA was asked for, but no usable GPU: ...". */
 int sp_optim_cuda_usable(char *why, size_t cap);
 
 /* Number of parameters, and a parameter's step count (0 before its first update). */
@@ -97,5 +97,17 @@ float sp_clip_coef(float norm, float max_norm);
  * result is inf/nan; and the sum of squares in double. */
 int sp_unscale_check_cpu(float *g, int64_t n, float inv_scale);
 double sp_sumsq_cpu(const float *g, int64_t n);
+
+
+/* Resident on the device (the client's local parts on the GPU, devparts.h): the params' values are uploaded now and
+ * stay in the CUDA buffers, the grads are written there by the device's ops (the host .grad is not read), a step
+ * updates every parameter and zeroes the device grads, and nothing is copied back until sp_optim_to_host.
+ * SP_ERR_STATE for an optimizer on the CPU. */
+sp_status sp_optim_make_resident(sp_optim *opt, sp_err *err);
+/* Param idx's values (grad 0) or gradient (grad 1) on the device; NULL on the CPU. */
+float *sp_optim_device_buf(sp_optim *opt, int idx, int grad);
+/* The params' host .data to the device (after the host changed them: a load), and back (resident only). */
+sp_status sp_optim_to_device(sp_optim *opt, sp_err *err);
+sp_status sp_optim_to_host(sp_optim *opt, sp_err *err);
 
 #endif

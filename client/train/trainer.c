@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devparts.h"
 #include "ops.h"
 #include "rng.h"
 #include "runtime_cancel.h"
@@ -32,6 +33,7 @@ struct sp_trainer {
     sp_t *params[3];
     int nparams;
     sp_optim *opt;
+    sp_devparts *dev; /* the local parts on a GPU (o.device 1), the parameters resident in opt's device buffers */
     sp_rng rng;
     /* per microbatch, kept between its forward and backward */
     sp_t *rep_prompts[64], *rep_deep[64], *rep_score[64], *loss[64];
@@ -201,6 +203,20 @@ static sp_status make_params(sp_trainer *t, sp_err *err)
     return SP_OK;
 }
 
+/* The parameters resident on the device: the optimizer's buffers are the local parts' (devparts.h). */
+static sp_status bind_device(sp_trainer *t, sp_err *err)
+{
+    float *buf[3][2] = {{0}};
+    sp_t *which[3] = {t->prompts, t->deep, t->score};
+    for (int i = 0; i < t->nparams; i++)
+        for (int k = 0; k < 3; k++)
+            if (t->params[i] == which[k])
+                for (int g = 0; g < 2; g++)
+                    buf[k][g] = sp_optim_device_buf(t->opt, i, g);
+    sp_devparts_bind(t->dev, buf[0][0], buf[0][1], buf[1][0], buf[1][1], buf[2][0], buf[2][1]);
+    return sp_optim_make_resident(t->opt, err);
+}
+
 sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, const sepal_task *task,
                          const char *task_args, const sp_train_opts *o, sp_err *err)
 {
@@ -249,7 +265,12 @@ sp_status sp_trainer_new(sp_trainer **out, sp_runtime *rt, sp_model *blocks, con
         ao.device = o->device;
         ao.fp16 = o->fp16;
         ao.total_steps = sp_trainer_steps_planned(t); /* the lr reaches 0 at the last step that runs */
-        st = sp_optim_new(&t->opt, t->params, t->nparams, &ao, err);
+        if (o->device == 1)
+            st = sp_devparts_new(&t->dev, rt->local, o->device_index, t->C, t->P, err);
+        if (!st)
+            st = sp_optim_new(&t->opt, t->params, t->nparams, &ao, err);
+        if (!st && t->dev)
+            st = bind_device(t, err);
     }
     if (st) {
         sp_trainer_free(t);
@@ -268,6 +289,7 @@ void sp_trainer_free(sp_trainer *t)
     sp_optim_free(t->opt);
     sp_pipe_free(t->pipe);
     sp_graph_free(t->g);
+    sp_devparts_free(t->dev); /* after the graph: its nodes free device buffers */
     free(t);
 }
 
@@ -276,6 +298,8 @@ const sp_route *sp_trainer_last_route(const sp_trainer *t) { return t->pipe ? &t
 
 int sp_trainer_params(sp_trainer *t, sp_t ***params)
 {
+    if (t->dev && sp_optim_to_host(t->opt, NULL))
+        return 0;
     *params = t->params;
     return t->nparams;
 }
@@ -337,9 +361,32 @@ static sp_t *default_loss(sp_trainer *t, sp_t *logits, const sepal_batch *b, sp_
     return sp_cross_entropy(logits, b->labels, err);
 }
 
+/* Whether the device computes the loss with the logits: the cross-entropy of a causal LM or of single-label
+ * classes, the task having no loss of its own. */
+static int dev_loss(const sp_trainer *t)
+{
+    return t->dev && !t->task->loss && (t->C == 0 || (t->C >= 2 && !t->task->multi_label));
+}
+
+/* forward_logits with the local parts on the device (devparts.h): the loss (loss 1) or the logits. */
+static sp_t *forward_dev(sp_trainer *t, const sepal_batch *b, int mb, int train, int loss, sp_err *err)
+{
+    t->rep_prompts[mb] = t->rep_deep[mb] = t->rep_score[mb] = NULL; /* the device sums the batch's gradients */
+    sp_t *x = sp_devparts_input(t->dev, t->g, t->prompts, b->ids, b->B, b->T, train, err);
+    sp_t *deep = x && t->deep ? sp_devparts_deep(t->dev, t->deep, b->B, train, err) : NULL;
+    sp_t *h = !x || (t->deep && !deep) ? NULL
+              : t->blocks          ? sp_local_chain(t->blocks, x, deep, err)
+                                   : sp_remote_chain_mb(t->rt, x, deep, train && t->pipe ? &t->route : NULL,
+                                                        train ? t->pipe : NULL, mb, err);
+    sp_dev_batch db = {.B = b->B, .T = b->T, .targets = t->C ? b->labels : b->targets, .last = b->last};
+    return h ? sp_devparts_head(t->dev, h, t->score, &db, loss, train, err) : NULL;
+}
+
 /* The model's output for a batch: logits [B, C] (classification) or [B*T, V] (causal LM). */
 static sp_t *forward_logits(sp_trainer *t, const sepal_batch *b, int mb, int train, sp_err *err)
 {
+    if (t->dev)
+        return forward_dev(t, b, mb, train, 0, err);
     int B = b->B, T = b->T, H = t->H, P = t->P;
     float *emb = malloc((size_t)B * T * H * sizeof(float));
     if (!emb || sp_model_embed(t->rt->local, emb, b->ids, B * T, err)) {
@@ -439,8 +486,8 @@ static sp_status micro_forward_batch(sp_trainer *t, int mb, const sepal_batch *b
 {
     t->loss[mb] = NULL;
     t->positions[mb] = 0;
-    sp_t *logits = forward_logits(t, b, mb, 1, err);
-    sp_t *loss = NULL;
+    sp_t *logits = dev_loss(t) ? NULL : forward_logits(t, b, mb, 1, err);
+    sp_t *loss = dev_loss(t) ? forward_dev(t, b, mb, 1, 1, err) : NULL;
     if (logits)
         loss = t->task->loss ? (sp_t *)t->task->loss(t->task_ctx, &t->host, (sepal_tensor *)logits, b)
                              : default_loss(t, logits, b, err);
@@ -625,6 +672,8 @@ static sp_status run_schedule(sp_trainer *t, const int *idx, int n, float *loss,
 
 sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err)
 {
+    if (t->dev)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "the gradients of training on the GPU stay there");
     for (int i = 0; i < t->nparams; i++)
         sp_zero_grad(t->params[i]);
     sp_status st = run_schedule(t, idx, n, loss, err);
@@ -638,6 +687,8 @@ sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_
     sp_graph_clear(t->g);
     int skipped;
     float norm = 0;
+    if (!st && t->dev) /* the gradients the device's backward queued */
+        st = sp_devparts_sync(t->dev, err);
     if (!st)
         st = sp_optim_step(t->opt, &skipped, &norm, err);
     t->grad_norm = norm;
@@ -797,6 +848,10 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
         }
     }
     free(order);
+    if (t->dev) { /* the host's copy of the trained parameters */
+        sp_status hs = sp_optim_to_host(t->opt, st ? NULL : err);
+        st = st ? st : hs;
+    }
     return st;
 }
 
@@ -805,6 +860,9 @@ sp_status sp_trainer_fit(sp_trainer *t, sp_train_cb cb, void *user, sp_err *err)
 
 sp_status sp_trainer_save(sp_trainer *t, const char *path, sp_err *err)
 {
+    sp_status hs = t->dev ? sp_optim_to_host(t->opt, err) : SP_OK;
+    if (hs)
+        return hs;
     sp_st_wtensor w[3];
     for (int i = 0; i < t->nparams; i++) {
         w[i] = (sp_st_wtensor){.name = t->params[i]->name, .dtype = SP_F32, .ndim = t->params[i]->ndim,
@@ -901,5 +959,7 @@ sp_status sp_trainer_load(sp_trainer *t, const char *path, sp_err *err)
     for (int i = 0; !s && i < t->nparams; i++)
         s = sp_st_read_f32(st, t->params[i]->name, t->params[i]->data, t->params[i]->ndim, t->params[i]->shape, err);
     sp_st_close(st);
+    if (!s && t->dev)
+        s = sp_optim_to_device(t->opt, err);
     return s;
 }

@@ -1,7 +1,8 @@
 /* trainer.h - prompt tuning through the swarm (Petals semantics, petals-internals.md §3): the trainable
  * parameters live on the client (shallow prompts [P, H], deep prompts [L, P, H], a classification head
  * [C, H]); forward and backward of the blocks run on the servers; the optimizer runs locally (CUDA if
- * present). A task (include/sepal/plugin.h) supplies data, batches, loss and metrics.
+ * present; with device 1 the local parts too, their parameters resident on the GPU: devparts.h). A task
+ * (include/sepal/plugin.h) supplies data, batches, loss and metrics.
  *
  * Modes: head-only (P = 0), ptune (P prefix embeddings prepended, plus the head), deep_ptune (also a prompt
  * per block added to the first P positions entering it). A causal-LM task uses the model's own head.
@@ -34,7 +35,9 @@ typedef struct sp_train_opts {
     int epochs, batch, warmup, max_length, microbatches, max_in_flight;
     sp_schedule schedule;
     uint64_t seed;
-    int device;        /* optimizer device: -1 auto, 0 CPU, 1 CUDA */
+    int device;        /* -1 auto (the optimizer on CUDA if present, the local parts on the CPU), 0 CPU, 1 CUDA:
+                        * the local parts and the optimizer on GPU device_index (devparts.h) */
+    int device_index;
     int fp16;          /* dynamic loss scaling (fp32 master parameters) */
     int max_steps;     /* 0: all epochs */
     int eval_batches;  /* 0: the whole validation split */
@@ -70,7 +73,8 @@ void sp_trainer_on_progress(sp_trainer *t, sp_train_cb cb, void *user);
 /* One optimizer step over the batch of examples idx[0..n) of the train split (split into microbatches
  * per the schedule). Reports the mean loss. */
 sp_status sp_trainer_step(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
-/* Loss and gradients only (no update): for tests comparing schedules. grads: the trainable tensors. */
+/* Loss and gradients only (no update): for tests comparing schedules. grads: the trainable tensors (device 1:
+ * SP_ERR_UNSUPPORTED, the gradients stay on the GPU). */
 sp_status sp_trainer_grads(sp_trainer *t, const int *idx, int n, float *loss, sp_err *err);
 int sp_trainer_params(sp_trainer *t, sp_t ***params);
 /* The stages of the last pipelined step (its per-stage traces), or NULL if none ran. */

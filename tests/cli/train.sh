@@ -101,14 +101,20 @@ one_error "--dry-run: a task's unknown argument" "sepal: eval: sst2: unknown arg
 if [ $? -eq 77 ] || [ ! -x "$SEPAL_BIN_DIR/tests/test_cuda" ]; then
     "$SEPAL" -c "train sst2 --device cuda" > /dev/null 2> "$TMP/cuda.err"
     case "$(cat "$TMP/cuda.err")" in
-    "sepal: train: --device cuda: no usable GPU ("*"); without --device the optimizer runs on the CPU" | \
-        "sepal: train: --device cuda: this sepal was built without CUDA; without --device the optimizer runs on the CPU")
+    "sepal: train: --device cuda: no usable GPU: "?* | "sepal: train: --device cuda: this sepal was built without CUDA")
         ok "--device cuda without a GPU: $(cat "$TMP/cuda.err")" ;;
     *) bad "--device cuda without a GPU: $(cat "$TMP/cuda.err")" ;;
     esac
+    expect 1 "set device cuda:1 without a GPU: refused" \
+        "^sepal: set: device cuda:1: (no usable GPU: .+|this sepal was built without CUDA)$" -- "$SEPAL" -c "set device cuda:1"
 else
     echo "a usable GPU: --device cuda's refusal not checked"
 fi
+expect 1 "set device: not a device" "^sepal: set: device gpu: 'gpu' is not a device: cpu, cuda or cuda:N$" -- \
+    "$SEPAL" -c "set device gpu"
+expect 1 "--device: not a device" "^sepal: eval: --device cuda:x: 'cuda:x' is not a device: cpu, cuda or cuda:N$" -- \
+    "$SEPAL" -c "eval sst2 --device cuda:x"
+expect 0 "set device cpu, then auto" '^device +"auto"' -- "$SEPAL" -c "set device cpu; set device auto; show"
 expect 0 "--dry-run: good task arguments pass" "" -- "$SEPAL" --dry-run -c "train causal_lm --args 'file=$TMP/story.txt length=32'"
 expect 1 "context overflow" "context" -- "$SEPAL" -c "load $M; swarm up 1; train sst2 --max-length 250 --pre-seq-len 16"
 finish

@@ -1,0 +1,247 @@
+/* test_cuda_train.c - prompt tuning with the client's local parts and the optimizer on the GPU (train --device
+ * cuda, client/train/devparts.h) against the same run on the CPU: the loss of every step within 1e-4 relative
+ * (f32), and the trained parameters within 1e-3 of their largest value (AdamW's first steps move a weight by
+ * about lr whatever its gradient's size, so a gradient near zero may round either way), for a causal LM and for
+ * classes, shallow and deep prompts and a head alone, RMSNorm (Llama, GQA) and LayerNorm with BLOOM's embedding
+ * norm, two microbatches, clipping and fp16 loss scaling. The blocks run in this process (the trainer's local baseline, as
+ * test_trainer's), so the test needs no swarm and no cache: the models are tests/data/hf-tiny's, the data a
+ * task of this file (random ids of seeded lengths). Without a GPU, asking for one is refused in words
+ * ("no usable GPU: ...") and the suite reports itself skipped (exit 77). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "devparts.h"
+#include "rng.h"
+#include "runtime.h"
+#include "testutil.h"
+#include "trainer.h"
+
+#define TINY SEPAL_TEST_DATA "/hf-tiny/"
+#define NEX 24 /* examples per split */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the task: example i is a row of 4 + i % 9 random ids (seeded by i), class ids[0] % 2, next-token targets */
+
+typedef struct toy {
+    int V;
+    sepal_batch b; /* the last batch's arrays (the task owns them until its next batch) */
+} toy;
+
+static void toy_free_batch(toy *k)
+{
+    free(k->b.ids), free(k->b.last), free(k->b.labels), free(k->b.targets);
+    memset(&k->b, 0, sizeof k->b);
+}
+
+static void *toy_open(const sepal_host *host, const char *args, char *err, size_t cap)
+{
+    (void)args, (void)err, (void)cap;
+    toy *k = calloc(1, sizeof *k);
+    if (k)
+        k->V = host->vocab;
+    return k;
+}
+
+static void toy_close(void *p)
+{
+    toy_free_batch(p);
+    free(p);
+}
+
+static int toy_size(void *p, int split)
+{
+    (void)p, (void)split;
+    return NEX;
+}
+
+static int toy_batch(void *p, int split, const int *idx, int n, int max_length, sepal_batch *out, char *err,
+                     size_t cap)
+{
+    (void)cap, (void)err;
+    toy *k = p;
+    toy_free_batch(k);
+    int T = 0;
+    for (int i = 0; i < n; i++)
+        T = 4 + idx[i] % 9 > T ? 4 + idx[i] % 9 : T;
+    T = T < max_length ? T : max_length;
+    sepal_batch *b = &k->b;
+    b->B = n, b->T = T;
+    b->ids = calloc((size_t)n * T, sizeof *b->ids);
+    b->targets = calloc((size_t)n * T, sizeof *b->targets);
+    b->last = calloc((size_t)n, sizeof *b->last);
+    b->labels = calloc((size_t)n, sizeof *b->labels);
+    if (!b->ids || !b->targets || !b->last || !b->labels)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        int len = 4 + idx[i] % 9 < T ? 4 + idx[i] % 9 : T;
+        sp_rng r;
+        sp_rng_seed(&r, 1000u * (uint64_t)split + (uint64_t)idx[i] + 1);
+        for (int t = 0; t < T; t++)
+            b->ids[i * T + t] = t < len ? (int32_t)(sp_rng_u32(&r) % (uint32_t)k->V) : 0;
+        for (int t = 0; t < T; t++)
+            b->targets[i * T + t] = t + 1 < len ? b->ids[i * T + t + 1] : -1;
+        b->last[i] = len - 1;
+        b->labels[i] = b->ids[i * T] % 2;
+    }
+    *out = *b;
+    return 0;
+}
+
+static sepal_task toy_lm = {.abi = SEPAL_PLUGIN_ABI, .name = "toy-lm", .num_labels = 0, .open = toy_open,
+                            .close = toy_close, .size = toy_size, .batch = toy_batch};
+static sepal_task toy_cls = {.abi = SEPAL_PLUGIN_ABI, .name = "toy-cls", .num_labels = 2, .open = toy_open,
+                             .close = toy_close, .size = toy_size, .batch = toy_batch};
+
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct run_case {
+    const char *model;
+    const sepal_task *task;
+    sp_tuning tuning;
+    int fp16;
+} run_case;
+
+static sp_train_opts opts_of(const run_case *c, int device)
+{
+    sp_train_opts o;
+    sp_train_opts_default(&o);
+    o.tuning = c->tuning;
+    o.pre_seq_len = c->tuning == SP_TUNE_HEAD ? 0 : 3;
+    o.batch = 6;
+    o.max_length = 12;
+    o.microbatches = 2;
+    o.warmup = 0;
+    o.lr = 5e-2f;
+    o.clip_norm = 0.5f; /* the steps below clip: the device's norm decides as the CPU's does */
+    o.fp16 = c->fp16;
+    o.seed = 7;
+    o.device = device;
+    return o;
+}
+
+/* STEPS optimizer steps of c on device (0 CPU, 1 GPU): each step's loss, then the trained parameters (malloc'd,
+ * *n values). */
+#define STEPS 4
+static float *train_steps(sp_runtime *rt, sp_model *blocks, const run_case *c, int device, float *loss, int64_t *n)
+{
+    sp_train_opts o = opts_of(c, device);
+    sp_trainer *t = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_trainer_new(&t, rt, blocks, c->task, "", &o, &err) == SP_OK, "%s: %s", c->model, err.msg);
+    int idx[STEPS][6] = {{0, 5, 9, 13, 2, 17}, {1, 4, 8, 20, 11, 3}, {6, 7, 10, 12, 14, 15}, {16, 18, 19, 21, 22, 23}};
+    for (int s = 0; s < STEPS; s++)
+        ck_assert_msg(sp_trainer_step(t, idx[s], 6, &loss[s], &err) == SP_OK, "%s step %d: %s", c->model, s, err.msg);
+    sp_t **params;
+    int np = sp_trainer_params(t, &params);
+    ck_assert_int_gt(np, 0);
+    *n = 0;
+    for (int i = 0; i < np; i++)
+        *n += params[i]->n;
+    float *out = malloc((size_t)*n * sizeof *out), *w = out;
+    for (int i = 0; i < np; i++, w += params[i - 1]->n)
+        memcpy(w, params[i]->data, (size_t)params[i]->n * sizeof *w);
+    sp_trainer_free(t);
+    return out;
+}
+
+static void check_case(const run_case *c)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, TINY "%s", c->model);
+    sp_runtime *rt = NULL;
+    sp_model *blocks = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, dir, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_model_load(&blocks, dir, SP_LOAD_BLOCKS, 0, -1, &err) == SP_OK, "%s", err.msg);
+    float lc[STEPS], lg[STEPS];
+    int64_t nc, ng;
+    float *pc = train_steps(rt, blocks, c, 0, lc, &nc), *pg = train_steps(rt, blocks, c, 1, lg, &ng);
+    for (int s = 0; s < STEPS; s++) {
+        printf("%s %s tuning %d fp16 %d step %d: loss cpu %.7f gpu %.7f\n", c->model, c->task->name, (int)c->tuning,
+               c->fp16, s, (double)lc[s], (double)lg[s]);
+        ck_assert_msg(isfinite(lc[s]) && lc[s] > 0, "step %d: loss %g", s, (double)lc[s]);
+        ck_assert_msg(fabsf(lg[s] - lc[s]) <= 1e-4f * fabsf(lc[s]), "%s step %d: loss %.7f on the GPU, %.7f on the CPU",
+                      c->model, s, (double)lg[s], (double)lc[s]);
+    }
+    ck_assert_msg(lc[STEPS - 1] != lc[0], "the steps changed nothing");
+    ck_assert_int_eq(ng, nc);
+    double scale = 0;
+    for (int64_t k = 0; k < nc; k++)
+        scale = fmax(scale, fabs(pc[k]));
+    double worst = sp_max_abs_diff(pg, pc, (size_t)nc);
+    ck_assert_msg(worst <= 1e-3 * scale, "%s: trained parameters differ by %g (largest %g)", c->model, worst, scale);
+    free(pc), free(pg);
+    sp_model_free(blocks);
+    sp_runtime_free(rt);
+}
+
+START_TEST(t_llama_deep_classes)
+{
+    check_case(&(run_case){"llama-gqa", &toy_cls, SP_TUNE_DEEP, 0});
+}
+END_TEST
+
+START_TEST(t_llama_ptune_lm_fp16)
+{
+    check_case(&(run_case){"llama-gqa", &toy_lm, SP_TUNE_PTUNE, 1});
+}
+END_TEST
+
+START_TEST(t_bloom_deep_lm)
+{
+    check_case(&(run_case){"bloom", &toy_lm, SP_TUNE_DEEP, 0});
+}
+END_TEST
+
+START_TEST(t_bloom_head_classes)
+{
+    check_case(&(run_case){"bloom", &toy_cls, SP_TUNE_HEAD, 0});
+}
+END_TEST
+
+/* Without a GPU: the trainer refuses device 1 in words, and changes nothing (its error only). */
+static int refused_without_gpu(void)
+{
+    sp_runtime *rt = NULL;
+    sp_model *blocks = NULL;
+    sp_err err = {0};
+    if (sp_runtime_new(&rt, NULL, NULL, &err) || sp_runtime_load(rt, TINY "llama-gqa", &err) ||
+        sp_model_load(&blocks, TINY "llama-gqa", SP_LOAD_BLOCKS, 0, -1, &err)) {
+        fprintf(stderr, "test_cuda_train: %s\n", err.msg);
+        return 1;
+    }
+    run_case c = {"llama-gqa", &toy_cls, SP_TUNE_DEEP, 0};
+    sp_train_opts o = opts_of(&c, 1);
+    sp_trainer *t = NULL;
+    sp_status st = sp_trainer_new(&t, rt, blocks, &toy_cls, "", &o, &err);
+    int ok = st == SP_ERR_UNSUPPORTED && !t && !strncmp(err.msg, "no usable GPU: ", 15);
+    printf("test_cuda_train: device 1 without a GPU: %s (%s)\n", err.msg, ok ? "refused as it should" : "WRONG");
+    sp_model_free(blocks);
+    sp_runtime_free(rt);
+    return !ok;
+}
+
+int main(void)
+{
+    char why[256];
+    if (!sp_device_usable(0, why, sizeof why)) {
+        if (refused_without_gpu())
+            return 1;
+        printf("test_cuda_train: skipped: %s\n", why);
+        return 77;
+    }
+    setenv("CK_FORK", "no", 1); /* a CUDA context made before fork() is unusable in the child */
+    Suite *s = suite_create("cuda_train");
+    TCase *tc = tcase_create("local_parts_gpu_vs_cpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, t_llama_deep_classes);
+    tcase_add_test(tc, t_llama_ptune_lm_fp16);
+    tcase_add_test(tc, t_bloom_deep_lm);
+    tcase_add_test(tc, t_bloom_head_classes);
+    suite_add_tcase(s, tc);
+    return sp_test_run(s);
+}
