@@ -7,6 +7,10 @@
 # packages are used (a machine like this one: the build is checked, test_cuda reports itself skipped and the
 # benchmark says there is no GPU). Outputs (objects, binaries, logs, summary.txt, bench_kern_cuda.txt) go to
 # $OUT/device-build (or /tmp/device-build).
+# SEPAL_DEVICE_BUILD_ONLY=1 builds and runs nothing (to build here, with -arch sm_90, and carry the binaries);
+# SEPAL_DEVICE_PREBUILT=DIR takes test_cuda_host, test_cuda and bench_kern_cuda from DIR instead of compiling when
+# every library they need is found (ldd), and compiles them otherwise.
+# SEPAL_BENCH_ARGS: arguments for bench_kern_cuda (e.g. --sweep).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA="${CUDA_HOME:-/usr/local/cuda}"
@@ -47,30 +51,51 @@ mkdir -p "$OUTDIR"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 ARCH="${SEPAL_CUDA_ARCH:-sm_90}"
 OBJS=() PIDS=()
+BINS=(test_cuda_host test_cuda bench_kern_cuda)
+# 0 when DIR holds all three binaries and ldd finds every library they need
+prebuilt_ok() {
+    local b
+    for b in "${BINS[@]}"; do
+        [ -x "$1/$b" ] || return 1
+        if ldd "$1/$b" | grep -q "not found"; then ldd "$1/$b" | grep "not found"; return 1; fi
+    done
+}
 # waits for every job in PIDS; fails when one did
 wait_all() { local p; for p in "${PIDS[@]}"; do wait "$p"; done; PIDS=(); }
-for src in cuda/*.cu; do
-    o="$OUTDIR/$(basename "$src" .cu).o"
-    "$CUDA/bin/nvcc" -O3 -std=c++17 -arch="$ARCH" -DSEPAL_HAVE_CUBLAS=1 -Icommon -Icore -Icuda "${NVINC[@]}" -c "$src" -o "$o" &
+# compiles the three binaries into OUTDIR (16 cores there: the .cu files and the links in parallel)
+compile_all() {
+    for src in cuda/*.cu; do
+        o="$OUTDIR/$(basename "$src" .cu).o"
+        "$CUDA/bin/nvcc" -O3 -std=c++17 -arch="$ARCH" -DSEPAL_HAVE_CUBLAS=1 -Icommon -Icore -Icuda "${NVINC[@]}" -c "$src" -o "$o" &
+        PIDS+=($!)
+        OBJS+=("$o")
+    done
+    wait_all
+    # sepal_common's files (common/CMakeLists.txt: not swarmkey.c, which needs OpenSSL) and the parts of core/ the
+    # kernels' references and the weight encodings live in; for the tests, client/train/optim.c with its CUDA path (it
+    # needs only common/ and the autograd.h header, not autograd.c) and the host harness.
+    COMMON=($(sed -n 's/^add_library(sepal_common STATIC \(.*\))$/\1/p' common/CMakeLists.txt))
+    LIB_SRC=("${COMMON[@]/#/common/}" core/ops.c core/kern.c core/pool.c core/rope.c cuda/wlayout.c)
+    TEST_SRC=(client/train/optim.c tests/testrun.c tests/cuda_emul.c)
+    LINK=("${LIBDIRS[@]}" -l:libopenblas.so.0 -lcublas -lcudart -lstdc++ -lm -lpthread -lrt)
+    CC=(gcc -O2 -std=c11 -D_GNU_SOURCE -DSEPAL_HAVE_CUDA=1 -Wall -Wextra "${INC[@]}")
+    for t in test_cuda_host test_cuda; do
+        "${CC[@]}" "${LIB_SRC[@]}" "${TEST_SRC[@]}" "tests/$t.c" "${OBJS[@]}" "${CHECK[@]}" "${LINK[@]}" -o "$OUTDIR/$t" &
+        PIDS+=($!)
+    done
+    "${CC[@]}" "${LIB_SRC[@]}" bench/kern_cuda.c "${OBJS[@]}" "${LINK[@]}" -o "$OUTDIR/bench_kern_cuda" &
     PIDS+=($!)
-    OBJS+=("$o")
-done
-wait_all
-# sepal_common's files (common/CMakeLists.txt: not swarmkey.c, which needs OpenSSL) and the parts of core/ the
-# kernels' references and the weight encodings live in; for the tests, client/train/optim.c with its CUDA path (it
-# needs only common/ and the autograd.h header, not autograd.c) and the host harness.
-COMMON=($(sed -n 's/^add_library(sepal_common STATIC \(.*\))$/\1/p' common/CMakeLists.txt))
-LIB_SRC=("${COMMON[@]/#/common/}" core/ops.c core/kern.c core/pool.c core/rope.c cuda/wlayout.c)
-TEST_SRC=(client/train/optim.c tests/testrun.c tests/cuda_emul.c)
-LINK=("${LIBDIRS[@]}" -l:libopenblas.so.0 -lcublas -lcudart -lstdc++ -lm -lpthread -lrt)
-CC=(gcc -O2 -std=c11 -D_GNU_SOURCE -DSEPAL_HAVE_CUDA=1 -Wall -Wextra "${INC[@]}")
-for t in test_cuda_host test_cuda; do
-    "${CC[@]}" "${LIB_SRC[@]}" "${TEST_SRC[@]}" "tests/$t.c" "${OBJS[@]}" "${CHECK[@]}" "${LINK[@]}" -o "$OUTDIR/$t" &
-    PIDS+=($!)
-done
-"${CC[@]}" "${LIB_SRC[@]}" bench/kern_cuda.c "${OBJS[@]}" "${LINK[@]}" -o "$OUTDIR/bench_kern_cuda" &
-PIDS+=($!)
-wait_all
+    wait_all
+}
+PB="${SEPAL_DEVICE_PREBUILT:-}"
+if [ -n "$PB" ] && prebuilt_ok "$PB"; then
+    echo "binaries from $PB (built before; not compiled here)" | tee -a "$OUTDIR/summary.txt"
+    for b in "${BINS[@]}"; do cp "$PB/$b" "$OUTDIR/"; done
+else
+    [ -z "$PB" ] || echo "prebuilt binaries in $PB do not start here: compiling" | tee -a "$OUTDIR/summary.txt"
+    compile_all
+fi
+[ "${SEPAL_DEVICE_BUILD_ONLY:-0}" = 1 ] && exit 0
 rc=0
 for t in test_cuda_host test_cuda; do
     set +e
@@ -81,5 +106,5 @@ for t in test_cuda_host test_cuda; do
     [ "$r" -eq 0 ] || [ "$r" -eq 77 ] || rc=1
 done
 # the kernels' speed (bench/kern_cuda.c), whatever the tests said
-timeout 300 "$OUTDIR/bench_kern_cuda" 2>&1 | tee "$OUTDIR/bench_kern_cuda.txt" || rc=1
+timeout 300 "$OUTDIR/bench_kern_cuda" ${SEPAL_BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench_kern_cuda.txt" || rc=1
 exit $rc

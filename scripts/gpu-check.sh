@@ -4,6 +4,9 @@
 # compute-sanitizer's memcheck. Builds under /tmp/gpu-check; only the logs go to $OUT (the device tool returns at
 # most 8 files): summary.txt, test_cuda_host.log, test_cuda.log, bench_kern_cuda.txt, memcheck.log, build.log.
 # Usage (device tool): bash scripts/gpu-check.sh   with .debs carried. Runs in about 2 minutes on an H100/H200.
+# Environment: GPU_CHECK_MEMCHECK=all (default) | weights (test_cuda's weights_vs_cpu case alone) | none; and
+# GPU_CHECK_MEMCHECK_TIMEOUT (seconds, default 180); device-test-cuda.sh's SEPAL_DEVICE_PREBUILT (binaries built before, e.g. here with SEPAL_DEVICE_BUILD_ONLY=1) and
+# SEPAL_BENCH_ARGS (e.g. --sweep), passed on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST="${OUT:-/tmp/gpu-check-out}"
@@ -29,10 +32,12 @@ for f in summary.txt test_cuda_host.log test_cuda.log bench_kern_cuda.txt; do
     if [ "$f" = summary.txt ]; then cat "$B/$f" >> "$DEST/summary.txt"; else cp "$B/$f" "$DEST/"; fi
 done
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-if [ -x "$B/test_cuda" ] && [ -n "$CS" ]; then
+MC="${GPU_CHECK_MEMCHECK:-all}"
+if [ "$MC" = weights ]; then export CK_RUN_CASE=weights_vs_cpu; fi
+if [ -x "$B/test_cuda" ] && [ -n "$CS" ] && [ "$MC" != none ]; then
     export LD_LIBRARY_PATH="/tmp/deps/usr/lib/x86_64-linux-gnu:/tmp/deps/usr/lib/x86_64-linux-gnu/openblas-pthread:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-    timeout 180 "$CS" --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 "$B/test_cuda" > "$DEST/memcheck.log" 2>&1
-    echo "memcheck test_cuda: exit $? after $(( $(date +%s) - t0 )) s" >> "$DEST/summary.txt"
+    timeout "${GPU_CHECK_MEMCHECK_TIMEOUT:-180}" "$CS" --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 "$B/test_cuda" > "$DEST/memcheck.log" 2>&1
+    echo "memcheck test_cuda (${CK_RUN_CASE:-every case}): exit $? after $(( $(date +%s) - t0 )) s" >> "$DEST/summary.txt"
 fi
 echo "end $(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s" >> "$DEST/summary.txt"
 cat "$DEST/summary.txt"
