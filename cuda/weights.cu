@@ -217,16 +217,18 @@ int sm_count()
     return n;
 }
 
-// The fused kernel's rows a warp (R: each X load serves R rows) and warps a row (ks: enough warps to cover the
-// SMs when rows are few; each lane keeps at least two chunks).
+// The fused kernel's rows a warp (R: each X load serves R rows) and warps a row (ks), from bench_kern_cuda --sweep on
+// an H200 (7B's [11008, 4096] and [4096, 11008]): f32, and bf16 for one row of X, 2 rows a warp, the rest 4; ks
+// doubled until the grid holds 24 warps an SM (at least 2 for several rows of X, 4 for f32), while each lane keeps
+// at least two chunks of a row.
 void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
 {
-    *R = g_rows_per_warp ? g_rows_per_warp : B == 1 ? 1 : B <= 2 ? 2 : 4;
-    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK);
+    *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 || (w.type == SP_KM_BF16 && B == 1) ? 2 : 4;
+    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK), least = B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
     long warps = (w.rows + *R - 1) / *R;
     *ks = g_warps_per_row;
     if (!*ks)
-        for (*ks = 1; *ks < kDecWarps && warps * *ks < 16L * sm_count() && nchunks >= 64 * 2 * *ks;)
+        for (*ks = 1; *ks < kDecWarps && nchunks >= 64 * 2 * *ks && (*ks < least || warps * *ks < 24L * sm_count());)
             *ks *= 2;
 }
 
