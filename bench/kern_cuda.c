@@ -4,9 +4,9 @@
  * written per second by cudaMemcpy), and the products of a 1024-token layer in TFLOP/s: cuBLAS f32 and bf16 GEMMs
  * (the peak the others are measured against), sp_cuda_wmat_mul and sp_cuda_wmat_mul_t_acc in every encoding.
  * Each timed matrix rotates among copies of at least 256 MiB together, so that the L2 cache does not serve them.
- * With --sweep, also every rows-a-warp and warps-a-row shape of the fused decode kernel on two 7B matrices.
- * Prints the device; without a GPU it says so and exits 0.
- * Usage: bench_kern_cuda [--sweep] [reps] */
+ * With --sweep, also every rows-a-warp and warps-a-row shape of the fused decode kernel on two 7B matrices; with
+ * --decode, the decode table alone. Prints the device; without a GPU it says so and exits 0.
+ * Usage: bench_kern_cuda [--sweep | --decode] [reps] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,8 +240,8 @@ static void gemm_table(int reps)
 
 int main(int argc, char **argv)
 {
-    int do_sweep = argc > 1 && strcmp(argv[1], "--sweep") == 0;
-    int reps = argc > 1 + do_sweep ? atoi(argv[1 + do_sweep]) : 50;
+    int do_sweep = argc > 1 && strcmp(argv[1], "--sweep") == 0, only_decode = argc > 1 && !strcmp(argv[1], "--decode");
+    int opt = do_sweep || only_decode, reps = argc > 1 + opt ? atoi(argv[1 + opt]) : 50;
     reps = reps < 1 ? 1 : reps;
     sp_err err = {0};
     char why[256];
@@ -264,7 +264,8 @@ int main(int argc, char **argv)
         sweep(copy_bw, reps, x, y);
     decode_table(copy_bw, reps, x, y);
     sp_cuda_free(cu, x), sp_cuda_free(cu, y);
-    gemm_table(reps);
+    if (!only_decode)
+        gemm_table(reps);
     sp_cuda_close(cu);
     return 0;
 }
