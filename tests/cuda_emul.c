@@ -341,6 +341,23 @@ double emul_gemm_tol(sp_cu_dtype t)
     return (t == SP_CU_BF16 ? 0x1p-7 : t == SP_CU_F16 ? 0x1p-10 : 0.0) + 0x1p-16;
 }
 
+double emul_mul_t_err(const float *a, const float *ref, const float *dy, const float *dec, int B, int rows, int C,
+                      double rel)
+{
+    double worst = 0;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int i = 0; i < rows; i++)
+                s += fabs((double)dy[(size_t)b * rows + i] * dec[(size_t)i * C + c]);
+            size_t e = (size_t)b * C + c;
+            double d = fabs((double)a[e] - ref[e]) / (rel * s + 1e-6 * fabs((double)ref[e]) + 1e-30);
+            if (!(d <= worst))
+                worst = isnan(d) ? INFINITY : d;
+        }
+    return worst;
+}
+
 double emul_err(const float *a, const float *b, size_t n, double abs_tol, double rel_tol)
 {
     double worst = 0;

@@ -72,6 +72,11 @@ double emul_gemm_tol(sp_cu_dtype t);
 float *emul_randn(sp_rng *r, size_t n, float sd);
 float *emul_dup(const float *x, size_t n);
 
+/* A transposed product's error (dX[B, C] += dY[B, rows] W, W decoded: dec [rows, C]): max over dX of |a - ref| /
+ * (rel sum over r of |dy[b, r] dec[r, c]| + 1e-6 |ref|); <= 1 passes. NaN in either is +inf. */
+double emul_mul_t_err(const float *a, const float *ref, const float *dy, const float *dec, int B, int rows, int C,
+                      double rel);
+
 /* max over i of |a - b| / (abs_tol + rel_tol |b|); <= 1 passes. NaN in either is +inf. */
 double emul_err(const float *a, const float *b, size_t n, double abs_tol, double rel_tol);
 
