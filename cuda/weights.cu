@@ -69,11 +69,89 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
     return v;
 }
 
+// Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale.
+template <int R, bool SCALED>
+__device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const uint8_t *const (&row)[R],
+                                            const float *const (&srow)[R], int j, int nchunks)
+{
+    bool in = j < nchunks;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        q[r] = in ? ld_stream(row[r] + (long)j * SP_KM_CHUNK) : make_uint4(0, 0, 0, 0);
+        sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
+    }
+}
+
+// acc[r][b] += chunk j of row r times row b of X (b < B), a piece at a time: the R rows decoded once, each X load
+// serving all R of them.
 template <int TYPE, int NB, int R>
-__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(float *Y, sp_km_w w, const float *X, int B, int ks)
+__device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (&q)[R], const float (&sc)[R],
+                                              const float *X, int cols, int j, int B, const float *lut)
 {
     constexpr int PV = TYPE == SP_KM_NF4 ? 16 : TYPE == SP_KM_Q8 ? 16 : TYPE == SP_KM_BF16 ? 8 : 4; // piece values
     constexpr int NP = TYPE == SP_KM_NF4 ? 2 : 1;                                                     // pieces
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        float wv[R][PV];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            uint32_t v[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+#pragma unroll
+            for (int t = 0; t < PV; t++)
+                wv[r][t] = sp_km_piece_val(TYPE, v, p, t, lut);
+        }
+        int col = sp_km_piece_col(TYPE, j, p);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            if (b >= B)
+                break;
+            float xs[PV];
+            const float4 *xp = reinterpret_cast<const float4 *>(X + (long)b * cols + col);
+#pragma unroll
+            for (int i = 0; i < PV / 4; i++) {
+                float4 x4 = __ldg(xp + i);
+                xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r][b] += sp_km_piece_dot(TYPE, wv[r], xs, PV, sc[r]);
+        }
+    }
+}
+
+// The lanes' sums by the butterfly, then the ks warps of the group in order (kmath.h): Y[b, r0 + r] for b < B and
+// rows inside the matrix. part: kDecWarps x R NB floats of shared memory.
+template <int NB, int R>
+__device__ __forceinline__ void reduce_store(float *Y, float (&acc)[R][NB], float (*part)[R * NB], int rows, int r0,
+                                             int B, int ks)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float v = acc[r][b];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0)
+                part[warp][r * NB + b] = v;
+        }
+    __syncthreads();
+    for (int i = lane; k == 0 && i < R * NB; i += 32) {
+        int r = i / NB, b = i % NB;
+        if (b >= B || r0 + r >= rows)
+            continue;
+        float y = 0.0f;
+        for (int p = 0; p < ks; p++)
+            y += part[group * ks + p][i];
+        Y[(long)b * rows + r0 + r] = y;
+    }
+}
+
+template <int TYPE, int NB, int R>
+__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(float *Y, sp_km_w w, const float *X, int B, int ks)
+{
     constexpr bool scaled = TYPE == SP_KM_Q8 || TYPE == SP_KM_NF4;
     __shared__ float lut[16];
     __shared__ float part[kDecWarps][R * NB];
@@ -97,75 +175,18 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(float *Y, sp_k
 #pragma unroll
         for (int b = 0; b < NB; b++)
             acc[r][b] = 0.0f;
-    uint4 cur[R];
-    float sc[R];
+    uint4 cur[R], nxt[R];
+    float sc[R], nsc[R];
     int j = k * 32 + lane;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        cur[r] = j < nchunks ? ld_stream(row[r] + (long)j * SP_KM_CHUNK) : make_uint4(0, 0, 0, 0);
-        sc[r] = scaled && j < nchunks ? srow[r][sp_km_chunk_block(j)] : 0.0f;
-    }
+    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks);
     for (; j < nchunks; j += step) {
-        uint4 nxt[R];
-        float nsc[R];
-        bool more = j + step < nchunks;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            nxt[r] = more ? ld_stream(row[r] + (long)(j + step) * SP_KM_CHUNK) : make_uint4(0, 0, 0, 0);
-            nsc[r] = scaled && more ? srow[r][sp_km_chunk_block(j + step)] : 0.0f;
-        }
-#pragma unroll
-        for (int p = 0; p < NP; p++) {
-            float wv[R][PV];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                uint32_t v[4] = {cur[r].x, cur[r].y, cur[r].z, cur[r].w};
-#pragma unroll
-                for (int t = 0; t < PV; t++)
-                    wv[r][t] = sp_km_piece_val(TYPE, v, p, t, lut);
-            }
-            int col = sp_km_piece_col(TYPE, j, p);
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (b >= B)
-                    break;
-                float xs[PV];
-                const float4 *xp = reinterpret_cast<const float4 *>(X + (long)b * w.cols + col);
-#pragma unroll
-                for (int q = 0; q < PV / 4; q++) {
-                    float4 x4 = __ldg(xp + q);
-                    xs[4 * q] = x4.x, xs[4 * q + 1] = x4.y, xs[4 * q + 2] = x4.z, xs[4 * q + 3] = x4.w;
-                }
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    acc[r][b] += sp_km_piece_dot(TYPE, wv[r], xs, PV, sc[r]);
-            }
-        }
+        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks); // a chunk ahead
+        chunk_product<TYPE, NB, R>(acc, cur, sc, X, w.cols, j, B, lut);
 #pragma unroll
         for (int r = 0; r < R; r++)
             cur[r] = nxt[r], sc[r] = nsc[r];
     }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-            float v = acc[r][b];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0)
-                part[warp][r * NB + b] = v;
-        }
-    __syncthreads();
-    for (int i = lane; k == 0 && i < R * NB; i += 32) {
-        int r = i / NB, b = i % NB;
-        if (b >= B || r0 + r >= w.rows)
-            continue;
-        float y = 0.0f;
-        for (int p = 0; p < ks; p++)
-            y += part[group * ks + p][i];
-        Y[(long)b * w.rows + r0 + r] = y;
-    }
+    reduce_store<NB, R>(Y, acc, part, w.rows, r0, B, ks);
 }
 
 // Decodes rows r0 .. of a chunked Q8 / NF4 matrix to bf16 (out: the tile, [rows, cols]), a chunk a thread, 8
