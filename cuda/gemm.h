@@ -37,6 +37,24 @@ static inline sp_gemm_plan sp_gemm_plan_linear_dx(int N, int in, int out)
     return p;
 }
 
+/* A tile of a linear layer: columns r0 .. r0 + tr - 1 of Y[N, out] (= Y + r0, rows out floats apart) = X[N, in]
+ * W_t^T, W_t the tile's [tr, in] rows of W: A = W_t, B = X. */
+static inline sp_gemm_plan sp_gemm_plan_linear_tile(int N, int in, int tr, int out)
+{
+    sp_gemm_plan p = sp_gemm_plan_linear(N, in, tr, 0);
+    p.ldc = out;
+    return p;
+}
+
+/* Its transpose: dX[N, in] += dY_t W_t, dY_t columns r0 .. r0 + tr - 1 of dY[N, out] (= dY + r0, rows out apart):
+ * A = W_t, B = dY_t. */
+static inline sp_gemm_plan sp_gemm_plan_linear_dx_tile(int N, int in, int tr, int out)
+{
+    sp_gemm_plan p = sp_gemm_plan_linear_dx(N, in, tr);
+    p.ldb = out;
+    return p;
+}
+
 /* dW[out, in] += dY^T X: A = X, B = dY. */
 static inline sp_gemm_plan sp_gemm_plan_linear_dw(int N, int in, int out)
 {

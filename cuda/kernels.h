@@ -84,9 +84,23 @@ sp_status sp_cuda_wmat_upload(sp_cuda *cu, sp_cuda_wmat *out, const sp_qmat *m, 
 void sp_cuda_wmat_free(sp_cuda *cu, sp_cuda_wmat *w);
 /* out [rows, cols] f32 = rows r0 .. r0 + rows - 1 decoded (sp_qmat_row). */
 sp_status sp_cuda_dequant(sp_cuda *cu, float *out, const sp_cuda_wmat *w, int r0, int rows, sp_err *err);
-/* Y[B, rows] = X[B, cols] W^T (sp_qmat_mul): B <= 8 in one fused decode kernel (W read in place, one block a
- * row); larger B: f32 W through cuBLAS, the others decoded a tile of rows at a time into the workspace. */
+/* The same rounded to bf16 (to nearest even; out: rows * cols uint16). */
+sp_status sp_cuda_dequant_bf16(sp_cuda *cu, void *out, const sp_cuda_wmat *w, int r0, int rows, sp_err *err);
+/* Y[B, rows] = X[B, cols] W^T (sp_qmat_mul). B <= 8: one fused decode kernel, W streamed once in 16-byte loads (the
+ * one-weight-a-thread kernel where a row is not whole 16-byte chunks: kmath.h's sp_km_chunked), f32 arithmetic
+ * on the decoded weights. Larger B: f32 W an f32 GEMM (cuBLAS); bf16 W a bf16 GEMM with fp32 accumulation, X
+ * rounded to bf16 in the workspace; int8 / NF4 W up to 32 rows passes of the fused kernel, beyond that tiles of
+ * rows decoded to bf16 in the workspace and bf16 GEMMs. Products through the workspace invalidate what the caller
+ * held there. */
 sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, float *Y, int B, sp_err *err);
+/* dX[B, cols] += dY[B, rows] W (sp_qmat_mul_t_acc: the input gradient through frozen weights): f32 W an f32 GEMM;
+ * the others bf16 GEMMs with fp32 accumulation (dY rounded to bf16, int8 / NF4 decoded to bf16 a tile of rows at
+ * a time), through the workspace. */
+sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float *dY, float *dX, int B, sp_err *err);
+/* Benchmarks and tests: the fused decode kernel's rows a warp (1, 2 or 4) and warps a row (1, 2 or 4), and the
+ * rows of a decoded tile, instead of the products' own choice (0: their own). Process-wide; not for concurrent
+ * use. */
+void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile_rows);
 
 /* Decode attention (sp_attention_forward with T = 1, past = len - 1): out, q [B, nh * hd]; the caches
  * [B, cap, nkv, hd] hold len positions (the step's own included); GQA / MQA by nh / nkv; slopes [nh] for ALiBi

@@ -343,6 +343,95 @@ SP_HD float sp_km_w_dot_part(const sp_km_w *w, int r, const float *x, int tid, i
     return s;
 }
 
+/* Bytes of one row of values in the device layout, and its scales (Q8 / NF4; 0 for f32 and bf16). */
+SP_HD long sp_km_row_bytes(const sp_km_w *w)
+{
+    switch (w->type) {
+    case SP_KM_BF16: return 2L * w->cols;
+    case SP_KM_Q8: return w->cols;
+    case SP_KM_NF4: return (long)sp_km_blocks(w->cols, SP_KM_NF4_BLOCK) * (SP_KM_NF4_BLOCK / 2);
+    default: return 4L * w->cols;
+    }
+}
+
+SP_HD int sp_km_row_scales(const sp_km_w *w)
+{
+    return w->type == SP_KM_Q8    ? sp_km_blocks(w->cols, SP_KM_Q8_BLOCK)
+           : w->type == SP_KM_NF4 ? sp_km_blocks(w->cols, SP_KM_NF4_BLOCK)
+                                  : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the vectorised decode product (weights.cu): a row read in chunks of 16 bytes, chunk j of a row by lane j % 32
+ * of warp part (j / 32) % ks (ks warps share a row), each lane summing its chunks in order, the lanes' sums
+ * combined by the butterfly of __shfl_xor_sync (offsets 16 .. 1: lane l adds lane l ^ o's value to its own) and
+ * the ks parts' in part order. A chunk holds 4 f32, 8 bf16, 16 int8 weights, or 32 NF4 weights (half of a
+ * block: byte t holds weight 16h + t in its low nibble and 32 + 16h + t in its high one, h = j % 2). Its values
+ * are taken in pieces of at most 16 (NF4: the low nibbles, then the high ones), whose columns are consecutive;
+ * a piece's sum of value times x is added to the lane's sum, times the block's scale for Q8 and NF4. */
+
+#define SP_KM_CHUNK 16   /* bytes */
+#define SP_KM_PIECE 16   /* values, at most */
+
+SP_HD int sp_km_chunk_vals(int type) { return type == SP_KM_F32 ? 4 : type == SP_KM_BF16 ? 8 : type == SP_KM_Q8 ? 16 : 32; }
+SP_HD int sp_km_piece_vals(int type) { return type == SP_KM_NF4 ? 16 : sp_km_chunk_vals(type); }
+
+/* 1 if w can be read in whole chunks: rows of whole chunks (NF4: whole blocks; Q8: whole scale blocks or halves),
+ * the values 16-byte aligned. Other matrices take the one-weight-a-thread kernel. */
+SP_HD int sp_km_chunked(const sp_km_w *w)
+{
+    int per = w->type == SP_KM_NF4 ? SP_KM_NF4_BLOCK : sp_km_chunk_vals(w->type);
+    return w->cols % per == 0 && ((uintptr_t)w->q % SP_KM_CHUNK) == 0;
+}
+
+/* The first column of piece p of chunk j (its values' columns follow it), and the chunk's scale block (Q8 and
+ * NF4: two chunks a block). */
+SP_HD int sp_km_piece_col(int type, int j, int p)
+{
+    if (type == SP_KM_NF4)
+        return (j >> 1) * SP_KM_NF4_BLOCK + p * (SP_KM_NF4_BLOCK / 2) + (j & 1) * 16;
+    return j * sp_km_chunk_vals(type);
+}
+
+SP_HD int sp_km_chunk_block(int j) { return j >> 1; }
+
+/* Value t of piece p of a chunk (its bytes as 4 little-endian words v): f32 and bf16 the weight; Q8 the int8
+ * value and NF4 the level (lut: the 16 levels as floats), to be scaled by the block's scale. */
+SP_HD float sp_km_piece_val(int type, const uint32_t *v, int p, int t, const float *lut)
+{
+    switch (type) {
+    case SP_KM_BF16: {
+        uint32_t u = (t & 1) ? (v[t >> 1] & 0xffff0000u) : (v[t >> 1] << 16);
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    case SP_KM_Q8:
+#ifdef __CUDA_ARCH__ /* the byte, offset by 128, as the low bits of 2^23: exact, and no int-to-float conversion */
+        return __int_as_float((int)__byte_perm(v[t >> 2] ^ 0x80808080u, 0x4B000000u, 0x7540u | (t & 3))) -
+               8388736.0f;
+#else
+        return (float)(int8_t)(uint8_t)(v[t >> 2] >> (8 * (t & 3)));
+#endif
+    case SP_KM_NF4: return lut[(v[t >> 2] >> (8 * (t & 3) + 4 * p)) & 15];
+    default: {
+        float f;
+        memcpy(&f, &v[t], sizeof f);
+        return f;
+    }
+    }
+}
+
+/* A piece's share of a lane's sum: sum of wv[t] xs[t] over its n values, times the block's scale s for Q8 and
+ * NF4. */
+SP_HD float sp_km_piece_dot(int type, const float *wv, const float *xs, int n, float s)
+{
+    float d = 0.0f;
+    for (int t = 0; t < n; t++)
+        d += wv[t] * xs[t];
+    return type == SP_KM_Q8 || type == SP_KM_NF4 ? d * s : d;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* decode attention: one query position (at qpos = len - 1) of head h over len cached keys of kv head
  * h / (nh / nkv); cache rows [B, cap, nkv, hd] as sp_kv_cache holds them */

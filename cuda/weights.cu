@@ -1,7 +1,12 @@
-// weights.cu - weight matrices on the device (kernels.h): upload in their encodings, decode, and the products
-// with them (a fused decode kernel for a few rows of X, cuBLAS on f32 or decoded tiles for more).
+// weights.cu - weight matrices on the device (kernels.h): upload in their encodings, decode (to f32 or bf16), and
+// the products with them. Up to 8 rows of X: a fused decode kernel that streams W once in 16-byte loads (kmath.h's
+// chunks; rows of odd widths one weight a thread). More rows: bf16 GEMMs with fp32 accumulation (cuBLAS) on bf16
+// weights or on tiles of int8 / NF4 rows decoded to bf16 (up to 32 rows of int8 / NF4: passes of the fused
+// kernel), f32 weights an f32 GEMM; the same for the transposed product of a backward to the input.
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda_bf16.h>
 
 #include "gemm.h"
 #include "kernels.h"
@@ -17,8 +22,14 @@ __global__ void dequant_kernel(float *out, sp_km_w w, int r0, long n)
     out[e] = sp_km_w_at(&w, r0 + (int)(e / w.cols), (int)(e % w.cols));
 }
 
-// Decode product: block r computes Y[b, r] for every b < B. One instance per encoding: with w.type a constant,
-// sp_km_w_at's switch folds away and the inner loop is the encoding's own.
+__global__ void dequant_bf16_kernel(__nv_bfloat16 *out, sp_km_w w, int r0, long n)
+{
+    SPK_GRID_LOOP(e, n)
+    out[e] = __float2bfloat16_rn(sp_km_w_at(&w, r0 + (int)(e / w.cols), (int)(e % w.cols)));
+}
+
+// Decode product of matrices of odd widths: block r computes Y[b, r] for every b < B. One instance per encoding:
+// with w.type a constant, sp_km_w_at's switch folds away and the inner loop is the encoding's own.
 template <int TYPE> __global__ void wmat_dot_kernel(float *Y, sp_km_w w, const float *X, int B)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
@@ -31,8 +42,315 @@ template <int TYPE> __global__ void wmat_dot_kernel(float *Y, sp_km_w w, const f
     }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The vectorised decode product (kmath.h's chunks). A block of kDecWarps warps; ks consecutive warps share R rows
+// (warp part k of a group reads chunks k * 32 + lane, then every 32 ks), each lane holding R x NB sums. A chunk's
+// 16 bytes of each of the R rows are loaded once (bypassing L1, so that X stays there) one chunk ahead, decoded
+// once, and multiplied with the NB rows of X (NB >= B; rows of X past B are skipped).
+
+constexpr int kDecWarps = 4;
+
+// NF4's levels into shared memory (the parameter indexed by a variable would be copied to local memory).
+__device__ __forceinline__ void fill_lut(float *lut, const sp_km_w &w)
+{
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            lut[i] = w.levels[i];
+    __syncthreads();
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale.
+template <int R, bool SCALED>
+__device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const uint8_t *const (&row)[R],
+                                            const float *const (&srow)[R], int j, int nchunks)
+{
+    bool in = j < nchunks;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        q[r] = in ? ld_stream(row[r] + (long)j * SP_KM_CHUNK) : make_uint4(0, 0, 0, 0);
+        sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
+    }
+}
+
+// acc[r][b] += chunk j of row r times row b of X (b < B), a piece at a time: the R rows decoded once, each X load
+// serving all R of them.
+template <int TYPE, int NB, int R>
+__device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (&q)[R], const float (&sc)[R],
+                                              const float *X, int cols, int j, int B, const float *lut)
+{
+    constexpr int PV = TYPE == SP_KM_NF4 ? 16 : TYPE == SP_KM_Q8 ? 16 : TYPE == SP_KM_BF16 ? 8 : 4; // piece values
+    constexpr int NP = TYPE == SP_KM_NF4 ? 2 : 1;                                                     // pieces
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        float wv[R][PV];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            uint32_t v[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+#pragma unroll
+            for (int t = 0; t < PV; t++)
+                wv[r][t] = sp_km_piece_val(TYPE, v, p, t, lut);
+        }
+        int col = sp_km_piece_col(TYPE, j, p);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            if (b >= B)
+                break;
+            float xs[PV];
+            const float4 *xp = reinterpret_cast<const float4 *>(X + (long)b * cols + col);
+#pragma unroll
+            for (int i = 0; i < PV / 4; i++) {
+                float4 x4 = __ldg(xp + i);
+                xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r][b] += sp_km_piece_dot(TYPE, wv[r], xs, PV, sc[r]);
+        }
+    }
+}
+
+// The lanes' sums by the butterfly, then the ks warps of the group in order (kmath.h): Y[b, r0 + r] for b < B and
+// rows inside the matrix. part: kDecWarps x R NB floats of shared memory.
+template <int NB, int R>
+__device__ __forceinline__ void reduce_store(float *Y, float (&acc)[R][NB], float (*part)[R * NB], int rows, int r0,
+                                             int B, int ks)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float v = acc[r][b];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0)
+                part[warp][r * NB + b] = v;
+        }
+    __syncthreads();
+    for (int i = lane; k == 0 && i < R * NB; i += 32) {
+        int r = i / NB, b = i % NB;
+        if (b >= B || r0 + r >= rows)
+            continue;
+        float y = 0.0f;
+        for (int p = 0; p < ks; p++)
+            y += part[group * ks + p][i];
+        Y[(long)b * rows + r0 + r] = y;
+    }
+}
+
+template <int TYPE, int NB, int R>
+__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(float *Y, sp_km_w w, const float *X, int B, int ks)
+{
+    constexpr bool scaled = TYPE == SP_KM_Q8 || TYPE == SP_KM_NF4;
+    __shared__ float lut[16];
+    __shared__ float part[kDecWarps][R * NB];
+    if (TYPE == SP_KM_NF4)
+        fill_lut(lut, w);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
+    int r0 = (blockIdx.x * (kDecWarps / ks) + group) * R;
+    long rb = sp_km_row_bytes(&w);
+    int nchunks = (int)(rb / SP_KM_CHUNK), ns = sp_km_row_scales(&w), step = 32 * ks;
+    const uint8_t *row[R];
+    const float *srow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) { // rows past the end read the last one; their sums are not written
+        int rr = min(r0 + r, w.rows - 1);
+        row[r] = (const uint8_t *)w.q + (long)rr * rb;
+        srow[r] = scaled ? w.scale + (long)rr * ns : nullptr;
+    }
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+            acc[r][b] = 0.0f;
+    uint4 cur[R], nxt[R];
+    float sc[R], nsc[R];
+    int j = k * 32 + lane;
+    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks);
+    for (; j < nchunks; j += step) {
+        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks); // a chunk ahead
+        chunk_product<TYPE, NB, R>(acc, cur, sc, X, w.cols, j, B, lut);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            cur[r] = nxt[r], sc[r] = nsc[r];
+    }
+    reduce_store<NB, R>(Y, acc, part, w.rows, r0, B, ks);
+}
+
+// Decodes rows r0 .. of a chunked Q8 / NF4 matrix to bf16 (out: the tile, [rows, cols]), a chunk a thread, 8
+// values a 16-byte store.
+template <int TYPE> __global__ void decode_bf16_kernel(uint4 *out, sp_km_w w, int r0, int n)
+{
+    constexpr int PV = 16, NP = TYPE == SP_KM_NF4 ? 2 : 1;
+    __shared__ float lut[16];
+    if (TYPE == SP_KM_NF4)
+        fill_lut(lut, w);
+    long rb = sp_km_row_bytes(&w);
+    int cpr = (int)(rb / SP_KM_CHUNK), ns = sp_km_row_scales(&w);
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+        int r = e / cpr, j = e % cpr;
+        uint4 raw = ld_stream((const uint8_t *)w.q + (long)(r0 + r) * rb + (long)j * SP_KM_CHUNK);
+        uint32_t v[4] = {raw.x, raw.y, raw.z, raw.w};
+        float s = w.scale[(long)(r0 + r) * ns + sp_km_chunk_block(j)];
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int h = 0; h < PV; h += 8) {
+                uint32_t o[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    __nv_bfloat162 two = __floats2bfloat162_rn(sp_km_piece_val(TYPE, v, p, h + 2 * i, lut) * s,
+                                                               sp_km_piece_val(TYPE, v, p, h + 2 * i + 1, lut) * s);
+                    memcpy(&o[i], &two, sizeof o[i]);
+                }
+                long at = (long)r * w.cols + sp_km_piece_col(TYPE, j, p) + h;
+                out[at / 8] = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+    }
+}
+
 constexpr int kMaxDecodeRows = 8;          // X rows the fused kernel takes (sp_qmat_mul's decode limit too)
-constexpr size_t kTileBytes = 64u << 20;   // workspace for a decoded tile of rows
+constexpr int kMaxFusedRows = 32;          // int8 / NF4: up to here, passes of the fused kernel (W read B / 8 times)
+constexpr size_t kTileBytes = 64u << 20;   // workspace for a tile of rows decoded to bf16
+
+int g_rows_per_warp, g_warps_per_row, g_tile_rows; // sp_cuda_wmat_tune (0: automatic)
+
+int sm_count()
+{
+    static const int n = [] {
+        int d = 0, c = 0;
+        cudaGetDevice(&d);
+        cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d);
+        return c > 0 ? c : 132;
+    }();
+    return n;
+}
+
+// The fused kernel's rows a warp (R: each X load serves R rows) and warps a row (ks), from bench_kern_cuda --sweep on
+// an H200 (7B's [11008, 4096] and [4096, 11008]): f32, and bf16 for one row of X, 2 rows a warp, the rest 4; ks
+// doubled until the grid holds 24 warps an SM (at least 2 for several rows of X, 4 for f32), while each lane keeps
+// at least two chunks of a row.
+void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
+{
+    *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 || (w.type == SP_KM_BF16 && B == 1) ? 2 : 4;
+    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK), least = B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
+    long warps = (w.rows + *R - 1) / *R;
+    *ks = g_warps_per_row;
+    if (!*ks)
+        for (*ks = 1; *ks < kDecWarps && nchunks >= 64 * 2 * *ks && (*ks < least || warps * *ks < 24L * sm_count());)
+            *ks *= 2;
+}
+
+template <int TYPE, int NB>
+void launch_vec_r(int R, dim3 grid, cudaStream_t st, float *Y, const sp_km_w &w, const float *X, int B, int ks)
+{
+    if (R == 1)
+        wmat_vec_kernel<TYPE, NB, 1><<<grid, kDecWarps * 32, 0, st>>>(Y, w, X, B, ks);
+    else if (R == 2)
+        wmat_vec_kernel<TYPE, NB, 2><<<grid, kDecWarps * 32, 0, st>>>(Y, w, X, B, ks);
+    else
+        wmat_vec_kernel<TYPE, NB, 4><<<grid, kDecWarps * 32, 0, st>>>(Y, w, X, B, ks);
+}
+
+template <int TYPE>
+void launch_vec(int R, dim3 grid, cudaStream_t st, float *Y, const sp_km_w &w, const float *X, int B, int ks)
+{
+    if (B == 1)
+        launch_vec_r<TYPE, 1>(R, grid, st, Y, w, X, B, ks);
+    else if (B == 2)
+        launch_vec_r<TYPE, 2>(R, grid, st, Y, w, X, B, ks);
+    else if (B <= 4)
+        launch_vec_r<TYPE, 4>(R, grid, st, Y, w, X, B, ks);
+    else
+        launch_vec_r<TYPE, 8>(R, grid, st, Y, w, X, B, ks);
+}
+
+// Y[B, rows] = X W^T for B <= kMaxDecodeRows, W read once.
+sp_status mul_fused(sp_cuda *cu, const sp_km_w &w, const float *X, float *Y, int B, sp_err *err)
+{
+    cudaStream_t st = spk::stream_of(cu);
+    if (!sp_km_chunked(&w) || (uintptr_t)X % 16) {
+        dim3 grid(w.rows), block(sp_km_row_threads(w.cols));
+        switch (w.type) {
+        case SP_KM_F32: wmat_dot_kernel<SP_KM_F32><<<grid, block, 0, st>>>(Y, w, X, B); break;
+        case SP_KM_BF16: wmat_dot_kernel<SP_KM_BF16><<<grid, block, 0, st>>>(Y, w, X, B); break;
+        case SP_KM_Q8: wmat_dot_kernel<SP_KM_Q8><<<grid, block, 0, st>>>(Y, w, X, B); break;
+        default: wmat_dot_kernel<SP_KM_NF4><<<grid, block, 0, st>>>(Y, w, X, B); break;
+        }
+        return spk::launched(err, "decode product");
+    }
+    int R, ks;
+    decode_shape(w, B, &R, &ks);
+    long warps = (long)(w.rows + R - 1) / R * ks;
+    dim3 grid((unsigned)((warps + kDecWarps - 1) / kDecWarps));
+    switch (w.type) {
+    case SP_KM_F32: launch_vec<SP_KM_F32>(R, grid, st, Y, w, X, B, ks); break;
+    case SP_KM_BF16: launch_vec<SP_KM_BF16>(R, grid, st, Y, w, X, B, ks); break;
+    case SP_KM_Q8: launch_vec<SP_KM_Q8>(R, grid, st, Y, w, X, B, ks); break;
+    default: launch_vec<SP_KM_NF4>(R, grid, st, Y, w, X, B, ks); break;
+    }
+    return spk::launched(err, "decode product");
+}
+
+// Rows of a tile of decoded weights that fit kTileBytes in bf16.
+int tile_rows(const sp_km_w &w)
+{
+    long t = g_tile_rows ? g_tile_rows : (long)(kTileBytes / 2) / w.cols;
+    return (int)(t < 1 ? 1 : t > w.rows ? w.rows : t);
+}
+
+// n values of A (f32) rounded to bf16 at the start of the workspace (*ah), and room for a decoded tile of
+// tile_bytes after them (*tile).
+sp_status bf16_operands(sp_cuda *cu, const float *A, long n, size_t tile_bytes, void **ah, void **tile, sp_err *err)
+{
+    size_t ab = ((size_t)n * 2 + 255) & ~(size_t)255;
+    void *ws = NULL;
+    sp_status st = sp_cuda_workspace(cu, ab + tile_bytes, &ws, err);
+    if (st != SP_OK)
+        return st;
+    *ah = ws;
+    *tile = (char *)ws + ab;
+    return sp_cuda_f32_to(cu, *ah, A, n, SP_CU_BF16, err);
+}
+
+// The bf16 GEMMs of a product (dx 0: Y[B, rows] = X W^T; dx 1: dX[B, cols] += dY W) on bf16 weights, or on tiles of
+// int8 / NF4 rows decoded to bf16; A (X or dY) rounded to bf16 first.
+sp_status gemm_bf16(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C, int B, int dx, sp_err *err)
+{
+    int rows = W->w.rows, cols = W->w.cols, tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    void *ah = NULL, *wt = NULL;
+    sp_status st = bf16_operands(cu, A, (long)B * (dx ? rows : cols), (size_t)tile * cols * 2, &ah, &wt, err);
+    if (st != SP_OK || !tile)
+        return st != SP_OK ? st
+               : dx        ? sp_cuda_linear_dx(cu, C, ah, W->q, SP_CU_BF16, B, cols, rows, err)
+                           : sp_cuda_linear(cu, C, ah, W->q, SP_CU_BF16, B, cols, rows, 0, err);
+    for (int r0 = 0; st == SP_OK && r0 < rows; r0 += tile) {
+        int tr = rows - r0 < tile ? rows - r0 : tile;
+        st = sp_cuda_dequant_bf16(cu, wt, W, r0, tr, err);
+        if (st != SP_OK)
+            break;
+        if (dx) {
+            sp_gemm_plan p = sp_gemm_plan_linear_dx_tile(B, cols, tr, rows);
+            st = sp_cuda_gemm(cu, &p, wt, (const uint16_t *)ah + r0, C, SP_CU_BF16, err);
+        } else {
+            sp_gemm_plan p = sp_gemm_plan_linear_tile(B, cols, tr, rows);
+            st = sp_cuda_gemm(cu, &p, wt, ah, C + r0, SP_CU_BF16, err);
+        }
+    }
+    return st;
+}
 
 // Copies n bytes of host memory to a new device buffer *d (nothing when n is 0).
 sp_status put(sp_cuda *cu, void **d, const void *src, size_t n, sp_err *err)
@@ -91,49 +409,75 @@ extern "C" void sp_cuda_wmat_free(sp_cuda *cu, sp_cuda_wmat *w)
     memset(w, 0, sizeof *w);
 }
 
-extern "C" sp_status sp_cuda_dequant(sp_cuda *cu, float *out, const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
+extern "C" void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile_rows)
+{
+    g_tile_rows = tile_rows > 0 ? tile_rows : 0;
+    g_rows_per_warp = rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 ? rows_per_warp : 0;
+    g_warps_per_row = warps_per_row == 1 || warps_per_row == 2 || warps_per_row == 4 ? warps_per_row : 0;
+}
+
+static sp_status check_rows(const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
 {
     if (r0 < 0 || rows <= 0 || rows > w->w.rows - r0)
         return sp_errf(err, SP_ERR_ARG, "cuda: decode rows [%d, +%d) of a matrix of %d", r0, rows, w->w.rows);
+    return SP_OK;
+}
+
+extern "C" sp_status sp_cuda_dequant(sp_cuda *cu, float *out, const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
+{
+    sp_status st = check_rows(w, r0, rows, err);
+    if (st != SP_OK)
+        return st;
     long n = (long)rows * w->w.cols;
     dequant_kernel<<<spk::grid_for(n), spk::kThreads, 0, spk::stream_of(cu)>>>(out, w->w, r0, n);
     return spk::launched(err, "decode weights");
 }
 
-// Y[B, rows] through cuBLAS, a tile of decoded rows at a time (f32 weights directly).
-static sp_status mul_gemm(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, float *Y, int B, sp_err *err)
+extern "C" sp_status sp_cuda_dequant_bf16(sp_cuda *cu, void *out, const sp_cuda_wmat *w, int r0, int rows,
+                                          sp_err *err)
 {
-    int rows = W->w.rows, cols = W->w.cols;
-    if (W->w.type == SP_KM_F32)
-        return sp_cuda_linear(cu, Y, X, W->q, SP_CU_F32, B, cols, rows, 0, err);
-    long tile = (long)(kTileBytes / sizeof(float)) / cols;
-    tile = tile < 1 ? 1 : tile > rows ? rows : tile;
-    void *ws = NULL;
-    sp_status st = sp_cuda_workspace(cu, (size_t)tile * cols * sizeof(float), &ws, err);
-    for (int r0 = 0; st == SP_OK && r0 < rows; r0 += (int)tile) {
-        int tr = rows - r0 < tile ? rows - r0 : (int)tile;
-        st = sp_cuda_dequant(cu, (float *)ws, W, r0, tr, err);
-        sp_gemm_plan p = sp_gemm_plan_linear(B, cols, tr, 0);
-        p.ldc = rows; // the tile's columns of Y [B, rows]
-        if (st == SP_OK)
-            st = sp_cuda_gemm(cu, &p, ws, X, Y + r0, SP_CU_F32, err);
+    sp_status st = check_rows(w, r0, rows, err);
+    if (st != SP_OK)
+        return st;
+    cudaStream_t s = spk::stream_of(cu);
+    int type = w->w.type;
+    if ((type == SP_KM_Q8 || type == SP_KM_NF4) && sp_km_chunked(&w->w) && (uintptr_t)out % 16 == 0) {
+        int n = (int)((long)rows * sp_km_row_bytes(&w->w) / SP_KM_CHUNK);
+        if (type == SP_KM_Q8)
+            decode_bf16_kernel<SP_KM_Q8><<<spk::grid_for(n), spk::kThreads, 0, s>>>((uint4 *)out, w->w, r0, n);
+        else
+            decode_bf16_kernel<SP_KM_NF4><<<spk::grid_for(n), spk::kThreads, 0, s>>>((uint4 *)out, w->w, r0, n);
+    } else {
+        long n = (long)rows * w->w.cols;
+        dequant_bf16_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>((__nv_bfloat16 *)out, w->w, r0, n);
     }
-    return st;
+    return spk::launched(err, "decode weights to bf16");
 }
 
 extern "C" sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, float *Y, int B, sp_err *err)
 {
     if (B <= 0 || !W->q)
         return sp_errf(err, SP_ERR_ARG, "cuda: product with %d rows or an empty matrix", B);
-    if (B > kMaxDecodeRows)
-        return mul_gemm(cu, W, X, Y, B, err);
-    dim3 grid(W->w.rows), block(sp_km_row_threads(W->w.cols));
-    cudaStream_t st = spk::stream_of(cu);
-    switch (W->w.type) {
-    case SP_KM_F32: wmat_dot_kernel<SP_KM_F32><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
-    case SP_KM_BF16: wmat_dot_kernel<SP_KM_BF16><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
-    case SP_KM_Q8: wmat_dot_kernel<SP_KM_Q8><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
-    default: wmat_dot_kernel<SP_KM_NF4><<<grid, block, 0, st>>>(Y, W->w, X, B); break;
+    int type = W->w.type;
+    if (B <= kMaxDecodeRows || ((type == SP_KM_Q8 || type == SP_KM_NF4) && B <= kMaxFusedRows)) {
+        sp_status st = SP_OK;
+        for (int b0 = 0; st == SP_OK && b0 < B; b0 += kMaxDecodeRows) {
+            int nb = B - b0 < kMaxDecodeRows ? B - b0 : kMaxDecodeRows;
+            st = mul_fused(cu, W->w, X + (long)b0 * W->w.cols, Y + (long)b0 * W->w.rows, nb, err);
+        }
+        return st;
     }
-    return spk::launched(err, "decode product");
+    if (type == SP_KM_F32)
+        return sp_cuda_linear(cu, Y, X, W->q, SP_CU_F32, B, W->w.cols, W->w.rows, 0, err);
+    return gemm_bf16(cu, W, X, Y, B, 0, err);
+}
+
+extern "C" sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float *dY, float *dX, int B,
+                                            sp_err *err)
+{
+    if (B <= 0 || !W->q)
+        return sp_errf(err, SP_ERR_ARG, "cuda: transposed product with %d rows or an empty matrix", B);
+    if (W->w.type == SP_KM_F32)
+        return sp_cuda_linear_dx(cu, dX, dY, W->q, SP_CU_F32, B, W->w.cols, W->w.rows, err);
+    return gemm_bf16(cu, W, dY, dX, B, 1, err);
 }

@@ -6,7 +6,9 @@
 # bench_block_cuda.txt, memcheck.log, build.log. SEPAL_CUDA_SUITES / SEPAL_CUDA_BENCHES (device-test-cuda.sh) pick
 # a subset; memcheck runs on the first suite of them that is a GPU suite.
 # Usage (device tool): bash scripts/gpu-check.sh   with .debs carried. Runs in about 3 minutes on an H100/H200
-# (bench_block_cuda: 30 s of it).
+# (bench_block_cuda: 30 s of it). SEPAL_MEMCHECK_S: memcheck's time limit (default 180; 0: no memcheck);
+# device-test-cuda.sh's SEPAL_DEVICE_PREBUILT (binaries built before, e.g. here with SEPAL_DEVICE_BUILD_ONLY=1) and
+# SEPAL_CUDA_BENCH_ARGS pass on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST="${OUT:-/tmp/gpu-check-out}"
@@ -36,7 +38,7 @@ MC=""
 for t in ${SEPAL_CUDA_SUITES-test_cuda test_cuda_block}; do
     [ "$t" != test_cuda_host ] && [ -x "$B/$t" ] && { MC="$t"; break; }
 done
-if [ -n "$MC" ] && [ -n "$CS" ]; then
+if [ -n "$MC" ] && [ -n "$CS" ] && [ "${SEPAL_MEMCHECK_S:-180}" != 0 ]; then
     export LD_LIBRARY_PATH="/tmp/deps/usr/lib/x86_64-linux-gnu:/tmp/deps/usr/lib/x86_64-linux-gnu/openblas-pthread:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     timeout "${SEPAL_MEMCHECK_S:-180}" "$CS" --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 "$B/$MC" > "$DEST/memcheck.log" 2>&1
     echo "memcheck $MC: exit $? after $(( $(date +%s) - t0 )) s" >> "$DEST/summary.txt"

@@ -225,6 +225,64 @@ void emul_wmat_mul(const sp_km_w *w, const float *X, float *Y, int B)
             EMUL_BLOCK_SUM(Y[(long)b * w->rows + r], nt, sp_km_w_dot_part(w, r, X + (long)b * w->cols, tid, nt));
 }
 
+/* Lane `lane` of warp part k: its chunks' sum for row r and x. */
+static float emul_lane_sum(const sp_km_w *w, int r, const float *x, int k, int ks, int lane)
+{
+    long rb = sp_km_row_bytes(w);
+    int nchunks = (int)(rb / SP_KM_CHUNK), ns = sp_km_row_scales(w), pv = sp_km_piece_vals(w->type);
+    int np = sp_km_chunk_vals(w->type) / pv;
+    float acc = 0.0f, wv[SP_KM_PIECE];
+    for (int j = k * 32 + lane; j < nchunks; j += 32 * ks) {
+        uint32_t v[4];
+        memcpy(v, (const uint8_t *)w->q + r * rb + (long)j * SP_KM_CHUNK, sizeof v);
+        float s = ns ? w->scale[(long)r * ns + sp_km_chunk_block(j)] : 0.0f;
+        for (int p = 0; p < np; p++) {
+            for (int t = 0; t < pv; t++)
+                wv[t] = sp_km_piece_val(w->type, v, p, t, w->levels);
+            acc += sp_km_piece_dot(w->type, wv, x + sp_km_piece_col(w->type, j, p), pv, s);
+        }
+    }
+    return acc;
+}
+
+void emul_wmat_vec(const sp_km_w *w, const float *X, float *Y, int B, int ks)
+{
+    for (int r = 0; r < w->rows; r++)
+        for (int b = 0; b < B; b++) {
+            float y = 0.0f;
+            for (int k = 0; k < ks; k++) {
+                float lane[32], next[32];
+                for (int l = 0; l < 32; l++)
+                    lane[l] = emul_lane_sum(w, r, X + (long)b * w->cols, k, ks, l);
+                for (int o = 16; o > 0; o >>= 1) { /* __shfl_xor_sync's butterfly */
+                    for (int l = 0; l < 32; l++)
+                        next[l] = lane[l] + lane[l ^ o];
+                    memcpy(lane, next, sizeof lane);
+                }
+                y += lane[0];
+            }
+            Y[(long)b * w->rows + r] = y;
+        }
+}
+
+void emul_wmat_gemm_bf16(const sp_km_w *w, const float *A, float *C, int B, int tile, int dx)
+{
+    int rows = w->rows, cols = w->cols;
+    long na = (long)B * (dx ? rows : cols);
+    float *a = emul_dup(A, (size_t)na), *wt = malloc((size_t)tile * cols * sizeof(float));
+    emul_round(a, (size_t)na, SP_CU_BF16);
+    for (int r0 = 0; r0 < rows; r0 += tile) {
+        int tr = rows - r0 < tile ? rows - r0 : tile;
+        for (int r = 0; r < tr; r++)
+            for (int c = 0; c < cols; c++)
+                wt[(long)r * cols + c] = sp_km_w_at(w, r0 + r, c);
+        emul_round(wt, (size_t)tr * cols, SP_CU_BF16);
+        sp_gemm_plan p = dx ? sp_gemm_plan_linear_dx_tile(B, cols, tr, rows) : sp_gemm_plan_linear_tile(B, cols, tr, rows);
+        emul_gemm(&p, wt, dx ? a + r0 : a, dx ? C : C + r0);
+    }
+    free(a), free(wt);
+}
+
 void emul_attn_decode(float *out, const float *q, const float *kc, const float *vc, const float *slopes, int B, int nh,
                       int nkv, int hd, int cap, int len)
 {
@@ -282,6 +340,23 @@ void emul_round(float *x, size_t n, sp_cu_dtype t)
 double emul_gemm_tol(sp_cu_dtype t)
 {
     return (t == SP_CU_BF16 ? 0x1p-7 : t == SP_CU_F16 ? 0x1p-10 : 0.0) + 0x1p-16;
+}
+
+double emul_mul_t_err(const float *a, const float *ref, const float *dy, const float *dec, int B, int rows, int C,
+                      double rel)
+{
+    double worst = 0;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int i = 0; i < rows; i++)
+                s += fabs((double)dy[(size_t)b * rows + i] * dec[(size_t)i * C + c]);
+            size_t e = (size_t)b * C + c;
+            double d = fabs((double)a[e] - ref[e]) / (rel * s + 1e-6 * fabs((double)ref[e]) + 1e-30);
+            if (!(d <= worst))
+                worst = isnan(d) ? INFINITY : d;
+        }
+    return worst;
 }
 
 double emul_err(const float *a, const float *b, size_t n, double abs_tol, double rel_tol)

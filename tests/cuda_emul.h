@@ -39,6 +39,11 @@ int emul_crossentropy(float *losses, float *dlogits, const float *dlosses, const
 /* returns 1 if an id was outside [0, V) */
 int emul_embedding(float *out, const int32_t *ids, const float *table, int V, int N, int C);
 void emul_wmat_mul(const sp_km_w *w, const float *X, float *Y, int B);
+/* The vectorised decode kernel (a matrix sp_km_chunked accepts; ks warps a row: 1, 2 or 4). */
+void emul_wmat_vec(const sp_km_w *w, const float *X, float *Y, int B, int ks);
+/* The B > 8 products through bf16 GEMMs as weights.cu runs them, tiles of tile rows: Y[B, rows] = X W^T (dx 0) or
+ * dX[B, cols] += dY W (dx 1, A = dY), A and the decoded weights rounded to bf16. */
+void emul_wmat_gemm_bf16(const sp_km_w *w, const float *A, float *C, int B, int tile, int dx);
 void emul_attn_decode(float *out, const float *q, const float *kc, const float *vc, const float *slopes, int B, int nh,
                       int nkv, int hd, int cap, int len);
 /* C = alpha op(A) op(B) + beta C, column-major, in double: what cuBLAS computes for plan p */
@@ -71,6 +76,11 @@ float *emul_dup(const float *x, size_t n);
  * skip); else opens device 0 into *cu (printing "SUITE: running on NAME"), sets CK_FORK=no (a CUDA context made
  * before fork() is unusable in the child) and returns 0; 1 after printing why opening failed. */
 int emul_open_gpu(const char *suite, sp_cuda **cu);
+
+/* A transposed product's error (dX[B, C] += dY[B, rows] W, W decoded: dec [rows, C]): max over dX of |a - ref| /
+ * (rel sum over r of |dy[b, r] dec[r, c]| + 1e-6 |ref|); <= 1 passes. NaN in either is +inf. */
+double emul_mul_t_err(const float *a, const float *ref, const float *dy, const float *dec, int B, int rows, int C,
+                      double rel);
 
 /* max over i of |a - b| / (abs_tol + rel_tol |b|); <= 1 passes. NaN in either is +inf. */
 double emul_err(const float *a, const float *b, size_t n, double abs_tol, double rel_tol);

@@ -252,56 +252,132 @@ START_TEST(t_embedding_crossentropy_gpu)
 }
 END_TEST
 
-/* Every encoding uploaded, decoded (bit for bit sp_qmat_row's values) and multiplied: B <= 8 by the fused decode
- * kernel, B > 8 through cuBLAS on decoded tiles; against the decoded matrix times x in double. */
+/* Y = X W^T in double from the decoded matrix dec [rows, C]: y0, and tol = sum |w x| times rel (1e-5: f32
+ * accumulation of C terms; emul_gemm_tol(bf16): bf16 operands). */
+static void wmat_ref(const float *dec, const float *x, float *y0, float *tol, int B, int rows, int C, double rel)
+{
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < rows; i++) {
+            double s = 0, a = 0;
+            for (int c = 0; c < C; c++) {
+                double p = (double)dec[(size_t)i * C + c] * x[(size_t)b * C + c];
+                s += p, a += fabs(p);
+            }
+            y0[(size_t)b * rows + i] = (float)s;
+            tol[(size_t)b * rows + i] = (float)(a * rel + 1e-30);
+        }
+}
+
+/* The device's Y = X W^T against wmat_ref's within tol. */
+static void wmat_check(sp_cuda_wmat *dw, const float *x, const float *y0, const float *tol, int B, const char *what)
+{
+    int rows = dw->w.rows, C = dw->w.cols;
+    float *dXb = up(x, (size_t)B * C), *dYb = NULL;
+    OK(sp_cuda_alloc(cu, (void **)&dYb, (size_t)B * rows * 4, E));
+    OK(sp_cuda_wmat_mul(cu, dw, dXb, dYb, B, E));
+    float *y1 = down(dYb, (size_t)B * rows);
+    for (size_t i = 0; i < (size_t)B * rows; i++)
+        ck_assert_msg(fabs((double)y1[i] - y0[i]) <= tol[i], "%s %s [%d, %d] B %d at %zu: %g vs %g", what,
+                      sp_wtype_name((sp_wtype)dw->w.type), rows, C, B, i, (double)y1[i], (double)y0[i]);
+    free(y1), sp_cuda_free(cu, dXb), sp_cuda_free(cu, dYb);
+}
+
+/* Whether the product of B rows runs in bf16 GEMMs (kernels.h): B > 8, except f32 weights and int8 / NF4 up to 32. */
+static int wmat_bf16_path(sp_wtype t, int B)
+{
+    return B > 8 && t != SP_W_F32 && !((t == SP_W_Q8 || t == SP_W_NF4) && B <= 32);
+}
+
+/* Every encoding uploaded, decoded (bit for bit sp_qmat_row's values, and those rounded to bf16) and multiplied:
+ * B <= 8 by the fused decode kernel (the one-weight-a-thread kernel for widths of odd chunks; on 1001 x 1088 every
+ * rows-a-warp and warps-a-row shape), B > 8 by GEMMs (tiles of 100 rows); against the decoded matrix times x in
+ * double, within f32 rounding of sum |w x| (bf16 GEMMs: emul_gemm_tol(bf16) of it). */
 START_TEST(t_weights_gpu)
 {
-    const int shapes[][2] = {{17, 33}, {300, 130}, {4096, 4096}};
+    const int shapes[][2] = {{17, 33}, {300, 130}, {37, 192}, {1001, 1088}, {4096, 4096}};
+    const int Bs[] = {1, 3, 8, 9, 33, 64}, big_Bs[] = {1, 8, 33};
     sp_rng r;
     sp_rng_seed(&r, 46);
+    sp_cuda_wmat_tune(0, 0, 100);
     for (int t = 0; t < SP_W__COUNT; t++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 5; k++) {
             int rows = shapes[k][0], C = shapes[k][1];
             float *w = emul_randn(&r, (size_t)rows * C, 0.05f);
             sp_qmat m;
             ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, C, NULL), SP_OK);
             sp_cuda_wmat dw;
             OK(sp_cuda_wmat_upload(cu, &dw, &m, E));
-            float *dec = malloc((size_t)rows * C * 4), *dDec = NULL;
+            size_t n = (size_t)rows * C;
+            float *dec = malloc(n * 4), *dDec = NULL;
             for (int i = 0; i < rows; i++)
                 sp_qmat_row(&m, i, dec + (size_t)i * C);
-            OK(sp_cuda_alloc(cu, (void **)&dDec, (size_t)rows * C * 4, E));
+            OK(sp_cuda_alloc(cu, (void **)&dDec, n * 4, E));
             OK(sp_cuda_dequant(cu, dDec, &dw, 0, rows, E));
-            float *dec1 = down(dDec, (size_t)rows * C);
-            ck_assert_mem_eq(dec1, dec, (size_t)rows * C * 4);
-            const int Bs[] = {1, 8, 9, 64};
-            for (int j = 0; j < (k == 2 ? 3 : 4); j++) { /* 4096 x 4096: the reference in double costs */
-                int B = Bs[j];
+            float *dec1 = down(dDec, n);
+            ck_assert_mem_eq(dec1, dec, n * 4);
+            OK(sp_cuda_dequant_bf16(cu, dDec, &dw, 0, rows, E));
+            uint16_t *h1 = (uint16_t *)down(dDec, (n + 1) / 2);
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(h1[i] == sp_f32_to_bf16(dec[i]), "%s bf16 decode at %zu", sp_wtype_name(m.type), i);
+            free(h1);
+            for (int j = 0; j < (k == 4 ? 3 : 6); j++) { /* 4096 x 4096: the reference in double costs */
+                int B = k == 4 ? big_Bs[j] : Bs[j];
+                double rel = wmat_bf16_path(m.type, B) ? emul_gemm_tol(SP_CU_BF16) : 1e-5;
                 float *x = emul_randn(&r, (size_t)B * C, 1.0f), *y0 = malloc((size_t)B * rows * 4);
                 float *tol = malloc((size_t)B * rows * 4);
-                for (int b = 0; b < B; b++)
-                    for (int i = 0; i < rows; i++) {
-                        double s = 0, a = 0;
-                        for (int c = 0; c < C; c++) {
-                            double p = (double)dec[(size_t)i * C + c] * x[(size_t)b * C + c];
-                            s += p, a += fabs(p);
-                        }
-                        y0[(size_t)b * rows + i] = (float)s;
-                        tol[(size_t)b * rows + i] = (float)(a * 1e-5 + 1e-30); /* f32 accumulation of C terms */
-                    }
-                float *dXb = up(x, (size_t)B * C), *dYb = NULL;
-                OK(sp_cuda_alloc(cu, (void **)&dYb, (size_t)B * rows * 4, E));
-                OK(sp_cuda_wmat_mul(cu, &dw, dXb, dYb, B, E));
-                float *y1 = down(dYb, (size_t)B * rows);
-                for (size_t i = 0; i < (size_t)B * rows; i++)
-                    ck_assert_msg(fabs((double)y1[i] - y0[i]) <= tol[i], "%s [%d, %d] B %d: %g vs %g",
-                                  sp_wtype_name(m.type), rows, C, B, (double)y1[i], (double)y0[i]);
-                free(x), free(y0), free(tol), free(y1), sp_cuda_free(cu, dXb), sp_cuda_free(cu, dYb);
+                wmat_ref(dec, x, y0, tol, B, rows, C, rel);
+                wmat_check(&dw, x, y0, tol, B, "auto");
+                for (int v = 0; k == 3 && B <= 8 && v < 9; v++) {
+                    sp_cuda_wmat_tune(1 << (v / 3), 1 << (v % 3), 100);
+                    wmat_check(&dw, x, y0, tol, B, "tuned");
+                }
+                sp_cuda_wmat_tune(0, 0, 100);
+                free(x), free(y0), free(tol);
             }
             free(w), free(dec), free(dec1), sp_cuda_free(cu, dDec);
             sp_cuda_wmat_free(cu, &dw);
             sp_qmat_free(&m);
         }
+    sp_cuda_wmat_tune(0, 0, 0);
+}
+END_TEST
+
+/* The transposed product dX += dY W (sp_qmat_mul_t_acc) into a gradient that holds something: f32 weights an f32
+ * GEMM (1e-5 of sum |dy w|), the others bf16 GEMMs (emul_gemm_tol(bf16) of it; int8 / NF4 tiles of 100 rows). */
+START_TEST(t_weights_t_gpu)
+{
+    const int shapes[][2] = {{300, 130}, {1001, 1088}}, Bs[] = {1, 9, 64};
+    sp_rng r;
+    sp_rng_seed(&r, 51);
+    sp_cuda_wmat_tune(0, 0, 100);
+    for (int t = 0; t < SP_W__COUNT; t++)
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 3; j++) {
+                int rows = shapes[k][0], C = shapes[k][1], B = Bs[j];
+                float *w = emul_randn(&r, (size_t)rows * C, 0.05f), *dec = malloc((size_t)rows * C * 4);
+                sp_qmat m;
+                ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, C, NULL), SP_OK);
+                for (int i = 0; i < rows; i++)
+                    sp_qmat_row(&m, i, dec + (size_t)i * C);
+                sp_cuda_wmat dw;
+                OK(sp_cuda_wmat_upload(cu, &dw, &m, E));
+                float *dy = emul_randn(&r, (size_t)B * rows, 1.0f), *dx0 = emul_randn(&r, (size_t)B * C, 1.0f);
+                float *dY = up(dy, (size_t)B * rows), *dX = up(dx0, (size_t)B * C);
+                sp_qmat_mul_t_acc(&m, dy, dx0, B, NULL);
+                OK(sp_cuda_wmat_mul_t_acc(cu, &dw, dY, dX, B, E));
+                float *dx1 = down(dX, (size_t)B * C);
+                double rel = t == SP_W_F32 ? 1e-5 : emul_gemm_tol(SP_CU_BF16);
+                double e = emul_mul_t_err(dx1, dx0, dy, dec, B, rows, C, rel);
+                ck_assert_msg(e <= 1.0, "%s [%d, %d] B %d dX: error %.3g of the tolerance", sp_wtype_name(m.type), rows,
+                              C, B, e);
+                sp_err err = {0};
+                ck_assert_int_eq(sp_cuda_wmat_mul_t_acc(cu, &dw, dY, dX, 0, &err), SP_ERR_ARG);
+                ck_assert_int_eq(sp_cuda_dequant_bf16(cu, dX, &dw, rows - 1, 2, &err), SP_ERR_ARG);
+                free(w), free(dec), free(dy), free(dx0), free(dx1), sp_cuda_free(cu, dY), sp_cuda_free(cu, dX);
+                sp_cuda_wmat_free(cu, &dw);
+                sp_qmat_free(&m);
+            }
+    sp_cuda_wmat_tune(0, 0, 0);
 }
 END_TEST
 
@@ -695,13 +771,17 @@ int main(void)
     tcase_add_test(tk, t_alibi_gpu);
     tcase_add_test(tk, t_activations_gpu);
     tcase_add_test(tk, t_embedding_crossentropy_gpu);
-    tcase_add_test(tk, t_weights_gpu);
     tcase_add_test(tk, t_gemm_gpu);
     tcase_add_test(tk, t_attn_decode_gpu);
     tcase_add_test(tk, t_attn_prefill_gpu);
     tcase_add_test(tk, t_attn_backward_gpu);
     tcase_add_test(tk, t_errors_gpu);
     suite_add_tcase(s, tk);
+    TCase *tw = tcase_create("weights_vs_cpu"); /* its own case: scripts/gpu-check.sh runs it under memcheck */
+    tcase_set_timeout(tw, 300);
+    tcase_add_test(tw, t_weights_gpu);
+    tcase_add_test(tw, t_weights_t_gpu);
+    suite_add_tcase(s, tw);
     TCase *tc = tcase_create("optimiser_vs_cpu");
     tcase_add_test(tc, t_adamw_update_matches_cpu);
     tcase_add_test(tc, t_unscale_check_matches_cpu);

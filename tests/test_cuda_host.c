@@ -362,6 +362,105 @@ START_TEST(t_weights_vs_cpu)
 }
 END_TEST
 
+/* A host matrix in the device layout (kw: the kernels' view of it; the buffers freed by wmat_host_free). */
+typedef struct { sp_qmat m; sp_km_w kw; void *q; float *s; } wmat_host;
+
+static void wmat_host_make(wmat_host *h, sp_wtype t, sp_rng *r, int rows, int C)
+{
+    float *w = emul_randn(r, (size_t)rows * C, 0.05f);
+    ck_assert_int_eq(sp_qmat_encode(&h->m, t, w, rows, C, NULL), SP_OK);
+    free(w);
+    h->q = NULL, h->s = NULL;
+    if (t == SP_W_Q8) {
+        h->q = malloc((size_t)rows * C);
+        h->s = malloc((size_t)rows * sp_km_blocks(C, SP_KM_Q8_BLOCK) * 4);
+        sp_cuda_q8_rowmajor(&h->m, h->q, h->s);
+    } else if (t == SP_W_NF4) {
+        h->q = malloc((size_t)rows * sp_km_blocks(C, SP_KM_NF4_BLOCK) * (SP_KM_NF4_BLOCK / 2));
+        h->s = malloc((size_t)rows * sp_km_blocks(C, SP_KM_NF4_BLOCK) * 4);
+        ck_assert_int_eq(sp_cuda_nf4_rowmajor(&h->m, h->q, h->s, NULL), SP_OK);
+    }
+    h->kw = sp_cuda_km_w(t, rows, C, h->q ? h->q : h->m.q, h->q ? h->s : h->m.scale);
+}
+
+static void wmat_host_free(wmat_host *h)
+{
+    free(h->q), free(h->s);
+    sp_qmat_free(&h->m);
+}
+
+/* The vectorised decode kernel's arithmetic (16-byte chunks, lanes' sums, the butterfly, ks warps a row) equals
+ * the scalar CPU kernels' within f32 rounding, every encoding, 1 to 8 rows of x; widths that are not whole chunks
+ * are left to the one-weight-a-thread kernel. */
+START_TEST(t_wmat_vec_vs_cpu)
+{
+    const int cols[] = {64, 192, 2112};
+    sp_rng r;
+    sp_rng_seed(&r, 31);
+    sp_kern_force(0);
+    for (int t = 0; t < SP_W__COUNT; t++)
+        for (int k = 0; k < 3; k++) {
+            int rows = 5 + 4 * k, C = cols[k];
+            wmat_host h;
+            wmat_host_make(&h, (sp_wtype)t, &r, rows, C);
+            ck_assert_int_eq(sp_km_chunked(&h.kw), 1);
+            for (int B = 1; B <= 8; B += B < 3 ? 2 : 5) /* 1, 3, 8 */
+                for (int ks = 1; ks <= 4; ks *= 2) {
+                    float *x = emul_randn(&r, (size_t)B * C, 1.0f), *y0 = malloc((size_t)B * rows * 4),
+                          *y1 = malloc((size_t)B * rows * 4);
+                    sp_qmat_mul(&h.m, x, y0, B, NULL);
+                    emul_wmat_vec(&h.kw, x, y1, B, ks);
+                    ASSERT_CLOSE(y1, y0, (size_t)B * rows, 1e-5 * sqrt((double)C) * 0.05, 1e-5, "chunked product");
+                    free(x), free(y0), free(y1);
+                }
+            wmat_host_free(&h);
+        }
+    sp_kern_force(-1);
+    /* not whole chunks: f32 33 columns, bf16 36, int8 40, NF4 96 (a block and a half) */
+    const int odd[] = {33, 36, 40, 96};
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        wmat_host h;
+        wmat_host_make(&h, (sp_wtype)t, &r, 3, odd[t]);
+        ck_assert_int_eq(sp_km_chunked(&h.kw), 0);
+        wmat_host_free(&h);
+    }
+}
+END_TEST
+
+/* B > 8 through bf16 GEMMs (tiles of 7 rows decoded and rounded to bf16, X or dY rounded to bf16): the tile plans
+ * compute sp_qmat_mul and sp_qmat_mul_t_acc within emul_gemm_tol(bf16) of sum |a w| (what test_cuda allows). */
+START_TEST(t_wmat_gemm_plans_vs_cpu)
+{
+    int rows = 23, C = 40, B = 12;
+    sp_rng r;
+    sp_rng_seed(&r, 32);
+    for (int t = SP_W_BF16; t < SP_W__COUNT; t++) {
+        wmat_host h;
+        wmat_host_make(&h, (sp_wtype)t, &r, rows, C);
+        float *dec = malloc((size_t)rows * C * 4);
+        for (int i = 0; i < rows; i++)
+            sp_qmat_row(&h.m, i, dec + (size_t)i * C);
+        float *x = emul_randn(&r, (size_t)B * C, 1.0f), *y0 = malloc((size_t)B * rows * 4),
+              *y1 = malloc((size_t)B * rows * 4), *scale = malloc((size_t)B * rows * 4);
+        sp_qmat_mul(&h.m, x, y0, B, NULL);
+        emul_linear_scale(scale, x, dec, B, C, rows);
+        emul_wmat_gemm_bf16(&h.kw, x, y1, B, 7, 0);
+        for (int i = 0; i < B * rows; i++)
+            ck_assert_msg(fabs((double)y1[i] - y0[i]) <= emul_gemm_tol(SP_CU_BF16) * scale[i], "%s Y at %d: %g vs %g",
+                          sp_wtype_name(h.m.type), i, (double)y1[i], (double)y0[i]);
+        /* dX += dY W, into a gradient that holds something */
+        float *dy = emul_randn(&r, (size_t)B * rows, 1.0f), *dx0 = emul_randn(&r, (size_t)B * C, 1.0f);
+        float *dx1 = emul_dup(dx0, (size_t)B * C);
+        sp_qmat_mul_t_acc(&h.m, dy, dx0, B, NULL);
+        emul_wmat_gemm_bf16(&h.kw, dy, dx1, B, 7, 1);
+        double e = emul_mul_t_err(dx1, dx0, dy, dec, B, rows, C, emul_gemm_tol(SP_CU_BF16));
+        ck_assert_msg(e <= 1.0, "%s dX: error %.3g of the tolerance", sp_wtype_name(h.m.type), e);
+        free(dec), free(x), free(y0), free(y1), free(scale), free(dy), free(dx0), free(dx1);
+        wmat_host_free(&h);
+    }
+}
+END_TEST
+
 /* The GEMM plans, run by a column-major product as cuBLAS runs them, compute sp_linear_forward / _backward;
  * with operands rounded to bf16 / fp16 they stay within emul_gemm_tol of the f32 result, which the GPU test uses. */
 static double worst_rel(const float *a, const float *ref, const float *scale, size_t n)
@@ -558,6 +657,8 @@ int main(void)
     tcase_add_test(tc, t_embedding_vs_cpu);
     tcase_add_test(tc, t_softmax_crossentropy_vs_cpu);
     tcase_add_test(tc, t_weights_vs_cpu);
+    tcase_add_test(tc, t_wmat_vec_vs_cpu);
+    tcase_add_test(tc, t_wmat_gemm_plans_vs_cpu);
     tcase_add_test(tc, t_gemm_plans_vs_cpu);
     tcase_add_test(tc, t_block_dx_tiles_vs_cpu);
     tcase_add_test(tc, t_block_plan);
