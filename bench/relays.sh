@@ -1,5 +1,5 @@
 # relays.sh - bench/linkem relays for the shell benches and tests that put links between a client and servers
-# (sourced by bench/wan.sh, bench/bandwidth.sh, tests/cli/push.sh and route_push.sh; they set `linkem` to the binary,
+# (sourced by bench/wan.sh, bench/bandwidth.sh, tests/cli/push.sh, route_push.sh and route_links.sh; they set `linkem` to the binary,
 # `pids` (an array) to what they stop, and `tmp` to a scratch directory), and the benches' stop_all and free_ports.
 
 # relays NAME DELAY PORT...: one linkem of that one-way delay (ms), a link leading to each 127.0.0.1:PORT; prints the
@@ -9,7 +9,25 @@ relays() {
     local name=$1 delay=$2 args=() p
     shift 2
     for p in "$@"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
-    "$linkem" --delay "$delay" "${args[@]}" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    linkem_ports "$name" --delay "$delay" "${args[@]}"
+}
+
+# relays_from NAME DELAY FROM FROM_DELAY PORT...: as relays, but the connections from source address FROM (a server's
+# --source-address) cross each link with FROM_DELAY ms instead (linkem --from): one link a server, slow or fast by
+# who connects.
+relays_from() {
+    local name=$1 delay=$2 from=$3 fdelay=$4 args=() p
+    shift 4
+    for p in "$@"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p" --from "$from" --delay "$fdelay"); done
+    linkem_ports "$name" --delay "$delay" "${args[@]}"
+}
+
+# linkem_ports NAME ARGS...: starts linkem ARGS (output in $tmp/NAME.out and .err), waits until it is ready and prints
+# its links' ports in order.
+linkem_ports() {
+    local name=$1
+    shift
+    "$linkem" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
     pids+=($!)
     for _ in $(seq 100); do grep -q "^linkem: ready" "$tmp/$name.out" && break; sleep 0.05; done
     sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$tmp/$name.out" | tr '\n' ' '

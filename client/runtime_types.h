@@ -36,14 +36,16 @@ typedef struct sp_route {
                               trips from the client and their blocks, and for a route over every block the
                               client's own part too (local) */
     double local;          /* of which the client's own part */
+    int pushed;            /* min-latency routes: its steps go from server to server (priced so), else relayed */
 } sp_route;
 
 /* Whether inference steps go from server to server (each pushing its output to the next) or through the client. */
 typedef enum sp_push_mode {
     SP_PUSH_OFF,  /* every server gets its input from the client */
     SP_PUSH_ON,   /* pushed wherever the chain's servers allow it */
-    SP_PUSH_AUTO, /* pushed where it is faster: the client's pings to the chain's servers average 1 ms or more (on
-                   * loopback a push's hand-offs cost more than the client's round trips it saves) */
+    SP_PUSH_AUTO, /* pushed where it is faster: the pushed route costs less than the relayed one on the measured
+                   * links, and the client's pings to its servers average 1 ms or more (on loopback a push's
+                   * hand-offs cost more than the client's round trips it saves) */
 } sp_push_mode;
 
 /* Settings of the runtime (front ends' `set`). */

@@ -513,7 +513,8 @@ static sp_status join_swarm(app *p, sp_err *err)
     char prefix[SP_MODEL_PREFIX_MAX];
     sp_model_prefix(p->a.so.model_dir, prefix, sizeof prefix);
     sp_announce_opts ao = {.dht_bind = p->a.so.host, .initial_peers = p->a.initial_peers, .period = p->a.update_period,
-                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture, .key = p->a.so.key};
+                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture, .key = p->a.so.key,
+                           .source = p->a.so.source_address};
     ao.dht_port = p->a.dht_port >= 0 ? p->a.dht_port : p->a.so.port;
     sp_server_record *b = &ao.base;
     snprintf(b->id, sizeof b->id, "%s", p->id);

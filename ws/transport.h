@@ -56,6 +56,8 @@ typedef struct sp_transport_opts {
     int direct_recv;         /* client: once the bulk channel is attached, sp_ws_client_recv reads it on the
                                 caller's thread (no reader thread, no hand-off); for one receiving thread */
     const sp_swarm_key *key; /* both: the swarm key exchange comes first (NULL: none); the key is copied */
+    const char *source;      /* client: the local address its sockets connect from, websocket and bulk (NULL or
+                                "": the system's choice); copied */
 
     /* server limits; 0 (or less) = the default */
     int max_conns;              /* connections at once (default min(4096, (RLIMIT_NOFILE - 64) / 2)) */

@@ -260,6 +260,8 @@ static sp_status cli_init(sp_ws_client *c, const char *host, int port, const sp_
         c->has_key = 1;
     }
     c->o.key = NULL;
+    snprintf(c->source, sizeof c->source, "%s", o && o->source ? o->source : "");
+    c->o.source = NULL;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->bulk_wmu, NULL);
     pthread_condattr_t ca;
@@ -308,6 +310,7 @@ static sp_status cli_handshake(sp_ws_client *c, int timeout_ms, sp_err *err)
     ci.origin = c->host;
     ci.protocol = "sepal";
     ci.pwsi = &c->wsi;
+    ci.iface = c->source[0] ? c->source : NULL; /* lws binds to an interface's name or an address */
     struct lws *w = lws_client_connect_via_info(&ci);
     if (pthread_create(&c->svc, NULL, cli_svc_main, c))
         return sp_errf(err, SP_ERR_NOMEM, "connecting to %s:%d: cannot start the transport thread", c->host, c->port);
