@@ -57,8 +57,9 @@ typedef struct sp_rt_settings {
     char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
     char blocked[1024];      /* never these */
     int push;                /* sp_push_mode: inference steps pushed from server to server (default auto) */
-    int wire;                /* training's hidden states and gradients on the wire, both ways: an sp_encoding of
-                                ws/proto.h, f32 (0, the default), f16 (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */
+    int wire;                /* hidden states (inference steps, training's forwards) and gradients on the wire, both
+                                ways and server to server: an sp_encoding of ws/proto.h, f32 (0, the default), f16
+                                (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */
     double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;

@@ -298,8 +298,8 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     sp_step_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_tensor_src t[3];
     int n = 0;
-    if (!pa || !pa->await)
-        t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
+    if (!pa || !pa->await) /* in the wire setting's encoding, the reply (and the pushes after it) too */
+        t[n++] = (sp_tensor_src){.enc = (sp_encoding)rt->set.wire, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
     if (deep)
         t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, s->B, s->P, H}, .f32 = deep};
     if (hypo)
