@@ -23,7 +23,7 @@ relays_from() {
 }
 
 # linkem_ports NAME ARGS...: starts linkem ARGS (output in $tmp/NAME.out and .err), waits until it is ready and prints
-# its links' ports in order.
+# its links' ports in order. Call it (and relays, relays_from) in the shell that stops pids, never in $(...).
 linkem_ports() {
     local name=$1
     shift

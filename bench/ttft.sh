@@ -64,8 +64,11 @@ for r in $rates; do
     read -r -a ports <<<"$(free_ports 3)"
     args=()
     for p in "${ports[@]}"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
-    read -r -a peer <<<"$(linkem_ports "peer$r" --delay 5 --rate "$r" "${args[@]}")"
-    read -r -a cl <<<"$(linkem_ports "client$r" --delay "$delay" --rate "$r" "${args[@]}")"
+    # (in this shell, never in $(...): their pids must reach the trap)
+    linkem_ports "peer$r" --delay 5 --rate "$r" "${args[@]}" >"$tmp/peer.ports"
+    linkem_ports "client$r" --delay "$delay" --rate "$r" "${args[@]}" >"$tmp/client.ports"
+    read -r -a peer <"$tmp/peer.ports"
+    read -r -a cl <"$tmp/client.ports"
     [ "${#peer[@]}" = 3 ] && [ "${#cl[@]}" = 3 ] || die "linkem did not start"
     spids=()
     for i in 0 1 2; do
