@@ -34,6 +34,24 @@ linkem_ports() {
     echo
 }
 
+# far_bins NAME: sets sepal, server and linkem to the programs in $build, or ends the bench NAME saying to build.
+far_bins() {
+    sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/bench/linkem"
+    [ -x "$sepal" ] && [ -x "$server" ] && [ -x "$linkem" ] ||
+        { echo "$1: sepal, sepal-server or linkem not in $build: build first" >&2; exit 1; }
+}
+
+# model_8l HIDDEN: sets model to the 8-layer Llama-2-7B shape of that width in $models (4096: llama-2-7b-like-8l, else
+# llama-2-7b-like-8l-hHIDDEN), made there the first time (`model init --like`; kept for later runs); 1 if that fails.
+model_8l() {
+    local init=()
+    if [ "$1" = 4096 ]; then model="$models/llama-2-7b-like-8l"; else
+        model="$models/llama-2-7b-like-8l-h$1" init=(--hidden "$1"); fi
+    [ -f "$model/config.json" ] && return 0
+    echo "making $model (8 layers; kept for later runs)"
+    "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1
+}
+
 # stop_all: stops every process in pids and waits for them.
 stop_all() {
     local p

@@ -36,22 +36,14 @@ while [ $# -gt 0 ]; do
 done
 die() { echo "ttft: $*" >&2; exit 1; }
 
-sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/bench/linkem"
-[ -x "$sepal" ] && [ -x "$server" ] && [ -x "$linkem" ] || die "sepal, sepal-server or linkem not in $build: build first"
+. bench/pairs.sh # median, between
+. bench/relays.sh # far_bins, model_8l, linkem_ports, stop_all, free_ports
+far_bins ttft
 export OPENBLAS_THREAD_TIMEOUT=4
 tmp="$(mktemp -d)"
 pids=()
-. bench/pairs.sh # median
-. bench/relays.sh # linkem_ports, stop_all, free_ports
 trap 'stop_all; rm -rf "$tmp"' EXIT
-between() { awk -v m="$2" '$0 ~ /^@@/ {on = ($0 == m); next} on' "$1"; } # the lines after marker m, to the next
-
-if [ "$hidden" = 4096 ]; then model="$models/llama-2-7b-like-8l" init=(); else
-    model="$models/llama-2-7b-like-8l-h$hidden" init=(--hidden "$hidden"); fi
-if [ ! -f "$model/config.json" ]; then
-    echo "making $model (8 layers; kept for later runs)"
-    "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1 || die "model init failed"
-fi
+model_8l "$hidden" || die "model init failed"
 ids="$(python3 -c "import random; random.seed(1); print(','.join(str(random.randint(3, 31999)) for _ in range($ptok)))")"
 spans=(0:3 3:6 6:8)
 read -r -a fmts <<<"$formats"
