@@ -35,21 +35,15 @@ while [ $# -gt 0 ]; do
 done
 die() { echo "bandwidth: $*" >&2; exit 1; }
 
-sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/bench/linkem"
-[ -x "$sepal" ] && [ -x "$server" ] && [ -x "$linkem" ] || die "sepal, sepal-server or linkem not in $build: build first"
+. bench/pairs.sh # median
+. bench/relays.sh # far_bins, model_8l, stop_all, free_ports
+far_bins bandwidth
 export OPENBLAS_THREAD_TIMEOUT=4
 tmp="$(mktemp -d)"
 pids=()
-. bench/pairs.sh # median
-. bench/relays.sh # stop_all, free_ports
 trap 'stop_all; rm -rf "$tmp"' EXIT
 
-if [ "$hidden" = 4096 ]; then model="$models/llama-2-7b-like-8l" init=(); else
-    model="$models/llama-2-7b-like-8l-h$hidden" init=(--hidden "$hidden"); fi
-if [ ! -f "$model/config.json" ]; then
-    echo "making $model (8 layers; kept for later runs)"
-    "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1 || die "model init failed"
-fi
+model_8l "$hidden" || die "model init failed"
 spans=(0:3 3:6 6:8)
 read -r -a ports <<<"$(free_ports 3)"
 for i in 0 1 2; do

@@ -2,12 +2,17 @@
  * direction, in user space (this kernel has no netem). One process runs any number of links; each link is a
  * listening address and the address it leads to:
  *
- *   linkem [--delay MS[/MS]] [--rate MBIT[/MBIT]] --listen HOST:PORT --to HOST:PORT [--delay ...] ...
+ *   linkem [--delay MS[/MS]] [--rate MBIT[/MBIT]] --listen HOST:PORT --to HOST:PORT [--delay ...]
+ *          [--from HOST [--delay ...] [--rate ...]]... [--listen ...]...
  *
  * Options before the first --listen are every link's defaults; after one, they are that link's. A pair A/B is
- * "toward --to / back"; one value is both ways. Each link prints `linkem: HOST:PORT -> HOST:PORT, ...` on stdout
- * once it listens (port 0: the port it got), then `linkem: ready`; on SIGTERM or SIGINT it closes everything,
- * prints each link's counts on stderr and exits 0.
+ * "toward --to / back"; one value is both ways. `--from HOST` (after a --listen) gives the connections that come
+ * from that source address a path of their own (its own wires, starting as the link's), which the --delay and
+ * --rate after it set: so one server's link can be slow from the client and fast from the other servers (each
+ * connecting from an address of its own, `sepal-server --source-address`). Each link prints `linkem: HOST:PORT ->
+ * HOST:PORT, ...` on stdout once it listens (port 0: the port it got), and each --from a line `linkem:   from HOST,
+ * ...`, then `linkem: ready`; on SIGTERM or SIGINT it closes everything, prints each link's counts on stderr and
+ * exits 0.
  *
  * The model, per link and direction: a wire of `rate` bits/s (shared by the link's connections, first come first
  * served) followed by `delay`. Bytes are read as they arrive, timestamped, cut into segments of about a
@@ -67,9 +72,19 @@ typedef struct flow {      /* one direction of a connection: read from in, writt
 
 typedef struct emu_link emu_link;
 
+#define MAX_FROM 8
+
+typedef struct path {      /* the wires of the connections from one source address (from[0]: any other) */
+    char from[64];         /* the source address as given; "" for the link's own path */
+    struct sockaddr_storage addr;
+    wire up, down;
+    unsigned long accepted;
+} path;
+
 typedef struct conn {
     struct conn *next;
     emu_link *l;
+    path *p;
     int a, b;              /* the accepted socket, the one to --to */
     int connecting;
     flow up, down;         /* up: a -> b (toward --to), down: b -> a */
@@ -80,7 +95,8 @@ struct emu_link {
     struct sockaddr_storage to;
     socklen_t to_len;
     int fd;
-    wire up, down;
+    path path[MAX_FROM + 1]; /* [0]: connections from any address not named by a --from */
+    int npaths;
     size_t buffer;
     int max_conns, nconns;
     unsigned long accepted, refused, failed;
@@ -98,10 +114,12 @@ static void on_signal(int sig) { (void)sig, g_stop = 1; }
 /* ---------------------------------------------------------------------------------------------- */
 /* options */
 
-enum { L_LISTEN, L_TO, L_DELAY, L_RATE, L_BUFFER, L_MAX_CONNS, L_HELP, L_NOPTS };
+enum { L_LISTEN, L_TO, L_FROM, L_DELAY, L_RATE, L_BUFFER, L_MAX_CONNS, L_HELP, L_NOPTS };
 static const sp_opt linkem_opts[] = {
     [L_LISTEN] = {"--listen", SP_OPT_STR, "HOST:PORT", .help = "a new link: the address it listens on (port 0: any)"},
     [L_TO] = {"--to", SP_OPT_STR, "HOST:PORT", .help = "where the link leads"},
+    [L_FROM] = {"--from", SP_OPT_STR, "HOST",
+                .help = "the link's connections from this source address: the --delay and --rate after it are theirs"},
     [L_DELAY] = {"--delay", SP_OPT_STR, "MS[/MS]", .def = "0",
                  .help = "one-way delay toward --to [/ back], milliseconds (fractions allowed)"},
     [L_RATE] = {"--rate", SP_OPT_STR, "MBIT[/MBIT]", .def = "0",
@@ -133,6 +151,18 @@ static int parse_pair(const char *v, double *fwd, double *back)
     return *end ? -1 : 0;
 }
 
+/* A numeric HOST (no port) into an address. */
+static int resolve_host(const char *host, struct sockaddr_storage *ss, socklen_t *len)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) || !ai)
+        return -1;
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    *len = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    return 0;
+}
+
 /* HOST:PORT (the last colon; [v6]:PORT too) into an address. */
 static int resolve(const char *spec, int passive, struct sockaddr_storage *ss, socklen_t *len)
 {
@@ -154,19 +184,32 @@ static int resolve(const char *spec, int passive, struct sockaddr_storage *ss, s
     return 0;
 }
 
-/* Applies option k's value v to link l (or, l NULL, to the defaults d). -1 after a message. */
+/* Applies option k's value v to link l, its delays and rates to its last path (the link's own, or the last
+ * --from's). -1 after a message. */
 static int apply(emu_link *l, int k, const char *v)
 {
     double a, b;
+    path *p = &l->path[l->npaths - 1];
     if (k == L_DELAY || k == L_RATE) {
         if (parse_pair(v, &a, &b)) {
             fprintf(stderr, "linkem: %s: expected a number or A/B, got '%s'\n", linkem_opts[k].name, v);
             return -1;
         }
         if (k == L_DELAY)
-            l->up.delay_ns = (uint64_t)(a * 1e6), l->down.delay_ns = (uint64_t)(b * 1e6);
+            p->up.delay_ns = (uint64_t)(a * 1e6), p->down.delay_ns = (uint64_t)(b * 1e6);
         else
-            l->up.rate = a * 1e6 / 8, l->down.rate = b * 1e6 / 8;
+            p->up.rate = a * 1e6 / 8, p->down.rate = b * 1e6 / 8;
+    } else if (k == L_FROM) {
+        struct sockaddr_storage ss;
+        socklen_t len;
+        if (l->npaths > MAX_FROM || strlen(v) >= sizeof p->from || resolve_host(v, &ss, &len)) {
+            fprintf(stderr, "linkem: --from %s: %s\n", v,
+                    l->npaths > MAX_FROM ? "more than 8 --from on one link" : "not an address");
+            return -1;
+        }
+        p[1] = (path){.addr = ss, .up = l->path[0].up, .down = l->path[0].down}; /* as the link's own */
+        snprintf(p[1].from, sizeof p[1].from, "%s", v);
+        l->npaths++;
     } else if (k == L_BUFFER) {
         l->buffer = (size_t)sp_opt_int(v) << 10;
     } else if (k == L_MAX_CONNS) {
@@ -192,7 +235,7 @@ static emu_link *add_link(relay *r, const emu_link *dflt)
 /* 0 to run, 1 to exit 0 (--help), 2 after a usage error. */
 static int parse_args(int argc, char **argv, relay *r)
 {
-    emu_link dflt = {.fd = -1};
+    emu_link dflt = {.fd = -1, .npaths = 1};
     for (int k = 0; k < L_NOPTS; k++)
         if (linkem_opts[k].def)
             apply(&dflt, k, linkem_opts[k].def);
@@ -213,8 +256,10 @@ static int parse_args(int argc, char **argv, relay *r)
         }
         if (k == L_LISTEN && !(cur = add_link(r, &dflt)))
             return fprintf(stderr, "linkem: out of memory\n"), 2;
-        if ((k == L_TO && cur == &dflt) || apply(cur, k, v))
-            return k == L_TO ? fprintf(stderr, "linkem: --to comes after its --listen\n"), 2 : 2;
+        if ((k == L_TO || k == L_FROM) && cur == &dflt)
+            return fprintf(stderr, "linkem: %s comes after its --listen\n", linkem_opts[k].name), 2;
+        if (apply(cur, k, v))
+            return 2;
     }
     for (int i = 0; i < r->nlinks; i++)
         if (!r->links[i].to_spec[0])
@@ -251,15 +296,23 @@ static void addr_str(const struct sockaddr_storage *ss, char *buf, size_t cap)
     }
 }
 
+/* The link's line, then one a --from. */
 static void describe(const emu_link *l, const char *bound)
 {
-    char ru[32] = "unlimited", rd[32] = "unlimited";
-    if (l->up.rate > 0)
-        snprintf(ru, sizeof ru, "%g Mbit/s", l->up.rate * 8 / 1e6);
-    if (l->down.rate > 0)
-        snprintf(rd, sizeof rd, "%g Mbit/s", l->down.rate * 8 / 1e6);
-    printf("linkem: %s -> %s, delay %g ms / %g ms, rate %s / %s (toward / back)\n", bound, l->to_spec,
-           (double)l->up.delay_ns / 1e6, (double)l->down.delay_ns / 1e6, ru, rd);
+    for (int i = 0; i < l->npaths; i++) {
+        const path *p = &l->path[i];
+        char ru[32] = "unlimited", rd[32] = "unlimited", head[600];
+        if (p->up.rate > 0)
+            snprintf(ru, sizeof ru, "%g Mbit/s", p->up.rate * 8 / 1e6);
+        if (p->down.rate > 0)
+            snprintf(rd, sizeof rd, "%g Mbit/s", p->down.rate * 8 / 1e6);
+        if (i)
+            snprintf(head, sizeof head, "  from %s", p->from);
+        else
+            snprintf(head, sizeof head, "%s -> %s", bound, l->to_spec);
+        printf("linkem: %s, delay %g ms / %g ms, rate %s / %s (toward / back)\n", head, (double)p->up.delay_ns / 1e6,
+               (double)p->down.delay_ns / 1e6, ru, rd);
+    }
 }
 
 static int open_link(emu_link *l)
@@ -403,9 +456,28 @@ static void conn_close(relay *r, conn *c, int reset)
     free(c);
 }
 
+/* The path of a connection from address ss: its --from's, else the link's own. */
+static path *path_of(emu_link *l, const struct sockaddr_storage *ss)
+{
+    for (int i = 1; i < l->npaths; i++) {
+        const struct sockaddr_storage *f = &l->path[i].addr;
+        if (f->ss_family != ss->ss_family)
+            continue;
+        if (ss->ss_family == AF_INET &&
+            ((const struct sockaddr_in *)f)->sin_addr.s_addr == ((const struct sockaddr_in *)ss)->sin_addr.s_addr)
+            return &l->path[i];
+        if (ss->ss_family == AF_INET6 && !memcmp(&((const struct sockaddr_in6 *)f)->sin6_addr,
+                                                 &((const struct sockaddr_in6 *)ss)->sin6_addr, sizeof(struct in6_addr)))
+            return &l->path[i];
+    }
+    return &l->path[0];
+}
+
 static void accept_one(relay *r, emu_link *l, uint64_t now)
 {
-    int a = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    struct sockaddr_storage peer = {0};
+    socklen_t plen = sizeof peer;
+    int a = accept4(l->fd, (struct sockaddr *)&peer, &plen, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (a < 0)
         return;
     if (l->nconns >= l->max_conns) {
@@ -425,10 +497,12 @@ static void accept_one(relay *r, emu_link *l, uint64_t now)
     }
     set_nodelay_nonblock(a);
     set_nodelay_nonblock(b);
-    *c = (conn){.next = r->conns, .l = l, .a = a, .b = b, .connecting = 1};
+    path *p = path_of(l, &peer);
+    *c = (conn){.next = r->conns, .l = l, .p = p, .a = a, .b = b, .connecting = 1};
     /* SYN toward, SYN-ACK back, then the first data toward */
-    c->up = (flow){.in = a, .out = b, .w = &l->up, .not_before = now + 2 * l->up.delay_ns + l->down.delay_ns};
-    c->down = (flow){.in = b, .out = a, .w = &l->down};
+    c->up = (flow){.in = a, .out = b, .w = &p->up, .not_before = now + 2 * p->up.delay_ns + p->down.delay_ns};
+    c->down = (flow){.in = b, .out = a, .w = &p->down};
+    p->accepted++;
     r->conns = c;
     l->nconns++;
     l->accepted++;
@@ -563,7 +637,11 @@ static void shut(relay *r)
         emu_link *l = &r->links[i];
         fprintf(stderr, "linkem: %s -> %s: %lu connections (%lu refused, %lu failed to connect), %llu bytes toward, "
                 "%llu back\n", l->listen_spec, l->to_spec, l->accepted, l->refused, l->failed,
-                (unsigned long long)l->up.bytes, (unsigned long long)l->down.bytes);
+                (unsigned long long)l->path[0].up.bytes, (unsigned long long)l->path[0].down.bytes);
+        for (int k = 1; k < l->npaths; k++)
+            fprintf(stderr, "linkem:   from %s: %lu connections, %llu bytes toward, %llu back\n", l->path[k].from,
+                    l->path[k].accepted, (unsigned long long)l->path[k].up.bytes,
+                    (unsigned long long)l->path[k].down.bytes);
         if (l->fd >= 0)
             close(l->fd);
     }

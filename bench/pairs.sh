@@ -1,5 +1,8 @@
-# pairs.sh - what the benches that compare a swarm with one process share (sourced by swarm.sh and scale.sh): the
-# median, and the `sepal -c` commands of pairs run in turns.
+# pairs.sh - what the benches that compare a swarm with one process share (sourced by swarm.sh, scale.sh, wan.sh,
+# bandwidth.sh and ttft.sh): the median, the lines of a session's output between markers, and the `sepal -c`
+# commands of pairs run in turns.
+
+between() { awk -v m="$2" '$0 ~ /^@@/ {on = ($0 == m); next} on' "$1"; } # the lines after marker m, to the next
 
 median() { sort -g | awk '{v[NR] = $1} END {if (!NR) print 0; else print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 

@@ -1,5 +1,5 @@
 # relays.sh - bench/linkem relays for the shell benches and tests that put links between a client and servers
-# (sourced by bench/wan.sh, bench/bandwidth.sh, tests/cli/push.sh and route_push.sh; they set `linkem` to the binary,
+# (sourced by bench/wan.sh, bench/bandwidth.sh, tests/cli/push.sh, route_push.sh and route_links.sh; they set `linkem` to the binary,
 # `pids` (an array) to what they stop, and `tmp` to a scratch directory), and the benches' stop_all and free_ports.
 
 # relays NAME DELAY PORT...: one linkem of that one-way delay (ms), a link leading to each 127.0.0.1:PORT; prints the
@@ -9,11 +9,47 @@ relays() {
     local name=$1 delay=$2 args=() p
     shift 2
     for p in "$@"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
-    "$linkem" --delay "$delay" "${args[@]}" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    linkem_ports "$name" --delay "$delay" "${args[@]}"
+}
+
+# relays_from NAME DELAY FROM FROM_DELAY PORT...: as relays, but the connections from source address FROM (a server's
+# --source-address) cross each link with FROM_DELAY ms instead (linkem --from): one link a server, slow or fast by
+# who connects.
+relays_from() {
+    local name=$1 delay=$2 from=$3 fdelay=$4 args=() p
+    shift 4
+    for p in "$@"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p" --from "$from" --delay "$fdelay"); done
+    linkem_ports "$name" --delay "$delay" "${args[@]}"
+}
+
+# linkem_ports NAME ARGS...: starts linkem ARGS (output in $tmp/NAME.out and .err), waits until it is ready and prints
+# its links' ports in order. Call it (and relays, relays_from) in the shell that stops pids, never in $(...).
+linkem_ports() {
+    local name=$1
+    shift
+    "$linkem" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
     pids+=($!)
     for _ in $(seq 100); do grep -q "^linkem: ready" "$tmp/$name.out" && break; sleep 0.05; done
     sed -n 's/^linkem: 127\.0\.0\.1:\([0-9]*\) -> .*/\1/p' "$tmp/$name.out" | tr '\n' ' '
     echo
+}
+
+# far_bins NAME: sets sepal, server and linkem to the programs in $build, or ends the bench NAME saying to build.
+far_bins() {
+    sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/bench/linkem"
+    [ -x "$sepal" ] && [ -x "$server" ] && [ -x "$linkem" ] ||
+        { echo "$1: sepal, sepal-server or linkem not in $build: build first" >&2; exit 1; }
+}
+
+# model_8l HIDDEN: sets model to the 8-layer Llama-2-7B shape of that width in $models (4096: llama-2-7b-like-8l, else
+# llama-2-7b-like-8l-hHIDDEN), made there the first time (`model init --like`; kept for later runs); 1 if that fails.
+model_8l() {
+    local init=()
+    if [ "$1" = 4096 ]; then model="$models/llama-2-7b-like-8l"; else
+        model="$models/llama-2-7b-like-8l-h$1" init=(--hidden "$1"); fi
+    [ -f "$model/config.json" ] && return 0
+    echo "making $model (8 layers; kept for later runs)"
+    "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1
 }
 
 # stop_all: stops every process in pids and waits for them.

@@ -36,23 +36,17 @@ while [ $# -gt 0 ]; do
 done
 die() { echo "wan: $*" >&2; exit 1; }
 
-sepal="$build/app/sepal" server="$build/server/sepal-server" linkem="$build/bench/linkem"
-[ -x "$sepal" ] && [ -x "$server" ] && [ -x "$linkem" ] || die "sepal, sepal-server or linkem not in $build: build first"
+. bench/pairs.sh # median, between
+. bench/relays.sh # far_bins, model_8l, relays, stop_all, free_ports
+far_bins wan
 export OPENBLAS_THREAD_TIMEOUT=4 # idle BLAS threads sleep at once (several processes share the cores)
 tmp="$(mktemp -d)"
 pids=()
-. bench/pairs.sh # median
-. bench/relays.sh # relays, stop_all, free_ports
 trap 'stop_all; rm -rf "$tmp"' EXIT
 # milliseconds per decode step of every "N new in S s" line of a file: S / (N - 1) (the first token is the prefill's)
 ms_per_token() { sed -n 's/^sepal: .* \([0-9]*\) new in \([0-9.]*\) s .*/\1 \2/p' "$1" | awk '{printf "%.1f\n", 1000 * $2 / ($1 - 1)}'; }
-between() { awk -v m="$2" '$0 ~ /^@@/ {on = ($0 == m); next} on' "$1"; } # the lines after marker m, to the next
 
-model="$models/llama-2-7b-like-8l"
-if [ ! -f "$model/config.json" ]; then
-    echo "making $model (8 layers; kept for later runs)"
-    "$sepal" model init "$model" --like llama-2-7b --layers 8 2>&1 | tail -1 || die "model init failed"
-fi
+model_8l 4096 || die "model init failed"
 
 spans=(0:3 3:6 6:8)
 read -r -a ports <<<"$(free_ports 3)"

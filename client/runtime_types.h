@@ -36,14 +36,16 @@ typedef struct sp_route {
                               trips from the client and their blocks, and for a route over every block the
                               client's own part too (local) */
     double local;          /* of which the client's own part */
+    int pushed;            /* min-latency routes: its steps go from server to server (priced so), else relayed */
 } sp_route;
 
 /* Whether inference steps go from server to server (each pushing its output to the next) or through the client. */
 typedef enum sp_push_mode {
     SP_PUSH_OFF,  /* every server gets its input from the client */
     SP_PUSH_ON,   /* pushed wherever the chain's servers allow it */
-    SP_PUSH_AUTO, /* pushed where it is faster: the client's pings to the chain's servers average 1 ms or more (on
-                   * loopback a push's hand-offs cost more than the client's round trips it saves) */
+    SP_PUSH_AUTO, /* pushed where it is faster: the pushed route costs less than the relayed one on the measured
+                   * links, and the client's pings to its servers average 1 ms or more (on loopback a push's
+                   * hand-offs cost more than the client's round trips it saves) */
 } sp_push_mode;
 
 /* Settings of the runtime (front ends' `set`). */
@@ -55,8 +57,9 @@ typedef struct sp_rt_settings {
     char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
     char blocked[1024];      /* never these */
     int push;                /* sp_push_mode: inference steps pushed from server to server (default auto) */
-    int wire;                /* training's hidden states and gradients on the wire, both ways: an sp_encoding of
-                                ws/proto.h, f32 (0, the default), f16 (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */
+    int wire;                /* hidden states (inference steps, training's forwards) and gradients on the wire, both
+                                ways and server to server: an sp_encoding of ws/proto.h, f32 (0, the default), f16
+                                (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */
     double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;

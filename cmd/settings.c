@@ -36,12 +36,12 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
                                      "it from the server's announced speed (a few seconds for a decode step)"},
     [SP_SET_PUSH] = {"push", SP_OPT_CHOICE, .choices = "auto|on|off", .def = "auto",
                      .help = "inference steps go from server to server, each sending its output straight to the next: "
-                             "auto where that is faster (the client's pings to the chain's servers average 1 ms or "
-                             "more), on wherever the servers allow it, off never (the client sends every server its "
-                             "input)"},
+                             "auto where routing prices that faster on the measured links (and the client's pings to "
+                             "the chain's servers average 1 ms or more), on wherever the servers allow it, off never "
+                             "(the client sends every server its input)"},
     [SP_SET_WIRE] = {"wire", SP_OPT_CHOICE, .choices = "f32|f16|bf16|q8", .def = "f32",
-                     .help = "training's hidden states and gradients on the wire, both ways: f32 exact, f16 and bf16 "
-                             "half the bytes, q8 (8-bit absmax blocks of 64) about a quarter"},
+                     .help = "hidden states (inference steps, training) and gradients on the wire, both ways: f32 "
+                             "exact, f16 and bf16 half the bytes, q8 (8-bit absmax blocks of 64) about a quarter"},
     [SP_SET_ALLOWED_SERVERS] = {"allowed-servers", SP_OPT_STR, .def = "",
                                 .help = "route only through these servers (ids, id prefixes, names or HOST:PORT, "
                                         "comma-separated)"},

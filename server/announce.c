@@ -133,7 +133,7 @@ static void ping_record(sp_announce *a, const char *id, double rtt)
 static double ping_once(sp_announce *a, const sp_server_record *r)
 {
     sp_remote *c = NULL;
-    sp_remote_opts ro = {.no_bulk = 1, .key = a->o.key};
+    sp_remote_opts ro = {.no_bulk = 1, .key = a->o.key, .source = a->o.source};
     if (sp_remote_connect_opts(&c, r->host, r->port, &ro, PING_TIMEOUT_MS, NULL))
         return -1;
     sp_reply rep;

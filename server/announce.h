@@ -21,6 +21,7 @@ typedef struct sp_announce_opts {
     sp_server_record base;     /* id, name, host, model, config_hash, num_blocks, dtype, quant, version */
     const sp_swarm_key *key;   /* a private swarm: records are sealed with it, only sealed ones read, and the
                                   pings prove the key (NULL: none; copied) */
+    const char *source;        /* the local address the pings connect from (NULL: the system's choice) */
 } sp_announce_opts;
 
 typedef struct sp_announce sp_announce;

@@ -518,7 +518,8 @@ static sp_status join_swarm(app *p, sp_err *err)
     char prefix[SP_MODEL_PREFIX_MAX];
     sp_model_prefix(p->a.so.model_dir, prefix, sizeof prefix);
     sp_announce_opts ao = {.dht_bind = p->a.so.host, .initial_peers = p->a.initial_peers, .period = p->a.update_period,
-                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture, .key = p->a.so.key};
+                           .hidden = p->cfg.hidden, .architecture = p->cfg.architecture, .key = p->a.so.key,
+                           .source = p->a.so.source_address};
     ao.dht_port = p->a.dht_port >= 0 ? p->a.dht_port : p->a.so.port;
     sp_server_record *b = &ao.base;
     snprintf(b->id, sizeof b->id, "%s", p->id);
@@ -537,15 +538,15 @@ static sp_status join_swarm(app *p, sp_err *err)
     return st;
 }
 
-/* Whether host:port can be bound (type: SOCK_STREAM or SOCK_DGRAM): 0, or -1 after a message that says why,
- * before anything else starts (lws would log its internals instead). */
-static int check_bind(const char *host, int port, int type, const char *what)
+/* Whether host:port (the address of option opt) can be bound (type: SOCK_STREAM or SOCK_DGRAM): 0, or -1 after a
+ * message that says why, before anything else starts (lws would log its internals instead). */
+static int check_bind(const char *opt, const char *host, int port, int type, const char *what)
 {
     if (port < 0)
         return 0; /* port 0: any free one; the address is still checked */
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, host, &sin.sin_addr) != 1) {
-        fprintf(stderr, "sepal-server: --host %s: not an IPv4 address\n", host);
+        fprintf(stderr, "sepal-server: %s %s: not an IPv4 address\n", opt, host);
         return -1;
     }
     int fd = socket(AF_INET, type | SOCK_CLOEXEC, 0), e = 0;
@@ -559,7 +560,7 @@ static int check_bind(const char *host, int port, int type, const char *what)
     if (e == EADDRINUSE)
         fprintf(stderr, "sepal-server: port %d is in use (%s)\n", port, what);
     else if (e == EADDRNOTAVAIL)
-        fprintf(stderr, "sepal-server: --host %s: not an address of this machine\n", host);
+        fprintf(stderr, "sepal-server: %s %s: not an address of this machine\n", opt, host);
     else if (e == EACCES)
         fprintf(stderr, "sepal-server: port %d (%s): permission denied (ports below 1024 need root)\n", port, what);
     else if (e)
@@ -596,9 +597,11 @@ int main(int argc, char **argv)
     const char *host = p.a.so.host ? p.a.so.host : "127.0.0.1";
     int swarm = p.a.new_swarm || p.a.initial_peers;
     int dht_port = p.a.dht_port >= 0 ? p.a.dht_port : p.a.so.port;
-    if (check_bind(host, p.a.so.port, SOCK_STREAM, "websockets") ||
-        (p.a.so.bulk_port > 0 && check_bind(host, p.a.so.bulk_port, SOCK_STREAM, "--bulk-port")) ||
-        (swarm && dht_port > 0 && check_bind(host, dht_port, SOCK_DGRAM, "UDP, the DHT")))
+    const char *src = p.a.so.source_address;
+    if (check_bind("--host", host, p.a.so.port, SOCK_STREAM, "websockets") ||
+        (p.a.so.bulk_port > 0 && check_bind("--host", host, p.a.so.bulk_port, SOCK_STREAM, "--bulk-port")) ||
+        (swarm && dht_port > 0 && check_bind("--host", host, dht_port, SOCK_DGRAM, "UDP, the DHT")) ||
+        (src && check_bind("--source-address", src, 0, SOCK_STREAM, "outgoing connections")))
         return 1;
     if (p.a.swarm_key) {
         if (sp_swarm_key_load(&key, p.a.swarm_key, &err)) {

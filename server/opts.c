@@ -24,6 +24,9 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
     [S_ANNOUNCE_BULK_PORT] = {"--announce-bulk-port", SP_OPT_INT, "P", 1, 65535,
                               .help = "the port clients reach the bulk channel at, when --announce moves the "
                                       "websocket's"},
+    [S_SOURCE_ADDRESS] = {"--source-address", SP_OPT_STR, "ADDR",
+                          .help = "the local address its own connections to other servers (pushes, next-hop pings) "
+                                  "come from; default: the system's choice"},
     [S_NEW_SWARM] = {"--new-swarm", SP_OPT_FLAG, .section = "\nswarm:",
                      .help = "start a new swarm (this server's DHT node is its first peer)"},
     [S_INITIAL_PEERS] = {"--initial-peers", SP_OPT_STR, "LIST",
@@ -118,6 +121,7 @@ int sp_server_opt_take(sp_server_opts *o, int k, const char *v)
     case S_BULK_PORT: o->bulk_port = (int)sp_opt_int(v); break;
     case S_ANNOUNCE_BULK_PORT: o->public_bulk_port = (int)sp_opt_int(v); break;
     case S_PUBLIC_NAME: o->public_name = v; break;
+    case S_SOURCE_ADDRESS: o->source_address = v; break;
     case S_MAX_CONNS: l->max_conns = (int)sp_opt_int(v); break;
     case S_MAX_CONNS_IP: l->max_conns_per_ip = (int)sp_opt_int(v); break;
     case S_MAX_HANDSHAKES: l->max_pending = (int)sp_opt_int(v); break;

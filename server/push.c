@@ -47,7 +47,7 @@ static sp_remote *conn_to(sp_server *s, const char *host, int port, sp_err *err)
         c->port = port;
     }
     if (!c->r) {
-        sp_remote_opts ro = {.no_bulk = 1, .key = s->o.key};
+        sp_remote_opts ro = {.no_bulk = 1, .key = s->o.key, .source = s->o.source_address};
         if (sp_remote_connect_opts(&c->r, host, port, &ro, PUSH_TIMEOUT_MS, err))
             c->r = NULL;
     }

@@ -64,6 +64,7 @@ typedef struct sp_server_opts {
     uint64_t max_message;      /* transport cap (default 0: the connection's budget, limits.input_budget_conn) */
     size_t keep_bytes;         /* activations kept between FORWARD and BACKWARD (default 512 MiB; 0: never) */
     const sp_swarm_key *key;   /* a private swarm's key: peers must prove it first (NULL: anyone may connect) */
+    const char *source_address; /* where its pushes to other servers connect from (NULL: the system's choice) */
     sp_server_limits limits;
 } sp_server_opts;
 

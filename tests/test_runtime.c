@@ -406,6 +406,49 @@ START_TEST(t_forward_backward_over_route)
 }
 END_TEST
 
+/* Inference steps in each wire encoding (the `wire` setting covers them: the step's input, the reply): the logits
+ * of a prompt and of a decode step through the swarm's 2 servers against one process's, f32 within 1e-4 of the
+ * largest, the others within their rounding (2e-3, 2e-2, 6e-2) and not exact (the encoding was used). */
+START_TEST(t_inference_wire)
+{
+    sp_runtime *rt = swarm_runtime();
+    sp_model *full = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_model_load(&full, GQA, SP_LOAD_ALL, 0, -1, &err), SP_OK);
+    int V = full->cfg.vocab;
+    float *want = malloc(2 * (size_t)V * 4), *got = malloc(2 * (size_t)V * 4);
+    int32_t prompt[6] = {1, 17, 99, 3, 250, 8}, next = 77;
+    sp_lm_local loc;
+    sp_lm lm = sp_lm_local_make(&loc, full);
+    ck_assert_int_eq(lm.begin(lm.ctx, 1, 16, &err), SP_OK);
+    ck_assert_int_eq(lm.forward(lm.ctx, prompt, 1, 6, want, &err), SP_OK);
+    ck_assert_int_eq(lm.forward(lm.ctx, &next, 1, 1, want + V, &err), SP_OK);
+    lm.end(lm.ctx);
+    const struct { int enc; double tol; } wire[] = {{SP_ENC_F32, 1e-4}, {SP_ENC_F16, 2e-3}, {SP_ENC_BF16, 2e-2},
+                                                     {SP_ENC_Q8, 6e-2}};
+    for (int w = 0; w < 4; w++) {
+        sp_rt_settings set;
+        sp_runtime_settings(rt, &set);
+        set.wire = wire[w].enc;
+        sp_runtime_set_settings(rt, &set);
+        sp_lm_swarm sw;
+        sp_lm ls = sp_lm_swarm_make(&sw, rt);
+        ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
+        ck_assert_msg(ls.forward(ls.ctx, prompt, 1, 6, got, &err) == SP_OK, "%s", err.msg);
+        ck_assert_msg(ls.forward(ls.ctx, &next, 1, 1, got + V, &err) == SP_OK, "%s", err.msg);
+        ls.end(ls.ctx);
+        double e = rel_err(got, want, 2 * (size_t)V);
+        printf("wire %s: inference logits error %.2e (relative to the largest)\n", sp_encoding_name(wire[w].enc), e);
+        ck_assert_double_le(e, wire[w].tol);
+        if (w > 0)
+            ck_assert_double_gt(e, 1e-6);
+    }
+    free(want), free(got);
+    sp_model_free(full);
+    teardown(rt);
+}
+END_TEST
+
 /* The local LM head in another encoding (the `dtype` setting): set before a load it applies at the load, set
  * after it re-encodes; logits stay close to f32's (bounds from the encodings' precision), f32 again is exact. */
 START_TEST(t_head_dtype)
@@ -619,6 +662,7 @@ int main(void)
     tcase_add_test(tc, t_concurrent_generations_batched);
     tcase_add_test(tc, t_beams_score_at_least_greedy);
     tcase_add_test(tc, t_forward_backward_over_route);
+    tcase_add_test(tc, t_inference_wire);
     tcase_add_test(tc, t_head_dtype);
     tcase_add_test(tc, t_threads);
     tcase_add_test(tc, t_front_end_copies);

@@ -438,8 +438,22 @@ sp_status tp_bulk_listen(sp_ws_server *s, sp_err *err)
 /* ---------------------------------------------------------------------------------------------- */
 /* client: the bulk socket */
 
-/* Connects a TCP socket with a deadline (non-blocking connect + poll), left in blocking mode. */
-static int tcp_connect(const char *host, int port, int timeout_ms, sp_err *err)
+/* Binds fd (of family fam) to the numeric address source, any port: where its connection comes from. -1 with
+ * errno set. */
+static int bind_source(int fd, int fam, const char *source)
+{
+    struct addrinfo hints = {.ai_family = fam, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST}, *ai = NULL;
+    if (getaddrinfo(source, NULL, &hints, &ai) || !ai) {
+        errno = EADDRNOTAVAIL;
+        return -1;
+    }
+    int rc = bind(fd, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+    return rc;
+}
+
+/* Connects a TCP socket (from source unless "") with a deadline (non-blocking connect + poll), left in blocking mode. */
+static int tcp_connect(const char *host, int port, const char *source, int timeout_ms, sp_err *err)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai, *a;
     char ps[16];
@@ -453,6 +467,12 @@ static int tcp_connect(const char *host, int port, int timeout_ms, sp_err *err)
         fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
             continue;
+        if (source[0] && bind_source(fd, a->ai_family, source)) {
+            e = errno;
+            close(fd);
+            fd = -1;
+            continue;
+        }
         if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
             break;
         if (errno == EINPROGRESS) {
@@ -576,7 +596,7 @@ sp_status sp_ws_client_attach_bulk(sp_ws_client *c, int bulk_port, uint64_t toke
     if (st)
         return sp_errf(err, st, "bulk channel %s:%d: %s", c->host, bulk_port,
                        st == SP_ERR_CLOSED ? "connection is closed" : "already attached");
-    int fd = tcp_connect(c->host, bulk_port, timeout_ms < 0 ? 60000 : timeout_ms, err);
+    int fd = tcp_connect(c->host, bulk_port, c->source, timeout_ms < 0 ? 60000 : timeout_ms, err);
     if (fd >= 0) {
         tp_tune_socket(fd);
         st = bulk_handshake(c, fd, bulk_port, token, timeout_ms, err);

@@ -373,6 +373,7 @@ sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, co
     o.bulk_threshold = 1; /* once attached, every request goes out over the bulk socket from this thread, */
     o.direct_recv = 1;    /* and replies are read on it by this thread: no hand-offs (calls are serialised) */
     o.key = ro ? ro->key : NULL;
+    o.source = ro ? ro->source : NULL;
     sp_status st = sp_ws_client_connect(&r->c, host, port, &o, timeout_ms, err);
     if (!st)
         st = hello(r, no_bulk, port, timeout_ms, err);

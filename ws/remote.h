@@ -29,6 +29,7 @@ typedef struct sp_remote_info {
 typedef struct sp_remote_opts {
     int no_bulk;             /* websocket only */
     const sp_swarm_key *key; /* a private swarm: the key exchange comes first (NULL: none) */
+    const char *source;      /* the local address to connect from (NULL: the system's choice) */
 } sp_remote_opts;
 
 /* Connects (the swarm key exchange first, with a key), says HELLO, and attaches the bulk channel unless

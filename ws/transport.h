@@ -46,8 +46,6 @@
 
 typedef struct sp_transport_opts {
     const char *host;        /* server: bind address (default "127.0.0.1"); client: unused */
-    const char *source;      /* client: the local address it connects from (NULL: the system's choice; tests make
-                                loopback peers of 127.0.0.2 ...); server: unused */
     int port;                /* server: ws port, 0 = ephemeral */
     int bulk_port;           /* server: bulk TCP port, 0 = ephemeral, -1 = no bulk channel */
     uint64_t max_message;    /* largest message accepted on either channel (default 256 MiB; 0 = default) */
@@ -58,6 +56,8 @@ typedef struct sp_transport_opts {
     int direct_recv;         /* client: once the bulk channel is attached, sp_ws_client_recv reads it on the
                                 caller's thread (no reader thread, no hand-off); for one receiving thread */
     const sp_swarm_key *key; /* both: the swarm key exchange comes first (NULL: none); the key is copied */
+    const char *source;      /* client: the local address its sockets connect from, websocket and bulk (NULL or
+                                "": the system's choice; tests make loopback peers of 127.0.0.2 ...); copied */
 
     /* server limits; 0 (or less) = the default */
     int max_conns;              /* connections at once (default min(4096, (RLIMIT_NOFILE - 64) / 2)) */

@@ -147,27 +147,37 @@ static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
 static const sp_route_model RELAYED = {.relayed = 1, .overhead = 0};
 static const sp_route_model PUSHED = {.relayed = 0, .overhead = 0, .guess_switch = 1};
 
-/* The min-latency route as the session will run it: push off relayed, on pushed; auto pushed where the pushed
- * route's servers are far enough for push auto to push it (pushable() in session.c), else relayed. Caller holds
- * rt->lock. */
+/* The min-latency route as the session will run it (*pushed says how): push off relayed, on pushed; auto the
+ * cheaper of the two where the pushed one's servers are far enough for a push to pay (their pings from the client
+ * average 1 ms or more), else relayed. Caller holds rt->lock. */
 static int route_inference(sp_runtime *rt, const sp_route_span *sp, int k, int start, int end, long cache,
-                           sp_route_hop *hops, double *cost, int *missing)
+                           sp_route_hop *hops, double *cost, int *missing, int *pushed)
 {
     int mode = rt->set.push, nh = -1;
+    *pushed = 0;
     if (mode != SP_PUSH_OFF) {
         nh = sp_route_min_latency_model(sp, k, start, end, cache, &PUSHED, hops, SP_RT_MAX_HOPS, cost, missing);
         int srv[SP_RT_MAX_HOPS];
         for (int h = 0; h < nh; h++)
             srv[h] = hops[h].server;
-        if (mode == SP_PUSH_ON || nh < 2 || sp_rt_pings_call_for_push(rt, srv, nh))
+        if (nh >= 2 && mode == SP_PUSH_AUTO && sp_rt_pings_call_for_push(rt, srv, nh)) {
+            sp_route_hop rh[SP_RT_MAX_HOPS];
+            double rc;
+            int rmissing = -1, rn = sp_route_min_latency_model(sp, k, start, end, cache, &RELAYED, rh, SP_RT_MAX_HOPS,
+                                                               &rc, &rmissing);
+            if (rn < 0 || *cost < rc)
+                return *pushed = 1, nh;
+        } else if (mode == SP_PUSH_ON || nh < 2) {
+            *pushed = nh >= 2;
             return nh;
+        }
     }
     return sp_route_min_latency_model(sp, k, start, end, cache, &RELAYED, hops, SP_RT_MAX_HOPS, cost, missing);
 }
 
 /* Routing over the table: min-latency (inference) when train is 0, else max-throughput. */
 static int route_table(sp_runtime *rt, int train, int start, int end, long cache, sp_route_hop *hops, double *cost,
-                       int *missing)
+                       int *missing, int *pushed)
 {
     pthread_mutex_lock(&rt->lock);
     size_t n = (size_t)rt->nservers + 1;
@@ -175,10 +185,11 @@ static int route_table(sp_runtime *rt, int train, int start, int end, long cache
     sp_route_next *nx = malloc(n * SP_RECORD_MAX_PINGS * sizeof *nx);
     int nh = -2;
     *cost = 0;
+    *pushed = 0;
     if (sp && nx) {
         int k = make_spans(rt, sp, nx);
         nh = train ? sp_route_max_throughput(sp, k, start, end, &rt->rng, hops, SP_RT_MAX_HOPS, missing)
-                   : route_inference(rt, sp, k, start, end, cache, hops, cost, missing);
+                   : route_inference(rt, sp, k, start, end, cache, hops, cost, missing, pushed);
     }
     pthread_mutex_unlock(&rt->lock);
     free(sp);
@@ -186,9 +197,9 @@ static int route_table(sp_runtime *rt, int train, int start, int end, long cache
     return nh;
 }
 
-static void to_route(sp_route *out, const sp_route_hop *hops, int n, double cost)
+static void to_route(sp_route *out, const sp_route_hop *hops, int n, double cost, int pushed)
 {
-    sp_route flat = {.nhops = n, .cost = cost};
+    sp_route flat = {.nhops = n, .cost = cost, .pushed = pushed};
     for (int h = 0; h < n; h++)
         flat.hop[h] = (sp_hop){.server = hops[h].server, .start = hops[h].start, .end = hops[h].end,
                                .latency = hops[h].latency};
@@ -204,14 +215,14 @@ static sp_status no_route(sp_runtime *rt, int missing, int start, int end, sp_er
     return sp_errf(err, SP_ERR_NOTFOUND, "no online server holds block %d (of 0..%d)", missing, L - 1);
 }
 
-static sp_status routed(sp_runtime *rt, int nh, const sp_route_hop *hops, double cost, int missing, int start, int end,
-                        sp_route *out, sp_err *err)
+static sp_status routed(sp_runtime *rt, int nh, const sp_route_hop *hops, double cost, int pushed, int missing,
+                        int start, int end, sp_route *out, sp_err *err)
 {
     if (nh == -2)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (nh < 0)
         return no_route(rt, missing, start, end, err);
-    to_route(out, hops, nh, cost);
+    to_route(out, hops, nh, cost, pushed);
     return SP_OK;
 }
 
@@ -261,7 +272,7 @@ sp_status sp_runtime_route_inference(sp_runtime *rt, int start, int end, long ca
 {
     sp_route_hop hops[SP_RT_MAX_HOPS];
     double cost;
-    int missing = -1, nh = -1, srv[SP_RT_MAX_HOPS];
+    int missing = -1, nh = -1, pushed = 0, srv[SP_RT_MAX_HOPS];
     /* a ping unknown to routing costs a guess (0.3 s): the servers the route would use are measured first, and
      * the route made again on what was measured (a few rounds at most); a pushed chain's price hangs on the
      * client's pings to the servers it could start and end at, not only those of the route: those are measured
@@ -269,12 +280,12 @@ sp_status sp_runtime_route_inference(sp_runtime *rt, int start, int end, long ca
     if (rt->set.push != SP_PUSH_OFF)
         sp_rt_ping_unknown(rt);
     for (int round = 0, n = 1; round < 3 && n > 0; round++) {
-        nh = route_table(rt, 0, start, end, cache_tokens, hops, &cost, &missing);
+        nh = route_table(rt, 0, start, end, cache_tokens, hops, &cost, &missing, &pushed);
         n = nh > 0 ? unmeasured(rt, hops, nh, srv) : 0;
         for (int k = 0; k < n; k++)
             sp_rt_ping(rt, srv[k]);
     }
-    sp_status st = routed(rt, nh, hops, cost, missing, start, end, out, err);
+    sp_status st = routed(rt, nh, hops, cost, pushed, missing, start, end, out, err);
     int L = rt->local ? rt->local->cfg.n_layers : -1;
     if (!st && start == 0 && end == L) { /* a whole step: the client's part comes on top */
         out->local = local_step(rt);
@@ -287,8 +298,8 @@ sp_status sp_rt_route_span_train(sp_runtime *rt, int start, int end, sp_route *o
 {
     sp_route_hop hops[SP_RT_MAX_HOPS];
     double cost;
-    int missing = -1, nh = route_table(rt, 1, start, end, 0, hops, &cost, &missing);
-    return routed(rt, nh, hops, cost, missing, start, end, out, err);
+    int missing = -1, pushed = 0, nh = route_table(rt, 1, start, end, 0, hops, &cost, &missing, &pushed);
+    return routed(rt, nh, hops, cost, 0, missing, start, end, out, err);
 }
 
 sp_status sp_runtime_route_train(sp_runtime *rt, sp_route *out, sp_err *err)
@@ -359,5 +370,7 @@ void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t 
     if (n < cap && r->local > 0)
         n += (size_t)snprintf(buf + n, cap - n, " + %.*f ms local", r->local < 0.01 ? 2 : 1, r->local * 1e3);
     if (n < cap && r->cost > 0)
-        snprintf(buf + n, cap - n, "; %.0f steps/s expected", 1.0 / r->cost);
+        n += (size_t)snprintf(buf + n, cap - n, "; %.0f steps/s expected", 1.0 / r->cost);
+    if (n < cap && r->pushed)
+        snprintf(buf + n, cap - n, ", pushed");
 }

@@ -298,8 +298,8 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     sp_step_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_tensor_src t[3];
     int n = 0;
-    if (!pa || !pa->await)
-        t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
+    if (!pa || !pa->await) /* in the wire setting's encoding, the reply (and the pushes after it) too */
+        t[n++] = (sp_tensor_src){.enc = (sp_encoding)rt->set.wire, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
     if (deep)
         t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, s->B, s->P, H}, .f32 = deep};
     if (hypo)
@@ -491,25 +491,24 @@ static sp_status run_hops_from(sp_lm_swarm *s, int h, float *cur, int T, const f
 /* ---------------------------------------------------------------------------------------------- */
 /* pushed steps: client -> first server -> next server ... -> last server -> client */
 
-/* 1 if this step can go from server to server: the setting (auto: the client's known pings to the chain's servers
- * average 1 ms or more), no push failed in this session, two hops or more, none of them replaying, each took
+/* 1 if this step can go from server to server: the setting (auto: the route was priced and chosen pushed, see
+ * route_inference in route.c), no push failed in this session, two hops or more, none of them replaying, each took
  * pushes at open, no server twice (its calls would wait for each other). */
 static int pushable(sp_lm_swarm *s)
 {
     int mode = s->rt->set.push;
     if (mode == SP_PUSH_OFF || s->no_push || s->route.nhops < 2)
         return 0;
-    int ok = 1, srv[SP_RT_MAX_HOPS];
+    int ok = 1;
     pthread_mutex_lock(&s->rt->lock);
     for (int h = 0; ok && h < s->route.nhops; h++) {
         const sp_server_entry *e = s->rt->servers[s->route.hop[h].server];
-        srv[h] = s->route.hop[h].server;
         ok = !s->fresh[h] && s->token[h];
         for (int g = 0; ok && g < h; g++)
             ok = s->route.hop[g].server != s->route.hop[h].server &&
                  !sp_rt_same_addr(s->rt->servers[s->route.hop[g].server], e);
     }
-    ok = ok && (mode == SP_PUSH_ON || sp_rt_pings_call_for_push(s->rt, srv, s->route.nhops));
+    ok = ok && (mode == SP_PUSH_ON || s->route.pushed);
     pthread_mutex_unlock(&s->rt->lock);
     return ok;
 }

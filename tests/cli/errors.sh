@@ -157,6 +157,7 @@ expect 1 "sepal-server: port in use" "^sepal-server: port $GQAPORT is in use" --
 expect 2 "sepal-server: a misspelt option gets the nearest name" "^sepal-server: unknown option '--blocs' \(did you mean --blocks\?\); --help lists the options$" -- "$S" --model "$M" --blocs 0:6
 expect 2 "sepal-server: a stray word" "^sepal-server: unexpected argument 'serve' \(--help lists the options\)$" -- "$S" serve --model "$M"
 expect 1 "sepal-server: a foreign --host" "^sepal-server: --host 10.1.2.3: not an address of this machine" -- "$S" --model "$M" --blocks 0:6 --host 10.1.2.3 --no-measure
+expect 1 "sepal-server: a foreign --source-address" "^sepal-server: --source-address 10.1.2.3: not an address of this machine" -- "$S" --model "$M" --blocks 0:6 --source-address 10.1.2.3 --no-measure
 out=$("$S" --help)
 for o in $(grep -oE -- '"--[a-z][a-z-]*"' "$SEPAL_SRC_DIR/server/main.c" | tr -d '"' | sort -u); do
     printf '%s\n' "$out" | grep -qE -- "^  $o([ ,]|$)" || bad "sepal-server --help lacks $o"

@@ -11,6 +11,9 @@ expect 2 "a bad delay" "^linkem: --delay: expected a number or A/B, got '5/x'$" 
     "$L" --listen 127.0.0.1:0 --to 127.0.0.1:1 --delay 5/x
 expect 2 "no link" "^linkem: give at least one --listen HOST:PORT --to HOST:PORT$" -- "$L" --delay 5
 expect 0 "--help" "--rate MBIT\[/MBIT\]" -- "$L" --help
+expect 2 "--from before --listen" "^linkem: --from comes after its --listen$" -- "$L" --from 127.0.0.2
+expect 2 "--from a name" "^linkem: --from localhost: not an address$" -- \
+    "$L" --listen 127.0.0.1:0 --to 127.0.0.1:1 --from localhost
 
 python3 - "$L" "$TMP" <<'PY'
 import hashlib, os, re, signal, socket, subprocess, sys, threading, time
@@ -104,7 +107,9 @@ args = [linkem,
         "--rate", "20/80",
         "--listen", "127.0.0.1:0", "--to", "127.0.0.1:%d" % sink_srv.getsockname()[1], "--delay", "5",
         "--buffer", "256", "--max-conns", "2",
-        "--listen", "127.0.0.1:0", "--to", "127.0.0.1:%d" % dead_port]
+        "--listen", "127.0.0.1:0", "--to", "127.0.0.1:%d" % dead_port,
+        "--listen", "127.0.0.1:0", "--to", "127.0.0.1:%d" % echo_srv.getsockname()[1], "--delay", "30",
+        "--from", "127.0.0.2", "--delay", "2"]
 p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "linkem.err"), "w"), text=True)
 ports = []
 for line in p.stdout:
@@ -113,7 +118,7 @@ for line in p.stdout:
         ports.append(int(m.group(1)))
     if line.startswith("linkem: ready"):
         break
-check(len(ports) == 4 and all(ports), "four links listening on the ports they print: %s" % ports)
+check(len(ports) == 5 and all(ports), "five links listening on the ports they print: %s" % ports)
 
 def conn(i):
     c = socket.create_connection(("127.0.0.1", ports[i]))
@@ -138,6 +143,25 @@ print("  first reply after %.1f ms (handshake + round trip), then round trips of
 check(first == b"x" * 100 and t_first >= 0.160, "the first reply comes 4 x 40 ms after the connect at the earliest (SYN, SYN-ACK, data, reply)")
 check(all(r >= 0.080 for r in rtts), "no round trip under 2 x 40 ms")
 check(rtt < 0.080 + 0.150, "round trips close to 80 ms (min %.1f ms)" % (rtt * 1e3))
+
+# --- --from: the connections from 127.0.0.2 cross link 4 in 2 ms each way, the others in 30 ----------------------
+def min_rtt(src):
+    s = socket.socket()
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", ports[4]))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out = []
+    for _ in range(4):
+        t = time.monotonic()
+        s.sendall(b"z" * 100)
+        recv_all(s, 100)
+        out.append(time.monotonic() - t)
+    s.close()
+    return min(out)
+near, far = min_rtt("127.0.0.2"), min_rtt("127.0.0.1")
+print("  --from 127.0.0.2: round trip %.1f ms; from 127.0.0.1: %.1f ms" % (near * 1e3, far * 1e3))
+check(far >= 0.060 and near >= 0.004, "no round trip under its path's 2 x 30 ms (others) or 2 x 2 ms (--from)")
+check(near < 0.060, "the connections from 127.0.0.2 take the --from path (%.1f ms < 60)" % (near * 1e3))
 
 # --- half-close: data, FIN; the echo's data, then its FIN --------------------------------------------------
 data = payload(300000, 1)
@@ -245,6 +269,8 @@ check(re.search(r"^linkem: 127\.0\.0\.1:0 -> 127\.0\.0\.1:\d+: 4[0-9] connection
                 r"\d+ bytes toward, \d+ back$", err, re.M) is not None, "its counts on stderr")
 check(re.search(r"1 connections \(0 refused, 1 failed to connect\)", err) is not None, "the dead target counted")
 check(re.search(r"\(1 refused, 0 failed to connect\)", err) is not None, "the refused connection counted")
+check(re.search(r"^linkem:   from 127\.0\.0\.2: 1 connections, 400 bytes toward, 400 back$", err, re.M) is not None,
+      "the --from path's counts")
 held.close()
 print("PY %d %d" % (passed, failed))
 sys.exit(1 if failed else 0)
