@@ -77,6 +77,7 @@ typedef struct sp_server_row {
     int gone;              /* left the view (stale, expired) or stopped */
     double rtt;            /* smoothed client ping, seconds; < 0 unknown; INFINITY unreachable */
     double banned_until;   /* sp_runtime_now() until which routing avoids it */
+    double busy_until;     /* ... avoids it for having refused a session as "overloaded" (busy, not failed) */
     int failures;          /* since the last success */
     long cache_total;      /* from INFO */
     pid_t pid;             /* > 0: started by swarm up */

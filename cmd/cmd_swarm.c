@@ -115,6 +115,10 @@ static void server_row(const sp_server_row *e, double now, server_cells *out)
     snprintf(t[SC_BLOCKS], sizeof t[SC_BLOCKS], "%d:%d", r->start, r->end);
     if (e->banned_until > now)
         snprintf(t[SC_STATE], sizeof t[SC_STATE], "banned %.0fs", e->banned_until - now);
+    else if (e->busy_until > now)
+        snprintf(t[SC_STATE], sizeof t[SC_STATE], "busy %.0fs", e->busy_until - now);
+    else if (r->max_queue_wait > 0 && r->queue_wait > r->max_queue_wait)
+        snprintf(t[SC_STATE], sizeof t[SC_STATE], "busy");
     else
         snprintf(t[SC_STATE], sizeof t[SC_STATE], "%s", sp_server_state_name(r->state));
     snprintf(t[SC_TPUT], sizeof t[SC_TPUT], "%.0f", r->throughput);
@@ -155,6 +159,8 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
     sp_out(app, "  blocks      %d:%d (%d)\n", r->start, r->end, r->end - r->start);
     if (e->banned_until > now)
         snprintf(state, sizeof state, ", banned for %.0f s more (%d failures)", e->banned_until - now, e->failures);
+    else if (e->busy_until > now)
+        snprintf(state, sizeof state, ", busy (refused a session) for %.0f s more", e->busy_until - now);
     else
         state[0] = '\0';
     sp_out(app, "  state       %s%s\n", sp_server_state_name(r->state), state);
@@ -167,6 +173,11 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
         sp_out(app, "  cache left  %ld tokens\n", r->cache_tokens_left);
     else
         sp_out(app, "  cache left  -\n");
+    if (r->max_queue_wait > 0)
+        sp_out(app, "  queue wait  %.3g s (new sessions refused over %g s)%s\n", r->queue_wait, r->max_queue_wait,
+               r->queue_wait > r->max_queue_wait ? ": saturated" : "");
+    else
+        sp_out(app, "  queue wait  %.3g s\n", r->queue_wait);
     if (!r->npings)
         sp_out(app, "  next pings  none\n");
     for (int p = 0; p < r->npings; p++) {

@@ -18,6 +18,7 @@ static const char *const status_names[SP_ERR__COUNT] = {
     [SP_ERR_TIMEOUT] = "timed out",
     [SP_ERR_CLOSED] = "connection closed",
     [SP_ERR_CANCELLED] = "cancelled",
+    [SP_ERR_BUSY] = "busy",
 };
 
 const char *sp_status_str(sp_status s)

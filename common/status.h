@@ -26,6 +26,7 @@ typedef enum {
     SP_ERR_TIMEOUT,     /* a wait ran out */
     SP_ERR_CLOSED,      /* the connection or peer is gone */
     SP_ERR_CANCELLED,   /* the caller asked to stop (Ctrl-C) */
+    SP_ERR_BUSY,        /* the peer is saturated now (a server's "overloaded"): go elsewhere, or later */
     SP_ERR__COUNT
 } sp_status;
 

@@ -560,13 +560,13 @@ static size_t probs_floats(const sp_attn_dims *d)
     return pool_attention(d) && all > n ? all : n;
 }
 
-/* Floats the activation buffers take; with base non-NULL, points a's buffers into base (the MoE's index arrays
- * too: int32 values in float-sized slots of the same memory). */
-static size_t acts_layout_n(acts *a, const sp_block *b, int B, int T, size_t probs_n, float *base)
+/* Floats the activation buffers take for N rows of at most T positions each (RoPE's tables); with base non-NULL,
+ * points a's buffers into base (the MoE's index arrays too: int32 values in float-sized slots of the same memory). */
+static size_t acts_layout_n(acts *a, const sp_block *b, size_t N, int T, size_t probs_n, float *base)
 {
     if (base)
         a->exact = 0, a->item_rows = NULL, a->nitems = 0;
-    size_t N = (size_t)B * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
+    size_t H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     size_t FF = (size_t)b->FF, half = b->rope ? (size_t)b->hd / 2 : 0, R = mlp_rows(b, N);
     size_t two = b->ln2_w != NULL, moe = is_moe(b), E = moe ? (size_t)b->k.n_experts : 0, NK = moe ? R : 0;
     size_t sizes[] = {T * half, T * half, N * H, N, N, N * Q, N * KV, N * KV, probs_n,
@@ -593,7 +593,7 @@ static size_t acts_layout_n(acts *a, const sp_block *b, int B, int T, size_t pro
 
 static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
-    return acts_layout_n(a, b, B, T, probs_floats(ad), base);
+    return acts_layout_n(a, b, (size_t)B * T, T, probs_floats(ad), base);
 }
 
 /* Carves the activation buffers out of ws, after `extra` floats kept for the caller. */
@@ -974,56 +974,70 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
     return SP_OK;
 }
 
-/* The item rows and the largest attention buffer of a batch of decode steps; an error for an item whose cache
- * has no room or holds rows of another shape. */
-static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, int n, int *rows, int *item_rows,
-                            size_t *probs_n, sp_err *err)
+/* The item rows, the most positions and the largest attention buffer of a batch of steps (T[i] positions each, T
+ * NULL: 1); an error for an item whose cache has no room or holds rows of another shape, or of too many rows. */
+static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, const int *T, int n, int *rows, int *item_rows,
+                            int *tmax, size_t *probs_n, sp_err *err)
 {
     *rows = 0;
     *probs_n = 0;
+    *tmax = 1;
     for (int i = 0; i < n; i++) {
-        sp_status s = check_dims(b, kv[i]->B, 1, kv[i]->len, kv[i], err);
+        int t = T ? T[i] : 1;
+        sp_status s = check_dims(b, kv[i]->B, t, kv[i]->len, kv[i], err);
         if (s)
             return s;
-        if (kv[i]->B > SP_KERN_MAX_ROWS)
-            return sp_errf(err, SP_ERR_ARG, "block: a batched decode step of %d rows (at most %d)", kv[i]->B,
+        if ((long)kv[i]->B * t > SP_KERN_MAX_ROWS)
+            return sp_errf(err, SP_ERR_ARG, "block: a batched step of %d x %d rows (at most %d)", kv[i]->B, t,
                            SP_KERN_MAX_ROWS);
-        sp_attn_dims ad = attn_dims(b, kv[i]->B, 1, kv[i], 0);
+        sp_attn_dims ad = attn_dims(b, kv[i]->B, t, kv[i], 0);
         ad.S = kv[i]->cap; /* the cache's whole length: later steps need no more */
         size_t p = probs_floats(&ad);
         *probs_n = p > *probs_n ? p : *probs_n;
-        item_rows[i] = kv[i]->B;
-        *rows += kv[i]->B;
+        *tmax = t > *tmax ? t : *tmax;
+        item_rows[i] = kv[i]->B * t;
+        *rows += item_rows[i];
     }
     return SP_OK;
 }
 
-sp_status sp_block_decode_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, int n,
-                                int *item_rows, sp_ws *ws, sp_err *err)
+int sp_block_rows_exact(const sp_block *b, int rows)
 {
-    int N;
+    return rows > 0 && mlp_rows(b, (size_t)rows) <= SP_KERN_MAX_ROWS;
+}
+
+sp_status sp_block_step_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, const int *T,
+                              int n, int *item_rows, sp_ws *ws, sp_err *err)
+{
+    int N, tmax;
     size_t probs_n;
-    sp_status s = batch_dims(b, kv, n, &N, item_rows, &probs_n, err);
+    sp_status s = batch_dims(b, kv, T, n, &N, item_rows, &tmax, &probs_n, err);
     if (s)
         return s;
     acts a;
-    if ((s = sp_ws_reserve(ws, acts_layout_n(&a, b, N, 1, probs_n, NULL), err)))
+    if ((s = sp_ws_reserve(ws, acts_layout_n(&a, b, (size_t)N, tmax, probs_n, NULL), err)))
         return s;
-    acts_layout_n(&a, b, N, 1, probs_n, ws->buf);
+    acts_layout_n(&a, b, (size_t)N, tmax, probs_n, ws->buf);
     a.exact = 1;
     a.item_rows = item_rows;
     a.nitems = n;
     attn_in(b, inp, N, &a);
     size_t Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     for (int i = 0, r = 0; i < n; r += item_rows[i++]) { /* each sequence over its own cache, at its position */
-        sp_attn_dims ad = attn_dims(b, item_rows[i], 1, kv[i], 0);
-        attn_mid(b, a.att + r * Q, a.q + r * Q, a.k + r * KV, a.v + r * KV, item_rows[i], 1, kv[i]->len, kv[i], &ad,
-                 &a);
+        int t = T ? T[i] : 1;
+        sp_attn_dims ad = attn_dims(b, kv[i]->B, t, kv[i], 0);
+        attn_mid(b, a.att + r * Q, a.q + r * Q, a.k + r * KV, a.v + r * KV, kv[i]->B, t, kv[i]->len, kv[i], &ad, &a);
     }
     attn_out_mlp(b, out, inp, N, &a);
     for (int i = 0; i < n; i++)
-        kv[i]->len++;
+        kv[i]->len += T ? T[i] : 1;
     return SP_OK;
+}
+
+sp_status sp_block_decode_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, int n,
+                                int *item_rows, sp_ws *ws, sp_err *err)
+{
+    return sp_block_step_batch(b, out, inp, kv, NULL, n, item_rows, ws, err);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

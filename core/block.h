@@ -120,6 +120,15 @@ size_t sp_block_ws_floats(const sp_block *b, int B, int T, int cap);
  * batch-mates. item_rows: scratch of n ints. Checks every cache first: on an error nothing has changed. */
 sp_status sp_block_decode_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, int n,
                                 int *item_rows, sp_ws *ws, sp_err *err);
+/* sp_block_decode_batch with T[i] new positions for sequence i (T NULL: 1 each): its rows are [kv[i]->B, T[i], H]
+ * in turn in inp/out, kv[i]->B x T[i] of them, at most SP_KERN_MAX_ROWS (short prefills; kv[i]->len += T[i]).
+ * item_rows (scratch of n ints) gets each sequence's rows. A sequence's bits are those of sp_block_forward(b, ..,
+ * kv[i]->B, T[i], kv[i]->len, kv[i], ..) alone when sp_block_rows_exact(b, kv[i]->B x T[i]). */
+sp_status sp_block_step_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, const int *T,
+                              int n, int *item_rows, sp_ws *ws, sp_err *err);
+/* 1 if a step of `rows` rows (batch x positions) runs every product of the block in the decode kernels when alone
+ * (as sp_block_step_batch runs them whatever its rows): then it gets the same bits alone as in any batch. */
+int sp_block_rows_exact(const sp_block *b, int rows);
 
 /* Recomputes the forward (no cache, positions pos0..) and back-propagates: dinp[B,T,H] is WRITTEN with
  * d(out . dout)/d(inp); if grads is non-NULL (from sp_block_init) the weight gradients are ACCUMULATED into

@@ -93,6 +93,8 @@ sp_status sp_record_encode(const sp_server_record *r, char *buf, size_t cap, siz
     cJSON_AddStringToObject(o, "quant", r->quant);
     cJSON_AddNumberToObject(o, "cache_tokens_left", (double)r->cache_tokens_left);
     cJSON_AddNumberToObject(o, "queue_wait", r->queue_wait);
+    if (r->max_queue_wait > 0)
+        cJSON_AddNumberToObject(o, "max_queue_wait", r->max_queue_wait);
     cJSON *pings = cJSON_AddObjectToObject(o, "next_pings");
     for (int i = 0; pings && i < r->npings && i < SP_RECORD_MAX_PINGS; i++)
         cJSON_AddNumberToObject(pings, r->pings[i].id, r->pings[i].rtt);
@@ -261,7 +263,9 @@ static sp_status decode_fields(sp_server_record *r, const cJSON *o, sp_err *err)
         (st = get_str(o, "version", r->version, sizeof r->version, CH_ANY, 1, err)) ||
         (st = get_num(o, "ts", 0, 1e11, &r->timestamp, err)) || (st = get_num(o, "period", 0.05, 86400, &r->period, err)) ||
         (cJSON_GetObjectItemCaseSensitive(o, "queue_wait") && /* optional: older servers do not say it */
-         (st = get_num(o, "queue_wait", 0, 1e6, &r->queue_wait, err))))
+         (st = get_num(o, "queue_wait", 0, 1e6, &r->queue_wait, err))) ||
+        (cJSON_GetObjectItemCaseSensitive(o, "max_queue_wait") && /* optional: none, or an older server */
+         (st = get_num(o, "max_queue_wait", 0, 1e6, &r->max_queue_wait, err))))
         return st;
     r->port = (int)port;
     r->num_blocks = (int)blocks;

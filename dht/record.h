@@ -48,6 +48,8 @@ typedef struct sp_server_record {
     char dtype[16], quant[16]; /* "f32", "none" */
     long cache_tokens_left;    /* positions a new session over the whole span can still get */
     double queue_wait;         /* seconds its recent decode steps waited in its queue (its load; 0 if not said) */
+    double max_queue_wait;     /* its bound on that wait: over it, it refuses new inference sessions (0: none, or not
+                                  said) */
     int npings;
     sp_next_ping pings[SP_RECORD_MAX_PINGS];
     char version[16];          /* sepal version */

@@ -40,6 +40,7 @@ struct sp_announce {
     int published;         /* rec was set at least once */
     int dirty;             /* publish at the next wake-up */
     int ping_soon;         /* a successor came online that we have no ping of: ping (and publish) now */
+    double load_sent;      /* sp_now_s() when a change of saturation was last published */
     sp_announce_fill_fn fill;
     void *fill_user;
     ping_entry pings[MAX_PING_ENTRIES];
@@ -185,6 +186,30 @@ static void ping_successors(sp_announce *a)
 /* ---------------------------------------------------------------------------------------------- */
 /* the refresh thread */
 
+static int saturated(const sp_server_record *r) { return r->max_queue_wait > 0 && r->queue_wait > r->max_queue_wait; }
+
+/* The figures that change by themselves, from fill: taken into the record every period (periodic), and between
+ * periods when the server became saturated or ceased to be (at most once a second). 1 if that changed now. */
+static int refill(sp_announce *a, sp_announce_fill_fn fill, void *user, int periodic)
+{
+    sp_server_record r;
+    sp_announce_record(a, &r);
+    int was = saturated(&r);
+    fill(user, &r);
+    double now = sp_now_s();
+    int flipped = saturated(&r) != was && now - a->load_sent >= 1.0;
+    if (periodic || flipped) {
+        pthread_mutex_lock(&a->lock);
+        a->rec.cache_tokens_left = r.cache_tokens_left;
+        a->rec.queue_wait = r.queue_wait;
+        a->rec.max_queue_wait = r.max_queue_wait;
+        pthread_mutex_unlock(&a->lock);
+    }
+    if (flipped)
+        a->load_sent = now;
+    return flipped;
+}
+
 static void *announce_main(void *arg)
 {
     sp_announce *a = arg;
@@ -203,24 +228,20 @@ static void *announce_main(void *arg)
         int due = a->published && (a->dirty || a->ping_soon || sp_now_s() >= next);
         int periodic = sp_now_s() >= next, ping_soon = a->ping_soon;
         a->ping_soon = 0;
-        if (a->stop || !due)
+        if (a->stop || !a->published || (!due && !a->fill))
             continue;
         sp_announce_fill_fn fill = a->fill;
         void *fu = a->fill_user;
         pthread_mutex_unlock(&a->lock);
+        int flipped = fill && refill(a, fill, fu, periodic);
         if (periodic) {
-            if (fill) {
-                sp_server_record r;
-                sp_announce_record(a, &r);
-                fill(fu, &r);
-                pthread_mutex_lock(&a->lock);
-                a->rec.cache_tokens_left = r.cache_tokens_left;
-                pthread_mutex_unlock(&a->lock);
-            }
             ping_successors(a);
             next = sp_now_s() + a->o.period;
         } else if (ping_soon) {
             ping_successors(a);
+        } else if (!due && !flipped) {
+            pthread_mutex_lock(&a->lock);
+            continue;
         }
         publish_now(a);
         pthread_mutex_lock(&a->lock);
@@ -348,6 +369,8 @@ void sp_announce_update(sp_announce *a, const sp_server_record *r)
     m->forward_rps = r->forward_rps;
     m->network_rps = r->network_rps;
     m->cache_tokens_left = r->cache_tokens_left;
+    m->queue_wait = r->queue_wait;
+    m->max_queue_wait = r->max_queue_wait;
     a->published = 1;
     pthread_mutex_unlock(&a->lock);
     publish_now(a);

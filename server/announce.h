@@ -25,12 +25,15 @@ typedef struct sp_announce_opts {
 
 typedef struct sp_announce sp_announce;
 
-/* Fills the figures that change by themselves (cache left); called from the refresh thread. */
+/* Fills the figures that change by themselves (cache left, queue wait and its bound); called from the refresh
+ * thread, every period, and every 200 ms to see whether the server became saturated (queue wait over its bound) or
+ * ceased to be: then the record goes out at once (at most once a second), so that routing stops (or resumes) sending
+ * new sessions there. */
 typedef void (*sp_announce_fill_fn)(void *user, sp_server_record *r);
 
 sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err *err);
 void sp_announce_set_fill(sp_announce *a, sp_announce_fill_fn fn, void *user);
-/* Sets the span, state, address and throughput figures of r (other fields are the announcer's) and
+/* Sets the span, state, address, throughput and load figures of r (other fields are the announcer's) and
  * publishes at once. */
 void sp_announce_update(sp_announce *a, const sp_server_record *r);
 /* A copy of the record as last published. */

@@ -331,6 +331,7 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     r.throughput = fwd > 0 ? fmin(r.forward_rps / ((nb + 1) / 2.0), r.network_rps) : r.network_rps;
     r.cache_tokens_left = p->srv ? sp_server_cache_left(p->srv) : 0;
     r.queue_wait = queue_wait(p);
+    r.max_queue_wait = p->a.so.max_queue_wait_s;
     sp_announce_update(p->ann, &r);
 }
 
@@ -340,6 +341,7 @@ static void fill_record(void *user, sp_server_record *r)
     if (p->srv && r->state != SP_SERVER_OFFLINE) {
         r->cache_tokens_left = sp_server_cache_left(p->srv);
         r->queue_wait = queue_wait(p);
+        r->max_queue_wait = p->a.so.max_queue_wait_s;
     }
 }
 

@@ -120,6 +120,10 @@ static void requests(text *t, sp_server_metrics *m)
 static void queue(text *t, sp_server *s, sp_server_metrics *m)
 {
     one(t, "queue_length", "gauge", "Requests waiting for a worker now.", queue_length(&s->q));
+    one(t, "queue_wait_now_seconds", "gauge", "The load: recent decode steps' wait in the queue (as announced).",
+        sp_server_queue_wait(s));
+    one(t, "sessions_refused_overloaded_total", "counter",
+        "Inference sessions refused while the queue wait was over --max-queue-wait.", (double)GET(&m->overloaded));
     head(t, "queue_wait_seconds", "summary", "Time requests waited in the queue for a worker.");
     put(t, "sepal_queue_wait_seconds_sum %.9f\nsepal_queue_wait_seconds_count %llu\n", GET(&m->wait_ns) * 1e-9,
         (unsigned long long)GET(&m->waited));

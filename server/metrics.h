@@ -16,6 +16,7 @@ enum { SP_MX_TOK_INFERENCE, SP_MX_TOK_FORWARD, SP_MX_TOK_BACKWARD, SP_MX_NTOK };
 typedef struct sp_server_metrics {
     uint64_t requests[SP_MX_NTYPES];
     uint64_t errors;                 /* ERROR replies sent */
+    uint64_t overloaded;             /* inference sessions refused for the queue wait (--max-queue-wait) */
     uint64_t wait_ns, waited;        /* time in the queue: its sum, and the requests that went through it */
     uint64_t batch[SP_MX_BATCH_BUCKETS], batch_sum, batches;
     uint64_t tokens[SP_MX_NTOK];     /* positions computed: inference steps, forwards, backwards */

@@ -83,6 +83,9 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
                             .help = "batch x positions per request; rows of one batched pass of decode steps"},
     [S_NO_BATCH] = {"--no-batch", SP_OPT_FLAG,
                     .help = "run the decode steps of different sessions one by one, not as one pass"},
+    [S_MAX_QUEUE_WAIT] = {"--max-queue-wait", SP_OPT_NUM, "S", 0, 1e6, .def = "5",
+                          .help = "refuse new inference sessions (\"overloaded\") while decode steps wait longer than S "
+                                  "seconds in the queue; running ones go on; 0: never"},
     [S_CACHE_TOKENS] = {"--cache-tokens", SP_OPT_INT, "N", 1, 1e12, .def = "8192",
                         .help = "KV-cache budget in positions over the span"},
     [S_CACHE_BYTES] = {"--cache-bytes", SP_OPT_INT, "N", 1, 1e15,
@@ -133,6 +136,7 @@ int sp_server_opt_take(sp_server_opts *o, int k, const char *v)
     case S_SESSION_TIMEOUT: o->session_timeout_s = sp_opt_num(v); break;
     case S_NO_MEASURE: o->measure = 0; break;
     case S_NO_BATCH: o->no_batch = 1; break;
+    case S_MAX_QUEUE_WAIT: o->max_queue_wait_s = sp_opt_num(v); break;
     default: return 1;
     }
     return 0;

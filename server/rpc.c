@@ -442,6 +442,12 @@ static void rpc_open(req *r)
     if (B < 1 || B * L > (int64_t)r->s->o.cache_tokens)
         return (void)bad(r, "out_of_cache", "out of cache: batch %lld x max_length %lld exceeds the server's %ld tokens",
                          (long long)B, (long long)L, r->s->o.cache_tokens);
+    if (sp_server_saturated(r->s)) {
+        __atomic_add_fetch(&r->s->mx.overloaded, 1, __ATOMIC_RELAXED);
+        return (void)bad(r, "overloaded", "decode steps wait %.3g s in this server's queue, over its bound of %g s "
+                         "(--max-queue-wait); new sessions go elsewhere, or wait", sp_server_queue_wait(r->s),
+                         r->s->o.max_queue_wait_s);
+    }
     uint64_t id, token;
     sp_err err = {0};
     if (session_open(r->s, r->conn, q.start, q.end, (int)B, (int)L, &id, &token, &err))
@@ -805,7 +811,7 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
 
 /* One step taken in: where its rows are in the batch (-1: it runs alone after the pass; -2: answered already; -3:
  * it awaits its input by push, and runs as a step alone would, after the pass), its
- * shape and prompts' index (step_prepare's). */
+ * shape (B rows of T positions: B x T rows in the batch) and prompts' index (step_prepare's). */
 typedef struct bstep {
     int off, B, T, pi;
 } bstep;
@@ -817,6 +823,7 @@ struct sp_step_batch {
     float *h;        /* the batched steps' hidden states, rows in order [rows, H] */
     size_t hcap;     /* floats */
     sp_kv_cache **kv;
+    int *T;          /* the positions of each step of a pass */
     int *item_rows;
     int *group;      /* the steps of one span, in order */
     int cap;
@@ -829,7 +836,7 @@ void sp_step_batch_free(sp_step_batch *b)
 {
     if (!b)
         return;
-    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->item_rows), free(b->group);
+    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->T), free(b->item_rows), free(b->group);
     sp_ws_free(&b->ws);
     free(b);
 }
@@ -850,7 +857,7 @@ static int batch_reserve(sp_step_batch *b, int n)
         return 0;
     size_t m = (size_t)n;
     if (grow(&b->r, m, sizeof *b->r) | grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
-        grow(&b->kv, m, sizeof *b->kv) | grow(&b->item_rows, m, sizeof *b->item_rows) |
+        grow(&b->kv, m, sizeof *b->kv) | grow(&b->T, m, sizeof *b->T) | grow(&b->item_rows, m, sizeof *b->item_rows) |
         grow(&b->group, m, sizeof *b->group))
         return -1;
     b->cap = n;
@@ -858,8 +865,10 @@ static int batch_reserve(sp_step_batch *b, int n)
 }
 
 /* Takes step i in: decoded, its session held, checked and prepared. Off is set to its first row in h when it
- * joins the pass (its rows copied there; *rows grows), -1 when it runs alone (a prefill, prompts, a wide beam,
- * no room left in the budget), -2 when it was answered already (an ERROR). */
+ * joins the pass (its B x T rows copied there; *rows grows): a decode step or a short prefill whose rows alone run
+ * in the decode kernels (sp_block_rows_exact: the pass gives it the bits it gets alone), without prompts, within
+ * the budget; -1 when it runs alone (a longer prefill, prompts, a wide beam, no room left in the budget), -2 when
+ * it was answered already (an ERROR). */
 static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int i, int *rows)
 {
     req *r = &b->r[i];
@@ -883,8 +892,9 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     if (float_tensor(r, 0, "hidden", 3) || step_prepare(r, &b->q[i], x, &r->m.t[0], &t->B, &t->T, &t->pi))
         return;
     t->off = -1;
-    size_t H = (size_t)s->m->cfg.hidden, need = (size_t)(*rows + t->B) * H;
-    if (t->T != 1 || t->pi < r->m.n_tensors || t->B > SP_KERN_MAX_ROWS || *rows + t->B > s->o.max_batch_tokens)
+    int n = t->B * t->T;
+    size_t H = (size_t)s->m->cfg.hidden, need = (size_t)(*rows + n) * H;
+    if (t->pi < r->m.n_tensors || !sp_block_rows_exact(&s->m->blocks[0], n) || *rows + n > s->o.max_batch_tokens)
         return;
     if (need > b->hcap) {
         if (grow(&b->h, need * 2, sizeof(float)))
@@ -894,7 +904,9 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     if (sp_tensor_to_f32(&r->m.t[0], b->h + (size_t)*rows * H, &err))
         return (void)(bad(r, "internal", "decoding tensor 0: %s", err.msg), t->off = -2);
     t->off = *rows;
-    *rows += t->B;
+    *rows += n;
+    if (t->T > 1)
+        __atomic_add_fetch(&s->batched_prefills, 1, __ATOMIC_RELAXED);
 }
 
 /* The steps g[0..n) (all over one span, their rows contiguous in h) through the span's blocks as one pass, then
@@ -911,12 +923,13 @@ static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
             session *x = b->r[g[k]].held;
             b->kv[k] = &x->kv[i - x->start];
             b->kv[k]->len = x->len; /* (a roll back moves only x->len) */
+            b->T[k] = b->st[g[k]].T;
         }
-        st = sp_block_decode_batch(&s->m->blocks[i - s->m->first], h, h, b->kv, n, b->item_rows, &b->ws, &err);
+        st = sp_block_step_batch(&s->m->blocks[i - s->m->first], h, h, b->kv, b->T, n, b->item_rows, &b->ws, &err);
     }
     int rows = 0;
     for (int k = 0; k < n; k++)
-        rows += b->st[g[k]].B;
+        rows += b->st[g[k]].B * b->st[g[k]].T;
     if (!st)
         sp_mx_batch(&s->mx, n, SP_MX_TOK_INFERENCE, (uint64_t)rows);
     for (int k = 0; k < n; k++) {
@@ -924,7 +937,7 @@ static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
         if (st)
             bad(r, "internal", "step: %s", err.msg);
         else
-            step_reply(r, &b->q[g[k]], r->held, b->h + (size_t)b->st[g[k]].off * H, b->st[g[k]].B, 1);
+            step_reply(r, &b->q[g[k]], r->held, b->h + (size_t)b->st[g[k]].off * H, b->st[g[k]].B, b->st[g[k]].T);
     }
 }
 
@@ -942,7 +955,7 @@ static void batch_run(sp_step_batch *b, sp_server *s, int n)
             if (!xj || xj->start != xi->start || xj->end != xi->end)
                 continue;
             contiguous &= b->st[j].off == next;
-            next = b->st[j].off + b->st[j].B;
+            next = b->st[j].off + b->st[j].B * b->st[j].T;
             b->group[m++] = j;
         }
         for (int k = 0; !contiguous && k < m; k++)
@@ -966,7 +979,7 @@ void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msg
         batch_take(b, s, conns[i], msgs[i], i, &rows);
     blas_threads_for(s, 1);
     batch_run(b, s, n);
-    for (int i = 0; i < n; i++) { /* prefills and the rest, after the pass: each alone */
+    for (int i = 0; i < n; i++) { /* longer prefills and the rest, after the pass: each alone */
         req *r = &b->r[i];
         if (b->st[i].off == -1 || b->st[i].off == -3)
             count_batch(r);
@@ -1041,6 +1054,7 @@ static void rpc_info(req *r)
     sp_server_batch_stats_get(s, &bs);
     a.batches = (int64_t)bs.batches, a.batched_rows = (int64_t)bs.rows, a.batch_peak = (int64_t)bs.peak;
     a.queue_wait = bs.queue_wait_s;
+    a.max_queue_wait = s->o.max_queue_wait_s;
     sp_meta_set(a.model, sizeof a.model, s->model_name);
     sp_meta_set(a.architecture, sizeof a.architecture, s->m->cfg.architecture);
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));

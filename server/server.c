@@ -40,7 +40,49 @@ static void queue_push(task_queue *q, task *t)
     pthread_mutex_unlock(&q->lock);
 }
 
-/* Blocks for the next task, inference first; NULL once stopping. */
+/* Unlinks t from list p (prev: the task before it, NULL at the head); lock held. */
+static void unlink_task(task_queue *q, int p, task *prev, task *t)
+{
+    if (prev)
+        prev->next = t->next;
+    else
+        q->head[p] = t->next;
+    if (q->tail[p] == t)
+        q->tail[p] = prev;
+}
+
+/* The peer whose turn is next in list p after peer `after`: the smallest key above it among the tasks waiting (steps
+ * only, when steps is set), else (a new round) the smallest of all; 0 if none waits. Lock held. */
+static uint64_t next_peer(const task_queue *q, int p, uint64_t after, int steps)
+{
+    uint64_t above = 0, least = 0;
+    for (const task *t = q->head[p]; t; t = t->next) {
+        if (steps && !t->step)
+            continue;
+        if (t->peer > after && (!above || t->peer < above))
+            above = t->peer;
+        if (!least || t->peer < least)
+            least = t->peer;
+    }
+    return above ? above : least;
+}
+
+/* Takes the oldest task of the next peer's in list p (steps only, when steps is set), the turn moved on to it; NULL
+ * if none waits. Lock held. */
+static task *take_turn(task_queue *q, int p, int steps)
+{
+    uint64_t peer = next_peer(q, p, q->rr[p], steps);
+    task *prev = NULL;
+    for (task *t = q->head[p]; t; prev = t, t = t->next)
+        if (t->peer == peer && (t->step || !steps)) {
+            unlink_task(q, p, prev, t);
+            q->rr[p] = peer;
+            return t;
+        }
+    return NULL;
+}
+
+/* Blocks for the next task, inference first, round-robin over the peers within a priority; NULL once stopping. */
 static task *queue_pop(task_queue *q)
 {
     pthread_mutex_lock(&q->lock);
@@ -50,11 +92,8 @@ static task *queue_pop(task_queue *q)
             return NULL;
         }
         for (int p = 0; p < 2; p++) {
-            task *t = q->head[p];
+            task *t = take_turn(q, p, 0);
             if (t) {
-                q->head[p] = t->next;
-                if (!q->head[p])
-                    q->tail[p] = NULL;
                 pthread_mutex_unlock(&q->lock);
                 return t;
             }
@@ -140,22 +179,18 @@ static void note_ns(uint64_t *avg, uint64_t ns)
     __atomic_store_n(avg, old ? (3 * old + ns) / 4 : ns, __ATOMIC_RELAXED);
 }
 
+/* A step taken from the queue now (t0), queued at queued: its wait into the load and the metrics. */
+static void note_wait(sp_server *s, uint64_t t0, uint64_t queued)
+{
+    note_ns(&s->queue_wait_ns, t0 - queued);
+    __atomic_store_n(&s->waited_at_ns, t0, __ATOMIC_RELAXED);
+}
+
 /* A handled INFERENCE_STEP's time into the moving average. */
 static void note_step(sp_server *s, uint64_t t0) { note_ns(&s->step_ns, sp_now_ns() - t0); }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* batches of decode steps */
-
-/* Unlinks t from the inference list (prev: the task before it, NULL at the head); lock held. */
-static void unlink_task(task_queue *q, task *prev, task *t)
-{
-    if (prev)
-        prev->next = t->next;
-    else
-        q->head[0] = t->next;
-    if (q->tail[0] == t)
-        q->tail[0] = prev;
-}
 
 static int steps_waiting(const task_queue *q)
 {
@@ -165,36 +200,27 @@ static int steps_waiting(const task_queue *q)
     return n;
 }
 
-/* Takes up to max waiting steps out of the queue (lock held) into out, fairly: in rounds of at most one step a
- * connection, each round taking the connections after *rr first (then the rest), a connection's steps in their
- * order. One client's many sessions thus get one place a round like another's single one. *rr: the connection
- * the round-robin starts after, moved on. */
-static int take_steps(task_queue *q, task **out, int max, uint64_t *rr)
+/* Takes up to max waiting steps out of the queue (lock held) into out: all of them when they fit, else fairly, by
+ * turns (take_turn): round-robin over the peers (a client: its source address), a peer's steps in their order (its
+ * sessions each wait with one step at most, so they take turns too). One client's many sessions, over however many
+ * connections, thus get one place a round like another client's single one. */
+static int take_steps(task_queue *q, task **out, int max)
 {
     int n = 0;
-    for (int more = 1; more && n < max;) {
-        int round = n;
-        more = 0;
-        for (int pass = 0; pass < 2 && n < max; pass++) {
-            task *prev = NULL, *t = q->head[0];
-            while (t && n < max) {
-                task *next = t->next;
-                int seen = 0;
-                for (int k = round; k < n && !seen; k++)
-                    seen = out[k]->conn == t->conn;
-                if (t->step && !seen && (pass ? t->conn <= *rr : t->conn > *rr)) {
-                    unlink_task(q, prev, t);
-                    out[n++] = t;
-                    more = 1;
-                } else {
-                    prev = t;
-                }
-                t = next;
+    if (steps_waiting(q) <= max) {
+        for (task *prev = NULL, *t = q->head[0], *next; t; t = next) {
+            next = t->next;
+            if (t->step) {
+                unlink_task(q, 0, prev, t);
+                out[n++] = t;
+            } else {
+                prev = t;
             }
         }
+        return n;
     }
-    if (n)
-        *rr = out[0]->conn;
+    for (task *t; n < max && (t = take_turn(q, 0, 1));)
+        out[n++] = t;
     return n;
 }
 
@@ -217,7 +243,7 @@ static int gather_steps(sp_server *s, task *first, task **out)
         ts.tv_nsec = (long)(ns % 1000000000);
         pthread_cond_timedwait(&q->cond, &q->lock, &ts);
     }
-    int n = 1 + take_steps(q, out + 1, max - 1, &s->rr_conn);
+    int n = 1 + take_steps(q, out + 1, max - 1);
     pthread_mutex_unlock(&q->lock);
     return n;
 }
@@ -241,7 +267,7 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
     for (int i = 0; i < n; i++) {
         sb->conns[i] = sb->tasks[i]->conn;
         sb->msgs[i] = &sb->tasks[i]->msg;
-        note_ns(&s->queue_wait_ns, t0 - sb->tasks[i]->queued_ns);
+        note_wait(s, t0, sb->tasks[i]->queued_ns);
         sp_mx_waited(&s->mx, t0 - sb->tasks[i]->queued_ns);
     }
     sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
@@ -297,7 +323,7 @@ static void *worker_main(void *arg)
         uint64_t t0 = sp_now_ns();
         sp_mx_waited(&s->mx, t0 - t->queued_ns);
         if (t->step)
-            note_ns(&s->queue_wait_ns, t0 - t->queued_ns);
+            note_wait(s, t0, t->queued_ns);
         sp_rpc_handle(s, t->conn, &t->msg, &ws);
         if (t->step)
             note_step(s, t0);
@@ -353,6 +379,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     }
     int type = h.type;
     t->conn = conn;
+    t->peer = sp_ws_server_peer(s->ws, conn);
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
     t->step = type == SP_MSG_INFERENCE_STEP;
@@ -611,7 +638,27 @@ void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out)
         .batches = __atomic_load_n(&s->batches, __ATOMIC_RELAXED),
         .rows = __atomic_load_n(&s->batched_rows, __ATOMIC_RELAXED),
         .peak = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED),
-        .queue_wait_s = (double)__atomic_load_n(&s->queue_wait_ns, __ATOMIC_RELAXED) / 1e9};
+        .prefills = __atomic_load_n(&s->batched_prefills, __ATOMIC_RELAXED),
+        .queue_wait_s = sp_server_queue_wait(s)};
+}
+
+double sp_server_queue_wait(sp_server *s)
+{
+    uint64_t now = sp_now_ns(), oldest = 0;
+    pthread_mutex_lock(&s->q.lock);
+    if (s->q.head[0]) /* (the inference list is in arrival order) */
+        oldest = now - s->q.head[0]->queued_ns;
+    pthread_mutex_unlock(&s->q.lock);
+    uint64_t avg = __atomic_load_n(&s->queue_wait_ns, __ATOMIC_RELAXED),
+             at = __atomic_load_n(&s->waited_at_ns, __ATOMIC_RELAXED),
+             fresh = 2000000000ull + 2 * __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED);
+    uint64_t recent = at && now - at < fresh ? avg : 0;
+    return (double)(recent > oldest ? recent : oldest) / 1e9;
+}
+
+int sp_server_saturated(sp_server *s)
+{
+    return s->o.max_queue_wait_s > 0 && sp_server_queue_wait(s) > s->o.max_queue_wait_s;
 }
 
 size_t sp_server_kept_bytes(sp_server *s)

@@ -44,6 +44,8 @@ typedef struct sp_server_opts {
     int workers;               /* request worker threads (default 1) */
     int workers_only;          /* every request goes through a worker, even a short step (tests; default 0) */
     int no_batch;              /* decode steps of different sessions run one by one, not as one pass (default 0) */
+    double max_queue_wait_s;   /* new inference sessions are refused (ERROR "overloaded") while the queue wait
+                                  (sp_server_queue_wait) is over it; 0: never (default 5) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
@@ -88,14 +90,21 @@ void sp_server_throughput(const sp_server *s, double *inference_rps, double *for
 int sp_server_sessions(sp_server *s);
 /* INFERENCE_PUSH messages taken into a session here (in), and pushes this server delivered (out). */
 void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out);
-/* Decode steps batched across sessions: passes run, rows through them, the most rows in one pass, and the recent
- * steps' wait in the queue (seconds, a moving average: the load announced and told in INFO). */
+/* Decode steps batched across sessions: passes run, rows through them, the most rows in one pass, and the queue
+ * wait (sp_server_queue_wait: the load announced and told in INFO). */
 typedef struct sp_server_batch_stats {
     uint64_t batches, rows, peak;
+    uint64_t prefills; /* steps of several positions (short prefills) that ran through a pass */
     double queue_wait_s;
 } sp_server_batch_stats;
 void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);
 uint64_t sp_server_requests(sp_server *s);
+/* The server's load, in seconds: the recent decode steps' wait in the queue (a moving average), or the wait so far of
+ * the oldest inference request still queued when that is longer; 0 once nothing waits and no step has been taken
+ * from the queue for 2 s and two passes (the average would otherwise keep an old load). */
+double sp_server_queue_wait(sp_server *s);
+/* 1 while the queue wait is over opts.max_queue_wait_s (when set): new inference sessions are refused. */
+int sp_server_saturated(sp_server *s);
 /* Bytes of activations kept now for BACKWARDs to come (FORWARD with meta "keep"). */
 size_t sp_server_kept_bytes(sp_server *s);
 /* Tells every connection with an open session that the server is shutting down (an ERROR "shutdown" its

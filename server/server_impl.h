@@ -72,10 +72,12 @@ typedef struct kept_table {
 } kept_table;
 
 /* ---------------------------------------------------------------------------------------------- */
-/* work queue: inference first, then forward/backward; FIFO within a priority */
+/* work queue: inference first, then forward/backward; within a priority, round-robin over the clients (peers, by
+ * source address), each client's requests first come, first served */
 
 typedef struct task {
     uint64_t conn;
+    uint64_t peer;   /* its connection's source address (sp_ws_server_peer): the client it is fair between */
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
@@ -88,6 +90,7 @@ typedef struct task_queue {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     task *head[2], *tail[2];
+    uint64_t rr[2];  /* the peer whose turn came last, per priority: the next turn goes to the next peer after it */
     task *spare; /* handled tasks, for the next requests (no allocation per request) */
     int nspare;
     int stop;
@@ -123,10 +126,11 @@ struct sp_server {
     /* batched decode steps (rpc.c, server.c): one pass at a time; sizes and times are atomics */
     pthread_mutex_t batch_lock;
     int last_batch;          /* steps in the last pass: how many the next one waits for (briefly) */
-    uint64_t rr_conn;        /* the connection the last pass's round-robin started after */
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
+    uint64_t batched_prefills; /* steps of several positions (short prefills) that ran in a pass */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
+    uint64_t waited_at_ns;   /* when the last step was taken from the queue (sp_now_ns) */
     sp_server_metrics mx; /* --metrics (metrics.h) */
     pthread_mutex_t mx_lock;
     sp_swarm_key key; /* o.key points here */
@@ -144,9 +148,10 @@ int queue_length(task_queue *q);
  * then taken: *msg is left empty; its length must be read before, for the budget). */
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
 /* rpc.c: INFERENCE_STEPs taken from the queue together (msgs[i] from connection conns[i]; each buffer taken as
- * sp_rpc_handle takes it): the single-position steps of up to SP_KERN_MAX_ROWS rows, at most max_batch_tokens rows
- * in all, run as one pass over the span's blocks (block.h, sp_block_decode_batch: each session gets the bits it gets
- * alone), the rest (prefills, prompts, wide beams) one by one after it. b: the worker's buffers, kept. */
+ * sp_rpc_handle takes it): the decode steps and short prefills whose rows (batch x positions) alone run in the decode
+ * kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS), at most max_batch_tokens rows in all, run as one pass over
+ * the span's blocks (block.h, sp_block_step_batch: each session gets the bits it gets alone), the rest (longer
+ * prefills, prompts, wide beams) one by one after it. b: the worker's buffers, kept. */
 typedef struct sp_step_batch sp_step_batch;
 sp_step_batch *sp_step_batch_new(void);
 void sp_step_batch_free(sp_step_batch *b);

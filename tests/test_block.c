@@ -175,7 +175,9 @@ END_TEST
 
 /* A batch of decode steps (sp_block_decode_batch) of sequences at different positions, of 1 and 2 rows, gives
  * every row the bits its sequence gets stepped alone, its cache too, for f32 and int8 (and the other encodings):
- * a server's batch must not change what a session computes. */
+ * a server's batch must not change what a session computes. So does a batch of short prefills and decode steps
+ * (sp_block_step_batch: 1 to 8 positions, rows x positions within what the decode kernels take alone: 29 rows,
+ * fewer for a MoE block). */
 static void decode_batch_case(const char *model)
 {
     sp_err err = {0};
@@ -184,25 +186,30 @@ static void decode_batch_case(const char *model)
         sp_block *blk = &m->blocks[0];
         if (t != SP_W_F32)
             ck_assert_int_eq(sp_block_quantize(blk, (sp_wtype)t, &err), SP_OK);
-        enum { NS = 7 }; /* 10 rows: more than the plain product's decode kernels take */
+        enum { NS = 7, CAP = 24 }; /* 10 rows: more than the plain product's decode kernels take */
         int H = m->cfg.hidden, rows[NS] = {1, 2, 1, 1, 2, 1, 2}, prefix[NS] = {0, 3, 7, 1, 5, 2, 9}, N = 0;
+        int T[NS] = {3, 4, 2, 1, 1, 8, 2}, NT = 0; /* then a step of T[i] positions each (29 rows) */
+        for (int i = 0; i < NS; i++) /* (fewer for a MoE block: its experts' rows count too) */
+            while (T[i] > 1 && !sp_block_rows_exact(blk, rows[i] * T[i]))
+                T[i]--;
         sp_kv_cache alone[NS], batch[NS], *kvp[NS];
         sp_rng r;
         sp_rng_seed(&r, 21 + (uint64_t)t);
         float *x = malloc((size_t)8 * 12 * H * sizeof(float)), *y = malloc((size_t)8 * 12 * H * sizeof(float));
         for (int i = 0; i < NS; i++) { /* each sequence's prefix, through both caches alike */
-            ck_assert_int_eq(sp_kv_init(&alone[i], rows[i], 16, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
-            ck_assert_int_eq(sp_kv_init(&batch[i], rows[i], 16, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
+            ck_assert_int_eq(sp_kv_init(&alone[i], rows[i], CAP, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
+            ck_assert_int_eq(sp_kv_init(&batch[i], rows[i], CAP, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
             kvp[i] = &batch[i];
             N += rows[i];
+            NT += rows[i] * T[i];
             if (!prefix[i])
                 continue;
             sp_rng_fill_normal(&r, x, (long)rows[i] * prefix[i] * H, 1.0f);
             ck_assert_int_eq(sp_block_forward(blk, y, x, rows[i], prefix[i], 0, &alone[i], &m->ws, &err), SP_OK);
             ck_assert_int_eq(sp_block_forward(blk, y, x, rows[i], prefix[i], 0, &batch[i], &m->ws, &err), SP_OK);
         }
-        float *in = malloc((size_t)N * H * sizeof(float)), *out = malloc((size_t)N * H * sizeof(float));
-        float *ref = malloc((size_t)N * H * sizeof(float));
+        float *in = malloc((size_t)NT * H * sizeof(float)), *out = malloc((size_t)NT * H * sizeof(float));
+        float *ref = malloc((size_t)NT * H * sizeof(float));
         int item_rows[NS];
         sp_ws ws = {0};
         for (int step = 0; step < 3; step++) {
@@ -214,14 +221,24 @@ static void decode_batch_case(const char *model)
             ck_assert_msg(!memcmp(out, ref, (size_t)N * H * sizeof(float)), "%s %s step %d: a batched row differs",
                           model, sp_wtype_name((sp_wtype)t), step);
         }
+        sp_rng_fill_normal(&r, in, (long)NT * H, 1.0f); /* short prefills and decode steps in one pass */
+        for (int i = 0, o = 0; i < NS; o += rows[i] * T[i], i++) {
+            ck_assert(sp_block_rows_exact(blk, rows[i] * T[i]));
+            ck_assert_int_eq(sp_block_forward(blk, ref + (size_t)o * H, in + (size_t)o * H, rows[i], T[i],
+                                              alone[i].len, &alone[i], &m->ws, &err), SP_OK);
+        }
+        ck_assert_msg(sp_block_step_batch(blk, out, in, kvp, T, NS, item_rows, &ws, &err) == SP_OK, "%s", err.msg);
+        ck_assert_msg(!memcmp(out, ref, (size_t)NT * H * sizeof(float)), "%s %s: a row of a batch of prefills differs",
+                      model, sp_wtype_name((sp_wtype)t));
+        ck_assert(!sp_block_rows_exact(blk, SP_KERN_MAX_ROWS + 1));
         for (int i = 0; i < NS; i++) {
-            size_t n = (size_t)rows[i] * 16 * m->cfg.n_kv_heads * m->cfg.head_dim;
+            size_t n = (size_t)rows[i] * CAP * m->cfg.n_kv_heads * m->cfg.head_dim;
             ck_assert_int_eq(batch[i].len, alone[i].len);
             ck_assert(!memcmp(batch[i].k, alone[i].k, n * sizeof(float)) &&
                       !memcmp(batch[i].v, alone[i].v, n * sizeof(float)));
         }
         /* a full cache is refused before anything changes */
-        batch[2].len = 16;
+        batch[2].len = CAP;
         ck_assert_int_eq(sp_block_decode_batch(blk, out, in, kvp, NS, item_rows, &ws, &err), SP_ERR_RANGE);
         ck_assert_int_eq(batch[0].len, alone[0].len);
         for (int i = 0; i < NS; i++)

@@ -9,7 +9,10 @@
  *    failure (1e-5); so does the trainer (its losses and parameters, step after step), the server killed
  *    between two steps or inside one (after the FORWARD, before the BACKWARD), also pipelined;
  *  - with no server left for some blocks (and none joining), a clear error at once; a server that joins while the
- *    client retries is used; a server restarted at its address is tried once, its earlier lives never.
+ *    client retries is used; a server restarted at its address is tried once, its earlier lives never;
+ *  - a saturated server (--max-queue-wait) refuses a new session: busy, not banned; the session goes to another
+ *    server with the same tokens, and new routes leave it out while its record says so; alone, it is waited for
+ *    (a retry each time), or the generation fails saying so.
  * White-box where a failure says why: it reads the runtime's server table and view (private/runtime_state.h). */
 #include <check.h>
 #include <math.h>
@@ -45,8 +48,8 @@ static void sleep_ms(int ms)
 }
 
 /* A sepal-server for blocks "a:b", joining the swarm of procs[0] (or starting it), announcing every period s,
- * at websocket port `port` (0: any). */
-static sp_test_proc *server_at(const char *blocks, int port, const char *period)
+ * at websocket port `port` (0: any), with the options extra (NULL-terminated; NULL: none). */
+static sp_test_proc *server_with(const char *blocks, int port, const char *period, const char *const *extra)
 {
     char peers[64], ports[16];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", nprocs ? procs[0].dht_port : 0);
@@ -60,6 +63,8 @@ static sp_test_proc *server_at(const char *blocks, int port, const char *period)
     } else {
         args[n++] = "--new-swarm";
     }
+    for (int i = 0; extra && extra[i] && n < 19; i++)
+        args[n++] = extra[i];
     args[n] = NULL;
     ck_assert_int_lt(nprocs, MAXP);
     sp_test_proc p;
@@ -67,6 +72,11 @@ static sp_test_proc *server_at(const char *blocks, int port, const char *period)
     procs[nprocs] = p; /* whole, once started (another thread may look) */
     __atomic_add_fetch(&nprocs, 1, __ATOMIC_SEQ_CST);
     return &procs[nprocs - 1];
+}
+
+static sp_test_proc *server_at(const char *blocks, int port, const char *period)
+{
+    return server_with(blocks, port, period, NULL);
 }
 
 /* A sepal-server for blocks "a:b" on any port, announcing every second. */
@@ -111,6 +121,7 @@ typedef struct fault {
     int retries;       /* SP_EV_RETRY events */
     int port_now;      /* after the last forward call: the server of F.block */
     int unblock;       /* clear the blocked-servers setting at the first retry */
+    sp_test_load *halt; /* load on a server (sp_test_load) halted at the first retry */
     char last_retry[512];
     double exit_s;     /* SIGTERM: seconds from the signal to the server's exit */
 } fault;
@@ -133,6 +144,8 @@ static void on_event(const sp_event *ev, void *user)
         fprintf(stderr, "[%.2f] event %d/%d: %s\n", sp_now_s(), ev->kind, ev->row, ev->text ? ev->text : "");
     if (ev->kind == SP_EV_RETRY) {
         F.retries++;
+        if (F.halt)
+            sp_test_load_halt(F.halt);
         if (F.unblock && F.rt) { /* the healthy servers become usable for the replacement */
             sp_rt_settings set;
             sp_runtime_settings(F.rt, &set);
@@ -338,24 +351,31 @@ static void same_tokens(const sp_gen_result *a, const sp_gen_result *b)
                       b->ids[0][t]);
 }
 
+/* Generates (mode: gen_opts') through rt, hit as F says: the tokens must be those of the reference (want, got:
+ * both results, the caller frees them; sw: the swarm LM it ran). */
+static void generate_same(sp_runtime *rt, int mode, sp_lm_swarm *sw, sp_gen_result *want, sp_gen_result *got)
+{
+    sp_gen_opts o;
+    gen_opts(&o, mode);
+    reference(&o, want);
+    sp_lm lm = faulty_lm(rt, sw);
+    sp_err err = {0};
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, got, &err) == SP_OK, "%s", err.msg);
+    same_tokens(got, want);
+}
+
 /* Generates with the server of block F.block hit before forward call F.at; the tokens must be those of the
  * reference. */
 static void generate_through_failure(sp_runtime *rt, int mode)
 {
-    sp_gen_opts o;
-    gen_opts(&o, mode);
     sp_gen_result want, got;
-    reference(&o, &want);
     sp_lm_swarm sw;
-    sp_lm lm = faulty_lm(rt, &sw);
-    sp_err err = {0};
-    const int32_t *pp = PROMPT;
-    int len = PROMPT_LEN;
-    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, &got, &err) == SP_OK, "%s", err.msg);
+    generate_same(rt, mode, &sw, &want, &got);
     ck_assert_msg(F.port_hit > 0, "no server was hit");
     ck_assert_msg(sw.retries >= 1, "no failure was met");
     ck_assert_int_ge(F.reroutes, 1);
-    same_tokens(&got, &want);
     if (mode == 2)
         ck_assert_float_eq_tol(got.best_score, want.best_score, 1e-4);
     printf("failover (mode %d, hit before call %d): %d retries; the step took %.3f s (others at most %.3f s)\n",
@@ -1013,6 +1033,134 @@ END_TEST
 START_TEST(t_server_answers_error) { broken_server("error:3", "injected fault"); }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* a saturated server (--max-queue-wait): busy, not failed */
+
+/* A server of blocks 0:6 that refuses new sessions while its steps wait over 1 ms in its queue, its answers 20 ms
+ * late (SEPAL_SERVER_FAULT=slow:20), and the load that saturates it (3 sessions stepping without pause: each step
+ * waits for the pass before it, tens of ms), started once its INFO says so. */
+static sp_test_proc *saturated_server(sp_test_load **load)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:20", 1);
+    const char *extra[] = {"--max-queue-wait", "0.001", NULL};
+    sp_test_proc *p = server_with("0:6", 0, "1", extra);
+    unsetenv("SEPAL_SERVER_FAULT");
+    sp_config cfg;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_config_load(&cfg, M15, &err), SP_OK);
+    *load = sp_test_load_start(p->port, 3, 0, 6, cfg.hidden);
+    sp_remote *r = NULL;
+    ck_assert_msg(sp_remote_connect(&r, "127.0.0.1", p->port, 1, 20000, &err) == SP_OK, "%s", err.msg);
+    sp_info_reply info = {0};
+    for (int k = 0; k < 3000 && !(info.queue_wait > info.max_queue_wait && info.max_queue_wait > 0); k++) {
+        ck_assert_int_eq(sp_remote_get_info(r, &info, 20000, &err), SP_OK);
+        sleep_ms(10);
+    }
+    ck_assert_msg(info.queue_wait > info.max_queue_wait, "never saturated: queue wait %.6f s, bound %g s",
+                  info.queue_wait, info.max_queue_wait);
+    sp_remote_close(r);
+    return p;
+}
+
+/* Greedy through rt, the tokens those of the reference. */
+static void generate_as_reference(sp_runtime *rt)
+{
+    sp_gen_result want, got;
+    F.at = -1, F.block = 0; /* nobody is hit; F.port_now: the server of block 0 */
+    sp_lm_swarm sw;
+    generate_same(rt, 0, &sw, &want, &got);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&got);
+}
+
+/* S1 saturated (refusing new sessions), S2 idle, both of blocks 0:6. The client sees S2 blocked until the first
+ * retry, so it opens on S1: refused ("overloaded"), S1 is busy (not banned, no failure counted), and the session
+ * lands on S2 with the reference's tokens. Then, S1's record saying it is saturated, a new generation goes to S2
+ * without a refusal. */
+START_TEST(t_busy_server_routed_around)
+{
+    memset(&F, 0, sizeof F);
+    sp_test_load *load;
+    sp_test_proc *s1 = saturated_server(&load);
+    sp_test_proc *s2 = server("0:6");
+    int p1 = s1->port, p2 = s2->port;
+    sp_runtime *rt = client(2);
+    char blocked[64];
+    snprintf(blocked, sizeof blocked, "127.0.0.1:%d", p2);
+    block_servers(rt, blocked);
+    F.unblock = 1;
+    generate_as_reference(rt);
+    printf("busy server: %d retry event(s); last: %s\n", F.retries, F.last_retry);
+    ck_assert_int_eq(F.retries, 1);
+    char who[160];
+    snprintf(who, sizeof who, "127.0.0.1:%d (blocks 0:6) is busy: overloaded: decode steps wait ", p1);
+    ck_assert_msg(strstr(F.last_retry, who) && strstr(F.last_retry, "; other servers first for 15 s; retry 1 of 8"),
+                  "%s", F.last_retry);
+    ck_assert_int_eq(F.port_now, p2);
+    sp_server_row e;
+    ck_assert_int_ge(sp_test_server_at(rt, p1, 1, &e), 0);
+    ck_assert_msg(e.failures == 0 && e.banned_until == 0 && e.busy_until > 0, "S1: %d failures, banned until %.1f",
+                  e.failures, e.banned_until);
+    /* its record says it is saturated (published when that began): routing leaves it out, busy or not */
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++)
+        rt->servers[i]->busy_until = 0;
+    pthread_mutex_unlock(&rt->lock);
+    for (int k = 0; k < 2000; k++) {
+        ck_assert_int_ge(sp_test_server_at(rt, p1, 1, &e), 0);
+        if (e.rec.max_queue_wait > 0 && e.rec.queue_wait > e.rec.max_queue_wait)
+            break;
+        sleep_ms(10);
+    }
+    ck_assert_msg(e.rec.queue_wait > e.rec.max_queue_wait, "S1's record: queue wait %g s, bound %g s",
+                  e.rec.queue_wait, e.rec.max_queue_wait);
+    F.retries = 0;
+    generate_as_reference(rt);
+    ck_assert_int_eq(F.retries, 0);
+    ck_assert_int_eq(F.port_now, p2);
+    sp_test_load_stop(load);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* The only server of the blocks saturated: the client waits and retries, each retry an event ("is busy ...; retry K
+ * of N in S s"); with 2 retries it fails saying so; with the default 8, the load ends at the first retry and a
+ * later one opens the session there (the server's queue wait forgets the load once nothing waits), with the
+ * reference's tokens. */
+START_TEST(t_busy_single_server)
+{
+    memset(&F, 0, sizeof F);
+    sp_test_load *load;
+    sp_test_proc *s1 = saturated_server(&load);
+    sp_runtime *rt = client(1);
+    rt->set.max_retries = 2;
+    rt->clock = &counted_clock;
+    slept_s = 0;
+    sp_err err = {0};
+    ck_assert_int_eq(generate_status(rt, &err), SP_ERR_BUSY);
+    printf("busy single server: %s (%d retry events, %.1f s of pauses)\n", err.msg, F.retries, slept_s);
+    char who[160];
+    snprintf(who, sizeof who, "no server could run blocks 0:6 (2 retries): 127.0.0.1:%d (blocks 0:6): overloaded: ",
+             s1->port);
+    ck_assert_msg(strstr(err.msg, who), "%s", err.msg);
+    ck_assert_int_eq(F.retries, 3);
+    ck_assert_msg(strstr(F.last_retry, "is busy: ") && strstr(F.last_retry, "no retries left (2)"), "%s",
+                  F.last_retry);
+    rt->set.max_retries = 8;
+    F.retries = 0;
+    F.halt = load;
+    generate_as_reference(rt);
+    printf("busy single server, its load gone: %d retry events, %.1f s of pauses; last: %s\n", F.retries, slept_s,
+           F.last_retry);
+    ck_assert_int_ge(F.retries, 1);
+    ck_assert_int_eq(F.port_now, s1->port);
+    sp_test_load_stop(load);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("failover");
@@ -1041,6 +1189,8 @@ static Suite *suite(void)
     tcase_add_test(te, t_server_joins_later);
     tcase_add_test(te, t_train_route_waits_for_joining);
     tcase_add_test(te, t_restarted_address);
+    tcase_add_test(te, t_busy_server_routed_around);
+    tcase_add_test(te, t_busy_single_server);
     suite_add_tcase(s, te);
     return s;
 }

@@ -4,6 +4,8 @@
  *    lasts keeps that ban; each failure after a ban ran out doubles it (30, 60, 120 ... s); a success clears
  *    the ban and the count, so the next failure is banned 15 s again; routing avoids a banned server while
  *    another covers its blocks, and uses it again the moment its ban ends on that clock;
+ *  - a server that refused a session as "overloaded" is busy, not failed: avoided for ban_s, never banned, its
+ *    failures not counted; so is one whose record says its queue wait is over its bound, while it says so;
  *  - the pause before retry k is 0, 1, 2, 4 ... s, at most backoff_max_s (60 s by default);
  *  - a request whose server keeps failing (a real socket on loopback that refuses connections) is tried
  *    1 + max_retries times, with exactly those pauses between the tries, one retry event per failure, the
@@ -202,6 +204,51 @@ START_TEST(t_success_clears)
         ck_assert_double_eq_tol(ban_left(rt, a), 2 << k, 1e-9);
         clock_now += (2 << k) + 0.5;
     }
+    sp_runtime_free(rt);
+}
+END_TEST
+
+/* A server that refused a session as "overloaded" (SP_ERR_BUSY) is busy, not failed: no ban, no failure counted, the
+ * event says so; routing prefers the others for ban_s (not doubled), uses it where nothing else covers the blocks,
+ * and uses it again once that time is over. A record saying its queue wait is over its bound (max_queue_wait) keeps
+ * it out of routes as long as it says so, though it is the faster. */
+START_TEST(t_busy_not_banned)
+{
+    sp_runtime *rt = runtime();
+    int a = entry(rt, "aaaaaaaaaaaaaaaa", 4001, 0, 4, 200), b = entry(rt, "bbbbbbbbbbbbbbbb", 4002, 0, 4, 50);
+    ck_assert_int_eq(routed_server(rt), a);
+    sp_err why = {.code = SP_ERR_BUSY};
+    snprintf(why.msg, sizeof why.msg, "overloaded: decode steps wait 2 s");
+    for (int k = 0; k < 3; k++) {
+        sp_rt_failed(rt, a, k, &why);
+        ck_assert_int_eq(rt->servers[a]->failures, 0);
+        ck_assert(rt->servers[a]->banned_until <= clock_now);
+        ck_assert_double_eq_tol(rt->servers[a]->busy_until - clock_now, 15, 1e-9);
+        ck_assert_msg(strstr(retry_text[nretry - 1], "127.0.0.1:4001 (blocks 0:4) is busy: overloaded: decode steps "
+                                                     "wait 2 s; other servers first for 15 s; retry"),
+                      "%s", retry_text[nretry - 1]);
+        ck_assert_int_eq(routed_server(rt), b);
+        clock_now += 14.9;
+        ck_assert_int_eq(routed_server(rt), b);
+        clock_now += 0.2;
+        ck_assert_int_eq(routed_server(rt), a);
+    }
+    sp_rt_failed(rt, a, 0, &why); /* busy, and b banned: a is what covers the blocks */
+    sp_rt_failed(rt, b, 0, NULL);
+    ck_assert_int_eq(routed_server(rt), a);
+    sp_rt_succeeded(rt, b);
+    clock_now += 16;
+    pthread_mutex_lock(&rt->lock); /* its record: saturated (though its wait and blocks cost less than b's blocks) */
+    rt->servers[a]->rec.queue_wait = 0.03;
+    rt->servers[a]->rec.max_queue_wait = 0.02;
+    pthread_mutex_unlock(&rt->lock);
+    ck_assert_int_eq(routed_server(rt), b);
+    clock_now += 1000;
+    ck_assert_int_eq(routed_server(rt), b);
+    pthread_mutex_lock(&rt->lock); /* no longer */
+    rt->servers[a]->rec.queue_wait = 0.01;
+    pthread_mutex_unlock(&rt->lock);
+    ck_assert_int_eq(routed_server(rt), a);
     sp_runtime_free(rt);
 }
 END_TEST
@@ -497,6 +544,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("bans");
     tcase_add_test(tc, t_defaults);
     tcase_add_test(tc, t_ban_doubles);
+    tcase_add_test(tc, t_busy_not_banned);
     tcase_add_test(tc, t_success_clears);
     tcase_add_test(tc, t_ban_address);
     tcase_add_test(tc, t_backoff);

@@ -701,13 +701,15 @@ static void *batch_client(void *p)
 
 /* A server of blocks 0:4 whose steps all go through the workers' queue (where they are batched), its answers
  * SEPAL_SERVER_FAULT=slow (ms) late so that the steps that come meanwhile queue up; max_batch_tokens 0: the
- * default. */
-static sp_server *start_batching(const char *slow, int max_batch_tokens)
+ * default; max_queue_wait: its --max-queue-wait (0: none); no_batch: --no-batch (each step alone). */
+static sp_server *start_batching(const char *slow, int max_batch_tokens, double max_queue_wait, int no_batch)
 {
     setenv("SEPAL_SERVER_FAULT", slow, 1);
     sp_server_opts o;
     gqa_opts(&o, 0, 4);
     o.workers_only = 1;
+    o.max_queue_wait_s = max_queue_wait;
+    o.no_batch = no_batch;
     if (max_batch_tokens) {
         o.max_batch_tokens = max_batch_tokens;
         o.cache_tokens = 31 * 64;
@@ -720,7 +722,7 @@ static sp_server *start_batching(const char *slow, int max_batch_tokens)
 
 START_TEST(t_batched_sessions_as_alone)
 {
-    sp_server *s = start_batching("slow:4", 0);
+    sp_server *s = start_batching("slow:4", 0, 0, 0), *unbatched = start_batching("slow:4", 0, 0, 1);
     enum { NJ = 6 };
     int done = 0;
     batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
@@ -732,14 +734,14 @@ START_TEST(t_batched_sessions_as_alone)
     float *together[NJ];
     sp_remote *shared = connect_to(s);
     j[0].shared = j[2].shared = j[3].shared = shared;
-    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone */
+    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone on a --no-batch server */
         pthread_t th[NJ];
         done = 1000 * (pass == 1);
         for (int i = 0; i < NJ; i++) {
             size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
             if (pass == 1)
-                together[i] = j[i].out;
-            j[i].s = s, j[i].done = &done, j[i].ok = 0, j[i].out = calloc(n, 4);
+                together[i] = j[i].out, j[i].shared = NULL;
+            j[i].s = pass ? unbatched : s, j[i].done = &done, j[i].ok = 0, j[i].out = calloc(n, 4);
             pthread_create(&th[i], NULL, batch_client, &j[i]);
             if (pass == 1)
                 pthread_join(th[i], NULL);
@@ -750,9 +752,9 @@ START_TEST(t_batched_sessions_as_alone)
             ck_assert_msg(j[i].ok, "job %d (pass %d) failed", i, pass);
         sp_server_batch_stats bs;
         sp_server_batch_stats_get(s, &bs);
-        if (pass == 0) /* the steps did meet in passes of several sessions */
-            ck_assert_msg(bs.peak >= 3, "no pass had 3 rows: %llu passes, %llu rows", (unsigned long long)bs.batches,
-                          (unsigned long long)bs.rows);
+        if (pass == 0) /* the steps did meet in passes of several sessions; the short prefills went through them */
+            ck_assert_msg(bs.peak >= 3 && bs.prefills >= 4, "no pass had 3 rows: %llu passes, %llu rows; %llu prefills",
+                          (unsigned long long)bs.batches, (unsigned long long)bs.rows, (unsigned long long)bs.prefills);
     }
     for (int i = 0; i < NJ; i++) {
         size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
@@ -763,7 +765,11 @@ START_TEST(t_batched_sessions_as_alone)
     for (int k = 0; k < 100 && sp_server_sessions(s); k++)
         usleep(20000);
     ck_assert_int_eq(sp_server_sessions(s), 0);
+    sp_server_batch_stats bs;
+    sp_server_batch_stats_get(unbatched, &bs);
+    ck_assert_int_eq(bs.batches, 0);
     sp_server_stop(s);
+    sp_server_stop(unbatched);
     unsetenv("SEPAL_SERVER_FAULT");
 }
 END_TEST
@@ -772,7 +778,7 @@ END_TEST
  * to its caller), so the server sees their steps together and batches them. */
 START_TEST(t_one_connection_many_sessions)
 {
-    sp_server *s = start_batching("slow:10", 0);
+    sp_server *s = start_batching("slow:10", 0, 0, 0);
     sp_remote *shared = connect_to(s);
     int done = 0;
     batch_job j[4];
@@ -797,17 +803,18 @@ START_TEST(t_one_connection_many_sessions)
 }
 END_TEST
 
-/* Fairness: client A pipelines a step of each of its 30 sessions on one connection (the protocol allows requests
- * in flight at once), sending each session's next step as its answer comes, so some 26 of its steps always wait;
- * client B steps one session. Passes hold 4 rows (--max-batch-tokens 4): taken in rounds of one step a
- * connection, B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's
- * answers) come while B waits; first come, first served, B would wait behind A's queue (some 26). A count, not a
- * time. */
+/* Fairness between clients (peers: source addresses), a real sepal-server process: client A, from 127.0.0.2, opens
+ * 30 sessions, each on a connection of its own, and pipelines a step of each (the protocol allows requests in flight at once),
+ * sending each session's next step as its answer comes, so some 26 of its steps always wait; client B, from
+ * 127.0.0.1, steps one session. Passes hold 4 rows (--max-batch-tokens 4): with turns round-robin over the peers,
+ * B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's answers) come
+ * while B waits; by connection B would have one turn in 31 (up to some 30 of A's answers), first come, first served
+ * it would wait behind A's queue (some 26). A count of answers, not a time. */
+enum { FAIR_CONNS = 30, FAIR_PER = 1 };
+
 typedef struct greedy_client {
-    sp_ws_client *c;
-    uint64_t session[30];
-    int sent_all, stop, done; /* atomics: every session's first step sent; stop sending; A's answers */
-    int ok;
+    int port;
+    int stop, done, ready; /* atomics: stop sending; A's answers; connections with every first step sent */
 } greedy_client;
 
 static void raw_send(sp_ws_client *c, sp_msg_type type, uint64_t id, const char *meta, const sp_tensor_src *t, int n)
@@ -835,63 +842,86 @@ static uint64_t raw_answer(sp_ws_client *c, char *meta, size_t cap)
     return id;
 }
 
-static void *greedy_main(void *p)
+/* A raw connection to port from the local address source, past its HELLO. */
+static sp_ws_client *raw_connect(int port, const char *source)
 {
-    greedy_client *a = p;
+    sp_ws_client *c = NULL;
+    sp_err err = {0};
+    sp_transport_opts to;
+    sp_transport_opts_default(&to);
+    to.source = source;
+    ck_assert_msg(sp_ws_client_connect(&c, "127.0.0.1", port, &to, TMO, &err) == SP_OK, "%s", err.msg);
+    char meta[256];
+    sp_hello_req hq = {.version = SP_PROTO_VERSION, .client = "test"};
+    ck_assert_int_eq(sp_hello_req_encode(&hq, meta, sizeof meta, NULL), SP_OK);
+    raw_send(c, SP_MSG_HELLO, 1, meta, NULL, 0);
+    raw_answer(c, NULL, 0);
+    return c;
+}
+
+static void raw_step(sp_ws_client *c, uint64_t session, int k)
+{
     float x[H];
     for (int i = 0; i < H; i++)
         x[i] = (float)(i % 7) * 0.1f;
     sp_tensor_src t = t3(x, 1, 1);
-    int pos[30] = {0}, inflight = 0;
     char meta[128];
-    for (int k = 0; k < 30; k++, inflight++) { /* every session's first step at once */
-        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
-        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
-        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+    sp_step_req q = {.session = session, .start_from_position = -1, .reply_encoding = -1};
+    ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+    raw_send(c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+}
+
+/* One of A's connections: its FAIR_PER sessions opened, then stepped, each step sent as the last one's answer
+ * comes, 60 steps a session or until told to stop. */
+static void *greedy_conn(void *p)
+{
+    greedy_client *a = p;
+    sp_ws_client *c = raw_connect(a->port, "127.0.0.2");
+    uint64_t session[FAIR_PER];
+    char meta[256];
+    for (int k = 0; k < FAIR_PER; k++) {
+        sp_open_req oq = {.start = 0, .end = 4, .max_length = 64, .batch = 1};
+        ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
+        raw_send(c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
+        raw_answer(c, meta, sizeof meta);
+        cJSON *j = cJSON_Parse(meta);
+        session[k] = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
+        cJSON_Delete(j);
     }
-    __atomic_store_n(&a->sent_all, 1, __ATOMIC_SEQ_CST);
+    int pos[FAIR_PER] = {0}, inflight = 0;
+    for (int k = 0; k < FAIR_PER; k++, inflight++) /* every session's first step at once */
+        raw_step(c, session[k], k);
+    __atomic_add_fetch(&a->ready, 1, __ATOMIC_SEQ_CST);
     while (inflight) {
-        int k = (int)(raw_answer(a->c, NULL, 0) - 1000);
+        int k = (int)(raw_answer(c, NULL, 0) - 1000);
         inflight--;
         __atomic_add_fetch(&a->done, 1, __ATOMIC_SEQ_CST);
         if (++pos[k] >= 60 || __atomic_load_n(&a->stop, __ATOMIC_SEQ_CST))
             continue;
-        sp_step_req q = {.session = a->session[k], .start_from_position = -1, .reply_encoding = -1};
-        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
-        raw_send(a->c, SP_MSG_INFERENCE_STEP, 1000 + (uint64_t)k, meta, &t, 1);
+        raw_step(c, session[k], k);
         inflight++;
     }
-    a->ok = 1;
+    sp_ws_client_close(c);
     return NULL;
 }
 
 START_TEST(t_fair_between_clients)
 {
-    sp_server *s = start_batching("slow:3", 4); /* passes of 4 steps take 12 ms or more: A's steps queue up */
+    /* passes of 4 steps take 12 ms or more (SEPAL_SERVER_FAULT=slow:3): A's steps queue up */
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
+    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", "4", NULL};
+    sp_test_proc p;
+    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
+    unsetenv("SEPAL_SERVER_FAULT");
+    greedy_client a = {.port = p.port};
+    pthread_t th[FAIR_CONNS];
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_create(&th[i], NULL, greedy_conn, &a);
+    sp_remote *b = NULL;
     sp_err err = {0};
-    greedy_client a = {0};
-    sp_transport_opts to;
-    sp_transport_opts_default(&to);
-    ck_assert_msg(sp_ws_client_connect(&a.c, "127.0.0.1", sp_server_port(s), &to, TMO, &err) == SP_OK, "%s", err.msg);
-    char meta[256];
-    sp_hello_req hq = {.version = SP_PROTO_VERSION, .client = "test"};
-    ck_assert_int_eq(sp_hello_req_encode(&hq, meta, sizeof meta, NULL), SP_OK);
-    raw_send(a.c, SP_MSG_HELLO, 1, meta, NULL, 0);
-    raw_answer(a.c, NULL, 0);
-    for (int k = 0; k < 30; k++) {
-        sp_open_req oq = {.start = 0, .end = 4, .max_length = 64, .batch = 1};
-        ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
-        raw_send(a.c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
-        raw_answer(a.c, meta, sizeof meta);
-        cJSON *j = cJSON_Parse(meta);
-        a.session[k] = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
-        cJSON_Delete(j);
-    }
-    sp_remote *b = connect_to(s);
+    ck_assert_msg(sp_remote_connect(&b, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
     uint64_t id = open_session(b, 0, 4, 16, 1);
-    pthread_t th;
-    pthread_create(&th, NULL, greedy_main, &a);
-    while (!__atomic_load_n(&a.sent_all, __ATOMIC_SEQ_CST))
+    while (__atomic_load_n(&a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
         usleep(1000);
     usleep(30000); /* A's queue fills */
     float x[H] = {0}, y[H];
@@ -903,11 +933,43 @@ START_TEST(t_fair_between_clients)
         most = during > most ? during : most;
     }
     __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
-    pthread_join(th, NULL);
-    ck_assert(a.ok);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "fairness: at most %d of A's steps answered while one of B's waited\n", most);
     ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
     sp_remote_close(b);
-    sp_ws_client_close(a.c);
+    sp_test_proc_signal(&p, SIGTERM);
+}
+END_TEST
+
+/* The queue wait's bound (--max-queue-wait): three sessions step without pause on a server whose answers come 20 ms
+ * late each, so that steps wait for the pass before theirs (tens of ms, over a bound of 1 ms): a new session is
+ * refused with ERROR "overloaded" (and counted), the running ones go on; once their steps stop, nothing waits, and a
+ * session opens again. Conditions polled for, never a time asserted. */
+static int saturated(void *s) { return sp_server_saturated(s); }
+static int unsaturated(void *s) { return !sp_server_saturated(s); }
+
+START_TEST(t_queue_wait_bound)
+{
+    sp_server *s = start_batching("slow:20", 0, 0.001, 0);
+    sp_test_load *l = sp_test_load_start(sp_server_port(s), 3, 0, 4, H);
+    ck_assert_msg(sp_test_wait_for(saturated, s, 30), "the queue wait never passed 1 ms: %.6f s",
+                  sp_server_queue_wait(s));
+    sp_remote *r = connect_to(s);
+    call_err(r, SP_MSG_INFERENCE_OPEN, "{\"start\":0,\"end\":4,\"max_length\":8,\"batch\":1}", NULL, 0, "overloaded");
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_double_eq(info.max_queue_wait, 0.001);
+    int before = sp_test_load_steps(l);
+    while (sp_test_load_steps(l) < before + 6) /* the running sessions go on */
+        usleep(1000);
+    char *text = sp_server_metrics_text(s, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "\nsepal_sessions_refused_overloaded_total 1\n"));
+    free(text);
+    sp_test_load_stop(l);
+    ck_assert_msg(sp_test_wait_for(unsaturated, s, 30), "still saturated: %.6f s", sp_server_queue_wait(s));
+    open_session(r, 0, 4, 8, 1);
+    sp_remote_close(r);
     sp_server_stop(s);
     unsetenv("SEPAL_SERVER_FAULT");
 }
@@ -1419,6 +1481,7 @@ int main(void)
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
+    tcase_add_test(tc, t_queue_wait_bound);
     tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
     tcase_add_test(tc, t_step_timeout);

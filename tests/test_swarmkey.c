@@ -156,6 +156,18 @@ START_TEST(t_record_queue_wait)
     ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
     ck_assert_int_ne(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
     ck_assert_msg(strstr(err.msg, "queue_wait"), "%s", err.msg);
+    /* its bound: said when set, read back; absent (none, or an older server) reads as 0 */
+    r.queue_wait = 0.5;
+    r.max_queue_wait = 0.25;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_ptr_nonnull(memmem(buf, len, "\"max_queue_wait\":0.25", 20));
+    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_double_eq(back.max_queue_wait, 0.25);
+    r.max_queue_wait = 0;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_ptr_null(memmem(buf, len, "max_queue_wait", 14));
+    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_double_eq(back.max_queue_wait, 0);
 }
 END_TEST
 

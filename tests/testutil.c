@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "remote.h"
 #include "runtime.h"
 
 const char *sp_test_tmpdir(void)
@@ -210,4 +212,86 @@ int sp_test_route_hops(sp_runtime *rt)
     sp_route r;
     sp_runtime_last_route(rt, &r);
     return r.nhops;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* load on a server */
+
+#define LOAD_MAX 16
+
+typedef struct load_session {
+    struct sp_test_load *l;
+    sp_remote *r;
+    uint64_t id;
+    pthread_t th;
+} load_session;
+
+struct sp_test_load {
+    int n, H, max_length;
+    int stop, steps; /* atomics */
+    load_session s[LOAD_MAX];
+};
+
+static void *load_main(void *p)
+{
+    load_session *x = p;
+    sp_test_load *l = x->l;
+    float *h = calloc((size_t)l->H, sizeof *h);
+    ck_assert_ptr_nonnull(h);
+    sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, l->H}, .f32 = h};
+    for (int pos = 0; !__atomic_load_n(&l->stop, __ATOMIC_SEQ_CST); pos = pos + 1 < l->max_length ? pos + 1 : 0) {
+        char meta[128];
+        sp_step_req q = {.session = x->id, .start_from_position = pos ? -1 : 0, .reply_encoding = -1};
+        ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        sp_reply rep;
+        sp_err err = {0};
+        ck_assert_msg(sp_remote_call(x->r, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep, 60000, &err) == SP_OK,
+                      "a loading session's step: %s", err.msg);
+        sp_reply_clear(&rep);
+        __atomic_add_fetch(&l->steps, 1, __ATOMIC_SEQ_CST);
+    }
+    free(h);
+    return NULL;
+}
+
+sp_test_load *sp_test_load_start(int port, int n, int start, int end, int H)
+{
+    sp_test_load *l = calloc(1, sizeof *l);
+    ck_assert(l && n > 0 && n <= LOAD_MAX);
+    *l = (sp_test_load){.n = n, .H = H, .max_length = 64};
+    for (int i = 0; i < n; i++) {
+        load_session *x = &l->s[i];
+        sp_err err = {0};
+        ck_assert_msg(sp_remote_connect(&x->r, "127.0.0.1", port, 1, 20000, &err) == SP_OK, "%s", err.msg);
+        char meta[128];
+        sp_open_req q = {.start = start, .end = end, .max_length = l->max_length, .batch = 1};
+        ck_assert_int_eq(sp_open_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        sp_reply rep;
+        sp_open_reply a = {0};
+        ck_assert_msg(sp_remote_call(x->r, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, 20000, &err) == SP_OK,
+                      "a loading session's open: %s", err.msg);
+        ck_assert_int_eq(sp_open_reply_decode(&rep.msg, &a, &err), SP_OK);
+        sp_reply_clear(&rep);
+        x->id = a.session;
+        x->l = l;
+    }
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(pthread_create(&l->s[i].th, NULL, load_main, &l->s[i]), 0);
+    return l;
+}
+
+int sp_test_load_steps(sp_test_load *l) { return __atomic_load_n(&l->steps, __ATOMIC_SEQ_CST); }
+
+void sp_test_load_halt(sp_test_load *l) { __atomic_store_n(&l->stop, 1, __ATOMIC_SEQ_CST); }
+
+void sp_test_load_stop(sp_test_load *l)
+{
+    if (!l)
+        return;
+    sp_test_load_halt(l);
+    for (int i = 0; i < l->n; i++) {
+        pthread_join(l->s[i].th, NULL);
+        sp_remote_close(l->s[i].r);
+    }
+    free(l);
 }

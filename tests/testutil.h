@@ -46,4 +46,16 @@ void sp_test_update_period(sp_runtime *rt, double s);
 /* Hops of the route sp_runtime_route computed last. */
 int sp_test_route_hops(sp_runtime *rt);
 
+/* Load on a server: n sessions over blocks [start, end) (hidden size H) of the server at 127.0.0.1:port, each on a
+ * connection of its own, all opened before any steps (a saturated server refuses later ones), then stepping single
+ * positions without pause, each in a thread, until stopped (positions rolled back before the session fills). */
+typedef struct sp_test_load sp_test_load;
+sp_test_load *sp_test_load_start(int port, int n, int start, int end, int H);
+/* Steps answered so far (all sessions). */
+int sp_test_load_steps(sp_test_load *l);
+/* Asks the threads to stop (callable from an event callback: returns at once). */
+void sp_test_load_halt(sp_test_load *l);
+/* Stops (if not yet), joins the threads, closes the connections, frees l (NULL: nothing). */
+void sp_test_load_stop(sp_test_load *l);
+
 #endif

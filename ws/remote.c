@@ -99,6 +99,8 @@ static sp_status error_status(sp_reply *rep, sp_err *err)
         st = SP_ERR_UNSUPPORTED;
     else if (code && (!strcmp(code, "internal") || !strcmp(code, "timeout")))
         st = SP_ERR_IO;
+    else if (code && !strcmp(code, "overloaded"))
+        st = SP_ERR_BUSY;
     return sp_errf(err, st, "%s: %s", code ? code : "error", msg && *msg ? msg : "(no message)");
 }
 

@@ -46,6 +46,8 @@
 
 typedef struct sp_transport_opts {
     const char *host;        /* server: bind address (default "127.0.0.1"); client: unused */
+    const char *source;      /* client: the local address it connects from (NULL: the system's choice; tests make
+                                loopback peers of 127.0.0.2 ...); server: unused */
     int port;                /* server: ws port, 0 = ephemeral */
     int bulk_port;           /* server: bulk TCP port, 0 = ephemeral, -1 = no bulk channel */
     uint64_t max_message;    /* largest message accepted on either channel (default 256 MiB; 0 = default) */
@@ -114,6 +116,9 @@ void sp_ws_server_release(sp_ws_server *s, uint64_t conn, uint64_t bytes);
 /* Holds (delta > 0) or lets go of (delta < 0) conn: a held connection is not closed for being idle (the server
  * holds one per open session). Thread-safe. */
 void sp_ws_server_hold(sp_ws_server *s, uint64_t conn, int delta);
+/* A key of conn's source address (the peer: every connection from one address has the same, and two addresses
+ * differ but by a 2^-64 chance): 0 if conn is gone. Thread-safe. */
+uint64_t sp_ws_server_peer(sp_ws_server *s, uint64_t conn);
 
 /* The limits in force (defaults resolved) and what they did. */
 typedef struct sp_ws_server_stats {

@@ -396,6 +396,7 @@ struct sp_ws_client {
     sp_transport_opts o;
     sp_proto_limits lim;
     char host[256];
+    char source[64]; /* the local address it connects from (o.source; "": any) */
     int port;
     struct lws_context *ctx;
     struct lws_protocols protocols[2];

@@ -251,6 +251,8 @@ static sp_status cli_init(sp_ws_client *c, const char *host, int port, const sp_
     tp_resolve_opts(&c->o, o);
     c->lim = tp_limits_for(&c->o);
     snprintf(c->host, sizeof c->host, "%s", host);
+    snprintf(c->source, sizeof c->source, "%s", o && o->source ? o->source : "");
+    c->o.source = NULL;
     c->port = port;
     c->bulk_fd = -1;
     c->wake_fd = c->o.direct_recv ? eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) : -1;
@@ -308,6 +310,7 @@ static sp_status cli_handshake(sp_ws_client *c, int timeout_ms, sp_err *err)
     ci.origin = c->host;
     ci.protocol = "sepal";
     ci.pwsi = &c->wsi;
+    ci.iface = c->source[0] ? c->source : NULL;
     struct lws *w = lws_client_connect_via_info(&ci);
     if (pthread_create(&c->svc, NULL, cli_svc_main, c))
         return sp_errf(err, SP_ERR_NOMEM, "connecting to %s:%d: cannot start the transport thread", c->host, c->port);

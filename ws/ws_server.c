@@ -1046,6 +1046,23 @@ void sp_ws_server_hold(sp_ws_server *s, uint64_t id, int delta)
     pthread_mutex_unlock(&s->mu);
 }
 
+uint64_t sp_ws_server_peer(sp_ws_server *s, uint64_t id)
+{
+    if (!s)
+        return 0;
+    uint8_t addr[16] = {0};
+    pthread_mutex_lock(&s->mu);
+    conn *c = tp_find_conn(s, id);
+    int found = c != NULL;
+    if (c && c->src)
+        memcpy(addr, c->src->addr, sizeof addr);
+    pthread_mutex_unlock(&s->mu);
+    uint64_t key = 14695981039346656037ull; /* FNV-1a of the 16 bytes (IPv4 as IPv4-mapped IPv6) */
+    for (int i = 0; i < 16; i++)
+        key = (key ^ addr[i]) * 1099511628211ull;
+    return found ? (key ? key : 1) : 0;
+}
+
 void sp_ws_server_stats_get(sp_ws_server *s, sp_ws_server_stats *st)
 {
     pthread_mutex_lock(&s->mu);

@@ -53,6 +53,7 @@ typedef struct sp_server_entry {
     double block_s;        /* seconds one of its blocks took in a greedy decode step, as this client saw it
                               (its hops' times less the ping, averaged); 0 unknown */
     double banned_until;   /* sp_runtime_now() until which routing avoids it */
+    double busy_until;     /* ... avoids it for having refused a session as "overloaded" (not a failure) */
     int down;              /* its address refused connections after a failure (its process is gone): routing
                               leaves it out until it answers again or announces anew */
     int failures;          /* since the last success */

@@ -65,15 +65,24 @@ static double ban(sp_runtime *rt, int i)
     return len;
 }
 
+/* Marks server i busy for ban_s (it refused a session as "overloaded"): avoided, not banned. Returns the time.
+ * Caller holds rt->lock. */
+static double mark_busy(sp_runtime *rt, int i)
+{
+    rt->servers[i]->busy_until = sp_runtime_now(rt) + rt->set.ban_s;
+    return rt->set.ban_s;
+}
+
 void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
 {
     char label[160];
     sp_rt_server_label(rt, i, label, sizeof label);
+    int busy = why && why->code == SP_ERR_BUSY;
     /* a lost connection: if nothing listens there any more, the server is gone, not busy */
     int down = why && (why->code == SP_ERR_IO || why->code == SP_ERR_CLOSED) && sp_rt_probe_down(rt, i);
     pthread_mutex_lock(&rt->lock);
     sp_server_entry *e = rt->servers[i];
-    double len = ban(rt, i);
+    double len = busy ? mark_busy(rt, i) : ban(rt, i);
     int start = e->rec.start, end = e->rec.end;
     pthread_mutex_unlock(&rt->lock);
     /* the error often names the server again: "HOST:PORT (blocks a:b): ..." */
@@ -87,8 +96,12 @@ void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why)
             msg = rest + 2;
     }
     char what[1024];
-    snprintf(what, sizeof what, "%s (blocks %d:%d) failed: %s%s; banned for %.0f s", label, start, end, msg,
-             down ? "; nothing listens there now" : "", len);
+    if (busy)
+        snprintf(what, sizeof what, "%s (blocks %d:%d) is busy: %s; other servers first for %.0f s", label, start, end,
+                 msg, len);
+    else
+        snprintf(what, sizeof what, "%s (blocks %d:%d) failed: %s%s; banned for %.0f s", label, start, end, msg,
+                 down ? "; nothing listens there now" : "", len);
     retry_event(rt, i, attempt, what);
 }
 

@@ -1,7 +1,7 @@
 /* route.c - routes over the servers the runtime knows: the table becomes routing spans (swarm/routing.h,
  * pure functions), and the hops they return become sp_routes (stages of hops, runtime.h). Servers that
  * are gone, down (nothing listens at their address), not ONLINE, not allowed or blocked by the settings are
- * left out; banned ones are used only where nothing else covers a block. Inference routes are priced as the
+ * left out; banned and busy ones (sp_rt_busy) are used only where nothing else covers a block. Inference routes are priced as the
  * session will run them (relayed by the client, or pushed from server to server: the push setting), on measured
  * pings (an unknown one of the client's measured first; the servers' to each other from their records) and, once
  * seen, measured block times; a route over every block adds the client's own part of a step. */
@@ -136,7 +136,7 @@ static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
                              .throughput = e->rec.throughput,
                              .cache_tokens_left = e->rec.cache_tokens_left, .queue_wait = e->rec.queue_wait,
                              .client_rtt = e->rtt,
-                             .banned = e->banned_until > now, .next = nx, .nnext = nn};
+                             .banned = e->banned_until > now || sp_rt_busy(e, now), .next = nx, .nnext = nn};
     }
     return n;
 }

@@ -61,9 +61,16 @@ int sp_rt_probe_down(sp_runtime *rt, int i);
  * errors any server would give (a bad request of ours). */
 int sp_rt_retryable(sp_status st, const sp_reply *rep);
 /* Server i failed a request: ban it (ban_s * 2^failures), and report the retry that follows (attempt of
- * max) or that none does. */
+ * max) or that none does. A server that refused a session as "overloaded" (why: SP_ERR_BUSY) did not fail: it is
+ * busy, avoided by routing for ban_s (not doubled; its failures stay), and the report says so. */
 void sp_rt_failed(sp_runtime *rt, int i, int attempt, const sp_err *why);
 void sp_rt_succeeded(sp_runtime *rt, int i);
+/* Whether routing avoids entry e as busy at time now (sp_runtime_now): it refused a session as "overloaded" lately,
+ * or its record says its queue wait is over its bound (it refuses new sessions now). Caller holds rt->lock. */
+static inline int sp_rt_busy(const sp_server_entry *e, double now)
+{
+    return e->busy_until > now || (e->rec.max_queue_wait > 0 && e->rec.queue_wait > e->rec.max_queue_wait);
+}
 /* No route over blocks [start, end) for try `attempt`: some block has no online server. If joining servers hold
  * every such block, an SP_EV_RETRY event says so with the retry that follows (as sp_rt_failed's), and 1 is
  * returned: wait and retry. Otherwise 0: fail now, as waiting cannot help, err saying why: "no online server

@@ -52,6 +52,7 @@ for f in "name        local \(no --public-name\)" "address     ws://127\.0\.0\.1
          "throughput  [0-9]+\.[0-9] tokens/s per block" \
          "rps         inference [0-9.]+ steps/s, forward [0-9.]+ tokens/s, network [0-9.]+ tokens/s" \
          "dtype       f32" "quant       none" "cache left  [0-9]+ tokens" \
+         "queue wait  [0-9.e+-]+ s \(new sessions refused over 5 s\)" \
          "ping        ([0-9.]+ (ms|us)|-) \(from this app\)" \
          "version     0\.1\.0" "announced   [0-9]+\.[0-9] s ago \(every [0-9]+ s\)"; do
     n=$(grep -cE "^  $f$" "$TMP/long")
