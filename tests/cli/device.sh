@@ -9,7 +9,7 @@ M="$SEPAL_TEST_DATA/hf-tiny/llama-gqa"
 for v in gpu cuda:x cuda: cuda:-1 CUDA; do
     expect 2 "--device $v is refused" \
         "^sepal-server: --device: expected cpu, cuda or cuda:N \(N: a GPU's index, 0 the first\), got '$v'$" -- \
-        "$S" --model "$M" --blocks 0:2 --device "$v"
+        timeout 20 "$S" --model "$M" --blocks 0:2 --device "$v" # (a value taken by mistake would serve)
 done
 expect 2 "Mixtral's span is refused on a GPU" \
     "^sepal-server: --device cuda:0: Mixtral's sparse experts do not run on the GPU yet \(use --device cpu\)$" -- \
