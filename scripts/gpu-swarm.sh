@@ -4,7 +4,7 @@
 # halves of the blocks, and the client's greedy tokens (generate --ids) equal those of a CPU-only swarm of the same
 # halves: f32 for every family, bf16 for llama; beam search (hypo_ids' reorder on the device) and two clients at once
 # (the batched decode pass) too. The GPU server measures its throughput on the device, says "on cuda:0 NAME" and
-# `servers` shows "f32 cuda:0". Without a usable GPU it prints "skipped: ..." and exits 77.
+# `servers` shows "f32 cuda:0"; then BUILD_DIR/tests/test_server_gpu when it is there. Without a usable GPU it prints "skipped: ..." and exits 77.
 # Needs only BUILD_DIR/server/sepal-server, BUILD_DIR/app/sepal (with their shared libraries) and tests/data.
 set -u
 BUILD=$(cd "${1:?usage: scripts/gpu-swarm.sh BUILD_DIR}" && pwd)
@@ -103,6 +103,14 @@ done
 mixed llama-gqa bf16
 for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
+# the RPCs themselves against a CPU server's, within 1e-4 relative (test_server_gpu, when built)
+if [ -x "$BUILD/tests/test_server_gpu" ]; then
+    if "$BUILD/tests/test_server_gpu" > "$TMP/test_server_gpu.out" 2>&1; then
+        ok "test_server_gpu: $(grep -E 'Checks' "$TMP/test_server_gpu.out")"
+    else
+        bad "test_server_gpu: $(tail -5 "$TMP/test_server_gpu.out")"
+    fi
+fi
 # every server shut down cleanly (its device freed), none crashed
 if grep -lE "Sanitizer|Segmentation|cuda: |internal" "$TMP"/*.log >/dev/null 2>&1; then
     bad "a server's log: $(grep -hE "Sanitizer|Segmentation|cuda: |internal" "$TMP"/*.log | head -3)"
