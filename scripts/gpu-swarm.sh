@@ -5,7 +5,7 @@
 # halves: f32 for every family, bf16 for llama; beam search (hypo_ids' reorder on the device) and two clients at once
 # (the batched decode pass) too. The GPU server measures its throughput on the device, says "on cuda:0 NAME" and
 # `servers` shows "f32 cuda:0"; then BUILD_DIR/tests/test_server_gpu when it is there. Without a usable GPU it prints "skipped: ..." and exits 77.
-# Needs only BUILD_DIR/server/sepal-server, BUILD_DIR/app/sepal (with their shared libraries) and tests/data.
+# Needs only BUILD_DIR/server/sepal-server and sepal-server-cuda (the first hands --device cuda to it), BUILD_DIR/app/sepal (with their shared libraries) and tests/data.
 set -u
 BUILD=$(cd "${1:?usage: scripts/gpu-swarm.sh BUILD_DIR}" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

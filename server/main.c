@@ -143,6 +143,21 @@ static int check_device(const sp_server_opts *o, const sp_config *cfg)
     return 2;
 }
 
+/* --device cuda in a sepal-server built without CUDA: sepal-server-cuda beside it takes over (the same arguments),
+ * when it is there; else this one goes on (and says there is no usable GPU). */
+static void hand_over_to_cuda(const sp_server_opts *o, char **argv)
+{
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+    if (o->device < 0 || sp_server_has_cuda() || n <= 0)
+        return;
+    path[n] = '\0';
+    char *slash = strrchr(path, '/');
+    snprintf(slash ? slash + 1 : path, 32, "sepal-server-cuda");
+    if (access(path, X_OK) == 0)
+        execv(path, argv);
+}
+
 /* Where option k's value goes (v: given, or the row's default); -1 after a message. */
 static int take(args *a, int k, const char *v)
 {
@@ -605,6 +620,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &p.a);
     if (rc)
         return rc == 1 ? 0 : rc;
+    hand_over_to_cuda(&p.a.so, argv);
     static sp_swarm_key key;
     if (p.a.gen_swarm_key) {
         if (sp_swarm_key_generate(p.a.gen_swarm_key, &err) || sp_swarm_key_load(&key, p.a.gen_swarm_key, &err)) {

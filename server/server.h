@@ -74,6 +74,8 @@ sp_status sp_device_parse(const char *v, int *gpu, sp_err *err);
 /* Whether CUDA GPU gpu can be used at all (nothing started): SP_ERR_UNSUPPORTED "no usable GPU (WHY)" (no driver, no
  * device, a build without CUDA) or SP_ERR_ARG "no device N (...)". */
 sp_status sp_device_probe(int gpu, sp_err *err);
+/* 1 in a build of the server library with CUDA (sepal-server-cuda's), 0 without (sepal-server's). */
+int sp_server_has_cuda(void);
 
 /* The defaults: those of sepal-server's option table (opts.h), and what no option sets. */
 void sp_server_opts_default(sp_server_opts *o);

@@ -16,6 +16,7 @@ sp_status span_dev_open(sp_server *s, int gpu, sp_err *err)
     return sp_device_probe(gpu, err);
 }
 
+int sp_server_has_cuda(void) { return 0; }
 void span_dev_close(sp_server *s) { (void)s; }
 size_t span_dev_weight_bytes(const sp_server *s) { (void)s; return 0; }
 
