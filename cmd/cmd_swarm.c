@@ -125,7 +125,9 @@ static void server_row(const sp_server_row *e, double now, server_cells *out)
     snprintf(t[SC_INF], sizeof t[SC_INF], "%.1f", r->inference_rps);
     snprintf(t[SC_FWD], sizeof t[SC_FWD], "%.0f", r->forward_rps);
     snprintf(t[SC_NET], sizeof t[SC_NET], "%.0f", r->network_rps);
-    snprintf(t[SC_TYPE], sizeof t[SC_TYPE], "%s", r->dtype[0] ? r->dtype : "-");
+    const char *gpu = r->device[0] && strcmp(r->device, "cpu") ? r->device : NULL; /* "bf16 cuda:0" (the name: --long) */
+    snprintf(t[SC_TYPE], sizeof t[SC_TYPE], "%s%s%.*s", r->dtype[0] ? r->dtype : "-", gpu ? " " : "",
+             gpu ? (int)strcspn(gpu, " ") : 0, gpu ? gpu : "");
     if (r->cache_tokens_left >= 0)
         snprintf(t[SC_CACHE], sizeof t[SC_CACHE], "%ld", r->cache_tokens_left);
     else
@@ -169,6 +171,7 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
            r->inference_rps, r->forward_rps, r->network_rps);
     sp_out(app, "  dtype       %s\n", r->dtype[0] ? r->dtype : "-");
     sp_out(app, "  quant       %s\n", r->quant[0] ? r->quant : "none");
+    sp_out(app, "  device      %s\n", r->device[0] ? r->device : "cpu");
     if (r->cache_tokens_left >= 0)
         sp_out(app, "  cache left  %ld tokens\n", r->cache_tokens_left);
     else

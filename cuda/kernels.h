@@ -125,6 +125,10 @@ sp_status sp_cuda_causal_softmax(sp_cuda *cu, float *scores, long rows, int T, i
 /* Appends a step's keys or values x [B, T, nkv * hd] to a cache [B, cap, nkv * hd] at positions len .. len + T - 1. */
 sp_status sp_cuda_kv_append(sp_cuda *cu, float *cache, const float *x, int B, int T, int cap, int len, int row,
                             sp_err *err);
+/* Deep prompts: h[b, t] += prompt[b, t0 + t] for the positions t0 + t < P of h [B, T, H] (prompt [B, P, H];
+ * prompt.cu, the server's add_prompt on the device). */
+sp_status sp_cuda_add_prompt(sp_cuda *cu, float *h, const float *prompt, int B, int T, int t0, int P, int H,
+                             sp_err *err);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,8 @@ sp_status sp_record_encode(const sp_server_record *r, char *buf, size_t cap, siz
     cJSON_AddNumberToObject(o, "network_rps", r->network_rps);
     cJSON_AddStringToObject(o, "dtype", r->dtype);
     cJSON_AddStringToObject(o, "quant", r->quant);
+    if (r->device[0])
+        cJSON_AddStringToObject(o, "device", r->device);
     cJSON_AddNumberToObject(o, "cache_tokens_left", (double)r->cache_tokens_left);
     cJSON_AddNumberToObject(o, "queue_wait", r->queue_wait);
     if (r->max_queue_wait > 0)
@@ -265,7 +267,9 @@ static sp_status decode_fields(sp_server_record *r, const cJSON *o, sp_err *err)
         (cJSON_GetObjectItemCaseSensitive(o, "queue_wait") && /* optional: older servers do not say it */
          (st = get_num(o, "queue_wait", 0, 1e6, &r->queue_wait, err))) ||
         (cJSON_GetObjectItemCaseSensitive(o, "max_queue_wait") && /* optional: none, or an older server */
-         (st = get_num(o, "max_queue_wait", 0, 1e6, &r->max_queue_wait, err))))
+         (st = get_num(o, "max_queue_wait", 0, 1e6, &r->max_queue_wait, err))) ||
+        (cJSON_GetObjectItemCaseSensitive(o, "device") && /* optional: an older server */
+         (st = get_str(o, "device", r->device, sizeof r->device, CH_ANY, 0, err))))
         return st;
     r->port = (int)port;
     r->num_blocks = (int)blocks;

@@ -46,6 +46,7 @@ typedef struct sp_server_record {
     double forward_rps;        /* tokens/s per block of a 1024-token forward */
     double network_rps;        /* tokens/s its network carries */
     char dtype[16], quant[16]; /* "f32", "none" */
+    char device[64];           /* where its blocks run: "cpu", "cuda:0 NVIDIA H200" ("": not said, an older server) */
     long cache_tokens_left;    /* positions a new session over the whole span can still get */
     double queue_wait;         /* seconds its recent decode steps waited in its queue (its load; 0 if not said) */
     double max_queue_wait;     /* its bound on that wait: over it, it refuses new inference sessions (0: none, or not

@@ -119,6 +119,45 @@ static int parse_metrics(const char *v, args *a)
     return -1;
 }
 
+static int parse_device(const char *v)
+{
+    sp_err err = {0};
+    int gpu;
+    if (!sp_device_parse(v, &gpu, &err))
+        return 0;
+    fprintf(stderr, "sepal-server: --device: %s\n", err.msg);
+    return -1;
+}
+
+/* --device cuda[:N] before anything starts: a family that runs on a GPU, and a GPU there; 2 after a message. */
+static int check_device(const sp_server_opts *o, const sp_config *cfg)
+{
+    sp_err err = {0};
+    if (o->device < 0)
+        return 0;
+    if (cfg->blk.n_experts > 0)
+        sp_errf(&err, SP_ERR_UNSUPPORTED, "Mixtral's sparse experts do not run on the GPU yet (use --device cpu)");
+    else if (sp_device_probe(o->device, &err) == SP_OK)
+        return 0;
+    fprintf(stderr, "sepal-server: --device cuda:%d: %s\n", o->device, err.msg);
+    return 2;
+}
+
+/* --device cuda in a sepal-server built without CUDA: sepal-server-cuda beside it takes over (the same arguments),
+ * when it is there; else this one goes on (and says there is no usable GPU). */
+static void hand_over_to_cuda(const sp_server_opts *o, char **argv)
+{
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+    if (o->device < 0 || sp_server_has_cuda() || n <= 0)
+        return;
+    path[n] = '\0';
+    char *slash = strrchr(path, '/');
+    snprintf(slash ? slash + 1 : path, 32, "sepal-server-cuda");
+    if (access(path, X_OK) == 0)
+        execv(path, argv);
+}
+
 /* Where option k's value goes (v: given, or the row's default); -1 after a message. */
 static int take(args *a, int k, const char *v)
 {
@@ -129,6 +168,7 @@ static int take(args *a, int k, const char *v)
     case S_NUM_BLOCKS: a->num_blocks = (int)sp_opt_int(v); break;
     case S_ANNOUNCE: return parse_announce(v, a);
     case S_METRICS: return parse_metrics(v, a);
+    case S_DEVICE: return parse_device(v);
     case S_NEW_SWARM: a->new_swarm = 1; break;
     case S_INITIAL_PEERS: a->initial_peers = v; break;
     case S_DHT_PORT: a->dht_port = (int)sp_opt_int(v); break;
@@ -344,6 +384,7 @@ static void fill_record(void *user, sp_server_record *r)
         r->cache_tokens_left = sp_server_cache_left(p->srv);
         r->queue_wait = queue_wait(p);
         r->max_queue_wait = p->a.so.max_queue_wait_s;
+        snprintf(r->device, sizeof r->device, "%s", sp_server_device(p->srv));
     }
     pthread_mutex_unlock(&p->srv_lock);
 }
@@ -409,9 +450,9 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
     if (p->ann)
         snprintf(dht, sizeof dht, ", DHT %s:%d", o.host, sp_announce_dht_port(p->ann));
     printf("sepal-server: serving blocks %d:%d of %s at ws://%s:%d (bulk port %d%s), %.1f steps/s, %.0f tokens/s; "
-           "%s weights, %.1f MB\n",
+           "%s weights, %.1f MB, on %s\n",
            start, end, o.model_dir, o.host, p->port, sp_server_bulk_port(p->srv), dht, inf, fwd,
-           sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6);
+           sp_server_dtype(p->srv), sp_server_weight_bytes(p->srv) / 1e6, sp_server_device(p->srv));
     if (p->a.announce_host[0])
         printf("sepal-server: announced as ws://%s:%d (bulk port %d): clients reach it there\n", p->a.announce_host,
                p->a.announce_port ? p->a.announce_port : p->port, sp_server_public_bulk_port(p->srv));
@@ -583,6 +624,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &p.a);
     if (rc)
         return rc == 1 ? 0 : rc;
+    hand_over_to_cuda(&p.a.so, argv);
     static sp_swarm_key key;
     if (p.a.gen_swarm_key) {
         if (sp_swarm_key_generate(p.a.gen_swarm_key, &err) || sp_swarm_key_load(&key, p.a.gen_swarm_key, &err)) {
@@ -619,6 +661,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "sepal-server: %s\n", err.msg);
         return 1;
     }
+    if ((rc = check_device(&p.a.so, &p.cfg)))
+        return rc;
     new_id(p.id);
     sp_rng_seed(&p.rng, sp_now_ns() ^ strtoull(p.id, NULL, 16));
     p.port = p.a.so.port;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "span.h"
 
 /* Every option once: its kind, range, default (what the server does without it) and help. */
 const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
@@ -79,6 +80,8 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
     [S_DTYPE] = {"--dtype", SP_OPT_CHOICE, .choices = "f32|bf16|int8|nf4", .def = "f32", .section = "\nwork:",
                  .help = "hold the blocks as f32, bf16, int8 (blocks of 32, like Q8_0) or nf4 (as bitsandbytes; "
                          "blocks of 64), encoded at load"},
+    [S_DEVICE] = {"--device", SP_OPT_STR, "cpu|cuda[:N]", .def = "cpu",
+                  .help = "run the blocks on the CPU, or on CUDA GPU N (0: the first), uploaded once at start"},
     [S_THREADS] = {"--threads", SP_OPT_INT, "N", 1, 256,
                    .help = "compute threads (default: the CPUs this process may run on)"},
     [S_WORKERS] = {"--workers", SP_OPT_INT, "N", 1, 256, .def = "1", .help = "request worker threads"},
@@ -130,6 +133,7 @@ int sp_server_opt_take(sp_server_opts *o, int k, const char *v)
     case S_IDLE_TIMEOUT: l->idle_timeout_s = sp_opt_num(v); break;
     case S_BUSY_TIMEOUT: l->busy_timeout_s = sp_opt_num(v); break;
     case S_DTYPE: sp_wtype_parse(v, &t), o->dtype = (int)t; break;
+    case S_DEVICE: return sp_device_parse(v, &o->device, NULL) != SP_OK; /* a bad value: the program says so */
     case S_THREADS: o->threads = (int)sp_opt_int(v); break;
     case S_WORKERS: o->workers = (int)sp_opt_int(v); break;
     case S_MAX_BATCH_TOKENS: o->max_batch_tokens = (int)sp_opt_int(v); break;

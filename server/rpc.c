@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "server_impl.h"
+#include "span.h"
 #include "timeutil.h"
 #include "version.h"
 
@@ -287,6 +288,8 @@ static int check_tokens(req *r, int B, int T)
 static sp_status run_keeping(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
                              float *inputs, sp_block_acts *acts, sp_ws *ws, sp_err *err)
 {
+    if (s->dev) /* (acts: NULL there, the device recomputes) */
+        return span_dev_forward(s, start, end, x, B, T, prompts, P, inputs, err);
     int H = s->m->cfg.hidden;
     size_t N = (size_t)B * T * H;
     for (int i = 0; i < end - start; i++) {
@@ -330,7 +333,7 @@ static void rpc_forward(req *r, sp_ws *ws)
     if (q.keep > 0 && r->s->o.keep_bytes > 0) {
         inputs = malloc((size_t)(end - start) * N * sizeof(float));
         bytes = kept_size(r->s, start, end, B, T, 1);
-        if (inputs && bytes <= r->s->o.keep_bytes / 4 && (acts = calloc((size_t)(end - start), sizeof *acts)))
+        if (inputs && !r->s->dev && bytes <= r->s->o.keep_bytes / 4 && (acts = calloc((size_t)(end - start), sizeof *acts)))
             for (int i = 0; i < end - start; i++)
                 kept_acts_get(&r->s->kt, &acts[i]); /* last steps' buffers: no fresh pages */
         if (!acts)
@@ -396,6 +399,13 @@ static void rpc_backward(req *r, sp_ws *ws)
         goto done;
     }
     sp_err err = {0};
+    if (r->s->dev) { /* the whole backward on the device, the kept inputs (if any) copied in */
+        if (span_dev_backward(r->s, start, end, g, x, k ? inputs : NULL, B, T, prompts, P, gp, &err)) {
+            bad(r, "internal", "backward: %s", err.msg);
+            goto done;
+        }
+        goto answer;
+    }
     blas_threads_for(r->s, (long)B * T);
     if (!k && run_keeping(r->s, start, end - 1, x, B, T, prompts, P, inputs, NULL, ws, &err)) {
         bad(r, "internal", "backward (recompute): %s", err.msg);
@@ -415,6 +425,7 @@ static void rpc_backward(req *r, sp_ws *ws)
         for (int b = 0; gp && b < B; b++)
             memcpy(gp + (((size_t)i * B + b) * P) * H, g + (size_t)b * T * H, (size_t)P * H * sizeof(float));
     }
+answer:;
     sp_tensor_src out[2] = {tensor3(r, g, B, T, H),
                             {.enc = r->reply_enc, .rank = 4, .shape = {n, B, P, H}, .f32 = gp}};
     reply(r, NULL, out, gp ? 2 : 1);
@@ -495,7 +506,9 @@ static int reorder_cache(req *r, session *x, int idx)
         }
     int rc = 0;
     sp_err err = {0};
-    for (int i = 0; !rc && i < x->end - x->start; i++) {
+    if (x->dev && span_dev_reorder(r->s, x, hypo, &err))
+        rc = bad(r, "internal", "%s", err.msg);
+    for (int i = 0; !x->dev && !rc && i < x->end - x->start; i++) {
         x->kv[i].len = x->len;
         if (sp_kv_reorder(&x->kv[i], hypo, &err))
             rc = bad(r, "internal", "%s", err.msg);
@@ -523,6 +536,8 @@ static void step_roles(const req *r, int await, int *prompts_idx, int *hypo_idx)
 static sp_status step_blocks(req *r, session *x, float *h, float *buf, int B, int T, const float *prompts, int P,
                              sp_ws *ws, sp_err *err)
 {
+    if (x->dev)
+        return span_dev_step(r->s, x, h, B, T, prompts, P, err);
     int H = r->s->m->cfg.hidden, chunk = r->s->o.max_batch_tokens / B > 0 ? r->s->o.max_batch_tokens / B : 1;
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int tc = T - t0 < chunk ? T - t0 : chunk;
@@ -823,6 +838,7 @@ struct sp_step_batch {
     float *h;        /* the batched steps' hidden states, rows in order [rows, H] */
     size_t hcap;     /* floats */
     sp_kv_cache **kv;
+    session **xs;    /* a pass's sessions, in order (--device cuda) */
     int *T;          /* the positions of each step of a pass */
     int *item_rows;
     int *group;      /* the steps of one span, in order */
@@ -836,7 +852,7 @@ void sp_step_batch_free(sp_step_batch *b)
 {
     if (!b)
         return;
-    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->T), free(b->item_rows), free(b->group);
+    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->xs), free(b->T), free(b->item_rows), free(b->group);
     sp_ws_free(&b->ws);
     free(b);
 }
@@ -857,7 +873,7 @@ static int batch_reserve(sp_step_batch *b, int n)
         return 0;
     size_t m = (size_t)n;
     if (grow(&b->r, m, sizeof *b->r) | grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
-        grow(&b->kv, m, sizeof *b->kv) | grow(&b->T, m, sizeof *b->T) | grow(&b->item_rows, m, sizeof *b->item_rows) |
+        grow(&b->kv, m, sizeof *b->kv) | grow(&b->xs, m, sizeof *b->xs) | grow(&b->T, m, sizeof *b->T) | grow(&b->item_rows, m, sizeof *b->item_rows) |
         grow(&b->group, m, sizeof *b->group))
         return -1;
     b->cap = n;
@@ -894,7 +910,8 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     t->off = -1;
     int n = t->B * t->T;
     size_t H = (size_t)s->m->cfg.hidden, need = (size_t)(*rows + n) * H;
-    if (t->pi < r->m.n_tensors || !sp_block_rows_exact(&s->m->blocks[0], n) || *rows + n > s->o.max_batch_tokens)
+    if (t->pi < r->m.n_tensors || !sp_block_rows_exact(&s->m->blocks[0], n) || *rows + n > s->o.max_batch_tokens ||
+        (s->dev && t->T > 1)) /* the device's pass takes decode steps; its short prefills run one by one */
         return;
     if (need > b->hcap) {
         if (grow(&b->h, need * 2, sizeof(float)))
@@ -918,7 +935,12 @@ static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
     sp_status st = SP_OK;
     int H = s->m->cfg.hidden;
     float *h = b->h + (size_t)b->st[g[0]].off * H;
-    for (int i = x0->start; !st && i < x0->end; i++) {
+    int nrows = 0;
+    for (int k = 0; s->dev && k < n; k++)
+        b->xs[k] = b->r[g[k]].held, nrows += b->st[g[k]].B;
+    if (s->dev)
+        st = span_dev_decode_batch(s, b->xs, n, h, nrows, &err);
+    for (int i = x0->start; !s->dev && !st && i < x0->end; i++) {
         for (int k = 0; k < n; k++) {
             session *x = b->r[g[k]].held;
             b->kv[k] = &x->kv[i - x->start];

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "record.h"
 #include "server_impl.h"
+#include "span.h"
 #include "timeutil.h"
 
 uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens)
@@ -573,6 +574,11 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     sp_status st = load(s, err);
     if (!st)
         st = cache_budget(s, err);
+    if (!st && o->device >= 0 && (st = span_dev_open(s, o->device, err))) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        sp_errf(err, st, "--device cuda:%d: %.480s", o->device, why);
+    }
     if (!st) {
         if (s->o.measure)
             sp_throughput_measure(s);
@@ -609,9 +615,12 @@ void sp_server_span(const sp_server *s, int *start, int *end)
 long sp_server_cache_left(sp_server *s) { return sessions_tokens_available(s); }
 
 const char *sp_server_dtype(const sp_server *s) { return sp_wtype_name((sp_wtype)s->o.dtype); }
+const char *sp_server_device(const sp_server *s) { return span_device(s); }
 
 size_t sp_server_weight_bytes(const sp_server *s)
 {
+    if (s->dev)
+        return span_dev_weight_bytes(s);
     size_t n = 0;
     for (int i = 0; s->m && i < s->m->last - s->m->first; i++)
         n += sp_block_bytes(&s->m->blocks[i]);
@@ -735,6 +744,7 @@ void sp_server_stop(sp_server *s)
     if (s->m)
         sessions_destroy(&s->st);
     kept_destroy(&s->kt);
+    span_dev_close(s); /* after the sessions: their device caches go first */
     free(s->workers);
     sp_ws_free(&s->inline_ws);
     pthread_mutex_destroy(&s->inline_lock);

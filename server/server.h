@@ -47,6 +47,7 @@ typedef struct sp_server_opts {
     double max_queue_wait_s;   /* new inference sessions are refused (ERROR "overloaded") while the queue wait
                                   (sp_server_queue_wait) is over it; 0: never (default 5) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
+    int device;                /* where the blocks run: -1 the host (default), N: CUDA GPU N (span.h) */
     int max_batch_tokens;      /* B*T per task (default 2048); forward/backward above it are refused */
     long cache_tokens;         /* KV budget in token positions over the whole span (default 8192) */
     long cache_bytes;          /* KV budget in bytes instead (0: cache_tokens decides). One position of one block
@@ -68,6 +69,15 @@ typedef struct sp_server_opts {
     sp_server_limits limits;
 } sp_server_opts;
 
+/* --device's value: "cpu" -> *gpu = -1, "cuda" -> 0, "cuda:N" -> N; SP_ERR_ARG "expected cpu, cuda or cuda:N ..."
+ * otherwise (server/span.c). */
+sp_status sp_device_parse(const char *v, int *gpu, sp_err *err);
+/* Whether CUDA GPU gpu can be used at all (nothing started): SP_ERR_UNSUPPORTED "no usable GPU (WHY)" (no driver, no
+ * device, a build without CUDA) or SP_ERR_ARG "no device N (...)". */
+sp_status sp_device_probe(int gpu, sp_err *err);
+/* 1 in a build of the server library with CUDA (sepal-server-cuda's), 0 without (sepal-server's). */
+int sp_server_has_cuda(void);
+
 /* The defaults: those of sepal-server's option table (opts.h), and what no option sets. */
 void sp_server_opts_default(sp_server_opts *o);
 
@@ -82,6 +92,8 @@ long sp_server_cache_left(sp_server *s);
 int sp_server_bulk_port(const sp_server *s);
 /* The bulk port clients are told (opts.public_bulk_port when it listens on one, else that one; -1: none). */
 int sp_server_public_bulk_port(const sp_server *s);
+/* Where the blocks run: "cpu", or "cuda:N NAME" (--device). */
+const char *sp_server_device(const sp_server *s);
 /* The encoding the blocks are held in ("f32", "bf16", "int8", "nf4"), and their bytes. */
 const char *sp_server_dtype(const sp_server *s);
 size_t sp_server_weight_bytes(const sp_server *s);

@@ -15,6 +15,8 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* inference sessions */
 
+typedef struct span_dev span_dev; /* span.h: the span's blocks on a GPU */
+
 typedef struct session {
     uint64_t id, conn;
     int start, end;       /* global block indices [start, end) */
@@ -24,7 +26,10 @@ typedef struct session {
     double created, last_used;
     int busy;             /* a worker is stepping it */
     int closed;           /* freed once not busy */
-    sp_kv_cache *kv;      /* end - start caches */
+    sp_kv_cache *kv;      /* end - start caches (host blocks) */
+    struct span_dev *dev; /* --device cuda: its device (span.h), and end - start device caches */
+    struct sp_cuda_kv **dkv;
+    int ndkv;
     float *scratch;       /* a decode step's hidden states, sized at open (B x H floats) */
     size_t scratch_floats;
     sp_ws ws;             /* a decode step's block workspace, sized at open for max_length: steps allocate nothing */
@@ -103,6 +108,8 @@ struct sp_server {
     char model_dir[4096];
     char model_name[256];
     sp_model *m; /* blocks [m->first, m->last) only */
+    span_dev *dev;         /* --device cuda: the span on the GPU (span.h); NULL: on the host */
+    char device_name[160]; /* "cuda:N NAME" */
     sp_ws_server *ws;
     sp_proto_limits limits;
     task_queue q;

@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "server_impl.h"
+#include "span.h"
 #include "timeutil.h"
 
 void sessions_init(session_table *t, long budget, long kv_bytes)
@@ -20,6 +21,7 @@ void sessions_init(session_table *t, long budget, long kv_bytes)
 
 static void session_free(session *x)
 {
+    span_dev_kv_free(x);
     for (int i = 0; x->kv && i < x->end - x->start; i++)
         sp_kv_free(&x->kv[i]);
     free(x->kv);
@@ -64,11 +66,13 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
                        max_length, end - start, cost >> 10, (t->budget - t->used) >> 10, t->budget >> 10);
     session *x = calloc(1, sizeof *x);
     sp_status st = x ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    if (!st) {
+    if (!st && s->dev) /* the span on the GPU: device caches, nothing on the host */
+        st = span_dev_kv_open(s, x, start, end, B, max_length, err);
+    if (!st && !s->dev) {
         x->kv = calloc((size_t)(end - start), sizeof *x->kv);
         st = x->kv ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     }
-    for (int i = 0; !st && i < end - start; i++)
+    for (int i = 0; !st && !s->dev && i < end - start; i++)
         st = sp_kv_init(&x->kv[i], B, max_length, s->m->cfg.n_kv_heads, s->m->cfg.head_dim, err);
     if (!st) { /* one position of every row: a decode step's input, computed in place */
         x->scratch_floats = (size_t)B * s->m->cfg.hidden;
@@ -76,7 +80,7 @@ sp_status session_open(sp_server *s, uint64_t conn, int start, int end, int B, i
         st = x->scratch ? SP_OK : sp_errf(err, SP_ERR_NOMEM, "out of memory");
     }
     size_t wsf = 0;
-    for (int i = start; !st && i < end; i++) {
+    for (int i = start; !st && !s->dev && i < end; i++) {
         size_t f = sp_block_ws_floats(&s->m->blocks[i - s->m->first], B, 1, max_length);
         wsf = f > wsf ? f : wsf;
     }

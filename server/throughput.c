@@ -16,6 +16,7 @@
 #include "paths.h"
 #include "rng.h"
 #include "server_impl.h"
+#include "span.h"
 #include "timeutil.h"
 
 static void cache_path(const sp_server *s, char *buf, size_t cap)
@@ -34,8 +35,9 @@ static void cache_key(const sp_server *s, char *buf, size_t cap)
     char host[128] = "localhost";
     gethostname(host, sizeof host - 1);
     char *real = realpath(s->model_dir, NULL);
-    snprintf(buf, cap, "%s|%d:%d|%s|%s|threads=%d", real ? real : s->model_dir, s->m->first, s->m->last,
-             sp_wtype_name((sp_wtype)s->o.dtype), host, s->blas_threads);
+    snprintf(buf, cap, "%s|%d:%d|%s|%s|threads=%d%s%s", real ? real : s->model_dir, s->m->first, s->m->last,
+             sp_wtype_name((sp_wtype)s->o.dtype), host, s->blas_threads, s->dev ? "|" : "",
+             s->dev ? span_device(s) : "");
     free(real);
 }
 
@@ -137,6 +139,10 @@ static void measure(sp_server *s)
 {
     int n = s->m->last - s->m->first, H = s->m->cfg.hidden, ctx = s->m->cfg.max_pos;
     int T = ctx < 1024 ? ctx : 1024, past = ctx > 129 ? 128 : ctx / 2;
+    if (s->dev) { /* the same figures on the device (span.h) */
+        span_dev_measure(s, T, past, &s->inference_rps, &s->forward_tps);
+        return;
+    }
     float *x = calloc((size_t)T * H, sizeof(float));
     sp_kv_cache *kv = calloc((size_t)(n ? n : 1), sizeof *kv);
     sp_ws ws = {0};

@@ -1,0 +1,201 @@
+/* test_server_gpu.c - a server with --device cuda against one on the CPU (in-process servers over loopback
+ * websockets, the same RPCs to both): FORWARD and BACKWARD with deep prompts (recomputed, and from a FORWARD that
+ * kept its inputs), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
+ * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom and falcon-7b in f32: each answer within
+ * 1e-4 of the CPU's, relative to its largest value. Without a usable GPU it reports itself skipped (exit 77). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "remote.h"
+#include "rng.h"
+#include "server.h"
+#include "testutil.h"
+
+#define TMO 60000
+#define TOL 1e-4
+
+static const char *const models[] = {"llama-gqa", "bloom", "falcon-7b"};
+
+typedef struct pair {
+    sp_server *s[2];  /* CPU, GPU */
+    sp_remote *r[2];
+    int n, H;         /* blocks, hidden size */
+} pair;
+
+static void pair_start(pair *p, const char *name, int max_batch_tokens)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, name);
+    sp_config c;
+    sp_err err = {0};
+    ck_assert_msg(sp_config_load(&c, dir, &err) == SP_OK, "%s", err.msg);
+    p->n = c.n_layers;
+    p->H = c.hidden;
+    for (int d = 0; d < 2; d++) {
+        sp_server_opts o;
+        sp_server_opts_default(&o);
+        o.model_dir = dir;
+        o.measure = d; /* the GPU's measured on the device */
+        o.device = d ? 0 : -1;
+        if (max_batch_tokens)
+            o.max_batch_tokens = max_batch_tokens;
+        ck_assert_msg(sp_server_start(&p->s[d], &o, &err) == SP_OK, "%s", err.msg);
+        ck_assert_msg(sp_remote_connect(&p->r[d], "127.0.0.1", sp_server_port(p->s[d]), 0, TMO, &err) == SP_OK,
+                      "%s", err.msg);
+    }
+    ck_assert_str_eq(sp_server_device(p->s[0]), "cpu");
+    ck_assert_msg(!strncmp(sp_server_device(p->s[1]), "cuda:0 ", 7), "%s", sp_server_device(p->s[1]));
+    double rps, tps;
+    sp_server_throughput(p->s[1], &rps, &tps);
+    ck_assert_msg(rps > 0 && tps > 0, "measured on the device: %g steps/s, %g tokens/s", rps, tps);
+}
+
+static void pair_stop(pair *p)
+{
+    for (int d = 0; d < 2; d++) {
+        sp_remote_close(p->r[d]);
+        sp_server_stop(p->s[d]);
+    }
+}
+
+/* The same request to both; tensor k of each reply (nf floats) compared: max |gpu - cpu| <= TOL max |cpu|. */
+static void both(pair *p, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, int k, size_t nf,
+                 float *cpu_out, const char *what)
+{
+    float *out[2];
+    for (int d = 0; d < 2; d++) {
+        sp_reply rep;
+        sp_err err = {0};
+        ck_assert_msg(sp_remote_call(p->r[d], type, meta, t, n, &rep, TMO, &err) == SP_OK, "%s (%s): %s", what,
+                      d ? "gpu" : "cpu", err.msg);
+        ck_assert_int_gt(rep.msg.n_tensors, k);
+        ck_assert_uint_eq(rep.msg.t[k].numel, nf);
+        out[d] = malloc(nf * sizeof(float));
+        ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[k], out[d], &err), SP_OK);
+        sp_reply_clear(&rep);
+    }
+    double big = 0;
+    for (size_t i = 0; i < nf; i++)
+        big = fmax(big, fabs(out[0][i]));
+    double diff = sp_max_abs_diff(out[0], out[1], nf);
+    ck_assert_msg(diff <= TOL * big && isfinite(diff), "%s: max |gpu - cpu| %g over max |cpu| %g", what, diff, big);
+    if (cpu_out)
+        memcpy(cpu_out, out[0], nf * sizeof(float));
+    free(out[0]);
+    free(out[1]);
+}
+
+static sp_tensor_src t3(const float *x, int B, int T, int H)
+{
+    return (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = x};
+}
+
+START_TEST(t_forward_backward)
+{
+    pair p;
+    pair_start(&p, models[_i], 0);
+    int B = 2, T = 7, P = 3, nb = p.n - 1, H = p.H;
+    size_t N = (size_t)B * T * H, NP = (size_t)nb * B * P * H;
+    float *x = malloc(N * 4), *g = malloc(N * 4), *pr = malloc(NP * 4);
+    sp_rng r;
+    sp_rng_seed(&r, 7);
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, pr, (long)NP, 0.5f);
+    sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};
+    sp_tensor_src fa[2] = {t3(x, B, T, H), prompts}, ba[3] = {t3(x, B, T, H), t3(g, B, T, H), prompts};
+    char span[64], keep[96], kept[96];
+    snprintf(span, sizeof span, "{\"start\":1,\"end\":%d}", p.n);
+    snprintf(keep, sizeof keep, "{\"start\":1,\"end\":%d,\"keep\":5}", p.n);
+    snprintf(kept, sizeof kept, "{\"start\":1,\"end\":%d,\"kept\":5}", p.n);
+    both(&p, SP_MSG_FORWARD, span, fa, 2, 0, N, NULL, "forward");
+    both(&p, SP_MSG_BACKWARD, span, ba, 3, 0, N, NULL, "backward (recomputed): grad_in");
+    both(&p, SP_MSG_BACKWARD, span, ba, 3, 1, NP, NULL, "backward (recomputed): the prompts' gradient");
+    both(&p, SP_MSG_FORWARD, keep, fa, 2, 0, N, NULL, "forward keeping its inputs");
+    both(&p, SP_MSG_BACKWARD, kept, ba, 3, 0, N, NULL, "backward from the kept inputs");
+    free(x), free(g), free(pr);
+    pair_stop(&p);
+}
+END_TEST
+
+static uint64_t open_both(pair *p, int L, int B, uint64_t *ids)
+{
+    char meta[128];
+    sp_open_req q = {.start = 0, .end = p->n, .max_length = L, .batch = B};
+    ck_assert_int_eq(sp_open_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+    for (int d = 0; d < 2; d++) {
+        sp_reply rep;
+        sp_err err = {0};
+        ck_assert_msg(sp_remote_call(p->r[d], SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep, TMO, &err) == SP_OK, "%s",
+                      err.msg);
+        sp_open_reply a;
+        ck_assert_int_eq(sp_open_reply_decode(&rep.msg, &a, &err), SP_OK);
+        ids[d] = a.session;
+        sp_reply_clear(&rep);
+    }
+    return ids[0] == ids[1];
+}
+
+/* A step of x [B, T, H] in both servers' sessions (the same id on both: fresh servers count alike). */
+static void step_both(pair *p, uint64_t id, const float *x, int B, int T, int from, const sp_tensor_src *extra,
+                      const char *what)
+{
+    char meta[128];
+    sp_step_req q = {.session = id, .start_from_position = from, .reply_encoding = -1};
+    ck_assert_int_eq(sp_step_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src a[2] = {t3(x, B, T, p->H)};
+    if (extra)
+        a[1] = *extra;
+    both(p, SP_MSG_INFERENCE_STEP, meta, a, extra ? 2 : 1, 0, (size_t)B * T * p->H, NULL, what);
+}
+
+static void sessions(int model, int max_batch_tokens, int T)
+{
+    pair p;
+    pair_start(&p, models[model], max_batch_tokens);
+    int B = 3, H = p.H;
+    float *x = malloc((size_t)B * T * H * 4);
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    sp_rng_fill_normal(&r, x, (long)B * T * H, 1.0f);
+    uint64_t ids[2];
+    ck_assert(open_both(&p, T + 8, B, ids));
+    step_both(&p, ids[0], x, B, T, -1, NULL, "prefill");
+    for (int k = 0; k < 3; k++) {
+        sp_rng_fill_normal(&r, x, (long)B * H, 1.0f);
+        step_both(&p, ids[0], x, B, 1, -1, NULL, "decode step");
+    }
+    step_both(&p, ids[0], x, B, 1, T + 1, NULL, "a step after rolling back by two");
+    int64_t hypo[3] = {2, 2, 0};
+    sp_tensor_src th = {.enc = SP_ENC_I64, .rank = 1, .shape = {3}, .raw = hypo};
+    step_both(&p, ids[0], x, B, 1, -1, &th, "a step with hypo_ids");
+    step_both(&p, ids[0], x, B, 1, -1, NULL, "the step after the reorder");
+    free(x);
+    pair_stop(&p);
+}
+
+START_TEST(t_session) { sessions(_i, 0, 5); }
+END_TEST
+
+START_TEST(t_long_prefill_chunks) { sessions(0, 12, 9); /* 3 x 9 rows over 12 a chunk: 4 positions each */ }
+END_TEST
+
+int main(void)
+{
+    sp_err err = {0};
+    if (sp_device_probe(0, &err)) {
+        printf("test_server_gpu: skipped: %s\n", err.msg);
+        return 77;
+    }
+    Suite *s = suite_create("server_gpu");
+    TCase *tc = tcase_create("gpu_vs_cpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, t_forward_backward, 0, 3);
+    tcase_add_loop_test(tc, t_session, 0, 3);
+    tcase_add_test(tc, t_long_prefill_chunks);
+    suite_add_tcase(s, tc);
+    return sp_test_run(s);
+}
