@@ -80,7 +80,7 @@ static void common_opts(sp_app *app, const sp_args *a, sp_train_opts *o)
     int cuda, index; /* "auto": -1, as the default is */
     char why[320];
     const char *dev = sp_arg(app, a, TR_DEVICE);
-    if (strcmp(dev, "auto") && !sp_device_parse(dev, &cuda, &index, why, sizeof why))
+    if (strcmp(dev, "auto") && !sp_devparts_parse(dev, &cuda, &index, why, sizeof why))
         o->device = cuda, o->device_index = index;
 }
 

@@ -118,7 +118,7 @@ int sp_app_device_check(const char *value, char *why, size_t cap)
 {
     int cuda, index;
     char msg[320];
-    if (sp_device_parse(value, &cuda, &index, msg, sizeof msg) || (cuda && !sp_device_usable(index, msg, sizeof msg))) {
+    if (sp_devparts_parse(value, &cuda, &index, msg, sizeof msg) || (cuda && !sp_device_usable(index, msg, sizeof msg))) {
         snprintf(why, cap, "device %s: %s", value, msg);
         return -1;
     }

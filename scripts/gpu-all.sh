@@ -2,8 +2,8 @@
 # gpu-all.sh - issue 27's whole check in one command on a lent GPU machine: the full CMake build with CUDA
 # (scripts/gpu-build.sh, packages from .debs-full), the GPU suites through ctest (whatever built: a target that
 # failed to link does not stop the others), the kernels' and the block's benchmarks, and the mixed swarm
-# (scripts/gpu-swarm.sh, when it exists). Logs alone go to $OUT (the device tool returns at most 8 files):
-# gpu-build.txt (the summary), build.log, ctest.log, bench_kern_cuda.txt, bench_block_cuda.txt, gpu-swarm.txt.
+# (ctest's gpu_swarm: scripts/gpu-swarm.sh). Logs alone go to $OUT (the device tool returns at most 8 files):
+# gpu-build.txt (the summary), build.log, ctest.log, bench_kern_cuda.txt, bench_block_cuda.txt.
 # Usage (device tool, carry [".debs-full"]): bash scripts/gpu-all.sh     About 3 minutes on an H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,15 +17,13 @@ echo "gpu-all: build exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-
 D=/tmp/deps A=x86_64-linux-gnu
 export LD_LIBRARY_PATH="$D/usr/lib/$A:$D/lib/$A:$D/usr/lib/$A/openblas-pthread:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$DEST/gpu-build.txt" 2>&1
-SUITES="${SEPAL_GPU_SUITES:-^(test_cuda|test_cuda_host|test_cuda_block|test_cuda_train|test_server_gpu|cli_swarm_gpu)\$}"
-timeout 150 ctest --test-dir "$B" -R "$SUITES" -j 4 --timeout 140 --output-on-failure > "$DEST/ctest.log" 2>&1
-echo "gpu-all: ctest exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
-grep -E 'tests passed|Passed|Failed|Skipped|Not Run|\*\*\*' "$DEST/ctest.log" | tee -a "$DEST/gpu-build.txt"
+# the benchmarks first (the GPU to themselves), then the suites; gpu_swarm is scripts/gpu-swarm.sh (the mixed swarm,
+# then test_server_gpu)
 [ -x "$B/bench/bench_kern_cuda" ] && timeout 60 "$B/bench/bench_kern_cuda" --decode > "$DEST/bench_kern_cuda.txt" 2>&1
 [ -x "$B/bench/bench_block_cuda" ] && timeout 90 "$B/bench/bench_block_cuda" > "$DEST/bench_block_cuda.txt" 2>&1
 echo "gpu-all: benchmarks done after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
-if [ -f scripts/gpu-swarm.sh ]; then
-    timeout 90 bash scripts/gpu-swarm.sh "$B" > "$DEST/gpu-swarm.txt" 2>&1
-    echo "gpu-all: gpu-swarm.sh exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
-fi
+SUITES="${SEPAL_GPU_SUITES:-^(test_cuda|test_cuda_host|test_cuda_block|test_cuda_train|gpu_swarm)\$}"
+timeout "${SEPAL_GPU_CTEST_S:-130}" ctest --test-dir "$B" -R "$SUITES" -j 4 --timeout 125 --output-on-failure > "$DEST/ctest.log" 2>&1
+echo "gpu-all: ctest exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
+grep -E 'tests passed|Passed|Failed|Skipped|Not Run|\*\*\*' "$DEST/ctest.log" | tee -a "$DEST/gpu-build.txt"
 echo "gpu-all: end after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"

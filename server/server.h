@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device.h" /* --device: sp_device_parse */
 #include "metrics.h"
 #include "status.h"
 #include "swarmkey.h"
@@ -69,9 +70,6 @@ typedef struct sp_server_opts {
     sp_server_limits limits;
 } sp_server_opts;
 
-/* --device's value: "cpu" -> *gpu = -1, "cuda" -> 0, "cuda:N" -> N; SP_ERR_ARG "expected cpu, cuda or cuda:N ..."
- * otherwise (server/span.c). */
-sp_status sp_device_parse(const char *v, int *gpu, sp_err *err);
 /* Whether CUDA GPU gpu can be used at all (nothing started): SP_ERR_UNSUPPORTED "no usable GPU (WHY)" (no driver, no
  * device, a build without CUDA) or SP_ERR_ARG "no device N (...)". */
 sp_status sp_device_probe(int gpu, sp_err *err);

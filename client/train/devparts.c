@@ -3,6 +3,8 @@
  * Every op's context owns the device buffers its backward needs and frees them with the node. */
 #include "devparts.h"
 
+#include "device.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,24 +17,16 @@
 #include "kernels.h"
 #endif
 
-int sp_device_parse(const char *s, int *cuda, int *index, char *why, size_t cap)
+int sp_devparts_parse(const char *s, int *cuda, int *index, char *why, size_t cap)
 {
-    *cuda = 0;
-    *index = 0;
-    if (s && !strcmp(s, "cpu"))
-        return 0;
-    if (s && !strncmp(s, "cuda", 4)) {
-        const char *r = s + 4;
-        char *end = NULL;
-        long n = *r == ':' && r[1] >= '0' && r[1] <= '9' ? strtol(r + 1, &end, 10) : -1;
-        if (!*r || (end && !*end && n < 1024)) {
-            *cuda = 1;
-            *index = *r ? (int)n : 0;
-            return 0;
-        }
+    int gpu = -1;
+    if (sp_device_parse(s, &gpu, NULL)) {
+        snprintf(why, cap, "'%s' is not a device: cpu, cuda or cuda:N", s ? s : "");
+        return -1;
     }
-    snprintf(why, cap, "'%s' is not a device: cpu, cuda or cuda:N", s ? s : "");
-    return -1;
+    *cuda = gpu >= 0;
+    *index = gpu >= 0 ? gpu : 0;
+    return 0;
 }
 
 int sp_device_usable(int index, char *why, size_t cap)

@@ -10,7 +10,7 @@
  * kernels of cuda/kernels.h and cuBLAS's f32 products; only the order of the products' sums differs.
  *
  * Not thread-safe: the trainer runs these ops under its graph's lock. Without CUDA (a build without nvcc) only
- * sp_device_parse and sp_device_usable do anything; sp_devparts_new says why it cannot. */
+ * sp_devparts_parse and sp_device_usable do anything; sp_devparts_new says why it cannot. */
 #ifndef SEPAL_DEVPARTS_H
 #define SEPAL_DEVPARTS_H
 
@@ -21,9 +21,9 @@
 #include "model.h"
 #include "status.h"
 
-/* "cpu", "cuda" (GPU 0) or "cuda:N": *cuda 0 or 1, *index N; -1 and why ("'gpu' is not a device: cpu, cuda or
- * cuda:N") for anything else. */
-int sp_device_parse(const char *s, int *cuda, int *index, char *why, size_t cap);
+/* "cpu", "cuda" (GPU 0) or "cuda:N" (common/device.h): *cuda 0 or 1, *index N; -1 and why ("'gpu' is not a
+ * device: cpu, cuda or cuda:N") for anything else. */
+int sp_devparts_parse(const char *s, int *cuda, int *index, char *why, size_t cap);
 /* 1 when GPU index can run sepal's kernels here; else 0 and why: "no usable GPU: <the CUDA runtime's reason>",
  * "no GPU N: this machine has K" or "this sepal was built without CUDA". */
 int sp_device_usable(int index, char *why, size_t cap);
