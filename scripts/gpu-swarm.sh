@@ -31,6 +31,7 @@ fi
 serve() {
     local name=$1 model=$2 blocks=$3
     shift 3
+    : > "$TMP/$name.log" # (the loop below reads it before the child has opened it)
     "$S" --model "$model" --blocks "$blocks" "$@" > "$TMP/$name.log" 2>&1 &
     PIDS+=($!)
     PORT=

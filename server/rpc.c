@@ -1082,6 +1082,7 @@ static void rpc_info(req *r)
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));
     sp_meta_set(a.family, sizeof a.family, sp_arch_name(s->m->cfg.arch));
     sp_meta_set(a.public_name, sizeof a.public_name, s->o.public_name);
+    sp_meta_set(a.device, sizeof a.device, sp_server_device(s));
     info_transport(&a.transport, s);
     char meta[SP_META_CAP];
     sp_err err = {0};

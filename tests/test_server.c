@@ -960,6 +960,7 @@ START_TEST(t_queue_wait_bound)
     sp_info_reply info;
     ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
     ck_assert_double_eq(info.max_queue_wait, 0.001);
+    ck_assert_str_eq(info.device, "cpu"); /* what `servers` shows of a server connected by address */
     int before = sp_test_load_steps(l);
     while (sp_test_load_steps(l) < before + 6) /* the running sessions go on */
         usleep(1000);

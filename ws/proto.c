@@ -1387,6 +1387,7 @@ static const field info_reply_f[] = {
     COUNT(sp_info_reply, batch_peak),
     FIELD(sp_info_reply, queue_wait, K_F64, OPT, 0, HUGE_VAL, 0),
     FIELD(sp_info_reply, max_queue_wait, K_F64, OPT, 0, HUGE_VAL, 0),
+    NAME(sp_info_reply, device),
     OBJECT(sp_info_reply, transport, info_transport_t),
 };
 static const meta_table info_reply_t = TABLE("INFO reply", M_INFO_REPLY, info_reply_f, NULL);

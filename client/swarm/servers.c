@@ -250,6 +250,8 @@ static void fill_from_info(sp_runtime *rt, int i, const sp_info_reply *a)
     snprintf(e->rec.name, sizeof e->rec.name, "%s", a->public_name);
     e->rec.queue_wait = a->queue_wait;
     e->rec.max_queue_wait = a->max_queue_wait;
+    if (a->device[0])
+        snprintf(e->rec.device, sizeof e->rec.device, "%s", a->device);
     e->rec.state = SP_SERVER_ONLINE;
     pthread_mutex_unlock(&rt->lock);
 }
