@@ -77,6 +77,15 @@ float *emul_dup(const float *x, size_t n);
  * before fork() is unusable in the child) and returns 0; 1 after printing why opening failed. */
 int emul_open_gpu(const char *suite, sp_cuda **cu);
 
+/* OK(call), in the GPU suites: the call must succeed (Check's assertion with its message); inside it, E is the
+ * sp_err it fills. */
+#define OK(call)                                                                                               \
+    do {                                                                                                       \
+        sp_err e_ = {0};                                                                                       \
+        ck_assert_msg((call) == SP_OK, "%s", e_.msg);                                                          \
+    } while (0)
+#define E (&e_)
+
 /* A transposed product's error (dX[B, C] += dY[B, rows] W, W decoded: dec [rows, C]): max over dX of |a - ref| /
  * (rel sum over r of |dy[b, r] dec[r, c]| + 1e-6 |ref|); <= 1 passes. NaN in either is +inf. */
 double emul_mul_t_err(const float *a, const float *ref, const float *dy, const float *dec, int B, int rows, int C,

@@ -45,13 +45,6 @@ static float *down(const float *d, size_t n)
     return h;
 }
 
-/* OK(call): the call must succeed; inside it, E is the sp_err it fills. */
-#define OK(call)                                                                                               \
-    do {                                                                                                       \
-        sp_err e_ = {0};                                                                                       \
-        ck_assert_msg((call) == SP_OK, "%s", e_.msg);                                                          \
-    } while (0)
-#define E (&e_)
 
 #define CLOSE(a, b, n, abs_tol, rel_tol, what)                                                                 \
     do {                                                                                                       \

@@ -57,12 +57,6 @@ static const double tol_fwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-
 static const double tol_bwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
                                             [SP_W_NF4] = 1e-2};
 
-#define OK(call)                                                                                               \
-    do {                                                                                                       \
-        sp_err e_ = {0};                                                                                       \
-        ck_assert_msg((call) == SP_OK, "%s", e_.msg);                                                          \
-    } while (0)
-#define E (&e_)
 
 static double rel_err(const float *a, const float *b, size_t n)
 {
