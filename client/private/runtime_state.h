@@ -45,6 +45,8 @@ typedef struct sp_server_entry {
     int from_dht;          /* found through the DHT view */
     int gone;              /* left the view (stale, expired) or stopped */
     sp_conn *conn;         /* opened on first use; NULL after a failure (the next use reconnects) */
+    char last_word[512];   /* what the server said before it closed the last connection ("shutdown: ..."), kept
+                              for a reconnect that fails: whichever thread saw the close, that is why ("": none) */
     double rtt;            /* client ping, seconds: the median of the last measurements (each the fastest of a
                               burst); < 0 unknown; INFINITY unreachable */
     double rtt_when;       /* sp_now_s() of the last measurement */

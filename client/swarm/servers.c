@@ -108,7 +108,12 @@ sp_status sp_runtime_set_swarm_key(sp_runtime *rt, const char *path, sp_err *err
  * once, whichever thread sees the failure first. The last reference closes it. */
 static void conn_release(sp_runtime *rt, sp_server_entry *e, sp_conn *c, int broken)
 {
+    sp_err word = {0};
+    if (broken && !sp_remote_is_open(c->r))
+        sp_remote_last_word(c->r, &word);
     pthread_mutex_lock(&rt->lock);
+    if (word.msg[0])
+        snprintf(e->last_word, sizeof e->last_word, "%s", word.msg);
     if (broken && !c->broken) {
         c->broken = 1;
         if (e->conn == c) {
@@ -169,10 +174,18 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     if (c) /* the server closed it while it was idle (its idle timeout): a new one, no failure */
         conn_release(rt, e, c, 1);
     sp_remote *r = NULL;
-    if (rt_connect(rt, &r, host, port, timeout_ms, err) || other_server(rt, i, r, err)) {
+    sp_status cst = rt_connect(rt, &r, host, port, timeout_ms, err);
+    if (cst || other_server(rt, i, r, err)) {
         sp_remote_close(r);
+        pthread_mutex_lock(&rt->lock); /* it had said why it closed (another thread saw it): that is the failure */
+        if (cst && e->last_word[0])
+            sp_errf(err, SP_ERR_CLOSED, "%s", e->last_word);
+        pthread_mutex_unlock(&rt->lock);
         return NULL;
     }
+    pthread_mutex_lock(&rt->lock);
+    e->last_word[0] = '\0'; /* a new life, or the same one answering again */
+    pthread_mutex_unlock(&rt->lock);
     c = calloc(1, sizeof *c);
     if (!c) {
         sp_remote_close(r);
