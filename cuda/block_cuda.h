@@ -63,6 +63,12 @@ void sp_cuda_block_free(sp_cuda_block *cb);
 size_t sp_cuda_block_bytes(const sp_cuda_block *cb);
 /* Decode steps through CUDA graphs (1, the default) or launched one by one (0): the same numbers. */
 void sp_cuda_block_use_graphs(sp_cuda_block *cb, int on);
+/* Forwards, prefills and backwards of blocks whose weights are bf16, int8 or NF4 (their products round their
+ * inputs to bf16 already) with heads of up to 128: flash attention (flash.h) and, beyond 32 rows, fused kernels
+ * that hand the products their inputs in bf16 (fused.h) (1, the default); or the cuBLAS attention with its
+ * probabilities in device memory and the f32 element-wise kernels (0: the f32 blocks' path). Within the bf16
+ * tolerance of each other. Set it between calls, not between a forward_keep and its backward. */
+void sp_cuda_block_use_flash(sp_cuda_block *cb, int on);
 
 /* A KV cache of B rows of up to cap positions for block cb, in device memory, charged to budget (may be NULL)
  * with sp_cuda_kv_bytes; len 0. Keys and values [B, cap, nkv, hd] f32 as sp_kv_cache holds them. */
