@@ -910,6 +910,79 @@ static sp_status mlp_bwd(sp_cuda_block *cb, float *dx, const float *dy, const da
     return mul_t_acc(cb, MUP, dx, g->dup, N, g->half, err);
 }
 
+// dX[N, cols] (+)= dYh W from a bf16 gradient (the bf16 path; acc 0: dX overwritten, nothing to clear first).
+static sp_status mul_t_h(sp_cuda_block *cb, int which, float *dX, const void *dYh, int N, int acc, sp_err *err)
+{
+    return sp_cuda_wmat_mul_t_h(cb->cu, &cb->m[which], dYh, dX, N, acc, err);
+}
+
+// mul_t_h from an f32 gradient, rounded to bf16 in half first.
+static sp_status mul_t_f(sp_cuda_block *cb, int which, float *dX, const float *dY, int N, float *half, int acc,
+                         sp_err *err)
+{
+    TRY(sp_cuda_f32_to(cb->cu, half, dY, (long)N * cb->m[which].w.rows, SP_CU_BF16, err));
+    return mul_t_h(cb, which, dX, half, N, acc, err);
+}
+
+// mlp_bwd on the bf16 path: dx (+)= mlp'(x)^T dy (acc 0: overwritten); the activation's gradients go to the
+// products in bf16, in the storage of dgate and dup.
+static sp_status mlp_bwd_h(sp_cuda_block *cb, float *dx, const float *dy, const dacts *a, const dgrads *g, int N,
+                           int acc, sp_err *err)
+{
+    long n = (long)N * cb->FF;
+    TRY(mul_t_f(cb, MDOWN, g->dact, dy, N, g->half, 0, err));
+    if (cb->k.mlp == SP_MLP_SWIGLU) {
+        TRY(sp_cuda_swiglu_bwd_h(cb->cu, g->dgate, g->dup, g->dact, a->gate, a->up, n, err));
+        TRY(mul_t_h(cb, MGATE, dx, g->dgate, N, acc, err));
+        acc = 1;
+    } else {
+        TRY(sp_cuda_gelu_bwd_h(cb->cu, g->dup, g->dact, a->up, n, cb->k.mlp == SP_MLP_GELU_TANH, err));
+    }
+    return mul_t_h(cb, MUP, dx, g->dup, N, acc, err);
+}
+
+// The q, k, v products' input gradient into dln1 (+= when acc), RoPE's backward rounded to bf16 on the way.
+static sp_status qkv_bwd_h(sp_cuda_block *cb, const dgrads *g, int B, int T, int pos0, int acc, sp_err *err)
+{
+    int N = B * T;
+    if (cb->inv_freq) {
+        TRY(sp_cuda_rope_bwd_h(cb->cu, g->half, g->dq, cb->inv_freq, pos0, B, T, cb->nh, cb->hd, err));
+        TRY(mul_t_h(cb, MQ, g->dln1, g->half, N, acc, err));
+        TRY(sp_cuda_rope_bwd_h(cb->cu, g->half, g->dk, cb->inv_freq, pos0, B, T, cb->nkv, cb->hd, err));
+        TRY(mul_t_h(cb, MK, g->dln1, g->half, N, 1, err));
+    } else {
+        TRY(mul_t_f(cb, MQ, g->dln1, g->dq, N, g->half, acc, err));
+        TRY(mul_t_f(cb, MK, g->dln1, g->dk, N, g->half, 1, err));
+    }
+    return mul_t_f(cb, MV, g->dln1, g->dv, N, g->half, 1, err);
+}
+
+// backward_acts on the bf16 path (a forward that kept bf16 inputs, flash attention's log-sum-exp): every
+// gradient a product takes is written in bf16 by the kernel before it, the first product into a buffer overwrites
+// it, and only the attention's gradients (which it adds into) are cleared.
+static sp_status backward_acts_h(sp_cuda_block *cb, float *dinp, const float *dout, const float *inp, int B, int T,
+                                 int pos0, const dacts *a, const dgrads *g, sp_err *err)
+{
+    int N = B * T;
+    sp_cuda *cu = cb->cu;
+    size_t nh1 = (size_t)N * cb->H * sizeof(float), kvb = (size_t)N * cb->s.KV * sizeof(float);
+    TRY(sp_cuda_zero(cu, g->dq, (size_t)N * cb->s.Q * sizeof(float), err));
+    TRY(sp_cuda_zero(cu, g->dk, kvb, err));
+    TRY(sp_cuda_zero(cu, g->dv, kvb, err));
+    TRY(sp_cuda_copy_d2d(cu, g->dh1, dout, nh1, err));
+    TRY(mlp_bwd_h(cb, cb->ln2_w ? g->dln2 : g->dln1, dout, a, g, N, 0, err));
+    if (cb->ln2_w && !cb->k.parallel)
+        TRY(norm_bwd(cb, g->dh1, g->dln2, a->h1, cb->ln2_w, a->mean2, a->rstd2, N, err));
+    TRY(mul_t_f(cb, MO, g->datt, g->dh1, N, g->half, 0, err));
+    TRY(sp_cuda_flash_bwd(cu, g->dq, g->dk, g->dv, g->datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T, 0,
+                          cb->nh, cb->nkv, cb->hd, T, err));
+    TRY(qkv_bwd_h(cb, g, B, T, pos0, cb->ln2_w ? 0 : 1, err));
+    if (cb->ln2_w && cb->k.parallel)
+        TRY(norm_bwd(cb, g->dh1, g->dln2, inp, cb->ln2_w, a->mean2, a->rstd2, N, err));
+    TRY(norm_bwd(cb, g->dh1, g->dln1, inp, cb->ln1_w, a->mean1, a->rstd1, N, err));
+    return sp_cuda_copy_d2d(cu, dinp, g->dh1, nh1, err);
+}
+
 // The backward over the activations of a forward without a cache (block.c's backward_acts); gbase: grads_layout.
 static sp_status backward_acts(sp_cuda_block *cb, float *dinp, const float *dout, const float *inp, int B, int T,
                                int pos0, const dacts *a, char *gbase, sp_err *err)
@@ -918,6 +991,8 @@ static sp_status backward_acts(sp_cuda_block *cb, float *dinp, const float *dout
     sp_cuda *cu = cb->cu;
     dgrads g;
     size_t gbytes = grads_layout(cb->s, &g, (size_t)N, gbase);
+    if (a->lnh)
+        return backward_acts_h(cb, dinp, dout, inp, B, T, pos0, a, &g, err);
     TRY(sp_cuda_zero(cu, gbase, gbytes, err)); // every gradient buffer accumulates
     size_t nh1 = (size_t)N * cb->H * sizeof(float);
     TRY(sp_cuda_copy_d2d(cu, g.dh1, dout, nh1, err));

@@ -10,7 +10,10 @@
  *
  * The products go through sp_cuda_wmat_mul (weights.cu; the weights stay in their encoding: f32, bf16, int8,
  * NF4); the backward's transposed products through cuBLAS (f32 and bf16 weights as they are, the gradient rounded
- * to bf16 for a bf16 matrix; int8 / NF4 decoded a tile of rows at a time to f32).
+ * to bf16 for a bf16 matrix; int8 / NF4 decoded a tile of rows at a time to f32). On the bf16 path (see
+ * sp_cuda_block_use_flash: more than 32 rows of bf16 / int8 / NF4 weights) the forward's kernels write the
+ * products' inputs in bf16 (sp_cuda_wmat_mul_h) and the backward's kernels the gradients in bf16
+ * (sp_cuda_wmat_mul_t_h; int8 / NF4 decoded to bf16 tiles), the first product into a buffer overwriting it.
  *
  * A decode step (kv given, T = 1) reads its positions from device memory (the cache's per-row positions), so
  * one step's work is the same kernels at every position: with graphs on (the default) the first step of a cache

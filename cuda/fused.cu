@@ -64,6 +64,42 @@ __global__ void gelu_h_kernel(__nv_bfloat16 *out, float *up, const float *bias, 
     }
 }
 
+__global__ void swiglu_bwd_h_kernel(__nv_bfloat16 *dgate, __nv_bfloat16 *dup, const float *dout, const float *gate,
+                                    const float *up, long n)
+{
+    SPK_GRID_LOOP(i, n)
+    {
+        float dg = 0.0f, du = 0.0f;
+        sp_km_swiglu_bwd(&dg, &du, dout[i], gate[i], up[i]);
+        dgate[i] = __float2bfloat16_rn(dg);
+        dup[i] = __float2bfloat16_rn(du);
+    }
+}
+
+__global__ void gelu_bwd_h_kernel(__nv_bfloat16 *dinp, const float *dout, const float *inp, long n, int tanh_approx)
+{
+    SPK_GRID_LOOP(i, n)
+    {
+        float d = 0.0f;
+        d += dout[i] * (tanh_approx ? sp_km_gelu_tanh_grad(inp[i]) : sp_km_gelu_grad(inp[i]));
+        dinp[i] = __float2bfloat16_rn(d);
+    }
+}
+
+__global__ void rope_bwd_h_kernel(__nv_bfloat16 *dinp, const float *dout, const float *inv_freq, int pos0, int T,
+                                  int nh, int hd, long pairs)
+{
+    SPK_GRID_LOOP(e, pairs)
+    {
+        int t, i;
+        long o = sp_km_rope_pair(e, T, nh, hd, &t, &i), o2 = o + hd / 2;
+        float a = sp_km_rope_angle(pos0 + t, inv_freq[i]), c = cosf(a), s = sinf(a), d1 = 0.0f, d2 = 0.0f;
+        sp_km_rope_bwd(&d1, &d2, dout[o], dout[o2], c, s);
+        dinp[o] = __float2bfloat16_rn(d1);
+        dinp[o2] = __float2bfloat16_rn(d2);
+    }
+}
+
 } // namespace
 
 extern "C" sp_status sp_cuda_norm_h(sp_cuda *cu, void *out, float *mean, float *rstd, float *h, const float *y,
@@ -94,4 +130,36 @@ extern "C" sp_status sp_cuda_gelu_h(sp_cuda *cu, void *out, float *up, const flo
     gelu_h_kernel<<<spk::grid_for(n), spk::kThreads, 0, spk::stream_of(cu)>>>((__nv_bfloat16 *)out, up, bias, n, C,
                                                                             tanh_approx);
     return spk::launched(err, "fused gelu");
+}
+
+extern "C" sp_status sp_cuda_swiglu_bwd_h(sp_cuda *cu, void *dgate, void *dup, const float *dout, const float *gate,
+                                          const float *up, long n, sp_err *err)
+{
+    if (n <= 0)
+        return sp_errf(err, SP_ERR_ARG, "fused swiglu backward: bad size %ld", n);
+    swiglu_bwd_h_kernel<<<spk::grid_for(n), spk::kThreads, 0, spk::stream_of(cu)>>>(
+        (__nv_bfloat16 *)dgate, (__nv_bfloat16 *)dup, dout, gate, up, n);
+    return spk::launched(err, "fused swiglu backward");
+}
+
+extern "C" sp_status sp_cuda_gelu_bwd_h(sp_cuda *cu, void *dinp, const float *dout, const float *inp, long n,
+                                        int tanh_approx, sp_err *err)
+{
+    if (n <= 0)
+        return sp_errf(err, SP_ERR_ARG, "fused gelu backward: bad size %ld", n);
+    gelu_bwd_h_kernel<<<spk::grid_for(n), spk::kThreads, 0, spk::stream_of(cu)>>>((__nv_bfloat16 *)dinp, dout, inp, n,
+                                                                                tanh_approx);
+    return spk::launched(err, "fused gelu backward");
+}
+
+extern "C" sp_status sp_cuda_rope_bwd_h(sp_cuda *cu, void *dinp, const float *dout, const float *inv_freq, int pos0,
+                                        int B, int T, int nh, int hd, sp_err *err)
+{
+    if (B <= 0 || T <= 0 || nh <= 0 || hd <= 0 || hd % 2 || pos0 < 0)
+        return sp_errf(err, SP_ERR_ARG, "fused rope backward: bad shape B %d T %d heads %d head dim %d from %d", B, T,
+                       nh, hd, pos0);
+    long pairs = (long)B * T * nh * (hd / 2);
+    rope_bwd_h_kernel<<<spk::grid_for(pairs), spk::kThreads, 0, spk::stream_of(cu)>>>((__nv_bfloat16 *)dinp, dout,
+                                                                                    inv_freq, pos0, T, nh, hd, pairs);
+    return spk::launched(err, "fused rope backward");
 }

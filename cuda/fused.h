@@ -23,6 +23,17 @@ sp_status sp_cuda_swiglu_h(sp_cuda *cu, void *out, const float *gate, const floa
 sp_status sp_cuda_gelu_h(sp_cuda *cu, void *out, float *up, const float *bias, long n, int C, int tanh_approx,
                          sp_err *err);
 
+/* The backward's twins: each writes the gradient a backward op would ADD into a cleared buffer, rounded to bf16
+ * (the next transposed product's input, sp_cuda_wmat_mul_t_h): the same values as that op from zeros, then a cast.
+ * sp_swiglu_backward into dgate and dup; sp_gelu_backward (tanh_approx: GELU-tanh) into dinp; sp_rope_backward
+ * over [B, T, nh, hd] at positions pos0 .. into dinp (inv_freq as sp_cuda_rope_bwd). */
+sp_status sp_cuda_swiglu_bwd_h(sp_cuda *cu, void *dgate, void *dup, const float *dout, const float *gate,
+                               const float *up, long n, sp_err *err);
+sp_status sp_cuda_gelu_bwd_h(sp_cuda *cu, void *dinp, const float *dout, const float *inp, long n, int tanh_approx,
+                             sp_err *err);
+sp_status sp_cuda_rope_bwd_h(sp_cuda *cu, void *dinp, const float *dout, const float *inv_freq, int pos0, int B, int T,
+                             int nh, int hd, sp_err *err);
+
 #ifdef __cplusplus
 }
 #endif

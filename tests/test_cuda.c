@@ -759,17 +759,6 @@ END_TEST
  * max |device - cpu| over max |cpu| within 1e-2, the device block's bf16 tolerance (test_cuda_block). */
 static const double tol_flash = 1e-2;
 
-static double max_rel(const float *a, const float *b, size_t n)
-{
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - (double)b[i]);
-        d = e > d || isnan(e) ? e : d;
-        m = fabs((double)b[i]) > m ? fabs((double)b[i]) : m;
-    }
-    return d / (m > 0 ? m : 1);
-}
-
 /* n bf16 values of device memory as floats */
 static float *down_bf16(const void *d, size_t n)
 {
@@ -786,7 +775,7 @@ static float *down_bf16(const void *d, size_t n)
 
 #define FLASH_CLOSE(a, b, n, what, k)                                                                          \
     do {                                                                                                       \
-        double e_ = max_rel((a), (b), (n));                                                                    \
+        double e_ = emul_rel_err((a), (b), (n));                                                               \
         ck_assert_msg(e_ <= tol_flash, "%s (case %d): error %.3g > %.3g", (what), (k), e_, tol_flash);         \
     } while (0)
 
@@ -909,8 +898,65 @@ START_TEST(t_fused_gpu)
 }
 END_TEST
 
+/* 1 when bf16 values h[n] are the device f32 values f[n] rounded (the fused twins of a kernel: the same kmath). */
+static int rounded_from(const void *dh, const float *df, size_t n)
+{
+    float *h = down_bf16(dh, n), *f = down(df, n);
+    int same = 1;
+    for (size_t i = 0; i < n && same; i++)
+        same = sp_f32_to_bf16(h[i]) == sp_f32_to_bf16(f[i]);
+    free(h), free(f);
+    return same;
+}
+
+/* The backward's fused twins give the bf16 rounding of what the f32 kernels add into zeros: SwiGLU, GELU, GELU-tanh
+ * and RoPE (llama3 frequencies at positions past 8190); shape errors are refused. */
+START_TEST(t_fused_bwd_gpu)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 64);
+    int B = 2, T = 5, nh = 3, hd = 128;
+    long n = (long)B * T * nh * hd;
+    float *g = emul_randn(&r, (size_t)n, 1.0f), *x = emul_randn(&r, (size_t)n, 1.0f), *u = emul_randn(&r, (size_t)n, 1.0f);
+    float *dG = up(g, (size_t)n), *dX = up(x, (size_t)n), *dU = up(u, (size_t)n), *f1 = NULL, *f2 = NULL;
+    void *h1 = NULL, *h2 = NULL;
+    OK(sp_cuda_alloc(cu, (void **)&f1, (size_t)n * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&f2, (size_t)n * 4, E));
+    OK(sp_cuda_alloc(cu, &h1, (size_t)n * 2, E));
+    OK(sp_cuda_alloc(cu, &h2, (size_t)n * 2, E));
+    OK(sp_cuda_zero(cu, f1, (size_t)n * 4, E));
+    OK(sp_cuda_zero(cu, f2, (size_t)n * 4, E));
+    OK(sp_cuda_swiglu_bwd(cu, f1, f2, dG, dX, dU, n, E));
+    OK(sp_cuda_swiglu_bwd_h(cu, h1, h2, dG, dX, dU, n, E));
+    ck_assert_msg(rounded_from(h1, f1, (size_t)n) && rounded_from(h2, f2, (size_t)n), "fused swiglu backward");
+    for (int t = 0; t < 2; t++) {
+        OK(sp_cuda_zero(cu, f1, (size_t)n * 4, E));
+        OK(sp_cuda_gelu_bwd(cu, f1, dG, dX, n, t, E));
+        OK(sp_cuda_gelu_bwd_h(cu, h1, dG, dX, n, t, E));
+        ck_assert_msg(rounded_from(h1, f1, (size_t)n), "fused gelu backward (tanh %d)", t);
+    }
+    sp_config cfg = {.head_dim = 128, .rope_theta = 500000.0, .rope_type = SP_ROPE_LLAMA3, .rope_factor = 8.0,
+                     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0, .rope_orig_max_pos = 8192};
+    sp_rope rope;
+    ck_assert_int_eq(sp_rope_init(&rope, &cfg, NULL), SP_OK);
+    float *dF = up(rope.inv_freq, (size_t)hd / 2);
+    OK(sp_cuda_zero(cu, f1, (size_t)n * 4, E));
+    OK(sp_cuda_rope_bwd(cu, f1, dG, dF, 8190, B, T, nh, hd, E));
+    OK(sp_cuda_rope_bwd_h(cu, h1, dG, dF, 8190, B, T, nh, hd, E));
+    ck_assert_msg(rounded_from(h1, f1, (size_t)n), "fused rope backward");
+    sp_err err = {0};
+    ck_assert_int_eq(sp_cuda_rope_bwd_h(cu, h1, dG, dF, 0, B, T, nh, 7, &err), SP_ERR_ARG); /* odd head dim */
+    ck_assert_int_eq(sp_cuda_swiglu_bwd_h(cu, h1, h2, dG, dX, dU, 0, &err), SP_ERR_ARG);
+    free(g), free(x), free(u);
+    void *bufs[] = {dG, dX, dU, f1, f2, h1, h2, dF};
+    for (int i = 0; i < 8; i++)
+        sp_cuda_free(cu, bufs[i]);
+}
+END_TEST
+
 /* sp_cuda_wmat_mul_h from X rounded to bf16 gives the bits sp_cuda_wmat_mul's GEMM path gives from X (beyond 32
- * rows: the same cast and GEMMs); an f32 matrix is refused. */
+ * rows: the same cast and GEMMs), and sp_cuda_wmat_mul_t_h those of sp_cuda_wmat_mul_t_acc; an f32 matrix is
+ * refused. */
 START_TEST(t_wmat_mul_h_gpu)
 {
     sp_rng r;
@@ -920,10 +966,13 @@ START_TEST(t_wmat_mul_h_gpu)
     uint16_t *xh = malloc((size_t)B * C * 2);
     for (int i = 0; i < B * C; i++)
         xh[i] = sp_f32_to_bf16(x[i]);
-    float *dX = up(x, (size_t)B * C), *dY = NULL, *dY2 = NULL;
-    void *dXh = up_bytes(xh, (size_t)B * C * 2);
+    float *dX = up(x, (size_t)B * C), *dY = NULL, *dY2 = NULL, *dT = NULL, *dT2 = NULL;
+    void *dXh = up_bytes(xh, (size_t)B * C * 2), *dYh = NULL;
     OK(sp_cuda_alloc(cu, (void **)&dY, (size_t)B * rows * 4, E));
     OK(sp_cuda_alloc(cu, (void **)&dY2, (size_t)B * rows * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&dT, (size_t)B * C * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&dT2, (size_t)B * C * 4, E));
+    OK(sp_cuda_alloc(cu, &dYh, (size_t)B * rows * 2, E));
     for (int t = 0; t < SP_W__COUNT; t++) {
         sp_qmat m;
         ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, C, NULL), SP_OK);
@@ -932,18 +981,35 @@ START_TEST(t_wmat_mul_h_gpu)
         sp_err err = {0};
         if (t == SP_W_F32) {
             ck_assert_int_eq(sp_cuda_wmat_mul_h(cu, &dw, dXh, dY, B, &err), SP_ERR_ARG);
+            ck_assert_int_eq(sp_cuda_wmat_mul_t_h(cu, &dw, dXh, dY, B, 1, &err), SP_ERR_ARG);
         } else {
             OK(sp_cuda_wmat_mul(cu, &dw, dX, dY, B, E));
             OK(sp_cuda_wmat_mul_h(cu, &dw, dXh, dY2, B, E));
             float *y1 = down(dY, (size_t)B * rows), *y2 = down(dY2, (size_t)B * rows);
             ck_assert_mem_eq(y1, y2, (size_t)B * rows * 4);
-            free(y1), free(y2);
+            /* transposed: dX += dY W from Y's rows (f32, cast inside) and from them in bf16; acc 0 overwrites */
+            OK(sp_cuda_f32_to(cu, dYh, dY, (long)B * rows, SP_CU_BF16, E));
+            OK(sp_cuda_copy_d2d(cu, dT, dX, (size_t)B * C * 4, E));
+            OK(sp_cuda_copy_d2d(cu, dT2, dX, (size_t)B * C * 4, E));
+            OK(sp_cuda_wmat_mul_t_acc(cu, &dw, dY, dT, B, E));
+            OK(sp_cuda_wmat_mul_t_h(cu, &dw, dYh, dT2, B, 1, E));
+            float *t1 = down(dT, (size_t)B * C), *t2 = down(dT2, (size_t)B * C);
+            ck_assert_mem_eq(t1, t2, (size_t)B * C * 4);
+            free(t1), free(t2);
+            OK(sp_cuda_zero(cu, dT, (size_t)B * C * 4, E));
+            OK(sp_cuda_wmat_mul_t_h(cu, &dw, dYh, dT, B, 1, E));
+            OK(sp_cuda_wmat_mul_t_h(cu, &dw, dYh, dT2, B, 0, E)); /* over the last result */
+            t1 = down(dT, (size_t)B * C), t2 = down(dT2, (size_t)B * C);
+            /* cuBLAS may pick another kernel for beta 0: the same sums, maybe in another order */
+            ck_assert_double_le(emul_rel_err(t2, t1, (size_t)B * C), 1e-5);
+            free(y1), free(y2), free(t1), free(t2);
         }
         sp_cuda_wmat_free(cu, &dw);
         sp_qmat_free(&m);
     }
     free(w), free(x), free(xh);
     sp_cuda_free(cu, dX), sp_cuda_free(cu, dXh), sp_cuda_free(cu, dY), sp_cuda_free(cu, dY2);
+    sp_cuda_free(cu, dT), sp_cuda_free(cu, dT2), sp_cuda_free(cu, dYh);
 }
 END_TEST
 
@@ -967,6 +1033,7 @@ int main(void)
     tcase_add_test(tk, t_flash_gpu);
     tcase_add_test(tk, t_fused_gpu);
     tcase_add_test(tk, t_wmat_mul_h_gpu);
+    tcase_add_test(tk, t_fused_bwd_gpu);
     tcase_add_test(tk, t_errors_gpu);
     suite_add_tcase(s, tk);
     TCase *tw = tcase_create("weights_vs_cpu"); /* its own case: scripts/gpu-check.sh runs it under memcheck */
