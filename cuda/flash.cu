@@ -145,6 +145,28 @@ template <int HD> __device__ inline void accumulate(float (*acc)[4], const float
     }
 }
 
+// The end of a key tile's step in the forward and in dq: once the step's copies are in and every warp is done
+// with tile a, a's buffer starts taking the next tile (when more) while work() reads tile b; once every warp is done
+// with b, b's buffer takes the next tile too, and the step waits until `After` copy groups remain in flight.
+template <int HD, int After, typename F>
+__device__ inline void next_tiles(F work, bf16 *sa, const bf16 *ga, bf16 *sb, const bf16 *gb, int r0, int L, bool more)
+{
+    cp_wait<0>();
+    __syncthreads();
+    if (more) {
+        load_tile<HD>(sa, ga, r0, L);
+        cp_commit();
+    }
+    work();
+    __syncthreads();
+    if (more) {
+        load_tile<HD>(sb, gb, r0, L);
+        cp_commit();
+        cp_wait<After>();
+        __syncthreads();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // kernels
 
@@ -163,17 +185,32 @@ struct fparams {
 
 __device__ inline float slope2(const fparams &p, int h) { return p.slopes ? p.slopes[h] * kLog2e : 0.0f; }
 
-// The forward of query tile (gridDim.y - 1 - blockIdx.y: the longest first) of head blockIdx.x = b * nh + h.
+// The place of a query-tile block (the forward's, dq's): tile gridDim.y - 1 - blockIdx.y (the longest first) of
+// head bh = blockIdx.x = b * nh + h, its kv head's packed keys and values, and the key tiles its queries see.
+struct qtile {
+    int q0, bh, b, h, nkt;
+    const bf16 *K, *V;
+};
+
+template <int HD> __device__ inline qtile query_tile(const fparams &p)
+{
+    qtile t;
+    t.q0 = (gridDim.y - 1 - blockIdx.y) * kRows, t.bh = blockIdx.x, t.b = t.bh / p.nh, t.h = t.bh % p.nh;
+    long kvoff = (long)(t.b * p.nkv + t.h / (p.nh / p.nkv)) * p.S * HD;
+    t.K = p.k + kvoff, t.V = p.v + kvoff;
+    t.nkt = (p.past + min(p.T, t.q0 + kRows) + kRows - 1) / kRows;
+    return t;
+}
+
+// The forward of a query tile (query_tile).
 template <int HD> __global__ void __launch_bounds__(kThreads) fwd_kernel(fparams p)
 {
     constexpr int LD = HD + 8, NT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sK = sQ + kRows * LD, *sV = sK + kRows * LD;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * kRows, bh = blockIdx.x, b = bh / p.nh, h = bh % p.nh;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    long kvoff = (long)(b * p.nkv + h / (p.nh / p.nkv)) * p.S * HD;
-    const bf16 *K = p.k + kvoff, *V = p.v + kvoff;
-    int qend = min(p.T, q0 + kRows), nkt = (p.past + qend + kRows - 1) / kRows;
+    qtile qt = query_tile<HD>(p);
+    int q0 = qt.q0, bh = qt.bh, b = qt.b, h = qt.h, nkt = qt.nkt, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bf16 *K = qt.K, *V = qt.V;
     load_tile<HD>(sQ, p.q + (long)bh * p.T * HD, q0, p.T);
     load_tile<HD>(sK, K, 0, p.S);
     cp_commit();
@@ -222,20 +259,8 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fwd_kernel(fparams
         }
         l[0] = l[0] * corr[0] + rs[0];
         l[1] = l[1] * corr[1] + rs[1];
-        cp_wait<0>();
-        __syncthreads(); // V_j is in; every warp is done with K_j
-        if (j + 1 < nkt) {
-            load_tile<HD>(sK, K, (j + 1) * kRows, p.S);
-            cp_commit();
-        }
-        accumulate<HD>(o, s, sV);
-        __syncthreads(); // every warp is done with V_j
-        if (j + 1 < nkt) {
-            load_tile<HD>(sV, V, (j + 1) * kRows, p.S);
-            cp_commit();
-            cp_wait<1>(); // K_{j+1} is in
-            __syncthreads();
-        }
+        // O += P V_j while K_{j+1} comes in; then V_{j+1}, waiting for K_{j+1} only
+        next_tiles<HD, 1>([&] { accumulate<HD>(o, s, sV); }, sK, K, sV, V, (j + 1) * kRows, p.S, j + 1 < nkt);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -264,18 +289,16 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fwd_kernel(fparams
     }
 }
 
-// dq of query tile (gridDim.y - 1 - blockIdx.y) of head blockIdx.x: P from lse, dP = dout V^T,
-// dS = P (dP - D) scale, dq += dS K, over the key tiles its queries see.
+// dq of a query tile (query_tile): P from lse, dP = dout V^T, dS = P (dP - D) scale, dq += dS K, over the key
+// tiles its queries see.
 template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams p)
 {
     constexpr int LD = HD + 8, NT = HD / 8;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sO = sQ + kRows * LD, *sK = sO + kRows * LD, *sV = sK + kRows * LD;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * kRows, bh = blockIdx.x, b = bh / p.nh, h = bh % p.nh;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    long kvoff = (long)(b * p.nkv + h / (p.nh / p.nkv)) * p.S * HD;
-    const bf16 *K = p.k + kvoff, *V = p.v + kvoff;
-    int qend = min(p.T, q0 + kRows), nkt = (p.past + qend + kRows - 1) / kRows;
+    qtile qt = query_tile<HD>(p);
+    int q0 = qt.q0, bh = qt.bh, b = qt.b, h = qt.h, nkt = qt.nkt, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bf16 *K = qt.K, *V = qt.V;
     load_tile<HD>(sQ, p.q + (long)bh * p.T * HD, q0, p.T);
     load_tile<HD>(sO, p.dout + (long)bh * p.T * HD, q0, p.T);
     load_tile<HD>(sK, K, 0, p.S);
@@ -308,19 +331,8 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams 
                 v = edge && kpos > qpos ? 0.0f : v;
                 s[nt][e] = v * (dp[nt][e] - D[e >> 1]) * p.scale;
             }
-        __syncthreads(); // every warp is done with V_j
-        if (j + 1 < nkt) {
-            load_tile<HD>(sV, V, (j + 1) * kRows, p.S);
-            cp_commit();
-        }
-        accumulate<HD>(acc, s, sK);
-        __syncthreads(); // every warp is done with K_j
-        if (j + 1 < nkt) {
-            load_tile<HD>(sK, K, (j + 1) * kRows, p.S);
-            cp_commit();
-            cp_wait<0>();
-            __syncthreads();
-        }
+        // dq += dS K_j while V_{j+1} comes in; then K_{j+1}, waiting for both
+        next_tiles<HD, 0>([&] { accumulate<HD>(acc, s, sK); }, sV, V, sK, K, (j + 1) * kRows, p.S, j + 1 < nkt);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
