@@ -19,6 +19,7 @@
 #include "block_cuda.h"
 #include "cuda_backend.h"
 #include "cuda_timing.h"
+#include "flash.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "rng.h"
@@ -63,6 +64,17 @@ static double gemm_peak(int N, int in, int out)
     sp_cuda_free(cu, g.X), sp_cuda_free(cu, g.W), sp_cuda_free(cu, g.Y);
     return fl;
 }
+
+/* The weights of the block's matrices. */
+static double mats_params(const sp_block *b)
+{
+    double params = 0;
+    for (int i = 0; i < b->nqm; i++)
+        params += (double)b->qm[i].rows * b->qm[i].cols;
+    return params;
+}
+
+static void bench_forward_path(const char *name, const sp_block *b, int T, int reps, double peak, int flash);
 
 /* A Llama-2-shaped block, random N(0, 0.02) weights, norm gains 1, encoded in t. */
 static void make_block(sp_block *b, sp_config *cfg, sp_rope *rope, int H, int FF, int nh, int nkv, sp_wtype t)
@@ -176,28 +188,119 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
            sp_wtype_name(b->wtype), b->nqm, sp * 1e6, bytes / sp / copy_bw);
 }
 
-/* 1024-token forward and forward + backward: FLOP/s over the GEMM peak, tokens/s. */
+/* The forward's products alone at T rows from bf16 inputs (sp_cuda_wmat_mul_h), for the breakdown. */
+typedef struct {
+    sp_cuda_wmat m[8];
+    int n, T;
+    void *xh;
+    float *y;
+} gemms_ctx;
+
+static void run_gemms(void *p)
+{
+    gemms_ctx *c = p;
+    for (int i = 0; i < c->n; i++)
+        TRY(sp_cuda_wmat_mul_h(cu, &c->m[i], c->xh, c->y, c->T, &err));
+}
+
+static double time_gemms(const sp_block *b, int T, int reps)
+{
+    gemms_ctx c = {.n = b->nqm < 8 ? b->nqm : 8, .T = T};
+    size_t widest = (size_t)(b->FF > b->H ? b->FF : b->H) * T;
+    float *x = dev_randn(widest, 1.0f);
+    TRY(sp_cuda_alloc(cu, &c.xh, widest * 2, &err));
+    TRY(sp_cuda_f32_to(cu, c.xh, x, (long)widest, SP_CU_BF16, &err));
+    TRY(sp_cuda_alloc(cu, (void **)&c.y, widest * sizeof(float), &err));
+    for (int i = 0; i < c.n; i++)
+        TRY(sp_cuda_wmat_upload(cu, &c.m[i], &b->qm[i], &err));
+    double s = time_reps(run_gemms, &c, reps);
+    for (int i = 0; i < c.n; i++)
+        sp_cuda_wmat_free(cu, &c.m[i]);
+    sp_cuda_free(cu, x), sp_cuda_free(cu, c.xh), sp_cuda_free(cu, c.y);
+    return s;
+}
+
+/* Attention alone at T positions (no cache): the flash kernels, or the cuBLAS path with its probabilities. */
+typedef struct {
+    float *q, *k, *v, *out, *probs, *lse, *dq, *dk, *dv;
+    int T, nh, nkv, hd, flash, bwd;
+} attn_ctx;
+
+static void run_attn(void *p)
+{
+    attn_ctx *a = p;
+    if (a->flash && !a->bwd)
+        TRY(sp_cuda_flash_fwd(cu, a->out, NULL, a->lse, a->q, a->k, a->v, NULL, 1, a->T, 0, a->nh, a->nkv, a->hd, a->T,
+                              &err));
+    else if (a->flash)
+        TRY(sp_cuda_flash_bwd(cu, a->dq, a->dk, a->dv, a->out, a->out, a->lse, a->q, a->k, a->v, NULL, 1, a->T, 0,
+                              a->nh, a->nkv, a->hd, a->T, &err));
+    else if (!a->bwd)
+        TRY(sp_cuda_attn_prefill(cu, a->out, a->probs, a->q, a->k, a->v, NULL, 1, a->T, 0, a->nh, a->nkv, a->hd, a->T,
+                                 &err));
+    else
+        TRY(sp_cuda_attn_backward(cu, a->dq, a->dk, a->dv, a->out, a->probs, a->q, a->k, a->v, 1, a->T, 0, a->nh,
+                                  a->nkv, a->hd, a->T, &err));
+}
+
+/* Seconds of the attention forward [0] and backward [1], flash or not. */
+static void time_attn(const sp_block *b, int T, int flash, int reps, double s[2])
+{
+    size_t nq = (size_t)T * b->nh * b->hd, nk = (size_t)T * b->nkv * b->hd;
+    attn_ctx a = {.T = T, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .flash = flash};
+    a.q = dev_randn(nq, 1.0f), a.k = dev_randn(nk, 1.0f), a.v = dev_randn(nk, 1.0f), a.out = dev_randn(nq, 1.0f);
+    a.dq = dev_randn(nq, 1.0f), a.dk = dev_randn(nk, 1.0f), a.dv = dev_randn(nk, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&a.lse, (size_t)b->nh * T * sizeof(float), &err));
+    TRY(sp_cuda_alloc(cu, (void **)&a.probs, flash ? 4 : (size_t)b->nh * T * T * sizeof(float), &err));
+    run_attn(&a); /* lse / probs for the backward */
+    s[0] = time_reps(run_attn, &a, reps);
+    a.bwd = 1;
+    s[1] = time_reps(run_attn, &a, reps);
+    float *bufs[] = {a.q, a.k, a.v, a.out, a.dq, a.dk, a.dv, a.lse, a.probs};
+    for (int i = 0; i < 9; i++)
+        sp_cuda_free(cu, bufs[i]);
+}
+
+/* 1024-token forward and forward + backward: FLOP/s over the GEMM peak, tokens/s; flash attention and the fused
+ * bf16 path (the default), then the cuBLAS attention and f32 element-wise kernels (flash off) in the same run; and
+ * where the forward's time goes: its products alone (from bf16 inputs) and its attention alone. */
 static void bench_forward(const char *name, const sp_block *b, int T, int reps)
 {
     double peak = gemm_peak(T, b->H, b->FF);
+    printf("%s %-4s bf16 GEMM peak [%d x %d x %d]: %.0f TFLOP/s\n", name, sp_wtype_name(b->wtype), T, b->H, b->FF,
+           peak / 1e12);
+    for (int flash = 1; flash >= 0; flash--)
+        bench_forward_path(name, b, T, reps, peak, flash);
+    double attn = 4.0 * T * (double)T * b->hd * b->nh / 2, sg = time_gemms(b, T, reps), sa[2], so[2];
+    time_attn(b, T, 1, reps, sa);
+    time_attn(b, T, 0, reps, so);
+    printf("%s %-4s   its products alone (bf16 inputs): %.3f ms, %.2f of the GEMM peak\n", name,
+           sp_wtype_name(b->wtype), sg * 1e3, (2.0 * T * (double)mats_params(b)) / sg / peak);
+    printf("%s %-4s   attention alone, flash: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s); "
+           "cuBLAS path: forward %.3f ms, backward %.3f ms\n",
+           name, sp_wtype_name(b->wtype), sa[0] * 1e3, attn / sa[0] / 1e12, sa[1] * 1e3, 2.5 * attn / sa[1] / 1e12,
+           so[0] * 1e3, so[1] * 1e3);
+}
+
+/* One path's forward and forward + backward (flash: sp_cuda_block_use_flash). */
+static void bench_forward_path(const char *name, const sp_block *b, int T, int reps, double peak, int flash)
+{
     run_ctx c = {.T = T};
     TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
+    sp_cuda_block_use_flash(c.cb, flash);
     size_t n = (size_t)T * b->H;
     c.x = dev_randn(n, 1.0f);
     TRY(sp_cuda_alloc(cu, (void **)&c.y, n * sizeof(float), &err));
     TRY(sp_cuda_alloc(cu, (void **)&c.d, n * sizeof(float), &err));
-    double params = 0;
-    for (int i = 0; i < b->nqm; i++)
-        params += (double)b->qm[i].rows * b->qm[i].cols;
+    double params = mats_params(b);
     double attn = 4.0 * T * (double)T * b->hd * b->nh / 2; /* causal: half the scores */
     double fwd = 2.0 * params * T + attn, both = 2 * (2.0 * params * T) + 3 * attn;
     double sf = time_reps(run_forward, &c, reps), sb = time_reps(run_fwd_bwd, &c, reps);
-    printf("%s %-4s bf16 GEMM peak [%d x %d x %d]: %.0f TFLOP/s\n", name, sp_wtype_name(b->wtype), T, b->H, b->FF,
-           peak / 1e12);
-    printf("%s %-4s forward %d tokens: %8.2f ms, %8.0f tok/s, %6.1f TFLOP/s, %.2f of the GEMM peak\n", name,
-           sp_wtype_name(b->wtype), T, sf * 1e3, T / sf, fwd / sf / 1e12, fwd / sf / peak);
-    printf("%s %-4s forward+backward %d tokens: %8.2f ms, %6.1f TFLOP/s, %.2f of the GEMM peak\n", name,
-           sp_wtype_name(b->wtype), T, sb * 1e3, both / sb / 1e12, both / sb / peak);
+    const char *path = flash ? "flash" : "cuBLAS attention";
+    printf("%s %-4s forward %d tokens (%s): %8.2f ms, %8.0f tok/s, %6.1f TFLOP/s, %.2f of the GEMM peak\n", name,
+           sp_wtype_name(b->wtype), T, path, sf * 1e3, T / sf, fwd / sf / 1e12, fwd / sf / peak);
+    printf("%s %-4s forward+backward %d tokens (%s): %8.2f ms, %6.1f TFLOP/s, %.2f of the GEMM peak\n", name,
+           sp_wtype_name(b->wtype), T, path, sb * 1e3, both / sb / 1e12, both / sb / peak);
     sp_cuda_acts_free(c.cb, &c.acts);
     sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y), sp_cuda_free(cu, c.d);
     sp_cuda_block_free(c.cb);

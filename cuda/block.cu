@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "block_cuda.h"
+#include "flash.h"
+#include "fused.h"
 #include "gemm.h"
 #include "kernels.h"
 #include "launch.cuh"
@@ -126,9 +128,12 @@ __global__ void pos_kernel(int *pos, int B, int value, int add)
 
 enum { MQ, MK, MV, MO, MGATE, MUP, MDOWN, NMAT }; // sp_block's qm order for a dense MLP
 
-// Activations of one forward over N rows (block.c's acts; mean1/2 unused by RMSNorm).
+// Activations of one forward over N rows (block.c's acts; mean1/2 unused by RMSNorm). probs holds the flash
+// attention's log-sum-exp instead when it runs. The bf16 path (half_rows) keeps the products' inputs in bf16
+// instead of ln1, ln2 and act: lnh (norm 1), atth (attention), mh (norm 2, then the activation).
 struct dacts {
     float *ln1, *mean1, *rstd1, *q, *k, *v, *probs, *att, *h1, *ln2, *mean2, *rstd2, *gate, *up, *act, *y;
+    float *lnh, *atth, *mh; // bf16 storage
 };
 
 // Gradients of one backward (block.c's grads; half: a product's gradient rounded to bf16).
@@ -153,13 +158,16 @@ size_t carve(float **const *ptrs, const size_t *sizes, int n, char *base)
     return total;
 }
 
-size_t acts_layout(const shape &s, dacts *a, size_t N, size_t probs_n, char *base)
+// Carves the activations of N rows (half: the bf16 path's buffers instead of ln1, ln2, act).
+size_t acts_layout(const shape &s, dacts *a, size_t N, size_t probs_n, int half, char *base)
 {
-    size_t two = (size_t)s.two, ff = N * s.FF;
-    size_t sizes[] = {N * s.H, N, N, N * s.Q, N * s.KV, N * s.KV, probs_n, N * s.Q, N * s.H, two * N * s.H, two * N,
-                      two * N, s.swiglu ? ff : 0, ff, ff, N * s.H};
-    float **const ptrs[] = {&a->ln1, &a->mean1, &a->rstd1, &a->q,    &a->k,     &a->v,     &a->probs, &a->att,
-                            &a->h1,  &a->ln2,   &a->mean2, &a->rstd2, &a->gate, &a->up,    &a->act,   &a->y};
+    size_t two = (size_t)s.two, ff = N * s.FF, f = half ? 0 : 1, h = half ? 1 : 0, mid = s.FF > s.H ? s.FF : s.H;
+    size_t sizes[] = {f * N * s.H, N,  N, N * s.Q, N * s.KV, N * s.KV, probs_n, N * s.Q, N * s.H, f * two * N * s.H,
+                      two * N,     two * N, s.swiglu ? ff : 0, ff, f * ff, N * s.H, h * (N * s.H + 1) / 2,
+                      h * (N * s.Q + 1) / 2, h * (N * mid + 1) / 2};
+    float **const ptrs[] = {&a->ln1, &a->mean1, &a->rstd1, &a->q,    &a->k,  &a->v,   &a->probs,
+                            &a->att, &a->h1,    &a->ln2,   &a->mean2, &a->rstd2, &a->gate, &a->up,
+                            &a->act, &a->y,     &a->lnh,   &a->atth, &a->mh};
     return carve(ptrs, sizes, (int)(sizeof sizes / sizeof *sizes), base);
 }
 
@@ -208,7 +216,7 @@ size_t decoder_layout(const shape &s, int nh, decoder *d, char *base)
         d->pos = (int *)(void *)(d->vp + N);
     }
     char *b = base ? base + tab : NULL;
-    size_t n = acts_layout(s, &d->a, N, N * nh * (size_t)d->scap, b);
+    size_t n = acts_layout(s, &d->a, N, N * nh * (size_t)d->scap, 0, b);
     size_t io[] = {N * s.H, N * s.H};
     float **const ptrs[] = {&d->xin, &d->xout};
     return tab + n + carve(ptrs, io, 2, b ? b + n : NULL);
@@ -228,7 +236,8 @@ struct sp_cuda_block {
     float *ln1_w, *ln1_b, *bq, *bk, *bv, *bo, *ln2_w, *ln2_b, *b_up, *b_down, *inv_freq, *slopes;
     size_t weight_bytes;
     int graphs;
-    void *ws; // forward / backward buffers, grown
+    int flash; // flash attention and the bf16 path where they apply (sp_cuda_block_use_flash)
+    void *ws;  // forward / backward buffers, grown
     size_t ws_bytes;
     decoder bat;    // batches of several caches (sp_cuda_block_decode_batch)
     void *bat_host; // its tables on the host
@@ -309,6 +318,7 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
     cb->s = shape_of(b);
     cb->H = b->H, cb->nh = b->nh, cb->nkv = b->nkv, cb->hd = b->hd, cb->FF = b->FF, cb->eps = b->eps;
     cb->graphs = 1;
+    cb->flash = 1;
     size_t H = (size_t)b->H, Q = cb->s.Q, KV = cb->s.KV, FF = cb->s.FF;
     sp_status st = SP_OK;
     for (int i = 0; st == SP_OK && i < NMAT && i < b->nqm; i++)
@@ -355,6 +365,22 @@ extern "C" void sp_cuda_block_free(sp_cuda_block *cb)
 
 extern "C" size_t sp_cuda_block_bytes(const sp_cuda_block *cb) { return cb->weight_bytes; }
 extern "C" void sp_cuda_block_use_graphs(sp_cuda_block *cb, int on) { cb->graphs = on != 0; }
+extern "C" void sp_cuda_block_use_flash(sp_cuda_block *cb, int on) { cb->flash = on != 0; }
+
+// Flash attention (flash.h) for the forward and prefill and their backward: weights whose products already
+// round their inputs to bf16 (bf16, int8, NF4) and heads the kernels take, unless turned off.
+static bool use_flash(const sp_cuda_block *cb)
+{
+    for (int i = 0; i < NMAT; i++)
+        if (cb->m[i].q && cb->m[i].w.type == SP_KM_F32)
+            return false;
+    return cb->flash && sp_cuda_flash_ok(cb->hd);
+}
+
+// The bf16 path for N rows: fused kernels hand the products their inputs in bf16 where sp_cuda_wmat_mul would
+// round them itself (its GEMMs, beyond 32 rows).
+constexpr size_t kHalfRows = 32;
+static int half_rows(const sp_cuda_block *cb, size_t N) { return use_flash(cb) && N > kHalfRows; }
 
 // The block's buffers: at least bytes (grown after a sync: queued kernels may use the old ones).
 static sp_status block_ws(sp_cuda_block *cb, size_t bytes, sp_err *err)
@@ -396,9 +422,23 @@ static sp_status norm_fwd(sp_cuda_block *cb, float *out, float *mean, float *rst
     return sp_cuda_layernorm_fwd(cb->cu, out, mean, rstd, x, w, b, N, cb->H, cb->eps, err);
 }
 
+// lin from X in bf16 (the bf16 path).
+static sp_status lin_h(sp_cuda_block *cb, int which, float *Y, const void *Xh, const float *bias, int N, sp_err *err)
+{
+    TRY(sp_cuda_wmat_mul_h(cb->cu, &cb->m[which], Xh, Y, N, err));
+    return bias ? bias_res(cb, Y, Y, bias, NULL, N, cb->m[which].w.rows, err) : SP_OK;
+}
+
 // Norm 1 and the q, k, v projections of N rows.
 static sp_status attn_in(sp_cuda_block *cb, const float *inp, int N, dacts *a, sp_err *err)
 {
+    if (a->lnh) {
+        TRY(sp_cuda_norm_h(cb->cu, a->lnh, a->mean1, a->rstd1, NULL, inp, NULL, NULL, cb->ln1_w, cb->ln1_b, N, cb->H,
+                           cb->eps, cb->k.norm == SP_NORM_RMS, err));
+        TRY(lin_h(cb, MQ, a->q, a->lnh, cb->bq, N, err));
+        TRY(lin_h(cb, MK, a->k, a->lnh, cb->bk, N, err));
+        return lin_h(cb, MV, a->v, a->lnh, cb->bv, N, err);
+    }
     TRY(norm_fwd(cb, a->ln1, a->mean1, a->rstd1, inp, cb->ln1_w, cb->ln1_b, N, err));
     TRY(lin(cb, MQ, a->q, a->ln1, cb->bq, N, err));
     TRY(lin(cb, MK, a->k, a->ln1, cb->bk, N, err));
@@ -420,9 +460,48 @@ static sp_status mlp_fwd(sp_cuda_block *cb, float *y, const float *x, int N, dac
     return sp_cuda_wmat_mul(cb->cu, &cb->m[MDOWN], a->act, y, N, err);
 }
 
+// mlp_fwd on the bf16 path: x, and the activation into a->mh, in bf16.
+static sp_status mlp_fwd_h(sp_cuda_block *cb, float *y, const void *x, int N, dacts *a, sp_err *err)
+{
+    long n = (long)N * cb->FF;
+    if (cb->k.mlp == SP_MLP_SWIGLU) {
+        TRY(lin_h(cb, MGATE, a->gate, x, NULL, N, err));
+        TRY(lin_h(cb, MUP, a->up, x, NULL, N, err));
+        TRY(sp_cuda_swiglu_h(cb->cu, a->mh, a->gate, a->up, n, err));
+    } else {
+        TRY(lin_h(cb, MUP, a->up, x, NULL, N, err));
+        TRY(sp_cuda_gelu_h(cb->cu, a->mh, a->up, cb->b_up, n, cb->FF, cb->k.mlp == SP_MLP_GELU_TANH, err));
+    }
+    return sp_cuda_wmat_mul_h(cb->cu, &cb->m[MDOWN], a->mh, y, N, err);
+}
+
+// attn_out_mlp on the bf16 path: the residual, norm 2 and its bf16 rounding in one kernel (a sequential block).
+static sp_status attn_out_mlp_h(sp_cuda_block *cb, float *out, const float *inp, int N, dacts *a, sp_err *err)
+{
+    int rms = cb->k.norm == SP_NORM_RMS;
+    TRY(sp_cuda_wmat_mul_h(cb->cu, &cb->m[MO], a->atth, a->h1, N, err));
+    const float *m = a->lnh;
+    if (cb->ln2_w && !cb->k.parallel) {
+        TRY(sp_cuda_norm_h(cb->cu, a->mh, a->mean2, a->rstd2, a->h1, a->h1, cb->bo, inp, cb->ln2_w, cb->ln2_b, N,
+                           cb->H, cb->eps, rms, err));
+        m = a->mh;
+    } else {
+        TRY(bias_res(cb, a->h1, a->h1, cb->bo, inp, N, cb->H, err));
+        if (cb->ln2_w) {
+            TRY(sp_cuda_norm_h(cb->cu, a->mh, a->mean2, a->rstd2, NULL, inp, NULL, NULL, cb->ln2_w, cb->ln2_b, N,
+                               cb->H, cb->eps, rms, err));
+            m = a->mh;
+        }
+    }
+    TRY(mlp_fwd_h(cb, a->y, m, N, a, err));
+    return bias_res(cb, out, a->y, cb->b_down, a->h1, N, cb->H, err);
+}
+
 // h1 = x + att Wo^T + bo, then out = h1 + mlp(n2(h1) or n2(x) or n1(x)) (+ the down projection's bias).
 static sp_status attn_out_mlp(sp_cuda_block *cb, float *out, const float *inp, int N, dacts *a, sp_err *err)
 {
+    if (a->atth)
+        return attn_out_mlp_h(cb, out, inp, N, a, err);
     TRY(sp_cuda_wmat_mul(cb->cu, &cb->m[MO], a->att, a->h1, N, err));
     TRY(bias_res(cb, a->h1, a->h1, cb->bo, inp, N, cb->H, err));
     const float *m = a->ln1;
@@ -457,8 +536,12 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
         TRY(sp_cuda_kv_append(cb->cu, kv->v, a->v, B, T, kv->cap, kv->len, row, err));
         K = kv->k, V = kv->v, cap = kv->cap, past = kv->len;
     }
-    TRY(sp_cuda_attn_prefill(cb->cu, a->att, a->probs, a->q, K, V, cb->slopes, B, T, past, cb->nh, cb->nkv, cb->hd,
-                             cap, err));
+    if (use_flash(cb))
+        TRY(sp_cuda_flash_fwd(cb->cu, a->att, a->atth, a->probs, a->q, K, V, cb->slopes, B, T, past, cb->nh, cb->nkv,
+                              cb->hd, cap, err));
+    else
+        TRY(sp_cuda_attn_prefill(cb->cu, a->att, a->probs, a->q, K, V, cb->slopes, B, T, past, cb->nh, cb->nkv,
+                                 cb->hd, cap, err));
     TRY(attn_out_mlp(cb, out, inp, N, a, err));
     if (kv) {
         kv->len += T;
@@ -734,7 +817,11 @@ static sp_status check_dims(const sp_cuda_block *cb, int B, int T, int pos0, con
     return sp_block_check_step(cb->nkv, cb->hd, B, T, pos0, kv ? &shape : NULL, err);
 }
 
-static size_t probs_floats(const sp_cuda_block *cb, int B, int T, int S) { return (size_t)B * cb->nh * T * S; }
+// The attention's kept floats: probabilities [B, nh, T, S], or the flash kernels' log-sum-exp [B, nh, T].
+static size_t probs_floats(const sp_cuda_block *cb, int B, int T, int S)
+{
+    return (size_t)B * cb->nh * T * (use_flash(cb) ? 1 : S);
+}
 
 extern "C" sp_status sp_cuda_block_forward(sp_cuda_block *cb, float *out, const float *inp, int B, int T, int pos0,
                                            sp_cuda_kv *kv, sp_err *err)
@@ -742,11 +829,10 @@ extern "C" sp_status sp_cuda_block_forward(sp_cuda_block *cb, float *out, const 
     TRY(check_dims(cb, B, T, pos0, kv, err));
     if (kv && T == 1)
         return decode_step(cb, out, inp, kv, err);
-    size_t N = (size_t)B * T;
+    size_t N = (size_t)B * T, pn = probs_floats(cb, B, T, (kv ? kv->len : 0) + T);
     dacts a;
-    size_t bytes = acts_layout(cb->s, &a, N, probs_floats(cb, B, T, (kv ? kv->len : 0) + T), NULL);
-    TRY(block_ws(cb, bytes, err));
-    acts_layout(cb->s, &a, N, probs_floats(cb, B, T, (kv ? kv->len : 0) + T), (char *)cb->ws);
+    TRY(block_ws(cb, acts_layout(cb->s, &a, N, pn, half_rows(cb, N), NULL), err));
+    acts_layout(cb->s, &a, N, pn, half_rows(cb, N), (char *)cb->ws);
     return forward_acts(cb, out, inp, B, T, pos0, kv, &a, err);
 }
 
@@ -761,14 +847,14 @@ extern "C" sp_status sp_cuda_block_forward_keep(sp_cuda_block *cb, float *out, c
 {
     TRY(check_dims(cb, B, T, pos0, NULL, err));
     dacts a;
-    size_t N = (size_t)B * T, bytes = acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), NULL);
+    size_t N = (size_t)B * T, bytes = acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_rows(cb, N), NULL);
     if (k->bytes < bytes) {
         TRY(sp_cuda_sync(cb->cu, err));
         sp_cuda_acts_free(cb, k);
         TRY(sp_cuda_alloc(cb->cu, &k->buf, bytes, err));
         k->bytes = bytes;
     }
-    acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), (char *)k->buf);
+    acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_rows(cb, N), (char *)k->buf);
     TRY(forward_acts(cb, out, inp, B, T, pos0, NULL, &a, err));
     k->B = B, k->T = T, k->pos0 = pos0;
     return SP_OK;
@@ -824,6 +910,79 @@ static sp_status mlp_bwd(sp_cuda_block *cb, float *dx, const float *dy, const da
     return mul_t_acc(cb, MUP, dx, g->dup, N, g->half, err);
 }
 
+// dX[N, cols] (+)= dYh W from a bf16 gradient (the bf16 path; acc 0: dX overwritten, nothing to clear first).
+static sp_status mul_t_h(sp_cuda_block *cb, int which, float *dX, const void *dYh, int N, int acc, sp_err *err)
+{
+    return sp_cuda_wmat_mul_t_h(cb->cu, &cb->m[which], dYh, dX, N, acc, err);
+}
+
+// mul_t_h from an f32 gradient, rounded to bf16 in half first.
+static sp_status mul_t_f(sp_cuda_block *cb, int which, float *dX, const float *dY, int N, float *half, int acc,
+                         sp_err *err)
+{
+    TRY(sp_cuda_f32_to(cb->cu, half, dY, (long)N * cb->m[which].w.rows, SP_CU_BF16, err));
+    return mul_t_h(cb, which, dX, half, N, acc, err);
+}
+
+// mlp_bwd on the bf16 path: dx (+)= mlp'(x)^T dy (acc 0: overwritten); the activation's gradients go to the
+// products in bf16, in the storage of dgate and dup.
+static sp_status mlp_bwd_h(sp_cuda_block *cb, float *dx, const float *dy, const dacts *a, const dgrads *g, int N,
+                           int acc, sp_err *err)
+{
+    long n = (long)N * cb->FF;
+    TRY(mul_t_f(cb, MDOWN, g->dact, dy, N, g->half, 0, err));
+    if (cb->k.mlp == SP_MLP_SWIGLU) {
+        TRY(sp_cuda_swiglu_bwd_h(cb->cu, g->dgate, g->dup, g->dact, a->gate, a->up, n, err));
+        TRY(mul_t_h(cb, MGATE, dx, g->dgate, N, acc, err));
+        acc = 1;
+    } else {
+        TRY(sp_cuda_gelu_bwd_h(cb->cu, g->dup, g->dact, a->up, n, cb->k.mlp == SP_MLP_GELU_TANH, err));
+    }
+    return mul_t_h(cb, MUP, dx, g->dup, N, acc, err);
+}
+
+// The q, k, v products' input gradient into dln1 (+= when acc), RoPE's backward rounded to bf16 on the way.
+static sp_status qkv_bwd_h(sp_cuda_block *cb, const dgrads *g, int B, int T, int pos0, int acc, sp_err *err)
+{
+    int N = B * T;
+    if (cb->inv_freq) {
+        TRY(sp_cuda_rope_bwd_h(cb->cu, g->half, g->dq, cb->inv_freq, pos0, B, T, cb->nh, cb->hd, err));
+        TRY(mul_t_h(cb, MQ, g->dln1, g->half, N, acc, err));
+        TRY(sp_cuda_rope_bwd_h(cb->cu, g->half, g->dk, cb->inv_freq, pos0, B, T, cb->nkv, cb->hd, err));
+        TRY(mul_t_h(cb, MK, g->dln1, g->half, N, 1, err));
+    } else {
+        TRY(mul_t_f(cb, MQ, g->dln1, g->dq, N, g->half, acc, err));
+        TRY(mul_t_f(cb, MK, g->dln1, g->dk, N, g->half, 1, err));
+    }
+    return mul_t_f(cb, MV, g->dln1, g->dv, N, g->half, 1, err);
+}
+
+// backward_acts on the bf16 path (a forward that kept bf16 inputs, flash attention's log-sum-exp): every
+// gradient a product takes is written in bf16 by the kernel before it, the first product into a buffer overwrites
+// it, and only the attention's gradients (which it adds into) are cleared.
+static sp_status backward_acts_h(sp_cuda_block *cb, float *dinp, const float *dout, const float *inp, int B, int T,
+                                 int pos0, const dacts *a, const dgrads *g, sp_err *err)
+{
+    int N = B * T;
+    sp_cuda *cu = cb->cu;
+    size_t nh1 = (size_t)N * cb->H * sizeof(float), kvb = (size_t)N * cb->s.KV * sizeof(float);
+    TRY(sp_cuda_zero(cu, g->dq, (size_t)N * cb->s.Q * sizeof(float), err));
+    TRY(sp_cuda_zero(cu, g->dk, kvb, err));
+    TRY(sp_cuda_zero(cu, g->dv, kvb, err));
+    TRY(sp_cuda_copy_d2d(cu, g->dh1, dout, nh1, err));
+    TRY(mlp_bwd_h(cb, cb->ln2_w ? g->dln2 : g->dln1, dout, a, g, N, 0, err));
+    if (cb->ln2_w && !cb->k.parallel)
+        TRY(norm_bwd(cb, g->dh1, g->dln2, a->h1, cb->ln2_w, a->mean2, a->rstd2, N, err));
+    TRY(mul_t_f(cb, MO, g->datt, g->dh1, N, g->half, 0, err));
+    TRY(sp_cuda_flash_bwd(cu, g->dq, g->dk, g->dv, g->datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T, 0,
+                          cb->nh, cb->nkv, cb->hd, T, err));
+    TRY(qkv_bwd_h(cb, g, B, T, pos0, cb->ln2_w ? 0 : 1, err));
+    if (cb->ln2_w && cb->k.parallel)
+        TRY(norm_bwd(cb, g->dh1, g->dln2, inp, cb->ln2_w, a->mean2, a->rstd2, N, err));
+    TRY(norm_bwd(cb, g->dh1, g->dln1, inp, cb->ln1_w, a->mean1, a->rstd1, N, err));
+    return sp_cuda_copy_d2d(cu, dinp, g->dh1, nh1, err);
+}
+
 // The backward over the activations of a forward without a cache (block.c's backward_acts); gbase: grads_layout.
 static sp_status backward_acts(sp_cuda_block *cb, float *dinp, const float *dout, const float *inp, int B, int T,
                                int pos0, const dacts *a, char *gbase, sp_err *err)
@@ -832,6 +991,8 @@ static sp_status backward_acts(sp_cuda_block *cb, float *dinp, const float *dout
     sp_cuda *cu = cb->cu;
     dgrads g;
     size_t gbytes = grads_layout(cb->s, &g, (size_t)N, gbase);
+    if (a->lnh)
+        return backward_acts_h(cb, dinp, dout, inp, B, T, pos0, a, &g, err);
     TRY(sp_cuda_zero(cu, gbase, gbytes, err)); // every gradient buffer accumulates
     size_t nh1 = (size_t)N * cb->H * sizeof(float);
     TRY(sp_cuda_copy_d2d(cu, g.dh1, dout, nh1, err));
@@ -840,8 +1001,12 @@ static sp_status backward_acts(sp_cuda_block *cb, float *dinp, const float *dout
     if (cb->ln2_w && !cb->k.parallel)
         TRY(norm_bwd(cb, g.dh1, g.dln2, a->h1, cb->ln2_w, a->mean2, a->rstd2, N, err));
     TRY(mul_t_acc(cb, MO, g.datt, g.dh1, N, g.half, err));
-    TRY(sp_cuda_attn_backward(cu, g.dq, g.dk, g.dv, g.datt, a->probs, a->q, a->k, a->v, B, T, 0, cb->nh, cb->nkv,
-                              cb->hd, T, err));
+    if (use_flash(cb))
+        TRY(sp_cuda_flash_bwd(cu, g.dq, g.dk, g.dv, g.datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T, 0,
+                              cb->nh, cb->nkv, cb->hd, T, err));
+    else
+        TRY(sp_cuda_attn_backward(cu, g.dq, g.dk, g.dv, g.datt, a->probs, a->q, a->k, a->v, B, T, 0, cb->nh, cb->nkv,
+                                  cb->hd, T, err));
     float *dq = g.dq, *dk = g.dk;
     if (cb->inv_freq) { // RoPE is a rotation: back through its transpose
         TRY(sp_cuda_rope_bwd(cu, g.dqp, g.dq, cb->inv_freq, pos0, B, T, cb->nh, cb->hd, err));
@@ -865,7 +1030,7 @@ extern "C" sp_status sp_cuda_block_backward_kept(sp_cuda_block *cb, float *dinp,
     dacts a;
     dgrads g;
     size_t N = (size_t)k->B * k->T;
-    if (acts_layout(cb->s, &a, N, probs_floats(cb, k->B, k->T, k->T), (char *)k->buf) > k->bytes)
+    if (acts_layout(cb->s, &a, N, probs_floats(cb, k->B, k->T, k->T), half_rows(cb, N), (char *)k->buf) > k->bytes)
         return sp_errf(err, SP_ERR_STATE, "block: kept activations are too small for [%d, %d]", k->B, k->T);
     TRY(block_ws(cb, grads_layout(cb->s, &g, N, NULL), err));
     return backward_acts(cb, dinp, dout, inp, k->B, k->T, k->pos0, &a, (char *)cb->ws, err);
@@ -878,10 +1043,10 @@ extern "C" sp_status sp_cuda_block_backward(sp_cuda_block *cb, float *dinp, cons
     dacts a;
     dgrads g;
     size_t N = (size_t)B * T, pn = probs_floats(cb, B, T, T);
-    size_t gbytes = grads_layout(cb->s, &g, N, NULL), abytes = acts_layout(cb->s, &a, N, pn, NULL);
+    size_t gbytes = grads_layout(cb->s, &g, N, NULL), abytes = acts_layout(cb->s, &a, N, pn, half_rows(cb, N), NULL);
     TRY(block_ws(cb, gbytes + abytes, err));
     char *base = (char *)cb->ws;
-    acts_layout(cb->s, &a, N, pn, base + gbytes);
+    acts_layout(cb->s, &a, N, pn, half_rows(cb, N), base + gbytes);
     TRY(forward_acts(cb, a.y, inp, B, T, pos0, NULL, &a, err)); // the output into a.y, which nothing reads after
     return backward_acts(cb, dinp, dout, inp, B, T, pos0, &a, base, err);
 }

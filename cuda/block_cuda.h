@@ -10,7 +10,10 @@
  *
  * The products go through sp_cuda_wmat_mul (weights.cu; the weights stay in their encoding: f32, bf16, int8,
  * NF4); the backward's transposed products through cuBLAS (f32 and bf16 weights as they are, the gradient rounded
- * to bf16 for a bf16 matrix; int8 / NF4 decoded a tile of rows at a time to f32).
+ * to bf16 for a bf16 matrix; int8 / NF4 decoded a tile of rows at a time to f32). On the bf16 path (see
+ * sp_cuda_block_use_flash: more than 32 rows of bf16 / int8 / NF4 weights) the forward's kernels write the
+ * products' inputs in bf16 (sp_cuda_wmat_mul_h) and the backward's kernels the gradients in bf16
+ * (sp_cuda_wmat_mul_t_h; int8 / NF4 decoded to bf16 tiles), the first product into a buffer overwriting it.
  *
  * A decode step (kv given, T = 1) reads its positions from device memory (the cache's per-row positions), so
  * one step's work is the same kernels at every position: with graphs on (the default) the first step of a cache
@@ -63,6 +66,12 @@ void sp_cuda_block_free(sp_cuda_block *cb);
 size_t sp_cuda_block_bytes(const sp_cuda_block *cb);
 /* Decode steps through CUDA graphs (1, the default) or launched one by one (0): the same numbers. */
 void sp_cuda_block_use_graphs(sp_cuda_block *cb, int on);
+/* Forwards, prefills and backwards of blocks whose weights are bf16, int8 or NF4 (their products round their
+ * inputs to bf16 already) with heads of up to 128: flash attention (flash.h) and, beyond 32 rows, fused kernels
+ * that hand the products their inputs in bf16 (fused.h) (1, the default); or the cuBLAS attention with its
+ * probabilities in device memory and the f32 element-wise kernels (0: the f32 blocks' path). Within the bf16
+ * tolerance of each other. Set it between calls, not between a forward_keep and its backward. */
+void sp_cuda_block_use_flash(sp_cuda_block *cb, int on);
 
 /* A KV cache of B rows of up to cap positions for block cb, in device memory, charged to budget (may be NULL)
  * with sp_cuda_kv_bytes; len 0. Keys and values [B, cap, nkv, hd] f32 as sp_kv_cache holds them. */

@@ -93,6 +93,14 @@ sp_status sp_cuda_dequant_bf16(sp_cuda *cu, void *out, const sp_cuda_wmat *w, in
  * rows decoded to bf16 in the workspace and bf16 GEMMs. Products through the workspace invalidate what the caller
  * held there. */
 sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, float *Y, int B, sp_err *err);
+/* Y[B, rows] = Xh W^T from X already rounded to bf16 (Xh [B, cols] uint16): the bf16 GEMMs of sp_cuda_wmat_mul's
+ * path for more than 32 rows, without its cast (a fused kernel wrote Xh). bf16, int8 and NF4 W (int8 / NF4
+ * decoded a tile of rows at a time in the workspace); SP_ERR_ARG for an f32 W. */
+sp_status sp_cuda_wmat_mul_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *Xh, float *Y, int B, sp_err *err);
+/* dX[B, cols] += dYh[B, rows] W (acc 1), or = (acc 0: dX need not be cleared), from dY already rounded to bf16: the
+ * bf16 GEMMs of sp_cuda_wmat_mul_t_acc without its cast; bf16, int8 and NF4 W as sp_cuda_wmat_mul_h. */
+sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *dYh, float *dX, int B, int acc,
+                               sp_err *err);
 /* dX[B, cols] += dY[B, rows] W (sp_qmat_mul_t_acc: the input gradient through frozen weights): f32 W an f32 GEMM;
  * the others bf16 GEMMs with fp32 accumulation (dY rounded to bf16, int8 / NF4 decoded to bf16 a tile of rows at
  * a time), through the workspace. */

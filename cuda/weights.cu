@@ -325,17 +325,21 @@ sp_status bf16_operands(sp_cuda *cu, const float *A, long n, size_t tile_bytes, 
     return sp_cuda_f32_to(cu, *ah, A, n, SP_CU_BF16, err);
 }
 
-// The bf16 GEMMs of a product (dx 0: Y[B, rows] = X W^T; dx 1: dX[B, cols] += dY W) on bf16 weights, or on tiles of
-// int8 / NF4 rows decoded to bf16; A (X or dY) rounded to bf16 first.
-sp_status gemm_bf16(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C, int B, int dx, sp_err *err)
+// The bf16 GEMMs of a product (dx 0: Y[B, rows] = X W^T; dx 1: dX[B, cols] += dY W, or = when acc is 0) from A (X
+// or dY) in bf16 (ah) on bf16 weights, or on tiles of int8 / NF4 rows decoded to bf16 at wt (tile rows: tile_rows;
+// 0 for bf16).
+sp_status gemm_bf16_from(sp_cuda *cu, const sp_cuda_wmat *W, const void *ah, void *wt, int tile, float *C, int B,
+                         int dx, int acc, sp_err *err)
 {
-    int rows = W->w.rows, cols = W->w.cols, tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
-    void *ah = NULL, *wt = NULL;
-    sp_status st = bf16_operands(cu, A, (long)B * (dx ? rows : cols), (size_t)tile * cols * 2, &ah, &wt, err);
-    if (st != SP_OK || !tile)
-        return st != SP_OK ? st
-               : dx        ? sp_cuda_linear_dx(cu, C, ah, W->q, SP_CU_BF16, B, cols, rows, err)
-                           : sp_cuda_linear(cu, C, ah, W->q, SP_CU_BF16, B, cols, rows, 0, err);
+    int rows = W->w.rows, cols = W->w.cols;
+    if (!tile && dx) {
+        sp_gemm_plan p = sp_gemm_plan_linear_dx(B, cols, rows);
+        p.beta = acc ? 1.0f : 0.0f;
+        return sp_cuda_gemm(cu, &p, W->q, ah, C, SP_CU_BF16, err);
+    }
+    if (!tile)
+        return sp_cuda_linear(cu, C, ah, W->q, SP_CU_BF16, B, cols, rows, 0, err);
+    sp_status st = SP_OK;
     for (int r0 = 0; st == SP_OK && r0 < rows; r0 += tile) {
         int tr = rows - r0 < tile ? rows - r0 : tile;
         st = sp_cuda_dequant_bf16(cu, wt, W, r0, tr, err);
@@ -343,6 +347,7 @@ sp_status gemm_bf16(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C
             break;
         if (dx) {
             sp_gemm_plan p = sp_gemm_plan_linear_dx_tile(B, cols, tr, rows);
+            p.beta = acc || r0 > 0 ? 1.0f : 0.0f;
             st = sp_cuda_gemm(cu, &p, wt, (const uint16_t *)ah + r0, C, SP_CU_BF16, err);
         } else {
             sp_gemm_plan p = sp_gemm_plan_linear_tile(B, cols, tr, rows);
@@ -350,6 +355,16 @@ sp_status gemm_bf16(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C
         }
     }
     return st;
+}
+
+// gemm_bf16_from with A rounded to bf16 first (at the start of the workspace, the tile after it).
+sp_status gemm_bf16(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C, int B, int dx, sp_err *err)
+{
+    int tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    void *ah = NULL, *wt = NULL;
+    long n = (long)B * (dx ? W->w.rows : W->w.cols);
+    sp_status st = bf16_operands(cu, A, n, (size_t)tile * W->w.cols * 2, &ah, &wt, err);
+    return st != SP_OK ? st : gemm_bf16_from(cu, W, ah, wt, tile, C, B, dx, 1, err);
 }
 
 // Copies n bytes of host memory to a new device buffer *d (nothing when n is 0).
@@ -470,6 +485,28 @@ extern "C" sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const 
     if (type == SP_KM_F32)
         return sp_cuda_linear(cu, Y, X, W->q, SP_CU_F32, B, W->w.cols, W->w.rows, 0, err);
     return gemm_bf16(cu, W, X, Y, B, 0, err);
+}
+
+extern "C" sp_status sp_cuda_wmat_mul_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *Xh, float *Y, int B,
+                                        sp_err *err)
+{
+    if (B <= 0 || !W->q || W->w.type == SP_KM_F32)
+        return sp_errf(err, SP_ERR_ARG, "cuda: bf16 product with %d rows, an empty or an f32 matrix", B);
+    int tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    void *wt = NULL;
+    sp_status st = tile ? sp_cuda_workspace(cu, (size_t)tile * W->w.cols * 2, &wt, err) : SP_OK;
+    return st != SP_OK ? st : gemm_bf16_from(cu, W, Xh, wt, tile, Y, B, 0, 0, err);
+}
+
+extern "C" sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *dYh, float *dX, int B,
+                                          int acc, sp_err *err)
+{
+    if (B <= 0 || !W->q || W->w.type == SP_KM_F32)
+        return sp_errf(err, SP_ERR_ARG, "cuda: bf16 transposed product with %d rows, an empty or an f32 matrix", B);
+    int tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    void *wt = NULL;
+    sp_status st = tile ? sp_cuda_workspace(cu, (size_t)tile * W->w.cols * 2, &wt, err) : SP_OK;
+    return st != SP_OK ? st : gemm_bf16_from(cu, W, dYh, wt, tile, dX, B, 1, acc, err);
 }
 
 extern "C" sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float *dY, float *dX, int B,

@@ -370,6 +370,17 @@ double emul_err(const float *a, const float *b, size_t n, double abs_tol, double
     return worst;
 }
 
+double emul_rel_err(const float *a, const float *b, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - (double)b[i]);
+        d = x > d || isnan(x) ? x : d;
+        m = fabs((double)b[i]) > m ? fabs((double)b[i]) : m;
+    }
+    return isnan(d) ? INFINITY : d / (m > 0 ? m : 1);
+}
+
 float *emul_randn(sp_rng *r, size_t n, float sd)
 {
     float *x = malloc((n ? n : 1) * sizeof(float));

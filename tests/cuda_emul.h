@@ -70,6 +70,8 @@ double emul_gemm_tol(sp_cu_dtype t);
 
 /* n normal values of standard deviation sd (malloc'ed), and a malloc'ed copy of n floats. */
 float *emul_randn(sp_rng *r, size_t n, float sd);
+/* max |a - b| over max |b| (a NaN in a: infinity): the block-level tolerances' measure */
+double emul_rel_err(const float *a, const float *b, size_t n);
 float *emul_dup(const float *x, size_t n);
 
 /* The GPU suites' start: without a usable GPU prints "SUITE: skipped: no usable GPU (why)" and returns 77 (ctest's

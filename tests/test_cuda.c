@@ -8,6 +8,8 @@
 
 #include "cuda_backend.h"
 #include "cuda_emul.h"
+#include "flash.h"
+#include "fused.h"
 #include "gemm.h"
 #include "half.h"
 #include "kernels.h"
@@ -751,6 +753,266 @@ START_TEST(t_optim_step_matches_cpu)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* flash attention (cuda/flash.cu) and the fused bf16 kernels (cuda/fused.cu) against the CPU. The flash kernels
+ * round q, k, v, dout and the probabilities to bf16 before their products (2^-9 relative each, f32 accumulation):
+ * max |device - cpu| over max |cpu| within 1e-2, the device block's bf16 tolerance (test_cuda_block). */
+static const double tol_flash = 1e-2;
+
+/* n bf16 values of device memory as floats */
+static float *down_bf16(const void *d, size_t n)
+{
+    uint16_t *h = malloc((n ? n : 1) * 2);
+    sp_err err = {0};
+    ck_assert_msg(sp_cuda_sync(cu, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_cuda_download(cu, h, d, n * 2, &err) == SP_OK, "%s", err.msg);
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = sp_bf16_to_f32(h[i]);
+    free(h);
+    return f;
+}
+
+#define FLASH_CLOSE(a, b, n, what, k)                                                                          \
+    do {                                                                                                       \
+        double e_ = emul_rel_err((a), (b), (n));                                                               \
+        ck_assert_msg(e_ <= tol_flash, "%s (case %d): error %.3g > %.3g", (what), (k), e_, tol_flash);         \
+    } while (0)
+
+/* The forward (f32 and bf16 outputs) and the backward (added into random gradients, twice: the same bits) of the
+ * flash kernels against sp_attention_forward / _backward: T not a multiple of the 64-row tile, head sizes 64 and
+ * 128 and odd ones padded (18, 100), MHA, GQA, MQA, ALiBi, past positions from a cache, one query. */
+START_TEST(t_flash_gpu)
+{
+    const int cases[][7] = {/* B, T, past, nh, nkv, hd, alibi */
+                            {2, 70, 0, 4, 4, 64, 0},  {1, 130, 0, 8, 2, 128, 1}, {2, 33, 40, 6, 1, 18, 0},
+                            {1, 200, 0, 2, 1, 100, 1}, {1, 1, 5, 2, 2, 64, 0},    {1, 64, 64, 3, 3, 128, 1}};
+    sp_rng r;
+    sp_rng_seed(&r, 61);
+    for (int k = 0; k < (int)(sizeof cases / sizeof *cases); k++) {
+        int B = cases[k][0], T = cases[k][1], past = cases[k][2], nh = cases[k][3], nkv = cases[k][4];
+        int hd = cases[k][5], cap = past + T + 3;
+        float slopes[8];
+        sp_alibi_slopes(slopes, nh);
+        const float *al = cases[k][6] ? slopes : NULL;
+        emul_attn c;
+        emul_attn_case(&c, &r, B, T, past, nh, nkv, hd, cap, al);
+        size_t nq = c.nq, nk = c.nk, nl = (size_t)B * nh * T;
+        float *dQ = up(c.q, nq), *dK = up(c.kc, nk), *dV = up(c.vc, nk), *dS = up(slopes, (size_t)nh);
+        float *dO = NULL, *dL = NULL;
+        void *dOh = NULL;
+        OK(sp_cuda_alloc(cu, (void **)&dO, nq * 4, E));
+        OK(sp_cuda_alloc(cu, &dOh, nq * 2, E));
+        OK(sp_cuda_alloc(cu, (void **)&dL, nl * 4, E));
+        OK(sp_cuda_flash_fwd(cu, dO, dOh, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap, E));
+        float *o1 = down(dO, nq), *oh = down_bf16(dOh, nq);
+        FLASH_CLOSE(o1, c.out, nq, "flash forward", k);
+        for (size_t i = 0; i < nq; i++)
+            ck_assert_msg(sp_f32_to_bf16(o1[i]) == sp_f32_to_bf16(oh[i]), "flash bf16 output %zu (case %d)", i, k);
+        /* backward: into random gradients (it adds), from the device's own forward */
+        float *g = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4);
+        float *dq0 = emul_randn(&r, nq, 0.1f), *dk0 = emul_randn(&r, nk, 0.1f), *dv0 = emul_randn(&r, nk, 0.1f);
+        float *gq = up(dq0, nq), *gk = up(dk0, nk), *gv = up(dv0, nk), *dG = up(g, nq);
+        float *gq2 = up(dq0, nq), *gk2 = up(dk0, nk), *gv2 = up(dv0, nk);
+        sp_attention_backward(dq0, dk0, dv0, scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
+        OK(sp_cuda_flash_bwd(cu, gq, gk, gv, dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap, E));
+        OK(sp_cuda_flash_bwd(cu, gq2, gk2, gv2, dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap,
+                             E));
+        float *got[3] = {down(gq, nq), down(gk, nk), down(gv, nk)}, *again[3] = {down(gq2, nq), down(gk2, nk),
+                                                                                   down(gv2, nk)};
+        FLASH_CLOSE(got[0], dq0, nq, "flash dq", k);
+        FLASH_CLOSE(got[1], dk0, nk, "flash dk", k);
+        FLASH_CLOSE(got[2], dv0, nk, "flash dv", k);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_msg(memcmp(got[i], again[i], (i ? nk : nq) * 4) == 0, "flash backward %d not deterministic", i);
+            free(got[i]), free(again[i]);
+        }
+        free(o1), free(oh), free(g), free(scratch), free(dq0), free(dk0), free(dv0);
+        emul_attn_free(&c);
+        void *bufs[] = {dQ, dK, dV, dS, dO, dOh, dL, gq, gk, gv, dG, gq2, gk2, gv2};
+        for (int i = 0; i < (int)(sizeof bufs / sizeof *bufs); i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
+/* The fused kernels: their f32 side (the residual, the norm's statistics, the biased GELU input) equals the
+ * unfused CPU ops, and their bf16 outputs are the CPU results rounded (2^-8 relative, 4 x 1.1e-3). */
+START_TEST(t_fused_gpu)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 62);
+    for (int k = 0; k < 4; k++) {
+        int N = 3 + k, C = odd_C[k + 2];
+        size_t n = (size_t)N * C;
+        float *y = emul_randn(&r, n, 1.0f), *res = emul_randn(&r, n, 1.0f), *bias = emul_randn(&r, (size_t)C, 1.0f);
+        float *w = emul_randn(&r, (size_t)C, 1.0f), *b = emul_randn(&r, (size_t)C, 1.0f);
+        float *h0 = malloc(n * 4), *o0 = malloc(n * 4), *m0 = malloc((size_t)N * 4), *r0 = malloc((size_t)N * 4);
+        for (size_t i = 0; i < n; i++)
+            h0[i] = y[i] + bias[i % C] + res[i];
+        float *dY = up(y, n), *dRes = up(res, n), *dBias = up(bias, (size_t)C), *dW = up(w, (size_t)C);
+        float *dB = up(b, (size_t)C), *dH = up(y, n), *dM = up(y, (size_t)N), *dR = up(y, (size_t)N);
+        void *dOut = NULL;
+        OK(sp_cuda_alloc(cu, &dOut, n * 2, E));
+        /* RMSNorm after the residual (block.c: bias, then residual) */
+        sp_rmsnorm_forward(o0, r0, h0, w, N, C, 1e-5f);
+        OK(sp_cuda_norm_h(cu, dOut, NULL, dR, dH, dY, dBias, dRes, dW, NULL, N, C, 1e-5f, 1, E));
+        float *h1 = down(dH, n), *o1 = down_bf16(dOut, n), *r1 = down(dR, (size_t)N);
+        ck_assert_mem_eq(h1, h0, n * 4);
+        CLOSE(o1, o0, n, 1e-6, 1.1e-3, "fused rmsnorm");
+        CLOSE(r1, r0, (size_t)N, 0, 1e-5, "fused rmsnorm rstd");
+        free(o1), free(r1);
+        /* LayerNorm of the input alone */
+        sp_layernorm_forward(o0, m0, r0, y, w, b, N, C, 1e-5f);
+        OK(sp_cuda_norm_h(cu, dOut, dM, dR, NULL, dY, NULL, NULL, dW, dB, N, C, 1e-5f, 0, E));
+        float *m1 = down(dM, (size_t)N);
+        o1 = down_bf16(dOut, n), r1 = down(dR, (size_t)N);
+        CLOSE(o1, o0, n, 1e-6, 1.1e-3, "fused layernorm");
+        CLOSE(m1, m0, (size_t)N, 1e-6, 1e-5, "fused layernorm mean");
+        CLOSE(r1, r0, (size_t)N, 0, 1e-5, "fused layernorm rstd");
+        free(o1), free(r1), free(m1);
+        /* SwiGLU, and GELU-tanh / GELU of the biased input (kept in place) */
+        sp_swiglu_forward(o0, y, res, (long)n);
+        OK(sp_cuda_swiglu_h(cu, dOut, dY, dRes, (long)n, E));
+        o1 = down_bf16(dOut, n);
+        CLOSE(o1, o0, n, 1e-6, 1.1e-3, "fused swiglu");
+        free(o1);
+        for (int t = 0; t < 2; t++) {
+            for (size_t i = 0; i < n; i++)
+                h0[i] = y[i] + bias[i % C];
+            (t ? sp_gelu_tanh_forward : sp_gelu_forward)(o0, h0, (long)n);
+            float *dU = up(y, n);
+            OK(sp_cuda_gelu_h(cu, dOut, dU, dBias, (long)n, C, t, E));
+            float *u1 = down(dU, n);
+            o1 = down_bf16(dOut, n);
+            ck_assert_mem_eq(u1, h0, n * 4);
+            CLOSE(o1, o0, n, 1e-6, 1.1e-3, "fused gelu");
+            free(o1), free(u1);
+            sp_cuda_free(cu, dU);
+        }
+        free(y), free(res), free(bias), free(w), free(b), free(h0), free(o0), free(m0), free(r0), free(h1);
+        void *bufs[] = {dY, dRes, dBias, dW, dB, dH, dM, dR, dOut};
+        for (int i = 0; i < 9; i++)
+            sp_cuda_free(cu, bufs[i]);
+    }
+}
+END_TEST
+
+/* 1 when bf16 values h[n] are the device f32 values f[n] rounded (the fused twins of a kernel: the same kmath). */
+static int rounded_from(const void *dh, const float *df, size_t n)
+{
+    float *h = down_bf16(dh, n), *f = down(df, n);
+    int same = 1;
+    for (size_t i = 0; i < n && same; i++)
+        same = sp_f32_to_bf16(h[i]) == sp_f32_to_bf16(f[i]);
+    free(h), free(f);
+    return same;
+}
+
+/* The backward's fused twins give the bf16 rounding of what the f32 kernels add into zeros: SwiGLU, GELU, GELU-tanh
+ * and RoPE (llama3 frequencies at positions past 8190); shape errors are refused. */
+START_TEST(t_fused_bwd_gpu)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 64);
+    int B = 2, T = 5, nh = 3, hd = 128;
+    long n = (long)B * T * nh * hd;
+    float *g = emul_randn(&r, (size_t)n, 1.0f), *x = emul_randn(&r, (size_t)n, 1.0f), *u = emul_randn(&r, (size_t)n, 1.0f);
+    float *dG = up(g, (size_t)n), *dX = up(x, (size_t)n), *dU = up(u, (size_t)n), *f1 = NULL, *f2 = NULL;
+    void *h1 = NULL, *h2 = NULL;
+    OK(sp_cuda_alloc(cu, (void **)&f1, (size_t)n * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&f2, (size_t)n * 4, E));
+    OK(sp_cuda_alloc(cu, &h1, (size_t)n * 2, E));
+    OK(sp_cuda_alloc(cu, &h2, (size_t)n * 2, E));
+    OK(sp_cuda_zero(cu, f1, (size_t)n * 4, E));
+    OK(sp_cuda_zero(cu, f2, (size_t)n * 4, E));
+    OK(sp_cuda_swiglu_bwd(cu, f1, f2, dG, dX, dU, n, E));
+    OK(sp_cuda_swiglu_bwd_h(cu, h1, h2, dG, dX, dU, n, E));
+    ck_assert_msg(rounded_from(h1, f1, (size_t)n) && rounded_from(h2, f2, (size_t)n), "fused swiglu backward");
+    for (int t = 0; t < 2; t++) {
+        OK(sp_cuda_zero(cu, f1, (size_t)n * 4, E));
+        OK(sp_cuda_gelu_bwd(cu, f1, dG, dX, n, t, E));
+        OK(sp_cuda_gelu_bwd_h(cu, h1, dG, dX, n, t, E));
+        ck_assert_msg(rounded_from(h1, f1, (size_t)n), "fused gelu backward (tanh %d)", t);
+    }
+    sp_config cfg = {.head_dim = 128, .rope_theta = 500000.0, .rope_type = SP_ROPE_LLAMA3, .rope_factor = 8.0,
+                     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0, .rope_orig_max_pos = 8192};
+    sp_rope rope;
+    ck_assert_int_eq(sp_rope_init(&rope, &cfg, NULL), SP_OK);
+    float *dF = up(rope.inv_freq, (size_t)hd / 2);
+    OK(sp_cuda_zero(cu, f1, (size_t)n * 4, E));
+    OK(sp_cuda_rope_bwd(cu, f1, dG, dF, 8190, B, T, nh, hd, E));
+    OK(sp_cuda_rope_bwd_h(cu, h1, dG, dF, 8190, B, T, nh, hd, E));
+    ck_assert_msg(rounded_from(h1, f1, (size_t)n), "fused rope backward");
+    sp_err err = {0};
+    ck_assert_int_eq(sp_cuda_rope_bwd_h(cu, h1, dG, dF, 0, B, T, nh, 7, &err), SP_ERR_ARG); /* odd head dim */
+    ck_assert_int_eq(sp_cuda_swiglu_bwd_h(cu, h1, h2, dG, dX, dU, 0, &err), SP_ERR_ARG);
+    free(g), free(x), free(u);
+    void *bufs[] = {dG, dX, dU, f1, f2, h1, h2, dF};
+    for (int i = 0; i < 8; i++)
+        sp_cuda_free(cu, bufs[i]);
+}
+END_TEST
+
+/* sp_cuda_wmat_mul_h from X rounded to bf16 gives the bits sp_cuda_wmat_mul's GEMM path gives from X (beyond 32
+ * rows: the same cast and GEMMs), and sp_cuda_wmat_mul_t_h those of sp_cuda_wmat_mul_t_acc; an f32 matrix is
+ * refused. */
+START_TEST(t_wmat_mul_h_gpu)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 63);
+    int rows = 300, C = 130, B = 40;
+    float *w = emul_randn(&r, (size_t)rows * C, 0.05f), *x = emul_randn(&r, (size_t)B * C, 1.0f);
+    uint16_t *xh = malloc((size_t)B * C * 2);
+    for (int i = 0; i < B * C; i++)
+        xh[i] = sp_f32_to_bf16(x[i]);
+    float *dX = up(x, (size_t)B * C), *dY = NULL, *dY2 = NULL, *dT = NULL, *dT2 = NULL;
+    void *dXh = up_bytes(xh, (size_t)B * C * 2), *dYh = NULL;
+    OK(sp_cuda_alloc(cu, (void **)&dY, (size_t)B * rows * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&dY2, (size_t)B * rows * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&dT, (size_t)B * C * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&dT2, (size_t)B * C * 4, E));
+    OK(sp_cuda_alloc(cu, &dYh, (size_t)B * rows * 2, E));
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        sp_qmat m;
+        ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, C, NULL), SP_OK);
+        sp_cuda_wmat dw;
+        OK(sp_cuda_wmat_upload(cu, &dw, &m, E));
+        sp_err err = {0};
+        if (t == SP_W_F32) {
+            ck_assert_int_eq(sp_cuda_wmat_mul_h(cu, &dw, dXh, dY, B, &err), SP_ERR_ARG);
+            ck_assert_int_eq(sp_cuda_wmat_mul_t_h(cu, &dw, dXh, dY, B, 1, &err), SP_ERR_ARG);
+        } else {
+            OK(sp_cuda_wmat_mul(cu, &dw, dX, dY, B, E));
+            OK(sp_cuda_wmat_mul_h(cu, &dw, dXh, dY2, B, E));
+            float *y1 = down(dY, (size_t)B * rows), *y2 = down(dY2, (size_t)B * rows);
+            ck_assert_mem_eq(y1, y2, (size_t)B * rows * 4);
+            /* transposed: dX += dY W from Y's rows (f32, cast inside) and from them in bf16; acc 0 overwrites */
+            OK(sp_cuda_f32_to(cu, dYh, dY, (long)B * rows, SP_CU_BF16, E));
+            OK(sp_cuda_copy_d2d(cu, dT, dX, (size_t)B * C * 4, E));
+            OK(sp_cuda_copy_d2d(cu, dT2, dX, (size_t)B * C * 4, E));
+            OK(sp_cuda_wmat_mul_t_acc(cu, &dw, dY, dT, B, E));
+            OK(sp_cuda_wmat_mul_t_h(cu, &dw, dYh, dT2, B, 1, E));
+            float *t1 = down(dT, (size_t)B * C), *t2 = down(dT2, (size_t)B * C);
+            ck_assert_mem_eq(t1, t2, (size_t)B * C * 4);
+            free(t1), free(t2);
+            OK(sp_cuda_zero(cu, dT, (size_t)B * C * 4, E));
+            OK(sp_cuda_wmat_mul_t_h(cu, &dw, dYh, dT, B, 1, E));
+            OK(sp_cuda_wmat_mul_t_h(cu, &dw, dYh, dT2, B, 0, E)); /* over the last result */
+            t1 = down(dT, (size_t)B * C), t2 = down(dT2, (size_t)B * C);
+            /* cuBLAS may pick another kernel for beta 0: the same sums, maybe in another order */
+            ck_assert_double_le(emul_rel_err(t2, t1, (size_t)B * C), 1e-5);
+            free(y1), free(y2), free(t1), free(t2);
+        }
+        sp_cuda_wmat_free(cu, &dw);
+        sp_qmat_free(&m);
+    }
+    free(w), free(x), free(xh);
+    sp_cuda_free(cu, dX), sp_cuda_free(cu, dXh), sp_cuda_free(cu, dY), sp_cuda_free(cu, dY2);
+    sp_cuda_free(cu, dT), sp_cuda_free(cu, dT2), sp_cuda_free(cu, dYh);
+}
+END_TEST
+
 int main(void)
 {
     int rc = emul_open_gpu("test_cuda", &cu);
@@ -768,6 +1030,10 @@ int main(void)
     tcase_add_test(tk, t_attn_decode_gpu);
     tcase_add_test(tk, t_attn_prefill_gpu);
     tcase_add_test(tk, t_attn_backward_gpu);
+    tcase_add_test(tk, t_flash_gpu);
+    tcase_add_test(tk, t_fused_gpu);
+    tcase_add_test(tk, t_wmat_mul_h_gpu);
+    tcase_add_test(tk, t_fused_bwd_gpu);
     tcase_add_test(tk, t_errors_gpu);
     suite_add_tcase(s, tk);
     TCase *tw = tcase_create("weights_vs_cpu"); /* its own case: scripts/gpu-check.sh runs it under memcheck */

@@ -58,16 +58,6 @@ static const double tol_bwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-
                                             [SP_W_NF4] = 1e-2};
 
 
-static double rel_err(const float *a, const float *b, size_t n)
-{
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double x = fabs((double)a[i] - (double)b[i]);
-        d = x > d || isnan(x) ? x : d;
-        m = fabs((double)b[i]) > m ? fabs((double)b[i]) : m;
-    }
-    return isnan(d) ? INFINITY : d / (m > 0 ? m : 1);
-}
 
 static float *dev(const float *h, size_t n)
 {
@@ -142,7 +132,7 @@ static void check_forward(tcase *c, sp_wtype t, int B, int T, int pos0, sp_rng *
     ck_assert_int_eq(sp_block_forward(&c->b, want, x, B, T, pos0, NULL, &ws, &err), SP_OK);
     OK(sp_cuda_block_forward(c->cb, dy, dx, B, T, pos0, NULL, E));
     float *got = host(dy, n);
-    double e = rel_err(got, want, n);
+    double e = emul_rel_err(got, want, n);
     ck_assert_msg(e <= tol_fwd[t], "%s %s [%d, %d]: error %.3g > %.3g", what, sp_wtype_name(t), B, T, e, tol_fwd[t]);
     OK(sp_cuda_block_forward(c->cb, dx, dx, B, T, pos0, NULL, E)); /* in place: the same bits */
     float *again = host(dx, n);
@@ -161,6 +151,7 @@ START_TEST(t_block_forward_vs_cpu)
         sp_rng_seed(&r, 7);
         check_forward(&c, (sp_wtype)t, 2, 7, 0, &r, c.cfg.model_type); /* 14 rows: the GEMM path */
         check_forward(&c, (sp_wtype)t, 1, 3, 11, &r, c.cfg.model_type);  /* 3 rows: fused products, pos0 11 */
+        check_forward(&c, (sp_wtype)t, 2, 70, 4, &r, c.cfg.model_type); /* 140 rows: flash tiles, the bf16 path */
         case_free(&c);
     }
 }
@@ -186,7 +177,7 @@ static void run_cached(tcase *c, sp_wtype t, int graphs, int B, float *steps_out
     ck_assert_int_eq(sp_block_forward(&c->b, want, x, B, P, 0, &kv, &ws, &err), SP_OK);
     OK(sp_cuda_block_forward(c->cb, dy, dx, B, P, 0, dkv, E));
     float *got = host(dy, np);
-    double e = rel_err(got, want, np);
+    double e = emul_rel_err(got, want, np);
     ck_assert_msg(e <= tol_fwd[t], "prefill %s: error %.3g", sp_wtype_name(t), e);
     free(got);
     /* steps 0 .. nsteps-2 in order, then roll both back by 2 and run the last step at the earlier position: the
@@ -205,7 +196,7 @@ static void run_cached(tcase *c, sp_wtype t, int graphs, int B, float *steps_out
         memcpy(steps_out + ns * s, g, ns * sizeof(float));
         if (with_cpu) {
             ck_assert_int_eq(sp_block_forward(&c->b, ys, xs + ns * s, B, 1, pos, &kv, &ws, &err), SP_OK);
-            e = rel_err(g, ys, ns);
+            e = emul_rel_err(g, ys, ns);
             ck_assert_msg(e <= tol_fwd[t], "decode step %d at %d %s graphs %d: error %.3g", s, pos,
                           sp_wtype_name(t), graphs, e);
         } else {
@@ -222,7 +213,7 @@ static void run_cached(tcase *c, sp_wtype t, int graphs, int B, float *steps_out
     float *hk = host(dk, nk);
     for (int b = 0; with_cpu && b < B; b++) {
         size_t off = (size_t)b * cap * c->b.nkv * c->b.hd, used = (size_t)kv.len * c->b.nkv * c->b.hd;
-        e = rel_err(hk + off, kv.k + off, used);
+        e = emul_rel_err(hk + off, kv.k + off, used);
         ck_assert_msg(e <= tol_fwd[t], "cached keys row %d: error %.3g", b, e);
     }
     /* a step past the cache's length is refused, and nothing changes */
@@ -302,7 +293,7 @@ START_TEST(t_block_decode_batch_vs_cpu)
             OK(sp_cuda_upload(cu, dx, x, nr * sizeof(float), E));
             OK(sp_cuda_block_decode_batch(c.cb, dy, dx, dkv, N, E));
             float *got = host(dy, nr);
-            double e = rel_err(got, want, nr);
+            double e = emul_rel_err(got, want, nr);
             ck_assert_msg(e <= tol_fwd[t], "batched step %d %s: error %.3g", s, sp_wtype_name((sp_wtype)t), e);
             for (int i = 0, o = 0; i < N; o += rows[i++]) { /* each cache alone: the same bits */
                 ck_assert_int_eq(sp_cuda_kv_len(dkv[i]), kv[i].len);
@@ -337,12 +328,13 @@ START_TEST(t_block_decode_batch_vs_cpu)
 }
 END_TEST
 
+/* Backward at [2, 6] (the fused products in the forward) and [1, 70] (flash tiles and the bf16 path; f32: GEMMs) */
 START_TEST(t_block_backward_vs_cpu)
 {
-    for (int t = 0; t < SP_W__COUNT; t++) {
+    for (int t = 0; t < 2 * SP_W__COUNT; t++) {
         tcase c;
-        case_init(&c, _i, (sp_wtype)t);
-        int B = 2, T = 6, pos0 = 3;
+        case_init(&c, _i, (sp_wtype)(t % SP_W__COUNT));
+        int B = t < SP_W__COUNT ? 2 : 1, T = t < SP_W__COUNT ? 6 : 70, pos0 = 3;
         size_t n = (size_t)B * T * c.H;
         sp_rng r;
         sp_rng_seed(&r, 13);
@@ -355,8 +347,9 @@ START_TEST(t_block_backward_vs_cpu)
         OK(sp_cuda_block_forward_keep(c.cb, dy, dx, B, T, pos0, &k, E));
         OK(sp_cuda_block_backward_kept(c.cb, dd, ddout, dx, &k, E));
         float *got = host(dd, n);
-        double e = rel_err(got, want, n);
-        ck_assert_msg(e <= tol_bwd[t], "%s dinp (kept): error %.3g > %.3g", sp_wtype_name((sp_wtype)t), e, tol_bwd[t]);
+        double e = emul_rel_err(got, want, n);
+        ck_assert_msg(e <= tol_bwd[t % SP_W__COUNT], "%s [%d, %d] dinp (kept): error %.3g > %.3g",
+                      sp_wtype_name((sp_wtype)(t % SP_W__COUNT)), B, T, e, tol_bwd[t % SP_W__COUNT]);
         OK(sp_cuda_block_backward(c.cb, ddout, ddout, dx, B, T, pos0, E)); /* recomputed, dinp = dout */
         float *again = host(ddout, n);
         ck_assert_msg(memcmp(again, got, n * sizeof(float)) == 0, "recomputed backward differs from the kept one");
@@ -364,6 +357,51 @@ START_TEST(t_block_backward_vs_cpu)
         sp_ws_free(&ws);
         sp_cuda_acts_free(c.cb, &k);
         sp_cuda_free(cu, dx), sp_cuda_free(cu, ddout), sp_cuda_free(cu, dy), sp_cuda_free(cu, dd);
+        case_free(&c);
+    }
+}
+END_TEST
+
+/* A prompt in two chunks over a cache (40 positions, then 37 more: flash attention over past positions, the bf16
+ * path) against the CPU's, and the same chunks with flash attention off (the cuBLAS path) within the tolerance. */
+START_TEST(t_block_prefill_chunks_vs_cpu)
+{
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        tcase c;
+        case_init(&c, _i, (sp_wtype)t);
+        int B = 1, P[2] = {40, 37}, cap = 80, H = c.H;
+        sp_rng r;
+        sp_rng_seed(&r, 21);
+        size_t n = (size_t)B * (P[0] + P[1]) * H;
+        float *x = randn(&r, n, 1.0f), *want = malloc(n * sizeof(float)), *dx = dev(x, n), *dy = dev_zero(n);
+        sp_ws ws = {0};
+        sp_err err = {0};
+        sp_kv_cache kv;
+        ck_assert_int_eq(sp_kv_init(&kv, B, cap, c.b.nkv, c.b.hd, &err), SP_OK);
+        float *got[2];
+        for (int flash = 1; flash >= 0; flash--) {
+            sp_cuda_kv *dkv = NULL;
+            OK(sp_cuda_kv_new(c.cb, &dkv, B, cap, NULL, E));
+            sp_cuda_block_use_flash(c.cb, flash);
+            for (int k = 0, p0 = 0; k < 2; p0 += P[k++]) {
+                size_t off = (size_t)p0 * H;
+                if (flash)
+                    ck_assert_int_eq(sp_block_forward(&c.b, want + off, x + off, B, P[k], p0, &kv, &ws, &err), SP_OK);
+                OK(sp_cuda_block_forward(c.cb, dy + off, dx + off, B, P[k], p0, dkv, E));
+            }
+            got[flash] = host(dy, n);
+            double e = emul_rel_err(got[flash], want, n);
+            ck_assert_msg(e <= tol_fwd[t], "%s chunked prefill %s (flash %d): error %.3g > %.3g", c.cfg.model_type,
+                          sp_wtype_name((sp_wtype)t), flash, e, tol_fwd[t]);
+            sp_cuda_kv_free(dkv);
+        }
+        sp_cuda_block_use_flash(c.cb, 1);
+        if (t == SP_W_F32) /* f32 blocks never take the flash path */
+            ck_assert_mem_eq(got[0], got[1], n * sizeof(float));
+        free(x), free(want), free(got[0]), free(got[1]);
+        sp_kv_free(&kv);
+        sp_ws_free(&ws);
+        sp_cuda_free(cu, dx), sp_cuda_free(cu, dy);
         case_free(&c);
     }
 }
@@ -407,6 +445,7 @@ int main(void)
     tcase_add_loop_test(tc, t_block_decode_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_decode_batch_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_backward_vs_cpu, 0, NCFG);
+    tcase_add_loop_test(tc, t_block_prefill_chunks_vs_cpu, 0, NCFG);
     tcase_add_test(tc, t_block_errors);
     suite_add_tcase(s, tc);
     rc = sp_test_run(s);

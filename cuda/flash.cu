@@ -1,0 +1,630 @@
+// flash.cu - flash attention (flash.h): the forward and its backward on bf16 tensor cores. q, k, v (and dout) are
+// packed first to bf16 [B, heads, L, HD] in the workspace, HD the head size padded to 64 or 128 with zeros, so a
+// tile of 64 rows is one contiguous block that cp.async copies in 16-byte pieces. A block of 4 warps takes a tile
+// of 64 rows (queries for the forward and dq, keys for dk / dv), 16 rows a warp, and walks the other side's tiles
+// of 64: scores by mma.sync m16n8k16 (bf16 in, f32 accumulators), the causal mask and ALiBi on the accumulators,
+// the softmax in base 2 (scale and slopes times log2 e), probabilities rounded to bf16 straight from the score
+// accumulators into the next product's A fragments. Shared-memory rows are HD + 8 values apart, so ldmatrix's
+// eight 16-byte rows fall in distinct banks.
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "flash.h"
+#include "launch.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+constexpr int kRows = 64;    // a tile's rows
+constexpr int kThreads = 128; // 4 warps of 16 rows
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------------------------------------------------------
+// tensor-core and copy primitives
+
+__device__ inline uint32_t pack2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (lo) in the low half: the smaller column
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// c[4] += a[4] b[2]: A 16x16 row-major, B 16x8 column-major, C 16x8 (PTX's m16n8k16 fragment layouts).
+__device__ inline void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline void ldsm(uint32_t *r, const bf16 *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ inline void ldsm_t(uint32_t *r, const bf16 *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// 16 bytes global -> shared; zeros when !ok (src-size 0 reads nothing).
+__device__ inline void cp16(bf16 *s, const bf16 *g, bool ok)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
+}
+__device__ inline void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ inline void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// A fragment of the 16x16 block at (m0, k0) of a row-major [m][k] tile of row stride LD.
+template <int LD> __device__ inline void frag_a(uint32_t *a, const bf16 *s, int m0, int k0)
+{
+    int l = threadIdx.x & 31;
+    ldsm(a, s + (m0 + (l & 15)) * LD + k0 + (l >> 4) * 8);
+}
+
+// B fragments of the two 16x8 blocks at n0 and n0 + 8 (k from k0) of a tile stored [n][k] (b[0..1]: n0, b[2..3]:
+// n0 + 8).
+template <int LD> __device__ inline void frag_b_nk(uint32_t *b, const bf16 *s, int n0, int k0)
+{
+    int l = threadIdx.x & 31;
+    ldsm(b, s + (n0 + (l >> 4) * 8 + (l & 7)) * LD + k0 + ((l >> 3) & 1) * 8);
+}
+
+// The same from a tile stored [k][n] (transposed by ldmatrix).
+template <int LD> __device__ inline void frag_b_kn(uint32_t *b, const bf16 *s, int k0, int n0)
+{
+    int l = threadIdx.x & 31;
+    ldsm_t(b, s + (k0 + ((l >> 3) & 1) * 8 + (l & 7)) * LD + n0 + (l >> 4) * 8);
+}
+
+// The A fragment of columns 16 kk .. 16 kk + 15 of a 16 x 64 accumulator tile c[8][4], rounded to bf16.
+__device__ inline void acc_to_a(uint32_t *a, const float (*c)[4], int kk)
+{
+    a[0] = pack2(c[2 * kk][0], c[2 * kk][1]);
+    a[1] = pack2(c[2 * kk][2], c[2 * kk][3]);
+    a[2] = pack2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[3] = pack2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// Rows r0 .. r0 + 63 of a packed [L, HD] matrix into a shared tile (rows past L zeros); every thread takes part.
+template <int HD> __device__ inline void load_tile(bf16 *s, const bf16 *g, int r0, int L)
+{
+    constexpr int CH = HD / 8;
+    for (int c = threadIdx.x; c < kRows * CH; c += kThreads) {
+        int r = c / CH, col = (c % CH) * 8;
+        bool ok = r0 + r < L;
+        cp16(s + r * (HD + 8) + col, g + (long)(ok ? r0 + r : 0) * HD + col, ok);
+    }
+}
+
+// c[N][4] = A (16 rows at m0 of sa, [m][k]) times B^T (sb stored [n][k], 64 rows): 16 x 64 scores.
+template <int HD> __device__ inline void scores(float (*c)[4], const bf16 *sa, int m0, const bf16 *sb)
+{
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a[4];
+        frag_a<LD>(a, sa, m0, kk * 16);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            uint32_t b[4];
+            frag_b_nk<LD>(b, sb, np * 16, kk * 16);
+            mma(c[2 * np], a, b[0], b[1]);
+            mma(c[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// acc[HD / 8][4] += P (the 16 x 64 accumulators p, rounded to bf16) times sb (stored [k][n]: 64 rows of HD).
+template <int HD> __device__ inline void accumulate(float (*acc)[4], const float (*p)[4], const bf16 *sb)
+{
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        acc_to_a(a, p, kk);
+#pragma unroll
+        for (int np = 0; np < HD / 16; np++) {
+            uint32_t b[4];
+            frag_b_kn<LD>(b, sb, kk * 16, np * 16);
+            mma(acc[2 * np], a, b[0], b[1]);
+            mma(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// The end of a key tile's step in the forward and in dq: once the step's copies are in and every warp is done
+// with tile a, a's buffer starts taking the next tile (when more) while work() reads tile b; once every warp is done
+// with b, b's buffer takes the next tile too, and the step waits until `After` copy groups remain in flight.
+template <int HD, int After, typename F>
+__device__ inline void next_tiles(F work, bf16 *sa, const bf16 *ga, bf16 *sb, const bf16 *gb, int r0, int L, bool more)
+{
+    cp_wait<0>();
+    __syncthreads();
+    if (more) {
+        load_tile<HD>(sa, ga, r0, L);
+        cp_commit();
+    }
+    work();
+    __syncthreads();
+    if (more) {
+        load_tile<HD>(sb, gb, r0, L);
+        cp_commit();
+        cp_wait<After>();
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// kernels
+
+struct fparams {
+    const bf16 *q, *k, *v, *dout; // packed [B, heads, L, HD]
+    float *out;                   // [B, T, nh * hd] (NULL: not written)
+    bf16 *outh;                   // the same in bf16 (NULL: not written)
+    float *lse;                   // [B, nh, T] log2-sum-exp2 of the scaled scores
+    const float *D;               // [B, nh, T] rowsum(dout * out)
+    float *dq, *dk, *dv;          // added into: dq [B, T, nh * hd]; dk, dv element (b, s, query head h, d) at
+    long kv_bs, kv_rs;            // b * kv_bs + s * kv_rs + h * hd + d (the kv head's own when nh == nkv)
+    const float *slopes;
+    int T, past, S, nh, nkv, hd;
+    float sl2, scale;             // scale * log2 e; scale
+};
+
+__device__ inline float slope2(const fparams &p, int h) { return p.slopes ? p.slopes[h] * kLog2e : 0.0f; }
+
+// The place of a query-tile block (the forward's, dq's): tile gridDim.y - 1 - blockIdx.y (the longest first) of
+// head bh = blockIdx.x = b * nh + h, its kv head's packed keys and values, and the key tiles its queries see.
+struct qtile {
+    int q0, bh, b, h, nkt;
+    const bf16 *K, *V;
+};
+
+template <int HD> __device__ inline qtile query_tile(const fparams &p)
+{
+    qtile t;
+    t.q0 = (gridDim.y - 1 - blockIdx.y) * kRows, t.bh = blockIdx.x, t.b = t.bh / p.nh, t.h = t.bh % p.nh;
+    long kvoff = (long)(t.b * p.nkv + t.h / (p.nh / p.nkv)) * p.S * HD;
+    t.K = p.k + kvoff, t.V = p.v + kvoff;
+    t.nkt = (p.past + min(p.T, t.q0 + kRows) + kRows - 1) / kRows;
+    return t;
+}
+
+// The forward of a query tile (query_tile).
+template <int HD> __global__ void __launch_bounds__(kThreads) fwd_kernel(fparams p)
+{
+    constexpr int LD = HD + 8, NT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sK = sQ + kRows * LD, *sV = sK + kRows * LD;
+    qtile qt = query_tile<HD>(p);
+    int q0 = qt.q0, bh = qt.bh, b = qt.b, h = qt.h, nkt = qt.nkt, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bf16 *K = qt.K, *V = qt.V;
+    load_tile<HD>(sQ, p.q + (long)bh * p.T * HD, q0, p.T);
+    load_tile<HD>(sK, K, 0, p.S);
+    cp_commit();
+    load_tile<HD>(sV, V, 0, p.S);
+    cp_commit();
+    cp_wait<1>();
+    __syncthreads();
+    float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, slope = slope2(p, h);
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    int t0 = q0 + warp * 16 + (lane >> 2); // the query of accumulators 0, 1 (2, 3: t0 + 8)
+    for (int j = 0; j < nkt; j++) {
+        float s[8][4];
+        scores<HD>(s, sQ, warp * 16, sK);
+        bool edge = j * kRows + kRows - 1 > p.past + q0;
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int kpos = j * kRows + nt * 8 + 2 * (lane & 3) + (e & 1), qpos = p.past + t0 + (e >> 1) * 8;
+                float v = s[nt][e] * p.sl2 + slope * (float)(kpos - qpos);
+                s[nt][e] = edge && kpos > qpos ? -INFINITY : v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+            }
+        float corr[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            corr[i] = exp2f(m[i] - mx[i]); // 0 on the first tile (m -inf; key 0 is visible to every row)
+            m[i] = mx[i];
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt][e] = exp2f(s[nt][e] - m[e >> 1]);
+                rs[e >> 1] += s[nt][e];
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= corr[0], o[nt][1] *= corr[0];
+            o[nt][2] *= corr[1], o[nt][3] *= corr[1];
+        }
+        l[0] = l[0] * corr[0] + rs[0];
+        l[1] = l[1] * corr[1] + rs[1];
+        // O += P V_j while K_{j+1} comes in; then V_{j+1}, waiting for K_{j+1} only
+        next_tiles<HD, 1>([&] { accumulate<HD>(o, s, sV); }, sK, K, sV, V, (j + 1) * kRows, p.S, j + 1 < nkt);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        int t = t0 + i * 8;
+        if (t >= p.T)
+            continue;
+        float inv = 1.0f / l[i];
+        long row = ((long)b * p.T + t) * p.nh * p.hd + (long)h * p.hd;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int d = nt * 8 + 2 * (lane & 3) + e;
+                if (d >= p.hd)
+                    continue;
+                float v = o[nt][i * 2 + e] * inv;
+                if (p.out)
+                    p.out[row + d] = v;
+                if (p.outh)
+                    p.outh[row + d] = __float2bfloat16_rn(v);
+            }
+        if (p.lse && (lane & 3) == 0)
+            p.lse[(long)bh * p.T + t] = m[i] + log2f(l[i]);
+    }
+}
+
+// dq of a query tile (query_tile): P from lse, dP = dout V^T, dS = P (dP - D) scale, dq += dS K, over the key
+// tiles its queries see.
+template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams p)
+{
+    constexpr int LD = HD + 8, NT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sO = sQ + kRows * LD, *sK = sO + kRows * LD, *sV = sK + kRows * LD;
+    qtile qt = query_tile<HD>(p);
+    int q0 = qt.q0, bh = qt.bh, b = qt.b, h = qt.h, nkt = qt.nkt, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bf16 *K = qt.K, *V = qt.V;
+    load_tile<HD>(sQ, p.q + (long)bh * p.T * HD, q0, p.T);
+    load_tile<HD>(sO, p.dout + (long)bh * p.T * HD, q0, p.T);
+    load_tile<HD>(sK, K, 0, p.S);
+    load_tile<HD>(sV, V, 0, p.S);
+    cp_commit();
+    int t0 = q0 + warp * 16 + (lane >> 2);
+    float lse[2], D[2], slope = slope2(p, h), acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int t = min(t0 + i * 8, p.T - 1); // rows past T: any finite value (never written)
+        lse[i] = p.lse[(long)bh * p.T + t];
+        D[i] = p.D[(long)bh * p.T + t];
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    cp_wait<0>();
+    __syncthreads();
+    for (int j = 0; j < nkt; j++) {
+        float s[8][4], dp[8][4];
+        scores<HD>(s, sQ, warp * 16, sK);
+        scores<HD>(dp, sO, warp * 16, sV);
+        bool edge = j * kRows + kRows - 1 > p.past + q0;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int kpos = j * kRows + nt * 8 + 2 * (lane & 3) + (e & 1), qpos = p.past + t0 + (e >> 1) * 8;
+                float v = exp2f(s[nt][e] * p.sl2 + slope * (float)(kpos - qpos) - lse[e >> 1]);
+                v = edge && kpos > qpos ? 0.0f : v;
+                s[nt][e] = v * (dp[nt][e] - D[e >> 1]) * p.scale;
+            }
+        // dq += dS K_j while V_{j+1} comes in; then K_{j+1}, waiting for both
+        next_tiles<HD, 0>([&] { accumulate<HD>(acc, s, sK); }, sV, V, sK, K, (j + 1) * kRows, p.S, j + 1 < nkt);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int t = t0 + i * 8;
+        if (t >= p.T)
+            continue;
+        float *row = p.dq + ((long)b * p.T + t) * p.nh * p.hd + (long)h * p.hd;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int d = nt * 8 + 2 * (lane & 3) + e;
+                if (d < p.hd)
+                    row[d] += acc[nt][i * 2 + e];
+            }
+    }
+}
+
+// dk, dv of key tile blockIdx.y for query head blockIdx.x (its kv head's keys): over the query tiles that see
+// them, P^T from lse, dv += P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T - D) scale, dk += dS^T q.
+template <int HD> __global__ void __launch_bounds__(kThreads) dkv_kernel(fparams p)
+{
+    constexpr int LD = HD + 8, NT = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + kRows * LD, *sQ = sV + kRows * LD, *sO = sQ + kRows * LD;
+    float *sL = reinterpret_cast<float *>(sO + kRows * LD), *sD = sL + kRows;
+    int n0 = blockIdx.y * kRows, bh = blockIdx.x, b = bh / p.nh, h = bh % p.nh;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nqt = (p.T + kRows - 1) / kRows;
+    int i0 = max(0, n0 - p.past) / kRows;
+    if (i0 >= nqt)
+        return; // keys no query sees: nothing to add
+    long kvoff = (long)(b * p.nkv + h / (p.nh / p.nkv)) * p.S * HD;
+    load_tile<HD>(sK, p.k + kvoff, n0, p.S);
+    load_tile<HD>(sV, p.v + kvoff, n0, p.S);
+    const bf16 *Q = p.q + (long)bh * p.T * HD, *dO = p.dout + (long)bh * p.T * HD;
+    float dk[NT][4], dv[NT][4], slope = slope2(p, h);
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    int k0 = n0 + warp * 16 + (lane >> 2); // the key of accumulators 0, 1 (2, 3: k0 + 8)
+    for (int i = i0; i < nqt; i++) {
+        int q0 = i * kRows;
+        load_tile<HD>(sQ, Q, q0, p.T);
+        load_tile<HD>(sO, dO, q0, p.T);
+        if (threadIdx.x < kRows) {
+            int t = min(q0 + (int)threadIdx.x, p.T - 1);
+            sL[threadIdx.x] = p.lse[(long)bh * p.T + t];
+            sD[threadIdx.x] = p.D[(long)bh * p.T + t];
+        }
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        scores<HD>(s, sK, warp * 16, sQ);
+        bool edge = n0 + kRows - 1 > p.past + q0 || q0 + kRows > p.T;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = nt * 8 + 2 * (lane & 3) + (e & 1), kpos = k0 + (e >> 1) * 8, qpos = p.past + q0 + c;
+                float v = exp2f(s[nt][e] * p.sl2 + slope * (float)(kpos - qpos) - sL[c]);
+                s[nt][e] = edge && (kpos > qpos || q0 + c >= p.T) ? 0.0f : v;
+            }
+        accumulate<HD>(dv, s, sO);
+        scores<HD>(dp, sV, warp * 16, sO);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[nt][e] *= (dp[nt][e] - sD[nt * 8 + 2 * (lane & 3) + (e & 1)]) * p.scale;
+        accumulate<HD>(dk, s, sQ);
+        __syncthreads(); // every warp is done with this query tile
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int s = k0 + i * 8;
+        if (s >= p.S)
+            continue;
+        long row = (long)b * p.kv_bs + (long)s * p.kv_rs + (long)h * p.hd;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int d = nt * 8 + 2 * (lane & 3) + e;
+                if (d < p.hd) {
+                    p.dk[row + d] += dk[nt][i * 2 + e];
+                    p.dv[row + d] += dv[nt][i * 2 + e];
+                }
+            }
+    }
+}
+
+// dst [B, heads, L, HD] bf16 from src element (b, l, head, d) at b * bs + l * rs + head * hd + d; zeros for
+// d >= hd. Eight values a thread, one 16-byte store.
+__global__ void pack_kernel(bf16 *dst, const float *src, long bs, long rs, int heads, int L, int hd, int HD, long n8)
+{
+    SPK_GRID_LOOP(i, n8)
+    {
+        long e = i * 8, r = e / HD;
+        int d0 = (int)(e % HD), l = (int)(r % L), head = (int)(r / L % heads), b = (int)(r / L / heads);
+        const float *s = src + b * bs + l * rs + (long)head * hd;
+        union {
+            uint4 u;
+            bf16 h[8];
+        } v;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v.h[k] = __float2bfloat16_rn(d0 + k < hd ? s[d0 + k] : 0.0f);
+        *reinterpret_cast<uint4 *>(dst + e) = v.u;
+    }
+}
+
+// D[b, h, t] = sum_d dout * out over row (b, t, h) of [B, T, nh, hd]: a warp a row.
+__global__ void dsum_kernel(float *D, const float *dout, const float *out, int T, int nh, int hd, long rows)
+{
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = ((long)gridDim.x * blockDim.x) >> 5;
+    int lane = threadIdx.x & 31;
+    for (long r = w; r < rows; r += nw) {
+        const float *g = dout + r * hd, *o = out + r * hd;
+        float s = 0.0f;
+        for (int d = lane; d < hd; d += 32)
+            s += g[d] * o[d];
+        for (int k = 16; k > 0; k >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, k);
+        if (lane == 0) {
+            long bt = r / nh;
+            int h = (int)(r % nh), b = (int)(bt / T), t = (int)(bt % T);
+            D[((long)b * nh + h) * T + t] = s;
+        }
+    }
+}
+
+// dk[b, s, kvh, d] += sum over kvh's G query heads of scr[b, s, kvh * G + g, d] (scr [B, S, nh, hd]); dk rows
+// kv_rs apart, batches kv_bs.
+__global__ void gqa_sum_kernel(float *dk, const float *scr, long kv_bs, long kv_rs, int S, int nkv, int G, int hd,
+                               long n)
+{
+    SPK_GRID_LOOP(i, n)
+    {
+        int d = (int)(i % hd);
+        long r = i / hd;
+        int kvh = (int)(r % nkv), s = (int)(r / nkv % S), b = (int)(r / nkv / S);
+        const float *x = scr + (((long)b * S + s) * nkv * G + (long)kvh * G) * hd + d;
+        float sum = 0.0f;
+        for (int g = 0; g < G; g++)
+            sum += x[(long)g * hd];
+        dk[b * kv_bs + s * kv_rs + (long)kvh * hd + d] += sum;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// host side
+
+size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+int padded(int hd) { return hd <= 64 ? 64 : 128; }
+
+// The shared bytes of a kernel of `tiles` tiles (and extra bytes), raised past the 48 KB default once per kernel.
+template <typename K> sp_status smem_for(K kernel, int HD, int tiles, size_t extra, size_t *bytes, sp_err *err)
+{
+    *bytes = (size_t)tiles * kRows * (HD + 8) * sizeof(bf16) + extra;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*bytes);
+    return sp_cuda_error(err, (int)e, "flash attention: shared memory");
+}
+
+// Packs src (rows of `heads` heads of hd, batches bs apart, positions rs apart) to [B, heads, L, HD] bf16.
+sp_status pack(sp_cuda *cu, bf16 *dst, const float *src, long bs, long rs, int B, int heads, int L, int hd, int HD,
+               sp_err *err)
+{
+    long n8 = (long)B * heads * L * HD / 8;
+    pack_kernel<<<spk::grid_for(n8), spk::kThreads, 0, spk::stream_of(cu)>>>(dst, src, bs, rs, heads, L, hd, HD, n8);
+    return spk::launched(err, "flash attention: packing");
+}
+
+bool shape_ok(int B, int T, int past, int nh, int nkv, int hd, int cap)
+{
+    return B > 0 && T > 0 && past >= 0 && nh > 0 && nkv > 0 && nh % nkv == 0 && sp_cuda_flash_ok(hd) &&
+           past + T <= cap && past + T <= 65535 * kRows;
+}
+
+sp_status bad_shape(sp_err *err, const char *what, int B, int T, int past, int nh, int nkv, int hd, int cap)
+{
+    return sp_errf(err, SP_ERR_ARG, "%s: bad shape B %d T %d past %d heads %d/%d head dim %d of %d", what, B, T, past,
+                   nh, nkv, hd, cap);
+}
+
+// The common parameters, and q, k, v packed at the start of the workspace (ws: room for `extra` bytes after).
+sp_status prepare(sp_cuda *cu, fparams *p, const float *q, const float *kc, const float *vc, const float *slopes,
+                  int B, int T, int past, int nh, int nkv, int hd, int cap, size_t extra, char **rest, sp_err *err)
+{
+    int HD = padded(hd), S = past + T;
+    size_t nq = align256((size_t)B * nh * T * HD * 2), nk = align256((size_t)B * nkv * S * HD * 2);
+    void *ws = NULL;
+    sp_status st = sp_cuda_workspace(cu, nq + 2 * nk + extra, &ws, err);
+    if (st != SP_OK)
+        return st;
+    bf16 *qh = (bf16 *)ws, *kh = (bf16 *)((char *)ws + nq), *vh = (bf16 *)((char *)ws + nq + nk);
+    *rest = (char *)ws + nq + 2 * nk;
+    *p = fparams{};
+    p->q = qh, p->k = kh, p->v = vh, p->slopes = slopes;
+    p->T = T, p->past = past, p->S = S, p->nh = nh, p->nkv = nkv, p->hd = hd;
+    p->scale = 1.0f / sqrtf((float)hd);
+    p->sl2 = p->scale * kLog2e;
+    long ldq = (long)nh * hd, ldk = (long)nkv * hd;
+    st = pack(cu, qh, q, T * ldq, ldq, B, nh, T, hd, HD, err);
+    if (st == SP_OK)
+        st = pack(cu, kh, kc, cap * ldk, ldk, B, nkv, S, hd, HD, err);
+    return st == SP_OK ? pack(cu, vh, vc, cap * ldk, ldk, B, nkv, S, hd, HD, err) : st;
+}
+
+template <int HD> sp_status launch_fwd(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+{
+    size_t smem = 0;
+    sp_status st = smem_for(fwd_kernel<HD>, HD, 3, 0, &smem, err);
+    if (st != SP_OK)
+        return st;
+    dim3 grid((unsigned)(B * p.nh), (unsigned)((p.T + kRows - 1) / kRows));
+    fwd_kernel<HD><<<grid, kThreads, smem, spk::stream_of(cu)>>>(p);
+    return spk::launched(err, "flash attention");
+}
+
+template <int HD> sp_status launch_bwd(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+{
+    size_t sq = 0, sk = 0;
+    sp_status st = smem_for(dq_kernel<HD>, HD, 4, 0, &sq, err);
+    if (st == SP_OK)
+        st = smem_for(dkv_kernel<HD>, HD, 4, 2 * kRows * sizeof(float), &sk, err);
+    if (st != SP_OK)
+        return st;
+    cudaStream_t s = spk::stream_of(cu);
+    dim3 gq((unsigned)(B * p.nh), (unsigned)((p.T + kRows - 1) / kRows));
+    dq_kernel<HD><<<gq, kThreads, sq, s>>>(p);
+    dim3 gk((unsigned)(B * p.nh), (unsigned)((p.S + kRows - 1) / kRows));
+    dkv_kernel<HD><<<gk, kThreads, sk, s>>>(p);
+    return spk::launched(err, "flash attention backward");
+}
+
+} // namespace
+
+extern "C" int sp_cuda_flash_ok(int hd) { return hd >= 1 && hd <= 128; }
+
+extern "C" sp_status sp_cuda_flash_fwd(sp_cuda *cu, float *out, void *outh, float *lse, const float *q,
+                                       const float *kc, const float *vc, const float *slopes, int B, int T, int past,
+                                       int nh, int nkv, int hd, int cap, sp_err *err)
+{
+    if (!shape_ok(B, T, past, nh, nkv, hd, cap))
+        return bad_shape(err, "flash attention", B, T, past, nh, nkv, hd, cap);
+    fparams p;
+    char *rest = NULL;
+    sp_status st = prepare(cu, &p, q, kc, vc, slopes, B, T, past, nh, nkv, hd, cap, 0, &rest, err);
+    if (st != SP_OK)
+        return st;
+    p.out = out, p.outh = (bf16 *)outh, p.lse = lse;
+    return padded(hd) == 64 ? launch_fwd<64>(cu, p, B, err) : launch_fwd<128>(cu, p, B, err);
+}
+
+extern "C" sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout,
+                                       const float *out, const float *lse, const float *q, const float *kc,
+                                       const float *vc, const float *slopes, int B, int T, int past, int nh, int nkv,
+                                       int hd, int cap, sp_err *err)
+{
+    if (!shape_ok(B, T, past, nh, nkv, hd, cap) || !dq || !dk || !dv)
+        return bad_shape(err, "flash attention backward", B, T, past, nh, nkv, hd, cap);
+    int HD = padded(hd), S = past + T, G = nh / nkv;
+    size_t ndo = align256((size_t)B * nh * T * HD * 2), nd = align256((size_t)B * nh * T * sizeof(float));
+    size_t nscr = G > 1 ? align256((size_t)B * S * nh * hd * sizeof(float)) : 0;
+    fparams p;
+    char *rest = NULL;
+    sp_status st = prepare(cu, &p, q, kc, vc, slopes, B, T, past, nh, nkv, hd, cap, ndo + nd + 2 * nscr, &rest, err);
+    if (st != SP_OK)
+        return st;
+    bf16 *doh = (bf16 *)rest;
+    float *D = (float *)(rest + ndo), *sk = (float *)(rest + ndo + nd), *sv = (float *)(rest + ndo + nd + nscr);
+    long ldq = (long)nh * hd, ldk = (long)nkv * hd, rows = (long)B * T * nh;
+    cudaStream_t s = spk::stream_of(cu);
+    st = pack(cu, doh, dout, T * ldq, ldq, B, nh, T, hd, HD, err);
+    if (st != SP_OK)
+        return st;
+    dsum_kernel<<<spk::grid_for(rows * 32), spk::kThreads, 0, s>>>(D, dout, out, T, nh, hd, rows);
+    if (G > 1) {
+        st = sp_cuda_error(err, (int)cudaMemsetAsync(sk, 0, 2 * nscr, s), "flash attention backward: scratch");
+        if (st != SP_OK)
+            return st;
+    }
+    p.dout = doh, p.lse = (float *)lse, p.D = D, p.dq = dq;
+    p.dk = G > 1 ? sk : dk, p.dv = G > 1 ? sv : dv;
+    p.kv_bs = G > 1 ? (long)S * ldq : (long)cap * ldk, p.kv_rs = G > 1 ? ldq : ldk;
+    st = HD == 64 ? launch_bwd<64>(cu, p, B, err) : launch_bwd<128>(cu, p, B, err);
+    if (st != SP_OK || G == 1)
+        return st;
+    long n = (long)B * S * ldk;
+    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dk, sk, (long)cap * ldk, ldk, S, nkv, G, hd, n);
+    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dv, sv, (long)cap * ldk, ldk, S, nkv, G, hd, n);
+    return spk::launched(err, "flash attention backward: kv heads");
+}

@@ -1,0 +1,40 @@
+/* flash.h - flash attention on the device (issue 27): the no-cache forward and the prefill (causal, GQA / MQA,
+ * ALiBi, past positions from a cache) and its backward to the input, on bf16 tensor cores (mma.sync m16n8k16,
+ * fp32 accumulation) with the online softmax: no scores in device memory. It computes what sp_cuda_attn_prefill /
+ * sp_cuda_attn_backward compute (the CPU's sp_attention_forward / _backward) with q, k, v, dout rounded to bf16 and
+ * the probabilities rounded to bf16 before their products (2^-9 relative each); the rest in f32.
+ *
+ * Shapes are kernels.h's: q, out, dout [B, T, nh * hd]; the caches (or a forward's own keys and values, cap = T)
+ * [B, cap, nkv * hd] holding past + T positions, query t at position past + t seeing keys 0 .. past + t; slopes
+ * [nh] for ALiBi or NULL. Head sizes up to 128 (sp_cuda_flash_ok); smaller ones run zero-padded to 64 or 128. The
+ * operands are packed to bf16 in the context's workspace first (invalidating what the caller held there).
+ * Deterministic: every output element is written by one thread, no atomics. */
+#ifndef SEPAL_CUDA_FLASH_H
+#define SEPAL_CUDA_FLASH_H
+
+#include "cuda_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when the flash kernels take heads of hd values (1 <= hd <= 128). */
+int sp_cuda_flash_ok(int hd);
+
+/* The forward: out [B, T, nh * hd] f32 and / or outh (the same in bf16, a product's input); either may be NULL.
+ * lse [B, nh, T] receives each row's log2-sum-exp2 of its scaled scores (the backward's input; NULL: not kept). */
+sp_status sp_cuda_flash_fwd(sp_cuda *cu, float *out, void *outh, float *lse, const float *q, const float *kc,
+                            const float *vc, const float *slopes, int B, int T, int past, int nh, int nkv, int hd,
+                            int cap, sp_err *err);
+
+/* The backward from the forward's out and lse: ADDS into dq [B, T, nh * hd] and dk, dv (the caches' layout
+ * [B, cap, nkv * hd], positions 0 .. past + T - 1). dS recomputed from lse (FlashAttention-2's backward): one
+ * kernel a query tile for dq, one a key tile and query head for dk, dv (GQA's heads summed after). */
+sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *kc, const float *vc, const float *slopes,
+                            int B, int T, int past, int nh, int nkv, int hd, int cap, sp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
