@@ -192,9 +192,15 @@ struct decoder {
     void *buf;        // tables, activations, xin, xout
     dacts a;
     float *xin, *xout;
+    const float *in;  // what the step reads: the caller's input, or xin (io_moved)
+    float *out;       // and writes: the caller's output, or xout
+    int io_moved;     // the caller's buffers moved under a graph: graphs over xin and xout from now on
     int advance;      // the step adds 1 to pos (a cache's own rows)
     cudaGraphExec_t exec;
     void *exec_ws;    // the context's workspace when the graph was captured
+    int exec_fused;   // and the block's fused setting
+    const float *exec_in;
+    float *exec_out;  // and in and out
     int steps;        // steps run (the first runs plainly)
     int graph_failed; // a capture failed: launch one by one from now on
 };
@@ -228,7 +234,8 @@ struct sp_cuda_block {
     float *ln1_w, *ln1_b, *bq, *bk, *bv, *bo, *ln2_w, *ln2_b, *b_up, *b_down, *inv_freq, *slopes;
     size_t weight_bytes;
     int graphs;
-    void *ws; // forward / backward buffers, grown
+    int fused; // decode steps of up to kGraphRows rows: 0 the plain kernels, 1 fused ones, 2 fused and dependent
+    void *ws;  // forward / backward buffers, grown
     size_t ws_bytes;
     decoder bat;    // batches of several caches (sp_cuda_block_decode_batch)
     void *bat_host; // its tables on the host
@@ -309,6 +316,7 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
     cb->s = shape_of(b);
     cb->H = b->H, cb->nh = b->nh, cb->nkv = b->nkv, cb->hd = b->hd, cb->FF = b->FF, cb->eps = b->eps;
     cb->graphs = 1;
+    cb->fused = 2;
     size_t H = (size_t)b->H, Q = cb->s.Q, KV = cb->s.KV, FF = cb->s.FF;
     sp_status st = SP_OK;
     for (int i = 0; st == SP_OK && i < NMAT && i < b->nqm; i++)
@@ -355,6 +363,10 @@ extern "C" void sp_cuda_block_free(sp_cuda_block *cb)
 
 extern "C" size_t sp_cuda_block_bytes(const sp_cuda_block *cb) { return cb->weight_bytes; }
 extern "C" void sp_cuda_block_use_graphs(sp_cuda_block *cb, int on) { cb->graphs = on != 0; }
+extern "C" void sp_cuda_block_use_fused(sp_cuda_block *cb, int level)
+{
+    cb->fused = level < 0 ? 0 : level > 2 ? 2 : level;
+}
 
 // The block's buffers: at least bytes (grown after a sync: queued kernels may use the old ones).
 static sp_status block_ws(sp_cuda_block *cb, size_t bytes, sp_err *err)
@@ -470,14 +482,65 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
 // ---------------------------------------------------------------------------------------------------------------
 // decode steps
 
-// One decode step of d's rows from d->xin to d->xout at the positions d->pos holds (then advanced when d->advance):
+// Norm 1 or 2 of a fused decode step (RMSNorm as a dependent launch when pdl).
+static sp_status norm_dep(sp_cuda_block *cb, float *out, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, int N, int pdl, sp_err *err)
+{
+    if (cb->k.norm == SP_NORM_RMS)
+        return sp_cuda_rmsnorm_fwd_dep(cb->cu, out, rstd, x, w, N, cb->H, cb->eps, pdl, err);
+    return norm_fwd(cb, out, mean, rstd, x, w, b, N, err);
+}
+
+// decode_rows fused (cb->fused, d->N <= kGraphRows): norm 1 (launched plainly: it follows a copy or starts a graph);
+// q, k, v in one product (then their biases); RoPE, the cache's append and attention in one kernel; o_proj with its
+// bias and the residual; norm 2; SwiGLU's gate and up products with the activation in one (GELU MLPs: the plain up
+// product and activation); down_proj with its bias and the residual into d->out. The same sums as decode_rows'
+// plain kernels, each kernel after norm 1 a programmatic dependent of the one before it when cb->fused is 2 (it
+// streams its weights while that one finishes).
+static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
+{
+    int N = d->N, pdl = cb->fused > 1;
+    dacts *a = &d->a;
+    sp_cuda *cu = cb->cu;
+    TRY(norm_dep(cb, a->ln1, a->mean1, a->rstd1, d->in, cb->ln1_w, cb->ln1_b, N, 0, err)); // after a copy, or first
+    sp_cuda_dmul qkv = {{&cb->m[MQ], &cb->m[MK], &cb->m[MV]}, {a->q, a->k, a->v}, 3, 0, pdl, NULL, NULL};
+    TRY(sp_cuda_wmat_mul_fused(cu, &qkv, a->ln1, N, err));
+    const float *bias[3] = {cb->bq, cb->bk, cb->bv};
+    for (int i = 0; i < 3; i++)
+        if (bias[i])
+            TRY(bias_res(cb, qkv.Y[i], qkv.Y[i], bias[i], NULL, N, cb->m[MQ + i].w.rows, err));
+    TRY(sp_cuda_rope_attn_decode(cu, a->att, a->q, a->k, a->v, d->kp, d->vp, cb->inv_freq, cb->slopes, a->probs,
+                                 d->pos, N, cb->nh, cb->nkv, cb->hd, d->scap, pdl, err));
+    sp_cuda_dmul o = {{&cb->m[MO]}, {a->h1}, 1, 0, pdl, cb->bo, d->in};
+    TRY(sp_cuda_wmat_mul_fused(cu, &o, a->att, N, err));
+    const float *m = a->ln1;
+    if (cb->ln2_w) {
+        TRY(norm_dep(cb, a->ln2, a->mean2, a->rstd2, cb->k.parallel ? d->in : a->h1, cb->ln2_w, cb->ln2_b, N, pdl,
+                     err));
+        m = a->ln2;
+    }
+    if (cb->k.mlp == SP_MLP_SWIGLU) {
+        sp_cuda_dmul gu = {{&cb->m[MGATE], &cb->m[MUP]}, {a->act}, 2, 1, pdl, NULL, NULL};
+        TRY(sp_cuda_wmat_mul_fused(cu, &gu, m, N, err));
+    } else {
+        TRY(lin(cb, MUP, a->up, m, cb->b_up, N, err));
+        TRY(sp_cuda_gelu_fwd(cu, a->act, a->up, (long)N * cb->FF, cb->k.mlp == SP_MLP_GELU_TANH, err));
+    }
+    sp_cuda_dmul down = {{&cb->m[MDOWN]}, {d->out}, 1, 0, pdl, cb->b_down, a->h1};
+    TRY(sp_cuda_wmat_mul_fused(cu, &down, a->act, N, err));
+    return d->advance ? set_pos(cu, d->pos, N, 1, 1, err) : SP_OK;
+}
+
+// One decode step of d's rows from d->in to d->out at the positions d->pos holds (then advanced when d->advance):
 // the same launches whatever the positions, so a graph of them replays any step.
 static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
 {
+    if (cb->fused && d->N <= kGraphRows)
+        return decode_rows_fused(cb, d, err);
     int N = d->N, row = cb->nkv * cb->hd;
     dacts *a = &d->a;
     cudaStream_t s = spk::stream_of(cb->cu);
-    TRY(attn_in(cb, d->xin, N, a, err));
+    TRY(attn_in(cb, d->in, N, a, err));
     if (cb->inv_freq) {
         long pq = (long)N * cb->nh * (cb->hd / 2), pk = (long)N * cb->nkv * (cb->hd / 2);
         rope_pos_kernel<<<spk::grid_for(pq), spk::kThreads, 0, s>>>(a->q, cb->inv_freq, d->pos, cb->nh, cb->hd, pq);
@@ -490,7 +553,7 @@ static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
     attn_decode_pos_kernel<<<N * cb->nh, kAttnThreads, shm, s>>>(a->att, a->q, d->kp, d->vp, cb->slopes, a->probs,
                                                                  d->pos, cb->nh, cb->nkv, cb->hd, d->scap);
     TRY(spk::launched(err, "decode attention"));
-    TRY(attn_out_mlp(cb, d->xout, d->xin, N, a, err));
+    TRY(attn_out_mlp(cb, d->out, d->in, N, a, err));
     return d->advance ? set_pos(cb->cu, d->pos, N, 1, 1, err) : SP_OK;
 }
 
@@ -518,6 +581,8 @@ static void capture(sp_cuda_block *cb, decoder *d, void *ws)
         return;
     }
     d->exec_ws = ws;
+    d->exec_fused = cb->fused;
+    d->exec_in = d->in, d->exec_out = d->out;
 }
 
 static void drop_graph(decoder *d)
@@ -545,16 +610,24 @@ static void decoder_free(sp_cuda *cu, decoder *d)
     memset(d, 0, sizeof *d);
 }
 
-// out = the step of d's rows from inp: a replayed graph from the second step on (B <= kGraphRows, graphs on).
+// out = the step of d's rows from inp: a replayed graph from the second step on (B <= kGraphRows, graphs on). The
+// step reads inp and writes out where they are, a graph too while they stay where they were when it was captured;
+// once they move, the graph is captured again over d->xin and d->xout, and each step copies through those.
 static sp_status decoder_run(sp_cuda_block *cb, decoder *d, float *out, const float *inp, sp_err *err)
 {
     size_t io = (size_t)d->N * cb->H * sizeof(float);
-    TRY(sp_cuda_copy_d2d(cb->cu, d->xin, inp, io, err));
     int graphs = cb->graphs && d->N <= kGraphRows && d->steps > 0 && !d->graph_failed;
+    if (graphs && d->exec && (d->exec_in != inp || d->exec_out != out))
+        d->io_moved = 1;
+    int direct = !graphs || !d->io_moved;
+    d->in = direct ? inp : d->xin;
+    d->out = direct ? out : d->xout;
+    if (!direct)
+        TRY(sp_cuda_copy_d2d(cb->cu, d->xin, inp, io, err));
     if (graphs) {
         void *ws = NULL;
         TRY(sp_cuda_workspace(cb->cu, 0, &ws, err)); // where it is now (grows nothing)
-        if (d->exec && ws != d->exec_ws)
+        if (d->exec && (ws != d->exec_ws || d->exec_fused != cb->fused || d->exec_in != d->in || d->exec_out != d->out))
             drop_graph(d);
         if (!d->exec)
             capture(cb, d, ws);
@@ -563,7 +636,8 @@ static sp_status decoder_run(sp_cuda_block *cb, decoder *d, float *out, const fl
         TRY(sp_cuda_error(err, (int)cudaGraphLaunch(d->exec, spk::stream_of(cb->cu)), "decode graph"));
     else
         TRY(decode_rows(cb, d, err));
-    TRY(sp_cuda_copy_d2d(cb->cu, out, d->xout, io, err));
+    if (!direct)
+        TRY(sp_cuda_copy_d2d(cb->cu, out, d->xout, io, err));
     d->steps++;
     return SP_OK;
 }
