@@ -12,11 +12,12 @@ using spk::block_sum;
 namespace {
 
 constexpr int kAttnThreads = 256;
+constexpr int kKeys = 4; // keys a warp scores at once
 
 // Block bh = (b, h): query head h of row b at position at = pos[b] over the at cached positions of its kv head g
 // and the step's own key and value (rotated here, in shared memory; the first query head of g stores them into
 // the cache at at, where no block of this step reads). Scores a warp a key (lanes over the head's values, summed
-// by shuffles), kmath's softmax over the block, then the output a warp's share of the keys at a time, the warps'
+// by shuffles; kKeys keys of a warp at once, each summed as alone), kmath's softmax over the block, then the output a warp's share of the keys at a time, the warps'
 // partial sums added in warp order. p: the head's scores (cap floats of scratch). Dynamic shared memory: (warps +
 // 3) * hd floats.
 __global__ void __launch_bounds__(kAttnThreads)
@@ -52,15 +53,27 @@ __global__ void __launch_bounds__(kAttnThreads)
             kc[kv0 + at * ldk + j] = ks[j];
             vc[kv0 + at * ldk + j] = vs[j];
         }
-    for (int s = warp; s < len; s += nw) {
-        const float *kr = s == at ? ks : kc + kv0 + s * ldk;
-        float d = 0.0f;
+    for (int s0 = warp; s0 < len; s0 += kKeys * nw) { // kKeys keys a warp at a time, their loads in flight together
+        const float *kr[kKeys];
+        float d[kKeys];
+#pragma unroll
+        for (int u = 0; u < kKeys; u++) {
+            int s = s0 + u * nw;
+            kr[u] = s == at ? ks : kc + kv0 + (s < len ? s : 0) * ldk;
+            d[u] = 0.0f;
+        }
         for (int j = lane; j < hd; j += 32)
-            d += qs[j] * kr[j];
-        for (int o = 16; o > 0; o >>= 1)
-            d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (lane == 0)
-            p[s] = d * scale + sp_km_alibi(slope, s, len - 1);
+#pragma unroll
+            for (int u = 0; u < kKeys; u++)
+                d[u] += qs[j] * kr[u][j];
+#pragma unroll
+        for (int u = 0; u < kKeys; u++) {
+            for (int o = 16; o > 0; o >>= 1)
+                d[u] += __shfl_xor_sync(0xffffffffu, d[u], o);
+            int s = s0 + u * nw;
+            if (lane == 0 && s < len)
+                p[s] = d[u] * scale + sp_km_alibi(slope, s, len - 1);
+        }
     }
     __syncthreads();
     float mx = block_max(sp_km_max_part(p, len, tid, nt), sh);
@@ -70,6 +83,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
     for (int j = lane; j < hd; j += 32) {
         float o = 0.0f;
+#pragma unroll 8
         for (int s = warp; s < len; s += nw)
             o += p[s] * (s == at ? vs[j] : vc[kv0 + s * ldk + j]);
         part[warp * hd + j] = o;

@@ -101,7 +101,8 @@ sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, f
  * (q, k and v in one launch); swiglu 1 (n 2, W[0] the gate and W[1] the up projection, of one shape): Y[0] =
  * swiglu(X W[0]^T, X W[1]^T) (Y[1] unused); bias [rows] and res [B, rows] (n 1; NULL: none): Y[0] = (X W^T + bias)
  * + res, block.c's order. pdl 1: launched as a programmatic dependent of the stream's kernel before it (it starts
- * streaming W while that one finishes; only where the device and the build support it). SP_ERR_ARG otherwise. */
+ * streaming W while that one finishes; only where the device and the build support it). SP_ERR_ARG otherwise.
+ * All the fused kernels stream W as L2's first to evict (sp_cuda_wmat_tune_stream). */
 typedef struct sp_cuda_dmul {
     const sp_cuda_wmat *W[3];
     float *Y[3];
@@ -117,9 +118,10 @@ sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float
  * rows of a decoded tile, instead of the products' own choice (0: their own). Process-wide; not for concurrent
  * use. */
 void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile_rows);
-/* The same for the chunks of each row a decode kernel's lane asks L2 for before it waits for its input (0 to 4;
- * negative: the default, 2). */
-void sp_cuda_wmat_tune_prefetch(int chunks);
+/* The same for how the fused decode kernels stream W: the chunks of each row a lane asks L2 for before it waits for
+ * its input (0 to 4), and whether W's lines are the first L2 evicts (1) or not (0); negative: the defaults, 2 and
+ * 1. */
+void sp_cuda_wmat_tune_stream(int prefetch, int evict_first);
 
 /* Decode attention (sp_attention_forward with T = 1, past = len - 1): out, q [B, nh * hd]; the caches
  * [B, cap, nkv, hd] hold len positions (the step's own included); GQA / MQA by nh / nkv; slopes [nh] for ALiBi

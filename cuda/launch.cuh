@@ -88,7 +88,10 @@ cudaError_t launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, si
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = s;
     cfg.attrs = pdl ? at : nullptr, cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    if (e != cudaSuccess)
+        cudaGetLastError(); // returned here; not left for the next launch's check
+    return e;
 }
 
 // Whether kernel's machine code waits where pdl_wait() stands: built for sm_90 or later and running on such a

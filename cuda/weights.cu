@@ -39,7 +39,7 @@ struct dec_args {
     const float *scale[3];
     int rows[3], ks[3], first[3];
     float *y[3];
-    int nseg, swiglu, prefetch;
+    int nseg, swiglu, prefetch, evict_first;
     const float *bias, *res;
 };
 
@@ -95,7 +95,8 @@ template <int TYPE> __global__ void wmat_dot_kernel(dec_args a, const float *X, 
 // 16 bytes of each of the R rows are loaded once (bypassing L1, so that X stays there) one chunk ahead, decoded
 // once, and multiplied with the NB rows of X (NB >= B; rows of X past B are skipped). The first chunks are asked
 // for before the kernel waits for the one before it (pdl_wait: X is that one's output), the first into registers
-// and the next prefetch (dec_args) into L2.
+// and the next prefetch (dec_args) into L2. With evict_first, W's lines are the first L2 gives up (so that the KV
+// caches and activations of a decode step stay there while its weights stream through).
 
 constexpr int kDecWarps = 4;
 constexpr int kMaxPrefetch = 4;
@@ -112,6 +113,35 @@ __device__ __forceinline__ void fill_lut(float *lut, const sp_km_w &w)
 
 __device__ __forceinline__ void prefetch_l2(const uint8_t *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// An L2 policy for streamed weights: evict first, or normal.
+__device__ __forceinline__ uint64_t stream_policy(int evict_first)
+{
+    uint64_t pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (evict_first)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
+// ld_stream under an L2 policy (stream_policy).
+__device__ __forceinline__ uint4 ld_stream_pol(const uint8_t *p, uint64_t pol)
+{
+    uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(pol));
+#else
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+#endif
+    return v;
+}
+
 __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
 {
     uint4 v;
@@ -124,12 +154,12 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
 // Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale.
 template <int R, bool SCALED>
 __device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const uint8_t *const (&row)[R],
-                                            const float *const (&srow)[R], int j, int nchunks)
+                                            const float *const (&srow)[R], int j, int nchunks, uint64_t pol)
 {
     bool in = j < nchunks;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        q[r] = in ? ld_stream(row[r] + (long)j * SP_KM_CHUNK) : make_uint4(0, 0, 0, 0);
+        q[r] = in ? ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol) : make_uint4(0, 0, 0, 0);
         sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
     }
 }
@@ -245,7 +275,8 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
     uint4 cur[R], nxt[R];
     float sc[R], nsc[R];
     int j = k * 32 + lane;
-    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks);
+    uint64_t pol = stream_policy(a.evict_first);
+    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks, pol);
 #pragma unroll
     for (int d = 1; d <= kMaxPrefetch; d++)
 #pragma unroll
@@ -254,7 +285,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
                 prefetch_l2(row[r] + (long)(j + d * step) * SP_KM_CHUNK);
     spk::pdl_wait();
     for (; j < nchunks; j += step) {
-        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks); // a chunk ahead
+        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
         chunk_product<TYPE, NB, R>(acc, cur, sc, X, a.w.cols, j, B, lut);
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -301,7 +332,7 @@ constexpr int kMaxFusedRows = 32;          // int8 / NF4: up to here, passes of 
 constexpr size_t kTileBytes = 64u << 20;   // workspace for a tile of rows decoded to bf16
 
 int g_rows_per_warp, g_warps_per_row, g_tile_rows; // sp_cuda_wmat_tune (0: automatic)
-int g_prefetch = 2;                                // sp_cuda_wmat_tune_prefetch
+int g_prefetch = 2, g_evict_first = 1;             // sp_cuda_wmat_tune_stream
 
 int sm_count()
 {
@@ -365,6 +396,7 @@ dec_args dec_args_of(const sp_cuda_dmul &m)
     dec_args a = {};
     a.w = m.W[0]->w;
     a.nseg = m.swiglu ? 1 : m.n, a.swiglu = m.swiglu, a.bias = m.bias, a.res = m.res, a.prefetch = g_prefetch;
+    a.evict_first = g_evict_first;
     for (int i = 0; i < m.n; i++) {
         a.q[i] = m.W[i]->w.q, a.scale[i] = m.W[i]->w.scale, a.rows[i] = m.W[i]->w.rows;
         a.y[i] = m.Y[i];
@@ -531,9 +563,10 @@ extern "C" void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile
     g_warps_per_row = warps_per_row == 1 || warps_per_row == 2 || warps_per_row == 4 ? warps_per_row : 0;
 }
 
-extern "C" void sp_cuda_wmat_tune_prefetch(int chunks)
+extern "C" void sp_cuda_wmat_tune_stream(int prefetch, int evict_first)
 {
-    g_prefetch = chunks < 0 ? 2 : chunks > kMaxPrefetch ? kMaxPrefetch : chunks;
+    g_prefetch = prefetch < 0 ? 2 : prefetch > kMaxPrefetch ? kMaxPrefetch : prefetch;
+    g_evict_first = evict_first < 0 ? 1 : evict_first != 0;
 }
 
 static sp_status check_rows(const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
