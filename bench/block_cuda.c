@@ -5,8 +5,8 @@
  *    over the device-to-device copy bandwidth (bytes read + written by cudaMemcpy). Goal >= 0.8. bf16, and the
  *    7B block in int8 and NF4 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones as
  *    programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); bf16 also every shape of the fused kernels
- *    (rows a warp, warps a row: sp_cuda_wmat_tune; chunks prefetched before a kernel waits, 0 or 2, and W
- *    streamed as L2's first to evict or not: sp_cuda_wmat_tune_stream).
+ *    (rows a warp, warps a row: sp_cuda_wmat_tune; W streamed as L2's first to evict or not:
+ *    sp_cuda_wmat_tune_stream).
  * 2. forward of 1024 tokens (no cache), and forward + backward to the input (kept activations): FLOP/s over the
  *    peak of a cuBLAS bf16 GEMM of the block's largest product ([1024, H] x [H, FF]). Goal >= 0.6. FLOPs: 2 per
  *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more
@@ -178,20 +178,20 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
                name, sp_wtype_name(b->wtype), level[f], K, sp_cuda_kv_graphed(c.kv) ? "yes" : "no", s * 1e6, 1 / s,
                bytes / s / 1e9, bytes / s / copy_bw);
     }
-    for (int v = 0; sweep && v < 9 * 4; v++) { /* fused+pdl: rows a warp, warps a row, prefetch, evict first */
-        int R = 1 << (v / 3 % 3), ks = 1 << (v % 3), pf = v / 9 % 2 * 2, ef = v / 18;
+    for (int v = 0; sweep && v < 9 * 2; v++) { /* fused+pdl: rows a warp, warps a row, W evicted first from L2 */
+        int R = 1 << (v / 3 % 3), ks = 1 << (v % 3), ef = v / 9;
         sp_cuda_wmat_tune(R, ks, 0);
-        sp_cuda_wmat_tune_stream(pf, ef);
+        sp_cuda_wmat_tune_stream(ef);
         sp_cuda_block_use_fused(c.cb, 1); /* a level of another graph, so that the next is captured anew */
         run_decode(&c);
         sp_cuda_block_use_fused(c.cb, 2);
         run_decode(&c);
         double s = time_reps(run_decode, &c, reps);
-        printf("%s %-4s   fused+pdl with R %d, ks %d, prefetch %d, evict first %d: %7.1f us/step, %.2f of copy\n",
-               name, sp_wtype_name(b->wtype), R, ks, pf, ef, s * 1e6, bytes / s / copy_bw);
+        printf("%s %-4s   fused+pdl with R %d, ks %d, evict first %d: %7.1f us/step, %.2f of copy\n", name,
+               sp_wtype_name(b->wtype), R, ks, ef, s * 1e6, bytes / s / copy_bw);
     }
     sp_cuda_wmat_tune(0, 0, 0);
-    sp_cuda_wmat_tune_stream(-1, -1);
+    sp_cuda_wmat_tune_stream(-1);
     sp_cuda_kv_free(c.kv);
     sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
     sp_cuda_block_free(c.cb);

@@ -118,10 +118,9 @@ sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float
  * rows of a decoded tile, instead of the products' own choice (0: their own). Process-wide; not for concurrent
  * use. */
 void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile_rows);
-/* The same for how the fused decode kernels stream W: the chunks of each row a lane asks L2 for before it waits for
- * its input (0 to 4), and whether W's lines are the first L2 evicts (1) or not (0); negative: the defaults, 2 and
- * 1. */
-void sp_cuda_wmat_tune_stream(int prefetch, int evict_first);
+/* The same for how the fused decode kernels stream W: as the lines L2 evicts first (1, and negative: the default)
+ * or as any others (0). */
+void sp_cuda_wmat_tune_stream(int evict_first);
 
 /* Decode attention (sp_attention_forward with T = 1, past = len - 1): out, q [B, nh * hd]; the caches
  * [B, cap, nkv, hd] hold len positions (the step's own included); GQA / MQA by nh / nkv; slopes [nh] for ALiBi
