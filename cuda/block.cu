@@ -1,7 +1,8 @@
 // block.cu - one transformer block on the device (block_cuda.h): core/block.c's flat list of ops, each a kernel of
-// kernels.h / attn.cu or a product of weights.cu / gemm.cu, plus the few kernels a graph-replayable decode step
-// needs (RoPE, the cache write and the decode attention at positions read from device memory) and the bias /
-// residual adds. Forward and backward follow block.c's forward_acts and backward_acts line for line.
+// kernels.h / attn.cu / fused.cu or a product of weights.cu / gemm.cu, plus the few kernels a graph-replayable
+// decode step needs (RoPE and the positions in device memory) and the bias / residual adds. Forward and backward
+// follow block.c's forward_acts and backward_acts line for line; a decode step of up to 8 rows runs fused kernels
+// (decode_rows_fused: the same sums, fewer launches).
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,10 +10,6 @@
 #include "gemm.h"
 #include "kernels.h"
 #include "launch.cuh"
-
-using spk::block_max;
-using spk::block_sum;
-
 
 #define TRY(call)                                                                                              \
     do {                                                                                                       \
@@ -45,72 +42,6 @@ __global__ void rope_pos_kernel(float *x, const float *inv_freq, const int *pos,
 {
     SPK_GRID_LOOP(e, pairs)
     sp_km_rope_apply(x, x, inv_freq, pos[(int)(e / ((long)nh * (hd / 2)))], 1, nh, hd, e, 0);
-}
-
-// The step's keys and values [N, row] into each row's caches (kp[r], vp[r]: [cap, row]) at position pos[r].
-__global__ void kv_store_kernel(float *const *kp, float *const *vp, const float *k, const float *v, const int *pos,
-                                int row, long n)
-{
-    SPK_GRID_LOOP(i, n)
-    {
-        int r = (int)(i / row);
-        long d = (long)pos[r] * row + i % row;
-        kp[r][d] = k[i];
-        vp[r][d] = v[i];
-    }
-}
-
-// Decode attention of block (b, h) over pos[b] + 1 cached positions, its length read from device memory (so a
-// graph replays it at any length; kp / vp: each row's caches, the rows of one sequence or of several). A warp a key for the scores (lanes over the head's values, coalesced, summed by
-// shuffles), kmath's softmax over the block, then the output a warp's share of the keys at a time (lanes over the
-// values), the warps' partial sums added in warp order. p: the head's scores (cap floats of scratch). Dynamic
-// shared memory: (warps + 1) * hd floats.
-constexpr int kAttnThreads = 256;
-
-__global__ void attn_decode_pos_kernel(float *out, const float *q, float *const *kp, float *const *vp,
-                                       const float *slopes, float *scratch, const int *pos, int nh, int nkv, int hd,
-                                       int cap)
-{
-    extern __shared__ float smem[]; // q [hd], then each warp's partial output [warps][hd]
-    __shared__ float sh[kAttnThreads];
-    int bh = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5, h;
-    int len = pos[bh / nh] + 1;
-    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh % nh, nh, nkv, hd, cap, &h); // within the row's cache
-    const float *kc = kp[bh / nh], *vc = vp[bh / nh];
-    float *qs = smem, *part = smem + hd, *p = scratch + (long)bh * cap;
-    float scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
-    for (int j = tid; j < hd; j += nt)
-        qs[j] = q[(long)bh * hd + j];
-    __syncthreads();
-    for (int s = warp; s < len; s += nw) {
-        const float *k = kc + kv0 + s * ldk;
-        float d = 0.0f;
-        for (int j = lane; j < hd; j += 32)
-            d += qs[j] * k[j];
-        for (int o = 16; o > 0; o >>= 1)
-            d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (lane == 0)
-            p[s] = d * scale + sp_km_alibi(slope, s, len - 1);
-    }
-    __syncthreads();
-    float mx = block_max(sp_km_max_part(p, len, tid, nt), sh);
-    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, len, tid, nt), sh);
-    for (int s = tid; s < len; s += nt)
-        p[s] = sp_km_attn_prob(p[s], mx, inv);
-    __syncthreads();
-    for (int j = lane; j < hd; j += 32) {
-        float o = 0.0f;
-        for (int s = warp; s < len; s += nw)
-            o += p[s] * vc[kv0 + s * ldk + j];
-        part[warp * hd + j] = o;
-    }
-    __syncthreads();
-    for (int j = tid; j < hd; j += nt) {
-        float o = 0.0f;
-        for (int w = 0; w < nw; w++)
-            o += part[w * hd + j];
-        out[(long)bh * hd + j] = o;
-    }
 }
 
 // pos[b] = value (add 0) or pos[b] += value (add 1) for b < B.
@@ -537,7 +468,7 @@ static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
 {
     if (cb->fused && d->N <= kGraphRows)
         return decode_rows_fused(cb, d, err);
-    int N = d->N, row = cb->nkv * cb->hd;
+    int N = d->N;
     dacts *a = &d->a;
     cudaStream_t s = spk::stream_of(cb->cu);
     TRY(attn_in(cb, d->in, N, a, err));
@@ -547,12 +478,9 @@ static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
         rope_pos_kernel<<<spk::grid_for(pk), spk::kThreads, 0, s>>>(a->k, cb->inv_freq, d->pos, cb->nkv, cb->hd, pk);
         TRY(spk::launched(err, "rope"));
     }
-    long n = (long)N * row;
-    kv_store_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(d->kp, d->vp, a->k, a->v, d->pos, row, n);
-    size_t shm = (size_t)(kAttnThreads / 32 + 1) * cb->hd * sizeof(float);
-    attn_decode_pos_kernel<<<N * cb->nh, kAttnThreads, shm, s>>>(a->att, a->q, d->kp, d->vp, cb->slopes, a->probs,
-                                                                 d->pos, cb->nh, cb->nkv, cb->hd, d->scap);
-    TRY(spk::launched(err, "decode attention"));
+    // rotated above: the cache's append and attention
+    TRY(sp_cuda_rope_attn_decode(cb->cu, a->att, a->q, a->k, a->v, d->kp, d->vp, NULL, cb->slopes, a->probs, d->pos,
+                                 N, cb->nh, cb->nkv, cb->hd, d->scap, 0, err));
     TRY(attn_out_mlp(cb, d->out, d->in, N, a, err));
     return d->advance ? set_pos(cb->cu, d->pos, N, 1, 1, err) : SP_OK;
 }

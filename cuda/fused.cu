@@ -1,8 +1,8 @@
 // fused.cu - the decode step's fused attention (kernels.h's sp_cuda_rope_attn_decode): RoPE of the step's query and
 // key, the key and value stored into each row's cache, and the decode attention over the cache, one kernel where
-// block.cu's plain step launches four (rope_pos twice, kv_store, attn_decode_pos). The same arithmetic in the same
-// order as those (kmath.h), so both give the same bits. Launched as a programmatic dependent when asked (it waits
-// before reading anything).
+// block.cu's plain step rotates by kernels of its own first (then calls this one without RoPE). RoPE in the same
+// arithmetic and order (kmath.h), so both give the same bits. Launched as a programmatic dependent when asked (it
+// waits before reading anything).
 #include "kernels.h"
 #include "launch.cuh"
 
@@ -17,9 +17,9 @@ constexpr int kKeys = 4; // keys a warp scores at once
 // Block bh = (b, h): query head h of row b at position at = pos[b] over the at cached positions of its kv head g
 // and the step's own key and value (rotated here, in shared memory; the first query head of g stores them into
 // the cache at at, where no block of this step reads). Scores a warp a key (lanes over the head's values, summed
-// by shuffles; kKeys keys of a warp at once, each summed as alone), kmath's softmax over the block, then the output a warp's share of the keys at a time, the warps'
-// partial sums added in warp order. p: the head's scores (cap floats of scratch). Dynamic shared memory: (warps +
-// 3) * hd floats.
+// by shuffles; kKeys keys of a warp at once, each summed as alone), kmath's softmax over the block, then the output
+// a warp's share of the keys at a time, the warps' partial sums added in warp order. p: the head's scores (cap
+// floats of scratch). Dynamic shared memory: (warps + 3) * hd floats.
 __global__ void __launch_bounds__(kAttnThreads)
     rope_attn_decode_kernel(float *out, const float *q, const float *k, const float *v, float *const *kp,
                             float *const *vp, const float *inv_freq, const float *slopes, float *scratch,

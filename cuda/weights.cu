@@ -338,13 +338,16 @@ int sm_count()
 }
 
 // The fused kernel's rows a warp (R: each X load serves R rows) and warps a row (ks), from bench_kern_cuda --sweep on
-// an H200 (7B's [11008, 4096] and [4096, 11008]): f32, and bf16 for one row of X, 2 rows a warp, the rest 4; ks
-// doubled until the grid holds 24 warps an SM (at least 2 for several rows of X, 4 for f32), while each lane keeps
-// at least two chunks of a row.
+// an H200 (7B's [11008, 4096] and [4096, 11008]): f32 2 rows a warp, the rest 4; ks doubled until the grid holds 24
+// warps an SM (at least 2 for several rows of X, 4 for f32), while each lane keeps at least two chunks of a row.
+// bf16 with one row of X: 4 rows a warp and 4 warps a row, the best of bench_block_cuda's sweep of the whole decode
+// step on an H200 (7B 0.70 of copy, 70B 0.95; 2 rows and 1 warp a row for every product gave 0.63 and 0.92).
 void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
 {
-    *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 || (w.type == SP_KM_BF16 && B == 1) ? 2 : 4;
-    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK), least = B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
+    bool bf16_one = w.type == SP_KM_BF16 && B == 1;
+    *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 ? 2 : 4;
+    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK);
+    int least = bf16_one ? 4 : B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
     long warps = (w.rows + *R - 1) / *R;
     *ks = g_warps_per_row;
     if (!*ks)

@@ -58,8 +58,9 @@ static const char *const configs[] = {
 /* Tolerances, as max |device - cpu| / max |cpu| over a result. f32: the same arithmetic summed in other orders.
  * Encoded weights decode to the same floats on both sides (kmath.h), and the CPU runs its scalar kernels (main:
  * its SIMD levels multiply int8 / NF4 by x quantised to int8, the device by x in f32: at widths of whole blocks
- * the two differed by 1.04e-2 in a decode step on an H200), but products of more than 8 rows and the backward's may run on bf16
- * tensor cores (the activations or gradients rounded to bf16, 2^-9 relative each), a few of them in a row: 1e-2. */
+ * the two differed by 1.04e-2 in a decode step on an H200), but products of more than 8 rows and the backward's
+ * may run on bf16 tensor cores (the activations or gradients rounded to bf16, 2^-9 relative each), a few of them
+ * in a row: 1e-2. */
 static const double tol_fwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
                                             [SP_W_NF4] = 1e-2};
 static const double tol_bwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
