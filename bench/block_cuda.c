@@ -3,7 +3,10 @@
  *
  * 1. decode: one sequence, one token over a KV cache of 128 positions, graphs on: weight bytes read per second
  *    over the device-to-device copy bandwidth (bytes read + written by cudaMemcpy). Goal >= 0.8. bf16, and the
- *    7B block in int8 and NF4 (bytes of their encodings).
+ *    7B block in int8 and NF4 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones as
+ *    programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); bf16 also every shape of the fused kernels
+ *    (rows a warp, warps a row: sp_cuda_wmat_tune; W streamed as L2's first to evict or not:
+ *    sp_cuda_wmat_tune_stream).
  * 2. forward of 1024 tokens (no cache), and forward + backward to the input (kept activations): FLOP/s over the
  *    peak of a cuBLAS bf16 GEMM of the block's largest product ([1024, H] x [H, FF]). Goal >= 0.6. FLOPs: 2 per
  *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more
@@ -166,20 +169,41 @@ static double time_products(const sp_block *b, int reps)
     return s;
 }
 
-/* Decode of one token at KV length K: steps/s and weight bytes/s over copy. */
-static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps)
+/* Decode of one token at KV length K: steps/s and weight bytes/s over copy, for each sp_cuda_block_use_fused level
+ * (the plain kernels first: the baseline of the same run). */
+static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps, int sweep)
 {
+    static const char *const level[] = {"plain", "fused", "fused+pdl"};
     run_ctx c = {.K = K};
     TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
     TRY(sp_cuda_kv_new(c.cb, &c.kv, 1, K + 1, NULL, &err));
     c.x = dev_randn((size_t)K * b->H, 1.0f);
     TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)K * b->H * sizeof(float), &err));
     TRY(sp_cuda_block_forward(c.cb, c.y, c.x, 1, K, 0, c.kv, &err)); /* the cache's K positions */
-    run_decode(&c);                                                   /* plain; the next is captured */
-    double s = time_reps(run_decode, &c, reps), bytes = (double)sp_cuda_block_bytes(c.cb);
-    printf("%s %-4s decode (KV %d, graph %s): %7.1f us/step, %6.0f steps/s, %5.0f GB/s of weights, %.2f of copy\n",
-           name, sp_wtype_name(b->wtype), K, sp_cuda_kv_graphed(c.kv) ? "yes" : "no", s * 1e6, 1 / s, bytes / s / 1e9,
-           bytes / s / copy_bw);
+    double bytes = (double)sp_cuda_block_bytes(c.cb);
+    for (int f = 0; f < 3; f++) {
+        sp_cuda_block_use_fused(c.cb, f);
+        run_decode(&c); /* plain the first time; the next is captured */
+        double s = time_reps(run_decode, &c, reps);
+        printf("%s %-4s decode %-9s (KV %d, graph %s): %7.1f us/step, %6.0f steps/s, %5.0f GB/s of weights, %.2f of "
+               "copy\n",
+               name, sp_wtype_name(b->wtype), level[f], K, sp_cuda_kv_graphed(c.kv) ? "yes" : "no", s * 1e6, 1 / s,
+               bytes / s / 1e9, bytes / s / copy_bw);
+    }
+    for (int v = 0; sweep && v < 9 * 2; v++) { /* fused+pdl: rows a warp, warps a row, W evicted first from L2 */
+        int R = 1 << (v / 3 % 3), ks = 1 << (v % 3), ef = v / 9;
+        sp_cuda_wmat_tune(R, ks, 0);
+        sp_cuda_wmat_tune_stream(ef);
+        sp_cuda_block_use_fused(c.cb, 1); /* a level of another graph, so that the next is captured anew */
+        run_decode(&c);
+        sp_cuda_block_use_fused(c.cb, 2);
+        run_decode(&c);
+        double s = time_reps(run_decode, &c, reps);
+        printf("%s %-4s   fused+pdl with R %d, ks %d, evict first %d: %7.1f us/step, %.2f of copy\n", name,
+               sp_wtype_name(b->wtype), R, ks, ef, s * 1e6, bytes / s / copy_bw);
+    }
+    sp_cuda_wmat_tune(0, 0, 0);
+    sp_cuda_wmat_tune_stream(-1);
     sp_cuda_kv_free(c.kv);
     sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
     sp_cuda_block_free(c.cb);
@@ -329,7 +353,7 @@ int main(int argc, char **argv)
             sp_config cfg;
             sp_rope rope;
             make_block(&b, &cfg, &rope, shapes[s].H, shapes[s].FF, shapes[s].nh, shapes[s].nkv, types[t]);
-            bench_decode(shapes[s].name, &b, 128, copy_bw, quick ? 20 : 100);
+            bench_decode(shapes[s].name, &b, 128, copy_bw, quick ? 20 : 100, !quick && t == 0);
             if (t == 0)
                 bench_forward(shapes[s].name, &b, 1024, quick ? 2 : 5);
             sp_block_free(&b);

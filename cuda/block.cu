@@ -1,7 +1,8 @@
 // block.cu - one transformer block on the device (block_cuda.h): core/block.c's flat list of ops, each a kernel of
-// kernels.h / attn.cu or a product of weights.cu / gemm.cu, plus the few kernels a graph-replayable decode step
-// needs (RoPE, the cache write and the decode attention at positions read from device memory) and the bias /
-// residual adds. Forward and backward follow block.c's forward_acts and backward_acts line for line.
+// kernels.h / attn.cu / fused.cu or a product of weights.cu / gemm.cu, plus the few kernels a graph-replayable
+// decode step needs (RoPE and the positions in device memory) and the bias / residual adds. Forward and backward
+// follow block.c's forward_acts and backward_acts line for line; a decode step of up to 8 rows runs fused kernels
+// (decode_rows_fused: the same sums, fewer launches).
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,10 +12,6 @@
 #include "gemm.h"
 #include "kernels.h"
 #include "launch.cuh"
-
-using spk::block_max;
-using spk::block_sum;
-
 
 #define TRY(call)                                                                                              \
     do {                                                                                                       \
@@ -47,72 +44,6 @@ __global__ void rope_pos_kernel(float *x, const float *inv_freq, const int *pos,
 {
     SPK_GRID_LOOP(e, pairs)
     sp_km_rope_apply(x, x, inv_freq, pos[(int)(e / ((long)nh * (hd / 2)))], 1, nh, hd, e, 0);
-}
-
-// The step's keys and values [N, row] into each row's caches (kp[r], vp[r]: [cap, row]) at position pos[r].
-__global__ void kv_store_kernel(float *const *kp, float *const *vp, const float *k, const float *v, const int *pos,
-                                int row, long n)
-{
-    SPK_GRID_LOOP(i, n)
-    {
-        int r = (int)(i / row);
-        long d = (long)pos[r] * row + i % row;
-        kp[r][d] = k[i];
-        vp[r][d] = v[i];
-    }
-}
-
-// Decode attention of block (b, h) over pos[b] + 1 cached positions, its length read from device memory (so a
-// graph replays it at any length; kp / vp: each row's caches, the rows of one sequence or of several). A warp a key for the scores (lanes over the head's values, coalesced, summed by
-// shuffles), kmath's softmax over the block, then the output a warp's share of the keys at a time (lanes over the
-// values), the warps' partial sums added in warp order. p: the head's scores (cap floats of scratch). Dynamic
-// shared memory: (warps + 1) * hd floats.
-constexpr int kAttnThreads = 256;
-
-__global__ void attn_decode_pos_kernel(float *out, const float *q, float *const *kp, float *const *vp,
-                                       const float *slopes, float *scratch, const int *pos, int nh, int nkv, int hd,
-                                       int cap)
-{
-    extern __shared__ float smem[]; // q [hd], then each warp's partial output [warps][hd]
-    __shared__ float sh[kAttnThreads];
-    int bh = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5, h;
-    int len = pos[bh / nh] + 1;
-    long ldk = (long)nkv * hd, kv0 = sp_km_attn_block(bh % nh, nh, nkv, hd, cap, &h); // within the row's cache
-    const float *kc = kp[bh / nh], *vc = vp[bh / nh];
-    float *qs = smem, *part = smem + hd, *p = scratch + (long)bh * cap;
-    float scale = 1.0f / sqrtf((float)hd), slope = slopes ? slopes[h] : 0.0f;
-    for (int j = tid; j < hd; j += nt)
-        qs[j] = q[(long)bh * hd + j];
-    __syncthreads();
-    for (int s = warp; s < len; s += nw) {
-        const float *k = kc + kv0 + s * ldk;
-        float d = 0.0f;
-        for (int j = lane; j < hd; j += 32)
-            d += qs[j] * k[j];
-        for (int o = 16; o > 0; o >>= 1)
-            d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (lane == 0)
-            p[s] = d * scale + sp_km_alibi(slope, s, len - 1);
-    }
-    __syncthreads();
-    float mx = block_max(sp_km_max_part(p, len, tid, nt), sh);
-    float inv = 1.0f / block_sum(sp_km_sumexp_part(p, mx, len, tid, nt), sh);
-    for (int s = tid; s < len; s += nt)
-        p[s] = sp_km_attn_prob(p[s], mx, inv);
-    __syncthreads();
-    for (int j = lane; j < hd; j += 32) {
-        float o = 0.0f;
-        for (int s = warp; s < len; s += nw)
-            o += p[s] * vc[kv0 + s * ldk + j];
-        part[warp * hd + j] = o;
-    }
-    __syncthreads();
-    for (int j = tid; j < hd; j += nt) {
-        float o = 0.0f;
-        for (int w = 0; w < nw; w++)
-            o += part[w * hd + j];
-        out[(long)bh * hd + j] = o;
-    }
 }
 
 // pos[b] = value (add 0) or pos[b] += value (add 1) for b < B.
@@ -200,9 +131,15 @@ struct decoder {
     void *buf;        // tables, activations, xin, xout
     dacts a;
     float *xin, *xout;
+    const float *in;  // what the step reads: the caller's input, or xin (io_moved)
+    float *out;       // and writes: the caller's output, or xout
+    int io_moved;     // the caller's buffers moved under a graph: graphs over xin and xout from now on
     int advance;      // the step adds 1 to pos (a cache's own rows)
     cudaGraphExec_t exec;
     void *exec_ws;    // the context's workspace when the graph was captured
+    int exec_fused;   // and the block's fused setting
+    const float *exec_in;
+    float *exec_out;  // and in and out
     int steps;        // steps run (the first runs plainly)
     int graph_failed; // a capture failed: launch one by one from now on
 };
@@ -237,6 +174,8 @@ struct sp_cuda_block {
     size_t weight_bytes;
     int graphs;
     int flash; // flash attention and the bf16 path where they apply (sp_cuda_block_use_flash)
+
+    int fused; // decode steps of up to kGraphRows rows: 0 the plain kernels, 1 fused ones, 2 fused and dependent
     void *ws;  // forward / backward buffers, grown
     size_t ws_bytes;
     decoder bat;    // batches of several caches (sp_cuda_block_decode_batch)
@@ -319,6 +258,8 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
     cb->H = b->H, cb->nh = b->nh, cb->nkv = b->nkv, cb->hd = b->hd, cb->FF = b->FF, cb->eps = b->eps;
     cb->graphs = 1;
     cb->flash = 1;
+
+    cb->fused = 2;
     size_t H = (size_t)b->H, Q = cb->s.Q, KV = cb->s.KV, FF = cb->s.FF;
     sp_status st = SP_OK;
     for (int i = 0; st == SP_OK && i < NMAT && i < b->nqm; i++)
@@ -381,6 +322,11 @@ static bool use_flash(const sp_cuda_block *cb)
 // round them itself (its GEMMs, beyond 32 rows).
 constexpr size_t kHalfRows = 32;
 static int half_rows(const sp_cuda_block *cb, size_t N) { return use_flash(cb) && N > kHalfRows; }
+
+extern "C" void sp_cuda_block_use_fused(sp_cuda_block *cb, int level)
+{
+    cb->fused = level < 0 ? 0 : level > 2 ? 2 : level;
+}
 
 // The block's buffers: at least bytes (grown after a sync: queued kernels may use the old ones).
 static sp_status block_ws(sp_cuda_block *cb, size_t bytes, sp_err *err)
@@ -553,27 +499,75 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
 // ---------------------------------------------------------------------------------------------------------------
 // decode steps
 
-// One decode step of d's rows from d->xin to d->xout at the positions d->pos holds (then advanced when d->advance):
+// Norm 1 or 2 of a fused decode step (RMSNorm as a dependent launch when pdl).
+static sp_status norm_dep(sp_cuda_block *cb, float *out, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, int N, int pdl, sp_err *err)
+{
+    if (cb->k.norm == SP_NORM_RMS)
+        return sp_cuda_rmsnorm_fwd_dep(cb->cu, out, rstd, x, w, N, cb->H, cb->eps, pdl, err);
+    return norm_fwd(cb, out, mean, rstd, x, w, b, N, err);
+}
+
+// decode_rows fused (cb->fused, d->N <= kGraphRows): norm 1 (launched plainly: it follows a copy or starts a graph);
+// q, k, v in one product (then their biases); RoPE, the cache's append and attention in one kernel; o_proj with its
+// bias and the residual; norm 2; SwiGLU's gate and up products with the activation in one (GELU MLPs: the plain up
+// product and activation); down_proj with its bias and the residual into d->out. The same sums as decode_rows'
+// plain kernels, each kernel after norm 1 a programmatic dependent of the one before it when cb->fused is 2 (it
+// streams its weights while that one finishes).
+static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
+{
+    int N = d->N, pdl = cb->fused > 1;
+    dacts *a = &d->a;
+    sp_cuda *cu = cb->cu;
+    TRY(norm_dep(cb, a->ln1, a->mean1, a->rstd1, d->in, cb->ln1_w, cb->ln1_b, N, 0, err)); // after a copy, or first
+    sp_cuda_dmul qkv = {{&cb->m[MQ], &cb->m[MK], &cb->m[MV]}, {a->q, a->k, a->v}, 3, 0, pdl, NULL, NULL};
+    TRY(sp_cuda_wmat_mul_fused(cu, &qkv, a->ln1, N, err));
+    const float *bias[3] = {cb->bq, cb->bk, cb->bv};
+    for (int i = 0; i < 3; i++)
+        if (bias[i])
+            TRY(bias_res(cb, qkv.Y[i], qkv.Y[i], bias[i], NULL, N, cb->m[MQ + i].w.rows, err));
+    TRY(sp_cuda_rope_attn_decode(cu, a->att, a->q, a->k, a->v, d->kp, d->vp, cb->inv_freq, cb->slopes, a->probs,
+                                 d->pos, N, cb->nh, cb->nkv, cb->hd, d->scap, pdl, err));
+    sp_cuda_dmul o = {{&cb->m[MO]}, {a->h1}, 1, 0, pdl, cb->bo, d->in};
+    TRY(sp_cuda_wmat_mul_fused(cu, &o, a->att, N, err));
+    const float *m = a->ln1;
+    if (cb->ln2_w) {
+        TRY(norm_dep(cb, a->ln2, a->mean2, a->rstd2, cb->k.parallel ? d->in : a->h1, cb->ln2_w, cb->ln2_b, N, pdl,
+                     err));
+        m = a->ln2;
+    }
+    if (cb->k.mlp == SP_MLP_SWIGLU) {
+        sp_cuda_dmul gu = {{&cb->m[MGATE], &cb->m[MUP]}, {a->act}, 2, 1, pdl, NULL, NULL};
+        TRY(sp_cuda_wmat_mul_fused(cu, &gu, m, N, err));
+    } else {
+        TRY(lin(cb, MUP, a->up, m, cb->b_up, N, err));
+        TRY(sp_cuda_gelu_fwd(cu, a->act, a->up, (long)N * cb->FF, cb->k.mlp == SP_MLP_GELU_TANH, err));
+    }
+    sp_cuda_dmul down = {{&cb->m[MDOWN]}, {d->out}, 1, 0, pdl, cb->b_down, a->h1};
+    TRY(sp_cuda_wmat_mul_fused(cu, &down, a->act, N, err));
+    return d->advance ? set_pos(cu, d->pos, N, 1, 1, err) : SP_OK;
+}
+
+// One decode step of d's rows from d->in to d->out at the positions d->pos holds (then advanced when d->advance):
 // the same launches whatever the positions, so a graph of them replays any step.
 static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
 {
-    int N = d->N, row = cb->nkv * cb->hd;
+    if (cb->fused && d->N <= kGraphRows)
+        return decode_rows_fused(cb, d, err);
+    int N = d->N;
     dacts *a = &d->a;
     cudaStream_t s = spk::stream_of(cb->cu);
-    TRY(attn_in(cb, d->xin, N, a, err));
+    TRY(attn_in(cb, d->in, N, a, err));
     if (cb->inv_freq) {
         long pq = (long)N * cb->nh * (cb->hd / 2), pk = (long)N * cb->nkv * (cb->hd / 2);
         rope_pos_kernel<<<spk::grid_for(pq), spk::kThreads, 0, s>>>(a->q, cb->inv_freq, d->pos, cb->nh, cb->hd, pq);
         rope_pos_kernel<<<spk::grid_for(pk), spk::kThreads, 0, s>>>(a->k, cb->inv_freq, d->pos, cb->nkv, cb->hd, pk);
         TRY(spk::launched(err, "rope"));
     }
-    long n = (long)N * row;
-    kv_store_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(d->kp, d->vp, a->k, a->v, d->pos, row, n);
-    size_t shm = (size_t)(kAttnThreads / 32 + 1) * cb->hd * sizeof(float);
-    attn_decode_pos_kernel<<<N * cb->nh, kAttnThreads, shm, s>>>(a->att, a->q, d->kp, d->vp, cb->slopes, a->probs,
-                                                                 d->pos, cb->nh, cb->nkv, cb->hd, d->scap);
-    TRY(spk::launched(err, "decode attention"));
-    TRY(attn_out_mlp(cb, d->xout, d->xin, N, a, err));
+    // rotated above: the cache's append and attention
+    TRY(sp_cuda_rope_attn_decode(cb->cu, a->att, a->q, a->k, a->v, d->kp, d->vp, NULL, cb->slopes, a->probs, d->pos,
+                                 N, cb->nh, cb->nkv, cb->hd, d->scap, 0, err));
+    TRY(attn_out_mlp(cb, d->out, d->in, N, a, err));
     return d->advance ? set_pos(cb->cu, d->pos, N, 1, 1, err) : SP_OK;
 }
 
@@ -601,6 +595,8 @@ static void capture(sp_cuda_block *cb, decoder *d, void *ws)
         return;
     }
     d->exec_ws = ws;
+    d->exec_fused = cb->fused;
+    d->exec_in = d->in, d->exec_out = d->out;
 }
 
 static void drop_graph(decoder *d)
@@ -628,16 +624,24 @@ static void decoder_free(sp_cuda *cu, decoder *d)
     memset(d, 0, sizeof *d);
 }
 
-// out = the step of d's rows from inp: a replayed graph from the second step on (B <= kGraphRows, graphs on).
+// out = the step of d's rows from inp: a replayed graph from the second step on (B <= kGraphRows, graphs on). The
+// step reads inp and writes out where they are, a graph too while they stay where they were when it was captured;
+// once they move, the graph is captured again over d->xin and d->xout, and each step copies through those.
 static sp_status decoder_run(sp_cuda_block *cb, decoder *d, float *out, const float *inp, sp_err *err)
 {
     size_t io = (size_t)d->N * cb->H * sizeof(float);
-    TRY(sp_cuda_copy_d2d(cb->cu, d->xin, inp, io, err));
     int graphs = cb->graphs && d->N <= kGraphRows && d->steps > 0 && !d->graph_failed;
+    if (graphs && d->exec && (d->exec_in != inp || d->exec_out != out))
+        d->io_moved = 1;
+    int direct = !graphs || !d->io_moved;
+    d->in = direct ? inp : d->xin;
+    d->out = direct ? out : d->xout;
+    if (!direct)
+        TRY(sp_cuda_copy_d2d(cb->cu, d->xin, inp, io, err));
     if (graphs) {
         void *ws = NULL;
         TRY(sp_cuda_workspace(cb->cu, 0, &ws, err)); // where it is now (grows nothing)
-        if (d->exec && ws != d->exec_ws)
+        if (d->exec && (ws != d->exec_ws || d->exec_fused != cb->fused || d->exec_in != d->in || d->exec_out != d->out))
             drop_graph(d);
         if (!d->exec)
             capture(cb, d, ws);
@@ -646,7 +650,8 @@ static sp_status decoder_run(sp_cuda_block *cb, decoder *d, float *out, const fl
         TRY(sp_cuda_error(err, (int)cudaGraphLaunch(d->exec, spk::stream_of(cb->cu)), "decode graph"));
     else
         TRY(decode_rows(cb, d, err));
-    TRY(sp_cuda_copy_d2d(cb->cu, out, d->xout, io, err));
+    if (!direct)
+        TRY(sp_cuda_copy_d2d(cb->cu, out, d->xout, io, err));
     d->steps++;
     return SP_OK;
 }

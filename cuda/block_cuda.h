@@ -73,6 +73,12 @@ void sp_cuda_block_use_graphs(sp_cuda_block *cb, int on);
  * tolerance of each other. Set it between calls, not between a forward_keep and its backward. */
 void sp_cuda_block_use_flash(sp_cuda_block *cb, int on);
 
+/* Decode steps of up to 8 rows: 2 (the default) fused kernels (q, k and v in one product; RoPE, the cache's append
+ * and attention in one kernel; biases and residuals in the products; SwiGLU's two products and activation in one),
+ * each a programmatic dependent of the one before it (Hopper and later: it starts reading its weights while that
+ * one finishes); 1 the same kernels launched plainly; 0 the plain kernels, an op a kernel. The same numbers. */
+void sp_cuda_block_use_fused(sp_cuda_block *cb, int level);
+
 /* A KV cache of B rows of up to cap positions for block cb, in device memory, charged to budget (may be NULL)
  * with sp_cuda_kv_bytes; len 0. Keys and values [B, cap, nkv, hd] f32 as sp_kv_cache holds them. */
 sp_status sp_cuda_kv_new(sp_cuda_block *cb, sp_cuda_kv **out, int B, int cap, sp_cuda_budget *budget, sp_err *err);

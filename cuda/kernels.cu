@@ -14,6 +14,8 @@ __global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, co
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
     int tid = threadIdx.x, nt = blockDim.x;
+    spk::pdl_trigger(); // a dependent launch (sp_cuda_rmsnorm_fwd_dep) waits here for its input
+    spk::pdl_wait();
     const float *x = inp + (long)blockIdx.x * C;
     float *y = out + (long)blockIdx.x * C;
     float r = sp_km_rstd(block_sum(sp_km_sumsq_part(x, C, tid, nt), sh), C, eps);
@@ -199,13 +201,21 @@ sp_status check_flag(sp_cuda *cu, sp_status launched, const char *msg, sp_err *e
 #define ROW_LAUNCH(kernel, N, C, cu) kernel<<<(N), sp_km_row_threads(C), 0, spk::stream_of(cu)>>>
 #define ELEM_LAUNCH(kernel, n, cu) kernel<<<spk::grid_for(n), spk::kThreads, 0, spk::stream_of(cu)>>>
 
-extern "C" sp_status sp_cuda_rmsnorm_fwd(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N,
-                                         int C, float eps, sp_err *err)
+extern "C" sp_status sp_cuda_rmsnorm_fwd_dep(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w,
+                                             int N, int C, float eps, int pdl, sp_err *err)
 {
     if (!dims_ok(N, C))
         return bad_shape(err, "rmsnorm", N, C);
-    ROW_LAUNCH(rmsnorm_fwd_kernel, N, C, cu)(out, rstd, inp, w, C, eps);
-    return spk::launched(err, "rmsnorm");
+    static const bool able = spk::pdl_able(rmsnorm_fwd_kernel);
+    cudaError_t e = spk::launch(pdl && able, rmsnorm_fwd_kernel, dim3(N), dim3(sp_km_row_threads(C)), 0,
+                                spk::stream_of(cu), out, rstd, inp, w, C, eps);
+    return sp_cuda_error(err, (int)e, "rmsnorm");
+}
+
+extern "C" sp_status sp_cuda_rmsnorm_fwd(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N,
+                                         int C, float eps, sp_err *err)
+{
+    return sp_cuda_rmsnorm_fwd_dep(cu, out, rstd, inp, w, N, C, eps, 0, err);
 }
 
 static sp_status norm_dw(sp_cuda *cu, float *dw, const float *dout, const float *inp, const float *mean,

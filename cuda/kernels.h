@@ -23,6 +23,9 @@ extern "C" {
 /* sp_rmsnorm_forward / _backward (rstd [N] may be NULL in the forward) */
 sp_status sp_cuda_rmsnorm_fwd(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N, int C,
                               float eps, sp_err *err);
+/* The same, launched as a programmatic dependent of the stream's kernel before it when pdl (decode steps) */
+sp_status sp_cuda_rmsnorm_fwd_dep(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N,
+                                  int C, float eps, int pdl, sp_err *err);
 sp_status sp_cuda_rmsnorm_bwd(sp_cuda *cu, float *dinp, float *dw, const float *dout, const float *inp,
                               const float *w, const float *rstd, int N, int C, sp_err *err);
 /* sp_layernorm_forward / _backward (w, b may be NULL: ones, zeros) */
@@ -101,6 +104,21 @@ sp_status sp_cuda_wmat_mul_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *Xh,
  * bf16 GEMMs of sp_cuda_wmat_mul_t_acc without its cast; bf16, int8 and NF4 W as sp_cuda_wmat_mul_h. */
 sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *dYh, float *dX, int B, int acc,
                                sp_err *err);
+
+/* The decode step's fused products: sp_cuda_wmat_mul's fused kernels (B <= 8), the same sums to the bit, with more
+ * done in the launch. n (1 to 3) matrices of one encoding and width over the same X: Y[i] [B, rows_i] = X W[i]^T
+ * (q, k and v in one launch); swiglu 1 (n 2, W[0] the gate and W[1] the up projection, of one shape): Y[0] =
+ * swiglu(X W[0]^T, X W[1]^T) (Y[1] unused); bias [rows] and res [B, rows] (n 1; NULL: none): Y[0] = (X W^T + bias)
+ * + res, block.c's order. pdl 1: launched as a programmatic dependent of the stream's kernel before it (it starts
+ * streaming W while that one finishes; only where the device and the build support it). SP_ERR_ARG otherwise.
+ * All the fused kernels stream W as L2's first to evict (sp_cuda_wmat_tune_stream). */
+typedef struct sp_cuda_dmul {
+    const sp_cuda_wmat *W[3];
+    float *Y[3];
+    int n, swiglu, pdl;
+    const float *bias, *res;
+} sp_cuda_dmul;
+sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err);
 /* dX[B, cols] += dY[B, rows] W (sp_qmat_mul_t_acc: the input gradient through frozen weights): f32 W an f32 GEMM;
  * the others bf16 GEMMs with fp32 accumulation (dY rounded to bf16, int8 / NF4 decoded to bf16 a tile of rows at
  * a time), through the workspace. */
@@ -109,12 +127,24 @@ sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float
  * rows of a decoded tile, instead of the products' own choice (0: their own). Process-wide; not for concurrent
  * use. */
 void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile_rows);
+/* The same for how the fused decode kernels stream W: as the lines L2 evicts first (1, and negative: the default)
+ * or as any others (0). */
+void sp_cuda_wmat_tune_stream(int evict_first);
 
 /* Decode attention (sp_attention_forward with T = 1, past = len - 1): out, q [B, nh * hd]; the caches
  * [B, cap, nkv, hd] hold len positions (the step's own included); GQA / MQA by nh / nkv; slopes [nh] for ALiBi
  * or NULL. Scratch: B * nh * len floats of the workspace. */
 sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const float *kc, const float *vc,
                               const float *slopes, int B, int nh, int nkv, int hd, int cap, int len, sp_err *err);
+/* A decode step's attention from the step's projections (sp_attention_forward with T = 1 after RoPE and the cache's
+ * append): row b's q [N, nh * hd], k and v [N, nkv * hd] at position pos[b] (device memory, so a graph replays any
+ * step) rotated (inv_freq [hd / 2], or NULL: no RoPE), its key and value stored at pos[b] of the row's caches kp[b],
+ * vp[b] ([cap, nkv * hd] each; device tables), and out [N, nh * hd] = attention over positions 0 .. pos[b] (ALiBi:
+ * slopes [nh] or NULL). scratch: N * nh * cap floats. pdl: launched as a programmatic dependent (sp_cuda_dmul). */
+sp_status sp_cuda_rope_attn_decode(sp_cuda *cu, float *out, const float *q, const float *k, const float *v,
+                                   float *const *kp, float *const *vp, const float *inv_freq, const float *slopes,
+                                   float *scratch, const int *pos, int N, int nh, int nkv, int hd, int cap, int pdl,
+                                   sp_err *err);
 /* Prefill / forward attention (sp_attention_forward with keep_probs): q, out [B, T, nh * hd]; the caches
  * [B, cap, nkv, hd] hold past + T positions (this step's appended); probs [B, nh, T, past + T] receives the
  * probabilities (kept for a backward). Scores and outputs through cuBLAS, a GEMM a head (GQA / MQA by nh / nkv),

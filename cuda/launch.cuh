@@ -1,7 +1,11 @@
 // launch.cuh - internal to cuda/: grid sizes, the kernels' block reductions (kmath.h's trees, in shared memory)
-// and the launch-error check. Included by .cu files only.
+// the launch-error check, and programmatic dependent launches (Hopper's griddepcontrol: a kernel launched as a
+// dependent of the one before it starts while that one finishes, and waits for it before reading its output).
+// Included by .cu files only.
 #ifndef SEPAL_CUDA_LAUNCH_CUH
 #define SEPAL_CUDA_LAUNCH_CUH
+
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -53,6 +57,55 @@ __device__ inline float block_max(float v, float *sh)
     float r = sh[0];
     __syncthreads();
     return r;
+}
+
+// Programmatic dependent launches. A kernel launched with pdl 1 (launch below) must call pdl_wait() in every block
+// before it reads what an earlier kernel wrote or writes anything an earlier kernel reads; before that it may read
+// only what no kernel writes (weights). pdl_trigger() lets the next kernel launch now (it still waits for this one
+// to finish before reading). Both do nothing before sm_90 or where no launch asked for it.
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shm, s>>>(args...), as a programmatic dependent of the stream's previous kernel when pdl.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shm, cudaStream_t s,
+                   Args &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = s;
+    cfg.attrs = pdl ? at : nullptr, cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    if (e != cudaSuccess)
+        cudaGetLastError(); // returned here; not left for the next launch's check
+    return e;
+}
+
+// Whether kernel's machine code waits where pdl_wait() stands: built for sm_90 or later and running on such a
+// device (a kernel built for older chips and run on Hopper would not wait: it must not be launched with pdl).
+template <typename... KArgs> bool pdl_able(void (*kernel)(KArgs...))
+{
+    cudaFuncAttributes fa;
+    int d = 0, major = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) ||
+        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9 && fa.binaryVersion >= 90;
 }
 
 } // namespace spk

@@ -28,17 +28,64 @@ __global__ void dequant_bf16_kernel(__nv_bfloat16 *out, sp_km_w w, int r0, long 
     out[e] = __float2bfloat16_rn(sp_km_w_at(&w, r0 + (int)(e / w.cols), (int)(e % w.cols)));
 }
 
-// Decode product of matrices of odd widths: block r computes Y[b, r] for every b < B. One instance per encoding:
-// with w.type a constant, sp_km_w_at's switch folds away and the inner loop is the encoding's own.
-template <int TYPE> __global__ void wmat_dot_kernel(float *Y, sp_km_w w, const float *X, int B)
+// What one launch of the decode products computes (sp_cuda_dmul, as the kernels take it): up to three matrices of
+// one encoding and width over the same X, their blocks one segment after another (first: each segment's first
+// block; a segment its values, scales, rows, output and warps a row), w the encoding, width and NF4's levels.
+// swiglu: segment 0 the gate and q[1] / scale[1] the up projection of the same rows, y[0] = swiglu(gate, up).
+// bias [rows] and res [B, rows] (one segment; NULL: none) added to the sums in block.c's order.
+struct dec_args {
+    sp_km_w w;
+    const void *q[3];
+    const float *scale[3];
+    int rows[3], ks[3], first[3];
+    float *y[3];
+    int nseg, swiglu, evict_first;
+    const float *bias, *res;
+};
+
+template <typename T> __device__ __forceinline__ T pick(int s, T a, T b, T c) { return s == 0 ? a : s == 1 ? b : c; }
+
+// The segment of block blk, and the block's index inside it (*local).
+__device__ __forceinline__ int dec_seg(const dec_args &a, int blk, int *local)
+{
+    int s = (a.nseg > 1 && blk >= a.first[1]) + (a.nseg > 2 && blk >= a.first[2]);
+    *local = blk - pick(s, 0, a.first[1], a.first[2]);
+    return s;
+}
+
+// Row r of output row b as stored: (sum + bias) + res, lin's bias first, then the residual.
+__device__ __forceinline__ float dec_epilogue(const dec_args &a, float y, int b, int r, int rows)
+{
+    if (a.bias)
+        y += a.bias[r];
+    if (a.res)
+        y += a.res[(long)b * rows + r];
+    return y;
+}
+
+// Decode product of matrices of odd widths: block r of its segment computes Y[b, r] for every b < B (swiglu: the
+// gate's and the up projection's row r). One instance per encoding: with w.type a constant, sp_km_w_at's switch
+// folds away and the inner loop is the encoding's own.
+template <int TYPE> __global__ void wmat_dot_kernel(dec_args a, const float *X, int B)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
-    int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
-    w.type = TYPE;
+    int tid = threadIdx.x, nt = blockDim.x, r;
+    spk::pdl_trigger();
+    spk::pdl_wait();
+    int s = dec_seg(a, blockIdx.x, &r);
+    sp_km_w w = a.w, u = a.w;
+    w.type = u.type = TYPE;
+    w.q = pick(s, a.q[0], a.q[1], a.q[2]), w.scale = pick(s, a.scale[0], a.scale[1], a.scale[2]);
+    w.rows = pick(s, a.rows[0], a.rows[1], a.rows[2]);
+    u.q = a.q[1], u.scale = a.scale[1];
+    float *Y = pick(s, a.y[0], a.y[1], a.y[2]);
     for (int b = 0; b < B; b++) {
-        float y = block_sum(sp_km_w_dot_part(&w, r, X + (long)b * w.cols, tid, nt), sh);
+        const float *x = X + (long)b * w.cols;
+        float y = block_sum(sp_km_w_dot_part(&w, r, x, tid, nt), sh);
+        if (a.swiglu)
+            y = sp_km_swiglu(y, block_sum(sp_km_w_dot_part(&u, r, x, tid, nt), sh));
         if (tid == 0)
-            Y[(long)b * w.rows + r] = y;
+            Y[(long)b * w.rows + r] = dec_epilogue(a, y, b, r, w.rows);
     }
 }
 
@@ -46,7 +93,11 @@ template <int TYPE> __global__ void wmat_dot_kernel(float *Y, sp_km_w w, const f
 // The vectorised decode product (kmath.h's chunks). A block of kDecWarps warps; ks consecutive warps share R rows
 // (warp part k of a group reads chunks k * 32 + lane, then every 32 ks), each lane holding R x NB sums. A chunk's
 // 16 bytes of each of the R rows are loaded once (bypassing L1, so that X stays there) one chunk ahead, decoded
-// once, and multiplied with the NB rows of X (NB >= B; rows of X past B are skipped).
+// once, and multiplied with the NB rows of X (NB >= B; rows of X past B are skipped). The first chunk is asked for
+// before the kernel waits for the one before it (pdl_wait: X is that one's output). With evict_first, W's lines
+// are the first L2 gives up, so that the KV caches and activations of a decode step stay there while its weights
+// stream through (on an H200, 7B's bf16 step 0.68 of copy instead of 0.59 at the same shape, 70B's 0.95 instead of
+// 0.87; asking L2 for the next two chunks before the wait cost 2 to 15 us a step at every shape: not done).
 
 constexpr int kDecWarps = 4;
 
@@ -58,6 +109,35 @@ __device__ __forceinline__ void fill_lut(float *lut, const sp_km_w &w)
         for (int i = 0; i < 16; i++)
             lut[i] = w.levels[i];
     __syncthreads();
+}
+
+// An L2 policy for streamed weights: evict first, or normal.
+__device__ __forceinline__ uint64_t stream_policy(int evict_first)
+{
+    uint64_t pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (evict_first)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
+// ld_stream under an L2 policy (stream_policy).
+__device__ __forceinline__ uint4 ld_stream_pol(const uint8_t *p, uint64_t pol)
+{
+    uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(pol));
+#else
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+#endif
+    return v;
 }
 
 __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
@@ -72,12 +152,12 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
 // Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale.
 template <int R, bool SCALED>
 __device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const uint8_t *const (&row)[R],
-                                            const float *const (&srow)[R], int j, int nchunks)
+                                            const float *const (&srow)[R], int j, int nchunks, uint64_t pol)
 {
     bool in = j < nchunks;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        q[r] = in ? ld_stream(row[r] + (long)j * SP_KM_CHUNK) : make_uint4(0, 0, 0, 0);
+        q[r] = in ? ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol) : make_uint4(0, 0, 0, 0);
         sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
     }
 }
@@ -119,11 +199,12 @@ __device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (
     }
 }
 
-// The lanes' sums by the butterfly, then the ks warps of the group in order (kmath.h): Y[b, r0 + r] for b < B and
-// rows inside the matrix. part: kDecWarps x R NB floats of shared memory.
+// The lanes' sums by the butterfly, then the ks warps of the group in order (kmath.h): Y[b, r0 + r] for b < B, r <
+// ro (R; swiglu: R / 2, rows ro + r the up projection's) and rows inside the matrix. part: kDecWarps x R NB floats
+// of shared memory.
 template <int NB, int R>
-__device__ __forceinline__ void reduce_store(float *Y, float (&acc)[R][NB], float (*part)[R * NB], int rows, int r0,
-                                             int B, int ks)
+__device__ __forceinline__ void reduce_store(const dec_args &a, float *Y, float (&acc)[R][NB], float (*part)[R * NB],
+                                             int rows, int r0, int ro, int B, int ks)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
 #pragma unroll
@@ -138,36 +219,50 @@ __device__ __forceinline__ void reduce_store(float *Y, float (&acc)[R][NB], floa
                 part[warp][r * NB + b] = v;
         }
     __syncthreads();
-    for (int i = lane; k == 0 && i < R * NB; i += 32) {
+    for (int i = lane; k == 0 && i < ro * NB; i += 32) {
         int r = i / NB, b = i % NB;
         if (b >= B || r0 + r >= rows)
             continue;
         float y = 0.0f;
         for (int p = 0; p < ks; p++)
             y += part[group * ks + p][i];
-        Y[(long)b * rows + r0 + r] = y;
+        if (a.swiglu) {
+            float u = 0.0f;
+            for (int p = 0; p < ks; p++)
+                u += part[group * ks + p][i + ro * NB];
+            y = sp_km_swiglu(y, u);
+        }
+        Y[(long)b * rows + r0 + r] = dec_epilogue(a, y, b, r0 + r, rows);
     }
 }
 
 template <int TYPE, int NB, int R>
-__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(float *Y, sp_km_w w, const float *X, int B, int ks)
+__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, const float *X, int B)
 {
     constexpr bool scaled = TYPE == SP_KM_Q8 || TYPE == SP_KM_NF4;
     __shared__ float lut[16];
     __shared__ float part[kDecWarps][R * NB];
+    spk::pdl_trigger();
     if (TYPE == SP_KM_NF4)
-        fill_lut(lut, w);
+        fill_lut(lut, a.w);
+    int blk, s = dec_seg(a, blockIdx.x, &blk);
+    int ks = pick(s, a.ks[0], a.ks[1], a.ks[2]), rows = pick(s, a.rows[0], a.rows[1], a.rows[2]);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
-    int r0 = (blockIdx.x * (kDecWarps / ks) + group) * R;
-    long rb = sp_km_row_bytes(&w);
-    int nchunks = (int)(rb / SP_KM_CHUNK), ns = sp_km_row_scales(&w), step = 32 * ks;
+    int ro = a.swiglu ? R / 2 : R, r0 = (blk * (kDecWarps / ks) + group) * ro;
+    sp_km_w shape = {};
+    shape.type = TYPE, shape.cols = a.w.cols;
+    long rb = sp_km_row_bytes(&shape);
+    int nchunks = (int)(rb / SP_KM_CHUNK), ns = sp_km_row_scales(&shape), step = 32 * ks;
+    const uint8_t *q = (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]);
+    const float *sq = pick(s, a.scale[0], a.scale[1], a.scale[2]);
     const uint8_t *row[R];
     const float *srow[R];
 #pragma unroll
     for (int r = 0; r < R; r++) { // rows past the end read the last one; their sums are not written
-        int rr = min(r0 + r, w.rows - 1);
-        row[r] = (const uint8_t *)w.q + (long)rr * rb;
-        srow[r] = scaled ? w.scale + (long)rr * ns : nullptr;
+        bool up = a.swiglu && r >= ro;
+        int rr = min(r0 + (up ? r - ro : r), rows - 1);
+        row[r] = (up ? (const uint8_t *)a.q[1] : q) + (long)rr * rb;
+        srow[r] = scaled ? (up ? a.scale[1] : sq) + (long)rr * ns : nullptr;
     }
     float acc[R][NB];
 #pragma unroll
@@ -178,15 +273,18 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(float *Y, sp_k
     uint4 cur[R], nxt[R];
     float sc[R], nsc[R];
     int j = k * 32 + lane;
-    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks);
+    uint64_t pol = stream_policy(a.evict_first);
+    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks, pol);
+    spk::pdl_wait();
     for (; j < nchunks; j += step) {
-        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks); // a chunk ahead
-        chunk_product<TYPE, NB, R>(acc, cur, sc, X, w.cols, j, B, lut);
+        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
+        chunk_product<TYPE, NB, R>(acc, cur, sc, X, a.w.cols, j, B, lut);
 #pragma unroll
         for (int r = 0; r < R; r++)
             cur[r] = nxt[r], sc[r] = nsc[r];
     }
-    reduce_store<NB, R>(Y, acc, part, w.rows, r0, B, ks);
+    float *Y = pick(s, a.y[0], a.y[1], a.y[2]);
+    reduce_store<NB, R>(a, Y, acc, part, rows, r0, ro, B, ks);
 }
 
 // Decodes rows r0 .. of a chunked Q8 / NF4 matrix to bf16 (out: the tile, [rows, cols]), a chunk a thread, 8
@@ -226,6 +324,7 @@ constexpr int kMaxFusedRows = 32;          // int8 / NF4: up to here, passes of 
 constexpr size_t kTileBytes = 64u << 20;   // workspace for a tile of rows decoded to bf16
 
 int g_rows_per_warp, g_warps_per_row, g_tile_rows; // sp_cuda_wmat_tune (0: automatic)
+int g_evict_first = 1;                             // sp_cuda_wmat_tune_stream
 
 int sm_count()
 {
@@ -239,13 +338,16 @@ int sm_count()
 }
 
 // The fused kernel's rows a warp (R: each X load serves R rows) and warps a row (ks), from bench_kern_cuda --sweep on
-// an H200 (7B's [11008, 4096] and [4096, 11008]): f32, and bf16 for one row of X, 2 rows a warp, the rest 4; ks
-// doubled until the grid holds 24 warps an SM (at least 2 for several rows of X, 4 for f32), while each lane keeps
-// at least two chunks of a row.
+// an H200 (7B's [11008, 4096] and [4096, 11008]): f32 2 rows a warp, the rest 4; ks doubled until the grid holds 24
+// warps an SM (at least 2 for several rows of X, 4 for f32), while each lane keeps at least two chunks of a row.
+// bf16 with one row of X: 4 rows a warp and 4 warps a row, the best of bench_block_cuda's sweep of the whole decode
+// step on an H200 (7B 0.70 of copy, 70B 0.95; 2 rows and 1 warp a row for every product gave 0.63 and 0.92).
 void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
 {
-    *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 || (w.type == SP_KM_BF16 && B == 1) ? 2 : 4;
-    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK), least = B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
+    bool bf16_one = w.type == SP_KM_BF16 && B == 1;
+    *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 ? 2 : 4;
+    int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK);
+    int least = bf16_one ? 4 : B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
     long warps = (w.rows + *R - 1) / *R;
     *ks = g_warps_per_row;
     if (!*ks)
@@ -254,54 +356,94 @@ void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
 }
 
 template <int TYPE, int NB>
-void launch_vec_r(int R, dim3 grid, cudaStream_t st, float *Y, const sp_km_w &w, const float *X, int B, int ks)
+cudaError_t launch_vec_r(int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const float *X, int B)
 {
+    dim3 block(kDecWarps * 32);
     if (R == 1)
-        wmat_vec_kernel<TYPE, NB, 1><<<grid, kDecWarps * 32, 0, st>>>(Y, w, X, B, ks);
-    else if (R == 2)
-        wmat_vec_kernel<TYPE, NB, 2><<<grid, kDecWarps * 32, 0, st>>>(Y, w, X, B, ks);
-    else
-        wmat_vec_kernel<TYPE, NB, 4><<<grid, kDecWarps * 32, 0, st>>>(Y, w, X, B, ks);
+        return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, 1>, grid, block, 0, st, a, X, B);
+    if (R == 2)
+        return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, 2>, grid, block, 0, st, a, X, B);
+    return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, 4>, grid, block, 0, st, a, X, B);
 }
 
 template <int TYPE>
-void launch_vec(int R, dim3 grid, cudaStream_t st, float *Y, const sp_km_w &w, const float *X, int B, int ks)
+cudaError_t launch_vec(int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const float *X, int B)
 {
     if (B == 1)
-        launch_vec_r<TYPE, 1>(R, grid, st, Y, w, X, B, ks);
-    else if (B == 2)
-        launch_vec_r<TYPE, 2>(R, grid, st, Y, w, X, B, ks);
-    else if (B <= 4)
-        launch_vec_r<TYPE, 4>(R, grid, st, Y, w, X, B, ks);
-    else
-        launch_vec_r<TYPE, 8>(R, grid, st, Y, w, X, B, ks);
+        return launch_vec_r<TYPE, 1>(R, pdl, grid, st, a, X, B);
+    if (B == 2)
+        return launch_vec_r<TYPE, 2>(R, pdl, grid, st, a, X, B);
+    if (B <= 4)
+        return launch_vec_r<TYPE, 4>(R, pdl, grid, st, a, X, B);
+    return launch_vec_r<TYPE, 8>(R, pdl, grid, st, a, X, B);
 }
 
-// Y[B, rows] = X W^T for B <= kMaxDecodeRows, W read once.
-sp_status mul_fused(sp_cuda *cu, const sp_km_w &w, const float *X, float *Y, int B, sp_err *err)
+// Whether this build's decode kernels wait where they should in a dependent launch (spk::pdl_able), once.
+bool pdl_ok()
+{
+    static const bool ok = spk::pdl_able(wmat_vec_kernel<SP_KM_BF16, 1, 2>);
+    return ok;
+}
+
+// The kernels' arguments for m (segments, no blocks yet).
+dec_args dec_args_of(const sp_cuda_dmul &m)
+{
+    dec_args a = {};
+    a.w = m.W[0]->w;
+    a.nseg = m.swiglu ? 1 : m.n, a.swiglu = m.swiglu, a.bias = m.bias, a.res = m.res;
+    a.evict_first = g_evict_first;
+    for (int i = 0; i < m.n; i++) {
+        a.q[i] = m.W[i]->w.q, a.scale[i] = m.W[i]->w.scale, a.rows[i] = m.W[i]->w.rows;
+        a.y[i] = m.Y[i];
+    }
+    return a;
+}
+
+// m's products for B <= kMaxDecodeRows rows of X in one launch, W read once.
+sp_status mul_fused(sp_cuda *cu, const sp_cuda_dmul &m, const float *X, int B, sp_err *err)
 {
     cudaStream_t st = spk::stream_of(cu);
-    if (!sp_km_chunked(&w) || (uintptr_t)X % 16) {
-        dim3 grid(w.rows), block(sp_km_row_threads(w.cols));
+    dec_args a = dec_args_of(m);
+    const sp_km_w &w = m.W[0]->w;
+    bool pdl = m.pdl && pdl_ok();
+    cudaError_t e;
+    long grid = 0;
+    if (!sp_km_chunked(&w) || (uintptr_t)X % 16) { // a block a row of each segment
+        for (int i = 0; i < a.nseg; grid += a.rows[i++])
+            a.first[i] = (int)grid;
+        dim3 block(sp_km_row_threads(w.cols));
         switch (w.type) {
-        case SP_KM_F32: wmat_dot_kernel<SP_KM_F32><<<grid, block, 0, st>>>(Y, w, X, B); break;
-        case SP_KM_BF16: wmat_dot_kernel<SP_KM_BF16><<<grid, block, 0, st>>>(Y, w, X, B); break;
-        case SP_KM_Q8: wmat_dot_kernel<SP_KM_Q8><<<grid, block, 0, st>>>(Y, w, X, B); break;
-        default: wmat_dot_kernel<SP_KM_NF4><<<grid, block, 0, st>>>(Y, w, X, B); break;
+        case SP_KM_F32: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_F32>, dim3(grid), block, 0, st, a, X, B); break;
+        case SP_KM_BF16: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_BF16>, dim3(grid), block, 0, st, a, X, B); break;
+        case SP_KM_Q8: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_Q8>, dim3(grid), block, 0, st, a, X, B); break;
+        default: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_NF4>, dim3(grid), block, 0, st, a, X, B); break;
         }
-        return spk::launched(err, "decode product");
+        return sp_cuda_error(err, (int)e, "decode product");
     }
-    int R, ks;
-    decode_shape(w, B, &R, &ks);
-    long warps = (long)(w.rows + R - 1) / R * ks;
-    dim3 grid((unsigned)((warps + kDecWarps - 1) / kDecWarps));
+    int R = 1;
+    for (int i = 0; i < a.nseg; i++) { // each segment's warps a row as when alone (the same sums)
+        decode_shape(m.W[i]->w, B, &R, &a.ks[i]);
+        if (a.swiglu)
+            R = R * 2 > 4 ? 4 : R * 2; // gate and up rows
+        long warps = (long)(a.rows[i] + (a.swiglu ? R / 2 : R) - 1) / (a.swiglu ? R / 2 : R) * a.ks[i];
+        a.first[i] = (int)grid;
+        grid += (warps + kDecWarps - 1) / kDecWarps;
+    }
     switch (w.type) {
-    case SP_KM_F32: launch_vec<SP_KM_F32>(R, grid, st, Y, w, X, B, ks); break;
-    case SP_KM_BF16: launch_vec<SP_KM_BF16>(R, grid, st, Y, w, X, B, ks); break;
-    case SP_KM_Q8: launch_vec<SP_KM_Q8>(R, grid, st, Y, w, X, B, ks); break;
-    default: launch_vec<SP_KM_NF4>(R, grid, st, Y, w, X, B, ks); break;
+    case SP_KM_F32: e = launch_vec<SP_KM_F32>(R, pdl, dim3(grid), st, a, X, B); break;
+    case SP_KM_BF16: e = launch_vec<SP_KM_BF16>(R, pdl, dim3(grid), st, a, X, B); break;
+    case SP_KM_Q8: e = launch_vec<SP_KM_Q8>(R, pdl, dim3(grid), st, a, X, B); break;
+    default: e = launch_vec<SP_KM_NF4>(R, pdl, dim3(grid), st, a, X, B); break;
     }
-    return spk::launched(err, "decode product");
+    return sp_cuda_error(err, (int)e, "decode product");
+}
+
+// The plain product of one matrix (Y = X W^T) for B <= kMaxDecodeRows.
+sp_status mul_one(sp_cuda *cu, const sp_cuda_wmat *W, const float *X, float *Y, int B, sp_err *err)
+{
+    sp_cuda_dmul m = {};
+    m.W[0] = W, m.Y[0] = Y, m.n = 1;
+    return mul_fused(cu, m, X, B, err);
 }
 
 // Rows of a tile of decoded weights that fit kTileBytes in bf16.
@@ -431,6 +573,8 @@ extern "C" void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile
     g_warps_per_row = warps_per_row == 1 || warps_per_row == 2 || warps_per_row == 4 ? warps_per_row : 0;
 }
 
+extern "C" void sp_cuda_wmat_tune_stream(int evict_first) { g_evict_first = evict_first < 0 ? 1 : evict_first != 0; }
+
 static sp_status check_rows(const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
 {
     if (r0 < 0 || rows <= 0 || rows > w->w.rows - r0)
@@ -478,7 +622,7 @@ extern "C" sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const 
         sp_status st = SP_OK;
         for (int b0 = 0; st == SP_OK && b0 < B; b0 += kMaxDecodeRows) {
             int nb = B - b0 < kMaxDecodeRows ? B - b0 : kMaxDecodeRows;
-            st = mul_fused(cu, W->w, X + (long)b0 * W->w.cols, Y + (long)b0 * W->w.rows, nb, err);
+            st = mul_one(cu, W, X + (long)b0 * W->w.cols, Y + (long)b0 * W->w.rows, nb, err);
         }
         return st;
     }
@@ -507,6 +651,18 @@ extern "C" sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, co
     void *wt = NULL;
     sp_status st = tile ? sp_cuda_workspace(cu, (size_t)tile * W->w.cols * 2, &wt, err) : SP_OK;
     return st != SP_OK ? st : gemm_bf16_from(cu, W, dYh, wt, tile, dX, B, 1, acc, err);
+
+extern "C" sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err)
+{
+    int n = m->n, ok = B > 0 && B <= kMaxDecodeRows && n >= 1 && n <= 3 && (!m->swiglu || n == 2) &&
+                       (n == 1 || (!m->bias && !m->res));
+    for (int i = 0; ok && i < n; i++)
+        ok = m->W[i] && m->W[i]->q && m->Y[m->swiglu ? 0 : i] && m->W[i]->w.type == m->W[0]->w.type &&
+             m->W[i]->w.cols == m->W[0]->w.cols && (!m->swiglu || m->W[i]->w.rows == m->W[0]->w.rows);
+    if (!ok)
+        return sp_errf(err, SP_ERR_ARG, "cuda: fused decode product of %d matrices (swiglu %d) on %d rows", n,
+                       m->swiglu, B);
+    return mul_fused(cu, *m, X, B, err);
 }
 
 extern "C" sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float *dY, float *dX, int B,

@@ -337,6 +337,103 @@ START_TEST(t_weights_gpu)
 }
 END_TEST
 
+/* Device buffers a and b [n] hold the same bits. */
+static void same_bits(const float *a, const float *b, size_t n, const char *what, sp_wtype t, int rows, int C, int B)
+{
+    float *ha = down(a, n), *hb = down(b, n);
+    size_t i = 0;
+    while (i < n && memcmp(&ha[i], &hb[i], sizeof *ha) == 0)
+        i++;
+    ck_assert_msg(i == n, "%s %s [%d, %d] B %d at %zu: %.9g vs %.9g", what, sp_wtype_name(t), rows, C, B, i,
+                  i < n ? (double)ha[i] : 0.0, i < n ? (double)hb[i] : 0.0);
+    free(ha), free(hb);
+}
+
+/* A random [rows, C] matrix encoded in t, on the device. */
+static void wmat_random(sp_cuda_wmat *dw, sp_rng *r, sp_wtype t, int rows, int C)
+{
+    float *w = emul_randn(r, (size_t)rows * C, 0.05f);
+    sp_qmat m;
+    ck_assert_int_eq(sp_qmat_encode(&m, t, w, rows, C, NULL), SP_OK);
+    OK(sp_cuda_wmat_upload(cu, dw, &m, E));
+    sp_qmat_free(&m);
+    free(w);
+}
+
+/* One B and launch mode of t_weights_fused_gpu: the three fused forms against the plain products (dP: their
+ * outputs) and kernels. */
+static void fused_check(sp_cuda_wmat *dw, const int *hs, const float *dX, float *const *dP, float *const *dF,
+                        const float *dBias, const float *dRes, int B, int pdl, sp_wtype t)
+{
+    int rows = hs[0], C = dw[0].w.cols;
+    for (int i = 0; i < 3; i++)
+        OK(sp_cuda_wmat_mul(cu, &dw[i], dX, dP[i], B, E));
+    sp_cuda_dmul qkv = {{&dw[0], &dw[1], &dw[2]}, {dF[0], dF[1], dF[2]}, 3, 0, pdl, NULL, NULL};
+    OK(sp_cuda_wmat_mul_fused(cu, &qkv, dX, B, E));
+    for (int i = 0; i < 3; i++)
+        same_bits(dF[i], dP[i], (size_t)B * hs[i], "three segments", t, hs[i], C, B);
+    sp_cuda_dmul gu = {{&dw[0], &dw[1]}, {dF[0]}, 2, 1, pdl, NULL, NULL};
+    OK(sp_cuda_wmat_mul_fused(cu, &gu, dX, B, E));
+    OK(sp_cuda_swiglu_fwd(cu, dP[2], dP[0], dP[1], (long)B * rows, E));
+    same_bits(dF[0], dP[2], (size_t)B * rows, "swiglu", t, rows, C, B);
+    sp_cuda_dmul br = {{&dw[0]}, {dF[0]}, 1, 0, pdl, dBias, dRes};
+    OK(sp_cuda_wmat_mul_fused(cu, &br, dX, B, E));
+    float *y = down(dP[0], (size_t)B * rows), *bias = down(dBias, (size_t)rows), *res = down(dRes, (size_t)B * rows);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < rows; i++)
+            y[(size_t)b * rows + i] = (y[(size_t)b * rows + i] + bias[i]) + res[(size_t)b * rows + i];
+    float *dY = up(y, (size_t)B * rows);
+    same_bits(dF[0], dY, (size_t)B * rows, "bias and residual", t, rows, C, B);
+    free(y), free(bias), free(res), sp_cuda_free(cu, dY);
+}
+
+/* The decode step's fused products (sp_cuda_wmat_mul_fused) against the plain ones, which t_weights_gpu checks
+ * against the CPU's: three matrices of two heights in one launch (against each alone), SwiGLU's gate and up
+ * (against the two products and sp_cuda_swiglu_fwd), a bias and a residual (against the product plus them in
+ * block.c's order on the host): the same bits, in every encoding, at odd widths and widths of whole chunks, 1, 3
+ * and 8 rows, plain and dependent launches, on 1001 x 1088 every rows-a-warp and warps-a-row shape; and what it
+ * refuses. */
+START_TEST(t_weights_fused_gpu)
+{
+    const int shapes[][2] = {{17, 33}, {300, 128}, {1001, 1088}}, Bs[] = {1, 3, 8};
+    sp_rng r;
+    sp_rng_seed(&r, 52);
+    for (int t = 0; t < SP_W__COUNT; t++)
+        for (int k = 0; k < 3; k++) {
+            int rows = shapes[k][0], C = shapes[k][1], hs[3] = {rows, rows, rows / 3 + 2};
+            sp_cuda_wmat dw[3];
+            float *dP[3], *dF[3];
+            for (int i = 0; i < 3; i++) {
+                wmat_random(&dw[i], &r, (sp_wtype)t, hs[i], C);
+                OK(sp_cuda_alloc(cu, (void **)&dP[i], (size_t)8 * rows * 4, E));
+                OK(sp_cuda_alloc(cu, (void **)&dF[i], (size_t)8 * rows * 4, E));
+            }
+            float *x = emul_randn(&r, (size_t)8 * C, 1.0f), *bias = emul_randn(&r, (size_t)rows, 1.0f);
+            float *res = emul_randn(&r, (size_t)8 * rows, 1.0f);
+            float *dX = up(x, (size_t)8 * C), *dBias = up(bias, (size_t)rows), *dRes = up(res, (size_t)8 * rows);
+            for (int j = 0; j < 3; j++)
+                for (int v = 0; v < (k == 2 ? 10 : 1); v++) {
+                    if (v)
+                        sp_cuda_wmat_tune(1 << ((v - 1) / 3), 1 << ((v - 1) % 3), 0);
+                    for (int pdl = 0; pdl < 2; pdl++)
+                        fused_check(dw, hs, dX, dP, dF, dBias, dRes, Bs[j], pdl, (sp_wtype)t);
+                    sp_cuda_wmat_tune(0, 0, 0);
+                }
+            sp_err err = {0};
+            sp_cuda_dmul bad = {{&dw[0], &dw[2]}, {dF[0]}, 2, 1, 0, NULL, NULL}; /* gate and up of two heights */
+            ck_assert_int_eq(sp_cuda_wmat_mul_fused(cu, &bad, dX, 1, &err), SP_ERR_ARG);
+            sp_cuda_dmul nine = {{&dw[0]}, {dF[0]}, 1, 0, 0, NULL, NULL};
+            ck_assert_int_eq(sp_cuda_wmat_mul_fused(cu, &nine, dX, 9, &err), SP_ERR_ARG);
+            for (int i = 0; i < 3; i++) {
+                sp_cuda_wmat_free(cu, &dw[i]);
+                sp_cuda_free(cu, dP[i]), sp_cuda_free(cu, dF[i]);
+            }
+            free(x), free(bias), free(res);
+            sp_cuda_free(cu, dX), sp_cuda_free(cu, dBias), sp_cuda_free(cu, dRes);
+        }
+}
+END_TEST
+
 /* The transposed product dX += dY W (sp_qmat_mul_t_acc) into a gradient that holds something: f32 weights an f32
  * GEMM (1e-5 of sum |dy w|), the others bf16 GEMMs (emul_gemm_tol(bf16) of it; int8 / NF4 tiles of 100 rows). */
 START_TEST(t_weights_t_gpu)
@@ -1040,6 +1137,7 @@ int main(void)
     tcase_set_timeout(tw, 300);
     tcase_add_test(tw, t_weights_gpu);
     tcase_add_test(tw, t_weights_t_gpu);
+    tcase_add_test(tw, t_weights_fused_gpu);
     suite_add_tcase(s, tw);
     TCase *tc = tcase_create("optimiser_vs_cpu");
     tcase_add_test(tc, t_adamw_update_matches_cpu);

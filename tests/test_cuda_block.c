@@ -2,7 +2,8 @@
  * family and feature the device runs (GQA, multi-query, ALiBi, llama3 RoPE, LayerNorm with and without biases,
  * GELU, parallel blocks with one or two norms) in every weight encoding, at odd shapes with random weights:
  * forward without a cache (the fused decode products and the GEMM path), prefill then decode steps with a KV
- * cache (through CUDA graphs, rolled back and replayed, and the same steps without graphs: the same bits), a
+ * cache (through CUDA graphs, rolled back and replayed, and the same steps without graphs, without the fused
+ * kernels' dependent launches and with the plain kernels instead of the fused ones: the same bits), a
  * server's batch of several caches (against sp_block_decode_batch and each cache alone, with beam search's reorder),
  * and the backward to the input from kept activations and recomputed. Without a GPU the suite reports itself skipped
  * (exit 77); the host-side parts (budget, sizes, what is supported) are checked by test_cuda_host. */
@@ -15,6 +16,7 @@
 #include "block_cuda.h"
 #include "cuda_backend.h"
 #include "cuda_emul.h"
+#include "kern.h"
 #include "rng.h"
 #include "testrun.h"
 
@@ -42,6 +44,11 @@ static const char *const configs[] = {
     "{\"model_type\":\"falcon\",\"new_decoder_architecture\":true,\"parallel_attn\":true,\"bias\":true,"
     "\"hidden_size\":100,\"num_attention_heads\":10,\"num_kv_heads\":2,\"ffn_hidden_size\":150,"
     "\"num_ln_in_parallel_attn\":2,\"num_hidden_layers\":1,\"vocab_size\":64}",
+    /* llama at widths of whole 16-byte chunks (and NF4 blocks), grouped-query (4 heads on 2): the vectorised decode
+     * products, q, k and v in one launch of three segments, SwiGLU's gate and up rows in each warp */
+    "{\"model_type\":\"llama\",\"hidden_size\":128,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+    "\"intermediate_size\":192,\"num_hidden_layers\":1,\"vocab_size\":64,\"rms_norm_eps\":1e-5,"
+    "\"max_position_embeddings\":256}",
     /* falcon, sequential (attention then MLP), multi-head */
     "{\"model_type\":\"falcon\",\"multi_query\":false,\"parallel_attn\":false,\"bias\":true,\"hidden_size\":60,"
     "\"num_attention_heads\":6,\"num_hidden_layers\":1,\"vocab_size\":64}",
@@ -49,9 +56,11 @@ static const char *const configs[] = {
 #define NCFG ((int)(sizeof configs / sizeof *configs))
 
 /* Tolerances, as max |device - cpu| / max |cpu| over a result. f32: the same arithmetic summed in other orders.
- * Encoded weights decode to the same floats on both sides (kmath.h), but products of more than 8 rows and the
- * backward's may run on bf16 tensor cores (the activations or gradients rounded to bf16, 2^-9 relative each),
- * a few of them in a row: 1e-2. */
+ * Encoded weights decode to the same floats on both sides (kmath.h), and the CPU runs its scalar kernels (main:
+ * its SIMD levels multiply int8 / NF4 by x quantised to int8, the device by x in f32: at widths of whole blocks
+ * the two differed by 1.04e-2 in a decode step on an H200), but products of more than 8 rows and the backward's
+ * may run on bf16 tensor cores (the activations or gradients rounded to bf16, 2^-9 relative each), a few of them
+ * in a row: 1e-2. */
 static const double tol_fwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
                                             [SP_W_NF4] = 1e-2};
 static const double tol_bwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
@@ -157,11 +166,14 @@ START_TEST(t_block_forward_vs_cpu)
 }
 END_TEST
 
-/* Prefill of P positions, then decode steps, on both sides; device outputs of every step into steps_out. */
-static void run_cached(tcase *c, sp_wtype t, int graphs, int B, float *steps_out, int nsteps, int with_cpu)
+/* Prefill of P positions, then decode steps, on both sides; device outputs of every step into steps_out. fused:
+ * sp_cuda_block_use_fused's level for the steps. */
+static void run_cached(tcase *c, sp_wtype t, int graphs, int fused, int B, float *steps_out, int nsteps,
+                       int with_cpu)
 {
     int P = 5, cap = 16, H = c->H;
     sp_cuda_block_use_graphs(c->cb, graphs);
+    sp_cuda_block_use_fused(c->cb, fused);
     sp_kv_cache kv;
     sp_cuda_kv *dkv = NULL;
     sp_err err = {0};
@@ -226,8 +238,12 @@ static void run_cached(tcase *c, sp_wtype t, int graphs, int B, float *steps_out
     ck_assert_uint_eq(budget.used, 0);
     sp_cuda_free(cu, dx), sp_cuda_free(cu, dy);
     sp_cuda_block_use_graphs(c->cb, 1);
+    sp_cuda_block_use_fused(c->cb, 2);
 }
 
+/* Decode steps against the CPU's (fused kernels as dependent launches, through graphs), then the same steps without
+ * graphs, with the fused kernels launched plainly and with the plain kernels (sp_cuda_block_use_fused 1, 0): the
+ * same sums in the same order, so the same bits. */
 START_TEST(t_block_decode_vs_cpu)
 {
     int nsteps = 5;
@@ -236,12 +252,18 @@ START_TEST(t_block_decode_vs_cpu)
             tcase c;
             case_init(&c, _i, (sp_wtype)t);
             size_t ns = (size_t)B * c.H * nsteps;
-            float *with = malloc(ns * sizeof(float)), *without = malloc(ns * sizeof(float));
-            run_cached(&c, (sp_wtype)t, 1, B, with, nsteps, 1);
-            run_cached(&c, (sp_wtype)t, 0, B, without, nsteps, 0);
-            ck_assert_msg(memcmp(with, without, ns * sizeof(float)) == 0, "graphs changed the numbers (%s, B %d)",
-                          sp_wtype_name((sp_wtype)t), B);
-            free(with), free(without);
+            float *with = malloc(ns * sizeof(float)), *other = malloc(ns * sizeof(float));
+            run_cached(&c, (sp_wtype)t, 1, 2, B, with, nsteps, 1);
+            struct {
+                int graphs, fused;
+            } runs[] = {{0, 2}, {1, 1}, {1, 0}};
+            for (int i = 0; i < 3; i++) {
+                run_cached(&c, (sp_wtype)t, runs[i].graphs, runs[i].fused, B, other, nsteps, 0);
+                ck_assert_msg(memcmp(with, other, ns * sizeof(float)) == 0,
+                              "graphs %d, fused %d changed the numbers (%s, B %d): error %.3g", runs[i].graphs,
+                              runs[i].fused, sp_wtype_name((sp_wtype)t), B, rel_err(other, with, ns));
+            }
+            free(with), free(other);
             case_free(&c);
         }
 }
@@ -438,6 +460,7 @@ int main(void)
     int rc = emul_open_gpu("test_cuda_block", &cu);
     if (rc)
         return rc;
+    sp_kern_force(SP_ISA_SCALAR); /* the CPU reference in f32 (the tolerances above) */
     Suite *s = suite_create("cuda_block");
     TCase *tc = tcase_create("block_vs_cpu");
     tcase_set_timeout(tc, 300);
