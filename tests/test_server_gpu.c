@@ -1,8 +1,8 @@
 /* test_server_gpu.c - a server with --device cuda against one on the CPU (in-process servers over loopback
  * websockets, the same RPCs to both): FORWARD and BACKWARD with deep prompts (recomputed, and from a FORWARD that
  * kept its inputs), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
- * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom and falcon-7b in f32: each answer within
- * 1e-4 of the CPU's, relative to its largest value. Without a usable GPU it reports itself skipped (exit 77). */
+ * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom, falcon-7b and mixtral in f32: each answer
+ * within 1e-4 of the CPU's, relative to its largest value. Without a usable GPU it reports itself skipped (exit 77). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +17,8 @@
 #define TMO 60000
 #define TOL 1e-4
 
-static const char *const models[] = {"llama-gqa", "bloom", "falcon-7b"};
+static const char *const models[] = {"llama-gqa", "bloom", "falcon-7b", "mixtral"};
+#define NMODELS ((int)(sizeof models / sizeof *models))
 
 typedef struct pair {
     sp_server *s[2];  /* CPU, GPU */
@@ -196,8 +197,8 @@ int main(void)
     Suite *s = suite_create("server_gpu");
     TCase *tc = tcase_create("gpu_vs_cpu");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, t_forward_backward, 0, 3);
-    tcase_add_loop_test(tc, t_session, 0, 3);
+    tcase_add_loop_test(tc, t_forward_backward, 0, NMODELS);
+    tcase_add_loop_test(tc, t_session, 0, NMODELS);
     tcase_add_test(tc, t_long_prefill_chunks);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
