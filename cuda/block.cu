@@ -140,7 +140,7 @@ struct dgrads {
 struct shape {
     size_t H, Q, KV, FF; // FF: the dense MLP's (0 for experts)
     int two, swiglu, rope;
-    sp_moe_dims moe;     // E 0: dense
+    sp_moe_dims moe;     // experts 0: dense
 };
 
 // Carves buffers of the given float counts out of base (NULL: only counts), each 256-byte aligned; returns bytes.
