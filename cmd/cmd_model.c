@@ -13,8 +13,11 @@
 #include "kern.h"
 #include "config.h"
 #include "convert_llama2c.h"
+#include "device.h"
+#include "devparts.h"
 #include "like.h"
 #include "model.h"
+#include "model_dev.h"
 #include "paths.h"
 #include "rng.h"
 #include "safetensors.h"
@@ -129,6 +132,7 @@ static int model_info(sp_app *app, const char *dir)
 typedef struct check_ctx {
     sp_app *app;
     sp_model *m;
+    sp_mdev *dev; /* --device cuda: the blocks run there (NULL: here) */
     sp_safetensors *golden;
     int failures;
     sp_err err;
@@ -187,11 +191,67 @@ static int32_t *golden_ids(check_ctx *c, const char *name, int *B, int *T)
     return ids;
 }
 
+/* The whole model's logits [B, T, V] for ids: the blocks on the device when there is one (the embeddings and the head
+ * here), else sp_model_forward. */
+static sp_status model_logits(check_ctx *c, float *logits, const int32_t *ids, int B, int T)
+{
+    if (!c->dev)
+        return sp_model_forward(c->m, logits, ids, B, T, 0, NULL, 0, &c->err);
+    int n = B * T;
+    float *h = malloc((size_t)n * c->m->cfg.hidden * sizeof(float));
+    sp_status st = h ? sp_model_embed(c->m, h, ids, n, &c->err) : sp_errf(&c->err, SP_ERR_NOMEM, "out of memory");
+    if (!st) {
+        sp_model_embed_norm(c->m, h, n);
+        st = sp_mdev_blocks(c->dev, h, B, T, 0, 0, &c->err);
+    }
+    if (!st)
+        st = sp_model_head(c->m, logits, h, n, &c->err);
+    free(h);
+    return st;
+}
+
+/* Block i's forward and backward to its input at positions 0.., on the device when there is one. */
+static sp_status block_fwd(check_ctx *c, int i, float *out, const float *in, int B, int T)
+{
+    return c->dev ? sp_mdev_forward(c->dev, i, out, in, B, T, &c->err)
+                  : sp_block_forward(&c->m->blocks[i], out, in, B, T, 0, NULL, &c->m->ws, &c->err);
+}
+
+static sp_status block_bwd(check_ctx *c, int i, float *dinp, const float *dout, const float *in, int B, int T)
+{
+    return c->dev ? sp_mdev_backward(c->dev, i, dinp, dout, in, B, T, &c->err)
+                  : sp_block_backward(&c->m->blocks[i], dinp, dout, in, B, T, 0, NULL, &c->m->ws, &c->err);
+}
+
+/* Greedy decoding of n_new ids after prompt[0 .. pt) with the device's blocks and KV caches (a prefill, then decode
+ * steps of one position): the embeddings and the head's first maximum here, as sp_model_generate's. */
+static sp_status dev_greedy(check_ctx *c, const int32_t *prompt, int pt, int n_new, int32_t *out)
+{
+    int H = c->m->cfg.hidden, len = pt, pos = 0;
+    const int32_t *ids = prompt;
+    float *h = malloc((size_t)pt * H * sizeof(float));
+    sp_status st = h ? sp_mdev_caches(c->dev, 1, pt + n_new, &c->err) : sp_errf(&c->err, SP_ERR_NOMEM, "out of memory");
+    for (int k = 0; !st && k < n_new; k++) {
+        st = sp_model_embed(c->m, h, ids, len, &c->err);
+        if (!st) {
+            sp_model_embed_norm(c->m, h, len);
+            st = sp_mdev_blocks(c->dev, h, 1, len, pos, 1, &c->err);
+        }
+        if (!st)
+            st = sp_model_head_argmax(c->m, &out[k], h + (size_t)(len - 1) * H, 1, &c->err);
+        pos += len;
+        ids = &out[k];
+        len = 1;
+    }
+    free(h);
+    return st;
+}
+
 static int check_logits(check_ctx *c, const int32_t *ids, int B, int T)
 {
     size_t n = (size_t)B * T * c->m->cfg.vocab;
     float *want = golden_f32(c, "logits", n), *got = malloc(n * sizeof(float));
-    int rc = want && got && !sp_model_forward(c->m, got, ids, B, T, 0, NULL, 0, &c->err) ? 0 : -1;
+    int rc = want && got && !model_logits(c, got, ids, B, T) ? 0 : -1;
     if (!rc) {
         double e = 0;
         for (size_t i = 0; i < n; i++)
@@ -235,11 +295,11 @@ static int check_blocks(check_ctx *c, const int32_t *ids, int B, int T)
         if (!rc && i == 0)
             report(c, "embeddings", max_abs(emb, in, n), TOL_OUT);
         if (!rc)
-            rc = sp_block_forward(&m->blocks[i], got, in, B, T, 0, NULL, &m->ws, &c->err) ? -1 : 0;
+            rc = block_fwd(c, i, got, in, B, T) ? -1 : 0;
         if (!rc) {
             snprintf(what, sizeof what, "block %d out", i);
             report(c, what, max_abs(got, out, n), TOL_OUT);
-            rc = sp_block_backward(&m->blocks[i], got, gout, in, B, T, 0, NULL, &m->ws, &c->err) ? -1 : 0;
+            rc = block_bwd(c, i, got, gout, in, B, T) ? -1 : 0;
         }
         if (!rc) {
             snprintf(what, sizeof what, "block %d grad_in", i);
@@ -267,8 +327,13 @@ static int check_greedy(check_ctx *c)
     }
     int32_t *got = rc ? NULL : malloc((size_t)(ot - pt) * sizeof(int32_t));
     sp_sampler greedy = {.temperature = 0};
-    if (!rc && (!got || sp_model_generate(c->m, prompt, pt, ot - pt, &greedy, 0, got, &n_new, NULL, NULL, &c->err)))
+    if (!rc && c->dev) {
+        n_new = ot - pt;
+        rc = !got || dev_greedy(c, prompt, pt, n_new, got) ? -1 : 0;
+    } else if (!rc && (!got || sp_model_generate(c->m, prompt, pt, ot - pt, &greedy, 0, got, &n_new, NULL, NULL,
+                                                 &c->err))) {
         rc = -1;
+    }
     if (!rc) {
         int mismatches = n_new != ot - pt;
         for (int i = 0; i < n_new && i < ot - pt; i++)
@@ -283,7 +348,8 @@ static int check_greedy(check_ctx *c)
     return rc;
 }
 
-static int model_check(sp_app *app, const char *dir, const char *golden_path)
+/* gpu: the blocks on GPU gpu (--device cuda:N), or here (-1). */
+static int model_check(sp_app *app, const char *dir, const char *golden_path, int gpu)
 {
     check_ctx c = {.app = app};
     char gp[4096];
@@ -297,9 +363,13 @@ static int model_check(sp_app *app, const char *dir, const char *golden_path)
                                      "compare with (the model's logits, every block's in -> out and grad_in, greedy "
                                      "ids; safetensors as tests/data/hf-tiny/README.md describes)", dir);
     }
+    char why[160];
+    if (gpu >= 0 && !sp_device_usable(gpu, why, sizeof why)) /* before the model is read */
+        return sp_app_error(app, "model check: --device cuda:%d: %s", gpu, why), CLI_USAGE;
     if (sp_model_load(&c.m, dir, SP_LOAD_ALL, 0, -1, &c.err))
         return fail_err(app, &c.err);
-    if (sp_st_open(&c.golden, golden_path, &c.err)) {
+    if (sp_st_open(&c.golden, golden_path, &c.err) || (gpu >= 0 && sp_mdev_open(&c.dev, c.m, gpu, &c.err))) {
+        sp_st_close(c.golden);
         sp_model_free(c.m);
         return fail_err(app, &c.err);
     }
@@ -307,6 +377,8 @@ static int model_check(sp_app *app, const char *dir, const char *golden_path)
     int32_t *ids = golden_ids(&c, "input_ids", &B, &T);
     int rc = ids ? 0 : -1;
     sp_out(app, "model %s (%s, %d layers), golden %s\n", dir, c.m->cfg.architecture, c.m->cfg.n_layers, golden_path);
+    if (c.dev)
+        sp_out(app, "blocks on %s (the embeddings and the head here)\n", sp_mdev_name(c.dev));
     if (!rc)
         rc = check_logits(&c, ids, B, T);
     if (!rc)
@@ -314,6 +386,7 @@ static int model_check(sp_app *app, const char *dir, const char *golden_path)
     if (!rc)
         rc = check_greedy(&c);
     free(ids);
+    sp_mdev_close(c.dev);
     sp_st_close(c.golden);
     sp_model_free(c.m);
     if (rc)
@@ -425,7 +498,7 @@ done:
 
 static int cmd_info(sp_app *app, const sp_args *a) { return model_info(app, a->pos[0]); }
 
-enum { CHECK_GOLDEN, CHECK_NOPTS };
+enum { CHECK_GOLDEN, CHECK_DEVICE, CHECK_NOPTS };
 /* model generate's options: the rows of the settings of the same names give their kind, range and default (not
  * their current values: this runs without the swarm, and without the session's settings) */
 enum {
@@ -435,7 +508,12 @@ enum {
 
 static int cmd_check(sp_app *app, const sp_args *a)
 {
-    return model_check(app, a->pos[0], sp_arg(app, a, CHECK_GOLDEN));
+    sp_err err = {0};
+    int gpu = -1;
+    const char *dev = sp_arg(app, a, CHECK_DEVICE);
+    if (dev && sp_device_parse(dev, &gpu, &err))
+        return sp_app_error(app, "model check: --device: %s", err.msg), CLI_USAGE;
+    return model_check(app, a->pos[0], sp_arg(app, a, CHECK_GOLDEN), gpu);
 }
 
 static int cmd_gen(sp_app *app, const sp_args *a)
@@ -533,6 +611,8 @@ static const sp_opt init_opts[] = {
 static const sp_opt check_opts[] = {
     [CHECK_GOLDEN] = {"--golden", SP_OPT_PATH, "FILE",
                       .help = "the golden outputs to compare with (default DIR/golden.safetensors)"},
+    [CHECK_DEVICE] = {"--device", SP_OPT_STR, "cpu|cuda[:N]", .def = "cpu",
+                      .help = "where the blocks run: here, or on CUDA GPU N (the embeddings and the head stay here)"},
     [CHECK_NOPTS] = {0},
 };
 

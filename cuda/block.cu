@@ -12,6 +12,7 @@
 #include "gemm.h"
 #include "kernels.h"
 #include "launch.cuh"
+#include "moe_cuda.h"
 
 #define TRY(call)                                                                                              \
     do {                                                                                                       \
@@ -59,22 +60,24 @@ __global__ void pos_kernel(int *pos, int B, int value, int add)
 
 enum { MQ, MK, MV, MO, MGATE, MUP, MDOWN, NMAT }; // sp_block's qm order for a dense MLP
 
-// Activations of one forward over N rows (block.c's acts; mean1/2 unused by RMSNorm). probs holds the flash
-// attention's log-sum-exp instead when it runs. The bf16 path (half_rows) keeps the products' inputs in bf16
-// instead of ln1, ln2 and act: lnh (norm 1), atth (attention), mh (norm 2, then the activation).
+// Activations of one forward over N rows (block.c's acts; mean1/2 unused by RMSNorm; moe: the experts',
+// moe_cuda.h). probs holds the flash attention's log-sum-exp instead when it runs. The bf16 path (half_rows) keeps
+// the products' inputs in bf16 instead of ln1, ln2 and act: lnh (norm 1), atth (attention), mh (norm 2, then the
+// activation).
 struct dacts {
-    float *ln1, *mean1, *rstd1, *q, *k, *v, *probs, *att, *h1, *ln2, *mean2, *rstd2, *gate, *up, *act, *y;
+    float *ln1, *mean1, *rstd1, *q, *k, *v, *probs, *att, *h1, *ln2, *mean2, *rstd2, *gate, *up, *act, *y, *moe;
     float *lnh, *atth, *mh; // bf16 storage
 };
 
 // Gradients of one backward (block.c's grads; half: a product's gradient rounded to bf16).
 struct dgrads {
-    float *dh1, *dln1, *dln2, *datt, *dq, *dk, *dv, *dqp, *dkp, *dact, *dgate, *dup, *half;
+    float *dh1, *dln1, *dln2, *datt, *dq, *dk, *dv, *dqp, *dkp, *dact, *dgate, *dup, *half, *dmoe;
 };
 
 struct shape {
-    size_t H, Q, KV, FF;
+    size_t H, Q, KV, FF; // FF: the dense MLP's (0 for experts)
     int two, swiglu, rope;
+    sp_moe_dims moe;     // experts 0: dense
 };
 
 // Carves buffers of the given float counts out of base (NULL: only counts), each 256-byte aligned; returns bytes.
@@ -94,11 +97,12 @@ size_t acts_layout(const shape &s, dacts *a, size_t N, size_t probs_n, int half,
 {
     size_t two = (size_t)s.two, ff = N * s.FF, f = half ? 0 : 1, h = half ? 1 : 0, mid = s.FF > s.H ? s.FF : s.H;
     size_t sizes[] = {f * N * s.H, N,  N, N * s.Q, N * s.KV, N * s.KV, probs_n, N * s.Q, N * s.H, f * two * N * s.H,
-                      two * N,     two * N, s.swiglu ? ff : 0, ff, f * ff, N * s.H, h * (N * s.H + 1) / 2,
+                      two * N,     two * N, s.swiglu ? ff : 0, ff, f * ff, N * s.H,
+                      s.moe.experts ? sp_cuda_moe_acts_bytes(&s.moe, N) / sizeof(float) : 0, h * (N * s.H + 1) / 2,
                       h * (N * s.Q + 1) / 2, h * (N * mid + 1) / 2};
     float **const ptrs[] = {&a->ln1, &a->mean1, &a->rstd1, &a->q,    &a->k,  &a->v,   &a->probs,
                             &a->att, &a->h1,    &a->ln2,   &a->mean2, &a->rstd2, &a->gate, &a->up,
-                            &a->act, &a->y,     &a->lnh,   &a->atth, &a->mh};
+                            &a->act, &a->y,     &a->moe,   &a->lnh,   &a->atth, &a->mh};
     return carve(ptrs, sizes, (int)(sizeof sizes / sizeof *sizes), base);
 }
 
@@ -107,16 +111,18 @@ size_t grads_layout(const shape &s, dgrads *g, size_t N, char *base)
     size_t two = (size_t)s.two, rope = (size_t)s.rope, ff = N * s.FF, widest = s.FF > s.Q ? s.FF : s.Q;
     widest = widest > s.H ? widest : s.H;
     size_t sizes[] = {N * s.H, N * s.H, two * N * s.H, N * s.Q, N * s.Q, N * s.KV, N * s.KV, rope * N * s.Q,
-                      rope * N * s.KV, ff, s.swiglu ? ff : 0, ff, (N * widest + 1) / 2};
+                      rope * N * s.KV, ff, s.swiglu ? ff : 0, ff, (N * widest + 1) / 2,
+                      s.moe.experts ? sp_cuda_moe_grads_bytes(&s.moe, N) / sizeof(float) : 0};
     float **const ptrs[] = {&g->dh1, &g->dln1, &g->dln2, &g->datt, &g->dq,    &g->dk,  &g->dv,
-                            &g->dqp, &g->dkp,  &g->dact, &g->dgate, &g->dup, &g->half};
+                            &g->dqp, &g->dkp,  &g->dact, &g->dgate, &g->dup, &g->half, &g->dmoe};
     return carve(ptrs, sizes, (int)(sizeof sizes / sizeof *sizes), base);
 }
 
 shape shape_of(const sp_block *b)
 {
-    shape s = {(size_t)b->H, (size_t)b->nh * b->hd, (size_t)b->nkv * b->hd, (size_t)b->FF, b->ln2_w != NULL,
-               b->k.mlp == SP_MLP_SWIGLU, b->k.pos == SP_POS_ROPE};
+    sp_moe_dims moe = sp_cuda_moe_dims(b);
+    shape s = {(size_t)b->H, (size_t)b->nh * b->hd, (size_t)b->nkv * b->hd, moe.experts ? 0 : (size_t)b->FF,
+               b->ln2_w != NULL, b->k.mlp == SP_MLP_SWIGLU, b->k.pos == SP_POS_ROPE, moe};
     return s;
 }
 
@@ -169,7 +175,8 @@ struct sp_cuda_block {
     shape s;
     int H, nh, nkv, hd, FF;
     float eps;
-    sp_cuda_wmat m[NMAT];
+    sp_cuda_wmat m[NMAT]; // a mixture of experts: q, k, v, o only
+    sp_cuda_moe *moe;     // its router and experts (NULL: a dense MLP)
     float *ln1_w, *ln1_b, *bq, *bk, *bv, *bo, *ln2_w, *ln2_b, *b_up, *b_down, *inv_freq, *slopes;
     size_t weight_bytes;
     int graphs;
@@ -215,9 +222,6 @@ extern "C" void sp_cuda_budget_give(sp_cuda_budget *bu, size_t bytes)
 
 extern "C" sp_status sp_cuda_block_supported(const sp_block *b, sp_err *err)
 {
-    if (b->k.mlp == SP_MLP_MOE)
-        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: %s's sparse experts do not run on the device yet",
-                       sp_arch_name(b->arch));
     if (b->nh <= 0 || b->nkv <= 0 || b->nh % b->nkv || b->hd <= 0 || (b->k.pos == SP_POS_ROPE && b->hd % 2))
         return sp_errf(err, SP_ERR_ARG, "cuda: block of %d heads on %d KV heads of %d", b->nh, b->nkv, b->hd);
     return SP_OK;
@@ -258,11 +262,11 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
     cb->H = b->H, cb->nh = b->nh, cb->nkv = b->nkv, cb->hd = b->hd, cb->FF = b->FF, cb->eps = b->eps;
     cb->graphs = 1;
     cb->flash = 1;
-
     cb->fused = 2;
     size_t H = (size_t)b->H, Q = cb->s.Q, KV = cb->s.KV, FF = cb->s.FF;
     sp_status st = SP_OK;
-    for (int i = 0; st == SP_OK && i < NMAT && i < b->nqm; i++)
+    int nm = b->k.mlp == SP_MLP_MOE ? MO + 1 : NMAT; // the experts' matrices go to sp_cuda_moe_upload
+    for (int i = 0; st == SP_OK && i < nm && i < b->nqm; i++)
         if (b->qm[i].q) {
             st = sp_cuda_wmat_upload(cu, &cb->m[i], &b->qm[i], err);
             cb->weight_bytes += sp_qmat_bytes(b->qm[i].type, b->qm[i].rows, b->qm[i].cols);
@@ -278,6 +282,10 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
                 {&cb->inv_freq, b->rope ? b->rope->inv_freq : NULL, (size_t)b->hd / 2}};
     for (size_t i = 0; st == SP_OK && i < sizeof vecs / sizeof *vecs; i++)
         st = put_vec(cb, vecs[i].d, vecs[i].h, vecs[i].n, err);
+    if (st == SP_OK && b->k.mlp == SP_MLP_MOE) {
+        st = sp_cuda_moe_upload(cu, &cb->moe, b, err);
+        cb->weight_bytes += sp_cuda_moe_bytes(cb->moe);
+    }
     if (st != SP_OK) {
         sp_cuda_block_free(cb);
         return sp_err_prefix(err, "uploading a block: ");
@@ -298,6 +306,7 @@ extern "C" void sp_cuda_block_free(sp_cuda_block *cb)
                      cb->ln2_w, cb->ln2_b, cb->b_up, cb->b_down, cb->inv_freq, cb->slopes};
     for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++)
         sp_cuda_free(cb->cu, vecs[i]);
+    sp_cuda_moe_free(cb->moe);
     sp_cuda_free(cb->cu, cb->ws);
     decoder_free(cb->cu, &cb->bat);
     free(cb->bat_host);
@@ -321,7 +330,7 @@ static bool use_flash(const sp_cuda_block *cb)
 // The bf16 path for N rows: fused kernels hand the products their inputs in bf16 where sp_cuda_wmat_mul would
 // round them itself (its GEMMs, beyond 32 rows).
 constexpr size_t kHalfRows = 32;
-static int half_rows(const sp_cuda_block *cb, size_t N) { return use_flash(cb) && N > kHalfRows; }
+static int half_rows(const sp_cuda_block *cb, size_t N) { return !cb->moe && use_flash(cb) && N > kHalfRows; }
 
 extern "C" void sp_cuda_block_use_fused(sp_cuda_block *cb, int level)
 {
@@ -394,6 +403,8 @@ static sp_status attn_in(sp_cuda_block *cb, const float *inp, int N, dacts *a, s
 // y[N, H] = mlp(x) without the down projection's bias (bias_res adds it with the residual).
 static sp_status mlp_fwd(sp_cuda_block *cb, float *y, const float *x, int N, dacts *a, sp_err *err)
 {
+    if (cb->moe)
+        return sp_cuda_moe_fwd(cb->moe, y, x, N, a->moe, err);
     long n = (long)N * cb->FF;
     if (cb->k.mlp == SP_MLP_SWIGLU) {
         TRY(lin(cb, MGATE, a->gate, x, NULL, N, err));
@@ -511,7 +522,8 @@ static sp_status norm_dep(sp_cuda_block *cb, float *out, float *mean, float *rst
 // decode_rows fused (cb->fused, d->N <= kGraphRows): norm 1 (launched plainly: it follows a copy or starts a graph);
 // q, k, v in one product (then their biases); RoPE, the cache's append and attention in one kernel; o_proj with its
 // bias and the residual; norm 2; SwiGLU's gate and up products with the activation in one (GELU MLPs: the plain up
-// product and activation); down_proj with its bias and the residual into d->out. The same sums as decode_rows'
+// product and activation; Mixtral: its router and experts, moe_cuda.h); down_proj with its bias and the residual
+// into d->out. The same sums as decode_rows'
 // plain kernels, each kernel after norm 1 a programmatic dependent of the one before it when cb->fused is 2 (it
 // streams its weights while that one finishes).
 static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
@@ -535,6 +547,11 @@ static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
         TRY(norm_dep(cb, a->ln2, a->mean2, a->rstd2, cb->k.parallel ? d->in : a->h1, cb->ln2_w, cb->ln2_b, N, pdl,
                      err));
         m = a->ln2;
+    }
+    if (cb->moe) { // the router and experts as in a forward (moe_cuda.h), then the residual
+        TRY(mlp_fwd(cb, a->y, m, N, a, err));
+        TRY(bias_res(cb, d->out, a->y, cb->b_down, a->h1, N, cb->H, err));
+        return d->advance ? set_pos(cu, d->pos, N, 1, 1, err) : SP_OK;
     }
     if (cb->k.mlp == SP_MLP_SWIGLU) {
         sp_cuda_dmul gu = {{&cb->m[MGATE], &cb->m[MUP]}, {a->act}, 2, 1, pdl, NULL, NULL};
@@ -904,6 +921,8 @@ static sp_status norm_bwd(sp_cuda_block *cb, float *dx, const float *dy, const f
 static sp_status mlp_bwd(sp_cuda_block *cb, float *dx, const float *dy, const dacts *a, const dgrads *g, int N,
                          sp_err *err)
 {
+    if (cb->moe)
+        return sp_cuda_moe_bwd(cb->moe, dx, dy, N, a->moe, g->dmoe, err);
     long n = (long)N * cb->FF;
     TRY(mul_t_acc(cb, MDOWN, g->dact, dy, N, g->half, err));
     if (cb->k.mlp == SP_MLP_SWIGLU) {

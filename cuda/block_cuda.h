@@ -5,8 +5,9 @@
  * arrays, with the same argument order and shapes ([B, T, H] rows of f32).
  *
  * Families: llama (RMSNorm, RoPE, SwiGLU; GQA / MQA), bloom (LayerNorm, ALiBi, GELU, biases) and falcon (parallel
- * attention and MLP, one or two LayerNorms, multi-query or grouped KV heads). Mixtral's sparse experts are not on
- * the device yet: sp_cuda_block_upload reports SP_ERR_UNSUPPORTED for a MoE block.
+ * attention and MLP, one or two LayerNorms, multi-query or grouped KV heads) and mixtral (llama's attention, a
+ * router and sparse SwiGLU experts: moe_cuda.h; decode steps of at most 8 rows route on the device and are graphed
+ * like the others, larger steps and every backward wait once for the experts' row counts).
  *
  * The products go through sp_cuda_wmat_mul (weights.cu; the weights stay in their encoding: f32, bf16, int8,
  * NF4); the backward's transposed products through cuBLAS (f32 and bf16 weights as they are, the gradient rounded
@@ -51,8 +52,7 @@ typedef struct sp_cuda_budget {
 sp_status sp_cuda_budget_take(sp_cuda_budget *bu, size_t bytes, sp_err *err);
 void sp_cuda_budget_give(sp_cuda_budget *bu, size_t bytes);
 
-/* SP_OK when the block's family and shapes run on the device; SP_ERR_UNSUPPORTED naming what does not
- * (Mixtral's experts). Host only. */
+/* SP_OK when the block's family and shapes run on the device; SP_ERR_ARG naming a shape that does not. Host only. */
 sp_status sp_cuda_block_supported(const sp_block *b, sp_err *err);
 /* Device bytes a cache of B rows of cap positions takes for block b: keys and values, and the activations of
  * its decode step (B rows; attention scores of cap positions a head). Host only. */

@@ -651,6 +651,7 @@ extern "C" sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, co
     void *wt = NULL;
     sp_status st = tile ? sp_cuda_workspace(cu, (size_t)tile * W->w.cols * 2, &wt, err) : SP_OK;
     return st != SP_OK ? st : gemm_bf16_from(cu, W, dYh, wt, tile, dX, B, 1, acc, err);
+}
 
 extern "C" sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err)
 {

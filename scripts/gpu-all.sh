@@ -17,13 +17,15 @@ echo "gpu-all: build exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-
 D=/tmp/deps A=x86_64-linux-gnu
 export LD_LIBRARY_PATH="$D/usr/lib/$A:$D/lib/$A:$D/usr/lib/$A/openblas-pthread:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$DEST/gpu-build.txt" 2>&1
-# the benchmarks first (the GPU to themselves), then the suites; gpu_swarm is scripts/gpu-swarm.sh (the mixed swarm,
-# then test_server_gpu)
+# the benchmarks first (the GPU to themselves), then the suites in parallel; gpu_swarm is scripts/gpu-swarm.sh (the
+# mixed swarm; test_server_gpu runs beside it as a suite of its own here), gpu_model_check scripts/gpu-model-check.sh
+# (model check --device cuda on every golden checkpoint)
 [ -x "$B/bench/bench_kern_cuda" ] && timeout 60 "$B/bench/bench_kern_cuda" --decode > "$DEST/bench_kern_cuda.txt" 2>&1
 [ -x "$B/bench/bench_block_cuda" ] && timeout 90 "$B/bench/bench_block_cuda" > "$DEST/bench_block_cuda.txt" 2>&1
 echo "gpu-all: benchmarks done after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
-SUITES="${SEPAL_GPU_SUITES:-^(test_cuda|test_cuda_host|test_cuda_block|test_cuda_train|gpu_swarm)\$}"
-timeout "${SEPAL_GPU_CTEST_S:-130}" ctest --test-dir "$B" -R "$SUITES" -j 4 --timeout 125 --output-on-failure > "$DEST/ctest.log" 2>&1
+SUITES="${SEPAL_GPU_SUITES:-^(test_cuda|test_cuda_host|test_cuda_block|test_cuda_train|test_server_gpu|gpu_swarm|gpu_model_check)\$}"
+export SEPAL_GPU_SWARM_NO_SERVER_TEST=1 # test_server_gpu is a suite above, not gpu_swarm's tail
+timeout "${SEPAL_GPU_CTEST_S:-150}" ctest --test-dir "$B" -R "$SUITES" -j 6 --timeout 145 --output-on-failure > "$DEST/ctest.log" 2>&1
 echo "gpu-all: ctest exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
 grep -E 'tests passed|Passed|Failed|Skipped|Not Run|\*\*\*' "$DEST/ctest.log" | tee -a "$DEST/gpu-build.txt"
 echo "gpu-all: end after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"

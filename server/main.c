@@ -129,15 +129,11 @@ static int parse_device(const char *v)
     return -1;
 }
 
-/* --device cuda[:N] before anything starts: a family that runs on a GPU, and a GPU there; 2 after a message. */
-static int check_device(const sp_server_opts *o, const sp_config *cfg)
+/* --device cuda[:N] before anything starts: a GPU there; 2 after a message. */
+static int check_device(const sp_server_opts *o)
 {
     sp_err err = {0};
-    if (o->device < 0)
-        return 0;
-    if (cfg->blk.n_experts > 0)
-        sp_errf(&err, SP_ERR_UNSUPPORTED, "Mixtral's sparse experts do not run on the GPU yet (use --device cpu)");
-    else if (sp_device_probe(o->device, &err) == SP_OK)
+    if (o->device < 0 || sp_device_probe(o->device, &err) == SP_OK)
         return 0;
     fprintf(stderr, "sepal-server: --device cuda:%d: %s\n", o->device, err.msg);
     return 2;
@@ -661,7 +657,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "sepal-server: %s\n", err.msg);
         return 1;
     }
-    if ((rc = check_device(&p.a.so, &p.cfg)))
+    if ((rc = check_device(&p.a.so)))
         return rc;
     new_id(p.id);
     sp_rng_seed(&p.rng, sp_now_ns() ^ strtoull(p.id, NULL, 16));

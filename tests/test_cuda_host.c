@@ -14,6 +14,8 @@
 #include "cuda_backend.h"
 #include "cuda_emul.h"
 #include "kernels.h"
+#include "kmath_moe.h"
+#include "moe_cuda.h"
 #include "ops.h"
 #include "rng.h"
 #include "rope.h"
@@ -550,6 +552,55 @@ static void block_of(sp_block *b, sp_rope *rope, const char *json)
     ck_assert_msg(sp_block_init(b, &cfg, rope, &err) == SP_OK, "%s", err.msg);
 }
 
+/* The experts' routing (kmath_moe.h, what moe.cu's kernels run) against core's sp_moe_route_forward / _backward,
+ * ties included, and the grouping by expert as block.c's counting sort makes it: slots ordered by (expert, pair). */
+START_TEST(t_moe_routing_vs_cpu)
+{
+    static const int shapes[][3] = {{5, 2, 7}, {8, 2, 9}, {4, 4, 3}, {6, 1, 5}, {16, 3, 4}}; /* ne, nk, nt */
+    sp_rng r;
+    sp_rng_seed(&r, 31);
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        int ne = shapes[c][0], nk = shapes[c][1], nt = shapes[c][2], npairs = nt * nk;
+        float *lg = emul_randn(&r, (size_t)nt * ne, 1.0f), *dw = emul_randn(&r, (size_t)npairs, 1.0f);
+        for (int n = 0; n < nt; n += 2) /* ties: the lower expert wins, as on the CPU */
+            lg[n * ne + ne - 1] = lg[n * ne];
+        float *w = calloc((size_t)npairs, 4), *wc = calloc((size_t)npairs, 4), *dl = calloc((size_t)nt * ne, 4);
+        float *dlc = calloc((size_t)nt * ne, 4);
+        int32_t *idx = calloc((size_t)npairs, 4), *idxc = calloc((size_t)npairs, 4);
+        sp_moe_route_forward(wc, idxc, lg, nt, ne, nk);
+        sp_moe_route_backward(dlc, dw, wc, idxc, nt, ne, nk);
+        for (int n = 0; n < nt; n++) {
+            sp_km_moe_route(w + n * nk, idx + n * nk, lg + n * ne, ne, nk);
+            sp_km_moe_route_bwd(dl + n * ne, dw + n * nk, w + n * nk, idx + n * nk, ne, nk);
+        }
+        ck_assert_msg(!memcmp(idx, idxc, (size_t)npairs * 4) && !memcmp(w, wc, (size_t)npairs * 4),
+                      "E %d K %d: the routing differs from the CPU's", ne, nk);
+        ck_assert_msg(!memcmp(dl, dlc, (size_t)nt * ne * 4), "E %d K %d: the routing's backward differs", ne, nk);
+        int *seen = calloc((size_t)npairs, sizeof *seen), prev_e = -1, prev_i = -1;
+        for (int s = 0; s < npairs; s++) { /* slot s's pair: the s-th in (expert, pair) order */
+            int i = -1;
+            for (int j = 0; j < npairs; j++)
+                i = sp_km_moe_slot(idx, npairs, j) == s ? j : i;
+            ck_assert_msg(i >= 0 && !seen[i]++, "E %d K %d: slot %d has no pair of its own", ne, nk, s);
+            ck_assert_msg(idx[i] > prev_e || (idx[i] == prev_e && i > prev_i), "E %d K %d: slot %d out of order", ne,
+                          nk, s);
+            ck_assert_int_ge(s, sp_km_moe_first(idx, npairs, idx[i]));
+            ck_assert_int_lt(s, sp_km_moe_first(idx, npairs, idx[i] + 1));
+            prev_e = idx[i], prev_i = i;
+        }
+        ck_assert_int_eq(sp_km_moe_first(idx, npairs, 0), 0);
+        ck_assert_int_eq(sp_km_moe_first(idx, npairs, ne), npairs);
+        for (int n = 0; n < nt; n++) /* a token's choices come in expert order */
+            for (int j = 0, after = -1; j < nk; j++) {
+                int k = sp_km_moe_next(idx + n * nk, nk, after);
+                ck_assert_msg(k >= 0 && idx[n * nk + k] > after, "token %d: choice %d of %d out of order", n, j, nk);
+                after = idx[n * nk + k];
+            }
+        free(lg), free(dw), free(w), free(wc), free(dl), free(dlc), free(idx), free(idxc), free(seen);
+    }
+}
+END_TEST
+
 START_TEST(t_block_plan)
 {
     static const char *dense[] = {
@@ -578,8 +629,16 @@ START_TEST(t_block_plan)
                         "\"num_key_value_heads\":2,\"intermediate_size\":96,\"num_local_experts\":4,"
                         "\"num_experts_per_tok\":2,\"num_hidden_layers\":1,\"vocab_size\":64,"
                         "\"rms_norm_eps\":1e-5}");
-    ck_assert_int_eq(sp_cuda_block_supported(&b, &err), SP_ERR_UNSUPPORTED);
-    ck_assert_str_eq(err.msg, "cuda: mixtral's sparse experts do not run on the device yet");
+    ck_assert_msg(sp_cuda_block_supported(&b, &err) == SP_OK, "%s", err.msg);
+    /* a cache of 3 rows also holds its decode step's experts: 6 slots of gate, up and SwiGLU rows */
+    sp_moe_dims md = sp_cuda_moe_dims(&b);
+    ck_assert_int_eq(md.experts, 4);
+    ck_assert_int_eq(md.topk, 2);
+    ck_assert_int_eq(md.FF, 96);
+    size_t slots = sp_cuda_moe_acts_bytes(&md, 3);
+    ck_assert_uint_ge(slots, (size_t)6 * (3 * 96 + 2 * 64) * sizeof(float));
+    ck_assert_uint_gt(sp_cuda_kv_bytes(&b, 3, 40), slots + 2 * (size_t)3 * 40 * b.nkv * b.hd * sizeof(float));
+    ck_assert_uint_ge(sp_cuda_moe_grads_bytes(&md, 3), (size_t)6 * (3 * 96 + 2 * 64) * sizeof(float));
     sp_block_free(&b);
     /* the budget: what fits is charged, what does not is refused with nothing charged; giving back frees it */
     sp_cuda_budget bu = {.limit = 1000000};
@@ -662,6 +721,7 @@ int main(void)
     tcase_add_test(tc, t_gemm_plans_vs_cpu);
     tcase_add_test(tc, t_block_dx_tiles_vs_cpu);
     tcase_add_test(tc, t_block_plan);
+    tcase_add_test(tc, t_moe_routing_vs_cpu);
     suite_add_tcase(s, tc);
     TCase *te = tcase_create("errors");
     tcase_add_test(te, t_errors_mapped);

@@ -1,8 +1,10 @@
 /* test_server_gpu.c - a server with --device cuda against one on the CPU (in-process servers over loopback
  * websockets, the same RPCs to both): FORWARD and BACKWARD with deep prompts (recomputed, and from a FORWARD that
  * kept its inputs), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
- * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom and falcon-7b in f32: each answer within
- * 1e-4 of the CPU's, relative to its largest value. Without a usable GPU it reports itself skipped (exit 77). */
+ * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom, falcon-7b and mixtral in f32: each answer
+ * within 1e-4 of the CPU's, relative to its largest value. Then deep prompt tuning through a GPU server (llama,
+ * mixtral): the client's trainer (its parts on the CPU) through a server of every block on the GPU, and through one
+ * on the CPU: each step's loss within 1e-4 relative. Without a usable GPU it reports itself skipped (exit 77). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,13 +13,18 @@
 #include "config.h"
 #include "remote.h"
 #include "rng.h"
+#include "runtime.h"
 #include "server.h"
+#include "swarm.h"
 #include "testutil.h"
+#include "toytask.h"
+#include "trainer.h"
 
 #define TMO 60000
 #define TOL 1e-4
 
-static const char *const models[] = {"llama-gqa", "bloom", "falcon-7b"};
+static const char *const models[] = {"llama-gqa", "bloom", "falcon-7b", "mixtral"};
+#define NMODELS ((int)(sizeof models / sizeof *models))
 
 typedef struct pair {
     sp_server *s[2];  /* CPU, GPU */
@@ -183,6 +190,71 @@ END_TEST
 START_TEST(t_long_prefill_chunks) { sessions(0, 12, 9); /* 3 x 9 rows over 12 a chunk: 4 positions each */ }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* deep prompt tuning through a GPU server */
+
+#define STEPS 4
+
+/* STEPS deep prompt-tuning steps of toytask's classes (P 3, two microbatches; the client's parts and optimizer on
+ * the CPU) through one server of every block of model, on the GPU (gpu 1) or the CPU (0): each step's loss. */
+static void train_through(const char *model, int gpu, float *loss)
+{
+    char dir[1024], addr[64];
+    snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, model);
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = dir;
+    o.measure = 0;
+    o.device = gpu ? 0 : -1;
+    sp_server *s = NULL;
+    sp_runtime *rt = NULL;
+    sp_trainer *t = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s: %s", model, err.msg);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", sp_server_port(s));
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, dir, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_connect(rt, addr, &err) == SP_OK, "%s", err.msg);
+    sp_train_opts to;
+    sp_train_opts_default(&to);
+    to.tuning = SP_TUNE_DEEP;
+    to.pre_seq_len = 3;
+    to.batch = 6;
+    to.max_length = 12;
+    to.microbatches = 2;
+    to.warmup = 0;
+    to.lr = 5e-2f;
+    to.seed = 7;
+    to.device = 0;
+    ck_assert_msg(sp_trainer_new(&t, rt, NULL, &toy_cls, "", &to, &err) == SP_OK, "%s: %s", model, err.msg);
+    int idx[STEPS][6] = {{0, 5, 9, 13, 2, 17}, {1, 4, 8, 20, 11, 3}, {6, 7, 10, 12, 14, 15}, {16, 18, 19, 21, 22, 23}};
+    for (int k = 0; k < STEPS; k++)
+        ck_assert_msg(sp_trainer_step(t, idx[k], 6, &loss[k], &err) == SP_OK, "%s through the %s server, step %d: %s",
+                      model, gpu ? "GPU" : "CPU", k, err.msg);
+    sp_trainer_free(t);
+    sp_runtime_free(rt);
+    sp_server_stop(s);
+}
+
+START_TEST(t_deep_ptune_losses)
+{
+    static const char *const tuned[] = {"llama-gqa", "mixtral"};
+    const char *m = tuned[_i];
+    float lc[STEPS], lg[STEPS];
+    train_through(m, 0, lc);
+    train_through(m, 1, lg);
+    for (int k = 0; k < STEPS; k++) {
+        printf("%s deep_ptune step %d: loss through the CPU server %.7f, the GPU server %.7f\n", m, k, (double)lc[k],
+               (double)lg[k]);
+        ck_assert_msg(isfinite(lc[k]) && lc[k] > 0, "%s step %d: loss %g", m, k, (double)lc[k]);
+        ck_assert_msg(fabsf(lg[k] - lc[k]) <= 1e-4f * fabsf(lc[k]),
+                      "%s step %d: loss %.7f through the GPU server, %.7f through the CPU server (relative %.2g > 1e-4)",
+                      m, k, (double)lg[k], (double)lc[k], fabs((double)lg[k] - lc[k]) / fabs((double)lc[k]));
+    }
+    ck_assert_msg(lc[STEPS - 1] != lc[0], "%s: the steps changed nothing", m);
+}
+END_TEST
+
 int main(void)
 {
     sp_err err = {0};
@@ -196,9 +268,10 @@ int main(void)
     Suite *s = suite_create("server_gpu");
     TCase *tc = tcase_create("gpu_vs_cpu");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, t_forward_backward, 0, 3);
-    tcase_add_loop_test(tc, t_session, 0, 3);
+    tcase_add_loop_test(tc, t_forward_backward, 0, NMODELS);
+    tcase_add_loop_test(tc, t_session, 0, NMODELS);
     tcase_add_test(tc, t_long_prefill_chunks);
+    tcase_add_loop_test(tc, t_deep_ptune_losses, 0, 2);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

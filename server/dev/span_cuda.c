@@ -88,7 +88,7 @@ static void dev_free(span_dev *d)
 sp_status span_dev_open(sp_server *s, int gpu, sp_err *err)
 {
     int n = s->m->last - s->m->first;
-    for (int i = 0; i < n; i++) { /* Mixtral: refused before the GPU is touched */
+    for (int i = 0; i < n; i++) { /* a shape the device cannot run: refused before the GPU is touched */
         sp_status st = sp_cuda_block_supported(&s->m->blocks[i], err);
         if (st)
             return st;

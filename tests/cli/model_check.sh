@@ -98,6 +98,20 @@ expect 1 "config missing field" "nofield/config.json: missing field 'rms_norm_ep
 rm "$TMP/nofield/config.json"
 expect 1 "config missing" "nofield: not a model directory \(no config.json\)$" -- "$SEPAL" model info "$TMP/nofield"
 
+# --device: cpu is this process (the default); a bad value, and a GPU that cannot run, are refused (exit 2) before the
+# model is read. On a GPU, scripts/gpu-model-check.sh (ctest gpu_model_check) runs every checkpoint there.
+expect 0 "--device cpu" "^PASS: 0 check" -- "$SEPAL" model check "$T/mixtral" --device cpu
+expect 2 "--device gpu refused" \
+    "^sepal: model check: --device: expected cpu, cuda or cuda:N \(N: a GPU's index, 0 the first\), got 'gpu'$" -- \
+    "$SEPAL" model check "$T/mixtral" --device gpu
+out=$("$SEPAL" model check "$T/mixtral" --device cuda:999 2>&1)
+rc=$?
+if [ $rc -eq 2 ] && printf '%s\n' "$out" | grep -qE "^sepal: model check: --device cuda:999: (no usable GPU: .+|no GPU 999: this machine has [0-9]+|this sepal was built without CUDA)$"; then
+    ok "--device cuda:999 refused: $out"
+else
+    bad "--device cuda:999: exit $rc: $out"
+fi
+
 # A golden file of another model: values differ, and it lacks block 3.
 expect 1 "golden of another model" "logits +max\|err\| [0-9.e+]+ +FAIL" -- \
     "$SEPAL" model check "$T/llama-gqa" --golden "$T/llama3-rope/golden.safetensors"
