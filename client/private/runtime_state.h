@@ -61,6 +61,8 @@ typedef struct sp_server_entry {
     int failures;          /* since the last success */
     long cache_total;      /* from INFO, for `servers` */
     char addr[80];         /* "HOST:PORT" it is announced at, where other servers push to it (HELLO's; "": rec's) */
+    int cannot_push;       /* its push of a training pass did not reach the next server, which then answered the
+                              client: training's passes through it are client-driven from then on */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr, for swarm-started servers */
 } sp_server_entry;
