@@ -84,6 +84,7 @@ struct sp_runtime {
     sp_route route;        /* the last inference route computed (route, servers) */
     sp_rng rng;            /* training routes */
     uint64_t next_keep;
+    uint64_t passes_pushed; /* atomic: training's FORWARDs and BACKWARDs sent pushed (chain.c), for tests */
 
     /* discovery (swarm/discovery.c) */
     struct sp_dht *dht;

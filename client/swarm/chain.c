@@ -313,6 +313,8 @@ static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *fai
         }
         x->started = 1;
     }
+    if (!*st)
+        __atomic_add_fetch(&rt->passes_pushed, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < n; i++) {
         pass_hop *x = &w[ord[i]];
         if (x->started)
@@ -426,20 +428,23 @@ static sp_status backward_pushed(sp_runtime *rt, sp_route *r, float *grad, int B
 }
 
 /* Before a FORWARD's or BACKWARD's stages run client-driven: a pushed pass where the route and the setting allow it,
- * then its recovery where a stage failed (see forward_pushed). *missed: the stage a push did not reach (-1: none),
- * *into its server then. */
+ * then its recovery where a stage failed (see forward_pushed; *attempt 1 then, else 0). *missed: the stage a push
+ * did not reach (-1: none), *into its server then. */
 static sp_status pushed_first(sp_runtime *rt, sp_route *route, int bwd, float *x, int B, int T, const float *prompts,
-                              int P, float *boundaries, float *gp, const sp_pipe_ticket *tk, int *from, int *missed,
-                              int *into, sp_err *err)
+                              int P, float *boundaries, float *gp, const sp_pipe_ticket *tk, int *from, int *attempt,
+                              int *missed, int *into, sp_err *err)
 {
     int failed = 0, bad = -1, retry = 0;
+    *attempt = 0;
     sp_status st = bwd ? backward_pushed(rt, route, x, B, T, prompts, P, boundaries, gp, tk, from, &failed, &bad,
                                          &retry, err)
                        : forward_pushed(rt, route, x, B, T, prompts, P, boundaries, tk, from, &failed, &bad, &retry,
                                         err);
     *missed = -1;
-    if (st && retry)
+    if (st && retry) {
+        *attempt = 1;
         return recover_stage(rt, route, *from, bad, 0, err);
+    }
     if (!st && !failed && *from >= 0 && *from < route->nstages) {
         *missed = *from;
         *into = route->hop[*from].server;
@@ -480,15 +485,16 @@ static sp_status forward(sp_runtime *rt, sp_route *route, float *hidden, int B, 
     if (!boundaries && !tmp)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status st = SP_OK;
-    int s0 = 0, pushed = sp_rt_train_pushable(rt, route), missed = -1, into = -1;
+    int s0 = 0, pushed = sp_rt_train_pushable(rt, route), missed = -1, into = -1, attempt0 = 0;
     if (pushed) /* (its stages entered the pipe's gates: the rest runs outside them) */
-        st = pushed_first(rt, route, 0, hidden, B, T, prompts, P, boundaries, NULL, tk, &s0, &missed, &into, err);
+        st = pushed_first(rt, route, 0, hidden, B, T, prompts, P, boundaries, NULL, tk, &s0, &attempt0, &missed, &into,
+                          err);
     for (int s = s0; s < route->nstages && !st; s++) {
         float *in = boundaries ? boundaries + s * N : tmp;
         memcpy(in, hidden, N * sizeof(float));
         if (!pushed && (st = gate_enter(route, tk, s, 0, err)))
             break;
-        for (int attempt = s == s0 && pushed; ; attempt++) {
+        for (int attempt = s == s0 ? attempt0 : 0;; attempt++) {
             int bad = -1, retry = 0;
             st = stage_forward(rt, route, s, hidden, B, T, prompts, P, boundaries != NULL, NULL, &bad, &retry, err);
             if (!st || !retry || (st = recover_stage(rt, route, s, bad, attempt, err)))
@@ -512,15 +518,15 @@ static sp_status backward(sp_runtime *rt, sp_route *route, float *grad, int B, i
     if (!gin)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status st = SP_OK;
-    int s0 = route->nstages - 1, pushed = sp_rt_train_pushable(rt, route), missed = -1, into = -1;
+    int s0 = route->nstages - 1, pushed = sp_rt_train_pushable(rt, route), missed = -1, into = -1, attempt0 = 0;
     if (pushed)
-        st = pushed_first(rt, route, 1, grad, B, T, prompts, P, (float *)boundaries, grad_prompts, tk, &s0, &missed,
-                          &into, err);
+        st = pushed_first(rt, route, 1, grad, B, T, prompts, P, (float *)boundaries, grad_prompts, tk, &s0, &attempt0,
+                          &missed, &into, err);
     for (int s = s0; s >= 0 && !st; s--) {
         memcpy(gin, grad, N * sizeof(float));
         if (!pushed && (st = gate_enter(route, tk, s, 1, err)))
             break;
-        for (int attempt = s == s0 && pushed; ; attempt++) {
+        for (int attempt = s == s0 ? attempt0 : 0;; attempt++) {
             int bad = -1, retry = 0;
             st = stage_backward(rt, route, s, boundaries + s * N, grad, B, T, prompts, P, grad_prompts, &bad, &retry,
                                 err);
