@@ -413,9 +413,17 @@ int sp_rt_train_pushable(sp_runtime *rt, const sp_route *r)
         for (int g = 0; ok && g < h; g++)
             ok = srv[g] != srv[h] && !sp_rt_same_addr(rt->servers[srv[g]], rt->servers[srv[h]]);
     }
-    if (ok && mode == SP_PUSH_AUTO)
-        ok = sp_rt_pings_call_for_push(rt, srv, n) &&
-             sp_rt_train_price(rt, srv, n, 1) < sp_rt_train_price(rt, srv, n, 0);
+    int unknown[SP_RT_MAX_HOPS], nu = 0;
+    for (int h = 0; ok && mode == SP_PUSH_AUTO && h < n; h++)
+        if (rt->servers[srv[h]]->rtt < 0)
+            unknown[nu++] = srv[h];
+    pthread_mutex_unlock(&rt->lock);
+    if (!ok || mode != SP_PUSH_AUTO)
+        return ok;
+    for (int k = 0; k < nu; k++) /* priced on measured links: a ping not known yet is measured first */
+        sp_rt_ping(rt, unknown[k]);
+    pthread_mutex_lock(&rt->lock);
+    ok = sp_rt_pings_call_for_push(rt, srv, n) && sp_rt_train_price(rt, srv, n, 1) < sp_rt_train_price(rt, srv, n, 0);
     pthread_mutex_unlock(&rt->lock);
     return ok;
 }
