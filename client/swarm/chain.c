@@ -6,7 +6,14 @@
  * forward simply goes on; a backward first re-runs the replacement's forward (to get the inputs of its
  * hops), then its backward. The servers compute the same functions, so loss and gradients are those of a
  * run without the failure. Hidden states and gradients travel in the `wire` setting's encoding both ways
- * (f32, f16, bf16 or q8; the replies in the request's), deep prompts in f32. */
+ * (f32, f16, bf16 or q8; the replies in the request's), deep prompts in f32.
+ *
+ * Where the push setting allows it (sp_rt_train_pushable), a pass goes from server to server: FORWARD client ->
+ * first server -> ... -> last -> client, BACKWARD the other way. Every hop's request goes out at once, on a thread of
+ * its own (in a pipelined step, each once the microbatch's turn on its stage came): the first with its input, the
+ * others awaiting it under an id and a random token that the hop before them pushes to (SPAN_PUSH). The client still
+ * gets every hop's output (the boundaries, a retry's start). Where a hop fails or a push does not arrive, the pass
+ * goes on client-driven from that hop, as above. */
 #include "swarm_impl.h"
 
 #include <pthread.h>
