@@ -1,5 +1,5 @@
 # relays.sh - bench/linkem relays for the shell benches and tests that put links between a client and servers
-# (sourced by bench/wan.sh, bench/bandwidth.sh, tests/cli/push.sh, route_push.sh and route_links.sh; they set `linkem` to the binary,
+# (sourced by bench/wan.sh, wan-train.sh, bench/bandwidth.sh, tests/cli/push.sh, route_push.sh and route_links.sh; they set `linkem` to the binary,
 # `pids` (an array) to what they stop, and `tmp` to a scratch directory), and the benches' stop_all and free_ports.
 
 # relays NAME DELAY PORT...: one linkem of that one-way delay (ms), a link leading to each 127.0.0.1:PORT; prints the
@@ -50,6 +50,30 @@ model_8l() {
     [ -f "$model/config.json" ] && return 0
     echo "making $model (8 layers; kept for later runs)"
     "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1
+}
+
+# wan_servers: 3 sepal-server processes of $model in int8 (blocks 0:3, 3:6, 6:8: the array spans) on the ports in the
+# array ports, reaching each other through linkem links of 5 ms each way (their --announce addresses, the array
+# peer), as bench/wan.sh's and wan-train.sh's WAN has them; returns once they serve, 1 if something did not start
+# (said on stderr). Call it in the shell that stops pids.
+wan_servers() {
+    local i
+    spans=(0:3 3:6 6:8)
+    read -r -a ports <<<"$(free_ports 3)"
+    relays peer 5 "${ports[@]}" >"$tmp/peer.ports"
+    read -r -a peer <"$tmp/peer.ports"
+    [ "${#peer[@]}" = 3 ] || { echo "linkem did not start" >&2; return 1; }
+    for i in 0 1 2; do
+        "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" --bulk-port -1 \
+            --announce "127.0.0.1:${peer[$i]}" >"$tmp/s$i.out" 2>&1 &
+        pids+=($!)
+    done
+    for i in 0 1 2; do
+        until grep -qs "^sepal-server: serving" "$tmp/s$i.out"; do
+            kill -0 "${pids[$((${#pids[@]} - 3 + i))]}" 2>/dev/null || { cat "$tmp/s$i.out" >&2; return 1; }
+            sleep 0.2
+        done
+    done
 }
 
 # stop_all: stops every process in pids and waits for them.

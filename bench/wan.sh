@@ -48,22 +48,7 @@ ms_per_token() { sed -n 's/^sepal: .* \([0-9]*\) new in \([0-9.]*\) s .*/\1 \2/p
 
 model_8l 4096 || die "model init failed"
 
-spans=(0:3 3:6 6:8)
-read -r -a ports <<<"$(free_ports 3)"
-relays peer 5 "${ports[@]}" >"$tmp/peer.ports" # (in this shell, never in $(...): pids must reach the trap)
-read -r -a peer <"$tmp/peer.ports"
-[ "${#peer[@]}" = 3 ] || die "linkem did not start"
-for i in 0 1 2; do
-    "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" --bulk-port -1 \
-        --announce "127.0.0.1:${peer[$i]}" >"$tmp/s$i.out" 2>&1 &
-    pids+=($!)
-done
-for i in 0 1 2; do
-    until grep -qs "^sepal-server: serving" "$tmp/s$i.out"; do
-        kill -0 "${pids[$((i + 1))]}" 2>/dev/null || { cat "$tmp/s$i.out" >&2; die "server $i died"; }
-        sleep 0.2
-    done
-done
+wan_servers || die "the swarm did not start"
 echo "bench 2: $model, int8, 3 servers (blocks ${spans[*]}), servers 5 ms apart (linkem), $tokens new tokens"
 echo "  CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores (shared with other work: figures are a loaded machine's)"
 

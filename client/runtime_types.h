@@ -39,7 +39,8 @@ typedef struct sp_route {
     int pushed;            /* min-latency routes: its steps go from server to server (priced so), else relayed */
 } sp_route;
 
-/* Whether inference steps go from server to server (each pushing its output to the next) or through the client. */
+/* Whether inference steps and training's passes go from server to server (each pushing its output to the next) or
+ * through the client. */
 typedef enum sp_push_mode {
     SP_PUSH_OFF,  /* every server gets its input from the client */
     SP_PUSH_ON,   /* pushed wherever the chain's servers allow it */
@@ -56,7 +57,8 @@ typedef struct sp_rt_settings {
     double backoff_max_s;    /* longest pause between retries (default 60 s) */
     char allowed[1024];      /* "id,id,host:port,..." only these (empty: all) */
     char blocked[1024];      /* never these */
-    int push;                /* sp_push_mode: inference steps pushed from server to server (default auto) */
+    int push;                /* sp_push_mode: inference steps and training's passes pushed from server to server
+                                (default auto) */
     int wire;                /* hidden states (inference steps, training's forwards) and gradients on the wire, both
                                 ways and server to server: an sp_encoding of ws/proto.h, f32 (0, the default), f16
                                 (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */

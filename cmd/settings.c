@@ -35,7 +35,8 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
                              .help = "seconds a server may take for one request before it counts as failed; 0 derives "
                                      "it from the server's announced speed (a few seconds for a decode step)"},
     [SP_SET_PUSH] = {"push", SP_OPT_CHOICE, .choices = "auto|on|off", .def = "auto",
-                     .help = "inference steps go from server to server, each sending its output straight to the next: "
+                     .help = "inference steps and training's forwards and backwards go from server to server, each "
+                             "sending its output straight to the next: "
                              "auto where routing prices that faster on the measured links (and the client's pings to "
                              "the chain's servers average 1 ms or more), on wherever the servers allow it, off never "
                              "(the client sends every server its input)"},

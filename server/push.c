@@ -1,5 +1,6 @@
 /* push.c - server-to-server push: a step's output sent straight to the next server of the session's chain
- * (INFERENCE_PUSH), over connections kept per address. A push waits for the next server's acknowledgement (it
+ * (INFERENCE_PUSH), and a training pass's output to the request of the next server that awaits it (SPAN_PUSH),
+ * over connections kept per address. A push waits for the next server's acknowledgement (it
  * acknowledges before it computes), so the step's reply can say whether the push arrived; the client delivers
  * the input itself when it did not. Pushes go out one at a time (a server pushes a step of each of its sessions,
  * a few ms each). */
@@ -54,17 +55,15 @@ static sp_remote *conn_to(sp_server *s, const char *host, int port, sp_err *err)
     return c->r;
 }
 
-sp_status sp_push_send(sp_server *s, const sp_step_req *q, const sp_tensor_src *hidden, sp_err *err)
+/* One push of type (meta, the tensor t) to host:port, its acknowledgement awaited. */
+static sp_status push(sp_server *s, sp_msg_type type, const char *host, int port, const char *meta,
+                      const sp_tensor_src *t, sp_err *err)
 {
-    char meta[160];
-    sp_push_req p = {.session = q->push_session, .token = q->push_token, .step = q->step};
-    sp_status st = sp_push_req_encode(&p, meta, sizeof meta, err);
-    if (st)
-        return st;
+    sp_status st;
     pthread_mutex_lock(&s->push_lock);
-    sp_remote *r = conn_to(s, q->push_host, q->push_port, err);
+    sp_remote *r = conn_to(s, host, port, err);
     sp_reply rep = {0};
-    st = r ? sp_remote_call(r, SP_MSG_INFERENCE_PUSH, meta, hidden, 1, &rep, PUSH_TIMEOUT_MS, err)
+    st = r ? sp_remote_call(r, type, meta, t, 1, &rep, PUSH_TIMEOUT_MS, err)
            : (err && err->code ? err->code : SP_ERR_IO);
     if (st && r && rep.msg.type != SP_MSG_ERROR) { /* a transport failure: a new connection next time */
         for (int i = 0; i < s->npush_conns; i++)
@@ -76,6 +75,22 @@ sp_status sp_push_send(sp_server *s, const sp_step_req *q, const sp_tensor_src *
     pthread_mutex_unlock(&s->push_lock);
     sp_reply_clear(&rep);
     return st;
+}
+
+sp_status sp_push_send(sp_server *s, const sp_step_req *q, const sp_tensor_src *hidden, sp_err *err)
+{
+    char meta[160];
+    sp_push_req p = {.session = q->push_session, .token = q->push_token, .step = q->step};
+    sp_status st = sp_push_req_encode(&p, meta, sizeof meta, err);
+    return st ? st : push(s, SP_MSG_INFERENCE_PUSH, q->push_host, q->push_port, meta, hidden, err);
+}
+
+sp_status sp_span_push_send(sp_server *s, const sp_span_req *q, const sp_tensor_src *out, sp_err *err)
+{
+    char meta[128];
+    sp_span_push_req p = {.id = q->push_id, .token = q->push_token};
+    sp_status st = sp_span_push_req_encode(&p, meta, sizeof meta, err);
+    return st ? st : push(s, SP_MSG_SPAN_PUSH, q->push_host, q->push_port, meta, out, err);
 }
 
 void sp_push_close_all(sp_server *s)

@@ -244,6 +244,52 @@ static int span_meta(req *r, sp_span_req *q)
     return span_check(r, q->start, q->end);
 }
 
+/* A pass's request that awaits its input (q->await): the pushed tensor spliced into r's tensors at index `at`
+ * (FORWARD's hidden 0, BACKWARD's grad_out 1), the push's message kept in *in (its views in *pm) until the request
+ * is done; or the request parked until it comes (its buffer taken: no reply now). -1 when parked or after an ERROR
+ * reply. */
+static int await_input(req *r, const sp_span_req *q, int at, sp_buf *in, sp_msg *pm)
+{
+    sp_err err = {0};
+    if (r->m.n_tensors < at || r->m.n_tensors >= SP_PROTO_MAX_TENSORS)
+        return bad(r, "bad_request", "%s that awaits its input has %d tensors", sp_msg_type_name(r->m.type),
+                   r->m.n_tensors);
+    int rc = awaits_take(r->s, q->await, q->await_token, r->conn, r->msg, in, &err);
+    if (rc < 0)
+        return bad(r, "bad_request", "%s", err.msg);
+    if (rc == 0) {
+        r->msg = NULL;
+        return -1;
+    }
+    if (sp_msg_decode(pm, in->data, in->len, &r->s->limits, &err) || pm->n_tensors < 1)
+        return bad(r, "internal", "the pushed input: %s", err.msg[0] ? err.msg : "no tensor");
+    memmove(&r->m.t[at + 1], &r->m.t[at], (size_t)(r->m.n_tensors - at) * sizeof *r->m.t);
+    r->m.t[at] = pm->t[0];
+    r->m.n_tensors++;
+    reply_encoding(r, q->reply_encoding, 0);
+    return 0;
+}
+
+/* A FORWARD's or BACKWARD's answer: first the push q asks for (the next server's input is the critical path, this
+ * reply is not), then the reply, saying whether the push arrived. */
+static void span_reply(req *r, const sp_span_req *q, const sp_tensor_src *out, int n)
+{
+    char meta[32];
+    const char *m = NULL;
+    if (q->push_port > 0) {
+        sp_err perr = {0};
+        sp_span_reply a = {.pushed = sp_span_push_send(r->s, q, &out[0], &perr) == SP_OK};
+        if (a.pushed)
+            __atomic_add_fetch(&r->s->pushes_out, 1, __ATOMIC_RELAXED);
+        else
+            sp_log(SP_LOG_INFO, "%s: push to %s:%d failed: %s", sp_msg_type_name(r->m.type), q->push_host,
+                   q->push_port, perr.msg);
+        if (sp_forward_reply_encode(&a, meta, sizeof meta, NULL) == SP_OK)
+            m = meta;
+    }
+    reply(r, m, out, n);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* span computation */
 
@@ -322,7 +368,9 @@ static void rpc_forward(req *r, sp_ws *ws)
     sp_block_acts *acts = NULL;
     size_t bytes = 0;
     sp_span_req q = {0};
-    if (span_meta(r, &q) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
+    sp_buf pin = {0};
+    sp_msg pm = {0};
+    if (span_meta(r, &q) || (q.await && await_input(r, &q, 0, &pin, &pm)) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
         goto done;
     int start = q.start, end = q.end;
     if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
@@ -356,8 +404,9 @@ static void rpc_forward(req *r, sp_ws *ws)
         acts = NULL;
     }
     sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
-    reply(r, NULL, &out, 1);
+    span_reply(r, &q, &out, 1);
 done:
+    sp_buf_free(&pin);
     for (int i = 0; acts && i < q.end - q.start; i++)
         kept_acts_put(&r->s->kt, &acts[i]);
     free(acts);
@@ -374,7 +423,9 @@ static void rpc_backward(req *r, sp_ws *ws)
     float *x = NULL, *g = NULL, *prompts = NULL, *inputs = NULL, *gp = NULL;
     kept *k = NULL;
     sp_span_req q;
-    if (span_meta(r, &q) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
+    sp_buf pin = {0};
+    sp_msg pm = {0};
+    if (span_meta(r, &q) || (q.await && await_input(r, &q, 1, &pin, &pm)) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
         !(g = hidden_arg(r, 1, "grad_out", &B2, &T2)))
         goto done;
     int start = q.start, end = q.end;
@@ -428,8 +479,9 @@ static void rpc_backward(req *r, sp_ws *ws)
 answer:;
     sp_tensor_src out[2] = {tensor3(r, g, B, T, H),
                             {.enc = r->reply_enc, .rank = 4, .shape = {n, B, P, H}, .f32 = gp}};
-    reply(r, NULL, out, gp ? 2 : 1);
+    span_reply(r, &q, out, gp ? 2 : 1);
 done:
+    sp_buf_free(&pin);
     kept_free(&r->s->kt, k);
     free(x);
     free(g);
@@ -788,6 +840,28 @@ static int decode(req *r, sp_server *s, uint64_t conn, const sp_buf *msg)
         return -1;
     sp_ws_server_close(s->ws, conn); /* a peer that sends garbage loses its connection, nothing else */
     return -1;
+}
+
+/* SPAN_PUSH: the input of a FORWARD or BACKWARD that awaits it here (its id and token), from the server before this
+ * one in the pass. Acknowledged at once (on the transport thread: nothing is computed); the request runs when a worker
+ * takes it, with this input. */
+void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_conn, sp_buf *pend)
+{
+    req r;
+    if (decode(&r, s, conn, msg))
+        return;
+    sp_span_push_req q;
+    sp_err err = {0};
+    if (!bad_meta(&r, sp_span_push_req_decode(&r.m, &q, &err), &err) && !float_tensor(&r, 0, "hidden", 3)) {
+        sp_status st = awaits_arrive(s, q.id, q.token, msg, pend_conn, pend, &err);
+        if (st)
+            bad(&r, st == SP_ERR_ARG ? "forbidden" : st == SP_ERR_RANGE ? "busy" : "bad_request", "%s", err.msg);
+        else {
+            ack(&r);
+            __atomic_add_fetch(&s->pushes_in, 1, __ATOMIC_RELAXED);
+        }
+    }
+    sp_msg_clear(&r.m);
 }
 
 /* A compute request runs its blocks as a batch of its own (metrics.h): its positions, B x T of its hidden states. */

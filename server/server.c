@@ -346,6 +346,24 @@ static void done_inline(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t len)
     sp_ws_server_release(s->ws, conn, len);
 }
 
+/* A parked request (training's, that awaited its pushed input) back in the queue: its bytes left the input budget
+ * when it was parked. */
+static void requeue(sp_server *s, uint64_t conn, sp_buf *msg)
+{
+    task *t = task_new(&s->q);
+    if (!t) {
+        sp_msg_header h = {0};
+        sp_msg_header_read(msg->data, msg->len, &h);
+        sp_rpc_error(s, conn, h.request_id, "internal", "out of memory");
+        sp_buf_free(msg);
+        return;
+    }
+    *t = (task){.conn = conn, .peer = sp_ws_server_peer(s->ws, conn), .msg = *msg, .prio = 1,
+                .queued_ns = sp_now_ns()};
+    memset(msg, 0, sizeof *msg);
+    queue_push(&s->q, t);
+}
+
 static void on_message(void *user, uint64_t conn, sp_buf *msg)
 {
     sp_server *s = user;
@@ -358,6 +376,15 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     sp_mx_request(&s->mx, h.type, len);
     if (sp_rpc_handle_inline(s, conn, msg)) {
         done_inline(s, conn, msg, len);
+        return;
+    }
+    if (h.type == SP_MSG_SPAN_PUSH) { /* kept for the request awaiting it, which goes back to the queue if parked */
+        uint64_t pend_conn = 0;
+        sp_buf pend = {0};
+        sp_rpc_span_push(s, conn, msg, &pend_conn, &pend);
+        done_inline(s, conn, msg, len);
+        if (pend.len)
+            requeue(s, pend_conn, &pend);
         return;
     }
     /* A small decode step of a fast span: answer right here, unless another transport thread is doing so */
@@ -393,6 +420,7 @@ static void on_close(void *user, uint64_t conn)
 {
     sessions_close_conn(user, conn); /* a dropped connection frees its sessions and kept activations */
     kept_drop(user, conn, 0);
+    awaits_expire(user, 0, conn);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -411,6 +439,7 @@ static void *reaper_main(void *arg)
         pthread_mutex_unlock(&s->reaper_lock);
         sessions_reap(s, sp_now_s());
         kept_drop(s, UINT64_MAX, sp_now_s() - s->o.step_timeout_s);
+        awaits_expire(s, sp_now_s() - s->o.step_timeout_s, UINT64_MAX);
         pthread_mutex_lock(&s->reaper_lock);
     }
     pthread_mutex_unlock(&s->reaper_lock);
@@ -561,6 +590,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->reaper_lock, NULL);
     pthread_cond_init(&s->reaper_cond, NULL);
     kept_init(&s->kt, o->keep_bytes);
+    awaits_init(&s->aw, o->keep_bytes / 2 + ((size_t)64 << 20)); /* pushed inputs: half the kept budget + 64 MiB */
     pthread_mutex_init(&s->inline_lock, NULL);
     pthread_mutex_init(&s->push_lock, NULL);
     pthread_mutex_init(&s->batch_lock, NULL);
@@ -744,6 +774,7 @@ void sp_server_stop(sp_server *s)
     if (s->m)
         sessions_destroy(&s->st);
     kept_destroy(&s->kt);
+    awaits_destroy(&s->aw);
     span_dev_close(s); /* after the sessions: their device caches go first */
     free(s->workers);
     sp_ws_free(&s->inline_ws);

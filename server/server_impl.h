@@ -77,6 +77,24 @@ typedef struct kept_table {
 } kept_table;
 
 /* ---------------------------------------------------------------------------------------------- */
+/* training's pushed passes (awaits.c): requests awaiting their pushed input, and inputs pushed before their request */
+
+typedef struct await_entry {
+    uint64_t id, token;
+    sp_buf input;       /* the SPAN_PUSH message, once it came (len 0: not yet) */
+    sp_buf pend;        /* the awaiting request, parked until its input comes (len 0: none) */
+    uint64_t pend_conn;
+    double created;
+    struct await_entry *next;
+} await_entry;
+
+typedef struct await_table {
+    pthread_mutex_t lock;
+    await_entry *head;
+    size_t bytes, cap; /* of the inputs and parked requests held */
+} await_table;
+
+/* ---------------------------------------------------------------------------------------------- */
 /* work queue: inference first, then forward/backward; within a priority, round-robin over the clients (peers, by
  * source address), each client's requests first come, first served */
 
@@ -117,6 +135,7 @@ struct sp_server {
     int nworkers;
     session_table st;
     kept_table kt;
+    await_table aw;
     pthread_t reaper;
     pthread_mutex_t reaper_lock;
     pthread_cond_t reaper_cond;
@@ -163,6 +182,9 @@ typedef struct sp_step_batch sp_step_batch;
 sp_step_batch *sp_step_batch_new(void);
 void sp_step_batch_free(sp_step_batch *b);
 void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_step_batch *b, sp_ws *ws);
+/* rpc.c: a SPAN_PUSH, answered on the transport thread (it computes nothing): its message is taken, and the request
+ * it unparks (if any) comes back in *pend with its connection *pend_conn, for the queue. */
+void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_conn, sp_buf *pend);
 /* rpc.c: requests answered on the transport thread (HELLO, INFO, PING); 1 if handled. */
 int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg);
 /* Sends an ERROR reply. */
@@ -203,10 +225,28 @@ void kept_free(kept_table *t, kept *x);
 void kept_acts_get(kept_table *t, sp_block_acts *a);
 void kept_acts_put(kept_table *t, sp_block_acts *a);
 
+/* awaits.c */
+void awaits_init(await_table *t, size_t cap);
+void awaits_destroy(await_table *t);
+/* A SPAN_PUSH's message (input, taken on success) for the request awaiting id with token: kept for it, and when that
+ * request is parked, it comes back in *pend (with its connection *conn) for the queue. SP_ERR_ARG: a request awaits
+ * id with another token; SP_ERR_STATE: its input came already; SP_ERR_RANGE: over the cap. */
+sp_status awaits_arrive(sp_server *s, uint64_t id, uint64_t token, sp_buf *input, uint64_t *conn, sp_buf *pend,
+                        sp_err *err);
+/* A request (its message req, from conn) that awaits id with token: 1 with its input in *input (the entry done); 0
+ * parked (req taken) until the input comes; -1 with err (another request awaits id, out of memory). */
+int awaits_take(sp_server *s, uint64_t id, uint64_t token, uint64_t conn, sp_buf *req, sp_buf *input, sp_err *err);
+/* Drops the entries created before older_than (a parked request gets ERROR `timeout`) and the parked requests of
+ * connection conn (UINT64_MAX: none), which closed. */
+void awaits_expire(sp_server *s, double older_than, uint64_t conn);
+
 /* push.c: sends INFERENCE_PUSH of hidden (the output of step `step`) to the session push_session of the server at
  * push_host:push_port (q's push fields), over a connection kept for the next pushes, and waits for its
  * acknowledgement (at most 2 s): SP_OK once that server has it. */
 sp_status sp_push_send(sp_server *s, const sp_step_req *q, const sp_tensor_src *hidden, sp_err *err);
+/* The same for training's passes: SPAN_PUSH of out (a FORWARD's output, a BACKWARD's grad_in) to the request that
+ * awaits q's push_id at q's push_host:push_port, with its token. */
+sp_status sp_span_push_send(sp_server *s, const sp_span_req *q, const sp_tensor_src *out, sp_err *err);
 void sp_push_close_all(sp_server *s);
 
 /* throughput.c */

@@ -503,8 +503,8 @@ END_TEST
 
 /* FORWARD then BACKWARD over a training route through the swarm; victim: 0 none, 1 the hop holding
  * block 4 dies before the forward, 2 before the backward (it kept the activations). */
-static void chain_run(sp_runtime *rt, const float *x, const float *g0, const float *prompts, int B, int T, int P,
-                      float *y, float *g, float *gp, int victim)
+static int chain_run(sp_runtime *rt, const float *x, const float *g0, const float *prompts, int B, int T, int P,
+                     float *y, float *g, float *gp, int victim)
 {
     int H = sp_runtime_config(rt)->hidden, L = sp_runtime_config(rt)->n_layers;
     size_t N = (size_t)B * T * H;
@@ -528,6 +528,7 @@ static void chain_run(sp_runtime *rt, const float *x, const float *g0, const flo
     }
     ck_assert_msg(sp_runtime_backward(rt, &route, g, B, T, prompts, P, bound, gp, NULL, &err) == SP_OK, "%s", err.msg);
     free(bound);
+    return route.nstages;
 }
 
 START_TEST(t_kill_training)
@@ -545,9 +546,15 @@ START_TEST(t_kill_training)
     for (int v = 0; v < 3; v++) {
         y[v] = malloc(N * 4), g[v] = malloc(N * 4), gp[v] = malloc(NP * 4);
         int before = F.retries;
-        chain_run(rt, x, g0, prompts, B, T, P, y[v], g[v], gp[v], v);
+        uint64_t pushed = rt->passes_pushed;
+        int stages = chain_run(rt, x, g0, prompts, B, T, P, y[v], g[v], gp[v], v);
         if (v)
             ck_assert_msg(F.retries > before, "victim %d: no failure was met", v);
+        /* push on: over 2 servers or more (the route is drawn by throughput) both passes went pushed, the failure
+         * met in the first (victim 1) or in the second (2) */
+        printf("training passes, victim %d: %d stages, %d passes pushed\n", v, stages, (int)(rt->passes_pushed - pushed));
+        if (stages > 1)
+            ck_assert_int_eq((int)(rt->passes_pushed - pushed), 2);
     }
     for (int v = 1; v < 3; v++) {
         ck_assert_msg(sp_max_abs_diff(y[v], y[0], N) <= 1e-5, "outputs differ by %g", sp_max_abs_diff(y[v], y[0], N));
@@ -664,8 +671,10 @@ static void trainer_through_failure(int micro, int between)
     F.rt = rt;
     F.unblock = 1; /* the replacement becomes usable at the first retry */
     kill_at = between ? -1 : micro; /* the first microbatch of step 1, between its FORWARD and BACKWARD */
+    uint64_t pushed = rt->passes_pushed;
     int64_t n2 = train_steps(rt, micro, between, got, pg);
     ck_assert_int_eq(n2, n);
+    ck_assert_msg(rt->passes_pushed > pushed, "no pass was pushed"); /* push on: the failure met a pushed pass */
     ck_assert_msg(F.port_hit == procs[1].port && procs[1].pid == 0, "the victim was not killed");
     if (between && !F.retries) {
         /* no request reached the dead victim (one would have failed): its ping found it down first, or the

@@ -406,6 +406,76 @@ START_TEST(t_forward_backward_over_route)
 }
 END_TEST
 
+/* Training's passes pushed from server to server (`push on`) and client-driven (`push off`) over three servers
+ * (0:1, 1:3, 3:4) with deep prompts: in f32 the same outputs, input gradients and prompt gradients, bit for bit;
+ * pushed, every FORWARD went 0:1 -> 1:3 -> 3:4 and every BACKWARD back (the servers' push counts), client-driven
+ * none; in q8 the pushed pass is within the encoding's error of f32's (the pushes carry the wire's encoding). */
+START_TEST(t_forward_backward_pushed)
+{
+    srv[0] = start(0, 1, 0);
+    srv[1] = start(1, 3, 0);
+    srv[2] = start(3, 4, 0);
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    char addrs[128];
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]),
+             sp_server_port(srv[1]), sp_server_port(srv[2]));
+    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    int B = 2, T = 5, H = 64, P = 2, L = 4;
+    size_t N = (size_t)B * T * H, NP = (size_t)L * B * P * H;
+    sp_rng r;
+    sp_rng_seed(&r, 7);
+    float *x = malloc(N * 4), *g0 = malloc(N * 4), *prompts = malloc(NP * 4), *y[3], *g[3], *gp[3];
+    float *bound = malloc(3 * N * 4);
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g0, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, prompts, (long)NP, 0.1f);
+    const struct { int push, wire; } run[3] = {{SP_PUSH_OFF, SP_ENC_F32}, {SP_PUSH_ON, SP_ENC_F32}, {SP_PUSH_ON, SP_ENC_Q8}};
+    for (int k = 0; k < 3; k++) {
+        sp_rt_settings set;
+        sp_runtime_settings(rt, &set);
+        set.push = run[k].push;
+        set.wire = run[k].wire;
+        sp_runtime_set_settings(rt, &set);
+        uint64_t in0[3], out0[3], in1, out1;
+        for (int i = 0; i < 3; i++)
+            sp_server_pushes(srv[i], &in0[i], &out0[i]);
+        y[k] = malloc(N * 4), g[k] = malloc(N * 4), gp[k] = calloc(NP, 4);
+        for (int rep = 0; rep < 2; rep++) { /* twice: the second pass's pushes go over kept connections */
+            sp_route route;
+            ck_assert_int_eq(sp_runtime_route_train(rt, &route, &err), SP_OK);
+            ck_assert_int_eq(route.nstages, 3);
+            memcpy(y[k], x, N * 4);
+            memcpy(g[k], g0, N * 4);
+            ck_assert_msg(sp_runtime_forward(rt, &route, y[k], B, T, prompts, P, bound, NULL, &err) == SP_OK, "%s",
+                          err.msg);
+            ck_assert_msg(sp_runtime_backward(rt, &route, g[k], B, T, prompts, P, bound, gp[k], NULL, &err) == SP_OK,
+                          "%s", err.msg);
+        }
+        for (int i = 0; i < 3; i++) { /* each pass: 2 pushes out, from the first (forward) and last (backward) 1 */
+            sp_server_pushes(srv[i], &in1, &out1);
+            int want = run[k].push == SP_PUSH_ON ? 2 * (i == 1 ? 2 : 1) : 0;
+            ck_assert_int_eq((int)(out1 - out0[i]), want);
+            ck_assert_int_eq((int)(in1 - in0[i]), want);
+        }
+    }
+    ck_assert_msg(!memcmp(y[0], y[1], N * 4), "pushed forward differs from client-driven");
+    ck_assert_msg(!memcmp(g[0], g[1], N * 4), "pushed backward differs from client-driven");
+    ck_assert_msg(!memcmp(gp[0], gp[1], NP * 4), "pushed prompt gradients differ from client-driven");
+    double ey = rel_err(y[2], y[0], N), eg = rel_err(g[2], g[0], N);
+    printf("pushed q8: output error %.2e, gradient error %.2e\n", ey, eg);
+    ck_assert_double_le(ey, 5e-2);
+    ck_assert_double_le(eg, 5e-2);
+    ck_assert_double_gt(ey, 1e-6);
+    for (int k = 0; k < 3; k++)
+        free(y[k]), free(g[k]), free(gp[k]);
+    free(x), free(g0), free(prompts), free(bound);
+    teardown(rt);
+}
+END_TEST
+
 /* Inference steps in each wire encoding (the `wire` setting covers them: the step's input, the reply): the logits
  * of a prompt and of a decode step through the swarm's 2 servers against one process's, f32 within 1e-4 of the
  * largest, the others within their rounding (2e-3, 2e-2, 6e-2) and not exact (the encoding was used). */
@@ -662,6 +732,7 @@ int main(void)
     tcase_add_test(tc, t_concurrent_generations_batched);
     tcase_add_test(tc, t_beams_score_at_least_greedy);
     tcase_add_test(tc, t_forward_backward_over_route);
+    tcase_add_test(tc, t_forward_backward_pushed);
     tcase_add_test(tc, t_inference_wire);
     tcase_add_test(tc, t_head_dtype);
     tcase_add_test(tc, t_threads);

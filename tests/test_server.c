@@ -384,7 +384,8 @@ static uint64_t open_pushable(sp_remote *r, int a, int b, int L, int B, uint64_t
 /* An awaiting step on its own thread (its call blocks until the push comes). */
 typedef struct await_call {
     sp_remote *r;
-    char meta[256];
+    sp_msg_type type; /* 0: INFERENCE_STEP */
+    char meta[512];
     sp_status st;
     float out[2 * 3 * H];
     int n;
@@ -395,7 +396,7 @@ static void *await_main(void *arg)
 {
     await_call *a = arg;
     sp_reply rep;
-    a->st = sp_remote_call(a->r, SP_MSG_INFERENCE_STEP, a->meta, NULL, 0, &rep, TMO, NULL);
+    a->st = sp_remote_call(a->r, a->type ? a->type : SP_MSG_INFERENCE_STEP, a->meta, NULL, 0, &rep, TMO, NULL);
     a->n = a->st ? 0 : (int)rep.msg.t[0].numel;
     if (!a->st && a->n <= (int)(sizeof a->out / sizeof *a->out))
         sp_tensor_to_f32(&rep.msg.t[0], a->out, NULL);
@@ -462,6 +463,108 @@ START_TEST(t_push)
     still_serving(s2, r2);
     sp_remote_close(r1);
     sp_remote_close(r2);
+    sp_server_stop(s1);
+    sp_server_stop(s2);
+}
+END_TEST
+
+/* An awaiting FORWARD of blocks 2:4 under (id, token) on its own thread, started (its call blocks until its input is
+ * pushed). */
+static void await_forward(await_call *a, sp_remote *r, uint64_t id, uint64_t token)
+{
+    *a = (await_call){.r = r, .type = SP_MSG_FORWARD};
+    sp_forward_req w = {.start = 2, .end = 4, .reply_encoding = -1, .await = id, .await_token = token};
+    ck_assert_int_eq(sp_forward_req_encode(&w, a->meta, sizeof a->meta, NULL), SP_OK);
+    ck_assert_int_eq(pthread_create(&a->th, NULL, await_main, a), 0);
+    nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL); /* parked by now */
+}
+
+/* SPAN_PUSH of x [B, T, H] for the request awaiting (id, token) through r: "" acknowledged, else the ERROR code
+ * expected. */
+static void span_push(sp_remote *r, uint64_t id, uint64_t token, const float *x, int B, int T, const char *code)
+{
+    char meta[128];
+    sp_span_push_req p = {.id = id, .token = token};
+    ck_assert_int_eq(sp_span_push_req_encode(&p, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src tx = t3(x, B, T);
+    if (*code)
+        call_err(r, SP_MSG_SPAN_PUSH, meta, &tx, 1, code);
+    else
+    {
+        sp_reply rep;
+        free(call_ok(r, SP_MSG_SPAN_PUSH, meta, &tx, 1, 0, &rep));
+        sp_reply_clear(&rep);
+    }
+}
+
+/* Training's passes pushed (SPAN_PUSH): server 1's FORWARD pushes its output to server 2's FORWARD that awaits it
+ * (an id and the client's token), the reply saying so: the same output as two plain FORWARDs, whether the push or
+ * the request came first. Refused: a push under another token than that of the request awaiting its id (forbidden),
+ * a second input for an id (bad_request); an input pushed early under another token is not used (the request waits
+ * for its own). */
+START_TEST(t_span_push)
+{
+    sp_server *s1 = start_server(0, 2, 0, 0), *s2 = start_server(2, 4, 0, 0);
+    sp_remote *r1 = connect_to(s1), *r2 = connect_to(s2), *r3 = connect_to(s2);
+    int B = 2, T = 3;
+    size_t N = (size_t)B * T * H;
+    sp_rng g;
+    sp_rng_seed(&g, 12);
+    float x[2 * 3 * H];
+    sp_rng_fill_normal(&g, x, (long)N, 1.0f);
+    char meta[512];
+    sp_forward_req f = {.start = 0, .end = 2, .reply_encoding = -1};
+    ck_assert_int_eq(sp_forward_req_encode(&f, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src tx = t3(x, B, T);
+    sp_reply rep;
+    float *mid = call_ok(r1, SP_MSG_FORWARD, meta, &tx, 1, 1, &rep);
+    sp_reply_clear(&rep);
+    f = (sp_forward_req){.start = 2, .end = 4, .reply_encoding = -1};
+    ck_assert_int_eq(sp_forward_req_encode(&f, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src tm = t3(mid, B, T);
+    float *want = call_ok(r2, SP_MSG_FORWARD, meta, &tm, 1, 1, &rep);
+    sp_reply_clear(&rep);
+    for (int k = 0; k < 2; k++) { /* k 0: the push comes first (it waits); 1: the awaiting request first */
+        uint64_t id = 10 + (uint64_t)k, token = 0xabcdef0123456789ull + (uint64_t)k;
+        sp_forward_req q = {.start = 0, .end = 2, .reply_encoding = -1, .push_host = "127.0.0.1",
+                            .push_port = sp_server_port(s2), .push_id = id, .push_token = token};
+        await_call a;
+        if (k == 1)
+            await_forward(&a, r2, id, token);
+        ck_assert_int_eq(sp_forward_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+        free(call_ok(r1, SP_MSG_FORWARD, meta, &tx, 1, 1, &rep));
+        sp_forward_reply fr = {0};
+        ck_assert_int_eq(sp_forward_reply_decode(&rep.msg, &fr, NULL), SP_OK);
+        ck_assert_msg(fr.pushed == 1, "the FORWARD's push was not acknowledged");
+        sp_reply_clear(&rep);
+        if (k == 0)
+            await_forward(&a, r2, id, token);
+        pthread_join(a.th, NULL);
+        ck_assert_msg(a.st == SP_OK && a.n == (int)N, "the awaiting FORWARD: status %d, %d values", a.st, a.n);
+        ck_assert_msg(!memcmp(a.out, want, N * sizeof(float)), "pushed FORWARD differs from the plain one");
+    }
+    await_call a;
+    await_forward(&a, r2, 20, 7);
+    span_push(r3, 20, 8, mid, B, T, "forbidden");
+    span_push(r3, 20, 7, mid, B, T, "");
+    pthread_join(a.th, NULL);
+    ck_assert_msg(a.st == SP_OK && !memcmp(a.out, want, N * sizeof(float)), "the awaiting FORWARD: status %d", a.st);
+    span_push(r3, 21, 7, mid, B, T, "");
+    span_push(r3, 21, 7, mid, B, T, "bad_request");
+    span_push(r3, 22, 1, x, B, T, ""); /* early, under another token: not the request's */
+    await_forward(&a, r2, 22, 2);
+    span_push(r3, 22, 2, mid, B, T, "");
+    pthread_join(a.th, NULL);
+    ck_assert_msg(a.st == SP_OK && !memcmp(a.out, want, N * sizeof(float)), "the awaiting FORWARD: status %d", a.st);
+    uint64_t in, out;
+    sp_server_pushes(s2, &in, &out);
+    ck_assert_int_eq((int)in, 6); /* 2 from server 1, 4 acknowledged here */
+    free(mid);
+    free(want);
+    still_serving(s2, r2);
+    sp_remote_close(r1);
+    sp_remote_close(r2);
+    sp_remote_close(r3);
     sp_server_stop(s1);
     sp_server_stop(s2);
 }
@@ -1478,6 +1581,7 @@ int main(void)
     tcase_add_test(tc, t_keep_kept_inputs_only);
     tcase_add_test(tc, t_sessions_two_servers);
     tcase_add_test(tc, t_push);
+    tcase_add_test(tc, t_span_push);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);

@@ -95,6 +95,7 @@ static const char *const type_names[SP_MSG__END] = {
     [SP_MSG_ERROR] = "ERROR",
     [SP_MSG_AUTH] = "AUTH",
     [SP_MSG_INFERENCE_PUSH] = "INFERENCE_PUSH",
+    [SP_MSG_SPAN_PUSH] = "SPAN_PUSH",
 };
 
 static const char *const enc_names[SP_ENC__END] = {
@@ -1267,7 +1268,8 @@ typedef struct field {
 
 /* The structs, by their place in sp_meta_codecs (which says their message and size). */
 enum { M_HELLO_REQ, M_HELLO_REPLY, M_INFO_REPLY, M_FORWARD_REQ, M_BACKWARD_REQ, M_OPEN_REQ, M_OPEN_REPLY, M_STEP_REQ,
-       M_STEP_REPLY, M_CLOSE_REQ, M_ERROR_REPLY, M_AUTH_HELLO, M_AUTH_CHALLENGE, M_AUTH_PROOF, M_AUTH_VERDICT, M_PUSH_REQ, M__N,
+       M_STEP_REPLY, M_CLOSE_REQ, M_ERROR_REPLY, M_AUTH_HELLO, M_AUTH_CHALLENGE, M_AUTH_PROOF, M_AUTH_VERDICT, M_PUSH_REQ,
+       M_FORWARD_REPLY, M_BACKWARD_REPLY, M_SPAN_PUSH_REQ, M__N,
        M_NESTED = -1 };
 _Static_assert(M__N == SP_META_CODECS, "sp_meta_codecs lists every struct");
 
@@ -1395,10 +1397,17 @@ static const meta_table info_reply_t = TABLE("INFO reply", M_INFO_REPLY, info_re
 /* FORWARD, BACKWARD */
 
 
+/* A pass pushed from server to server (training): where the request's input comes from, where its output goes. */
+#define SPAN_PUSH_FIELDS                                                                                              \
+    FIELD(sp_span_req, await, K_U64, OPT, 0, JSON_INT_MAX, 0), FIELD(sp_span_req, await_token, K_X64, OPT, 0, 0, 0),  \
+        NAME(sp_span_req, push_host), FIELD(sp_span_req, push_port, K_INT, OPT, 0, 65535, 0),                          \
+        FIELD(sp_span_req, push_id, K_U64, OPT, 0, JSON_INT_MAX, 0), FIELD(sp_span_req, push_token, K_X64, OPT, 0, 0, 0)
+
 static const field forward_req_f[] = {
     SPAN(sp_span_req),
     FIELD(sp_span_req, keep, K_U64, OPT, 0, JSON_INT_MAX, 0),
     REPLY_ENCODING(sp_span_req),
+    SPAN_PUSH_FIELDS,
 };
 static const meta_table forward_req_t = TABLE("FORWARD request", M_FORWARD_REQ, forward_req_f, NULL);
 
@@ -1406,8 +1415,21 @@ static const field backward_req_f[] = {
     SPAN(sp_span_req),
     FIELD_AS(sp_span_req, keep, "kept", K_U64, OPT, 0, JSON_INT_MAX, 0),
     REPLY_ENCODING(sp_span_req),
+    SPAN_PUSH_FIELDS,
 };
 static const meta_table backward_req_t = TABLE("BACKWARD request", M_BACKWARD_REQ, backward_req_f, NULL);
+
+static const field span_reply_f[] = {
+    FIELD(sp_span_reply, pushed, K_BOOL, OPT, 0, 1, 0),
+};
+static const meta_table forward_reply_t = TABLE("FORWARD reply", M_FORWARD_REPLY, span_reply_f, NULL);
+static const meta_table backward_reply_t = TABLE("BACKWARD reply", M_BACKWARD_REPLY, span_reply_f, NULL);
+
+static const field span_push_req_f[] = {
+    FIELD(sp_span_push_req, id, K_U64, REQ, 0, JSON_INT_MAX, 0),
+    FIELD(sp_span_push_req, token, K_X64, REQ, 0, 0, 0),
+};
+static const meta_table span_push_req_t = TABLE("SPAN_PUSH request", M_SPAN_PUSH_REQ, span_push_req_f, NULL);
 
 /* inference sessions */
 
@@ -1994,6 +2016,9 @@ META_CODEC(auth_challenge)
 META_CODEC(auth_proof)
 META_CODEC(auth_verdict)
 META_CODEC(push_req)
+META_CODEC(forward_reply)
+META_CODEC(backward_reply)
+META_CODEC(span_push_req)
 
 #define CODEC(id, name, type, flags)                                                                                  \
     [id] = {#name, type, flags, sizeof(sp_##name), any_##name##_encode, any_##name##_decode}
@@ -2014,6 +2039,9 @@ const sp_meta_codec sp_meta_codecs[SP_META_CODECS] = {
     CODEC(M_AUTH_PROOF, auth_proof, SP_MSG_AUTH, 0),
     CODEC(M_AUTH_VERDICT, auth_verdict, SP_MSG_AUTH, SP_MSG_F_REPLY),
     CODEC(M_PUSH_REQ, push_req, SP_MSG_INFERENCE_PUSH, 0),
+    CODEC(M_FORWARD_REPLY, forward_reply, SP_MSG_FORWARD, SP_MSG_F_REPLY),
+    CODEC(M_BACKWARD_REPLY, backward_reply, SP_MSG_BACKWARD, SP_MSG_F_REPLY),
+    CODEC(M_SPAN_PUSH_REQ, span_push_req, SP_MSG_SPAN_PUSH, 0),
 };
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -45,6 +45,7 @@ typedef enum {
     SP_MSG_ERROR = 9,
     SP_MSG_AUTH = 10, /* the swarm key exchange (1.1; the transport answers it, see transport.h) */
     SP_MSG_INFERENCE_PUSH = 11, /* a step's input from the server before this one in the session's chain (1.2) */
+    SP_MSG_SPAN_PUSH = 12, /* the input of a FORWARD or BACKWARD that awaits it, from the server before (1.2) */
     SP_MSG__END
 } sp_msg_type;
 
@@ -280,8 +281,29 @@ typedef struct sp_span_req {
     uint64_t keep;      /* optional (0): FORWARD's "keep": keep the span's activations under this id for a BACKWARD;
                            BACKWARD's "kept": the id a FORWARD kept them under */
     int reply_encoding; /* optional (-1: the request's own): SP_ENC_F32..SP_ENC_Q8, sent by name */
+    /* server-to-server push (training's passes), each optional (0, ""): */
+    uint64_t await;       /* the request lacks its hidden state (FORWARD) or grad_out (BACKWARD): it comes by
+                           * SPAN_PUSH with this id ... */
+    uint64_t await_token; /* ... and this token (the client's random 64 bits) */
+    char push_host[256];  /* after the span ran, its output goes to this server ... */
+    int push_port;
+    uint64_t push_id;     /* ... to its request awaiting this id ... */
+    uint64_t push_token;  /* ... with this token */
 } sp_span_req;
 typedef sp_span_req sp_forward_req, sp_backward_req;
+
+/* FORWARD and BACKWARD replies' metadata (none unless a push was asked for). */
+typedef struct sp_span_reply {
+    int pushed; /* optional (0; a bool): the push the request asked for was delivered */
+} sp_span_reply;
+typedef sp_span_reply sp_forward_reply, sp_backward_reply;
+
+/* SPAN_PUSH request: the output of a FORWARD (or BACKWARD) [B, T, H], from the server that ran it, for the request
+ * of the next server (the one before, for a BACKWARD) that awaits it (its reply, an acknowledgement, is empty). */
+typedef struct sp_span_push_req {
+    uint64_t id;    /* required: the awaiting request's "await" */
+    uint64_t token; /* required: its "await_token" */
+} sp_span_push_req;
 
 /* INFERENCE_OPEN request: all required, each >= 0 (the server refuses 0 with its own codes). */
 typedef struct sp_open_req {
@@ -372,6 +394,12 @@ sp_status sp_step_req_decode(const sp_msg *m, sp_step_req *v, sp_err *err);
 sp_status sp_step_reply_encode(const sp_step_reply *v, char *out, size_t cap, sp_err *err);
 sp_status sp_step_reply_decode(const sp_msg *m, sp_step_reply *v, sp_err *err);
 sp_status sp_push_req_encode(const sp_push_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_forward_reply_encode(const sp_forward_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_forward_reply_decode(const sp_msg *m, sp_forward_reply *v, sp_err *err);
+sp_status sp_backward_reply_encode(const sp_backward_reply *v, char *out, size_t cap, sp_err *err);
+sp_status sp_backward_reply_decode(const sp_msg *m, sp_backward_reply *v, sp_err *err);
+sp_status sp_span_push_req_encode(const sp_span_push_req *v, char *out, size_t cap, sp_err *err);
+sp_status sp_span_push_req_decode(const sp_msg *m, sp_span_push_req *v, sp_err *err);
 sp_status sp_push_req_decode(const sp_msg *m, sp_push_req *v, sp_err *err);
 sp_status sp_close_req_encode(const sp_close_req *v, char *out, size_t cap, sp_err *err);
 sp_status sp_close_req_decode(const sp_msg *m, sp_close_req *v, sp_err *err);
@@ -396,7 +424,7 @@ typedef struct sp_meta_codec {
     sp_status (*encode)(const void *v, char *out, size_t cap, sp_err *err);
     sp_status (*decode)(const sp_msg *m, void *v, sp_err *err);
 } sp_meta_codec;
-#define SP_META_CODECS 16
+#define SP_META_CODECS 19
 extern const sp_meta_codec sp_meta_codecs[SP_META_CODECS];
 
 

@@ -61,6 +61,8 @@ typedef struct sp_server_entry {
     int failures;          /* since the last success */
     long cache_total;      /* from INFO, for `servers` */
     char addr[80];         /* "HOST:PORT" it is announced at, where other servers push to it (HELLO's; "": rec's) */
+    int cannot_push;       /* its push of a training pass did not reach the next server, which then answered the
+                              client: training's passes through it are client-driven from then on */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr, for swarm-started servers */
 } sp_server_entry;
@@ -82,6 +84,7 @@ struct sp_runtime {
     sp_route route;        /* the last inference route computed (route, servers) */
     sp_rng rng;            /* training routes */
     uint64_t next_keep;
+    uint64_t passes_pushed; /* atomic: training's FORWARDs and BACKWARDs sent pushed (chain.c), for tests */
 
     /* discovery (swarm/discovery.c) */
     struct sp_dht *dht;

@@ -6,23 +6,59 @@
  * forward simply goes on; a backward first re-runs the replacement's forward (to get the inputs of its
  * hops), then its backward. The servers compute the same functions, so loss and gradients are those of a
  * run without the failure. Hidden states and gradients travel in the `wire` setting's encoding both ways
- * (f32, f16, bf16 or q8; the replies in the request's), deep prompts in f32. */
+ * (f32, f16, bf16 or q8; the replies in the request's), deep prompts in f32.
+ *
+ * Where the push setting allows it (sp_rt_train_pushable), a pass goes from server to server: FORWARD client ->
+ * first server -> ... -> last -> client, BACKWARD the other way. Every hop's request goes out at once, on a thread of
+ * its own (in a pipelined step, each once the microbatch's turn on its stage came): the first with its input, the
+ * others awaiting it under an id and a random token that the hop before them pushes to (SPAN_PUSH). The client still
+ * gets every hop's output (the boundaries, a retry's start). Where a hop fails or a push does not arrive, the pass
+ * goes on client-driven from that hop, as above. */
 #include "swarm_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* One FORWARD or BACKWARD on hop: t the tensors (hidden [, grad]); prompts: all blocks' deep prompts
- * [L, B, P, H] or NULL. Tensor 0 of the reply goes to out, tensor 1 (prompt grads) to gp's slice of the
- * hop's blocks. *retry: the failure was the server's. */
+#include "rng.h"
+
+/* What a hop of a pushed pass adds to its request (call_hop): the id and token its input comes by (await 0: it
+ * is in the request), the server its output goes to (next -1: none) with that one's id and token, more time for
+ * the wait (extra_ms) and the flag that ends it (abort); back: whether the push arrived (pushed). */
+typedef struct hop_push {
+    uint64_t await, await_token;
+    int next;
+    uint64_t push_id, push_token;
+    int extra_ms;
+    const int *abort;
+    int pushed;
+} hop_push;
+
+static void push_meta(sp_runtime *rt, sp_span_req *q, const hop_push *pp)
+{
+    q->await = pp->await;
+    q->await_token = pp->await_token;
+    if (pp->next >= 0) {
+        sp_rt_push_addr(rt, pp->next, q->push_host, sizeof q->push_host, &q->push_port);
+        q->push_id = pp->push_id;
+        q->push_token = pp->push_token;
+    }
+}
+
+/* One FORWARD or BACKWARD on hop: t the tensors (hidden [, grad]; a hop of a pushed pass lacks what it awaits);
+ * prompts: all blocks' deep prompts [L, B, P, H] or NULL. Tensor 0 of the reply goes to out, tensor 1 (prompt
+ * grads) to gp's slice of the hop's blocks. pp: a pushed pass's hop, or NULL. *retry: the failure was the
+ * server's. */
 static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, const sp_tensor_src *t, int n,
                           const float *prompts, int P, float *out, float *gp, int B, int T, uint64_t keep,
-                          int *retry, sp_err *err)
+                          hop_push *pp, int *retry, sp_err *err)
 {
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start, bwd = type == SP_MSG_BACKWARD;
-    char meta[128];
+    char meta[768];
     sp_span_req q = {.start = hop->start, .end = hop->end, .keep = keep, .reply_encoding = -1};
+    if (pp)
+        push_meta(rt, &q, pp);
     if (bwd) /* ("" for a span out of range: the server refuses it) */
         sp_backward_req_encode(&q, meta, sizeof meta, NULL);
     else
@@ -36,7 +72,9 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
                                  .f32 = prompts + (size_t)hop->start * B * P * H};
     int timeout = sp_rt_timeout_ms(rt, hop->server, nb, (long)B * T * (bwd ? 3 : 1), 0);
     sp_reply rep;
-    sp_status st = sp_rt_call(rt, hop->server, type, meta, a, n, &rep, timeout, err);
+    sp_status st = pp ? sp_rt_call_abortable(rt, hop->server, type, meta, a, n, &rep, timeout + pp->extra_ms,
+                                             pp->abort, err)
+                      : sp_rt_call(rt, hop->server, type, meta, a, n, &rep, timeout, err);
     if (!st) {
         const sp_tensor_view *o = rep.msg.n_tensors ? &rep.msg.t[0] : NULL;
         const sp_tensor_view *g = rep.msg.n_tensors > 1 ? &rep.msg.t[1] : NULL;
@@ -50,6 +88,12 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
             st = sp_tensor_to_f32(o, out, err);
         if (!st && gp)
             st = sp_tensor_to_f32(g, gp + (size_t)hop->start * B * P * H, err);
+        sp_span_reply sr = {0};
+        if (pp)
+            pp->pushed = !st &&
+                         (bwd ? sp_backward_reply_decode(&rep.msg, &sr, NULL)
+                              : sp_forward_reply_decode(&rep.msg, &sr, NULL)) == SP_OK &&
+                         sr.pushed == 1;
     }
     *retry = st && sp_rt_retryable(st, &rep);
     sp_reply_clear(&rep);
@@ -77,7 +121,7 @@ static sp_status stage_forward(sp_runtime *rt, sp_route *r, int s, float *x, int
             memcpy(inputs[h - r->first[s] - 1], x, N * sizeof(float));
         hop->keep = keep ? new_keep(rt) : 0;
         sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, rt->local->cfg.hidden}, .f32 = x};
-        sp_status st = call_hop(rt, hop, SP_MSG_FORWARD, &t, 1, prompts, P, x, NULL, B, T, hop->keep, retry, err);
+        sp_status st = call_hop(rt, hop, SP_MSG_FORWARD, &t, 1, prompts, P, x, NULL, B, T, hop->keep, NULL, retry, err);
         if (st) {
             hop->keep = 0;
             *bad = hop->server;
@@ -109,7 +153,7 @@ static sp_status stage_backward(sp_runtime *rt, sp_route *r, int s, const float 
             memcpy(x, in, N * sizeof(float));
             for (int j = 0; j < k - 1 && !st; j++) {
                 sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = x};
-                st = call_hop(rt, &r->hop[a + j], SP_MSG_FORWARD, &t, 1, prompts, P, x, NULL, B, T, 0, retry, err);
+                st = call_hop(rt, &r->hop[a + j], SP_MSG_FORWARD, &t, 1, prompts, P, x, NULL, B, T, 0, NULL, retry, err);
                 if (st)
                     *bad = r->hop[a + j].server;
                 else
@@ -124,7 +168,7 @@ static sp_status stage_backward(sp_runtime *rt, sp_route *r, int s, const float 
         sp_hop *hop = &r->hop[a + j];
         sp_tensor_src t[2] = {{.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = inputs[j]},
                               {.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = grad}};
-        st = call_hop(rt, hop, SP_MSG_BACKWARD, t, 2, prompts, P, grad, prompts ? gp : NULL, B, T, hop->keep, retry, err);
+        st = call_hop(rt, hop, SP_MSG_BACKWARD, t, 2, prompts, P, grad, prompts ? gp : NULL, B, T, hop->keep, NULL, retry, err);
         hop->keep = 0;
         if (st)
             *bad = hop->server;
@@ -192,6 +236,229 @@ static void gate_leave(const sp_pipe_ticket *tk, int s, int bwd)
         sp_pipe_leave(tk->pipe, s, bwd, tk->mb, tk->nsub);
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* pushed passes: FORWARD client -> first server -> next ... -> last -> client, BACKWARD the other way */
+
+/* One hop of a pushed pass (the route's stage s, one hop a stage): its call runs on a thread of its own. */
+typedef struct pass_hop {
+    sp_runtime *rt;
+    sp_route *r;
+    const sp_pipe_ticket *tk;
+    int s, bwd, B, T, P;
+    const float *prompts;
+    const float *in;   /* FORWARD: the input (NULL: it awaits it); BACKWARD: hidden_in */
+    const float *grad; /* BACKWARD: grad_out (NULL: it awaits it) */
+    float *out, *gp;   /* its output [B, T, H]; BACKWARD: the prompts' gradients (all blocks', its slice written) */
+    hop_push pp;
+    int *aborts, pos, n; /* its place in the pass; when it fails or its push does not arrive, the flags of the hops
+                          * after it are set: they stop waiting */
+    int retry;
+    sp_status st;
+    sp_err err;
+    pthread_t th;
+    int started;
+} pass_hop;
+
+static void *pass_main(void *arg)
+{
+    pass_hop *w = arg;
+    const sp_hop *hop = &w->r->hop[w->s];
+    sp_tensor_src t[2];
+    int n = 0, H = w->rt->local->cfg.hidden;
+    if (w->in)
+        t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {w->B, w->T, H}, .f32 = w->in};
+    if (w->grad)
+        t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {w->B, w->T, H}, .f32 = w->grad};
+    w->st = call_hop(w->rt, hop, w->bwd ? SP_MSG_BACKWARD : SP_MSG_FORWARD, t, n, w->prompts, w->P, w->out,
+                     w->bwd && w->prompts ? w->gp : NULL, w->B, w->T, hop->keep, &w->pp, &w->retry, &w->err);
+    for (int k = w->pos + 1; k < w->n && (w->st || (w->pp.next >= 0 && !w->pp.pushed)); k++)
+        __atomic_store_n(&w->aborts[k], 1, __ATOMIC_RELAXED);
+    gate_leave(w->tk, w->s, w->bwd); /* (failed too: a stage run again after it runs outside the pipe's order) */
+    return NULL;
+}
+
+/* The ids and tokens a pass's hops await their inputs by: ids count up (they need not be secret), tokens are
+ * random. */
+static void pass_keys(sp_runtime *rt, uint64_t *id, uint64_t *token, int n)
+{
+    for (int h = 0; h < n; h++) {
+        id[h] = __atomic_add_fetch(&rt->next_keep, 1, __ATOMIC_RELAXED);
+        while (!(token[h] = sp_rng_fresh_seed()))
+            ;
+    }
+}
+
+/* Runs a pushed pass over the route's stages in order ord[0..n) (ord[0] gets its input from the client, each pushes
+ * to the next), each entering its stage's gate before its request goes out: w[i] set up by the caller but for the
+ * push fields. Returns the position i in ord from which the pass goes on client-driven (n: every hop answered and
+ * every push arrived), with *failed (ord[i] itself failed; else the push into it did not arrive), *bad and *retry
+ * as stage_forward's, or the pipe's error in *st. */
+static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *failed, int *bad, int *retry,
+                    sp_status *st, sp_err *err)
+{
+    uint64_t id[SP_RT_MAX_HOPS], token[SP_RT_MAX_HOPS];
+    int aborts[SP_RT_MAX_HOPS] = {0}, before = 0, from = n;
+    pass_keys(rt, id, token, n);
+    for (int i = 0; i < n && !*st; i++) {
+        pass_hop *x = &w[ord[i]];
+        const sp_hop *hop = &x->r->hop[x->s];
+        x->aborts = aborts;
+        x->pos = i;
+        x->n = n;
+        x->pp = (hop_push){.await = i ? id[i] : 0, .await_token = i ? token[i] : 0,
+                           .next = i + 1 < n ? x->r->hop[ord[i + 1]].server : -1,
+                           .push_id = i + 1 < n ? id[i + 1] : 0, .push_token = i + 1 < n ? token[i + 1] : 0,
+                           .extra_ms = before, .abort = &aborts[i]};
+        before += sp_rt_timeout_ms(rt, hop->server, hop->end - hop->start, (long)x->B * x->T * (x->bwd ? 3 : 1), 0) +
+                  2000;
+        if ((*st = gate_enter(x->r, x->tk, x->s, x->bwd, err)) || pthread_create(&x->th, NULL, pass_main, x)) {
+            if (!*st)
+                *st = sp_errf(err, SP_ERR_NOMEM, "could not start a thread");
+            for (int k = 0; k < n; k++)
+                __atomic_store_n(&aborts[k], 1, __ATOMIC_RELAXED);
+            break;
+        }
+        x->started = 1;
+    }
+    if (!*st)
+        __atomic_add_fetch(&rt->passes_pushed, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < n; i++) {
+        pass_hop *x = &w[ord[i]];
+        if (x->started)
+            pthread_join(x->th, NULL);
+        if (from < n || *st)
+            continue;
+        if (i && !w[ord[i - 1]].pp.pushed) { /* (its server may have pushed and failed to answer: the same) */
+            from = i;
+            *failed = 0;
+        } else if (x->st) {
+            from = i;
+            *failed = 1;
+            *bad = x->r->hop[x->s].server;
+            *retry = x->retry;
+            *st = x->st;
+            if (err)
+                *err = x->err;
+        } else {
+            sp_rt_succeeded(rt, x->r->hop[x->s].server);
+        }
+    }
+    return from;
+}
+
+/* After a pushed pass stopped at stage s because the push from stage p did not arrive: where s then answered the
+ * client, p cannot push to it (an address it cannot reach, ...), and training's passes through p go client-driven
+ * from then on, saying so. */
+static void push_missed(sp_runtime *rt, const sp_route *r, int p, int s, int into)
+{
+    if (r->hop[s].server != into || r->hop[p].server < 0)
+        return;
+    int i = r->hop[p].server;
+    pthread_mutex_lock(&rt->lock);
+    int was = rt->servers[i]->cannot_push;
+    rt->servers[i]->cannot_push = 1;
+    pthread_mutex_unlock(&rt->lock);
+    if (was)
+        return;
+    char label[160];
+    sp_rt_server_label(rt, i, label, sizeof label);
+    sp_rt_emitf(rt, SP_EV_SERVER, i, "%s could not push to the next server: training's passes through it are "
+                "client-driven", label);
+}
+
+/* A pushed FORWARD of hidden [B, T, H] (in place) over the route's stages, boundaries as forward's (or NULL): see
+ * run_pass. *from: the stage it goes on from client-driven (nstages: none), hidden then holding that stage's input;
+ * an error with *retry is that stage's failure, to recover from. */
+static sp_status forward_pushed(sp_runtime *rt, sp_route *r, float *hidden, int B, int T, const float *prompts,
+                                int P, float *boundaries, const sp_pipe_ticket *tk, int *from, int *failed, int *bad,
+                                int *retry, sp_err *err)
+{
+    int n = r->nstages, ord[SP_RT_MAX_HOPS];
+    size_t N = (size_t)B * T * rt->local->cfg.hidden;
+    /* the last stage's output at 0, and without boundaries, stage s's input at s */
+    float *buf = malloc((boundaries ? 1 : (size_t)n) * N * sizeof(float));
+    *from = 0;
+    if (!buf)
+        return SP_OK; /* client-driven */
+    pass_hop w[SP_RT_MAX_HOPS];
+    for (int s = 0; s < n; s++) {
+        r->hop[s].keep = boundaries ? new_keep(rt) : 0;
+        w[s] = (pass_hop){.rt = rt, .r = r, .tk = tk, .s = s, .B = B, .T = T, .P = P, .prompts = prompts,
+                          .in = s ? NULL : hidden,
+                          .out = s + 1 == n ? buf : boundaries ? boundaries + (s + 1) * N : buf + (s + 1) * N};
+        ord[s] = s;
+    }
+    if (boundaries)
+        memcpy(boundaries, hidden, N * sizeof(float));
+    sp_status st = SP_OK;
+    *from = run_pass(rt, w, ord, n, failed, bad, retry, &st, err);
+    if (*from == n)
+        memcpy(hidden, buf, N * sizeof(float));
+    else if (*from > 0)
+        memcpy(hidden, boundaries ? boundaries + *from * N : buf + *from * N, N * sizeof(float));
+    for (int s = *from; s < n; s++)
+        r->hop[s].keep = 0; /* kept again when run again */
+    free(buf);
+    return st;
+}
+
+/* A pushed BACKWARD of grad [B, T, H] (in place) over the route's stages, from the last: see run_pass. *from: the
+ * stage it goes on from client-driven (-1: none), grad then holding that stage's grad_out. */
+static sp_status backward_pushed(sp_runtime *rt, sp_route *r, float *grad, int B, int T, const float *prompts, int P,
+                                 const float *boundaries, float *gp, const sp_pipe_ticket *tk, int *from, int *failed,
+                                 int *bad, int *retry, sp_err *err)
+{
+    int n = r->nstages, ord[SP_RT_MAX_HOPS];
+    size_t N = (size_t)B * T * rt->local->cfg.hidden;
+    float *buf = malloc((size_t)n * N * sizeof(float)); /* stage s's grad_in at s */
+    *from = n - 1;
+    if (!buf)
+        return SP_OK;
+    pass_hop w[SP_RT_MAX_HOPS];
+    for (int s = 0; s < n; s++) {
+        w[s] = (pass_hop){.rt = rt, .r = r, .tk = tk, .s = s, .bwd = 1, .B = B, .T = T, .P = P, .prompts = prompts,
+                          .in = boundaries + s * N, .grad = s == n - 1 ? grad : NULL, .out = buf + s * N, .gp = gp};
+        ord[s] = n - 1 - s;
+    }
+    sp_status st = SP_OK;
+    int i = run_pass(rt, w, ord, n, failed, bad, retry, &st, err);
+    *from = i == n ? -1 : ord[i];
+    if (*from < 0)
+        memcpy(grad, buf, N * sizeof(float));
+    else if (*from < n - 1)
+        memcpy(grad, buf + (*from + 1) * N, N * sizeof(float));
+    for (int k = 0; k < n && k <= i; k++)
+        if (k < i || *failed)
+            r->hop[ord[k]].keep = 0; /* used (or maybe: a failed hop's); a stage whose input did not come keeps it */
+    free(buf);
+    return st;
+}
+
+/* Before a FORWARD's or BACKWARD's stages run client-driven: a pushed pass where the route and the setting allow it,
+ * then its recovery where a stage failed (see forward_pushed; *attempt 1 then, else 0). *missed: the stage a push
+ * did not reach (-1: none), *into its server then. */
+static sp_status pushed_first(sp_runtime *rt, sp_route *route, int bwd, float *x, int B, int T, const float *prompts,
+                              int P, float *boundaries, float *gp, const sp_pipe_ticket *tk, int *from, int *attempt,
+                              int *missed, int *into, sp_err *err)
+{
+    int failed = 0, bad = -1, retry = 0;
+    *attempt = 0;
+    sp_status st = bwd ? backward_pushed(rt, route, x, B, T, prompts, P, boundaries, gp, tk, from, &failed, &bad,
+                                         &retry, err)
+                       : forward_pushed(rt, route, x, B, T, prompts, P, boundaries, tk, from, &failed, &bad, &retry,
+                                        err);
+    *missed = -1;
+    if (st && retry) {
+        *attempt = 1;
+        return recover_stage(rt, route, *from, bad, 0, err);
+    }
+    if (!st && !failed && *from >= 0 && *from < route->nstages) {
+        *missed = *from;
+        *into = route->hop[*from].server;
+    }
+    return st;
+}
+
 /* FORWARD over the route (see runtime.h); counted in rt->active meanwhile. */
 static sp_status forward(sp_runtime *rt, sp_route *route, float *hidden, int B, int T, const float *prompts, int P,
                          float *boundaries, const sp_pipe_ticket *tk, sp_err *err);
@@ -225,19 +492,26 @@ static sp_status forward(sp_runtime *rt, sp_route *route, float *hidden, int B, 
     if (!boundaries && !tmp)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status st = SP_OK;
-    for (int s = 0; s < route->nstages && !st; s++) {
+    int s0 = 0, pushed = sp_rt_train_pushable(rt, route), missed = -1, into = -1, attempt0 = 0;
+    if (pushed) /* (its stages entered the pipe's gates: the rest runs outside them) */
+        st = pushed_first(rt, route, 0, hidden, B, T, prompts, P, boundaries, NULL, tk, &s0, &attempt0, &missed, &into,
+                          err);
+    for (int s = s0; s < route->nstages && !st; s++) {
         float *in = boundaries ? boundaries + s * N : tmp;
         memcpy(in, hidden, N * sizeof(float));
-        if ((st = gate_enter(route, tk, s, 0, err)))
+        if (!pushed && (st = gate_enter(route, tk, s, 0, err)))
             break;
-        for (int attempt = 0;; attempt++) {
+        for (int attempt = s == s0 ? attempt0 : 0;; attempt++) {
             int bad = -1, retry = 0;
             st = stage_forward(rt, route, s, hidden, B, T, prompts, P, boundaries != NULL, NULL, &bad, &retry, err);
             if (!st || !retry || (st = recover_stage(rt, route, s, bad, attempt, err)))
                 break;
             memcpy(hidden, in, N * sizeof(float));
         }
-        gate_leave(tk, s, 0);
+        if (!pushed)
+            gate_leave(tk, s, 0);
+        if (!st && s == missed && s > 0)
+            push_missed(rt, route, s - 1, s, into);
     }
     free(tmp);
     return st;
@@ -251,11 +525,15 @@ static sp_status backward(sp_runtime *rt, sp_route *route, float *grad, int B, i
     if (!gin)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     sp_status st = SP_OK;
-    for (int s = route->nstages - 1; s >= 0 && !st; s--) {
+    int s0 = route->nstages - 1, pushed = sp_rt_train_pushable(rt, route), missed = -1, into = -1, attempt0 = 0;
+    if (pushed)
+        st = pushed_first(rt, route, 1, grad, B, T, prompts, P, (float *)boundaries, grad_prompts, tk, &s0, &attempt0,
+                          &missed, &into, err);
+    for (int s = s0; s >= 0 && !st; s--) {
         memcpy(gin, grad, N * sizeof(float));
-        if ((st = gate_enter(route, tk, s, 1, err)))
+        if (!pushed && (st = gate_enter(route, tk, s, 1, err)))
             break;
-        for (int attempt = 0;; attempt++) {
+        for (int attempt = s == s0 ? attempt0 : 0;; attempt++) {
             int bad = -1, retry = 0;
             st = stage_backward(rt, route, s, boundaries + s * N, grad, B, T, prompts, P, grad_prompts, &bad, &retry,
                                 err);
@@ -263,7 +541,10 @@ static sp_status backward(sp_runtime *rt, sp_route *route, float *grad, int B, i
                 break;
             memcpy(grad, gin, N * sizeof(float));
         }
-        gate_leave(tk, s, 1);
+        if (!pushed)
+            gate_leave(tk, s, 1);
+        if (!st && s == missed && s + 1 < route->nstages)
+            push_missed(rt, route, s + 1, s, into);
     }
     free(gin);
     return st;

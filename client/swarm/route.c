@@ -374,3 +374,56 @@ void sp_runtime_route_text(sp_runtime *rt, const sp_route *r, char *buf, size_t 
     if (n < cap && r->pushed)
         snprintf(buf + n, cap - n, ", pushed");
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* training's passes: relayed or pushed */
+
+/* A ping as a link's price: unknown (< 0, NaN) as routing's unknown delay both ways. */
+static double ping_price(double rtt) { return rtt >= 0 ? rtt : 2 * SP_ROUTE_UNKNOWN_DELAY; }
+
+double sp_rt_train_price(const sp_runtime *rt, const int *srv, int n, int pushed)
+{
+    double c = 0;
+    if (!pushed) {
+        for (int h = 0; h < n; h++)
+            c += ping_price(rt->servers[srv[h]]->rtt);
+        return c;
+    }
+    c = ping_price(rt->servers[srv[0]]->rtt) / 2 + ping_price(rt->servers[srv[n - 1]]->rtt) / 2;
+    for (int h = 0; h + 1 < n; h++) {
+        const sp_server_entry *e = rt->servers[srv[h]];
+        double link = -1;
+        for (int p = 0; p < e->rec.npings && link < 0; p++)
+            if (find_id(rt, e->rec.pings[p].id) == srv[h + 1] && e->rec.pings[p].rtt >= 0)
+                link = e->rec.pings[p].rtt;
+        c += ping_price(link >= 0 ? link : rt->servers[srv[h + 1]]->rtt) / 2;
+    }
+    return c;
+}
+
+int sp_rt_train_pushable(sp_runtime *rt, const sp_route *r)
+{
+    int mode = rt->set.push, n = r->nhops, srv[SP_RT_MAX_HOPS], ok = 1;
+    if (mode == SP_PUSH_OFF || n < 2 || n != r->nstages)
+        return 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int h = 0; ok && h < n; h++) {
+        srv[h] = r->hop[h].server;
+        ok = !rt->servers[srv[h]]->cannot_push;
+        for (int g = 0; ok && g < h; g++)
+            ok = srv[g] != srv[h] && !sp_rt_same_addr(rt->servers[srv[g]], rt->servers[srv[h]]);
+    }
+    int unknown[SP_RT_MAX_HOPS], nu = 0;
+    for (int h = 0; ok && mode == SP_PUSH_AUTO && h < n; h++)
+        if (rt->servers[srv[h]]->rtt < 0)
+            unknown[nu++] = srv[h];
+    pthread_mutex_unlock(&rt->lock);
+    if (!ok || mode != SP_PUSH_AUTO)
+        return ok;
+    for (int k = 0; k < nu; k++) /* priced on measured links: a ping not known yet is measured first */
+        sp_rt_ping(rt, unknown[k]);
+    pthread_mutex_lock(&rt->lock);
+    ok = sp_rt_pings_call_for_push(rt, srv, n) && sp_rt_train_price(rt, srv, n, 1) < sp_rt_train_price(rt, srv, n, 0);
+    pthread_mutex_unlock(&rt->lock);
+    return ok;
+}

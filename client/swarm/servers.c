@@ -448,3 +448,18 @@ sp_status sp_runtime_connect(sp_runtime *rt, const char *addrs, sp_err *err)
     }
     return SP_OK;
 }
+
+void sp_rt_push_addr(sp_runtime *rt, int i, char *host, size_t cap, int *port)
+{
+    pthread_mutex_lock(&rt->lock);
+    const sp_server_entry *e = rt->servers[i];
+    const char *colon = strrchr(e->addr, ':');
+    if (colon && colon > e->addr && atoi(colon + 1) > 0) { /* where it is announced, which its HELLO said */
+        snprintf(host, cap, "%.*s", (int)(colon - e->addr), e->addr);
+        *port = atoi(colon + 1);
+    } else { /* a server found in the DHT: its record's address is the announced one */
+        snprintf(host, cap, "%s", e->rec.host);
+        *port = e->rec.port;
+    }
+    pthread_mutex_unlock(&rt->lock);
+}

@@ -266,18 +266,7 @@ static void push_fields(sp_lm_swarm *s, sp_step_req *q, const push_args *pa)
     q->await = pa->await != 0;
     if (pa->next < 0)
         return;
-    sp_runtime *rt = s->rt;
-    pthread_mutex_lock(&rt->lock);
-    const sp_server_entry *e = rt->servers[s->route.hop[pa->next].server];
-    const char *colon = strrchr(e->addr, ':');
-    if (colon && colon > e->addr && atoi(colon + 1) > 0) { /* where it is announced, which its HELLO said */
-        snprintf(q->push_host, sizeof q->push_host, "%.*s", (int)(colon - e->addr), e->addr);
-        q->push_port = atoi(colon + 1);
-    } else { /* a server found in the DHT: its record's address is the announced one */
-        snprintf(q->push_host, sizeof q->push_host, "%s", e->rec.host);
-        q->push_port = e->rec.port;
-    }
-    pthread_mutex_unlock(&rt->lock);
+    sp_rt_push_addr(s->rt, s->route.hop[pa->next].server, q->push_host, sizeof q->push_host, &q->push_port);
     q->push_session = s->session[pa->next];
     q->push_token = s->token[pa->next];
 }

@@ -49,6 +49,18 @@ static inline int sp_rt_pings_call_for_push(const sp_runtime *rt, const int *ser
     }
     return n > 0 && rtt / n >= SP_PUSH_AUTO_PING;
 }
+/* Where other servers push to server i: the address it is announced at (HELLO's addr, else its record's). Takes
+ * rt->lock itself. */
+void sp_rt_push_addr(sp_runtime *rt, int i, char *host, size_t cap, int *port);
+/* Training's passes over the route r (one hop a stage): 1 if they go from server to server, by the push setting
+ * (auto: where the pushed chain is priced below the relayed one, see sp_rt_train_price, and the client's pings
+ * to its servers average 1 ms or more): two hops or more, one a stage, no server twice, none that could not push before. */
+int sp_rt_train_pushable(sp_runtime *rt, const sp_route *r);
+/* What one pass over servers srv[0..n) costs on the links, in seconds: relayed, the client's round trip to each;
+ * pushed, the client's one-way delay to the first, each server's to the next (half the ping it announced for it,
+ * else half the client's to the next) and the last one's back (an unknown ping counts 0.3 s, as routing's).
+ * Caller holds rt->lock. */
+double sp_rt_train_price(const sp_runtime *rt, const int *srv, int n, int pushed);
 /* After a transport failure of server i: when its address refuses connections now (a plain TCP connect;
  * a killed server's port closes with it), every entry at that address is down (routing leaves them out)
  * and unreachable. 1 if so. Takes rt->lock itself. */
