@@ -7,10 +7,18 @@
 #   fused_decode.cu  the decode step's scale 1/sqrt(hd) -> 1.1/sqrt(hd)  (the fused decode attention)
 #   moe.cu        each pair's routing weight taken twice in the experts' sum
 #   fused.cu      the bf16 path's norm over C/2 values' mean of squares
-# Usage (device tool): bash scripts/gpu-mutate.sh [MAX_SECONDS]   (stops starting mutations after MAX_SECONDS)
+# Usage (device tool, carry [".debs-full"]): bash scripts/gpu-mutate.sh [MAX_SECONDS]   (builds first unless the
+# build is there; stops starting mutations after MAX_SECONDS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B="${SEPAL_GPU_BUILD:-/tmp/gpu-build}" max="${1:-200}" t0=$(date +%s) missed=0
+export SEPAL_GPU_BUILD="$B"
+if [ ! -x "$B/tests/test_cuda_block" ]; then # the build gpu-all.sh makes, from .debs-full
+    SEPAL_GPU_TESTS="" bash scripts/gpu-build.sh .debs-full > "${OUT:-/tmp}/gpu-mutate-build.txt" 2>&1
+    echo "gpu-mutate: built after $(($(date +%s) - t0)) s"
+fi
+D=/tmp/deps A=x86_64-linux-gnu
+export LD_LIBRARY_PATH="$D/usr/lib/$A:$D/lib/$A:$D/usr/lib/$A/openblas-pthread:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 muts=(
     "cuda/flash.cu|s|p->scale = 1.0f / sqrtf((float)hd);|p->scale = 1.1f / sqrtf((float)hd);|test_cuda_block"
     "cuda/fused_decode.cu|s|float scale = 1.0f / sqrtf((float)hd)|float scale = 1.1f / sqrtf((float)hd)|test_cuda_block"
