@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # prefill.sh - prompt processing (prefill) tokens/s of sepal (`sepal model generate`, every block in one process)
 # against llama.cpp v0.5.0 (`llama-completion`'s "prompt eval time") on stories15M, prompts of 128 and 512
-# tokens, reps interleaved (A B, B A, ...), each at every kernel level asked (SEPAL_ISA) with 1 and 2 threads:
+# tokens, reps interleaved (A B, B A, ...), each at every kernel level asked (SEPAL_ISA; at avx2 and avxvnni with
+# OPENBLAS_CORETYPE=Haswell, so that sepal's large products run OpenBLAS's AVX2 sgemm, as on an AVX2 machine;
+# llama.cpp runs its own best SIMD, built -march=native, as in compare.sh) with 1 and 2 threads:
 #   sepal --dtype f32  vs llama.cpp F32,  int8 vs Q8_0,  nf4 vs Q4_0   (goal: ratio >= 1.0)
 # stories15M's context is 256 positions (llama.cpp's GGUF says 128): both run it here with a context of 1024,
 # sepal from a copy of the model whose config.json says max_position_embeddings 1024 (the weights linked, not
@@ -10,7 +12,7 @@
 # that makes exactly N tokens in sepal's tokenizer (llama.cpp's tokenizer counts the same; both counts printed).
 # Each run generates one token after the prompt (-n 1 / --max-new-tokens 1): only the prompt's rate is read,
 # sepal's "N prompt tokens in S s" line and llama.cpp's "prompt eval time = X ms / N tokens" line. Loading is
-# outside both.
+# outside both. Both run with default settings: the script unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_* first.
 #
 # usage: bench/prefill.sh [--reps R] [--lengths "128 512"] [--threads "1 2"] [--pairs "f32 int8 nf4"]
 #                         [--isa "avx2 avx512"] [--load "idle busy"] [--build DIR]
@@ -41,6 +43,12 @@ sepal="$build/app/sepal"
 model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
 llama="$(scripts/fetch-llama-cpp.sh | tail -1)" || die "scripts/fetch-llama-cpp.sh failed"
 completion="$llama/build/bin/llama-completion"
+
+# default settings: no SEPAL_ (but SEPAL_CACHE), OPENBLAS_, OMP_ or GOTO_ variables (an OPENBLAS_CORETYPE=Haswell left in
+# the environment makes OpenBLAS's sgemm, sepal's large products, run AVX2 kernels on an AVX-512 CPU: ~0.65x)
+for v in $(env | sed -n 's/^\(SEPAL_[A-Z_]*\|OPENBLAS_[A-Z_]*\|OMP_[A-Z_]*\|GOTO_[A-Z_]*\)=.*/\1/p'); do
+    [ "$v" = SEPAL_CACHE ] || unset "$v"
+done
 
 tmp="$(mktemp -d)"
 busy_pids=()
@@ -73,8 +81,10 @@ words() { # the first N words of the story repeated
     echo "$s" | tr -s ' ' '\n' | sed '/^$/d' | head -n "$1" | tr '\n' ' ' | sed 's/ $//'
 }
 # sepal_run PROMPT DTYPE THREADS ISA -> "tokens rate" (prompt tokens and their tokens/s)
-sepal_run() {
-    SEPAL_ISA="$4" "$sepal" model generate "$long" --prompt "$1" --max-new-tokens 1 --dtype "$2" --threads "$3" \
+sepal_run() { # (at avx2 and avxvnni OpenBLAS runs its Haswell kernels too: an AVX2 machine's sgemm)
+    local core=()
+    [ "$4" = avx512 ] || core=(OPENBLAS_CORETYPE=Haswell)
+    env "${core[@]}" SEPAL_ISA="$4" "$sepal" model generate "$long" --prompt "$1" --max-new-tokens 1 --dtype "$2" --threads "$3" \
         >/dev/null 2>"$tmp/s.err" || { cat "$tmp/s.err" >&2; die "sepal model generate failed"; }
     sed -n 's/^sepal: \([0-9]*\) prompt tokens in \([0-9.]*\) s .*/\1 \2/p' "$tmp/s.err" | tail -1 |
         awk '$2 > 0 { printf "%d %.1f\n", $1, $1 / $2 }' | grep . || { cat "$tmp/s.err" >&2; die "no prompt rate in sepal's output"; }

@@ -152,6 +152,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     s->pos = 0;
     s->retries = 0;
     s->no_push = 0;
+    sp_model_head_prepare(rt->local); /* (the greedy head's screen: here, not in the prompt's time) */
     sp_err last = {0}; /* the last server's failure */
     for (int attempt = 0;; attempt++) {
         sp_status st = sp_runtime_route_inference(rt, 0, L, s->max_length, &s->route, err);
