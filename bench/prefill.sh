@@ -12,7 +12,7 @@
 # that makes exactly N tokens in sepal's tokenizer (llama.cpp's tokenizer counts the same; both counts printed).
 # Each run generates one token after the prompt (-n 1 / --max-new-tokens 1): only the prompt's rate is read,
 # sepal's "N prompt tokens in S s" line and llama.cpp's "prompt eval time = X ms / N tokens" line. Loading is
-# outside both. Both run with default settings: the script unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_* first.
+# outside both. Both run with default settings (bench/llama.sh unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_*).
 #
 # usage: bench/prefill.sh [--reps R] [--lengths "128 512"] [--threads "1 2"] [--pairs "f32 int8 nf4"]
 #                         [--isa "avx2 avx512"] [--load "idle busy"] [--build DIR]
@@ -36,30 +36,8 @@ while [ $# -gt 0 ]; do
     *) echo "prefill: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-die() { echo "prefill: $*" >&2; exit 1; }
-
-sepal="$build/app/sepal"
-[ -x "$sepal" ] || die "$sepal not found: build first (SEPAL_BUILD_DIR=$build scripts/build.sh)"
-model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
-llama="$(scripts/fetch-llama-cpp.sh | tail -1)" || die "scripts/fetch-llama-cpp.sh failed"
-completion="$llama/build/bin/llama-completion"
-
-# default settings: no SEPAL_ (but SEPAL_CACHE), OPENBLAS_, OMP_ or GOTO_ variables (an OPENBLAS_CORETYPE=Haswell left in
-# the environment makes OpenBLAS's sgemm, sepal's large products, run AVX2 kernels on an AVX-512 CPU: ~0.65x)
-for v in $(env | sed -n 's/^\(SEPAL_[A-Z_]*\|OPENBLAS_[A-Z_]*\|OMP_[A-Z_]*\|GOTO_[A-Z_]*\)=.*/\1/p'); do
-    [ "$v" = SEPAL_CACHE ] || unset "$v"
-done
-
-tmp="$(mktemp -d)"
-busy_pids=()
-stop_busy() {
-    local p
-    for p in "${busy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${busy_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    busy_pids=()
-}
-trap 'stop_busy; rm -rf "$tmp"' EXIT
-start_busy() { local i; for i in 1 2; do yes >/dev/null & busy_pids+=($!); done; }
+bench=prefill
+. bench/llama.sh
 . bench/pairs.sh
 
 # the model with a context of 1024: its files linked, config.json rewritten
@@ -69,9 +47,6 @@ for f in "$model"/*; do ln -s "$f" "$long/"; done
 rm "$long/config.json"
 sed 's/"max_position_embeddings":[[:space:]]*[0-9]*/"max_position_embeddings": 1024/' "$model/config.json" >"$long/config.json"
 grep -q '"max_position_embeddings": 1024' "$long/config.json" || die "cannot set the context in $long/config.json"
-
-gguf_of() { echo "$llama/stories15M-$(case "$1" in f32) echo f32 ;; int8) echo q8_0 ;; nf4) echo q4_0 ;; esac).gguf"; }
-llama_name() { case "$1" in f32) echo F32 ;; int8) echo Q8_0 ;; nf4) echo Q4_0 ;; esac; }
 
 story="Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine with her dog."
 story="$story One day, she saw a big red ball in the park and ran to get it."
@@ -118,12 +93,7 @@ prompt_of() {
     words "$n"
 }
 
-runs=""
-for isa in $isas; do
-    if out="$(SEPAL_ISA="$isa" "$sepal" --version 2>&1)"; then runs="$runs $isa"; else echo "prefill: skipped: $out"; fi
-done
-[ -n "$runs" ] || die "no kernel level of '$isas' runs on this CPU"
-isas="${runs# }"
+isas="$(levels_run "$isas")"
 for d in $pairs; do [ -f "$(gguf_of "$d")" ] || die "$(gguf_of "$d") missing: run scripts/fetch-llama-cpp.sh"; done
 cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "prefill: $("$sepal" --version 2>/dev/null | head -1) vs llama.cpp v0.5.0, stories15M (context 1024), prompts of" \
