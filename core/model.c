@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "trace.h"
 
 static sp_status read_tensor(sp_model *m, sp_safetensors *st, const char *name, float **dst, int64_t rows,
                              int64_t cols, sp_err *err)
@@ -432,9 +433,12 @@ sp_status sp_model_forward_argmax(sp_model *m, int32_t *best, const int32_t *ids
                                   sp_model_cache *cache, sp_err *err)
 {
     int H = m->cfg.hidden;
+    SP_TRACE(SP_TR_ONE);
     sp_status s = run_blocks(m, ids, B, T, pos0, cache, err);
+    SP_TRACE(SP_TR_ONE_BLOCKS);
     for (int b = 0; !s && b < B; b++)
         s = sp_model_head_argmax(m, best + b, m->hid + ((size_t)b * T + T - 1) * H, 1, err);
+    SP_TRACE(SP_TR_ONE_HEAD);
     return s;
 }
 
