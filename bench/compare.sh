@@ -22,7 +22,8 @@
 # the prompt: llama.cpp's "eval time" line (runs / time), and sepal's "N new in S s" line as (N - 1) / S (the
 # first new token comes from the prompt's pass). Loading, converting and quantising are outside it.
 # llama.cpp is fetched and built by scripts/fetch-llama-cpp.sh into ${SEPAL_CACHE:-~/.cache/sepal} (the first
-# run takes minutes); stories15M by scripts/fetch-model.sh. Exit status: 0 after a run (whatever the ratios),
+# run takes minutes); stories15M by scripts/fetch-model.sh. Both run with default settings (bench/llama.sh, shared
+# with prefill.sh, unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_* first). Exit status: 0 after a run (whatever the ratios),
 # 1 when a step fails or sepal's f32 text differs from llama.cpp's F32 text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,33 +44,9 @@ while [ $# -gt 0 ]; do
     *) echo "compare: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-die() { echo "compare: $*" >&2; exit 1; }
+bench=compare
+. bench/llama.sh
 
-sepal="$build/app/sepal"
-[ -x "$sepal" ] || die "$sepal not found: build first (SEPAL_BUILD_DIR=$build scripts/build.sh)"
-model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
-llama="$(scripts/fetch-llama-cpp.sh | tail -1)" || die "scripts/fetch-llama-cpp.sh failed"
-completion="$llama/build/bin/llama-completion"
-
-tmp="$(mktemp -d)"
-busy_pids=()
-stop_busy() {
-    local p
-    for p in "${busy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${busy_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    busy_pids=()
-}
-trap 'stop_busy; rm -rf "$tmp"' EXIT
-start_busy() { # two processes that want a core each for as long as they run
-    local i
-    for i in 1 2; do
-        yes >/dev/null &
-        busy_pids+=($!)
-    done
-}
-
-gguf_of() { echo "$llama/stories15M-$(case "$1" in f32) echo f32 ;; int8) echo q8_0 ;; nf4) echo q4_0 ;; esac).gguf"; }
-llama_name() { case "$1" in f32) echo F32 ;; int8) echo Q8_0 ;; nf4) echo Q4_0 ;; esac; }
 goal_of() { case "$1" in nf4) echo 1.0 ;; *) echo 1.5 ;; esac; }
 
 # run_sepal DTYPE THREADS OUT -> prints tok/s; the text in OUT.txt ($isa: the kernel level)
@@ -98,12 +75,7 @@ norm_text() { tr -s ' \n' ' ' <"$1" | sed 's/^ *//; s/ *$//'; }
 median() { sort -g | awk '{v[NR] = $1} END {if (!NR) print 0; else print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 for d in $pairs; do [ -f "$(gguf_of "$d")" ] || die "$(gguf_of "$d") missing: run scripts/fetch-llama-cpp.sh"; done
-runs=""
-for isa in $isas; do # the levels this CPU runs (sepal refuses the others at start, saying what it runs)
-    if out="$(SEPAL_ISA="$isa" "$sepal" --version 2>&1)"; then runs="$runs $isa"; else echo "compare: skipped: $out"; fi
-done
-[ -n "$runs" ] || die "no kernel level of '$isas' runs on this CPU"
-isas="${runs# }"
+isas="$(levels_run "$isas")"
 cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "compare: $("$sepal" --version 2>/dev/null | head -1) vs llama.cpp v0.5.0 (node-llama-cpp@3.22.1), stories15M," \
     "\"$prompt\" + $tokens tokens greedy, $reps rep pairs a condition, $cpu, $(getconf _NPROCESSORS_ONLN) cores," \

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "trace.h"
 
 static sp_status read_tensor(sp_model *m, sp_safetensors *st, const char *name, float **dst, int64_t rows,
                              int64_t cols, sp_err *err)
@@ -346,18 +347,39 @@ sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, 
     return s;
 }
 
-static sp_status head_argmax_locked(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err)
+/* The screen and the scratch of head_argmax_locked, once (lock held); out of memory for the screen leaves every row
+ * to the f32 head, as before. */
+static sp_status head_prepare_locked(sp_model *m, sp_err *err)
 {
     int H = m->cfg.hidden, V = m->cfg.vocab;
     if (!m->head_buf && !(m->head_buf = malloc(((size_t)H + V) * sizeof(float))))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    float *xn = m->head_buf, *logits = m->head_buf + H;
-    sp_pool *pool = m->pool ? m->pool : sp_pool_default();
     if (!m->head_screen_state && m->head_q.q && m->head_q.type == SP_W_F32) {
-        sp_err e2 = {0}; /* out of memory for the screen: every row in f32, as before */
+        sp_err e2 = {0};
         m->head_screen_state =
             sp_qmat_encode(&m->head_screen, SP_W_Q8, (const float *)m->head_q.q, V, H, &e2) ? -1 : 1;
     }
+    return SP_OK;
+}
+
+void sp_model_head_prepare(sp_model *m)
+{
+    if (!m->norm || !m->lm_head)
+        return;
+    pthread_mutex_lock(&m->head_lock);
+    sp_err err = {0}; /* (out of memory: the first sp_model_head_argmax says so) */
+    head_prepare_locked(m, &err);
+    pthread_mutex_unlock(&m->head_lock);
+}
+
+static sp_status head_argmax_locked(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err)
+{
+    int H = m->cfg.hidden, V = m->cfg.vocab;
+    sp_status st = head_prepare_locked(m, err);
+    if (st)
+        return st;
+    float *xn = m->head_buf, *logits = m->head_buf + H;
+    sp_pool *pool = m->pool ? m->pool : sp_pool_default();
     for (int i = 0; i < n; i++) {
         sp_status s = sp_model_final_norm(m, xn, hidden + (size_t)i * H, 1, err);
         if (s)
@@ -411,9 +433,12 @@ sp_status sp_model_forward_argmax(sp_model *m, int32_t *best, const int32_t *ids
                                   sp_model_cache *cache, sp_err *err)
 {
     int H = m->cfg.hidden;
+    SP_TRACE(SP_TR_ONE);
     sp_status s = run_blocks(m, ids, B, T, pos0, cache, err);
+    SP_TRACE(SP_TR_ONE_BLOCKS);
     for (int b = 0; !s && b < B; b++)
         s = sp_model_head_argmax(m, best + b, m->hid + ((size_t)b * T + T - 1) * H, 1, err);
+    SP_TRACE(SP_TR_ONE_HEAD);
     return s;
 }
 

@@ -35,7 +35,8 @@ typedef struct sp_model {
     sp_ws ws;               /* scratch for the runner's own calls */
     float *hid;             /* the runner's hidden states [B*T, H], grown to the largest step (not per token) */
     size_t hid_cap;         /* floats */
-    sp_qmat head_screen;    /* greedy with an f32 head: its Q8 encoding, built on first use (sp_model_head_argmax) */
+    sp_qmat head_screen;    /* greedy with an f32 head: its Q8 encoding, built on first use (sp_model_head_argmax,
+                             * or sp_model_head_prepare) */
     int head_screen_state;  /* 0 not tried, 1 built, -1 out of memory (the full head then) */
     float *head_buf;        /* sp_model_head_argmax's scratch: the normed row [H] and the logits [V] */
     pthread_mutex_t head_lock; /* sp_model_head_argmax: the screen built once, its scratch one caller at a time */
@@ -90,6 +91,9 @@ sp_status sp_model_head(sp_model *m, float *logits, const float *hidden, int n, 
  * error of both products), and only the rows whose interval reaches the highest lower bound are computed in
  * f32, as sp_model_head computes them; with non-finite values anywhere, the whole head as sp_model_head. */
 sp_status sp_model_head_argmax(sp_model *m, int32_t *best, const float *hidden, int n, sp_err *err);
+/* Builds now what sp_model_head_argmax builds on its first call (an f32 head's Q8 screen: for stories15M 12 ms, a
+ * read of the whole head), so that a generation's begin, not its prompt, pays it; once per model, thread-safe. */
+void sp_model_head_prepare(sp_model *m);
 /* The final norm alone, out[n, H] = norm(hidden[n, H]). */
 sp_status sp_model_final_norm(const sp_model *m, float *out, const float *hidden, int n, sp_err *err);
 /* The whole model: logits[B, T, V] for ids[B, T]; with a cache only the last position's logits

@@ -14,6 +14,7 @@
 #include "server_impl.h"
 #include "span.h"
 #include "timeutil.h"
+#include "trace.h"
 #include "version.h"
 
 typedef struct req {
@@ -122,7 +123,9 @@ static void reply(req *r, const char *meta, const sp_tensor_src *t, int n)
         return;
     }
     sp_mx_sent(&r->s->mx, b.len, 0);
+    SP_TRACE(SP_TR_SRV_SEND);
     sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
+    SP_TRACE(SP_TR_SRV_SENT);
 }
 
 static sp_tensor_src tensor3(const req *r, const float *x, int B, int T, int H)
@@ -681,10 +684,13 @@ static void step_run(req *r, const sp_step_req *q, session *x, const sp_tensor_v
         bad(r, "internal", "decoding tensor 0: %s", err.msg);
     else {
         blas_threads_for(r->s, (long)B * T);
-        if (step_blocks(r, x, h, h + n, B, T, prompts, P, T == 1 ? &x->ws : ws, &err)) /* decode: the session's ws */
+        SP_TRACE(SP_TR_SRV_COMPUTE);
+        if (step_blocks(r, x, h, h + n, B, T, prompts, P, T == 1 ? &x->ws : ws, &err)) { /* decode: the session's ws */
             bad(r, "internal", "step: %s", err.msg);
-        else
+        } else {
+            SP_TRACE(SP_TR_SRV_COMPUTED);
             step_reply(r, q, x, h, B, T);
+        }
     }
     free(big);
     free(prompts);
@@ -1026,6 +1032,7 @@ static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
     int rows = 0;
     for (int k = 0; k < n; k++)
         rows += b->st[g[k]].B * b->st[g[k]].T;
+    SP_TRACE(SP_TR_SRV_COMPUTED);
     if (!st)
         sp_mx_batch(&s->mx, n, SP_MX_TOK_INFERENCE, (uint64_t)rows);
     for (int k = 0; k < n; k++) {
@@ -1074,6 +1081,7 @@ void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msg
     for (int i = 0; i < n; i++)
         batch_take(b, s, conns[i], msgs[i], i, &rows);
     blas_threads_for(s, 1);
+    SP_TRACE(SP_TR_SRV_COMPUTE);
     batch_run(b, s, n);
     for (int i = 0; i < n; i++) { /* longer prefills and the rest, after the pass: each alone */
         req *r = &b->r[i];

@@ -14,6 +14,7 @@
 #include "server_impl.h"
 #include "span.h"
 #include "timeutil.h"
+#include "trace.h"
 
 uint64_t sp_server_largest_request(int hidden, int nblocks, int max_batch_tokens, long cache_tokens)
 {
@@ -317,6 +318,7 @@ static void *worker_main(void *arg)
     int batching = !s->o.no_batch && !step_bufs_init(&sb, s->o.max_batch_tokens);
     task *t;
     while ((t = queue_pop(&s->q))) {
+        SP_TRACE(SP_TR_SRV_WORKER);
         if (t->step && batching) {
             run_steps(s, t, &sb, &ws);
             continue;
@@ -367,6 +369,7 @@ static void requeue(sp_server *s, uint64_t conn, sp_buf *msg)
 static void on_message(void *user, uint64_t conn, sp_buf *msg)
 {
     sp_server *s = user;
+    SP_TRACE(SP_TR_SRV_MSG);
     pthread_mutex_lock(&s->stats_lock);
     s->requests++;
     pthread_mutex_unlock(&s->stats_lock);
@@ -393,6 +396,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
         __atomic_load_n(&s->step_ns, __ATOMIC_RELAXED) < 1000000 && msg->len <= 32768 && queue_idle(&s->q) &&
         pthread_mutex_trylock(&s->inline_lock) == 0) {
         uint64_t t0 = sp_now_ns();
+        SP_TRACE(SP_TR_SRV_INLINE);
         sp_rpc_handle(s, conn, msg, &s->inline_ws);
         note_step(s, t0);
         pthread_mutex_unlock(&s->inline_lock);

@@ -146,6 +146,11 @@ START_TEST(t_swarm_equals_local)
     sp_lm_local loc;
     sp_lm_swarm sw;
     sp_lm lm_local = sp_lm_local_make(&loc, full), lm_swarm = sp_lm_swarm_make(&sw, rt);
+    /* a generation's begin builds the greedy head's screen (not its prompt's first step) */
+    ck_assert_int_eq(full->head_screen_state, 0);
+    ck_assert_int_eq(lm_local.begin(lm_local.ctx, 1, 8, &err), SP_OK);
+    ck_assert_int_eq(full->head_screen_state, 1);
+    lm_local.end(lm_local.ctx);
     int32_t p0[5] = {1, 17, 99, 3, 250}, p1[2] = {1, 400}, p2[7] = {1, 5, 6, 7, 8, 9, 10};
     const int32_t *ps[3] = {p0, p1, p2};
     int lens[3] = {5, 2, 7};

@@ -1209,6 +1209,68 @@ START_TEST(t_client_backpressure)
 }
 END_TEST
 
+/* Replies written by the sending threads themselves (the bulk channel, small messages): two threads send to one
+ * conn while the client does not read (the socket fills: writes stop halfway and their rest is queued first);
+ * then every message arrives whole, each thread's in its order. */
+typedef struct sender {
+    srv *v;
+    uint64_t conn, base;
+    int n;
+} sender;
+
+static void *sender_main(void *arg)
+{
+    sender *t = arg;
+    for (int i = 0; i < t->n; i++) {
+        sp_buf m = make_msg(t->base + (uint64_t)i, 12000 + 40 * (size_t)(i % 7));
+        if (sp_ws_server_send(t->v->s, t->conn, &m, NULL) != SP_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+START_TEST(t_direct_writes)
+{
+    srv v;
+    sp_transport_opts so;
+    sp_transport_opts_default(&so);
+    so.bulk_threshold = 1; /* as sepal-server: every reply on the bulk channel */
+    srv_start(&v, &so);
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.rx_queue_max = 64 << 10; /* the client reads slowly: the socket fills and drains a little at a time */
+    sp_ws_client *c = connect_to(&v, &o);
+    uint64_t conn = attach_bulk(&v, c);
+    enum { N = 600 };
+    sender t[2] = {{&v, conn, 10000, N}, {&v, conn, 20000, N}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(pthread_create(&th[k], NULL, sender_main, &t[k]), 0);
+    int next[2] = {0, 0};
+    for (int i = 0; i < 2 * N; i++) {
+        if (i % 4 == 0)
+            usleep(100);
+        sp_buf r = {0};
+        sp_err err = {0};
+        ck_assert_msg(sp_ws_client_recv(c, &r, WAIT_MS, &err) == SP_OK, "%d: %s", i, err.msg);
+        uint64_t id = get64(r.data + 16);
+        int k = id >= 20000;
+        ck_assert_msg(id == t[k].base + (uint64_t)next[k], "message %d: id %llu, thread %d's next is %d", i,
+                      (unsigned long long)id, k, next[k]);
+        ck_assert(msg_ok(&r, id, 12000 + 40 * (size_t)(next[k] % 7)));
+        next[k]++;
+        sp_buf_free(&r);
+    }
+    void *r0, *r1;
+    pthread_join(th[0], &r0);
+    pthread_join(th[1], &r1);
+    ck_assert_ptr_null(r0);
+    ck_assert_ptr_null(r1);
+    sp_ws_client_close(c);
+    srv_stop(&v);
+}
+END_TEST
+
 /* A held connection is not closed for being idle; once let go it is. */
 START_TEST(t_idle_hold)
 {
@@ -1256,6 +1318,7 @@ static Suite *transport_suite(void)
     tcase_add_test(tc, t_budget);
     tcase_add_test(tc, t_backpressure);
     tcase_add_test(tc, t_client_backpressure);
+    tcase_add_test(tc, t_direct_writes);
     tcase_add_test(tc, t_idle_hold);
     suite_add_tcase(s, tc);
     return s;

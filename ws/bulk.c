@@ -251,13 +251,13 @@ static void bulk_read(sp_ws_server *s, bsock *b)
     }
 }
 
-/* Writes queued output until the socket is full. */
+/* Writes queued output until the socket is full (none while another thread writes directly). */
 static void bulk_write(sp_ws_server *s, bsock *b)
 {
     while (!b->dead) {
         if (!b->busy) {
             pthread_mutex_lock(&s->mu);
-            b->busy = tp_msgq_pop(&b->txq, &b->cur);
+            b->busy = !b->direct && tp_msgq_pop(&b->txq, &b->cur);
             b->tx_charge = b->busy ? b->cur.len : 0;
             pthread_mutex_unlock(&s->mu);
             if (!b->busy)
@@ -277,8 +277,8 @@ static void bulk_write(sp_ws_server *s, bsock *b)
         b->cur_off += (size_t)w;
         if (b->cur_off == b->cur.len) {
             sp_buf_free(&b->cur);
-            b->busy = 0;
             pthread_mutex_lock(&s->mu);
+            b->busy = 0;
             if (b->c)
                 tp_charge(s, b->c, 0, -(int64_t)b->tx_charge);
             b->tx_charge = 0;
@@ -287,6 +287,53 @@ static void bulk_write(sp_ws_server *s, bsock *b)
                 atomic_store(&b->c->last_ns, sp_now_ns());
         }
     }
+}
+
+/* Writes msg on c's bulk socket from the calling thread, when the socket has nothing queued or being written and
+ * msg is small (mu held on entry; held again on return): 1 if msg was taken (sent whole, or what the socket did
+ * not take queued first for the bulk thread), 0 if the caller queues it. A reply sent from a worker thus goes out
+ * at once instead of after the bulk thread's wake-up (one hand-off between threads less a hop). */
+int tp_bulk_send_direct(sp_ws_server *s, conn *c, sp_buf *msg)
+{
+    bsock *b = c->bulk;
+    if (!b || b->busy || b->direct || b->kill || b->txq.head || msg->len > TP_DIRECT_MAX || tp_on_bulk_thread(s))
+        return 0;
+    b->direct = 1;
+    pthread_mutex_unlock(&s->mu);
+    size_t off = 0;
+    int failed = 0;
+    while (off < msg->len) {
+        ssize_t w = send(b->fd, msg->data + off, msg->len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            failed = errno != EAGAIN && errno != EWOULDBLOCK;
+            break;
+        }
+        off += (size_t)w;
+    }
+    uint64_t rest = msg->len - off;
+    if (!rest)
+        atomic_store(&c->last_ns, sp_now_ns());
+    if (off > 0 && rest) { /* the rest, first in the queue */
+        memmove(msg->data, msg->data + off, rest);
+        msg->len = rest;
+    }
+    if (!rest)
+        sp_buf_free(msg);
+    pthread_mutex_lock(&s->mu);
+    b->direct = 0;
+    if (failed)
+        b->kill = 1;
+    if (rest && !failed && !tp_msgq_push_front(&b->txq, msg))
+        tp_charge(s, c, 0, (int64_t)rest);
+    sp_buf_free(msg); /* (taken by the queue, or not to be sent) */
+    int wake = failed || b->txq.head;
+    pthread_mutex_unlock(&s->mu);
+    if (wake)
+        tp_wake_bulk(s);
+    pthread_mutex_lock(&s->mu);
+    return 1;
 }
 
 /* Closes a bulk socket; an attached conn loses its ws too (one logical connection). */
@@ -341,7 +388,7 @@ static int bulk_prepare(sp_ws_server *s, struct pollfd *pfd)
             b->dead = 1;
         /* not read while its message waits for budget, or its conn's output is over tx_bound */
         short ev = b->wait_ns || (b->c && b->c->out_full) ? 0 : POLLIN;
-        if (b->busy || b->txq.head)
+        if ((b->busy || b->txq.head) && !b->direct) /* (the direct writer wakes this thread when it is done) */
             ev |= POLLOUT;
         if (b->wait_ns && s->waiting) /* budget may have been freed: look again soon */
             next = now + 20000000ull < next ? now + 20000000ull : next;
@@ -369,7 +416,10 @@ static void bulk_sweep(sp_ws_server *s)
             sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket from %s closed: no token within %.3g s",
                            who, s->o.handshake_timeout_s);
         }
-        if (b->dead) {
+        pthread_mutex_lock(&s->mu);
+        int writing = b->direct; /* (a direct writer is on its fd: closed at a later sweep) */
+        pthread_mutex_unlock(&s->mu);
+        if (b->dead && !writing) {
             s->socks[i] = s->socks[--s->nsocks];
             tp_bulk_close(s, b);
         } else {

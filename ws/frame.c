@@ -69,7 +69,8 @@ void sp_transport_opts_default(sp_transport_opts *o)
 /* message queues (a FIFO of owned buffers; the owner's mutex protects it) */
 
 /* Takes *msg (also on failure, when it is freed). */
-int tp_msgq_push(msgq *q, sp_buf *msg)
+/* A node holding *msg (taken; freed when no node can be had: NULL). */
+static qnode *node_of(msgq *q, sp_buf *msg)
 {
     qnode *n = q->spare;
     if (n) {
@@ -80,16 +81,36 @@ int tp_msgq_push(msgq *q, sp_buf *msg)
     }
     if (!n) {
         sp_buf_free(msg);
-        return -1;
+        return NULL;
     }
     n->next = NULL;
     n->buf = buf_take(msg);
     q->bytes += n->buf.len;
+    return n;
+}
+
+int tp_msgq_push(msgq *q, sp_buf *msg)
+{
+    qnode *n = node_of(q, msg);
+    if (!n)
+        return -1;
     if (q->tail)
         q->tail->next = n;
     else
         q->head = n;
     q->tail = n;
+    return 0;
+}
+
+int tp_msgq_push_front(msgq *q, sp_buf *msg)
+{
+    qnode *n = node_of(q, msg);
+    if (!n)
+        return -1;
+    n->next = q->head;
+    q->head = n;
+    if (!q->tail)
+        q->tail = n;
     return 0;
 }
 

@@ -113,6 +113,8 @@ typedef struct msgq {
 
 /* Takes *msg (also on failure, when it is freed). */
 int tp_msgq_push(msgq *q, sp_buf *msg);
+/* As tp_msgq_push, first in the queue (the rest of a message whose beginning was sent already). */
+int tp_msgq_push_front(msgq *q, sp_buf *msg);
 int tp_msgq_pop(msgq *q, sp_buf *out);
 /* Frees every message and the spare nodes; returns the messages' bytes. */
 uint64_t tp_msgq_clear(msgq *q);
@@ -268,6 +270,8 @@ struct bsock {
     conn *c;   /* mu (written only by the bulk thread, which may read it unlocked) */
     int kill;  /* mu: close requested by another thread */
     msgq txq;  /* mu */
+    int direct; /* mu: another thread writes a message on fd now (tp_bulk_send_direct): the bulk thread neither
+                 * writes nor closes the socket meanwhile */
     src_entry *src; /* mu: counted in its bulk_pending until attached */
     /* bulk thread only */
     uint8_t pre[BULK_PREAMBLE];
@@ -276,7 +280,7 @@ struct bsock {
     rxstream rx;
     sp_buf cur;
     size_t cur_off;
-    int busy, dead;
+    int busy, dead;           /* busy: set and cleared under mu (tp_bulk_send_direct reads it) */
     uint64_t reserved;        /* charged for the message being received */
     uint64_t msg_deadline_ns; /* ... by when it must be complete (mu: the sweep reads it) */
     uint64_t wait_ns;         /* mu: 0, or since when its message waits for budget */
@@ -380,6 +384,9 @@ sp_status tp_bulk_listen(sp_ws_server *s, sp_err *err);
 void *tp_bulk_main(void *arg);
 void tp_bulk_close(sp_ws_server *s, bsock *b);
 void tp_wake_bulk(sp_ws_server *s);
+/* Messages up to this size may be written by the sending thread itself (tp_bulk_send_direct). */
+#define TP_DIRECT_MAX (64 * 1024)
+int tp_bulk_send_direct(sp_ws_server *s, conn *c, sp_buf *msg);
 /* Whether the caller is s's bulk thread (which writes what it queued before it polls again: no wake-up). */
 int tp_on_bulk_thread(const sp_ws_server *s);
 

@@ -982,6 +982,8 @@ sp_status sp_ws_server_send(sp_ws_server *s, uint64_t id, sp_buf *msg, sp_err *e
     conn *c = s->stopping ? NULL : tp_find_conn(s, id);
     if (!c || c->dead)
         fail = 1;
+    else if (c->bulk && msg->len >= s->o.bulk_threshold && tp_bulk_send_direct(s, c, msg))
+        len = 0; /* sent (or its rest queued and charged) */
     else if (c->bulk && msg->len >= s->o.bulk_threshold)
         bad = tp_msgq_push(&c->bulk->txq, msg), wake_b = !bad;
     else if (!(bad = tp_msgq_push(&c->txq, msg)))

@@ -16,6 +16,7 @@ static sp_status local_begin(void *ctx, int B, int max_length, sp_err *err)
 {
     sp_lm_local *l = ctx;
     l->pos = 0;
+    sp_model_head_prepare(l->m); /* (the greedy head's screen: here, not in the prompt's time) */
     return sp_model_cache_init(&l->cache, l->m, B, max_length, err);
 }
 

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "timeutil.h"
+#include "trace.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* sessions of hops */
@@ -152,6 +153,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
     s->pos = 0;
     s->retries = 0;
     s->no_push = 0;
+    sp_model_head_prepare(rt->local); /* (the greedy head's screen: here, not in the prompt's time) */
     sp_err last = {0}; /* the last server's failure */
     for (int attempt = 0;; attempt++) {
         sp_status st = sp_runtime_route_inference(rt, 0, L, s->max_length, &s->route, err);
@@ -214,6 +216,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
 
 static void swarm_end(void *ctx)
 {
+    SP_TRACE_FLUSH();
     sp_lm_swarm *s = ctx;
     if (s->active)
         __atomic_sub_fetch(&s->rt->active, 1, __ATOMIC_RELAXED);
@@ -296,8 +299,10 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     int timeout = T * s->B > 64 ? sp_rt_timeout_ms(rt, hop->server, nb, (long)s->B * T, 0)
                                 : sp_rt_timeout_ms(rt, hop->server, nb, s->B, 1);
     sp_reply rep;
+    SP_TRACE(SP_TR_SEND);
     sp_status st = sp_rt_call_abortable(rt, hop->server, SP_MSG_INFERENCE_STEP, meta, t, n, &rep,
                                         timeout + (pa ? pa->extra_ms : 0), pa ? pa->abort : NULL, err);
+    SP_TRACE(SP_TR_REPLY);
     *alive = !st || rep.msg.type == SP_MSG_ERROR;
     if (!st) {
         const sp_tensor_view *o = rep.msg.n_tensors ? &rep.msg.t[0] : NULL;
@@ -703,6 +708,7 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
     int H = rt->local->cfg.hidden;
     /* a decode step in the buffer sized at begin; a prefill (maybe with prompts) in memory of its own */
     int decode = T == 1 && B == s->B && s->step_buf && !(s->pos == 0 && s->P > 0);
+    SP_TRACE(SP_TR_STEP);
     double now = sp_now_s();
     if (decode && B == 1)
         learn_local(s, now);
@@ -719,9 +725,11 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
     if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
         sp_model_embed_norm(rt->local, x, B * T);
     double t_hops = sp_now_s();
+    SP_TRACE(SP_TR_HOPS);
     if (!st)
         st = run_hops(s, x, T, deep, in, err);
     s->net_s = sp_now_s() - t_hops;
+    SP_TRACE(SP_TR_HOPS_DONE);
     free(deep);
     s->hypo = NULL; /* the reorder went out with this step to every hop */
     for (int b = 0; !st && b < B; b++)
@@ -730,6 +738,7 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
         st = sp_model_head(rt->local, logits, last, B, err);
     else if (!st)
         st = sp_model_head_argmax(rt->local, best, last, B, err);
+    SP_TRACE(SP_TR_HEAD_DONE);
     if (!st)
         s->pos += T;
     if (!decode) {

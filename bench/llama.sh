@@ -1,0 +1,49 @@
+# llama.sh - what the benches against llama.cpp share (sourced by compare.sh and prefill.sh once their options are
+# read; they set bench, their name for messages, and build): die; default settings (SEPAL_* but SEPAL_CACHE,
+# OPENBLAS_*, OMP_* and GOTO_* unset: an OPENBLAS_CORETYPE=Haswell left in an environment makes OpenBLAS, sepal's
+# products of more than 8 rows, run AVX2 kernels on an AVX-512 CPU); sepal and its stories15M, llama.cpp's
+# llama-completion and its GGUFs; a temporary directory tmp and the busy processes (`yes`), both gone at exit;
+# the GGUF and llama.cpp's name of an encoding; the kernel levels this CPU runs.
+
+die() { echo "$bench: $*" >&2; exit 1; }
+
+for v in $(env | sed -n 's/^\(SEPAL_[A-Z_]*\|OPENBLAS_[A-Z_]*\|OMP_[A-Z_]*\|GOTO_[A-Z_]*\)=.*/\1/p'); do
+    [ "$v" = SEPAL_CACHE ] || unset "$v"
+done
+
+sepal="$build/app/sepal"
+[ -x "$sepal" ] || die "$sepal not found: build first (SEPAL_BUILD_DIR=$build scripts/build.sh)"
+model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
+llama="$(scripts/fetch-llama-cpp.sh | tail -1)" || die "scripts/fetch-llama-cpp.sh failed"
+completion="$llama/build/bin/llama-completion"
+
+tmp="$(mktemp -d)"
+busy_pids=()
+stop_busy() {
+    local p
+    for p in "${busy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${busy_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    busy_pids=()
+}
+trap 'stop_busy; rm -rf "$tmp"' EXIT
+start_busy() { # two processes that want a core each for as long as they run
+    local i
+    for i in 1 2; do
+        yes >/dev/null &
+        busy_pids+=($!)
+    done
+}
+
+gguf_of() { echo "$llama/stories15M-$(case "$1" in f32) echo f32 ;; int8) echo q8_0 ;; nf4) echo q4_0 ;; esac).gguf"; }
+llama_name() { case "$1" in f32) echo F32 ;; int8) echo Q8_0 ;; nf4) echo Q4_0 ;; esac; }
+
+# levels_run "avx2 avx512" -> those of the levels this CPU runs (sepal refuses the others at start: each skipped
+# one is said), or dies when none is left
+levels_run() {
+    local runs="" isa out
+    for isa in $1; do
+        if out="$(SEPAL_ISA="$isa" "$sepal" --version 2>&1)"; then runs="$runs $isa"; else echo "$bench: skipped: $out" >&2; fi
+    done
+    [ -n "$runs" ] || die "no kernel level of '$1' runs on this CPU"
+    echo "${runs# }"
+}

@@ -1,0 +1,38 @@
+/* trace.h - timestamps at the hand-offs of a decode step, to find where a swarm token's time goes (issue 26). Built
+ * only with -DSEPAL_HOP_TRACE=ON (bench/hop-trace.sh builds and reads it); otherwise SP_TRACE(tag) is nothing.
+ * Each process keeps up to 200,000 (tag, CLOCK_MONOTONIC ns) pairs and writes them all, one "tag ns" line each, to
+ * $SEPAL_TRACE_DIR/trace-PID.txt every 4096 records, at SP_TRACE_FLUSH() and at exit (nothing without
+ * SEPAL_TRACE_DIR). The clock is the machine's, so the client's and the servers' records line up. */
+#ifndef SEPAL_TRACE_H
+#define SEPAL_TRACE_H
+
+enum {
+    SP_TR_STEP = 1,          /* client: a swarm step begins (embedding next) */
+    SP_TR_SEND = 2,          /* client: a hop's INFERENCE_STEP is about to be sent */
+    SP_TR_REPLY = 3,         /* client: its reply is decoded */
+    SP_TR_HEAD_DONE = 4,     /* client: the step's head is done */
+    SP_TR_HOPS = 5,          /* client: the hops begin */
+    SP_TR_HOPS_DONE = 6,     /* client: the hops are done */
+    SP_TR_SRV_MSG = 11,      /* server: a message arrived (on_message) */
+    SP_TR_SRV_COMPUTE = 12,  /* server: a step's (or a pass's) blocks begin */
+    SP_TR_SRV_COMPUTED = 13, /* server: ... and are done */
+    SP_TR_SRV_SEND = 14,     /* server: a reply is handed to the transport */
+    SP_TR_SRV_SENT = 15,     /* server: ... and the transport returned */
+    SP_TR_SRV_WORKER = 16,   /* server: a worker took a task from the queue */
+    SP_TR_SRV_INLINE = 17,   /* server: a step runs on the transport thread */
+    SP_TR_ONE = 21,          /* one process (sp_model_forward_argmax): begins */
+    SP_TR_ONE_BLOCKS = 22,   /* ... its blocks are done */
+    SP_TR_ONE_HEAD = 23,     /* ... its head is done */
+};
+
+#ifdef SEPAL_HOP_TRACE
+void sp_trace(int tag);
+void sp_trace_flush(void);
+#define SP_TRACE(tag) sp_trace(tag)
+#define SP_TRACE_FLUSH() sp_trace_flush()
+#else
+#define SP_TRACE(tag) ((void)0)
+#define SP_TRACE_FLUSH() ((void)0)
+#endif
+
+#endif
