@@ -54,6 +54,16 @@ static sp_model *load(const char *model, unsigned parts, int first, int last)
     return m;
 }
 
+/* Block 0 of the model, its matrices encoded in t (kern.h's sp_wtype; f32 as loaded). */
+static sp_model *load_block0(const char *model, int t)
+{
+    sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+    sp_err err = {0};
+    if (t != SP_W_F32)
+        ck_assert_int_eq(sp_block_quantize(&m->blocks[0], (sp_wtype)t, &err), SP_OK);
+    return m;
+}
+
 /* Every block maps golden in -> out and grad_out -> grad_in. */
 static void golden_blocks(const char *model)
 {
@@ -182,10 +192,8 @@ static void decode_batch_case(const char *model)
 {
     sp_err err = {0};
     for (int t = SP_W_F32; t < SP_W__COUNT; t++) {
-        sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+        sp_model *m = load_block0(model, t);
         sp_block *blk = &m->blocks[0];
-        if (t != SP_W_F32)
-            ck_assert_int_eq(sp_block_quantize(blk, (sp_wtype)t, &err), SP_OK);
         enum { NS = 7, CAP = 24 }; /* 10 rows: more than the plain product's decode kernels take */
         int H = m->cfg.hidden, rows[NS] = {1, 2, 1, 1, 2, 1, 2}, prefix[NS] = {0, 3, 7, 1, 5, 2, 9}, N = 0;
         int T[NS] = {3, 4, 2, 1, 1, 8, 2}, NT = 0; /* then a step of T[i] positions each (29 rows) */
@@ -684,10 +692,8 @@ static void items_case(const char *model)
 {
     sp_err err = {0};
     for (int t = SP_W_F32; t < SP_W__COUNT; t++) {
-        sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+        sp_model *m = load_block0(model, t);
         sp_block *blk = &m->blocks[0];
-        if (t != SP_W_F32)
-            ck_assert_int_eq(sp_block_quantize(blk, (sp_wtype)t, &err), SP_OK);
         enum { NI = 4 };
         int H = m->cfg.hidden, nb[NI] = {1, 3, 2, 1}, T = t % 2 ? 4 : 12, B = 0, rows[NI];
         for (int i = 0; i < NI; i++)

@@ -8,12 +8,7 @@
 M="${SEPAL_STORIES15M_DIR:?}"
 SERVER="$SEPAL_BIN_DIR/server/sepal-server"
 export SEPAL_CACHE="$TMP/cache"
-mkdir -p "$SEPAL_CACHE"
-ln -s "${SEPAL_SENTIMENT_DIR:?}" "$SEPAL_CACHE/sentiment" # the sst2 task's default data directory
-if [ ! -f "$M/model.safetensors" ] || [ ! -f "$SEPAL_SENTIMENT_DIR/imdb.json" ]; then
-    bad "run scripts/fetch-model.sh and scripts/fetch-sentiment.sh first"
-    finish
-fi
+[ -f "$M/model.safetensors" ] || { bad "$M: no converted stories15M; run scripts/fetch-model.sh first"; finish; }
 
 # start NAME FAULT ARGS...: a server of every block (SEPAL_SERVER_FAULT=FAULT); its ws port in $PORT, its metrics
 # URL in $MURL
