@@ -1068,6 +1068,84 @@ START_TEST(t_fair_between_clients)
 }
 END_TEST
 
+/* Training's FORWARDs merge by turns too. A client from 127.0.0.2 keeps a FORWARD of 12 rows in flight on each of
+ * 30 connections; passes hold 2 of them (--max-batch-tokens 24) and take 6 ms or more (slow:3 per answer); a
+ * client from 127.0.0.1 sends one FORWARD at a time: its request joins the first pass after it comes (turns by
+ * client), so while it waits at most that pass's and the running one's (4 of A's answers) come, where first come,
+ * first served it would wait behind A's queue (some 28). An inference step meanwhile goes before all of them. A
+ * count of answers, not a time. */
+static void raw_forward(sp_ws_client *c, uint64_t id)
+{
+    static float x[12 * H];
+    for (int i = 0; i < 12 * H; i++)
+        x[i] = (float)(i % 5) * 0.1f;
+    sp_tensor_src t = t3(x, 1, 12);
+    raw_send(c, SP_MSG_FORWARD, id, "{\"start\":0,\"end\":4}", &t, 1);
+}
+
+static void *greedy_trainer(void *p)
+{
+    greedy_client *a = p;
+    sp_ws_client *c = raw_connect(a->port, "127.0.0.2");
+    raw_forward(c, 1000);
+    __atomic_add_fetch(&a->ready, 1, __ATOMIC_SEQ_CST);
+    for (int k = 1; k < 60; k++) {
+        raw_answer(c, NULL, 0);
+        __atomic_add_fetch(&a->done, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&a->stop, __ATOMIC_SEQ_CST))
+            break;
+        raw_forward(c, 1000 + (uint64_t)k);
+    }
+    sp_ws_client_close(c);
+    return NULL;
+}
+
+START_TEST(t_fair_training_merges)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
+    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", "24", NULL};
+    sp_test_proc p;
+    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
+    unsetenv("SEPAL_SERVER_FAULT");
+    greedy_client a = {.port = p.port};
+    pthread_t th[FAIR_CONNS];
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_create(&th[i], NULL, greedy_trainer, &a);
+    sp_remote *b = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_connect(&b, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    uint64_t id = open_session(b, 0, 4, 16, 1);
+    while (__atomic_load_n(&a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
+        usleep(1000);
+    usleep(30000); /* A's queue fills */
+    float *x = calloc(12 * H, 4), y[H];
+    int most = 0, most_step = 0;
+    for (int i = 0; i < 6; i++) {
+        int before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
+        sp_reply rep;
+        sp_tensor_src t = t3(x, 1, 12);
+        free(call_ok(b, SP_MSG_FORWARD, "{\"start\":0,\"end\":4}", &t, 1, 1, &rep));
+        sp_reply_clear(&rep);
+        int during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        most = during > most ? during : most;
+        before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
+        step(b, id, x, 1, 1, y, -1, NULL); /* inference first: before every FORWARD waiting */
+        during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        most_step = during > most_step ? during : most_step;
+    }
+    __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "training fairness: at most %d of A's FORWARDs answered while one of B's waited, %d while a step "
+            "waited\n", most, most_step);
+    ck_assert_msg(most <= 8, "B's FORWARD waited while %d of A's were answered", most);
+    ck_assert_msg(most_step <= 4, "B's step waited while %d of A's FORWARDs were answered", most_step);
+    free(x);
+    sp_remote_close(b);
+    sp_test_proc_signal(&p, SIGTERM);
+}
+END_TEST
+
 /* The queue wait's bound (--max-queue-wait): three sessions step without pause on a server whose answers come 20 ms
  * late each, so that steps wait for the pass before theirs (tens of ms, over a bound of 1 ms): a new session is
  * refused with ERROR "overloaded" (and counted), the running ones go on; once their steps stop, nothing waits, and a
@@ -1609,6 +1687,7 @@ int main(void)
     tcase_add_test(tc, t_batched_sessions_as_alone);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
+    tcase_add_test(tc, t_fair_training_merges);
     tcase_add_test(tc, t_queue_wait_bound);
     tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
