@@ -496,7 +496,7 @@ static void pass_forward(span_pass *p, sp_ws *ws)
     size_t N = (size_t)p->B * p->T * p->H;
     float *inputs = any_inputs ? malloc((size_t)p->nb * N * sizeof(float)) : NULL;
     sp_block_acts *acts = any_acts && inputs ? calloc((size_t)p->nb, sizeof *acts) : NULL;
-    for (int i = 0; acts && i < p->nb; i++)
+    for (int i = 0; acts && p->n == 1 && i < p->nb; i++)
         kept_acts_get(&p->s->kt, &acts[i]); /* last steps' buffers: no fresh pages */
     sp_err err = {0};
     blas_threads_for(p->s, (long)p->B * p->T);
@@ -511,9 +511,12 @@ static void pass_forward(span_pass *p, sp_ws *ws)
             kept_put(p->s, k);
     }
     pass_reply(p, p->x, NULL);
-done:
+done: /* (a pass's own buffers are freed: the pool keeps buffers of a request's size, which the FORWARDs to come reuse) */
     for (int i = 0; acts && i < p->nb; i++)
-        kept_acts_put(&p->s->kt, &acts[i]);
+        if (p->n == 1)
+            kept_acts_put(&p->s->kt, &acts[i]);
+        else
+            sp_block_acts_free(&acts[i]);
     free(acts);
     free(inputs);
 }
@@ -609,8 +612,6 @@ static void pass_backward(span_pass *p, sp_ws *ws)
         add_prompt(p->x, p->prompts + (size_t)(p->nb - 1) * p->B * p->P * p->H, p->B, p->T, 0, p->P, p->H);
     if (!kept_all)
         memcpy(inputs + (p->nb - 1) * N, p->x, N * sizeof(float));
-    if (acts_all && p->n > 1)
-        kept_acts_get(&s->kt, &joined);
     for (int i = p->nb - 1; i >= 0; i--) {
         if (backward_block(p, i, inputs + i * N, acts_all, parts, &joined, ws, &err)) {
             pass_fail(p, "backward", &err);
@@ -621,8 +622,7 @@ static void pass_backward(span_pass *p, sp_ws *ws)
 answer:
     pass_reply(p, p->g, gp);
 done:
-    if (joined.buf)
-        kept_acts_put(&s->kt, &joined);
+    sp_block_acts_free(&joined); /* (of the pass's size: not for the pool) */
     for (int j = 0; gp && j < p->n; j++)
         free(gp[j]);
     free(gp);
