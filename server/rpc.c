@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "memtune.h"
 #include "server_impl.h"
 #include "span.h"
 #include "timeutil.h"
@@ -519,6 +520,8 @@ done: /* (a pass's own buffers are freed: the pool keeps buffers of a request's 
             sp_block_acts_free(&acts[i]);
     free(acts);
     free(inputs);
+    if (p->n > 1)
+        sp_mem_trim(); /* a merged pass's sizes vary with what it merged: no holes left for other sizes to split */
 }
 
 /* Request j's rows of each block's inputs kept by its FORWARD, into the pass's inputs (nb x [B, T, H]). */
@@ -628,6 +631,8 @@ done:
     free(gp);
     free(parts);
     free(inputs);
+    if (p->n > 1)
+        sp_mem_trim(); /* as pass_forward */
 }
 
 /* Runs a[0..n) (parsed, of one span, T and P) as one pass, answers each and frees them. */
