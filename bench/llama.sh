@@ -17,22 +17,7 @@ model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model
 llama="$(scripts/fetch-llama-cpp.sh | tail -1)" || die "scripts/fetch-llama-cpp.sh failed"
 completion="$llama/build/bin/llama-completion"
 
-tmp="$(mktemp -d)"
-busy_pids=()
-stop_busy() {
-    local p
-    for p in "${busy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${busy_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    busy_pids=()
-}
-trap 'stop_busy; rm -rf "$tmp"' EXIT
-start_busy() { # two processes that want a core each for as long as they run
-    local i
-    for i in 1 2; do
-        yes >/dev/null &
-        busy_pids+=($!)
-    done
-}
+. bench/busy.sh
 
 gguf_of() { echo "$llama/stories15M-$(case "$1" in f32) echo f32 ;; int8) echo q8_0 ;; nf4) echo q4_0 ;; esac).gguf"; }
 llama_name() { case "$1" in f32) echo F32 ;; int8) echo Q8_0 ;; nf4) echo Q4_0 ;; esac; }

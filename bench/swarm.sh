@@ -51,22 +51,7 @@ for v in $(env | sed -n 's/^\(SEPAL_[A-Z_]*\|OPENBLAS_[A-Z_]*\|OMP_[A-Z_]*\|GOTO
 done
 export SEPAL_SERVER_BIN="$build/server/sepal-server"
 
-tmp="$(mktemp -d)"
-busy_pids=()
-stop_busy() {
-    local p
-    for p in "${busy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${busy_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    busy_pids=()
-}
-trap 'stop_busy; rm -rf "$tmp"' EXIT
-start_busy() {
-    local i
-    for i in 1 2; do
-        yes >/dev/null &
-        busy_pids+=($!)
-    done
-}
+. bench/busy.sh
 . bench/pairs.sh
 q() { printf "'%s'" "$1"; } # the prompt quoted for a sepal command line
 # raw_rtt -> the median raw TCP round trip of 1232 bytes on loopback, in microseconds
