@@ -353,7 +353,7 @@ void tp_bulk_close(sp_ws_server *s, bsock *b)
             c->close_req = 1;
             tp_flag(s, c);
         }
-        last = --c->refs == 0;
+        last = tp_conn_let_go(c);
         b->c = NULL;
     }
     if (b->src) {

@@ -374,6 +374,9 @@ void tp_spare_retake(int *spare);
 /* ws_server.c */
 /* A channel lets go of c (mu not held): the last one out reports the close; the conn is freed once nothing
  * is pinned either. */
+/* Drops a channel's reference to c (mu held): 1 when it was the last, c then pinned until tp_conn_release (called
+ * with that result once mu is let go) takes the pin over. */
+int tp_conn_let_go(conn *c);
 void tp_conn_release(sp_ws_server *s, conn *c, int last);
 /* Delivers a complete message of c (ws: from the service thread, else the bulk thread): the handshake's
  * gates, then on_message. */

@@ -34,6 +34,15 @@ static uint64_t secs_ns(double s) { return (uint64_t)(s * 1e9); }
 /* ---------------------------------------------------------------------------------------------- */
 /* connections: the end of one */
 
+int tp_conn_let_go(conn *c)
+{
+    int last = --c->refs == 0;
+    if (last) /* held until tp_conn_release takes the lock: a worker releasing its last message (sp_ws_server_release)
+               * in between would free c under it otherwise */
+        c->pins++;
+    return last;
+}
+
 /* Frees c once both channels are gone and nothing is pinned (mu held). */
 static void conn_free_if_done(sp_ws_server *s, conn *c)
 {
@@ -51,6 +60,7 @@ void tp_conn_release(sp_ws_server *s, conn *c, int last)
     if (!last)
         return;
     pthread_mutex_lock(&s->mu);
+    c->pins--; /* the pin tp_conn_let_go took, taken over under the lock */
     if (c->src)
         c->src->conns--;
     s->live--;
@@ -114,7 +124,7 @@ static void srv_ws_gone(sp_ws_server *s, conn *c)
     int wake = c->bulk != NULL;
     if (c->bulk)
         c->bulk->kill = 1;
-    int last = --c->refs == 0;
+    int last = tp_conn_let_go(c);
     pthread_mutex_unlock(&s->mu);
     if (wake)
         tp_wake_bulk(s);
