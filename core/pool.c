@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,9 +62,16 @@ static uint64_t now_ns(void)
  * machine), a spinning worker burns its share of a core and, once descheduled, waits its turn while the job
  * waits for it; a sleeping one is woken by the job and, having slept, runs at once. So the caller looks, at most
  * every LOOK_NS, at how long it waited for a core while runnable (the run delay the kernel keeps for every
- * thread, /proc/thread-self/schedstat): over a tenth of the time in two looks in a row, and nobody spins for
- * CONTENDED_NS. (Measured on a 2-core VM over 5 ms windows: idle, 197 of 200 windows under 1%; with two busy
- * processes, 375 of 400 over 20%.) Without schedstat (a kernel without it), the pool always spins. */
+ * thread, /proc/thread-self/schedstat): over a tenth of the time, with more threads runnable on the machine than
+ * it has CPUs (/proc/loadavg's running count, the looking thread included), in two looks in a row, and nobody
+ * spins for CONTENDED_NS. The run delay alone misleads where processes hand work to each other: a thread woken
+ * on an idle virtual CPU counts its wake-up (50-120 us) as run delay, so a loopback swarm's server (a step of
+ * ~1 ms after each wake-up) looked busy in 1 of 4 windows, stopped spinning, and computed its steps 1.5x slower
+ * than the same blocks in one process. (Measured on a 2-core VM over 5 ms windows, a swarm of one server: idle,
+ * 1-2 threads running in 386 of 421 windows; with two busy processes, 3-7 in all 550, over a tenth of run delay
+ * in 432 of them. Earlier, the run delay alone: idle, 197 of 200 windows under 1%; busy, 375 of 400 over 20%.)
+ * Without schedstat (a kernel without it), the pool always spins; without loadavg, the run delay decides alone,
+ * as it does where this process may run on fewer CPUs than the machine has (the count says nothing of its own). */
 #define LOOK_NS 5000000ull
 #define HOT_LOOKS 2
 #define CONTENDED_NS 100000000ull
@@ -99,6 +107,31 @@ static uint64_t run_delay_ns(void)
     return delay;
 }
 
+/* Whether more threads are running on the machine than it has CPUs (1 when it cannot tell). */
+static int machine_oversubscribed(void)
+{
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < 1 || sp_cpu_count() < online)
+        return 1;
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = 0;
+    /* "0.12 0.34 0.56 <running>/<threads> <last pid>": the fourth field's first number */
+    char *p = buf;
+    for (int f = 0; f < 3 && p; f++)
+        if ((p = strchr(p, ' ')))
+            p++;
+    if (!p || *p < '0' || *p > '9')
+        return 1;
+    return strtol(p, NULL, 10) > online;
+}
+
 /* The caller's look (at most every LOOK_NS; the calling thread's own figures, kept per thread). */
 static void look_contention(sp_pool *p)
 {
@@ -111,7 +144,8 @@ static void look_contention(sp_pool *p)
     uint64_t d = run_delay_ns();
     if (!d)
         return;
-    hot = last_t && t - last_t < 4 * LOOK_NS && (d - last_delay) * 10 > t - last_t ? hot + 1 : 0;
+    int waited = last_t && t - last_t < 4 * LOOK_NS && (d - last_delay) * 10 > t - last_t;
+    hot = waited && machine_oversubscribed() ? hot + 1 : 0;
     last_t = t;
     last_delay = d;
     if (hot >= HOT_LOOKS) {

@@ -9,8 +9,9 @@
  * Workers that have no job spin for a short while (a decode step's next matvec comes within microseconds) and
  * then sleep on a futex, so an idle process, or one whose cores are taken by others, gives them back: nothing
  * spins for longer than the spin budget. On a busy machine (the caller waited for a core over a tenth of the
- * time in two 5 ms looks in a row) nobody spins for the next 100 ms: a spinning thread would wait for its turn
- * while the job waits for it, a sleeping one is woken by the job and runs at once.
+ * time while more threads ran than the machine has CPUs, in two 5 ms looks in a row) nobody spins for the next
+ * 100 ms: a spinning thread would wait for its turn while the job waits for it, a sleeping one is woken by the
+ * job and runs at once.
  *
  * One job at a time: a call while another thread's job runs (two server workers, say), or from inside a job,
  * runs fn(ctx, 0, 1) on the calling thread instead of waiting. fn must accept any n >= 1. */

@@ -666,6 +666,43 @@ START_TEST(t_pool_contended)
 }
 END_TEST
 
+/* The same on every CPU the machine has: one busy thread per CPU beside the pool, so more threads run than there
+ * are CPUs (what the pool asks /proc/loadavg before it believes its run delay) and the pool still finds itself
+ * contended. Skipped where the process may not run on every CPU (the run delay decides alone there: above). */
+START_TEST(t_pool_contended_everywhere)
+{
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (access("/proc/thread-self/schedstat", R_OK) != 0 || access("/proc/loadavg", R_OK) != 0 ||
+        online < 1 || sp_cpu_count() < online || online > 64) {
+        printf("pool contention on every CPU: skipped (no schedstat or loadavg, or fewer CPUs than online)\n");
+        return;
+    }
+    sp_pool *p = sp_pool_new(2);
+    ck_assert_ptr_nonnull(p);
+    pthread_t hogs[64];
+    hog_stop = 0;
+    for (long i = 0; i < online; i++)
+        ck_assert_int_eq(pthread_create(&hogs[i], NULL, hog_main, NULL), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long jobs = 0;
+    do {
+        count_job j = {.pool = p};
+        sp_pool_run(p, count_part, &j);
+        ck_assert_int_eq(j.n_seen, 2);
+        jobs++;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    } while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 1000000000L);
+    hog_stop = 1;
+    for (long i = 0; i < online; i++)
+        pthread_join(hogs[i], NULL);
+    printf("pool contention: %lu times found contended over %ld jobs beside %ld busy threads on %ld CPUs\n",
+           (unsigned long)sp_pool_contended(p), jobs, online, online);
+    ck_assert_uint_ge(sp_pool_contended(p), 1);
+    sp_pool_free(p);
+}
+END_TEST
+
 START_TEST(t_pool_idle)
 {
     sp_pool *p = sp_pool_new(2);
@@ -699,6 +736,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_pool_concurrent);
     tcase_add_test(tc, t_pool_idle);
     tcase_add_test(tc, t_pool_contended);
+    tcase_add_test(tc, t_pool_contended_everywhere);
     suite_add_tcase(s, tc);
     return s;
 }
