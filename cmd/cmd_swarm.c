@@ -10,7 +10,7 @@
 #include "table.h"
 #include "timeutil.h"
 
-enum { UP_BLOCKS_PER_SERVER, UP_NOPTS };
+enum { UP_BLOCKS_PER_SERVER, UP_THREADS, UP_NOPTS };
 enum { SERVERS_LONG, SERVERS_NOPTS };
 enum { CONNECT_INITIAL_PEERS, CONNECT_SWARM_KEY, CONNECT_NOPTS };
 
@@ -36,6 +36,7 @@ static int cmd_swarm_up(sp_app *app, const sp_args *a)
     if (*end || end == a->pos[0] || n < 1 || n > 256)
         return sp_app_error(app, "swarm up: N: expected an integer in [1, 256], got '%s'", a->pos[0]);
     long k = (long)sp_arg_int(app, a, UP_BLOCKS_PER_SERVER);
+    sp_runtime_swarm_threads(rt, (int)sp_arg_int(app, a, UP_THREADS));
     if (sp_runtime_swarm_up(rt, (int)n, (int)k, &err)) {
         if (err.code == SP_ERR_CANCELLED)
             return sp_app_error(app, "swarm up: stopped (Ctrl-C); the servers it had started were stopped");
@@ -302,6 +303,8 @@ static const sp_opt swarm_up_opts[] = {
     [UP_BLOCKS_PER_SERVER] = {"--blocks-per-server", .meta = "K", SP_SETTING(SP_SET_BLOCKS_PER_SERVER),
                               .help = "blocks each server holds (N x K above the model's blocks gives redundancy); 0 "
                                       "is an even split"},
+    [UP_THREADS] = {"--threads", SP_OPT_INT, "T", 0, 256, .def = "0",
+                    .help = "compute threads of each server (sepal-server --threads); 0: every CPU, each server's"},
     [UP_NOPTS] = {0},
 };
 
@@ -313,7 +316,7 @@ static const sp_cmd swarm_subs[] = {
              "serve. Ctrl-C stops it and the servers it started. A second `swarm up` is refused while one is up. "
              "Server I writes its log to $TMPDIR/sepal-swarm-PID-I.log (TMPDIR: /tmp when unset; PID: this "
              "app's), removed by `swarm down` and kept when the server dies (the message names it).",
-     .examples = "swarm up 3\nswarm up 4 --blocks-per-server 3", .fn = cmd_swarm_up},
+     .examples = "swarm up 3\nswarm up 4 --blocks-per-server 3\nswarm up 2 --threads 1", .fn = cmd_swarm_up},
     {.name = "down", .args = "", .max_pos = 0, .summary = "stop the servers of swarm up (each announces OFFLINE)",
      .examples = "swarm down", .fn = cmd_swarm_down},
     {0},

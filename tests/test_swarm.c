@@ -827,6 +827,42 @@ static double median5(double *v)
     return v[2];
 }
 
+/* `swarm up --threads T`: every server it starts runs with --threads T (its command line says so), and a
+ * generation through them works. */
+START_TEST(t_swarm_up_threads)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
+    sp_runtime_swarm_threads(rt, 1);
+    ck_assert_msg(sp_runtime_swarm_up(rt, 2, 0, &err) == SP_OK, "%s", err.msg);
+    int seen = 0;
+    pthread_mutex_lock(&rt->lock);
+    for (int i = 0; i < rt->nservers; i++) {
+        if (rt->servers[i]->pid <= 0)
+            continue;
+        char path[64], cmd[8192];
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)rt->servers[i]->pid);
+        FILE *f = fopen(path, "rb");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(cmd, 1, sizeof cmd - 1, f);
+        fclose(f);
+        int threads = 0;
+        for (size_t at = 0; at < n; at += strlen(cmd + at) + 1) /* NUL-separated arguments */
+            if (!strcmp(cmd + at, "--threads") && at + 10 < n)
+                threads = atoi(cmd + at + 10);
+        ck_assert_msg(threads == 1, "server %d runs with --threads %d, want 1", i, threads);
+        seen++;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    ck_assert_int_eq(seen, 2);
+    ck_assert_msg(greedy_rate(rt, 8) > 0, "no generation through the 1-thread servers");
+    sp_runtime_swarm_down(rt);
+    sp_runtime_free(rt);
+}
+END_TEST
+
 /* A route measures the pings it does not know before it uses them. The steps/s `route` predicts (pings measured
  * while idle, the servers' speeds, the client's own part) are within
  * 1.5x of what the next greedy generation reaches: after generations taught the client what each hop and its own
@@ -900,6 +936,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_num_blocks);
     tcase_add_test(tc, t_joining);
     tcase_add_test(tc, t_two_clients);
+    tcase_add_test(tc, t_swarm_up_threads);
     suite_add_tcase(s, tc);
     TCase *te = tcase_create("estimates");
     tcase_set_timeout(te, 120);

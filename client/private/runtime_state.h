@@ -97,6 +97,7 @@ struct sp_runtime {
     /* a local swarm (swarm/local.c) */
     char server_bin[4096];
     int swarm_started;     /* swarm up ran and its servers are ours */
+    int swarm_threads;     /* swarm up's servers' --threads (0: theirs, every CPU) */
 
     const sp_rt_clock *clock; /* NULL: sp_now_s and real sleeps (see sp_rt_clock) */
     double local_step_s;   /* the client's own part of a greedy decode step (embedding, head, generation loop,

@@ -48,7 +48,7 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
             dup2(logfd, 2);
         char blocks[32];
         snprintf(blocks, sizeof blocks, "%d", k);
-        const char *argv[16] = {"sepal-server", "--model", rt->model_dir, "--num-blocks", blocks,
+        const char *argv[20] = {"sepal-server", "--model", rt->model_dir, "--num-blocks", blocks,
                                 "--selection-delay", "0", "--balance-period", "5"};
         int n = 9;
         if (peers) {
@@ -56,6 +56,12 @@ static pid_t spawn_server(sp_runtime *rt, int k, const char *peers, const char *
             argv[n++] = peers;
         } else {
             argv[n++] = "--new-swarm";
+        }
+        char threads[16];
+        if (rt->swarm_threads > 0) {
+            snprintf(threads, sizeof threads, "%d", rt->swarm_threads);
+            argv[n++] = "--threads";
+            argv[n++] = threads;
         }
         if (rt->has_key) { /* a private swarm: the servers hold its key too */
             argv[n++] = "--swarm-key";
@@ -183,6 +189,8 @@ static int first_hole(sp_runtime *rt, int L)
     pthread_mutex_unlock(&rt->lock);
     return hole;
 }
+
+void sp_runtime_swarm_threads(sp_runtime *rt, int threads) { rt->swarm_threads = threads > 0 ? threads : 0; }
 
 sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err)
 {

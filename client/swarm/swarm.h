@@ -39,6 +39,9 @@ int sp_runtime_models(sp_runtime *rt, sp_model_record **out);
  * through its DHT node), each choosing its blocks (k each; k = 0: an even split), joins it, and waits until
  * they all serve. */
 sp_status sp_runtime_swarm_up(sp_runtime *rt, int n, int k, sp_err *err);
+/* The compute threads each server of the next sp_runtime_swarm_up gets (sepal-server --threads; 0, the
+ * default: every CPU, each server's own). */
+void sp_runtime_swarm_threads(sp_runtime *rt, int threads);
 /* Stops the servers this runtime started (they announce OFFLINE) and leaves the swarm. */
 void sp_runtime_swarm_down(sp_runtime *rt);
 /* Refreshes every directly connected server's INFO; the DHT view refreshes by itself. */
