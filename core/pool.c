@@ -84,44 +84,39 @@ static uint64_t spin_budget(sp_pool *p, uint64_t now)
     return (uint64_t)__atomic_load_n(&p->spin_ns, __ATOMIC_RELAXED);
 }
 
+/* The first bytes of a small /proc file, NUL-terminated, in buf[cap]: their count, or 0 when it cannot be read. */
+static size_t read_proc(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = 0;
+    return n > 0 ? (size_t)n : 0;
+}
+
 /* This thread's run delay so far (ns), or 0 if the kernel does not say. */
 static uint64_t run_delay_ns(void)
 {
     char buf[96];
-    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
+    if (!read_proc("/proc/thread-self/schedstat", buf, sizeof buf))
         return 0;
     /* "<time on a cpu> <time waiting for one> <timeslices>": the second number */
-    ssize_t i = 0;
-    while (i < n && buf[i] >= '0' && buf[i] <= '9')
-        i++;
-    if (i == 0 || i >= n || buf[i] != ' ')
+    char *end;
+    strtoull(buf, &end, 10);
+    if (end == buf || *end != ' ' || end[1] < '0' || end[1] > '9')
         return 0;
-    uint64_t delay = 0;
-    for (i++; i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
-        delay = delay * 10 + (uint64_t)(buf[i] - '0');
-    return delay;
+    return strtoull(end + 1, NULL, 10);
 }
 
 /* Whether more threads are running on the machine than it has CPUs (1 when it cannot tell). */
 static int machine_oversubscribed(void)
 {
     long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online < 1 || sp_cpu_count() < online)
-        return 1;
     char buf[128];
-    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (online < 1 || sp_cpu_count() < online || !read_proc("/proc/loadavg", buf, sizeof buf))
         return 1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 1;
-    buf[n] = 0;
     /* "0.12 0.34 0.56 <running>/<threads> <last pid>": the fourth field's first number */
     char *p = buf;
     for (int f = 0; f < 3 && p; f++)
