@@ -139,7 +139,7 @@ static void look_contention(sp_pool *p)
     uint64_t d = run_delay_ns();
     if (!d)
         return;
-    int waited = last_t && t - last_t < 4 * LOOK_NS && (d - last_delay) * 10 > t - last_t;
+    int waited = last_t && (d - last_delay) * 10 > t - last_t; /* a longer window (no jobs, or a slow one) dilutes */
     hot = waited && machine_oversubscribed() ? hot + 1 : 0;
     last_t = t;
     last_delay = d;
