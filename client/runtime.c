@@ -81,7 +81,7 @@ static void row_of(const sp_server_entry *e, sp_server_row *r)
 {
     *r = (sp_server_row){.rec = e->rec, .from_dht = e->from_dht, .gone = e->gone, .rtt = e->rtt,
                          .banned_until = e->banned_until, .busy_until = e->busy_until, .failures = e->failures, .cache_total = e->cache_total,
-                         .pid = e->pid};
+                         .refused_caps = e->refused_caps, .pid = e->pid};
     snprintf(r->log, sizeof r->log, "%s", e->log);
 }
 

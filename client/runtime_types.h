@@ -66,6 +66,11 @@ typedef struct sp_rt_settings {
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;
 
+/* A training push from one server to the next that did not arrive pauses pushes between them for this long (on the
+ * failure policy's clock), doubled each time it misses again after a pause, up to the max. */
+#define SP_RT_NO_PUSH_S 60.0
+#define SP_RT_NO_PUSH_MAX_S 960.0
+
 /* The clock of the failure policy: bans are measured on now(), the pauses between retries are sleep()s. The
  * runtime's own (none set) is the monotonic clock and real sleeps; a test sets one that it moves itself
  * (sp_runtime_set_clock), to check the policy without waiting. */
@@ -85,6 +90,7 @@ typedef struct sp_server_row {
     double busy_until;     /* ... avoids it for having refused a session as "overloaded" (busy, not failed) */
     int failures;          /* since the last success */
     long cache_total;      /* from INFO */
+    int refused_caps;      /* SP_CAP_* bits its record or HELLO said but it refused (an older server) */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr's file, for swarm-started servers ("" otherwise) */
 } sp_server_row;

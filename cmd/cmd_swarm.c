@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "app.h"
+#include "proto.h" /* SP_CAP_*: what a server says it can do */
 #include "runtime.h"
 #include "table.h"
 #include "timeutil.h"
@@ -147,6 +148,19 @@ static void server_row(const sp_server_row *e, double now, server_cells *out)
     snprintf(t[SC_VERSION], sizeof t[SC_VERSION], "%s", r->version[0] ? r->version : "-");
 }
 
+/* What a server says it can take pushed (its caps, less those it refused): servers --long's push line. */
+static const char *push_caps(int caps, int refused)
+{
+    int both = SP_CAP_STEP_PUSH | SP_CAP_SPAN_PUSH;
+    if ((caps & both) == both)
+        return "steps and training passes";
+    if (caps & SP_CAP_STEP_PUSH)
+        return refused ? "steps (training passes refused: an older server)" : "steps";
+    if (caps & SP_CAP_SPAN_PUSH)
+        return refused ? "training passes (steps refused: an older server)" : "training passes";
+    return refused ? "none (refused: an older server)" : "none (it says no capabilities: an older server)";
+}
+
 /* servers --long: every field of server i's record (of the n rows), one per line, nothing cut. */
 static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, double now, double wall)
 {
@@ -182,6 +196,7 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
                r->queue_wait > r->max_queue_wait ? ": saturated" : "");
     else
         sp_out(app, "  queue wait  %.3g s\n", r->queue_wait);
+    sp_out(app, "  push        %s\n", push_caps(r->caps & ~e->refused_caps, e->refused_caps));
     if (!r->npings)
         sp_out(app, "  next pings  none\n");
     for (int p = 0; p < r->npings; p++) {

@@ -97,6 +97,8 @@ sp_status sp_record_encode(const sp_server_record *r, char *buf, size_t cap, siz
     cJSON_AddNumberToObject(o, "queue_wait", r->queue_wait);
     if (r->max_queue_wait > 0)
         cJSON_AddNumberToObject(o, "max_queue_wait", r->max_queue_wait);
+    if (r->caps)
+        cJSON_AddNumberToObject(o, "caps", r->caps);
     cJSON *pings = cJSON_AddObjectToObject(o, "next_pings");
     for (int i = 0; pings && i < r->npings && i < SP_RECORD_MAX_PINGS; i++)
         cJSON_AddNumberToObject(pings, r->pings[i].id, r->pings[i].rtt);
@@ -243,7 +245,7 @@ static cJSON *parse_object(const void *data, size_t len, sp_err *err)
 
 static sp_status decode_fields(sp_server_record *r, const cJSON *o, sp_err *err)
 {
-    long port, blocks, start, end, cache;
+    long port, blocks, start, end, cache, caps = 0;
     sp_status st;
     if ((st = get_str(o, "id", r->id, sizeof r->id, CH_HEX, 1, err)) || strlen(r->id) != 16)
         return st ? st : sp_errf(err, SP_ERR_FORMAT, "'id' is not 16 hex digits");
@@ -269,8 +271,11 @@ static sp_status decode_fields(sp_server_record *r, const cJSON *o, sp_err *err)
         (cJSON_GetObjectItemCaseSensitive(o, "max_queue_wait") && /* optional: none, or an older server */
          (st = get_num(o, "max_queue_wait", 0, 1e6, &r->max_queue_wait, err))) ||
         (cJSON_GetObjectItemCaseSensitive(o, "device") && /* optional: an older server */
-         (st = get_str(o, "device", r->device, sizeof r->device, CH_ANY, 0, err))))
+         (st = get_str(o, "device", r->device, sizeof r->device, CH_ANY, 0, err))) ||
+        (cJSON_GetObjectItemCaseSensitive(o, "caps") && /* optional: none, or an older server */
+         (st = get_int(o, "caps", 0, INT_MAX, &caps, err))))
         return st;
+    r->caps = (int)caps;
     r->port = (int)port;
     r->num_blocks = (int)blocks;
     r->start = (int)start;

@@ -51,6 +51,8 @@ typedef struct sp_server_record {
     double queue_wait;         /* seconds its recent decode steps waited in its queue (its load; 0 if not said) */
     double max_queue_wait;     /* its bound on that wait: over it, it refuses new inference sessions (0: none, or not
                                   said) */
+    int caps;                  /* what it can do beyond the protocol's base: the SP_CAP_* bits of ws/proto.h (0: none,
+                                  or an older server that does not say) */
     int npings;
     sp_next_ping pings[SP_RECORD_MAX_PINGS];
     char version[16];          /* sepal version */

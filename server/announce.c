@@ -371,6 +371,7 @@ void sp_announce_update(sp_announce *a, const sp_server_record *r)
     m->cache_tokens_left = r->cache_tokens_left;
     m->queue_wait = r->queue_wait;
     m->max_queue_wait = r->max_queue_wait;
+    m->caps = r->caps;
     a->published = 1;
     pthread_mutex_unlock(&a->lock);
     publish_now(a);

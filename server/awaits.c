@@ -3,9 +3,9 @@
  * input, whichever comes first: a worker parks a request whose input has not come, and the push that brings it
  * hands the request back to the queue; an input that comes first waits for its request, which must name the
  * same token (else the input is dropped: the client's random token is the only key). A push for a parked
- * request of another token is refused. Entries are bounded in bytes (a push beyond the cap is refused: the
- * client falls back to relaying), dropped after the step timeout (a parked request is then answered with ERROR
- * `timeout`) and with the connection of their request. */
+ * request of another token is refused. Entries are bounded in bytes (a push beyond the cap is refused, "busy",
+ * and counted: the client falls back to relaying), dropped after the step timeout (a parked request is then answered
+ * with ERROR `timeout`; counted, and an input logged) and with the connection of their request. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,9 +71,11 @@ sp_status awaits_arrive(sp_server *s, uint64_t id, uint64_t token, sp_buf *input
         st = sp_errf(err, SP_ERR_ARG, "wrong token for the request awaiting %llu", (unsigned long long)id);
     else if (e && e->input.len)
         st = sp_errf(err, SP_ERR_STATE, "the input of %llu came already", (unsigned long long)id);
-    else if (t->bytes + input->len > t->cap)
-        st = sp_errf(err, SP_ERR_RANGE, "%zu bytes of pushed inputs and awaiting requests held, the cap is %zu",
-                     t->bytes, t->cap);
+    else if (t->bytes + input->len > t->cap && ++t->refused)
+        st = sp_errf(err, SP_ERR_RANGE,
+                     "this server holds %zu bytes of pushed inputs and requests awaiting them, and this push of %zu "
+                     "would go over its cap of %zu: the client sends the input itself",
+                     t->bytes, input->len, t->cap);
     else if (!e && !(e = add(t, id, token)))
         st = sp_errf(err, SP_ERR_NOMEM, "out of memory");
     if (!st) {
@@ -143,6 +145,10 @@ void awaits_expire(sp_server *s, double older_than, uint64_t conn)
         if (e->pend.len && !gone && sp_msg_header_read(e->pend.data, e->pend.len, &h))
             sp_rpc_error(s, e->pend_conn, h.request_id, "timeout", "its input was not pushed within %g s",
                          s->o.step_timeout_s);
+        else if (conn == UINT64_MAX)
+            sp_log(SP_LOG_INFO, "a pushed input for %llu (%zu bytes) was not claimed within %g s: dropped",
+                   (unsigned long long)e->id, e->input.len, s->o.step_timeout_s);
+        t->expired += conn == UINT64_MAX; /* (the reaper's call; else the connection went) */
         entry_free(t, e);
     }
     pthread_mutex_unlock(&t->lock);

@@ -368,6 +368,7 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     r.cache_tokens_left = p->srv ? sp_server_cache_left(p->srv) : 0;
     r.queue_wait = queue_wait(p);
     r.max_queue_wait = p->a.so.max_queue_wait_s;
+    r.caps = p->srv && state != SP_SERVER_OFFLINE ? sp_server_caps(p->srv) : 0;
     sp_announce_update(p->ann, &r);
 }
 
@@ -412,6 +413,23 @@ static double load_delay(void)
     return s > 0 && s < 3600 ? s : 0;
 }
 
+/* A testing aid: SEPAL_SERVER_OLD=nopush makes this process behave as a server from before push (no capabilities
+ * said, awaiting requests refused, pushes unknown), SEPAL_SERVER_OLD=await as one that says it can push but refuses
+ * awaiting requests (sp_server_opts.emulate_old), for the client's fallback in mixed swarms. Unset: nothing changes. */
+static int emulate_old(void)
+{
+    const char *v = getenv("SEPAL_SERVER_OLD");
+    int mode = !v || !*v                ? 0
+               : !strcmp(v, "nopush") ? SP_SERVER_OLD_NOPUSH
+               : !strcmp(v, "await")  ? SP_SERVER_OLD_AWAIT
+                                      : -1;
+    if (mode < 0)
+        fprintf(stderr, "sepal-server: SEPAL_SERVER_OLD=%s is neither nopush nor await: ignored\n", v);
+    else if (mode)
+        fprintf(stderr, "sepal-server: SEPAL_SERVER_OLD=%s: behaving as an older server\n", v);
+    return mode > 0 ? mode : 0;
+}
+
 /* Loads and serves [start, end); announces JOINING, then ONLINE. */
 static sp_status serve(app *p, int start, int end, sp_err *err)
 {
@@ -430,6 +448,7 @@ static sp_status serve(app *p, int start, int end, sp_err *err)
     o.dht_port = p->ann ? sp_announce_dht_port(p->ann) : 0;
     o.public_host = p->a.announce_host[0] ? p->a.announce_host : NULL;
     o.public_port = p->a.announce_port;
+    o.emulate_old = emulate_old();
     sp_server *srv = NULL;
     sp_status st = sp_server_start(&srv, &o, err);
     if (st)

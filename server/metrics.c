@@ -168,6 +168,14 @@ static void memory(text *t, sp_server *s)
     one(t, "kv_cache_tokens_available", "gauge", "Positions a new session over the whole span can still get.",
         (double)sessions_tokens_available(s));
     one(t, "kept_bytes", "gauge", "Bytes of activations kept for backwards to come.", (double)sp_server_kept_bytes(s));
+    sp_server_awaits aw;
+    sp_server_awaits_get(s, &aw);
+    one(t, "push_held_bytes", "gauge", "Bytes of training's pushed inputs and requests awaiting them held now.",
+        (double)aw.held);
+    one(t, "push_held_expired_total", "counter",
+        "Pushed inputs and awaiting requests dropped unclaimed at the step timeout.", (double)aw.expired);
+    one(t, "push_refused_total", "counter", "Training's pushes refused: the held bytes would go over their cap.",
+        (double)aw.refused);
 }
 
 static void network(text *t, sp_server *s, sp_server_metrics *m)

@@ -237,12 +237,36 @@ static void reply_encoding(req *r, int enc, int hidden_idx)
 
 /* FORWARD's or BACKWARD's metadata into q: decoded, its span checked against the blocks held, the replies'
  * encoding set. -1 after an ERROR reply. */
+/* sp_server_opts.emulate_old: a request's push fields as an older server reads them (not at all: unknown keys). */
+static void old_span_req(const sp_server *s, sp_span_req *q)
+{
+    if (s->o.emulate_old)
+        q->await = q->await_token = 0;
+    if (s->o.emulate_old == SP_SERVER_OLD_NOPUSH) {
+        q->push_host[0] = '\0';
+        q->push_port = 0;
+        q->push_id = q->push_token = 0;
+    }
+}
+
+static void old_step_req(const sp_server *s, sp_step_req *q)
+{
+    if (s->o.emulate_old)
+        q->await = 0;
+    if (s->o.emulate_old == SP_SERVER_OLD_NOPUSH) {
+        q->push_host[0] = '\0';
+        q->push_port = 0;
+        q->push_session = q->push_token = q->step = 0;
+    }
+}
+
 static int span_meta(req *r, sp_span_req *q)
 {
     sp_err e = {0};
     int fwd = r->m.type == SP_MSG_FORWARD;
     if (bad_meta(r, fwd ? sp_forward_req_decode(&r->m, q, &e) : sp_backward_req_decode(&r->m, q, &e), &e))
         return -1;
+    old_span_req(r->s, q);
     reply_encoding(r, q->reply_encoding, 0);
     return span_check(r, q->start, q->end);
 }
@@ -521,7 +545,8 @@ static void rpc_open(req *r)
     /* buffers for its decode steps' messages (hidden [B, 1, H], hypo_ids [B]), whichever thread takes them */
     size_t numel[2] = {(size_t)B * r->s->m->cfg.hidden, 2 * (size_t)B};
     sp_buf_spare_seed(sp_msg_size_f32(256, numel, 2), 3);
-    sp_open_reply a = {.session = id, .max_length = (int)L, .push_token = token};
+    sp_open_reply a = {.session = id, .max_length = (int)L,
+                       .push_token = r->s->o.emulate_old == SP_SERVER_OLD_NOPUSH ? 0 : token};
     char meta[128];
     if (sp_open_reply_encode(&a, meta, sizeof meta, &err))
         return (void)bad(r, "internal", "%s", err.msg);
@@ -762,8 +787,10 @@ static void rpc_step(req *r, sp_ws *ws)
 {
     sp_step_req q;
     sp_err err = {0};
-    if (!bad_meta(r, sp_step_req_decode(&r->m, &q, &err), &err))
+    if (!bad_meta(r, sp_step_req_decode(&r->m, &q, &err), &err)) {
+        old_step_req(r->s, &q);
         step_decoded(r, &q, ws);
+    }
 }
 
 /* An empty reply (the acknowledgement of a push) in a buffer of its own: the request's holds the input. */
@@ -858,7 +885,9 @@ void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_c
         return;
     sp_span_push_req q;
     sp_err err = {0};
-    if (!bad_meta(&r, sp_span_push_req_decode(&r.m, &q, &err), &err) && !float_tensor(&r, 0, "hidden", 3)) {
+    if (s->o.emulate_old == SP_SERVER_OLD_NOPUSH)
+        bad(&r, "unknown_type", "%s is not a request this server serves", sp_msg_type_name(r.m.type));
+    else if (!bad_meta(&r, sp_span_push_req_decode(&r.m, &q, &err), &err) && !float_tensor(&r, 0, "hidden", 3)) {
         sp_status st = awaits_arrive(s, q.id, q.token, msg, pend_conn, pend, &err);
         if (st)
             bad(&r, st == SP_ERR_ARG ? "forbidden" : st == SP_ERR_RANGE ? "busy" : "bad_request", "%s", err.msg);
@@ -895,7 +924,12 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
     case SP_MSG_INFERENCE_OPEN: rpc_open(&r); break;
     case SP_MSG_INFERENCE_STEP: rpc_step(&r, ws); break;
     case SP_MSG_INFERENCE_CLOSE: rpc_close(&r); break;
-    case SP_MSG_INFERENCE_PUSH: rpc_push(&r, ws); break;
+    case SP_MSG_INFERENCE_PUSH:
+        if (s->o.emulate_old != SP_SERVER_OLD_NOPUSH) {
+            rpc_push(&r, ws);
+            break;
+        }
+        __attribute__((fallthrough)); /* a type an older server does not know */
     default: bad(&r, "unknown_type", "%s is not a request this server serves", sp_msg_type_name(r.m.type));
     }
     sp_msg_clear(&r.m);
@@ -976,6 +1010,7 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     r->msg = msg;
     if (bad_meta(r, sp_step_req_decode(&r->m, &b->q[i], &err), &err))
         return;
+    old_step_req(s, &b->q[i]);
     if (b->q[i].await > 0) /* its input comes by push: the step runs apart, after the pass */
         return (void)(t->off = -3);
     if (b->q[i].push_port > 0)
@@ -1113,7 +1148,8 @@ static void rpc_hello(req *r)
     sp_hello_reply a = {.version = SP_PROTO_VERSION, .server = "sepal-server " SEPAL_VERSION, .config = s->m->cfg.hash,
                         .blocks = s->m->cfg.n_layers, .start = s->m->first, .end = s->m->last,
                         .bulk_port = sp_server_public_bulk_port(s),
-                        .bulk_token = sp_ws_server_bulk_token(s->ws, r->conn), .dht_port = s->o.dht_port};
+                        .bulk_token = sp_ws_server_bulk_token(s->ws, r->conn), .dht_port = s->o.dht_port,
+                        .caps = sp_server_caps(s)};
     sp_meta_set(a.model, sizeof a.model, s->model_name);
     sp_meta_set(a.dtype, sizeof a.dtype, sp_server_dtype(s));
     sp_meta_set(a.id, sizeof a.id, s->o.id);

@@ -594,7 +594,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->reaper_lock, NULL);
     pthread_cond_init(&s->reaper_cond, NULL);
     kept_init(&s->kt, o->keep_bytes);
-    awaits_init(&s->aw, o->keep_bytes / 2 + ((size_t)64 << 20)); /* pushed inputs: half the kept budget + 64 MiB */
+    awaits_init(&s->aw, o->await_bytes ? o->await_bytes : o->keep_bytes / 2 + ((size_t)64 << 20)); /* pushed inputs */
     pthread_mutex_init(&s->inline_lock, NULL);
     pthread_mutex_init(&s->push_lock, NULL);
     pthread_mutex_init(&s->batch_lock, NULL);
@@ -720,6 +720,16 @@ void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out)
     *in = __atomic_load_n(&s->pushes_in, __ATOMIC_RELAXED);
     *out = __atomic_load_n(&s->pushes_out, __ATOMIC_RELAXED);
 }
+
+void sp_server_awaits_get(sp_server *s, sp_server_awaits *out)
+{
+    pthread_mutex_lock(&s->aw.lock);
+    *out = (sp_server_awaits){
+        .held = s->aw.bytes, .cap = s->aw.cap, .expired = s->aw.expired, .refused = s->aw.refused};
+    pthread_mutex_unlock(&s->aw.lock);
+}
+
+int sp_server_caps(const sp_server *s) { return s->o.emulate_old == SP_SERVER_OLD_NOPUSH ? 0 : SP_CAPS_ALL; }
 
 uint64_t sp_server_requests(sp_server *s)
 {

@@ -65,10 +65,21 @@ typedef struct sp_server_opts {
     const char *throughput_cache; /* file caching measured throughput (default $SEPAL_CACHE/throughput.json) */
     uint64_t max_message;      /* transport cap (default 0: the connection's budget, limits.input_budget_conn) */
     size_t keep_bytes;         /* activations kept between FORWARD and BACKWARD (default 512 MiB; 0: never) */
+    size_t await_bytes;        /* training's pushed inputs and the requests that await them, held at once (0, the
+                                  default: half of keep_bytes + 64 MiB); a push over it is refused ("busy") */
     const sp_swarm_key *key;   /* a private swarm's key: peers must prove it first (NULL: anyone may connect) */
     const char *source_address; /* where its pushes to other servers connect from (NULL: the system's choice) */
+    int emulate_old;           /* a testing aid (SEPAL_SERVER_OLD of sepal-server): 0 none; SP_SERVER_OLD_NOPUSH
+                                  behaves as a server before push: it says no capabilities (HELLO, record), gives no
+                                  push token, reads requests without their await and push fields (an awaiting one
+                                  then lacks its input: bad_request) and answers INFERENCE_PUSH and SPAN_PUSH as
+                                  unknown types; SP_SERVER_OLD_AWAIT says it can push but reads requests without
+                                  their await fields (what a client meets where a record says more than its server
+                                  does) */
     sp_server_limits limits;
 } sp_server_opts;
+
+enum { SP_SERVER_OLD_NOPUSH = 1, SP_SERVER_OLD_AWAIT = 2 };
 
 /* Whether CUDA GPU gpu can be used at all (nothing started): SP_ERR_UNSUPPORTED "no usable GPU (WHY)" (no driver, no
  * device, a build without CUDA) or SP_ERR_ARG "no device N (...)". */
@@ -101,6 +112,15 @@ void sp_server_throughput(const sp_server *s, double *inference_rps, double *for
 int sp_server_sessions(sp_server *s);
 /* INFERENCE_PUSH messages taken into a session here (in), and pushes this server delivered (out). */
 void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out);
+/* Training's pushed inputs and awaiting requests (SPAN_PUSH, sp_server_opts.await_bytes): bytes held now, the cap,
+ * those dropped unclaimed at the step timeout so far, and pushes refused at the cap so far. */
+typedef struct sp_server_awaits {
+    size_t held, cap;
+    uint64_t expired, refused;
+} sp_server_awaits;
+void sp_server_awaits_get(sp_server *s, sp_server_awaits *out);
+/* What it says it can do (HELLO's and its record's caps): SP_CAP_* bits of ws/proto.h. */
+int sp_server_caps(const sp_server *s);
 /* Decode steps batched across sessions: passes run, rows through them, the most rows in one pass, and the queue
  * wait (sp_server_queue_wait: the load announced and told in INFO). */
 typedef struct sp_server_batch_stats {

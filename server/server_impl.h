@@ -92,6 +92,8 @@ typedef struct await_table {
     pthread_mutex_t lock;
     await_entry *head;
     size_t bytes, cap; /* of the inputs and parked requests held */
+    uint64_t expired;  /* inputs and parked requests dropped at the step timeout (sp_server_awaits_get) */
+    uint64_t refused;  /* pushes refused at the cap */
 } await_table;
 
 /* ---------------------------------------------------------------------------------------------- */

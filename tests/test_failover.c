@@ -124,6 +124,7 @@ typedef struct fault {
     sp_test_load *halt; /* load on a server (sp_test_load) halted at the first retry */
     char last_retry[512];
     double exit_s;     /* SIGTERM: seconds from the signal to the server's exit */
+    int refusals;      /* SP_EV_SERVER events of a server that does not take pushed inputs */
 } fault;
 
 static fault F;
@@ -153,6 +154,10 @@ static void on_event(const sp_event *ev, void *user)
             sp_runtime_set_settings(F.rt, &set);
         }
         snprintf(F.last_retry, sizeof F.last_retry, "%s", ev->text);
+    }
+    if (ev->kind == SP_EV_SERVER && ev->text && strstr(ev->text, "does not take pushed inputs")) {
+        F.refusals++;
+        printf("event: %s\n", ev->text);
     }
     if (ev->kind != SP_EV_ROUTE || ev->row != 1)
         return;
@@ -569,6 +574,93 @@ START_TEST(t_kill_training)
     for (int v = 0; v < 3; v++)
         free(y[v]), free(g[v]), free(gp[v]);
     free(x), free(g0), free(prompts);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* mixed versions: servers that cannot take pushed inputs */
+
+/* Pushed steps (n_steps) and passes (n_passes) that one generation and one FORWARD + BACKWARD with push on sent, and
+ * the refusals told meanwhile: the text is one process's, the passes' outputs and gradients those of push off, bit
+ * for bit. */
+static void push_through(sp_runtime *rt, int *n_steps, int *n_passes, int *refusals)
+{
+    sp_gen_result want, got;
+    sp_lm_swarm sw;
+    uint64_t steps = rt->steps_pushed, passes = rt->passes_pushed;
+    int before = F.refusals;
+    F.at = -1; /* no server hit */
+    generate_same(rt, 0, &sw, &want, &got);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&got);
+    int B = 2, T = 5, P = 2, H = sp_runtime_config(rt)->hidden, L = sp_runtime_config(rt)->n_layers;
+    size_t N = (size_t)B * T * H, NP = (size_t)L * B * P * H;
+    sp_rng r;
+    sp_rng_seed(&r, 5);
+    float *x = malloc(N * 4), *g0 = malloc(N * 4), *prompts = malloc(NP * 4), *y[2], *g[2], *gp[2];
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g0, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, prompts, (long)NP, 0.1f);
+    for (int k = 0; k < 2; k++) { /* k 0: push on; 1: off */
+        y[k] = malloc(N * 4), g[k] = malloc(N * 4), gp[k] = malloc(NP * 4);
+        sp_rt_settings set;
+        sp_runtime_settings(rt, &set);
+        set.push = k ? SP_PUSH_OFF : SP_PUSH_ON;
+        sp_runtime_set_settings(rt, &set);
+        ck_assert_int_eq(chain_run(rt, x, g0, prompts, B, T, P, y[k], g[k], gp[k], 0), 3);
+        if (!k)
+            *n_passes = (int)(rt->passes_pushed - passes);
+    }
+    push_on(rt);
+    ck_assert_msg(!memcmp(y[0], y[1], N * 4), "pushed forward differs from client-driven");
+    ck_assert_msg(!memcmp(g[0], g[1], N * 4), "pushed backward differs from client-driven");
+    ck_assert_msg(!memcmp(gp[0], gp[1], NP * 4), "pushed prompt gradients differ from client-driven");
+    *n_steps = (int)(rt->steps_pushed - steps);
+    *refusals = F.refusals - before;
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(g[k]), free(gp[k]);
+    free(x), free(g0), free(prompts);
+}
+
+/* A swarm of new servers and older ones (SEPAL_SERVER_OLD), push on: blocks 0:2 and 4:6 on new servers, 2:4 either
+ * on a server from before push (it says no capabilities) or on one that says it can but refuses requests that await
+ * their input (bad_request), the other one blocked. Through the first, nothing is pushed and nothing refused; through
+ * the second, the first step and the first FORWARD are pushed, refused, go on client-driven and are remembered: no
+ * push through it after that. Every generation gives one process's text, every pass push off's bits. */
+START_TEST(t_push_older_servers)
+{
+    memset(&F, 0, sizeof F);
+    server("0:2");
+    setenv("SEPAL_SERVER_OLD", "nopush", 1);
+    int old = server("2:4")->port;
+    setenv("SEPAL_SERVER_OLD", "await", 1);
+    int liar = server("2:4")->port;
+    unsetenv("SEPAL_SERVER_OLD");
+    server("4:6");
+    sp_runtime *rt = client(4);
+    for (int k = 0; k < 2; k++) { /* k 0: through the server from before push; 1: through the one that refuses */
+        char blocked[32];
+        snprintf(blocked, sizeof blocked, "127.0.0.1:%d", k ? old : liar);
+        block_servers(rt, blocked);
+        for (int round = 0; round < 2; round++) {
+            int steps, passes, refusals;
+            push_through(rt, &steps, &passes, &refusals);
+            printf("push through %s, round %d: %d steps and %d passes pushed, %d refusals\n",
+                   k ? "a server that refuses awaits" : "a server from before push", round, steps, passes, refusals);
+            int first = k && !round;
+            ck_assert_int_eq(steps, first);
+            ck_assert_int_eq(passes, first);
+            ck_assert_int_eq(refusals, 2 * first);
+        }
+    }
+    sp_server_row e;
+    ck_assert_int_ge(sp_test_server_at(rt, liar, 1, &e), 0);
+    ck_assert_int_eq(e.rec.caps, SP_CAPS_ALL);
+    ck_assert_int_eq(e.refused_caps, SP_CAPS_ALL); /* steps and passes: remembered */
+    ck_assert_int_ge(sp_test_server_at(rt, old, 1, &e), 0);
+    ck_assert_int_eq(e.rec.caps, 0);
     sp_runtime_free(rt);
     stop_all();
 }
@@ -1192,6 +1284,10 @@ static Suite *suite(void)
     tcase_add_test(tt, t_kill_trainer_in_step);
     tcase_add_test(tt, t_kill_trainer_pipelined);
     suite_add_tcase(s, tt);
+    TCase *tp = tcase_create("push");
+    tcase_set_timeout(tp, 180);
+    tcase_add_test(tp, t_push_older_servers);
+    suite_add_tcase(s, tp);
     TCase *te = tcase_create("swarm");
     tcase_set_timeout(te, 180);
     tcase_add_test(te, t_no_server_left);

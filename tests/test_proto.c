@@ -597,7 +597,7 @@ static const sp_hello_req HELLO_REQ_FULL = {.version = "1.1", .client = "sepal 0
 static const sp_hello_reply HELLO_REPLY_FULL = {.version = "1.1", .server = "sepal-server 0.1.0", .model = "stories15M",
                                                 .config = 0xfedcba9876543210ull, .dtype = "int8", .blocks = 6,
                                                 .start = 2, .end = 6, .id = "00112233aabbccdd", .bulk_port = 65535,
-                                                .bulk_token = UINT64_MAX},
+                                                .bulk_token = UINT64_MAX, .caps = SP_CAPS_ALL},
                             HELLO_REPLY_MIN = {.model = "m", .start = 0, .end = 1};
 static const sp_info_reply INFO_FULL = {
     .model = "stories15M", .architecture = "LlamaForCausalLM", .start = 1, .end = 3, .dtype = "nf4",
@@ -711,7 +711,7 @@ START_TEST(t_typed_wire_text)
         {"hello_reply", &HELLO_REPLY_FULL,
          "{\"version\":\"1.1\",\"server\":\"sepal-server 0.1.0\",\"model\":\"stories15M\",\"config\":\"fedcba9876543210\","
          "\"dtype\":\"int8\",\"blocks\":6,\"start\":2,\"end\":6,\"id\":\"00112233aabbccdd\",\"bulk_port\":65535,"
-         "\"bulk_token\":\"18446744073709551615\"}"},
+         "\"bulk_token\":\"18446744073709551615\",\"caps\":3}"},
         {"hello_reply", &HELLO_REPLY_MIN, "{\"model\":\"m\",\"start\":0,\"end\":1}"},
         {"info_reply", &INFO_MIN, "{\"model\":\"m\",\"start\":0,\"end\":1,\"transport\":{}}"},
         {"forward_req", &FORWARD_FULL, "{\"start\":1,\"end\":4,\"keep\":7,\"reply_encoding\":\"bf16\"}"},
@@ -802,6 +802,8 @@ START_TEST(t_typed_malformed)
          "'bulk_port' must be an integer in -1..65535, got 65536"},
         {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"blocks\":0}", "'blocks' must be an integer in 1..1048576"},
         {"hello_reply", "{\"model\":\"m\",\"start\":3,\"end\":3}", "HELLO reply: the span 3:3 holds no block"},
+        {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"caps\":-1}",
+         "'caps' must be an integer in 0..2147483647"},
         {"hello_reply", "{\"model\":\"m\",\"start\":0,\"end\":7,\"blocks\":6}", "not inside the model's 6 blocks"},
         {"info_reply", "{\"model\":\"m\",\"start\":0,\"end\":1,\"inference_rps\":-1}",
          "'inference_rps' must be a finite number >= 0, got -1"},

@@ -14,6 +14,7 @@
 #include "kern.h"
 #include "pool.h"
 #include "proto.h"
+#include "remote.h"
 #include "rng.h"
 #include "runtime.h"
 #include "server.h"
@@ -23,8 +24,9 @@
 
 static sp_server *srv[3];
 
-/* workers_only: every step through the workers' queue (where they are batched), none run on arrival. */
-static sp_server *start(int a, int b, int workers_only)
+/* workers_only: every step through the workers' queue (where they are batched), none run on arrival; await_bytes: the
+ * pushed inputs it holds (0: the default). */
+static sp_server *start_with(int a, int b, int workers_only, size_t await_bytes)
 {
     sp_server_opts o;
     sp_server_opts_default(&o);
@@ -33,11 +35,14 @@ static sp_server *start(int a, int b, int workers_only)
     o.end = b;
     o.measure = 0;
     o.workers_only = workers_only;
+    o.await_bytes = await_bytes;
     sp_server *s = NULL;
     sp_err err = {0};
     ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
     return s;
 }
+
+static sp_server *start(int a, int b, int workers_only) { return start_with(a, b, workers_only, 0); }
 
 /* A runtime with llama-gqa loaded and connected to servers 0:2 and 2:4. */
 static sp_runtime *swarm_runtime_opts(int workers_only)
@@ -415,19 +420,28 @@ END_TEST
  * (0:1, 1:3, 3:4) with deep prompts: in f32 the same outputs, input gradients and prompt gradients, bit for bit;
  * pushed, every FORWARD went 0:1 -> 1:3 -> 3:4 and every BACKWARD back (the servers' push counts), client-driven
  * none; in q8 the pushed pass is within the encoding's error of f32's (the pushes carry the wire's encoding). */
-START_TEST(t_forward_backward_pushed)
+/* A runtime with llama-gqa loaded and connected to servers 0:1, 1:3 (holding await_bytes of pushed inputs, 0: the
+ * default) and 3:4, its events to fn. */
+static sp_runtime *three_servers(size_t await_bytes, sp_event_fn fn)
 {
     srv[0] = start(0, 1, 0);
-    srv[1] = start(1, 3, 0);
+    srv[1] = start_with(1, 3, 0, await_bytes);
     srv[2] = start(3, 4, 0);
     sp_runtime *rt = NULL;
     sp_err err = {0};
-    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_new(&rt, fn, NULL, &err), SP_OK);
     ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
     char addrs[128];
     snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]),
              sp_server_port(srv[1]), sp_server_port(srv[2]));
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    return rt;
+}
+
+START_TEST(t_forward_backward_pushed)
+{
+    sp_runtime *rt = three_servers(0, NULL);
+    sp_err err = {0};
     int B = 2, T = 5, H = 64, P = 2, L = 4;
     size_t N = (size_t)B * T * H, NP = (size_t)L * B * P * H;
     sp_rng r;
@@ -477,6 +491,123 @@ START_TEST(t_forward_backward_pushed)
     for (int k = 0; k < 3; k++)
         free(y[k]), free(g[k]), free(gp[k]);
     free(x), free(g0), free(prompts), free(bound);
+    teardown(rt);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* a push that did not arrive pauses pushes for a while */
+
+static double fake_t;
+static double fake_now(void *u)
+{
+    (void)u;
+    return fake_t;
+}
+static void fake_sleep(void *u, double s)
+{
+    (void)u;
+    fake_t += s;
+}
+static const sp_rt_clock FAKE_CLOCK = {fake_now, fake_sleep, NULL};
+
+static int missed_events;
+static void count_missed(const sp_event *ev, void *user)
+{
+    (void)user;
+    if (ev->kind == SP_EV_SERVER && ev->text && strstr(ev->text, "could not push to the next server")) {
+        missed_events++;
+        printf("event: %s\n", ev->text);
+    }
+}
+
+/* One FORWARD and BACKWARD over a training route of 3 stages through rt: y, g the output and input gradient; the
+ * pushes each server took in over it (in[3]). */
+static void pass_counted(sp_runtime *rt, const float *x, const float *g0, float *y, float *g, int B, int T,
+                         uint64_t in[3])
+{
+    size_t N = (size_t)B * T * 64;
+    uint64_t in0[3], out;
+    for (int i = 0; i < 3; i++)
+        sp_server_pushes(srv[i], &in0[i], &out);
+    float *bound = malloc(3 * N * 4);
+    sp_route route;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_route_train(rt, &route, &err), SP_OK);
+    ck_assert_int_eq(route.nstages, 3);
+    memcpy(y, x, N * 4);
+    memcpy(g, g0, N * 4);
+    ck_assert_msg(sp_runtime_forward(rt, &route, y, B, T, NULL, 0, bound, NULL, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_backward(rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err) == SP_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        sp_server_pushes(srv[i], &in[i], &out);
+        in[i] -= in0[i];
+    }
+    free(bound);
+}
+
+/* A training push between two servers that did not arrive pauses pushes between them for a while (SP_RT_NO_PUSH_S
+ * on the runtime's clock, a fake one here), not for good. Server 1:3 holds few pushed inputs (await_bytes), and an
+ * input of the test's own fills them, so 0:1's push into it is refused ("busy"): the pass goes on client-driven, with
+ * push off's bits, saying so once; the next pass is client-driven (nothing pushed, nothing said); once the test's
+ * input is taken, the pause is not over yet: still client-driven; once the clock passed it, passes are pushed again
+ * (1:3 takes two pushes, from 0:1 forward and 3:4 backward), the same bits. */
+START_TEST(t_push_pause_expires)
+{
+    missed_events = 0;
+    sp_runtime *rt = three_servers(8 << 10, count_missed);
+    fake_t = 1000;
+    sp_runtime_set_clock(rt, &FAKE_CLOCK);
+    int B = 2, T = 5, H = 64;
+    size_t N = (size_t)B * T * H;
+    sp_rng r;
+    sp_rng_seed(&r, 9);
+    float *x = malloc(N * 4), *g0 = malloc(N * 4), *y0 = malloc(N * 4), *g = malloc(N * 4), *y = malloc(N * 4),
+          *gx = malloc(N * 4), junk[24 * 64] = {0};
+    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+    sp_rng_fill_normal(&r, g0, (long)N, 1.0f);
+    uint64_t in[3];
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.push = SP_PUSH_OFF;
+    sp_runtime_set_settings(rt, &set);
+    pass_counted(rt, x, g0, y0, gx, B, T, in); /* the bits to get */
+    set.push = SP_PUSH_ON;
+    sp_runtime_set_settings(rt, &set);
+    /* 1:3's pushed inputs filled (6 of its 8 KiB) by an input no request claims yet */
+    sp_remote *rm = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_remote_connect(&rm, "127.0.0.1", sp_server_port(srv[1]), 1, 20000, &err), SP_OK);
+    char meta[256];
+    sp_span_push_req p = {.id = 1u << 30, .token = 77};
+    ck_assert_int_eq(sp_span_push_req_encode(&p, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src tj = {.enc = SP_ENC_F32, .rank = 3, .shape = {1, 24, H}, .f32 = junk};
+    sp_reply rep;
+    ck_assert_msg(sp_remote_call(rm, SP_MSG_SPAN_PUSH, meta, &tj, 1, &rep, 20000, &err) == SP_OK, "%s", err.msg);
+    sp_reply_clear(&rep);
+    for (int k = 0; k < 4; k++) { /* 0: refused; 1: paused; 2: the input taken, still paused; 3: the pause over */
+        if (k == 2) { /* the request that claims the test's input */
+            sp_forward_req q = {.start = 1, .end = 3, .reply_encoding = -1, .await = 1u << 30, .await_token = 77};
+            ck_assert_int_eq(sp_forward_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
+            ck_assert_msg(sp_remote_call(rm, SP_MSG_FORWARD, meta, NULL, 0, &rep, 20000, &err) == SP_OK, "%s",
+                          err.msg);
+            sp_reply_clear(&rep);
+        }
+        if (k == 3)
+            fake_t += SP_RT_NO_PUSH_S + 1;
+        pass_counted(rt, x, g0, y, g, B, T, in);
+        sp_server_awaits aw;
+        sp_server_awaits_get(srv[1], &aw);
+        printf("pass %d: pushes in %d %d %d, 1:3 refused %d\n", k, (int)in[0], (int)in[1], (int)in[2],
+               (int)aw.refused);
+        ck_assert_msg(!memcmp(y, y0, N * 4) && !memcmp(g, gx, N * 4), "pass %d differs from push off's", k);
+        ck_assert_int_eq(aw.refused, 1);
+        int want = k == 3 ? 2 : 0; /* pushed again: 0:1's FORWARD and 3:4's BACKWARD into 1:3 */
+        ck_assert_int_eq((int)in[1], want);
+        ck_assert_int_eq(missed_events, 1);
+    }
+    sp_remote_close(rm);
+    free(x), free(g0), free(y0), free(g), free(y), free(gx);
     teardown(rt);
 }
 END_TEST
@@ -744,5 +875,9 @@ int main(void)
     tcase_add_test(tc, t_front_end_copies);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
+    TCase *tp = tcase_create("push");
+    tcase_set_timeout(tp, 120);
+    tcase_add_test(tp, t_push_pause_expires);
+    suite_add_tcase(s, tp);
     return sp_test_run(s);
 }

@@ -387,6 +387,7 @@ typedef struct await_call {
     sp_msg_type type; /* 0: INFERENCE_STEP */
     char meta[512];
     sp_status st;
+    char code[32]; /* the ERROR's code, if it failed with one */
     float out[2 * 3 * H];
     int n;
     pthread_t th;
@@ -398,6 +399,7 @@ static void *await_main(void *arg)
     sp_reply rep;
     a->st = sp_remote_call(a->r, a->type ? a->type : SP_MSG_INFERENCE_STEP, a->meta, NULL, 0, &rep, TMO, NULL);
     a->n = a->st ? 0 : (int)rep.msg.t[0].numel;
+    snprintf(a->code, sizeof a->code, "%s", a->st && sp_reply_error_code(&rep) ? sp_reply_error_code(&rep) : "");
     if (!a->st && a->n <= (int)(sizeof a->out / sizeof *a->out))
         sp_tensor_to_f32(&rep.msg.t[0], a->out, NULL);
     sp_reply_clear(&rep);
@@ -468,15 +470,36 @@ START_TEST(t_push)
 }
 END_TEST
 
-/* An awaiting FORWARD of blocks 2:4 under (id, token) on its own thread, started (its call blocks until its input is
- * pushed). */
-static void await_forward(await_call *a, sp_remote *r, uint64_t id, uint64_t token)
+/* What a test waits for in server s's held pushed inputs and awaiting requests: (change) its bytes are no longer
+ * `before`; else they are back to none, at least `expired` dropped at the step timeout so far. */
+typedef struct held_wait {
+    sp_server *s;
+    int change;
+    size_t before;
+    uint64_t expired;
+} held_wait;
+
+static int held_reached(void *u)
+{
+    held_wait *w = u;
+    sp_server_awaits aw;
+    sp_server_awaits_get(w->s, &aw);
+    return w->change ? aw.held != w->before : aw.expired >= w->expired && aw.held == 0;
+}
+
+/* An awaiting FORWARD of blocks 2:4 under (id, token) on its own thread, to server s through r, started and met
+ * there: its call blocks until its input is pushed; s's held bytes changed (it parked, or took an input held). */
+static void await_forward(await_call *a, sp_server *s, sp_remote *r, uint64_t id, uint64_t token)
 {
     *a = (await_call){.r = r, .type = SP_MSG_FORWARD};
     sp_forward_req w = {.start = 2, .end = 4, .reply_encoding = -1, .await = id, .await_token = token};
     ck_assert_int_eq(sp_forward_req_encode(&w, a->meta, sizeof a->meta, NULL), SP_OK);
+    sp_server_awaits aw;
+    sp_server_awaits_get(s, &aw);
+    held_wait c = {.s = s, .change = 1, .before = aw.held};
     ck_assert_int_eq(pthread_create(&a->th, NULL, await_main, a), 0);
-    nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL); /* parked by now */
+    ck_assert_msg(sp_test_wait_for(held_reached, &c, 20), "the awaiting FORWARD %llu did not reach the server",
+                  (unsigned long long)id);
 }
 
 /* SPAN_PUSH of x [B, T, H] for the request awaiting (id, token) through r: "" acknowledged, else the ERROR code
@@ -530,7 +553,7 @@ START_TEST(t_span_push)
                             .push_port = sp_server_port(s2), .push_id = id, .push_token = token};
         await_call a;
         if (k == 1)
-            await_forward(&a, r2, id, token);
+            await_forward(&a, s2, r2, id, token);
         ck_assert_int_eq(sp_forward_req_encode(&q, meta, sizeof meta, NULL), SP_OK);
         free(call_ok(r1, SP_MSG_FORWARD, meta, &tx, 1, 1, &rep));
         sp_forward_reply fr = {0};
@@ -538,13 +561,13 @@ START_TEST(t_span_push)
         ck_assert_msg(fr.pushed == 1, "the FORWARD's push was not acknowledged");
         sp_reply_clear(&rep);
         if (k == 0)
-            await_forward(&a, r2, id, token);
+            await_forward(&a, s2, r2, id, token);
         pthread_join(a.th, NULL);
         ck_assert_msg(a.st == SP_OK && a.n == (int)N, "the awaiting FORWARD: status %d, %d values", a.st, a.n);
         ck_assert_msg(!memcmp(a.out, want, N * sizeof(float)), "pushed FORWARD differs from the plain one");
     }
     await_call a;
-    await_forward(&a, r2, 20, 7);
+    await_forward(&a, s2, r2, 20, 7);
     span_push(r3, 20, 8, mid, B, T, "forbidden");
     span_push(r3, 20, 7, mid, B, T, "");
     pthread_join(a.th, NULL);
@@ -552,7 +575,7 @@ START_TEST(t_span_push)
     span_push(r3, 21, 7, mid, B, T, "");
     span_push(r3, 21, 7, mid, B, T, "bad_request");
     span_push(r3, 22, 1, x, B, T, ""); /* early, under another token: not the request's */
-    await_forward(&a, r2, 22, 2);
+    await_forward(&a, s2, r2, 22, 2);
     span_push(r3, 22, 2, mid, B, T, "");
     pthread_join(a.th, NULL);
     ck_assert_msg(a.st == SP_OK && !memcmp(a.out, want, N * sizeof(float)), "the awaiting FORWARD: status %d", a.st);
@@ -567,6 +590,60 @@ START_TEST(t_span_push)
     sp_remote_close(r3);
     sp_server_stop(s1);
     sp_server_stop(s2);
+}
+END_TEST
+
+/* Training's pushed inputs held for their requests, and requests parked for their inputs, are bounded in bytes
+ * (await_bytes; by default half the kept budget + 64 MiB) and in time (the step timeout): a push over the cap is
+ * refused, "busy", saying the bytes held and the cap, and counted; an input nobody claims and a request whose input
+ * never comes are dropped at the step timeout (the request answered "timeout"), counted, their bytes free again: the
+ * push refused before is taken. */
+START_TEST(t_span_push_held)
+{
+    sp_server_opts o;
+    gqa_opts(&o, 2, 4);
+    o.await_bytes = 48 << 10;
+    o.step_timeout_s = 1;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_remote *r = connect_to(s), *r2 = connect_to(s);
+    int B = 4, T = 32; /* 32 KiB a push */
+    float *x = calloc((size_t)B * T * H, sizeof(float));
+    span_push(r, 1, 11, x, B, T, "");
+    await_call a;
+    await_forward(&a, s, r2, 2, 12);
+    sp_server_awaits aw;
+    sp_server_awaits_get(s, &aw);
+    ck_assert_uint_eq(aw.cap, 48 << 10);
+    ck_assert_uint_gt(aw.held, 32 << 10);
+    ck_assert_uint_eq(aw.refused, 0);
+    char meta[128];
+    sp_span_push_req p = {.id = 3, .token = 13};
+    ck_assert_int_eq(sp_span_push_req_encode(&p, meta, sizeof meta, NULL), SP_OK);
+    sp_tensor_src tx = t3(x, B, T);
+    sp_reply rep;
+    ck_assert_int_ne(sp_remote_call(r, SP_MSG_SPAN_PUSH, meta, &tx, 1, &rep, TMO, &err), SP_OK);
+    ck_assert_str_eq(sp_reply_error_code(&rep), "busy");
+    printf("refused at the cap: %s\n", err.msg);
+    ck_assert_msg(strstr(err.msg, "would go over its cap of 49152"), "%s", err.msg);
+    sp_reply_clear(&rep);
+    sp_server_awaits_get(s, &aw);
+    ck_assert_uint_eq(aw.refused, 1);
+    held_wait w = {.s = s, .expired = 2}; /* the input and the parked request */
+    ck_assert_msg(sp_test_wait_for(held_reached, &w, 20), "nothing dropped at the step timeout");
+    pthread_join(a.th, NULL);
+    ck_assert_msg(a.st != SP_OK && !strcmp(a.code, "timeout"), "the awaiting FORWARD: status %d, code '%s'", a.st,
+                  a.code);
+    span_push(r, 3, 13, x, B, T, ""); /* room again */
+    sp_server_awaits_get(s, &aw);
+    ck_assert_uint_eq(aw.expired, 2);
+    ck_assert_uint_gt(aw.held, 32 << 10);
+    free(x);
+    still_serving(s, r);
+    sp_remote_close(r);
+    sp_remote_close(r2);
+    sp_server_stop(s);
 }
 END_TEST
 
@@ -1582,6 +1659,7 @@ int main(void)
     tcase_add_test(tc, t_sessions_two_servers);
     tcase_add_test(tc, t_push);
     tcase_add_test(tc, t_span_push);
+    tcase_add_test(tc, t_span_push_held);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);

@@ -171,6 +171,33 @@ START_TEST(t_record_queue_wait)
 }
 END_TEST
 
+/* A record's capabilities (what the server can take pushed) go through; a record without them (an older server's)
+ * reads as none, one with a negative value is refused. */
+START_TEST(t_record_caps)
+{
+    sp_server_record r, back;
+    some_record(&r);
+    r.caps = 3;
+    char buf[SP_RECORD_MAX];
+    size_t len;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_ptr_nonnull(memmem(buf, len, "\"caps\":3", 8));
+    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_int_eq(back.caps, 3);
+    r.caps = 0;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_ptr_null(memmem(buf, len, "caps", 4));
+    back.caps = 7;
+    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_int_eq(back.caps, 0);
+    r.caps = -1;
+    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_ne(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_msg(strstr(err.msg, "caps"), "%s", err.msg);
+}
+END_TEST
+
 START_TEST(t_record_seal)
 {
     sp_swarm_key k, other;
@@ -974,6 +1001,7 @@ static Suite *swarmkey_suite(void)
     tcase_add_test(tc, t_hmac);
     tcase_add_test(tc, t_record_seal);
     tcase_add_test(tc, t_record_queue_wait);
+    tcase_add_test(tc, t_record_caps);
     tcase_add_test(tc, t_transport_exchange);
     tcase_add_test(tc, t_replayed_proof);
     tcase_add_test(tc, t_replayed_challenge);

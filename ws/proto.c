@@ -1318,6 +1318,7 @@ static const field hello_reply_f[] = {
     FIELD(sp_hello_reply, bulk_token, K_D64, OPT, 0, 0, 0),
     FIELD(sp_hello_reply, dht_port, K_INT, OPT, 0, 65535, 0),
     NAME(sp_hello_reply, addr),
+    FIELD(sp_hello_reply, caps, K_INT, OPT, 0, I32_MAX, 0),
 };
 
 static const char *hello_reply_check(const void *v, char *why, size_t cap)

@@ -240,7 +240,17 @@ typedef struct sp_hello_reply {
     int dht_port;        /* optional (0): the UDP port of its DHT node (0: none), what --initial-peers takes */
     char addr[80];       /* optional: "HOST:PORT", the websocket address it is announced at (where the server before
                           * it in a chain pushes to it; a client may reach it by another) */
+    int caps;            /* optional (0): what it can do beyond 1.1's requests, SP_CAP_* bits (unknown bits are
+                          * ignored); a server that does not say it has none of them */
 } sp_hello_reply;
+
+/* A server's capabilities, as HELLO and its DHT record say them (a bit set: "caps"). A client asks for what a server
+ * says it can; an older server says nothing, and answers a request that awaits its input with bad_request. */
+enum {
+    SP_CAP_STEP_PUSH = 1u << 0, /* INFERENCE_STEP's await and push fields, INFERENCE_PUSH, OPEN's push_token */
+    SP_CAP_SPAN_PUSH = 1u << 1, /* FORWARD's and BACKWARD's await and push fields, SPAN_PUSH */
+    SP_CAPS_ALL = SP_CAP_STEP_PUSH | SP_CAP_SPAN_PUSH,
+};
 
 /* INFO reply's "transport" object (sp_ws_server_stats): each optional (-1; swarm_key a bool, -1 absent). */
 typedef struct sp_info_transport {

@@ -312,6 +312,7 @@ static void keep_hello(sp_remote *r, const sp_hello_reply *h)
     r->info.end = h->end;
     r->info.dht_port = h->dht_port;
     snprintf(r->info.addr, sizeof r->info.addr, "%s", h->addr);
+    r->info.caps = h->caps;
 }
 
 static sp_status hello(sp_remote *r, int no_bulk, int port, int timeout_ms, sp_err *err)

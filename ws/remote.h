@@ -24,6 +24,7 @@ typedef struct sp_remote_info {
     char id[24];          /* the server's id in the swarm ("" if it has none) */
     int dht_port;         /* the UDP port of its DHT node (0 if it has none or did not say) */
     char addr[80];        /* "HOST:PORT" it is announced at ("" if it did not say) */
+    int caps;             /* SP_CAP_* bits it said (0: none, or an older server) */
 } sp_remote_info;
 
 typedef struct sp_remote_opts {

@@ -61,8 +61,13 @@ typedef struct sp_server_entry {
     int failures;          /* since the last success */
     long cache_total;      /* from INFO, for `servers` */
     char addr[80];         /* "HOST:PORT" it is announced at, where other servers push to it (HELLO's; "": rec's) */
-    int cannot_push;       /* its push of a training pass did not reach the next server, which then answered the
-                              client: training's passes through it are client-driven from then on */
+    int refused_caps;      /* SP_CAP_* bits its record or HELLO said but it refused: it answered a request that
+                              awaited its input with an error of ours (an older server). Never asked for again while
+                              the entry (its process) lives */
+    int no_push_to;        /* its push of a training pass did not reach this server (an index; -1: none), which then
+                              answered the client: training's passes from it to that one are client-driven ... */
+    double no_push_until;  /* ... until this sp_runtime_now() (SP_RT_NO_PUSH_S, doubling while it keeps missing) */
+    double no_push_s;      /* the last such pause (0: none since a push from it arrived) */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr, for swarm-started servers */
 } sp_server_entry;
@@ -85,6 +90,7 @@ struct sp_runtime {
     sp_rng rng;            /* training routes */
     uint64_t next_keep;
     uint64_t passes_pushed; /* atomic: training's FORWARDs and BACKWARDs sent pushed (chain.c), for tests */
+    uint64_t steps_pushed;  /* atomic: generation steps sent pushed (session.c), for tests */
 
     /* discovery (swarm/discovery.c) */
     struct sp_dht *dht;

@@ -13,7 +13,9 @@
  * its own (in a pipelined step, each once the microbatch's turn on its stage came): the first with its input, the
  * others awaiting it under an id and a random token that the hop before them pushes to (SPAN_PUSH). The client still
  * gets every hop's output (the boundaries, a retry's start). Where a hop fails or a push does not arrive, the pass
- * goes on client-driven from that hop, as above. */
+ * goes on client-driven from that hop, as above, and pushes between the two servers pause for a while (push_missed).
+ * Only servers that say they can take pushed passes (SP_CAP_SPAN_PUSH) get them; one that refuses to await its input
+ * all the same (an older server) is remembered, and the pass goes on client-driven from it. */
 #include "swarm_impl.h"
 
 #include <pthread.h>
@@ -25,14 +27,15 @@
 
 /* What a hop of a pushed pass adds to its request (call_hop): the id and token its input comes by (await 0: it
  * is in the request), the server its output goes to (next -1: none) with that one's id and token, more time for
- * the wait (extra_ms) and the flag that ends it (abort); back: whether the push arrived (pushed). */
+ * the wait (extra_ms) and the flag that ends it (abort); back: whether the push arrived (pushed), and whether the
+ * server refused to await its input (refused: an ERROR of ours, which an older server gives). */
 typedef struct hop_push {
     uint64_t await, await_token;
     int next;
     uint64_t push_id, push_token;
     int extra_ms;
     const int *abort;
-    int pushed;
+    int pushed, refused;
 } hop_push;
 
 static void push_meta(sp_runtime *rt, sp_span_req *q, const hop_push *pp)
@@ -96,8 +99,10 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
                          sr.pushed == 1;
     }
     *retry = st && sp_rt_retryable(st, &rep);
+    if (pp && pp->await && st && !*retry && sp_reply_error_code(&rep))
+        pp->refused = 1;
     sp_reply_clear(&rep);
-    if (st) {
+    if (st && !(pp && pp->refused)) { /* (a refusal is not an error: the pass goes on client-driven) */
         char label[160];
         sp_rt_server_label(rt, hop->server, label, sizeof label);
         sp_err_prefix(err, "%s (blocks %d:%d): ", label, hop->start, hop->end);
@@ -291,8 +296,9 @@ static void pass_keys(sp_runtime *rt, uint64_t *id, uint64_t *token, int n)
 /* Runs a pushed pass over the route's stages in order ord[0..n) (ord[0] gets its input from the client, each pushes
  * to the next), each entering its stage's gate before its request goes out: w[i] set up by the caller but for the
  * push fields. Returns the position i in ord from which the pass goes on client-driven (n: every hop answered and
- * every push arrived), with *failed (ord[i] itself failed; else the push into it did not arrive), *bad and *retry
- * as stage_forward's, or the pipe's error in *st. */
+ * every push arrived), with *failed (1: ord[i] itself failed; 0: the push into it did not arrive; -1: it refused to
+ * await its input, an older server, told so by sp_rt_refused_await), *bad and *retry as stage_forward's, or the
+ * pipe's error in *st. */
 static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *failed, int *bad, int *retry,
                     sp_status *st, sp_err *err)
 {
@@ -328,7 +334,11 @@ static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *fai
             pthread_join(x->th, NULL);
         if (from < n || *st)
             continue;
-        if (i && !w[ord[i - 1]].pp.pushed) { /* (its server may have pushed and failed to answer: the same) */
+        if (x->st && x->pp.refused) {
+            from = i;
+            *failed = -1;
+            sp_rt_refused_await(rt, x->r->hop[x->s].server, SP_CAP_SPAN_PUSH, &x->err);
+        } else if (i && !w[ord[i - 1]].pp.pushed) { /* (its server may have pushed and failed to answer: the same) */
             from = i;
             *failed = 0;
         } else if (x->st) {
@@ -347,23 +357,44 @@ static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *fai
 }
 
 /* After a pushed pass stopped at stage s because the push from stage p did not arrive: where s then answered the
- * client, p cannot push to it (an address it cannot reach, ...), and training's passes through p go client-driven
- * from then on, saying so. */
+ * client, p cannot push to it now (an address it cannot reach, a server holding too many pushed inputs, ...), and
+ * training's passes between them go client-driven for a while (SP_RT_NO_PUSH_S, doubled each time it misses again,
+ * up to SP_RT_NO_PUSH_MAX_S), saying so; then they are pushed again. */
 static void push_missed(sp_runtime *rt, const sp_route *r, int p, int s, int into)
 {
     if (r->hop[s].server != into || r->hop[p].server < 0)
         return;
     int i = r->hop[p].server;
+    double now = sp_runtime_now(rt);
     pthread_mutex_lock(&rt->lock);
-    int was = rt->servers[i]->cannot_push;
-    rt->servers[i]->cannot_push = 1;
-    pthread_mutex_unlock(&rt->lock);
-    if (was)
+    sp_server_entry *e = rt->servers[i];
+    if (e->no_push_until > now && e->no_push_to == into) { /* told already (another pass of the same pause) */
+        pthread_mutex_unlock(&rt->lock);
         return;
-    char label[160];
+    }
+    double pause = e->no_push_s > 0 ? fmin(2 * e->no_push_s, SP_RT_NO_PUSH_MAX_S) : SP_RT_NO_PUSH_S;
+    e->no_push_s = pause;
+    e->no_push_to = into;
+    e->no_push_until = now + pause;
+    pthread_mutex_unlock(&rt->lock);
+    char label[160], next[160];
     sp_rt_server_label(rt, i, label, sizeof label);
-    sp_rt_emitf(rt, SP_EV_SERVER, i, "%s could not push to the next server: training's passes through it are "
-                "client-driven", label);
+    sp_rt_server_label(rt, into, next, sizeof next);
+    sp_rt_emitf(rt, SP_EV_SERVER, i, "%s could not push to the next server (%s): training's passes between them are "
+                "client-driven for %.0f s", label, next, pause);
+}
+
+/* After a pass whose every push arrived: its servers' next pauses (push_missed) start from SP_RT_NO_PUSH_S again. */
+static void push_arrived(sp_runtime *rt, const sp_route *r)
+{
+    double now = sp_runtime_now(rt);
+    pthread_mutex_lock(&rt->lock);
+    for (int h = 0; h < r->nhops; h++) {
+        sp_server_entry *e = r->hop[h].server >= 0 ? rt->servers[r->hop[h].server] : NULL;
+        if (e && e->no_push_until <= now)
+            e->no_push_s = 0;
+    }
+    pthread_mutex_unlock(&rt->lock);
 }
 
 /* A pushed FORWARD of hidden [B, T, H] (in place) over the route's stages, boundaries as forward's (or NULL): see
@@ -455,6 +486,8 @@ static sp_status pushed_first(sp_runtime *rt, sp_route *route, int bwd, float *x
     if (!st && !failed && *from >= 0 && *from < route->nstages) {
         *missed = *from;
         *into = route->hop[*from].server;
+    } else if (!st && (bwd ? *from < 0 : *from == route->nstages)) {
+        push_arrived(rt, route);
     }
     return st;
 }

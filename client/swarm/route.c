@@ -149,7 +149,8 @@ static const sp_route_model PUSHED = {.relayed = 0, .overhead = 0, .guess_switch
 
 /* The min-latency route as the session will run it (*pushed says how): push off relayed, on pushed; auto the
  * cheaper of the two where the pushed one's servers are far enough for a push to pay (their pings from the client
- * average 1 ms or more), else relayed. Caller holds rt->lock. */
+ * average 1 ms or more), else relayed; relayed too where a server of the pushed one cannot take pushed steps (an
+ * older server: sp_rt_can). Caller holds rt->lock. */
 static int route_inference(sp_runtime *rt, const sp_route_span *sp, int k, int start, int end, long cache,
                            sp_route_hop *hops, double *cost, int *missing, int *pushed)
 {
@@ -157,17 +158,19 @@ static int route_inference(sp_runtime *rt, const sp_route_span *sp, int k, int s
     *pushed = 0;
     if (mode != SP_PUSH_OFF) {
         nh = sp_route_min_latency_model(sp, k, start, end, cache, &PUSHED, hops, SP_RT_MAX_HOPS, cost, missing);
-        int srv[SP_RT_MAX_HOPS];
-        for (int h = 0; h < nh; h++)
+        int srv[SP_RT_MAX_HOPS], can = 1;
+        for (int h = 0; h < nh; h++) {
             srv[h] = hops[h].server;
-        if (nh >= 2 && mode == SP_PUSH_AUTO && sp_rt_pings_call_for_push(rt, srv, nh)) {
+            can = can && sp_rt_can(rt, srv[h], SP_CAP_STEP_PUSH);
+        }
+        if (can && nh >= 2 && mode == SP_PUSH_AUTO && sp_rt_pings_call_for_push(rt, srv, nh)) {
             sp_route_hop rh[SP_RT_MAX_HOPS];
             double rc;
             int rmissing = -1, rn = sp_route_min_latency_model(sp, k, start, end, cache, &RELAYED, rh, SP_RT_MAX_HOPS,
                                                                &rc, &rmissing);
             if (rn < 0 || *cost < rc)
                 return *pushed = 1, nh;
-        } else if (mode == SP_PUSH_ON || nh < 2) {
+        } else if (can && (mode == SP_PUSH_ON || nh < 2)) {
             *pushed = nh >= 2;
             return nh;
         }
@@ -401,15 +404,25 @@ double sp_rt_train_price(const sp_runtime *rt, const int *srv, int n, int pushed
     return c;
 }
 
+/* 1 while server a's training pushes to server b are paused (a push from a did not reach b lately: SP_RT_NO_PUSH_S).
+ * Caller holds rt->lock. */
+static int push_paused(const sp_runtime *rt, int a, int b, double now)
+{
+    const sp_server_entry *e = rt->servers[a];
+    return e->no_push_until > now && e->no_push_to == b;
+}
+
 int sp_rt_train_pushable(sp_runtime *rt, const sp_route *r)
 {
     int mode = rt->set.push, n = r->nhops, srv[SP_RT_MAX_HOPS], ok = 1;
     if (mode == SP_PUSH_OFF || n < 2 || n != r->nstages)
         return 0;
+    double now = sp_runtime_now(rt);
     pthread_mutex_lock(&rt->lock);
     for (int h = 0; ok && h < n; h++) {
         srv[h] = r->hop[h].server;
-        ok = !rt->servers[srv[h]]->cannot_push;
+        ok = sp_rt_can(rt, srv[h], SP_CAP_SPAN_PUSH) &&
+             (!h || (!push_paused(rt, srv[h - 1], srv[h], now) && !push_paused(rt, srv[h], srv[h - 1], now)));
         for (int g = 0; ok && g < h; g++)
             ok = srv[g] != srv[h] && !sp_rt_same_addr(rt->servers[srv[g]], rt->servers[srv[h]]);
     }

@@ -390,7 +390,8 @@ static sp_status add_direct(sp_runtime *rt, const char *host, int port, sp_err *
     }
     sp_remote_set_cancel(r, &rt->cancel_waits);
     sp_server_record rec = {.port = port, .start = h->start, .end = h->end, .state = SP_SERVER_ONLINE,
-                            .cache_tokens_left = -1, .config_hash = h->config_hash, .num_blocks = h->num_blocks};
+                            .cache_tokens_left = -1, .config_hash = h->config_hash, .num_blocks = h->num_blocks,
+                            .caps = h->caps};
     snprintf(rec.id, sizeof rec.id, "%.*s", (int)sizeof rec.id - 1, h->id[0] ? h->id : "");
     if (!rec.id[0]) /* an old server without an id: its address names it */
         snprintf(rec.id, sizeof rec.id, "%08x%08x", (unsigned)(sp_now_ns() & 0xffffffffu), (unsigned)port);
@@ -462,4 +463,20 @@ void sp_rt_push_addr(sp_runtime *rt, int i, char *host, size_t cap, int *port)
         *port = e->rec.port;
     }
     pthread_mutex_unlock(&rt->lock);
+}
+
+void sp_rt_refused_await(sp_runtime *rt, int i, int cap, const sp_err *why)
+{
+    pthread_mutex_lock(&rt->lock);
+    int was = rt->servers[i]->refused_caps & cap;
+    rt->servers[i]->refused_caps |= cap;
+    pthread_mutex_unlock(&rt->lock);
+    if (was)
+        return;
+    char label[160];
+    sp_rt_server_label(rt, i, label, sizeof label);
+    sp_rt_emitf(rt, SP_EV_SERVER, i,
+                "%s does not take pushed inputs (it answered: %.300s): %s through it are client-driven", label,
+                why && why->msg[0] ? why->msg : "an error",
+                cap == SP_CAP_STEP_PUSH ? "generation steps" : "training's passes");
 }

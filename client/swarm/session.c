@@ -254,12 +254,13 @@ static void scatter(const sp_lm_swarm *s, float *hist, const float *x, int from,
 
 /* What a step of a pushed chain adds (step_call): its number, whether its input comes by push (await), the hop
  * its output goes to (next, -1: none), more time for the wait (extra_ms), the flag that ends the wait (abort);
- * back: whether the push arrived (pushed). */
+ * back: whether the push arrived (pushed), and whether the server refused to await its input (refused: an ERROR
+ * of ours, which an older server gives). */
 typedef struct push_args {
     uint64_t step;
     int await, next, extra_ms;
     const int *abort;
-    int pushed;
+    int pushed, refused;
 } push_args;
 
 /* Fills q's push fields from pa: the next hop's announced address, session and token. */
@@ -317,6 +318,8 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
             pa->pushed = !st && sp_step_reply_decode(&rep.msg, &a, NULL) == SP_OK && a.pushed == 1;
     } else if (!sp_rt_retryable(st, &rep)) {
         *alive = -1; /* our request is at fault: no retry */
+        if (pa && pa->await && sp_reply_error_code(&rep))
+            pa->refused = 1;
     }
     sp_reply_clear(&rep);
     return st;
@@ -486,8 +489,8 @@ static sp_status run_hops_from(sp_lm_swarm *s, int h, float *cur, int T, const f
 /* pushed steps: client -> first server -> next server ... -> last server -> client */
 
 /* 1 if this step can go from server to server: the setting (auto: the route was priced and chosen pushed, see
- * route_inference in route.c), no push failed in this session, two hops or more, none of them replaying, each took
- * pushes at open, no server twice (its calls would wait for each other). */
+ * route_inference in route.c), no push failed in this session, two hops or more, none of them replaying, each says
+ * it can (SP_CAP_STEP_PUSH) and took pushes at open, no server twice (its calls would wait for each other). */
 static int pushable(sp_lm_swarm *s)
 {
     int mode = s->rt->set.push;
@@ -497,7 +500,7 @@ static int pushable(sp_lm_swarm *s)
     pthread_mutex_lock(&s->rt->lock);
     for (int h = 0; ok && h < s->route.nhops; h++) {
         const sp_server_entry *e = s->rt->servers[s->route.hop[h].server];
-        ok = !s->fresh[h] && s->token[h];
+        ok = !s->fresh[h] && s->token[h] && sp_rt_can(s->rt, s->route.hop[h].server, SP_CAP_STEP_PUSH);
         for (int g = 0; ok && g < h; g++)
             ok = s->route.hop[g].server != s->route.hop[h].server &&
                  !sp_rt_same_addr(s->rt->servers[s->route.hop[g].server], e);
@@ -562,10 +565,10 @@ static int await_start(sp_lm_swarm *s, await_hop *w, int T, const float *deep, i
 
 /* The replies of a pushed step in chain order, into the histories (what entered each hop) and cur (the last
  * hop's output). 0 if every hop answered and pushed on; else the hop to go on from client-driven, cur then
- * holding its input: *failed says whether that hop itself failed (else the push into it did), *alive and err
- * how. */
-static int await_collect(sp_lm_swarm *s, await_hop *w, float *cur, int T, int pushed0, int *failed, int *alive,
-                         sp_status *st, sp_err *err)
+ * holding its input: *failed says whether that hop itself failed (else the push into it did, or it refused to await
+ * its input: then it is told so, sp_rt_refused_await, and *refused set), *alive and err how. */
+static int await_collect(sp_lm_swarm *s, await_hop *w, float *cur, int T, int pushed0, int *failed, int *refused,
+                         int *alive, sp_status *st, sp_err *err)
 {
     size_t N = (size_t)s->B * T * s->rt->local->cfg.hidden;
     double t_prev = sp_now_s();
@@ -576,6 +579,12 @@ static int await_collect(sp_lm_swarm *s, await_hop *w, float *cur, int T, int pu
             return h;
         }
         await_join(&w[h]);
+        if (w[h].st && w[h].pa.refused) { /* an older server: client-driven from it, as a push that did not arrive */
+            sp_rt_refused_await(s->rt, s->route.hop[h].server, SP_CAP_STEP_PUSH, &w[h].err);
+            *failed = 0;
+            *refused = 1;
+            return h;
+        }
         if (w[h].st) {
             *failed = 1;
             *alive = w[h].alive;
@@ -597,8 +606,9 @@ static int await_collect(sp_lm_swarm *s, await_hop *w, float *cur, int T, int pu
  * client awaits every hop's output (the next hop's history) on threads. Where a hop fails, or a push does not
  * arrive, the rest of the step is client-driven from there, as run_hops_from: the hops after it replay their
  * history (their state is not known), the failed one is replaced, and pushes stop for the session when a push
- * did not arrive at a server that then answered the client. *done: the step ran this way (0: it could not start;
- * nothing was sent). */
+ * did not arrive at a server that then answered the client; a server that refused to await its input (an older
+ * server) is remembered (sp_rt_refused_await), and the step goes on client-driven from it. *done: the step ran this
+ * way (0: it could not start; nothing was sent). */
 static sp_status run_pushed(sp_lm_swarm *s, float *cur, int T, const float *deep, float *in, int *attempt, int *done,
                             sp_err *err)
 {
@@ -617,17 +627,18 @@ static sp_status run_pushed(sp_lm_swarm *s, float *cur, int T, const float *deep
     if (await_start(s, w, T, deep, &abort, step))
         return SP_OK;
     *done = 1;
+    __atomic_add_fetch(&s->rt->steps_pushed, 1, __ATOMIC_RELAXED);
     memcpy(in, cur, N * sizeof(float));
     scatter(s, s->history[0], cur, s->pos, T);
     push_args pa = {.step = step, .next = 1};
-    int alive = 1, failed = 1, from = 0;
+    int alive = 1, failed = 1, refused = 0, from = 0;
     double t0 = sp_now_s();
     sp_status st = step_call(s, 0, cur, s->pos, T, s->pos == 0 ? hop_deep(s, deep, 0) : NULL, s->hypo, &pa, &alive,
                              err);
     s->hop_s[0] = sp_now_s() - t0;
     if (!st) {
         sp_rt_succeeded(s->rt, s->route.hop[0].server);
-        from = await_collect(s, w, cur, T, pa.pushed, &failed, &alive, &st, err);
+        from = await_collect(s, w, cur, T, pa.pushed, &failed, &refused, &alive, &st, err);
     } else {
         memcpy(cur, in, N * sizeof(float));
     }
@@ -643,7 +654,7 @@ static sp_status run_pushed(sp_lm_swarm *s, float *cur, int T, const float *deep
     int into = s->route.hop[from].server; /* (when its push did not arrive) */
     memcpy(in, cur, N * sizeof(float));
     st = run_hops_from(s, from, cur, T, deep, in, attempt, err);
-    if (!st && !failed && s->route.hop[from].server == into) { /* alive, but the push could not reach it */
+    if (!st && !failed && !refused && s->route.hop[from].server == into) { /* alive, but the push could not reach it */
         s->no_push = 1;
         char label[160];
         sp_rt_server_label(s->rt, s->route.hop[from - 1].server, label, sizeof label);

@@ -52,9 +52,20 @@ static inline int sp_rt_pings_call_for_push(const sp_runtime *rt, const int *ser
 /* Where other servers push to server i: the address it is announced at (HELLO's addr, else its record's). Takes
  * rt->lock itself. */
 void sp_rt_push_addr(sp_runtime *rt, int i, char *host, size_t cap, int *port);
+/* 1 if server i says it can do cap (SP_CAP_* of ws/proto.h: its record's or HELLO's caps) and has not refused it.
+ * Caller holds rt->lock. */
+static inline int sp_rt_can(const sp_runtime *rt, int i, int cap)
+{
+    const sp_server_entry *e = rt->servers[i];
+    return (e->rec.caps & ~e->refused_caps & cap) == cap;
+}
+/* Server i answered a request that awaited its pushed input with an error of ours (why): it cannot do cap after all
+ * (an older server). Remembered on its entry (sp_rt_can says 0 from now on), told once as an SP_EV_SERVER event. */
+void sp_rt_refused_await(sp_runtime *rt, int i, int cap, const sp_err *why);
 /* Training's passes over the route r (one hop a stage): 1 if they go from server to server, by the push setting
  * (auto: where the pushed chain is priced below the relayed one, see sp_rt_train_price, and the client's pings
- * to its servers average 1 ms or more): two hops or more, one a stage, no server twice, none that could not push before. */
+ * to its servers average 1 ms or more): two hops or more, one a stage, no server twice, each saying it can
+ * (SP_CAP_SPAN_PUSH), no pair whose pushes are paused (a push between them did not arrive lately). */
 int sp_rt_train_pushable(sp_runtime *rt, const sp_route *r);
 /* What one pass over servers srv[0..n) costs on the links, in seconds: relayed, the client's round trip to each;
  * pushed, the client's one-way delay to the first, each server's to the next (half the ping it announced for it,
