@@ -389,10 +389,32 @@ typedef struct span_pass {
     float *x, *g, *prompts; /* (g: the BACKWARD's gradient) */
 } span_pass;
 
+/* A pass's buffer q of n bytes freed; a merged pass's (sized by what it merged) has its pages given back to the kernel
+ * first: freed alone it joins the top of the worker's heap, an arena of that thread's own, which stays resident
+ * (malloc_trim gives back only the main arena's top, sp_memtune's trim threshold keeps the others'; a 7 MiB buffer
+ * freed in a thread stayed, released first it did not). */
+static void pass_buf_free(const span_pass *p, void *q, size_t n)
+{
+    if (q && p->n > 1)
+        sp_mem_release(q, n);
+    free(q);
+}
+
+/* A merged pass's activations freed, their pages given back first (as pass_buf_free). */
+static void acts_free_released(sp_block_acts *k)
+{
+    if (k->buf)
+        sp_mem_release(k->buf, k->cap * sizeof(float));
+    sp_block_acts_free(k);
+}
+
 static void pass_free(span_pass *p)
 {
-    if (p->n > 1)
-        free(p->x), free(p->g), free(p->prompts);
+    size_t N = (size_t)p->B * p->T * p->H * sizeof(float);
+    if (p->n > 1) {
+        pass_buf_free(p, p->x, N), pass_buf_free(p, p->g, N);
+        pass_buf_free(p, p->prompts, (size_t)p->nb * p->B * p->P * p->H * sizeof(float));
+    }
     free(p->rows);
 }
 
@@ -574,9 +596,9 @@ done: /* (a pass's own buffers are freed: the pool keeps buffers of a request's 
         if (p->n == 1)
             kept_acts_put(&p->s->kt, &acts[i]);
         else
-            sp_block_acts_free(&acts[i]);
+            acts_free_released(&acts[i]);
     free(acts);
-    free(inputs);
+    pass_buf_free(p, inputs, (size_t)p->nb * N * sizeof(float));
     if (p->n > 1)
         sp_mem_trim(); /* a merged pass's sizes vary with what it merged: no holes left for other sizes to split */
 }
@@ -682,12 +704,12 @@ static void pass_backward(span_pass *p, sp_ws *ws)
 answer:
     pass_reply(p, p->g, gp);
 done:
-    sp_block_acts_free(&joined); /* (of the pass's size: not for the pool) */
+    acts_free_released(&joined); /* (of the pass's size: not for the pool) */
     for (int j = 0; gp && j < p->n; j++)
         free(gp[j]);
     free(gp);
     free(parts);
-    free(inputs);
+    pass_buf_free(p, inputs, (size_t)p->nb * N * sizeof(float));
     if (p->n > 1)
         sp_mem_trim(); /* as pass_forward */
 }
@@ -705,6 +727,8 @@ static void run_pass(sp_server *s, span_args *a, int n, sp_ws *ws)
     pass_free(&p);
     for (int j = 0; j < n; j++)
         span_args_free(s, &a[j]);
+    if (n > 1 && ws->buf) /* the workspace grew to the pass's size: its pages given back too (scratch) */
+        sp_mem_release(ws->buf, ws->cap * sizeof(float));
 }
 
 /* FORWARD or BACKWARD alone (one that awaits its pushed input is parked here until it comes: span_args_parse). */
