@@ -416,10 +416,14 @@ static void bulk_sweep(sp_ws_server *s)
             sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket from %s closed: no token within %.3g s",
                            who, s->o.handshake_timeout_s);
         }
+        /* decided under mu, and marked killed there, so that no direct writer starts on it before tp_bulk_close
+         * unlinks it (tp_bulk_send_direct refuses a killed socket); one on its fd now: closed at a later sweep */
         pthread_mutex_lock(&s->mu);
-        int writing = b->direct; /* (a direct writer is on its fd: closed at a later sweep) */
+        int closing = b->dead && !b->direct;
+        if (closing)
+            b->kill = 1;
         pthread_mutex_unlock(&s->mu);
-        if (b->dead && !writing) {
+        if (closing) {
             s->socks[i] = s->socks[--s->nsocks];
             tp_bulk_close(s, b);
         } else {

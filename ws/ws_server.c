@@ -1088,6 +1088,20 @@ void sp_ws_server_stats_get(sp_ws_server *s, sp_ws_server_stats *st)
 
 /* Order matters: new sends are refused first; the bulk thread stops before the lws context goes away (it
  * calls lws_cancel_service); destroying the context closes every ws, which reports on_close. */
+/* Waits until no thread writes on a bulk socket directly (tp_bulk_send_direct): with stopping set none starts. */
+static void wait_direct_writers(sp_ws_server *s)
+{
+    for (int busy = 1; busy;) {
+        busy = 0;
+        pthread_mutex_lock(&s->mu);
+        for (size_t i = 0; i < s->nsocks; i++)
+            busy |= s->socks[i]->direct;
+        pthread_mutex_unlock(&s->mu);
+        if (busy)
+            nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    }
+}
+
 void sp_ws_server_stop(sp_ws_server *s)
 {
     if (!s)
@@ -1100,6 +1114,7 @@ void sp_ws_server_stop(sp_ws_server *s)
         tp_wake_bulk(s);
         pthread_join(s->bulk, NULL);
     }
+    wait_direct_writers(s);
     while (s->nsocks)
         tp_bulk_close(s, s->socks[--s->nsocks]);
     if (s->svc_started) {
