@@ -1086,8 +1086,6 @@ void sp_ws_server_stats_get(sp_ws_server *s, sp_ws_server_stats *st)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Order matters: new sends are refused first; the bulk thread stops before the lws context goes away (it
- * calls lws_cancel_service); destroying the context closes every ws, which reports on_close. */
 /* Waits until no thread writes on a bulk socket directly (tp_bulk_send_direct): with stopping set none starts. */
 static void wait_direct_writers(sp_ws_server *s)
 {
@@ -1102,6 +1100,9 @@ static void wait_direct_writers(sp_ws_server *s)
     }
 }
 
+/* Order matters: new sends are refused first; the bulk thread stops, and direct writers finish, before the bulk
+ * sockets close; the bulk thread stops before the lws context goes away (it calls lws_cancel_service); destroying
+ * the context closes every ws, which reports on_close. */
 void sp_ws_server_stop(sp_ws_server *s)
 {
     if (!s)
