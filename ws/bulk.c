@@ -291,8 +291,10 @@ static void bulk_write(sp_ws_server *s, bsock *b)
 
 /* Writes msg on c's bulk socket from the calling thread, when the socket has nothing queued or being written and
  * msg is small (mu held on entry; held again on return): 1 if msg was taken (sent whole, or what the socket did
- * not take queued first for the bulk thread), 0 if the caller queues it. A reply sent from a worker thus goes out
- * at once instead of after the bulk thread's wake-up (one hand-off between threads less a hop). */
+ * not take queued first for the bulk thread), 0 if the caller queues it; after 1, c and its socket may be gone (mu
+ * was let go: the sweep closes a dead socket once no one writes on it), and the caller does not touch them. A reply
+ * sent from a worker thus goes out at once instead of after the bulk thread's wake-up (one hand-off between threads
+ * less a hop). */
 int tp_bulk_send_direct(sp_ws_server *s, conn *c, sp_buf *msg)
 {
     bsock *b = c->bulk;

@@ -986,19 +986,20 @@ sp_status sp_ws_server_send(sp_ws_server *s, uint64_t id, sp_buf *msg, sp_err *e
             sp_buf_free(msg);
         return sp_errf(err, SP_ERR_ARG, "sp_ws_server_send: NULL argument");
     }
-    int wake_b = 0, fail = 0, bad = 0;
+    int wake_b = 0, fail = 0, bad = 0, direct = 0;
     uint64_t len = msg->len;
     pthread_mutex_lock(&s->mu);
     conn *c = s->stopping ? NULL : tp_find_conn(s, id);
     if (!c || c->dead)
         fail = 1;
     else if (c->bulk && msg->len >= s->o.bulk_threshold && tp_bulk_send_direct(s, c, msg))
-        len = 0; /* sent (or its rest queued and charged) */
+        direct = 1; /* sent (or its rest queued and charged); c not touched again: the lock was let go meanwhile,
+                     * and the bulk sweep may have closed its socket and freed it since */
     else if (c->bulk && msg->len >= s->o.bulk_threshold)
         bad = tp_msgq_push(&c->bulk->txq, msg), wake_b = !bad;
     else if (!(bad = tp_msgq_push(&c->txq, msg)))
         tp_flag(s, c);
-    if (!fail && !bad)
+    if (!fail && !bad && !direct)
         tp_charge(s, c, 0, (int64_t)len);
     pthread_mutex_unlock(&s->mu);
     if (fail) {
