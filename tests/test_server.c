@@ -1134,40 +1134,66 @@ static void *greedy_conn(void *p)
     return NULL;
 }
 
-START_TEST(t_fair_between_clients)
-{
-    /* passes of 4 steps take 12 ms or more (SEPAL_SERVER_FAULT=slow:3): A's steps queue up */
-    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
-    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", "4", NULL};
+/* A fairness test's swarm: a server whose answers come 3 ms late (SEPAL_SERVER_FAULT=slow:3: A's requests queue up)
+ * and passes hold max_batch_tokens rows; A's FAIR_CONNS connections from 127.0.0.2 each running fn; B from
+ * 127.0.0.1 with a session open, once every one of A's connections has its first requests in. */
+typedef struct fair_run {
     sp_test_proc p;
-    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
-    unsetenv("SEPAL_SERVER_FAULT");
-    greedy_client a = {.port = p.port};
+    greedy_client a;
     pthread_t th[FAIR_CONNS];
+    sp_remote *b;
+    uint64_t id;
+} fair_run;
+
+static void fair_start(fair_run *f, const char *max_batch_tokens, void *(*fn)(void *))
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
+    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", max_batch_tokens,
+                          NULL};
+    ck_assert_int_eq(sp_test_server_start(&f->p, args), 0);
+    unsetenv("SEPAL_SERVER_FAULT");
+    f->a = (greedy_client){.port = f->p.port};
     for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_create(&th[i], NULL, greedy_conn, &a);
-    sp_remote *b = NULL;
+        pthread_create(&f->th[i], NULL, fn, &f->a);
     sp_err err = {0};
-    ck_assert_msg(sp_remote_connect(&b, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
-    uint64_t id = open_session(b, 0, 4, 16, 1);
-    while (__atomic_load_n(&a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
+    f->b = NULL;
+    ck_assert_msg(sp_remote_connect(&f->b, "127.0.0.1", f->p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    f->id = open_session(f->b, 0, 4, 16, 1);
+    while (__atomic_load_n(&f->a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
         usleep(1000);
     usleep(30000); /* A's queue fills */
+}
+
+/* A told to stop and its connections joined. */
+static void fair_stop_a(fair_run *f)
+{
+    __atomic_store_n(&f->a.stop, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_join(f->th[i], NULL);
+}
+
+static void fair_end(fair_run *f)
+{
+    sp_remote_close(f->b);
+    sp_test_proc_signal(&f->p, SIGTERM);
+}
+
+START_TEST(t_fair_between_clients)
+{
+    fair_run f; /* passes of 4 steps take 12 ms or more */
+    fair_start(&f, "4", greedy_conn);
     float x[H] = {0}, y[H];
     int most = 0;
     for (int i = 0; i < 6; i++) {
-        int before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
-        step(b, id, x, 1, 1, y, -1, NULL);
-        int during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        int before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
+        step(f.b, f.id, x, 1, 1, y, -1, NULL);
+        int during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
         most = during > most ? during : most;
     }
-    __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_join(th[i], NULL);
+    fair_stop_a(&f);
     fprintf(stderr, "fairness: at most %d of A's steps answered while one of B's waited\n", most);
     ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
-    sp_remote_close(b);
-    sp_test_proc_signal(&p, SIGTERM);
+    fair_end(&f);
 }
 END_TEST
 
@@ -1205,47 +1231,30 @@ static void *greedy_trainer(void *p)
 
 START_TEST(t_fair_training_merges)
 {
-    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
-    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", "24", NULL};
-    sp_test_proc p;
-    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
-    unsetenv("SEPAL_SERVER_FAULT");
-    greedy_client a = {.port = p.port};
-    pthread_t th[FAIR_CONNS];
-    for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_create(&th[i], NULL, greedy_trainer, &a);
-    sp_remote *b = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_remote_connect(&b, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
-    uint64_t id = open_session(b, 0, 4, 16, 1);
-    while (__atomic_load_n(&a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
-        usleep(1000);
-    usleep(30000); /* A's queue fills */
+    fair_run f;
+    fair_start(&f, "24", greedy_trainer);
     float *x = calloc(12 * H, 4), y[H];
     int most = 0, most_step = 0;
     for (int i = 0; i < 6; i++) {
-        int before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
+        int before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
         sp_reply rep;
         sp_tensor_src t = t3(x, 1, 12);
-        free(call_ok(b, SP_MSG_FORWARD, "{\"start\":0,\"end\":4}", &t, 1, 1, &rep));
+        free(call_ok(f.b, SP_MSG_FORWARD, "{\"start\":0,\"end\":4}", &t, 1, 1, &rep));
         sp_reply_clear(&rep);
-        int during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        int during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
         most = during > most ? during : most;
-        before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
-        step(b, id, x, 1, 1, y, -1, NULL); /* inference first: before every FORWARD waiting */
-        during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
+        step(f.b, f.id, x, 1, 1, y, -1, NULL); /* inference first: before every FORWARD waiting */
+        during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
         most_step = during > most_step ? during : most_step;
     }
-    __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_join(th[i], NULL);
+    fair_stop_a(&f);
     fprintf(stderr, "training fairness: at most %d of A's FORWARDs answered while one of B's waited, %d while a step "
             "waited\n", most, most_step);
     ck_assert_msg(most <= 8, "B's FORWARD waited while %d of A's were answered", most);
     ck_assert_msg(most_step <= 4, "B's step waited while %d of A's FORWARDs were answered", most_step);
     free(x);
-    sp_remote_close(b);
-    sp_test_proc_signal(&p, SIGTERM);
+    fair_end(&f);
 }
 END_TEST
 
