@@ -2,7 +2,9 @@
  * servers (a real swarm: DHT, announcements, pings); N clients (threads, each with a runtime of its own,
  * connected to the servers by address) generate 32 greedy tokens (checked against the reference text) and, one
  * turn in four at random, run a training step (FORWARD keeping activations, then BACKWARD, through a
- * max-throughput route); turns start 0-20 ms apart at random, so the clients never fall into lockstep.
+ * max-throughput route); turns start 0-20 ms apart at random, so the clients never fall into lockstep. Their first
+ * turn, in the warm-up, is a training step all at once (every FORWARD kept before any BACKWARD): a server's pool of
+ * kept activations keeps the buffers of the most steps it has held at once, and that most is reached there.
  * Every interval it samples the servers' RSS, descriptors and threads (from /proc), the client process's RSS and
  * descriptors, and the p50/p99 of the decode steps and training steps of that interval, into a CSV; at the end it
  * draws the CSV as an SVG (RSS, descriptors and threads, latencies over time).
@@ -67,6 +69,7 @@ typedef struct soak {
     lat steps, trains;
     long tokens, ntrains, errors;
     atomic_int stop;
+    pthread_barrier_t together; /* the clients' warm-up training step */
 } soak;
 
 static void push(lat *l, double x)
@@ -174,35 +177,45 @@ static int generate(client *c, char *text, size_t cap)
     return 0;
 }
 
-/* FORWARD (keeping the activations) and BACKWARD of a [2, 32, H] batch through a training route. */
-static int train_step(client *c, sp_rng *rng)
+/* FORWARD (keeping the activations) and BACKWARD of a [2, 32, H] batch through a training route; with together,
+ * every client's FORWARD before any BACKWARD (the warm-up's step: see client_main). */
+static int train_step(client *c, sp_rng *rng, pthread_barrier_t *together)
 {
     int B = 2, T = 32, H = sp_runtime_config(c->rt)->hidden;
     size_t N = (size_t)B * T * H;
     float *x = malloc(N * sizeof *x), *g = malloc(N * sizeof *g), *bound = malloc(SP_RT_MAX_HOPS * N * sizeof *bound);
     sp_route route;
     sp_err err = {0};
-    int rc = -1;
-    if (x && g && bound) {
+    double t0 = sp_now_s();
+    int ok = x && g && bound;
+    if (ok) {
         sp_rng_fill_normal(rng, x, (long)N, 1.0f);
         sp_rng_fill_normal(rng, g, (long)N, 1.0f);
-        double t0 = sp_now_s();
-        if (!sp_runtime_route_train(c->rt, &route, &err) &&
-            !sp_runtime_forward(c->rt, &route, x, B, T, NULL, 0, bound, NULL, &err) &&
-            !sp_runtime_backward(c->rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err)) {
-            pthread_mutex_lock(&c->s->mu);
-            push(&c->s->trains, sp_now_s() - t0);
-            c->s->ntrains++;
-            pthread_mutex_unlock(&c->s->mu);
-            rc = 0;
-        } else {
-            fprintf(stderr, "soak: client %d: training: %s\n", c->index, err.msg);
-        }
+        ok = !sp_runtime_route_train(c->rt, &route, &err) &&
+             !sp_runtime_forward(c->rt, &route, x, B, T, NULL, 0, bound, NULL, &err);
+    }
+    if (together) /* (reached whatever happened: the others wait for it) */
+        pthread_barrier_wait(together);
+    ok = ok && !sp_runtime_backward(c->rt, &route, g, B, T, NULL, 0, bound, NULL, NULL, &err);
+    if (ok) {
+        pthread_mutex_lock(&c->s->mu);
+        push(&c->s->trains, sp_now_s() - t0);
+        c->s->ntrains++;
+        pthread_mutex_unlock(&c->s->mu);
+    } else {
+        fprintf(stderr, "soak: client %d: training: %s\n", c->index, x && g && bound ? err.msg : "out of memory");
     }
     free(x);
     free(g);
     free(bound);
-    return rc;
+    return ok ? 0 : -1;
+}
+
+static void count_error(soak *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->errors++;
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void *client_main(void *arg)
@@ -210,17 +223,21 @@ static void *client_main(void *arg)
     client *c = arg;
     sp_rng rng;
     sp_rng_seed(&rng, 1000 + (uint64_t)c->index);
+    /* the warm-up's first turn: a training step of every client at once, all FORWARDs kept before any BACKWARD,
+     * so that each server's pool of kept activations holds what the clients' steps can ever keep at once (it keeps
+     * the buffers of the most steps it held together: 3 clients x 2 blocks x 1.16 MiB a server here); met by
+     * chance after the warm-up, that most would show as growth */
+    if (train_step(c, &rng, &c->s->together))
+        count_error(c->s);
     while (!atomic_load(&c->s->stop)) {
         /* one turn in four trains, at random, and turns start 0-20 ms apart: the clients never fall into
          * lockstep, so how often a decode step meets another client's training step stays the same all along */
         usleep(sp_rng_u32(&rng) % 20000);
         char text[1024];
-        int bad = sp_rng_u32(&rng) % 4 == 0 ? train_step(c, &rng) : generate(c, text, sizeof text) || strcmp(text, c->s->ref);
-        if (bad) {
-            pthread_mutex_lock(&c->s->mu);
-            c->s->errors++;
-            pthread_mutex_unlock(&c->s->mu);
-        }
+        int bad = sp_rng_u32(&rng) % 4 == 0 ? train_step(c, &rng, NULL)
+                                             : generate(c, text, sizeof text) || strcmp(text, c->s->ref);
+        if (bad)
+            count_error(c->s);
         if (c->s->o.pace > 0)
             usleep((useconds_t)(c->s->o.pace * 1e6));
     }
@@ -511,6 +528,7 @@ int main(int argc, char **argv)
     s.steps.n = s.trains.n = 0;
     s.tokens = s.ntrains = s.errors = 0;
     double t0 = sp_now_s();
+    pthread_barrier_init(&s.together, NULL, (unsigned)s.o.clients);
     for (int i = 0; i < s.o.clients; i++)
         pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
     static row rows[MAXROWS];
@@ -527,6 +545,7 @@ int main(int argc, char **argv)
         pthread_join(cl[i].th, NULL);
         sp_runtime_free(cl[i].rt);
     }
+    pthread_barrier_destroy(&s.together);
     fclose(csv);
     write_svg(s.o.svg, rows, n, &s.o);
     printf("soak: %d samples in %s, plot in %s\n", n, s.o.csv, s.o.svg);

@@ -119,7 +119,7 @@ static void server_row(const sp_server_row *e, double now, server_cells *out)
         snprintf(t[SC_STATE], sizeof t[SC_STATE], "banned %.0fs", e->banned_until - now);
     else if (e->busy_until > now)
         snprintf(t[SC_STATE], sizeof t[SC_STATE], "busy %.0fs", e->busy_until - now);
-    else if (r->max_queue_wait > 0 && r->queue_wait > r->max_queue_wait)
+    else if (sp_record_saturated(r))
         snprintf(t[SC_STATE], sizeof t[SC_STATE], "busy");
     else
         snprintf(t[SC_STATE], sizeof t[SC_STATE], "%s", sp_server_state_name(r->state));

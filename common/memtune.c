@@ -17,6 +17,13 @@ void sp_memtune(void)
 #endif
 }
 
+void sp_mem_trim(void)
+{
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
+
 void sp_mem_release(const void *p, size_t n)
 {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + n;

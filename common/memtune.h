@@ -16,4 +16,10 @@ void sp_memtune(void);
  * again for a file mapping, zeros for anonymous memory, on the next touch. */
 void sp_mem_release(const void *p, size_t n);
 
+/* Hands the allocator's free memory back to the kernel (glibc's malloc_trim: the heap's top and the free pages
+ * inside it): after freeing buffers whose sizes vary from one use to the next (a merged training pass's, sized by
+ * how many requests it merged), which sp_memtune's thresholds would otherwise keep as holes that other sizes
+ * fragment. A no-op elsewhere. */
+void sp_mem_trim(void);
+
 #endif

@@ -262,6 +262,14 @@ static void lin_bwd(const sp_qmat *m, const float *W, float *dinp, float *dW, fl
             dbias[c] += dout[(size_t)i * Cout + c];
 }
 
+/* lin over the rows of a pass: a merged batch of training requests (items, a->exact unset) gets each item's
+ * product as lin gives it alone (an encoded matrix's tiles decoded once for all of them); otherwise lin itself. */
+typedef struct acts acts;
+static void lin_a(const sp_block *b, const sp_qmat *m, const float *W, float *out, const float *in, const float *bias,
+                  int N, int Cin, int Cout, const acts *a);
+static void lin_bwd_a(const sp_qmat *m, const float *W, float *dinp, float *dW, float *dbias, const float *dout,
+                      const float *inp, int N, int Cin, int Cout, const sp_block *b, const acts *a);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* loading: the families' tensor names */
 
@@ -521,7 +529,7 @@ sp_status sp_kv_reorder(sp_kv_cache *kv, const int64_t *src, sp_err *err)
 
 /* Activations of one forward pass; the backward needs all of them. R = rows through the MLP: the tokens
  * (dense), or one per (token, chosen expert) pair ("slots", grouped by expert) for a MoE block. */
-typedef struct acts {
+struct acts {
     float *cos, *sin;            /* [T, hd/2] (RoPE) */
     float *ln1, *mean1, *rstd1;  /* [N, H], [N], [N] */
     float *q, *k, *v;            /* [N, nh*hd], [N, nkv*hd] x2 (after RoPE) */
@@ -535,9 +543,41 @@ typedef struct acts {
     int32_t *ridx, *slot, *off;  /* MoE: chosen experts [N, K]; slot -> n*K + k [N*K]; expert e's slots start
                                     at off[e] [E + 1] */
     int exact;                   /* a batch of decode steps: the products in the decode kernels whatever N is */
-    const int *item_rows;        /* ... its sequences' rows, in order (NULL: one item of N rows) */
+    const int *item_rows;        /* ... its sequences' rows, in order (NULL: one item of N rows); without exact,
+                                    merged training requests' rows: each item's products as it gets them alone */
     int nitems;
-} acts;
+};
+
+static int split_items(const acts *a) { return a->item_rows && !a->exact; }
+
+static void lin_a(const sp_block *b, const sp_qmat *m, const float *W, float *out, const float *in, const float *bias,
+                  int N, int Cin, int Cout, const acts *a)
+{
+    if (!split_items(a))
+        return lin(b, m, W, out, in, bias, N, Cin, Cout, a->exact);
+    if (W) { /* f32: sgemm (or the decode kernels) item by item */
+        for (int i = 0, r = 0; i < a->nitems; r += a->item_rows[i++])
+            lin(b, m, W, out + (size_t)r * Cout, in + (size_t)r * Cin, bias, a->item_rows[i], Cin, Cout, 0);
+        return;
+    }
+    sp_qmat_mul_items(m, in, out, a->item_rows, a->nitems, b->pool);
+    for (int i = 0; bias && i < N; i++)
+        for (int c = 0; c < Cout; c++)
+            out[(size_t)i * Cout + c] += bias[c];
+}
+
+/* lin_bwd over a pass's rows; merged items (split_items: no weight gradients there) item by item as in lin_a. */
+static void lin_bwd_a(const sp_qmat *m, const float *W, float *dinp, float *dW, float *dbias, const float *dout,
+                      const float *inp, int N, int Cin, int Cout, const sp_block *b, const acts *a)
+{
+    if (!split_items(a))
+        return lin_bwd(m, W, dinp, dW, dbias, dout, inp, N, Cin, Cout, b->pool);
+    if (!W)
+        return sp_qmat_mul_t_acc_items(m, dout, dinp, a->item_rows, a->nitems, b->pool);
+    for (int i = 0, r = 0; i < a->nitems; r += a->item_rows[i++])
+        lin_bwd(m, W, dinp + (size_t)r * Cin, NULL, NULL, dout + (size_t)r * Cout, NULL, a->item_rows[i], Cin, Cout,
+                b->pool);
+}
 
 static size_t mlp_rows(const sp_block *b, size_t N) { return is_moe(b) ? N * (size_t)b->k.top_k : N; }
 
@@ -744,16 +784,16 @@ static void mlp_forward(const sp_block *b, float *y, const float *x, int N, acts
     long n = (long)N * FF;
     switch (b->k.mlp) {
     case SP_MLP_SWIGLU:
-        lin(b, mlp_mat(b, 0, 0), b->w_gate, a->gate, x, NULL, N, H, FF, a->exact);
-        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, NULL, N, H, FF, a->exact);
+        lin_a(b, mlp_mat(b, 0, 0), b->w_gate, a->gate, x, NULL, N, H, FF, a);
+        lin_a(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, NULL, N, H, FF, a);
         activation(b, SP_MLP_SWIGLU, a->act, a->gate, a->up, n);
-        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, NULL, N, FF, H, a->exact);
+        lin_a(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, NULL, N, FF, H, a);
         break;
     case SP_MLP_GELU:
     case SP_MLP_GELU_TANH:
-        lin(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, b->b_up, N, H, FF, a->exact);
+        lin_a(b, mlp_mat(b, 1, 0), b->w_up, a->up, x, b->b_up, N, H, FF, a);
         activation(b, b->k.mlp, a->act, a->up, NULL, n);
-        lin(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, b->b_down, N, FF, H, a->exact);
+        lin_a(b, mlp_mat(b, 2, 0), b->w_down, y, a->act, b->b_down, N, FF, H, a);
         break;
     case SP_MLP_MOE:
         moe_forward(b, y, x, N, a);
@@ -894,9 +934,9 @@ static void attn_in(const sp_block *b, const float *inp, int N, acts *a)
 {
     int H = b->H, Q = b->nh * b->hd, KV = b->nkv * b->hd;
     norm_forward(b, a->ln1, a->mean1, a->rstd1, inp, b->ln1_w, b->ln1_b, N);
-    lin(b, &b->qm[M_Q], b->wq, a->q, a->ln1, b->bq, N, H, Q, a->exact);
-    lin(b, &b->qm[M_K], b->wk, a->k, a->ln1, b->bk, N, H, KV, a->exact);
-    lin(b, &b->qm[M_V], b->wv, a->v, a->ln1, b->bv, N, H, KV, a->exact);
+    lin_a(b, &b->qm[M_Q], b->wq, a->q, a->ln1, b->bq, N, H, Q, a);
+    lin_a(b, &b->qm[M_K], b->wk, a->k, a->ln1, b->bk, N, H, KV, a);
+    lin_a(b, &b->qm[M_V], b->wv, a->v, a->ln1, b->bv, N, H, KV, a);
 }
 
 /* RoPE on B sequences' q and k rows (T positions each from pos0; ALiBi goes into the scores instead), then their
@@ -923,7 +963,7 @@ static void attn_mid(const sp_block *b, float *att, float *q, float *k, const fl
 static void attn_out_mlp(const sp_block *b, float *out, const float *inp, int N, acts *a)
 {
     int H = b->H, Q = b->nh * b->hd;
-    lin(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H, a->exact);
+    lin_a(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H, a);
     for (long i = 0; i < (long)N * H; i++)
         a->h1[i] += inp[i];
     const float *m = a->ln1;
@@ -1131,19 +1171,19 @@ static void mlp_backward(const sp_block *b, float *dx, sp_block *gw, const float
     long n = (long)N * FF;
     switch (b->k.mlp) {
     case SP_MLP_SWIGLU:
-        lin_bwd(mlp_mat(b, 2, 0), b->w_down, g->dact, GRAD(w_down), NULL, dy, a->act, N, FF, H, b->pool);
+        lin_bwd_a(mlp_mat(b, 2, 0), b->w_down, g->dact, GRAD(w_down), NULL, dy, a->act, N, FF, H, b, a);
         sp_swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, n);
-        lin_bwd(mlp_mat(b, 0, 0), b->w_gate, dx, GRAD(w_gate), NULL, g->dgate, x, N, H, FF, b->pool);
-        lin_bwd(mlp_mat(b, 1, 0), b->w_up, dx, GRAD(w_up), NULL, g->dup, x, N, H, FF, b->pool);
+        lin_bwd_a(mlp_mat(b, 0, 0), b->w_gate, dx, GRAD(w_gate), NULL, g->dgate, x, N, H, FF, b, a);
+        lin_bwd_a(mlp_mat(b, 1, 0), b->w_up, dx, GRAD(w_up), NULL, g->dup, x, N, H, FF, b, a);
         break;
     case SP_MLP_GELU:
     case SP_MLP_GELU_TANH:
-        lin_bwd(mlp_mat(b, 2, 0), b->w_down, g->dact, GRAD(w_down), GRAD(b_down), dy, a->act, N, FF, H, b->pool);
+        lin_bwd_a(mlp_mat(b, 2, 0), b->w_down, g->dact, GRAD(w_down), GRAD(b_down), dy, a->act, N, FF, H, b, a);
         if (b->k.mlp == SP_MLP_GELU)
             sp_gelu_backward(g->dup, g->dact, a->up, n);
         else
             sp_gelu_tanh_backward(g->dup, g->dact, a->up, n);
-        lin_bwd(mlp_mat(b, 1, 0), b->w_up, dx, GRAD(w_up), GRAD(b_up), g->dup, x, N, H, FF, b->pool);
+        lin_bwd_a(mlp_mat(b, 1, 0), b->w_up, dx, GRAD(w_up), GRAD(b_up), g->dup, x, N, H, FF, b, a);
         break;
     case SP_MLP_MOE:
         moe_backward(b, dx, gw, dy, x, a, g, N);
@@ -1168,7 +1208,7 @@ static void backward_acts(const sp_block *b, float *dinp, const float *dout, con
     if (b->ln2_w && !b->k.parallel) /* sequential: n2 is of h1 */
         norm_backward(b, g.dh1, GRAD(ln2_w), GRAD(ln2_b), g.dln2, a.h1, b->ln2_w, a.mean2, a.rstd2, N);
     /* h1 = x + att Wo^T + bo */
-    lin_bwd(&b->qm[M_O], b->wo, g.datt, GRAD(wo), GRAD(bo), g.dh1, a.att, N, Q, H, b->pool);
+    lin_bwd_a(&b->qm[M_O], b->wo, g.datt, GRAD(wo), GRAD(bo), g.dh1, a.att, N, Q, H, b, &a);
     sp_attention_backward(g.dq, g.dk, g.dv, g.scratch, g.datt, a.probs, a.q, a.k, a.v, &ad);
     float *dq = g.dq, *dk = g.dk;
     if (b->rope) { /* RoPE is a rotation: back-propagate through its transpose */
@@ -1177,9 +1217,9 @@ static void backward_acts(const sp_block *b, float *dinp, const float *dout, con
         dq = g.dq_pre;
         dk = g.dk_pre;
     }
-    lin_bwd(&b->qm[M_Q], b->wq, g.dln1, GRAD(wq), GRAD(bq), dq, a.ln1, N, H, Q, b->pool);
-    lin_bwd(&b->qm[M_K], b->wk, g.dln1, GRAD(wk), GRAD(bk), dk, a.ln1, N, H, KV, b->pool);
-    lin_bwd(&b->qm[M_V], b->wv, g.dln1, GRAD(wv), GRAD(bv), g.dv, a.ln1, N, H, KV, b->pool);
+    lin_bwd_a(&b->qm[M_Q], b->wq, g.dln1, GRAD(wq), GRAD(bq), dq, a.ln1, N, H, Q, b, &a);
+    lin_bwd_a(&b->qm[M_K], b->wk, g.dln1, GRAD(wk), GRAD(bk), dk, a.ln1, N, H, KV, b, &a);
+    lin_bwd_a(&b->qm[M_V], b->wv, g.dln1, GRAD(wv), GRAD(bv), g.dv, a.ln1, N, H, KV, b, &a);
     /* x feeds the residual (dh1), n1, and in a parallel block with two norms n2 */
     if (b->ln2_w && b->k.parallel)
         norm_backward(b, g.dh1, GRAD(ln2_w), GRAD(ln2_b), g.dln2, inp, b->ln2_w, a.mean2, a.rstd2, N);
@@ -1189,11 +1229,38 @@ static void backward_acts(const sp_block *b, float *dinp, const float *dout, con
 
 #undef GRAD
 
-sp_status sp_block_backward(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
-                            int pos0, sp_block *gw, sp_ws *ws, sp_err *err)
+/* Merged training requests (sp_block_forward_items): item_rows[0..n) in order, each a whole number of sequences
+ * (multiples of T) adding up to B x T; MoE blocks route a batch's rows together, so they take none. */
+static sp_status check_items(const sp_block *b, int B, int T, const int *item_rows, int n, sp_err *err)
+{
+    if (!item_rows)
+        return SP_OK;
+    if (is_moe(b))
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "block: a mixture of experts does not run merged requests");
+    long sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (item_rows[i] <= 0 || item_rows[i] % T)
+            return sp_errf(err, SP_ERR_ARG, "block: item %d of %d rows is not a number of sequences of %d", i,
+                           item_rows[i], T);
+        sum += item_rows[i];
+    }
+    if (sum != (long)B * T)
+        return sp_errf(err, SP_ERR_ARG, "block: items of %ld rows in all, not %d x %d", sum, B, T);
+    return SP_OK;
+}
+
+static void set_items(acts *a, const int *item_rows, int n)
+{
+    a->item_rows = item_rows;
+    a->nitems = item_rows ? n : 0;
+}
+
+/* sp_block_backward, or sp_block_backward_items when item_rows is set (gw NULL then). */
+static sp_status backward_recompute(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                                    int pos0, const int *item_rows, int n, sp_block *gw, sp_ws *ws, sp_err *err)
 {
     sp_status s = check_dims(b, B, T, pos0, NULL, err);
-    if (s)
+    if (s || (s = check_items(b, B, T, item_rows, n, err)))
         return s;
     if (gw && b->wtype != SP_W_F32)
         return sp_errf(err, SP_ERR_UNSUPPORTED, "block: weight gradients need f32 weights, not %s",
@@ -1205,9 +1272,16 @@ sp_status sp_block_backward(const sp_block *b, float *dinp, const float *dout, c
     s = acts_alloc(&a, b, B, T, &ad, ws, gsz, err);
     if (s)
         return s;
+    set_items(&a, item_rows, n);
     forward_acts(b, ws->buf, inp, B, T, pos0, NULL, &ad, &a); /* into grads' `out`, which nothing reads */
     backward_acts(b, dinp, dout, inp, B, T, &ad, &a, gw, ws->buf);
     return SP_OK;
+}
+
+sp_status sp_block_backward(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                            int pos0, sp_block *gw, sp_ws *ws, sp_err *err)
+{
+    return backward_recompute(b, dinp, dout, inp, B, T, pos0, NULL, 0, gw, ws, err);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1226,23 +1300,25 @@ void sp_block_acts_free(sp_block_acts *k)
     memset(k, 0, sizeof *k);
 }
 
-sp_status sp_block_forward_keep(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
-                                sp_block_acts *k, sp_err *err)
+/* sp_block_forward_keep, with items when item_rows is set. */
+static sp_status forward_keep(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
+                              const int *item_rows, int n, sp_block_acts *k, sp_err *err)
 {
     sp_status s = check_dims(b, B, T, pos0, NULL, err);
-    if (s)
+    if (s || (s = check_items(b, B, T, item_rows, n, err)))
         return s;
     sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
     acts a;
-    size_t n = acts_layout(&a, b, B, T, &ad, NULL);
-    if (k->cap < n) {
-        float *p = realloc(k->buf, n * sizeof(float));
+    size_t need = acts_layout(&a, b, B, T, &ad, NULL);
+    if (k->cap < need) {
+        float *p = realloc(k->buf, need * sizeof(float));
         if (!p)
-            return sp_errf(err, SP_ERR_NOMEM, "block: out of memory keeping %zu activations", n);
+            return sp_errf(err, SP_ERR_NOMEM, "block: out of memory keeping %zu activations", need);
         k->buf = p;
-        k->cap = n;
+        k->cap = need;
     }
     acts_layout(&a, b, B, T, &ad, k->buf);
+    set_items(&a, item_rows, n);
     forward_acts(b, out, inp, B, T, pos0, NULL, &ad, &a);
     k->B = B;
     k->T = T;
@@ -1250,23 +1326,148 @@ sp_status sp_block_forward_keep(const sp_block *b, float *out, const float *inp,
     return SP_OK;
 }
 
-sp_status sp_block_backward_kept(const sp_block *b, float *dinp, const float *dout, const float *inp,
-                                 const sp_block_acts *k, sp_block *gw, sp_ws *ws, sp_err *err)
+sp_status sp_block_forward_keep(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                sp_block_acts *k, sp_err *err)
+{
+    return forward_keep(b, out, inp, B, T, pos0, NULL, 0, k, err);
+}
+
+/* sp_block_backward_kept, with items when item_rows is set (gw NULL then). */
+static sp_status backward_kept(const sp_block *b, float *dinp, const float *dout, const float *inp,
+                               const sp_block_acts *k, const int *item_rows, int n, sp_block *gw, sp_ws *ws,
+                               sp_err *err)
 {
     if (!k || !k->buf)
         return sp_errf(err, SP_ERR_STATE, "block: no kept activations");
     if (gw && b->wtype != SP_W_F32)
         return sp_errf(err, SP_ERR_UNSUPPORTED, "block: weight gradients need f32 weights, not %s",
                        sp_wtype_name(b->wtype));
+    sp_status s = check_items(b, k->B, k->T, item_rows, n, err);
+    if (s)
+        return s;
     sp_attn_dims ad = attn_dims(b, k->B, k->T, NULL, 1);
     acts a;
     if (acts_layout(&a, b, k->B, k->T, &ad, NULL) > k->cap)
         return sp_errf(err, SP_ERR_STATE, "block: kept activations are too small for [%d, %d]", k->B, k->T);
     acts_layout(&a, b, k->B, k->T, &ad, k->buf);
+    set_items(&a, item_rows, n);
     grads g;
-    sp_status s = sp_ws_reserve(ws, grads_layout(&g, b, k->B, k->T, &ad, NULL), err);
-    if (s)
+    if ((s = sp_ws_reserve(ws, grads_layout(&g, b, k->B, k->T, &ad, NULL), err)))
         return s;
     backward_acts(b, dinp, dout, inp, k->B, k->T, &ad, &a, gw, ws->buf);
+    return SP_OK;
+}
+
+sp_status sp_block_backward_kept(const sp_block *b, float *dinp, const float *dout, const float *inp,
+                                 const sp_block_acts *k, sp_block *gw, sp_ws *ws, sp_err *err)
+{
+    return backward_kept(b, dinp, dout, inp, k, NULL, 0, gw, ws, err);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* merged training requests */
+
+sp_status sp_block_forward_items(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                 const int *item_rows, int n, sp_block_acts *k, sp_ws *ws, sp_err *err)
+{
+    if (k)
+        return forward_keep(b, out, inp, B, T, pos0, item_rows, n, k, err);
+    sp_status s = check_dims(b, B, T, pos0, NULL, err);
+    if (s || (s = check_items(b, B, T, item_rows, n, err)))
+        return s;
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 0);
+    acts a;
+    if ((s = acts_alloc(&a, b, B, T, &ad, ws, 0, err)))
+        return s;
+    set_items(&a, item_rows, n);
+    forward_acts(b, out, inp, B, T, pos0, NULL, &ad, &a);
+    return SP_OK;
+}
+
+sp_status sp_block_backward_items(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                                  int pos0, const int *item_rows, int n, const sp_block_acts *k, sp_ws *ws,
+                                  sp_err *err)
+{
+    if (!k)
+        return backward_recompute(b, dinp, dout, inp, B, T, pos0, item_rows, n, NULL, ws, err);
+    if (k->B != B || k->T != T)
+        return sp_errf(err, SP_ERR_ARG, "block: kept activations of [%d, %d] for a backward of [%d, %d]", k->B, k->T,
+                       B, T);
+    return backward_kept(b, dinp, dout, inp, k, item_rows, n, NULL, ws, err);
+}
+
+/* Copies sequences [sb0, sb0 + nb) (of T positions) of every activation buffer of src to sequences db0.. of dst
+ * (probs: [B, heads, T, T]; RoPE's tables, shared, whole). */
+static void acts_rows_copy(const sp_block *b, acts *dst, int db0, const acts *src, int sb0, int nb, int T)
+{
+    size_t N = (size_t)nb * T, H = (size_t)b->H, Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
+    size_t FF = (size_t)b->FF, P = (size_t)b->nh * T * T, half = b->rope ? (size_t)b->hd / 2 : 0;
+    struct { float *d; const float *s; size_t w; } c[] = {
+        {dst->ln1, src->ln1, H}, {dst->mean1, src->mean1, 1}, {dst->rstd1, src->rstd1, 1}, {dst->q, src->q, Q},
+        {dst->k, src->k, KV}, {dst->v, src->v, KV}, {dst->att, src->att, Q}, {dst->h1, src->h1, H},
+        {dst->ln2, src->ln2, H}, {dst->mean2, src->mean2, 1}, {dst->rstd2, src->rstd2, 1},
+        {dst->gate, src->gate, FF}, {dst->up, src->up, FF}, {dst->act, src->act, FF}};
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+        if (c[i].d && c[i].s)
+            memcpy(c[i].d + (size_t)db0 * T * c[i].w, c[i].s + (size_t)sb0 * T * c[i].w, N * c[i].w * sizeof(float));
+    memcpy(dst->probs + (size_t)db0 * P, src->probs + (size_t)sb0 * P, (size_t)nb * P * sizeof(float));
+    if (half) {
+        memcpy(dst->cos, src->cos, (size_t)T * half * sizeof(float));
+        memcpy(dst->sin, src->sin, (size_t)T * half * sizeof(float));
+    }
+}
+
+/* Points a at k's buffer laid out for [B, T] (grown to that first when grow is set): 0, or -1. */
+static int acts_of(const sp_block *b, acts *a, sp_block_acts *k, int B, int T, int grow)
+{
+    sp_attn_dims ad = attn_dims(b, B, T, NULL, 1);
+    size_t need = acts_layout(a, b, B, T, &ad, NULL);
+    if (grow && k->cap < need) {
+        float *p = realloc(k->buf, need * sizeof(float));
+        if (!p)
+            return -1;
+        k->buf = p;
+        k->cap = need;
+    }
+    if (!k->buf || k->cap < need)
+        return -1;
+    acts_layout(a, b, B, T, &ad, k->buf);
+    return 0;
+}
+
+sp_status sp_block_acts_slice(const sp_block *b, sp_block_acts *dst, const sp_block_acts *src, int b0, int nb,
+                              sp_err *err)
+{
+    if (is_moe(b) || b0 < 0 || nb < 1 || b0 + nb > src->B)
+        return sp_errf(err, SP_ERR_ARG, "block: no slice [%d, %d) of kept activations of %d sequences", b0, b0 + nb,
+                       src->B);
+    acts s, d;
+    if (acts_of(b, &s, (sp_block_acts *)src, src->B, src->T, 0) || acts_of(b, &d, dst, nb, src->T, 1))
+        return sp_errf(err, SP_ERR_NOMEM, "block: out of memory slicing kept activations");
+    acts_rows_copy(b, &d, 0, &s, b0, nb, src->T);
+    dst->B = nb, dst->T = src->T, dst->pos0 = src->pos0;
+    return SP_OK;
+}
+
+sp_status sp_block_acts_join(const sp_block *b, sp_block_acts *dst, const sp_block_acts *const *parts, int n,
+                             sp_err *err)
+{
+    if (is_moe(b) || n < 1)
+        return sp_errf(err, SP_ERR_ARG, "block: no kept activations to join");
+    int B = 0, T = parts[0]->T;
+    for (int i = 0; i < n; i++) {
+        if (parts[i]->T != T || parts[i]->pos0 != parts[0]->pos0 || !parts[i]->buf)
+            return sp_errf(err, SP_ERR_ARG, "block: kept activations of other lengths or positions do not join");
+        B += parts[i]->B;
+    }
+    acts d, s;
+    if (acts_of(b, &d, dst, B, T, 1))
+        return sp_errf(err, SP_ERR_NOMEM, "block: out of memory joining kept activations");
+    for (int i = 0, b0 = 0; i < n; b0 += parts[i++]->B) {
+        if (acts_of(b, &s, (sp_block_acts *)parts[i], parts[i]->B, T, 0))
+            return sp_errf(err, SP_ERR_STATE, "block: kept activations too small for [%d, %d]", parts[i]->B, T);
+        acts_rows_copy(b, &d, b0, &s, 0, parts[i]->B, T);
+    }
+    dst->B = B, dst->T = T, dst->pos0 = parts[0]->pos0;
     return SP_OK;
 }

@@ -155,4 +155,25 @@ sp_status sp_block_forward_keep(const sp_block *b, float *out, const float *inp,
 sp_status sp_block_backward_kept(const sp_block *b, float *dinp, const float *dout, const float *inp,
                                  const sp_block_acts *k, sp_block *grads, sp_ws *ws, sp_err *err);
 
+/* A server's merged training requests: item i is item_rows[i] rows (a whole number of sequences of T positions) of
+ * inp/out [B, T, H], the items in order. Every item's outputs (and with k its activations, sliced out with
+ * sp_block_acts_slice) have the bits sp_block_forward (sp_block_forward_keep) gives it alone, whatever the other
+ * items: the per-row work runs over all rows, each product item by item (sgemm's bits follow how many rows it
+ * multiplies), an encoded matrix's tiles decoded once for all (kern.h, sp_qmat_mul_items). A MoE block refuses
+ * (SP_ERR_UNSUPPORTED: its router groups a batch's rows by expert). k NULL: nothing kept. */
+sp_status sp_block_forward_items(const sp_block *b, float *out, const float *inp, int B, int T, int pos0,
+                                 const int *item_rows, int n, sp_block_acts *k, sp_ws *ws, sp_err *err);
+/* The backward of merged items as sp_block_backward (k NULL: recomputing the forward) or sp_block_backward_kept
+ * (k: the items' activations, joined by sp_block_acts_join) gives each alone; no weight gradients. */
+sp_status sp_block_backward_items(const sp_block *b, float *dinp, const float *dout, const float *inp, int B, int T,
+                                  int pos0, const int *item_rows, int n, const sp_block_acts *k, sp_ws *ws,
+                                  sp_err *err);
+/* dst = sequences [b0, b0 + nb) of src's activations (dst grows as needed): what sp_block_forward_keep keeps for
+ * them alone. */
+sp_status sp_block_acts_slice(const sp_block *b, sp_block_acts *dst, const sp_block_acts *src, int b0, int nb,
+                              sp_err *err);
+/* dst = the activations of parts[0..n) (of one T and pos0) one after the other, as kept for their batch. */
+sp_status sp_block_acts_join(const sp_block *b, sp_block_acts *dst, const sp_block_acts *const *parts, int n,
+                             sp_err *err);
+
 #endif

@@ -1459,6 +1459,62 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
     free(tile);
 }
 
+/* Whether item rows of rows go through sgemm on decoded tiles in sp_qmat_mul (fwd) or sp_qmat_mul_t_acc. */
+static int tiled(const sp_qmat *W, int rows, int fwd) { return W->type != SP_W_F32 && (!fwd || rows > MAXB); }
+
+/* The items' products, each as alone: those on decoded tiles share each tile (decoded once), the rest one by one.
+ * fwd: Y = X W^T (sp_qmat_mul); else dX += dY W (sp_qmat_mul_t_acc). */
+static void mul_items(const sp_qmat *W, const float *in, float *out, const int *rows, int n, int fwd, sp_pool *pool)
+{
+    int cin = fwd ? W->cols : W->rows, cout = fwd ? W->rows : W->cols, ntiled = 0;
+    for (int i = 0, r = 0; i < n; r += rows[i++]) {
+        if (tiled(W, rows[i], fwd)) {
+            ntiled++;
+            continue;
+        }
+        if (fwd)
+            sp_qmat_mul(W, in + (size_t)r * cin, out + (size_t)r * cout, rows[i], pool);
+        else
+            sp_qmat_mul_t_acc(W, in + (size_t)r * cin, out + (size_t)r * cout, rows[i], pool);
+    }
+    float *tile = ntiled ? malloc((size_t)TILE_ROWS * W->cols * sizeof(float)) : NULL;
+    for (int i = 0, r = 0; ntiled && !tile && i < n; r += rows[i++]) /* no room for a tile: one by one */
+        if (tiled(W, rows[i], fwd) && fwd)
+            sp_qmat_mul(W, in + (size_t)r * cin, out + (size_t)r * cout, rows[i], pool);
+        else if (tiled(W, rows[i], fwd))
+            sp_qmat_mul_t_acc(W, in + (size_t)r * cin, out + (size_t)r * cout, rows[i], pool);
+    for (int r0 = 0; tile && r0 < W->rows; r0 += TILE_ROWS) {
+        int nr = W->rows - r0 < TILE_ROWS ? W->rows - r0 : TILE_ROWS;
+        for (int r = 0; r < nr; r++)
+            sp_qmat_row(W, r0 + r, tile + (size_t)r * W->cols);
+        for (int i = 0, r = 0; i < n; r += rows[i++]) { /* the very calls sp_qmat_mul(_t_acc) makes alone */
+            if (!tiled(W, rows[i], fwd))
+                continue;
+            const float *x = in + (size_t)r * cin;
+            float *y = out + (size_t)r * cout;
+            if (fwd)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows[i], nr, W->cols, 1.0f, x, W->cols, tile,
+                            W->cols, 0.0f, y + r0, W->rows);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows[i], W->cols, nr, 1.0f, x + r0, W->rows,
+                            tile, W->cols, 1.0f, y, W->cols);
+        }
+    }
+    free(tile);
+}
+
+void sp_qmat_mul_items(const sp_qmat *W, const float *X, float *Y, const int *rows, int n, sp_pool *pool)
+{
+    if (W->rows > 0)
+        mul_items(W, X, Y, rows, n, 1, pool);
+}
+
+void sp_qmat_mul_t_acc_items(const sp_qmat *W, const float *dY, float *dX, const int *rows, int n, sp_pool *pool)
+{
+    if (W->rows > 0)
+        mul_items(W, dY, dX, rows, n, 0, pool);
+}
+
 int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *approx, sp_pool *pool)
 {
     enum { MAXNB = 1024 };

@@ -75,6 +75,12 @@ void sp_qmat_mul_rows(const sp_qmat *W, const float *X, float *Y, int B, sp_pool
 int sp_qmat_argmax(const sp_qmat *W, const sp_qmat *S, const float *x, float *approx, sp_pool *pool);
 /* dX[B, cols] += dY[B, rows] W (the input gradient through W, weights frozen). */
 void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_pool *pool);
+/* A batch of n items (a server's merged training requests), rows[i] rows each, in order in X and Y (dY, dX): item
+ * i's rows get the bits sp_qmat_mul (sp_qmat_mul_t_acc) gives it alone, whatever the other items (sgemm's bits
+ * follow how many rows it multiplies, so each item is its own product); an encoded W's tiles are decoded once for
+ * all the items that go through sgemm, and read from the caches for the rest. */
+void sp_qmat_mul_items(const sp_qmat *W, const float *X, float *Y, const int *rows, int n, sp_pool *pool);
+void sp_qmat_mul_t_acc_items(const sp_qmat *W, const float *dY, float *dX, const int *rows, int n, sp_pool *pool);
 
 /* Kernel levels, lowest first: the scalar reference; AVX2 + FMA (int8 and nf4 with vpmaddubsw); AVX2 with
  * AVX-VNNI (int8 and nf4 with 256-bit vpdpbusd); AVX-512 (F, BW, VL, DQ; int8 and nf4 with vpdpbusd where the

@@ -325,6 +325,8 @@ sp_status sp_record_decode(sp_server_record *r, const void *data, size_t len, co
 
 int sp_record_is_stale(const sp_server_record *r, double now) { return r->timestamp + 3 * r->period < now; }
 
+int sp_record_saturated(const sp_server_record *r) { return r->max_queue_wait > 0 && r->queue_wait > r->max_queue_wait; }
+
 sp_status sp_model_record_decode(sp_model_record *m, const void *data, size_t len, double now, sp_err *err)
 {
     memset(m, 0, sizeof *m);

@@ -94,6 +94,8 @@ sp_status sp_record_encode(const sp_server_record *r, char *buf, size_t cap, siz
 sp_status sp_record_decode(sp_server_record *r, const void *data, size_t len, const sp_record_expect *x, sp_err *err);
 /* 1 if r was written more than three of its periods before now. */
 int sp_record_is_stale(const sp_server_record *r, double now);
+/* 1 if the record says the server's queue wait is over its bound: it refuses new inference sessions now (busy). */
+int sp_record_saturated(const sp_server_record *r);
 
 sp_status sp_model_record_encode(const sp_model_record *m, char *buf, size_t cap, size_t *len, sp_err *err);
 

@@ -186,7 +186,7 @@ static void ping_successors(sp_announce *a)
 /* ---------------------------------------------------------------------------------------------- */
 /* the refresh thread */
 
-static int saturated(const sp_server_record *r) { return r->max_queue_wait > 0 && r->queue_wait > r->max_queue_wait; }
+static int saturated(const sp_server_record *r) { return sp_record_saturated(r); }
 
 /* The figures that change by themselves, from fill: taken into the record every period (periodic), and between
  * periods when the server became saturated or ceased to be (at most once a second). 1 if that changed now. */

@@ -58,6 +58,10 @@ void sp_mx_batch(sp_server_metrics *m, int n, int kind, uint64_t tokens)
     ADD(&m->batches, 1);
     if (kind >= 0 && kind < SP_MX_NTOK)
         ADD(&m->tokens[kind], tokens);
+    if (kind >= 0 && kind < SP_MX_NTOK && n > 1) {
+        ADD(&m->merged[kind], 1);
+        ADD(&m->merged_requests[kind], (uint64_t)n);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -140,9 +144,23 @@ static void queue(text *t, sp_server *s, sp_server_metrics *m)
         (unsigned long long)GET(&m->batches));
 }
 
+static const char *const mx_kinds[SP_MX_NTOK] = {"inference", "forward", "backward"};
+
+/* Passes of several requests: decode steps of several sessions, FORWARDs or BACKWARDs of several clients. */
+static void merged(text *t, sp_server_metrics *m)
+{
+    head(t, "batched_passes_total", "counter", "Passes that ran several requests together, by kind.");
+    for (int k = 0; k < SP_MX_NTOK; k++)
+        put(t, "sepal_batched_passes_total{kind=\"%s\"} %llu\n", mx_kinds[k], (unsigned long long)GET(&m->merged[k]));
+    head(t, "batched_requests_total", "counter", "Requests that ran in those passes, by kind.");
+    for (int k = 0; k < SP_MX_NTOK; k++)
+        put(t, "sepal_batched_requests_total{kind=\"%s\"} %llu\n", mx_kinds[k],
+            (unsigned long long)GET(&m->merged_requests[k]));
+}
+
 static void tokens(text *t, sp_server_metrics *m, double now)
 {
-    static const char *const kinds[SP_MX_NTOK] = {"inference", "forward", "backward"};
+    const char *const *kinds = mx_kinds;
     head(t, "tokens_total", "counter", "Positions the blocks computed, by kind.");
     uint64_t all = 0;
     for (int k = 0; k < SP_MX_NTOK; k++) {
@@ -204,6 +222,7 @@ char *sp_server_metrics_text(sp_server *s, const sp_mx_extra *x)
     one(&t, "uptime_seconds", "gauge", "Seconds since the server started.", now - m->started_t);
     requests(&t, m);
     queue(&t, s, m);
+    merged(&t, m);
     pthread_mutex_lock(&s->mx_lock); /* the tokens/s window is the scrapes' own */
     tokens(&t, m, now);
     pthread_mutex_unlock(&s->mx_lock);

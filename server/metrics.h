@@ -20,6 +20,7 @@ typedef struct sp_server_metrics {
     uint64_t wait_ns, waited;        /* time in the queue: its sum, and the requests that went through it */
     uint64_t batch[SP_MX_BATCH_BUCKETS], batch_sum, batches;
     uint64_t tokens[SP_MX_NTOK];     /* positions computed: inference steps, forwards, backwards */
+    uint64_t merged[SP_MX_NTOK], merged_requests[SP_MX_NTOK]; /* passes of several requests, by kind; their requests */
     uint64_t bytes_in, bytes_out;    /* requests received, replies sent (both channels) */
     /* tokens/s between scrapes: the last scrape's total and time (under the scraper's lock) */
     uint64_t last_tokens;

@@ -1,6 +1,7 @@
 /* rpc.c - the server's request handlers: argument checks, the span computations, replies. Every bad
  * request gets an ERROR reply (share/doc/protocol.md lists the codes); nothing here ends the process. */
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "memtune.h"
 #include "server_impl.h"
 #include "span.h"
 #include "timeutil.h"
@@ -353,26 +355,154 @@ static int check_tokens(req *r, int B, int T)
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* FORWARD, BACKWARD */
+/* FORWARD, BACKWARD: one request, or several of different clients merged into one pass (same span, positions
+ * and deep prompts' length; each item's results as alone: block.h, sp_block_forward_items). One that awaits its
+ * input pushed by another server or pushes its output runs as a pass of one (sp_rpc_span_key). */
 
-/* Runs blocks [start, end) on x [B, T, H] in place, adding the deep prompts and writing each block's input
- * (prompt added) to inputs[i] ((end - start) x [B, T, H]) when inputs is non-NULL, and its activations to
- * acts[i] when acts is non-NULL. */
-static sp_status run_keeping(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
-                             float *inputs, sp_block_acts *acts, sp_ws *ws, sp_err *err)
+/* A FORWARD's or BACKWARD's arguments, decoded and checked: hidden (hidden_in) and grad_out [B, T, H] as f32, the
+ * deep prompts [n, B, P, H] (NULL, P 0: none); its kept entry (BACKWARD) and where its rows start in a pass; the
+ * pushed input's message when it awaited one (q.await: await_input). */
+typedef struct span_args {
+    req *r;           /* the request (its caller's) */
+    sp_span_req q;
+    int B, T, P, b0;
+    float *h, *g, *prompts;
+    kept *k;
+    int keep_acts; /* FORWARD: its activations are kept too (a quarter of the keep cap holds them) */
+    sp_buf pin;    /* the SPAN_PUSH that brought its input (pm's views point into it) */
+    sp_msg pm;
+} span_args;
+
+/* Decodes and checks r's arguments into a, its pushed input spliced in when it awaits one; -1 after an ERROR reply,
+ * or when the request is parked until its input is pushed (r->msg taken: no reply now). */
+static int span_args_parse(span_args *a, req *r)
 {
-    if (s->dev) /* (acts: NULL there, the device recomputes) */
-        return span_dev_forward(s, start, end, x, B, T, prompts, P, inputs, err);
-    int H = s->m->cfg.hidden;
+    int fwd = r->m.type == SP_MSG_FORWARD, B2, T2;
+    memset(a, 0, sizeof *a);
+    a->r = r;
+    req *x = r;
+    if (span_meta(x, &a->q) || (a->q.await && await_input(x, &a->q, fwd ? 0 : 1, &a->pin, &a->pm)) ||
+        !(a->h = hidden_arg(x, 0, fwd ? "hidden" : "hidden_in", &a->B, &a->T)))
+        return -1;
+    if (!fwd && !(a->g = hidden_arg(x, 1, "grad_out", &B2, &T2)))
+        return -1;
+    if (!fwd && (B2 != a->B || T2 != a->T))
+        return bad(x, "shape", "grad_out [%d, %d, H] does not match hidden_in [%d, %d, H]", B2, T2, a->B, a->T);
+    return check_tokens(x, a->B, a->T) ||
+                   prompts_arg(x, fwd ? 1 : 2, a->q.end - a->q.start, a->B, a->T, &a->prompts, &a->P)
+               ? -1
+               : 0;
+}
+
+static void span_args_free(sp_server *s, span_args *a)
+{
+    kept_free(&s->kt, a->k);
+    free(a->h), free(a->g), free(a->prompts);
+    sp_buf_free(&a->pin);
+    memset(a, 0, sizeof *a);
+}
+
+/* A pass over blocks [start, end) of n requests (a[0..n), parsed, of one span, T and P): their rows [B, T, H] one
+ * after the other, each item's rows (rows: NULL for a single request, which runs as ever), its deep prompts
+ * [nb, B, P, H] (NULL: none). */
+typedef struct span_pass {
+    sp_server *s;
+    span_args *a;
+    int n, start, end, B, T, P, H, nb;
+    int *rows;
+    float *x, *g, *prompts; /* (g: the BACKWARD's gradient) */
+} span_pass;
+
+/* A pass's buffer q of n bytes freed; a merged pass's (sized by what it merged) has its pages given back to the kernel
+ * first: freed alone it joins the top of the worker's heap, an arena of that thread's own, which stays resident
+ * (malloc_trim gives back only the main arena's top, sp_memtune's trim threshold keeps the others'; a 7 MiB buffer
+ * freed in a thread stayed, released first it did not). */
+static void pass_buf_free(const span_pass *p, void *q, size_t n)
+{
+    if (q && p->n > 1)
+        sp_mem_release(q, n);
+    free(q);
+}
+
+/* A merged pass's activations freed, their pages given back first (as pass_buf_free). */
+static void acts_free_released(sp_block_acts *k)
+{
+    if (k->buf)
+        sp_mem_release(k->buf, k->cap * sizeof(float));
+    sp_block_acts_free(k);
+}
+
+static void pass_free(span_pass *p)
+{
+    size_t N = (size_t)p->B * p->T * p->H * sizeof(float);
+    if (p->n > 1) {
+        pass_buf_free(p, p->x, N), pass_buf_free(p, p->g, N);
+        pass_buf_free(p, p->prompts, (size_t)p->nb * p->B * p->P * p->H * sizeof(float));
+    }
+    free(p->rows);
+}
+
+/* dst [nb, B, P, H] = the requests' prompts (each [nb, B_i, P, H]) side by side in each block. */
+static void join_prompts(const span_pass *p, float *dst)
+{
+    size_t PH = (size_t)p->P * p->H;
+    for (int i = 0; i < p->nb; i++)
+        for (int j = 0; j < p->n; j++)
+            memcpy(dst + ((size_t)i * p->B + p->a[j].b0) * PH, p->a[j].prompts + (size_t)i * p->a[j].B * PH,
+                   (size_t)p->a[j].B * PH * sizeof(float));
+}
+
+/* The pass's buffers: a single request's own, or the requests' joined; -1 when out of memory. */
+static int pass_init(span_pass *p, sp_server *s, span_args *a, int n)
+{
+    *p = (span_pass){.s = s, .a = a, .n = n, .start = a[0].q.start, .end = a[0].q.end, .T = a[0].T, .P = a[0].P,
+                     .H = s->m->cfg.hidden, .nb = a[0].q.end - a[0].q.start};
+    for (int j = 0; j < n; j++)
+        a[j].b0 = p->B, p->B += a[j].B;
+    if (n == 1) {
+        p->x = a[0].h, p->g = a[0].g, p->prompts = a[0].prompts;
+        return 0;
+    }
+    size_t N = (size_t)p->B * p->T * p->H;
+    p->rows = malloc((size_t)n * sizeof *p->rows);
+    p->x = malloc(N * sizeof(float));
+    p->g = a[0].g ? malloc(N * sizeof(float)) : NULL;
+    p->prompts = p->P ? malloc((size_t)p->nb * p->B * p->P * p->H * sizeof(float)) : NULL;
+    if (!p->rows || !p->x || (a[0].g && !p->g) || (p->P && !p->prompts))
+        return -1;
+    for (int j = 0; j < n; j++) {
+        size_t off = (size_t)a[j].b0 * p->T * p->H, len = (size_t)a[j].B * p->T * p->H * sizeof(float);
+        p->rows[j] = a[j].B * p->T;
+        memcpy(p->x + off, a[j].h, len);
+        if (p->g)
+            memcpy(p->g + off, a[j].g, len);
+    }
+    if (p->P)
+        join_prompts(p, p->prompts);
+    return 0;
+}
+
+/* Runs blocks [start, end) of the pass on x [B, T, H] in place, adding the deep prompts and writing each block's
+ * input (prompt added) to inputs[i] ((end - start) x [B, T, H]) when inputs is non-NULL, and its activations to
+ * acts[i] when acts is non-NULL. */
+static sp_status run_keeping(const span_pass *p, int start, int end, float *x, float *inputs, sp_block_acts *acts,
+                             sp_ws *ws, sp_err *err)
+{
+    sp_server *s = p->s;
+    int B = p->B, T = p->T, P = p->P, H = p->H;
+    if (s->dev) /* (a single request; acts: NULL there, the device recomputes) */
+        return span_dev_forward(s, start, end, x, B, T, p->prompts, P, inputs, err);
     size_t N = (size_t)B * T * H;
     for (int i = 0; i < end - start; i++) {
-        if (prompts)
-            add_prompt(x, prompts + (size_t)i * B * P * H, B, T, 0, P, H);
+        if (p->prompts)
+            add_prompt(x, p->prompts + (size_t)(start - p->start + i) * B * P * H, B, T, 0, P, H);
         if (inputs)
             memcpy(inputs + i * N, x, N * sizeof(float));
         const sp_block *blk = &s->m->blocks[start + i - s->m->first];
-        sp_status st = acts ? sp_block_forward_keep(blk, x, x, B, T, 0, &acts[i], err)
-                            : sp_block_forward(blk, x, x, B, T, 0, NULL, ws, err);
+        sp_block_acts *k = acts ? &acts[i] : NULL;
+        sp_status st = p->rows ? sp_block_forward_items(blk, x, x, B, T, 0, p->rows, p->n, k, ws, err)
+                       : k     ? sp_block_forward_keep(blk, x, x, B, T, 0, k, err)
+                               : sp_block_forward(blk, x, x, B, T, 0, NULL, ws, err);
         if (st)
             return st;
     }
@@ -388,133 +518,251 @@ static size_t kept_size(sp_server *s, int start, int end, int B, int T, int acts
     return n * sizeof(float);
 }
 
-static void rpc_forward(req *r, sp_ws *ws)
+/* Every request of the pass gets an ERROR reply. */
+static void pass_fail(span_pass *p, const char *what, const sp_err *err)
 {
-    int B, T, P;
-    float *h = NULL, *prompts = NULL, *inputs = NULL;
-    sp_block_acts *acts = NULL;
-    size_t bytes = 0;
-    sp_span_req q = {0};
-    sp_buf pin = {0};
-    sp_msg pm = {0};
-    if (span_meta(r, &q) || (q.await && await_input(r, &q, 0, &pin, &pm)) || !(h = hidden_arg(r, 0, "hidden", &B, &T)))
-        goto done;
-    int start = q.start, end = q.end;
-    if (check_tokens(r, B, T) || prompts_arg(r, 1, end - start, B, T, &prompts, &P))
-        goto done;
-    size_t N = (size_t)B * T * r->s->m->cfg.hidden;
-    /* a training client asks to keep each block's input for the BACKWARD that follows, and the activations
-     * too when a quarter of the cap holds them (a few microbatches are in flight at once) */
-    if (q.keep > 0 && r->s->o.keep_bytes > 0) {
-        inputs = malloc((size_t)(end - start) * N * sizeof(float));
-        bytes = kept_size(r->s, start, end, B, T, 1);
-        if (inputs && !r->s->dev && bytes <= r->s->o.keep_bytes / 4 && (acts = calloc((size_t)(end - start), sizeof *acts)))
-            for (int i = 0; i < end - start; i++)
-                kept_acts_get(&r->s->kt, &acts[i]); /* last steps' buffers: no fresh pages */
-        if (!acts)
-            bytes = kept_size(r->s, start, end, B, T, 0);
-    }
-    sp_err err = {0};
-    blas_threads_for(r->s, (long)B * T);
-    if (run_keeping(r->s, start, end, h, B, T, prompts, P, inputs, acts, ws, &err)) {
-        bad(r, "internal", "forward: %s", err.msg);
-        goto done;
-    }
-    /* kept before the reply goes out: the client may send the BACKWARD the moment it has the reply */
-    kept *k = inputs ? calloc(1, sizeof *k) : NULL;
-    if (k) {
-        *k = (kept){.conn = r->conn, .id = q.keep, .start = start, .end = end, .B = B, .T = T, .P = P,
-                    .inputs = inputs, .acts = acts, .nacts = acts ? end - start : 0, .bytes = bytes,
-                    .created = sp_now_s()};
-        kept_put(r->s, k);
-        inputs = NULL;
-        acts = NULL;
-    }
-    sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
-    span_reply(r, &q, &out, 1);
-done:
-    sp_buf_free(&pin);
-    for (int i = 0; acts && i < q.end - q.start; i++)
-        kept_acts_put(&r->s->kt, &acts[i]);
-    free(acts);
-    free(h);
-    free(prompts);
-    free(inputs);
+    for (int j = 0; j < p->n; j++)
+        bad(p->a[j].r, "internal", "%s: %s", what, err->msg);
 }
 
-/* Recomputes the span's forward keeping every block's input, then back-propagates grad_out through
- * the blocks in reverse; a block's prompt gradient is the gradient at its input's first P positions. */
-static void rpc_backward(req *r, sp_ws *ws)
+/* The answers: request j's rows of out [B, T, H], and for a BACKWARD its prompts' gradients gp[j]; pushed first
+ * where a request asks for it (span_reply: only a pass of one, sp_rpc_span_key keeps such requests alone). */
+static void pass_reply(span_pass *p, const float *out, float *const *gp)
 {
-    int B, T, B2, T2, P;
-    float *x = NULL, *g = NULL, *prompts = NULL, *inputs = NULL, *gp = NULL;
-    kept *k = NULL;
-    sp_span_req q;
-    sp_buf pin = {0};
-    sp_msg pm = {0};
-    if (span_meta(r, &q) || (q.await && await_input(r, &q, 1, &pin, &pm)) || !(x = hidden_arg(r, 0, "hidden_in", &B, &T)) ||
-        !(g = hidden_arg(r, 1, "grad_out", &B2, &T2)))
-        goto done;
-    int start = q.start, end = q.end;
-    if (B2 != B || T2 != T) {
-        bad(r, "shape", "grad_out [%d, %d, H] does not match hidden_in [%d, %d, H]", B2, T2, B, T);
-        goto done;
+    for (int j = 0; j < p->n; j++) {
+        req *r = p->a[j].r;
+        sp_tensor_src t[2] = {tensor3(r, out + (size_t)p->a[j].b0 * p->T * p->H, p->a[j].B, p->T, p->H),
+                              {.enc = r->reply_enc, .rank = 4, .shape = {p->nb, p->a[j].B, p->P, p->H},
+                               .f32 = gp ? gp[j] : NULL}};
+        span_reply(r, &p->a[j].q, t, gp && gp[j] ? 2 : 1);
     }
-    if (check_tokens(r, B, T) || prompts_arg(r, 2, end - start, B, T, &prompts, &P))
-        goto done;
-    int n = end - start, H = r->s->m->cfg.hidden;
-    size_t N = (size_t)B * T * H;
-    k = q.keep > 0 ? kept_take(r->s, r->conn, q.keep, start, end, B, T, P) : NULL;
-    if (k) { /* the FORWARD kept every block's input (and maybe activations): no recompute */
-        inputs = k->inputs;
-        k->inputs = NULL;
-    } else {
-        inputs = malloc((size_t)n * N * sizeof(float));
+}
+
+/* FORWARD: whether each request keeps its blocks' inputs (and activations) for its BACKWARD; 1 if any keeps
+ * activations (the pass then keeps them all, and each takes its slice). */
+static int plan_keep(span_pass *p, int *any_inputs)
+{
+    int any = 0;
+    *any_inputs = 0;
+    for (int j = 0; j < p->n; j++) {
+        span_args *a = &p->a[j];
+        if (a->q.keep > 0 && p->s->o.keep_bytes > 0) {
+            *any_inputs = 1;
+            a->keep_acts = !p->s->dev && kept_size(p->s, p->start, p->end, a->B, p->T, 1) <= p->s->o.keep_bytes / 4;
+            any |= a->keep_acts;
+        }
     }
-    gp = prompts ? calloc((size_t)n * B * P * H, sizeof(float)) : NULL;
-    if (!inputs || (prompts && !gp)) {
-        bad(r, "internal", "out of memory");
-        goto done;
+    return any;
+}
+
+/* Request j's kept entry: its rows of each block's inputs (and activations) of the pass; a single request's
+ * buffers themselves (*inputs, *acts taken). NULL when out of memory (its BACKWARD then recomputes). */
+static kept *keep_entry(span_pass *p, int j, float **inputs, sp_block_acts **acts)
+{
+    span_args *a = &p->a[j];
+    size_t N = (size_t)p->B * p->T * p->H, Nj = (size_t)a->B * p->T * p->H;
+    kept *k = calloc(1, sizeof *k);
+    float *in = !k ? NULL : p->n == 1 ? *inputs : malloc((size_t)p->nb * Nj * sizeof(float));
+    if (!in) {
+        free(k);
+        return NULL;
     }
+    sp_block_acts *ka = NULL;
+    if (p->n == 1) {
+        *inputs = NULL;
+        ka = a->keep_acts ? *acts : NULL;
+        *acts = a->keep_acts ? NULL : *acts;
+    }
+    for (int i = 0; p->n > 1 && i < p->nb; i++)
+        memcpy(in + i * Nj, *inputs + i * N + (size_t)a->b0 * p->T * p->H, Nj * sizeof(float));
+    if (p->n > 1 && a->keep_acts && (ka = calloc((size_t)p->nb, sizeof *ka)))
+        for (int i = 0; i < p->nb; i++) {
+            sp_err err = {0};
+            kept_acts_get(&p->s->kt, &ka[i]);
+            if (sp_block_acts_slice(&p->s->m->blocks[p->start + i - p->s->m->first], &ka[i], &(*acts)[i], a->b0,
+                                    a->B, &err) == SP_OK)
+                continue;
+            for (int u = 0; u <= i; u++)
+                kept_acts_put(&p->s->kt, &ka[u]);
+            free(ka);
+            ka = NULL;
+            break;
+        }
+    *k = (kept){.conn = a->r->conn, .id = a->q.keep, .start = p->start, .end = p->end, .B = a->B, .T = p->T,
+                .P = p->P, .inputs = in, .acts = ka, .nacts = ka ? p->nb : 0,
+                .bytes = kept_size(p->s, p->start, p->end, a->B, p->T, ka != NULL), .created = sp_now_s()};
+    return k;
+}
+
+static void pass_forward(span_pass *p, sp_ws *ws)
+{
+    int any_inputs, any_acts = plan_keep(p, &any_inputs);
+    size_t N = (size_t)p->B * p->T * p->H;
+    float *inputs = any_inputs ? malloc((size_t)p->nb * N * sizeof(float)) : NULL;
+    sp_block_acts *acts = any_acts && inputs ? calloc((size_t)p->nb, sizeof *acts) : NULL;
+    for (int i = 0; acts && p->n == 1 && i < p->nb; i++)
+        kept_acts_get(&p->s->kt, &acts[i]); /* last steps' buffers: no fresh pages */
     sp_err err = {0};
-    if (r->s->dev) { /* the whole backward on the device, the kept inputs (if any) copied in */
-        if (span_dev_backward(r->s, start, end, g, x, k ? inputs : NULL, B, T, prompts, P, gp, &err)) {
-            bad(r, "internal", "backward: %s", err.msg);
+    blas_threads_for(p->s, (long)p->B * p->T);
+    if (run_keeping(p, p->start, p->end, p->x, inputs, acts, ws, &err)) {
+        pass_fail(p, "forward", &err);
+        goto done;
+    }
+    /* kept before the replies go out: a client may send its BACKWARD the moment it has its reply */
+    for (int j = 0; inputs && j < p->n; j++) {
+        kept *k = p->a[j].q.keep > 0 ? keep_entry(p, j, &inputs, &acts) : NULL;
+        if (k)
+            kept_put(p->s, k);
+    }
+    pass_reply(p, p->x, NULL);
+done: /* (a pass's own buffers are freed: the pool keeps buffers of a request's size, which the FORWARDs to come reuse) */
+    for (int i = 0; acts && i < p->nb; i++)
+        if (p->n == 1)
+            kept_acts_put(&p->s->kt, &acts[i]);
+        else
+            acts_free_released(&acts[i]);
+    free(acts);
+    pass_buf_free(p, inputs, (size_t)p->nb * N * sizeof(float));
+    if (p->n > 1)
+        sp_mem_trim(); /* a merged pass's sizes vary with what it merged: no holes left for other sizes to split */
+}
+
+/* Request j's rows of each block's inputs kept by its FORWARD, into the pass's inputs (nb x [B, T, H]). */
+static void join_inputs(const span_pass *p, float *inputs)
+{
+    size_t N = (size_t)p->B * p->T * p->H;
+    for (int j = 0; j < p->n; j++) {
+        size_t Nj = (size_t)p->a[j].B * p->T * p->H;
+        for (int i = 0; i < p->nb; i++)
+            memcpy(inputs + i * N + (size_t)p->a[j].b0 * p->T * p->H, p->a[j].k->inputs + i * Nj, Nj * sizeof(float));
+    }
+}
+
+/* Block i's backward over the pass (g in place): from the kept activations when every request has them (joined into
+ * *joined for several), else recomputing. */
+static sp_status backward_block(span_pass *p, int i, const float *in, int acts, const sp_block_acts **parts,
+                                sp_block_acts *joined, sp_ws *ws, sp_err *err)
+{
+    const sp_block *blk = &p->s->m->blocks[p->start + i - p->s->m->first];
+    const sp_block_acts *k = acts ? &p->a[0].k->acts[i] : NULL;
+    for (int j = 0; acts && p->n > 1; j++) {
+        if (j == p->n) {
+            sp_status st = sp_block_acts_join(blk, joined, parts, p->n, err);
+            if (st)
+                return st;
+            k = joined;
+            break;
+        }
+        parts[j] = &p->a[j].k->acts[i];
+    }
+    if (p->rows)
+        return sp_block_backward_items(blk, p->g, p->g, in, p->B, p->T, 0, p->rows, p->n, k, ws, err);
+    return k ? sp_block_backward_kept(blk, p->g, p->g, in, k, NULL, ws, err)
+             : sp_block_backward(blk, p->g, p->g, in, p->B, p->T, 0, NULL, ws, err);
+}
+
+/* Block i's gradient at the first P positions of request j's rows: its prompts' gradient there. */
+static void prompt_grads(const span_pass *p, int i, float *const *gp)
+{
+    for (int j = 0; gp && j < p->n; j++)
+        for (int b = 0; b < p->a[j].B; b++)
+            memcpy(gp[j] + (((size_t)i * p->a[j].B + b) * p->P) * p->H,
+                   p->g + (size_t)(p->a[j].b0 + b) * p->T * p->H, (size_t)p->P * p->H * sizeof(float));
+}
+
+/* Recomputes the span's forward keeping every block's input, then back-propagates grad_out through the blocks in
+ * reverse; a block's prompt gradient is the gradient at its input's first P positions. With every request's
+ * kept entry (its FORWARD's inputs, maybe activations) nothing is recomputed. */
+static void pass_backward(span_pass *p, sp_ws *ws)
+{
+    sp_server *s = p->s;
+    int kept_all = 1, acts_all = 1;
+    for (int j = 0; j < p->n; j++) {
+        span_args *a = &p->a[j];
+        a->k = a->q.keep > 0 ? kept_take(s, a->r->conn, a->q.keep, p->start, p->end, a->B, p->T, p->P) : NULL;
+        kept_all &= a->k != NULL;
+        acts_all &= a->k && a->k->acts;
+    }
+    size_t N = (size_t)p->B * p->T * p->H;
+    float *inputs = NULL, **gp = p->P ? calloc((size_t)p->n, sizeof *gp) : NULL;
+    const sp_block_acts **parts = calloc((size_t)p->n, sizeof *parts);
+    sp_block_acts joined = {0};
+    sp_err err = {0};
+    if (kept_all && p->n == 1)
+        inputs = p->a[0].k->inputs, p->a[0].k->inputs = NULL;
+    else
+        inputs = malloc((size_t)p->nb * N * sizeof(float));
+    int ok = inputs && parts && (!p->P || gp);
+    for (int j = 0; ok && gp && j < p->n; j++)
+        ok = (gp[j] = calloc((size_t)p->nb * p->a[j].B * p->P * p->H, sizeof(float))) != NULL;
+    if (!ok) {
+        pass_fail(p, "backward", &(sp_err){.msg = "out of memory"});
+        goto done;
+    }
+    if (kept_all && p->n > 1)
+        join_inputs(p, inputs);
+    if (s->dev) { /* (a single request) the whole backward on the device, the kept inputs (if any) copied in */
+        if (span_dev_backward(s, p->start, p->end, p->g, p->x, kept_all ? inputs : NULL, p->B, p->T, p->prompts, p->P,
+                              gp ? gp[0] : NULL, &err)) {
+            pass_fail(p, "backward", &err);
             goto done;
         }
         goto answer;
     }
-    blas_threads_for(r->s, (long)B * T);
-    if (!k && run_keeping(r->s, start, end - 1, x, B, T, prompts, P, inputs, NULL, ws, &err)) {
-        bad(r, "internal", "backward (recompute): %s", err.msg);
+    blas_threads_for(s, (long)p->B * p->T);
+    if (!kept_all && run_keeping(p, p->start, p->end - 1, p->x, inputs, NULL, ws, &err)) {
+        pass_fail(p, "backward (recompute)", &err);
         goto done;
     }
-    if (!k && prompts) /* the last block's input: the recompute above stops before it */
-        add_prompt(x, prompts + (size_t)(n - 1) * B * P * H, B, T, 0, P, H);
-    if (!k)
-        memcpy(inputs + (n - 1) * N, x, N * sizeof(float));
-    for (int i = n - 1; i >= 0; i--) {
-        const sp_block *blk = &r->s->m->blocks[start + i - r->s->m->first];
-        if (k && k->acts ? sp_block_backward_kept(blk, g, g, inputs + i * N, &k->acts[i], NULL, ws, &err)
-                         : sp_block_backward(blk, g, g, inputs + i * N, B, T, 0, NULL, ws, &err)) {
-            bad(r, "internal", "backward: %s", err.msg);
+    if (!kept_all && p->prompts) /* the last block's input: the recompute above stops before it */
+        add_prompt(p->x, p->prompts + (size_t)(p->nb - 1) * p->B * p->P * p->H, p->B, p->T, 0, p->P, p->H);
+    if (!kept_all)
+        memcpy(inputs + (p->nb - 1) * N, p->x, N * sizeof(float));
+    for (int i = p->nb - 1; i >= 0; i--) {
+        if (backward_block(p, i, inputs + i * N, acts_all, parts, &joined, ws, &err)) {
+            pass_fail(p, "backward", &err);
             goto done;
         }
-        for (int b = 0; gp && b < B; b++)
-            memcpy(gp + (((size_t)i * B + b) * P) * H, g + (size_t)b * T * H, (size_t)P * H * sizeof(float));
+        prompt_grads(p, i, gp);
     }
-answer:;
-    sp_tensor_src out[2] = {tensor3(r, g, B, T, H),
-                            {.enc = r->reply_enc, .rank = 4, .shape = {n, B, P, H}, .f32 = gp}};
-    span_reply(r, &q, out, gp ? 2 : 1);
+answer:
+    pass_reply(p, p->g, gp);
 done:
-    sp_buf_free(&pin);
-    kept_free(&r->s->kt, k);
-    free(x);
-    free(g);
-    free(prompts);
-    free(inputs);
+    acts_free_released(&joined); /* (of the pass's size: not for the pool) */
+    for (int j = 0; gp && j < p->n; j++)
+        free(gp[j]);
     free(gp);
+    free(parts);
+    pass_buf_free(p, inputs, (size_t)p->nb * N * sizeof(float));
+    if (p->n > 1)
+        sp_mem_trim(); /* as pass_forward */
+}
+
+/* Runs a[0..n) (parsed, of one span, T and P) as one pass, answers each and frees them. */
+static void run_pass(sp_server *s, span_args *a, int n, sp_ws *ws)
+{
+    span_pass p;
+    if (pass_init(&p, s, a, n))
+        pass_fail(&p, a[0].r->m.type == SP_MSG_FORWARD ? "forward" : "backward", &(sp_err){.msg = "out of memory"});
+    else if (a[0].r->m.type == SP_MSG_FORWARD)
+        pass_forward(&p, ws);
+    else
+        pass_backward(&p, ws);
+    pass_free(&p);
+    for (int j = 0; j < n; j++)
+        span_args_free(s, &a[j]);
+    if (n > 1 && ws->buf) /* the workspace grew to the pass's size: its pages given back too (scratch) */
+        sp_mem_release(ws->buf, ws->cap * sizeof(float));
+}
+
+/* FORWARD or BACKWARD alone (one that awaits its pushed input is parked here until it comes: span_args_parse). */
+static void rpc_span(req *r, sp_ws *ws)
+{
+    span_args a;
+    if (span_args_parse(&a, r))
+        span_args_free(r->s, &a);
+    else
+        run_pass(r->s, &a, 1, ws);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -919,8 +1167,8 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
     r.msg = msg;
     count_batch(&r);
     switch (r.m.type) {
-    case SP_MSG_FORWARD: rpc_forward(&r, ws); break;
-    case SP_MSG_BACKWARD: rpc_backward(&r, ws); break;
+    case SP_MSG_FORWARD:
+    case SP_MSG_BACKWARD: rpc_span(&r, ws); break;
     case SP_MSG_INFERENCE_OPEN: rpc_open(&r); break;
     case SP_MSG_INFERENCE_STEP: rpc_step(&r, ws); break;
     case SP_MSG_INFERENCE_CLOSE: rpc_close(&r); break;
@@ -1234,4 +1482,81 @@ int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg)
     }
     sp_msg_clear(&r.m);
     return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* training's FORWARDs and BACKWARDs of several clients as one pass */
+
+/* Whether q awaits a pushed input or asks for its output to be pushed (any of the push fields): such a request runs
+ * as a pass of its own, where await_input and span_reply handle it. */
+static int span_pushes(const sp_span_req *q)
+{
+    return q->await || q->await_token || q->push_host[0] || q->push_port || q->push_id || q->push_token;
+}
+
+int sp_rpc_span_key(const sp_server *s, const sp_buf *msg, sp_span_key *k)
+{
+    sp_msg m;
+    sp_span_req q;
+    sp_err err = {0};
+    if (s->dev || s->o.no_batch || s->m->blocks[0].k.mlp == SP_MLP_MOE ||
+        sp_msg_decode(&m, msg->data, msg->len, &s->limits, &err))
+        return -1;
+    int fwd = m.type == SP_MSG_FORWARD, pi = fwd ? 1 : 2;
+    int ok = (fwd || m.type == SP_MSG_BACKWARD) &&
+             (fwd ? sp_forward_req_decode(&m, &q, &err) : sp_backward_req_decode(&m, &q, &err)) == SP_OK &&
+             !span_pushes(&q) && m.n_tensors > 0 && m.t[0].rank == 3;
+    /* more rows than the decode kernels take: alone it runs every product in sgemm, on all the BLAS threads, as
+     * in a pass (blas_threads_for) */
+    if (ok && m.t[0].shape[0] * m.t[0].shape[1] > SP_KERN_MAX_ROWS && m.t[0].shape[0] * m.t[0].shape[1] <= INT_MAX)
+        *k = (sp_span_key){.type = m.type, .start = q.start, .end = q.end, .T = (int)m.t[0].shape[1],
+                           .P = m.n_tensors > pi && m.t[pi].rank == 4 ? (int)m.t[pi].shape[2] : 0,
+                           .rows = (int)(m.t[0].shape[0] * m.t[0].shape[1])};
+    else
+        ok = 0;
+    sp_msg_clear(&m);
+    return ok ? 0 : -1;
+}
+
+/* Whether two parsed requests may share a pass: the same span, positions and prompts' length. */
+static int same_pass(const span_args *a, const span_args *b)
+{
+    return a->q.start == b->q.start && a->q.end == b->q.end && a->T == b->T && a->P == b->P;
+}
+
+void sp_rpc_handle_spans(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_ws *ws)
+{
+    req *rs = calloc((size_t)n, sizeof *rs);
+    span_args *a = calloc((size_t)n, sizeof *a);
+    if (!rs || !a) { /* one by one */
+        free(rs), free(a);
+        for (int i = 0; i < n; i++)
+            sp_rpc_handle(s, conns[i], msgs[i], ws);
+        return;
+    }
+    int m = 0;
+    uint64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (decode(&rs[i], s, conns[i], msgs[i]))
+            continue;
+        rs[i].msg = msgs[i];
+        if (span_args_parse(&a[m], &rs[i])) { /* (answered: an ERROR) */
+            span_args_free(s, &a[m]);
+            continue;
+        }
+        if (m && !same_pass(&a[0], &a[m])) { /* (keys say they match: should one not, it runs alone) */
+            count_batch(&rs[i]);
+            run_pass(s, &a[m], 1, ws);
+            continue;
+        }
+        rows += (uint64_t)a[m].B * a[m].T;
+        m++;
+    }
+    if (m)
+        sp_mx_batch(&s->mx, m, a[0].r->m.type == SP_MSG_FORWARD ? SP_MX_TOK_FORWARD : SP_MX_TOK_BACKWARD, rows);
+    if (m)
+        run_pass(s, a, m, ws);
+    for (int i = 0; i < n; i++)
+        sp_msg_clear(&rs[i].m);
+    free(rs), free(a);
 }

@@ -53,13 +53,35 @@ static void unlink_task(task_queue *q, int p, task *prev, task *t)
         q->tail[p] = prev;
 }
 
-/* The peer whose turn is next in list p after peer `after`: the smallest key above it among the tasks waiting (steps
- * only, when steps is set), else (a new round) the smallest of all; 0 if none waits. Lock held. */
-static uint64_t next_peer(const task_queue *q, int p, uint64_t after, int steps)
+/* Which tasks a turn may take: all (NULL), steps only, or the FORWARDs / BACKWARDs that share a pass with key's
+ * (within rows_left rows). */
+typedef struct task_filter {
+    int steps;
+    const sp_span_key *key;
+    long rows_left;
+} task_filter;
+
+static int same_key(const sp_span_key *a, const sp_span_key *b)
+{
+    return a->type == b->type && a->start == b->start && a->end == b->end && a->T == b->T && a->P == b->P;
+}
+
+static int wanted(const task *t, const task_filter *f)
+{
+    if (!f)
+        return 1;
+    if (f->steps)
+        return t->step;
+    return t->merges && same_key(&t->key, f->key) && t->key.rows <= f->rows_left;
+}
+
+/* The peer whose turn is next in list p after peer `after`: the smallest key above it among the tasks waiting that
+ * f wants, else (a new round) the smallest of all; 0 if none waits. Lock held. */
+static uint64_t next_peer(const task_queue *q, int p, uint64_t after, const task_filter *f)
 {
     uint64_t above = 0, least = 0;
     for (const task *t = q->head[p]; t; t = t->next) {
-        if (steps && !t->step)
+        if (!wanted(t, f))
             continue;
         if (t->peer > after && (!above || t->peer < above))
             above = t->peer;
@@ -69,14 +91,14 @@ static uint64_t next_peer(const task_queue *q, int p, uint64_t after, int steps)
     return above ? above : least;
 }
 
-/* Takes the oldest task of the next peer's in list p (steps only, when steps is set), the turn moved on to it; NULL
- * if none waits. Lock held. */
-static task *take_turn(task_queue *q, int p, int steps)
+/* Takes the oldest task of the next peer's in list p that f wants, the turn moved on to it; NULL if none waits.
+ * Lock held. */
+static task *take_turn(task_queue *q, int p, const task_filter *f)
 {
-    uint64_t peer = next_peer(q, p, q->rr[p], steps);
+    uint64_t peer = next_peer(q, p, q->rr[p], f);
     task *prev = NULL;
     for (task *t = q->head[p]; t; prev = t, t = t->next)
-        if (t->peer == peer && (t->step || !steps)) {
+        if (t->peer == peer && wanted(t, f)) {
             unlink_task(q, p, prev, t);
             q->rr[p] = peer;
             return t;
@@ -94,7 +116,7 @@ static task *queue_pop(task_queue *q)
             return NULL;
         }
         for (int p = 0; p < 2; p++) {
-            task *t = take_turn(q, p, 0);
+            task *t = take_turn(q, p, NULL);
             if (t) {
                 pthread_mutex_unlock(&q->lock);
                 return t;
@@ -221,7 +243,7 @@ static int take_steps(task_queue *q, task **out, int max)
         }
         return n;
     }
-    for (task *t; n < max && (t = take_turn(q, 0, 1));)
+    for (task *t; n < max && (t = take_turn(q, 0, &(task_filter){.steps = 1}));)
         out[n++] = t;
     return n;
 }
@@ -281,6 +303,37 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
         task_finish(s, sb->tasks[i]);
 }
 
+/* The most FORWARDs or BACKWARDs one pass takes (besides --max-batch-tokens rows). */
+#define SPAN_BATCH_MAX 64
+
+/* Runs the FORWARD or BACKWARD first and those waiting that share its pass (the same key, by turns over the
+ * clients, up to --max-batch-tokens rows) as one pass; after the inference waiting, as every training request. */
+static void run_spans(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
+{
+    task_queue *q = &s->q;
+    int n = 1, max = SPAN_BATCH_MAX < s->o.max_batch_tokens ? SPAN_BATCH_MAX : s->o.max_batch_tokens;
+    task_filter f = {.key = &first->key, .rows_left = s->o.max_batch_tokens - first->key.rows};
+    sb->tasks[0] = first;
+    pthread_mutex_lock(&q->lock);
+    for (task *t; n < max && f.rows_left > 0 && (t = take_turn(q, 1, &f)); n++) {
+        sb->tasks[n] = t;
+        f.rows_left -= t->key.rows;
+    }
+    pthread_mutex_unlock(&q->lock);
+    uint64_t t0 = sp_now_ns();
+    for (int i = 0; i < n; i++) {
+        sb->conns[i] = sb->tasks[i]->conn;
+        sb->msgs[i] = &sb->tasks[i]->msg;
+        sp_mx_waited(&s->mx, t0 - sb->tasks[i]->queued_ns);
+    }
+    if (n == 1)
+        sp_rpc_handle(s, first->conn, &first->msg, ws);
+    else
+        sp_rpc_handle_spans(s, sb->conns, sb->msgs, n, ws);
+    for (int i = 0; i < n; i++)
+        task_finish(s, sb->tasks[i]);
+}
+
 /* A handled task: its message freed, its bytes back to the input budget, the task kept for the next request. */
 static void task_finish(sp_server *s, task *t)
 {
@@ -321,6 +374,10 @@ static void *worker_main(void *arg)
         SP_TRACE(SP_TR_SRV_WORKER);
         if (t->step && batching) {
             run_steps(s, t, &sb, &ws);
+            continue;
+        }
+        if (t->merges && batching) {
+            run_spans(s, t, &sb, &ws);
             continue;
         }
         uint64_t t0 = sp_now_ns();
@@ -415,6 +472,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
     t->step = type == SP_MSG_INFERENCE_STEP;
+    t->merges = t->prio && sp_rpc_span_key(s, msg, &t->key) == 0;
     t->len = len;
     t->queued_ns = sp_now_ns();
     queue_push(&s->q, t);

@@ -100,12 +100,22 @@ typedef struct await_table {
 /* work queue: inference first, then forward/backward; within a priority, round-robin over the clients (peers, by
  * source address), each client's requests first come, first served */
 
+/* What a training request must share with others to run in one pass with them (rpc.c, sp_rpc_span_key). */
+typedef struct sp_span_key {
+    int type;         /* SP_MSG_FORWARD or SP_MSG_BACKWARD */
+    int start, end;   /* its span */
+    int T, P;         /* positions, deep prompts' length (0: none) */
+    int rows;         /* B x T */
+} sp_span_key;
+
 typedef struct task {
     uint64_t conn;
     uint64_t peer;   /* its connection's source address (sp_ws_server_peer): the client it is fair between */
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
+    int merges;      /* a FORWARD or BACKWARD that may share a pass with others of its key */
+    sp_span_key key;
     uint64_t len;    /* the request's bytes, given back to the input budget when done */
     uint64_t queued_ns; /* when it entered the queue (sp_now_ns) */
     struct task *next;
@@ -187,6 +197,17 @@ void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msg
 /* rpc.c: a SPAN_PUSH, answered on the transport thread (it computes nothing): its message is taken, and the request
  * it unparks (if any) comes back in *pend with its connection *pend_conn, for the queue. */
 void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_conn, sp_buf *pend);
+/* rpc.c: the key of a FORWARD or BACKWARD that may run in a pass with others (0), or -1 (it runs alone: not such a
+ * request, --no-batch, a span on a GPU or of MoE blocks, at most SP_KERN_MAX_ROWS rows, one that awaits a pushed
+ * input or pushes its output (any of the push fields: awaits.c), or a message that does not decode, which its
+ * handler then answers). Decodes only the header, metadata and shapes (the transport thread). */
+int sp_rpc_span_key(const sp_server *s, const sp_buf *msg, sp_span_key *k);
+/* rpc.c: FORWARDs (or BACKWARDs) of one key taken from the queue together (msgs[i] from connection conns[i], each
+ * buffer taken as sp_rpc_handle takes it) as one pass over their span's blocks: each gets the bits it gets alone
+ * (block.h, sp_block_forward_items) and its own reply; one that fails its checks gets its ERROR and the others
+ * go on. None of them awaits a pushed input or pushes its output (their key is -1: they run alone, through
+ * sp_rpc_handle). */
+void sp_rpc_handle_spans(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_ws *ws);
 /* rpc.c: requests answered on the transport thread (HELLO, INFO, PING); 1 if handled. */
 int sp_rpc_handle_inline(sp_server *s, uint64_t conn, const sp_buf *msg);
 /* Sends an ERROR reply. */

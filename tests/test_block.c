@@ -54,6 +54,16 @@ static sp_model *load(const char *model, unsigned parts, int first, int last)
     return m;
 }
 
+/* Block 0 of the model, its matrices encoded in t (kern.h's sp_wtype; f32 as loaded). */
+static sp_model *load_block0(const char *model, int t)
+{
+    sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+    sp_err err = {0};
+    if (t != SP_W_F32)
+        ck_assert_int_eq(sp_block_quantize(&m->blocks[0], (sp_wtype)t, &err), SP_OK);
+    return m;
+}
+
 /* Every block maps golden in -> out and grad_out -> grad_in. */
 static void golden_blocks(const char *model)
 {
@@ -182,10 +192,8 @@ static void decode_batch_case(const char *model)
 {
     sp_err err = {0};
     for (int t = SP_W_F32; t < SP_W__COUNT; t++) {
-        sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 1);
+        sp_model *m = load_block0(model, t);
         sp_block *blk = &m->blocks[0];
-        if (t != SP_W_F32)
-            ck_assert_int_eq(sp_block_quantize(blk, (sp_wtype)t, &err), SP_OK);
         enum { NS = 7, CAP = 24 }; /* 10 rows: more than the plain product's decode kernels take */
         int H = m->cfg.hidden, rows[NS] = {1, 2, 1, 1, 2, 1, 2}, prefix[NS] = {0, 3, 7, 1, 5, 2, 9}, N = 0;
         int T[NS] = {3, 4, 2, 1, 1, 8, 2}, NT = 0; /* then a step of T[i] positions each (29 rows) */
@@ -677,6 +685,76 @@ START_TEST(t_rows_gather)
 }
 END_TEST
 
+/* Merged training requests (a server's FORWARDs and BACKWARDs of several clients in one pass): each item's output,
+ * kept activations and input gradient have the bits it gets alone, in every weight type, for items of more rows
+ * than the decode kernels take (sgemm) and of fewer (the decode kernels) in one pass. */
+static void items_case(const char *model)
+{
+    sp_err err = {0};
+    for (int t = SP_W_F32; t < SP_W__COUNT; t++) {
+        sp_model *m = load_block0(model, t);
+        sp_block *blk = &m->blocks[0];
+        enum { NI = 4 };
+        int H = m->cfg.hidden, nb[NI] = {1, 3, 2, 1}, T = t % 2 ? 4 : 12, B = 0, rows[NI];
+        for (int i = 0; i < NI; i++)
+            B += nb[i], rows[i] = nb[i] * T;
+        size_t n = (size_t)B * T * H;
+        float *x = malloc(n * sizeof(float)), *G = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        float *dref = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float)), *d = malloc(n * sizeof(float));
+        sp_rng r;
+        sp_rng_seed(&r, 77 + (uint64_t)t);
+        sp_rng_fill_normal(&r, x, (long)n, 1.0f);
+        sp_rng_fill_normal(&r, G, (long)n, 1.0f);
+        sp_block_acts alone[NI] = {{0}}, all = {0}, part = {0};
+        const sp_block_acts *parts[NI];
+        if (blk->k.mlp == SP_MLP_MOE) { /* its router groups the rows: refused, nothing computed */
+            ck_assert_int_eq(sp_block_forward_items(blk, out, x, B, T, 0, rows, NI, NULL, &m->ws, &err),
+                             SP_ERR_UNSUPPORTED);
+            free(x), free(G), free(ref), free(dref), free(out), free(d);
+            sp_model_free(m);
+            return;
+        }
+        for (int i = 0, o = 0; i < NI; o += rows[i++]) { /* each item alone */
+            size_t off = (size_t)o * H;
+            ck_assert_int_eq(sp_block_forward(blk, ref + off, x + off, nb[i], T, 0, NULL, &m->ws, &err), SP_OK);
+            ck_assert_int_eq(sp_block_forward_keep(blk, out, x + off, nb[i], T, 0, &alone[i], &err), SP_OK);
+            ck_assert_int_eq(sp_block_backward(blk, dref + off, G + off, x + off, nb[i], T, 0, NULL, &m->ws, &err),
+                             SP_OK);
+            parts[i] = &alone[i];
+        }
+        const char *w = sp_wtype_name((sp_wtype)t);
+        ck_assert_msg(sp_block_forward_items(blk, out, x, B, T, 0, rows, NI, NULL, &m->ws, &err) == SP_OK, "%s",
+                      err.msg);
+        ck_assert_msg(!memcmp(out, ref, n * sizeof(float)), "%s %s: a merged forward's row differs", model, w);
+        memset(out, 0, n * sizeof(float));
+        ck_assert_int_eq(sp_block_forward_items(blk, out, x, B, T, 0, rows, NI, &all, &m->ws, &err), SP_OK);
+        ck_assert_msg(!memcmp(out, ref, n * sizeof(float)), "%s %s: a merged forward (kept) differs", model, w);
+        for (int i = 0, b0 = 0, o = 0; i < NI; b0 += nb[i], o += rows[i++]) { /* each item's slice, as kept alone */
+            ck_assert_int_eq(sp_block_acts_slice(blk, &part, &all, b0, nb[i], &err), SP_OK);
+            size_t off = (size_t)o * H;
+            ck_assert_int_eq(sp_block_backward_kept(blk, d + off, G + off, x + off, &part, NULL, &m->ws, &err), SP_OK);
+        }
+        ck_assert_msg(!memcmp(d, dref, n * sizeof(float)), "%s %s: a sliced item's backward differs", model, w);
+        memset(d, 0, n * sizeof(float));
+        ck_assert_int_eq(sp_block_backward_items(blk, d, G, x, B, T, 0, rows, NI, NULL, &m->ws, &err), SP_OK);
+        ck_assert_msg(!memcmp(d, dref, n * sizeof(float)), "%s %s: a merged backward differs", model, w);
+        memset(d, 0, n * sizeof(float));
+        ck_assert_int_eq(sp_block_acts_join(blk, &all, parts, NI, &err), SP_OK);
+        ck_assert_int_eq(sp_block_backward_items(blk, d, G, x, B, T, 0, rows, NI, &all, &m->ws, &err), SP_OK);
+        ck_assert_msg(!memcmp(d, dref, n * sizeof(float)), "%s %s: a merged backward (joined) differs", model, w);
+        rows[0]++; /* items that are not whole sequences are refused */
+        ck_assert_int_eq(sp_block_forward_items(blk, out, x, B, T, 0, rows, NI, NULL, &m->ws, &err), SP_ERR_ARG);
+        for (int i = 0; i < NI; i++)
+            sp_block_acts_free(&alone[i]);
+        sp_block_acts_free(&all), sp_block_acts_free(&part);
+        free(x), free(G), free(ref), free(dref), free(out), free(d);
+        sp_model_free(m);
+    }
+}
+
+START_TEST(t_items_as_alone) { items_case(families[_i]); }
+END_TEST
+
 static Suite *block_suite(void)
 {
     Suite *s = suite_create("block");
@@ -688,6 +766,7 @@ static Suite *block_suite(void)
     tcase_add_loop_test(tc, t_decode_batch_as_alone, 0, NFAM);
     tcase_add_loop_test(tc, t_weight_grads_fd, 0, NFAM);
     tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
+    tcase_add_loop_test(tc, t_items_as_alone, 0, NFAM);
     tcase_add_loop_test(tc, t_encoded_blocks, 0, NFAM);
     tcase_add_loop_test(tc, t_loaded_encoded, 0, NFAM);
     tcase_add_test(tc, t_partial_load_reads_only_its_part);

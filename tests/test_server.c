@@ -956,6 +956,132 @@ END_TEST
 
 /* One connection, four threads stepping a session each: the calls are in flight at once (sp_remote hands each reply
  * to its caller), so the server sees their steps together and batches them. */
+/* One client's training: steps of FORWARD then BACKWARD over blocks 1:4 (B rows of T positions, deep prompts of
+ * P when P > 0, the FORWARD asked to keep its activations when keep is set), random inputs of its seed; the
+ * answers (outputs, input gradients, prompts' gradients) of every step in out. */
+typedef struct train_job {
+    sp_server *s;
+    int seed, B, T, P, keep, steps;
+    pthread_barrier_t *go;
+    float *out; /* steps x (y [B, T, H], g [B, T, H], gp [3, B, P, H]) */
+    int ok;
+} train_job;
+
+static size_t train_step_floats(const train_job *j)
+{
+    return (size_t)j->B * j->T * H * 2 + (size_t)3 * j->B * j->P * H;
+}
+
+/* One call's tensor k into dst (its numel floats); 0, or -1. */
+static int train_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, float *dst,
+                      int want)
+{
+    sp_reply rep;
+    sp_err err = {0};
+    int ok = sp_remote_call(r, type, meta, t, n, &rep, TMO, &err) == SP_OK && rep.msg.n_tensors == want;
+    for (int k = 0; ok && k < want; k++) {
+        ok = sp_tensor_to_f32(&rep.msg.t[k], dst, &err) == SP_OK;
+        dst += rep.msg.t[k].numel;
+    }
+    if (!ok)
+        fprintf(stderr, "train_call %s: %s\n", sp_msg_type_name(type), err.msg);
+    sp_reply_clear(&rep);
+    return ok ? 0 : -1;
+}
+
+static void *train_client(void *p)
+{
+    train_job *j = p;
+    sp_remote *r = NULL;
+    sp_err err = {0};
+    if (sp_remote_connect(&r, "127.0.0.1", sp_server_port(j->s), 0, TMO, &err) != SP_OK)
+        return NULL;
+    size_t N = (size_t)j->B * j->T * H, NP = (size_t)3 * j->B * j->P * H;
+    float *x = malloc(N * 4), *g = malloc(N * 4), *pr = j->P ? malloc(NP * 4) : NULL;
+    sp_rng rng;
+    sp_rng_seed(&rng, (uint64_t)j->seed);
+    int ok = 1;
+    if (j->go)
+        pthread_barrier_wait(j->go);
+    for (int st = 0; ok && st < j->steps; st++) {
+        float *o = j->out + (size_t)st * train_step_floats(j);
+        sp_rng_fill_normal(&rng, x, (long)N, 1.0f);
+        sp_rng_fill_normal(&rng, g, (long)N, 1.0f);
+        if (pr)
+            sp_rng_fill_normal(&rng, pr, (long)NP, 0.5f);
+        sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {3, j->B, j->P, H}, .f32 = pr};
+        sp_tensor_src fa[2] = {t3(x, j->B, j->T), prompts}, ba[3] = {t3(x, j->B, j->T), t3(g, j->B, j->T), prompts};
+        char fm[96], bm[96];
+        snprintf(fm, sizeof fm, "{\"start\":1,\"end\":4,\"keep\":%d}", j->keep ? 100 + st : 0);
+        snprintf(bm, sizeof bm, "{\"start\":1,\"end\":4,\"kept\":%d}", j->keep ? 100 + st : 0);
+        ok = !train_call(r, SP_MSG_FORWARD, fm, fa, pr ? 2 : 1, o, 1) &&
+             !train_call(r, SP_MSG_BACKWARD, bm, ba, pr ? 3 : 2, o + N, pr ? 2 : 1);
+    }
+    j->ok = ok;
+    free(x), free(g), free(pr);
+    sp_remote_close(r);
+    return NULL;
+}
+
+/* Training's FORWARDs and BACKWARDs of several clients that wait together run as one pass (same span, positions and
+ * prompts' length): each client's outputs and gradients, step by step, have the bits they get alone on a --no-batch
+ * server, whether the FORWARD kept its activations or not (a pass of both recomputes for all); one of other
+ * positions runs apart. The metrics count the merged passes. */
+START_TEST(t_merged_training_as_alone)
+{
+    sp_server *s = start_batching("slow:30", 0, 0, 0), *alone = start_batching("slow:30", 0, 0, 1);
+    enum { NJ = 5 };
+    train_job j[NJ] = {{.seed = 1, .B = 2, .T = 6, .P = 2, .keep = 1, .steps = 4},
+                       {.seed = 2, .B = 3, .T = 6, .P = 2, .keep = 1, .steps = 4},
+                       {.seed = 3, .B = 2, .T = 6, .P = 2, .keep = 0, .steps = 4},
+                       {.seed = 4, .B = 1, .T = 6, .P = 2, .keep = 1, .steps = 3},
+                       {.seed = 5, .B = 1, .T = 12, .P = 0, .keep = 1, .steps = 3}};
+    float *together[NJ];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, NJ);
+    for (int pass = 0; pass < 2; pass++) { /* all at once, then each alone on the --no-batch server */
+        pthread_t th[NJ];
+        for (int i = 0; i < NJ; i++) {
+            if (pass == 1)
+                together[i] = j[i].out;
+            j[i].s = pass ? alone : s, j[i].go = pass ? NULL : &go, j[i].ok = 0;
+            j[i].out = calloc((size_t)j[i].steps * train_step_floats(&j[i]), 4);
+            pthread_create(&th[i], NULL, train_client, &j[i]);
+            if (pass == 1)
+                pthread_join(th[i], NULL);
+        }
+        for (int i = 0; pass == 0 && i < NJ; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < NJ; i++)
+            ck_assert_msg(j[i].ok, "client %d (pass %d) failed", i, pass);
+    }
+    for (int i = 0; i < NJ; i++) {
+        size_t n = (size_t)j[i].steps * train_step_floats(&j[i]);
+        ck_assert_msg(!memcmp(together[i], j[i].out, n * 4), "client %d: merged answers differ from alone", i);
+        free(together[i]), free(j[i].out);
+    }
+    char *text = sp_server_metrics_text(s, NULL);
+    long fwd = 0, bwd = 0, reqs = 0;
+    const char *f = strstr(text, "sepal_batched_passes_total{kind=\"forward\"} ");
+    const char *b = strstr(text, "sepal_batched_passes_total{kind=\"backward\"} ");
+    const char *q = strstr(text, "sepal_batched_requests_total{kind=\"forward\"} ");
+    ck_assert(f && b && q);
+    sscanf(f + strlen("sepal_batched_passes_total{kind=\"forward\"} "), "%ld", &fwd);
+    sscanf(b + strlen("sepal_batched_passes_total{kind=\"backward\"} "), "%ld", &bwd);
+    sscanf(q + strlen("sepal_batched_requests_total{kind=\"forward\"} "), "%ld", &reqs);
+    ck_assert_msg(fwd >= 1 && bwd >= 1 && reqs >= 2 * fwd, "merged passes: %ld forward (%ld requests), %ld backward",
+                  fwd, reqs, bwd);
+    free(text);
+    text = sp_server_metrics_text(alone, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "sepal_batched_passes_total{kind=\"forward\"} 0\n"));
+    free(text);
+    pthread_barrier_destroy(&go);
+    sp_server_stop(s);
+    sp_server_stop(alone);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 START_TEST(t_one_connection_many_sessions)
 {
     sp_server *s = start_batching("slow:10", 0, 0, 0);
@@ -1085,40 +1211,127 @@ static void *greedy_conn(void *p)
     return NULL;
 }
 
-START_TEST(t_fair_between_clients)
-{
-    /* passes of 4 steps take 12 ms or more (SEPAL_SERVER_FAULT=slow:3): A's steps queue up */
-    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
-    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", "4", NULL};
+/* A fairness test's swarm: a server whose answers come 3 ms late (SEPAL_SERVER_FAULT=slow:3: A's requests queue up)
+ * and passes hold max_batch_tokens rows; A's FAIR_CONNS connections from 127.0.0.2 each running fn; B from
+ * 127.0.0.1 with a session open, once every one of A's connections has its first requests in. */
+typedef struct fair_run {
     sp_test_proc p;
-    ck_assert_int_eq(sp_test_server_start(&p, args), 0);
-    unsetenv("SEPAL_SERVER_FAULT");
-    greedy_client a = {.port = p.port};
+    greedy_client a;
     pthread_t th[FAIR_CONNS];
+    sp_remote *b;
+    uint64_t id;
+} fair_run;
+
+static void fair_start(fair_run *f, const char *max_batch_tokens, void *(*fn)(void *))
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1);
+    const char *args[] = {"--model", GQA, "--blocks", "0:4", "--no-measure", "--max-batch-tokens", max_batch_tokens,
+                          NULL};
+    ck_assert_int_eq(sp_test_server_start(&f->p, args), 0);
+    unsetenv("SEPAL_SERVER_FAULT");
+    f->a = (greedy_client){.port = f->p.port};
     for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_create(&th[i], NULL, greedy_conn, &a);
-    sp_remote *b = NULL;
+        pthread_create(&f->th[i], NULL, fn, &f->a);
     sp_err err = {0};
-    ck_assert_msg(sp_remote_connect(&b, "127.0.0.1", p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
-    uint64_t id = open_session(b, 0, 4, 16, 1);
-    while (__atomic_load_n(&a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
+    f->b = NULL;
+    ck_assert_msg(sp_remote_connect(&f->b, "127.0.0.1", f->p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
+    f->id = open_session(f->b, 0, 4, 16, 1);
+    while (__atomic_load_n(&f->a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
         usleep(1000);
     usleep(30000); /* A's queue fills */
+}
+
+/* A told to stop and its connections joined. */
+static void fair_stop_a(fair_run *f)
+{
+    __atomic_store_n(&f->a.stop, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_join(f->th[i], NULL);
+}
+
+static void fair_end(fair_run *f)
+{
+    sp_remote_close(f->b);
+    sp_test_proc_signal(&f->p, SIGTERM);
+}
+
+START_TEST(t_fair_between_clients)
+{
+    fair_run f; /* passes of 4 steps take 12 ms or more */
+    fair_start(&f, "4", greedy_conn);
     float x[H] = {0}, y[H];
     int most = 0;
     for (int i = 0; i < 6; i++) {
-        int before = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
-        step(b, id, x, 1, 1, y, -1, NULL);
-        int during = __atomic_load_n(&a.done, __ATOMIC_SEQ_CST) - before;
+        int before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
+        step(f.b, f.id, x, 1, 1, y, -1, NULL);
+        int during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
         most = during > most ? during : most;
     }
-    __atomic_store_n(&a.stop, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_join(th[i], NULL);
+    fair_stop_a(&f);
     fprintf(stderr, "fairness: at most %d of A's steps answered while one of B's waited\n", most);
     ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
-    sp_remote_close(b);
-    sp_test_proc_signal(&p, SIGTERM);
+    fair_end(&f);
+}
+END_TEST
+
+/* Training's FORWARDs merge by turns too. A client from 127.0.0.2 keeps a FORWARD of 12 rows in flight on each of
+ * 30 connections; passes hold 2 of them (--max-batch-tokens 24) and take 6 ms or more (slow:3 per answer); a
+ * client from 127.0.0.1 sends one FORWARD at a time: its request joins the first pass after it comes (turns by
+ * client), so while it waits at most that pass's and the running one's (4 of A's answers) come, where first come,
+ * first served it would wait behind A's queue (some 28). An inference step meanwhile goes before all of them. A
+ * count of answers, not a time. */
+static void raw_forward(sp_ws_client *c, uint64_t id)
+{
+    static float x[12 * H];
+    for (int i = 0; i < 12 * H; i++)
+        x[i] = (float)(i % 5) * 0.1f;
+    sp_tensor_src t = t3(x, 1, 12);
+    raw_send(c, SP_MSG_FORWARD, id, "{\"start\":0,\"end\":4}", &t, 1);
+}
+
+static void *greedy_trainer(void *p)
+{
+    greedy_client *a = p;
+    sp_ws_client *c = raw_connect(a->port, "127.0.0.2");
+    raw_forward(c, 1000);
+    __atomic_add_fetch(&a->ready, 1, __ATOMIC_SEQ_CST);
+    for (int k = 1; k < 60; k++) {
+        raw_answer(c, NULL, 0);
+        __atomic_add_fetch(&a->done, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&a->stop, __ATOMIC_SEQ_CST))
+            break;
+        raw_forward(c, 1000 + (uint64_t)k);
+    }
+    sp_ws_client_close(c);
+    return NULL;
+}
+
+START_TEST(t_fair_training_merges)
+{
+    fair_run f;
+    fair_start(&f, "24", greedy_trainer);
+    float *x = calloc(12 * H, 4), y[H];
+    int most = 0, most_step = 0;
+    for (int i = 0; i < 6; i++) {
+        int before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
+        sp_reply rep;
+        sp_tensor_src t = t3(x, 1, 12);
+        free(call_ok(f.b, SP_MSG_FORWARD, "{\"start\":0,\"end\":4}", &t, 1, 1, &rep));
+        sp_reply_clear(&rep);
+        int during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
+        most = during > most ? during : most;
+        before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
+        step(f.b, f.id, x, 1, 1, y, -1, NULL); /* inference first: before every FORWARD waiting */
+        during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
+        most_step = during > most_step ? during : most_step;
+    }
+    fair_stop_a(&f);
+    fprintf(stderr, "training fairness: at most %d of A's FORWARDs answered while one of B's waited, %d while a step "
+            "waited\n", most, most_step);
+    ck_assert_msg(most <= 8, "B's FORWARD waited while %d of A's were answered", most);
+    ck_assert_msg(most_step <= 4, "B's step waited while %d of A's FORWARDs were answered", most_step);
+    free(x);
+    fair_end(&f);
 }
 END_TEST
 
@@ -1663,7 +1876,9 @@ int main(void)
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_test(tc, t_batched_sessions_as_alone);
+    tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
+    tcase_add_test(tc, t_fair_training_merges);
     tcase_add_test(tc, t_queue_wait_bound);
     tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);

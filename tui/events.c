@@ -59,7 +59,7 @@ static int same_server(const tui_server *a, const tui_server *b)
 {
     return a->idx == b->idx && !strcmp(a->id, b->id) && !strcmp(a->name, b->name) && !strcmp(a->host, b->host) &&
            a->port == b->port && a->start == b->start && a->end == b->end && a->state == b->state &&
-           a->banned == b->banned && a->local == b->local && same_num(a->tput, b->tput) &&
+           a->banned == b->banned && a->busy == b->busy && a->local == b->local && same_num(a->tput, b->tput) &&
            same_num(a->inf_rps, b->inf_rps) && same_num(a->fwd_rps, b->fwd_rps) && same_num(a->net_rps, b->net_rps) &&
            !strcmp(a->prec, b->prec) && a->cache == b->cache && a->npings == b->npings &&
            same_num(a->best_ping, b->best_ping) && same_num(a->rtt, b->rtt) && !strcmp(a->version, b->version);
@@ -267,6 +267,7 @@ static cJSON *swarm_json(const tui_swarm *s)
         add_num(j, "end", v->end);
         add_num(j, "state", v->state);
         add_num(j, "banned", v->banned);
+        add_num(j, "busy", v->busy);
         add_num(j, "local", v->local);
         add_num(j, "tput", v->tput);
         add_num(j, "inf_rps", v->inf_rps);
@@ -378,6 +379,7 @@ static tui_swarm *swarm_from(const cJSON *o)
         if (v->state < 0 || v->state > 3)
             v->state = TUI_ST_OFFLINE;
         v->banned = inum(j, "banned", 0);
+        v->busy = inum(j, "busy", 0);
         v->local = inum(j, "local", 0);
         v->tput = num(j, "tput", 0);
         v->inf_rps = num(j, "inf_rps", 0);

@@ -52,6 +52,7 @@ typedef struct tui_server {
     int port, start, end;
     int state;               /* TUI_ST_* (cellbuf.h) */
     int banned, local;       /* routing avoids it now; started by swarm up */
+    int busy;                /* it refused a session as overloaded lately, or says its queue wait is over its bound */
     double tput, inf_rps, fwd_rps, net_rps;
     char prec[24];
     long cache;              /* tokens left, -1 unknown */

@@ -55,7 +55,6 @@ void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
         for (int h = 0; h < st->nhops; h++) {
             const tui_hop *hp = &st->hops[h];
             const tui_server *s = server_at(st, hp->server);
-            static const int roles[4] = {R_ONLINE, R_JOINING, R_UNREACH, R_OFFLINE};
             char lat[32];
             double m = st->measured[h];
             if (m > 0)
@@ -74,9 +73,11 @@ void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused)
                 snprintf(t, sizeof t, "%.8s", s->id);
             else
                 snprintf(t, sizeof t, "#%d", hp->server);
-            flow(cb, &y, &x, ymax, t, s ? roles[s->state & 3] : R_TEXT, TUI_BOLD);
+            flow(cb, &y, &x, ymax, t, s ? tui_server_role(s) : R_TEXT, TUI_BOLD);
             snprintf(t, sizeof t, "[%d:%d)%s%s", hp->start, hp->end, lat[0] ? " " : "", lat);
             flow(cb, &y, &x, ymax, t, R_TEXT, 0);
+            if (s && s->busy) /* routing avoids it for new sessions; this chain may still hold it */
+                flow(cb, &y, &x, ymax, " busy", R_WARN, TUI_BOLD);
         }
         if (st->route_cost > 0) {
             char t2[64];

@@ -91,10 +91,11 @@ int tui_swarm_order(const tui_swarm *s, int sort_col, int desc, int *order, int 
     return n;
 }
 
-static int state_role(const tui_server *s)
+/* A server's colour: its state's, a busy one's (online, but refusing new sessions) the warning colour. */
+int tui_server_role(const tui_server *s)
 {
     static const int roles[4] = {R_ONLINE, R_JOINING, R_UNREACH, R_OFFLINE};
-    return roles[s->state & 3];
+    return s->busy && s->state == TUI_ST_ONLINE ? R_WARN : roles[s->state & 3];
 }
 
 /* The text of one cell of a server's row. */
@@ -120,6 +121,8 @@ static void cell_text(const tui_server *s, int col, char *buf, size_t cap)
             snprintf(buf, cap, "unreach");
         else if (s->banned)
             snprintf(buf, cap, "banned");
+        else if (s->busy)
+            snprintf(buf, cap, "busy");
         else
             tui_fmt_secs(s->npings ? s->best_ping : s->rtt, buf, cap);
         break;
@@ -131,7 +134,7 @@ static void cell_text(const tui_server *s, int col, char *buf, size_t cap)
 static void draw_row(tui_cb *cb, int y, const tui_server *s, const int *w, int nblocks, int selected)
 {
     const tui_glyphs *g = tui_cb_glyphs(cb);
-    int role = state_role(s), dim = s->state == TUI_ST_OFFLINE;
+    int role = tui_server_role(s), dim = s->state == TUI_ST_OFFLINE;
     for (int c = 0; c < TUI_NCOLS; c++) {
         int x = sp_cols_x(w, TUI_NCOLS, c);
         if (x < 0)
@@ -154,7 +157,8 @@ static void draw_row(tui_cb *cb, int y, const tui_server *s, const int *w, int n
             cell_text(s, c, t, sizeof t);
             int tw = tui_strwidth(t);
             int at = COLS[c].right && tw < w[c] ? x + w[c] - tw : x;
-            tui_cb_text(cb, y, at, w[c] - (at - x), t, dim ? R_DIM : R_TEXT, 0);
+            int busy = c == TUI_COL_PING && s->busy && !s->banned;
+            tui_cb_text(cb, y, at, w[c] - (at - x), t, dim ? R_DIM : busy ? R_WARN : R_TEXT, busy ? TUI_BOLD : 0);
         }
     }
     if (selected)

@@ -46,6 +46,8 @@ tui_action tui_mouse_action(const tui_layout *l, const tui_view *v, int kind, in
 int tui_swarm_order(const tui_swarm *s, int sort_col, int desc, int *order, int cap);
 const char *tui_col_name(int col);
 
+/* panel_swarm.c: a server's colour (its state's; a busy one's the warning colour), for the panels that name it. */
+int tui_server_role(const tui_server *s);
 void tui_draw_swarm(tui_cb *cb, const tui_state *st, tui_view *v, int focused);
 void tui_draw_route(tui_cb *cb, const tui_state *st, tui_view *v, int focused);
 void tui_draw_gen(tui_cb *cb, const tui_state *st, tui_view *v, int focused);

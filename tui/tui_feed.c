@@ -481,6 +481,7 @@ static void server_of(const sp_server_row *e, int idx, double now, tui_server *s
     s->start = r->start;
     s->end = r->end;
     s->banned = e->banned_until > now;
+    s->busy = e->busy_until > now || sp_record_saturated(r);
     s->local = e->pid > 0;
     if (e->gone || r->state == SP_SERVER_OFFLINE)
         s->state = TUI_ST_OFFLINE;

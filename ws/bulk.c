@@ -291,8 +291,10 @@ static void bulk_write(sp_ws_server *s, bsock *b)
 
 /* Writes msg on c's bulk socket from the calling thread, when the socket has nothing queued or being written and
  * msg is small (mu held on entry; held again on return): 1 if msg was taken (sent whole, or what the socket did
- * not take queued first for the bulk thread), 0 if the caller queues it. A reply sent from a worker thus goes out
- * at once instead of after the bulk thread's wake-up (one hand-off between threads less a hop). */
+ * not take queued first for the bulk thread), 0 if the caller queues it; after 1, c and its socket may be gone (mu
+ * was let go: the sweep closes a dead socket once no one writes on it), and the caller does not touch them. A reply
+ * sent from a worker thus goes out at once instead of after the bulk thread's wake-up (one hand-off between threads
+ * less a hop). */
 int tp_bulk_send_direct(sp_ws_server *s, conn *c, sp_buf *msg)
 {
     bsock *b = c->bulk;
@@ -416,10 +418,14 @@ static void bulk_sweep(sp_ws_server *s)
             sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket from %s closed: no token within %.3g s",
                            who, s->o.handshake_timeout_s);
         }
+        /* decided under mu, and marked killed there, so that no direct writer starts on it before tp_bulk_close
+         * unlinks it (tp_bulk_send_direct refuses a killed socket); one on its fd now: closed at a later sweep */
         pthread_mutex_lock(&s->mu);
-        int writing = b->direct; /* (a direct writer is on its fd: closed at a later sweep) */
+        int closing = b->dead && !b->direct;
+        if (closing)
+            b->kill = 1;
         pthread_mutex_unlock(&s->mu);
-        if (b->dead && !writing) {
+        if (closing) {
             s->socks[i] = s->socks[--s->nsocks];
             tp_bulk_close(s, b);
         } else {

@@ -986,19 +986,20 @@ sp_status sp_ws_server_send(sp_ws_server *s, uint64_t id, sp_buf *msg, sp_err *e
             sp_buf_free(msg);
         return sp_errf(err, SP_ERR_ARG, "sp_ws_server_send: NULL argument");
     }
-    int wake_b = 0, fail = 0, bad = 0;
+    int wake_b = 0, fail = 0, bad = 0, direct = 0;
     uint64_t len = msg->len;
     pthread_mutex_lock(&s->mu);
     conn *c = s->stopping ? NULL : tp_find_conn(s, id);
     if (!c || c->dead)
         fail = 1;
     else if (c->bulk && msg->len >= s->o.bulk_threshold && tp_bulk_send_direct(s, c, msg))
-        len = 0; /* sent (or its rest queued and charged) */
+        direct = 1; /* sent (or its rest queued and charged); c not touched again: the lock was let go meanwhile,
+                     * and the bulk sweep may have closed its socket and freed it since */
     else if (c->bulk && msg->len >= s->o.bulk_threshold)
         bad = tp_msgq_push(&c->bulk->txq, msg), wake_b = !bad;
     else if (!(bad = tp_msgq_push(&c->txq, msg)))
         tp_flag(s, c);
-    if (!fail && !bad)
+    if (!fail && !bad && !direct)
         tp_charge(s, c, 0, (int64_t)len);
     pthread_mutex_unlock(&s->mu);
     if (fail) {
@@ -1086,8 +1087,23 @@ void sp_ws_server_stats_get(sp_ws_server *s, sp_ws_server_stats *st)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Order matters: new sends are refused first; the bulk thread stops before the lws context goes away (it
- * calls lws_cancel_service); destroying the context closes every ws, which reports on_close. */
+/* Waits until no thread writes on a bulk socket directly (tp_bulk_send_direct): with stopping set none starts. */
+static void wait_direct_writers(sp_ws_server *s)
+{
+    for (int busy = 1; busy;) {
+        busy = 0;
+        pthread_mutex_lock(&s->mu);
+        for (size_t i = 0; i < s->nsocks; i++)
+            busy |= s->socks[i]->direct;
+        pthread_mutex_unlock(&s->mu);
+        if (busy)
+            nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    }
+}
+
+/* Order matters: new sends are refused first; the bulk thread stops, and direct writers finish, before the bulk
+ * sockets close; the bulk thread stops before the lws context goes away (it calls lws_cancel_service); destroying
+ * the context closes every ws, which reports on_close. */
 void sp_ws_server_stop(sp_ws_server *s)
 {
     if (!s)
@@ -1100,6 +1116,7 @@ void sp_ws_server_stop(sp_ws_server *s)
         tp_wake_bulk(s);
         pthread_join(s->bulk, NULL);
     }
+    wait_direct_writers(s);
     while (s->nsocks)
         tp_bulk_close(s, s->socks[--s->nsocks]);
     if (s->svc_started) {

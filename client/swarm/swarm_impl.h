@@ -92,7 +92,7 @@ void sp_rt_succeeded(sp_runtime *rt, int i);
  * or its record says its queue wait is over its bound (it refuses new sessions now). Caller holds rt->lock. */
 static inline int sp_rt_busy(const sp_server_entry *e, double now)
 {
-    return e->busy_until > now || (e->rec.max_queue_wait > 0 && e->rec.queue_wait > e->rec.max_queue_wait);
+    return e->busy_until > now || sp_record_saturated(&e->rec);
 }
 /* No route over blocks [start, end) for try `attempt`: some block has no online server. If joining servers hold
  * every such block, an SP_EV_RETRY event says so with the retry that follows (as sp_rt_failed's), and 1 is
