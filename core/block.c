@@ -230,12 +230,13 @@ size_t sp_block_bytes(const sp_block *b)
     return bytes;
 }
 
-/* out[N, Cout] = in[N, Cin] W^T (+ bias), through m: the engine's kernels for decode-sized N or encoded
- * weights, sgemm on the f32 tensor W otherwise; exact: the decode kernels for any N (each row's bits as alone). */
+/* out[N, Cout] = in[N, Cin] W^T (+ bias), through m (sp_qmat_mul: the engine's kernels and pool; an f32 m's
+ * larger N on sgemm, split over the pool when OpenBLAS runs one thread), or the f32 tensor W without an m;
+ * exact: the decode kernels for any N (each row's bits as alone). */
 static void lin(const sp_block *b, const sp_qmat *m, const float *W, float *out, const float *in, const float *bias,
                 int N, int Cin, int Cout, int exact)
 {
-    if (m->q && (N <= SP_KERN_MAX_ROWS || !W || exact)) {
+    if (m->q) {
         if (exact)
             sp_qmat_mul_rows(m, in, out, N, b->pool);
         else
