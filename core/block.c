@@ -3,6 +3,7 @@
  * checkpoints differ (tensor names, fused QKV). */
 #include "block.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -552,11 +553,27 @@ static int pool_attention(const sp_attn_dims *d) { return !d->keep_probs && d->T
 
 static int attn_chunks(const sp_attn_dims *d);
 
-/* Floats of the attention's probs buffer: with pool attention, each chunk's partial result per row and head
- * (m, l, o[hd]). */
-static size_t probs_floats(const sp_attn_dims *d)
+/* A prefill's attention (sp_attention_forward's sgemms) split over the pool by (batch, head) pairs: the most
+ * parts, each with a [T, S] scratch of probs of its own (without keep_probs), together at most 64 MB; 1 when
+ * OpenBLAS runs threads of its own (they would contend with the pool's). */
+static int attn_head_parts_max(const sp_block *b, const sp_attn_dims *d)
 {
-    size_t n = (size_t)sp_attention_probs_size(d);
+    long units = (long)d->B * d->nh, n = sp_pool_threads(b->pool), cap = (16L << 20) / ((long)d->T * d->S + 1);
+    n = n < units ? n : units;
+    n = d->keep_probs || n < cap ? n : cap;
+    return n < 1 ? 1 : (int)n;
+}
+
+static int attn_head_parts(const sp_block *b, const sp_attn_dims *d)
+{
+    return openblas_get_num_threads() == 1 ? attn_head_parts_max(b, d) : 1;
+}
+
+/* Floats of the attention's probs buffer: with pool attention, each chunk's partial result per row and head
+ * (m, l, o[hd]); a prefill's scratch of probs for each of its parts. */
+static size_t probs_floats(const sp_block *b, const sp_attn_dims *d)
+{
+    size_t n = (size_t)sp_attention_probs_size(d) * (d->keep_probs ? 1 : (size_t)attn_head_parts_max(b, d));
     size_t all = (size_t)d->B * d->nh * d->T * (size_t)attn_chunks(d) * (size_t)(d->hd + 2);
     return pool_attention(d) && all > n ? all : n;
 }
@@ -594,7 +611,7 @@ static size_t acts_layout_n(acts *a, const sp_block *b, size_t N, int T, size_t 
 
 static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
-    return acts_layout_n(a, b, (size_t)B * T, T, probs_floats(ad), base);
+    return acts_layout_n(a, b, (size_t)B * T, T, probs_floats(b, ad), base);
 }
 
 /* Carves the activation buffers out of ws, after `extra` floats kept for the caller. */
@@ -874,11 +891,33 @@ static void attn_combine_part(void *ctx, int i, int n)
     }
 }
 
+typedef struct attn_heads_job {
+    const sp_attn_dims *d;
+    float *out, *probs;
+    const float *q, *k, *v;
+} attn_heads_job;
+
+/* Part i of n of a prefill's attention: its (batch, head) pairs, with the i-th [T, S] scratch of probs (or the
+ * pairs' own slices of probs with keep_probs). */
+static void attn_heads_part(void *ctx, int i, int n)
+{
+    const attn_heads_job *j = ctx;
+    long lo, hi;
+    sp_pool_split((long)j->d->B * j->d->nh, i, n, 1, &lo, &hi);
+    float *probs = j->probs + (j->d->keep_probs ? 0 : (size_t)i * sp_attention_probs_size(j->d));
+    sp_attention_forward_heads(j->out, probs, j->q, j->k, j->v, j->d, lo, hi);
+}
+
 static void attention(const sp_block *b, float *out, float *probs, const float *q, const float *k, const float *v,
                       const sp_attn_dims *d, int cached)
 {
     if (!cached || !pool_attention(d)) {
-        sp_attention_forward(out, probs, q, k, v, d);
+        attn_heads_job j = {d, out, probs, q, k, v};
+        int parts = attn_head_parts(b, d);
+        if (parts == 1)
+            sp_attention_forward(out, probs, q, k, v, d);
+        else
+            sp_pool_run_parts(b->pool, attn_heads_part, &j, parts);
         return;
     }
     int chunks = attn_chunks(d), chunk = (d->S + chunks - 1) / chunks;
@@ -993,7 +1032,7 @@ static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, const int
                            SP_KERN_MAX_ROWS);
         sp_attn_dims ad = attn_dims(b, kv[i]->B, t, kv[i], 0);
         ad.S = kv[i]->cap; /* the cache's whole length: later steps need no more */
-        size_t p = probs_floats(&ad);
+        size_t p = probs_floats(b, &ad);
         *probs_n = p > *probs_n ? p : *probs_n;
         *tmax = t > *tmax ? t : *tmax;
         item_rows[i] = kv[i]->B * t;
