@@ -481,12 +481,12 @@ START_TEST(t_rows_as_alone)
     int rows = 45, cols = 200, Bmax = 21; /* 200: whole vectors and a tail at every level, Q8's short block */
     float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)Bmax * cols, 1.0f);
     float *Y = malloc((size_t)Bmax * rows * sizeof(float)), *one = malloc((size_t)rows * sizeof(float));
-    for (int lv = 2; lv >= 0; lv--) {
+    for (int lv = SP_ISA__COUNT - 1; lv >= 0; lv--) { /* (the best level at most lv: each this CPU runs) */
         sp_kern_force(lv);
         for (int t = 0; t < SP_W__COUNT; t++) {
             sp_qmat m;
             ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
-            int Bs[] = {2, 3, 5, 8, 9, 21};
+            int Bs[] = {2, 3, 5, 8, 9, 16, 21};
             for (size_t k = 0; k < sizeof Bs / sizeof *Bs; k++) {
                 int B = Bs[k];
                 if (B <= SP_KERN_MAX_ROWS) /* the plain product runs the same kernels up to here */
