@@ -553,27 +553,24 @@ static int pool_attention(const sp_attn_dims *d) { return !d->keep_probs && d->T
 
 static int attn_chunks(const sp_attn_dims *d);
 
-/* A prefill's attention (sp_attention_forward's sgemms) split over the pool by (batch, head) pairs: the most
- * parts, each with a [T, S] scratch of probs of its own (without keep_probs), together at most 64 MB; 1 when
- * OpenBLAS runs threads of its own (they would contend with the pool's). */
-static int attn_head_parts_max(const sp_block *b, const sp_attn_dims *d)
+/* A prefill's attention (sp_attention_forward's sgemms) split over the pool: its parts (one a thread, at most
+ * one a unit) and the query rows of a unit (tq): a whole head while the parts' scratches of [tq, S] probs
+ * (without keep_probs) take at most 16M floats together (64 MB), fewer rows (a multiple of 16) beyond. */
+static int attn_rows_plan(const sp_block *b, const sp_attn_dims *d, int *tq)
 {
-    long units = (long)d->B * d->nh, n = sp_pool_threads(b->pool), cap = (16L << 20) / ((long)d->T * d->S + 1);
-    n = n < units ? n : units;
-    n = d->keep_probs || n < cap ? n : cap;
-    return n < 1 ? 1 : (int)n;
-}
-
-static int attn_head_parts(const sp_block *b, const sp_attn_dims *d)
-{
-    return openblas_get_num_threads() == 1 ? attn_head_parts_max(b, d) : 1;
+    long n = sp_pool_threads(b->pool), S = d->S > 0 ? d->S : 1, rows = (16L << 20) / (n * S);
+    *tq = d->keep_probs || rows >= d->T ? d->T : rows >= 16 ? (int)(rows & ~15L) : 16;
+    long units = (long)d->B * d->nh * ((d->T + *tq - 1) / *tq);
+    return (int)(n < units ? n : units);
 }
 
 /* Floats of the attention's probs buffer: with pool attention, each chunk's partial result per row and head
  * (m, l, o[hd]); a prefill's scratch of probs for each of its parts. */
 static size_t probs_floats(const sp_block *b, const sp_attn_dims *d)
 {
-    size_t n = (size_t)sp_attention_probs_size(d) * (d->keep_probs ? 1 : (size_t)attn_head_parts_max(b, d));
+    int tq, parts = attn_rows_plan(b, d, &tq);
+    size_t n = d->keep_probs ? (size_t)sp_attention_probs_size(d) : (size_t)parts * tq * d->S;
+    n = n > (size_t)sp_attention_probs_size(d) ? n : (size_t)sp_attention_probs_size(d);
     size_t all = (size_t)d->B * d->nh * d->T * (size_t)attn_chunks(d) * (size_t)(d->hd + 2);
     return pool_attention(d) && all > n ? all : n;
 }
@@ -891,33 +888,35 @@ static void attn_combine_part(void *ctx, int i, int n)
     }
 }
 
-typedef struct attn_heads_job {
+typedef struct attn_rows_job {
     const sp_attn_dims *d;
     float *out, *probs;
     const float *q, *k, *v;
-} attn_heads_job;
+    int tq;
+} attn_rows_job;
 
-/* Part i of n of a prefill's attention: its (batch, head) pairs, with the i-th [T, S] scratch of probs (or the
- * pairs' own slices of probs with keep_probs). */
-static void attn_heads_part(void *ctx, int i, int n)
+/* Part i of n of a prefill's attention: its units, with the i-th [tq, S] scratch of probs (or the units' own
+ * slices of probs with keep_probs). */
+static void attn_rows_part(void *ctx, int i, int n)
 {
-    const attn_heads_job *j = ctx;
+    const attn_rows_job *j = ctx;
+    const sp_attn_dims *d = j->d;
     long lo, hi;
-    sp_pool_split((long)j->d->B * j->d->nh, i, n, 1, &lo, &hi);
-    float *probs = j->probs + (j->d->keep_probs ? 0 : (size_t)i * sp_attention_probs_size(j->d));
-    sp_attention_forward_heads(j->out, probs, j->q, j->k, j->v, j->d, lo, hi);
+    sp_pool_split((long)d->B * d->nh * ((d->T + j->tq - 1) / j->tq), i, n, 1, &lo, &hi);
+    float *probs = j->probs + (d->keep_probs ? 0 : (size_t)i * j->tq * d->S);
+    sp_attention_forward_rows(j->out, probs, j->q, j->k, j->v, d, j->tq, lo, hi);
 }
 
 static void attention(const sp_block *b, float *out, float *probs, const float *q, const float *k, const float *v,
                       const sp_attn_dims *d, int cached)
 {
     if (!cached || !pool_attention(d)) {
-        attn_heads_job j = {d, out, probs, q, k, v};
-        int parts = attn_head_parts(b, d);
-        if (parts == 1)
+        attn_rows_job j = {d, out, probs, q, k, v, d->T};
+        int parts = openblas_get_num_threads() == 1 ? attn_rows_plan(b, d, &j.tq) : 1;
+        if (parts == 1 && j.tq == d->T)
             sp_attention_forward(out, probs, q, k, v, d);
         else
-            sp_pool_run_parts(b->pool, attn_heads_part, &j, parts);
+            sp_pool_run_parts(b->pool, attn_rows_part, &j, parts);
         return;
     }
     int chunks = attn_chunks(d), chunk = (d->S + chunks - 1) / chunks;
