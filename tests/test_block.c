@@ -572,8 +572,9 @@ END_TEST
  * blocks of 256 within a chunk, softmax online):
  * against the sgemm attention of one full forward without a cache, on blocks long enough to be split (600
  * cached positions), with head sizes no vector width divides, MHA, GQA, multi-query and ALiBi, on a pool of
- * 3 threads, at every kernel level. Steps of 1 and of 5 positions, two sequences. The full forward on the pool
- * with OpenBLAS on one thread (products and attention split over the pool) against the same. */
+ * 3 threads, at every kernel level. Steps of 1 and of 5 positions, two sequences. The full forward of two
+ * sequences on the pool with OpenBLAS on one thread (products and attention split over the pool) against the
+ * same. */
 START_TEST(t_pool_attention)
 {
     static const char *cfgs[] = {
@@ -621,17 +622,19 @@ START_TEST(t_pool_attention)
         b.pool = pool;
         /* with OpenBLAS on one thread the pool splits the prefill's products (by rows of W) and its attention (by
          * heads, a scratch of probs each): within rounding of OpenBLAS's own threads (its Haswell sgemm's last
-         * bits depend on where an element lies in a call) */
-        int blas_was = openblas_get_num_threads();
-        openblas_set_num_threads(1);
-        ck_assert_int_eq(sp_block_forward(&b, buf, x, B, T, 0, NULL, &ws, &err), SP_OK);
-        openblas_set_num_threads(blas_was);
-        double split_worst = 0, split_scale = 1;
-        for (size_t i = 0; i < n; i++) {
-            split_worst = fmax(split_worst, fabs((double)buf[i] - full[i]));
-            split_scale = fmax(split_scale, fabs((double)full[i]));
+         * bits depend on where an element lies in a call); 2 sequences (8 take the time of 4 more) */
+        if (B == 2) {
+            int blas_was = openblas_get_num_threads();
+            openblas_set_num_threads(1);
+            ck_assert_int_eq(sp_block_forward(&b, buf, x, B, T, 0, NULL, &ws, &err), SP_OK);
+            openblas_set_num_threads(blas_was);
+            double split_worst = 0, split_scale = 1;
+            for (size_t i = 0; i < n; i++) {
+                split_worst = fmax(split_worst, fabs((double)buf[i] - full[i]));
+                split_scale = fmax(split_scale, fabs((double)full[i]));
+            }
+            ck_assert_msg(split_worst <= 1e-5 * split_scale, "config %zu: split over the pool: %g", ci, split_worst);
         }
-        ck_assert_msg(split_worst <= 1e-5 * split_scale, "config %zu: split over the pool: %g", ci, split_worst);
         for (int lv = 0; lv <= best; lv++) {
             if (!sp_kern_supported(lv))
                 continue;
