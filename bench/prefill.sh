@@ -66,8 +66,8 @@ sepal_run() { # (at avx2 and avxvnni OpenBLAS runs its Haswell kernels too: an A
         awk '$2 > 0 { printf "%d %.1f\n", $1, $2 }' | grep . || { cat "$tmp/s.err" >&2; die "no prompt rate in sepal's output"; }
 }
 # llama_run PROMPT DTYPE THREADS -> "tokens rate", or nothing when three runs in a row printed no prompt eval time
-# (llama.cpp writes its log from a thread of its own; on a loaded machine a run's timings were missing from its
-# output now and then): the rep is reported and left out, the bench goes on
+# (llama.cpp writes its log from a thread of its own, not flushed at exit: on a loaded machine a run's timings
+# were missing from its output now and then): the rep is reported and left out, the bench goes on
 llama_run() {
     local try out
     for try in 1 2 3; do
