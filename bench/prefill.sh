@@ -11,8 +11,9 @@
 # past 256 mean does not matter to the speed. The prompt is a story sentence repeated, cut to the number of words
 # that makes exactly N tokens in sepal's tokenizer (llama.cpp's tokenizer counts the same; both counts printed).
 # Each run generates one token after the prompt (-n 1 / --max-new-tokens 1): only the prompt's rate is read,
-# sepal's "N prompt tokens in S s" line and llama.cpp's "prompt eval time = X ms / N tokens" line. Loading is
-# outside both. Both run with default settings (bench/llama.sh unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_*).
+# sepal's "N prompt tokens in S s (R tok/s)" line (R, from the unrounded time) and llama.cpp's "prompt eval time
+# = X ms / N tokens" line. Loading is outside both. A llama.cpp run whose output has no timings is run again, up
+# to three times; then that rep is reported and left out (the summary counts them). Both run with default settings (bench/llama.sh unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_*).
 #
 # usage: bench/prefill.sh [--reps R] [--lengths "128 512"] [--threads "1 2"] [--pairs "f32 int8 nf4"]
 #                         [--isa "avx2 avx512"] [--load "idle busy"] [--build DIR]
@@ -32,7 +33,7 @@ while [ $# -gt 0 ]; do
     --isa) isas="$2"; shift 2 ;;
     --load) loads="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "prefill: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -61,21 +62,24 @@ sepal_run() { # (at avx2 and avxvnni OpenBLAS runs its Haswell kernels too: an A
     [ "$4" = avx512 ] || core=(OPENBLAS_CORETYPE=Haswell)
     env "${core[@]}" SEPAL_ISA="$4" "$sepal" model generate "$long" --prompt "$1" --max-new-tokens 1 --dtype "$2" --threads "$3" \
         >/dev/null 2>"$tmp/s.err" || { cat "$tmp/s.err" >&2; die "sepal model generate failed"; }
-    sed -n 's/^sepal: \([0-9]*\) prompt tokens in \([0-9.]*\) s .*/\1 \2/p' "$tmp/s.err" | tail -1 |
-        awk '$2 > 0 { printf "%d %.1f\n", $1, $1 / $2 }' | grep . || { cat "$tmp/s.err" >&2; die "no prompt rate in sepal's output"; }
+    sed -n 's/^sepal: \([0-9]*\) prompt tokens in [0-9.]* s (\([0-9]*\) tok\/s).*/\1 \2/p' "$tmp/s.err" | tail -1 |
+        awk '$2 > 0 { printf "%d %.1f\n", $1, $2 }' | grep . || { cat "$tmp/s.err" >&2; die "no prompt rate in sepal's output"; }
 }
-# llama_run PROMPT DTYPE THREADS -> "tokens rate"
+# llama_run PROMPT DTYPE THREADS -> "tokens rate", or nothing when three runs in a row printed no prompt eval time
+# (llama.cpp writes its log from a thread of its own, not flushed at exit: on a loaded machine a run's timings
+# were missing from its output now and then): the rep is reported and left out, the bench goes on
 llama_run() {
     local try out
-    for try in 1 2; do # (an output without its timings, seen once on a loaded machine, is run again)
+    for try in 1 2 3; do
         "$completion" -m "$(gguf_of "$2")" -p "$1" -n 1 -t "$3" -tb "$3" -c 1024 --temp 0 --seed 0 -no-cnv \
             --no-warmup --simple-io </dev/null >/dev/null 2>"$tmp/l.err" || { tail -20 "$tmp/l.err" >&2; die "llama-completion failed"; }
         out="$(sed -n 's/.*prompt eval time = *\([0-9.]*\) ms \/ *\([0-9]*\) tokens.*/\2 \1/p' "$tmp/l.err" | tail -1 |
             awk '$2 > 0 { printf "%d %.1f\n", $1, $1 / ($2 / 1000) }')"
         [ -n "$out" ] && { echo "$out"; return; }
+        cp "$tmp/l.err" "$tmp/l.missing"
     done
-    tail -20 "$tmp/l.err" >&2
-    die "no prompt eval time in llama.cpp's output"
+    echo "$bench: no prompt eval time in llama.cpp's output in $try runs (the last one's end:)" >&2
+    tail -5 "$tmp/l.missing" | sed 's/^/    /' >&2
 }
 # prompt_of N -> a prompt of exactly N tokens in sepal's tokenizer (or the nearest above)
 prompt_of() {
@@ -100,6 +104,7 @@ echo "prefill: $("$sepal" --version 2>/dev/null | head -1) vs llama.cpp v0.5.0, 
     "$lengths tokens, $reps rep pairs a condition, $cpu, $(getconf _NPROCESSORS_ONLN) cores, sepal's kernel levels:" \
     "$isas, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A prompts
+missing=0
 for n in $lengths; do prompts[$n]="$(prompt_of "$n")"; done
 summary=()
 for load in $loads; do
@@ -116,13 +121,24 @@ for load in $loads; do
                         else
                             l="$(llama_run "${prompts[$n]}" "$d" "$th")"; s="$(sepal_run "${prompts[$n]}" "$d" "$th" "$isa")"
                         fi
+                        if [ -z "$l" ]; then
+                            printf '  %s, %s tokens, %s thread(s), %s on %s, rep %d: sepal %s tok/s, llama.cpp no figure: rep left out\n' \
+                                "$load" "$n" "$th" "$d" "$isa" "$k" "${s#* }"
+                            missing=$((missing + 1))
+                            continue
+                        fi
                         r="$(awk -v a="${s#* }" -v b="${l#* }" 'BEGIN {printf "%.3f", a / b}')"
                         echo "${s#* }" >>"$tmp/s"; echo "${l#* }" >>"$tmp/l"; echo "$r" >>"$tmp/r"
                         printf '  %s, %s tokens, %s thread(s), %s on %s, rep %d: sepal %s tok/s (%s tokens), llama.cpp %s %s tok/s (%s tokens), ratio %s\n' \
                             "$load" "$n" "$th" "$d" "$isa" "$k" "${s#* }" "${s%% *}" "$ln" "${l#* }" "${l%% *}" "$r"
                     done
-                    line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s sepal %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f (goal >= 1.0)' \
-                        "$load," "$n" "$th" "$d vs $ln," "$isa:" "$(median <"$tmp/s")" "$(median <"$tmp/l")" "$(median <"$tmp/r")")"
+                    if [ -s "$tmp/r" ]; then
+                        line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s sepal %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f (goal >= 1.0)' \
+                            "$load," "$n" "$th" "$d vs $ln," "$isa:" "$(median <"$tmp/s")" "$(median <"$tmp/l")" "$(median <"$tmp/r")")"
+                    else
+                        line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s no pair (llama.cpp printed no timings)' \
+                            "$load," "$n" "$th" "$d vs $ln," "$isa:")"
+                    fi
                     echo "$line"
                     summary+=("$line")
                 done
@@ -131,5 +147,6 @@ for load in $loads; do
     done
     [ "$load" = busy ] && stop_busy
 done
-echo "summary (medians; ratio = median of the pairs' ratios), load now $(cut -d' ' -f1-3 /proc/loadavg):"
+echo "summary (medians; ratio = median of the pairs' ratios), load now $(cut -d' ' -f1-3 /proc/loadavg)$(
+    [ "$missing" -eq 0 ] || echo ", $missing rep(s) left out: llama.cpp printed no timings"):"
 printf '  %s\n' "${summary[@]}"

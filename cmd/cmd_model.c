@@ -414,7 +414,9 @@ static int stream_piece(int row, int token, const char *text, void *user)
 
 /* Generation with every block in this process: the same generator, sampler and options as `generate`; the
  * blocks and the head encoded in dtype (as a server's --dtype encodes its blocks), on a pool of `threads`
- * threads (0: the engine's default pool, every CPU) with OpenBLAS (prefill, large products) at as many. */
+ * threads (0: the engine's default pool, every CPU); OpenBLAS runs one thread meanwhile, so that the pool splits
+ * the prefill's large products (each part an sgemm of its rows) instead of OpenBLAS's own threads contending
+ * with the pool's for the cores. */
 static int model_generate(sp_app *app, const char *dir, const char *prompt, const sp_gen_opts *opts, sp_wtype dtype,
                           int threads)
 {
@@ -455,10 +457,9 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
     stream_ctx sc = {.app = app};
     sp_ui_event begin = {.kind = SP_UI_GEN_BEGIN, .text = prompt};
     sp_emit(app, &begin);
-    if (pool) {
+    if (pool)
         sp_model_set_pool(m, pool);
-        openblas_set_num_threads(threads);
-    }
+    openblas_set_num_threads(1);
     sp_lm_local loc;
     sp_lm lm = sp_lm_local_make(&loc, m);
     sp_gen_result r;
@@ -486,10 +487,8 @@ done:
     free(ids);
     sp_model_free(m);
     sp_tokenizer_free(tok);
-    if (pool) {
-        sp_pool_free(pool);
-        openblas_set_num_threads(blas_was);
-    }
+    sp_pool_free(pool);
+    openblas_set_num_threads(blas_was);
     return rc;
 }
 

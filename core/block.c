@@ -3,6 +3,7 @@
  * checkpoints differ (tensor names, fused QKV). */
 #include "block.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -230,12 +231,13 @@ size_t sp_block_bytes(const sp_block *b)
     return bytes;
 }
 
-/* out[N, Cout] = in[N, Cin] W^T (+ bias), through m: the engine's kernels for decode-sized N or encoded
- * weights, sgemm on the f32 tensor W otherwise; exact: the decode kernels for any N (each row's bits as alone). */
+/* out[N, Cout] = in[N, Cin] W^T (+ bias), through m (sp_qmat_mul: the engine's kernels and pool; an f32 m's
+ * larger N on sgemm, split over the pool when OpenBLAS runs one thread), or the f32 tensor W without an m;
+ * exact: the decode kernels for any N (each row's bits as alone). */
 static void lin(const sp_block *b, const sp_qmat *m, const float *W, float *out, const float *in, const float *bias,
                 int N, int Cin, int Cout, int exact)
 {
-    if (m->q && (N <= SP_KERN_MAX_ROWS || !W || exact)) {
+    if (m->q) {
         if (exact)
             sp_qmat_mul_rows(m, in, out, N, b->pool);
         else
@@ -591,11 +593,24 @@ static int pool_attention(const sp_attn_dims *d) { return !d->keep_probs && d->T
 
 static int attn_chunks(const sp_attn_dims *d);
 
-/* Floats of the attention's probs buffer: with pool attention, each chunk's partial result per row and head
- * (m, l, o[hd]). */
-static size_t probs_floats(const sp_attn_dims *d)
+/* A prefill's attention (sp_attention_forward's sgemms) split over the pool: its parts (one a thread, at most
+ * one a unit) and the query rows of a unit (tq): a whole head while the parts' scratches of [tq, S] probs
+ * (without keep_probs) take at most 16M floats together (64 MB), fewer rows (a multiple of 16) beyond. */
+static int attn_rows_plan(const sp_block *b, const sp_attn_dims *d, int *tq)
 {
-    size_t n = (size_t)sp_attention_probs_size(d);
+    long n = sp_pool_threads(b->pool), S = d->S > 0 ? d->S : 1, rows = (16L << 20) / (n * S);
+    *tq = d->keep_probs || rows >= d->T ? d->T : rows >= 16 ? (int)(rows & ~15L) : 16;
+    long units = (long)d->B * d->nh * ((d->T + *tq - 1) / *tq);
+    return (int)(n < units ? n : units);
+}
+
+/* Floats of the attention's probs buffer: with pool attention, each chunk's partial result per row and head
+ * (m, l, o[hd]); a prefill's scratch of probs for each of its parts. */
+static size_t probs_floats(const sp_block *b, const sp_attn_dims *d)
+{
+    int tq, parts = attn_rows_plan(b, d, &tq);
+    size_t n = d->keep_probs ? (size_t)sp_attention_probs_size(d) : (size_t)parts * tq * d->S;
+    n = n > (size_t)sp_attention_probs_size(d) ? n : (size_t)sp_attention_probs_size(d);
     size_t all = (size_t)d->B * d->nh * d->T * (size_t)attn_chunks(d) * (size_t)(d->hd + 2);
     return pool_attention(d) && all > n ? all : n;
 }
@@ -633,7 +648,7 @@ static size_t acts_layout_n(acts *a, const sp_block *b, size_t N, int T, size_t 
 
 static size_t acts_layout(acts *a, const sp_block *b, int B, int T, const sp_attn_dims *ad, float *base)
 {
-    return acts_layout_n(a, b, (size_t)B * T, T, probs_floats(ad), base);
+    return acts_layout_n(a, b, (size_t)B * T, T, probs_floats(b, ad), base);
 }
 
 /* Carves the activation buffers out of ws, after `extra` floats kept for the caller. */
@@ -913,11 +928,35 @@ static void attn_combine_part(void *ctx, int i, int n)
     }
 }
 
+typedef struct attn_rows_job {
+    const sp_attn_dims *d;
+    float *out, *probs;
+    const float *q, *k, *v;
+    int tq;
+} attn_rows_job;
+
+/* Part i of n of a prefill's attention: its units, with the i-th [tq, S] scratch of probs (or the units' own
+ * slices of probs with keep_probs). */
+static void attn_rows_part(void *ctx, int i, int n)
+{
+    const attn_rows_job *j = ctx;
+    const sp_attn_dims *d = j->d;
+    long lo, hi;
+    sp_pool_split((long)d->B * d->nh * ((d->T + j->tq - 1) / j->tq), i, n, 1, &lo, &hi);
+    float *probs = j->probs + (d->keep_probs ? 0 : (size_t)i * j->tq * d->S);
+    sp_attention_forward_rows(j->out, probs, j->q, j->k, j->v, d, j->tq, lo, hi);
+}
+
 static void attention(const sp_block *b, float *out, float *probs, const float *q, const float *k, const float *v,
                       const sp_attn_dims *d, int cached)
 {
     if (!cached || !pool_attention(d)) {
-        sp_attention_forward(out, probs, q, k, v, d);
+        attn_rows_job j = {d, out, probs, q, k, v, d->T};
+        int parts = openblas_get_num_threads() == 1 ? attn_rows_plan(b, d, &j.tq) : 1;
+        if (parts == 1 && j.tq == d->T)
+            sp_attention_forward(out, probs, q, k, v, d);
+        else
+            sp_pool_run_parts(b->pool, attn_rows_part, &j, parts);
         return;
     }
     int chunks = attn_chunks(d), chunk = (d->S + chunks - 1) / chunks;
@@ -1032,7 +1071,7 @@ static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, const int
                            SP_KERN_MAX_ROWS);
         sp_attn_dims ad = attn_dims(b, kv[i]->B, t, kv[i], 0);
         ad.S = kv[i]->cap; /* the cache's whole length: later steps need no more */
-        size_t p = probs_floats(&ad);
+        size_t p = probs_floats(b, &ad);
         *probs_n = p > *probs_n ? p : *probs_n;
         *tmax = t > *tmax ? t : *tmax;
         item_rows[i] = kv[i]->B * t;

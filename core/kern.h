@@ -1,6 +1,6 @@
 /* kern.h - weight matrices in the encodings servers hold blocks in, and the products with them: decode
  * matvecs (own kernels: scalar, AVX2, AVX2 + AVX-VNNI and AVX-512, chosen at run time), small batches, and
- * large products (prefill, training) through sgemm on dequantised tiles.
+ * large products (prefill, training): int8 and nf4 in the decode kernels, f32 (and the rest) through sgemm.
  *
  * A matrix is [rows, cols] in the Hugging Face layout (out, in): y[r] = sum_c W[r][c] x[c].
  *   SP_W_F32   4 bytes a weight.
@@ -58,8 +58,14 @@ void sp_qmat_int_row(const sp_qmat *m, int r, int8_t *q, float *scales);
 /* The most rows of X the decode kernels take at once; sp_qmat_mul runs them up to here. */
 #define SP_KERN_MAX_ROWS 8
 
-/* Y[B, rows] = X[B, cols] W^T. B <= SP_KERN_MAX_ROWS runs the decode kernels (W read once for all B rows of X),
- * split over the pool by rows; larger B decodes tiles of W to f32 and multiplies them with sgemm. */
+/* Y[B, rows] = X[B, cols] W^T. B <= SP_KERN_MAX_ROWS, and any B of an SP_W_Q8 or SP_W_NF4 W at a level that
+ * multiplies it in integers, runs the decode kernels (W read once for SP_KERN_MAX_ROWS rows of X, each row's bits
+ * as alone), split over the pool by rows. A larger B of the others runs sgemm, on W's rows (f32) or on tiles of
+ * them decoded to f32: split over the pool by rows of W, one part a thread, when OpenBLAS runs one thread
+ * (openblas_set_num_threads(1): each part's sgemm on its own thread); one sgemm on the calling thread (and
+ * OpenBLAS's) otherwise. The split changes Y's bits only where OpenBLAS's own threads change them: its AVX-512
+ * sgemm (Cooperlake, SkylakeX) gives every element the same bits in any part; its Haswell sgemm's last bits
+ * depend on where an element lies in the call, as they do on its thread count. */
 void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool);
 /* Y = X W^T in the decode kernels for any B (a batch of decode steps): row b of Y has the bits that
  * sp_qmat_mul(W, X + b * cols, .., 1, ..) gives it alone, whatever the other rows are; W is read from memory

@@ -115,6 +115,8 @@ void sp_alibi_slopes(float *slopes, int nh);
                                int nh, int hd);                                                                 \
     void sp_attention_forward##SFX(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,        \
                                    const sp_attn_dims *d);                                                      \
+    void sp_attention_forward_rows##SFX(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,   \
+                                        const sp_attn_dims *d, int tq, long u0, long u1);                       \
     void sp_attention_backward##SFX(REAL *dq, REAL *dk, REAL *dv, REAL *scratch, const REAL *dout,             \
                                     const REAL *probs, const REAL *q, const REAL *k, const REAL *v,            \
                                     const sp_attn_dims *d);                                                     \
@@ -137,6 +139,12 @@ void sp_alibi_slopes(float *slopes, int nh);
 SP_OPS_DECLARE(float, _f32)
 SP_OPS_DECLARE(double, _f64)
 
+/* sp_attention_forward_rows: units u0 <= u < u1 of sp_attention_forward, a unit tq query rows (the last one of a
+ * head may be shorter) of one (batch, head) pair: u = (b * nh + h) * ceil(T / tq) + t / tq. probs: the whole
+ * [B, nh, T, S] with keep_probs, else a [tq, S] scratch of the caller's. With tq == T a unit is a head, with the
+ * bits sp_attention_forward gives it (which runs every unit so). Disjoint ranges may run on several threads at
+ * once, each with a scratch of its own. */
+
 /* Floats in sp_attention_forward's probs buffer (keep_probs decides) and in the backward's scratch
  * (one [T, S] matrix). Causal masking needs d->S == d->past + d->T. */
 long sp_attention_probs_size(const sp_attn_dims *d);
@@ -155,6 +163,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d);
 #define sp_rope_forward sp_rope_forward_f32
 #define sp_rope_backward sp_rope_backward_f32
 #define sp_attention_forward sp_attention_forward_f32
+#define sp_attention_forward_rows sp_attention_forward_rows_f32
 #define sp_attention_backward sp_attention_backward_f32
 #define sp_swiglu_forward sp_swiglu_forward_f32
 #define sp_swiglu_backward sp_swiglu_backward_f32

@@ -218,24 +218,32 @@ static void FN(alibi_rows)(REAL *P, int T, int S, int past, float slope)
     }
 }
 
+void FN(sp_attention_forward_rows)(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,
+                                   const sp_attn_dims *d, int tq, long u0, long u1)
+{
+    int T = d->T, S = d->S, hd = d->hd, ldq = d->nh * hd, ldk = d->nkv * hd, group = d->nh / d->nkv;
+    int nc = (T + tq - 1) / tq;
+    REAL scale = (REAL)1 / SQRT((REAL)hd);
+    for (long u = u0; u < u1; u++) {
+        int b = (int)(u / nc / d->nh), h = (int)(u / nc % d->nh), t0 = (int)(u % nc) * tq;
+        int n = T - t0 < tq ? T - t0 : tq;
+        const REAL *Q = q + ((long)b * T + t0) * ldq + (long)h * hd;
+        const REAL *K = k + (long)b * d->kv_cap * ldk + (long)(h / group) * hd;
+        const REAL *Vv = v + (long)b * d->kv_cap * ldk + (long)(h / group) * hd;
+        REAL *P = d->keep_probs ? probs + (((long)b * d->nh + h) * T + t0) * S : probs;
+        REAL *O = out + ((long)b * T + t0) * ldq + (long)h * hd;
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, Q, ldq, K, ldk, 0, P, S);
+        if (d->alibi)
+            FN(alibi_rows)(P, n, S, d->past + t0, d->alibi[h]);
+        FN(masked_softmax_rows)(P, n, S, d->past + t0);
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1, P, S, Vv, ldk, 0, O, ldq);
+    }
+}
+
 void FN(sp_attention_forward)(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,
                               const sp_attn_dims *d)
 {
-    int T = d->T, S = d->S, hd = d->hd, ldq = d->nh * hd, ldk = d->nkv * hd, group = d->nh / d->nkv;
-    REAL scale = (REAL)1 / SQRT((REAL)hd);
-    for (int b = 0; b < d->B; b++)
-        for (int h = 0; h < d->nh; h++) {
-            const REAL *Q = q + (long)b * T * ldq + (long)h * hd;
-            const REAL *K = k + (long)b * d->kv_cap * ldk + (long)(h / group) * hd;
-            const REAL *Vv = v + (long)b * d->kv_cap * ldk + (long)(h / group) * hd;
-            REAL *P = d->keep_probs ? probs + ((long)b * d->nh + h) * T * S : probs;
-            REAL *O = out + (long)b * T * ldq + (long)h * hd;
-            GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, S, hd, scale, Q, ldq, K, ldk, 0, P, S);
-            if (d->alibi)
-                FN(alibi_rows)(P, T, S, d->past, d->alibi[h]);
-            FN(masked_softmax_rows)(P, T, S, d->past);
-            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, S, 1, P, S, Vv, ldk, 0, O, ldq);
-        }
+    FN(sp_attention_forward_rows)(out, probs, q, k, v, d, d->T, 0, (long)d->B * d->nh);
 }
 
 void FN(sp_attention_backward)(REAL *dq, REAL *dk, REAL *dv, REAL *scratch, const REAL *dout, const REAL *probs,

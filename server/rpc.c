@@ -323,11 +323,13 @@ static void span_reply(req *r, const sp_span_req *q, const sp_tensor_src *out, i
 /* span computation */
 
 /* BLAS threads for a request of `tokens` positions: a decode step's matrix-vector products are too small to
- * pay for waking a second thread (and several servers on one machine share its cores), a prefill or a
- * training batch is large enough to use them all. */
-static void blas_threads_for(const sp_server *s, long tokens)
+ * pay for waking a second thread (and several servers on one machine share its cores), a training batch is
+ * large enough to use them all. An inference step (step: a prefill too) runs OpenBLAS on one thread whatever
+ * its size: the server's pool splits its large products and its attention (sp_qmat_mul, block.c), as
+ * OpenBLAS's threads would, without their contending with the pool's for the cores. */
+static void blas_threads_for(const sp_server *s, long tokens, int step)
 {
-    int want = tokens <= 8 ? 1 : s->blas_threads;
+    int want = step || tokens <= 8 ? 1 : s->blas_threads;
     if (openblas_get_num_threads() != want)
         openblas_set_num_threads(want);
 }
@@ -603,7 +605,7 @@ static void pass_forward(span_pass *p, sp_ws *ws)
     for (int i = 0; acts && p->n == 1 && i < p->nb; i++)
         kept_acts_get(&p->s->kt, &acts[i]); /* last steps' buffers: no fresh pages */
     sp_err err = {0};
-    blas_threads_for(p->s, (long)p->B * p->T);
+    blas_threads_for(p->s, (long)p->B * p->T, 0);
     if (run_keeping(p, p->start, p->end, p->x, inputs, acts, ws, &err)) {
         pass_fail(p, "forward", &err);
         goto done;
@@ -709,7 +711,7 @@ static void pass_backward(span_pass *p, sp_ws *ws)
         }
         goto answer;
     }
-    blas_threads_for(s, (long)p->B * p->T);
+    blas_threads_for(s, (long)p->B * p->T, 0);
     if (!kept_all && run_keeping(p, p->start, p->end - 1, p->x, inputs, NULL, ws, &err)) {
         pass_fail(p, "backward (recompute)", &err);
         goto done;
@@ -956,7 +958,7 @@ static void step_run(req *r, const sp_step_req *q, session *x, const sp_tensor_v
     else if (sp_tensor_to_f32(hid, h, &err))
         bad(r, "internal", "decoding tensor 0: %s", err.msg);
     else {
-        blas_threads_for(r->s, (long)B * T);
+        blas_threads_for(r->s, (long)B * T, 1);
         SP_TRACE(SP_TR_SRV_COMPUTE);
         if (step_blocks(r, x, h, h + n, B, T, prompts, P, T == 1 ? &x->ws : ws, &err)) { /* decode: the session's ws */
             bad(r, "internal", "step: %s", err.msg);
@@ -1363,7 +1365,7 @@ void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msg
     int rows = 0;
     for (int i = 0; i < n; i++)
         batch_take(b, s, conns[i], msgs[i], i, &rows);
-    blas_threads_for(s, 1);
+    blas_threads_for(s, 1, 1);
     SP_TRACE(SP_TR_SRV_COMPUTE);
     batch_run(b, s, n);
     for (int i = 0; i < n; i++) { /* longer prefills and the rest, after the pass: each alone */

@@ -436,6 +436,7 @@ START_TEST(t_wmat_gemm_plans_vs_cpu)
     int rows = 23, C = 40, B = 12;
     sp_rng r;
     sp_rng_seed(&r, 32);
+    sp_kern_force(0); /* the scalar level: decoded weights times f32 x (the integer levels quantise x at any B) */
     for (int t = SP_W_BF16; t < SP_W__COUNT; t++) {
         wmat_host h;
         wmat_host_make(&h, (sp_wtype)t, &r, rows, C);
@@ -460,6 +461,7 @@ START_TEST(t_wmat_gemm_plans_vs_cpu)
         free(dec), free(x), free(y0), free(y1), free(scale), free(dy), free(dx0), free(dx1);
         wmat_host_free(&h);
     }
+    sp_kern_force(-1);
 }
 END_TEST
 

@@ -1,7 +1,8 @@
 /* test_kern.c - the weight encodings and the decode kernels: every level (scalar, AVX2, AVX-512 where the CPU
  * has them) against a double-precision reference on odd shapes and batch sizes; the encoders' error bounds;
- * the sgemm paths for large batches; the thread pool (every part once, nested and concurrent calls inline,
+ * the large batches (int8 and nf4 in the decode kernels, the rest on sgemm, split over the pool); the thread pool (every part once, nested and concurrent calls inline,
  * idle workers asleep). */
+#include <cblas.h>
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -402,42 +403,70 @@ START_TEST(t_vector_scalar_same)
 }
 END_TEST
 
-/* Batches above 8 go through sgemm on decoded tiles; the input gradient too. */
+/* dX[b] = 1 + sum_r dY[b][r] decode(W)[r] in double, against what sp_qmat_mul_t_acc added to ones. */
+static void check_t_acc(const sp_qmat *m, const float *dY, int B)
+{
+    int rows = m->rows, cols = m->cols;
+    float *dX = malloc((size_t)B * cols * sizeof(float)), *row = malloc((size_t)cols * sizeof(float));
+    double *want = calloc((size_t)B * cols, sizeof(double));
+    for (int i = 0; i < B * cols; i++)
+        dX[i] = 1.0f; /* accumulates onto what is there */
+    sp_qmat_mul_t_acc(m, dY, dX, B, sp_pool_default());
+    for (int i = 0; i < rows; i++) {
+        sp_qmat_row(m, i, row);
+        for (int b = 0; b < B; b++)
+            for (int c = 0; c < cols; c++)
+                want[(size_t)b * cols + c] += (double)dY[(size_t)b * rows + i] * row[c];
+    }
+    for (int i = 0; i < B * cols; i++)
+        ck_assert_msg(fabs(dX[i] - 1.0 - want[i]) <= 1e-4 * (1 + fabs(want[i])), "%s: dX %g vs %g",
+                      sp_wtype_name(m->type), dX[i] - 1.0, want[i]);
+    free(dX), free(row), free(want);
+}
+
+/* Batches above 8 (a prefill), at every level, on a pool of 2 threads with OpenBLAS on one (sgemm split over the
+ * pool by rows of W: 300 rows, parts of 144 and 156) and on OpenBLAS's own threads: int8 and nf4 where the level
+ * runs them in integers have the decode kernels' bits (sp_qmat_mul_rows, each row as alone) and their
+ * reference's; the others (sgemm, on decoded tiles but f32) are within the f32 reference's tolerance. The input
+ * gradient too. */
 START_TEST(t_large_batches)
 {
     sp_rng r;
     sp_rng_seed(&r, 3);
     sp_err err = {0};
-    int rows = 300, cols = 129, B = 21;
+    int rows = 300, cols = 129, B = 21, best = sp_kern_level(), blas_was = openblas_get_num_threads();
     float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)B * cols, 1.0f);
     float *dY = randn(&r, (size_t)B * rows, 1.0f);
-    for (int t = 0; t < SP_W__COUNT; t++) {
-        sp_qmat m;
-        ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
-        float *Y = malloc((size_t)B * rows * sizeof(float)), *dX = malloc((size_t)B * cols * sizeof(float));
-        double *ref = malloc((size_t)B * rows * sizeof(double)), *mag = malloc((size_t)B * rows * sizeof(double));
-        reference(&m, X, B, ref, mag);
-        sp_qmat_mul(&m, X, Y, B, sp_pool_default());
-        for (int i = 0; i < B * rows; i++)
-            ck_assert(fabs(Y[i] - ref[i]) <= 1e-5 * mag[i] + 1e-6);
-        for (int i = 0; i < B * cols; i++)
-            dX[i] = 1.0f; /* accumulates onto what is there */
-        sp_qmat_mul_t_acc(&m, dY, dX, B, sp_pool_default());
-        float *row = malloc((size_t)cols * sizeof(float));
-        double *want = calloc((size_t)B * cols, sizeof(double));
-        for (int i = 0; i < rows; i++) {
-            sp_qmat_row(&m, i, row);
-            for (int b = 0; b < B; b++)
-                for (int c = 0; c < cols; c++)
-                    want[(size_t)b * cols + c] += (double)dY[(size_t)b * rows + i] * row[c];
+    float *Y = malloc((size_t)B * rows * sizeof(float)), *Yr = malloc((size_t)B * rows * sizeof(float));
+    double *ref = malloc((size_t)B * rows * sizeof(double)), *mag = malloc((size_t)B * rows * sizeof(double));
+    sp_pool *pool = sp_pool_new(2);
+    for (int lv = 0; lv <= best; lv++) {
+        if (!sp_kern_supported(lv))
+            continue;
+        sp_kern_force(lv);
+        for (int t = 0; t < SP_W__COUNT; t++) {
+            sp_qmat m;
+            ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
+            int integer = sp_kern_integer((sp_wtype)t);
+            (integer ? reference_int : reference)(&m, X, B, ref, mag);
+            sp_qmat_mul_rows(&m, X, Yr, B, pool);
+            for (int blas = 1; blas <= 2; blas++) {
+                openblas_set_num_threads(blas);
+                sp_qmat_mul(&m, X, Y, B, pool);
+                for (int i = 0; i < B * rows; i++)
+                    ck_assert_msg(fabs(Y[i] - ref[i]) <= 1e-5 * mag[i] + 1e-6, "%s %s, OpenBLAS %d: [%d] %g vs %g",
+                                  sp_kern_level_name(lv), sp_wtype_name((sp_wtype)t), blas, i, Y[i], ref[i]);
+                ck_assert_msg(!integer || !memcmp(Y, Yr, (size_t)B * rows * sizeof(float)),
+                              "%s %s: not the decode kernels' bits", sp_kern_level_name(lv), sp_wtype_name((sp_wtype)t));
+            }
+            check_t_acc(&m, dY, B);
+            sp_qmat_free(&m);
         }
-        for (int i = 0; i < B * cols; i++)
-            ck_assert_msg(fabs(dX[i] - 1.0 - want[i]) <= 1e-4 * (1 + fabs(want[i])), "%s: dX %g vs %g",
-                          sp_wtype_name((sp_wtype)t), dX[i] - 1.0, want[i]);
-        free(Y), free(dX), free(ref), free(mag), free(row), free(want);
-        sp_qmat_free(&m);
     }
-    free(w), free(X), free(dY);
+    sp_kern_force(-1);
+    openblas_set_num_threads(blas_was);
+    sp_pool_free(pool);
+    free(w), free(X), free(dY), free(Y), free(Yr), free(ref), free(mag);
 }
 END_TEST
 
@@ -452,12 +481,12 @@ START_TEST(t_rows_as_alone)
     int rows = 45, cols = 200, Bmax = 21; /* 200: whole vectors and a tail at every level, Q8's short block */
     float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)Bmax * cols, 1.0f);
     float *Y = malloc((size_t)Bmax * rows * sizeof(float)), *one = malloc((size_t)rows * sizeof(float));
-    for (int lv = 2; lv >= 0; lv--) {
+    for (int lv = SP_ISA__COUNT - 1; lv >= 0; lv--) { /* (the best level at most lv: each this CPU runs) */
         sp_kern_force(lv);
         for (int t = 0; t < SP_W__COUNT; t++) {
             sp_qmat m;
             ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
-            int Bs[] = {2, 3, 5, 8, 9, 21};
+            int Bs[] = {2, 3, 5, 8, 9, 16, 21};
             for (size_t k = 0; k < sizeof Bs / sizeof *Bs; k++) {
                 int B = Bs[k];
                 if (B <= SP_KERN_MAX_ROWS) /* the plain product runs the same kernels up to here */

@@ -426,6 +426,40 @@ START_TEST(t_attention_alibi)
 }
 END_TEST
 
+/* The attention in units of tq query rows (sp_attention_forward_rows, what a prefill splits over the pool) equals
+ * the whole forward: GQA, ALiBi, a cached prefix, 37 rows in units of 16 (the last one shorter), the units run
+ * in three ranges as three threads would take them; with keep_probs every unit's probs in place, without it
+ * each range's [tq, S] scratch of its own. Within 1e-12 (OpenBLAS's kernels may round an element by where
+ * it lies in a call). */
+START_TEST(t_attention_rows)
+{
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    for (int keep = 0; keep <= 1; keep++)
+        for (int al = 0; al <= 1; al++) {
+            sp_attn_dims d = {.B = 2, .T = 37, .past = 5, .nh = 4, .nkv = 2, .hd = 8, .keep_probs = keep,
+                              .alibi = al ? slopes : NULL};
+            d.S = d.past + d.T;
+            d.kv_cap = d.S + 3;
+            long nq = (long)d.B * d.T * d.nh * d.hd, nk = (long)d.B * d.kv_cap * d.nkv * d.hd;
+            int tq = 16, nc = (d.T + tq - 1) / tq;
+            long units = (long)d.B * d.nh * nc, np = keep ? sp_attention_probs_size(&d) : 3L * tq * d.S;
+            double *q = rand_vec(nq, 1.5), *k = rand_vec(nk, 1.5), *v = rand_vec(nk, 1.5);
+            double *o0 = zeros(nq), *o1 = zeros(nq), *p0 = zeros(sp_attention_probs_size(&d)), *p1 = zeros(np);
+            sp_attention_forward_f64(o0, p0, q, k, v, &d);
+            long cut[4] = {0, units / 3, 2 * units / 3, units};
+            for (int i = 0; i < 3; i++)
+                sp_attention_forward_rows_f64(o1, p1 + (keep ? 0 : (long)i * tq * d.S), q, k, v, &d, tq, cut[i],
+                                              cut[i + 1]);
+            for (long i = 0; i < nq; i++)
+                ck_assert_msg(fabs(o1[i] - o0[i]) <= 1e-12 * (1 + fabs(o0[i])), "keep %d alibi %d: out[%ld] %g vs %g",
+                              keep, al, i, o1[i], o0[i]);
+            for (long i = 0; keep && i < np; i++)
+                ck_assert_msg(fabs(p1[i] - p0[i]) <= 1e-12, "alibi %d: probs[%ld] %g vs %g", al, i, p1[i], p0[i]);
+            free(q), free(k), free(v), free(o0), free(o1), free(p0), free(p1);
+        }
+}
+END_TEST
+
 /* BLOOM's slopes: powers of two of heads get 2^(-8i/n); other counts add every other slope of 2n heads. */
 START_TEST(t_alibi_slopes)
 {
@@ -623,6 +657,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, t_rope_llama3_frequencies);
     tcase_add_test(tc, t_attention);
     tcase_add_test(tc, t_attention_alibi);
+    tcase_add_test(tc, t_attention_rows);
     tcase_add_test(tc, t_alibi_slopes);
     tcase_add_test(tc, t_moe_route);
     tcase_add_test(tc, t_activations);
