@@ -1499,8 +1499,15 @@ void sp_qmat_mul(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *poo
         sp_pool_run_parts(pool, gemm_part, &j, parts);
 }
 
-/* Whether item rows of rows go through sgemm on decoded tiles in sp_qmat_mul (fwd) or sp_qmat_mul_t_acc. */
-static int tiled(const sp_qmat *W, int rows, int fwd) { return W->type != SP_W_F32 && (!fwd || rows > MAXB); }
+/* Whether item rows of rows go through sgemm on decoded tiles, from row 0 on the calling thread, in sp_qmat_mul
+ * (fwd) or sp_qmat_mul_t_acc: the way mul_items shares the tiles. (Forward, int8 and nf4 in integers run the
+ * decode kernels at any B, and a product split over the pool tiles each part's rows: both run alone.) */
+static int tiled(const sp_qmat *W, int rows, int fwd, sp_pool *pool)
+{
+    if (W->type == SP_W_F32)
+        return 0;
+    return !fwd || (rows > MAXB && !qg_for(W->type) && gemm_parts(W, pool) == 1);
+}
 
 /* The items' products, each as alone: those on decoded tiles share each tile (decoded once), the rest one by one.
  * fwd: Y = X W^T (sp_qmat_mul); else dX += dY W (sp_qmat_mul_t_acc). */
@@ -1508,7 +1515,7 @@ static void mul_items(const sp_qmat *W, const float *in, float *out, const int *
 {
     int cin = fwd ? W->cols : W->rows, cout = fwd ? W->rows : W->cols, ntiled = 0;
     for (int i = 0, r = 0; i < n; r += rows[i++]) {
-        if (tiled(W, rows[i], fwd)) {
+        if (tiled(W, rows[i], fwd, pool)) {
             ntiled++;
             continue;
         }
@@ -1519,16 +1526,16 @@ static void mul_items(const sp_qmat *W, const float *in, float *out, const int *
     }
     float *tile = ntiled ? malloc((size_t)TILE_ROWS * W->cols * sizeof(float)) : NULL;
     for (int i = 0, r = 0; ntiled && !tile && i < n; r += rows[i++]) /* no room for a tile: one by one */
-        if (tiled(W, rows[i], fwd) && fwd)
+        if (tiled(W, rows[i], fwd, pool) && fwd)
             sp_qmat_mul(W, in + (size_t)r * cin, out + (size_t)r * cout, rows[i], pool);
-        else if (tiled(W, rows[i], fwd))
+        else if (tiled(W, rows[i], fwd, pool))
             sp_qmat_mul_t_acc(W, in + (size_t)r * cin, out + (size_t)r * cout, rows[i], pool);
     for (int r0 = 0; tile && r0 < W->rows; r0 += TILE_ROWS) {
         int nr = W->rows - r0 < TILE_ROWS ? W->rows - r0 : TILE_ROWS;
         for (int r = 0; r < nr; r++)
             sp_qmat_row(W, r0 + r, tile + (size_t)r * W->cols);
         for (int i = 0, r = 0; i < n; r += rows[i++]) { /* the very calls sp_qmat_mul(_t_acc) makes alone */
-            if (!tiled(W, rows[i], fwd))
+            if (!tiled(W, rows[i], fwd, pool))
                 continue;
             const float *x = in + (size_t)r * cin;
             float *y = out + (size_t)r * cout;
