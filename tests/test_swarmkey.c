@@ -134,6 +134,13 @@ static void some_record(sp_server_record *r)
     r->period = 30;
 }
 
+/* r encoded into buf (which must succeed: *len its bytes) and decoded back: the decode's status. */
+static sp_status round_trip(const sp_server_record *r, char *buf, size_t *len, sp_server_record *back, sp_err *err)
+{
+    ck_assert_int_eq(sp_record_encode(r, buf, SP_RECORD_MAX, len, err), SP_OK);
+    return sp_record_decode(back, buf, *len, NULL, err);
+}
+
 /* A record's queue_wait (the server's load) goes through; a record without it (an older server's) reads as 0,
  * one with a negative or non-numeric value is refused. */
 START_TEST(t_record_queue_wait)
@@ -144,8 +151,7 @@ START_TEST(t_record_queue_wait)
     char buf[SP_RECORD_MAX];
     size_t len;
     sp_err err = {0};
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
-    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_int_eq(round_trip(&r, buf, &len, &back, &err), SP_OK);
     ck_assert_double_eq(back.queue_wait, 0.375);
     char *at = memmem(buf, len, "\"queue_wait\":0.375,", 19);
     ck_assert_ptr_nonnull(at);
@@ -153,20 +159,17 @@ START_TEST(t_record_queue_wait)
     ck_assert_int_eq(sp_record_decode(&back, buf, len - 19, NULL, &err), SP_OK);
     ck_assert_double_eq(back.queue_wait, 0);
     r.queue_wait = -1;
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
-    ck_assert_int_ne(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_int_ne(round_trip(&r, buf, &len, &back, &err), SP_OK);
     ck_assert_msg(strstr(err.msg, "queue_wait"), "%s", err.msg);
     /* its bound: said when set, read back; absent (none, or an older server) reads as 0 */
     r.queue_wait = 0.5;
     r.max_queue_wait = 0.25;
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(round_trip(&r, buf, &len, &back, &err), SP_OK);
     ck_assert_ptr_nonnull(memmem(buf, len, "\"max_queue_wait\":0.25", 20));
-    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
     ck_assert_double_eq(back.max_queue_wait, 0.25);
     r.max_queue_wait = 0;
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(round_trip(&r, buf, &len, &back, &err), SP_OK);
     ck_assert_ptr_null(memmem(buf, len, "max_queue_wait", 14));
-    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
     ck_assert_double_eq(back.max_queue_wait, 0);
 }
 END_TEST
@@ -181,19 +184,16 @@ START_TEST(t_record_caps)
     char buf[SP_RECORD_MAX];
     size_t len;
     sp_err err = {0};
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
+    ck_assert_int_eq(round_trip(&r, buf, &len, &back, &err), SP_OK);
     ck_assert_ptr_nonnull(memmem(buf, len, "\"caps\":3", 8));
-    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
     ck_assert_int_eq(back.caps, 3);
     r.caps = 0;
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
-    ck_assert_ptr_null(memmem(buf, len, "caps", 4));
     back.caps = 7;
-    ck_assert_int_eq(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_int_eq(round_trip(&r, buf, &len, &back, &err), SP_OK);
+    ck_assert_ptr_null(memmem(buf, len, "caps", 4));
     ck_assert_int_eq(back.caps, 0);
     r.caps = -1;
-    ck_assert_int_eq(sp_record_encode(&r, buf, sizeof buf, &len, &err), SP_OK);
-    ck_assert_int_ne(sp_record_decode(&back, buf, len, NULL, &err), SP_OK);
+    ck_assert_int_ne(round_trip(&r, buf, &len, &back, &err), SP_OK);
     ck_assert_msg(strstr(err.msg, "caps"), "%s", err.msg);
 }
 END_TEST
