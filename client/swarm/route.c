@@ -147,10 +147,22 @@ static int make_spans(sp_runtime *rt, sp_route_span *sp, sp_route_next *nexts)
 static const sp_route_model RELAYED = {.relayed = 1, .overhead = 0};
 static const sp_route_model PUSHED = {.relayed = 0, .overhead = 0, .guess_switch = 1};
 
+/* The spans of sp[0..k) whose servers can take pushed steps (sp_rt_can), into out; their count. Caller holds
+ * rt->lock. */
+static int pushable_spans(const sp_runtime *rt, const sp_route_span *sp, int k, sp_route_span *out)
+{
+    int n = 0;
+    for (int i = 0; i < k; i++)
+        if (sp_rt_can(rt, sp[i].server, SP_CAP_STEP_PUSH))
+            out[n++] = sp[i];
+    return n;
+}
+
 /* The min-latency route as the session will run it (*pushed says how): push off relayed, on pushed; auto the
  * cheaper of the two where the pushed one's servers are far enough for a push to pay (their pings from the client
- * average 1 ms or more), else relayed; relayed too where a server of the pushed one cannot take pushed steps (an
- * older server: sp_rt_can). Caller holds rt->lock. */
+ * average 1 ms or more), else relayed. A pushed chain is sought among the servers that can take pushed steps: where
+ * the cheapest chain over all servers has one that cannot (an older server), the cheapest over those that can is
+ * priced instead, and where none covers the blocks, the route is relayed. Caller holds rt->lock. */
 static int route_inference(sp_runtime *rt, const sp_route_span *sp, int k, int start, int end, long cache,
                            sp_route_hop *hops, double *cost, int *missing, int *pushed)
 {
@@ -158,11 +170,20 @@ static int route_inference(sp_runtime *rt, const sp_route_span *sp, int k, int s
     *pushed = 0;
     if (mode != SP_PUSH_OFF) {
         nh = sp_route_min_latency_model(sp, k, start, end, cache, &PUSHED, hops, SP_RT_MAX_HOPS, cost, missing);
-        int srv[SP_RT_MAX_HOPS], can = 1;
-        for (int h = 0; h < nh; h++) {
-            srv[h] = hops[h].server;
-            can = can && sp_rt_can(rt, srv[h], SP_CAP_STEP_PUSH);
+        int srv[SP_RT_MAX_HOPS], can = nh >= 0;
+        for (int h = 0; h < nh; h++)
+            can = can && sp_rt_can(rt, hops[h].server, SP_CAP_STEP_PUSH);
+        if (!can && nh >= 2) { /* the cheapest pushed chain of servers that can push */
+            sp_route_span *capable = malloc((size_t)(k > 0 ? k : 1) * sizeof *capable);
+            int missing2 = -1, kc = capable ? pushable_spans(rt, sp, k, capable) : 0;
+            nh = kc ? sp_route_min_latency_model(capable, kc, start, end, cache, &PUSHED, hops, SP_RT_MAX_HOPS, cost,
+                                                 &missing2)
+                    : -1;
+            can = nh >= 2;
+            free(capable);
         }
+        for (int h = 0; h < nh; h++)
+            srv[h] = hops[h].server;
         if (can && nh >= 2 && mode == SP_PUSH_AUTO && sp_rt_pings_call_for_push(rt, srv, nh)) {
             sp_route_hop rh[SP_RT_MAX_HOPS];
             double rc;

@@ -9,6 +9,10 @@
 # (margins of 60 and 40 ms: a loaded machine adds some to each ping)
 # `route` with push off goes S1 -> S2, with push on and push auto (pings far above 1 ms) S1 -> S3 -> S4, and a
 # generation with push auto pushes its steps along that chain.
+# Then a pushed chain is sought among servers that can push: S5 0:2 10 ms, S6 2:6 10 ms but a server from before push
+# (SEPAL_SERVER_OLD=nopush: no caps), S7 2:4 40 ms, S8 4:6 10 ms. Pushed, S5 -> S6 would cost 30 ms, S5 -> S7 -> S8
+# 70; relayed 40 and 120. With push on the route is S5 -> S7 -> S8, pushed (not S5 -> S6 relayed because the
+# cheapest chain holds a server that cannot push); with push off, and auto (pushed 70 against relayed 40), S5 -> S6.
 . "$(dirname "$0")/lib.bash"
 . "${SEPAL_SRC_DIR:?}/bench/relays.sh" # relays
 S="$SEPAL_BIN_DIR/server/sepal-server"
@@ -17,11 +21,7 @@ M="$TMP/l7"
 narrow_llama "$M" 6
 
 # free ports: the four servers' websocket and DHT ports
-read -r P1 P2 P3 P4 D1 D2 D3 D4 < <(python3 -c "
-import socket
-ss = [socket.socket() for _ in range(8)]
-for s in ss: s.bind(('127.0.0.1', 0))
-print(' '.join(str(s.getsockname()[1]) for s in ss))")
+read -r P1 P2 P3 P4 P5 P6 P7 P8 D1 D2 D3 D4 D5 D6 D7 D8 < <(free_ports 16)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$TMP"' EXIT
 # (relays run in this shell, never in $(...): their pids must reach the trap)
@@ -51,9 +51,10 @@ server 2 2:6 --initial-peers "127.0.0.1:$D1"
 server 3 2:4 --initial-peers "127.0.0.1:$D1"
 server 4 4:6 --initial-peers "127.0.0.1:$D1"
 
-# routes: the route line of `route` with push on, off and auto, in one process (the same pings), into $TMP/on, off, auto
+# routes [DHT]: the route line of `route` with push on, off and auto, in one process (the same pings), into $TMP/on,
+# off, auto; through the DHT node at port DHT (default D1)
 routes() {
-    "$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; set push on; route; echo @@off; set push off; route;
+    "$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:${1:-$D1}; set push on; route; echo @@off; set push off; route;
                  echo @@auto; set push auto; route" 2>/dev/null | grep -E '^(0:2 |@@)' > "$TMP/routes"
     sed -n '1p' "$TMP/routes" > "$TMP/on"
     sed -n '/^@@off$/{n;p}' "$TMP/routes" > "$TMP/off"
@@ -92,4 +93,43 @@ read -r in3 out3 < <(pushes 3)
 [ "${out1:-0}" -gt 0 ] && [ "${in3:-0}" -eq "$out1" ] && [ "${out3:-0}" -eq "$out1" ] && [ "${in2:-0}" -eq 0 ] &&
     ok "the steps were pushed S1 -> S3 -> S4 ($out1 of them), none into S2" ||
     bad "pushes: S1 '$in1 $out1', S2 '$in2 $out2', S3 '$in3 $out3'"
+
+# an older server on the cheapest pushed chain: push on seeks the cheapest chain of servers that can push
+relays r5 10 $P5 > "$TMP/r5.ports"
+relays r6 10 $P6 > "$TMP/r6.ports"
+relays r7 40 $P7 > "$TMP/r7.ports"
+relays r8 10 $P8 > "$TMP/r8.ports"
+read -r A5 < "$TMP/r5.ports"
+read -r A6 < "$TMP/r6.ports"
+read -r A7 < "$TMP/r7.ports"
+read -r A8 < "$TMP/r8.ports"
+server 5 0:2 --new-swarm
+SEPAL_SERVER_OLD=nopush server 6 2:6 --initial-peers "127.0.0.1:$D5"
+server 7 2:4 --initial-peers "127.0.0.1:$D5"
+server 8 4:6 --initial-peers "127.0.0.1:$D5"
+via_s6="^0:2 127\.0\.0\.1:$A5 \([0-9.]+ ms\) -> 2:6 127\.0\.0\.1:$A6 \([0-9.]+ ms\)"
+via_s7="^0:2 127\.0\.0\.1:$A5 \([0-9.]+ ms\) -> 2:4 127\.0\.0\.1:$A7 \([0-9.]+ ms\) -> 4:6 127\.0\.0\.1:$A8 \([0-9.]+ ms\)"
+for _ in $(seq ${ROUTE_TRIES:-60}); do
+    routes "$D5"
+    grep -qE "$via_s7" "$TMP/on" && grep -qE "$via_s6" "$TMP/off" && grep -qE "$via_s6" "$TMP/auto" && break
+    sleep 1
+done
+grep -qE "$via_s7" "$TMP/on" && ok "push on, an older server on the cheapest chain: the route goes S5 -> S7 -> S8" ||
+    bad "push on, an older server on the cheapest chain: route '$(cat "$TMP/on")'"
+grep -qE "$via_s6" "$TMP/off" && ok "push off: the route goes S5 -> S6" || bad "push off: route '$(cat "$TMP/off")'"
+grep -qE "$via_s6" "$TMP/auto" && ok "push auto: the route goes S5 -> S6 (relayed 40 ms against pushed 70)" ||
+    bad "push auto: route '$(cat "$TMP/auto")'"
+"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D5; set push on; set ignore-eos on; generate 'Once upon a time' --max-new-tokens 6" \
+    > /dev/null 2> "$TMP/gen2.err" && ok "push on: the client generates" || { bad "generate"; tail -3 "$TMP/gen2.err"; }
+for n in 5 6 7 8; do
+    pid=$(eval echo "\$PID$n")
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+done
+read -r in5 out5 < <(pushes 5)
+read -r in6 out6 < <(pushes 6)
+read -r in7 out7 < <(pushes 7)
+[ "${out5:-0}" -gt 0 ] && [ "${in7:-0}" -eq "$out5" ] && [ "${out7:-0}" -eq "$out5" ] && [ "${in6:-0}" -eq 0 ] &&
+    ok "the steps were pushed S5 -> S7 -> S8 ($out5 of them), none into the older S6" ||
+    bad "pushes: S5 '$in5 $out5', S6 '$in6 $out6', S7 '$in7 $out7'"
 finish
