@@ -16,8 +16,15 @@
  * measure after the other's ran slower); tokens/s and CPU time per token are the medians of the reps, the
  * latencies' quantiles are over all of them.
  *
+ * --mix L1,L2,...: concurrent prefills instead: the C sessions, once all are open, each prefill one prompt of
+ * L[i mod n] positions at once (no decode steps); the figures are then prompt tokens/s (their sum / the time from
+ * the start to the last prefill's answer), the prefills' p50 / p99 latency and the server's CPU time per prompt
+ * token. Mode `base` is a server from the binary --base BIN (another build, such as main's), batching on: with
+ * `--modes batch,base` the two builds take turns the same way.
+ *
  * usage: bench_serve [--model DIR] [--blocks A:B] [--dtype int8] [--sessions 1,4,16,64] [--steps N]
- *                    [--prefill N] [--modes batch,nobatch] [--threads N] [--reps N] */
+ *                    [--prefill N] [--mix L1,L2,...] [--modes batch,nobatch,base] [--base BIN] [--threads N]
+ *                    [--reps N] */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,10 +41,17 @@
 #define MAXC 8
 #define TMO 600000
 
+enum { M_NOBATCH, M_BATCH, M_BASE }; /* the modes: --no-batch, batching, batching in the --base build */
+
 typedef struct opts {
-    const char *model, *blocks, *dtype, *threads;
+    const char *model, *blocks, *dtype, *threads, *base;
     int sessions[MAXC], nsessions, steps, prefill, modes[2], nmodes, reps;
+    int mix[MAXC], nmix; /* --mix: prefill lengths (0: decode steps are measured) */
 } opts;
+
+/* Positions session i prefills, and the steps it takes after. */
+static int prefill_of(const opts *o, int i) { return o->nmix ? o->mix[i % o->nmix] : o->prefill; }
+static int steps_of(const opts *o) { return o->nmix ? 0 : o->steps; }
 
 typedef struct run {
     const opts *o;
@@ -83,7 +97,7 @@ static void *client_main(void *p)
     client *c = p;
     run *r = c->r;
     const opts *o = r->o;
-    int H = r->hidden, L = o->prefill + o->steps;
+    int H = r->hidden, P = prefill_of(o, c->i), S = steps_of(o), L = P + S;
     sp_remote *rm = NULL;
     sp_err err = {0};
     float *x = malloc((size_t)L * H * sizeof(float));
@@ -103,15 +117,21 @@ static void *client_main(void *p)
     sp_step_req q = {.start_from_position = -1, .reply_encoding = -1};
     q.session = a.session;
     ok = ok && sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK;
-    sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {1, o->prefill, H}, .f32 = x};
+    sp_tensor_src t = {.enc = SP_ENC_F32, .rank = 3, .shape = {1, P, H}, .f32 = x};
+    if (o->nmix) /* the prefills are what is measured: all at once */
+        pthread_barrier_wait(&r->ready);
+    double t0 = sp_now_s();
     ok = ok && !call(rm, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep);
+    if (o->nmix)
+        r->lat[c->i] = sp_now_s() - t0;
     sp_reply_clear(&rep);
-    pthread_barrier_wait(&r->ready);
-    for (int s = 0; ok && s < o->steps; s++) {
-        t = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, H}, .f32 = x + (size_t)(o->prefill + s) * H};
-        double t0 = sp_now_s();
+    if (!o->nmix)
+        pthread_barrier_wait(&r->ready);
+    for (int s = 0; ok && s < S; s++) {
+        t = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, H}, .f32 = x + (size_t)(P + s) * H};
+        t0 = sp_now_s();
         ok = !call(rm, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep);
-        r->lat[(size_t)c->i * o->steps + s] = sp_now_s() - t0;
+        r->lat[(size_t)c->i * S + s] = sp_now_s() - t0;
         sp_reply_clear(&rep);
     }
     if (!ok)
@@ -143,43 +163,48 @@ static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nl
         cs[i] = (client){r, i};
         pthread_create(&th[i], NULL, client_main, &cs[i]);
     }
-    pthread_barrier_wait(&r->ready); /* every session open and prefilled */
+    pthread_barrier_wait(&r->ready); /* every session open (and prefilled, when steps are measured) */
     double t0 = sp_now_s(), c0 = sp_serverproc_cpu_s(r->pid);
     for (int i = 0; i < C; i++)
         pthread_join(th[i], NULL);
     double wall = sp_now_s() - t0;
     pthread_barrier_destroy(&r->ready);
-    int n = C * o->steps;
+    int n = 0;
+    for (int i = 0; i < C; i++)
+        n += o->nmix ? prefill_of(o, i) : o->steps;
     *tps = n / wall;
     *cpu = (sp_serverproc_cpu_s(r->pid) - c0) / n; /* (the closes after the last step are in it too: small) */
-    *nlat += n;
+    *nlat += o->nmix ? C : n;
     free(cs), free(th);
     return r->failed ? -1 : 0;
 }
 
 static double median(double *v, int n) { return quantile(v, n, 0.5); }
 
-/* sepal-server for this mode; its pid, or -1 (*port set). */
-static pid_t spawn(const opts *o, int batch, int *port)
+/* sepal-server for this mode (M_*); its pid, or -1 (*port set). */
+static pid_t spawn(const opts *o, int mode, int *port)
 {
     char line[1024], cache[32];
-    int most = 0;
+    int most = 0, longest = 0;
     for (int i = 0; i < o->nsessions; i++)
         most = o->sessions[i] > most ? o->sessions[i] : most;
-    snprintf(cache, sizeof cache, "%d", most * (o->prefill + o->steps));
+    for (int i = 0; i < most; i++)
+        longest = prefill_of(o, i) > longest ? prefill_of(o, i) : longest;
+    snprintf(cache, sizeof cache, "%d", most * (longest + steps_of(o)));
     const char *argv[24] = {"sepal-server", "--model", o->model, "--blocks", o->blocks, "--dtype", o->dtype,
                             "--no-measure", "--cache-tokens", cache, "--max-length", "4096",
                             "--max-queue-wait", "0"}; /* every session is let in: throughput, not admission */
     int k = 14;
     if (o->threads)
         argv[k++] = "--threads", argv[k++] = o->threads;
-    if (!batch)
+    if (mode == M_NOBATCH)
         argv[k++] = "--no-batch";
     argv[k] = NULL;
-    pid_t pid = sp_serverproc_start(NULL, argv, 0, NULL, line, sizeof line);
+    const char *bin = mode == M_BASE ? o->base : sp_serverproc_bin();
+    pid_t pid = sp_serverproc_start(bin, argv, 0, NULL, line, sizeof line);
     *port = sp_serverproc_port(line, "ws://");
     if (pid <= 0 || *port <= 0) {
-        fprintf(stderr, "bench_serve: %s did not start: %s\n", sp_serverproc_bin(), line);
+        fprintf(stderr, "bench_serve: %s did not start: %s\n", bin, line);
         if (pid > 0)
             kill(pid, SIGKILL), waitpid(pid, NULL, 0);
         return -1;
@@ -228,7 +253,14 @@ static int parse(int argc, char **argv, opts *o)
             o->reps = atoi(v);
         else if (!strcmp(a, "--prefill"))
             o->prefill = atoi(v);
-        else if (!strcmp(a, "--sessions")) {
+        else if (!strcmp(a, "--base"))
+            o->base = v;
+        else if (!strcmp(a, "--mix")) {
+            o->nmix = 0;
+            for (const char *p = v; *p && o->nmix < MAXC; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+                if ((o->mix[o->nmix++] = atoi(p)) < 1)
+                    return fprintf(stderr, "bench_serve: --mix wants lengths >= 1\n"), -1;
+        } else if (!strcmp(a, "--sessions")) {
             o->nsessions = 0;
             for (const char *p = v; *p && o->nsessions < MAXC; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
                 o->sessions[o->nsessions++] = atoi(p);
@@ -237,8 +269,8 @@ static int parse(int argc, char **argv, opts *o)
             char buf[64];
             snprintf(buf, sizeof buf, "%s", v);
             for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && o->nmodes < 2; t = strtok_r(NULL, ",", &save))
-                if (!strcmp(t, "batch") || !strcmp(t, "nobatch"))
-                    o->modes[o->nmodes++] = !strcmp(t, "batch");
+                if (!strcmp(t, "batch") || !strcmp(t, "nobatch") || !strcmp(t, "base"))
+                    o->modes[o->nmodes++] = !strcmp(t, "batch") ? M_BATCH : !strcmp(t, "base") ? M_BASE : M_NOBATCH;
         } else
             return fprintf(stderr, "bench_serve: unknown option %s\n", a), -1;
     }
@@ -246,7 +278,9 @@ static int parse(int argc, char **argv, opts *o)
         if (o->sessions[i] < 1)
             return fprintf(stderr, "bench_serve: --sessions wants counts >= 1\n"), -1;
     int ok = o->steps >= 1 && o->prefill >= 1 && o->nmodes && o->reps >= 1 && o->reps <= 16;
-    return ok ? 0 : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16)\n"), -1);
+    for (int m = 0; m < o->nmodes; m++)
+        ok &= o->modes[m] != M_BASE || o->base;
+    return ok ? 0 : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16; mode base needs --base BIN)\n"), -1);
 }
 
 static void stop_servers(run *runs, int n)
@@ -263,8 +297,16 @@ int main(int argc, char **argv)
     opts o;
     if (parse(argc, argv, &o))
         return 2;
-    printf("bench_serve: %s blocks %s, %s, %d prefill + %d steps a session, %d reps, modes in turn\n", o.model,
-           o.blocks, o.dtype, o.prefill, o.steps, o.reps);
+    static const char *const names[] = {"batching off (--no-batch)", "batching on", "batching on, --base build"};
+    if (o.nmix) {
+        printf("bench_serve: %s blocks %s, %s, concurrent prefills of", o.model, o.blocks, o.dtype);
+        for (int i = 0; i < o.nmix; i++)
+            printf("%s%d", i ? "," : " ", o.mix[i]);
+        printf(" positions (session i: the (i mod %d)th), %d reps, modes in turn\n", o.nmix, o.reps);
+    } else {
+        printf("bench_serve: %s blocks %s, %s, %d prefill + %d steps a session, %d reps, modes in turn\n", o.model,
+               o.blocks, o.dtype, o.prefill, o.steps, o.reps);
+    }
     run runs[2] = {{.o = &o}, {.o = &o}};
     for (int m = 0; m < o.nmodes; m++)
         if ((runs[m].pid = spawn(&o, o.modes[m], &runs[m].port)) < 0 || span_of(&runs[m])) {
@@ -277,7 +319,7 @@ int main(int argc, char **argv)
     double *lat[2], tps[2][MAXC][16], cpu[2][MAXC][16], base_tps[2] = {0}, base_p50[2] = {0};
     char rows[2][MAXC][160];
     for (int m = 0; m < o.nmodes; m++)
-        lat[m] = calloc((size_t)most * o.steps * o.reps, sizeof(double));
+        lat[m] = calloc((size_t)most * (o.nmix ? 1 : o.steps) * o.reps, sizeof(double));
     for (int i = 0; i < o.nsessions && !rc; i++) {
         int C = o.sessions[i], nlat[2] = {0, 0};
         for (int k = 0; k < o.reps && !rc; k++) /* the modes' order turns each rep (the first one after a pause ran slower) */
@@ -297,15 +339,16 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     for (int m = 0; m < o.nmodes && !rc; m++) {
-        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s\n", o.modes[m] ? "batching on" : "batching off (--no-batch)",
-               "sessions", "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50");
+        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s\n", names[o.modes[m]], "sessions",
+               o.nmix ? "prompt tok/s" : "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50");
         for (int i = 0; i < o.nsessions; i++)
             printf("%s\n", rows[m][i]);
     }
-    int on = o.modes[0] ? 0 : 1; /* which of runs is batching's */
+    int on = o.modes[0] == M_BATCH ? 0 : 1; /* which of runs is batching's (this build's) */
+    const char *vs = o.modes[1 - on] == M_BASE ? "this build / --base" : "batching on / off";
     for (int i = 0; !rc && o.nmodes == 2 && i < o.nsessions; i++) {
         double c0 = median(cpu[on][i], o.reps), c1 = median(cpu[1 - on][i], o.reps);
-        printf("%d sessions: batching on / off: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i],
+        printf("%d sessions: %s: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i], vs,
                median(tps[on][i], o.reps) / median(tps[1 - on][i], o.reps), c1 > 0 ? c0 / c1 : 0);
     }
     stop_servers(runs, o.nmodes);

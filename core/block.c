@@ -1053,6 +1053,16 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
     return SP_OK;
 }
 
+/* 1 if every product of the block runs in integers at the current kernel level (int8 or nf4 matrices there): the
+ * decode kernels at any number of rows, alone as in a batch (kern.h, sp_qmat_mul). */
+static int rows_any(const sp_block *b)
+{
+    for (int i = 0; i < b->nqm; i++)
+        if (b->qm[i].q && !sp_kern_integer(b->qm[i].type))
+            return 0;
+    return b->nqm > 0;
+}
+
 /* The item rows, the most positions and the largest attention buffer of a batch of steps (T[i] positions each, T
  * NULL: 1); an error for an item whose cache has no room or holds rows of another shape, or of too many rows. */
 static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, const int *T, int n, int *rows, int *item_rows,
@@ -1066,9 +1076,9 @@ static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, const int
         sp_status s = check_dims(b, kv[i]->B, t, kv[i]->len, kv[i], err);
         if (s)
             return s;
-        if ((long)kv[i]->B * t > SP_KERN_MAX_ROWS)
-            return sp_errf(err, SP_ERR_ARG, "block: a batched step of %d x %d rows (at most %d)", kv[i]->B, t,
-                           SP_KERN_MAX_ROWS);
+        if ((long)kv[i]->B * t > SP_KERN_MAX_ROWS && !rows_any(b))
+            return sp_errf(err, SP_ERR_ARG, "block: a batched step of %d x %d rows (at most %d in %s weights)",
+                           kv[i]->B, t, SP_KERN_MAX_ROWS, sp_wtype_name(b->wtype));
         sp_attn_dims ad = attn_dims(b, kv[i]->B, t, kv[i], 0);
         ad.S = kv[i]->cap; /* the cache's whole length: later steps need no more */
         size_t p = probs_floats(b, &ad);
@@ -1082,7 +1092,7 @@ static sp_status batch_dims(const sp_block *b, sp_kv_cache *const *kv, const int
 
 int sp_block_rows_exact(const sp_block *b, int rows)
 {
-    return rows > 0 && mlp_rows(b, (size_t)rows) <= SP_KERN_MAX_ROWS;
+    return rows > 0 && (mlp_rows(b, (size_t)rows) <= SP_KERN_MAX_ROWS || rows_any(b));
 }
 
 sp_status sp_block_step_batch(const sp_block *b, float *out, const float *inp, sp_kv_cache *const *kv, const int *T,

@@ -1245,10 +1245,11 @@ static int batch_reserve(sp_step_batch *b, int n)
 }
 
 /* Takes step i in: decoded, its session held, checked and prepared. Off is set to its first row in h when it
- * joins the pass (its B x T rows copied there; *rows grows): a decode step or a short prefill whose rows alone run
- * in the decode kernels (sp_block_rows_exact: the pass gives it the bits it gets alone), without prompts, within
- * the budget; -1 when it runs alone (a longer prefill, prompts, a wide beam, no room left in the budget), -2 when
- * it was answered already (an ERROR). */
+ * joins the pass (its B x T rows copied there; *rows grows): a decode step or a prefill whose rows alone run in
+ * the decode kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS, any number where every product runs in
+ * integers: int8 and nf4; the pass gives it the bits it gets alone), without prompts, within the budget; -1 when
+ * it runs alone (a longer prefill of other weights, prompts, a wide beam, no room left in the budget), -2 when it
+ * was answered already (an ERROR). */
 static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int i, int *rows)
 {
     req *r = &b->r[i];
@@ -1289,6 +1290,8 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     *rows += n;
     if (t->T > 1)
         __atomic_add_fetch(&s->batched_prefills, 1, __ATOMIC_RELAXED);
+    if (n > SP_KERN_MAX_ROWS)
+        __atomic_add_fetch(&s->batched_long, 1, __ATOMIC_RELAXED);
 }
 
 /* The steps g[0..n) (all over one span, their rows contiguous in h) through the span's blocks as one pass, then
@@ -1443,6 +1446,9 @@ static void rpc_info(req *r)
     sp_server_batch_stats bs;
     sp_server_batch_stats_get(s, &bs);
     a.batches = (int64_t)bs.batches, a.batched_rows = (int64_t)bs.rows, a.batch_peak = (int64_t)bs.peak;
+    uint64_t passed[2];
+    sp_server_passed(s, r->conn, passed);
+    a.passed_inference = (int64_t)passed[0], a.passed_training = (int64_t)passed[1];
     a.queue_wait = bs.queue_wait_s;
     a.max_queue_wait = s->o.max_queue_wait_s;
     sp_meta_set(a.model, sizeof a.model, s->model_name);

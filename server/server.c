@@ -91,6 +91,36 @@ static uint64_t next_peer(const task_queue *q, int p, uint64_t after, const task
     return above ? above : least;
 }
 
+/* t, just taken out of the queue (lock held), passed every task of another client still waiting; its own count
+ * of those that passed it goes into its priority's most. */
+static void note_taken(task_queue *q, const task *t)
+{
+    for (int p = 0; p < 2; p++)
+        for (task *w = q->head[p]; w; w = w->next)
+            w->passed += w->peer != t->peer;
+    struct peer_seen *e = NULL;
+    for (int i = 0; i < PEERS_SEEN && !e; i++)
+        e = q->seen[i].peer == t->peer ? &q->seen[i] : NULL;
+    if (!e) {
+        e = &q->seen[q->seen_next];
+        q->seen_next = (q->seen_next + 1) % PEERS_SEEN;
+        *e = (struct peer_seen){.peer = t->peer};
+    }
+    if (t->passed > e->passed[t->prio])
+        e->passed[t->prio] = t->passed;
+}
+
+void sp_server_passed(sp_server *s, uint64_t conn, uint64_t passed[2])
+{
+    uint64_t peer = sp_ws_server_peer(s->ws, conn);
+    passed[0] = passed[1] = 0;
+    pthread_mutex_lock(&s->q.lock);
+    for (int i = 0; i < PEERS_SEEN; i++)
+        if (s->q.seen[i].peer == peer)
+            passed[0] = s->q.seen[i].passed[0], passed[1] = s->q.seen[i].passed[1];
+    pthread_mutex_unlock(&s->q.lock);
+}
+
 /* Takes the oldest task of the next peer's in list p that f wants, the turn moved on to it; NULL if none waits.
  * Lock held. */
 static task *take_turn(task_queue *q, int p, const task_filter *f)
@@ -101,6 +131,7 @@ static task *take_turn(task_queue *q, int p, const task_filter *f)
         if (t->peer == peer && wanted(t, f)) {
             unlink_task(q, p, prev, t);
             q->rr[p] = peer;
+            note_taken(q, t);
             return t;
         }
     return NULL;
@@ -241,6 +272,8 @@ static int take_steps(task_queue *q, task **out, int max)
                 prev = t;
             }
         }
+        for (int i = 0; i < n; i++) /* (taken together: none passed another) */
+            note_taken(q, out[i]);
         return n;
     }
     for (task *t; n < max && (t = take_turn(q, 0, &(task_filter){.steps = 1}));)
@@ -307,7 +340,8 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
 #define SPAN_BATCH_MAX 64
 
 /* Runs the FORWARD or BACKWARD first and those waiting that share its pass (the same key, by turns over the
- * clients, up to --max-batch-tokens rows) as one pass; after the inference waiting, as every training request. */
+ * clients, up to --max-batch-tokens rows, none more once an inference request waits) as one pass; after the
+ * inference waiting, as every training request. */
 static void run_spans(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
 {
     task_queue *q = &s->q;
@@ -315,7 +349,7 @@ static void run_spans(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
     task_filter f = {.key = &first->key, .rows_left = s->o.max_batch_tokens - first->key.rows};
     sb->tasks[0] = first;
     pthread_mutex_lock(&q->lock);
-    for (task *t; n < max && f.rows_left > 0 && (t = take_turn(q, 1, &f)); n++) {
+    for (task *t; n < max && f.rows_left > 0 && !q->head[0] && (t = take_turn(q, 1, &f)); n++) {
         sb->tasks[n] = t;
         f.rows_left -= t->key.rows;
     }
@@ -740,6 +774,7 @@ void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out)
         .rows = __atomic_load_n(&s->batched_rows, __ATOMIC_RELAXED),
         .peak = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED),
         .prefills = __atomic_load_n(&s->batched_prefills, __ATOMIC_RELAXED),
+        .long_prefills = __atomic_load_n(&s->batched_long, __ATOMIC_RELAXED),
         .queue_wait_s = sp_server_queue_wait(s)};
 }
 

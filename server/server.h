@@ -125,7 +125,8 @@ int sp_server_caps(const sp_server *s);
  * wait (sp_server_queue_wait: the load announced and told in INFO). */
 typedef struct sp_server_batch_stats {
     uint64_t batches, rows, peak;
-    uint64_t prefills; /* steps of several positions (short prefills) that ran through a pass */
+    uint64_t prefills;      /* steps of several positions (prefills) that ran through a pass */
+    uint64_t long_prefills; /* ... of them, those of more than SP_KERN_MAX_ROWS rows (int8 and nf4 spans) */
     double queue_wait_s;
 } sp_server_batch_stats;
 void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);

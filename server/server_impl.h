@@ -118,8 +118,11 @@ typedef struct task {
     sp_span_key key;
     uint64_t len;    /* the request's bytes, given back to the input budget when done */
     uint64_t queued_ns; /* when it entered the queue (sp_now_ns) */
+    uint64_t passed;    /* tasks of other clients taken from the queue while it waited (lock held) */
     struct task *next;
 } task;
+
+#define PEERS_SEEN 64
 
 typedef struct task_queue {
     pthread_mutex_t lock;
@@ -129,6 +132,13 @@ typedef struct task_queue {
     task *spare; /* handled tasks, for the next requests (no allocation per request) */
     int nspare;
     int stop;
+    /* the clients whose tasks were taken last (PEERS_SEEN, the oldest replaced): per priority, the most tasks of
+     * other clients taken from the queue while one of theirs waited (how fair the turns were, as the server took
+     * them: INFO tells a client its own, sp_server_passed); lock held */
+    struct peer_seen {
+        uint64_t peer, passed[2];
+    } seen[PEERS_SEEN];
+    int seen_next;
 } task_queue;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -165,7 +175,8 @@ struct sp_server {
     pthread_mutex_t batch_lock;
     int last_batch;          /* steps in the last pass: how many the next one waits for (briefly) */
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
-    uint64_t batched_prefills; /* steps of several positions (short prefills) that ran in a pass */
+    uint64_t batched_prefills; /* steps of several positions (prefills) that ran in a pass */
+    uint64_t batched_long;     /* ... of more than SP_KERN_MAX_ROWS rows (int8 and nf4 spans) */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
     uint64_t waited_at_ns;   /* when the last step was taken from the queue (sp_now_ns) */
@@ -179,6 +190,10 @@ struct sp_server {
     uint64_t pushes_in, pushes_out; /* atomic: sp_server_pushes */
 };
 
+/* server.c: for the client (source address) of connection conn, the most requests of other clients taken from
+ * the queue while one of its own waited: inference [0], training [1] (0: none seen; INFO's passed_inference and
+ * passed_training). */
+void sp_server_passed(sp_server *s, uint64_t conn, uint64_t passed[2]);
 /* server.c: tasks waiting in the queue now. */
 int queue_length(task_queue *q);
 
@@ -186,10 +201,11 @@ int queue_length(task_queue *q);
  * then taken: *msg is left empty; its length must be read before, for the budget). */
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
 /* rpc.c: INFERENCE_STEPs taken from the queue together (msgs[i] from connection conns[i]; each buffer taken as
- * sp_rpc_handle takes it): the decode steps and short prefills whose rows (batch x positions) alone run in the decode
- * kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS), at most max_batch_tokens rows in all, run as one pass over
- * the span's blocks (block.h, sp_block_step_batch: each session gets the bits it gets alone), the rest (longer
- * prefills, prompts, wide beams) one by one after it. b: the worker's buffers, kept. */
+ * sp_rpc_handle takes it): the decode steps and prefills whose rows (batch x positions) alone run in the decode
+ * kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS, any number on int8 and nf4 weights multiplied in integers),
+ * at most max_batch_tokens rows in all, run as one pass over the span's blocks (block.h, sp_block_step_batch: each
+ * session gets the bits it gets alone), the rest (longer prefills of f32 or bf16 weights, prompts, wide beams) one by
+ * one after it. b: the worker's buffers, kept. */
 typedef struct sp_step_batch sp_step_batch;
 sp_step_batch *sp_step_batch_new(void);
 void sp_step_batch_free(sp_step_batch *b);

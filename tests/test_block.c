@@ -239,7 +239,9 @@ static void decode_batch_case(const char *model)
         ck_assert_msg(sp_block_step_batch(blk, out, in, kvp, T, NS, item_rows, &ws, &err) == SP_OK, "%s", err.msg);
         ck_assert_msg(!memcmp(out, ref, (size_t)NT * H * sizeof(float)), "%s %s: a row of a batch of prefills differs",
                       model, sp_wtype_name((sp_wtype)t));
-        ck_assert(!sp_block_rows_exact(blk, SP_KERN_MAX_ROWS + 1));
+        /* more rows: exact only where every product runs in integers (int8, nf4 above the scalar level) */
+        ck_assert_int_eq(sp_block_rows_exact(blk, SP_KERN_MAX_ROWS + 1),
+                         (t == SP_W_Q8 || t == SP_W_NF4) && sp_kern_integer((sp_wtype)t));
         for (int i = 0; i < NS; i++) {
             size_t n = (size_t)rows[i] * CAP * m->cfg.n_kv_heads * m->cfg.head_dim;
             ck_assert_int_eq(batch[i].len, alone[i].len);
@@ -259,6 +261,83 @@ static void decode_batch_case(const char *model)
 }
 
 START_TEST(t_decode_batch_as_alone) { decode_batch_case(families[_i]); }
+END_TEST
+
+/* The sequences' steps [0, n) of a pass (their caches kv[], rows[] rows of T[] positions each, inputs in turn in
+ * `in`): sp_block_step_batch gives every row and cache entry the bits the sequence gets stepped alone (the
+ * same steps through the caches `alone`); out and ref: scratch of the pass's rows. */
+static void pass_as_alone(const char *what, sp_model *m, sp_kv_cache **kv, sp_kv_cache *alone, const int *rows,
+                          const int *T, int n, const float *in, float *out, float *ref, sp_ws *ws)
+{
+    sp_block *blk = &m->blocks[0];
+    sp_err err = {0};
+    int H = m->cfg.hidden, item_rows[8], N = 0;
+    for (int i = 0; i < n; N += rows[i] * T[i], i++) {
+        ck_assert(sp_block_rows_exact(blk, rows[i] * T[i]));
+        ck_assert_int_eq(sp_block_forward(blk, ref + (size_t)N * H, in + (size_t)N * H, rows[i], T[i], alone[i].len,
+                                          &alone[i], &m->ws, &err), SP_OK);
+    }
+    ck_assert_msg(sp_block_step_batch(blk, out, in, kv, T, n, item_rows, ws, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(!memcmp(out, ref, (size_t)N * H * sizeof(float)), "%s: a row of the pass differs from alone", what);
+    for (int i = 0; i < n; i++) {
+        size_t c = (size_t)rows[i] * kv[i]->cap * m->cfg.n_kv_heads * m->cfg.head_dim;
+        ck_assert_int_eq(kv[i]->len, alone[i].len);
+        ck_assert_msg(!memcmp(kv[i]->k, alone[i].k, c * sizeof(float)) && !memcmp(kv[i]->v, alone[i].v, c * sizeof(float)),
+                      "%s: sequence %d's cache differs from alone", what, i);
+    }
+}
+
+/* Prefills of any length in one pass with decode steps (a server's batch on int8 and nf4 weights): at every
+ * kernel level that multiplies them in integers, each sequence gets the bits it gets alone (its long prefill's
+ * products in the integer kernels alone too, its attention over its own cache, the prefill's split over the
+ * pool), over two passes where sequences join and leave; at a level that does not (scalar), a step of more than
+ * SP_KERN_MAX_ROWS rows is not exact and the pass refuses it. */
+static void long_prefills_case(const char *model)
+{
+    sp_err err = {0};
+    for (int t = SP_W_Q8; t <= SP_W_NF4; t++) {
+        sp_model *m = load_block0(model, t);
+        sp_block *blk = &m->blocks[0];
+        enum { NS = 4, CAP = 80 };
+        int H = m->cfg.hidden, rows[NS] = {1, 2, 1, 1}, T1[NS] = {37, 12, 1, 20}, T2[NS] = {1, 1, 30, 0};
+        size_t most = (size_t)H * 96; /* the first pass: 82 rows */
+        float *in = malloc(most * sizeof(float)), *out = malloc(most * sizeof(float)), *ref = malloc(most * sizeof(float));
+        for (int lv = SP_ISA__COUNT - 1; lv >= 0; lv--) { /* (the best level at most lv: each this CPU runs) */
+            sp_kern_force(lv);
+            char what[96];
+            snprintf(what, sizeof what, "%s %s level %s", model, sp_wtype_name((sp_wtype)t),
+                     sp_kern_level_name(sp_kern_level()));
+            sp_kv_cache alone[NS], batch[NS], *kvp[NS];
+            for (int i = 0; i < NS; i++) {
+                ck_assert_int_eq(sp_kv_init(&alone[i], rows[i], CAP, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
+                ck_assert_int_eq(sp_kv_init(&batch[i], rows[i], CAP, m->cfg.n_kv_heads, m->cfg.head_dim, &err), SP_OK);
+                kvp[i] = &batch[i];
+            }
+            sp_rng r;
+            sp_rng_seed(&r, 31 + (uint64_t)lv);
+            sp_rng_fill_normal(&r, in, (long)most, 1.0f);
+            if (!sp_kern_integer((sp_wtype)t)) {
+                ck_assert(!sp_block_rows_exact(blk, SP_KERN_MAX_ROWS + 1));
+                ck_assert_int_eq(sp_block_step_batch(blk, out, in, kvp, T1, NS, (int[NS]){0}, &m->ws, &err), SP_ERR_ARG);
+                ck_assert_int_eq(batch[0].len, 0);
+            } else {
+                sp_ws ws = {0};
+                pass_as_alone(what, m, kvp, alone, rows, T1, NS, in, out, ref, &ws); /* 4 join: prefills, a decode */
+                /* then decode steps, a long prefill of a joining sequence (2: its first step was a decode step),
+                 * 3 gone */
+                pass_as_alone(what, m, kvp, alone, rows, T2, NS - 1, in, out, ref, &ws);
+                sp_ws_free(&ws);
+            }
+            for (int i = 0; i < NS; i++)
+                sp_kv_free(&alone[i]), sp_kv_free(&batch[i]);
+        }
+        sp_kern_force(-1);
+        free(in), free(out), free(ref);
+        sp_model_free(m);
+    }
+}
+
+START_TEST(t_long_prefills_as_alone) { long_prefills_case(families[_i]); }
 END_TEST
 
 /* The weight tensors of a block (NULL: the family has none) and their sizes: they are carved from mem in this
@@ -782,6 +861,7 @@ static Suite *block_suite(void)
     tcase_add_loop_test(tc, t_golden_model, 0, NFAM);
     tcase_add_loop_test(tc, t_kv_cache_matches_full, 0, NFAM);
     tcase_add_loop_test(tc, t_decode_batch_as_alone, 0, NFAM);
+    tcase_add_loop_test(tc, t_long_prefills_as_alone, 0, NFAM);
     tcase_add_loop_test(tc, t_weight_grads_fd, 0, NFAM);
     tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
     tcase_add_loop_test(tc, t_items_as_alone, 0, NFAM);

@@ -472,13 +472,14 @@ END_TEST
 
 /* A batch's rows in the decode kernels (sp_qmat_mul_rows, any B) have the bits each row gets alone (B = 1), for
  * every encoding and kernel level, the column tails included: a decode step's result must not depend on its
- * batch-mates. */
+ * batch-mates. So does the plain product of any B where it runs in integers (int8 and nf4 above the scalar
+ * level: a server's pass of long prefills relies on it); elsewhere its larger B goes through sgemm. */
 START_TEST(t_rows_as_alone)
 {
     sp_rng r;
     sp_rng_seed(&r, 11);
     sp_err err = {0};
-    int rows = 45, cols = 200, Bmax = 21; /* 200: whole vectors and a tail at every level, Q8's short block */
+    int rows = 45, cols = 200, Bmax = 64; /* 200: whole vectors and a tail at every level, Q8's short block */
     float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)Bmax * cols, 1.0f);
     float *Y = malloc((size_t)Bmax * rows * sizeof(float)), *one = malloc((size_t)rows * sizeof(float));
     for (int lv = SP_ISA__COUNT - 1; lv >= 0; lv--) { /* (the best level at most lv: each this CPU runs) */
@@ -486,10 +487,11 @@ START_TEST(t_rows_as_alone)
         for (int t = 0; t < SP_W__COUNT; t++) {
             sp_qmat m;
             ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
-            int Bs[] = {2, 3, 5, 8, 9, 16, 21};
+            int Bs[] = {2, 3, 5, 8, 9, 16, 21, 37, 64}, plain = sp_kern_integer((sp_wtype)t);
+            ck_assert_int_eq(plain, (t == SP_W_Q8 || t == SP_W_NF4) && sp_kern_level() > SP_ISA_SCALAR);
             for (size_t k = 0; k < sizeof Bs / sizeof *Bs; k++) {
                 int B = Bs[k];
-                if (B <= SP_KERN_MAX_ROWS) /* the plain product runs the same kernels up to here */
+                if (B <= SP_KERN_MAX_ROWS || plain) /* the plain product runs the same kernels here */
                     sp_qmat_mul(&m, X, Y, B, sp_pool_default());
                 else
                     sp_qmat_mul_rows(&m, X, Y, B, sp_pool_default());

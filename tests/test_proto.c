@@ -606,12 +606,12 @@ static const sp_info_reply INFO_FULL = {
     .cache_tokens_available = 0, .max_batch_tokens = 1024, .max_length = 2048, .inference_rps = 0.1,
     .forward_tps = 1e300, .public_name = "caf\xc3\xa9 \"\\\n\x01", .sessions = 0, .kept_bytes = 5, .requests = 9,
     .batches = 4, .batched_rows = 30, .batch_peak = 16, .queue_wait = 0.25, .max_queue_wait = 5,
-    .device = "cuda:0 NVIDIA H200", .transport = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 0}};
+    .passed_inference = 2, .passed_training = 3, .device = "cuda:0 NVIDIA H200", .transport = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 0}};
 static const sp_info_reply INFO_MIN = {
     .model = "m", .start = 0, .end = 1, .weight_bytes = -1, .hidden_size = -1, .kv_heads = -1, .head_dim = -1,
     .cache_bytes_per_token = -1, .cache_bytes_total = -1, .cache_tokens_total = -1, .cache_tokens_available = -1,
     .max_batch_tokens = -1, .max_length = -1, .sessions = -1, .kept_bytes = -1, .requests = -1,
-    .batches = -1, .batched_rows = -1, .batch_peak = -1,
+    .batches = -1, .batched_rows = -1, .batch_peak = -1, .passed_inference = -1, .passed_training = -1,
     .transport = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}};
 static const sp_forward_req FORWARD_FULL = {.start = 1, .end = 4, .keep = 7, .reply_encoding = SP_ENC_BF16},
                             FORWARD_MIN = {.start = 0, .end = 0, .keep = 0, .reply_encoding = -1};
@@ -749,7 +749,7 @@ START_TEST(t_typed_wire_text)
                            "\"max_batch_tokens\":1024,\"max_length\":2048,\"inference_rps\":0.1,\"forward_tps\":1e+300,"
                            "\"public_name\":\"caf\xc3\xa9 \\\"\\\\\\n\\u0001\",\"sessions\":0,\"kept_bytes\":5,"
                            "\"requests\":9,\"batches\":4,\"batched_rows\":30,\"batch_peak\":16,\"queue_wait\":0.25,"
-                           "\"max_queue_wait\":5,\"device\":\"cuda:0 NVIDIA H200\","
+                           "\"max_queue_wait\":5,\"passed_inference\":2,\"passed_training\":3,\"device\":\"cuda:0 NVIDIA H200\","
            "\"transport\":{\"conns\":1,\"pending\":2,\"accepted\":3,\"refused\":4,"
                            "\"refused_ip\":5,\"handshake_timeouts\":6,\"idle_closed\":7,\"busy\":8,\"slow\":9,"
                            "\"auth_failed\":10,\"waits\":11,\"paused\":12,\"delivered\":13,\"bulk_refused\":14,"

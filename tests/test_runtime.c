@@ -25,11 +25,12 @@
 static sp_server *srv[3];
 
 /* workers_only: every step through the workers' queue (where they are batched), none run on arrival; await_bytes: the
- * pushed inputs it holds (0: the default). */
-static sp_server *start_with(int a, int b, int workers_only, size_t await_bytes)
+ * pushed inputs it holds (0: the default); dtype: how it holds its blocks (kern.h's sp_wtype). */
+static sp_server *start_as(int a, int b, int workers_only, size_t await_bytes, int dtype)
 {
     sp_server_opts o;
     sp_server_opts_default(&o);
+    o.dtype = dtype;
     o.model_dir = GQA;
     o.start = a;
     o.end = b;
@@ -42,13 +43,18 @@ static sp_server *start_with(int a, int b, int workers_only, size_t await_bytes)
     return s;
 }
 
+static sp_server *start_with(int a, int b, int workers_only, size_t await_bytes)
+{
+    return start_as(a, b, workers_only, await_bytes, SP_W_F32);
+}
+
 static sp_server *start(int a, int b, int workers_only) { return start_with(a, b, workers_only, 0); }
 
-/* A runtime with llama-gqa loaded and connected to servers 0:2 and 2:4. */
-static sp_runtime *swarm_runtime_opts(int workers_only)
+/* A runtime with llama-gqa loaded and connected to servers 0:2 and 2:4 (their blocks in dtype). */
+static sp_runtime *swarm_runtime_as(int workers_only, int dtype)
 {
-    srv[0] = start(0, 2, workers_only);
-    srv[1] = start(2, 4, workers_only);
+    srv[0] = start_as(0, 2, workers_only, 0, dtype);
+    srv[1] = start_as(2, 4, workers_only, 0, dtype);
     sp_runtime *rt = NULL;
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
@@ -59,6 +65,8 @@ static sp_runtime *swarm_runtime_opts(int workers_only)
     ck_assert_int_eq(sp_test_route_hops(rt), 2);
     return rt;
 }
+
+static sp_runtime *swarm_runtime_opts(int workers_only) { return swarm_runtime_as(workers_only, SP_W_F32); }
 
 static sp_runtime *swarm_runtime(void) { return swarm_runtime_opts(0); }
 
@@ -226,7 +234,9 @@ END_TEST
 
 /* Concurrent generations of one runtime (its sessions share a connection to each server, their calls in flight at
  * once) get the tokens each gets alone, greedy and seeded sampling, while the servers batch their steps: prompts
- * and lengths differ, three join once the first has made some tokens, all leave when done. */
+ * and lengths differ, three join once the first has made some tokens, all leave when done. In f32 (_i 0) the
+ * prompts are short (their prefills join passes up to 8 rows); in int8 and nf4 (_i 1, 2) three of them are 13 to
+ * 21 tokens long, and their prefills join the passes too (the servers count them). */
 typedef struct gen_job {
     sp_runtime *rt;
     const int32_t *prompt;
@@ -266,15 +276,18 @@ static void *gen_main(void *p)
 START_TEST(t_concurrent_generations_batched)
 {
     setenv("SEPAL_SERVER_FAULT", "slow:3", 1); /* answers 3 ms late: the others' steps come meanwhile */
-    sp_runtime *rt = swarm_runtime_opts(1);
-    static const int32_t p0[5] = {1, 17, 99, 3, 250}, p1[2] = {1, 400}, p2[7] = {1, 5, 6, 7, 8, 9, 10}, p3[3] = {1, 8, 9};
+    int dtypes[] = {SP_W_F32, SP_W_Q8, SP_W_NF4}, any = _i > 0;
+    sp_runtime *rt = swarm_runtime_as(1, dtypes[_i]);
+    static const int32_t p0[5] = {1, 17, 99, 3, 250}, p1[2] = {1, 400}, p2[7] = {1, 5, 6, 7, 8, 9, 10}, p3[3] = {1, 8, 9},
+                         pl[21] = {1, 31, 77, 5, 120, 64, 9, 300, 42, 18, 210, 7, 55, 91, 13, 160, 8, 270, 33, 2, 150};
     enum { NJ = 5 };
     int progress = 0;
-    gen_job j[NJ] = {{.prompt = p0, .len = 5, .max_new = 16},
+    gen_job j[NJ] = {{.prompt = any ? pl : p0, .len = any ? 21 : 5, .max_new = 16},
                      {.prompt = p1, .len = 2, .max_new = 10, .temperature = 0.8f, .seed = 3},
-                     {.prompt = p2, .len = 7, .max_new = 12, .wait_for = 4},
+                     {.prompt = any ? pl + 4 : p2, .len = any ? 13 : 7, .max_new = 12, .wait_for = 4},
                      {.prompt = p3, .len = 3, .max_new = 8, .temperature = 1.0f, .seed = 11, .wait_for = 8},
-                     {.prompt = p0, .len = 5, .max_new = 6, .temperature = 0.8f, .seed = 5, .wait_for = 12}};
+                     {.prompt = any ? pl + 2 : p0, .len = any ? 17 : 5, .max_new = 6, .temperature = 0.8f, .seed = 5,
+                      .wait_for = 12}};
     sp_gen_result together[NJ];
     for (int pass = 0; pass < 2; pass++) { /* at once, then one by one */
         pthread_t th[NJ];
@@ -298,6 +311,9 @@ START_TEST(t_concurrent_generations_batched)
         sp_server_batch_stats_get(srv[1], &b1);
         ck_assert_msg(b0.peak >= 2 || b1.peak >= 2, "no pass of two sessions: %llu and %llu rows at most",
                       (unsigned long long)b0.peak, (unsigned long long)b1.peak);
+        ck_assert_msg(b0.long_prefills == (any ? 3u : 0u) && b1.long_prefills == (any ? 3u : 0u),
+                      "long prefills through the passes: %llu and %llu", (unsigned long long)b0.long_prefills,
+                      (unsigned long long)b1.long_prefills);
     }
     for (int i = 0; i < NJ; i++) {
         ck_assert_int_eq(together[i].n[0], j[i].max_new);
@@ -865,7 +881,7 @@ int main(void)
     tcase_add_test(tc, t_cancel_finish_steps);
     tcase_add_test(tc, t_greedy_matches_transformers);
     tcase_add_test(tc, t_swarm_equals_local);
-    tcase_add_test(tc, t_concurrent_generations_batched);
+    tcase_add_loop_test(tc, t_concurrent_generations_batched, 0, 3);
     tcase_add_test(tc, t_beams_score_at_least_greedy);
     tcase_add_test(tc, t_forward_backward_over_route);
     tcase_add_test(tc, t_forward_backward_pushed);

@@ -882,11 +882,13 @@ static void *batch_client(void *p)
 /* A server of blocks 0:4 whose steps all go through the workers' queue (where they are batched), its answers
  * SEPAL_SERVER_FAULT=slow (ms) late so that the steps that come meanwhile queue up; max_batch_tokens 0: the
  * default; max_queue_wait: its --max-queue-wait (0: none); no_batch: --no-batch (each step alone). */
-static sp_server *start_batching(const char *slow, int max_batch_tokens, double max_queue_wait, int no_batch)
+static sp_server *start_batching_as(int dtype, const char *slow, int max_batch_tokens, double max_queue_wait,
+                                    int no_batch)
 {
     setenv("SEPAL_SERVER_FAULT", slow, 1);
     sp_server_opts o;
     gqa_opts(&o, 0, 4);
+    o.dtype = dtype;
     o.workers_only = 1;
     o.max_queue_wait_s = max_queue_wait;
     o.no_batch = no_batch;
@@ -900,17 +902,27 @@ static sp_server *start_batching(const char *slow, int max_batch_tokens, double 
     return s;
 }
 
+static sp_server *start_batching(const char *slow, int max_batch_tokens, double max_queue_wait, int no_batch)
+{
+    return start_batching_as(SP_W_F32, slow, max_batch_tokens, max_queue_wait, no_batch);
+}
+
+/* Sessions stepping at once, in f32, int8 and nf4 weights (_i: 0, 1, 2): each gets the bits it gets alone on a
+ * --no-batch server. In f32 the short prefills (up to 8 rows) joined passes and the longer ones ran apart; in int8
+ * and nf4 (products in integers at every row count) prefills of any length joined them: 21, 10, 33 and 12 rows,
+ * with decode steps and one another (the most rows in a pass at least the longest's). */
 START_TEST(t_batched_sessions_as_alone)
 {
-    sp_server *s = start_batching("slow:4", 0, 0, 0), *unbatched = start_batching("slow:4", 0, 0, 1);
+    int dtypes[] = {SP_W_F32, SP_W_Q8, SP_W_NF4}, dt = dtypes[_i], any = dt != SP_W_F32;
+    sp_server *s = start_batching_as(dt, "slow:4", 0, 0, 0), *unbatched = start_batching_as(dt, "slow:4", 0, 0, 1);
     enum { NJ = 6 };
     int done = 0;
-    batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = 3, .steps = 14},
+    batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = any ? 21 : 3, .steps = 14},
                        {.seed = 2, .B = 2, .prefill = 5, .steps = 9, .drop = 1},
                        {.seed = 3, .B = 1, .prefill = 1, .steps = 6},
-                       {.seed = 4, .B = 1, .prefill = 7, .steps = 10, .after = 8},
+                       {.seed = 4, .B = 1, .prefill = any ? 33 : 7, .steps = 10, .after = 8},
                        {.seed = 5, .B = 3, .prefill = 2, .steps = 8, .after = 15},
-                       {.seed = 6, .B = 1, .prefill = 4, .steps = 5, .after = 30, .drop = 1}};
+                       {.seed = 6, .B = 1, .prefill = any ? 12 : 4, .steps = 5, .after = 30, .drop = 1}};
     float *together[NJ];
     sp_remote *shared = connect_to(s);
     j[0].shared = j[2].shared = j[3].shared = shared;
@@ -932,13 +944,17 @@ START_TEST(t_batched_sessions_as_alone)
             ck_assert_msg(j[i].ok, "job %d (pass %d) failed", i, pass);
         sp_server_batch_stats bs;
         sp_server_batch_stats_get(s, &bs);
-        if (pass == 0) /* the steps did meet in passes of several sessions; the short prefills went through them */
-            ck_assert_msg(bs.peak >= 3 && bs.prefills >= 4, "no pass had 3 rows: %llu passes, %llu rows; %llu prefills",
-                          (unsigned long long)bs.batches, (unsigned long long)bs.rows, (unsigned long long)bs.prefills);
+        if (pass == 0) /* the steps did meet in passes of several sessions; the prefills went through them */
+            ck_assert_msg(bs.peak >= (any ? 33u : 3u) && bs.prefills >= (any ? 5u : 4u) &&
+                              bs.long_prefills == (any ? 4u : 0u),
+                          "%s: %llu passes, %llu rows, the most %llu; %llu prefills (%llu long)", sp_wtype_name(dt),
+                          (unsigned long long)bs.batches, (unsigned long long)bs.rows, (unsigned long long)bs.peak,
+                          (unsigned long long)bs.prefills, (unsigned long long)bs.long_prefills);
     }
     for (int i = 0; i < NJ; i++) {
         size_t n = (size_t)j[i].B * (j[i].prefill + j[i].steps) * H;
-        ck_assert_msg(!memcmp(together[i], j[i].out, n * 4), "job %d: its outputs in a batch differ from alone", i);
+        ck_assert_msg(!memcmp(together[i], j[i].out, n * 4), "%s job %d: its outputs in a batch differ from alone",
+                      sp_wtype_name(dt), i);
         free(together[i]), free(j[i].out);
     }
     sp_remote_close(shared);
@@ -1112,10 +1128,12 @@ END_TEST
 /* Fairness between clients (peers: source addresses), a real sepal-server process: client A, from 127.0.0.2, opens
  * 30 sessions, each on a connection of its own, and pipelines a step of each (the protocol allows requests in flight at once),
  * sending each session's next step as its answer comes, so some 26 of its steps always wait; client B, from
- * 127.0.0.1, steps one session. Passes hold 4 rows (--max-batch-tokens 4): with turns round-robin over the peers,
- * B's step joins the first pass after it comes, so at most that pass's and the one running (8 of A's answers) come
- * while B waits; by connection B would have one turn in 31 (up to some 30 of A's answers), first come, first served
- * it would wait behind A's queue (some 26). A count of answers, not a time. */
+ * 127.0.0.1, steps one session. Passes hold 4 rows (--max-batch-tokens 4). The server counts, for each request it
+ * takes from the queue, the requests of other clients it took while that one waited, and INFO tells B the most
+ * of its own (passed_inference): with turns round-robin over the peers, B's step is the next one taken after it
+ * comes, or the one after (the turn was B's last), so at most 1 of A's passes it; by connection B would have one
+ * turn in 31 (some 30 of A's), first come, first served it would wait behind A's queue (some 26). A count of what
+ * the server took, not of the answers A's threads happen to read meanwhile, nor a time. */
 enum { FAIR_CONNS = 30, FAIR_PER = 1 };
 
 typedef struct greedy_client {
@@ -1212,8 +1230,8 @@ static void *greedy_conn(void *p)
 }
 
 /* A fairness test's swarm: a server whose answers come 3 ms late (SEPAL_SERVER_FAULT=slow:3: A's requests queue up)
- * and passes hold max_batch_tokens rows; A's FAIR_CONNS connections from 127.0.0.2 each running fn; B from
- * 127.0.0.1 with a session open, once every one of A's connections has its first requests in. */
+ * and passes hold max_batch_tokens rows; B from 127.0.0.1 with a session open; then A's FAIR_CONNS connections
+ * from 127.0.0.2 each running fn, until every one of them has its first requests in. */
 typedef struct fair_run {
     sp_test_proc p;
     greedy_client a;
@@ -1230,12 +1248,12 @@ static void fair_start(fair_run *f, const char *max_batch_tokens, void *(*fn)(vo
     ck_assert_int_eq(sp_test_server_start(&f->p, args), 0);
     unsetenv("SEPAL_SERVER_FAULT");
     f->a = (greedy_client){.port = f->p.port};
-    for (int i = 0; i < FAIR_CONNS; i++)
-        pthread_create(&f->th[i], NULL, fn, &f->a);
     sp_err err = {0};
-    f->b = NULL;
+    f->b = NULL; /* B's session first: its opening waits for none of A's */
     ck_assert_msg(sp_remote_connect(&f->b, "127.0.0.1", f->p.port, 0, TMO, &err) == SP_OK, "%s", err.msg);
     f->id = open_session(f->b, 0, 4, 16, 1);
+    for (int i = 0; i < FAIR_CONNS; i++)
+        pthread_create(&f->th[i], NULL, fn, &f->a);
     while (__atomic_load_n(&f->a.ready, __ATOMIC_SEQ_CST) < FAIR_CONNS)
         usleep(1000);
     usleep(30000); /* A's queue fills */
@@ -1260,26 +1278,28 @@ START_TEST(t_fair_between_clients)
     fair_run f; /* passes of 4 steps take 12 ms or more */
     fair_start(&f, "4", greedy_conn);
     float x[H] = {0}, y[H];
-    int most = 0;
-    for (int i = 0; i < 6; i++) {
-        int before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 6; i++)
         step(f.b, f.id, x, 1, 1, y, -1, NULL);
-        int during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
-        most = during > most ? during : most;
-    }
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(f.b, &info, TMO, NULL), SP_OK);
+    int taken = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
     fair_stop_a(&f);
-    fprintf(stderr, "fairness: at most %d of A's steps answered while one of B's waited\n", most);
-    ck_assert_msg(most <= 12, "B waited while %d of A's steps were answered", most);
+    fprintf(stderr, "fairness: at most %lld of A's steps taken while one of B's waited (A: %d answered)\n",
+            (long long)info.passed_inference, taken);
+    ck_assert_msg(info.batch_peak >= 4, "A's steps did not fill a pass (the most rows %lld)", (long long)info.batch_peak);
+    ck_assert_msg(info.passed_inference <= 1, "B's step waited while %lld of A's were taken",
+                  (long long)info.passed_inference);
     fair_end(&f);
 }
 END_TEST
 
 /* Training's FORWARDs merge by turns too. A client from 127.0.0.2 keeps a FORWARD of 12 rows in flight on each of
  * 30 connections; passes hold 2 of them (--max-batch-tokens 24) and take 6 ms or more (slow:3 per answer); a
- * client from 127.0.0.1 sends one FORWARD at a time: its request joins the first pass after it comes (turns by
- * client), so while it waits at most that pass's and the running one's (4 of A's answers) come, where first come,
- * first served it would wait behind A's queue (some 28). An inference step meanwhile goes before all of them. A
- * count of answers, not a time. */
+ * client from 127.0.0.1 sends one FORWARD at a time: its request is the next taken after it comes, or the one after
+ * (turns by client), so at most 1 of A's is taken while it waits (the server's count, INFO's passed_training), where
+ * by connection some 29 would, first come, first served some 28. An inference step meanwhile goes before all of
+ * them: none of A's is taken while it waits (passed_inference; a pass being gathered takes no more once inference
+ * waits). Counts of what the server took, not of answers read, nor a time. */
 static void raw_forward(sp_ws_client *c, uint64_t id)
 {
     static float x[12 * H];
@@ -1311,25 +1331,23 @@ START_TEST(t_fair_training_merges)
     fair_run f;
     fair_start(&f, "24", greedy_trainer);
     float *x = calloc(12 * H, 4), y[H];
-    int most = 0, most_step = 0;
     for (int i = 0; i < 6; i++) {
-        int before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
         sp_reply rep;
         sp_tensor_src t = t3(x, 1, 12);
         free(call_ok(f.b, SP_MSG_FORWARD, "{\"start\":0,\"end\":4}", &t, 1, 1, &rep));
         sp_reply_clear(&rep);
-        int during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
-        most = during > most ? during : most;
-        before = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
         step(f.b, f.id, x, 1, 1, y, -1, NULL); /* inference first: before every FORWARD waiting */
-        during = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST) - before;
-        most_step = during > most_step ? during : most_step;
     }
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(f.b, &info, TMO, NULL), SP_OK);
+    int taken = __atomic_load_n(&f.a.done, __ATOMIC_SEQ_CST);
     fair_stop_a(&f);
-    fprintf(stderr, "training fairness: at most %d of A's FORWARDs answered while one of B's waited, %d while a step "
-            "waited\n", most, most_step);
-    ck_assert_msg(most <= 8, "B's FORWARD waited while %d of A's were answered", most);
-    ck_assert_msg(most_step <= 4, "B's step waited while %d of A's FORWARDs were answered", most_step);
+    fprintf(stderr, "training fairness: at most %lld of A's FORWARDs taken while one of B's waited, %lld while a "
+            "step waited (A: %d answered)\n", (long long)info.passed_training, (long long)info.passed_inference, taken);
+    ck_assert_msg(info.passed_training <= 1, "B's FORWARD waited while %lld of A's were taken",
+                  (long long)info.passed_training);
+    ck_assert_msg(info.passed_inference == 0, "B's step waited while %lld of A's FORWARDs were taken",
+                  (long long)info.passed_inference);
     free(x);
     fair_end(&f);
 }
@@ -1875,7 +1893,7 @@ int main(void)
     tcase_add_test(tc, t_span_push_held);
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
-    tcase_add_test(tc, t_batched_sessions_as_alone);
+    tcase_add_loop_test(tc, t_batched_sessions_as_alone, 0, 3);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_fair_training_merges);

@@ -1390,6 +1390,8 @@ static const field info_reply_f[] = {
     COUNT(sp_info_reply, batch_peak),
     FIELD(sp_info_reply, queue_wait, K_F64, OPT, 0, HUGE_VAL, 0),
     FIELD(sp_info_reply, max_queue_wait, K_F64, OPT, 0, HUGE_VAL, 0),
+    COUNT(sp_info_reply, passed_inference),
+    COUNT(sp_info_reply, passed_training),
     NAME(sp_info_reply, device),
     OBJECT(sp_info_reply, transport, info_transport_t),
 };

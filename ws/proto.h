@@ -280,6 +280,9 @@ typedef struct sp_info_reply {
     int64_t kept_bytes, requests;
     int64_t batches, batched_rows, batch_peak; /* batched decode passes, rows through them, most rows in one */
     double queue_wait;                         /* recent decode steps' wait in the queue, s (finite, >= 0) */
+    int64_t passed_inference, passed_training; /* for the asking client (its address): the most requests of other
+                                                  clients taken from the queue while one of its inference (training)
+                                                  requests waited there (how fair the turns were) */
     double max_queue_wait;                     /* the bound on it over which new sessions are refused, s (0: none) */
     char device[64];                           /* where the span runs: "cpu", "cuda:0 NVIDIA H200" ("": not said) */
     sp_info_transport transport;
