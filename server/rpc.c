@@ -1246,10 +1246,16 @@ static int batch_reserve(sp_step_batch *b, int n)
 
 /* Takes step i in: decoded, its session held, checked and prepared. Off is set to its first row in h when it
  * joins the pass (its B x T rows copied there; *rows grows): a decode step or a prefill whose rows alone run in
- * the decode kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS, any number where every product runs in
- * integers: int8 and nf4; the pass gives it the bits it gets alone), without prompts, within the budget; -1 when
+ * the decode kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS, up to PASS_MAX_STEP_ROWS where every product
+ * runs in integers: int8 and nf4; the pass gives it the bits it gets alone), without prompts, within the budget; -1 when
  * it runs alone (a longer prefill of other weights, prompts, a wide beam, no room left in the budget), -2 when it
  * was answered already (an ERROR). */
+/* The longest step (rows: batch x positions) that joins a pass of int8/nf4 blocks. A product of 64 rows already
+ * reads each weight once for many rows and binds on its arithmetic (bench/serve --mix: prefills of 128 to 512
+ * positions cost the same CPU a token merged or alone), while every step of the pass waits for the longest one's
+ * rows: longer prefills run after the pass, alone. */
+#define PASS_MAX_STEP_ROWS 64
+
 static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int i, int *rows)
 {
     req *r = &b->r[i];
@@ -1276,7 +1282,8 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     t->off = -1;
     int n = t->B * t->T;
     size_t H = (size_t)s->m->cfg.hidden, need = (size_t)(*rows + n) * H;
-    if (t->pi < r->m.n_tensors || !sp_block_rows_exact(&s->m->blocks[0], n) || *rows + n > s->o.max_batch_tokens ||
+    if (t->pi < r->m.n_tensors || !sp_block_rows_exact(&s->m->blocks[0], n) || n > PASS_MAX_STEP_ROWS ||
+        *rows + n > s->o.max_batch_tokens ||
         (s->dev && t->T > 1)) /* the device's pass takes decode steps; its short prefills run one by one */
         return;
     if (need > b->hcap) {

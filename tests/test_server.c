@@ -909,20 +909,21 @@ static sp_server *start_batching(const char *slow, int max_batch_tokens, double 
 
 /* Sessions stepping at once, in f32, int8 and nf4 weights (_i: 0, 1, 2): each gets the bits it gets alone on a
  * --no-batch server. In f32 the short prefills (up to 8 rows) joined passes and the longer ones ran apart; in int8
- * and nf4 (products in integers at every row count) prefills of any length joined them: 21, 10, 33 and 12 rows,
- * with decode steps and one another (the most rows in a pass at least the longest's). */
+ * and nf4 (products in integers at every row count) prefills of up to 64 rows joined them: 21, 10, 33 and 12 rows,
+ * with decode steps and one another (the most rows in a pass at least the longest's), and one of 70 ran apart. */
 START_TEST(t_batched_sessions_as_alone)
 {
     int dtypes[] = {SP_W_F32, SP_W_Q8, SP_W_NF4}, dt = dtypes[_i], any = dt != SP_W_F32;
     sp_server *s = start_batching_as(dt, "slow:4", 0, 0, 0), *unbatched = start_batching_as(dt, "slow:4", 0, 0, 1);
-    enum { NJ = 6 };
+    enum { NJ = 7 };
     int done = 0;
     batch_job j[NJ] = {{.seed = 1, .B = 1, .prefill = any ? 21 : 3, .steps = 14},
                        {.seed = 2, .B = 2, .prefill = 5, .steps = 9, .drop = 1},
                        {.seed = 3, .B = 1, .prefill = 1, .steps = 6},
                        {.seed = 4, .B = 1, .prefill = any ? 33 : 7, .steps = 10, .after = 8},
                        {.seed = 5, .B = 3, .prefill = 2, .steps = 8, .after = 15},
-                       {.seed = 6, .B = 1, .prefill = any ? 12 : 4, .steps = 5, .after = 30, .drop = 1}};
+                       {.seed = 6, .B = 1, .prefill = any ? 12 : 4, .steps = 5, .after = 30, .drop = 1},
+                       {.seed = 7, .B = 1, .prefill = any ? 70 : 9, .steps = 4, .after = 10}};
     float *together[NJ];
     sp_remote *shared = connect_to(s);
     j[0].shared = j[2].shared = j[3].shared = shared;
