@@ -700,8 +700,8 @@ static inline int32_t load_i32(const int8_t *p)
 
 /* Six times: B == MAXB too (a prefill's rows, 8 at a time). With B known the accumulators stay in registers:
  * at AVX-512 (32 of them) 2.3-2.6x the speed of B variable, whose accumulators lived on the stack; at AVX-VNNI
- * 1.4x. AVX2's kernel, which needs twice as many, spills worse with B known (0.7x; 4 rows at a time 0.8x): it
- * keeps four. (A [768, 288] int8 / nf4 product of 128 rows, 1 thread, AMD EPYC Zen 5.) */
+ * 1.4x. AVX2's body, which needs twice as many, spills worse with B known (0.7x; 4 rows at a time 0.8x): its
+ * B == MAXB is qg2_rows8 instead. (A [768, 288] int8 / nf4 product of 128 rows, 1 thread, AMD EPYC Zen 5.) */
 #define QG_SPECIALISE_MAXB(BODY, ...)                                                                          \
     do {                                                                                                       \
         if (B == MAXB && m->type == SP_W_NF4)                                                                  \
@@ -803,11 +803,56 @@ T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const 
     }
 }
 
+/* B == MAXB (a prefill's rows, 8 at a time), a half (8 rows of W) at a time: the 8 rows of X's sums in registers
+ * (d), the f32 accumulators in out (loaded, fused, stored once a block: 16 of them would spill), and the weights'
+ * magnitudes taken once a unit for all 8 (|w| times x with w's sign: the same exact products as mac2's). Each
+ * block's integer sum and its f32 step are those of qg2_body, in the same order: the same bits. */
+T2 static INLINE void qg2_rows8(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, int nf4, float *out)
+{
+    int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
+    int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
+    const __m256i ones = _mm256_set1_epi16(1);
+    memset(out, 0, MAXB * GROUP * sizeof *out);
+    for (int xb = 0; xb < nx; xb++) {
+        const uint8_t *u = qg_units(m, nb, g, xb);
+        const float *st = qg_steps(m, nb, g, xb);
+        for (int h = 0; h < 2; h++) {
+            __m256i d[MAXB];
+            for (int b = 0; b < MAXB; b++)
+                d[b] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int k = 0; k < units; k++) {
+                __m256i w[2];
+                unit2_s8(u + k * 64, h, nf4, w);
+                for (int s = 0; s < sets; s++) {
+                    __m256i wa = _mm256_abs_epi8(w[s]);
+                    for (int b = 0; b < MAXB; b++) {
+                        __m256i x = _mm256_set1_epi32(load_i32(XQ + ((size_t)b * nx + xb) * 32 + (k * sets + s) * 4));
+                        __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w[s]));
+                        d[b] = _mm256_add_epi32(d[b], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+            __m256 sv = _mm256_loadu_ps(st + 8 * h);
+            for (int b = 0; b < MAXB; b++) {
+                float *o = out + b * GROUP + 8 * h;
+                __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(XS[(size_t)b * nx + xb]));
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[b]), f, _mm256_loadu_ps(o)));
+            }
+        }
+    }
+}
+
 T2 static void qg_avx2(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, const int32_t *XC, int B,
                        float *out)
 {
     (void)XC;
-    QG_SPECIALISE(qg2_body, m, g, XQ, XS);
+    if (B == MAXB && m->type == SP_W_NF4)
+        qg2_rows8(m, g, XQ, XS, 1, out);
+    else if (B == MAXB)
+        qg2_rows8(m, g, XQ, XS, 0, out);
+    else
+        QG_SPECIALISE(qg2_body, m, g, XQ, XS);
 }
 
 /* AVX-VNNI (256 bits): dpbusd of the unsigned stored bytes (Q8) or looked-up levels + 128 (NF4) with x
