@@ -1450,28 +1450,40 @@ static int mul_parts(const sp_qmat *W, sp_pool *pool)
     return (int)(want < units ? want : units);
 }
 
-/* X [B, cols] quantised into the calling thread's scratch for the integer kernels: 0, or -1 without room. */
-static int quantize_x(mul_job *j)
+/* Rows [lo, hi) of X (part i of n) quantised into j's XQ, XS and XC (each row on its own: any split, the same). */
+static void quantize_part(void *ctx, int i, int n)
+{
+    mul_job *j = ctx;
+    int C = j->W->cols, nx = (C + Q8_BLOCK - 1) / Q8_BLOCK;
+    long lo, hi;
+    sp_pool_split(j->B, i, n, 1, &lo, &hi);
+    int8_t *xq = (int8_t *)j->XQ;
+    float *xs = (float *)j->XS;
+    int32_t *xc = (int32_t *)j->XC;
+    for (long b = lo; b < hi; b++)
+        sp_q8_quantize(j->X + (size_t)b * C, C, xq + (size_t)b * nx * Q8_BLOCK, xs + (size_t)b * nx);
+    for (size_t k = (size_t)lo * nx; k < (size_t)hi * nx; k++) { /* -128 * each block's sum: the stored offset's */
+        int32_t sum = 0;
+        for (int c = 0; c < Q8_BLOCK; c++)
+            sum += xq[k * Q8_BLOCK + (size_t)c];
+        xc[k] = -128 * sum;
+    }
+}
+
+/* X [B, cols] quantised into the calling thread's scratch for the integer kernels, split over the pool in parts
+ * of at least 16K values (a prefill's): 0, or -1 without room. */
+static int quantize_x(mul_job *j, sp_pool *pool)
 {
     int C = j->W->cols, nx = (C + Q8_BLOCK - 1) / Q8_BLOCK, B = j->B;
     size_t qbytes = ((size_t)B * nx * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nx;
     uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
     if (!buf)
         return -1;
-    int8_t *xq = (int8_t *)buf;
-    float *xs = (float *)(buf + qbytes);
-    int32_t *xc = (int32_t *)(xs + n);
-    for (int b = 0; b < B; b++)
-        sp_q8_quantize(j->X + (size_t)b * C, C, xq + (size_t)b * nx * Q8_BLOCK, xs + (size_t)b * nx);
-    for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
-        int32_t sum = 0;
-        for (int c = 0; c < Q8_BLOCK; c++)
-            sum += xq[k * Q8_BLOCK + (size_t)c];
-        xc[k] = -128 * sum;
-    }
-    j->XQ = xq;
-    j->XS = xs;
-    j->XC = xc;
+    j->XQ = (int8_t *)buf;
+    j->XS = (float *)(buf + qbytes);
+    j->XC = (int32_t *)(j->XS + n);
+    long parts = (long)B * C / 16384;
+    sp_pool_run_parts(pool, quantize_part, j, (int)(parts < 1 ? 1 : parts > B ? B : parts));
     return 0;
 }
 
@@ -1479,7 +1491,7 @@ static int quantize_x(mul_job *j)
 static void mul_kernels(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
 {
     mul_job j = {W, X, Y, B, dot_for(W), qg_for(W->type), NULL, NULL, NULL};
-    if (j.qg && quantize_x(&j))
+    if (j.qg && quantize_x(&j, pool))
         j.qg = NULL; /* no room: the f32 kernel */
     sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
 }
