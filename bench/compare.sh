@@ -7,7 +7,8 @@
 # each at every kernel level asked (SEPAL_ISA: avx2, avx512; a level this CPU lacks is skipped, said once; the
 # level that ran is what sepal's note names), with 1 and 2 threads (sepal --threads N, llama.cpp -t N), on an
 # idle machine and under contention (two busy processes, `yes >/dev/null`, started before those reps and
-# stopped after them). llama.cpp runs its own best SIMD (built -march=native; its system_info line is printed).
+# stopped after them). llama.cpp runs the SIMD of sepal's level (bench/llama.sh: at avx2 an AVX2-only build of it,
+# at avx512 its native one, -march=native; which build and its system_info line are printed).
 # Prints every rep, the medians, the median of the pairs' ratios, and whether the greedy texts are identical
 # (sepal f32 = llama.cpp F32 is required: a difference fails the run; int8 = Q8_0 and nf4 = Q4_0 are reported:
 # the encodings and the activations' rounding differ).
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
     --load) loads="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --prompt) prompt="$2"; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "compare: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -80,8 +81,7 @@ cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "compare: $("$sepal" --version 2>/dev/null | head -1) vs llama.cpp v0.5.0 (node-llama-cpp@3.22.1), stories15M," \
     "\"$prompt\" + $tokens tokens greedy, $reps rep pairs a condition, $cpu, $(getconf _NPROCESSORS_ONLN) cores," \
     "sepal's kernel levels: $isas, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-"$completion" -m "$(gguf_of f32)" -p "$prompt" -n 1 -t 1 -c 128 --temp 0 -no-cnv --no-warmup --simple-io </dev/null \
-    2>&1 >/dev/null | sed -n 's/.*system_info: /llama.cpp system_info: /p' | head -1
+llama_builds "$isas"
 fail=0
 summary=()
 for load in $loads; do
@@ -89,7 +89,7 @@ for load in $loads; do
     for th in $threads_list; do
         for d in $pairs; do
             for isa in $isas; do
-                ln="$(llama_name "$d")"
+                ln="$(llama_name "$d")" completion="$(llama_for "$isa")"
                 : >"$tmp/s" && : >"$tmp/l" && : >"$tmp/r"
                 for k in $(seq 1 "$reps"); do
                     if [ $((k % 2)) -eq 1 ]; then

@@ -3,7 +3,8 @@
 # OPENBLAS_*, OMP_* and GOTO_* unset: an OPENBLAS_CORETYPE=Haswell left in an environment makes OpenBLAS, sepal's
 # products of more than 8 rows, run AVX2 kernels on an AVX-512 CPU); sepal and its stories15M, llama.cpp's
 # llama-completion and its GGUFs; a temporary directory tmp and the busy processes (`yes`), both gone at exit;
-# the GGUF and llama.cpp's name of an encoding; the kernel levels this CPU runs.
+# the GGUF and llama.cpp's name of an encoding; the kernel levels this CPU runs; the llama.cpp build that pairs
+# with each level (llama_builds, llama_for).
 
 die() { echo "$bench: $*" >&2; exit 1; }
 
@@ -14,7 +15,7 @@ done
 sepal="$build/app/sepal"
 [ -x "$sepal" ] || die "$sepal not found: build first (SEPAL_BUILD_DIR=$build scripts/build.sh)"
 model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
-llama="$(scripts/fetch-llama-cpp.sh | tail -1)" || die "scripts/fetch-llama-cpp.sh failed"
+llama="$(scripts/fetch-llama-cpp.sh | tail -2 | head -1)" || die "scripts/fetch-llama-cpp.sh failed"
 completion="$llama/build/bin/llama-completion"
 
 . bench/busy.sh
@@ -32,3 +33,25 @@ levels_run() {
     [ -n "$runs" ] || die "no kernel level of '$1' runs on this CPU"
     echo "${runs# }"
 }
+
+# The llama.cpp build that runs what an x86 machine of sepal's level has: avx2 (and scalar: llama.cpp has no
+# build without SIMD) the AVX2-only build, avxvnni the AVX2 + AVX-VNNI one, avx512 the native one (-march=native:
+# this CPU's best, AVX-512 where sepal runs avx512). Compared natively, an AVX-512 llama.cpp would race sepal's
+# forced AVX2 kernels.
+llama_isa_of() { case "$1" in avx512) echo native ;; avxvnni) echo avxvnni ;; *) echo avx2 ;; esac; }
+declare -A llama_bins
+# llama_builds "avx2 avx512": fetches (builds, the first time: minutes) the build of each level and says which
+# runs against which, with its system_info line
+llama_builds() {
+    local isa want bin info
+    for isa in $1; do
+        want="$(llama_isa_of "$isa")"
+        bin="$(scripts/fetch-llama-cpp.sh --isa "$want" | tail -1)" || die "scripts/fetch-llama-cpp.sh --isa $want failed"
+        llama_bins[$isa]="$bin/llama-completion"
+        info="$("$bin/llama-completion" -m "$(gguf_of f32)" -p "Once" -n 1 -t 1 -c 128 --temp 0 -no-cnv --no-warmup \
+            --simple-io </dev/null 2>&1 >/dev/null | sed -n 's/.*system_info: //p' | head -1)"
+        echo "llama.cpp against sepal's $isa: --isa $want build ($bin), system_info: ${info:-?}"
+    done
+}
+# llama_for ISA -> the llama-completion of the level (llama_builds first)
+llama_for() { echo "${llama_bins[$1]:?llama_builds did not fetch a build for $1}"; }

@@ -3,7 +3,8 @@
 # against llama.cpp v0.5.0 (`llama-completion`'s "prompt eval time") on stories15M, prompts of 128 and 512
 # tokens, reps interleaved (A B, B A, ...), each at every kernel level asked (SEPAL_ISA; at avx2 and avxvnni with
 # OPENBLAS_CORETYPE=Haswell, so that sepal's large products run OpenBLAS's AVX2 sgemm, as on an AVX2 machine;
-# llama.cpp runs its own best SIMD, built -march=native, as in compare.sh) with 1 and 2 threads:
+# llama.cpp the SIMD of the same level, as in compare.sh: at avx2 its AVX2-only build, scripts/fetch-llama-cpp.sh
+# --isa avx2, at avx512 its native one; which is printed) with 1 and 2 threads:
 #   sepal --dtype f32  vs llama.cpp F32,  int8 vs Q8_0,  nf4 vs Q4_0   (goal: ratio >= 1.0)
 # stories15M's context is 256 positions (llama.cpp's GGUF says 128): both run it here with a context of 1024,
 # sepal from a copy of the model whose config.json says max_position_embeddings 1024 (the weights linked, not
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
     --isa) isas="$2"; shift 2 ;;
     --load) loads="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "prefill: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -103,6 +104,7 @@ cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "prefill: $("$sepal" --version 2>/dev/null | head -1) vs llama.cpp v0.5.0, stories15M (context 1024), prompts of" \
     "$lengths tokens, $reps rep pairs a condition, $cpu, $(getconf _NPROCESSORS_ONLN) cores, sepal's kernel levels:" \
     "$isas, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+llama_builds "$isas"
 declare -A prompts
 missing=0
 for n in $lengths; do prompts[$n]="$(prompt_of "$n")"; done
@@ -113,7 +115,7 @@ for load in $loads; do
         for th in $threads_list; do
             for d in $pairs; do
                 for isa in $isas; do
-                    ln="$(llama_name "$d")"
+                    ln="$(llama_name "$d")" completion="$(llama_for "$isa")"
                     : >"$tmp/s" && : >"$tmp/l" && : >"$tmp/r"
                     for k in $(seq 1 "$reps"); do
                         if [ $((k % 2)) -eq 1 ]; then

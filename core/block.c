@@ -694,13 +694,73 @@ static sp_attn_dims attn_dims(const sp_block *b, int B, int T, const sp_kv_cache
 /* ---------------------------------------------------------------------------------------------- */
 /* forward */
 
+/* A prefill's row-wise work (norms, RoPE, residuals) on the pool: rows [lo, hi) a part, at least 4096 values a
+ * part; each row computed as on one thread (the same bits). */
+typedef struct rows_job {
+    const sp_block *b;
+    float *out, *mean, *rstd, *k;
+    const float *x, *w, *bias, *cos, *sin;
+    long rows;
+    int T; /* RoPE: positions a sequence (row r is position r % T) */
+} rows_job;
+
+static void run_rows(const sp_block *b, sp_pool_fn fn, rows_job *j, long row_values)
+{
+    long rows = j->rows, parts = rows * row_values / 4096;
+    sp_pool_run_parts(b->pool, fn, j, (int)(parts < 1 ? 1 : parts > rows ? rows : parts > 4096 ? 4096 : parts));
+}
+
+static void norm_part(void *ctx, int i, int n)
+{
+    const rows_job *j = ctx;
+    const sp_block *b = j->b;
+    long lo, hi, H = b->H;
+    sp_pool_split(j->rows, i, n, 1, &lo, &hi);
+    float *rstd = j->rstd ? j->rstd + lo : NULL;
+    if (b->k.norm == SP_NORM_RMS)
+        sp_rmsnorm_forward(j->out + lo * H, rstd, j->x + lo * H, j->w, (int)(hi - lo), b->H, b->eps);
+    else
+        sp_layernorm_forward(j->out + lo * H, j->mean + lo, rstd, j->x + lo * H, j->w, j->bias, (int)(hi - lo), b->H,
+                             b->eps);
+}
+
 static void norm_forward(const sp_block *b, float *out, float *mean, float *rstd, const float *x, const float *w,
                          const float *bias, int N)
 {
-    if (b->k.norm == SP_NORM_RMS)
-        sp_rmsnorm_forward(out, rstd, x, w, N, b->H, b->eps);
-    else
-        sp_layernorm_forward(out, mean, rstd, x, w, bias, N, b->H, b->eps);
+    rows_job j = {.b = b, .out = out, .mean = mean, .rstd = rstd, .x = x, .w = w, .bias = bias, .rows = N};
+    run_rows(b, norm_part, &j, b->H);
+}
+
+/* out[N, H] += x[N, H] (a residual) */
+static void add_part(void *ctx, int i, int n)
+{
+    const rows_job *j = ctx;
+    long lo, hi;
+    sp_pool_split(j->rows * j->b->H, i, n, 16, &lo, &hi);
+    for (long k = lo; k < hi; k++)
+        j->out[k] += j->x[k];
+}
+
+static void residual(const sp_block *b, float *out, const float *x, int N)
+{
+    rows_job j = {.b = b, .out = out, .x = x, .rows = N};
+    run_rows(b, add_part, &j, b->H);
+}
+
+/* RoPE on the q rows (out) and k rows (k) of rows [lo, hi) of B sequences of T positions */
+static void rope_part(void *ctx, int i, int n)
+{
+    const rows_job *j = ctx;
+    const sp_block *b = j->b;
+    long lo, hi, half = b->hd / 2;
+    sp_pool_split(j->rows, i, n, 1, &lo, &hi);
+    for (long r = lo; r < hi; r++) {
+        long t = r % j->T;
+        sp_rope_forward(j->out + r * b->nh * b->hd, j->out + r * b->nh * b->hd, j->cos + t * half, j->sin + t * half,
+                        1, 1, b->nh, b->hd);
+        sp_rope_forward(j->k + r * b->nkv * b->hd, j->k + r * b->nkv * b->hd, j->cos + t * half, j->sin + t * half,
+                        1, 1, b->nkv, b->hd);
+    }
 }
 
 /* Copies the step's k/v rows [B, T, nkv*hd] into the cache at positions len..len+T. */
@@ -985,8 +1045,8 @@ static void attn_mid(const sp_block *b, float *att, float *q, float *k, const fl
 {
     if (b->rope) {
         sp_rope_tables(b->rope, pos0, T, a->cos, a->sin);
-        sp_rope_forward(q, q, a->cos, a->sin, B, T, b->nh, b->hd);
-        sp_rope_forward(k, k, a->cos, a->sin, B, T, b->nkv, b->hd);
+        rows_job j = {.b = b, .out = q, .k = k, .cos = a->cos, .sin = a->sin, .rows = (long)B * T, .T = T};
+        run_rows(b, rope_part, &j, (long)(b->nh + b->nkv) * b->hd);
     }
     const float *K = k, *V = v;
     if (kv) { /* append this step, attend over the whole cached prefix */
@@ -1003,16 +1063,14 @@ static void attn_out_mlp(const sp_block *b, float *out, const float *inp, int N,
 {
     int H = b->H, Q = b->nh * b->hd;
     lin_a(b, &b->qm[M_O], b->wo, a->h1, a->att, b->bo, N, Q, H, a);
-    for (long i = 0; i < (long)N * H; i++)
-        a->h1[i] += inp[i];
+    residual(b, a->h1, inp, N);
     const float *m = a->ln1;
     if (b->ln2_w) {
         norm_forward(b, a->ln2, a->mean2, a->rstd2, b->k.parallel ? inp : a->h1, b->ln2_w, b->ln2_b, N);
         m = a->ln2;
     }
     mlp_forward(b, out, m, N, a);
-    for (long i = 0; i < (long)N * H; i++)
-        out[i] += a->h1[i];
+    residual(b, out, a->h1, N);
 }
 
 /* The forward pass proper; fills `a`. */

@@ -700,8 +700,8 @@ static inline int32_t load_i32(const int8_t *p)
 
 /* Six times: B == MAXB too (a prefill's rows, 8 at a time). With B known the accumulators stay in registers:
  * at AVX-512 (32 of them) 2.3-2.6x the speed of B variable, whose accumulators lived on the stack; at AVX-VNNI
- * 1.4x. AVX2's kernel, which needs twice as many, spills worse with B known (0.7x; 4 rows at a time 0.8x): it
- * keeps four. (A [768, 288] int8 / nf4 product of 128 rows, 1 thread, AMD EPYC Zen 5.) */
+ * 1.4x. AVX2's, which would need twice as many, keeps its f32 accumulators in memory instead (qg2_body).
+ * (A [768, 288] int8 / nf4 product of 128 rows, 1 thread, AMD EPYC Zen 5.) */
 #define QG_SPECIALISE_MAXB(BODY, ...)                                                                          \
     do {                                                                                                       \
         if (B == MAXB && m->type == SP_W_NF4)                                                                  \
@@ -739,22 +739,25 @@ T2 static INLINE void unit2_s8(const uint8_t *u, int h, int nf4, __m256i *w)
     }
 }
 
-/* d + the 8 rows' sums of w times x (4 values of X broadcast; xa = |x|): |x| times w with x's sign (maddubs,
- * 2 x 127 x 127 fits in 16 bits), pairs summed (madd). */
-T2 static INLINE __m256i mac2(__m256i d, __m256i w, __m256i x, __m256i xa)
+/* d + the 8 rows' sums of the pairs of products of u (unsigned bytes) and v (signed): maddubs (2 x 127 x 127
+ * fits in 16 bits), pairs summed (madd). w x as |x| times w with x's sign, or |w| times x with w's sign. */
+T2 static INLINE __m256i mac2(__m256i d, __m256i u, __m256i v)
 {
-    __m256i p = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, x));
+    __m256i p = _mm256_maddubs_epi16(u, v);
     return _mm256_add_epi32(d, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
-/* B == 1: both halves at once (X's broadcasts shared); else a half at a time for every row of X. */
+/* B == 1: both halves at once (X's broadcasts shared), |x| taken once for both. Else a half (8 rows of W) at a
+ * time for every row of X: the rows' sums in registers (d; with B == MAXB known, every one), the weights'
+ * magnitudes taken once a unit for all of them, and the f32 accumulators in out (loaded, fused, stored once a
+ * block: 16 of them spilled). Each block's sum is exact, and its f32 step the same in both: the same bits. */
 T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, int B, int nf4, float *out)
 {
     int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
     int units = nf4 ? 4 : 8, sets = nf4 ? 2 : 1;
-    __m256 acc[MAXB][2];
-    for (int b = 0; b < B; b++)
-        acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    if (B > 1)
+        memset(out, 0, (size_t)B * GROUP * sizeof *out);
     for (int xb = 0; xb < nx; xb++) {
         const uint8_t *u = qg_units(m, nb, g, xb);
         const float *st = qg_steps(m, nb, g, xb);
@@ -768,13 +771,13 @@ T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const 
                 unit2_s8(u + k * 64, 1, nf4, w1);
                 for (int s = 0; s < sets; s++) {
                     __m256i x = _mm256_set1_epi32(load_i32(xq + (k * sets + s) * 4)), xa = _mm256_abs_epi8(x);
-                    d0 = mac2(d0, w0[s], x, xa);
-                    d1 = mac2(d1, w1[s], x, xa);
+                    d0 = mac2(d0, xa, _mm256_sign_epi8(w0[s], x));
+                    d1 = mac2(d1, xa, _mm256_sign_epi8(w1[s], x));
                 }
             }
             __m256 xs = _mm256_set1_ps(XS[xb]);
-            acc[0][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(_mm256_loadu_ps(st), xs), acc[0][0]);
-            acc[0][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(_mm256_loadu_ps(st + 8), xs), acc[0][1]);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(_mm256_loadu_ps(st), xs), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(_mm256_loadu_ps(st + 8), xs), acc1);
             continue;
         }
         for (int h = 0; h < 2; h++) {
@@ -785,21 +788,25 @@ T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const 
             for (int k = 0; k < units; k++) {
                 __m256i w[2];
                 unit2_s8(u + k * 64, h, nf4, w);
-                for (int s = 0; s < sets; s++)
+                for (int s = 0; s < sets; s++) {
+                    __m256i wa = _mm256_abs_epi8(w[s]);
                     for (int b = 0; b < B; b++) {
                         __m256i x = _mm256_set1_epi32(load_i32(XQ + ((size_t)b * nx + xb) * 32 + (k * sets + s) * 4));
-                        d[b] = mac2(d[b], w[s], x, _mm256_abs_epi8(x));
+                        d[b] = mac2(d[b], wa, _mm256_sign_epi8(x, w[s]));
                     }
+                }
             }
             __m256 sv = _mm256_loadu_ps(st + 8 * h);
-            for (int b = 0; b < B; b++)
-                acc[b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[b]),
-                                            _mm256_mul_ps(sv, _mm256_set1_ps(XS[(size_t)b * nx + xb])), acc[b][h]);
+            for (int b = 0; b < B; b++) {
+                float *o = out + b * GROUP + 8 * h;
+                __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(XS[(size_t)b * nx + xb]));
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[b]), f, _mm256_loadu_ps(o)));
+            }
         }
     }
-    for (int b = 0; b < B; b++) {
-        _mm256_storeu_ps(out + b * 16, acc[b][0]);
-        _mm256_storeu_ps(out + b * 16 + 8, acc[b][1]);
+    if (B == 1) {
+        _mm256_storeu_ps(out, acc0);
+        _mm256_storeu_ps(out + 8, acc1);
     }
 }
 
@@ -807,7 +814,7 @@ T2 static void qg_avx2(const sp_qmat *m, int g, const int8_t *XQ, const float *X
                        float *out)
 {
     (void)XC;
-    QG_SPECIALISE(qg2_body, m, g, XQ, XS);
+    QG_SPECIALISE_MAXB(qg2_body, m, g, XQ, XS);
 }
 
 /* AVX-VNNI (256 bits): dpbusd of the unsigned stored bytes (Q8) or looked-up levels + 128 (NF4) with x
@@ -1405,28 +1412,40 @@ static int mul_parts(const sp_qmat *W, sp_pool *pool)
     return (int)(want < units ? want : units);
 }
 
-/* X [B, cols] quantised into the calling thread's scratch for the integer kernels: 0, or -1 without room. */
-static int quantize_x(mul_job *j)
+/* Rows [lo, hi) of X (part i of n) quantised into j's XQ, XS and XC (each row on its own: any split, the same). */
+static void quantize_part(void *ctx, int i, int n)
+{
+    mul_job *j = ctx;
+    int C = j->W->cols, nx = (C + Q8_BLOCK - 1) / Q8_BLOCK;
+    long lo, hi;
+    sp_pool_split(j->B, i, n, 1, &lo, &hi);
+    int8_t *xq = (int8_t *)j->XQ;
+    float *xs = (float *)j->XS;
+    int32_t *xc = (int32_t *)j->XC;
+    for (long b = lo; b < hi; b++)
+        sp_q8_quantize(j->X + (size_t)b * C, C, xq + (size_t)b * nx * Q8_BLOCK, xs + (size_t)b * nx);
+    for (size_t k = (size_t)lo * nx; k < (size_t)hi * nx; k++) { /* -128 * each block's sum: the stored offset's */
+        int32_t sum = 0;
+        for (int c = 0; c < Q8_BLOCK; c++)
+            sum += xq[k * Q8_BLOCK + (size_t)c];
+        xc[k] = -128 * sum;
+    }
+}
+
+/* X [B, cols] quantised into the calling thread's scratch for the integer kernels, split over the pool in parts
+ * of at least 16K values (a prefill's): 0, or -1 without room. */
+static int quantize_x(mul_job *j, sp_pool *pool)
 {
     int C = j->W->cols, nx = (C + Q8_BLOCK - 1) / Q8_BLOCK, B = j->B;
     size_t qbytes = ((size_t)B * nx * Q8_BLOCK + 63) & ~(size_t)63, n = (size_t)B * nx;
     uint8_t *buf = scratch_get(qbytes + n * (sizeof(float) + sizeof(int32_t)));
     if (!buf)
         return -1;
-    int8_t *xq = (int8_t *)buf;
-    float *xs = (float *)(buf + qbytes);
-    int32_t *xc = (int32_t *)(xs + n);
-    for (int b = 0; b < B; b++)
-        sp_q8_quantize(j->X + (size_t)b * C, C, xq + (size_t)b * nx * Q8_BLOCK, xs + (size_t)b * nx);
-    for (size_t k = 0; k < n; k++) { /* -128 * each block's sum: what the stored offset adds */
-        int32_t sum = 0;
-        for (int c = 0; c < Q8_BLOCK; c++)
-            sum += xq[k * Q8_BLOCK + (size_t)c];
-        xc[k] = -128 * sum;
-    }
-    j->XQ = xq;
-    j->XS = xs;
-    j->XC = xc;
+    j->XQ = (int8_t *)buf;
+    j->XS = (float *)(buf + qbytes);
+    j->XC = (int32_t *)(j->XS + n);
+    long parts = (long)B * C / 16384;
+    sp_pool_run_parts(pool, quantize_part, j, (int)(parts < 1 ? 1 : parts > B ? B : parts));
     return 0;
 }
 
@@ -1434,7 +1453,7 @@ static int quantize_x(mul_job *j)
 static void mul_kernels(const sp_qmat *W, const float *X, float *Y, int B, sp_pool *pool)
 {
     mul_job j = {W, X, Y, B, dot_for(W), qg_for(W->type), NULL, NULL, NULL};
-    if (j.qg && quantize_x(&j))
+    if (j.qg && quantize_x(&j, pool))
         j.qg = NULL; /* no room: the f32 kernel */
     sp_pool_run_parts(pool, mul_part, &j, mul_parts(W, pool));
 }

@@ -117,6 +117,7 @@ void sp_alibi_slopes(float *slopes, int nh);
                                    const sp_attn_dims *d);                                                      \
     void sp_attention_forward_rows##SFX(REAL *out, REAL *probs, const REAL *q, const REAL *k, const REAL *v,   \
                                         const sp_attn_dims *d, int tq, long u0, long u1);                       \
+    void sp_masked_softmax##SFX(REAL *P, int T, int S, int past);                                              \
     void sp_attention_backward##SFX(REAL *dq, REAL *dk, REAL *dv, REAL *scratch, const REAL *dout,             \
                                     const REAL *probs, const REAL *q, const REAL *k, const REAL *v,            \
                                     const sp_attn_dims *d);                                                     \
@@ -145,6 +146,9 @@ SP_OPS_DECLARE(double, _f64)
  * bits sp_attention_forward gives it (which runs every unit so). Disjoint ranges may run on several threads at
  * once, each with a scratch of its own. */
 
+/* sp_masked_softmax: the attention's softmax of T rows of P (S apart), row t over keys 0..past+t, its masked tail
+ * set to 0; every row with the bits it gets alone (T = 1, past + t), whichever rows it is given with. */
+
 /* Floats in sp_attention_forward's probs buffer (keep_probs decides) and in the backward's scratch
  * (one [T, S] matrix). Causal masking needs d->S == d->past + d->T. */
 long sp_attention_probs_size(const sp_attn_dims *d);
@@ -165,6 +169,7 @@ long sp_attention_scratch_size(const sp_attn_dims *d);
 #define sp_attention_forward sp_attention_forward_f32
 #define sp_attention_forward_rows sp_attention_forward_rows_f32
 #define sp_attention_backward sp_attention_backward_f32
+#define sp_masked_softmax sp_masked_softmax_f32
 #define sp_swiglu_forward sp_swiglu_forward_f32
 #define sp_swiglu_backward sp_swiglu_backward_f32
 #define sp_gelu_forward sp_gelu_forward_f32

@@ -185,25 +185,72 @@ void FN(sp_rope_backward)(REAL *dinp, const REAL *dout, const float *cos, const 
 /* ---------------------------------------------------------------------------------------------- */
 /* causal attention with GQA, a position offset and an optional KV cache (see sp_attn_dims) */
 
-/* Softmax of row t over keys 0..past+t; the masked tail becomes 0. */
-static void FN(masked_softmax_rows)(REAL *P, int T, int S, int past)
+/* Softmax of row t over keys 0..past+t; the masked tail becomes 0. Rows SM_ROWS at a time: each row's maximum
+ * and sum are its own chains, in key order as one row alone takes them, and the rows' chains interleave (a sum's
+ * adds wait on each other; eight rows' do not), so every row has the bits it has alone. */
+#ifndef SM_ROWS
+#define SM_ROWS 8
+#endif
+
+static void FN(softmax_exp)(REAL *p, int n, REAL mx)
 {
-    for (int t = 0; t < T; t++) {
+    for (int s = 0; s < n; s++)
+        p[s] = VEXP(p[s] - mx);
+}
+
+static void FN(softmax_scale)(REAL *p, int n, int S, REAL sum)
+{
+    REAL inv = (REAL)1 / sum;
+    for (int s = 0; s < n; s++)
+        p[s] *= inv;
+    for (int s = n; s < S; s++)
+        p[s] = 0;
+}
+
+static void FN(masked_softmax_group)(REAL *P, int S, int n0)
+{
+    REAL mx[SM_ROWS], sum[SM_ROWS];
+    for (int r = 0; r < SM_ROWS; r++)
+        mx[r] = P[(long)r * S];
+    for (int s = 1; s < n0; s++) /* every row has keys 0..n0-1; row r has n0 + r */
+        #pragma GCC unroll 8
+        for (int r = 0; r < SM_ROWS; r++)
+            mx[r] = P[(long)r * S + s] > mx[r] ? P[(long)r * S + s] : mx[r];
+    for (int r = 0; r < SM_ROWS; r++) {
+        REAL *p = P + (long)r * S;
+        for (int s = n0; s < n0 + r; s++)
+            mx[r] = p[s] > mx[r] ? p[s] : mx[r];
+        FN(softmax_exp)(p, n0 + r, mx[r]);
+        sum[r] = 0;
+    }
+    for (int s = 0; s < n0; s++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < SM_ROWS; r++)
+            sum[r] += P[(long)r * S + s];
+    for (int r = 0; r < SM_ROWS; r++) {
+        REAL *p = P + (long)r * S;
+        for (int s = n0; s < n0 + r; s++)
+            sum[r] += p[s];
+        FN(softmax_scale)(p, n0 + r, S, sum[r]);
+    }
+}
+
+void FN(sp_masked_softmax)(REAL *P, int T, int S, int past)
+{
+    int t = 0;
+    for (; t + SM_ROWS <= T; t += SM_ROWS)
+        FN(masked_softmax_group)(P + (long)t * S, S, past + t + 1);
+    for (; t < T; t++) {
         REAL *p = P + (long)t * S;
         int n = past + t + 1;
         REAL mx = p[0];
         for (int s = 1; s < n; s++)
             mx = p[s] > mx ? p[s] : mx;
-        for (int s = 0; s < n; s++)
-            p[s] = VEXP(p[s] - mx);
+        FN(softmax_exp)(p, n, mx);
         REAL sum = 0;
         for (int s = 0; s < n; s++)
             sum += p[s];
-        REAL inv = (REAL)1 / sum;
-        for (int s = 0; s < n; s++)
-            p[s] *= inv;
-        for (int s = n; s < S; s++)
-            p[s] = 0;
+        FN(softmax_scale)(p, n, S, sum);
     }
 }
 
@@ -235,7 +282,7 @@ void FN(sp_attention_forward_rows)(REAL *out, REAL *probs, const REAL *q, const 
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, Q, ldq, K, ldk, 0, P, S);
         if (d->alibi)
             FN(alibi_rows)(P, n, S, d->past + t0, d->alibi[h]);
-        FN(masked_softmax_rows)(P, n, S, d->past + t0);
+        FN(sp_masked_softmax)(P, n, S, d->past + t0);
         GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1, P, S, Vv, ldk, 0, O, ldq);
     }
 }

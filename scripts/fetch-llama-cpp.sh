@@ -4,8 +4,14 @@
 # the release named in llama/binariesGithubRelease.json). Used by bench/compare.sh; nothing of it enters the
 # repository.
 #
+# usage: scripts/fetch-llama-cpp.sh [--isa native|avx2|avxvnni]
+#   --isa native (default): llama.cpp's default CPU build, -march=native (its best SIMD on this CPU), in build/
+#   --isa avx2: GGML_NATIVE=OFF with AVX, AVX2, FMA, F16C, BMI2 and SSE4.2 only (every AVX-512 and AVX-VNNI
+#               option OFF), in build-avx2/: what llama.cpp runs on an AVX2 machine, to pair with SEPAL_ISA=avx2
+#   --isa avxvnni: the same with GGML_AVX_VNNI=ON, in build-avxvnni/ (pairs with SEPAL_ISA=avxvnni)
 # Cache: ${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}/llama.cpp-v0.5.0/ holds the clone (src/), the
-# build (build/bin/llama-completion, llama-quantize, llama-convert-llama2c-to-ggml) and the models:
+# builds (build/bin/llama-completion, llama-quantize, llama-convert-llama2c-to-ggml; build-avx2/bin/..., and
+# build-avxvnni/bin/..., each built when first asked) and the models (made once, by whichever build is asked):
 #   stories15M-f32.gguf   converted by llama.cpp's own llama2.c converter from stories15M.bin, with
 #                         tokenizer-llama2c.bin: tokenizer.raw.bin with byte tokens 3-258 written as <0xNN>
 #                         (the converter types a token BYTE only when its text has that form)
@@ -15,8 +21,28 @@
 # checked against the sha256 digests below. The llama2.c files come from scripts/fetch-model.sh (run it first).
 # Every step writes into a temporary name and renames it, and a stamp marks a finished build, so an interrupted
 # run is redone, never used half-done. JOBS=N sets the build's parallelism (default: nproc).
-# The last line of stdout is the cache directory.
+# The last two lines of stdout are the cache directory and the build's bin directory.
 set -euo pipefail
+
+isa=native
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --isa) isa="${2:-}"; shift 2 || { echo "fetch-llama-cpp: --isa needs a value" >&2; exit 2; } ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "fetch-llama-cpp: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+# ISA_FLAGS: the SIMD options of llama.cpp's ggml (ggml/CMakeLists.txt) for the build asked
+case "$isa" in
+native) BUILD_NAME=build ISA_FLAGS=() ;; # ggml's default: GGML_NATIVE=ON
+avx2 | avxvnni)
+    BUILD_NAME="build-$isa"
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    if [ "$isa" = avxvnni ]; then ISA_FLAGS+=(-DGGML_AVX_VNNI=ON); else ISA_FLAGS+=(-DGGML_AVX_VNNI=OFF); fi ;;
+*) echo "fetch-llama-cpp: --isa is native, avx2 or avxvnni, not '$isa'" >&2; exit 2 ;;
+esac
 
 PKG="node-llama-cpp@3.22.1"
 TGZ_NAME="node-llama-cpp-3.22.1.tgz"
@@ -35,9 +61,13 @@ FETCH_NAME=fetch-llama-cpp
 CACHE="${SEPAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sepal}"
 CACHE="${CACHE/#\~/$HOME}"
 DIR="$CACHE/llama.cpp-$RELEASE"
-BIN="$DIR/build/bin"
-STAMP="$DIR/build/built-from.txt"
-stamp_text() { printf '%s %s %s\n%s\n' "$PKG" "$RELEASE" "$COMMIT" "${TARGETS[*]}"; }
+BUILD="$DIR/$BUILD_NAME"
+BIN="$BUILD/bin"
+STAMP="$BUILD/built-from.txt"
+stamp_text() { # (the native build's stamp as before --isa was added, so that its build is kept)
+    printf '%s %s %s\n%s\n' "$PKG" "$RELEASE" "$COMMIT" "${TARGETS[*]}"
+    [ "$isa" = native ] || printf '%s\n' "${ISA_FLAGS[*]}"
+}
 
 mkdir -p "$CACHE/npm" "$DIR"
 WORK="$(mktemp -d "$DIR/.fetch.XXXXXX")"
@@ -56,19 +86,20 @@ if [[ ! -f "$DIR/src/.git/HEAD" || "$(git -C "$DIR/src" rev-parse HEAD 2>/dev/nu
     git clone -q "$WORK/package/llama/gitRelease.bundle" "$WORK/src" 2>/dev/null ||
         die "git clone of llama/gitRelease.bundle failed"
     [[ "$(git -C "$WORK/src" rev-parse HEAD)" == "$COMMIT" ]] || die "the bundle's HEAD is not $COMMIT"
-    rm -rf "$DIR/src" "$DIR/build"
+    rm -rf "$DIR/src" "$DIR"/build "$DIR"/build-*
     mv "$WORK/src" "$DIR/src"
 fi
 
-# 2. The CPU binaries (llama.cpp's default CPU settings: native SIMD, OpenMP; static, no network).
+# 2. The CPU binaries (llama.cpp's default CPU settings, OpenMP, static, no network; the SIMD of --isa).
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$(stamp_text)" ]]; then
     command -v cmake >/dev/null 2>&1 || die "cmake is needed to build llama.cpp"
-    echo "$FETCH_NAME: building llama.cpp $RELEASE (${TARGETS[*]}) in $DIR/build ..." >&2
-    rm -rf "$DIR/build"
-    cmake -S "$DIR/src" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_UI=OFF >"$WORK/configure.log" 2>&1 ||
+    echo "$FETCH_NAME: building llama.cpp $RELEASE (${TARGETS[*]}, --isa $isa) in $BUILD ..." >&2
+    rm -rf "$BUILD"
+    cmake -S "$DIR/src" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_UI=OFF "${ISA_FLAGS[@]}" \
+        >"$WORK/configure.log" 2>&1 ||
         { tail -30 "$WORK/configure.log" >&2; die "cmake configure of llama.cpp failed (log above)"; }
-    cmake --build "$DIR/build" -j"${JOBS:-$(nproc)}" --target "${TARGETS[@]}" >"$WORK/build.log" 2>&1 ||
+    cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" --target "${TARGETS[@]}" >"$WORK/build.log" 2>&1 ||
         { tail -30 "$WORK/build.log" >&2; die "building llama.cpp failed (log above)"; }
     for t in "${TARGETS[@]}"; do
         [[ -x "$BIN/$t" ]] || die "the build made no $BIN/$t"
@@ -121,3 +152,4 @@ if [[ ! -f "$DIR/stories15M-q4_0.gguf" ]]; then
     mv "$WORK/stories15M-q4_0.gguf" "$DIR/stories15M-q4_0.gguf"
 fi
 echo "$DIR"
+echo "$BIN"

@@ -701,8 +701,8 @@ START_TEST(t_pool_attention)
         sp_rng_fill_normal(&r, x, (long)n, 1.0f);
         sp_ws ws = {0};
         ck_assert_int_eq(sp_block_forward(&b, full, x, B, T, 0, NULL, &ws, &err), SP_OK);
-        /* the pool's parts (the MLP's activation in 4096-value parts, the matrices' rows) change nothing: the
-         * same forward on one thread is the same to the bit */
+        /* the pool's parts (the MLP's activation in 4096-value parts, the norms', RoPE's and residuals' rows, the
+         * matrices' rows) change nothing: the same forward on one thread is the same to the bit */
         b.pool = one;
         ck_assert_int_eq(sp_block_forward(&b, buf, x, B, T, 0, NULL, &ws, &err), SP_OK);
         ck_assert_msg(memcmp(buf, full, n * sizeof(float)) == 0, "config %zu: 1 thread vs 3 differ", ci);

@@ -510,6 +510,39 @@ START_TEST(t_rows_as_alone)
 }
 END_TEST
 
+/* A prefill's X quantised over the pool (parts of at least 16K values: 3 here, on a pool of 2 threads) and its
+ * rows in the decode kernels 8 at a time: each row of Y has the bits it gets alone, at every level that runs
+ * int8 and nf4 in integers. */
+START_TEST(t_prefill_rows_as_alone)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 17);
+    sp_err err = {0};
+    int rows = 40, cols = 300, B = 170; /* 51000 values of X: 3 parts of rows 56, 56, 58 */
+    float *w = randn(&r, (size_t)rows * cols, 0.3f), *X = randn(&r, (size_t)B * cols, 1.0f);
+    float *Y = malloc((size_t)B * rows * sizeof(float)), *one = malloc((size_t)rows * sizeof(float));
+    sp_pool *pool = sp_pool_new(2);
+    for (int lv = SP_ISA__COUNT - 1; lv >= 0; lv--) {
+        sp_kern_force(lv);
+        for (int t = SP_W_Q8; t <= SP_W_NF4; t++) {
+            sp_qmat m;
+            ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, cols, &err), SP_OK);
+            sp_qmat_mul_rows(&m, X, Y, B, pool);
+            for (int b = 0; b < B; b++) {
+                sp_qmat_mul(&m, X + (size_t)b * cols, one, 1, pool);
+                ck_assert_msg(!memcmp(one, Y + (size_t)b * rows, (size_t)rows * sizeof(float)),
+                              "%s level %d: row %d of %d differs from the row alone", sp_wtype_name((sp_wtype)t), lv,
+                              b, B);
+            }
+            sp_qmat_free(&m);
+        }
+    }
+    sp_kern_force(-1);
+    sp_pool_free(pool);
+    free(w), free(X), free(Y), free(one);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* the pool */
 
@@ -764,6 +797,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_vector_scalar_same);
     tcase_add_test(tc, t_large_batches);
     tcase_add_test(tc, t_rows_as_alone);
+    tcase_add_test(tc, t_prefill_rows_as_alone);
     tcase_add_test(tc, t_pool_parts);
     tcase_add_test(tc, t_pool_many_parts);
     tcase_add_test(tc, t_pool_concurrent);

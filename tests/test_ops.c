@@ -460,6 +460,37 @@ START_TEST(t_attention_rows)
 }
 END_TEST
 
+/* The attention's softmax of 21 rows (two groups of 8 and 5 more) after a cached prefix of 3: every row has the
+ * bits it gets alone, and is a softmax of its visible keys (a double reference) with its masked tail 0. */
+START_TEST(t_masked_softmax_rows_as_alone)
+{
+    int T = 21, past = 3, S = past + T + 2;
+    float *P = malloc((size_t)T * S * sizeof(float)), *one = malloc((size_t)S * sizeof(float));
+    double *x = rand_vec((long)T * S, 4.0);
+    for (long i = 0; i < (long)T * S; i++)
+        P[i] = (float)x[i];
+    sp_masked_softmax(P, T, S, past);
+    for (int t = 0; t < T; t++) {
+        int n = past + t + 1;
+        double mx = -INFINITY, sum = 0;
+        for (int s = 0; s < S; s++)
+            one[s] = (float)x[(long)t * S + s];
+        sp_masked_softmax(one, 1, S, past + t);
+        ck_assert_msg(!memcmp(one, P + (long)t * S, (size_t)S * sizeof(float)), "row %d differs from the row alone", t);
+        for (int s = 0; s < n; s++)
+            mx = fmax(mx, (float)x[(long)t * S + s]);
+        for (int s = 0; s < n; s++)
+            sum += exp((float)x[(long)t * S + s] - mx);
+        for (int s = 0; s < S; s++) {
+            double want = s < n ? exp((float)x[(long)t * S + s] - mx) / sum : 0;
+            ck_assert_msg(fabs(P[(long)t * S + s] - want) <= 1e-6, "row %d key %d: %g vs %g", t, s, P[(long)t * S + s],
+                          want);
+        }
+    }
+    free(P), free(one), free(x);
+}
+END_TEST
+
 /* BLOOM's slopes: powers of two of heads get 2^(-8i/n); other counts add every other slope of 2n heads. */
 START_TEST(t_alibi_slopes)
 {
@@ -658,6 +689,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, t_attention);
     tcase_add_test(tc, t_attention_alibi);
     tcase_add_test(tc, t_attention_rows);
+    tcase_add_test(tc, t_masked_softmax_rows_as_alone);
     tcase_add_test(tc, t_alibi_slopes);
     tcase_add_test(tc, t_moe_route);
     tcase_add_test(tc, t_activations);
