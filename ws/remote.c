@@ -164,20 +164,24 @@ static sp_status read_one(sp_remote *r, int timeout_ms, sp_err *err)
 }
 
 /* Waits (lock held) for the reply to request `id` into rep: reading the connection when no other call does, else
- * for the reader to hand it over. */
+ * for the reader to hand it over. The waiter is allocated, not on this stack: r->waiting outlives the frame in
+ * the compiler's eyes (gcc 13's -Wdangling-pointer), though it is unlinked before the return. */
 static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
 {
-    waiter w = {.id = id, .rep = rep, .next = r->waiting};
-    r->waiting = &w;
+    waiter *w = malloc(sizeof *w);
+    if (!w)
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    *w = (waiter){.id = id, .rep = rep, .next = r->waiting};
+    r->waiting = w;
     double end = timeout_ms < 0 ? 0 : sp_now_s() + timeout_ms / 1e3;
     sp_status st = SP_OK;
-    while (!w.done && !st) {
+    while (!w->done && !st) {
         double left = timeout_ms < 0 ? 1e9 : end - sp_now_s();
         if (!r->reading) {
             st = read_one(r, timeout_ms < 0 ? -1 : left > 0 ? (int)(left * 1e3) + 1 : 0, err);
-            if (st == SP_ERR_TIMEOUT && !w.done && left > 0) /* (another's reply came first) */
+            if (st == SP_ERR_TIMEOUT && !w->done && left > 0) /* (another's reply came first) */
                 st = SP_OK;
-            if (st == SP_ERR_TIMEOUT && !w.done)
+            if (st == SP_ERR_TIMEOUT && !w->done)
                 sp_errf(err, st, "no reply from %s:%d within %d ms", r->host, r->port, timeout_ms);
         } else if (cancelled(r)) {
             st = sp_errf(err, SP_ERR_CANCELLED, "cancelled while waiting for %s", r->host);
@@ -193,11 +197,13 @@ static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeou
         }
     }
     for (waiter **p = &r->waiting; *p; p = &(*p)->next)
-        if (*p == &w) {
-            *p = w.next;
+        if (*p == w) {
+            *p = w->next;
             break;
         }
-    if (w.done)
+    int done = w->done;
+    free(w);
+    if (done)
         return rep->msg.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
     return st;
 }
