@@ -1,6 +1,8 @@
 /* test_server_gpu.c - a server with --device cuda against one on the CPU (in-process servers over loopback
  * websockets, the same RPCs to both): FORWARD and BACKWARD with deep prompts (recomputed, and from a FORWARD that
- * kept its inputs), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
+ * kept its inputs, on the device), a GPU server's kept activations against its recompute (the same bits; the
+ * device budget charged and given back, dropped with the connection, the inputs on the host where the cap's quarter
+ * is exceeded), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
  * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom, falcon-7b and mixtral in f32: each answer
  * within 1e-4 of the CPU's, relative to its largest value. Then deep prompt tuning through a GPU server (llama,
  * mixtral): the client's trainer (its parts on the CPU) through a server of every block on the GPU, and through one
@@ -9,12 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "remote.h"
 #include "rng.h"
 #include "runtime.h"
 #include "server.h"
+#include "span.h"
 #include "swarm.h"
 #include "testutil.h"
 #include "toytask.h"
@@ -32,7 +36,8 @@ typedef struct pair {
     int n, H;         /* blocks, hidden size */
 } pair;
 
-static void pair_start(pair *p, const char *name, int max_batch_tokens)
+/* A CPU server and a GPU server of every block of hf-tiny's name (max_batch_tokens, keep_bytes: 0 the default). */
+static void pair_start(pair *p, const char *name, int max_batch_tokens, size_t keep_bytes)
 {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, name);
@@ -49,6 +54,8 @@ static void pair_start(pair *p, const char *name, int max_batch_tokens)
         o.device = d ? 0 : -1;
         if (max_batch_tokens)
             o.max_batch_tokens = max_batch_tokens;
+        if (keep_bytes)
+            o.keep_bytes = keep_bytes;
         ck_assert_msg(sp_server_start(&p->s[d], &o, &err) == SP_OK, "%s", err.msg);
         ck_assert_msg(sp_remote_connect(&p->r[d], "127.0.0.1", sp_server_port(p->s[d]), 0, TMO, &err) == SP_OK,
                       "%s", err.msg);
@@ -68,22 +75,29 @@ static void pair_stop(pair *p)
     }
 }
 
+/* The request to server d (0 CPU, 1 GPU): tensor k of its reply (nf floats, allocated). */
+static float *one(pair *p, int d, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, int k, size_t nf,
+                  const char *what)
+{
+    sp_reply rep;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_call(p->r[d], type, meta, t, n, &rep, TMO, &err) == SP_OK, "%s (%s): %s", what,
+                  d ? "gpu" : "cpu", err.msg);
+    ck_assert_int_gt(rep.msg.n_tensors, k);
+    ck_assert_uint_eq(rep.msg.t[k].numel, nf);
+    float *out = malloc(nf * sizeof(float));
+    ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[k], out, &err), SP_OK);
+    sp_reply_clear(&rep);
+    return out;
+}
+
 /* The same request to both; tensor k of each reply (nf floats) compared: max |gpu - cpu| <= TOL max |cpu|. */
 static void both(pair *p, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, int k, size_t nf,
                  float *cpu_out, const char *what)
 {
     float *out[2];
-    for (int d = 0; d < 2; d++) {
-        sp_reply rep;
-        sp_err err = {0};
-        ck_assert_msg(sp_remote_call(p->r[d], type, meta, t, n, &rep, TMO, &err) == SP_OK, "%s (%s): %s", what,
-                      d ? "gpu" : "cpu", err.msg);
-        ck_assert_int_gt(rep.msg.n_tensors, k);
-        ck_assert_uint_eq(rep.msg.t[k].numel, nf);
-        out[d] = malloc(nf * sizeof(float));
-        ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[k], out[d], &err), SP_OK);
-        sp_reply_clear(&rep);
-    }
+    for (int d = 0; d < 2; d++)
+        out[d] = one(p, d, type, meta, t, n, k, nf, what);
     double big = 0;
     for (size_t i = 0; i < nf; i++)
         big = fmax(big, fabs(out[0][i]));
@@ -103,7 +117,7 @@ static sp_tensor_src t3(const float *x, int B, int T, int H)
 START_TEST(t_forward_backward)
 {
     pair p;
-    pair_start(&p, models[_i], 0);
+    pair_start(&p, models[_i], 0, 0);
     int B = 2, T = 7, P = 3, nb = p.n - 1, H = p.H;
     size_t N = (size_t)B * T * H, NP = (size_t)nb * B * P * H;
     float *x = malloc(N * 4), *g = malloc(N * 4), *pr = malloc(NP * 4);
@@ -114,17 +128,103 @@ START_TEST(t_forward_backward)
     sp_rng_fill_normal(&r, pr, (long)NP, 0.5f);
     sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};
     sp_tensor_src fa[2] = {t3(x, B, T, H), prompts}, ba[3] = {t3(x, B, T, H), t3(g, B, T, H), prompts};
-    char span[64], keep[96], kept[96];
+    char span[64], keep[96], from[96];
     snprintf(span, sizeof span, "{\"start\":1,\"end\":%d}", p.n);
     snprintf(keep, sizeof keep, "{\"start\":1,\"end\":%d,\"keep\":5}", p.n);
-    snprintf(kept, sizeof kept, "{\"start\":1,\"end\":%d,\"kept\":5}", p.n);
+    snprintf(from, sizeof from, "{\"start\":1,\"end\":%d,\"kept\":5}", p.n);
     both(&p, SP_MSG_FORWARD, span, fa, 2, 0, N, NULL, "forward");
     both(&p, SP_MSG_BACKWARD, span, ba, 3, 0, N, NULL, "backward (recomputed): grad_in");
     both(&p, SP_MSG_BACKWARD, span, ba, 3, 1, NP, NULL, "backward (recomputed): the prompts' gradient");
     both(&p, SP_MSG_FORWARD, keep, fa, 2, 0, N, NULL, "forward keeping its inputs");
-    both(&p, SP_MSG_BACKWARD, kept, ba, 3, 0, N, NULL, "backward from the kept inputs");
+    both(&p, SP_MSG_BACKWARD, from, ba, 3, 0, N, NULL, "backward from the kept inputs");
     free(x), free(g), free(pr);
     pair_stop(&p);
+}
+END_TEST
+
+/* got (nf floats) equal to want's to the bit; got freed. */
+static void same_bits(float *got, const float *want, size_t nf, const char *what)
+{
+    size_t i = 0;
+    while (i < nf && !memcmp(&got[i], &want[i], sizeof(float)))
+        i++;
+    ck_assert_msg(i == nf, "%s: [%zu] %.9g, recomputed %.9g", what, i, i < nf ? (double)got[i] : 0.0,
+                  i < nf ? (double)want[i] : 0.0);
+    free(got);
+}
+
+/* Waits (up to 20 s, polling) until the GPU server holds no kept entry; the last count seen. */
+static size_t kept_gone(sp_server *s)
+{
+    size_t kb = sp_server_kept_bytes(s);
+    for (int k = 0; kb && k < 400; k++) {
+        usleep(50000);
+        kb = sp_server_kept_bytes(s);
+    }
+    return kb;
+}
+
+/* A GPU server's FORWARD with keep holds its blocks' inputs and activations on the device, charged to the device's
+ * budget; its BACKWARD from them gives the recomputed backward's bits (grad_in and the prompts' gradient) and hands
+ * the bytes back; an entry whose connection closes is dropped with them. With a cap whose quarter the activations
+ * exceed (keep_bytes 4x the inputs) the inputs are kept on the host (the budget untouched), the same bits again. */
+START_TEST(t_kept_on_device)
+{
+    static const int which[] = {0, 3}; /* llama (GQA) and mixtral (the experts' activations) */
+    const char *model = models[which[_i]];
+    int B = 2, T = 9, P = 3;
+    for (int capped = 0; capped < 2; capped++) {
+        pair p;
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, model);
+        sp_config c;
+        sp_err err = {0};
+        ck_assert_msg(sp_config_load(&c, dir, &err) == SP_OK, "%s", err.msg);
+        size_t N = (size_t)B * T * c.hidden, inputs = (size_t)(c.n_layers - 1) * N * sizeof(float);
+        pair_start(&p, model, 0, capped ? 4 * inputs : 0);
+        int nb = p.n - 1, H = p.H;
+        size_t NP = (size_t)nb * B * P * H;
+        float *x = malloc(N * 4), *g = malloc(N * 4), *pr = malloc(NP * 4);
+        sp_rng r;
+        sp_rng_seed(&r, 17);
+        sp_rng_fill_normal(&r, x, (long)N, 1.0f);
+        sp_rng_fill_normal(&r, g, (long)N, 1.0f);
+        sp_rng_fill_normal(&r, pr, (long)NP, 0.5f);
+        sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};
+        sp_tensor_src fa[2] = {t3(x, B, T, H), prompts}, ba[3] = {t3(x, B, T, H), t3(g, B, T, H), prompts};
+        char span[64], keep[96], from[96];
+        snprintf(span, sizeof span, "{\"start\":1,\"end\":%d}", p.n);
+        snprintf(keep, sizeof keep, "{\"start\":1,\"end\":%d,\"keep\":11}", p.n);
+        snprintf(from, sizeof from, "{\"start\":1,\"end\":%d,\"kept\":11}", p.n);
+        sp_server *s = p.s[1];
+        size_t used0 = span_dev_budget_used(s), dev = span_dev_kept_bytes(s, 1, p.n, B, T);
+        ck_assert_uint_gt(dev, inputs);
+        float *g0 = one(&p, 1, SP_MSG_BACKWARD, span, ba, 3, 0, N, "backward (recomputed)");
+        float *gp0 = one(&p, 1, SP_MSG_BACKWARD, span, ba, 3, 1, NP, "backward (recomputed)");
+        free(one(&p, 1, SP_MSG_FORWARD, keep, fa, 2, 0, N, "forward keeping"));
+        ck_assert_uint_eq(sp_server_kept_bytes(s), capped ? inputs : dev);
+        ck_assert_uint_eq(span_dev_budget_used(s), capped ? used0 : used0 + dev);
+        same_bits(one(&p, 1, SP_MSG_BACKWARD, from, ba, 3, 0, N, "backward from kept"), g0, N,
+                  capped ? "grad_in from the inputs kept on the host" : "grad_in from the device's activations");
+        ck_assert_uint_eq(sp_server_kept_bytes(s), 0);
+        ck_assert_uint_eq(span_dev_budget_used(s), used0);
+        free(one(&p, 1, SP_MSG_FORWARD, keep, fa, 2, 0, N, "forward keeping"));
+        same_bits(one(&p, 1, SP_MSG_BACKWARD, from, ba, 3, 1, NP, "backward from kept"), gp0, NP,
+                  "the prompts' gradient from what was kept");
+        /* a kept entry of a connection that closes is dropped, its device bytes given back */
+        sp_remote *r2 = NULL;
+        ck_assert_int_eq(sp_remote_connect(&r2, "127.0.0.1", sp_server_port(s), 0, TMO, &err), SP_OK);
+        sp_remote *r1 = p.r[1];
+        p.r[1] = r2;
+        free(one(&p, 1, SP_MSG_FORWARD, keep, fa, 2, 0, N, "forward keeping (second connection)"));
+        p.r[1] = r1;
+        ck_assert_uint_eq(sp_server_kept_bytes(s), capped ? inputs : dev);
+        sp_remote_close(r2);
+        ck_assert_uint_eq(kept_gone(s), 0);
+        ck_assert_uint_eq(span_dev_budget_used(s), used0);
+        free(x), free(g), free(pr), free(g0), free(gp0);
+        pair_stop(&p);
+    }
 }
 END_TEST
 
@@ -162,7 +262,7 @@ static void step_both(pair *p, uint64_t id, const float *x, int B, int T, int fr
 static void sessions(int model, int max_batch_tokens, int T)
 {
     pair p;
-    pair_start(&p, models[model], max_batch_tokens);
+    pair_start(&p, models[model], max_batch_tokens, 0);
     int B = 3, H = p.H;
     float *x = malloc((size_t)B * T * H * 4);
     sp_rng r;
@@ -269,6 +369,7 @@ int main(void)
     TCase *tc = tcase_create("gpu_vs_cpu");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, t_forward_backward, 0, NMODELS);
+    tcase_add_loop_test(tc, t_kept_on_device, 0, 2);
     tcase_add_loop_test(tc, t_session, 0, NMODELS);
     tcase_add_test(tc, t_long_prefill_chunks);
     tcase_add_loop_test(tc, t_deep_ptune_losses, 0, 2);
