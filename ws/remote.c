@@ -32,6 +32,7 @@ struct sp_remote {
     pthread_cond_t cond;  /* a reply handed over, or the reader's place free */
     int reading;          /* a waiting call reads the connection for all */
     waiter *waiting;
+    waiter *spare;        /* waiters of calls that ended, for the next calls (no allocation a call) */
     uint64_t next_id;
     sp_proto_limits limits;
     sp_remote_info info;
@@ -164,12 +165,15 @@ static sp_status read_one(sp_remote *r, int timeout_ms, sp_err *err)
 }
 
 /* Waits (lock held) for the reply to request `id` into rep: reading the connection when no other call does, else
- * for the reader to hand it over. The waiter is allocated, not on this stack: r->waiting outlives the frame in
- * the compiler's eyes (gcc 13's -Wdangling-pointer), though it is unlinked before the return. */
+ * for the reader to hand it over. The waiter comes from r->spare (allocated the first time), not from this stack:
+ * r->waiting outlives the frame in the compiler's eyes (gcc 13's -Wdangling-pointer), though it is unlinked before
+ * the return; back to r->spare after. */
 static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
 {
-    waiter *w = malloc(sizeof *w);
-    if (!w)
+    waiter *w = r->spare;
+    if (w)
+        r->spare = w->next;
+    else if (!(w = malloc(sizeof *w)))
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     *w = (waiter){.id = id, .rep = rep, .next = r->waiting};
     r->waiting = w;
@@ -202,7 +206,8 @@ static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeou
             break;
         }
     int done = w->done;
-    free(w);
+    w->next = r->spare;
+    r->spare = w;
     if (done)
         return rep->msg.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
     return st;
@@ -400,6 +405,11 @@ void sp_remote_close(sp_remote *r)
         return;
     if (r->c)
         sp_ws_client_close(r->c);
+    while (r->spare) {
+        waiter *w = r->spare;
+        r->spare = w->next;
+        free(w);
+    }
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond);
     free(r);
