@@ -41,6 +41,7 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
     if (!rt)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     rt->events = (sp_events){.fn = on_event, .user = user};
+    rt->gen_device = -1; /* generation's local parts on the CPU */
     rt->set = (sp_rt_settings){.max_retries = 8, .push = SP_PUSH_AUTO, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 10};
     pthread_mutex_init(&rt->lock, NULL);
     sp_view_slot_init(&rt->views);

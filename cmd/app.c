@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devparts.h"
 #include "kern.h"
 #include "log.h"
 #include "paths.h"
@@ -93,6 +94,26 @@ static void on_runtime_event(const sp_event *e, void *user)
     sp_emit(app, &ev);
 }
 
+/* The device setting for generation's local parts (sp_runtime_set_gen_device): cuda[:N] on that GPU, auto and cpu
+ * on the CPU. -1 after an error said (the setting back to what is in use). */
+static int apply_gen_device(sp_app *app)
+{
+    int cuda = 0, index = 0;
+    char why[160];
+    if (sp_devparts_parse(sp_app_get(app, SP_SET_DEVICE), &cuda, &index, why, sizeof why))
+        cuda = 0; /* auto */
+    int want = cuda ? index : -1, had = sp_runtime_gen_device(app->rt);
+    sp_err err = {0};
+    if (want == had || !sp_runtime_set_gen_device(app->rt, want, &err))
+        return 0;
+    sp_app_error(app, "device: %s", err.msg);
+    char v[32] = "cpu";
+    if (had >= 0)
+        snprintf(v, sizeof v, "cuda:%d", had);
+    sp_app_set(app, SP_SET_DEVICE, v, NULL, 0); /* the device in use stays */
+    return -1;
+}
+
 sp_runtime *sp_app_runtime(sp_app *app)
 {
     if (!app->rt) {
@@ -134,6 +155,8 @@ sp_runtime *sp_app_runtime(sp_app *app)
         sp_app_set(app, SP_SET_DTYPE, sp_wtype_name((sp_wtype)sp_runtime_head_dtype(app->rt)), NULL, 0); /* in use stays */
         return NULL;
     }
+    if (apply_gen_device(app))
+        return NULL;
     const char *key = sp_app_get(app, SP_SET_SWARM_KEY);
     char path[4096];
     sp_expand_home(key, path, sizeof path);

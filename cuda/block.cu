@@ -858,6 +858,13 @@ extern "C" sp_status sp_cuda_block_forward(sp_cuda_block *cb, float *out, const 
     return forward_acts(cb, out, inp, B, T, pos0, kv, &a, err);
 }
 
+extern "C" size_t sp_cuda_block_acts_bytes(const sp_cuda_block *cb, int B, int T)
+{
+    dacts a;
+    size_t N = (size_t)B * T;
+    return acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_rows(cb, N), NULL);
+}
+
 extern "C" void sp_cuda_acts_free(sp_cuda_block *cb, sp_cuda_acts *k)
 {
     sp_cuda_free(cb->cu, k->buf);

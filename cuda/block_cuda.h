@@ -118,6 +118,8 @@ typedef struct sp_cuda_acts {
 } sp_cuda_acts;
 
 void sp_cuda_acts_free(sp_cuda_block *cb, sp_cuda_acts *k);
+/* Device bytes sp_cuda_block_forward_keep allocates for [B, T] (what k->bytes becomes). Host only. */
+size_t sp_cuda_block_acts_bytes(const sp_cuda_block *cb, int B, int T);
 /* sp_block_forward_keep: the forward without a cache, keeping its activations in k (out may equal inp). */
 sp_status sp_cuda_block_forward_keep(sp_cuda_block *cb, float *out, const float *inp, int B, int T, int pos0,
                                      sp_cuda_acts *k, sp_err *err);

@@ -1,12 +1,27 @@
 /* kept.c - activations kept between a FORWARD and its BACKWARD. A training client that will send the
  * BACKWARD asks the FORWARD to keep each block's input (meta "keep": id), and, when they fit in the cap,
  * every block's activations; the BACKWARD (meta "kept": id) then skips recomputing the span's forward (and
- * with the activations, every block's forward too). Entries are bounded by a byte cap (oldest evicted first), dropped
- * with their connection and after the step timeout; a missing entry only means a recompute. */
+ * with the activations, every block's forward too). A GPU server keeps the inputs and activations in device memory
+ * (span.h's span_dev_kept, charged to the device's budget too) where they fit both (kept_plan, kept.h), else the
+ * inputs on the host. Entries are bounded by a byte cap (oldest evicted first; a device entry's bytes count
+ * against it too), dropped with their connection and after the step timeout; a missing entry only means a
+ * recompute. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "server_impl.h"
+#include "span.h"
+
+kept_where kept_plan(size_t cap, int on_device, size_t acts_bytes, size_t dev_room)
+{
+    if (cap == 0)
+        return KEEP_NONE;
+    if (acts_bytes > cap / 4)
+        return KEEP_INPUTS;
+    if (!on_device)
+        return KEEP_ACTS;
+    return acts_bytes <= dev_room ? KEEP_DEVICE : KEEP_INPUTS;
+}
 
 void kept_init(kept_table *t, size_t cap)
 {
@@ -61,6 +76,7 @@ void kept_free(kept_table *t, kept *x)
         }
         free(x->acts);
         free(x->inputs);
+        span_dev_kept_free(x->dev); /* (a GPU server's: the device's lock taken) */
         free(x);
     }
 }

@@ -371,6 +371,7 @@ typedef struct span_args {
     float *h, *g, *prompts;
     kept *k;
     int keep_acts; /* FORWARD: its activations are kept too (a quarter of the keep cap holds them) */
+    int keep_dev;  /* FORWARD on a GPU server: its inputs and activations kept on the device (kept_plan) */
     sp_buf pin;    /* the SPAN_PUSH that brought its input (pm's views point into it) */
     sp_msg pm;
 } span_args;
@@ -544,15 +545,20 @@ static void pass_reply(span_pass *p, const float *out, float *const *gp)
  * activations (the pass then keeps them all, and each takes its slice). */
 static int plan_keep(span_pass *p, int *any_inputs)
 {
+    sp_server *s = p->s;
     int any = 0;
     *any_inputs = 0;
     for (int j = 0; j < p->n; j++) {
         span_args *a = &p->a[j];
-        if (a->q.keep > 0 && p->s->o.keep_bytes > 0) {
-            *any_inputs = 1;
-            a->keep_acts = !p->s->dev && kept_size(p->s, p->start, p->end, a->B, p->T, 1) <= p->s->o.keep_bytes / 4;
-            any |= a->keep_acts;
-        }
+        if (a->q.keep <= 0)
+            continue;
+        size_t bytes = s->dev ? span_dev_kept_bytes(s, p->start, p->end, a->B, p->T)
+                              : kept_size(s, p->start, p->end, a->B, p->T, 1);
+        kept_where w = kept_plan(s->o.keep_bytes, s->dev != NULL, bytes, s->dev ? span_dev_room(s) : 0);
+        *any_inputs |= w != KEEP_NONE;
+        a->keep_acts = w == KEEP_ACTS;
+        a->keep_dev = w == KEEP_DEVICE;
+        any |= a->keep_acts;
     }
     return any;
 }
@@ -596,9 +602,38 @@ static kept *keep_entry(span_pass *p, int j, float **inputs, sp_block_acts **act
     return k;
 }
 
+/* A GPU server's FORWARD keeping its inputs and activations on the device (a pass of one, kept_plan's KEEP_DEVICE):
+ * 1 when it is answered (kept and replied, or failed), 0 when the device had no room after all (nothing kept, x as
+ * it was: the caller keeps the inputs on the host instead). */
+static int forward_dev_kept(span_pass *p)
+{
+    span_args *a = &p->a[0];
+    span_dev_kept *dk = NULL;
+    sp_err err = {0};
+    sp_status st = span_dev_forward_keep(p->s, p->start, p->end, p->x, p->B, p->T, p->prompts, p->P, &dk, &err);
+    if (st == SP_ERR_NOMEM)
+        return 0;
+    if (st) {
+        pass_fail(p, "forward", &err);
+        return 1;
+    }
+    kept *k = calloc(1, sizeof *k);
+    if (k) { /* kept before the reply goes out, as pass_forward's */
+        *k = (kept){.conn = a->r->conn, .id = a->q.keep, .start = p->start, .end = p->end, .B = a->B, .T = p->T,
+                    .P = p->P, .dev = dk, .bytes = span_dev_kept_size(dk), .created = sp_now_s()};
+        kept_put(p->s, k);
+    } else {
+        span_dev_kept_free(dk); /* (its BACKWARD recomputes) */
+    }
+    pass_reply(p, p->x, NULL);
+    return 1;
+}
+
 static void pass_forward(span_pass *p, sp_ws *ws)
 {
     int any_inputs, any_acts = plan_keep(p, &any_inputs);
+    if (p->n == 1 && p->a[0].keep_dev && forward_dev_kept(p))
+        return;
     size_t N = (size_t)p->B * p->T * p->H;
     float *inputs = any_inputs ? malloc((size_t)p->nb * N * sizeof(float)) : NULL;
     sp_block_acts *acts = any_acts && inputs ? calloc((size_t)p->nb, sizeof *acts) : NULL;
@@ -690,11 +725,12 @@ static void pass_backward(span_pass *p, sp_ws *ws)
     const sp_block_acts **parts = calloc((size_t)p->n, sizeof *parts);
     sp_block_acts joined = {0};
     sp_err err = {0};
+    const span_dev_kept *dk = kept_all && p->n == 1 ? p->a[0].k->dev : NULL; /* (a GPU server's: no host inputs) */
     if (kept_all && p->n == 1)
         inputs = p->a[0].k->inputs, p->a[0].k->inputs = NULL;
     else
         inputs = malloc((size_t)p->nb * N * sizeof(float));
-    int ok = inputs && parts && (!p->P || gp);
+    int ok = (inputs || dk) && parts && (!p->P || gp);
     for (int j = 0; ok && gp && j < p->n; j++)
         ok = (gp[j] = calloc((size_t)p->nb * p->a[j].B * p->P * p->H, sizeof(float))) != NULL;
     if (!ok) {
@@ -703,9 +739,10 @@ static void pass_backward(span_pass *p, sp_ws *ws)
     }
     if (kept_all && p->n > 1)
         join_inputs(p, inputs);
-    if (s->dev) { /* (a single request) the whole backward on the device, the kept inputs (if any) copied in */
-        if (span_dev_backward(s, p->start, p->end, p->g, p->x, kept_all ? inputs : NULL, p->B, p->T, p->prompts, p->P,
-                              gp ? gp[0] : NULL, &err)) {
+    if (s->dev) { /* (a single request) the whole backward on the device: from the activations kept there, or the
+                   * inputs kept on the host copied in, or recomputed */
+        if (span_dev_backward(s, p->start, p->end, p->g, p->x, kept_all ? inputs : NULL, dk, p->B, p->T, p->prompts,
+                              p->P, gp ? gp[0] : NULL, &err)) {
             pass_fail(p, "backward", &err);
             goto done;
         }

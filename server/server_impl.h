@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "block.h"
+#include "kept.h"
 #include "metrics.h"
 #include "model.h"
 #include "proto.h"
@@ -16,6 +17,7 @@
 /* inference sessions */
 
 typedef struct span_dev span_dev; /* span.h: the span's blocks on a GPU */
+typedef struct span_dev_kept span_dev_kept; /* span.h: a FORWARD's activations kept on that GPU */
 
 typedef struct session {
     uint64_t id, conn;
@@ -58,6 +60,7 @@ typedef struct kept {
     int start, end, B, T, P;
     float *inputs; /* (end - start) x [B, T, H]: each block's input, its prompt added */
     sp_block_acts *acts; /* (end - start) blocks' activations (NULL: only the inputs were kept) */
+    span_dev_kept *dev;  /* a GPU server's: inputs and activations on the device (inputs, acts NULL) */
     int nacts;
     size_t bytes;
     double created;

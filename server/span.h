@@ -27,11 +27,30 @@ size_t span_dev_weight_bytes(const sp_server *s);
  * added) written to inputs ((end - start) x [B, T, H]) when non-NULL. */
 sp_status span_dev_forward(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
                            float *inputs, sp_err *err);
+
+/* A FORWARD's activations kept on the device for its BACKWARD (server_impl.h's kept entry holds it): each block's input (prompt
+ * added) and what sp_cuda_block_forward_keep keeps, their bytes charged to the device's budget (the KV caches'),
+ * given back when freed. The device bytes such an entry of blocks [start, end) on
+ * [B, T] takes; what the device's budget has room for now. */
+size_t span_dev_kept_bytes(const sp_server *s, int start, int end, int B, int T);
+size_t span_dev_room(const sp_server *s);
+/* The device budget's bytes held now (the sessions' caches and the kept entries). */
+size_t span_dev_budget_used(const sp_server *s);
+/* span_dev_forward keeping every block's input and activations on the device in *out. SP_ERR_NOMEM, nothing run
+ * that shows and nothing kept (x as it was), when the budget or the device has no room: the caller falls back. */
+sp_status span_dev_forward_keep(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
+                                span_dev_kept **out, sp_err *err);
+/* Frees an entry (NULL: nothing), its bytes given back to the budget; the bytes it holds. */
+void span_dev_kept_free(span_dev_kept *k);
+size_t span_dev_kept_size(const span_dev_kept *k);
+
 /* The backward through blocks [start, end): g [B, T, H] (the gradient at the span's output) becomes the gradient
- * at its input; inputs (each block's input, NULL: recomputed from x, the span's input) ; gp ((end - start) x
- * [B, P, H], NULL without prompts) gets each block's prompt gradient. */
-sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const float *x, const float *inputs, int B,
-                            int T, const float *prompts, int P, float *gp, sp_err *err);
+ * at its input; from dk (its FORWARD's inputs and activations on the device, of [start, end) on [B, T]) when
+ * non-NULL, else from inputs (each block's input on the host), else recomputed from x, the span's input (the
+ * same bits each way); gp ((end - start) x [B, P, H], NULL without prompts) gets each block's prompt gradient. */
+sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const float *x, const float *inputs,
+                            const span_dev_kept *dk, int B, int T, const float *prompts, int P, float *gp,
+                            sp_err *err);
 
 /* A session's device caches (x->dkv, one per block of [start, end), B x max_length each; x->dev set), and their
  * release (nothing without them). */

@@ -3,7 +3,8 @@
  * (f32), and the trained parameters within 1e-3 of their largest value (AdamW's first steps move a weight by
  * about lr whatever its gradient's size, so a gradient near zero may round either way), for a causal LM and for
  * classes, shallow and deep prompts and a head alone, RMSNorm (Llama, GQA) and LayerNorm with BLOOM's embedding
- * norm, two microbatches, clipping and fp16 loss scaling. The blocks run in this process (the trainer's local baseline, as
+ * norm, two microbatches, clipping and fp16 loss scaling; and generation's local parts on the device against the
+ * CPU's (the chain's input, the logits, the greedy choice). The blocks run in this process (the trainer's local baseline, as
  * test_trainer's), so the test needs no swarm and no cache: the models are tests/data/hf-tiny's, the data a
  * task of toytask.h (random ids of seeded lengths). Without a GPU, asking for one is refused in words
  * ("no usable GPU: ...") and the suite reports itself skipped (exit 77). */
@@ -14,6 +15,7 @@
 
 #include "cuda_backend.h"
 #include "devparts.h"
+#include "kern.h"
 #include "rng.h"
 #include "runtime.h"
 #include "testutil.h"
@@ -130,6 +132,62 @@ START_TEST(t_bloom_head_classes)
 }
 END_TEST
 
+/* Generation's local parts on the device (sp_devparts_embed, sp_devparts_logits; the `device` setting's generate)
+ * against the CPU's: the chain's input of ids after shallow prompts, through BLOOM's embedding norm, within 1e-5 of
+ * its largest value; the logits within 1e-4 (cuBLAS's f32 product against the CPU's), each row's best the first
+ * maximum of the device's logits, and best alone (no logits asked for) the same. */
+START_TEST(t_gen_parts)
+{
+    static const char *const names[] = {"llama-gqa", "bloom"};
+    char dir[1024];
+    snprintf(dir, sizeof dir, TINY "%s", names[_i]);
+    sp_model *m = NULL;
+    sp_devparts *d = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_model_load(&m, dir, SP_LOAD_EMBED | SP_LOAD_HEAD, 0, 0, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_devparts_new(&d, m, 0, 0, 0, &err) == SP_OK, "%s", err.msg);
+    enum { B = 2, T = 5, P = 3, S = P + T };
+    int H = m->cfg.hidden, V = m->cfg.vocab;
+    size_t n = (size_t)B * S * H;
+    int32_t ids[B * T], best[B], alone[B];
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (i * 37 + 5) % V;
+    sp_rng r;
+    sp_rng_seed(&r, 5);
+    float *sh = malloc((size_t)P * H * sizeof(float)), *emb = malloc((size_t)B * T * H * sizeof(float));
+    float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    float *lw = malloc((size_t)B * V * sizeof(float)), *lg = malloc((size_t)B * V * sizeof(float));
+    sp_rng_fill_normal(&r, sh, (long)P * H, 0.5f);
+    ck_assert_int_eq(sp_model_embed(m, emb, ids, B * T, &err), SP_OK);
+    for (int b = 0; b < B; b++) {
+        memcpy(want + (size_t)b * S * H, sh, (size_t)P * H * sizeof(float));
+        memcpy(want + ((size_t)b * S + P) * H, emb + (size_t)b * T * H, (size_t)T * H * sizeof(float));
+    }
+    sp_model_embed_norm(m, want, B * S);
+    ck_assert_msg(sp_devparts_embed(d, got, ids, B, T, sh, P, &err) == SP_OK, "%s", err.msg);
+    double big = 0;
+    for (size_t i = 0; i < n; i++)
+        big = fmax(big, fabs(want[i]));
+    double e = sp_max_abs_diff(got, want, n);
+    ck_assert_msg(e <= 1e-5 * big, "%s: the chain's input %g from the CPU's (largest %g)", names[_i], e, big);
+    ck_assert_int_eq(sp_model_head(m, lw, want, B, &err), SP_OK); /* rows of the input stand for the chain's output */
+    ck_assert_msg(sp_devparts_logits(d, lg, best, want, B, &err) == SP_OK, "%s", err.msg);
+    big = 0;
+    for (size_t i = 0; i < (size_t)B * V; i++)
+        big = fmax(big, fabs(lw[i]));
+    e = sp_max_abs_diff(lg, lw, (size_t)B * V);
+    ck_assert_msg(e <= 1e-4 * big, "%s: logits %g from the CPU's (largest %g)", names[_i], e, big);
+    ck_assert_msg(sp_devparts_logits(d, NULL, alone, want, B, &err) == SP_OK, "%s", err.msg);
+    for (int b = 0; b < B; b++) {
+        ck_assert_int_eq(best[b], sp_argmax(lg + (size_t)b * V, V));
+        ck_assert_int_eq(alone[b], best[b]);
+    }
+    free(sh), free(emb), free(want), free(got), free(lw), free(lg);
+    sp_devparts_free(d);
+    sp_model_free(m);
+}
+END_TEST
+
 /* Without a GPU: the trainer refuses device 1 in words, and changes nothing (its error only). */
 static int refused_without_gpu(void)
 {
@@ -169,6 +227,7 @@ int main(void)
     tcase_add_test(tc, t_llama_ptune_lm_fp16);
     tcase_add_test(tc, t_bloom_deep_lm);
     tcase_add_test(tc, t_bloom_head_classes);
+    tcase_add_loop_test(tc, t_gen_parts, 0, 2);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

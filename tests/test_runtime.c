@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "devparts.h"
 #include "generate.h"
 #include "kern.h"
 #include "pool.h"
@@ -117,6 +118,35 @@ START_TEST(t_local_parts_only)
     c = sp_runtime_config(rt);
     ck_assert_int_eq((long long)m->bytes_loaded, (1LL * c->vocab * c->hidden + c->hidden) * 4);
     ck_assert_ptr_eq(m->lm_head, m->embed);
+    sp_runtime_free(rt);
+}
+END_TEST
+
+/* Generation's local parts on a GPU (sp_runtime_set_gen_device, the `device` setting): a GPU that cannot run is
+ * refused in words, before and after a load, and the CPU stays in use (the device's own runs: test_cuda_train's
+ * t_gen_parts and test_server_gpu's t_generate_on_device). */
+START_TEST(t_gen_device_refused)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    char why[200];
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_int_eq(sp_runtime_gen_device(rt), -1);
+    ck_assert_int_eq(sp_runtime_set_gen_device(rt, -2, &err), SP_ERR_ARG);
+    if (sp_device_usable(0, why, sizeof why)) { /* a GPU here: what is refused is for the GPU suites */
+        sp_runtime_free(rt);
+        return;
+    }
+    for (int loaded = 0; loaded < 2; loaded++) {
+        err = (sp_err){0};
+        ck_assert_int_eq(sp_runtime_set_gen_device(rt, 0, &err), SP_ERR_UNSUPPORTED);
+        ck_assert_msg(!strncmp(err.msg, "generation's local parts on cuda:0: ", 36) &&
+                          (strstr(err.msg, "no usable GPU") || strstr(err.msg, "built without CUDA")),
+                      "%s", err.msg);
+        ck_assert_int_eq(sp_runtime_gen_device(rt), -1);
+        ck_assert_int_eq(sp_runtime_load(rt, GQA, &err), SP_OK);
+    }
+    ck_assert_int_eq(sp_runtime_set_gen_device(rt, -1, &err), SP_OK);
     sp_runtime_free(rt);
 }
 END_TEST
@@ -878,6 +908,7 @@ int main(void)
     TCase *tc = tcase_create("runtime");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_local_parts_only);
+    tcase_add_test(tc, t_gen_device_refused);
     tcase_add_test(tc, t_cancel_finish_steps);
     tcase_add_test(tc, t_greedy_matches_transformers);
     tcase_add_test(tc, t_swarm_equals_local);

@@ -19,6 +19,7 @@
 #include "remote.h"
 #include "rng.h"
 #include "server.h"
+#include "kept.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "transport.h"
@@ -316,6 +317,22 @@ START_TEST(t_keep_kept) { keep_kept(0); }
 END_TEST
 
 START_TEST(t_keep_kept_inputs_only) { keep_kept((size_t)3 * 2 * 5 * H * 4 * 4); /* 4x the inputs */ }
+END_TEST
+
+/* kept_plan, what a FORWARD asking to keep keeps: nothing without a cap; the activations where they take at most a
+ * quarter of it, on a GPU server only where the device budget has room for them, else the inputs alone; each at its
+ * boundary (a GPU server's own runs are test_server_gpu's t_kept_on_device). */
+START_TEST(t_kept_plan)
+{
+    size_t cap = 4000;
+    ck_assert_int_eq(kept_plan(0, 0, 1, 0), KEEP_NONE);
+    ck_assert_int_eq(kept_plan(0, 1, 1, cap), KEEP_NONE);
+    ck_assert_int_eq(kept_plan(cap, 0, 1000, 0), KEEP_ACTS);
+    ck_assert_int_eq(kept_plan(cap, 0, 1001, 0), KEEP_INPUTS);
+    ck_assert_int_eq(kept_plan(cap, 1, 1000, 1000), KEEP_DEVICE);
+    ck_assert_int_eq(kept_plan(cap, 1, 1000, 999), KEEP_INPUTS); /* the device budget's room */
+    ck_assert_int_eq(kept_plan(cap, 1, 1001, 1u << 30), KEEP_INPUTS); /* over the cap's quarter */
+}
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1888,6 +1905,7 @@ int main(void)
     tcase_add_test(tc, t_deep_prompts);
     tcase_add_test(tc, t_keep_kept);
     tcase_add_test(tc, t_keep_kept_inputs_only);
+    tcase_add_test(tc, t_kept_plan);
     tcase_add_test(tc, t_sessions_two_servers);
     tcase_add_test(tc, t_push);
     tcase_add_test(tc, t_span_push);

@@ -1,20 +1,28 @@
 /* test_server_gpu.c - a server with --device cuda against one on the CPU (in-process servers over loopback
  * websockets, the same RPCs to both): FORWARD and BACKWARD with deep prompts (recomputed, and from a FORWARD that
- * kept its inputs), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
+ * kept its activations on the device), a GPU server's kept activations against its recompute (the same bits; the
+ * device budget charged and given back, dropped with the connection, the inputs on the host where the cap's quarter
+ * is exceeded), an inference session (a prefill, decode steps, a roll back, beam search's hypo_ids) and a
  * prefill longer than --max-batch-tokens (chunks), for llama (GQA), bloom, falcon-7b and mixtral in f32: each answer
  * within 1e-4 of the CPU's, relative to its largest value. Then deep prompt tuning through a GPU server (llama,
  * mixtral): the client's trainer (its parts on the CPU) through a server of every block on the GPU, and through one
- * on the CPU: each step's loss within 1e-4 relative. Without a usable GPU it reports itself skipped (exit 77). */
+ * on the CPU: each step's loss within 1e-4 relative. And generation with the client's local parts on the GPU (the
+ * `device` setting) through a CPU server: the CPU client's ids, greedy and beam search, with trained prompts too.
+ * Without a usable GPU it reports itself skipped (exit 77). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
+#include "generate.h"
+#include "parts.h"
 #include "remote.h"
 #include "rng.h"
 #include "runtime.h"
 #include "server.h"
+#include "span.h"
 #include "swarm.h"
 #include "testutil.h"
 #include "toytask.h"
@@ -32,7 +40,8 @@ typedef struct pair {
     int n, H;         /* blocks, hidden size */
 } pair;
 
-static void pair_start(pair *p, const char *name, int max_batch_tokens)
+/* A CPU server and a GPU server of every block of hf-tiny's name (max_batch_tokens, keep_bytes: 0 the default). */
+static void pair_start(pair *p, const char *name, int max_batch_tokens, size_t keep_bytes)
 {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, name);
@@ -49,6 +58,8 @@ static void pair_start(pair *p, const char *name, int max_batch_tokens)
         o.device = d ? 0 : -1;
         if (max_batch_tokens)
             o.max_batch_tokens = max_batch_tokens;
+        if (keep_bytes)
+            o.keep_bytes = keep_bytes;
         ck_assert_msg(sp_server_start(&p->s[d], &o, &err) == SP_OK, "%s", err.msg);
         ck_assert_msg(sp_remote_connect(&p->r[d], "127.0.0.1", sp_server_port(p->s[d]), 0, TMO, &err) == SP_OK,
                       "%s", err.msg);
@@ -68,22 +79,29 @@ static void pair_stop(pair *p)
     }
 }
 
+/* The request to server d (0 CPU, 1 GPU): tensor k of its reply (nf floats, allocated). */
+static float *one(pair *p, int d, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, int k, size_t nf,
+                  const char *what)
+{
+    sp_reply rep;
+    sp_err err = {0};
+    ck_assert_msg(sp_remote_call(p->r[d], type, meta, t, n, &rep, TMO, &err) == SP_OK, "%s (%s): %s", what,
+                  d ? "gpu" : "cpu", err.msg);
+    ck_assert_int_gt(rep.msg.n_tensors, k);
+    ck_assert_uint_eq(rep.msg.t[k].numel, nf);
+    float *out = malloc(nf * sizeof(float));
+    ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[k], out, &err), SP_OK);
+    sp_reply_clear(&rep);
+    return out;
+}
+
 /* The same request to both; tensor k of each reply (nf floats) compared: max |gpu - cpu| <= TOL max |cpu|. */
 static void both(pair *p, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n, int k, size_t nf,
                  float *cpu_out, const char *what)
 {
     float *out[2];
-    for (int d = 0; d < 2; d++) {
-        sp_reply rep;
-        sp_err err = {0};
-        ck_assert_msg(sp_remote_call(p->r[d], type, meta, t, n, &rep, TMO, &err) == SP_OK, "%s (%s): %s", what,
-                      d ? "gpu" : "cpu", err.msg);
-        ck_assert_int_gt(rep.msg.n_tensors, k);
-        ck_assert_uint_eq(rep.msg.t[k].numel, nf);
-        out[d] = malloc(nf * sizeof(float));
-        ck_assert_int_eq(sp_tensor_to_f32(&rep.msg.t[k], out[d], &err), SP_OK);
-        sp_reply_clear(&rep);
-    }
+    for (int d = 0; d < 2; d++)
+        out[d] = one(p, d, type, meta, t, n, k, nf, what);
     double big = 0;
     for (size_t i = 0; i < nf; i++)
         big = fmax(big, fabs(out[0][i]));
@@ -100,31 +118,126 @@ static sp_tensor_src t3(const float *x, int B, int T, int H)
     return (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {B, T, H}, .f32 = x};
 }
 
+/* A FORWARD's and a BACKWARD's arguments over blocks [1, n) of p: x and grad_out [B, T, H], deep prompts
+ * [n - 1, B, P, H] (random, from seed), and the metadata of a plain request, of one that keeps (id) and of one
+ * from what it kept. */
+typedef struct span_req {
+    size_t N, NP;
+    float *x, *g, *pr;
+    sp_tensor_src fa[2], ba[3];
+    char span[64], keep[96], from[96];
+} span_req;
+
+static void span_req_make(span_req *q, const pair *p, int B, int T, int P, int id, uint64_t seed)
+{
+    int nb = p->n - 1, H = p->H;
+    q->N = (size_t)B * T * H, q->NP = (size_t)nb * B * P * H;
+    q->x = malloc(q->N * 4), q->g = malloc(q->N * 4), q->pr = malloc(q->NP * 4);
+    sp_rng r;
+    sp_rng_seed(&r, seed);
+    sp_rng_fill_normal(&r, q->x, (long)q->N, 1.0f);
+    sp_rng_fill_normal(&r, q->g, (long)q->N, 1.0f);
+    sp_rng_fill_normal(&r, q->pr, (long)q->NP, 0.5f);
+    sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = q->pr};
+    q->fa[0] = t3(q->x, B, T, H), q->fa[1] = prompts;
+    q->ba[0] = t3(q->x, B, T, H), q->ba[1] = t3(q->g, B, T, H), q->ba[2] = prompts;
+    snprintf(q->span, sizeof q->span, "{\"start\":1,\"end\":%d}", p->n);
+    snprintf(q->keep, sizeof q->keep, "{\"start\":1,\"end\":%d,\"keep\":%d}", p->n, id);
+    snprintf(q->from, sizeof q->from, "{\"start\":1,\"end\":%d,\"kept\":%d}", p->n, id);
+}
+
+static void span_req_free(span_req *q) { free(q->x), free(q->g), free(q->pr); }
+
 START_TEST(t_forward_backward)
 {
     pair p;
-    pair_start(&p, models[_i], 0);
-    int B = 2, T = 7, P = 3, nb = p.n - 1, H = p.H;
-    size_t N = (size_t)B * T * H, NP = (size_t)nb * B * P * H;
-    float *x = malloc(N * 4), *g = malloc(N * 4), *pr = malloc(NP * 4);
-    sp_rng r;
-    sp_rng_seed(&r, 7);
-    sp_rng_fill_normal(&r, x, (long)N, 1.0f);
-    sp_rng_fill_normal(&r, g, (long)N, 1.0f);
-    sp_rng_fill_normal(&r, pr, (long)NP, 0.5f);
-    sp_tensor_src prompts = {.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H}, .f32 = pr};
-    sp_tensor_src fa[2] = {t3(x, B, T, H), prompts}, ba[3] = {t3(x, B, T, H), t3(g, B, T, H), prompts};
-    char span[64], keep[96], kept[96];
-    snprintf(span, sizeof span, "{\"start\":1,\"end\":%d}", p.n);
-    snprintf(keep, sizeof keep, "{\"start\":1,\"end\":%d,\"keep\":5}", p.n);
-    snprintf(kept, sizeof kept, "{\"start\":1,\"end\":%d,\"kept\":5}", p.n);
-    both(&p, SP_MSG_FORWARD, span, fa, 2, 0, N, NULL, "forward");
-    both(&p, SP_MSG_BACKWARD, span, ba, 3, 0, N, NULL, "backward (recomputed): grad_in");
-    both(&p, SP_MSG_BACKWARD, span, ba, 3, 1, NP, NULL, "backward (recomputed): the prompts' gradient");
-    both(&p, SP_MSG_FORWARD, keep, fa, 2, 0, N, NULL, "forward keeping its inputs");
-    both(&p, SP_MSG_BACKWARD, kept, ba, 3, 0, N, NULL, "backward from the kept inputs");
-    free(x), free(g), free(pr);
+    pair_start(&p, models[_i], 0, 0);
+    span_req q;
+    span_req_make(&q, &p, 2, 7, 3, 5, 7);
+    both(&p, SP_MSG_FORWARD, q.span, q.fa, 2, 0, q.N, NULL, "forward");
+    both(&p, SP_MSG_BACKWARD, q.span, q.ba, 3, 0, q.N, NULL, "backward (recomputed): grad_in");
+    both(&p, SP_MSG_BACKWARD, q.span, q.ba, 3, 1, q.NP, NULL, "backward (recomputed): the prompts' gradient");
+    both(&p, SP_MSG_FORWARD, q.keep, q.fa, 2, 0, q.N, NULL, "forward keeping its activations");
+    both(&p, SP_MSG_BACKWARD, q.from, q.ba, 3, 0, q.N, NULL, "backward from the kept activations");
+    span_req_free(&q);
     pair_stop(&p);
+}
+END_TEST
+
+/* got (nf floats) equal to want's to the bit; got freed. */
+static void same_bits(float *got, const float *want, size_t nf, const char *what)
+{
+    size_t i = 0;
+    while (i < nf && !memcmp(&got[i], &want[i], sizeof(float)))
+        i++;
+    ck_assert_msg(i == nf, "%s: [%zu] %.9g, recomputed %.9g", what, i, i < nf ? (double)got[i] : 0.0,
+                  i < nf ? (double)want[i] : 0.0);
+    free(got);
+}
+
+/* Waits (up to 20 s, polling: a taken entry is freed after its reply went out, a closed connection's once the
+ * server sees the close) until the GPU server's kept bytes and device budget are held and used. */
+static void settles_at(sp_server *s, size_t held, size_t used, const char *what)
+{
+    size_t kb = sp_server_kept_bytes(s), ub = span_dev_budget_used(s);
+    for (int k = 0; (kb != held || ub != used) && k < 400; k++) {
+        usleep(50000);
+        kb = sp_server_kept_bytes(s), ub = span_dev_budget_used(s);
+    }
+    ck_assert_msg(kb == held && ub == used, "%s: %zu bytes kept (want %zu), the device budget's %zu used (want %zu)",
+                  what, kb, held, ub, used);
+}
+
+/* A GPU server's FORWARD with keep holds its blocks' inputs and activations on the device, charged to the device's
+ * budget; its BACKWARD from them gives the recomputed backward's bits (grad_in and the prompts' gradient) and hands
+ * the bytes back; an entry whose connection closes is dropped with them. With a cap whose quarter the activations
+ * exceed (keep_bytes 4x the inputs) the inputs are kept on the host (the budget untouched), the same bits again. */
+START_TEST(t_kept_on_device)
+{
+    static const int which[] = {0, 3}; /* llama (GQA) and mixtral (the experts' activations) */
+    const char *model = models[which[_i]];
+    int B = 2, T = 9, P = 3;
+    for (int capped = 0; capped < 2; capped++) {
+        pair p;
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, model);
+        sp_config c;
+        sp_err err = {0};
+        ck_assert_msg(sp_config_load(&c, dir, &err) == SP_OK, "%s", err.msg);
+        size_t N = (size_t)B * T * c.hidden, inputs = (size_t)(c.n_layers - 1) * N * sizeof(float);
+        pair_start(&p, model, 0, capped ? 4 * inputs : 0);
+        span_req q;
+        span_req_make(&q, &p, B, T, P, 11, 17);
+        size_t NP = q.NP;
+        sp_tensor_src *fa = q.fa, *ba = q.ba;
+        const char *span = q.span, *keep = q.keep, *from = q.from;
+        sp_server *s = p.s[1];
+        size_t used0 = span_dev_budget_used(s), dev = span_dev_kept_bytes(s, 1, p.n, B, T);
+        ck_assert_uint_gt(dev, inputs);
+        float *g0 = one(&p, 1, SP_MSG_BACKWARD, span, ba, 3, 0, N, "backward (recomputed)");
+        float *gp0 = one(&p, 1, SP_MSG_BACKWARD, span, ba, 3, 1, NP, "backward (recomputed)");
+        free(one(&p, 1, SP_MSG_FORWARD, keep, fa, 2, 0, N, "forward keeping"));
+        settles_at(s, capped ? inputs : dev, capped ? used0 : used0 + dev, "kept"); /* (at once: kept, then replied) */
+        same_bits(one(&p, 1, SP_MSG_BACKWARD, from, ba, 3, 0, N, "backward from kept"), g0, N,
+                  capped ? "grad_in from the inputs kept on the host" : "grad_in from the device's activations");
+        settles_at(s, 0, used0, "the entry taken");
+        free(one(&p, 1, SP_MSG_FORWARD, keep, fa, 2, 0, N, "forward keeping"));
+        same_bits(one(&p, 1, SP_MSG_BACKWARD, from, ba, 3, 1, NP, "backward from kept"), gp0, NP,
+                  "the prompts' gradient from what was kept");
+        /* a kept entry of a connection that closes is dropped, its device bytes given back */
+        sp_remote *r2 = NULL;
+        ck_assert_int_eq(sp_remote_connect(&r2, "127.0.0.1", sp_server_port(s), 0, TMO, &err), SP_OK);
+        sp_remote *r1 = p.r[1];
+        p.r[1] = r2;
+        free(one(&p, 1, SP_MSG_FORWARD, keep, fa, 2, 0, N, "forward keeping (second connection)"));
+        p.r[1] = r1;
+        settles_at(s, capped ? inputs : dev, capped ? used0 : used0 + dev, "kept for the second connection");
+        sp_remote_close(r2);
+        settles_at(s, 0, used0, "the second connection closed");
+        span_req_free(&q);
+        free(g0), free(gp0);
+        pair_stop(&p);
+    }
 }
 END_TEST
 
@@ -162,7 +275,7 @@ static void step_both(pair *p, uint64_t id, const float *x, int B, int T, int fr
 static void sessions(int model, int max_batch_tokens, int T)
 {
     pair p;
-    pair_start(&p, models[model], max_batch_tokens);
+    pair_start(&p, models[model], max_batch_tokens, 0);
     int B = 3, H = p.H;
     float *x = malloc((size_t)B * T * H * 4);
     sp_rng r;
@@ -188,6 +301,81 @@ START_TEST(t_session) { sessions(_i, 0, 5); }
 END_TEST
 
 START_TEST(t_long_prefill_chunks) { sessions(0, 12, 9); /* 3 x 9 rows over 12 a chunk: 4 positions each */ }
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------- */
+/* generation's local parts on the GPU (the `device` setting) through a CPU server */
+
+/* 8 new tokens after a fixed prompt through the CPU server at port, the client's local parts on GPU 0 (set before
+ * the load: the load puts them there) or on the CPU; greedy (beams 1: the argmax path) or beam search (2: the
+ * logits); with trained prompts when P > 0. */
+static void generate_through(const char *dir, int port, int gpu, int beams, const float *sh, const float *deep, int P,
+                             sp_gen_result *out)
+{
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_set_gen_device(rt, gpu ? 0 : -1, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_runtime_load(rt, dir, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_eq(sp_runtime_gen_device(rt), gpu ? 0 : -1);
+    ck_assert_msg(sp_runtime_connect(rt, addr, &err) == SP_OK, "%s", err.msg);
+    sp_lm_swarm sw;
+    sp_lm lm = sp_lm_swarm_make(&sw, rt);
+    if (P)
+        sp_lm_swarm_prompts(&sw, &lm, sh, deep, P);
+    sp_gen_opts o;
+    sp_gen_opts_default(&o);
+    o.max_new = 8;
+    o.beams = beams;
+    o.stop_at_eos = 0;
+    o.sample.temperature = 0;
+    static const int32_t prompt[] = {1, 15, 27, 4, 9};
+    const int32_t *pp = prompt;
+    int len = 5;
+    ck_assert_msg(sp_generate(&lm, NULL, &pp, &len, 1, &o, NULL, NULL, out, &err) == SP_OK, "%s", err.msg);
+    sp_runtime_free(rt);
+}
+
+/* The same ids with the client's local parts on the GPU as on the CPU, through one CPU server of every block:
+ * llama (GQA) and BLOOM (its embedding norm), each greedy and with beam search, without and with trained prompts
+ * (shallow and deep, P 3). */
+START_TEST(t_generate_on_device)
+{
+    static const char *const gen_models[] = {"llama-gqa", "bloom"};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/hf-tiny/%s", SEPAL_TEST_DATA, gen_models[_i]);
+    sp_config c;
+    sp_err err = {0};
+    ck_assert_msg(sp_config_load(&c, dir, &err) == SP_OK, "%s", err.msg);
+    sp_server_opts so;
+    sp_server_opts_default(&so);
+    so.model_dir = dir;
+    so.measure = 0;
+    sp_server *s = NULL;
+    ck_assert_msg(sp_server_start(&s, &so, &err) == SP_OK, "%s", err.msg);
+    enum { P = 3 };
+    float *sh = malloc((size_t)P * c.hidden * sizeof(float)), *deep = malloc((size_t)c.n_layers * P * c.hidden * 4);
+    sp_rng r;
+    sp_rng_seed(&r, 23);
+    sp_rng_fill_normal(&r, sh, (long)P * c.hidden, 0.5f);
+    sp_rng_fill_normal(&r, deep, (long)c.n_layers * P * c.hidden, 0.5f);
+    for (int k = 0; k < 4; k++) {
+        int beams = k % 2 ? 2 : 1, p = k < 2 ? 0 : P;
+        sp_gen_result want, got;
+        generate_through(dir, sp_server_port(s), 0, beams, sh, deep, p, &want);
+        generate_through(dir, sp_server_port(s), 1, beams, sh, deep, p, &got);
+        ck_assert_int_eq(got.n[0], want.n[0]);
+        for (int t = 0; t < want.n[0]; t++)
+            ck_assert_msg(got.ids[0][t] == want.ids[0][t], "%s, beams %d, P %d: token %d is %d, %d on the CPU",
+                          gen_models[_i], beams, p, t, got.ids[0][t], want.ids[0][t]);
+        sp_gen_result_free(&want);
+        sp_gen_result_free(&got);
+    }
+    free(sh), free(deep);
+    sp_server_stop(s);
+}
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -269,9 +457,11 @@ int main(void)
     TCase *tc = tcase_create("gpu_vs_cpu");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, t_forward_backward, 0, NMODELS);
+    tcase_add_loop_test(tc, t_kept_on_device, 0, 2);
     tcase_add_loop_test(tc, t_session, 0, NMODELS);
     tcase_add_test(tc, t_long_prefill_chunks);
     tcase_add_loop_test(tc, t_deep_ptune_losses, 0, 2);
+    tcase_add_loop_test(tc, t_generate_on_device, 0, 2);
     suite_add_tcase(s, tc);
     return sp_test_run(s);
 }

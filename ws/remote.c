@@ -32,6 +32,7 @@ struct sp_remote {
     pthread_cond_t cond;  /* a reply handed over, or the reader's place free */
     int reading;          /* a waiting call reads the connection for all */
     waiter *waiting;
+    waiter *spare;        /* waiters of calls that ended, for the next calls (no allocation a call) */
     uint64_t next_id;
     sp_proto_limits limits;
     sp_remote_info info;
@@ -164,20 +165,27 @@ static sp_status read_one(sp_remote *r, int timeout_ms, sp_err *err)
 }
 
 /* Waits (lock held) for the reply to request `id` into rep: reading the connection when no other call does, else
- * for the reader to hand it over. */
+ * for the reader to hand it over. The waiter comes from r->spare (allocated the first time), not from this stack:
+ * r->waiting outlives the frame in the compiler's eyes (gcc 13's -Wdangling-pointer), though it is unlinked before
+ * the return; back to r->spare after. */
 static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
 {
-    waiter w = {.id = id, .rep = rep, .next = r->waiting};
-    r->waiting = &w;
+    waiter *w = r->spare;
+    if (w)
+        r->spare = w->next;
+    else if (!(w = malloc(sizeof *w)))
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    *w = (waiter){.id = id, .rep = rep, .next = r->waiting};
+    r->waiting = w;
     double end = timeout_ms < 0 ? 0 : sp_now_s() + timeout_ms / 1e3;
     sp_status st = SP_OK;
-    while (!w.done && !st) {
+    while (!w->done && !st) {
         double left = timeout_ms < 0 ? 1e9 : end - sp_now_s();
         if (!r->reading) {
             st = read_one(r, timeout_ms < 0 ? -1 : left > 0 ? (int)(left * 1e3) + 1 : 0, err);
-            if (st == SP_ERR_TIMEOUT && !w.done && left > 0) /* (another's reply came first) */
+            if (st == SP_ERR_TIMEOUT && !w->done && left > 0) /* (another's reply came first) */
                 st = SP_OK;
-            if (st == SP_ERR_TIMEOUT && !w.done)
+            if (st == SP_ERR_TIMEOUT && !w->done)
                 sp_errf(err, st, "no reply from %s:%d within %d ms", r->host, r->port, timeout_ms);
         } else if (cancelled(r)) {
             st = sp_errf(err, SP_ERR_CANCELLED, "cancelled while waiting for %s", r->host);
@@ -193,11 +201,14 @@ static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeou
         }
     }
     for (waiter **p = &r->waiting; *p; p = &(*p)->next)
-        if (*p == &w) {
-            *p = w.next;
+        if (*p == w) {
+            *p = w->next;
             break;
         }
-    if (w.done)
+    int done = w->done;
+    w->next = r->spare;
+    r->spare = w;
+    if (done)
         return rep->msg.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
     return st;
 }
@@ -394,6 +405,11 @@ void sp_remote_close(sp_remote *r)
         return;
     if (r->c)
         sp_ws_client_close(r->c);
+    while (r->spare) {
+        waiter *w = r->spare;
+        r->spare = w->next;
+        free(w);
+    }
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond);
     free(r);

@@ -7,6 +7,7 @@
 
 #include <cblas.h>
 
+#include "devparts.h"
 #include "kern.h"
 #include "pool.h"
 #include "runtime_state.h"
@@ -25,6 +26,37 @@ sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err)
     rt->head_dtype = t;
     return SP_OK;
 }
+
+/* m's generation parts on GPU index (NULL in *out for the CPU, index < 0). */
+static sp_status gen_parts_open(const sp_model *m, int index, struct sp_devparts **out, sp_err *err)
+{
+    *out = NULL;
+    if (index < 0 || !m)
+        return SP_OK;
+    sp_status st = sp_devparts_new(out, m, index, 0, 0, err);
+    return st ? sp_err_prefix(err, "generation's local parts on cuda:%d: ", index) : SP_OK;
+}
+
+sp_status sp_runtime_set_gen_device(sp_runtime *rt, int index, sp_err *err)
+{
+    if (index < -1)
+        return sp_errf(err, SP_ERR_ARG, "device %d: expected -1 (the CPU) or a GPU's index", index);
+    if (index == rt->gen_device)
+        return SP_OK;
+    char why[300];
+    if (index >= 0 && !sp_device_usable(index, why, sizeof why))
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "generation's local parts on cuda:%d: %s", index, why);
+    struct sp_devparts *d = NULL;
+    sp_status st = gen_parts_open(rt->local, index, &d, err);
+    if (st)
+        return st;
+    sp_devparts_free(rt->gen_dev);
+    rt->gen_dev = d;
+    rt->gen_device = index;
+    return SP_OK;
+}
+
+int sp_runtime_gen_device(const sp_runtime *rt) { return rt->gen_device; }
 
 sp_status sp_runtime_set_threads(sp_runtime *rt, int n, sp_err *err)
 {
@@ -67,7 +99,13 @@ sp_status sp_rt_parts_load(sp_runtime *rt, const char *dir, sp_err *err)
         sp_model_free(m);
         return st;
     }
-    if (!st && rt->head_dtype != SP_W_F32 && (st = sp_model_quantize(m, (sp_wtype)rt->head_dtype, 1, err))) {
+    struct sp_devparts *gd = NULL;
+    if (!st && rt->head_dtype != SP_W_F32)
+        st = sp_model_quantize(m, (sp_wtype)rt->head_dtype, 1, err);
+    if (!st)
+        st = gen_parts_open(m, rt->gen_device, &gd, err);
+    if (st) {
+        sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
         sp_tokenizer_free(tok);
         sp_model_free(m);
         return st;
@@ -75,8 +113,10 @@ sp_status sp_rt_parts_load(sp_runtime *rt, const char *dir, sp_err *err)
     if (rt->pool)
         sp_model_set_pool(m, rt->pool);
     sp_rt_emit(rt, SP_EV_PROGRESS, what, 2, 2, 0);
+    sp_devparts_free(rt->gen_dev);
     sp_model_free(rt->local);
     sp_tokenizer_free(rt->tok);
+    rt->gen_dev = gd;
     rt->local = m;
     rt->tok = tok;
     snprintf(rt->model_dir, sizeof rt->model_dir, "%s", dir);
@@ -92,6 +132,7 @@ sp_status sp_rt_parts_load(sp_runtime *rt, const char *dir, sp_err *err)
 
 void sp_rt_parts_free(sp_runtime *rt)
 {
+    sp_devparts_free(rt->gen_dev);
     sp_model_free(rt->local);
     sp_pool_free(rt->pool);
     sp_tokenizer_free(rt->tok);

@@ -14,6 +14,14 @@
 sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err);
 int sp_runtime_head_dtype(const sp_runtime *rt);
 
+/* Generation's local parts (the embeddings, BLOOM's embedding norm, the final norm and the LM head) on GPU index
+ * (-1: the CPU, the default), for the loaded model now and at every later load (uploaded once a load,
+ * client/train/devparts.h); the swarm's sessions (sp_lm_swarm) use them, the head in f32 whatever
+ * sp_runtime_set_head_dtype says (that encoding is the CPU's). A GPU that cannot run, or parts that do not fit
+ * it, are refused and the setting stays; a load that cannot put them there fails (the model before stays). */
+sp_status sp_runtime_set_gen_device(sp_runtime *rt, int index, sp_err *err);
+int sp_runtime_gen_device(const sp_runtime *rt);
+
 /* The client's compute threads (the LM head, training's products): n, or 0 for every CPU the process may run
  * on; applies to the loaded model and later loads. */
 sp_status sp_runtime_set_threads(sp_runtime *rt, int n, sp_err *err);

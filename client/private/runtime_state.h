@@ -78,6 +78,8 @@ struct sp_runtime {
     char model_prefix[SP_MODEL_PREFIX_MAX];
     sp_model *local;       /* embeddings + final norm + head only (model/parts.c) */
     int head_dtype;        /* sp_wtype of the local LM head (sp_runtime_set_head_dtype; f32: the mapping) */
+    int gen_device;        /* generation's local parts on this GPU (sp_runtime_set_gen_device; -1: the CPU) */
+    struct sp_devparts *gen_dev; /* ... there, for the loaded model (NULL: on the CPU) */
     struct sp_pool *pool;  /* the local parts' compute threads (sp_runtime_set_threads; NULL: the engine's default) */
     int threads;           /* 0: every CPU the process may run on */
     struct sp_tokenizer *tok; /* NULL if the model has none */

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devparts.h"
 #include "timeutil.h"
 #include "trace.h"
 
@@ -684,30 +685,57 @@ static sp_status run_hops(sp_lm_swarm *s, float *cur, int T, const float *deep, 
     return st;
 }
 
-/* The first step with prompts: [B, P + T, H] = shallow prompts then the tokens' embeddings in place of x
- * (x [B, T, H] embedded); deep prompts broadcast over the batch, [L, B, P, H]. */
-static sp_status with_prompts(sp_lm_swarm *s, float **x, int B, int T, float **deep, sp_err *err)
+/* The first step's deep prompts broadcast over the batch, [L, B, P, H] (NULL without deep prompts). */
+static sp_status deep_rows(sp_lm_swarm *s, int B, float **deep, sp_err *err)
 {
     size_t H = (size_t)s->rt->local->cfg.hidden, P = (size_t)s->P, L = (size_t)s->rt->local->cfg.n_layers;
-    float *y = calloc((size_t)B * (P + T) * H, sizeof(float));
     *deep = s->deep ? malloc(L * B * P * H * sizeof(float)) : NULL;
-    if (!y || (s->deep && !*deep)) {
-        free(y);
-        free(*deep);
-        *deep = NULL;
+    if (s->deep && !*deep)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    for (size_t l = 0; *deep && l < L; l++)
+        for (int b = 0; b < B; b++)
+            memcpy(*deep + (l * B + b) * P * H, s->deep + l * P * H, P * H * sizeof(float));
+    return SP_OK;
+}
+
+/* The first step with prompts: [B, P + T, H] = shallow prompts then the tokens' embeddings in place of x
+ * (x [B, T, H] embedded); deep prompts broadcast over the batch (deep_rows). */
+static sp_status with_prompts(sp_lm_swarm *s, float **x, int B, int T, float **deep, sp_err *err)
+{
+    size_t H = (size_t)s->rt->local->cfg.hidden, P = (size_t)s->P;
+    float *y = calloc((size_t)B * (P + T) * H, sizeof(float));
+    sp_status st = y ? deep_rows(s, B, deep, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    if (st) {
+        free(y);
+        return st;
     }
     for (int b = 0; b < B; b++) {
         if (s->shallow)
             memcpy(y + (size_t)b * (P + T) * H, s->shallow, P * H * sizeof(float));
         memcpy(y + ((size_t)b * (P + T) + P) * H, *x + (size_t)b * T * H, T * H * sizeof(float));
     }
-    for (size_t l = 0; *deep && l < L; l++)
-        for (int b = 0; b < B; b++)
-            memcpy(*deep + (l * B + b) * P * H, s->deep + l * P * H, P * H * sizeof(float));
     free(*x);
     *x = y;
     return SP_OK;
+}
+
+/* The chain's input x of ids [B, T] (room for [B, P + T, H] where dev): the shallow prompts of a first step with
+ * prompts (P > 0), the embeddings, BLOOM's embedding norm; on the CPU, or on the GPU of dev (the `device`
+ * setting: devparts.h, one upload of the ids and one download of x); *deep as deep_rows. */
+static sp_status chain_input(sp_lm_swarm *s, struct sp_devparts *dev, float **x, const int32_t *ids, int B, int T,
+                             int P, float **deep, sp_err *err)
+{
+    sp_model *m = s->rt->local;
+    if (dev) {
+        sp_status st = P ? deep_rows(s, B, deep, err) : SP_OK;
+        return st ? st : sp_devparts_embed(dev, *x, ids, B, T, s->shallow, P, err);
+    }
+    sp_status st = sp_model_embed(m, *x, ids, B * T, err);
+    if (!st && P)
+        st = with_prompts(s, x, B, T, deep, err);
+    if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
+        sp_model_embed_norm(m, *x, B * (P + T));
+    return st;
 }
 
 /* One step through the chain, ending in the local head: logits[B, V] of each row's last position, or (logits
@@ -725,16 +753,14 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
         learn_local(s, now);
     s->t_step = decode && B == 1 ? now : 0;
     size_t BH = (size_t)B * H;
-    float *x = decode ? s->step_buf : malloc((size_t)B * T * H * sizeof(float));
+    struct sp_devparts *dev = rt->gen_dev; /* the local parts on a GPU (NULL: the CPU) */
+    int P = s->pos == 0 && s->P > 0 ? s->P : 0;
+    float *x = decode ? s->step_buf : malloc((size_t)B * (T + (dev ? P : 0)) * H * sizeof(float));
     float *last = decode ? s->step_buf + BH : malloc(BH * sizeof(float)), *in = decode ? s->step_buf + 2 * BH : NULL;
     float *deep = NULL;
-    sp_status st = x && last ? sp_model_embed(rt->local, x, ids, B * T, err) : sp_errf(err, SP_ERR_NOMEM, "out of memory");
-    if (!st && s->pos == 0 && s->P > 0) {
-        st = with_prompts(s, &x, B, T, &deep, err);
-        T += s->P;
-    }
-    if (!st) /* BLOOM's embedding LayerNorm, after the shallow prompts */
-        sp_model_embed_norm(rt->local, x, B * T);
+    sp_status st = x && last ? chain_input(s, dev, &x, ids, B, T, P, &deep, err)
+                             : sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    T += P;
     double t_hops = sp_now_s();
     SP_TRACE(SP_TR_HOPS);
     if (!st)
@@ -745,7 +771,9 @@ static sp_status swarm_step(void *ctx, const int32_t *ids, int B, int T, float *
     s->hypo = NULL; /* the reorder went out with this step to every hop */
     for (int b = 0; !st && b < B; b++)
         memcpy(last + (size_t)b * H, x + ((size_t)b * T + T - 1) * H, (size_t)H * sizeof(float));
-    if (!st && logits)
+    if (!st && dev)
+        st = sp_devparts_logits(dev, logits, logits ? NULL : best, last, B, err);
+    else if (!st && logits)
         st = sp_model_head(rt->local, logits, last, B, err);
     else if (!st)
         st = sp_model_head_argmax(rt->local, best, last, B, err);

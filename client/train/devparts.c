@@ -4,7 +4,9 @@
 #include "devparts.h"
 
 #include "device.h"
+#include "kern.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,17 @@ sp_t *sp_devparts_head(sp_devparts *d, sp_t *h, sp_t *score, const sp_dev_batch 
     (void)h, (void)score, (void)b, (void)loss;
     return sp_devparts_input(d, NULL, NULL, NULL, 0, 0, train, err);
 }
+sp_status sp_devparts_embed(sp_devparts *d, float *x, const int32_t *ids, int B, int T, const float *shallow, int P,
+                            sp_err *err)
+{
+    (void)d, (void)x, (void)ids, (void)B, (void)T, (void)shallow, (void)P;
+    return sp_devparts_sync(NULL, err);
+}
+sp_status sp_devparts_logits(sp_devparts *d, float *logits, int32_t *best, const float *hidden, int n, sp_err *err)
+{
+    (void)d, (void)logits, (void)best, (void)hidden, (void)n;
+    return sp_devparts_sync(NULL, err);
+}
 
 #else
 
@@ -95,6 +108,11 @@ struct sp_devparts {
     float *prompts, *gprompts, *deep, *gdeep, *score, *gscore; /* the optimizer's buffers */
     float *ones; /* nones ones: the batch sums' GEMM operand */
     int nones;
+    pthread_mutex_t gen_lock; /* generation's calls (sp_devparts_embed, sp_devparts_logits) */
+    void *gen;                /* their device scratch, gen_cap bytes */
+    size_t gen_cap;
+    float *gen_host;          /* sp_devparts_logits' host logits when the caller wants best alone */
+    size_t gen_host_cap;      /* floats */
 };
 
 /* d's GPU as this thread's current device (a thread starts on GPU 0). */
@@ -124,6 +142,7 @@ sp_status sp_devparts_new(sp_devparts **out, const sp_model *m, int index, int c
     sp_devparts *d = calloc(1, sizeof *d);
     if (!d)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&d->gen_lock, NULL);
     const sp_config *c = &m->cfg;
     d->index = index;
     d->H = c->hidden, d->V = c->vocab, d->L = c->n_layers, d->C = classes, d->P = P, d->eps = c->norm_eps;
@@ -155,10 +174,12 @@ void sp_devparts_free(sp_devparts *d)
 {
     if (!d)
         return;
-    float *bufs[] = {d->table, d->norm_w, d->norm_b, d->emb_w, d->emb_b, d->head, d->ones};
+    void *bufs[] = {d->table, d->norm_w, d->norm_b, d->emb_w, d->emb_b, d->head, d->ones, d->gen};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         sp_cuda_free(d->cu, bufs[i]);
     sp_cuda_close(d->cu);
+    pthread_mutex_destroy(&d->gen_lock);
+    free(d->gen_host);
     free(d);
 }
 
@@ -538,6 +559,118 @@ sp_t *sp_devparts_head(sp_devparts *d, sp_t *h, sp_t *score, const sp_dev_batch 
                           &head_fn, c, err);
     free(host);
     return o;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* generation: the chain's input, the logits (no graph) */
+
+/* At least `bytes` of generation scratch in d->gen (gen_lock held): contents not kept. */
+static sp_status gen_scratch(sp_devparts *d, size_t bytes, sp_err *err)
+{
+    if (bytes <= d->gen_cap)
+        return SP_OK;
+    sp_cuda_free(d->cu, d->gen);
+    d->gen = NULL;
+    d->gen_cap = 0;
+    sp_status st = sp_cuda_alloc(d->cu, &d->gen, bytes, err);
+    if (!st)
+        d->gen_cap = bytes;
+    return st;
+}
+
+/* Carves n device arrays of the given float counts (256-byte aligned) out of d->gen, grown to hold them. */
+static sp_status gen_carve(sp_devparts *d, float **p[], const size_t *floats, int n, sp_err *err)
+{
+    size_t off[8], total = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = total;
+        total += (floats[i] * sizeof(float) + 255) & ~(size_t)255;
+    }
+    sp_status st = gen_scratch(d, total ? total : 1, err);
+    for (int i = 0; !st && i < n; i++)
+        *p[i] = (float *)((char *)d->gen + off[i]);
+    return st;
+}
+
+static sp_status gen_embed(sp_devparts *d, float *x, const int32_t *ids, int B, int T, const float *shallow, int P,
+                           sp_err *err)
+{
+    int H = d->H, S = P + T;
+    size_t n = (size_t)B * S * H;
+    float *dids, *emb, *dx, *y, *mean, *rstd, *sh;
+    float **p[] = {&dids, &emb, &dx, &y, &mean, &rstd, &sh};
+    size_t floats[] = {(size_t)B * T, (size_t)B * T * H, n, d->emb_w ? n : 0, (size_t)B * S, (size_t)B * S,
+                       (size_t)P * H};
+    sp_status st = gen_carve(d, p, floats, 7, err);
+    if (!st)
+        st = sp_cuda_upload(d->cu, dids, ids, (size_t)B * T * sizeof *ids, err);
+    if (!st)
+        st = sp_cuda_embedding_fwd(d->cu, emb, (const int32_t *)(void *)dids, d->table, d->V, B * T, H, err);
+    if (!st && P > 0)
+        st = shallow ? sp_cuda_upload(d->cu, sh, shallow, (size_t)P * H * sizeof(float), err)
+                     : sp_cuda_zero(d->cu, sh, (size_t)P * H * sizeof(float), err);
+    for (int b = 0; !st && b < B; b++) {
+        float *row = dx + (size_t)b * S * H;
+        if (P > 0)
+            st = sp_cuda_copy_d2d(d->cu, row, sh, (size_t)P * H * sizeof(float), err);
+        if (!st)
+            st = sp_cuda_copy_d2d(d->cu, row + (size_t)P * H, emb + (size_t)b * T * H, (size_t)T * H * sizeof(float),
+                                  err);
+    }
+    if (!st && d->emb_w)
+        st = sp_cuda_layernorm_fwd(d->cu, y, mean, rstd, dx, d->emb_w, d->emb_b, B * S, H, d->eps, err);
+    if (!st)
+        st = sp_cuda_download(d->cu, x, d->emb_w ? y : dx, n * sizeof(float), err);
+    return st;
+}
+
+sp_status sp_devparts_embed(sp_devparts *d, float *x, const int32_t *ids, int B, int T, const float *shallow, int P,
+                            sp_err *err)
+{
+    pthread_mutex_lock(&d->gen_lock);
+    on(d);
+    sp_status st = gen_embed(d, x, ids, B, T, shallow, P, err);
+    pthread_mutex_unlock(&d->gen_lock);
+    return st;
+}
+
+static sp_status gen_logits(sp_devparts *d, float *logits, int32_t *best, const float *hidden, int n, sp_err *err)
+{
+    int H = d->H, V = d->V;
+    float *dh, *y, *mean, *rstd, *dl;
+    float **p[] = {&dh, &y, &mean, &rstd, &dl};
+    size_t floats[] = {(size_t)n * H, (size_t)n * H, (size_t)n, (size_t)n, (size_t)n * V};
+    if (!logits && (size_t)n * V > d->gen_host_cap) {
+        free(d->gen_host);
+        d->gen_host_cap = 0;
+        if (!(d->gen_host = malloc((size_t)n * V * sizeof(float))))
+            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        d->gen_host_cap = (size_t)n * V;
+    }
+    float *out = logits ? logits : d->gen_host;
+    sp_status st = gen_carve(d, p, floats, 5, err);
+    if (!st)
+        st = sp_cuda_upload(d->cu, dh, hidden, (size_t)n * H * sizeof(float), err);
+    if (!st)
+        st = d->norm_b ? sp_cuda_layernorm_fwd(d->cu, y, mean, rstd, dh, d->norm_w, d->norm_b, n, H, d->eps, err)
+                       : sp_cuda_rmsnorm_fwd(d->cu, y, rstd, dh, d->norm_w, n, H, d->eps, err);
+    if (!st)
+        st = sp_cuda_linear(d->cu, dl, y, d->head, SP_CU_F32, n, H, V, 0, err);
+    if (!st)
+        st = sp_cuda_download(d->cu, out, dl, (size_t)n * V * sizeof(float), err);
+    for (int i = 0; !st && best && i < n; i++)
+        best[i] = sp_argmax(out + (size_t)i * V, V);
+    return st;
+}
+
+sp_status sp_devparts_logits(sp_devparts *d, float *logits, int32_t *best, const float *hidden, int n, sp_err *err)
+{
+    pthread_mutex_lock(&d->gen_lock);
+    on(d);
+    sp_status st = d->head ? gen_logits(d, logits, best, hidden, n, err)
+                           : sp_errf(err, SP_ERR_STATE, "device: no LM head on the device (opened for classes)");
+    pthread_mutex_unlock(&d->gen_lock);
+    return st;
 }
 
 #endif

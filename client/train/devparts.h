@@ -9,7 +9,7 @@
  * where a validation's metrics need them. The arithmetic is the CPU path's (trainer.c's graph), op by op, with the
  * kernels of cuda/kernels.h and cuBLAS's f32 products; only the order of the products' sums differs.
  *
- * Not thread-safe: the trainer runs these ops under its graph's lock. Without CUDA (a build without nvcc) only
+ * Not thread-safe: the trainer runs these ops under its graph's lock (generation's two calls below lock). Without CUDA (a build without nvcc) only
  * sp_devparts_parse and sp_device_usable do anything; sp_devparts_new says why it cannot. */
 #ifndef SEPAL_DEVPARTS_H
 #define SEPAL_DEVPARTS_H
@@ -61,5 +61,16 @@ typedef struct sp_dev_batch {
  * backward gives h its gradient and adds the head's into the score's device gradient. */
 sp_t *sp_devparts_head(sp_devparts *d, sp_t *h, sp_t *score, const sp_dev_batch *b, int loss, int train,
                        sp_err *err);
+
+/* Generation's local parts on the device (the `device` setting's cuda[:N], parts.h's sp_runtime_set_gen_device): no
+ * graph, host arrays in and out, one call at a time (a lock of their own; d's scratch grows to the largest call).
+ * sp_devparts_new with classes 0 and P 0 opens what they use.
+ * x [B, P + T, H] = each row's P positions of shallow ([P, H], NULL: zeros), then the embeddings of ids [B, T],
+ * through BLOOM's embedding norm: sp_model_embed, the prompts, sp_model_embed_norm on the CPU. */
+sp_status sp_devparts_embed(sp_devparts *d, float *x, const int32_t *ids, int B, int T, const float *shallow, int P,
+                            sp_err *err);
+/* logits [n, V] of hidden [n, H] through the final norm and the f32 LM head (sp_model_head with an f32 head); best
+ * (NULL: not wanted) each row's first maximum of them (sp_argmax); logits NULL: best alone (kept in d's scratch). */
+sp_status sp_devparts_logits(sp_devparts *d, float *logits, int32_t *best, const float *hidden, int n, sp_err *err);
 
 #endif

@@ -131,9 +131,10 @@ void span_dev_close(sp_server *s)
 
 size_t span_dev_weight_bytes(const sp_server *s) { return s->dev ? s->dev->bytes : 0; }
 
-/* count blocks from start on dx [B, T, H] (device), prompts dp (n x [B, P, H]) added, inputs to din when non-NULL. */
+/* count blocks from start on dx [B, T, H] (device), prompts dp (n x [B, P, H]) added, inputs to din when non-NULL,
+ * activations to acts[i] when acts is non-NULL. */
 static sp_status run_blocks(sp_server *s, int start, int count, float *dx, int B, int T, const float *dp, int P,
-                            float *din, sp_err *err)
+                            float *din, sp_cuda_acts *acts, sp_err *err)
 {
     int H = s->m->cfg.hidden;
     size_t N = (size_t)B * T * H;
@@ -144,8 +145,22 @@ static sp_status run_blocks(sp_server *s, int start, int count, float *dx, int B
         if (!st && din)
             st = sp_cuda_copy_d2d(s->dev->cu, din + i * N, dx, N * sizeof(float), err);
         if (!st)
-            st = sp_cuda_block_forward(blk(s, start + i), dx, dx, B, T, 0, NULL, err);
+            st = acts ? sp_cuda_block_forward_keep(blk(s, start + i), dx, dx, B, T, 0, &acts[i], err)
+                      : sp_cuda_block_forward(blk(s, start + i), dx, dx, B, T, 0, NULL, err);
     }
+    return st;
+}
+
+/* x [B, T, H] and the prompts (n x [B, P, H], NULL: none) uploaded into scratch: *dx, *dp (under the lock). */
+static sp_status upload_span_input(span_dev *d, const float *x, size_t N, const float *prompts, size_t np,
+                                   size_t extra, float **dx, float **dp, sp_err *err)
+{
+    sp_status st = scratch(d, N + np + extra, dx, err);
+    *dp = prompts ? *dx + N : NULL;
+    if (!st)
+        st = sp_cuda_upload(d->cu, *dx, x, N * sizeof(float), err);
+    if (!st && prompts)
+        st = sp_cuda_upload(d->cu, *dp, prompts, np * sizeof(float), err);
     return st;
 }
 
@@ -155,18 +170,14 @@ sp_status span_dev_forward(sp_server *s, int start, int end, float *x, int B, in
     span_dev *d = s->dev;
     int n = end - start, H = s->m->cfg.hidden;
     size_t N = (size_t)B * T * H, ni = inputs ? (size_t)n * N : 0, np = prompts ? (size_t)n * B * P * H : 0;
-    float *dx = NULL;
+    float *dx = NULL, *dp = NULL;
     sp_status st = enter(d, err);
     if (st)
         return st;
-    st = scratch(d, N + ni + np, &dx, err);
-    float *din = inputs ? dx + N : NULL, *dp = prompts ? dx + N + ni : NULL;
+    st = upload_span_input(d, x, N, prompts, np, ni, &dx, &dp, err);
+    float *din = inputs ? dx + N + np : NULL;
     if (!st)
-        st = sp_cuda_upload(d->cu, dx, x, N * sizeof(float), err);
-    if (!st && dp)
-        st = sp_cuda_upload(d->cu, dp, prompts, np * sizeof(float), err);
-    if (!st)
-        st = run_blocks(s, start, n, dx, B, T, dp, P, din, err);
+        st = run_blocks(s, start, n, dx, B, T, dp, P, din, NULL, err);
     if (!st)
         st = sp_cuda_download(d->cu, x, dx, N * sizeof(float), err);
     if (!st && din)
@@ -174,26 +185,139 @@ sp_status span_dev_forward(sp_server *s, int start, int end, float *x, int B, in
     return leave(d, st);
 }
 
-sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const float *x, const float *inputs, int B,
-                            int T, const float *prompts, int P, float *gp, sp_err *err)
+struct span_dev_kept {
+    span_dev *d;
+    int start, n;       /* blocks [start, start + n) */
+    float *in;          /* n x [B, T, H]: each block's input, its prompt added */
+    sp_cuda_acts *acts; /* n */
+    size_t bytes;       /* charged to d->budget */
+};
+
+size_t span_dev_kept_bytes(const sp_server *s, int start, int end, int B, int T)
+{
+    size_t n = (size_t)(end - start) * B * T * s->m->cfg.hidden * sizeof(float);
+    for (int i = start; i < end; i++)
+        n += sp_cuda_block_acts_bytes(blk(s, i), B, T);
+    return n;
+}
+
+size_t span_dev_room(const sp_server *s)
+{
+    span_dev *d = s->dev;
+    pthread_mutex_lock(&d->lock);
+    size_t room = d->budget.used < d->budget.limit ? d->budget.limit - d->budget.used : 0;
+    pthread_mutex_unlock(&d->lock);
+    return room;
+}
+
+size_t span_dev_budget_used(const sp_server *s)
+{
+    span_dev *d = s->dev;
+    pthread_mutex_lock(&d->lock);
+    size_t used = d->budget.used;
+    pthread_mutex_unlock(&d->lock);
+    return used;
+}
+
+size_t span_dev_kept_size(const span_dev_kept *k) { return k ? k->bytes : 0; }
+
+/* Frees k's device memory and gives its bytes back (the lock held). */
+static void kept_release(span_dev_kept *k)
+{
+    span_dev *d = k->d;
+    for (int i = 0; k->acts && i < k->n; i++)
+        sp_cuda_acts_free(d->blk[k->start - d->first + i], &k->acts[i]);
+    sp_cuda_free(d->cu, k->in);
+    sp_cuda_budget_give(&d->budget, k->bytes);
+    free(k->acts);
+    free(k);
+}
+
+void span_dev_kept_free(span_dev_kept *k)
+{
+    if (!k)
+        return;
+    sp_err err = {0};
+    if (enter(k->d, &err)) /* (as span_dev_kv_free: freed all the same) */
+        pthread_mutex_lock(&k->d->lock);
+    span_dev *d = k->d;
+    kept_release(k);
+    leave(d, SP_OK);
+}
+
+/* A kept entry of blocks [start, end) on [B, T], its bytes charged and its inputs allocated (the lock held). */
+static sp_status kept_new(sp_server *s, int start, int end, int B, int T, span_dev_kept **out, sp_err *err)
+{
+    span_dev *d = s->dev;
+    int n = end - start;
+    size_t bytes = span_dev_kept_bytes(s, start, end, B, T);
+    span_dev_kept *k = calloc(1, sizeof *k);
+    sp_cuda_acts *acts = calloc((size_t)n, sizeof *acts);
+    sp_status st = !k || !acts ? sp_errf(err, SP_ERR_NOMEM, "out of memory") : SP_OK;
+    if (!st)
+        st = sp_cuda_budget_take(&d->budget, bytes, err);
+    if (st) {
+        free(k), free(acts);
+        return st;
+    }
+    *k = (span_dev_kept){.d = d, .start = start, .n = n, .acts = acts, .bytes = bytes};
+    st = sp_cuda_alloc(d->cu, (void **)&k->in, (size_t)n * B * T * s->m->cfg.hidden * sizeof(float), err);
+    if (st) {
+        kept_release(k);
+        return st;
+    }
+    *out = k;
+    return SP_OK;
+}
+
+sp_status span_dev_forward_keep(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
+                                span_dev_kept **out, sp_err *err)
 {
     span_dev *d = s->dev;
     int n = end - start, H = s->m->cfg.hidden;
     size_t N = (size_t)B * T * H, np = prompts ? (size_t)n * B * P * H : 0;
+    float *dx = NULL, *dp = NULL;
+    span_dev_kept *k = NULL;
+    *out = NULL;
+    sp_status st = enter(d, err);
+    if (st)
+        return st;
+    st = kept_new(s, start, end, B, T, &k, err);
+    if (!st)
+        st = upload_span_input(d, x, N, prompts, np, 0, &dx, &dp, err);
+    if (!st)
+        st = run_blocks(s, start, n, dx, B, T, dp, P, k->in, k->acts, err);
+    if (!st)
+        st = sp_cuda_download(d->cu, x, dx, N * sizeof(float), err);
+    if (st && k)
+        kept_release(k);
+    else
+        *out = k;
+    return leave(d, st);
+}
+
+sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const float *x, const float *inputs,
+                            const span_dev_kept *dk, int B, int T, const float *prompts, int P, float *gp,
+                            sp_err *err)
+{
+    span_dev *d = s->dev;
+    int n = end - start, H = s->m->cfg.hidden;
+    size_t N = (size_t)B * T * H, np = prompts ? (size_t)n * B * P * H : 0, nin = dk ? 0 : (size_t)n * N;
     float *dg = NULL;
     sp_status st = enter(d, err);
     if (st)
         return st;
-    st = scratch(d, 2 * N + (size_t)n * N + 2 * np, &dg, err);
-    float *dx = dg + N, *din = dx + N, *dp = prompts ? din + (size_t)n * N : NULL, *dgp = dp ? dp + np : NULL;
-    if (!st && dp)
-        st = sp_cuda_upload(d->cu, dp, prompts, np * sizeof(float), err);
-    if (!st && inputs) /* the FORWARD kept every block's input */
+    st = scratch(d, 2 * N + nin + 2 * np, &dg, err);
+    float *dx = dg + N, *dp = prompts ? dx + N : NULL, *dgp = dp ? dp + np : NULL;
+    float *din = dk ? dk->in : dx + N + 2 * np;
+    if (!st && !dk && inputs) /* the FORWARD kept every block's input on the host */
         st = sp_cuda_upload(d->cu, din, inputs, (size_t)n * N * sizeof(float), err);
-    if (!st && !inputs) { /* recomputed: the span's forward up to its last block's input */
+    if (!st && !dk && !inputs) { /* recomputed: the span's forward up to its last block's input */
         st = sp_cuda_upload(d->cu, dx, x, N * sizeof(float), err);
+        if (!st && dp)
+            st = sp_cuda_upload(d->cu, dp, prompts, np * sizeof(float), err);
         if (!st)
-            st = run_blocks(s, start, n - 1, dx, B, T, dp, P, din, err);
+            st = run_blocks(s, start, n - 1, dx, B, T, dp, P, din, NULL, err);
         if (!st && dp)
             st = sp_cuda_add_prompt(d->cu, dx, dp + (size_t)(n - 1) * B * P * H, B, T, 0, P, H, err);
         if (!st)
@@ -202,7 +326,8 @@ sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const fl
     if (!st)
         st = sp_cuda_upload(d->cu, dg, g, N * sizeof(float), err);
     for (int i = n - 1; !st && i >= 0; i--) {
-        st = sp_cuda_block_backward(blk(s, start + i), dg, dg, din + (size_t)i * N, B, T, 0, err);
+        st = dk ? sp_cuda_block_backward_kept(blk(s, start + i), dg, dg, din + (size_t)i * N, &dk->acts[i], err)
+                : sp_cuda_block_backward(blk(s, start + i), dg, dg, din + (size_t)i * N, B, T, 0, err);
         for (int b = 0; !st && dgp && b < B; b++) /* the prompt's gradient: the block input's first P positions */
             st = sp_cuda_copy_d2d(d->cu, dgp + (((size_t)i * B + b) * P) * H, dg + (size_t)b * T * H,
                                   (size_t)P * H * sizeof(float), err);

@@ -27,10 +27,31 @@ sp_status span_dev_forward(sp_server *s, int start, int end, float *x, int B, in
     return sp_errf(err, SP_ERR_UNSUPPORTED, NO_CUDA);
 }
 
-sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const float *x, const float *inputs, int B,
-                            int T, const float *prompts, int P, float *gp, sp_err *err)
+size_t span_dev_kept_bytes(const sp_server *s, int start, int end, int B, int T)
 {
-    (void)s, (void)start, (void)end, (void)g, (void)x, (void)inputs, (void)B, (void)T, (void)prompts, (void)P, (void)gp;
+    (void)s, (void)start, (void)end, (void)B, (void)T;
+    return 0;
+}
+
+size_t span_dev_room(const sp_server *s) { (void)s; return 0; }
+size_t span_dev_budget_used(const sp_server *s) { (void)s; return 0; }
+void span_dev_kept_free(span_dev_kept *k) { (void)k; }
+size_t span_dev_kept_size(const span_dev_kept *k) { (void)k; return 0; }
+
+sp_status span_dev_forward_keep(sp_server *s, int start, int end, float *x, int B, int T, const float *prompts, int P,
+                                span_dev_kept **out, sp_err *err)
+{
+    (void)s, (void)start, (void)end, (void)x, (void)B, (void)T, (void)prompts, (void)P;
+    *out = NULL;
+    return sp_errf(err, SP_ERR_UNSUPPORTED, NO_CUDA);
+}
+
+sp_status span_dev_backward(sp_server *s, int start, int end, float *g, const float *x, const float *inputs,
+                            const span_dev_kept *dk, int B, int T, const float *prompts, int P, float *gp,
+                            sp_err *err)
+{
+    (void)s, (void)start, (void)end, (void)g, (void)x, (void)inputs, (void)dk, (void)B, (void)T, (void)prompts,
+        (void)P, (void)gp;
     return sp_errf(err, SP_ERR_UNSUPPORTED, NO_CUDA);
 }
 
