@@ -171,8 +171,9 @@ uint64_t sp_ws_client_queued(sp_ws_client *c, int *paused);
  * socket is timed from the read that completes its header to the read that completes it, and the bytes that were
  * already waiting in the socket at the start (FIONREAD) are left out, so a late reader does not make the link look
  * faster than it is (bulk.c's rx_pace). Messages with fewer than SP_RX_PACE_MIN such bytes are not measured (on
- * loopback a whole message is usually waiting: no measurement at all). Noise (a descheduled sender or reader) only
- * makes a measurement lower, never higher, than the link's rate. Thread-safe. */
+ * loopback a whole message is usually waiting: no measurement at all). A descheduled sender or reader makes a
+ * measurement lower than the link's rate; a relay that held the message's start and then sent it in a burst, higher.
+ * Thread-safe. */
 #define SP_RX_PACE_MIN (32 * 1024)
 double sp_ws_client_rx_mbit(sp_ws_client *c, uint64_t *seq);
 void sp_ws_client_close(sp_ws_client *c);

@@ -211,6 +211,20 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     return c;
 }
 
+/* The median of v[0..n) (n 1..4; of an even count, the mean of the middle two). */
+static double median(const double *v, int n)
+{
+    double s[4];
+    memcpy(s, v, (size_t)n * sizeof *s);
+    for (int i = 1; i < n; i++) /* insertion sort: n <= 4 */
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
 /* After a reply of len bytes from server i on c: a measurement of its link that the transport took since the last
  * look goes into the entry's window (only after large replies: decode steps' small ones skip even the look). */
 static void link_note(sp_runtime *rt, int i, sp_conn *c, size_t len)
@@ -224,9 +238,7 @@ static void link_note(sp_runtime *rt, int i, sp_conn *c, size_t len)
     if (seq != c->rate_seq && mbit > 0) {
         int w = (int)(sizeof e->link_win / sizeof e->link_win[0]);
         e->link_win[e->link_n++ % w] = mbit;
-        e->link_mbit = 0;
-        for (int k = 0; k < w && k < e->link_n; k++)
-            e->link_mbit = fmax(e->link_mbit, e->link_win[k]);
+        e->link_mbit = median(e->link_win, e->link_n < w ? e->link_n : w);
     }
     c->rate_seq = seq;
     pthread_mutex_unlock(&rt->lock);
