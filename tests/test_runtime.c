@@ -884,9 +884,28 @@ static void wire_auto_check(sp_runtime *rt, const char *where, double lo, double
     free(x), free(ya), free(yf), free(yb);
 }
 
+/* Logits of an inference session in encoding wire (the setting): a 6-token prefill into logits[0..V), one decode
+ * step into logits[V..2V). */
+static void session_in(sp_runtime *rt, int wire, float *logits, int V)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.wire = wire;
+    sp_runtime_set_settings(rt, &set);
+    int32_t prompt[6] = {1, 17, 99, 3, 250, 8}, next = 77;
+    sp_err err = {0};
+    sp_lm_swarm sw;
+    sp_lm ls = sp_lm_swarm_make(&sw, rt);
+    ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(ls.forward(ls.ctx, prompt, 1, 6, logits, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(ls.forward(ls.ctx, &next, 1, 1, logits + V, &err) == SP_OK, "%s", err.msg);
+    ls.end(ls.ctx);
+}
+
 /* wire auto behind links of 24 Mbit/s (bench/linkem relays for each server's websocket and bulk ports, 1 ms each
  * way): the client's measured rate of each link is within a factor of 2 of 24 Mbit/s, auto sends bf16 there, and
- * does (its output is bf16's, bit for bit, not f32's). */
+ * does (its output is bf16's, bit for bit, not f32's); an inference session's prefill goes in bf16 too, its decode
+ * step in f32. */
 START_TEST(t_wire_auto_slow_link)
 {
     int relay[2][2];
@@ -921,6 +940,14 @@ START_TEST(t_wire_auto_slow_link)
     snprintf(addrs, sizeof addrs, "%s,%s", spec[0][0], spec[2][0]);
     ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
     wire_auto_check(rt, "behind 24 Mbit/s", 12, 48, SP_ENC_BF16);
+    /* an inference session there: its prefill in bf16 (bf16's logits, bit for bit), its decode step in f32 (not) */
+    int V = 512; /* llama-gqa's vocabulary */
+    float *la = malloc(2 * (size_t)V * 4), *lb = malloc(2 * (size_t)V * 4);
+    session_in(rt, SP_WIRE_AUTO, la, V);
+    session_in(rt, SP_ENC_BF16, lb, V);
+    ck_assert_msg(!memcmp(la, lb, (size_t)V * 4), "wire auto's prefill was not in bf16");
+    ck_assert_msg(memcmp(la + V, lb + V, (size_t)V * 4), "wire auto's decode step was not in f32");
+    free(la), free(lb);
     sp_test_proc_signal(&link, SIGTERM);
     teardown(rt);
 }

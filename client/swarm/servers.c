@@ -246,14 +246,16 @@ static void link_note(sp_runtime *rt, int i, sp_conn *c, size_t len)
 
 sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T)
 {
-    pthread_mutex_lock(&rt->lock);
-    int wire = rt->set.wire;
+    int wire = rt->set.wire; /* (read without the lock, as the other settings: set between requests) */
+    if (wire != SP_WIRE_AUTO || T <= 1) /* a decode step: not even the lock */
+        return wire == SP_WIRE_AUTO ? SP_ENC_F32 : (sp_encoding)wire;
     sp_encoding enc = SP_ENC_F32;
-    for (int h = 0; wire == SP_WIRE_AUTO && T > 1 && h < n; h++)
+    pthread_mutex_lock(&rt->lock);
+    for (int h = 0; h < n; h++)
         if (srv[h] >= 0 && sp_rt_wire_of_link(rt->servers[srv[h]]->link_mbit) != SP_ENC_F32)
             enc = sp_rt_wire_of_link(rt->servers[srv[h]]->link_mbit);
     pthread_mutex_unlock(&rt->lock);
-    return wire == SP_WIRE_AUTO ? enc : (sp_encoding)wire;
+    return enc;
 }
 
 sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
