@@ -613,6 +613,26 @@ START_TEST(t_push_pause_expires)
 }
 END_TEST
 
+/* The inference tests' prompt and the token after it. */
+static int32_t session_prompt[6] = {1, 17, 99, 3, 250, 8}, session_next = 77;
+
+/* Logits of an inference session in encoding wire (the setting): the 6-token prefill into logits[0..V), one decode
+ * step into logits[V..2V). */
+static void session_in(sp_runtime *rt, int wire, float *logits, int V)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.wire = wire;
+    sp_runtime_set_settings(rt, &set);
+    sp_err err = {0};
+    sp_lm_swarm sw;
+    sp_lm ls = sp_lm_swarm_make(&sw, rt);
+    ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(ls.forward(ls.ctx, session_prompt, 1, 6, logits, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(ls.forward(ls.ctx, &session_next, 1, 1, logits + V, &err) == SP_OK, "%s", err.msg);
+    ls.end(ls.ctx);
+}
+
 /* Inference steps in each wire encoding (the `wire` setting covers them: the step's input, the reply): the logits
  * of a prompt and of a decode step through the swarm's 2 servers against one process's, f32 within 1e-4 of the
  * largest, the others within their rounding (2e-3, 2e-2, 6e-2) and not exact (the encoding was used). */
@@ -624,26 +644,16 @@ START_TEST(t_inference_wire)
     ck_assert_int_eq(sp_model_load(&full, GQA, SP_LOAD_ALL, 0, -1, &err), SP_OK);
     int V = full->cfg.vocab;
     float *want = malloc(2 * (size_t)V * 4), *got = malloc(2 * (size_t)V * 4);
-    int32_t prompt[6] = {1, 17, 99, 3, 250, 8}, next = 77;
     sp_lm_local loc;
     sp_lm lm = sp_lm_local_make(&loc, full);
     ck_assert_int_eq(lm.begin(lm.ctx, 1, 16, &err), SP_OK);
-    ck_assert_int_eq(lm.forward(lm.ctx, prompt, 1, 6, want, &err), SP_OK);
-    ck_assert_int_eq(lm.forward(lm.ctx, &next, 1, 1, want + V, &err), SP_OK);
+    ck_assert_int_eq(lm.forward(lm.ctx, session_prompt, 1, 6, want, &err), SP_OK);
+    ck_assert_int_eq(lm.forward(lm.ctx, &session_next, 1, 1, want + V, &err), SP_OK);
     lm.end(lm.ctx);
     const struct { int enc; double tol; } wire[] = {{SP_ENC_F32, 1e-4}, {SP_ENC_F16, 2e-3}, {SP_ENC_BF16, 2e-2},
                                                      {SP_ENC_Q8, 6e-2}};
     for (int w = 0; w < 4; w++) {
-        sp_rt_settings set;
-        sp_runtime_settings(rt, &set);
-        set.wire = wire[w].enc;
-        sp_runtime_set_settings(rt, &set);
-        sp_lm_swarm sw;
-        sp_lm ls = sp_lm_swarm_make(&sw, rt);
-        ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
-        ck_assert_msg(ls.forward(ls.ctx, prompt, 1, 6, got, &err) == SP_OK, "%s", err.msg);
-        ck_assert_msg(ls.forward(ls.ctx, &next, 1, 1, got + V, &err) == SP_OK, "%s", err.msg);
-        ls.end(ls.ctx);
+        session_in(rt, wire[w].enc, got, V);
         double e = rel_err(got, want, 2 * (size_t)V);
         printf("wire %s: inference logits error %.2e (relative to the largest)\n", sp_encoding_name(wire[w].enc), e);
         ck_assert_double_le(e, wire[w].tol);
@@ -882,24 +892,6 @@ static void wire_auto_check(sp_runtime *rt, const char *where, double lo, double
     ck_assert_msg(want == SP_ENC_F32 ? f32_same && !bf16_same : bf16_same && !f32_same, "wire auto did not send %s",
                   sp_encoding_name(want));
     free(x), free(ya), free(yf), free(yb);
-}
-
-/* Logits of an inference session in encoding wire (the setting): a 6-token prefill into logits[0..V), one decode
- * step into logits[V..2V). */
-static void session_in(sp_runtime *rt, int wire, float *logits, int V)
-{
-    sp_rt_settings set;
-    sp_runtime_settings(rt, &set);
-    set.wire = wire;
-    sp_runtime_set_settings(rt, &set);
-    int32_t prompt[6] = {1, 17, 99, 3, 250, 8}, next = 77;
-    sp_err err = {0};
-    sp_lm_swarm sw;
-    sp_lm ls = sp_lm_swarm_make(&sw, rt);
-    ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
-    ck_assert_msg(ls.forward(ls.ctx, prompt, 1, 6, logits, &err) == SP_OK, "%s", err.msg);
-    ck_assert_msg(ls.forward(ls.ctx, &next, 1, 1, logits + V, &err) == SP_OK, "%s", err.msg);
-    ls.end(ls.ctx);
 }
 
 /* wire auto behind links of 24 Mbit/s (bench/linkem relays for each server's websocket and bulk ports, 1 ms each
