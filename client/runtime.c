@@ -42,7 +42,7 @@ sp_status sp_runtime_new(sp_runtime **out, sp_event_fn on_event, void *user, sp_
         return sp_errf(err, SP_ERR_NOMEM, "out of memory");
     rt->events = (sp_events){.fn = on_event, .user = user};
     rt->gen_device = -1; /* generation's local parts on the CPU */
-    rt->set = (sp_rt_settings){.max_retries = 8, .push = SP_PUSH_AUTO, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 10};
+    rt->set = (sp_rt_settings){.max_retries = 8, .push = SP_PUSH_AUTO, .wire = SP_WIRE_AUTO, .ban_s = 15, .backoff_max_s = 60, .update_period_s = 10};
     pthread_mutex_init(&rt->lock, NULL);
     sp_view_slot_init(&rt->views);
     pthread_cond_init(&rt->pinger_cond, NULL);
@@ -82,7 +82,8 @@ static void row_of(const sp_server_entry *e, sp_server_row *r)
 {
     *r = (sp_server_row){.rec = e->rec, .from_dht = e->from_dht, .gone = e->gone, .rtt = e->rtt,
                          .banned_until = e->banned_until, .busy_until = e->busy_until, .failures = e->failures, .cache_total = e->cache_total,
-                         .refused_caps = e->refused_caps, .pid = e->pid};
+                         .refused_caps = e->refused_caps, .link_mbit = e->link_mbit,
+                         .wire_auto = sp_rt_wire_of_link(e->link_mbit), .pid = e->pid};
     snprintf(r->log, sizeof r->log, "%s", e->log);
 }
 

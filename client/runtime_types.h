@@ -49,6 +49,12 @@ typedef enum sp_push_mode {
                    * hand-offs cost more than the client's round trips it saves) */
 } sp_push_mode;
 
+/* The wire setting's auto: each request's hidden states travel in bf16 where the client measured the server's link
+ * (sp_server_row.link_mbit; a pushed chain: any of its servers') below SP_WIRE_AUTO_MBIT, else in f32 (unknown
+ * links, loopback, and decode steps of one position, where the bytes are few). */
+#define SP_WIRE_AUTO (-1)
+#define SP_WIRE_AUTO_MBIT 300.0
+
 /* Settings of the runtime (front ends' `set`). */
 typedef struct sp_rt_settings {
     int max_retries;         /* retries of one request after failures (default 8) */
@@ -60,8 +66,8 @@ typedef struct sp_rt_settings {
     int push;                /* sp_push_mode: inference steps and training's passes pushed from server to server
                                 (default auto) */
     int wire;                /* hidden states (inference steps, training's forwards) and gradients on the wire, both
-                                ways and server to server: an sp_encoding of ws/proto.h, f32 (0, the default), f16
-                                (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */
+                                ways and server to server: SP_WIRE_AUTO (the default), or an sp_encoding of
+                                ws/proto.h, f32 (0), f16 (1), bf16 (2) or q8 (3, 8-bit absmax blocks) */
     double update_period_s;  /* lookups of every block key (a DHT listen can miss a value: OpenDHT places it on
                                 the nodes closest to the key when it starts) and pings (default 10 s) */
 } sp_rt_settings;
@@ -91,6 +97,9 @@ typedef struct sp_server_row {
     int failures;          /* since the last success */
     long cache_total;      /* from INFO */
     int refused_caps;      /* SP_CAP_* bits its record or HELLO said but it refused (an older server) */
+    double link_mbit;      /* its link's rate toward the client as measured on its large replies, Mbit/s (0: none
+                              measured yet; see sp_server_entry's link_win) */
+    int wire_auto;         /* the encoding the wire setting's auto gives its requests of more than one position */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr's file, for swarm-started servers ("" otherwise) */
 } sp_server_row;

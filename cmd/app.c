@@ -134,7 +134,7 @@ sp_runtime *sp_app_runtime(sp_app *app)
     const char *push = sp_app_get(app, SP_SET_PUSH);
     set.push = !strcmp(push, "on") ? SP_PUSH_ON : !strcmp(push, "off") ? SP_PUSH_OFF : SP_PUSH_AUTO;
     int wire = sp_encoding_from_name(sp_app_get(app, SP_SET_WIRE)); /* (the setting's choices are its names) */
-    set.wire = wire >= 0 ? wire : SP_ENC_F32;
+    set.wire = wire >= 0 ? wire : SP_WIRE_AUTO; /* (auto: no encoding's name) */
     snprintf(set.allowed, sizeof set.allowed, "%s", sp_app_get(app, SP_SET_ALLOWED_SERVERS));
     snprintf(set.blocked, sizeof set.blocked, "%s", sp_app_get(app, SP_SET_BLOCKED_SERVERS));
     sp_runtime_set_settings(app->rt, &set);

@@ -40,9 +40,10 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
                              "auto where routing prices that faster on the measured links (and the client's pings to "
                              "the chain's servers average 1 ms or more), on wherever the servers allow it, off never "
                              "(the client sends every server its input)"},
-    [SP_SET_WIRE] = {"wire", SP_OPT_CHOICE, .choices = "f32|f16|bf16|q8", .def = "f32",
+    [SP_SET_WIRE] = {"wire", SP_OPT_CHOICE, .choices = "auto|f32|f16|bf16|q8", .def = "auto",
                      .help = "hidden states (inference steps, training) and gradients on the wire, both ways: f32 "
-                             "exact, f16 and bf16 half the bytes, q8 (8-bit absmax blocks of 64) about a quarter"},
+                             "exact, f16 and bf16 half the bytes, q8 (8-bit absmax blocks of 64) about a quarter; "
+                             "auto bf16 over links measured below 300 Mbit/s (`servers --long`), else f32"},
     [SP_SET_ALLOWED_SERVERS] = {"allowed-servers", SP_OPT_STR, .def = "",
                                 .help = "route only through these servers (ids, id prefixes, names or HOST:PORT, "
                                         "comma-separated)"},

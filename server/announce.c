@@ -188,8 +188,9 @@ static void ping_successors(sp_announce *a)
 
 static int saturated(const sp_server_record *r) { return sp_record_saturated(r); }
 
-/* The figures that change by themselves, from fill: taken into the record every period (periodic), and between
- * periods when the server became saturated or ceased to be (at most once a second). 1 if that changed now. */
+/* The figures that change by themselves, from fill (and the device its blocks run on, where fill says one): taken
+ * into the record every period (periodic), and between periods when the server became saturated or ceased to be (at
+ * most once a second). 1 if that changed now. */
 static int refill(sp_announce *a, sp_announce_fill_fn fill, void *user, int periodic)
 {
     sp_server_record r;
@@ -203,6 +204,8 @@ static int refill(sp_announce *a, sp_announce_fill_fn fill, void *user, int peri
         a->rec.cache_tokens_left = r.cache_tokens_left;
         a->rec.queue_wait = r.queue_wait;
         a->rec.max_queue_wait = r.max_queue_wait;
+        if (r.device[0])
+            snprintf(a->rec.device, sizeof a->rec.device, "%s", r.device);
         pthread_mutex_unlock(&a->lock);
     }
     if (flipped)
@@ -372,6 +375,8 @@ void sp_announce_update(sp_announce *a, const sp_server_record *r)
     m->queue_wait = r->queue_wait;
     m->max_queue_wait = r->max_queue_wait;
     m->caps = r->caps;
+    if (r->device[0]) /* (an update without one keeps what it said) */
+        snprintf(m->device, sizeof m->device, "%s", r->device);
     a->published = 1;
     pthread_mutex_unlock(&a->lock);
     publish_now(a);

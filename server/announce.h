@@ -34,8 +34,8 @@ typedef void (*sp_announce_fill_fn)(void *user, sp_server_record *r);
 
 sp_status sp_announce_start(sp_announce **out, const sp_announce_opts *o, sp_err *err);
 void sp_announce_set_fill(sp_announce *a, sp_announce_fill_fn fn, void *user);
-/* Sets the span, state, address, throughput, load figures and capabilities of r (other fields are the announcer's) and
- * publishes at once. */
+/* Sets the span, state, address, throughput, load figures, capabilities and device (when r says one) of r (other
+ * fields are the announcer's) and publishes at once. */
 void sp_announce_update(sp_announce *a, const sp_server_record *r);
 /* A copy of the record as last published. */
 void sp_announce_record(sp_announce *a, sp_server_record *r);

@@ -369,6 +369,8 @@ static void announce_state(app *p, int start, int end, sp_server_state state)
     r.queue_wait = queue_wait(p);
     r.max_queue_wait = p->a.so.max_queue_wait_s;
     r.caps = p->srv && state != SP_SERVER_OFFLINE ? sp_server_caps(p->srv) : 0;
+    if (p->srv)
+        snprintf(r.device, sizeof r.device, "%s", sp_server_device(p->srv));
     sp_announce_update(p->ann, &r);
 }
 

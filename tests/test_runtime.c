@@ -5,6 +5,7 @@
  * the settings, the route), and clear errors. */
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,6 +659,26 @@ START_TEST(t_push_pause_expires)
 }
 END_TEST
 
+/* The inference tests' prompt and the token after it. */
+static int32_t session_prompt[6] = {1, 17, 99, 3, 250, 8}, session_next = 77;
+
+/* Logits of an inference session in encoding wire (the setting): the 6-token prefill into logits[0..V), one decode
+ * step into logits[V..2V). */
+static void session_in(sp_runtime *rt, int wire, float *logits, int V)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.wire = wire;
+    sp_runtime_set_settings(rt, &set);
+    sp_err err = {0};
+    sp_lm_swarm sw;
+    sp_lm ls = sp_lm_swarm_make(&sw, rt);
+    ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(ls.forward(ls.ctx, session_prompt, 1, 6, logits, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(ls.forward(ls.ctx, &session_next, 1, 1, logits + V, &err) == SP_OK, "%s", err.msg);
+    ls.end(ls.ctx);
+}
+
 /* Inference steps in each wire encoding (the `wire` setting covers them: the step's input, the reply): the logits
  * of a prompt and of a decode step through the swarm's 2 servers against one process's, f32 within 1e-4 of the
  * largest, the others within their rounding (2e-3, 2e-2, 6e-2) and not exact (the encoding was used). */
@@ -669,26 +690,16 @@ START_TEST(t_inference_wire)
     ck_assert_int_eq(sp_model_load(&full, GQA, SP_LOAD_ALL, 0, -1, &err), SP_OK);
     int V = full->cfg.vocab;
     float *want = malloc(2 * (size_t)V * 4), *got = malloc(2 * (size_t)V * 4);
-    int32_t prompt[6] = {1, 17, 99, 3, 250, 8}, next = 77;
     sp_lm_local loc;
     sp_lm lm = sp_lm_local_make(&loc, full);
     ck_assert_int_eq(lm.begin(lm.ctx, 1, 16, &err), SP_OK);
-    ck_assert_int_eq(lm.forward(lm.ctx, prompt, 1, 6, want, &err), SP_OK);
-    ck_assert_int_eq(lm.forward(lm.ctx, &next, 1, 1, want + V, &err), SP_OK);
+    ck_assert_int_eq(lm.forward(lm.ctx, session_prompt, 1, 6, want, &err), SP_OK);
+    ck_assert_int_eq(lm.forward(lm.ctx, &session_next, 1, 1, want + V, &err), SP_OK);
     lm.end(lm.ctx);
     const struct { int enc; double tol; } wire[] = {{SP_ENC_F32, 1e-4}, {SP_ENC_F16, 2e-3}, {SP_ENC_BF16, 2e-2},
                                                      {SP_ENC_Q8, 6e-2}};
     for (int w = 0; w < 4; w++) {
-        sp_rt_settings set;
-        sp_runtime_settings(rt, &set);
-        set.wire = wire[w].enc;
-        sp_runtime_set_settings(rt, &set);
-        sp_lm_swarm sw;
-        sp_lm ls = sp_lm_swarm_make(&sw, rt);
-        ck_assert_msg(ls.begin(ls.ctx, 1, 16, &err) == SP_OK, "%s", err.msg);
-        ck_assert_msg(ls.forward(ls.ctx, prompt, 1, 6, got, &err) == SP_OK, "%s", err.msg);
-        ck_assert_msg(ls.forward(ls.ctx, &next, 1, 1, got + V, &err) == SP_OK, "%s", err.msg);
-        ls.end(ls.ctx);
+        session_in(rt, wire[w].enc, got, V);
         double e = rel_err(got, want, 2 * (size_t)V);
         printf("wire %s: inference logits error %.2e (relative to the largest)\n", sp_encoding_name(wire[w].enc), e);
         ck_assert_double_le(e, wire[w].tol);
@@ -878,6 +889,117 @@ START_TEST(t_front_end_copies)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------- */
+/* wire auto: the encoding by the link the client measured */
+
+#define AUTO_B 8
+#define AUTO_T 128 /* [8, 128, 64] in f32: 262 KB a message, ~87 ms at 24 Mbit/s */
+#define AUTO_N ((size_t)AUTO_B * AUTO_T * 64)
+
+/* A FORWARD of x over the training route in encoding wire (the setting), into y. */
+static void forward_in(sp_runtime *rt, int wire, const float *x, float *y)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.wire = wire;
+    sp_runtime_set_settings(rt, &set);
+    sp_route route;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_route_train(rt, &route, &err), SP_OK);
+    memcpy(y, x, AUTO_N * 4);
+    ck_assert_msg(sp_runtime_forward(rt, &route, y, AUTO_B, AUTO_T, NULL, 0, NULL, NULL, &err) == SP_OK, "%s",
+                  err.msg);
+}
+
+/* Three FORWARDs in wire auto (the first measures the links), then one each in auto, f32 and bf16 (where: what the
+ * lines printed call the links): each server's row says auto sends want there, having measured its link in [lo, hi]
+ * Mbit/s (want f32: or nothing), and auto's output is want's bit for bit, not the other's. */
+static void wire_auto_check(sp_runtime *rt, const char *where, double lo, double hi, int want)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    float *x = malloc(AUTO_N * 4), *ya = malloc(AUTO_N * 4), *yf = malloc(AUTO_N * 4), *yb = malloc(AUTO_N * 4);
+    sp_rng_fill_normal(&r, x, (long)AUTO_N, 1.0f);
+    for (int k = 0; k < 3; k++)
+        forward_in(rt, SP_WIRE_AUTO, x, ya);
+    for (int i = 0; i < 2; i++) {
+        sp_server_row row;
+        ck_assert(sp_test_server_row(rt, i, &row));
+        printf("wire auto %s: server %d measured %.1f Mbit/s (0: nothing), sends %s\n", where, i, row.link_mbit,
+               sp_encoding_name(row.wire_auto));
+        ck_assert_msg((want == SP_ENC_F32 && row.link_mbit == 0) || (row.link_mbit >= lo && row.link_mbit <= hi),
+                      "measured %.1f Mbit/s", row.link_mbit);
+        ck_assert_int_eq(row.wire_auto, want);
+    }
+    forward_in(rt, SP_WIRE_AUTO, x, ya);
+    forward_in(rt, SP_ENC_F32, x, yf);
+    forward_in(rt, SP_ENC_BF16, x, yb);
+    int f32_same = !memcmp(ya, yf, AUTO_N * 4), bf16_same = !memcmp(ya, yb, AUTO_N * 4);
+    ck_assert_msg(want == SP_ENC_F32 ? f32_same && !bf16_same : bf16_same && !f32_same, "wire auto did not send %s",
+                  sp_encoding_name(want));
+    free(x), free(ya), free(yf), free(yb);
+}
+
+/* wire auto behind links of 24 Mbit/s (bench/linkem relays for each server's websocket and bulk ports, 1 ms each
+ * way): the client's measured rate of each link is within a factor of 2 of 24 Mbit/s, auto sends bf16 there, and
+ * does (its output is bf16's, bit for bit, not f32's); an inference session's prefill goes in bf16 too, its decode
+ * step in f32. */
+START_TEST(t_wire_auto_slow_link)
+{
+    int relay[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            relay[i][j] = sp_test_free_port();
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.measure = 0;
+    sp_err err = {0};
+    char spec[4][2][32];
+    for (int i = 0; i < 2; i++) {
+        o.start = 2 * i, o.end = 2 * i + 2;
+        o.public_bulk_port = relay[i][1]; /* HELLO sends clients through the relay */
+        ck_assert_msg(sp_server_start(&srv[i], &o, &err) == SP_OK, "%s", err.msg);
+        for (int j = 0; j < 2; j++) {
+            snprintf(spec[2 * i + j][0], sizeof spec[0][0], "127.0.0.1:%d", relay[i][j]);
+            snprintf(spec[2 * i + j][1], sizeof spec[0][1], "127.0.0.1:%d",
+                     j ? sp_server_bulk_port(srv[i]) : sp_server_port(srv[i]));
+        }
+    }
+    const char *args[] = {"--delay", "1", "--rate", "24", "--listen", spec[0][0], "--to", spec[0][1],
+                          "--listen", spec[1][0], "--to", spec[1][1], "--listen", spec[2][0], "--to", spec[2][1],
+                          "--listen", spec[3][0], "--to", spec[3][1], NULL};
+    sp_test_proc link;
+    ck_assert_int_eq(sp_test_linkem_start(&link, args), 0);
+    sp_runtime *rt = NULL;
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    char addrs[128];
+    snprintf(addrs, sizeof addrs, "%s,%s", spec[0][0], spec[2][0]);
+    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    wire_auto_check(rt, "behind 24 Mbit/s", 12, 48, SP_ENC_BF16);
+    /* an inference session there: its prefill in bf16 (bf16's logits, bit for bit), its decode step in f32 (not) */
+    int V = 512; /* llama-gqa's vocabulary */
+    float *la = malloc(2 * (size_t)V * 4), *lb = malloc(2 * (size_t)V * 4);
+    session_in(rt, SP_WIRE_AUTO, la, V);
+    session_in(rt, SP_ENC_BF16, lb, V);
+    ck_assert_msg(!memcmp(la, lb, (size_t)V * 4), "wire auto's prefill was not in bf16");
+    ck_assert_msg(memcmp(la + V, lb + V, (size_t)V * 4), "wire auto's decode step was not in f32");
+    free(la), free(lb);
+    sp_test_proc_signal(&link, SIGTERM);
+    teardown(rt);
+}
+END_TEST
+
+/* wire auto on plain loopback: nothing measured below 300 Mbit/s, auto sends f32 and its output is f32's. */
+START_TEST(t_wire_auto_loopback)
+{
+    sp_runtime *rt = swarm_runtime();
+    wire_auto_check(rt, "on loopback", SP_WIRE_AUTO_MBIT, INFINITY, SP_ENC_F32);
+    teardown(rt);
+}
+END_TEST
+
 START_TEST(t_errors)
 {
     sp_runtime *rt = NULL;
@@ -920,6 +1042,8 @@ int main(void)
     tcase_add_test(tc, t_head_dtype);
     tcase_add_test(tc, t_threads);
     tcase_add_test(tc, t_front_end_copies);
+    tcase_add_test(tc, t_wire_auto_slow_link);
+    tcase_add_test(tc, t_wire_auto_loopback);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
     TCase *tp = tcase_create("push");

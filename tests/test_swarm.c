@@ -479,7 +479,8 @@ END_TEST
 
 /* ---------------------------------------------------------------------------------------------- */
 /* a --num-blocks server seen JOINING (while it loads: SEPAL_SERVER_LOAD_DELAY makes that last 3 s) before
- * ONLINE, by a client whose view listens while the server starts; its --public-name in every record */
+ * ONLINE, by a client whose view listens while the server starts; its --public-name in every record, and once ONLINE
+ * its device (`cpu`) */
 
 #define JN_MAX 32
 
@@ -582,6 +583,7 @@ START_TEST(t_joining)
     sp_server_row e;
     ck_assert_int_ge(sp_test_server_at(rt, p1->port, 1, &e), 0);
     ck_assert_str_eq(e.rec.name, "joiner");
+    ck_assert_str_eq(e.rec.device, "cpu"); /* where its blocks run, from the first ONLINE record on */
     check_generates(rt);
     jn_rt = NULL;
     sp_runtime_free(rt);

@@ -287,18 +287,6 @@ static long read_to_eof(int fd, char *buf, size_t cap)
     return (long)n;
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t l = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* tests */
 
@@ -649,7 +637,7 @@ END_TEST
 
 START_TEST(t_refused)
 {
-    int port = free_port();
+    int port = sp_test_free_port();
     sp_ws_client *c = NULL;
     sp_err err = {0};
     uint64_t t0 = sp_now_ns();

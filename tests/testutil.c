@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -111,6 +113,40 @@ int sp_test_server_start(sp_test_proc *p, const char *const *args)
     p->port = sp_serverproc_port(line, "ws://");
     p->dht_port = sp_serverproc_port(line, "DHT ");
     p->bulk_port = bulk ? atoi(bulk + strlen("(bulk port ")) : -1;
+    return 0;
+}
+
+int sp_test_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+int sp_test_linkem_start(sp_test_proc *p, const char *const *args)
+{
+    memset(p, 0, sizeof *p);
+    p->dht_port = p->bulk_port = -1;
+    const char *argv[64] = {"linkem"};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char line[1024]; /* "linkem: 127.0.0.1:PORT -> HOST:PORT, delay ..." */
+    pid_t pid = sp_serverproc_start(SEPAL_BIN_DIR "/bench/linkem", argv, 0, NULL, line, sizeof line);
+    if (pid < 0)
+        return -1;
+    p->pid = pid;
+    p->port = sp_serverproc_port(line, "linkem: ");
+    if (p->port <= 0) {
+        sp_test_proc_signal(p, SIGKILL);
+        return -1;
+    }
     return 0;
 }
 

@@ -28,6 +28,11 @@ typedef struct sp_test_proc {
  * serving line; it dies with the calling thread (PR_SET_PDEATHSIG follows the thread that forks, so a
  * helper thread that starts a server must outlive it). 0, or -1 (the server's log is printed). */
 int sp_test_server_start(sp_test_proc *p, const char *const *args);
+/* A TCP port of 127.0.0.1 free a moment ago (bound to port 0 and closed). */
+int sp_test_free_port(void);
+/* Starts SEPAL_BIN_DIR/bench/linkem with args (NULL-terminated) and waits for its first line (every link listens
+ * once it is out): p->pid, and p->port the port of the first link's listening address. 0, or -1. */
+int sp_test_linkem_start(sp_test_proc *p, const char *const *args);
 /* Sends sig; SIGTERM/SIGKILL also reap it (pid becomes 0). */
 void sp_test_proc_signal(sp_test_proc *p, int sig);
 /* A child of parent whose command name is comm (the DHT node of a server: "sepal-dht"), or -1. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -602,6 +603,40 @@ static sp_status bulk_handshake(sp_ws_client *c, int fd, int bulk_port, uint64_t
     return SP_OK;
 }
 
+/* After a read on fd went into rs (want_before: rs->want before it; st: what tp_rxstream_advance said; out: the
+ * message when it is RX_DONE): once the header of a message large enough to be measured is in, the clock starts and
+ * the bytes already waiting are noted; when the message is complete, its rate over the bytes that arrived meanwhile
+ * is c's measurement (sp_ws_client_rx_mbit). */
+static void rx_pace_after(sp_ws_client *c, rx_pace *p, int fd, const rxstream *rs, uint64_t want_before, int st,
+                          const sp_buf *out)
+{
+    if (st == RX_DONE) {
+        uint64_t t0 = p->t0, body = out->len > HDR ? out->len - HDR : 0;
+        p->t0 = 0;
+        uint64_t paced = body > p->queued ? body - p->queued : 0, dt = t0 ? sp_now_ns() - t0 : 0;
+        if (!t0 || paced < SP_RX_PACE_MIN || !dt)
+            return;
+        pthread_mutex_lock(&c->mu);
+        c->rx_mbit = (double)paced * 8e3 / (double)dt; /* bits per ns * 1e3 = Mbit/s */
+        c->rx_seq++;
+        pthread_mutex_unlock(&c->mu);
+    } else if (!want_before && rs->want >= HDR + SP_RX_PACE_MIN) { /* (smaller ones, decode steps: not a syscall) */
+        int q = 0;
+        p->t0 = sp_now_ns();
+        p->queued = ioctl(fd, FIONREAD, &q) == 0 && q > 0 ? (uint64_t)q : 0;
+    }
+}
+
+double sp_ws_client_rx_mbit(sp_ws_client *c, uint64_t *seq)
+{
+    pthread_mutex_lock(&c->mu);
+    double r = c->rx_mbit;
+    if (seq)
+        *seq = c->rx_seq;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
 /* Reads messages from the bulk socket until it ends; then the whole connection is over. */
 static void *cli_reader_main(void *arg)
 {
@@ -609,6 +644,7 @@ static void *cli_reader_main(void *arg)
     pthread_setname_np(pthread_self(), "sp-bulk-cli");
     int fd = c->bulk_fd; /* set before this thread started, never changed afterwards */
     rxstream rs = {0};
+    rx_pace pace = {0};
     sp_err err = {0};
     const char *why = "bulk channel closed";
     for (;;) {
@@ -622,7 +658,9 @@ static void *cli_reader_main(void *arg)
             break;
         sp_buf msg;
         int code = 0;
+        uint64_t want = rs.want;
         int st = tp_rxstream_advance(&rs, (size_t)r, &c->lim, NULL, NULL, &msg, &code, &err);
+        rx_pace_after(c, &pace, fd, &rs, want, st, &msg);
         if (st == RX_BAD) {
             sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, err.msg);
             why = err.msg;
@@ -774,7 +812,9 @@ sp_status tp_cli_recv_direct(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_er
         }
         sp_err e2 = {0};
         int code = 0;
+        uint64_t want_before = c->drs.want;
         int st = tp_rxstream_advance(&c->drs, (size_t)n, &c->lim, NULL, NULL, out, &code, &e2);
+        rx_pace_after(c, &c->dpace, c->bulk_fd, &c->drs, want_before, st, out);
         if (st == RX_BAD) {
             sp_log(SP_LOG_WARN, "transport: bulk channel to %s:%d closed: %s", c->host, c->port, e2.msg);
             tp_cli_fail(c, e2.msg);

@@ -399,6 +399,10 @@ sp_status sp_remote_connect_opts(sp_remote **out, const char *host, int port, co
 
 const sp_remote_info *sp_remote_hello(const sp_remote *r) { return &r->info; }
 
+_Static_assert(SP_REMOTE_RATE_MIN == SP_RX_PACE_MIN, "remote.h's bound is the transport's");
+
+double sp_remote_rx_mbit(sp_remote *r, uint64_t *seq) { return sp_ws_client_rx_mbit(r->c, seq); }
+
 void sp_remote_close(sp_remote *r)
 {
     if (!r)

@@ -45,6 +45,11 @@ int sp_remote_is_open(const sp_remote *r);
  * or SP_OK when it said nothing (or the connection is open). */
 sp_status sp_remote_last_word(sp_remote *r, sp_err *err);
 const sp_remote_info *sp_remote_hello(const sp_remote *r);
+/* The server-to-client rate of the connection's last measured bulk message, Mbit/s (0: none yet), *seq counting
+ * the measurements: see sp_ws_client_rx_mbit. Thread-safe. Messages under SP_REMOTE_RATE_MIN bytes are never
+ * measured (a caller need not look after them). */
+#define SP_REMOTE_RATE_MIN (32 * 1024)
+double sp_remote_rx_mbit(sp_remote *r, uint64_t *seq);
 void sp_remote_close(sp_remote *r);
 
 /* What answers at host:port, for an address given as a DHT node that did not answer as one (--initial-peers):

@@ -166,6 +166,16 @@ sp_status sp_ws_client_recv(sp_ws_client *c, sp_buf *out, int timeout_ms, sp_err
 int sp_ws_client_is_open(const sp_ws_client *c);
 /* Bytes received and not yet taken by recv; *paused (may be NULL): 1 while the client does not read for that. */
 uint64_t sp_ws_client_queued(sp_ws_client *c, int *paused);
+/* The rate, in Mbit/s, at which the last measured bulk message from the server arrived (0: none measured yet),
+ * *seq (may be NULL) counting the measurements. Passive, on what the server sends anyway: a message on the bulk
+ * socket is timed from the read that completes its header to the read that completes it, and the bytes that were
+ * already waiting in the socket at the start (FIONREAD) are left out, so a late reader does not make the link look
+ * faster than it is (bulk.c's rx_pace). Messages with fewer than SP_RX_PACE_MIN such bytes are not measured (on
+ * loopback a whole message is usually waiting: no measurement at all). A descheduled sender or reader makes a
+ * measurement lower than the link's rate; a relay that held the message's start and then sent it in a burst, higher.
+ * Thread-safe. */
+#define SP_RX_PACE_MIN (32 * 1024)
+double sp_ws_client_rx_mbit(sp_ws_client *c, uint64_t *seq);
 void sp_ws_client_close(sp_ws_client *c);
 
 #endif

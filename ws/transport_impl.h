@@ -151,6 +151,13 @@ typedef struct rxstream {
     uint64_t map_from; /* as rxasm's */
 } rxstream;
 
+/* The timing of a bulk message a client is receiving (bulk.c): t0 the read that completed its header (0: none in
+ * progress), queued the bytes already waiting in the socket then. */
+typedef struct rx_pace {
+    uint64_t t0;
+    uint64_t queued;
+} rx_pace;
+
 /* Where the next read should land and how much it may take. */
 void tp_rxstream_target(rxstream *r, uint8_t **p, size_t *n);
 /* Accounts for got bytes read at tp_rxstream_target (admit may be NULL). RX_WAIT: the header is in and admit
@@ -425,7 +432,10 @@ struct sp_ws_client {
     pthread_mutex_t bulk_wmu; /* serialises writers on the bulk socket */
     int wake_fd;      /* direct_recv: an eventfd poked whenever rxq or state changes, -1 otherwise */
     rxstream drs;     /* direct_recv: the caller's reassembly of bulk messages */
+    rx_pace dpace;    /* ... and its timing */
     int rx_full;      /* mu: rxq went over rx_queue_max: the ws is not read, the bulk reader waits */
+    double rx_mbit;   /* mu: the last measured arrival rate of a bulk message (sp_ws_client_rx_mbit) */
+    uint64_t rx_seq;  /* mu: measurements so far */
     int has_key;
     sp_swarm_key key;
 

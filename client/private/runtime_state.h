@@ -52,6 +52,14 @@ typedef struct sp_server_entry {
     double rtt_when;       /* sp_now_s() of the last measurement */
     double rtt_win[4];     /* the last measurements (a ring) */
     int rtt_n;             /* measurements so far */
+    double link_win[4];    /* the rates (Mbit/s) of its last bulk messages to the client, as the transport measured
+                              them (sp_remote_rx_mbit: bytes that arrived after the header over the time they took),
+                              a ring; kept across reconnects */
+    int link_n;            /* measurements so far */
+    double link_mbit;      /* the link's rate: the median of link_win (0: unknown). A sender or reader waiting for a
+                              CPU lowers a measurement, a relay that held the message's start and then sent it in a
+                              burst raises one (at 1 Gbit/s through linkem, on this loaded machine: up to 9.8x); the
+                              median of four needs two such alike to move */
     double block_s;        /* seconds one of its blocks took in a greedy decode step, as this client saw it
                               (its hops' times less the ping, averaged); 0 unknown */
     double banned_until;   /* sp_runtime_now() until which routing avoids it */

@@ -6,7 +6,8 @@
  * forward simply goes on; a backward first re-runs the replacement's forward (to get the inputs of its
  * hops), then its backward. The servers compute the same functions, so loss and gradients are those of a
  * run without the failure. Hidden states and gradients travel in the `wire` setting's encoding both ways
- * (f32, f16, bf16 or q8; the replies in the request's), deep prompts in f32.
+ * (f32, f16, bf16 or q8, or auto's choice for the hop's measured link, sp_rt_wire; the replies in the request's),
+ * deep prompts in f32.
  *
  * Where the push setting allows it (sp_rt_train_pushable), a pass goes from server to server: FORWARD client ->
  * first server -> ... -> last -> client, BACKWARD the other way. Every hop's request goes out at once, on a thread of
@@ -27,7 +28,8 @@
 
 /* What a hop of a pushed pass adds to its request (call_hop): the id and token its input comes by (await 0: it
  * is in the request), the server its output goes to (next -1: none) with that one's id and token, more time for
- * the wait (extra_ms) and the flag that ends it (abort); back: whether the push arrived (pushed), and whether the
+ * the wait (extra_ms), the flag that ends it (abort) and the pass's wire encoding (enc: one for all its hops, as
+ * each server pushes in the encoding its input came in); back: whether the push arrived (pushed), and whether the
  * server refused to await its input (refused: an ERROR of ours, which an older server gives). */
 typedef struct hop_push {
     uint64_t await, await_token;
@@ -35,6 +37,7 @@ typedef struct hop_push {
     uint64_t push_id, push_token;
     int extra_ms;
     const int *abort;
+    sp_encoding enc;
     int pushed, refused;
 } hop_push;
 
@@ -68,8 +71,9 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
         sp_forward_req_encode(&q, meta, sizeof meta, NULL);
     sp_tensor_src a[3];
     memcpy(a, t, (size_t)n * sizeof *t);
+    sp_encoding enc = pp ? pp->enc : sp_rt_wire(rt, &hop->server, 1, T);
     for (int i = 0; i < n; i++) /* hidden states and gradients in the wire setting's encoding (the reply too) */
-        a[i].enc = (sp_encoding)rt->set.wire;
+        a[i].enc = enc;
     if (prompts)
         a[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, B, P, H},
                                  .f32 = prompts + (size_t)hop->start * B * P * H};
@@ -303,8 +307,11 @@ static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *fai
                     sp_status *st, sp_err *err)
 {
     uint64_t id[SP_RT_MAX_HOPS], token[SP_RT_MAX_HOPS];
-    int aborts[SP_RT_MAX_HOPS] = {0}, before = 0, from = n;
+    int aborts[SP_RT_MAX_HOPS] = {0}, before = 0, from = n, srv[SP_RT_MAX_HOPS] = {0};
     pass_keys(rt, id, token, n);
+    for (int i = 0; i < n; i++)
+        srv[i] = w[ord[i]].r->hop[w[ord[i]].s].server;
+    sp_encoding enc = sp_rt_wire(rt, srv, n, w[0].T);
     for (int i = 0; i < n && !*st; i++) {
         pass_hop *x = &w[ord[i]];
         const sp_hop *hop = &x->r->hop[x->s];
@@ -314,7 +321,7 @@ static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *fai
         x->pp = (hop_push){.await = i ? id[i] : 0, .await_token = i ? token[i] : 0,
                            .next = i + 1 < n ? x->r->hop[ord[i + 1]].server : -1,
                            .push_id = i + 1 < n ? id[i + 1] : 0, .push_token = i + 1 < n ? token[i + 1] : 0,
-                           .extra_ms = before, .abort = &aborts[i]};
+                           .extra_ms = before, .abort = &aborts[i], .enc = enc};
         before += sp_rt_timeout_ms(rt, hop->server, hop->end - hop->start, (long)x->B * x->T * (x->bwd ? 3 : 1), 0) +
                   2000;
         if ((*st = gate_enter(x->r, x->tk, x->s, x->bwd, err)) || pthread_create(&x->th, NULL, pass_main, x)) {

@@ -21,6 +21,7 @@ struct sp_conn {
     sp_remote *r;
     int users;
     int broken;
+    uint64_t rate_seq; /* rt->lock: the connection's link measurements taken into the entry (sp_remote_rx_mbit) */
 };
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -210,6 +211,53 @@ static sp_conn *conn_acquire(sp_runtime *rt, int i, int timeout_ms, sp_err *err)
     return c;
 }
 
+/* The median of v[0..n) (n 1..4; of an even count, the mean of the middle two). */
+static double median(const double *v, int n)
+{
+    double s[4];
+    memcpy(s, v, (size_t)n * sizeof *s);
+    for (int i = 1; i < n; i++) /* insertion sort: n <= 4 */
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* After a reply of len bytes from server i on c: a measurement of its link that the transport took since the last
+ * look goes into the entry's window (only after large replies: decode steps' small ones skip even the look). */
+static void link_note(sp_runtime *rt, int i, sp_conn *c, size_t len)
+{
+    if (len < SP_REMOTE_RATE_MIN)
+        return;
+    uint64_t seq;
+    double mbit = sp_remote_rx_mbit(c->r, &seq);
+    pthread_mutex_lock(&rt->lock);
+    sp_server_entry *e = rt->servers[i];
+    if (seq != c->rate_seq && mbit > 0) {
+        int w = (int)(sizeof e->link_win / sizeof e->link_win[0]);
+        e->link_win[e->link_n++ % w] = mbit;
+        e->link_mbit = median(e->link_win, e->link_n < w ? e->link_n : w);
+    }
+    c->rate_seq = seq;
+    pthread_mutex_unlock(&rt->lock);
+}
+
+sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T)
+{
+    int wire = rt->set.wire; /* (read without the lock, as the other settings: set between requests) */
+    if (wire != SP_WIRE_AUTO || T <= 1) /* a decode step: not even the lock */
+        return wire == SP_WIRE_AUTO ? SP_ENC_F32 : (sp_encoding)wire;
+    sp_encoding enc = SP_ENC_F32;
+    pthread_mutex_lock(&rt->lock);
+    for (int h = 0; h < n; h++)
+        if (srv[h] >= 0 && sp_rt_wire_of_link(rt->servers[srv[h]]->link_mbit) != SP_ENC_F32)
+            enc = sp_rt_wire_of_link(rt->servers[srv[h]]->link_mbit);
+    pthread_mutex_unlock(&rt->lock);
+    return enc;
+}
+
 sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                      sp_reply *rep, int timeout_ms, sp_err *err)
 {
@@ -224,6 +272,8 @@ sp_status sp_rt_call_abortable(sp_runtime *rt, int i, sp_msg_type type, const ch
     if (!c)
         return err && err->code ? err->code : SP_ERR_IO;
     sp_status st = sp_remote_call_abortable(c->r, type, meta, t, n, rep, timeout_ms, abort, err);
+    if (!st)
+        link_note(rt, i, c, rep->buf.len);
     /* an ERROR reply leaves the connection sound, and so does a cancelled wait (the late reply is dropped) */
     int broken = st && st != SP_ERR_CANCELLED && rep->msg.type != SP_MSG_ERROR;
     conn_release(rt, entry_of(rt, i), c, broken);

@@ -276,6 +276,16 @@ static void push_fields(sp_lm_swarm *s, sp_step_req *q, const push_args *pa)
     q->push_token = s->token[pa->next];
 }
 
+/* The encoding of hop h's step of T positions (sp_rt_wire): over its own link, or a pushed chain's over all of its
+ * servers' links (the pushes after it and every hop's reply come in the encoding the first hop's input came in). */
+static sp_encoding step_wire(sp_lm_swarm *s, int h, const push_args *pa, int T)
+{
+    int srv[SP_RT_MAX_HOPS], n = 0;
+    for (int k = pa ? 0 : h; k < (pa ? s->route.nhops : h + 1); k++)
+        srv[n++] = s->route.hop[k].server;
+    return sp_rt_wire(s->rt, srv, n, T);
+}
+
 /* One INFERENCE_STEP of hop h on x [B, T, H] (in place; with pa->await, x only receives the output) at positions
  * from..from+T; deep: [n, B, P, H] of its blocks or NULL; hypo: the cache reorder or NULL; pa: a pushed chain's
  * step, or NULL. *alive: the server answered (with an error, maybe). */
@@ -293,7 +303,7 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     sp_tensor_src t[3];
     int n = 0;
     if (!pa || !pa->await) /* in the wire setting's encoding, the reply (and the pushes after it) too */
-        t[n++] = (sp_tensor_src){.enc = (sp_encoding)rt->set.wire, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
+        t[n++] = (sp_tensor_src){.enc = step_wire(s, h, pa, T), .rank = 3, .shape = {s->B, T, H}, .f32 = x};
     if (deep)
         t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, s->B, s->P, H}, .f32 = deep};
     if (hypo)

@@ -30,6 +30,16 @@ sp_status sp_rt_call(sp_runtime *rt, int i, sp_msg_type type, const char *meta, 
 /* sp_rt_call that gives up once *abort is non-zero (SP_ERR_CANCELLED; the connection stays): NULL never. */
 sp_status sp_rt_call_abortable(sp_runtime *rt, int i, sp_msg_type type, const char *meta, const sp_tensor_src *t,
                                int n, sp_reply *rep, int timeout_ms, const int *abort, sp_err *err);
+/* The encoding the wire setting's auto gives hidden states of more than one position over a link of mbit (0:
+ * unknown): bf16 below SP_WIRE_AUTO_MBIT, else f32. */
+static inline sp_encoding sp_rt_wire_of_link(double mbit)
+{
+    return mbit > 0 && mbit < SP_WIRE_AUTO_MBIT ? SP_ENC_BF16 : SP_ENC_F32;
+}
+/* The encoding of a request's hidden states (and so of its reply, and of the pushes after it) to servers srv[0..n)
+ * (a client-driven hop: its one server; a pushed chain: all of them, any slow link counts) for T positions a row:
+ * the wire setting, or its auto (decode steps, T 1, in f32). Takes rt->lock itself. */
+sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T);
 /* Closes every connection (swarm down, free). */
 void sp_rt_close_conns(sp_runtime *rt);
 /* 1 if a and b announce the same address (host and ws port): lives of one server, or the same one. */
