@@ -78,21 +78,35 @@ grep -qE "$via_s2" "$TMP/off" && ok "push off: the route goes S1 -> S2 ($(cat "$
     bad "push off: route '$(cat "$TMP/off")'"
 grep -qE "$via_s3" "$TMP/auto" && ok "push auto: the route goes S1 -> S3 -> S4" || bad "push auto: route '$(cat "$TMP/auto")'"
 
-# a generation with push auto: its steps pushed S1 -> S3 -> S4 (the servers' shutdown lines count the pushes)
-"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; set ignore-eos on; generate 'Once upon a time' --max-new-tokens 6" \
-    > /dev/null 2> "$TMP/gen.err" && ok "push auto: the client generates" || { bad "generate"; tail -3 "$TMP/gen.err"; }
-for n in 1 2 3 4; do
-    pid=$(eval echo "\$PID$n")
-    kill "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-done
+# generate_then_stop DHT SETTINGS WHAT N...: a generation through the swarm at DHT port DHT (SETTINGS before it),
+# then servers N... stopped (their shutdown lines count the pushes)
+generate_then_stop() {
+    local dht=$1 settings=$2 what=$3 n pid
+    shift 3
+    "$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$dht; ${settings}set ignore-eos on;
+                 generate 'Once upon a time' --max-new-tokens 6" > /dev/null 2> "$TMP/gen.err" &&
+        ok "$what: the client generates" || { bad "$what: generate"; tail -3 "$TMP/gen.err"; }
+    for n in "$@"; do
+        pid=$(eval echo "\$PID$n")
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+}
 pushes() { sed -n 's/^sepal-server: shutting down (.*; pushes: \([0-9]*\) in, \([0-9]*\) out)$/\1 \2/p' "$TMP/s$1.out"; }
-read -r in1 out1 < <(pushes 1)
-read -r in2 out2 < <(pushes 2)
-read -r in3 out3 < <(pushes 3)
-[ "${out1:-0}" -gt 0 ] && [ "${in3:-0}" -eq "$out1" ] && [ "${out3:-0}" -eq "$out1" ] && [ "${in2:-0}" -eq 0 ] &&
-    ok "the steps were pushed S1 -> S3 -> S4 ($out1 of them), none into S2" ||
-    bad "pushes: S1 '$in1 $out1', S2 '$in2 $out2', S3 '$in3 $out3'"
+# pushed_along A B C: the steps went from server A to B and on from B (as many as A pushed), none into C
+pushed_along() {
+    local ia oa ib ob ic oc
+    read -r ia oa < <(pushes "$1")
+    read -r ib ob < <(pushes "$2")
+    read -r ic oc < <(pushes "$3")
+    [ "${oa:-0}" -gt 0 ] && [ "${ib:-0}" -eq "$oa" ] && [ "${ob:-0}" -eq "$oa" ] && [ "${ic:-0}" -eq 0 ] &&
+        ok "the steps were pushed S$1 -> S$2 -> on ($oa of them), none into S$3" ||
+        bad "pushes: S$1 '$ia $oa', S$2 '$ib $ob', S$3 '$ic $oc'"
+}
+
+# a generation with push auto: its steps pushed S1 -> S3 -> S4, none into S2
+generate_then_stop "$D1" "" "push auto" 1 2 3 4
+pushed_along 1 3 2
 
 # an older server on the cheapest pushed chain: push on seeks the cheapest chain of servers that can push
 relays r5 10 $P5 > "$TMP/r5.ports"
@@ -119,17 +133,6 @@ grep -qE "$via_s7" "$TMP/on" && ok "push on, an older server on the cheapest cha
 grep -qE "$via_s6" "$TMP/off" && ok "push off: the route goes S5 -> S6" || bad "push off: route '$(cat "$TMP/off")'"
 grep -qE "$via_s6" "$TMP/auto" && ok "push auto: the route goes S5 -> S6 (relayed 40 ms against pushed 70)" ||
     bad "push auto: route '$(cat "$TMP/auto")'"
-"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D5; set push on; set ignore-eos on; generate 'Once upon a time' --max-new-tokens 6" \
-    > /dev/null 2> "$TMP/gen2.err" && ok "push on: the client generates" || { bad "generate"; tail -3 "$TMP/gen2.err"; }
-for n in 5 6 7 8; do
-    pid=$(eval echo "\$PID$n")
-    kill "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-done
-read -r in5 out5 < <(pushes 5)
-read -r in6 out6 < <(pushes 6)
-read -r in7 out7 < <(pushes 7)
-[ "${out5:-0}" -gt 0 ] && [ "${in7:-0}" -eq "$out5" ] && [ "${out7:-0}" -eq "$out5" ] && [ "${in6:-0}" -eq 0 ] &&
-    ok "the steps were pushed S5 -> S7 -> S8 ($out5 of them), none into the older S6" ||
-    bad "pushes: S5 '$in5 $out5', S6 '$in6 $out6', S7 '$in7 $out7'"
+generate_then_stop "$D5" "set push on; " "push on" 5 6 7 8
+pushed_along 5 7 6 # S5 -> S7 -> S8, none into the older S6
 finish
