@@ -1,8 +1,8 @@
 /* wake.c - what waking a sleeping thread costs on this machine: the floor under a swarm hop's hand-offs. A thread
  * waits on a futex; another, after the waiter has slept S microseconds (its vCPU idle meanwhile, or the waker
  * spinning on its own vCPU), notes the time and wakes it; the waiter notes when it runs again. The latency is the
- * difference. The baseline, measured in the same run: the same two threads in a ping-pong (each wakes the other
- * as soon as it runs: S = 0), what a loopback round trip between two busy processes costs per hand-off.
+ * difference. The baseline, measured in the same run: the same two threads in a ping-pong (the waker wakes the
+ * waiter 5 us after it went to sleep: S = 0), what a hand-off between two busy threads costs.
  *
  * Prints, per S and per waker (sleeping beside the waiter or spinning), the median and 90th percentile latency in
  * microseconds and the median's ratio to the ping-pong's.
@@ -25,6 +25,7 @@
 
 static uint32_t word;           /* futex: bumped by the waker for each wake-up */
 static volatile uint64_t woken; /* the waiter's clock after each wake-up (ns) */
+static volatile int asleep;     /* the waiter is about to wait (or waits) on word */
 static volatile int stop;
 
 static long futex(uint32_t *addr, int op, uint32_t val)
@@ -41,9 +42,12 @@ static void *waiter(void *arg)
     uint32_t seen = __atomic_load_n(&word, __ATOMIC_ACQUIRE);
     while (!stop) {
         uint32_t w;
-        while ((w = __atomic_load_n(&word, __ATOMIC_ACQUIRE)) == seen && !stop)
+        while ((w = __atomic_load_n(&word, __ATOMIC_ACQUIRE)) == seen && !stop) {
+            asleep = 1;
             futex(&word, FUTEX_WAIT, seen);
+        }
         woken = now_ns();
+        asleep = 0;
         __atomic_store_n(&seen, w, __ATOMIC_RELEASE);
     }
     return NULL;
@@ -75,7 +79,9 @@ static void measure(int reps, long us, int spin, double *lat)
 {
     for (int r = 0; r < reps; r++) {
         uint64_t before = woken;
-        idle_for(us, spin);
+        while (!asleep) /* the waiter has gone back to its wait */
+            ;
+        idle_for(us > 0 ? us : 5, us > 0 ? spin : 1); /* (ping-pong: 5 us for it to be in the kernel) */
         uint64_t t0 = now_ns();
         __atomic_add_fetch(&word, 1, __ATOMIC_RELEASE);
         futex(&word, FUTEX_WAKE, 1);
@@ -122,7 +128,7 @@ int main(int argc, char **argv)
                 base = med;
             char what[80];
             if (us == 0)
-                snprintf(what, sizeof what, "ping-pong (woken at once)");
+                snprintf(what, sizeof what, "ping-pong (woken 5 us after its wait)");
             else
                 snprintf(what, sizeof what, "after %ld us asleep, the waker %s", us, spin ? "spinning" : "asleep too");
             printf("  %-48s median %7.1f  p90 %7.1f  x%.1f the ping-pong\n", what, med, p90, base > 0 ? med / base : 0);
