@@ -300,10 +300,13 @@ static int await_input(req *r, const sp_span_req *q, int at, sp_buf *in, sp_msg 
 }
 
 /* The arrival rate of r's connection's last large bulk message, if not yet told (sp_ws_server_rx_take), for a reply
- * to a request large enough to have been measured (a decode step's: not even the look). */
+ * to a request large enough to have been measured (a decode step's: not even the look; a server emulating one from
+ * before push, older than this too: none). */
 static double rx_rate(const req *r)
 {
-    return r->msg && r->msg->len >= SP_PROTO_HEADER_SIZE + SP_RX_PACE_MIN ? sp_ws_server_rx_take(r->s->ws, r->conn) : 0;
+    if (r->s->o.emulate_old == SP_SERVER_OLD_NOPUSH || !r->msg || r->msg->len < SP_PROTO_HEADER_SIZE + SP_RX_PACE_MIN)
+        return 0;
+    return sp_ws_server_rx_take(r->s->ws, r->conn);
 }
 
 /* A FORWARD's or BACKWARD's answer: first the push q asks for (the next server's input is the critical path, this
