@@ -217,7 +217,7 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
             snprintf(up, sizeof up, "%.1f Mbit/s", e->link_up_mbit);
         if (e->link_mbit > 0)
             snprintf(down, sizeof down, "%.1f Mbit/s", e->link_mbit);
-        sp_out(app, "  link        from this app %s, to it %s (measured on large messages; -: none yet): wire auto "
+        sp_out(app, "  link        to it %s, from it %s (measured on large messages; -: none yet): wire auto "
                "sends %s, asks for %s back\n", up, down, sp_encoding_name(e->wire_auto),
                sp_encoding_name(e->wire_auto_back));
     } else {
