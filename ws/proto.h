@@ -305,7 +305,7 @@ typedef struct sp_span_req {
 } sp_span_req;
 typedef sp_span_req sp_forward_req, sp_backward_req;
 
-/* FORWARD and BACKWARD replies' metadata (none unless a push was asked for). */
+/* FORWARD and BACKWARD replies' metadata (none unless a push was asked for or the request's rate is told). */
 typedef struct sp_span_reply {
     int pushed;     /* optional (0; a bool): the push the request asked for was delivered */
     double rx_mbit; /* optional (0: none): the rate, Mbit/s, at which the server measured a large request of this
