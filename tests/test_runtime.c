@@ -926,8 +926,8 @@ static void wire_auto_check(sp_runtime *rt, const char *where, double lo, double
     for (int i = 0; i < 2; i++) {
         sp_server_row row;
         ck_assert(sp_test_server_row(rt, i, &row));
-        printf("wire auto %s: server %d measured %.1f Mbit/s (0: nothing), sends %s\n", where, i, row.link_mbit,
-               sp_encoding_name(row.wire_auto));
+        printf("wire auto %s: server %d measured %.1f Mbit/s back, %.1f toward it (0: nothing), sends %s\n", where, i,
+               row.link_mbit, row.link_up_mbit, sp_encoding_name(row.wire_auto));
         ck_assert_msg((want == SP_ENC_F32 && row.link_mbit == 0) || (row.link_mbit >= lo && row.link_mbit <= hi),
                       "measured %.1f Mbit/s", row.link_mbit);
         ck_assert_int_eq(row.wire_auto, want);
