@@ -1,6 +1,7 @@
 # relays.sh - bench/linkem relays for the shell benches and tests that put links between a client and servers
-# (sourced by bench/wan.sh, wan-train.sh, bench/bandwidth.sh, tests/cli/push.sh, route_push.sh and route_links.sh; they set `linkem` to the binary,
-# `pids` (an array) to what they stop, and `tmp` to a scratch directory), and the benches' stop_all and free_ports.
+# (sourced by bench/wan.sh, wan-train.sh, ttft.sh, bench/bandwidth.sh, tests/cli/push.sh, route_push.sh and
+# route_links.sh; they set `linkem` to the binary, `pids` (an array) to what they stop, and `tmp` to a scratch
+# directory), and the benches' stop_all and free_ports.
 
 # relays NAME DELAY PORT...: one linkem of that one-way delay (ms), a link leading to each 127.0.0.1:PORT; prints the
 # links' own ports in the same order (empty when it did not start). Its output goes to $tmp/NAME.out and .err (the
@@ -52,20 +53,22 @@ model_8l() {
     "$sepal" model init "$model" --like llama-2-7b --layers 8 "${init[@]}" 2>&1 | tail -1
 }
 
-# wan_servers: 3 sepal-server processes of $model in int8 (blocks 0:3, 3:6, 6:8: the array spans) on the ports in the
-# array ports, reaching each other through linkem links of 5 ms each way (their --announce addresses, the array
-# peer), as bench/wan.sh's and wan-train.sh's WAN has them; returns once they serve, 1 if something did not start
-# (said on stderr). Call it in the shell that stops pids.
+# wan_servers: 3 sepal-server processes of $model in int8 (blocks 0:3, 3:6, 6:8: the array spans), each behind two
+# links of the one linkem that wan_links starts, for its websocket and its bulk port (--announce, --announce-bulk-port:
+# the client's requests and replies and the other servers' pushes all cross them, so the client and the servers
+# measure the links and `wire auto` engages); the servers connect to each other from 127.0.0.2 (--source-address),
+# which the links carry in 5 ms each way (linkem --from), as bench/wan.sh's, wan-train.sh's and ttft.sh's WAN has
+# them. Sets the array cl (the links' websocket ports: what the client connects to); returns once they serve, 1 if
+# something did not start (said on stderr). Call it, and wan_links, in the shell that stops pids.
 wan_servers() {
     local i
     spans=(0:3 3:6 6:8)
-    read -r -a ports <<<"$(free_ports 3)"
-    relays peer 5 "${ports[@]}" >"$tmp/peer.ports"
-    read -r -a peer <"$tmp/peer.ports"
-    [ "${#peer[@]}" = 3 ] || { echo "linkem did not start" >&2; return 1; }
+    read -r -a ports <<<"$(free_ports 12)" # websocket 0-2, bulk 3-5, and the links leading to them: 6-11
+    cl=("${ports[@]:6:3}")
     for i in 0 1 2; do
-        "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" --bulk-port -1 \
-            --announce "127.0.0.1:${peer[$i]}" >"$tmp/s$i.out" 2>&1 &
+        "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" \
+            --bulk-port "${ports[$((3 + i))]}" --source-address 127.0.0.2 --announce "127.0.0.1:${ports[$((6 + i))]}" \
+            --announce-bulk-port "${ports[$((9 + i))]}" >"$tmp/s$i.out" 2>&1 &
         pids+=($!)
     done
     for i in 0 1 2; do
@@ -74,6 +77,23 @@ wan_servers() {
             sleep 0.2
         done
     done
+}
+
+# wan_links DELAY [RATE]: (re)starts the linkem of wan_servers' WAN: each server's two links, crossed by the client in
+# DELAY ms each way and by the other servers in 5 ms, at RATE Mbit/s each way (default 0: unlimited), on the ports the
+# servers announce (the last call's linkem stops first); 1 if it did not start. A server's connection to another
+# that crossed the stopped links is gone: its next push connects again.
+wan_links() {
+    local args=() i
+    for i in 0 1 2 3 4 5; do
+        args+=(--listen "127.0.0.1:${ports[$((6 + i))]}" --to "127.0.0.1:${ports[$i]}" --from 127.0.0.2 --delay 5)
+    done
+    [ -n "${wan_lk:-}" ] && { kill "$wan_lk" 2>/dev/null; wait "$wan_lk" 2>/dev/null || true; }
+    "$linkem" --delay "$1" --rate "${2:-0}" "${args[@]}" >"$tmp/wan.out" 2>"$tmp/wan.err" &
+    wan_lk=$!
+    pids+=($wan_lk)
+    for _ in $(seq 100); do grep -qs "^linkem: ready" "$tmp/wan.out" && break; sleep 0.05; done
+    grep -qs "^linkem: ready" "$tmp/wan.out" || { cat "$tmp/wan.err" >&2; return 1; }
 }
 
 # stop_all: stops every process in pids and waits for them.

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # ttft.sh - issue 24's bench 3, generation: time to the first token of a long prompt (default 1000 tokens) through
-# links of limited rate, per wire format of the hidden states (the `wire` setting: f32, f16, bf16, q8). A
-# Llama-2-7B-shaped model of 8 layers in int8 (hidden 1024 by default, as bench/bandwidth.sh's: a 4096-wide prefill
-# is compute-bound for tens of seconds on 2 shared cores) on 3 sepal-server processes (blocks 0:3, 3:6, 6:8); the
-# client reaches each through a bench/linkem link of D ms each way (default 25) and R Mbit/s each way, the servers
-# reach each other through links of 5 ms and R Mbit/s (their --announce addresses), as bench/wan.sh's topology. One
-# `sepal -c` session per rate: load, connect, a warm-up, then N rounds of one generation of 1 new token per format,
-# in rotating order. Prints each round, each format's median time to the first token, the median of its ratios to
-# f32's in the same rounds, and whether its first token is f32's. The `push` setting is the client's (default auto:
-# pushed on these links); --push off measures client-driven steps.
+# links of limited rate, per wire format of the hidden states (the `wire` setting: f32, f16, bf16, q8, and auto, which
+# chooses by the links as measured). A Llama-2-7B-shaped model of 8 layers in int8 (hidden 1024 by default, as
+# bench/bandwidth.sh's: a 4096-wide prefill is compute-bound for tens of seconds on 2 shared cores) on 3 sepal-server
+# processes (blocks 0:3, 3:6, 6:8); the client reaches each (websocket and bulk port) through a bench/linkem link of
+# D ms each way (default 25) and R Mbit/s each way, the servers reach each other through the same links in 5 ms at
+# R Mbit/s (their --announce addresses, connecting from 127.0.0.2), as bench/wan.sh's topology. One `sepal -c`
+# session per rate: load, connect, a warm-up (which measures the links), then N rounds of one generation of 1 new
+# token per format, in rotating order. Prints each round, each format's median time to the first token, the median of
+# its ratios to f32's in the same rounds, whether its first token is f32's, and each link as the client measured it
+# with what auto sends there (`servers --long`). The `push` setting is the client's (default auto: pushed on these
+# links); --push off measures client-driven steps.
 #
 # usage: bench/ttft.sh [--rates "100"] [--delay D] [--rounds N] [--prompt-tokens T] [--hidden H] [--push MODE]
-#                      [--formats "f32 f16 bf16 q8"] [--models DIR] [--build DIR]
+#                      [--formats "f32 f16 bf16 q8 auto"] [--models DIR] [--build DIR]
 # Exit status: 0 after a run (whatever the figures), 1 when a generation fails. Every process it started is stopped
 # on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rates="100" delay=25 rounds=3 ptok=1000 hidden=1024 push=auto formats="f32 f16 bf16 q8"
+rates="100" delay=25 rounds=3 ptok=1000 hidden=1024 push=auto formats="f32 f16 bf16 q8 auto"
 build="${SEPAL_BUILD_DIR:-build}" models="${SEPAL_CACHE:-$HOME/.cache/sepal}/models"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -30,14 +32,14 @@ while [ $# -gt 0 ]; do
     --formats) formats="$2"; shift 2 ;;
     --models) models="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "ttft: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 die() { echo "ttft: $*" >&2; exit 1; }
 
 . bench/pairs.sh # median, between
-. bench/relays.sh # far_bins, model_8l, linkem_ports, stop_all, free_ports
+. bench/relays.sh # far_bins, model_8l, wan_servers, wan_links, stop_all
 far_bins ttft
 export OPENBLAS_THREAD_TIMEOUT=4
 tmp="$(mktemp -d)"
@@ -45,35 +47,15 @@ pids=()
 trap 'stop_all; rm -rf "$tmp"' EXIT
 model_8l "$hidden" || die "model init failed"
 ids="$(python3 -c "import random; random.seed(1); print(','.join(str(random.randint(3, 31999)) for _ in range($ptok)))")"
-spans=(0:3 3:6 6:8)
 read -r -a fmts <<<"$formats"
 nf=${#fmts[@]}
+wan_servers || die "the swarm did not start"
 echo "bench 3 (generation): $model (hidden $hidden), int8, 3 servers (blocks ${spans[*]}), client links $delay ms each"
 echo "  way, server links 5 ms, a $ptok-token prompt, push $push, formats: $formats"
 echo "  CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared)"
 
 for r in $rates; do
-    read -r -a ports <<<"$(free_ports 3)"
-    args=()
-    for p in "${ports[@]}"; do args+=(--listen 127.0.0.1:0 --to "127.0.0.1:$p"); done
-    # (in this shell, never in $(...): their pids must reach the trap)
-    linkem_ports "peer$r" --delay 5 --rate "$r" "${args[@]}" >"$tmp/peer.ports"
-    linkem_ports "client$r" --delay "$delay" --rate "$r" "${args[@]}" >"$tmp/client.ports"
-    read -r -a peer <"$tmp/peer.ports"
-    read -r -a cl <"$tmp/client.ports"
-    [ "${#peer[@]}" = 3 ] && [ "${#cl[@]}" = 3 ] || die "linkem did not start"
-    spids=()
-    for i in 0 1 2; do
-        "$server" --model "$model" --blocks "${spans[$i]}" --dtype int8 --no-measure --port "${ports[$i]}" --bulk-port -1 \
-            --announce "127.0.0.1:${peer[$i]}" >"$tmp/s$r.$i.out" 2>&1 &
-        pids+=($!) spids+=($!)
-    done
-    for i in 0 1 2; do
-        until grep -qs "^sepal-server: serving" "$tmp/s$r.$i.out"; do
-            kill -0 "${spids[$i]}" 2>/dev/null || { cat "$tmp/s$r.$i.out" >&2; die "server $i died"; }
-            sleep 0.2
-        done
-    done
+    wan_links "$delay" "$r" || die "linkem did not start"
     gen="generate --ids $ids --max-new-tokens 1 --ignore-eos"
     script="load $model; set dtype int8; set step-timeout 120; set push $push"
     script="$script; connect 127.0.0.1:${cl[0]},127.0.0.1:${cl[1]},127.0.0.1:${cl[2]}; $gen" # a warm-up
@@ -85,6 +67,7 @@ for r in $rates; do
             script="$script; set wire $f; echo @@$f $k; $gen"
         done
     done
+    script="$script; echo @@links; servers --long"
     "$sepal" -c "$script" >"$tmp/out" 2>"$tmp/err" || { tail -20 "$tmp/err" >&2; die "the session failed at $r Mbit/s"; }
     sed -n 's/^sepal: .*, first after \([0-9.]*\) s;.*/\1/p' "$tmp/err" | tail -n +2 >"$tmp/ttft"
     [ "$(wc -l <"$tmp/ttft")" -eq $((nf * rounds)) ] || { cat "$tmp/err" >&2; die "expected $((nf * rounds)) times"; }
@@ -112,6 +95,7 @@ for r in $rates; do
         printf '  %-5s time to first token %.3f s (median), %.3fx %s (median of the rounds'"'"' ratios); first token %s\n' \
             "$f" "$(median <"$tmp/t.$f")" "$(median <"$tmp/r.$f")" "${fmts[0]}" "$same"
     done
-    kill "${spids[@]}" 2>/dev/null || true
+    awk '$0 == "@@links" {on = 1; next} on' "$tmp/out" | grep -E "^  (address|link) " |
+        paste - - | sed 's/^  address *\(.*\)\t  link *\(.*\)/  link of \1: \2/'
 done
 echo "  load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

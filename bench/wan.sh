@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # wan.sh - issue 24's bench 2: an emulated WAN on one machine. A Llama-2-7B-shaped model of 8 layers (`sepal model
 # init --like llama-2-7b --layers 8`, made once) served with --dtype int8 by 3 sepal-server processes (blocks 0:3, 3:6,
-# 6:8); the client reaches each through a bench/linkem relay of D ms each way (default 25), the servers reach each
-# other through relays of 5 ms (their --announce addresses). Per-token latency of greedy decode steps, push on
+# 6:8); the client reaches each (websocket and bulk port) through a bench/linkem link of D ms each way (default 25),
+# the servers reach each other through the same links in 5 ms (their --announce addresses, connecting from 127.0.0.2:
+# relays.sh's wan_servers). Per-token latency of greedy decode steps, push on
 # (server to server) and push off (client-driven), against the floor: one process's compute per token (`model
 # generate --dtype int8`, every block local, in the same app while the servers idle) + D + 5 + 5 + D ms (what a
 # token must cross at least: client -> server 1 -> server 2 -> server 3 -> client). Goal with push: <= 1.15x the
@@ -11,9 +12,11 @@
 # triples' ratios (to the floor, and push on / push off) and how many generations stopped pushing (a push not
 # acknowledged within 2 s turns a generation client-driven).
 #
-# usage: bench/wan.sh [--delays "25 200"] [--reps R] [--tokens N] [--models DIR] [--build DIR]
+# usage: bench/wan.sh [--delays "25 200"] [--reps R] [--tokens N] [--wire W] [--models DIR] [--build DIR]
 #   --delays LIST  client <-> server one-way delays in ms, a session each (default "25")
 #   --reps R       triples (default 3); --tokens N new tokens a generation (default 32)
+#   --wire W       the client's wire setting (default f32: the texts must be one process's; with auto a prompt's
+#                  prefill over a link measured slow goes in bf16)
 #   --models DIR   where the model is (made there the first time; default $SEPAL_CACHE/models, else
 #                  ~/.cache/sepal/models); --build DIR: sepal's build (default $SEPAL_BUILD_DIR or build)
 # Exit status: 0 after a run (whatever the ratios), 1 when a step fails or a text differs. Every process it started
@@ -21,23 +24,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-delays="25" reps=3 tokens=32 build="${SEPAL_BUILD_DIR:-build}" prompt="Once upon a time"
+delays="25" reps=3 tokens=32 wire=f32 build="${SEPAL_BUILD_DIR:-build}" prompt="Once upon a time"
 models="${SEPAL_CACHE:-$HOME/.cache/sepal}/models"
 while [ $# -gt 0 ]; do
     case "$1" in
     --delays) delays="$2"; shift 2 ;;
     --reps) reps="$2"; shift 2 ;;
     --tokens) tokens="$2"; shift 2 ;;
+    --wire) wire="$2"; shift 2 ;;
     --models) models="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "wan: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 die() { echo "wan: $*" >&2; exit 1; }
 
 . bench/pairs.sh # median, between
-. bench/relays.sh # far_bins, model_8l, relays, stop_all, free_ports
+. bench/relays.sh # far_bins, model_8l, wan_servers, wan_links, stop_all
 far_bins wan
 export OPENBLAS_THREAD_TIMEOUT=4 # idle BLAS threads sleep at once (several processes share the cores)
 tmp="$(mktemp -d)"
@@ -56,9 +60,8 @@ gen="generate '$prompt' --max-new-tokens $tokens --ignore-eos"
 one="model generate $model --prompt '$prompt' --max-new-tokens $tokens --ignore-eos --dtype int8"
 fail=0 summary=()
 for d in $delays; do
-    relays "client$d" "$d" "${ports[@]}" >"$tmp/client.ports"
-    read -r -a cl <"$tmp/client.ports"
-    script="load $model; set dtype int8; set step-timeout 60; connect 127.0.0.1:${cl[0]},127.0.0.1:${cl[1]},127.0.0.1:${cl[2]}"
+    wan_links "$d" || die "linkem did not start"
+    script="load $model; set dtype int8; set step-timeout 60; set wire $wire; connect 127.0.0.1:${cl[0]},127.0.0.1:${cl[1]},127.0.0.1:${cl[2]}"
     script="$script; $gen" # a warm-up (push on)
     kinds=(on off one) order=()
     for k in $(seq 1 "$reps"); do

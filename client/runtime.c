@@ -82,8 +82,11 @@ static void row_of(const sp_server_entry *e, sp_server_row *r)
 {
     *r = (sp_server_row){.rec = e->rec, .from_dht = e->from_dht, .gone = e->gone, .rtt = e->rtt,
                          .banned_until = e->banned_until, .busy_until = e->busy_until, .failures = e->failures, .cache_total = e->cache_total,
-                         .refused_caps = e->refused_caps, .link_mbit = e->link_mbit,
-                         .wire_auto = sp_rt_wire_of_link(e->link_mbit), .pid = e->pid};
+                         .refused_caps = e->refused_caps, .link_mbit = e->link_down.mbit,
+                         .link_up_mbit = e->link_up.mbit, .pid = e->pid};
+    sp_encoding back;
+    r->wire_auto = sp_rt_wire_of_entry(e, &back);
+    r->wire_auto_back = back;
     snprintf(r->log, sizeof r->log, "%s", e->log);
 }
 

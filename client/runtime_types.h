@@ -49,9 +49,10 @@ typedef enum sp_push_mode {
                    * hand-offs cost more than the client's round trips it saves) */
 } sp_push_mode;
 
-/* The wire setting's auto: each request's hidden states travel in bf16 where the client measured the server's link
- * (sp_server_row.link_mbit; a pushed chain: any of its servers') below SP_WIRE_AUTO_MBIT, else in f32 (unknown
- * links, loopback, and decode steps of one position, where the bytes are few). */
+/* The wire setting's auto: hidden states travel in bf16 over a link whose rate in their direction was measured below
+ * SP_WIRE_AUTO_MBIT (a request's by sp_server_row.link_up_mbit, its reply's by link_mbit; a direction not measured
+ * takes the other's; a pushed chain: bf16 throughout if any of its servers' links is slow either way), else in f32
+ * (unknown links, loopback, and decode steps of one position, where the bytes are few). */
 #define SP_WIRE_AUTO (-1)
 #define SP_WIRE_AUTO_MBIT 300.0
 
@@ -98,8 +99,11 @@ typedef struct sp_server_row {
     long cache_total;      /* from INFO */
     int refused_caps;      /* SP_CAP_* bits its record or HELLO said but it refused (an older server) */
     double link_mbit;      /* its link's rate toward the client as measured on its large replies, Mbit/s (0: none
-                              measured yet; see sp_server_entry's link_win) */
-    int wire_auto;         /* the encoding the wire setting's auto gives its requests of more than one position */
+                              measured yet; see sp_server_entry's down) */
+    double link_up_mbit;   /* ... from the client, as it measured the client's large requests and said (0: none yet,
+                              or an older server that does not say) */
+    int wire_auto;         /* the encoding the wire setting's auto gives its requests of more than one position ... */
+    int wire_auto_back;    /* ... and asks for their replies in */
     pid_t pid;             /* > 0: started by swarm up */
     char log[256];         /* its stderr's file, for swarm-started servers ("" otherwise) */
 } sp_server_row;

@@ -211,11 +211,18 @@ static void server_long(sp_app *app, const sp_server_row *rows, int n, int i, do
     }
     fmt_rtt(rtt, sizeof rtt, e->rtt);
     sp_out(app, "  ping        %s (from this app)\n", rtt);
-    if (e->link_mbit > 0)
-        sp_out(app, "  link        %.1f Mbit/s to this app (measured on its large replies): wire auto sends %s\n",
-               e->link_mbit, sp_encoding_name(e->wire_auto));
-    else
-        sp_out(app, "  link        - (no large reply measured yet): wire auto sends f32\n");
+    if (e->link_mbit > 0 || e->link_up_mbit > 0) {
+        char up[32] = "-", down[32] = "-";
+        if (e->link_up_mbit > 0)
+            snprintf(up, sizeof up, "%.1f Mbit/s", e->link_up_mbit);
+        if (e->link_mbit > 0)
+            snprintf(down, sizeof down, "%.1f Mbit/s", e->link_mbit);
+        sp_out(app, "  link        to it %s, from it %s (measured on large messages; -: none yet): wire auto "
+               "sends %s, asks for %s back\n", up, down, sp_encoding_name(e->wire_auto),
+               sp_encoding_name(e->wire_auto_back));
+    } else {
+        sp_out(app, "  link        - (no large message measured yet): wire auto sends f32\n");
+    }
     sp_out(app, "  version     %s\n", r->version[0] ? r->version : "-");
     if (e->from_dht && r->timestamp > 0)
         sp_out(app, "  announced   %.1f s ago (every %.0f s)\n", wall - r->timestamp, r->period);

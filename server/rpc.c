@@ -299,23 +299,34 @@ static int await_input(req *r, const sp_span_req *q, int at, sp_buf *in, sp_msg 
     return 0;
 }
 
+/* The arrival rate of r's connection's last large bulk message, if not yet told (sp_ws_server_rx_take), for a reply
+ * to a request large enough to have been measured (a decode step's: not even the look; a server emulating one from
+ * before push, older than this too: none). */
+static double rx_rate(const req *r)
+{
+    if (r->s->o.emulate_old == SP_SERVER_OLD_NOPUSH || !r->msg || r->msg->len < SP_PROTO_HEADER_SIZE + SP_RX_PACE_MIN)
+        return 0;
+    return sp_ws_server_rx_take(r->s->ws, r->conn);
+}
+
 /* A FORWARD's or BACKWARD's answer: first the push q asks for (the next server's input is the critical path, this
- * reply is not), then the reply, saying whether the push arrived. */
+ * reply is not), then the reply, saying whether the push arrived and how fast the request came. */
 static void span_reply(req *r, const sp_span_req *q, const sp_tensor_src *out, int n)
 {
-    char meta[32];
+    char meta[96];
     const char *m = NULL;
+    sp_span_reply a = {.rx_mbit = rx_rate(r)};
     if (q->push_port > 0) {
         sp_err perr = {0};
-        sp_span_reply a = {.pushed = sp_span_push_send(r->s, q, &out[0], &perr) == SP_OK};
+        a.pushed = sp_span_push_send(r->s, q, &out[0], &perr) == SP_OK;
         if (a.pushed)
             __atomic_add_fetch(&r->s->pushes_out, 1, __ATOMIC_RELAXED);
         else
             sp_log(SP_LOG_INFO, "%s: push to %s:%d failed: %s", sp_msg_type_name(r->m.type), q->push_host,
                    q->push_port, perr.msg);
-        if (sp_forward_reply_encode(&a, meta, sizeof meta, NULL) == SP_OK)
-            m = meta;
     }
+    if ((q->push_port > 0 || a.rx_mbit > 0) && sp_forward_reply_encode(&a, meta, sizeof meta, NULL) == SP_OK)
+        m = meta;
     reply(r, m, out, n);
 }
 
@@ -961,7 +972,7 @@ static void step_reply(req *r, const sp_step_req *q, session *x, const float *h,
     sp_err err = {0};
     x->len += T;
     sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
-    sp_step_reply a = {.position = x->len};
+    sp_step_reply a = {.position = x->len, .rx_mbit = rx_rate(r)};
     if (q->push_port > 0) {
         sp_err perr = {0};
         a.pushed = sp_push_send(r->s, q, &out, &perr) == SP_OK;
@@ -971,7 +982,7 @@ static void step_reply(req *r, const sp_step_req *q, session *x, const float *h,
             sp_log(SP_LOG_INFO, "session %llu: push to %s:%d failed: %s", (unsigned long long)x->id, q->push_host,
                    q->push_port, perr.msg);
     }
-    char meta[64];
+    char meta[128];
     if (sp_step_reply_encode(&a, meta, sizeof meta, &err))
         return (void)bad(r, "internal", "%s", err.msg);
     reply(r, meta, &out, 1);

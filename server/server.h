@@ -72,8 +72,8 @@ typedef struct sp_server_opts {
     int emulate_old;           /* a testing aid (SEPAL_SERVER_OLD of sepal-server): 0 none; SP_SERVER_OLD_NOPUSH
                                   behaves as a server before push: it says no capabilities (HELLO, record), gives no
                                   push token, reads requests without their await and push fields (an awaiting one
-                                  then lacks its input: bad_request) and answers INFERENCE_PUSH and SPAN_PUSH as
-                                  unknown types; SP_SERVER_OLD_AWAIT says it can push but reads requests without
+                                  then lacks its input: bad_request), answers INFERENCE_PUSH and SPAN_PUSH as
+                                  unknown types and says no request's rate (rx_mbit); SP_SERVER_OLD_AWAIT says it can push but reads requests without
                                   their await fields (what a client meets where a record says more than its server
                                   does) */
     sp_server_limits limits;

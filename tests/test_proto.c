@@ -625,7 +625,8 @@ static const sp_step_req STEP_FULL = {.session = 3, .start_from_position = 0, .r
                          STEP_PUSH = {.session = 3, .start_from_position = 7, .reply_encoding = -1, .step = 8,
                                       .await = 1, .push_host = "10.0.0.2", .push_port = 31337, .push_session = 4,
                                       .push_token = 1};
-static const sp_step_reply STEP_REPLY = {.position = 9}, STEP_REPLY_PUSHED = {.position = 10, .pushed = 1};
+static const sp_step_reply STEP_REPLY = {.position = 9}, STEP_REPLY_PUSHED = {.position = 10, .pushed = 1},
+                           STEP_REPLY_RATE = {.position = 11, .rx_mbit = 23.5};
 static const sp_push_req PUSH_REQ = {.session = 4, .token = 0xffffffffffffffff, .step = 9007199254740991};
 /* training's passes pushed: a FORWARD that awaits its input and pushes its output, a BACKWARD that only pushes */
 static const sp_forward_req FORWARD_PUSH = {.start = 0, .end = 2, .keep = 3, .reply_encoding = -1, .await = 5,
@@ -633,7 +634,8 @@ static const sp_forward_req FORWARD_PUSH = {.start = 0, .end = 2, .keep = 3, .re
                                             .push_port = 1, .push_id = 9007199254740991, .push_token = 2};
 static const sp_backward_req BACKWARD_PUSH = {.start = 2, .end = 4, .keep = 3, .reply_encoding = SP_ENC_Q8,
                                               .push_host = "h", .push_port = 65535, .push_id = 6, .push_token = 7};
-static const sp_span_reply SPAN_REPLY_PUSHED = {.pushed = 1}, SPAN_REPLY = {.pushed = 0};
+static const sp_span_reply SPAN_REPLY_PUSHED = {.pushed = 1}, SPAN_REPLY = {.pushed = 0},
+                           SPAN_REPLY_RATE = {.pushed = 1, .rx_mbit = 1000.25};
 static const sp_span_push_req SPAN_PUSH_REQ = {.id = 1, .token = 0xffffffffffffffff};
 static const sp_close_req CLOSE_REQ = {.session = 0};
 static const sp_error_reply ERROR_FULL = {.code = "shape", .message = "hidden: expected [1, 4, 288]"},
@@ -654,12 +656,12 @@ static const struct {
     {"backward_req", &BACKWARD_MIN},  {"open_req", &OPEN_REQ},         {"open_reply", &OPEN_REPLY_FULL},
     {"open_reply", &OPEN_REPLY_MIN},  {"step_req", &STEP_FULL},        {"step_req", &STEP_MIN},
     {"step_req", &STEP_PUSH},         {"step_reply", &STEP_REPLY_PUSHED}, {"push_req", &PUSH_REQ},
-    {"step_reply", &STEP_REPLY},      {"close_req", &CLOSE_REQ},       {"error_reply", &ERROR_FULL},
+    {"step_reply", &STEP_REPLY},      {"step_reply", &STEP_REPLY_RATE}, {"close_req", &CLOSE_REQ},       {"error_reply", &ERROR_FULL},
     {"error_reply", &ERROR_MIN},            {"auth_hello", &AUTH_HELLO_FULL}, {"auth_hello", &AUTH_HELLO_MIN},
     {"auth_challenge", &AUTH_CHALLENGE}, {"auth_proof", &AUTH_PROOF},  {"auth_verdict", &AUTH_VERDICT_OK},
     {"auth_verdict", &AUTH_VERDICT_NO}, {"forward_req", &FORWARD_PUSH},    {"backward_req", &BACKWARD_PUSH},
     {"forward_reply", &SPAN_REPLY_PUSHED}, {"forward_reply", &SPAN_REPLY}, {"backward_reply", &SPAN_REPLY_PUSHED},
-    {"span_push_req", &SPAN_PUSH_REQ},
+    {"backward_reply", &SPAN_REPLY_RATE}, {"span_push_req", &SPAN_PUSH_REQ},
 };
 
 /* meta as the metadata of codec c's message, decoded by it into out: its status (err says why). */
@@ -727,6 +729,7 @@ START_TEST(t_typed_wire_text)
         {"step_reply", &STEP_REPLY_PUSHED, "{\"position\":10,\"pushed\":true}"},
         {"push_req", &PUSH_REQ, "{\"session\":4,\"token\":\"ffffffffffffffff\",\"step\":9007199254740991}"},
         {"step_reply", &STEP_REPLY, "{\"position\":9}"},
+        {"step_reply", &STEP_REPLY_RATE, "{\"position\":11,\"rx_mbit\":23.5}"},
         {"close_req", &CLOSE_REQ, "{\"session\":0}"},
         {"error_reply", &ERROR_FULL, "{\"code\":\"shape\",\"message\":\"hidden: expected [1, 4, 288]\"}"},
         {"auth_hello", &AUTH_HELLO_MIN,

@@ -13,6 +13,7 @@
 
 #include "devparts.h"
 #include "generate.h"
+#include "half.h"
 #include "kern.h"
 #include "pool.h"
 #include "proto.h"
@@ -925,8 +926,8 @@ static void wire_auto_check(sp_runtime *rt, const char *where, double lo, double
     for (int i = 0; i < 2; i++) {
         sp_server_row row;
         ck_assert(sp_test_server_row(rt, i, &row));
-        printf("wire auto %s: server %d measured %.1f Mbit/s (0: nothing), sends %s\n", where, i, row.link_mbit,
-               sp_encoding_name(row.wire_auto));
+        printf("wire auto %s: server %d measured %.1f Mbit/s back, %.1f toward it (0: nothing), sends %s\n", where, i,
+               row.link_mbit, row.link_up_mbit, sp_encoding_name(row.wire_auto));
         ck_assert_msg((want == SP_ENC_F32 && row.link_mbit == 0) || (row.link_mbit >= lo && row.link_mbit <= hi),
                       "measured %.1f Mbit/s", row.link_mbit);
         ck_assert_int_eq(row.wire_auto, want);
@@ -940,43 +941,53 @@ static void wire_auto_check(sp_runtime *rt, const char *where, double lo, double
     free(x), free(ya), free(yf), free(yb);
 }
 
+/* A runtime with llama-gqa loaded and connected to nsrv servers (2: blocks 0:2 and 2:4; 1: blocks 0:4; old: as
+ * servers from before push, sp_server_opts.emulate_old), each one's websocket and bulk ports behind a bench/linkem
+ * relay of 1 ms each way and rate ("MBIT[/MBIT]": toward the server / back), its link in *link. */
+static sp_runtime *relayed_runtime(int nsrv, int old, const char *rate, sp_test_proc *link)
+{
+    sp_server_opts o;
+    sp_server_opts_default(&o);
+    o.model_dir = GQA;
+    o.measure = 0;
+    o.emulate_old = old ? SP_SERVER_OLD_NOPUSH : 0;
+    sp_err err = {0};
+    char spec[4][2][32];
+    const char *args[6 + 4 * 4 + 1] = {"--delay", "1", "--rate", rate};
+    int na = 4;
+    for (int i = 0; i < nsrv; i++) {
+        int relay[2] = {sp_test_free_port(), sp_test_free_port()};
+        o.start = nsrv == 1 ? 0 : 2 * i, o.end = nsrv == 1 ? 4 : 2 * i + 2;
+        o.public_bulk_port = relay[1]; /* HELLO sends clients through the relay */
+        ck_assert_msg(sp_server_start(&srv[i], &o, &err) == SP_OK, "%s", err.msg);
+        for (int j = 0; j < 2; j++) {
+            snprintf(spec[2 * i + j][0], sizeof spec[0][0], "127.0.0.1:%d", relay[j]);
+            snprintf(spec[2 * i + j][1], sizeof spec[0][1], "127.0.0.1:%d",
+                     j ? sp_server_bulk_port(srv[i]) : sp_server_port(srv[i]));
+            const char *pair[4] = {"--listen", spec[2 * i + j][0], "--to", spec[2 * i + j][1]};
+            memcpy(args + na, pair, sizeof pair);
+            na += 4;
+        }
+    }
+    args[na] = NULL;
+    ck_assert_int_eq(sp_test_linkem_start(link, args), 0);
+    sp_runtime *rt = NULL;
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    char addrs[128];
+    snprintf(addrs, sizeof addrs, "%s%s%s", spec[0][0], nsrv > 1 ? "," : "", nsrv > 1 ? spec[2][0] : "");
+    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    return rt;
+}
+
 /* wire auto behind links of 24 Mbit/s (bench/linkem relays for each server's websocket and bulk ports, 1 ms each
  * way): the client's measured rate of each link is within a factor of 2 of 24 Mbit/s, auto sends bf16 there, and
  * does (its output is bf16's, bit for bit, not f32's); an inference session's prefill goes in bf16 too, its decode
  * step in f32. */
 START_TEST(t_wire_auto_slow_link)
 {
-    int relay[2][2];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            relay[i][j] = sp_test_free_port();
-    sp_server_opts o;
-    sp_server_opts_default(&o);
-    o.model_dir = GQA;
-    o.measure = 0;
-    sp_err err = {0};
-    char spec[4][2][32];
-    for (int i = 0; i < 2; i++) {
-        o.start = 2 * i, o.end = 2 * i + 2;
-        o.public_bulk_port = relay[i][1]; /* HELLO sends clients through the relay */
-        ck_assert_msg(sp_server_start(&srv[i], &o, &err) == SP_OK, "%s", err.msg);
-        for (int j = 0; j < 2; j++) {
-            snprintf(spec[2 * i + j][0], sizeof spec[0][0], "127.0.0.1:%d", relay[i][j]);
-            snprintf(spec[2 * i + j][1], sizeof spec[0][1], "127.0.0.1:%d",
-                     j ? sp_server_bulk_port(srv[i]) : sp_server_port(srv[i]));
-        }
-    }
-    const char *args[] = {"--delay", "1", "--rate", "24", "--listen", spec[0][0], "--to", spec[0][1],
-                          "--listen", spec[1][0], "--to", spec[1][1], "--listen", spec[2][0], "--to", spec[2][1],
-                          "--listen", spec[3][0], "--to", spec[3][1], NULL};
     sp_test_proc link;
-    ck_assert_int_eq(sp_test_linkem_start(&link, args), 0);
-    sp_runtime *rt = NULL;
-    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
-    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
-    char addrs[128];
-    snprintf(addrs, sizeof addrs, "%s,%s", spec[0][0], spec[2][0]);
-    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    sp_runtime *rt = relayed_runtime(2, 0, "24", &link);
     wire_auto_check(rt, "behind 24 Mbit/s", 12, 48, SP_ENC_BF16);
     /* an inference session there: its prefill in bf16 (bf16's logits, bit for bit), its decode step in f32 (not) */
     int V = 512; /* llama-gqa's vocabulary */
@@ -986,6 +997,53 @@ START_TEST(t_wire_auto_slow_link)
     ck_assert_msg(!memcmp(la, lb, (size_t)V * 4), "wire auto's prefill was not in bf16");
     ck_assert_msg(memcmp(la + V, lb + V, (size_t)V * 4), "wire auto's decode step was not in f32");
     free(la), free(lb);
+    sp_test_proc_signal(&link, SIGTERM);
+    teardown(rt);
+}
+END_TEST
+
+/* wire auto over an asymmetric link: one server (blocks 0:4) behind a relay of 24 Mbit/s toward it and no limit back.
+ * The server measures the client's requests (its replies' rx_mbit) within a factor of 2 of 24 Mbit/s, the client
+ * the replies at 300 Mbit/s or more (or not at all), so auto sends bf16 and asks for f32 back: the FORWARD's output is
+ * f32's on the input rounded to bf16, bit for bit (neither f32's nor bf16's both ways); an inference session's
+ * prefill logits are neither f32's nor bf16's both ways. _i 1: an older server, which says nothing of the requests'
+ * rate: the rate back stands in, and auto sends f32 both ways (f32's output, bit for bit). */
+START_TEST(t_wire_auto_asymmetric)
+{
+    sp_test_proc link;
+    sp_runtime *rt = relayed_runtime(1, _i, "24/0", &link);
+    sp_rng r;
+    sp_rng_seed(&r, 12);
+    float *x = malloc(AUTO_N * 4), *xb = malloc(AUTO_N * 4), *ya = malloc(AUTO_N * 4), *yr = malloc(AUTO_N * 4),
+          *yb = malloc(AUTO_N * 4);
+    sp_rng_fill_normal(&r, x, (long)AUTO_N, 1.0f);
+    for (size_t k = 0; k < AUTO_N; k++)
+        xb[k] = _i ? x[k] : sp_bf16_to_f32(sp_f32_to_bf16(x[k])); /* what auto's output must be f32's of */
+    for (int k = 0; k < 3; k++) /* (the first measures the link) */
+        forward_in(rt, SP_WIRE_AUTO, x, ya);
+    sp_server_row row;
+    ck_assert(sp_test_server_row(rt, 0, &row));
+    printf("wire auto over 24 Mbit/s up, unlimited down%s: measured %.1f Mbit/s up, %.1f down (0: nothing), sends "
+           "%s, asks for %s back\n", _i ? " (an older server)" : "", row.link_up_mbit, row.link_mbit,
+           sp_encoding_name(row.wire_auto), sp_encoding_name(row.wire_auto_back));
+    ck_assert_msg(_i ? row.link_up_mbit == 0 : row.link_up_mbit >= 12 && row.link_up_mbit <= 48,
+                  "measured %.1f Mbit/s up", row.link_up_mbit);
+    ck_assert_msg(row.link_mbit == 0 || row.link_mbit >= SP_WIRE_AUTO_MBIT, "measured %.1f Mbit/s down", row.link_mbit);
+    ck_assert_int_eq(row.wire_auto, _i ? SP_ENC_F32 : SP_ENC_BF16);
+    ck_assert_int_eq(row.wire_auto_back, SP_ENC_F32);
+    forward_in(rt, SP_WIRE_AUTO, x, ya);
+    forward_in(rt, SP_ENC_F32, xb, yr);
+    forward_in(rt, SP_ENC_BF16, x, yb);
+    ck_assert_msg(!memcmp(ya, yr, AUTO_N * 4), "wire auto did not send %s and ask for f32 back", _i ? "f32" : "bf16");
+    ck_assert_msg(memcmp(ya, yb, AUTO_N * 4), "wire auto asked for bf16 back");
+    int V = 512;
+    float *la = malloc(2 * (size_t)V * 4), *lf = malloc(2 * (size_t)V * 4), *lb = malloc(2 * (size_t)V * 4);
+    session_in(rt, SP_WIRE_AUTO, la, V);
+    session_in(rt, SP_ENC_F32, lf, V);
+    session_in(rt, SP_ENC_BF16, lb, V);
+    ck_assert_msg(_i ? !memcmp(la, lf, (size_t)V * 4) : memcmp(la, lf, (size_t)V * 4) && memcmp(la, lb, (size_t)V * 4),
+                  "wire auto's prefill went the wrong way");
+    free(x), free(xb), free(ya), free(yr), free(yb), free(la), free(lf), free(lb);
     sp_test_proc_signal(&link, SIGTERM);
     teardown(rt);
 }
@@ -1042,10 +1100,14 @@ int main(void)
     tcase_add_test(tc, t_head_dtype);
     tcase_add_test(tc, t_threads);
     tcase_add_test(tc, t_front_end_copies);
-    tcase_add_test(tc, t_wire_auto_slow_link);
-    tcase_add_test(tc, t_wire_auto_loopback);
     tcase_add_test(tc, t_errors);
     suite_add_tcase(s, tc);
+    TCase *tw = tcase_create("wire"); /* (CK_RUN_CASE=wire: these alone) */
+    tcase_set_timeout(tw, 120);
+    tcase_add_test(tw, t_wire_auto_slow_link);
+    tcase_add_loop_test(tw, t_wire_auto_asymmetric, 0, 2);
+    tcase_add_test(tw, t_wire_auto_loopback);
+    suite_add_tcase(s, tw);
     TCase *tp = tcase_create("push");
     tcase_set_timeout(tp, 120);
     tcase_add_test(tp, t_push_pause_expires);

@@ -20,6 +20,31 @@
 #include "transport_impl.h"
 
 /* ---------------------------------------------------------------------------------------------- */
+/* the arrival rate of large messages, either side */
+
+/* After a read on fd went into rs (want_before: rs->want before it; st: what tp_rxstream_advance said; out: the
+ * message when it is RX_DONE): once the header of a message large enough to be measured is in (and admitted, on a
+ * server), the clock starts and the bytes already waiting are noted; when the message is complete, its rate over the
+ * bytes that arrived meanwhile, in Mbit/s, is returned. 0: no measurement (none complete, or too few such bytes). */
+static double rx_pace_note(rx_pace *p, int fd, const rxstream *rs, uint64_t want_before, int st, const sp_buf *out)
+{
+    if (st == RX_DONE) {
+        uint64_t t0 = p->t0, body = out->len > HDR ? out->len - HDR : 0;
+        p->t0 = 0;
+        uint64_t paced = body > p->queued ? body - p->queued : 0, dt = t0 ? sp_now_ns() - t0 : 0;
+        if (!t0 || paced < SP_RX_PACE_MIN || !dt)
+            return 0;
+        return (double)paced * 8e3 / (double)dt; /* bits per ns * 1e3 = Mbit/s */
+    }
+    if (!want_before && rs->want >= HDR + SP_RX_PACE_MIN) { /* (smaller ones, decode steps: not a syscall) */
+        int q = 0;
+        p->t0 = sp_now_ns();
+        p->queued = ioctl(fd, FIONREAD, &q) == 0 && q > 0 ? (uint64_t)q : 0;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* server: the bulk thread */
 
 static __thread const sp_ws_server *tl_bulk_thread_of; /* set in the bulk thread: the server it serves */
@@ -200,7 +225,9 @@ static int bulk_take(sp_ws_server *s, bsock *b, size_t got)
     sp_buf msg;
     sp_err err = {0};
     int code = 0;
+    uint64_t want_before = b->rx.want;
     int st = tp_rxstream_advance(&b->rx, got, &s->lim, bulk_admit, b, &msg, &code, &err);
+    double mbit = rx_pace_note(&b->pace, b->fd, &b->rx, want_before, st, &msg);
     if (got)
         atomic_store(&b->c->last_ns, sp_now_ns());
     if (st == RX_BAD) {
@@ -211,6 +238,8 @@ static int bulk_take(sp_ws_server *s, bsock *b, size_t got)
         pthread_mutex_lock(&s->mu);
         b->reserved = 0; /* the charge goes with the message */
         b->msg_deadline_ns = 0;
+        if (mbit > 0) /* before the delivery: a reply to this message finds it */
+            b->c->rx_mbit = mbit;
         pthread_mutex_unlock(&s->mu);
         tp_deliver(s, b->c, &msg, 0);
     }
@@ -603,28 +632,17 @@ static sp_status bulk_handshake(sp_ws_client *c, int fd, int bulk_port, uint64_t
     return SP_OK;
 }
 
-/* After a read on fd went into rs (want_before: rs->want before it; st: what tp_rxstream_advance said; out: the
- * message when it is RX_DONE): once the header of a message large enough to be measured is in, the clock starts and
- * the bytes already waiting are noted; when the message is complete, its rate over the bytes that arrived meanwhile
- * is c's measurement (sp_ws_client_rx_mbit). */
+/* rx_pace_note on a client's bulk socket: its measurement becomes c's (sp_ws_client_rx_mbit). */
 static void rx_pace_after(sp_ws_client *c, rx_pace *p, int fd, const rxstream *rs, uint64_t want_before, int st,
                           const sp_buf *out)
 {
-    if (st == RX_DONE) {
-        uint64_t t0 = p->t0, body = out->len > HDR ? out->len - HDR : 0;
-        p->t0 = 0;
-        uint64_t paced = body > p->queued ? body - p->queued : 0, dt = t0 ? sp_now_ns() - t0 : 0;
-        if (!t0 || paced < SP_RX_PACE_MIN || !dt)
-            return;
-        pthread_mutex_lock(&c->mu);
-        c->rx_mbit = (double)paced * 8e3 / (double)dt; /* bits per ns * 1e3 = Mbit/s */
-        c->rx_seq++;
-        pthread_mutex_unlock(&c->mu);
-    } else if (!want_before && rs->want >= HDR + SP_RX_PACE_MIN) { /* (smaller ones, decode steps: not a syscall) */
-        int q = 0;
-        p->t0 = sp_now_ns();
-        p->queued = ioctl(fd, FIONREAD, &q) == 0 && q > 0 ? (uint64_t)q : 0;
-    }
+    double mbit = rx_pace_note(p, fd, rs, want_before, st, out);
+    if (mbit <= 0)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->rx_mbit = mbit;
+    c->rx_seq++;
+    pthread_mutex_unlock(&c->mu);
 }
 
 double sp_ws_client_rx_mbit(sp_ws_client *c, uint64_t *seq)

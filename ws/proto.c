@@ -1424,6 +1424,7 @@ static const meta_table backward_req_t = TABLE("BACKWARD request", M_BACKWARD_RE
 
 static const field span_reply_f[] = {
     FIELD(sp_span_reply, pushed, K_BOOL, OPT, 0, 1, 0),
+    FIELD(sp_span_reply, rx_mbit, K_F64, OPT, 0, HUGE_VAL, 0),
 };
 static const meta_table forward_reply_t = TABLE("FORWARD reply", M_FORWARD_REPLY, span_reply_f, NULL);
 static const meta_table backward_reply_t = TABLE("BACKWARD reply", M_BACKWARD_REPLY, span_reply_f, NULL);
@@ -1466,6 +1467,7 @@ static const meta_table step_req_t = TABLE("INFERENCE_STEP request", M_STEP_REQ,
 static const field step_reply_f[] = {
     FIELD(sp_step_reply, position, K_INT, REQ, 0, I32_MAX, 0),
     FIELD(sp_step_reply, pushed, K_BOOL, OPT, 0, 1, 0),
+    FIELD(sp_step_reply, rx_mbit, K_F64, OPT, 0, HUGE_VAL, 0),
 };
 static const meta_table step_reply_t = TABLE("INFERENCE_STEP reply", M_STEP_REPLY, step_reply_f, NULL);
 

@@ -305,9 +305,11 @@ typedef struct sp_span_req {
 } sp_span_req;
 typedef sp_span_req sp_forward_req, sp_backward_req;
 
-/* FORWARD and BACKWARD replies' metadata (none unless a push was asked for). */
+/* FORWARD and BACKWARD replies' metadata (none unless a push was asked for or the request's rate is told). */
 typedef struct sp_span_reply {
-    int pushed; /* optional (0; a bool): the push the request asked for was delivered */
+    int pushed;     /* optional (0; a bool): the push the request asked for was delivered */
+    double rx_mbit; /* optional (0: none): the rate, Mbit/s, at which the server measured a large request of this
+                       connection arrive on its bulk channel (sp_ws_server_rx_take), each measurement sent once */
 } sp_span_reply;
 typedef sp_span_reply sp_forward_reply, sp_backward_reply;
 
@@ -349,6 +351,7 @@ typedef struct sp_step_req {
 typedef struct sp_step_reply {
     int position; /* required: the cache's length after the step */
     int pushed;   /* optional (0; a bool): the push the request asked for was delivered (1; 0: not, or none asked) */
+    double rx_mbit; /* optional (0): as sp_span_reply's */
 } sp_step_reply;
 
 /* INFERENCE_PUSH request: the input hidden state [B, T, H] of a step of another server's session, from the server

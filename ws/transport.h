@@ -120,6 +120,13 @@ void sp_ws_server_hold(sp_ws_server *s, uint64_t conn, int delta);
  * differ but by a 2^-64 chance): 0 if conn is gone. Thread-safe. */
 uint64_t sp_ws_server_peer(sp_ws_server *s, uint64_t conn);
 
+/* The rate, in Mbit/s, at which conn's last measured bulk message arrived, if it was not taken before (0: none since
+ * the last take, or conn is gone): measured as a client measures the server's (sp_ws_client_rx_mbit), from the
+ * message's admission on, each measurement taken once. It is there before the message is delivered, so the
+ * handler of a large message that takes it gets that message's own (or a later one's, where more came meanwhile).
+ * Thread-safe. */
+double sp_ws_server_rx_take(sp_ws_server *s, uint64_t conn);
+
 /* The limits in force (defaults resolved) and what they did. */
 typedef struct sp_ws_server_stats {
     sp_transport_opts limits;    /* host and key pointers not meaningful */

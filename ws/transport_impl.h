@@ -151,8 +151,8 @@ typedef struct rxstream {
     uint64_t map_from; /* as rxasm's */
 } rxstream;
 
-/* The timing of a bulk message a client is receiving (bulk.c): t0 the read that completed its header (0: none in
- * progress), queued the bytes already waiting in the socket then. */
+/* The timing of a bulk message being received, by a client or a server (bulk.c): t0 the read that completed its
+ * header, or its admission (0: none in progress), queued the bytes already waiting in the socket then. */
 typedef struct rx_pace {
     uint64_t t0;
     uint64_t queued;
@@ -253,6 +253,8 @@ typedef struct conn {
     uint64_t accepted_ns, upgraded_ns;
     const char *close_why;   /* with close_req: the close frame's reason */
     int closing;             /* the sweep closed it (idle, handshake): not counted again */
+    double rx_mbit;          /* the arrival rate of its last measured bulk message, not yet taken (0: none;
+                                sp_ws_server_rx_take) */
     /* service thread only */
     txstate tx;
     rxasm rx;
@@ -285,6 +287,7 @@ struct bsock {
     size_t prelen;
     uint64_t deadline_ns; /* for presenting the token */
     rxstream rx;
+    rx_pace pace;             /* the timing of the message in rx */
     sp_buf cur;
     size_t cur_off;
     int busy, dead;           /* busy: set and cleared under mu (tp_bulk_send_direct reads it) */

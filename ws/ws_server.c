@@ -1059,6 +1059,19 @@ void sp_ws_server_hold(sp_ws_server *s, uint64_t id, int delta)
     pthread_mutex_unlock(&s->mu);
 }
 
+double sp_ws_server_rx_take(sp_ws_server *s, uint64_t id)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    conn *c = tp_find_conn(s, id);
+    double r = c ? c->rx_mbit : 0;
+    if (c)
+        c->rx_mbit = 0;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
 uint64_t sp_ws_server_peer(sp_ws_server *s, uint64_t id)
 {
     if (!s)

@@ -40,6 +40,17 @@ struct sp_dht;
 
 typedef struct sp_conn sp_conn; /* a shared connection to one server (swarm/servers.c) */
 
+/* One direction of a server's link: the rates (Mbit/s) of its last large bulk messages (bytes that arrived after the
+ * header over the time they took), a ring, kept across reconnects. */
+typedef struct sp_link_rate {
+    double win[4];
+    int n;       /* measurements so far */
+    double mbit; /* the link's rate: the median of win (0: unknown). A sender or reader waiting for a CPU lowers a
+                    measurement, a relay that held the message's start and then sent it in a burst raises one (at
+                    1 Gbit/s through linkem, on this loaded machine: up to 9.8x); the median of four needs two such
+                    alike to move */
+} sp_link_rate;
+
 typedef struct sp_server_entry {
     sp_server_record rec;  /* as announced (DHT), or filled from HELLO + INFO (connect HOST:PORT) */
     int from_dht;          /* found through the DHT view */
@@ -52,14 +63,10 @@ typedef struct sp_server_entry {
     double rtt_when;       /* sp_now_s() of the last measurement */
     double rtt_win[4];     /* the last measurements (a ring) */
     int rtt_n;             /* measurements so far */
-    double link_win[4];    /* the rates (Mbit/s) of its last bulk messages to the client, as the transport measured
-                              them (sp_remote_rx_mbit: bytes that arrived after the header over the time they took),
-                              a ring; kept across reconnects */
-    int link_n;            /* measurements so far */
-    double link_mbit;      /* the link's rate: the median of link_win (0: unknown). A sender or reader waiting for a
-                              CPU lowers a measurement, a relay that held the message's start and then sent it in a
-                              burst raises one (at 1 Gbit/s through linkem, on this loaded machine: up to 9.8x); the
-                              median of four needs two such alike to move */
+    sp_link_rate link_down; /* its link toward the client: its large replies, as this client's transport measured them
+                              (sp_remote_rx_mbit) */
+    sp_link_rate link_up;  /* ... from the client: this client's large requests, as the server measured them and
+                              said in its replies (rx_mbit; an older server says nothing: unknown) */
     double block_s;        /* seconds one of its blocks took in a greedy decode step, as this client saw it
                               (its hops' times less the ping, averaged); 0 unknown */
     double banned_until;   /* sp_runtime_now() until which routing avoids it */

@@ -6,7 +6,7 @@
  * forward simply goes on; a backward first re-runs the replacement's forward (to get the inputs of its
  * hops), then its backward. The servers compute the same functions, so loss and gradients are those of a
  * run without the failure. Hidden states and gradients travel in the `wire` setting's encoding both ways
- * (f32, f16, bf16 or q8, or auto's choice for the hop's measured link, sp_rt_wire; the replies in the request's),
+ * (f32, f16, bf16 or q8, or auto's choice for the hop's measured link, sp_rt_wire: each direction by its own rate),
  * deep prompts in f32.
  *
  * Where the push setting allows it (sp_rt_train_pushable), a pass goes from server to server: FORWARD client ->
@@ -63,15 +63,17 @@ static sp_status call_hop(sp_runtime *rt, const sp_hop *hop, sp_msg_type type, c
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start, bwd = type == SP_MSG_BACKWARD;
     char meta[768];
     sp_span_req q = {.start = hop->start, .end = hop->end, .keep = keep, .reply_encoding = -1};
+    sp_encoding back, enc = pp ? pp->enc : sp_rt_wire(rt, &hop->server, 1, T, &back);
     if (pp)
         push_meta(rt, &q, pp);
+    else if (back != enc) /* (the same: left out, the request's own) */
+        q.reply_encoding = back;
     if (bwd) /* ("" for a span out of range: the server refuses it) */
         sp_backward_req_encode(&q, meta, sizeof meta, NULL);
     else
         sp_forward_req_encode(&q, meta, sizeof meta, NULL);
     sp_tensor_src a[3];
     memcpy(a, t, (size_t)n * sizeof *t);
-    sp_encoding enc = pp ? pp->enc : sp_rt_wire(rt, &hop->server, 1, T);
     for (int i = 0; i < n; i++) /* hidden states and gradients in the wire setting's encoding (the reply too) */
         a[i].enc = enc;
     if (prompts)
@@ -311,7 +313,7 @@ static int run_pass(sp_runtime *rt, pass_hop *w, const int *ord, int n, int *fai
     pass_keys(rt, id, token, n);
     for (int i = 0; i < n; i++)
         srv[i] = w[ord[i]].r->hop[w[ord[i]].s].server;
-    sp_encoding enc = sp_rt_wire(rt, srv, n, w[0].T);
+    sp_encoding enc = sp_rt_wire(rt, srv, n, w[0].T, NULL);
     for (int i = 0; i < n && !*st; i++) {
         pass_hop *x = &w[ord[i]];
         const sp_hop *hop = &x->r->hop[x->s];

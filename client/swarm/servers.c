@@ -225,8 +225,16 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-/* After a reply of len bytes from server i on c: a measurement of its link that the transport took since the last
- * look goes into the entry's window (only after large replies: decode steps' small ones skip even the look). */
+/* A measurement (Mbit/s) into one direction of a link (rt->lock held). */
+static void link_rate_add(sp_link_rate *l, double mbit)
+{
+    int w = (int)(sizeof l->win / sizeof l->win[0]);
+    l->win[l->n++ % w] = mbit;
+    l->mbit = median(l->win, l->n < w ? l->n : w);
+}
+
+/* After a reply of len bytes from server i on c: a measurement of its link toward the client that the transport took
+ * since the last look goes into the entry (only after large replies: decode steps' small ones skip even the look). */
 static void link_note(sp_runtime *rt, int i, sp_conn *c, size_t len)
 {
     if (len < SP_REMOTE_RATE_MIN)
@@ -234,26 +242,71 @@ static void link_note(sp_runtime *rt, int i, sp_conn *c, size_t len)
     uint64_t seq;
     double mbit = sp_remote_rx_mbit(c->r, &seq);
     pthread_mutex_lock(&rt->lock);
-    sp_server_entry *e = rt->servers[i];
-    if (seq != c->rate_seq && mbit > 0) {
-        int w = (int)(sizeof e->link_win / sizeof e->link_win[0]);
-        e->link_win[e->link_n++ % w] = mbit;
-        e->link_mbit = median(e->link_win, e->link_n < w ? e->link_n : w);
-    }
+    if (seq != c->rate_seq && mbit > 0)
+        link_rate_add(&rt->servers[i]->link_down, mbit);
     c->rate_seq = seq;
     pthread_mutex_unlock(&rt->lock);
 }
 
-sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T)
+/* Bytes of the request's tensors t[0..n) on the wire (their payloads; overflow: as many as counted). */
+static uint64_t request_bytes(const sp_tensor_src *t, int n)
+{
+    uint64_t sum = 0;
+    for (int k = 0; k < n; k++) {
+        uint64_t numel = 1;
+        for (int d = 0; d < t[k].rank; d++)
+            numel *= t[k].shape[d] > 0 ? (uint64_t)t[k].shape[d] : 0;
+        int ok = 1;
+        sum += sp_encoding_bytes(t[k].enc, numel, &ok);
+    }
+    return sum;
+}
+
+/* After server i answered a request of tensors t[0..n): the rate at which it measured a large request of ours arrive
+ * (its reply's rx_mbit; only FORWARD's, BACKWARD's and INFERENCE_STEP's replies say one, and only to requests large
+ * enough to be measured) goes into the entry's link from the client. */
+static void up_note(sp_runtime *rt, int i, sp_msg_type type, const sp_tensor_src *t, int n, const sp_reply *rep)
+{
+    if (rep->msg.meta_len == 0 || request_bytes(t, n) < SP_REMOTE_RATE_MIN)
+        return;
+    double mbit = 0;
+    if (type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD) {
+        sp_span_reply a = {0};
+        if ((type == SP_MSG_FORWARD ? sp_forward_reply_decode : sp_backward_reply_decode)(&rep->msg, &a, NULL) == SP_OK)
+            mbit = a.rx_mbit;
+    } else if (type == SP_MSG_INFERENCE_STEP) {
+        sp_step_reply a = {0};
+        if (sp_step_reply_decode(&rep->msg, &a, NULL) == SP_OK)
+            mbit = a.rx_mbit;
+    }
+    if (mbit <= 0)
+        return;
+    pthread_mutex_lock(&rt->lock);
+    link_rate_add(&rt->servers[i]->link_up, mbit);
+    pthread_mutex_unlock(&rt->lock);
+}
+
+sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T, sp_encoding *back)
 {
     int wire = rt->set.wire; /* (read without the lock, as the other settings: set between requests) */
+    sp_encoding enc = wire == SP_WIRE_AUTO ? SP_ENC_F32 : (sp_encoding)wire;
+    if (back)
+        *back = enc;
     if (wire != SP_WIRE_AUTO || T <= 1) /* a decode step: not even the lock */
-        return wire == SP_WIRE_AUTO ? SP_ENC_F32 : (sp_encoding)wire;
-    sp_encoding enc = SP_ENC_F32;
+        return enc;
     pthread_mutex_lock(&rt->lock);
-    for (int h = 0; h < n; h++)
-        if (srv[h] >= 0 && sp_rt_wire_of_link(rt->servers[srv[h]]->link_mbit) != SP_ENC_F32)
-            enc = sp_rt_wire_of_link(rt->servers[srv[h]]->link_mbit);
+    for (int h = 0; h < n; h++) {
+        if (srv[h] < 0)
+            continue;
+        sp_encoding to, from;
+        to = sp_rt_wire_of_entry(rt->servers[srv[h]], &from);
+        if (back) { /* one server: each direction its own */
+            enc = to;
+            *back = from;
+        } else if (to != SP_ENC_F32 || from != SP_ENC_F32) {
+            enc = to != SP_ENC_F32 ? to : from;
+        }
+    }
     pthread_mutex_unlock(&rt->lock);
     return enc;
 }
@@ -272,8 +325,10 @@ sp_status sp_rt_call_abortable(sp_runtime *rt, int i, sp_msg_type type, const ch
     if (!c)
         return err && err->code ? err->code : SP_ERR_IO;
     sp_status st = sp_remote_call_abortable(c->r, type, meta, t, n, rep, timeout_ms, abort, err);
-    if (!st)
+    if (!st) {
         link_note(rt, i, c, rep->buf.len);
+        up_note(rt, i, type, t, n, rep);
+    }
     /* an ERROR reply leaves the connection sound, and so does a cancelled wait (the late reply is dropped) */
     int broken = st && st != SP_ERR_CANCELLED && rep->msg.type != SP_MSG_ERROR;
     conn_release(rt, entry_of(rt, i), c, broken);

@@ -276,14 +276,18 @@ static void push_fields(sp_lm_swarm *s, sp_step_req *q, const push_args *pa)
     q->push_token = s->token[pa->next];
 }
 
-/* The encoding of hop h's step of T positions (sp_rt_wire): over its own link, or a pushed chain's over all of its
- * servers' links (the pushes after it and every hop's reply come in the encoding the first hop's input came in). */
-static sp_encoding step_wire(sp_lm_swarm *s, int h, const push_args *pa, int T)
+/* The encoding of hop h's step of T positions (sp_rt_wire): over its own link, each direction by its rate (its
+ * reply's into *back), or a pushed chain's over all of its servers' links (the pushes after it and every hop's reply
+ * come in the encoding the first hop's input came in: *back the same). */
+static sp_encoding step_wire(sp_lm_swarm *s, int h, const push_args *pa, int T, sp_encoding *back)
 {
     int srv[SP_RT_MAX_HOPS], n = 0;
     for (int k = pa ? 0 : h; k < (pa ? s->route.nhops : h + 1); k++)
         srv[n++] = s->route.hop[k].server;
-    return sp_rt_wire(s->rt, srv, n, T);
+    sp_encoding enc = sp_rt_wire(s->rt, srv, n, T, pa ? NULL : back);
+    if (pa)
+        *back = enc;
+    return enc;
 }
 
 /* One INFERENCE_STEP of hop h on x [B, T, H] (in place; with pa->await, x only receives the output) at positions
@@ -297,13 +301,16 @@ static sp_status step_call(sp_lm_swarm *s, int h, float *x, int from, int T, con
     int H = rt->local->cfg.hidden, nb = hop->end - hop->start;
     char meta[640]; /* every step says where it starts (Petals' start_from_position): a rollback is a lower one */
     sp_step_req q = {.session = s->session[h], .start_from_position = from, .reply_encoding = -1};
+    sp_encoding back, enc = step_wire(s, h, pa, T, &back);
     if (pa)
         push_fields(s, &q, pa);
+    else if (back != enc) /* (the same: left out, the request's own) */
+        q.reply_encoding = back;
     sp_step_req_encode(&q, meta, sizeof meta, NULL); /* (out of range: "", which the server refuses) */
     sp_tensor_src t[3];
     int n = 0;
     if (!pa || !pa->await) /* in the wire setting's encoding, the reply (and the pushes after it) too */
-        t[n++] = (sp_tensor_src){.enc = step_wire(s, h, pa, T), .rank = 3, .shape = {s->B, T, H}, .f32 = x};
+        t[n++] = (sp_tensor_src){.enc = enc, .rank = 3, .shape = {s->B, T, H}, .f32 = x};
     if (deep)
         t[n++] = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 4, .shape = {nb, s->B, s->P, H}, .f32 = deep};
     if (hypo)

@@ -36,10 +36,20 @@ static inline sp_encoding sp_rt_wire_of_link(double mbit)
 {
     return mbit > 0 && mbit < SP_WIRE_AUTO_MBIT ? SP_ENC_BF16 : SP_ENC_F32;
 }
-/* The encoding of a request's hidden states (and so of its reply, and of the pushes after it) to servers srv[0..n)
- * (a client-driven hop: its one server; a pushed chain: all of them, any slow link counts) for T positions a row:
- * the wire setting, or its auto (decode steps, T 1, in f32). Takes rt->lock itself. */
-sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T);
+/* What auto gives a client-driven request to the server of entry e: its hidden states by the link's rate toward the
+ * server (returned; not measured yet, or an older server that does not say: the rate back stands in, as it did
+ * before servers said), its reply's by the rate back (*back; not measured: f32, as a link too fast to measure). */
+static inline sp_encoding sp_rt_wire_of_entry(const sp_server_entry *e, sp_encoding *back)
+{
+    *back = sp_rt_wire_of_link(e->link_down.mbit);
+    return sp_rt_wire_of_link(e->link_up.mbit > 0 ? e->link_up.mbit : e->link_down.mbit);
+}
+/* The encodings of a request's hidden states to servers srv[0..n) for T positions a row: the wire setting, or its
+ * auto (decode steps, T 1, in f32). back non-NULL (a client-driven hop, n 1): the request's by the link toward its
+ * server, and into *back its reply's, by the link back (sp_rt_wire_of_entry). back NULL (a pushed chain: the reply
+ * and the pushes after it come in the encoding of the first hop's input): one for all, bf16 where any link of any
+ * of them is slow either way. Takes rt->lock itself. */
+sp_encoding sp_rt_wire(sp_runtime *rt, const int *srv, int n, int T, sp_encoding *back);
 /* Closes every connection (swarm down, free). */
 void sp_rt_close_conns(sp_runtime *rt);
 /* 1 if a and b announce the same address (host and ws port): lives of one server, or the same one. */

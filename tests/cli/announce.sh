@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Servers behind relays (bench/linkem, 10 ms each way) announce the relays' addresses (`sepal-server --announce
-# HOST:PORT --announce-bulk-port P`): their records carry them, the client's `servers -l` shows them, and the
-# client reaches both servers, websocket and bulk channel, only through the relays (linkem's counts; the direct
-# ports are never dialled by it) and generates the same text as one process. A narrow Llama-2-7B shape (`model
-# init --like`, 4 layers of 256). Bad --announce options are refused before anything starts.
+# Servers behind relays (bench/linkem, 10 ms and 50 Mbit/s each way) announce the relays' addresses (`sepal-server
+# --announce HOST:PORT --announce-bulk-port P`): their records carry them, the client's `servers -l` shows them, and
+# the client reaches both servers, websocket and bulk channel, only through the relays (linkem's counts; the direct
+# ports are never dialled by it) and generates the same text as one process; after a long prompt each link is
+# measured both ways (`servers -l`). A narrow Llama-2-7B shape (`model init --like`, 4 layers of 256). Bad --announce
+# options are refused before anything starts.
 . "$(dirname "$0")/lib.bash"
 S="$SEPAL_BIN_DIR/server/sepal-server"
 L="$SEPAL_BIN_DIR/bench/linkem"
@@ -24,7 +25,7 @@ import socket
 ss = [socket.socket() for _ in range(6)]
 for s in ss: s.bind(('127.0.0.1', 0))
 print(' '.join(str(s.getsockname()[1]) for s in ss))")
-"$L" --delay 10 --listen 127.0.0.1:0 --to 127.0.0.1:$P1 --listen 127.0.0.1:0 --to 127.0.0.1:$Q1 \
+"$L" --delay 10 --rate 50 --listen 127.0.0.1:0 --to 127.0.0.1:$P1 --listen 127.0.0.1:0 --to 127.0.0.1:$Q1 \
     --listen 127.0.0.1:0 --to 127.0.0.1:$P2 --listen 127.0.0.1:0 --to 127.0.0.1:$Q2 > "$TMP/linkem.out" 2> "$TMP/linkem.err" &
 LK=$!
 trap 'kill $LK $A $B 2>/dev/null; rm -rf "$TMP"' EXIT
@@ -70,9 +71,14 @@ cmp -s "$TMP/got" "$TMP/want" && ok "the same text as one process" ||
 
 # a prompt of 40 KiB of hidden state at least: its messages go over the bulk channel, through the bulk relays (the
 # client sends each server its input: with push on, the second server's would come from the first)
+# (then each server's link as measured both ways: the server timed the prompt's hidden state it got, the client the
+# reply; `servers -l` shows the two rates)
 long=$(python3 -c "print(' '.join(['Once upon a time there was a little girl.'] * 12))")
-"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; set push off; generate '$long' --max-new-tokens 2" > /dev/null 2>&1 &&
-    ok "a long prompt through the relays" || bad "a long prompt through the relays"
+"$SEPAL" -c "load $M; connect --initial-peers 127.0.0.1:$D1; set push off; generate '$long' --max-new-tokens 2;
+             servers -l" > "$TMP/long" 2>&1 && ok "a long prompt through the relays" || bad "a long prompt through the relays"
+n=$(grep -cE "^  link        to it [0-9.]+ Mbit/s, from it [0-9.]+ Mbit/s \(measured on large messages; -: none yet\): wire auto sends (f32|bf16), asks for (f32|bf16) back$" "$TMP/long")
+[ "$n" = 2 ] && ok "servers -l: both servers' links measured both ways" ||
+    { bad "servers -l: $n links measured both ways"; grep -E "^  link " "$TMP/long"; }
 
 kill $A $B
 wait $A $B 2>/dev/null
