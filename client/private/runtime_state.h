@@ -45,10 +45,12 @@ typedef struct sp_conn sp_conn; /* a shared connection to one server (swarm/serv
 typedef struct sp_link_rate {
     double win[4];
     int n;       /* measurements so far */
-    double mbit; /* the link's rate: the median of win (0: unknown). A sender or reader waiting for a CPU lowers a
-                    measurement, a relay that held the message's start and then sent it in a burst raises one (at
-                    1 Gbit/s through linkem, on this loaded machine: up to 9.8x); the median of four needs two such
-                    alike to move */
+    double mbit; /* the link's rate: the median of win once it holds two (0: unknown). A sender or reader waiting
+                    for a CPU lowers a measurement, a relay that held the message's start and then sent it in a burst
+                    raises one (at 1 Gbit/s through linkem, on this loaded machine: up to 9.8x); the median of two or
+                    more needs two such alike to move (one alone, a thread stalled for 7 ms on a loaded loopback
+                    swarm made a 256 KiB reply read as 300 Mbit/s: wire auto then sent bf16 where f32's bits were
+                    expected) */
 } sp_link_rate;
 
 typedef struct sp_server_entry {

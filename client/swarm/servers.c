@@ -230,7 +230,7 @@ static void link_rate_add(sp_link_rate *l, double mbit)
 {
     int w = (int)(sizeof l->win / sizeof l->win[0]);
     l->win[l->n++ % w] = mbit;
-    l->mbit = median(l->win, l->n < w ? l->n : w);
+    l->mbit = l->n < 2 ? 0 : median(l->win, l->n < w ? l->n : w);
 }
 
 /* After a reply of len bytes from server i on c: a measurement of its link toward the client that the transport took
