@@ -3,7 +3,11 @@
  * same run with the same compiler flags (the memory-bound ceiling), and tokens/s against f32 and against
  * OpenBLAS's sgemv on the f32 weights. Reps interleaved; medians.
  *
- * usage: bench_kern [--threads N] [--reps N] [--hidden H --ffn F] */
+ * With --product R C B instead: one [R, C] product of B rows of X (a prefill's: B > SP_KERN_MAX_ROWS) in each
+ * encoding, sp_qmat_mul at the current level (SEPAL_ISA), reps interleaved: the median and the fastest time, and
+ * multiply-adds a second. (The README's [768, 288] x 128: stories15M's FFN, a 128-token prompt.)
+ *
+ * usage: bench_kern [--threads N] [--reps N] [--hidden H --ffn F | --product R C B] */
 #include <cblas.h>
 #include <immintrin.h>
 #include <stdio.h>
@@ -66,9 +70,47 @@ __attribute__((target("avx512f"))) static void read_part(void *ctx, int i, int n
     j->sums[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+/* --product: W [R, C] random, X [B, C]; every encoding's product timed in turn, reps times. */
+static int product(int R, int C, int B, int reps, sp_pool *pool)
+{
+    sp_rng r;
+    sp_rng_seed(&r, 1);
+    float *w = malloc((size_t)R * C * sizeof(float)), *x = malloc((size_t)B * C * sizeof(float));
+    float *y = malloc((size_t)B * R * sizeof(float));
+    sp_rng_fill_normal(&r, w, (long)R * C, 0.02f);
+    sp_rng_fill_normal(&r, x, (long)B * C, 1.0f);
+    sp_wtype types[3] = {SP_W_F32, SP_W_Q8, SP_W_NF4};
+    sp_qmat m[3];
+    sp_err err = {0};
+    for (int t = 0; t < 3; t++)
+        if (t == 0)
+            m[t] = sp_qmat_f32(w, R, C);
+        else if (sp_qmat_encode(&m[t], types[t], w, R, C, &err))
+            return fprintf(stderr, "bench_kern: %s\n", err.msg), 1;
+    char kern[96];
+    sp_kern_describe(kern, sizeof kern);
+    printf("bench_kern: [%d, %d] x %d rows, %d thread%s, %s, %d reps\n", R, C, B, sp_pool_threads(pool),
+           sp_pool_threads(pool) == 1 ? "" : "s", kern, reps);
+    double t[3][100];
+    for (int rep = 0; rep < reps; rep++)
+        for (int k = 0; k < 3; k++) {
+            double t0 = sp_now_s();
+            sp_qmat_mul(&m[k], x, y, B, pool);
+            t[k][rep] = sp_now_s() - t0;
+        }
+    for (int k = 0; k < 3; k++) {
+        double med = median(t[k], reps), best = t[k][0]; /* median sorted t[k] */
+        printf("  %-5s median %8.1f us, fastest %8.1f us, %.2f G multiply-adds/s\n", sp_wtype_name(types[k]),
+               med * 1e6, best * 1e6, (double)R * C * B / best / 1e9);
+    }
+    sp_qmat_free(&m[1]), sp_qmat_free(&m[2]);
+    free(w), free(x), free(y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int threads = 0, reps = 7, H = 4096, F = 11008;
+    int threads = 0, reps = 7, H = 4096, F = 11008, pr = 0, pc = 0, pb = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -78,9 +120,13 @@ int main(int argc, char **argv)
             H = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ffn") && i + 1 < argc)
             F = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--product") && i + 3 < argc)
+            pr = atoi(argv[i + 1]), pc = atoi(argv[i + 2]), pb = atoi(argv[i + 3]), i += 3;
         else
-            return fprintf(stderr, "usage: bench_kern [--threads N] [--reps N] [--hidden H --ffn F]\n"), 2;
+            return fprintf(stderr, "usage: bench_kern [--threads N] [--reps N] [--hidden H --ffn F | --product R C B]\n"), 2;
     }
+    if (pr && (pr < 1 || pc < 1 || pb < 1 || (double)pr * pc > 1e9 || (double)pb * pc > 1e9))
+        return fprintf(stderr, "bench_kern: --product R C B needs positive sizes (got %d %d %d)\n", pr, pc, pb), 2;
     if (reps < 1 || reps > 100)
         reps = 7;
     sp_err err = {0};
@@ -89,6 +135,11 @@ int main(int argc, char **argv)
     sp_pool *pool = sp_pool_new(threads);
     threads = sp_pool_threads(pool);
     openblas_set_num_threads(threads);
+    if (pr) {
+        int rc = product(pr, pc, pb, reps, pool);
+        sp_pool_free(pool);
+        return rc;
+    }
     /* q, k, v, o: [H, H]; gate, up: [F, H]; down: [H, F] */
     shape sh[7] = {{H, H}, {H, H}, {H, H}, {H, H}, {F, H}, {F, H}, {H, F}};
     sp_rng r;

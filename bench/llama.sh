@@ -55,3 +55,30 @@ llama_builds() {
 }
 # llama_for ISA -> the llama-completion of the level (llama_builds first)
 llama_for() { echo "${llama_bins[$1]:?llama_builds did not fetch a build for $1}"; }
+
+# How llama.cpp's threads wait for work and at its barriers (--llama-wait): its builds here run them with OpenMP
+# (GGML_OPENMP, libgomp: system_info says OPENMP = 1), whose threads spin about 300000 rounds before they sleep,
+# and `--poll` (default 50) only sets the spinning of llama.cpp's own thread pool, which an OpenMP build does not
+# run. passive: OMP_WAIT_POLICY=passive (libgomp's threads sleep at once) and --poll 0 (no polling, for a build
+# without OpenMP); default: neither (--poll 50, libgomp's spinning). On this 2-vCPU machine, shared, 2 threads
+# spinning collapsed (2-71 tok/s against 400-1400 on one thread) as soon as another process ran; passive did not.
+llama_waits="passive default"
+# check_waits "passive default" -> dies on a name that is not one of llama_waits
+check_waits() {
+    local w
+    [ -n "$1" ] || die "--llama-wait needs one or more of: $llama_waits"
+    for w in $1; do
+        case " $llama_waits " in *" $w "*) ;; *) die "--llama-wait: unknown setting '$w' (one or more of: $llama_waits)" ;; esac
+    done
+}
+# wait_says WAIT -> what the setting does, for the header
+wait_says() { case "$1" in passive) echo "passive (OMP_WAIT_POLICY=passive, --poll 0)" ;; *) echo "default (--poll 50, libgomp's spin)" ;; esac; }
+# llama_exec WAIT COMMAND... -> runs a llama.cpp command with that setting
+llama_exec() {
+    local w="$1"
+    shift
+    case "$w" in
+    passive) OMP_WAIT_POLICY=passive "$@" --poll 0 ;;
+    *) "$@" ;;
+    esac
+}

@@ -14,17 +14,20 @@
 # Each run generates one token after the prompt (-n 1 / --max-new-tokens 1): only the prompt's rate is read,
 # sepal's "N prompt tokens in S s (R tok/s)" line (R, from the unrounded time) and llama.cpp's "prompt eval time
 # = X ms / N tokens" line. Loading is outside both. A llama.cpp run whose output has no timings is run again, up
-# to three times; then that rep is reported and left out (the summary counts them). Both run with default settings (bench/llama.sh unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_*).
+# to three times; then that rep is reported and left out (the summary counts them). Both run with default settings
+# but llama.cpp's waiting threads (--llama-wait; bench/llama.sh unsets SEPAL_*, OPENBLAS_*, OMP_* and GOTO_*).
 #
 # usage: bench/prefill.sh [--reps R] [--lengths "128 512"] [--threads "1 2"] [--pairs "f32 int8 nf4"]
-#                         [--isa "avx2 avx512"] [--load "idle busy"] [--build DIR]
+#                         [--isa "avx2 avx512"] [--load "idle busy"] [--llama-wait "passive default"] [--build DIR]
 #   --load busy: two busy processes (`yes >/dev/null`) for those reps, as compare.sh does
+#   --llama-wait: passive (the default) or default or both, as compare.sh's
 # llama.cpp and its GGUFs come from scripts/fetch-llama-cpp.sh, stories15M from scripts/fetch-model.sh. Exit status
 # 0 after a run (whatever the ratios), 1 when a run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 reps=5 lengths="128 512" threads_list="1 2" pairs="f32 int8 nf4" isas="avx2 avx512" loads="idle" build="${SEPAL_BUILD_DIR:-build}"
+waits=passive
 while [ $# -gt 0 ]; do
     case "$1" in
     --reps) reps="$2"; shift 2 ;;
@@ -34,12 +37,14 @@ while [ $# -gt 0 ]; do
     --isa) isas="$2"; shift 2 ;;
     --load) loads="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --llama-wait) waits="$2"; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "prefill: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 bench=prefill
 . bench/llama.sh
+check_waits "$waits"
 . bench/pairs.sh
 
 # the model with a context of 1024: its files linked, config.json rewritten
@@ -68,11 +73,12 @@ sepal_run() { # (at avx2 and avxvnni OpenBLAS runs its Haswell kernels too: an A
 }
 # llama_run PROMPT DTYPE THREADS -> "tokens rate", or nothing when three runs in a row printed no prompt eval time
 # (llama.cpp writes its log from a thread of its own, not flushed at exit: on a loaded machine a run's timings
-# were missing from its output now and then): the rep is reported and left out, the bench goes on
+# were missing from its output now and then): the rep is reported and left out, the bench goes on ($wait: how
+# its threads wait)
 llama_run() {
     local try out
     for try in 1 2 3; do
-        "$completion" -m "$(gguf_of "$2")" -p "$1" -n 1 -t "$3" -tb "$3" -c 1024 --temp 0 --seed 0 -no-cnv \
+        llama_exec "$wait" "$completion" -m "$(gguf_of "$2")" -p "$1" -n 1 -t "$3" -tb "$3" -c 1024 --temp 0 --seed 0 -no-cnv \
             --no-warmup --simple-io </dev/null >/dev/null 2>"$tmp/l.err" || { tail -20 "$tmp/l.err" >&2; die "llama-completion failed"; }
         out="$(sed -n 's/.*prompt eval time = *\([0-9.]*\) ms \/ *\([0-9]*\) tokens.*/\2 \1/p' "$tmp/l.err" | tail -1 |
             awk '$2 > 0 { printf "%d %.1f\n", $1, $1 / ($2 / 1000) }')"
@@ -103,7 +109,8 @@ for d in $pairs; do [ -f "$(gguf_of "$d")" ] || die "$(gguf_of "$d") missing: ru
 cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "prefill: $("$sepal" --version 2>/dev/null | head -1) vs llama.cpp v0.5.0, stories15M (context 1024), prompts of" \
     "$lengths tokens, $reps rep pairs a condition, $cpu, $(getconf _NPROCESSORS_ONLN) cores, sepal's kernel levels:" \
-    "$isas, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$isas, llama.cpp's threads wait: $(for w in $waits; do wait_says "$w"; done | paste -sd ';' | sed 's/;/; /g')," \
+    "$(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 llama_builds "$isas"
 declare -A prompts
 missing=0
@@ -116,33 +123,38 @@ for load in $loads; do
             for d in $pairs; do
                 for isa in $isas; do
                     ln="$(llama_name "$d")" completion="$(llama_for "$isa")"
-                    : >"$tmp/s" && : >"$tmp/l" && : >"$tmp/r"
+                    for wait in $waits; do : >"$tmp/s.$wait" && : >"$tmp/l.$wait" && : >"$tmp/r.$wait"; done
                     for k in $(seq 1 "$reps"); do
-                        if [ $((k % 2)) -eq 1 ]; then
-                            s="$(sepal_run "${prompts[$n]}" "$d" "$th" "$isa")"; l="$(llama_run "${prompts[$n]}" "$d" "$th")"
-                        else
-                            l="$(llama_run "${prompts[$n]}" "$d" "$th")"; s="$(sepal_run "${prompts[$n]}" "$d" "$th" "$isa")"
-                        fi
-                        if [ -z "$l" ]; then
-                            printf '  %s, %s tokens, %s thread(s), %s on %s, rep %d: sepal %s tok/s, llama.cpp no figure: rep left out\n' \
-                                "$load" "$n" "$th" "$d" "$isa" "$k" "${s#* }"
-                            missing=$((missing + 1))
-                            continue
-                        fi
-                        r="$(awk -v a="${s#* }" -v b="${l#* }" 'BEGIN {printf "%.3f", a / b}')"
-                        echo "${s#* }" >>"$tmp/s"; echo "${l#* }" >>"$tmp/l"; echo "$r" >>"$tmp/r"
-                        printf '  %s, %s tokens, %s thread(s), %s on %s, rep %d: sepal %s tok/s (%s tokens), llama.cpp %s %s tok/s (%s tokens), ratio %s\n' \
-                            "$load" "$n" "$th" "$d" "$isa" "$k" "${s#* }" "${s%% *}" "$ln" "${l#* }" "${l%% *}" "$r"
+                        for wait in $waits; do # the settings in turns within a rep: each paired with sepal
+                            if [ $((k % 2)) -eq 1 ]; then
+                                s="$(sepal_run "${prompts[$n]}" "$d" "$th" "$isa")"; l="$(llama_run "${prompts[$n]}" "$d" "$th")"
+                            else
+                                l="$(llama_run "${prompts[$n]}" "$d" "$th")"; s="$(sepal_run "${prompts[$n]}" "$d" "$th" "$isa")"
+                            fi
+                            if [ -z "$l" ]; then
+                                printf '  %s, %s tokens, %s thread(s), %s on %s, rep %d: sepal %s tok/s, llama.cpp (%s) no figure: rep left out\n' \
+                                    "$load" "$n" "$th" "$d" "$isa" "$k" "${s#* }" "$wait"
+                                missing=$((missing + 1))
+                                continue
+                            fi
+                            r="$(awk -v a="${s#* }" -v b="${l#* }" 'BEGIN {printf "%.3f", a / b}')"
+                            echo "${s#* }" >>"$tmp/s.$wait"; echo "${l#* }" >>"$tmp/l.$wait"; echo "$r" >>"$tmp/r.$wait"
+                            printf '  %s, %s tokens, %s thread(s), %s on %s, rep %d: sepal %s tok/s (%s tokens), llama.cpp %s (%s) %s tok/s (%s tokens), ratio %s\n' \
+                                "$load" "$n" "$th" "$d" "$isa" "$k" "${s#* }" "${s%% *}" "$ln" "$wait" "${l#* }" "${l%% *}" "$r"
+                        done
                     done
-                    if [ -s "$tmp/r" ]; then
-                        line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s sepal %.0f tok/s, llama.cpp %.0f tok/s, ratio %.2f (goal >= 1.0)' \
-                            "$load," "$n" "$th" "$d vs $ln," "$isa:" "$(median <"$tmp/s")" "$(median <"$tmp/l")" "$(median <"$tmp/r")")"
-                    else
-                        line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s no pair (llama.cpp printed no timings)' \
-                            "$load," "$n" "$th" "$d vs $ln," "$isa:")"
-                    fi
-                    echo "$line"
-                    summary+=("$line")
+                    for wait in $waits; do
+                        if [ -s "$tmp/r.$wait" ]; then
+                            line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s sepal %.0f tok/s, llama.cpp (%s) %.0f tok/s, ratio %.2f (goal >= 1.0)' \
+                                "$load," "$n" "$th" "$d vs $ln," "$isa:" "$(median <"$tmp/s.$wait")" "$wait" "$(median <"$tmp/l.$wait")" \
+                                "$(median <"$tmp/r.$wait")")"
+                        else
+                            line="$(printf '%-5s %3s tokens, %s thread(s), %-12s %-7s no pair (llama.cpp (%s) printed no timings)' \
+                                "$load," "$n" "$th" "$d vs $ln," "$isa:" "$wait")"
+                        fi
+                        echo "$line"
+                        summary+=("$line")
+                    done
                 done
             done
         done
