@@ -8,8 +8,10 @@
  * cost does not depend on them). Figures per C: the aggregate tokens/s (C x steps / the time from the start
  * to the last step's answer), and the p50 / p99 of the per-step latency (request sent to answer read, as a
  * client sees it), and the server's CPU time per token (its utime + stime over the measure: what a token costs
- * whatever else runs on the machine). Ratios against the baseline of the same run and mode: aggregate tokens/s /
- * C = 1, and p99 step / the p50 step of C = 1 (goals at C = 16 with batching: >= 8x and <= 3x).
+ * whatever else runs on the machine), and the rows of the server's batched passes over the measures, on average
+ * (its INFO's batches and batched_rows: C when every pass took all C sessions' steps). Ratios against the baseline
+ * of the same run and mode: aggregate tokens/s / C = 1, and p99 step / the p50 step of C = 1 (goals at C = 16 with
+ * batching: >= 8x and <= 3x).
  *
  * Both servers run from the start and the modes take turns, --reps times for each C, which goes first turning
  * each rep (a shared machine's load changes by the minute: each mode sees the same spells of it; and the first
@@ -60,6 +62,7 @@ typedef struct run {
     pthread_barrier_t ready;
     double *lat; /* [C, steps] seconds */
     int failed;
+    int64_t passes, rows; /* the server's batched passes and their rows over the measures of one C (INFO) */
 } run;
 
 typedef struct client {
@@ -146,6 +149,8 @@ static void *client_main(void *p)
     return NULL;
 }
 
+static int server_info(const run *r, sp_info_reply *a);
+
 /* C sessions at once: its tokens/s and server CPU s/token into tps[rep], cpu[rep], its latencies appended to lat
  * (*nlat of them so far); 0 or -1. */
 static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nlat)
@@ -165,9 +170,13 @@ static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nl
     }
     pthread_barrier_wait(&r->ready); /* every session open (and prefilled, when steps are measured) */
     double t0 = sp_now_s(), c0 = sp_serverproc_cpu_s(r->pid);
+    sp_info_reply i0 = {0}, i1 = {0}; /* (the passes of the measure: its first may have gone before i0) */
+    int info = !server_info(r, &i0);
     for (int i = 0; i < C; i++)
         pthread_join(th[i], NULL);
     double wall = sp_now_s() - t0;
+    if (info && !server_info(r, &i1))
+        r->passes += i1.batches - i0.batches, r->rows += i1.batched_rows - i0.batched_rows;
     pthread_barrier_destroy(&r->ready);
     int n = 0;
     for (int i = 0; i < C; i++)
@@ -212,18 +221,25 @@ static pid_t spawn(const opts *o, int mode, int *port)
     return pid;
 }
 
-/* The span's hidden size and blocks, from HELLO and INFO. */
-static int span_of(run *r)
+/* The server's INFO into a; 0 or -1. */
+static int server_info(const run *r, sp_info_reply *a)
 {
     sp_remote *rm = NULL;
     sp_err err = {0};
     if (sp_remote_connect(&rm, "127.0.0.1", r->port, 0, TMO, &err))
         return fprintf(stderr, "bench_serve: %s\n", err.msg), -1;
     sp_reply rep;
-    sp_info_reply a = {0};
-    int rc = call(rm, SP_MSG_INFO, NULL, NULL, 0, &rep) || sp_info_reply_decode(&rep.msg, &a, &err) ? -1 : 0;
+    int rc = call(rm, SP_MSG_INFO, NULL, NULL, 0, &rep) || sp_info_reply_decode(&rep.msg, a, &err) ? -1 : 0;
     sp_reply_clear(&rep);
     sp_remote_close(rm);
+    return rc;
+}
+
+/* The span's hidden size and blocks, from INFO. */
+static int span_of(run *r)
+{
+    sp_info_reply a = {0};
+    int rc = server_info(r, &a);
     r->hidden = a.hidden_size, r->start = a.start, r->end = a.end;
     return rc;
 }
@@ -322,6 +338,7 @@ int main(int argc, char **argv)
         lat[m] = calloc((size_t)most * (o.nmix ? 1 : o.steps) * o.reps, sizeof(double));
     for (int i = 0; i < o.nsessions && !rc; i++) {
         int C = o.sessions[i], nlat[2] = {0, 0};
+        runs[0].passes = runs[0].rows = runs[1].passes = runs[1].rows = 0;
         for (int k = 0; k < o.reps && !rc; k++) /* the modes' order turns each rep (the first one after a pause ran slower) */
             for (int t = 0; t < o.nmodes && !rc; t++) {
                 int m = (t + k) % o.nmodes;
@@ -332,15 +349,19 @@ int main(int argc, char **argv)
             double p50 = quantile(lat[m], nlat[m], 0.50), p99 = quantile(lat[m], nlat[m], 0.99);
             if (i == 0)
                 base_tps[m] = t, base_p50[m] = p50;
-            snprintf(rows[m][i], sizeof rows[m][i], "%9d %11.2f %9.1f %9.1f %11.1f %11.2fx %13.2fx", C, t, 1e3 * p50,
-                     1e3 * p99, 1e3 * c, t / base_tps[m], p99 / base_p50[m]);
+            char per[16] = "-";
+            if (runs[m].passes > 0)
+                snprintf(per, sizeof per, "%.1f", (double)runs[m].rows / (double)runs[m].passes);
+            snprintf(rows[m][i], sizeof rows[m][i], "%9d %11.2f %9.1f %9.1f %11.1f %11.2fx %13.2fx %11s", C, t,
+                     1e3 * p50, 1e3 * p99, 1e3 * c, t / base_tps[m], p99 / base_p50[m], per);
         }
         printf("(%d sessions measured)\n", C);
         fflush(stdout);
     }
     for (int m = 0; m < o.nmodes && !rc; m++) {
-        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s\n", names[o.modes[m]], "sessions",
-               o.nmix ? "prompt tok/s" : "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50");
+        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s %11s\n", names[o.modes[m]], "sessions",
+               o.nmix ? "prompt tok/s" : "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50",
+               "rows/pass");
         for (int i = 0; i < o.nsessions; i++)
             printf("%s\n", rows[m][i]);
     }
