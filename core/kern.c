@@ -839,9 +839,9 @@ T2 static INLINE void qg2_body(const sp_qmat *m, int g, const int8_t *XQ, const 
  * sums in registers, and GCC spilled them). The [768, 288] product of 128 rows, 1 thread, AMD EPYC Zen 5: int8
  * 387-409 -> 307-323 us, nf4 390-418 -> 317-330. A half-block's weights are loaded at once, before its rows'
  * products: from memory they came too late (nf4 [4096, 4096] x 16 rows 1.1-1.3x slower) until prefetched
- * QG2_AHEAD blocks on (0.8x). Each block's sum is exact and meets the same f32 steps in the same order: the bits
+ * (0.8x; 2 blocks on first, now qg_prefetch's 12 KB as every group kernel: the same time, [4096, 4096] x 16 and
+ * [768, 288] x 128, 1 thread, avx2). Each block's sum is exact and meets the same f32 steps in the same order: the bits
  * of qg2_body's. */
-#define QG2_AHEAD 2
 T2 static INLINE void qg2_many(const sp_qmat *m, int g, const int8_t *XQ, const float *XS, int B, int nf4, float *out)
 {
     int nb = blocks_per_row(m->type, m->cols), nx = (m->cols + 31) / 32;
@@ -850,9 +850,7 @@ T2 static INLINE void qg2_many(const sp_qmat *m, int g, const int8_t *XQ, const 
     for (int xb = 0; xb < nx; xb++) {
         const uint8_t *u = qg_units(m, nb, g, xb);
         const float *st = qg_steps(m, nb, g, xb);
-        if (xb + QG2_AHEAD < nx) /* the weights a few blocks on: from memory they would come too late */
-            for (int k = 0; k < units; k++)
-                _mm_prefetch((const char *)qg_units(m, nb, g, xb + QG2_AHEAD) + k * 64, _MM_HINT_T0);
+        qg_prefetch(m, nb, g, xb); /* from memory the weights would come too late */
         for (int h = 0; h < 2; h++) {
             __m256i w[8], wa[8]; /* signed, and their magnitudes */
             #pragma GCC unroll 8
