@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,6 +125,7 @@ typedef struct fault {
     sp_test_load *halt; /* load on a server (sp_test_load) halted at the first retry */
     char last_retry[512];
     double exit_s;     /* SIGTERM: seconds from the signal to the server's exit */
+    int exit_status;   /* SIGTERM/SIGKILL: the server's wait status */
     int refusals;      /* SP_EV_SERVER events of a server that does not take pushed inputs */
 } fault;
 
@@ -194,7 +196,7 @@ static int f_hit(void)
         if (F.sig == SIGSTOP)
             kill(p->pid, SIGSTOP);
         else
-            sp_test_proc_signal(p, F.sig); /* (SIGTERM and SIGKILL: returns once it has exited) */
+            F.exit_status = sp_test_proc_signal(p, F.sig); /* (SIGTERM and SIGKILL: returns once it has exited) */
         F.exit_s = sp_now_s() - t_sig;
     }
     return hit;
@@ -449,9 +451,10 @@ START_TEST(t_term_server_in_use)
         }
     ck_assert_msg(strstr(F.last_retry, "shutdown: the server is shutting down"), "the client was not told why: %s",
                   F.last_retry);
-    /* the goal is 200 ms (bench_failover measures it); the bound only catches the seconds it used to take */
+    /* it shut down on its own, all the way (how fast is bench_failover's figure: goal 200 ms) */
     fprintf(stderr, "SIGTERM in use: the server exited %.3f s after the signal\n", F.exit_s);
-    ck_assert_msg(F.exit_s < 2.0, "the server took %.2f s to exit after SIGTERM", F.exit_s);
+    ck_assert_msg(WIFEXITED(F.exit_status) && WEXITSTATUS(F.exit_status) == 0,
+                  "the server did not exit cleanly after SIGTERM (wait status 0x%x)", F.exit_status);
     sp_runtime_free(rt);
     stop_all();
 }
@@ -493,8 +496,10 @@ START_TEST(t_hung_server)
     generate_through_failure(rt, 0);
     sp_test_proc *p = proc_at(F.port_hit);
     ck_assert_ptr_nonnull(p);
-    /* the step timeout a decode step gets: 2 s and 20 expected step times; with the replay, well under 10 s */
-    ck_assert_msg(F.stall < 10, "a hung server stalled the generation %.1f s", F.stall);
+    /* the step's own timeout (2 s and 20 expected step times) gave up on it, not the connection */
+    fprintf(stderr, "hung server: the step took %.2f s; %s\n", F.stall, F.last_retry);
+    ck_assert_msg(strstr(F.last_retry, "no reply from") && strstr(F.last_retry, " ms; banned"),
+                  "the hung server was not given up on by the step timeout: %s", F.last_retry);
     kill(p->pid, SIGCONT);
     ck_assert_msg(sp_test_wait_for(no_sessions, &F.port_hit, 10), "the woken server still holds %d sessions",
                   sessions_of(F.port_hit));

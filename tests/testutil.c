@@ -150,15 +150,17 @@ int sp_test_linkem_start(sp_test_proc *p, const char *const *args)
     return 0;
 }
 
-void sp_test_proc_signal(sp_test_proc *p, int sig)
+int sp_test_proc_signal(sp_test_proc *p, int sig)
 {
+    int status = 0;
     if (p->pid <= 0)
-        return;
+        return 0;
     kill(p->pid, sig);
     if (sig == SIGTERM || sig == SIGKILL) {
-        waitpid(p->pid, NULL, 0);
+        waitpid(p->pid, &status, 0);
         p->pid = 0;
     }
+    return status;
 }
 
 pid_t sp_test_child_named(pid_t parent, const char *comm)

@@ -33,8 +33,8 @@ int sp_test_free_port(void);
 /* Starts SEPAL_BIN_DIR/bench/linkem with args (NULL-terminated) and waits for its first line (every link listens
  * once it is out): p->pid, and p->port the port of the first link's listening address. 0, or -1. */
 int sp_test_linkem_start(sp_test_proc *p, const char *const *args);
-/* Sends sig; SIGTERM/SIGKILL also reap it (pid becomes 0). */
-void sp_test_proc_signal(sp_test_proc *p, int sig);
+/* Sends sig; SIGTERM/SIGKILL also reap it (pid becomes 0) and return its wait status (else 0). */
+int sp_test_proc_signal(sp_test_proc *p, int sig);
 /* A child of parent whose command name is comm (the DHT node of a server: "sepal-dht"), or -1. */
 pid_t sp_test_child_named(pid_t parent, const char *comm);
 /* Blocks until fn(user) returns non-zero or timeout_s passes (polling every 10 ms); its last value. */
