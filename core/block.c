@@ -593,13 +593,21 @@ static int pool_attention(const sp_attn_dims *d) { return !d->keep_probs && d->T
 
 static int attn_chunks(const sp_attn_dims *d);
 
+/* Query rows of a prefill's attention unit without keep_probs: each unit's sgemms cover only the keys its rows
+ * see (causal), so a long prompt's scores cost about half of a whole head's [T, S] (stories15M, 532 tokens, 1
+ * thread, avx2: 1.11x the prefill's tokens/s of whole heads; 32 rows the same, 96 and 128 less). */
+#define ATTN_UNIT_ROWS 64
+
 /* A prefill's attention (sp_attention_forward's sgemms) split over the pool: its parts (one a thread, at most
- * one a unit) and the query rows of a unit (tq): a whole head while the parts' scratches of [tq, S] probs
- * (without keep_probs) take at most 16M floats together (64 MB), fewer rows (a multiple of 16) beyond. */
+ * one a unit) and the query rows of a unit (tq): a whole head with keep_probs; without, ATTN_UNIT_ROWS, fewer
+ * (a multiple of 16) where the parts' scratches of [tq, S] probs would take more than 16M floats together
+ * (64 MB). */
 static int attn_rows_plan(const sp_block *b, const sp_attn_dims *d, int *tq)
 {
     long n = sp_pool_threads(b->pool), S = d->S > 0 ? d->S : 1, rows = (16L << 20) / (n * S);
     *tq = d->keep_probs || rows >= d->T ? d->T : rows >= 16 ? (int)(rows & ~15L) : 16;
+    if (!d->keep_probs && *tq > ATTN_UNIT_ROWS)
+        *tq = ATTN_UNIT_ROWS;
     long units = (long)d->B * d->nh * ((d->T + *tq - 1) / *tq);
     return (int)(n < units ? n : units);
 }

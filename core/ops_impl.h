@@ -274,16 +274,17 @@ void FN(sp_attention_forward_rows)(REAL *out, REAL *probs, const REAL *q, const 
     for (long u = u0; u < u1; u++) {
         int b = (int)(u / nc / d->nh), h = (int)(u / nc % d->nh), t0 = (int)(u % nc) * tq;
         int n = T - t0 < tq ? T - t0 : tq;
+        int Sc = d->past + t0 + n < S ? d->past + t0 + n : S; /* the keys these rows see (causal) */
         const REAL *Q = q + ((long)b * T + t0) * ldq + (long)h * hd;
         const REAL *K = k + (long)b * d->kv_cap * ldk + (long)(h / group) * hd;
         const REAL *Vv = v + (long)b * d->kv_cap * ldk + (long)(h / group) * hd;
         REAL *P = d->keep_probs ? probs + (((long)b * d->nh + h) * T + t0) * S : probs;
         REAL *O = out + ((long)b * T + t0) * ldq + (long)h * hd;
-        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, Q, ldq, K, ldk, 0, P, S);
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, Sc, hd, scale, Q, ldq, K, ldk, 0, P, S);
         if (d->alibi)
             FN(alibi_rows)(P, n, S, d->past + t0, d->alibi[h]);
         FN(sp_masked_softmax)(P, n, S, d->past + t0);
-        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1, P, S, Vv, ldk, 0, O, ldq);
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, Sc, 1, P, S, Vv, ldk, 0, O, ldq);
     }
 }
 

@@ -181,7 +181,46 @@ static void kv_cache_case(const char *model)
     sp_model_free(m);
 }
 
-START_TEST(t_kv_cache_matches_full) { kv_cache_case(families[_i]); }
+/* A long prefill's attention runs in units of query rows, each over only the keys its rows see (with OpenBLAS on
+ * one thread, as the runtime runs it): a forward of 150 positions without a cache, and prefills of 100 then 50
+ * through one (units of 64 rows and the rest, after a cached prefix), equal the positions stepped one at a time
+ * through the cache (the pool's own attention). */
+static void long_prefill_case(const char *model)
+{
+    sp_model *m = load(model, SP_LOAD_BLOCKS, 0, 2);
+    sp_err err = {0};
+    enum { T = 150 };
+    int H = m->cfg.hidden, first = 100;
+    size_t n = (size_t)T * H;
+    sp_rng r;
+    sp_rng_seed(&r, 11);
+    float *x = malloc(n * sizeof(float)), *full = malloc(n * sizeof(float)), *chunked = malloc(n * sizeof(float)),
+          *steps = malloc(n * sizeof(float));
+    sp_rng_fill_normal(&r, x, (long)n, 1.0f);
+    memcpy(full, x, n * sizeof(float));
+    memcpy(chunked, x, n * sizeof(float));
+    memcpy(steps, x, n * sizeof(float));
+    int blas_was = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    ck_assert_int_eq(sp_model_blocks(m, full, 1, T, 0, NULL, &err), SP_OK);
+    sp_model_cache a, b;
+    ck_assert_int_eq(sp_model_cache_init(&a, m, 1, T, &err), SP_OK);
+    ck_assert_int_eq(sp_model_cache_init(&b, m, 1, T, &err), SP_OK);
+    ck_assert_int_eq(sp_model_blocks(m, chunked, 1, first, 0, &a, &err), SP_OK);
+    ck_assert_int_eq(sp_model_blocks(m, chunked + (size_t)first * H, 1, T - first, first, &a, &err), SP_OK);
+    for (int t = 0; t < T; t++)
+        ck_assert_int_eq(sp_model_blocks(m, steps + (size_t)t * H, 1, 1, t, &b, &err), SP_OK);
+    openblas_set_num_threads(blas_was);
+    ck_assert_msg(sp_max_abs_diff(full, steps, n) <= 1e-5, "%s: full %g", model, sp_max_abs_diff(full, steps, n));
+    ck_assert_msg(sp_max_abs_diff(chunked, steps, n) <= 1e-5, "%s: chunked %g", model,
+                  sp_max_abs_diff(chunked, steps, n));
+    sp_model_cache_free(&a);
+    sp_model_cache_free(&b);
+    free(x), free(full), free(chunked), free(steps);
+    sp_model_free(m);
+}
+
+START_TEST(t_kv_cache_matches_full) { kv_cache_case(families[_i]); long_prefill_case(families[_i]); }
 END_TEST
 
 /* A batch of decode steps (sp_block_decode_batch) of sequences at different positions, of 1 and 2 rows, gives
