@@ -184,13 +184,23 @@ done
 [ "$nt" -ge 3 ] && ok "$nt model transcripts of the README run" || bad "only $nt model transcripts found"
 
 # ---- every example of help ----------------------------------------------------------------------------------
-"$SEPAL" --dump-examples | sub_model > "$TMP/examples"
-# a server for the connect examples: ws and DHT on 127.0.0.1:31330
-"$SEPAL_SERVER_BIN" --model "$M" --blocks 0:6 --port 31330 --new-swarm --no-measure > "$TMP/srv.out" 2>&1 &
-SRV=$!
-trap 'kill $SRV 2>/dev/null; rm -rf "$TMP"' EXIT
-for i in $(seq 200); do grep -q "^sepal-server: serving" "$TMP/srv.out" && break; sleep 0.05; done
-grep -q "^sepal-server: serving" "$TMP/srv.out" || bad "the server on 31330 did not start: $(cat "$TMP/srv.out")"
+# a server for the connect examples (127.0.0.1:31330 in the help): ws and DHT on a port free a moment ago (another
+# suite may hold 31330; up to three ports tried, in case one is taken between the choice and the bind)
+for try in 1 2 3; do
+    PORT=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    "$SEPAL_SERVER_BIN" --model "$M" --blocks 0:6 --port "$PORT" --new-swarm --no-measure > "$TMP/srv.out" 2>&1 &
+    SRV=$!
+    trap 'kill $SRV 2>/dev/null; rm -rf "$TMP"' EXIT
+    for i in $(seq 200); do
+        grep -q "^sepal-server: serving" "$TMP/srv.out" && break
+        kill -0 $SRV 2>/dev/null || break
+        sleep 0.05
+    done
+    grep -q "^sepal-server: serving" "$TMP/srv.out" && break
+done
+grep -q "^sepal-server: serving" "$TMP/srv.out" || bad "the server on $PORT did not start: $(cat "$TMP/srv.out")"
+"$SEPAL" --dump-examples | sub_model | sed "s#127.0.0.1:31330#127.0.0.1:$PORT#g" > "$TMP/examples"
+grep -q "127.0.0.1:$PORT" "$TMP/examples" || bad "no connect example names 127.0.0.1:31330"
 # serve_example CONTEXT EXAMPLE: `serve` on port 0 (the token file made) until it says it serves, then Ctrl-C: 130
 serve_example() {
     local ex=${2//:8080/:0}
