@@ -718,6 +718,16 @@ static void prompt_grads(const span_pass *p, int i, float *const *gp)
                    p->g + (size_t)(p->a[j].b0 + b) * p->T * p->H, (size_t)p->P * p->H * sizeof(float));
 }
 
+/* The pass's kept entries given back once its backward has read them, before the replies: a client that has its
+ * answer finds their bytes free (sp_server_kept_bytes). */
+static void pass_release_kept(span_pass *p)
+{
+    for (int j = 0; j < p->n; j++) {
+        kept_free(&p->s->kt, p->a[j].k);
+        p->a[j].k = NULL;
+    }
+}
+
 /* Recomputes the span's forward keeping every block's input, then back-propagates grad_out through the blocks in
  * reverse; a block's prompt gradient is the gradient at its input's first P positions. With every request's
  * kept entry (its FORWARD's inputs, maybe activations) nothing is recomputed. */
@@ -776,6 +786,7 @@ static void pass_backward(span_pass *p, sp_ws *ws)
         prompt_grads(p, i, gp);
     }
 answer:
+    pass_release_kept(p);
     pass_reply(p, p->g, gp);
 done:
     acts_free_released(&joined); /* (of the pass's size: not for the pool) */
