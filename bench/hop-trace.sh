@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     --reps) reps="$2"; shift 2 ;;
     --tokens) tokens="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "hop-trace: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
