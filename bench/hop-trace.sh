@@ -12,20 +12,26 @@
 #   hops -> head                 the client's head (and its argmax)
 #   token                        from one step's start to the next's
 # and the one process's blocks, head and token beside them. With N > 1 servers the stretches are the first hop's.
+# --scale runs bench/scale.sh's case 1 instead (the Llama-2-7B shape, 8 layers, int8, servers of --spans LIST,
+# default "0:3 3:6 6:8"; --tokens default 48 there) and prints bench/hop-trace-hops.py's account: every hop's
+# stretches, each server's blocks one by one beside the one process's, and its pool's wake-ups and contended spells.
 #
-# usage: bench/hop-trace.sh [--servers N] [--reps R] [--tokens T] [--build DIR]   (defaults 1, 3, 200, build-trace)
+# usage: bench/hop-trace.sh [--servers N] [--reps R] [--tokens T] [--build DIR] [--scale [--spans LIST]]
+#        (defaults 1, 3, 200, build-trace)
 # Exit status: 0 after a run, 1 when the build or the session fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-n=1 reps=3 tokens=200 build=build-trace
+n=1 reps=3 tokens="" build=build-trace scale=0 spans="0:3 3:6 6:8"
 while [ $# -gt 0 ]; do
     case "$1" in
+    --scale) scale=1; shift ;;
+    --spans) spans="$2"; shift 2 ;;
     --servers) n="$2"; shift 2 ;;
     --reps) reps="$2"; shift 2 ;;
     --tokens) tokens="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "hop-trace: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -40,11 +46,17 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DSEPAL_SANITIZE=OFF -DSEPAL_C
 cmake --build "$build" -j"$(nproc)" --target sepal sepal-server >"$build/build.log" 2>&1 ||
     { tail -30 "$build/build.log" >&2; die "build failed"; }
 sepal="$build/app/sepal"
-model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
-export SEPAL_SERVER_BIN="$build/server/sepal-server"
-
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+if [ "$scale" = 1 ]; then
+    SEPAL_TRACE_DIR="$tmp" bench/scale.sh --case 1 --build "$build" --reps "$reps" --tokens "${tokens:-48}" \
+        --spans "$spans" || die "bench/scale.sh failed"
+    python3 bench/hop-trace-hops.py "$tmp"
+    exit
+fi
+tokens="${tokens:-200}"
+model="$(scripts/fetch-model.sh "$sepal" | tail -1)" || die "scripts/fetch-model.sh failed"
+export SEPAL_SERVER_BIN="$build/server/sepal-server"
 gen="generate 'Once upon a time' --max-new-tokens $tokens --ignore-eos"
 one="model generate $model --prompt 'Once upon a time' --max-new-tokens $tokens --ignore-eos"
 script="load $model; swarm up $n; $gen"

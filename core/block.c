@@ -12,6 +12,7 @@
 
 #include "memtune.h"
 #include "ops.h"
+#include "trace.h"
 
 sp_status sp_ws_reserve(sp_ws *ws, size_t nfloats, sp_err *err)
 {
@@ -1115,7 +1116,9 @@ sp_status sp_block_forward(const sp_block *b, float *out, const float *inp, int 
     s = acts_alloc(&a, b, B, T, &ad, ws, 0, err);
     if (s)
         return s;
+    SP_TRACE(SP_TR_BLOCK);
     forward_acts(b, out, inp, B, T, pos0, kv, &ad, &a);
+    SP_TRACE(SP_TR_BLOCK_DONE);
     return SP_OK;
 }
 
@@ -1176,6 +1179,7 @@ sp_status sp_block_step_batch(const sp_block *b, float *out, const float *inp, s
     a.exact = 1;
     a.item_rows = item_rows;
     a.nitems = n;
+    SP_TRACE(SP_TR_BLOCK);
     attn_in(b, inp, N, &a);
     size_t Q = (size_t)b->nh * b->hd, KV = (size_t)b->nkv * b->hd;
     for (int i = 0, r = 0; i < n; r += item_rows[i++]) { /* each sequence over its own cache, at its position */
@@ -1186,6 +1190,7 @@ sp_status sp_block_step_batch(const sp_block *b, float *out, const float *inp, s
     attn_out_mlp(b, out, inp, N, &a);
     for (int i = 0; i < n; i++)
         kv[i]->len += T ? T[i] : 1;
+    SP_TRACE(SP_TR_BLOCK_DONE);
     return SP_OK;
 }
 

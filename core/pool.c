@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #endif
 #include "pool.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,8 +145,10 @@ static void look_contention(sp_pool *p)
     last_t = t;
     last_delay = d;
     if (hot >= HOT_LOOKS) {
-        if (t >= __atomic_load_n(&p->contended_until, __ATOMIC_RELAXED))
+        if (t >= __atomic_load_n(&p->contended_until, __ATOMIC_RELAXED)) {
+            SP_TRACE(SP_TR_POOL_CONTENDED);
             __atomic_add_fetch(&p->contended, 1, __ATOMIC_RELAXED);
+        }
         __atomic_store_n(&p->contended_until, t + CONTENDED_NS, __ATOMIC_RELAXED);
     }
 }
@@ -296,8 +299,10 @@ void sp_pool_run_parts(sp_pool *p, sp_pool_fn fn, void *ctx, int parts)
     __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&p->ticket, (uint64_t)g << 32 | (uint64_t)parts << 16, __ATOMIC_RELEASE);
     __atomic_store_n(&p->gen, g, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST))
+    if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST)) {
+        SP_TRACE(SP_TR_POOL_WAKE);
         futex(&p->gen, FUTEX_WAKE, INT_MAX);
+    }
     /* the caller takes parts too: a worker that is not running (asleep, or its core taken by another
      * process) takes none, and nothing waits for it */
     take_parts(p, g);

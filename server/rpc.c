@@ -986,7 +986,9 @@ static void step_reply(req *r, const sp_step_req *q, session *x, const float *h,
     sp_step_reply a = {.position = x->len, .rx_mbit = rx_rate(r)};
     if (q->push_port > 0) {
         sp_err perr = {0};
+        SP_TRACE(SP_TR_SRV_PUSH);
         a.pushed = sp_push_send(r->s, q, &out, &perr) == SP_OK;
+        SP_TRACE(SP_TR_SRV_PUSHED);
         if (a.pushed)
             __atomic_add_fetch(&r->s->pushes_out, 1, __ATOMIC_RELAXED);
         else

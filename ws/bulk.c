@@ -17,6 +17,7 @@
 
 #include "log.h"
 #include "timeutil.h"
+#include "trace.h"
 #include "transport_impl.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -493,6 +494,8 @@ void *tp_bulk_main(void *arg)
             bsock *b = s->socks[i];
             short re = pfd[2 + i].revents;
             int was_read = 0;
+            if (re & POLLIN)
+                SP_TRACE(SP_TR_SRV_WOKE);
             if (!b->dead && ((re & (POLLIN | POLLHUP | POLLERR)) || b->wait_ns))
                 bulk_read(s, b), was_read = 1;
             /* a reply the app sent from this thread while it read (an inline request) goes out now, not after

@@ -2,6 +2,7 @@
  * client's concurrent sessions, which the server may batch): each sends under the lock and waits for the reply
  * with its request id; one waiting call at a time reads the connection and hands the others' replies over. */
 #include "remote.h"
+#include "trace.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -152,6 +153,7 @@ static sp_status read_one(sp_remote *r, int timeout_ms, sp_err *err)
     sp_buf b = {0};
     sp_msg m;
     sp_status st = recv_some(r, &b, timeout_ms, err);
+    SP_TRACE(SP_TR_READ);
     if (!st && (st = sp_msg_decode(&m, b.data, b.len, &r->limits, err)))
         sp_err_prefix(err, "reply from %s: ", r->host);
     pthread_mutex_lock(&r->lock);
@@ -250,6 +252,7 @@ static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *r
 {
     memset(rep, 0, sizeof *rep);
     sp_status st = sp_ws_client_send(r->c, b, err);
+    SP_TRACE(SP_TR_WRITTEN);
     if (st == SP_ERR_CLOSED && !r->reading) /* (a reader takes the last word to the calls waiting) */
         return why_closed(r, rep, st, err);
     return st ? st : wait_reply(r, id, rep, timeout_ms, err);
