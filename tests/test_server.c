@@ -988,6 +988,127 @@ START_TEST(t_batched_sessions_as_alone)
 }
 END_TEST
 
+/* A server of blocks 0:4 whose steps all go through the workers' queue, a pass waiting up to wait_s for the steps of
+ * the sessions in rhythm with the passes (sp_server_opts.gather_wait_s). */
+static sp_server *start_gathering(double wait_s)
+{
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    o.gather_wait_s = wait_s;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
+/* One session's first step, then (after the go barrier) its steps in rounds: each round after the others' (the
+ * round barrier), its step sent delay_us later. */
+typedef struct rhythm_job {
+    sp_remote *r;
+    uint64_t id;
+    int rounds, delay_us, ok;
+    pthread_barrier_t *go, *round;
+} rhythm_job;
+
+static void *rhythm_client(void *p)
+{
+    rhythm_job *j = p;
+    float x[H] = {0};
+    char meta[128];
+    sp_err err = {0};
+    sp_step_req q = {.session = j->id, .start_from_position = -1, .reply_encoding = -1};
+    int ok = sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK;
+    for (int k = -1; k < j->rounds; k++) {
+        if (k == 0) /* (twice: the first steps are done; the rounds begin) */
+            pthread_barrier_wait(j->go), pthread_barrier_wait(j->go);
+        if (k >= 0)
+            pthread_barrier_wait(j->round);
+        if (k >= 0 && j->delay_us)
+            usleep((useconds_t)j->delay_us);
+        sp_reply rep;
+        sp_tensor_src t = t3(x, 1, 1);
+        ok = ok && sp_remote_call(j->r, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep, TMO, &err) == SP_OK;
+        if (ok)
+            sp_reply_clear(&rep);
+    }
+    j->ok = ok;
+    return NULL;
+}
+
+/* The server's batch counters once rows rows went through its passes (a pass counts just after its answers go). */
+static sp_server_batch_stats batch_stats_at(sp_server *s, uint64_t rows)
+{
+    sp_server_batch_stats bs;
+    for (int k = 0; k < 500; k++) {
+        sp_server_batch_stats_get(s, &bs);
+        if (bs.rows >= rows)
+            break;
+        usleep(10000);
+    }
+    return bs;
+}
+
+/* A pass waits for the sessions whose steps are due. Four sessions step once, then in rounds, the fourth's step sent
+ * 30 ms after the others' every round (a client busy elsewhere, or one whose step missed a pass): every round is one
+ * pass of four (the gather waits up to 2 s here; at most 5 ms by default), and none waits in vain. A pass that did
+ * not wait for the late step made every round two passes: three steps, then the late one alone (and in 16 sessions
+ * on 2 vCPUs, waiting for as many steps as the last pass had, one late step made the later rounds 15 + 1). */
+START_TEST(t_batch_waits_for_due_steps)
+{
+    enum { N = 4, ROUNDS = 6 };
+    sp_server *s = start_gathering(2.0);
+    rhythm_job j[N];
+    pthread_barrier_t go, round;
+    pthread_barrier_init(&go, NULL, N + 1);
+    pthread_barrier_init(&round, NULL, N);
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        j[i] = (rhythm_job){.r = connect_to(s), .rounds = ROUNDS, .delay_us = i == N - 1 ? 30000 : 0, .go = &go,
+                            .round = &round};
+        j[i].id = open_session(j[i].r, 0, 4, 1 + ROUNDS, 1);
+        pthread_create(&th[i], NULL, rhythm_client, &j[i]);
+    }
+    pthread_barrier_wait(&go);
+    sp_server_batch_stats b0 = batch_stats_at(s, N), b1;
+    pthread_barrier_wait(&go);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_msg(j[i].ok, "session %d failed", i);
+        sp_remote_close(j[i].r);
+    }
+    b1 = batch_stats_at(s, N + N * ROUNDS);
+    ck_assert_msg(b1.batches - b0.batches == ROUNDS && b1.rows - b0.rows == N * ROUNDS,
+                  "%d rounds of %d sessions took %llu passes (%llu rows)", ROUNDS, N,
+                  (unsigned long long)(b1.batches - b0.batches), (unsigned long long)(b1.rows - b0.rows));
+    ck_assert_int_eq(b1.waited_out, b0.waited_out);
+    pthread_barrier_destroy(&go);
+    pthread_barrier_destroy(&round);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* ... and not for a session that stopped stepping: one session steps once and idles (open), another then steps five
+ * times: the first of its passes waits its 2 s for the idle one's step (due at once: its turn is not known yet),
+ * the later ones do not (a second overdue, it is no longer expected). */
+START_TEST(t_batch_not_waiting_for_idle)
+{
+    sp_server *s = start_gathering(2.0);
+    sp_remote *idle = connect_to(s), *r = connect_to(s);
+    uint64_t a = open_session(idle, 0, 4, 4, 1), b = open_session(r, 0, 4, 8, 1);
+    float x[H] = {0}, y[H];
+    step(idle, a, x, 1, 1, y, -1, NULL);
+    for (int k = 0; k < 5; k++)
+        step(r, b, x, 1, 1, y, -1, NULL);
+    sp_server_batch_stats bs = batch_stats_at(s, 6);
+    ck_assert_int_eq(bs.batches, 6);
+    ck_assert_msg(bs.waited_out <= 1, "%llu passes waited for an idle session", (unsigned long long)bs.waited_out);
+    sp_remote_close(idle);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
 /* One connection, four threads stepping a session each: the calls are in flight at once (sp_remote hands each reply
  * to its caller), so the server sees their steps together and batches them. */
 /* One client's training: steps of FORWARD then BACKWARD over blocks 1:4 (B rows of T positions, deep prompts of
@@ -1913,6 +2034,8 @@ int main(void)
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_loop_test(tc, t_batched_sessions_as_alone, 0, 3);
+    tcase_add_test(tc, t_batch_waits_for_due_steps);
+    tcase_add_test(tc, t_batch_not_waiting_for_idle);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_fair_training_merges);
