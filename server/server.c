@@ -91,8 +91,22 @@ static uint64_t next_peer(const task_queue *q, int p, uint64_t after, const task
     return above ? above : least;
 }
 
+/* e's windows at now: once its window is over, its most become the window before's, and the new one starts from
+ * none; after two windows, none is left. */
+static void seen_roll(struct peer_seen *e, uint64_t now, uint64_t window)
+{
+    if (now < e->since_ns + window)
+        return;
+    int gone = now >= e->since_ns + 2 * window;
+    for (int p = 0; p < 2; p++) {
+        e->before[p] = gone ? 0 : e->passed[p];
+        e->passed[p] = 0;
+    }
+    e->since_ns = gone ? now : e->since_ns + window;
+}
+
 /* t, just taken out of the queue (lock held), passed every task of another client still waiting; its own count
- * of those that passed it goes into its priority's most. */
+ * of those that passed it goes into its priority's most of the window. */
 static void note_taken(task_queue *q, const task *t)
 {
     for (int p = 0; p < 2; p++)
@@ -101,11 +115,13 @@ static void note_taken(task_queue *q, const task *t)
     struct peer_seen *e = NULL;
     for (int i = 0; i < PEERS_SEEN && !e; i++)
         e = q->seen[i].peer == t->peer ? &q->seen[i] : NULL;
+    uint64_t now = sp_now_ns();
     if (!e) {
         e = &q->seen[q->seen_next];
         q->seen_next = (q->seen_next + 1) % PEERS_SEEN;
-        *e = (struct peer_seen){.peer = t->peer};
+        *e = (struct peer_seen){.peer = t->peer, .since_ns = now};
     }
+    seen_roll(e, now, q->window_ns);
     if (t->passed > e->passed[t->prio])
         e->passed[t->prio] = t->passed;
 }
@@ -115,9 +131,14 @@ void sp_server_passed(sp_server *s, uint64_t conn, uint64_t passed[2])
     uint64_t peer = sp_ws_server_peer(s->ws, conn);
     passed[0] = passed[1] = 0;
     pthread_mutex_lock(&s->q.lock);
-    for (int i = 0; i < PEERS_SEEN; i++)
-        if (s->q.seen[i].peer == peer)
-            passed[0] = s->q.seen[i].passed[0], passed[1] = s->q.seen[i].passed[1];
+    for (int i = 0; i < PEERS_SEEN; i++) {
+        struct peer_seen *e = &s->q.seen[i];
+        if (e->peer != peer)
+            continue;
+        seen_roll(e, sp_now_ns(), s->q.window_ns);
+        for (int p = 0; p < 2; p++)
+            passed[p] = e->passed[p] > e->before[p] ? e->passed[p] : e->before[p];
+    }
     pthread_mutex_unlock(&s->q.lock);
 }
 
@@ -720,6 +741,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     }
     pthread_mutex_init(&s->q.lock, NULL);
     pthread_cond_init(&s->q.cond, NULL);
+    s->q.window_ns = (uint64_t)((o->passed_window_s > 0 ? o->passed_window_s : 60) * 1e9);
     pthread_mutex_init(&s->stats_lock, NULL);
     pthread_mutex_init(&s->mx_lock, NULL);
     s->mx.started_t = sp_now_s();

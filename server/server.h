@@ -45,8 +45,10 @@ typedef struct sp_server_opts {
     int workers;               /* request worker threads (default 1) */
     int workers_only;          /* every request goes through a worker, even a short step (tests; default 0) */
     int no_batch;              /* decode steps of different sessions run one by one, not as one pass (default 0) */
-    double gather_wait_s;      /* the most a pass waits for the steps of the sessions in rhythm with the passes
-                                  (tests; 0: a quarter of a recent pass, at most 5 ms) */
+    double gather_wait_s;      /* the most a pass waits for the steps that are due (tests; 0: a quarter of a recent
+                                  pass, at most 5 ms) */
+    double passed_window_s;    /* INFO's passed_inference and passed_training: the most in this window and the one
+                                  before it (tests; 0: 60 s) */
     double max_queue_wait_s;   /* new inference sessions are refused (ERROR "overloaded") while the queue wait
                                   (sp_server_queue_wait) is over it; 0: never (default 5) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */

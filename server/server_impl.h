@@ -141,11 +141,13 @@ typedef struct task_queue {
     int stop;
     /* the clients whose tasks were taken last (PEERS_SEEN, the oldest replaced): per priority, the most tasks of
      * other clients taken from the queue while one of theirs waited (how fair the turns were, as the server took
-     * them: INFO tells a client its own, sp_server_passed); lock held */
+     * them: INFO tells a client its own, sp_server_passed), in the window that began at since_ns and in the one
+     * before it (window_ns long); lock held */
     struct peer_seen {
-        uint64_t peer, passed[2];
+        uint64_t peer, passed[2], before[2], since_ns;
     } seen[PEERS_SEEN];
     int seen_next;
+    uint64_t window_ns;
 } task_queue;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -198,8 +200,8 @@ struct sp_server {
 };
 
 /* server.c: for the client (source address) of connection conn, the most requests of other clients taken from
- * the queue while one of its own waited: inference [0], training [1] (0: none seen; INFO's passed_inference and
- * passed_training). */
+ * the queue while one of its own waited, over the last one to two windows (opts.passed_window_s): inference [0],
+ * training [1] (0: none seen; INFO's passed_inference and passed_training). */
 void sp_server_passed(sp_server *s, uint64_t conn, uint64_t passed[2]);
 /* server.c: tasks waiting in the queue now. */
 int queue_length(task_queue *q);

@@ -1492,6 +1492,57 @@ START_TEST(t_fair_training_merges)
 }
 END_TEST
 
+/* INFO's passed_* are a recent window's most (here 0.5 s and the one before it; 60 s by default), not a lifetime's: a
+ * server whose answers come 300 ms late; client A (127.0.0.2) has a step in the works and another waiting, then
+ * B's FORWARD comes: A's waiting step is taken before it (inference first), so B is told 1 once its answer came;
+ * two windows later, with nothing taken since, 0. */
+static uint64_t raw_open(sp_ws_client *c)
+{
+    char meta[256];
+    sp_open_req oq = {.start = 0, .end = 4, .max_length = 8, .batch = 1};
+    ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
+    raw_send(c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
+    raw_answer(c, meta, sizeof meta);
+    cJSON *j = cJSON_Parse(meta);
+    uint64_t id = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
+    cJSON_Delete(j);
+    return id;
+}
+
+START_TEST(t_passed_recent_window)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:300", 1);
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    o.passed_window_s = 0.5;
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_ws_client *a = raw_connect(sp_server_port(s), "127.0.0.2"), *b = raw_connect(sp_server_port(s), "127.0.0.1");
+    uint64_t s1 = raw_open(a), s2 = raw_open(a);
+    raw_step(a, s1, 0);
+    usleep(50000); /* (a worker has it) */
+    raw_step(a, s2, 1);
+    raw_forward(b, 7);
+    raw_answer(b, NULL, 0);
+    sp_remote *r = connect_to(s); /* (B's address) */
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_msg(info.passed_training == 1, "B's FORWARD passed by %lld", (long long)info.passed_training);
+    usleep(1100000);
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_msg(info.passed_training == 0, "two windows later: %lld", (long long)info.passed_training);
+    for (int k = 0; k < 2; k++)
+        raw_answer(a, NULL, 0);
+    sp_remote_close(r);
+    sp_ws_client_close(a);
+    sp_ws_client_close(b);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* The queue wait's bound (--max-queue-wait): three sessions step without pause on a server whose answers come 20 ms
  * late each, so that steps wait for the pass before theirs (tens of ms, over a bound of 1 ms): a new session is
  * refused with ERROR "overloaded" (and counted), the running ones go on; once their steps stop, nothing waits, and a
@@ -2039,6 +2090,7 @@ int main(void)
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_fair_training_merges);
+    tcase_add_test(tc, t_passed_recent_window);
     tcase_add_test(tc, t_queue_wait_bound);
     tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
