@@ -1,5 +1,6 @@
 /* session.c - inference sessions: KV caches charged against the server's budget, one owner
- * connection each, freed on close, on disconnect and on timeouts. */
+ * connection each, freed on close, on disconnect and on timeouts; and each one's rhythm in batched passes (when
+ * its steps were answered and came back), from which a pass knows whose steps are due. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>

@@ -41,6 +41,15 @@ static void gqa_opts(sp_server_opts *o, int a, int b)
     o->measure = 0;
 }
 
+/* A server of options o, started (the test fails if it does not start). */
+static sp_server *start_with(const sp_server_opts *o)
+{
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
 static sp_server *start_server(int a, int b, long cache_tokens, double step_timeout)
 {
     sp_server_opts o;
@@ -996,10 +1005,7 @@ static sp_server *start_gathering(double wait_s)
     gqa_opts(&o, 0, 4);
     o.workers_only = 1;
     o.gather_wait_s = wait_s;
-    sp_server *s = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
-    return s;
+    return start_with(&o);
 }
 
 /* One session's first step, then (after the go barrier) its steps in rounds: each round after the others' (the
@@ -1516,9 +1522,7 @@ START_TEST(t_passed_recent_window)
     gqa_opts(&o, 0, 4);
     o.workers_only = 1;
     o.passed_window_s = 0.5;
-    sp_server *s = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
+    sp_server *s = start_with(&o);
     sp_ws_client *a = raw_connect(sp_server_port(s), "127.0.0.2"), *b = raw_connect(sp_server_port(s), "127.0.0.1");
     uint64_t s1 = raw_open(a), s2 = raw_open(a);
     raw_step(a, s1, 0);
@@ -1786,10 +1790,7 @@ static sp_server *start_measured(const char *cache)
     gqa_opts(&o, 0, 2);
     o.measure = 1;
     o.throughput_cache = cache;
-    sp_server *s = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
-    return s;
+    return start_with(&o);
 }
 
 static cJSON *read_json(const char *path)
