@@ -1057,9 +1057,9 @@ static sp_server_batch_stats batch_stats_at(sp_server *s, uint64_t rows)
 
 /* A pass waits for the sessions whose steps are due. Four sessions step once, then in rounds, the fourth's step sent
  * 30 ms after the others' every round (a client busy elsewhere, or one whose step missed a pass): every round is one
- * pass of four (the gather waits up to 2 s here; at most 5 ms by default), and none waits in vain. A pass that did
- * not wait for the late step made every round two passes: three steps, then the late one alone (and in 16 sessions
- * on 2 vCPUs, waiting for as many steps as the last pass had, one late step made the later rounds 15 + 1). */
+ * pass of four (the gather waits up to 2 s here; at most 5 ms by default), and none waits in vain. Passes that do
+ * not wait for due steps took 18 passes for the 6 rounds (the late step always alone; in 16 sessions on 2 vCPUs,
+ * waiting for as many steps as the last pass had, one late step made the later rounds 15 + 1). */
 START_TEST(t_batch_waits_for_due_steps)
 {
     enum { N = 4, ROUNDS = 6 };
