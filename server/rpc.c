@@ -1594,6 +1594,17 @@ int sp_rpc_span_key(const sp_server *s, const sp_buf *msg, sp_span_key *k)
     return ok ? 0 : -1;
 }
 
+uint64_t sp_rpc_step_session(const sp_server *s, const sp_buf *msg)
+{
+    sp_msg m;
+    sp_step_req q;
+    sp_err err = {0};
+    int ok = sp_msg_decode(&m, msg->data, msg->len, &s->limits, &err) == SP_OK && m.type == SP_MSG_INFERENCE_STEP &&
+             sp_step_req_decode(&m, &q, &err) == SP_OK;
+    sp_msg_clear(&m);
+    return ok ? q.session : 0;
+}
+
 /* Whether two parsed requests may share a pass: the same span, positions and prompts' length. */
 static int same_pass(const span_args *a, const span_args *b)
 {

@@ -91,8 +91,22 @@ static uint64_t next_peer(const task_queue *q, int p, uint64_t after, const task
     return above ? above : least;
 }
 
+/* e's windows at now: once its window is over, its most become the window before's, and the new one starts from
+ * none; after two windows, none is left. */
+static void seen_roll(struct peer_seen *e, uint64_t now, uint64_t window)
+{
+    if (now < e->since_ns + window)
+        return;
+    int gone = now >= e->since_ns + 2 * window;
+    for (int p = 0; p < 2; p++) {
+        e->before[p] = gone ? 0 : e->passed[p];
+        e->passed[p] = 0;
+    }
+    e->since_ns = gone ? now : e->since_ns + window;
+}
+
 /* t, just taken out of the queue (lock held), passed every task of another client still waiting; its own count
- * of those that passed it goes into its priority's most. */
+ * of those that passed it goes into its priority's most of the window. */
 static void note_taken(task_queue *q, const task *t)
 {
     for (int p = 0; p < 2; p++)
@@ -101,11 +115,13 @@ static void note_taken(task_queue *q, const task *t)
     struct peer_seen *e = NULL;
     for (int i = 0; i < PEERS_SEEN && !e; i++)
         e = q->seen[i].peer == t->peer ? &q->seen[i] : NULL;
+    uint64_t now = sp_now_ns();
     if (!e) {
         e = &q->seen[q->seen_next];
         q->seen_next = (q->seen_next + 1) % PEERS_SEEN;
-        *e = (struct peer_seen){.peer = t->peer};
+        *e = (struct peer_seen){.peer = t->peer, .since_ns = now};
     }
+    seen_roll(e, now, q->window_ns);
     if (t->passed > e->passed[t->prio])
         e->passed[t->prio] = t->passed;
 }
@@ -115,9 +131,14 @@ void sp_server_passed(sp_server *s, uint64_t conn, uint64_t passed[2])
     uint64_t peer = sp_ws_server_peer(s->ws, conn);
     passed[0] = passed[1] = 0;
     pthread_mutex_lock(&s->q.lock);
-    for (int i = 0; i < PEERS_SEEN; i++)
-        if (s->q.seen[i].peer == peer)
-            passed[0] = s->q.seen[i].passed[0], passed[1] = s->q.seen[i].passed[1];
+    for (int i = 0; i < PEERS_SEEN; i++) {
+        struct peer_seen *e = &s->q.seen[i];
+        if (e->peer != peer)
+            continue;
+        seen_roll(e, sp_now_ns(), s->q.window_ns);
+        for (int p = 0; p < 2; p++)
+            passed[p] = e->passed[p] > e->before[p] ? e->passed[p] : e->before[p];
+    }
     pthread_mutex_unlock(&s->q.lock);
 }
 
@@ -281,25 +302,63 @@ static int take_steps(task_queue *q, task **out, int max)
     return n;
 }
 
-/* The batch of steps that first (just popped) leads: those waiting, and those of the last pass's sessions that
- * come back within a short wait (a quarter of a pass, at most 5 ms: their answers have just gone out), fairly
- * chosen (take_steps), at most max_batch_tokens of them. Returns how many are in out (first included). */
-static int gather_steps(sp_server *s, task *first, task **out)
+/* The most a pass waits for the steps of the sessions expected back: the option's (tests), else a quarter of a
+ * recent pass, at most 5 ms. */
+static uint64_t gather_wait(const sp_server *s)
+{
+    if (s->o.gather_wait_s > 0)
+        return (uint64_t)(s->o.gather_wait_s * 1e9);
+    uint64_t wait = __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED) / 4;
+    return wait < 5000000 ? wait : 5000000;
+}
+
+/* Whether a session of ids[0..*n) has no step waiting yet, besides first; those that have leave the list (a step
+ * stays in the queue until a worker takes it). Lock held. */
+static int expected_missing(const task_queue *q, const task *first, uint64_t *ids, int *n)
+{
+    for (int i = 0; i < *n;) {
+        int here = first->session == ids[i];
+        for (const task *t = q->head[0]; t && !here; t = t->next)
+            here = t->step && t->session == ids[i];
+        if (here)
+            ids[i] = ids[--*n];
+        else
+            i++;
+    }
+    return *n > 0;
+}
+
+/* Waits on the queue's condition (lock held) for at most a millisecond, and not past deadline (sp_now_ns). */
+static void wait_until(task_queue *q, uint64_t deadline)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = sp_now_ns(), left = deadline > now ? deadline - now : 0;
+    uint64_t ns = (uint64_t)ts.tv_nsec + (left < 1000000 ? left : 1000000);
+    ts.tv_sec += (time_t)(ns / 1000000000);
+    ts.tv_nsec = (long)(ns % 1000000000);
+    pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+}
+
+/* The batch of steps that first (just popped) leads: those waiting, and those of the sessions whose steps are due
+ * within a short wait (gather_wait; sessions_expected: by their last answer and how soon their steps came after
+ * answers, at most a second or 4 passes overdue), fairly chosen (take_steps), at most max_batch_tokens of them. A
+ * step that came while the last pass ran (it missed it) thus runs in the next with the others, which do not leave
+ * it behind again. expect: room for max_batch_tokens ids. Returns how many are in out (first included). */
+static int gather_steps(sp_server *s, task *first, task **out, uint64_t *expect)
 {
     task_queue *q = &s->q;
-    int max = s->o.max_batch_tokens, expect = s->last_batch;
-    uint64_t wait = __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED) / 4;
-    uint64_t deadline = sp_now_ns() + (wait < 5000000 ? wait : 5000000);
+    int max = s->o.max_batch_tokens, missing;
+    uint64_t now = sp_now_ns(), deadline = now + gather_wait(s);
+    uint64_t late = 4 * __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED);
+    int ne = sessions_expected(s, now, deadline, late > 1000000000 ? late : 1000000000, expect, max);
     out[0] = first;
     pthread_mutex_lock(&q->lock);
-    while (!q->stop && 1 + steps_waiting(q) < expect && 1 + steps_waiting(q) < max && sp_now_ns() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t left = deadline - sp_now_ns(), ns = (uint64_t)ts.tv_nsec + (left < 1000000 ? left : 1000000);
-        ts.tv_sec += (time_t)(ns / 1000000000);
-        ts.tv_nsec = (long)(ns % 1000000000);
-        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
-    }
+    while ((missing = 1 + steps_waiting(q) < max && expected_missing(q, first, expect, &ne)) && !q->stop &&
+           sp_now_ns() < deadline)
+        wait_until(q, deadline);
+    if (missing && !q->stop)
+        __atomic_add_fetch(&s->waited_out, 1, __ATOMIC_RELAXED);
     int n = 1 + take_steps(q, out + 1, max - 1);
     pthread_mutex_unlock(&q->lock);
     return n;
@@ -309,7 +368,7 @@ static int gather_steps(sp_server *s, task *first, task **out)
 typedef struct step_bufs {
     sp_step_batch *b;
     task **tasks;
-    uint64_t *conns;
+    uint64_t *conns, *expect;
     sp_buf **msgs;
 } step_bufs;
 
@@ -319,7 +378,7 @@ static void task_finish(sp_server *s, task *t);
 static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
 {
     pthread_mutex_lock(&s->batch_lock);
-    int n = gather_steps(s, first, sb->tasks);
+    int n = gather_steps(s, first, sb->tasks, sb->expect);
     uint64_t t0 = sp_now_ns();
     for (int i = 0; i < n; i++) {
         sb->conns[i] = sb->tasks[i]->conn;
@@ -330,7 +389,7 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
     sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
     note_ns(&s->batch_ns, sp_now_ns() - t0);
     note_step(s, t0);
-    s->last_batch = n;
+    sessions_answered(s, sb->tasks, n, sp_now_ns());
     pthread_mutex_unlock(&s->batch_lock);
     for (int i = 0; i < n; i++)
         task_finish(s, sb->tasks[i]);
@@ -379,7 +438,7 @@ static void task_finish(sp_server *s, task *t)
 static void step_bufs_free(step_bufs *sb)
 {
     sp_step_batch_free(sb->b);
-    free(sb->tasks), free(sb->conns), free(sb->msgs);
+    free(sb->tasks), free(sb->conns), free(sb->expect), free(sb->msgs);
 }
 
 /* A batch's buffers for up to max steps; -1 when out of memory (the worker then runs steps one by one). */
@@ -389,8 +448,9 @@ static int step_bufs_init(step_bufs *sb, int max)
     sb->b = sp_step_batch_new();
     sb->tasks = calloc((size_t)max, sizeof *sb->tasks);
     sb->conns = calloc((size_t)max, sizeof *sb->conns);
+    sb->expect = calloc((size_t)max, sizeof *sb->expect);
     sb->msgs = calloc((size_t)max, sizeof *sb->msgs);
-    if (sb->b && sb->tasks && sb->conns && sb->msgs)
+    if (sb->b && sb->tasks && sb->conns && sb->expect && sb->msgs)
         return 0;
     step_bufs_free(sb);
     return -1;
@@ -506,6 +566,7 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
     t->step = type == SP_MSG_INFERENCE_STEP;
+    t->session = t->step && !s->o.no_batch ? sp_rpc_step_session(s, msg) : 0;
     t->merges = t->prio && sp_rpc_span_key(s, msg, &t->key) == 0;
     t->len = len;
     t->queued_ns = sp_now_ns();
@@ -680,6 +741,7 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     }
     pthread_mutex_init(&s->q.lock, NULL);
     pthread_cond_init(&s->q.cond, NULL);
+    s->q.window_ns = (uint64_t)((o->passed_window_s > 0 ? o->passed_window_s : 60) * 1e9);
     pthread_mutex_init(&s->stats_lock, NULL);
     pthread_mutex_init(&s->mx_lock, NULL);
     s->mx.started_t = sp_now_s();
@@ -690,7 +752,6 @@ sp_status sp_server_start(sp_server **out, const sp_server_opts *o, sp_err *err)
     pthread_mutex_init(&s->inline_lock, NULL);
     pthread_mutex_init(&s->push_lock, NULL);
     pthread_mutex_init(&s->batch_lock, NULL);
-    s->last_batch = 1;
     s->limits = sp_proto_default_limits();
     s->limits.max_message = o->max_message;
     if (o->threads > 0) /* the engine's pool (decode kernels), created by the first block that loads */
@@ -775,6 +836,7 @@ void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out)
         .peak = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED),
         .prefills = __atomic_load_n(&s->batched_prefills, __ATOMIC_RELAXED),
         .long_prefills = __atomic_load_n(&s->batched_long, __ATOMIC_RELAXED),
+        .waited_out = __atomic_load_n(&s->waited_out, __ATOMIC_RELAXED),
         .queue_wait_s = sp_server_queue_wait(s)};
 }
 

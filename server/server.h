@@ -45,6 +45,10 @@ typedef struct sp_server_opts {
     int workers;               /* request worker threads (default 1) */
     int workers_only;          /* every request goes through a worker, even a short step (tests; default 0) */
     int no_batch;              /* decode steps of different sessions run one by one, not as one pass (default 0) */
+    double gather_wait_s;      /* the most a pass waits for the steps that are due (tests; 0: a quarter of a recent
+                                  pass, at most 5 ms) */
+    double passed_window_s;    /* INFO's passed_inference and passed_training: the most in this window and the one
+                                  before it (tests; 0: 60 s) */
     double max_queue_wait_s;   /* new inference sessions are refused (ERROR "overloaded") while the queue wait
                                   (sp_server_queue_wait) is over it; 0: never (default 5) */
     int dtype;                 /* sp_wtype the blocks are held in (kern.h; default f32) */
@@ -127,6 +131,7 @@ typedef struct sp_server_batch_stats {
     uint64_t batches, rows, peak;
     uint64_t prefills;      /* steps of several positions (prefills) that ran through a pass */
     uint64_t long_prefills; /* ... of them, those of more than SP_KERN_MAX_ROWS rows (int8 and nf4 spans) */
+    uint64_t waited_out;    /* passes that began at the end of their wait, a step expected in them missing */
     double queue_wait_s;
 } sp_server_batch_stats;
 void sp_server_batch_stats_get(sp_server *s, sp_server_batch_stats *out);

@@ -28,6 +28,9 @@ typedef struct session {
     double created, last_used;
     int busy;             /* a worker is stepping it */
     int closed;           /* freed once not busy */
+    /* its rhythm in batched passes (sessions_answered): when its last step's pass answered (sp_now_ns; 0: none
+     * yet), and how long its last two steps came after the answer before them (0: not known, or at once) */
+    uint64_t answered_ns, turn_ns[2];
     sp_kv_cache *kv;      /* end - start caches (host blocks) */
     struct span_dev *dev; /* --device cuda: its device (span.h), and end - start device caches */
     struct sp_cuda_kv **dkv;
@@ -114,6 +117,7 @@ typedef struct sp_span_key {
 typedef struct task {
     uint64_t conn;
     uint64_t peer;   /* its connection's source address (sp_ws_server_peer): the client it is fair between */
+    uint64_t session; /* an INFERENCE_STEP's session (sp_rpc_step_session; 0: none read) */
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
@@ -137,11 +141,13 @@ typedef struct task_queue {
     int stop;
     /* the clients whose tasks were taken last (PEERS_SEEN, the oldest replaced): per priority, the most tasks of
      * other clients taken from the queue while one of theirs waited (how fair the turns were, as the server took
-     * them: INFO tells a client its own, sp_server_passed); lock held */
+     * them: INFO tells a client its own, sp_server_passed), in the window that began at since_ns and in the one
+     * before it (window_ns long); lock held */
     struct peer_seen {
-        uint64_t peer, passed[2];
+        uint64_t peer, passed[2], before[2], since_ns;
     } seen[PEERS_SEEN];
     int seen_next;
+    uint64_t window_ns;
 } task_queue;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -176,10 +182,10 @@ struct sp_server {
     uint64_t requests;
     /* batched decode steps (rpc.c, server.c): one pass at a time; sizes and times are atomics */
     pthread_mutex_t batch_lock;
-    int last_batch;          /* steps in the last pass: how many the next one waits for (briefly) */
     uint64_t batches, batched_rows, batch_peak; /* passes, rows through them, the most rows in one */
     uint64_t batched_prefills; /* steps of several positions (prefills) that ran in a pass */
     uint64_t batched_long;     /* ... of more than SP_KERN_MAX_ROWS rows (int8 and nf4 spans) */
+    uint64_t waited_out;       /* passes that began at the end of their wait, an expected step missing */
     uint64_t batch_ns;       /* recent passes' time (a moving average) */
     uint64_t queue_wait_ns;  /* recent steps' wait in the queue (a moving average): the announced load */
     uint64_t waited_at_ns;   /* when the last step was taken from the queue (sp_now_ns) */
@@ -194,8 +200,8 @@ struct sp_server {
 };
 
 /* server.c: for the client (source address) of connection conn, the most requests of other clients taken from
- * the queue while one of its own waited: inference [0], training [1] (0: none seen; INFO's passed_inference and
- * passed_training). */
+ * the queue while one of its own waited, over the last one to two windows (opts.passed_window_s): inference [0],
+ * training [1] (0: none seen; INFO's passed_inference and passed_training). */
 void sp_server_passed(sp_server *s, uint64_t conn, uint64_t passed[2]);
 /* server.c: tasks waiting in the queue now. */
 int queue_length(task_queue *q);
@@ -221,6 +227,9 @@ void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_c
  * input or pushes its output (any of the push fields: awaits.c), or a message that does not decode, which its
  * handler then answers). Decodes only the header, metadata and shapes (the transport thread). */
 int sp_rpc_span_key(const sp_server *s, const sp_buf *msg, sp_span_key *k);
+/* rpc.c: the session an INFERENCE_STEP steps; 0 for a message that does not decode (its handler then answers it).
+ * Decodes only the header and metadata (the transport thread). */
+uint64_t sp_rpc_step_session(const sp_server *s, const sp_buf *msg);
 /* rpc.c: FORWARDs (or BACKWARDs) of one key taken from the queue together (msgs[i] from connection conns[i], each
  * buffer taken as sp_rpc_handle takes it) as one pass over their span's blocks: each gets the bits it gets alone
  * (block.h, sp_block_forward_items) and its own reply; one that fails its checks gets its ERROR and the others
@@ -250,6 +259,13 @@ void session_drop_push(session *x);
 void session_release(sp_server *s, session *x);
 sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
 void sessions_close_conn(sp_server *s, uint64_t conn);
+/* The steps tasks[0..n) of one pass were answered at now: each session's answer time, and how long its step came
+ * after its previous answer (its turn: the client's own work, or a chain of other servers, between two steps). */
+void sessions_answered(sp_server *s, task *const *tasks, int n, uint64_t now);
+/* The sessions a pass gathering from now until deadline waits for (up to max ids into ids; their count): those
+ * whose next step is due by the deadline (their last answer plus the shorter of their last two turns) and at most
+ * late_ns overdue (a session that stopped stepping is not waited for). */
+int sessions_expected(sp_server *s, uint64_t now, uint64_t deadline, uint64_t late_ns, uint64_t *ids, int max);
 /* Closes sessions idle past the step timeout or older than the session timeout; returns how many. */
 int sessions_reap(sp_server *s, double now);
 long sessions_tokens_available(sp_server *s);

@@ -1,5 +1,6 @@
 /* session.c - inference sessions: KV caches charged against the server's budget, one owner
- * connection each, freed on close, on disconnect and on timeouts. */
+ * connection each, freed on close, on disconnect and on timeouts; and each one's rhythm in batched passes (when
+ * its steps were answered and came back), from which a pass knows whose steps are due. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -241,6 +242,38 @@ void sessions_close_conn(sp_server *s, uint64_t conn)
         x = n;
     }
     pthread_mutex_unlock(&t->lock);
+}
+
+void sessions_answered(sp_server *s, task *const *tasks, int n, uint64_t now)
+{
+    session_table *t = &s->st;
+    sp_err err = {0};
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < n; i++) {
+        session *x = tasks[i]->session ? find_locked(t, tasks[i]->conn, tasks[i]->session, &err) : NULL;
+        if (!x)
+            continue;
+        uint64_t came = tasks[i]->queued_ns; /* (it may come before the pass that answered it ends) */
+        if (x->answered_ns) {
+            x->turn_ns[1] = x->turn_ns[0];
+            x->turn_ns[0] = came > x->answered_ns ? came - x->answered_ns : 0;
+        }
+        x->answered_ns = now;
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+int sessions_expected(sp_server *s, uint64_t now, uint64_t deadline, uint64_t late_ns, uint64_t *ids, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&s->st.lock);
+    for (const session *x = s->st.head; x && n < max; x = x->next) {
+        uint64_t turn = x->turn_ns[0] < x->turn_ns[1] ? x->turn_ns[0] : x->turn_ns[1], due = x->answered_ns + turn;
+        if (x->answered_ns && due <= deadline && now < due + late_ns)
+            ids[n++] = x->id;
+    }
+    pthread_mutex_unlock(&s->st.lock);
+    return n;
 }
 
 int sessions_reap(sp_server *s, double now)

@@ -41,6 +41,15 @@ static void gqa_opts(sp_server_opts *o, int a, int b)
     o->measure = 0;
 }
 
+/* A server of options o, started (the test fails if it does not start). */
+static sp_server *start_with(const sp_server_opts *o)
+{
+    sp_server *s = NULL;
+    sp_err err = {0};
+    ck_assert_msg(sp_server_start(&s, o, &err) == SP_OK, "%s", err.msg);
+    return s;
+}
+
 static sp_server *start_server(int a, int b, long cache_tokens, double step_timeout)
 {
     sp_server_opts o;
@@ -988,6 +997,124 @@ START_TEST(t_batched_sessions_as_alone)
 }
 END_TEST
 
+/* A server of blocks 0:4 whose steps all go through the workers' queue, a pass waiting up to wait_s for the steps of
+ * the sessions in rhythm with the passes (sp_server_opts.gather_wait_s). */
+static sp_server *start_gathering(double wait_s)
+{
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    o.gather_wait_s = wait_s;
+    return start_with(&o);
+}
+
+/* One session's first step, then (after the go barrier) its steps in rounds: each round after the others' (the
+ * round barrier), its step sent delay_us later. */
+typedef struct rhythm_job {
+    sp_remote *r;
+    uint64_t id;
+    int rounds, delay_us, ok;
+    pthread_barrier_t *go, *round;
+} rhythm_job;
+
+static void *rhythm_client(void *p)
+{
+    rhythm_job *j = p;
+    float x[H] = {0};
+    char meta[128];
+    sp_err err = {0};
+    sp_step_req q = {.session = j->id, .start_from_position = -1, .reply_encoding = -1};
+    int ok = sp_step_req_encode(&q, meta, sizeof meta, &err) == SP_OK;
+    for (int k = -1; k < j->rounds; k++) {
+        if (k == 0) /* (twice: the first steps are done; the rounds begin) */
+            pthread_barrier_wait(j->go), pthread_barrier_wait(j->go);
+        if (k >= 0)
+            pthread_barrier_wait(j->round);
+        if (k >= 0 && j->delay_us)
+            usleep((useconds_t)j->delay_us);
+        sp_reply rep;
+        sp_tensor_src t = t3(x, 1, 1);
+        ok = ok && sp_remote_call(j->r, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep, TMO, &err) == SP_OK;
+        if (ok)
+            sp_reply_clear(&rep);
+    }
+    j->ok = ok;
+    return NULL;
+}
+
+/* The server's batch counters once rows rows went through its passes (a pass counts just after its answers go). */
+static sp_server_batch_stats batch_stats_at(sp_server *s, uint64_t rows)
+{
+    sp_server_batch_stats bs;
+    for (int k = 0; k < 500; k++) {
+        sp_server_batch_stats_get(s, &bs);
+        if (bs.rows >= rows)
+            break;
+        usleep(10000);
+    }
+    return bs;
+}
+
+/* A pass waits for the sessions whose steps are due. Four sessions step once, then in rounds, the fourth's step sent
+ * 30 ms after the others' every round (a client busy elsewhere, or one whose step missed a pass): every round is one
+ * pass of four (the gather waits up to 2 s here; at most 5 ms by default), and none waits in vain. Passes that do
+ * not wait for due steps took 18 passes for the 6 rounds (the late step always alone; in 16 sessions on 2 vCPUs,
+ * waiting for as many steps as the last pass had, one late step made the later rounds 15 + 1). */
+START_TEST(t_batch_waits_for_due_steps)
+{
+    enum { N = 4, ROUNDS = 6 };
+    sp_server *s = start_gathering(2.0);
+    rhythm_job j[N];
+    pthread_barrier_t go, round;
+    pthread_barrier_init(&go, NULL, N + 1);
+    pthread_barrier_init(&round, NULL, N);
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        j[i] = (rhythm_job){.r = connect_to(s), .rounds = ROUNDS, .delay_us = i == N - 1 ? 30000 : 0, .go = &go,
+                            .round = &round};
+        j[i].id = open_session(j[i].r, 0, 4, 1 + ROUNDS, 1);
+        pthread_create(&th[i], NULL, rhythm_client, &j[i]);
+    }
+    pthread_barrier_wait(&go);
+    sp_server_batch_stats b0 = batch_stats_at(s, N), b1;
+    pthread_barrier_wait(&go);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_msg(j[i].ok, "session %d failed", i);
+        sp_remote_close(j[i].r);
+    }
+    b1 = batch_stats_at(s, N + N * ROUNDS);
+    ck_assert_msg(b1.batches - b0.batches == ROUNDS && b1.rows - b0.rows == N * ROUNDS,
+                  "%d rounds of %d sessions took %llu passes (%llu rows)", ROUNDS, N,
+                  (unsigned long long)(b1.batches - b0.batches), (unsigned long long)(b1.rows - b0.rows));
+    ck_assert_int_eq(b1.waited_out, b0.waited_out);
+    pthread_barrier_destroy(&go);
+    pthread_barrier_destroy(&round);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* ... and not for a session that stopped stepping: one session steps once and idles (open), another then steps five
+ * times: the first of its passes waits its 2 s for the idle one's step (due at once: its turn is not known yet),
+ * the later ones do not (a second overdue, it is no longer expected). */
+START_TEST(t_batch_not_waiting_for_idle)
+{
+    sp_server *s = start_gathering(2.0);
+    sp_remote *idle = connect_to(s), *r = connect_to(s);
+    uint64_t a = open_session(idle, 0, 4, 4, 1), b = open_session(r, 0, 4, 8, 1);
+    float x[H] = {0}, y[H];
+    step(idle, a, x, 1, 1, y, -1, NULL);
+    for (int k = 0; k < 5; k++)
+        step(r, b, x, 1, 1, y, -1, NULL);
+    sp_server_batch_stats bs = batch_stats_at(s, 6);
+    ck_assert_int_eq(bs.batches, 6);
+    ck_assert_msg(bs.waited_out <= 1, "%llu passes waited for an idle session", (unsigned long long)bs.waited_out);
+    sp_remote_close(idle);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
 /* One connection, four threads stepping a session each: the calls are in flight at once (sp_remote hands each reply
  * to its caller), so the server sees their steps together and batches them. */
 /* One client's training: steps of FORWARD then BACKWARD over blocks 1:4 (B rows of T positions, deep prompts of
@@ -1371,6 +1498,55 @@ START_TEST(t_fair_training_merges)
 }
 END_TEST
 
+/* INFO's passed_* are a recent window's most (here 0.5 s and the one before it; 60 s by default), not a lifetime's: a
+ * server whose answers come 300 ms late; client A (127.0.0.2) has a step in the works and another waiting, then
+ * B's FORWARD comes: A's waiting step is taken before it (inference first), so B is told 1 once its answer came;
+ * two windows later, with nothing taken since, 0. */
+static uint64_t raw_open(sp_ws_client *c)
+{
+    char meta[256];
+    sp_open_req oq = {.start = 0, .end = 4, .max_length = 8, .batch = 1};
+    ck_assert_int_eq(sp_open_req_encode(&oq, meta, sizeof meta, NULL), SP_OK);
+    raw_send(c, SP_MSG_INFERENCE_OPEN, 2, meta, NULL, 0);
+    raw_answer(c, meta, sizeof meta);
+    cJSON *j = cJSON_Parse(meta);
+    uint64_t id = (uint64_t)cJSON_GetObjectItem(j, "session")->valuedouble;
+    cJSON_Delete(j);
+    return id;
+}
+
+START_TEST(t_passed_recent_window)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:300", 1);
+    sp_server_opts o;
+    gqa_opts(&o, 0, 4);
+    o.workers_only = 1;
+    o.passed_window_s = 0.5;
+    sp_server *s = start_with(&o);
+    sp_ws_client *a = raw_connect(sp_server_port(s), "127.0.0.2"), *b = raw_connect(sp_server_port(s), "127.0.0.1");
+    uint64_t s1 = raw_open(a), s2 = raw_open(a);
+    raw_step(a, s1, 0);
+    usleep(50000); /* (a worker has it) */
+    raw_step(a, s2, 1);
+    raw_forward(b, 7);
+    raw_answer(b, NULL, 0);
+    sp_remote *r = connect_to(s); /* (B's address) */
+    sp_info_reply info;
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_msg(info.passed_training == 1, "B's FORWARD passed by %lld", (long long)info.passed_training);
+    usleep(1100000);
+    ck_assert_int_eq(sp_remote_get_info(r, &info, TMO, NULL), SP_OK);
+    ck_assert_msg(info.passed_training == 0, "two windows later: %lld", (long long)info.passed_training);
+    for (int k = 0; k < 2; k++)
+        raw_answer(a, NULL, 0);
+    sp_remote_close(r);
+    sp_ws_client_close(a);
+    sp_ws_client_close(b);
+    sp_server_stop(s);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* The queue wait's bound (--max-queue-wait): three sessions step without pause on a server whose answers come 20 ms
  * late each, so that steps wait for the pass before theirs (tens of ms, over a bound of 1 ms): a new session is
  * refused with ERROR "overloaded" (and counted), the running ones go on; once their steps stop, nothing waits, and a
@@ -1614,10 +1790,7 @@ static sp_server *start_measured(const char *cache)
     gqa_opts(&o, 0, 2);
     o.measure = 1;
     o.throughput_cache = cache;
-    sp_server *s = NULL;
-    sp_err err = {0};
-    ck_assert_msg(sp_server_start(&s, &o, &err) == SP_OK, "%s", err.msg);
-    return s;
+    return start_with(&o);
 }
 
 static cJSON *read_json(const char *path)
@@ -1913,9 +2086,12 @@ int main(void)
     tcase_add_test(tc, t_hypo_ids);
     tcase_add_test(tc, t_two_clients);
     tcase_add_loop_test(tc, t_batched_sessions_as_alone, 0, 3);
+    tcase_add_test(tc, t_batch_waits_for_due_steps);
+    tcase_add_test(tc, t_batch_not_waiting_for_idle);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_fair_training_merges);
+    tcase_add_test(tc, t_passed_recent_window);
     tcase_add_test(tc, t_queue_wait_bound);
     tcase_add_test(tc, t_one_connection_many_sessions);
     tcase_add_test(tc, t_cache_budget_and_info);
