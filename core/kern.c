@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "memtune.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -257,7 +258,7 @@ sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int c
     size_t srows = nb ? ((size_t)rows + GROUP - 1) / GROUP * GROUP : (size_t)rows;
     size_t data = nb ? srows / GROUP * nb * GROUP_BLOCK : (size_t)rows * m->row_bytes;
     size_t qb = (data + 64 + 63) & ~(size_t)63;
-    m->q = aligned_alloc(64, qb ? qb : 64);
+    m->q = sp_mem_alloc_weights(qb ? qb : 64);
     if (nb)
         m->scale = calloc(srows * nb + 1, sizeof(float));
     if (!m->q || (nb && !m->scale)) {
