@@ -29,13 +29,13 @@ void sp_mem_trim(void)
 
 void *sp_mem_alloc_weights(size_t n)
 {
-    if (n < HUGE_PAGE)
-        return aligned_alloc(64, (n + 63) & ~(size_t)63);
-    size_t whole = (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    void *p = aligned_alloc(HUGE_PAGE, whole);
+    void *p = NULL;
+    n = (n + 63) & ~(size_t)63;
+    if (posix_memalign(&p, n < HUGE_PAGE ? 64 : HUGE_PAGE, n))
+        return NULL;
 #ifdef MADV_HUGEPAGE
-    if (p)
-        madvise(p, whole, MADV_HUGEPAGE); /* (a kernel without THP refuses: 4 KiB pages, as before) */
+    if (n >= HUGE_PAGE) /* whole huge pages only: the tail stays in 4 KiB pages, so no page is padding */
+        madvise(p, n & ~(HUGE_PAGE - 1), MADV_HUGEPAGE); /* (a kernel without THP refuses: 4 KiB pages) */
 #endif
     return p;
 }
