@@ -600,7 +600,7 @@ static const sp_opt init_opts[] = {
                    .help = "a narrower width (small models for tests): the same heads, the head size and the MLP in "
                            "proportion; default: the model's"},
     [MI_DTYPE] = {"--dtype", SP_OPT_CHOICE, .choices = "bf16|f32", .def = "bf16", .help = "the weights on disk"},
-    [MI_SEED] = {"--seed", SP_OPT_INT, "S", 0, 9.2e18, .def = "0",
+    [MI_SEED] = {"--seed", SP_OPT_INT, "S", 0, SP_RNG_SEED_MAX, .def = "0",
                  .help = "the weights' seed: the same seed writes the same tensors"},
     [MI_SHARD_SIZE] = {"--shard-size", SP_OPT_STR, "SIZE", .def = "5GB",
                        .help = "the largest shard (5GB, 500MB, 2GiB), as transformers' max_shard_size"},

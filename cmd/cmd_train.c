@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rng.h"
 #include "app.h"
 #include "devparts.h"
 #include "timeutil.h"
@@ -313,7 +314,7 @@ static int cmd_plugin_list(sp_app *app, const sp_args *a)
                          .help = "microbatches a batch is split into"},                                            \
     [TR_EVAL_BATCHES] = {"--eval-batches", SP_OPT_INT, "N", 0, 1 << 30, .def = "0",                               \
                          .help = "validate on N batches only; 0: all"},                                            \
-    [TR_SEED] = {"--seed", SP_OPT_INT, "S", 0, 9.2e18, .def = "0", .help = "seed of initialisation and shuffling"}, \
+    [TR_SEED] = {"--seed", SP_OPT_INT, "S", 0, SP_RNG_SEED_MAX, .def = "0", .help = "seed of initialisation and shuffling"}, \
     [TR_DEVICE] = {"--device", .meta = "auto|cpu|cuda[:N]", SP_SETTING(SP_SET_DEVICE),                            \
                    .help = "where the local parts and the optimizer run (the device setting)"},                   \
     [TR_ARGS] = {"--args", SP_OPT_STR, "\"k=v ...\"", .help = "the task's arguments (causal_lm: file=PATH)"},      \

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "rng.h"
 #include "app.h"
 #include "devparts.h"
 
@@ -18,7 +19,7 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
                       .help = "nucleus sampling: the smallest set of tokens of probability p; 1 is off"},
     [SP_SET_REPETITION_PENALTY] = {"repetition-penalty", SP_OPT_NUM, .min = 0.01, .max = 100, .def = "1",
                                    .help = "divide the logits of tokens seen already; 1 is off"},
-    [SP_SET_SEED] = {"seed", SP_OPT_INT, .max = 9.2e18, .word = "random", .def = "random",
+    [SP_SET_SEED] = {"seed", SP_OPT_INT, .max = SP_RNG_SEED_MAX, .word = "random", .def = "random",
                      .help = "seed of sampling: an integer repeats a run, random draws a fresh one each time"},
     [SP_SET_BEAMS] = {"beams", SP_OPT_INT, .min = 1, .max = 64, .def = "1",
                       .help = "beam search width; 1 is no beam search"},

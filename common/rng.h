@@ -21,5 +21,8 @@ void sp_rng_fill_normal_fast(sp_rng *r, float *x, long n, float std);
 /* A fresh seed for a run that was given none (from the kernel, else the clock and the pid), in [0, 2^63): a
  * value `--seed` accepts, so that printing it lets the run be repeated. */
 uint64_t sp_rng_fresh_seed(void);
+/* The largest seed the `--seed` options and the `seed` setting take: 2^63 - 1 (as their double bound, 2^63;
+ * strtoll saturates there), so that every fresh seed is one. */
+#define SP_RNG_SEED_MAX 9223372036854775807.0
 
 #endif

@@ -33,6 +33,12 @@ cmp -s "$TMP/a.out" "$TMP/c.out" && ok "model generate: --seed S repeats the run
     bad "model generate: --seed S printed another"
 "$SEPAL" model generate "$M" --prompt "The cat" --max-new-tokens 8 2> "$TMP/g.err" > /dev/null
 grep -q "seed" "$TMP/g.err" && bad "greedy model generate prints a seed" || ok "greedy model generate prints no seed"
+# the largest seed a run may draw (2^63 - 1: drawn seeds are below 2^63) is one --seed takes, and the seed setting
+big=9223372036854775807
+"$SEPAL" model generate "$M" --prompt "The cat" "${SAMPLE[@]}" --seed $big > /dev/null 2> "$TMP/big.err" &&
+    [ "$(seed_of "$TMP/big.err")" = "$big" ] && ok "model generate: --seed $big (the largest drawn) is taken" ||
+    bad "model generate: --seed $big: $(tail -1 "$TMP/big.err")"
+"$SEPAL" -c "set seed $big" > /dev/null 2> "$TMP/set.err" && ok "set seed $big" || bad "set seed $big: $(cat "$TMP/set.err")"
 
 # ---- generate through a swarm: one session, commands through a FIFO ----------------------------------------
 mkfifo "$TMP/in"

@@ -13,7 +13,7 @@
 #  - a generation waiting for a joining server: the route panel counts down to the next try, second by second;
 #  - Ctrl-C twice quits (exit 130), a crash (SIGSEGV) restores the terminal, SIGTERM quits (143);
 #  - NO_COLOR, LC_ALL=C and TERM=vt100, replaying what the first run recorded (--record-events);
-#  - the UI's CPU: idle (from /proc: at most 5 ticks in 5 s, 1% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
+#  - the UI's CPU: idle (from /proc: at most 25 ticks in 5 s, 5% of a core: a loop that polls would take hundreds) and streaming 50 tokens/s (under 2% of a core).
 . "$(dirname "$0")/lib.bash"
 . "$(dirname "$0")/tui_tmux.bash"
 # the frame number in the status row
@@ -332,7 +332,8 @@ t0=$(ticks "$PID")
 sleep 5
 t1=$(ticks "$PID")
 f1=$(frame b)
-[ -n "$t0" ] && [ $((t1 - t0)) -le 5 ] && ok "idle: $((t1 - t0)) CPU ticks in 5 s" || bad "idle: $((t1 - t0)) CPU ticks in 5 s"
+# (at most 25 ticks, 5% of a core: a loop that polls takes hundreds; 7 were seen with another suite beside it)
+[ -n "$t0" ] && [ $((t1 - t0)) -le 25 ] && ok "idle: $((t1 - t0)) CPU ticks in 5 s" || bad "idle: $((t1 - t0)) CPU ticks in 5 s"
 [ "$f0" = "$f1" ] && ok "idle: no frame drawn in 5 s" || bad "idle: frames $f0 -> $f1"
 keys b C-c
 check b "one Ctrl-C: it asks for another" "Ctrl-C again to quit"
