@@ -70,7 +70,8 @@ prompt_back() {
         pane | tail -5 | sed 's/^/    /'
     fi
 }
-sepal_pid() { pgrep -f "^$SEPAL --repl" | head -1; }
+# the sepal of this test's pane (a child of the pane's shell: other suites may run a `sepal --repl` beside it)
+sepal_pid() { pgrep -P "$(tmux -L "$SOCK" display -p '#{pane_pid}')" -f -- "--repl" | head -1; }
 servers_of() { pgrep -P "$1" -f sepal-server | wc -l; }
 
 tmux -L "$SOCK" new-session -d -x 160 -y 50 \
