@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "memtune.h"
 #include "pool.h"
 #include "rng.h"
 #include "timeutil.h"
@@ -149,7 +150,7 @@ int main(int argc, char **argv)
     size_t params = 0;
     for (int k = 0; k < 7; k++) {
         size_t n = (size_t)sh[k].rows * sh[k].cols;
-        wf[k] = malloc(n * sizeof(float));
+        wf[k] = sp_mem_alloc_weights(n * sizeof(float)); /* as the loader holds f32 weights (memtune.h) */
         sp_rng_fill_normal(&r, wf[k], (long)n, 0.02f);
         params += n;
         for (int t = 0; t < SP_W__COUNT; t++)

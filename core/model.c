@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "memtune.h"
 #include "ops.h"
 #include "trace.h"
 
@@ -14,7 +15,7 @@ static sp_status read_tensor(sp_model *m, sp_safetensors *st, const char *name, 
 {
     int64_t shape[2] = {rows, cols};
     int ndim = cols ? 2 : 1;
-    *dst = malloc((size_t)rows * (size_t)(cols ? cols : 1) * sizeof(float));
+    *dst = sp_mem_alloc_weights((size_t)rows * (size_t)(cols ? cols : 1) * sizeof(float)); /* (huge pages) */
     if (!*dst)
         return sp_errf(err, SP_ERR_NOMEM, "out of memory loading %s", name);
     sp_status s = sp_st_read_f32(st, name, *dst, ndim, shape, err);
