@@ -23,12 +23,12 @@ void sp_mem_release(const void *p, size_t n);
 void sp_mem_trim(void);
 
 /* n bytes for weights that every token streams through (free() frees them), 64-byte aligned; from 2 MiB on,
- * aligned to 2 MiB and its whole 2 MiB asked to be backed by transparent huge pages (madvise MADV_HUGEPAGE:
- * where THP is "madvise", as Debian's kernels default, nothing else gets them; the tail past the last whole
- * 2 MiB stays in 4 KiB pages, so no memory is spent on padding): a TLB entry for every 2 MiB instead of 512
- * 4 KiB pages, which the kernels' reads and prefetches ahead cross all the time (bench_kern's 7B block, 1
- * thread, at rest: bf16 0.88-0.92x the time a token, int8 0.92-0.95x, nf4 0.91-0.93x). NULL when out of
- * memory. */
+ * aligned to 2 MiB and its whole 2 MiB asked to be backed by transparent huge pages (madvise MADV_HUGEPAGE: where
+ * THP is "madvise" nothing else gets them; under "always" the alignment lets the kernel back them so; the tail
+ * past the last whole 2 MiB stays in 4 KiB pages, so no memory is spent on padding): a TLB entry for every 2 MiB
+ * instead of 512 4 KiB pages, which the kernels' reads and prefetches ahead cross all the time (bench_kern's 7B
+ * block, 1 thread, at rest: f32 0.83-0.86x the time a token, bf16 0.88-0.92x, int8 0.92-0.95x, nf4 0.91-0.93x).
+ * NULL when out of memory. */
 void *sp_mem_alloc_weights(size_t n);
 
 #endif
