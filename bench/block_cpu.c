@@ -21,6 +21,11 @@
  * holds it (sp_block_quantize) decodes again, against a read of as many bytes as its encoded weights take,
  * and against the f32 decode of the same run (tokens/s; goal for int8 >= 3x).
  *
+ * --idle-ms MS adds to each decode figure the same step taken after MS ms asleep (as a swarm server's blocks run:
+ * a step, then idle while the other servers and the links take theirs), against a step right after another, in
+ * pairs: whether a machine runs a burst after idling slower than a loop (caches, TLB, the host's scheduling of an
+ * idle vCPU), which no change to the blocks can help.
+ *
  * Block and baseline reps alternate (A B A B ...) so that drift on a noisy shared VM (another build,
  * frequency changes) hits both sides alike and the ratios stay meaningful. */
 #include <cblas.h>
@@ -29,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "block.h"
 #include "config.h"
@@ -41,6 +47,7 @@ typedef struct opts {
     int threads; /* 0: keep OpenBLAS's default */
     int H, FF, nh, nkv, experts, T, K;
     int reps_decode, reps_forward;
+    int idle_ms; /* --idle-ms: also decode after this long asleep, against back to back */
     const char *family;
     sp_wtype dtype; /* SP_W_F32: no encoded part */
 } opts;
@@ -115,9 +122,9 @@ static int parse_int(const char *s, int *out)
 static int *opt_slot(opts *o, const char *name)
 {
     static const char *names[] = {"--threads", "--hidden", "--ff",   "--heads",       "--kv-heads",
-                                  "--experts", "--tokens", "--kv",   "--reps-decode", "--reps-forward"};
+                                  "--experts", "--tokens", "--kv",   "--reps-decode", "--reps-forward", "--idle-ms"};
     int *slots[] = {&o->threads, &o->H, &o->FF, &o->nh, &o->nkv, &o->experts, &o->T, &o->K, &o->reps_decode,
-                    &o->reps_forward};
+                    &o->reps_forward, &o->idle_ms};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(name, names[i]) == 0)
             return slots[i];
@@ -129,7 +136,7 @@ static void usage(const char *argv0, const char *bad)
     fprintf(stderr, "usage: %s [--family llama|bloom|falcon|falcon7b|mixtral|all] [--dtype bf16|int8|nf4]\n"
                     "       [--threads N] [--hidden H]\n"
                     "       [--ff F] [--heads N] [--kv-heads N] [--experts E] [--tokens T] [--kv K]\n"
-                    "       [--reps-decode N] [--reps-forward N]   (bad or missing: %s)\n",
+                    "       [--reps-decode N] [--reps-forward N] [--idle-ms MS]   (bad or missing: %s)\n",
             argv0, bad);
 }
 
@@ -311,6 +318,28 @@ static int prefill_cache(bench *c)
     return sp_block_forward(&c->b, c->y, c->x, 1, c->o.K, 0, &c->kv, &c->ws, &c->err) ? -1 : 0;
 }
 
+/* --idle-ms: pairs of (asleep idle_ms, a step; a step right after it); the medians and their ratio. */
+static int decode_idle(bench *c)
+{
+    int n = c->o.reps_decode;
+    double *ta = malloc(2 * (size_t)n * sizeof(double)), *tb = ta ? ta + n : NULL;
+    if (!ta)
+        return -1;
+    struct timespec ts = {.tv_sec = c->o.idle_ms / 1000, .tv_nsec = (long)(c->o.idle_ms % 1000) * 1000000L};
+    for (int r = 0; r < n; r++) {
+        nanosleep(&ts, NULL);
+        if (decode_once(c, &ta[r]) || decode_once(c, &tb[r])) {
+            free(ta);
+            return -1;
+        }
+    }
+    stats si = summarize(ta, n), sb = summarize(tb, n);
+    free(ta);
+    printf("decode after %d ms asleep: median %.2f ms, min %.2f; right after a step: median %.2f ms, min %.2f; "
+           "ratio %.3f\n", c->o.idle_ms, si.med * 1e3, si.min * 1e3, sb.med * 1e3, sb.min * 1e3, si.med / sb.med);
+    return 0;
+}
+
 static int run_decode(bench *c, result *res)
 {
     if (prefill_cache(c))
@@ -331,6 +360,8 @@ static int run_decode(bench *c, result *res)
     printf("decode: %.2f ms/token, %.2f GB/s weights and cache; read baseline %.2f GB/s; ratio %.2f (goal >= 0.85)"
            " [best-of: %.2f]\n",
            sb.med * 1e3, bytes / sb.med / 1e9, bytes / sr.med / 1e9, sr.med / sb.med, sr.min / sb.min);
+    if (c->o.idle_ms > 0 && decode_idle(c))
+        return -1;
     res->decode_ms = sb.med * 1e3;
     res->decode_gbs = bytes / sb.med / 1e9;
     res->read_gbs = bytes / sr.med / 1e9;

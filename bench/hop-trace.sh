@@ -15,23 +15,29 @@
 # --scale runs bench/scale.sh's case 1 instead (the Llama-2-7B shape, 8 layers, int8, servers of --spans LIST,
 # default "0:3 3:6 6:8"; --tokens default 48 there) and prints bench/hop-trace-hops.py's account: every hop's
 # stretches, each server's blocks one by one beside the one process's, and its pool's wake-ups and contended spells.
+# --wan runs bench/wan.sh instead (the same model and servers behind bench/linkem links: client 25 ms away, or
+# --delays LIST, servers 5 ms apart; push on, push off and one process in turns) and prints bench/hop-trace-chain.py's
+# timeline of a pushed and of a client-driven step across the client and the servers (every event's median offset
+# from the step's start), then hop-trace-hops.py's blocks one by one.
 #
 # usage: bench/hop-trace.sh [--servers N] [--reps R] [--tokens T] [--build DIR] [--scale [--spans LIST]]
-#        (defaults 1, 3, 200, build-trace)
+#        [--wan [--delays LIST]]   (defaults 1, 3, 200, build-trace)
 # Exit status: 0 after a run, 1 when the build or the session fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-n=1 reps=3 tokens="" build=build-trace scale=0 spans="0:3 3:6 6:8"
+n=1 reps=3 tokens="" build=build-trace scale=0 wan=0 delays=25 spans="0:3 3:6 6:8"
 while [ $# -gt 0 ]; do
     case "$1" in
     --scale) scale=1; shift ;;
+    --wan) wan=1; shift ;;
+    --delays) delays="$2"; shift 2 ;;
     --spans) spans="$2"; shift 2 ;;
     --servers) n="$2"; shift 2 ;;
     --reps) reps="$2"; shift 2 ;;
     --tokens) tokens="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "hop-trace: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -43,11 +49,18 @@ done
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DSEPAL_SANITIZE=OFF -DSEPAL_CUDA=OFF -DSEPAL_HOP_TRACE=ON \
     >"$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; die "configure failed"; }
-cmake --build "$build" -j"$(nproc)" --target sepal sepal-server >"$build/build.log" 2>&1 ||
+cmake --build "$build" -j"$(nproc)" --target sepal sepal-server linkem >"$build/build.log" 2>&1 ||
     { tail -30 "$build/build.log" >&2; die "build failed"; }
 sepal="$build/app/sepal"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+if [ "$wan" = 1 ]; then
+    SEPAL_TRACE_DIR="$tmp" bench/wan.sh --build "$build" --reps "$reps" --tokens "${tokens:-32}" --delays "$delays" ||
+        die "bench/wan.sh failed"
+    python3 bench/hop-trace-chain.py "$tmp"
+    python3 bench/hop-trace-hops.py "$tmp" | sed -n '/^blocks/,$p'
+    exit
+fi
 if [ "$scale" = 1 ]; then
     SEPAL_TRACE_DIR="$tmp" bench/scale.sh --case 1 --build "$build" --reps "$reps" --tokens "${tokens:-48}" \
         --spans "$spans" || die "bench/scale.sh failed"
