@@ -400,9 +400,9 @@ START_TEST(t_idle_connections)
 END_TEST
 
 /* 200 sockets connect to the bulk port, send 3 bytes of the attach preamble and wait, reconnecting when closed:
- * 16 from an address may wait for their token (BULK_PENDING_PER_IP), the rest are refused at once, and those
- * waiting are closed at the 2 s handshake deadline; so the bulk port holds at most 16 of the server's descriptors
- * for the attacker. */
+ * 16 from an address may wait for their token (BULK_PENDING_PER_IP), the rest are answered busy and closed at once
+ * (counted in bulk_refused), and those waiting are closed at the 2 s handshake deadline; so the bulk port holds at
+ * most 16 of the server's descriptors for the attacker. */
 static int bulk_ok(fixture *f, const sp_atk_stats *s)
 {
     return s->refused >= 100 && s->closed >= 16 && counter(f, bulk_timeouts) >= 16;

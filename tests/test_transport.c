@@ -4,12 +4,15 @@
  * /proc/net/tcp), and the lws hardening (404 for HTTP, no h2c, binary only). The limits (transport.h): connection
  * caps per address and in total refused at once, handshake deadlines a trickle does not extend, the first message's
  * gate, the budget (admitted, waiting then served, waiting then busy, over the share), backpressure both ways, holds
- * against the idle timeout, the rate-limited log's lines; raw peers bind 127.0.0.2.. as other hosts would. */
+ * against the idle timeout, the rate-limited log's lines; bulk sockets of one address: a burst all attached, the
+ * cap on those waiting for their token (busy answers, the client's retries); raw peers bind 127.0.0.2.. as other
+ * hosts would. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,7 @@
 #define HDR SP_PROTO_HEADER_SIZE
 #define WAIT_MS 30000
 #define WHOAMI 0xFFFF0000ull /* request id of a header-only message the test server answers with the conn id */
+#define STALL 0xFFFF0001ull  /* request id of a message the test server holds while v->stall (not echoed) */
 
 static void put64(uint8_t *p, uint64_t v)
 {
@@ -50,6 +54,7 @@ typedef struct srv {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int echo;
+    int stall, stalled; /* stall: a STALL message holds the thread that delivers it (the bulk thread) until 0 */
     int nmsg, ncloses;
     uint64_t last_conn;
     int close_count[64]; /* per conn id (ids start at 1) */
@@ -64,6 +69,15 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     sp_ws_server *s = v->s;
     int echo = v->echo;
     pthread_cond_broadcast(&v->cv);
+    if (msg->len >= HDR && get64(msg->data + 16) == STALL) {
+        v->stalled = 1;
+        pthread_cond_broadcast(&v->cv);
+        while (v->stall)
+            pthread_cond_wait(&v->cv, &v->mu);
+        pthread_mutex_unlock(&v->mu);
+        sp_buf_free(msg);
+        return;
+    }
     pthread_mutex_unlock(&v->mu);
     if (s && msg->len == HDR && get64(msg->data + 16) == WHOAMI) {
         put64(msg->data + 16, conn); /* tells the client its conn id (for the bulk token) */
@@ -1281,6 +1295,283 @@ START_TEST(t_idle_hold)
 }
 END_TEST
 
+/* Established sockets on local port `port` (in the accept queue or accepted) with exactly `rx` bytes unread, from
+ * /proc/net/tcp. */
+static int unread_on_port(int port, unsigned rx)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char local[64], remote[64];
+        unsigned state, txq, rxq;
+        if (sscanf(line, " %*d: %63s %63s %x %x:%x", local, remote, &state, &txq, &rxq) != 5 || state != 0x01)
+            continue;
+        char *colon = strrchr(local, ':');
+        n += colon && (int)strtol(colon + 1, NULL, 16) == port && rxq == rx;
+    }
+    fclose(f);
+    return n;
+}
+
+#define BURST 40 /* clients of one address attaching at once: more than BULK_PENDING_PER_IP (16) */
+
+typedef struct attacher {
+    sp_ws_client *c;
+    int bulk_port;
+    uint64_t token;
+    sp_status st;
+    sp_err err;
+} attacher;
+
+static void *attach_main(void *arg)
+{
+    attacher *a = arg;
+    a->st = sp_ws_client_attach_bulk(a->c, a->bulk_port, a->token, WAIT_MS, &a->err);
+    return NULL;
+}
+
+typedef struct queued_arg {
+    int port, n;
+} queued_arg;
+
+static int all_queued(void *u)
+{
+    queued_arg *q = u;
+    return unread_on_port(q->port, 16) >= q->n;
+}
+
+/* BURST clients from 127.0.0.1 open their bulk sockets at once while the bulk thread is held (a STALL message it
+ * delivers), so that every one of them is in the listener's queue with its token sent (/proc/net/tcp) when the
+ * thread accepts them in one round: all get their bulk channel, none is refused or told busy (before, the round's
+ * first 16 counted as waiting for their token and the other 24 were refused: "bulk channel ...: token refused"). */
+START_TEST(t_bulk_burst)
+{
+    srv v;
+    srv_start(&v, NULL);
+    int bp = sp_ws_server_bulk_port(v.s);
+    sp_ws_client *holder = connect_to(&v, NULL);
+    attach_bulk(&v, holder);
+    attacher at[BURST];
+    pthread_t th[BURST];
+    for (int i = 0; i < BURST; i++) {
+        at[i] = (attacher){.c = connect_to(&v, NULL), .bulk_port = bp};
+        at[i].token = sp_ws_server_bulk_token(v.s, learn_conn(at[i].c));
+        ck_assert(at[i].token != 0);
+    }
+    pthread_mutex_lock(&v.mu);
+    v.stall = 1;
+    pthread_mutex_unlock(&v.mu);
+    sp_buf m = make_msg(STALL, 1 << 17); /* over the bulk threshold: the bulk thread delivers it */
+    ck_assert_int_eq(sp_ws_client_send(holder, &m, NULL), SP_OK);
+    ck_assert_int_eq(srv_wait(&v, &v.stalled, 1, WAIT_MS), 1);
+    for (int i = 0; i < BURST; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, attach_main, &at[i]), 0);
+    queued_arg q = {bp, BURST};
+    ck_assert_msg(sp_test_wait_for(all_queued, &q, 30), "%d of %d bulk sockets queued with their token",
+                  unread_on_port(bp, 16), BURST);
+    pthread_mutex_lock(&v.mu);
+    v.stall = 0;
+    pthread_cond_broadcast(&v.cv);
+    pthread_mutex_unlock(&v.mu);
+    int ok = 0;
+    for (int i = 0; i < BURST; i++) {
+        pthread_join(th[i], NULL);
+        ok += at[i].st == SP_OK;
+        if (at[i].st)
+            fprintf(stderr, "client %d: %s\n", i, at[i].err.msg);
+    }
+    ck_assert_int_eq(ok, BURST);
+    sp_ws_server_stats st;
+    sp_ws_server_stats_get(v.s, &st);
+    ck_assert_uint_eq(st.bulk_refused, 0);
+    for (int i = 0; i < BURST; i++) { /* over the bulk channel, both ways */
+        echo_one(at[i].c, 100 + (uint64_t)i, 1 << 17);
+        sp_ws_client_close(at[i].c);
+    }
+    sp_ws_client_close(holder);
+    srv_stop(&v);
+}
+END_TEST
+
+/* 1 when fd has nothing to read yet (no answer, no close). */
+static int unanswered(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 0;
+}
+
+/* A relay in front of the bulk port that holds what a client sends until the server has answered the relay's own
+ * socket (a busy answer at the accept) or the server's bulk_timeouts reach `go_timeouts` (-1: never): the server
+ * accepts each socket before its token, as it would a client's far away. One connection at a time; `busy` counts
+ * the busy answers it passed on. */
+typedef struct relay {
+    srv *v;
+    int lfd, port, up_port, go_timeouts;
+    pthread_t th;
+    atomic_int stop, busy;
+} relay;
+
+static int relay_go(relay *r)
+{
+    if (r->go_timeouts < 0)
+        return 0;
+    sp_ws_server_stats st;
+    sp_ws_server_stats_get(r->v->s, &st);
+    return st.bulk_timeouts >= (uint64_t)r->go_timeouts;
+}
+
+/* Copies what fd `from` has into `to`; 0 at EOF or an error. */
+static int relay_copy(int from, int to)
+{
+    char buf[65536];
+    ssize_t n = recv(from, buf, sizeof buf, 0);
+    if (n <= 0)
+        return 0;
+    for (ssize_t off = 0; off < n;) {
+        ssize_t w = send(to, buf + off, (size_t)(n - off), MSG_NOSIGNAL);
+        if (w <= 0)
+            return 0;
+        off += w;
+    }
+    return 1;
+}
+
+static void *relay_main(void *arg)
+{
+    relay *r = arg;
+    while (!atomic_load(&r->stop)) {
+        struct pollfd lp = {.fd = r->lfd, .events = POLLIN};
+        if (poll(&lp, 1, 20) != 1)
+            continue;
+        int cl = accept(r->lfd, NULL, NULL), up = raw_connect(r->up_port);
+        int answered = 0, gone = 0;
+        while (!answered && !gone && !relay_go(r) && !atomic_load(&r->stop)) {
+            struct pollfd p[2] = {{.fd = up, .events = POLLIN}, {.fd = cl, .events = POLLRDHUP}};
+            poll(p, 2, 10);
+            answered = p[0].revents != 0;
+            gone = p[1].revents != 0;
+        }
+        if (answered) {
+            uint8_t ack[16];
+            if (recv(up, ack, sizeof ack, MSG_PEEK | MSG_WAITALL) == 16 && ack[4] == 2)
+                atomic_fetch_add(&r->busy, 1);
+        }
+        for (int open = !gone; open && !atomic_load(&r->stop);) {
+            struct pollfd p[2] = {{.fd = cl, .events = POLLIN}, {.fd = up, .events = POLLIN}};
+            if (poll(p, 2, 20) <= 0)
+                continue;
+            if (p[0].revents)
+                open = relay_copy(cl, up);
+            if (open && p[1].revents)
+                open = relay_copy(up, cl);
+        }
+        close(cl);
+        close(up);
+    }
+    return NULL;
+}
+
+static void relay_start(relay *r, srv *v, int go_timeouts)
+{
+    memset(r, 0, sizeof *r);
+    r->v = v;
+    r->up_port = sp_ws_server_bulk_port(v->s);
+    r->go_timeouts = go_timeouts;
+    r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    ck_assert_int_eq(bind(r->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(r->lfd, 8), 0);
+    ck_assert_int_eq(getsockname(r->lfd, (struct sockaddr *)&a, &al), 0);
+    r->port = ntohs(a.sin_port);
+    ck_assert_int_eq(pthread_create(&r->th, NULL, relay_main, r), 0);
+}
+
+static void relay_stop(relay *r)
+{
+    atomic_store(&r->stop, 1);
+    pthread_join(r->th, NULL);
+    close(r->lfd);
+}
+
+/* 16 sockets from 127.0.0.1 on the bulk port that never present a token. */
+static void hold_16(int port, int *hold)
+{
+    for (int i = 0; i < 16; i++) {
+        hold[i] = sp_atk_connect("127.0.0.1", port);
+        ck_assert_int_ge(hold[i], 0);
+        ck_assert_int_eq(send(hold[i], "SPB", 3, MSG_NOSIGNAL), 3);
+    }
+}
+
+/* A peer that opens bulk sockets and never presents a token is still bounded: 16 of its address wait, each
+ * further one is answered busy ("SPBK" + 2) and closed at once, those waiting are closed at the handshake
+ * deadline. A client of that address whose token comes after the accept (through a relay) is told busy
+ * meanwhile, tries again, and attaches once the waiting sockets are gone; one whose deadline comes first gives up
+ * with SP_ERR_BUSY, its websocket still in use. */
+START_TEST(t_bulk_busy_retry)
+{
+    srv v;
+    sp_transport_opts o;
+    sp_transport_opts_default(&o);
+    o.handshake_timeout_s = 3;
+    srv_start(&v, &o);
+    int bp = sp_ws_server_bulk_port(v.s), hold[16];
+    sp_ws_client *c = connect_to(&v, NULL);
+    uint64_t token = sp_ws_server_bulk_token(v.s, learn_conn(c));
+    relay r;
+    relay_start(&r, &v, 16);
+    hold_16(bp, hold);
+    for (int i = 0; i < 8; i++) { /* accepted after the 16 (the listener's queue is in order): busy, closed */
+        int fd = raw_connect(bp);
+        char ack[32];
+        ck_assert_int_eq(read_to_eof(fd, ack, sizeof ack), 16);
+        ck_assert(memcmp(ack, "SPBK\2\0\0\0", 8) == 0);
+        close(fd);
+    }
+    for (int i = 0; i < 16; i++)
+        ck_assert_msg(unanswered(hold[i]), "waiting socket %d was answered", i);
+    sp_err err = {0};
+    ck_assert_msg(sp_ws_client_attach_bulk(c, r.port, token, WAIT_MS, &err) == SP_OK, "%s", err.msg);
+    ck_assert_int_ge(atomic_load(&r.busy), 1); /* told busy, it tried again */
+    sp_ws_server_stats st;
+    sp_ws_server_stats_get(v.s, &st);
+    ck_assert_uint_ge(st.bulk_timeouts, 16);
+    ck_assert_uint_ge(st.bulk_refused, 8 + (uint64_t)atomic_load(&r.busy));
+    for (int i = 0; i < 16; i++) { /* closed at the deadline, unanswered */
+        char buf[16];
+        ck_assert_int_eq(read_to_eof(hold[i], buf, sizeof buf), 0);
+        close(hold[i]);
+    }
+    echo_one(c, 7, 1 << 20); /* over the bulk channel, through the relay */
+
+    relay r2;
+    relay_start(&r2, &v, -1);
+    sp_ws_client *d = connect_to(&v, NULL);
+    token = sp_ws_server_bulk_token(v.s, learn_conn(d));
+    hold_16(bp, hold);
+    int fd = raw_connect(bp); /* its answer: the 16 are waiting */
+    char ans[32];
+    ck_assert_int_eq(read_to_eof(fd, ans, sizeof ans), 16);
+    close(fd);
+    ck_assert_int_eq(sp_ws_client_attach_bulk(d, r2.port, token, 300, &err), SP_ERR_BUSY);
+    ck_assert_msg(strstr(err.msg, "busy") != NULL, "%s", err.msg);
+    ck_assert_int_ge(atomic_load(&r2.busy), 1);
+    echo_one(d, 8, 1 << 20); /* over the websocket */
+    for (int i = 0; i < 16; i++)
+        close(hold[i]);
+    sp_ws_client_close(d);
+    sp_ws_client_close(c);
+    relay_stop(&r2);
+    relay_stop(&r);
+    srv_stop(&v);
+}
+END_TEST
+
 static Suite *transport_suite(void)
 {
     Suite *s = suite_create("transport");
@@ -1294,6 +1585,8 @@ static Suite *transport_suite(void)
     tcase_add_test(tc, t_max_message);
     tcase_add_test(tc, t_invalid_header);
     tcase_add_test(tc, t_bulk_bad_token);
+    tcase_add_test(tc, t_bulk_burst);
+    tcase_add_test(tc, t_bulk_busy_retry);
     tcase_add_test(tc, t_close_semantics);
     tcase_add_test(tc, t_idle_timeout);
     tcase_add_test(tc, t_refused);

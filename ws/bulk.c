@@ -61,15 +61,18 @@ void tp_wake_bulk(sp_ws_server *s)
 
 static sp_log_limit g_bulk_log, g_bulk_fd_log;
 
-/* A bulk socket refused before its preamble is read: the refusal the client's handshake reads ("SPBK" + 1),
- * one non-blocking send, then the close. */
-static void bulk_refuse_fd(int fd)
+/* A bulk socket turned away before its preamble is read: the answer the client's handshake reads ("SPBK" + status:
+ * BULK_REFUSED or BULK_BUSY), one non-blocking send, then the close. */
+static void bulk_answer_fd(int fd, uint32_t status)
 {
-    uint8_t no[BULK_PREAMBLE] = {'S', 'P', 'B', 'K', 1};
+    uint8_t no[BULK_PREAMBLE] = {'S', 'P', 'B', 'K'};
+    put_le32(no + 4, status);
     ssize_t w = send(fd, no, sizeof no, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)w;
     close(fd);
 }
+
+static void bulk_refuse_fd(int fd) { bulk_answer_fd(fd, BULK_REFUSED); }
 
 /* accept failed: out of descriptors, what waits is refused with the spare's help; when even that cannot be
  * done, or another error persists, the listener rests LISTEN_PAUSE_NS (it is level-triggered: polled again at
@@ -94,9 +97,33 @@ static void bulk_accept_failed(sp_ws_server *s, int e)
         s->bulk_listen_rest_ns = sp_now_ns() + LISTEN_PAUSE_NS;
 }
 
-/* A new bulk socket waits for its token, as a ws connection for its upgrade: at most min(BULK_MAX_PENDING,
- * max_pending) such, min(BULK_PENDING_PER_IP, max_pending_per_ip) from one address, each for
- * handshake_timeout_s; over a cap it is refused at once. */
+/* What a fresh (non-blocking) socket has sent of its preamble, without waiting: the bytes into pre, their count;
+ * -1 when the peer closed or failed first. */
+static int bulk_read_preamble(int fd, uint8_t pre[BULK_PREAMBLE])
+{
+    size_t got = 0;
+    while (got < BULK_PREAMBLE) {
+        ssize_t r = recv(fd, pre + got, BULK_PREAMBLE - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return (int)got;
+}
+
+static void bulk_attach(sp_ws_server *s, bsock *b);
+
+/* A new bulk socket is read at once: a client sends its token as soon as it is connected, so one whose preamble is
+ * already there is attached (or refused) here and never waits. One whose preamble is not all there waits for it,
+ * as a ws connection for its upgrade: at most min(BULK_MAX_PENDING, max_pending) such, min(BULK_PENDING_PER_IP,
+ * max_pending_per_ip) from one address, each for handshake_timeout_s; over a cap it is answered BULK_BUSY and
+ * closed at once (the client tries again shortly with the same token). Before, every socket of an accept round
+ * (up to 64) counted as waiting until the next poll round read it, so 64 sessions opened at once from one address
+ * had all sent their tokens and still 18 of them were refused (bench_serve --sessions 64). */
 static void bulk_accept(sp_ws_server *s)
 {
     int cap = s->o.max_pending < BULK_MAX_PENDING ? s->o.max_pending : BULK_MAX_PENDING;
@@ -110,20 +137,27 @@ static void bulk_accept(sp_ws_server *s)
             bulk_accept_failed(s, errno);
             return;
         }
-        uint8_t addr[16];
+        uint8_t addr[16], pre[BULK_PREAMBLE];
         tp_addr_of((struct sockaddr *)&sa, addr);
-        int pending = 0;
-        for (size_t i = 0; i < s->nsocks; i++)
-            pending += s->socks[i]->c == NULL;
-        bsock *b = pending < cap ? calloc(1, sizeof *b) : NULL;
+        int got = bulk_read_preamble(fd, pre);
+        if (got < 0) { /* gone before it said anything useful */
+            close(fd);
+            continue;
+        }
+        int waits = got < BULK_PREAMBLE, pending = 0;
+        for (size_t i = 0; waits && i < s->nsocks; i++)
+            pending += s->socks[i]->c == NULL && s->socks[i]->src != NULL;
+        bsock *b = calloc(1, sizeof *b);
         pthread_mutex_lock(&s->mu);
-        src_entry *e = b ? tp_src_get(s, addr) : NULL;
-        int ok = e && e->bulk_pending < cap_ip &&
+        src_entry *e = b && waits ? tp_src_get(s, addr) : NULL;
+        int from_ip = e ? e->bulk_pending : 0;
+        int busy = waits && (pending >= cap || from_ip >= cap_ip);
+        int ok = b && (!waits || (e && !busy)) &&
                  !tp_grow((void **)&s->socks, &s->capsocks, s->nsocks + 1, sizeof *s->socks);
-        if (ok) {
+        if (ok && e) {
             e->bulk_pending++;
             b->src = e;
-        } else {
+        } else if (!ok) {
             s->st.refused++;
             s->st.bulk_refused++;
             tp_src_put(s, e);
@@ -132,10 +166,14 @@ static void bulk_accept(sp_ws_server *s)
         if (!ok) {
             char name[48];
             tp_src_name(addr, name, sizeof name);
-            sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: refused a bulk socket from %s: too many waiting for "
-                           "their token", name);
+            if (busy)
+                sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket from %s told to retry: %d from it "
+                               "(%d in all) waiting for their token", name, from_ip, pending);
+            else
+                sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: refused a bulk socket from %s: out of memory",
+                               name);
             free(b);
-            bulk_refuse_fd(fd);
+            bulk_answer_fd(fd, busy ? BULK_BUSY : BULK_REFUSED);
             continue;
         }
         tp_tune_socket(fd);
@@ -143,13 +181,17 @@ static void bulk_accept(sp_ws_server *s)
         b->server = s;
         b->rx.map_from = MAP_FROM;
         b->deadline_ns = sp_now_ns() + deadline;
-        s->socks[s->nsocks++] = b;
+        memcpy(b->pre, pre, (size_t)got);
+        b->prelen = (size_t)got;
+        s->socks[s->nsocks++] = b; /* (polled from the next round on; the sweep closes it if it is refused now) */
+        if (!waits)
+            bulk_attach(s, b);
     }
 }
 
-/* The preamble is complete: bind the socket to the conn holding the token (one use), and answer
- * "SPBK" + status (0 accepted, 1 refused) + 8 zero bytes. The answer goes straight out: the socket is fresh,
- * nothing else can be queued on it yet, and 16 bytes always fit its buffer. */
+/* The preamble is complete: bind the socket to the conn holding the token (one use), and answer "SPBK" + status
+ * (BULK_ACCEPTED, or BULK_REFUSED: a bad preamble, an unknown or used token) + 8 zero bytes. The answer goes
+ * straight out: the socket is fresh, nothing else can be queued on it yet, and 16 bytes always fit its buffer. */
 static void bulk_attach(sp_ws_server *s, bsock *b)
 {
     uint64_t token = le64(b->pre + 8);
@@ -166,9 +208,11 @@ static void bulk_attach(sp_ws_server *s, bsock *b)
             c->bulk = b;
             c->refs++;
             b->c = c;
-            b->src->bulk_pending--;
-            tp_src_put(s, b->src);
-            b->src = NULL;
+            if (b->src) { /* (one attached as it was accepted never waited) */
+                b->src->bulk_pending--;
+                tp_src_put(s, b->src);
+                b->src = NULL;
+            }
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -178,7 +222,7 @@ static void bulk_attach(sp_ws_server *s, bsock *b)
         pthread_mutex_unlock(&s->mu);
     }
     uint8_t ack[BULK_PREAMBLE] = {'S', 'P', 'B', 'K'};
-    put_le32(ack + 4, c ? 0 : 1);
+    put_le32(ack + 4, c ? BULK_ACCEPTED : BULK_REFUSED);
     if (send(b->fd, ack, sizeof ack, MSG_NOSIGNAL) != (ssize_t)sizeof ack || !c) {
         if (!c)
             sp_log_limited(&g_bulk_log, SP_LOG_WARN, "transport: bulk socket refused: bad preamble or unknown/used token");
@@ -621,18 +665,69 @@ static int read_all_timed(int fd, uint8_t *p, size_t n, int timeout_ms)
     return 0;
 }
 
-/* Presents the token and waits for the server's verdict. */
-static sp_status bulk_handshake(sp_ws_client *c, int fd, int bulk_port, uint64_t token, int timeout_ms, sp_err *err)
+/* Presents the token and waits for the server's verdict, until end_ns. *busy: the server answered BULK_BUSY (too
+ * many sockets waiting for their token there: the token is still good, try again shortly). */
+static sp_status bulk_handshake(sp_ws_client *c, int fd, int bulk_port, uint64_t token, uint64_t end_ns, int *busy,
+                                sp_err *err)
 {
     uint8_t pre[BULK_PREAMBLE] = {'S', 'P', 'B', 'K'}, ack[BULK_PREAMBLE];
     put_le64(pre + 8, token);
+    *busy = 0;
     if (write_all(fd, pre, sizeof pre))
         return sp_errf(err, SP_ERR_IO, "bulk channel %s:%d: %s", c->host, bulk_port, strerror(errno));
-    if (read_all_timed(fd, ack, sizeof ack, timeout_ms < 0 ? 60000 : timeout_ms))
+    uint64_t now = sp_now_ns();
+    int left = now >= end_ns ? 0 : (int)((end_ns - now + 999999) / 1000000);
+    if (read_all_timed(fd, ack, sizeof ack, left))
         return sp_errf(err, SP_ERR_IO, "bulk channel %s:%d: no answer to the token", c->host, bulk_port);
-    if (memcmp(ack, "SPBK", 4) != 0 || le32(ack + 4) != 0)
+    uint32_t status = le32(ack + 4);
+    if (memcmp(ack, "SPBK", 4) == 0 && status == BULK_BUSY) {
+        *busy = 1;
+        return sp_errf(err, SP_ERR_BUSY, "bulk channel %s:%d: server busy (too many bulk sockets waiting for their "
+                       "token)", c->host, bulk_port);
+    }
+    if (memcmp(ack, "SPBK", 4) != 0 || status != BULK_ACCEPTED)
         return sp_errf(err, SP_ERR_STATE, "bulk channel %s:%d: token refused", c->host, bulk_port);
     return SP_OK;
+}
+
+/* Connects and presents the token; answered busy, closes and tries again after a pause (5 ms doubling up to
+ * 200 ms, drawn between half and all of it so that clients told so together spread out) while end_ns leaves
+ * BULK_RETRY_ROOM_NS for the try after it. Returns the attached socket, or -1 with err set: SP_ERR_BUSY when the
+ * server was still busy at the deadline (also when the last try ran out of time), else the last try's error. */
+#define BULK_RETRY_ROOM_NS 50000000ull
+static int bulk_open(sp_ws_client *c, int bulk_port, uint64_t token, uint64_t end_ns, sp_err *err /* not NULL */)
+{
+    uint64_t pause_ns = 5000000, seed = token ^ sp_now_ns();
+    for (int tries = 1;; tries++) {
+        uint64_t now = sp_now_ns();
+        int left = now >= end_ns ? 0 : (int)((end_ns - now + 999999) / 1000000), busy = 0;
+        int fd = tcp_connect(c->host, bulk_port, c->source, left, err);
+        sp_status st = fd < 0 ? err->code : SP_OK;
+        if (fd >= 0) {
+            tp_tune_socket(fd);
+            if (!(st = bulk_handshake(c, fd, bulk_port, token, end_ns, &busy, err)))
+                return fd;
+            close(fd);
+        }
+        int out_of_time = (st == SP_ERR_TIMEOUT || st == SP_ERR_IO) && sp_now_ns() >= end_ns;
+        pthread_mutex_lock(&c->mu);
+        int open = c->state == C_OPEN;
+        pthread_mutex_unlock(&c->mu);
+        uint64_t wait = 0;
+        if (busy) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            wait = pause_ns / 2 + (seed >> 33) % (pause_ns / 2 + 1);
+            pause_ns = pause_ns * 2 < 200000000ull ? pause_ns * 2 : 200000000ull;
+        }
+        if (open && tries > 1 && (busy || out_of_time) && sp_now_ns() + wait + BULK_RETRY_ROOM_NS > end_ns)
+            sp_errf(err, SP_ERR_BUSY, "bulk channel %s:%d: server still busy after %d tries (too many bulk sockets "
+                    "waiting for their token there)", c->host, bulk_port, tries);
+        if (!busy || !open || sp_now_ns() + wait + BULK_RETRY_ROOM_NS > end_ns)
+            return -1;
+        struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
+        while (nanosleep(&ts, &ts) && errno == EINTR)
+            ;
+    }
 }
 
 /* rx_pace_note on a client's bulk socket: its measurement becomes c's (sp_ws_client_rx_mbit). */
@@ -711,12 +806,12 @@ sp_status sp_ws_client_attach_bulk(sp_ws_client *c, int bulk_port, uint64_t toke
     if (st)
         return sp_errf(err, st, "bulk channel %s:%d: %s", c->host, bulk_port,
                        st == SP_ERR_CLOSED ? "connection is closed" : "already attached");
-    int fd = tcp_connect(c->host, bulk_port, c->source, timeout_ms < 0 ? 60000 : timeout_ms, err);
-    if (fd >= 0) {
-        tp_tune_socket(fd);
-        st = bulk_handshake(c, fd, bulk_port, token, timeout_ms, err);
-    } else {
-        st = err ? err->code : SP_ERR_IO;
+    sp_err oe = {0};
+    int fd = bulk_open(c, bulk_port, token, tp_deadline_after(timeout_ms < 0 ? 60000 : timeout_ms), &oe);
+    if (fd < 0) {
+        st = oe.code ? oe.code : SP_ERR_IO;
+        if (err)
+            *err = oe;
     }
     pthread_mutex_lock(&c->mu);
     c->attaching = 0;

@@ -11,7 +11,8 @@
  * bulk_threshold bytes over it. Framing on the bulk socket is the protocol's own header (sp_msg_peek gives
  * the body length). The two channels belong to one logical connection: closing either closes both.
  * Attaching: the client sends 16 bytes, "SPBK" + u32 0 + u64 token (little-endian); the server answers 16
- * bytes, "SPBK" + u32 status (0 accepted, 1 refused) + u64 0, and closes a refused socket. Messages on the two
+ * bytes, "SPBK" + u32 status (0 accepted, 1 refused, 2 busy: too many sockets wait for their token, try again
+ * with the same token) + u64 0, and closes a socket it does not accept. Messages on the two
  * channels are ordered per channel only (a small ws message may overtake a large bulk one).
  *
  * A "message" here is the complete byte string of one protocol message (proto.h); the transport checks
@@ -143,7 +144,8 @@ typedef struct sp_ws_server_stats {
     uint64_t paused;             /* times a connection was not read because of its unsent output */
     uint64_t budget_used, budget_peak; /* bytes charged now, and the most at once */
     uint64_t delivered;          /* messages delivered to on_message */
-    uint64_t bulk_refused;       /* bulk sockets refused: over a cap, a bad or unknown token, no descriptor */
+    uint64_t bulk_refused;       /* bulk sockets turned away: answered busy over a cap (the client retries), or
+                                    refused (a bad or unknown token, no descriptor) */
     uint64_t bulk_timeouts;      /* bulk sockets closed for not presenting a token in time */
     uint64_t out_of_fds;         /* connections (either port) refused at once because descriptors ran out */
 } sp_ws_server_stats;
@@ -160,7 +162,9 @@ typedef struct sp_ws_client sp_ws_client;
  * key exchange fails (the message says which side lacks the key or holds another). */
 sp_status sp_ws_client_connect(sp_ws_client **out, const char *host, int port, const sp_transport_opts *o,
                                int timeout_ms, sp_err *err);
-/* Opens the bulk socket to host:bulk_port and presents token (blocking). SP_ERR_STATE if the server refuses
+/* Opens the bulk socket to host:bulk_port and presents token (blocking, up to timeout_ms in all; -1: 60 s). A
+ * server that answers busy is tried again with the same token after a pause (5 ms doubling up to 200 ms, with
+ * jitter) while the timeout allows; SP_ERR_BUSY if it was still busy then. SP_ERR_STATE if the server refuses
  * the token (the ws connection stays usable) or a bulk socket is already attached. */
 sp_status sp_ws_client_attach_bulk(sp_ws_client *c, int bulk_port, uint64_t token, int timeout_ms, sp_err *err);
 /* Thread-safe. Takes ownership of msg in every case (*msg is left empty). SP_ERR_CLOSED once the connection

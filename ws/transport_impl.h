@@ -32,6 +32,8 @@
 #define FRAG_SIZE (64u << 10)       /* ws fragment and lws rx/tx buffer size: the spike's best setting */
 #define HDR SP_PROTO_HEADER_SIZE    /* 40 */
 #define BULK_PREAMBLE 16            /* "SPBK", u32 status/zero, u64 token */
+enum { BULK_ACCEPTED = 0, BULK_REFUSED = 1, BULK_BUSY = 2 }; /* the answer's status: BULK_BUSY when too many sockets
+                                                                wait for their token (retry later, same token) */
 #define BULK_MAX_PENDING 64         /* bulk sockets that have not presented a token yet (at most max_pending) */
 #define BULK_PENDING_PER_IP 16      /* ... from one address (at most max_pending_per_ip); they have
                                        handshake_timeout_s to do it */
