@@ -20,6 +20,7 @@
 #include "rng.h"
 #include "server.h"
 #include "kept.h"
+#include "push.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "transport.h"
@@ -1152,6 +1153,47 @@ START_TEST(t_remote_send_wait)
 }
 END_TEST
 
+/* A server's pushes to more next servers at once than it keeps connections for (8): all ten sent before any is
+ * awaited (sp_push_begin, as a pass does), all ten acknowledged (sp_push_finish), none of the connections closed or
+ * replaced under a push in flight: each next server took its push (its count), and ten were in flight at once. */
+START_TEST(t_push_conns_in_flight)
+{
+    enum { N = 10 };
+    sp_server *s = start_server(0, 2, 0, 0), *next[N];
+    sp_remote *rs[N];
+    sp_push_pending *p = calloc(N, sizeof *p);
+    float x[H];
+    for (int i = 0; i < H; i++)
+        x[i] = (float)i / H;
+    sp_tensor_src t = t3(x, 1, 1);
+    for (int round = 0; round < 2; round++) { /* the second: over the connections kept, and one of its own */
+        for (int i = 0; i < N; i++) {
+            uint64_t token;
+            if (!round)
+                next[i] = start_server(2, 4, 0, 0);
+            rs[i] = connect_to(next[i]); /* (open while the session is: a connection's sessions close with it) */
+            sp_step_req q = {.push_host = "127.0.0.1", .push_port = sp_server_port(next[i]), .step = 1};
+            q.push_session = open_pushable(rs[i], 2, 4, 2, 1, &token);
+            q.push_token = token;
+            sp_push_begin(s, &q, &t, &p[i]);
+        }
+        for (int i = 0; i < N; i++) {
+            sp_err err = {0};
+            ck_assert_msg(sp_push_finish(s, &p[i], &err) == SP_OK, "round %d, push %d: %s", round, i, err.msg);
+            uint64_t in, out;
+            sp_server_pushes(next[i], &in, &out);
+            ck_assert_int_eq((int)in, round + 1);
+            sp_remote_close(rs[i]);
+        }
+        ck_assert_int_eq((int)sp_server_pushes_in_flight_peak(s), N);
+    }
+    for (int i = 0; i < N; i++)
+        sp_server_stop(next[i]);
+    free(p);
+    sp_server_stop(s);
+}
+END_TEST
+
 /* A session over blocks 0:2 of server 1 whose outputs server 1 pushes to its session over 2:4 on the next server (q's
  * push fields): its first step plain (the client takes the output on), then rounds of pushed steps, each after the
  * others' (the round barrier). Each round its step that awaits the input goes to the next server first
@@ -2278,6 +2320,7 @@ int main(void)
     tcase_add_test(tc, t_batch_waits_for_due_steps);
     tcase_add_test(tc, t_batch_not_waiting_for_idle);
     tcase_add_test(tc, t_remote_send_wait);
+    tcase_add_test(tc, t_push_conns_in_flight);
     tcase_add_loop_test(tc, t_batch_pushes_pipelined, 0, 2);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
