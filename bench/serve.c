@@ -24,9 +24,17 @@
  * token. Mode `base` is a server from the binary --base BIN (another build, such as main's), batching on: with
  * `--modes batch,base` the two builds take turns the same way.
  *
+ * --push C:D: each session's decode steps are pushed: a next server (this build) serves blocks C:D, which the server
+ * under test reaches through a bench/linkem link of --push-delay ms each way (default 5; the clients reach both
+ * servers directly). Each step, the session's step that awaits its input goes to the next server first, then its
+ * step with the push fields to the server under test; the latency is from that step's send to the next server's
+ * answer (the token's critical path), so a pass of C sessions shows how long its pushes keep the next servers
+ * waiting (`--modes batch,base --base` a build whose pushes go out one at a time: the pass time's ratio is that of
+ * tokens/s). A push not acknowledged (a reply saying pushed 0) is counted and the step goes on client-driven.
+ *
  * usage: bench_serve [--model DIR] [--blocks A:B] [--dtype int8] [--sessions 1,4,16,64] [--steps N]
  *                    [--prefill N] [--mix L1,L2,...] [--modes batch,nobatch,base] [--base BIN] [--threads N]
- *                    [--reps N] */
+ *                    [--reps N] [--push C:D [--push-delay MS]] */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -49,6 +57,8 @@ typedef struct opts {
     const char *model, *blocks, *dtype, *threads, *base;
     int sessions[MAXC], nsessions, steps, prefill, modes[2], nmodes, reps;
     int mix[MAXC], nmix; /* --mix: prefill lengths (0: decode steps are measured) */
+    const char *push;    /* --push C:D: the next server's blocks (NULL: no push) */
+    int push_delay;      /* ms each way between the server and the next one */
 } opts;
 
 /* Positions session i prefills, and the steps it takes after. */
@@ -63,6 +73,8 @@ typedef struct run {
     double *lat; /* [C, steps] seconds */
     int failed;
     int64_t passes, rows; /* the server's batched passes and their rows over the measures of one C (INFO) */
+    int next_port, link_port; /* --push: the next server's port (the clients'), the link's to it (the pushes') */
+    int unpushed;             /* atomic: steps whose push was not acknowledged */
 } run;
 
 typedef struct client {
@@ -94,6 +106,65 @@ static int call(sp_remote *rm, sp_msg_type type, const char *meta, const sp_tens
     return -1;
 }
 
+/* The session on the next server (--push) of L positions: its id, its push token into *token; 0 on failure. */
+static uint64_t open_next(sp_remote *rb, int L, uint64_t *token)
+{
+    char meta[128];
+    sp_info_reply i = {0};
+    sp_err err = {0};
+    sp_reply rep = {0};
+    if (sp_remote_get_info(rb, &i, TMO, &err))
+        return fprintf(stderr, "bench_serve: next server: %s\n", err.msg), 0;
+    sp_open_req oq = {.start = i.start, .end = i.end, .max_length = L, .batch = 1};
+    sp_open_reply a = {0};
+    int ok = sp_open_req_encode(&oq, meta, sizeof meta, &err) == SP_OK &&
+             !call(rb, SP_MSG_INFERENCE_OPEN, meta, NULL, 0, &rep) && sp_open_reply_decode(&rep.msg, &a, &err) == SP_OK;
+    sp_reply_clear(&rep);
+    *token = a.push_token;
+    return ok ? a.session : 0;
+}
+
+/* A pushed step (--push): the step that awaits its input to the next server's session nx first, then q (its push
+ * fields set) with t to the server; 0 once the next server answered, -1 on failure. Unacknowledged pushes: the
+ * output taken to the next server by the client. */
+static int pushed_step(run *r, sp_remote *rm, sp_remote *rb, sp_step_req *q, uint64_t nx, const sp_tensor_src *t)
+{
+    char meta[512], wmeta[256];
+    sp_err err = {0};
+    sp_reply rep = {0}, wrep;
+    uint64_t wid = 0;
+    sp_step_req w = {.session = nx, .start_from_position = -1, .reply_encoding = -1, .step = q->step, .await = 1};
+    if (sp_step_req_encode(&w, wmeta, sizeof wmeta, &err) || sp_step_req_encode(q, meta, sizeof meta, &err) ||
+        sp_remote_send(rb, SP_MSG_INFERENCE_STEP, wmeta, NULL, 0, &wrep, &wid, &err))
+        return fprintf(stderr, "bench_serve: next server: %s\n", err.msg), -1;
+    int ok = !call(rm, SP_MSG_INFERENCE_STEP, meta, t, 1, &rep);
+    sp_step_reply a = {0};
+    ok = ok && sp_step_reply_decode(&rep.msg, &a, &err) == SP_OK && rep.msg.n_tensors == 1;
+    if (ok && !a.pushed) { /* client-driven: its own input supersedes the awaiting step */
+        __atomic_add_fetch(&r->unpushed, 1, __ATOMIC_RELAXED);
+        sp_step_req p = {.session = nx, .start_from_position = -1, .reply_encoding = -1};
+        sp_reply prep;
+        sp_tensor_src out = {.enc = rep.msg.t[0].enc, .rank = 3, .shape = {1, 1, r->hidden}};
+        float *h = malloc((size_t)r->hidden * sizeof *h);
+        ok = h && sp_tensor_to_f32(&rep.msg.t[0], h, &err) == SP_OK && (out.enc = SP_ENC_F32, out.f32 = h, 1) &&
+             sp_step_req_encode(&p, meta, sizeof meta, &err) == SP_OK &&
+             !call(rb, SP_MSG_INFERENCE_STEP, meta, &out, 1, &prep);
+        if (ok)
+            sp_reply_clear(&prep);
+        free(h);
+        sp_remote_wait(rb, wid, 5000, &err); /* (superseded) */
+        sp_reply_clear(&wrep);
+        sp_reply_clear(&rep);
+        return ok ? 0 : -1;
+    }
+    sp_reply_clear(&rep);
+    sp_status st = sp_remote_wait(rb, wid, TMO, &err);
+    sp_reply_clear(&wrep);
+    if (st)
+        fprintf(stderr, "bench_serve: the awaiting step: %s\n", err.msg);
+    return ok && !st ? 0 : -1;
+}
+
 /* A session: open, prefill, wait for the others, `steps` single steps timed, close. */
 static void *client_main(void *p)
 {
@@ -108,6 +179,11 @@ static void *client_main(void *p)
     sp_rng_seed(&g, 100 + (uint64_t)c->i);
     sp_rng_fill_normal(&g, x, (long)L * H, 1.0f);
     int ok = x && sp_remote_connect(&rm, "127.0.0.1", r->port, 0, TMO, &err) == SP_OK;
+    sp_remote *rb = NULL;
+    uint64_t nx = 0, token = 0;
+    if (ok && o->push)
+        ok = sp_remote_connect(&rb, "127.0.0.1", r->next_port, 0, TMO, &err) == SP_OK &&
+             (nx = open_next(rb, L, &token)) != 0;
     if (!ok)
         fprintf(stderr, "bench_serve: connect: %s\n", err.msg);
     char meta[128];
@@ -130,9 +206,17 @@ static void *client_main(void *p)
     sp_reply_clear(&rep);
     if (!o->nmix)
         pthread_barrier_wait(&r->ready);
+    sp_step_req pq = {.session = a.session, .start_from_position = -1, .reply_encoding = -1,
+                      .push_host = "127.0.0.1", .push_port = r->link_port, .push_session = nx, .push_token = token};
     for (int s = 0; ok && s < S; s++) {
         t = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, H}, .f32 = x + (size_t)(P + s) * H};
         t0 = sp_now_s();
+        pq.step = (uint64_t)s + 1;
+        if (o->push) {
+            ok = !pushed_step(r, rm, rb, &pq, nx, &t);
+            r->lat[(size_t)c->i * S + s] = sp_now_s() - t0;
+            continue;
+        }
         ok = !call(rm, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep);
         r->lat[(size_t)c->i * S + s] = sp_now_s() - t0;
         sp_reply_clear(&rep);
@@ -144,6 +228,12 @@ static void *client_main(void *p)
         if (sp_close_req_encode(&cq, meta, sizeof meta, &err) == SP_OK && !call(rm, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep))
             sp_reply_clear(&rep);
     }
+    if (rb && nx) {
+        sp_close_req cq = {.session = nx};
+        if (sp_close_req_encode(&cq, meta, sizeof meta, &err) == SP_OK && !call(rb, SP_MSG_INFERENCE_CLOSE, meta, NULL, 0, &rep))
+            sp_reply_clear(&rep);
+    }
+    sp_remote_close(rb);
     sp_remote_close(rm);
     free(x);
     return NULL;
@@ -190,8 +280,8 @@ static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nl
 
 static double median(double *v, int n) { return quantile(v, n, 0.5); }
 
-/* sepal-server for this mode (M_*); its pid, or -1 (*port set). */
-static pid_t spawn(const opts *o, int mode, int *port)
+/* sepal-server for this mode (M_*) over blocks; its pid, or -1 (*port set). */
+static pid_t spawn(const opts *o, int mode, const char *blocks, int *port)
 {
     char line[1024], cache[32];
     int most = 0, longest = 0;
@@ -200,7 +290,7 @@ static pid_t spawn(const opts *o, int mode, int *port)
     for (int i = 0; i < most; i++)
         longest = prefill_of(o, i) > longest ? prefill_of(o, i) : longest;
     snprintf(cache, sizeof cache, "%d", most * (longest + steps_of(o)));
-    const char *argv[24] = {"sepal-server", "--model", o->model, "--blocks", o->blocks, "--dtype", o->dtype,
+    const char *argv[24] = {"sepal-server", "--model", o->model, "--blocks", blocks, "--dtype", o->dtype,
                             "--no-measure", "--cache-tokens", cache, "--max-length", "4096",
                             "--max-queue-wait", "0"}; /* every session is let in: throughput, not admission */
     int k = 14;
@@ -249,7 +339,7 @@ static int parse(int argc, char **argv, opts *o)
     static char model[4096];
     snprintf(model, sizeof model, "%s/.cache/sepal/models/llama-2-7b-like-8l", getenv("HOME") ? getenv("HOME") : ".");
     *o = (opts){.model = model, .blocks = "0:4", .dtype = "int8", .sessions = {1, 4, 16, 64}, .nsessions = 4,
-                .steps = 12, .prefill = 8, .modes = {1, 0}, .nmodes = 2, .reps = 3};
+                .steps = 12, .prefill = 8, .modes = {1, 0}, .nmodes = 2, .reps = 3, .push_delay = 5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -271,6 +361,10 @@ static int parse(int argc, char **argv, opts *o)
             o->prefill = atoi(v);
         else if (!strcmp(a, "--base"))
             o->base = v;
+        else if (!strcmp(a, "--push"))
+            o->push = v;
+        else if (!strcmp(a, "--push-delay"))
+            o->push_delay = atoi(v);
         else if (!strcmp(a, "--mix")) {
             o->nmix = 0;
             for (const char *p = v; *p && o->nmix < MAXC; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
@@ -293,10 +387,14 @@ static int parse(int argc, char **argv, opts *o)
     for (int i = 0; i < o->nsessions; i++)
         if (o->sessions[i] < 1)
             return fprintf(stderr, "bench_serve: --sessions wants counts >= 1\n"), -1;
-    int ok = o->steps >= 1 && o->prefill >= 1 && o->nmodes && o->reps >= 1 && o->reps <= 16;
+    int ok = o->steps >= 1 && o->prefill >= 1 && o->nmodes && o->reps >= 1 && o->reps <= 16 && o->push_delay >= 0 &&
+             (!o->push || !o->nmix);
     for (int m = 0; m < o->nmodes; m++)
         ok &= o->modes[m] != M_BASE || o->base;
-    return ok ? 0 : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16; mode base needs --base BIN)\n"), -1);
+    return ok ? 0
+              : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16; mode base needs --base BIN; --push measures "
+                                 "decode steps, not --mix)\n"),
+                 -1);
 }
 
 static void stop_servers(run *runs, int n)
@@ -306,6 +404,27 @@ static void stop_servers(run *runs, int n)
             kill(runs[m].pid, SIGTERM);
             waitpid(runs[m].pid, NULL, 0);
         }
+}
+
+/* --push: the next server (this build, blocks o->push) and a linkem link of o->push_delay ms to it; their pids
+ * into pids[0..2), the ports into next_port and link_port; 0 or -1. */
+static int spawn_next(const opts *o, pid_t *pids, int *next_port, int *link_port)
+{
+    if ((pids[0] = spawn(o, M_BATCH, o->push, next_port)) < 0)
+        return -1;
+    char linkem[4096], listen_to[64], delay[16], line[1024];
+    ssize_t n = readlink("/proc/self/exe", linkem, sizeof linkem - 16);
+    linkem[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(linkem, '/');
+    snprintf(slash ? slash + 1 : linkem, 16, "linkem");
+    snprintf(listen_to, sizeof listen_to, "127.0.0.1:%d", *next_port);
+    snprintf(delay, sizeof delay, "%d", o->push_delay);
+    const char *argv[] = {"linkem", "--delay", delay, "--listen", "127.0.0.1:0", "--to", listen_to, NULL};
+    pids[1] = sp_serverproc_start(linkem, argv, 0, NULL, line, sizeof line);
+    *link_port = sp_serverproc_port(line, "linkem: ");
+    if (pids[1] <= 0 || *link_port <= 0)
+        return fprintf(stderr, "bench_serve: %s did not start: %s\n", linkem, line), -1;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -323,16 +442,32 @@ int main(int argc, char **argv)
         printf("bench_serve: %s blocks %s, %s, %d prefill + %d steps a session, %d reps, modes in turn\n", o.model,
                o.blocks, o.dtype, o.prefill, o.steps, o.reps);
     }
-    run runs[2] = {{.o = &o}, {.o = &o}};
-    for (int m = 0; m < o.nmodes; m++)
-        if ((runs[m].pid = spawn(&o, o.modes[m], &runs[m].port)) < 0 || span_of(&runs[m])) {
-            stop_servers(runs, o.nmodes);
+    if (o.push)
+        printf("bench_serve: each step pushed to a next server of blocks %s over a link of %d ms each way (the latency:"
+               " to the next server's answer)\n", o.push, o.push_delay);
+    run runs[2] = {{.o = &o}, {.o = &o}}, next[2] = {{.o = &o}, {.o = &o}}; /* --push: the next server, its link */
+    int next_port = 0, link_port = 0;
+    if (o.push) {
+        pid_t pids[2] = {-1, -1};
+        int rc = spawn_next(&o, pids, &next_port, &link_port);
+        next[0].pid = pids[0], next[1].pid = pids[1];
+        if (rc) {
+            stop_servers(next, 2);
             return 1;
         }
+    }
+    for (int m = 0; m < o.nmodes; m++) {
+        runs[m].next_port = next_port, runs[m].link_port = link_port;
+        if ((runs[m].pid = spawn(&o, o.modes[m], o.blocks, &runs[m].port)) < 0 || span_of(&runs[m])) {
+            stop_servers(runs, o.nmodes);
+            stop_servers(next, 2);
+            return 1;
+        }
+    }
     int most = 0, rc = 0;
     for (int i = 0; i < o.nsessions; i++)
         most = o.sessions[i] > most ? o.sessions[i] : most;
-    double *lat[2], tps[2][MAXC][16], cpu[2][MAXC][16], base_tps[2] = {0}, base_p50[2] = {0};
+    double *lat[2], tps[2][MAXC][16], cpu[2][MAXC][16], base_tps[2] = {0}, base_p50[2] = {0}, p50s[2][MAXC];
     char rows[2][MAXC][160];
     for (int m = 0; m < o.nmodes; m++)
         lat[m] = calloc((size_t)most * (o.nmix ? 1 : o.steps) * o.reps, sizeof(double));
@@ -349,6 +484,7 @@ int main(int argc, char **argv)
             double p50 = quantile(lat[m], nlat[m], 0.50), p99 = quantile(lat[m], nlat[m], 0.99);
             if (i == 0)
                 base_tps[m] = t, base_p50[m] = p50;
+            p50s[m][i] = p50;
             char per[16] = "-";
             if (runs[m].passes > 0)
                 snprintf(per, sizeof per, "%.1f", (double)runs[m].rows / (double)runs[m].passes);
@@ -369,10 +505,16 @@ int main(int argc, char **argv)
     const char *vs = o.modes[1 - on] == M_BASE ? "this build / --base" : "batching on / off";
     for (int i = 0; !rc && o.nmodes == 2 && i < o.nsessions; i++) {
         double c0 = median(cpu[on][i], o.reps), c1 = median(cpu[1 - on][i], o.reps);
-        printf("%d sessions: %s: %.2fx tokens/s, %.2fx CPU per token\n", o.sessions[i], vs,
+        printf("%d sessions: %s: %.2fx tokens/s, %.2fx CPU per token", o.sessions[i], vs,
                median(tps[on][i], o.reps) / median(tps[1 - on][i], o.reps), c1 > 0 ? c0 / c1 : 0);
+        if (o.push)
+            printf(", %.2fx p50 step (to the next server's answer)", p50s[on][i] / p50s[1 - on][i]);
+        printf("\n");
     }
+    for (int m = 0; o.push && m < o.nmodes; m++)
+        printf("%s: %d steps' pushes not acknowledged (client-driven)\n", names[o.modes[m]], runs[m].unpushed);
     stop_servers(runs, o.nmodes);
+    stop_servers(next, 2);
     for (int m = 0; m < o.nmodes; m++)
         free(lat[m]);
     return rc;

@@ -194,6 +194,14 @@ static void memory(text *t, sp_server *s)
         "Pushed inputs and awaiting requests dropped unclaimed at the step timeout.", (double)aw.expired);
     one(t, "push_refused_total", "counter", "Training's pushes refused: the held bytes would go over their cap.",
         (double)aw.refused);
+    uint64_t in, out;
+    sp_server_pushes(s, &in, &out);
+    one(t, "pushes_in_total", "counter", "Pushes of other servers taken in (steps' and training passes' inputs).",
+        (double)in);
+    one(t, "pushes_out_total", "counter", "Pushes to the next servers that they acknowledged.", (double)out);
+    one(t, "pushes_in_flight_peak", "gauge",
+        "The most pushes in flight at once (a pass sends all its sessions' pushes, then awaits them).",
+        (double)sp_server_pushes_in_flight_peak(s));
 }
 
 static void network(text *t, sp_server *s, sp_server_metrics *m)

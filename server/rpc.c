@@ -976,18 +976,27 @@ static int step_prepare(req *r, const sp_step_req *q, session *x, const sp_tenso
     return hi < r->m.n_tensors ? reorder_cache(r, x, hi) : 0;
 }
 
-/* The reply of step q whose T positions of B rows are in h, the session advanced: first the push q asks for (the
- * next server's input is the critical path, this reply is not), then the reply. */
-static void step_reply(req *r, const sp_step_req *q, session *x, const float *h, int B, int T)
+/* The push step q asks for of its output h (B rows of T positions) sent, into p (sp_push_begin: p is finished by
+ * step_answer). */
+static void step_push_begin(req *r, const sp_step_req *q, const float *h, int B, int T, sp_push_pending *p)
+{
+    sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
+    SP_TRACE(SP_TR_SRV_PUSH);
+    sp_push_begin(r->s, q, &out, p);
+}
+
+/* The reply of step q whose T positions of B rows are in h, the session advanced: first its push p (begun by
+ * step_push_begin; NULL: none asked) is acknowledged (the next server's input is the critical path, this reply is
+ * not), then the reply, saying whether the push arrived. */
+static void step_answer(req *r, const sp_step_req *q, session *x, const float *h, int B, int T, sp_push_pending *p)
 {
     sp_err err = {0};
     x->len += T;
     sp_tensor_src out = tensor3(r, h, B, T, r->s->m->cfg.hidden);
     sp_step_reply a = {.position = x->len, .rx_mbit = rx_rate(r)};
-    if (q->push_port > 0) {
+    if (p) {
         sp_err perr = {0};
-        SP_TRACE(SP_TR_SRV_PUSH);
-        a.pushed = sp_push_send(r->s, q, &out, &perr) == SP_OK;
+        a.pushed = sp_push_finish(r->s, p, &perr) == SP_OK;
         SP_TRACE(SP_TR_SRV_PUSHED);
         if (a.pushed)
             __atomic_add_fetch(&r->s->pushes_out, 1, __ATOMIC_RELAXED);
@@ -999,6 +1008,15 @@ static void step_reply(req *r, const sp_step_req *q, session *x, const float *h,
     if (sp_step_reply_encode(&a, meta, sizeof meta, &err))
         return (void)bad(r, "internal", "%s", err.msg);
     reply(r, meta, &out, 1);
+}
+
+/* A step's push (when q asks for one) and reply: step_answer of a push of its own. */
+static void step_reply(req *r, const sp_step_req *q, session *x, const float *h, int B, int T)
+{
+    sp_push_pending p;
+    if (q->push_port > 0)
+        step_push_begin(r, q, h, B, T, &p);
+    step_answer(r, q, x, h, B, T, q->push_port > 0 ? &p : NULL);
 }
 
 /* A prepared step (step_prepare) on hid computed and answered. */
@@ -1267,6 +1285,7 @@ struct sp_step_batch {
     int *T;          /* the positions of each step of a pass */
     int *item_rows;
     int *group;      /* the steps of one span, in order */
+    sp_push_pending *pp; /* a pass's pushes in flight, its steps' in order */
     int cap;
     sp_ws ws;
 };
@@ -1277,7 +1296,7 @@ void sp_step_batch_free(sp_step_batch *b)
 {
     if (!b)
         return;
-    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->xs), free(b->T), free(b->item_rows), free(b->group);
+    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->xs), free(b->T), free(b->item_rows), free(b->group), free(b->pp);
     sp_ws_free(&b->ws);
     free(b);
 }
@@ -1299,7 +1318,7 @@ static int batch_reserve(sp_step_batch *b, int n)
     size_t m = (size_t)n;
     if (grow(&b->r, m, sizeof *b->r) | grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
         grow(&b->kv, m, sizeof *b->kv) | grow(&b->xs, m, sizeof *b->xs) | grow(&b->T, m, sizeof *b->T) | grow(&b->item_rows, m, sizeof *b->item_rows) |
-        grow(&b->group, m, sizeof *b->group))
+        grow(&b->group, m, sizeof *b->group) | grow(&b->pp, m, sizeof *b->pp))
         return -1;
     b->cap = n;
     return 0;
@@ -1391,12 +1410,22 @@ static void batch_run_group(sp_step_batch *b, sp_server *s, const int *g, int n)
     SP_TRACE(SP_TR_SRV_COMPUTED);
     if (!st)
         sp_mx_batch(&s->mx, n, SP_MX_TOK_INFERENCE, (uint64_t)rows);
+    /* the pushes first, all sent before any is awaited: their acknowledgements come back meanwhile (a pass of N
+     * pushed sessions waits about one round trip to the next servers, not N); then each step's acknowledgement and
+     * reply, in order */
+    for (int k = 0; !st && k < n; k++) {
+        bstep *t = &b->st[g[k]];
+        if (b->q[g[k]].push_port > 0)
+            step_push_begin(&b->r[g[k]], &b->q[g[k]], b->h + (size_t)t->off * H, t->B, t->T, &b->pp[k]);
+    }
     for (int k = 0; k < n; k++) {
         req *r = &b->r[g[k]];
+        bstep *t = &b->st[g[k]];
         if (st)
             bad(r, "internal", "step: %s", err.msg);
         else
-            step_reply(r, &b->q[g[k]], r->held, b->h + (size_t)b->st[g[k]].off * H, b->st[g[k]].B, b->st[g[k]].T);
+            step_answer(r, &b->q[g[k]], r->held, b->h + (size_t)t->off * H, t->B, t->T,
+                        b->q[g[k]].push_port > 0 ? &b->pp[k] : NULL);
     }
 }
 

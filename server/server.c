@@ -876,6 +876,11 @@ void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out)
     *out = __atomic_load_n(&s->pushes_out, __ATOMIC_RELAXED);
 }
 
+uint64_t sp_server_pushes_in_flight_peak(sp_server *s)
+{
+    return __atomic_load_n(&s->pushes_in_flight_peak, __ATOMIC_RELAXED);
+}
+
 void sp_server_awaits_get(sp_server *s, sp_server_awaits *out)
 {
     pthread_mutex_lock(&s->aw.lock);

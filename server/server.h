@@ -116,6 +116,9 @@ void sp_server_throughput(const sp_server *s, double *inference_rps, double *for
 int sp_server_sessions(sp_server *s);
 /* INFERENCE_PUSH messages taken into a session here (in), and pushes this server delivered (out). */
 void sp_server_pushes(sp_server *s, uint64_t *in, uint64_t *out);
+/* The most pushes this server had in flight at once (sent, their acknowledgements not yet come): a pass of decode
+ * steps sends all its pushes before it awaits any. */
+uint64_t sp_server_pushes_in_flight_peak(sp_server *s);
 /* Training's pushed inputs and awaiting requests (SPAN_PUSH, sp_server_opts.await_bytes): bytes held now, the cap,
  * those dropped unclaimed at the step timeout so far, and pushes refused at the cap so far. */
 typedef struct sp_server_awaits {

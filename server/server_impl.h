@@ -10,6 +10,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "proto.h"
+#include "push.h"
 #include "server.h"
 #include "transport.h"
 
@@ -193,10 +194,12 @@ struct sp_server {
     pthread_mutex_t mx_lock;
     sp_swarm_key key; /* o.key points here */
     int pushing;      /* a step asked for a push: steps go to the workers (a push waits for its acknowledgement) */
-    pthread_mutex_t push_lock; /* the connections pushes go out on (one push at a time) */
+    pthread_mutex_t push_lock; /* the table of connections pushes go out on (push.c) */
     struct push_conn *push_conns;
     int npush_conns;
     uint64_t pushes_in, pushes_out; /* atomic: sp_server_pushes */
+    uint64_t pushes_in_flight, pushes_in_flight_peak; /* atomic: pushes sent and not yet acknowledged (or given up):
+                                                        now, and the most at once (sp_server_pushes_in_flight_peak) */
 };
 
 /* server.c: for the client (source address) of connection conn, the most requests of other clients taken from
@@ -298,12 +301,8 @@ int awaits_take(sp_server *s, uint64_t id, uint64_t token, uint64_t conn, sp_buf
  * connection conn (UINT64_MAX: none), which closed. */
 void awaits_expire(sp_server *s, double older_than, uint64_t conn);
 
-/* push.c: sends INFERENCE_PUSH of hidden (the output of step `step`) to the session push_session of the server at
- * push_host:push_port (q's push fields), over a connection kept for the next pushes, and waits for its
- * acknowledgement (at most 2 s): SP_OK once that server has it. */
-sp_status sp_push_send(sp_server *s, const sp_step_req *q, const sp_tensor_src *hidden, sp_err *err);
-/* The same for training's passes: SPAN_PUSH of out (a FORWARD's output, a BACKWARD's grad_in) to the request that
- * awaits q's push_id at q's push_host:push_port, with its token. */
+/* push.c (a step's push: push.h): training's passes' SPAN_PUSH of out (a FORWARD's output, a BACKWARD's grad_in)
+ * to the request that awaits q's push_id at q's push_host:push_port, with its token, as sp_push_send. */
 sp_status sp_span_push_send(sp_server *s, const sp_span_req *q, const sp_tensor_src *out, sp_err *err);
 void sp_push_close_all(sp_server *s);
 

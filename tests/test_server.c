@@ -20,6 +20,7 @@
 #include "rng.h"
 #include "server.h"
 #include "kept.h"
+#include "push.h"
 #include "testutil.h"
 #include "timeutil.h"
 #include "transport.h"
@@ -1115,6 +1116,236 @@ START_TEST(t_batch_not_waiting_for_idle)
 }
 END_TEST
 
+/* sp_remote_send then sp_remote_wait: one thread's requests in flight at once on one connection, waited for in
+ * another order than sent (the last first: its wait reads the earlier replies and keeps them for their requests,
+ * registered when they went out), each its own reply (PINGs echo their metadata); an ERROR reply says its code as a
+ * call's does; a request never sent is not waited for. */
+START_TEST(t_remote_send_wait)
+{
+    sp_server *s = start_server(0, 2, 0, 0);
+    sp_remote *r = connect_to(s);
+    enum { N = 5 };
+    sp_reply rep[N];
+    uint64_t id[N];
+    char meta[N][32];
+    sp_err err = {0};
+    for (int i = 0; i < N; i++) {
+        snprintf(meta[i], sizeof meta[i], "{\"n\":%d}", i);
+        sp_msg_type type = i == 2 ? SP_MSG_INFERENCE_STEP : SP_MSG_PING; /* (no session: an ERROR) */
+        ck_assert_msg(sp_remote_send(r, type, meta[i], NULL, 0, &rep[i], &id[i], &err) == SP_OK, "%s", err.msg);
+        ck_assert(id[i] != 0);
+    }
+    for (int i = N - 1; i >= 0; i--) {
+        sp_status st = sp_remote_wait(r, id[i], TMO, &err);
+        if (i == 2) {
+            ck_assert_int_ne(st, SP_OK);
+            ck_assert_ptr_nonnull(sp_reply_error_code(&rep[i]));
+        } else {
+            ck_assert_msg(st == SP_OK, "request %d: %s", i, err.msg);
+            ck_assert(rep[i].msg.meta_len == strlen(meta[i]) && !memcmp(rep[i].msg.meta_json, meta[i], strlen(meta[i])));
+        }
+        sp_reply_clear(&rep[i]);
+    }
+    ck_assert_int_eq(sp_remote_wait(r, id[0], 100, &err), SP_ERR_ARG); /* waited for already */
+    still_serving(s, r);
+    sp_remote_close(r);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* A server's pushes to more next servers at once than it keeps connections for (8): all ten sent before any is
+ * awaited (sp_push_begin, as a pass does), all ten acknowledged (sp_push_finish), none of the connections closed or
+ * replaced under a push in flight: each next server took its push (its count), and ten were in flight at once. */
+START_TEST(t_push_conns_in_flight)
+{
+    enum { N = 10 };
+    sp_server *s = start_server(0, 2, 0, 0), *next[N];
+    sp_remote *rs[N];
+    sp_push_pending *p = calloc(N, sizeof *p);
+    float x[H];
+    for (int i = 0; i < H; i++)
+        x[i] = (float)i / H;
+    sp_tensor_src t = t3(x, 1, 1);
+    for (int round = 0; round < 2; round++) { /* the second: over the connections kept, and one of its own */
+        for (int i = 0; i < N; i++) {
+            uint64_t token;
+            if (!round)
+                next[i] = start_server(2, 4, 0, 0);
+            rs[i] = connect_to(next[i]); /* (open while the session is: a connection's sessions close with it) */
+            sp_step_req q = {.push_host = "127.0.0.1", .push_port = sp_server_port(next[i]), .step = 1};
+            q.push_session = open_pushable(rs[i], 2, 4, 2, 1, &token);
+            q.push_token = token;
+            sp_push_begin(s, &q, &t, &p[i]);
+        }
+        for (int i = 0; i < N; i++) {
+            sp_err err = {0};
+            ck_assert_msg(sp_push_finish(s, &p[i], &err) == SP_OK, "round %d, push %d: %s", round, i, err.msg);
+            uint64_t in, out;
+            sp_server_pushes(next[i], &in, &out);
+            ck_assert_int_eq((int)in, round + 1);
+            sp_remote_close(rs[i]);
+        }
+        ck_assert_int_eq((int)sp_server_pushes_in_flight_peak(s), N);
+    }
+    for (int i = 0; i < N; i++)
+        sp_server_stop(next[i]);
+    free(p);
+    sp_server_stop(s);
+}
+END_TEST
+
+/* A session over blocks 0:2 of server 1 whose outputs server 1 pushes to its session over 2:4 on the next server (q's
+ * push fields): its first step plain (the client takes the output on), then rounds of pushed steps, each after the
+ * others' (the round barrier). Each round its step that awaits the input goes to the next server first
+ * (sp_remote_send), then the pushed step to server 1, then the awaiting step's reply is waited for; a session whose
+ * push is to fail (fails) takes the output on itself instead, as a client does when the reply says pushed 0. */
+enum { PUSH_ROUNDS = 3 };
+typedef struct push_job {
+    sp_remote *r, *r2;          /* to server 1, to the next server */
+    uint64_t id, next;          /* the sessions there */
+    sp_step_req q;              /* the push fields */
+    int fails;
+    const float *x;             /* [1 + PUSH_ROUNDS, H]: the steps' inputs */
+    float out[(1 + PUSH_ROUNDS) * H], out2[(1 + PUSH_ROUNDS) * H]; /* server 1's outputs, the next server's */
+    int pushed[1 + PUSH_ROUNDS], ok;
+    char why[160];
+    pthread_barrier_t *round;
+} push_job;
+
+/* One call of a step to r whose output goes to y [H] (its reply's pushed flag to *pushed); 0 on failure. */
+static int push_step(sp_remote *r, const sp_step_req *q, const float *x, float *y, int *pushed)
+{
+    char meta[512];
+    sp_reply rep;
+    sp_tensor_src t = t3(x, 1, 1);
+    sp_step_reply sr = {0};
+    if (sp_step_req_encode(q, meta, sizeof meta, NULL) ||
+        sp_remote_call(r, SP_MSG_INFERENCE_STEP, meta, x ? &t : NULL, x ? 1 : 0, &rep, TMO, NULL))
+        return 0;
+    int ok = rep.msg.n_tensors == 1 && rep.msg.t[0].numel == H && !sp_step_reply_decode(&rep.msg, &sr, NULL) &&
+             !sp_tensor_to_f32(&rep.msg.t[0], y, NULL);
+    if (pushed)
+        *pushed = sr.pushed;
+    sp_reply_clear(&rep);
+    return ok;
+}
+
+static void *push_client(void *p)
+{
+    push_job *j = p;
+    sp_step_req plain = {.session = j->id, .start_from_position = -1, .reply_encoding = -1};
+    sp_step_req plain2 = {.session = j->next, .start_from_position = -1, .reply_encoding = -1};
+    int ok = push_step(j->r, &plain, j->x, j->out, NULL) && push_step(j->r2, &plain2, j->out, j->out2, NULL);
+    for (int k = 1; k <= PUSH_ROUNDS; k++) {
+        pthread_barrier_wait(j->round);
+        if (!ok)
+            continue;
+        sp_step_req q = j->q, w = {.session = j->next, .start_from_position = -1, .reply_encoding = -1, .step = k,
+                                   .await = 1};
+        q.step = (uint64_t)k;
+        char meta[256];
+        sp_reply rep;
+        uint64_t id = 0;
+        sp_err err = {0};
+        if (!j->fails && (sp_step_req_encode(&w, meta, sizeof meta, NULL) ||
+                          sp_remote_send(j->r2, SP_MSG_INFERENCE_STEP, meta, NULL, 0, &rep, &id, &err))) {
+            snprintf(j->why, sizeof j->why, "round %d: the awaiting step: %.120s", k, err.msg);
+            ok = 0;
+            continue;
+        }
+        ok = push_step(j->r, &q, j->x + k * H, j->out + k * H, &j->pushed[k]);
+        if (j->fails) { /* client-driven */
+            ok = ok && push_step(j->r2, &plain2, j->out + k * H, j->out2 + k * H, NULL);
+        } else {
+            sp_status st = sp_remote_wait(j->r2, id, TMO, &err); /* (waited for whatever the push did) */
+            ok = ok && !st && rep.msg.n_tensors == 1 && rep.msg.t[0].numel == H &&
+                 !sp_tensor_to_f32(&rep.msg.t[0], j->out2 + k * H, NULL);
+            sp_reply_clear(&rep);
+        }
+        if (!ok)
+            snprintf(j->why, sizeof j->why, "round %d: %.120s", k, err.msg[0] ? err.msg : "a step failed");
+    }
+    j->ok = ok;
+    return NULL;
+}
+
+/* Four sessions over blocks 0:2 whose outputs are pushed to their sessions over 2:4 on another server, in rounds (a
+ * pass of four, once the sessions' rhythm is known: see t_batch_waits_for_due_steps): the pass sends all four
+ * pushes before it awaits their acknowledgements (the server had four in flight at once), and every session's
+ * outputs, server 1's and the next server's, are those of the same steps client-driven on servers that run them
+ * alone. With `fail`, session 2 pushes under a wrong token (the next server refuses it: ERROR forbidden) and session
+ * 3 to a server that stopped: their replies say pushed 0 (the others' still 1; three went out together), and their
+ * clients take the outputs on themselves. */
+START_TEST(t_batch_pushes_pipelined)
+{
+    enum { N = 4, R = PUSH_ROUNDS };
+    int fail = _i;
+    sp_server_opts o;
+    gqa_opts(&o, 0, 2);
+    o.workers_only = 1;
+    o.gather_wait_s = 0.5;
+    sp_server *s1 = start_with(&o), *s2 = start_server(2, 4, 0, 0), *alone = start_server(0, 2, 0, 0);
+    sp_server *dead = start_server(2, 4, 0, 0);
+    int dead_port = sp_server_port(dead);
+    sp_server_stop(dead);
+    sp_remote *ra = connect_to(alone), *r2 = connect_to(s2);
+    sp_rng g;
+    sp_rng_seed(&g, 21);
+    static float x[N][(1 + R) * H], mid[N][(1 + R) * H], want[N][(1 + R) * H];
+    for (int i = 0; i < N; i++) { /* the same steps client-driven, each alone */
+        sp_rng_fill_normal(&g, x[i], (1 + R) * H, 1.0f);
+        uint64_t a = open_session(ra, 0, 2, 1 + R, 1), b = open_session(r2, 2, 4, 1 + R, 1);
+        for (int k = 0; k <= R; k++) {
+            step(ra, a, x[i] + k * H, 1, 1, mid[i] + k * H, -1, NULL);
+            step(r2, b, mid[i] + k * H, 1, 1, want[i] + k * H, -1, NULL);
+        }
+    }
+    static push_job j[N];
+    pthread_t th[N];
+    pthread_barrier_t round;
+    pthread_barrier_init(&round, NULL, N);
+    for (int i = 0; i < N; i++) {
+        uint64_t token, t1;
+        j[i] = (push_job){.r = connect_to(s1), .r2 = connect_to(s2), .x = x[i], .round = &round,
+                          .fails = fail && i >= 2};
+        j[i].id = open_pushable(j[i].r, 0, 2, 1 + R, 1, &t1);
+        j[i].next = open_pushable(j[i].r2, 2, 4, 1 + R, 1, &token);
+        j[i].q = (sp_step_req){.session = j[i].id, .start_from_position = -1, .reply_encoding = -1,
+                               .push_host = "127.0.0.1", .push_port = sp_server_port(s2), .push_session = j[i].next,
+                               .push_token = fail && i == 2 ? token ^ 1 : token};
+        if (fail && i == 3)
+            j[i].q.push_port = dead_port;
+    }
+    for (int i = 0; i < N; i++)
+        pthread_create(&th[i], NULL, push_client, &j[i]);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_msg(j[i].ok, "session %d failed: %s", i, j[i].why);
+        for (int k = 1; k <= R; k++)
+            ck_assert_msg(j[i].pushed[k] == !j[i].fails, "session %d, round %d: pushed %d", i, k, j[i].pushed[k]);
+        ck_assert_msg(!memcmp(j[i].out, mid[i], sizeof j[i].out), "session %d: server 1's outputs differ from alone", i);
+        ck_assert_msg(!memcmp(j[i].out2, want[i], sizeof j[i].out2), "session %d: the next server's outputs differ", i);
+        sp_remote_close(j[i].r);
+        sp_remote_close(j[i].r2);
+    }
+    uint64_t in, out;
+    sp_server_pushes(s1, &in, &out);
+    ck_assert_int_eq((int)out, (fail ? 2 : N) * R);
+    sp_server_batch_stats bs = batch_stats_at(s1, N * (1 + R));
+    ck_assert_msg((int)sp_server_pushes_in_flight_peak(s1) == (fail ? 2 : N) + fail, /* (the dead one never went out) */
+                  "at most %d pushes were in flight at once (%llu passes of %llu rows, the most %llu)",
+                  (int)sp_server_pushes_in_flight_peak(s1), (unsigned long long)bs.batches,
+                  (unsigned long long)bs.rows, (unsigned long long)bs.peak);
+    still_serving(s2, r2);
+    pthread_barrier_destroy(&round);
+    sp_remote_close(ra);
+    sp_remote_close(r2);
+    sp_server_stop(s1);
+    sp_server_stop(s2);
+    sp_server_stop(alone);
+}
+END_TEST
+
 /* One connection, four threads stepping a session each: the calls are in flight at once (sp_remote hands each reply
  * to its caller), so the server sees their steps together and batches them. */
 /* One client's training: steps of FORWARD then BACKWARD over blocks 1:4 (B rows of T positions, deep prompts of
@@ -2088,6 +2319,9 @@ int main(void)
     tcase_add_loop_test(tc, t_batched_sessions_as_alone, 0, 3);
     tcase_add_test(tc, t_batch_waits_for_due_steps);
     tcase_add_test(tc, t_batch_not_waiting_for_idle);
+    tcase_add_test(tc, t_remote_send_wait);
+    tcase_add_test(tc, t_push_conns_in_flight);
+    tcase_add_loop_test(tc, t_batch_pushes_pipelined, 0, 2);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_fair_training_merges);

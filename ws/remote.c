@@ -1,6 +1,8 @@
 /* remote.c - a request/reply connection to one server. Calls from several threads are in flight at once (a
- * client's concurrent sessions, which the server may batch): each sends under the lock and waits for the reply
- * with its request id; one waiting call at a time reads the connection and hands the others' replies over. */
+ * client's concurrent sessions, which the server may batch), and several of one thread's (sp_remote_send, then
+ * sp_remote_wait: a server's pushes of a pass): each registers its reply's waiter and sends under the lock, then waits
+ * for the reply with its request id; one waiting call at a time reads the connection and hands the others' replies
+ * over. */
 #include "remote.h"
 #include "trace.h"
 
@@ -166,19 +168,41 @@ static sp_status read_one(sp_remote *r, int timeout_ms, sp_err *err)
     return st;
 }
 
-/* Waits (lock held) for the reply to request `id` into rep: reading the connection when no other call does, else
- * for the reader to hand it over. The waiter comes from r->spare (allocated the first time), not from this stack:
- * r->waiting outlives the frame in the compiler's eyes (gcc 13's -Wdangling-pointer), though it is unlinked before
- * the return; back to r->spare after. */
-static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
+/* A waiter for request `id`'s reply into rep, linked into r->waiting (lock held), so that a reply read before its
+ * call waits is handed over, not dropped. The waiter comes from r->spare (allocated the first time), not from a
+ * stack: r->waiting outlives the frame in the compiler's eyes (gcc 13's -Wdangling-pointer), though it is unlinked
+ * before the call returns; back to r->spare after (unlist). NULL when out of memory. */
+static waiter *enlist(sp_remote *r, uint64_t id, sp_reply *rep)
 {
     waiter *w = r->spare;
     if (w)
         r->spare = w->next;
     else if (!(w = malloc(sizeof *w)))
-        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        return NULL;
     *w = (waiter){.id = id, .rep = rep, .next = r->waiting};
     r->waiting = w;
+    return w;
+}
+
+/* w out of r->waiting, back to r->spare; whether its reply came (lock held). */
+static int unlist(sp_remote *r, waiter *w)
+{
+    for (waiter **p = &r->waiting; *p; p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    int done = w->done;
+    w->next = r->spare;
+    r->spare = w;
+    return done;
+}
+
+/* Waits (lock held) for the reply of waiter w (enlisted): reading the connection when no other call does, else for
+ * the reader to hand it over; w unlisted after. */
+static sp_status await_reply(sp_remote *r, waiter *w, int timeout_ms, sp_err *err)
+{
+    sp_reply *rep = w->rep;
     double end = timeout_ms < 0 ? 0 : sp_now_s() + timeout_ms / 1e3;
     sp_status st = SP_OK;
     while (!w->done && !st) {
@@ -202,15 +226,7 @@ static sp_status wait_reply(sp_remote *r, uint64_t id, sp_reply *rep, int timeou
             pthread_cond_timedwait(&r->cond, &r->lock, &ts);
         }
     }
-    for (waiter **p = &r->waiting; *p; p = &(*p)->next)
-        if (*p == w) {
-            *p = w->next;
-            break;
-        }
-    int done = w->done;
-    w->next = r->spare;
-    r->spare = w;
-    if (done)
+    if (unlist(r, w))
         return rep->msg.type == SP_MSG_ERROR ? error_status(rep, err) : SP_OK;
     return st;
 }
@@ -248,24 +264,72 @@ sp_status sp_remote_last_word(sp_remote *r, sp_err *err)
     return st;
 }
 
-static sp_status send_and_wait(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *rep, int timeout_ms, sp_err *err)
+/* Sends b (consumed) as request id, its reply's waiter enlisted first (into *wp); lock held. On failure nothing is
+ * left enlisted (*wp NULL), rep holds the server's last word if it said one. */
+static sp_status send_enlisted(sp_remote *r, sp_buf *b, uint64_t id, sp_reply *rep, waiter **wp, sp_err *err)
 {
     memset(rep, 0, sizeof *rep);
+    *wp = NULL;
+    waiter *w = enlist(r, id, rep);
+    if (!w) {
+        sp_buf_free(b);
+        return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+    }
     sp_status st = sp_ws_client_send(r->c, b, err);
     SP_TRACE(SP_TR_WRITTEN);
-    if (st == SP_ERR_CLOSED && !r->reading) /* (a reader takes the last word to the calls waiting) */
-        return why_closed(r, rep, st, err);
-    return st ? st : wait_reply(r, id, rep, timeout_ms, err);
+    if (st) {
+        unlist(r, w);
+        memset(rep, 0, sizeof *rep);
+        if (st == SP_ERR_CLOSED && !r->reading) /* (a reader takes the last word to the calls waiting) */
+            return why_closed(r, rep, st, err);
+        return st;
+    }
+    *wp = w;
+    return SP_OK;
 }
 
 /* The request in b (built with status st) sent and its reply waited for, with r->lock held; b is consumed. */
 static sp_status send_built(sp_remote *r, sp_buf *b, sp_status st, uint64_t id, sp_reply *rep, int timeout_ms,
                             sp_err *err)
 {
-    if (!st)
-        return send_and_wait(r, b, id, rep, timeout_ms, err);
-    sp_buf_free(b);
-    memset(rep, 0, sizeof *rep);
+    if (st) {
+        sp_buf_free(b);
+        memset(rep, 0, sizeof *rep);
+        return st;
+    }
+    waiter *w;
+    st = send_enlisted(r, b, id, rep, &w, err);
+    return st ? st : await_reply(r, w, timeout_ms, err);
+}
+
+sp_status sp_remote_send(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                         sp_reply *rep, uint64_t *id, sp_err *err)
+{
+    pthread_mutex_lock(&r->lock);
+    *id = r->next_id++;
+    sp_buf b = {0};
+    waiter *w = NULL;
+    sp_status st = sp_msg_encode(&b, type, 0, *id, meta, t, n, err);
+    if (st) {
+        sp_buf_free(&b);
+        memset(rep, 0, sizeof *rep);
+    } else {
+        st = send_enlisted(r, &b, *id, rep, &w, err);
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (st)
+        *id = 0;
+    return st;
+}
+
+sp_status sp_remote_wait(sp_remote *r, uint64_t id, int timeout_ms, sp_err *err)
+{
+    pthread_mutex_lock(&r->lock);
+    waiter *w = id ? waiter_of(r, id) : NULL;
+    sp_status st = w ? await_reply(r, w, timeout_ms, err)
+                     : sp_errf(err, SP_ERR_ARG, "no request %llu in flight on %s:%d", (unsigned long long)id, r->host,
+                               r->port);
+    pthread_mutex_unlock(&r->lock);
     return st;
 }
 

@@ -73,6 +73,18 @@ void sp_reply_clear(sp_reply *rep);
  * still returned so the caller can read the code. */
 sp_status sp_remote_call(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
                          sp_reply *rep, int timeout_ms, sp_err *err);
+/* sp_remote_call in two halves, for requests to be in flight at once from one thread (a server's pushes of a pass):
+ * sp_remote_send sends the request and returns at once, its id in *id, the reply's place (rep) registered before it
+ * goes out, so that a reply read by another call meanwhile is kept for it; sp_remote_wait(id) waits up to timeout_ms
+ * for it, as sp_remote_call does (the same statuses, an ERROR reply's code in rep). After a send that returned SP_OK
+ * the request MUST be waited for, once, before rep goes away and before the connection is closed: its registration
+ * points into rep (a reply read for it by another call is written there). Other calls on the connection go on
+ * meanwhile.
+ * A send that failed registered nothing (*id 0, nothing to wait for; rep holds the server's last word when it said
+ * one before it closed, else is empty). */
+sp_status sp_remote_send(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
+                         sp_reply *rep, uint64_t *id, sp_err *err);
+sp_status sp_remote_wait(sp_remote *r, uint64_t id, int timeout_ms, sp_err *err);
 /* sp_remote_call that also gives up (SP_ERR_CANCELLED, the connection sound: a late reply is dropped) once *abort
  * is non-zero, looked at every 100 ms: the caller's thread ends a wait another thread no longer needs. */
 sp_status sp_remote_call_abortable(sp_remote *r, sp_msg_type type, const char *meta, const sp_tensor_src *t, int n,
