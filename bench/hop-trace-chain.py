@@ -28,6 +28,37 @@ def load(d):
     return files
 
 
+def timeline(kind, rows, files, client, servers):
+    """each (process, tag, n-th occurrence)'s median offset from the step's start over rows, in time order"""
+    # servers numbered by when they first finish computing in the step (the median over steps; an awaiting step
+    # marks a compute when its request comes, before its input)
+    def first_compute(f):
+        v = [next((o for o, t in ev[f] if t == 13), 1e18) for _, ev in rows]
+        return statistics.median(v)
+    order = sorted(servers, key=first_compute)
+    label = {client: "client"}
+    label.update({f: "server %d" % (k + 1) for k, f in enumerate(order)})
+    acc = {}
+    for _, ev in rows:
+        for f in files:
+            seen = {}
+            for o, t in ev[f]:
+                n = seen.get(t, 0)
+                seen[t] = n + 1
+                acc.setdefault((f, t, n), []).append(o)
+    line = []
+    for (f, t, n), v in acc.items():
+        if len(v) < len(rows) // 2 or (t in (32, 33) and n > 0):
+            continue
+        line.append((statistics.median(v), label[f], NAMES[t] + ("" if n == 0 else " #%d" % (n + 1)), len(v)))
+    line.sort()
+    print("%s (%d steps), step median %.2f ms:" % (kind, len(rows), statistics.median(d for d, _ in rows) / 1e6))
+    prev = 0
+    for o, who, what, cnt in line:
+        print("  %9.2f ms (+%7.2f)  %-9s %-22s (%d)" % (o / 1e6, (o - prev) / 1e6, who, what, cnt))
+        prev = o
+
+
 def main():
     files = load(sys.argv[1])
     clients = [f for f, ev in files.items() if any(t == 1 for _, t in ev)]
@@ -44,44 +75,28 @@ def main():
             steps.append((cur, ns))
             cur = None
     groups = {"pushed": [], "client-driven": []}
-    for a, b in steps:
+    gaps = {"pushed": [], "client-driven": []}
+    for k, (a, b) in enumerate(steps):
         ev = {f: [(ns - a, t) for ns, t in files[f] if a <= ns <= b and NAMES.get(t)] for f in files}
         if not any(ev[f] for f in servers):
             continue
         kind = "pushed" if any(t == 18 for f in servers for _, t in ev[f]) else "client-driven"
         groups[kind].append((b - a, ev))
+        if k + 1 < len(steps) and steps[k + 1][0] - b < 1e9:  # head done -> the next step (same generation)
+            gaps[kind].append((steps[k + 1][0] - b) / 1e6)
     for kind, rows in groups.items():
         rows = rows[3:]
         if not rows:
             continue
-        # servers numbered by when they first finish computing in the step (the median over steps; an awaiting step
-        # marks a compute when its request comes, before its input)
-        def first_compute(f):
-            v = [next((o for o, t in ev[f] if t == 13), 1e18) for _, ev in rows]
-            return statistics.median(v)
-        order = sorted(servers, key=first_compute)
-        label = {client: "client"}
-        label.update({f: "server %d" % (k + 1) for k, f in enumerate(order)})
-        acc = {}
-        for _, ev in rows:
-            for f in files:
-                seen = {}
-                for o, t in ev[f]:
-                    n = seen.get(t, 0)
-                    seen[t] = n + 1
-                    acc.setdefault((f, t, n), []).append(o)
-        line = []
-        for (f, t, n), v in acc.items():
-            if len(v) < len(rows) // 2 or (t in (32, 33) and n > 0):
-                continue
-            line.append((statistics.median(v), label[f], NAMES[t] + ("" if n == 0 else " #%d" % (n + 1)), len(v)))
-        line.sort()
-        print("%s steps: %d, step (tag 1 -> head done) median %.2f ms" % (
-            kind, len(rows), statistics.median(d for d, _ in rows) / 1e6))
-        prev = 0
-        for o, who, what, cnt in line:
-            print("  %9.2f ms (+%7.2f)  %-9s %-22s (%d)" % (o / 1e6, (o - prev) / 1e6, who, what, cnt))
-            prev = o
+        d = sorted(r[0] / 1e6 for r in rows)
+        print("%s steps: %d, step (tag 1 -> head done) mean %.2f ms, p10 %.2f, p50 %.2f, p90 %.2f, max %.2f" % (
+            kind, len(d), statistics.mean(d), d[len(d) // 10], d[len(d) // 2], d[9 * len(d) // 10], d[-1]))
+        if gaps[kind]:
+            print("  head done -> next step: mean %.2f ms, max %.2f" % (statistics.mean(gaps[kind]), max(gaps[kind])))
+        timeline(kind + ": all steps", rows, files, client, servers)
+        slow = sorted(rows, key=lambda r: r[0])[9 * len(rows) // 10:]
+        if len(slow) >= 3:
+            timeline(kind + ": the slowest tenth", slow, files, client, servers)
     # the one process
     one, c = [], None
     for ns, t in files[client]:

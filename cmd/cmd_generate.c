@@ -181,7 +181,7 @@ static int cmd_generate(sp_app *app, const sp_args *a)
         free(line);
     }
     sp_ui_gen g = {.prompt_tokens = n, .new_tokens = r.n[0], .prefill_s = r.prefill_s,
-                   .decode_s = r.seconds - r.prefill_s, .first_token_s = r.first_token_s, .stop = r.stop_reason,
+                   .decode_s = r.decode_s, .first_token_s = r.first_token_s, .stop = r.stop_reason,
                    .seed = seed, .sampled = o.sample.temperature > 0 && o.beams <= 1};
     sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
     sp_emit(app, &end);

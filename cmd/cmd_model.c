@@ -471,7 +471,7 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
         goto done;
     }
     sp_ui_gen g = {.prompt_tokens = n, .new_tokens = r.n[0], .prefill_s = r.prefill_s,
-                   .decode_s = r.seconds - r.prefill_s, .first_token_s = r.first_token_s, .stop = r.stop_reason,
+                   .decode_s = r.decode_s, .first_token_s = r.first_token_s, .stop = r.stop_reason,
                    .seed = (unsigned long long)o.sample.seed, .sampled = o.sample.temperature > 0};
     sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
     sp_emit(app, &end);

@@ -508,6 +508,60 @@ START_TEST(t_hung_server)
 }
 END_TEST
 
+/* A route's sessions are opened at once (over far links one round trip, not one a hop): with the first hop's
+ * server hung, the second hop's server holds the generation's session while the first's OPEN still waits; woken,
+ * the first answers and the tokens are the reference's. */
+typedef struct gen_thread {
+    sp_runtime *rt;
+    sp_gen_opts o;
+    sp_gen_result got;
+    sp_status st;
+    sp_err err;
+} gen_thread;
+
+static void *gen_main(void *arg)
+{
+    gen_thread *g = arg;
+    sp_lm_swarm sw;
+    sp_lm lm = sp_lm_swarm_make(&sw, g->rt);
+    const int32_t *pp = PROMPT;
+    int len = PROMPT_LEN;
+    g->st = sp_generate(&lm, NULL, &pp, &len, 1, &g->o, NULL, NULL, &g->got, &g->err);
+    return NULL;
+}
+
+static int holds_session(void *u) { return sessions_of(*(int *)u) == 1; }
+
+START_TEST(t_sessions_opened_at_once)
+{
+    static const char *const spans[] = {"3:6", "0:3"}; /* (the DHT's first node is the second hop's server) */
+    sp_runtime *rt = swarm(spans, 2);
+    gen_thread g = {.rt = rt};
+    gen_opts(&g.o, 0);
+    sp_gen_result want;
+    reference(&g.o, &want);
+    kill(procs[1].pid, SIGSTOP); /* blocks 0:3: the first hop */
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, gen_main, &g), 0);
+    /* the first hop's OPEN waits at least 5 s for its hung server: the second's came at the same time */
+    int second = procs[0].port, opened = sp_test_wait_for(holds_session, &second, 3);
+    int first_sessions = -1;
+    kill(procs[1].pid, SIGCONT);
+    pthread_join(th, NULL);
+    first_sessions = sessions_of(procs[1].port);
+    ck_assert_msg(opened, "the second hop's server got no session while the first hop's server was hung: the "
+                          "sessions were opened one after another");
+    ck_assert_msg(g.st == SP_OK, "%s", g.err.msg);
+    same_tokens(&g.got, &want);
+    printf("sessions at once: the second hop's session was open while the first's server hung; after the "
+           "generation the first holds %d\n", first_sessions);
+    sp_gen_result_free(&want);
+    sp_gen_result_free(&g.got);
+    sp_runtime_free(rt);
+    stop_all();
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------- */
 /* training chains */
 
@@ -1279,6 +1333,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_kill_beams);
     tcase_add_test(tc, t_second_failure_in_recovery);
     tcase_add_test(tc, t_hung_server);
+    tcase_add_test(tc, t_sessions_opened_at_once);
     tcase_add_test(tc, t_server_answers_nan);
     tcase_add_test(tc, t_server_answers_error);
     suite_add_tcase(s, tc);

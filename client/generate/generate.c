@@ -264,6 +264,7 @@ static sp_status sample_loop(const sp_lm *lm, const sp_tokenizer *tok, row_state
         st = use_best ? lm->forward_argmax(lm->ctx, ids, B, 1, best, err)
                       : lm->forward(lm->ctx, ids, B, 1, logits, err);
     }
+    r->decode_s = sp_now_s() - t0 - r->prefill_s; /* to the last token chosen (before lm->end) */
     if (st == SP_ERR_CANCELLED) { /* what came so far stands */
         for (int b = 0; b < B; b++)
             if (!rs[b].done)
@@ -488,6 +489,7 @@ static sp_status generate_beams(const sp_lm *lm, const sp_tokenizer *tok, const 
         r->prefill_s = sp_now_s() - t0;
         if (!st)
             st = beam_loop(lm, &bm, o, logits, err);
+        r->decode_s = sp_now_s() - t0 - r->prefill_s;
         lm->end(lm->ctx);
         r->stop_reason = bm.ndone ? SP_GEN_STOP_EOS : SP_GEN_STOP_LENGTH;
         if (st == SP_ERR_CANCELLED) { /* the best hypothesis so far */

@@ -80,6 +80,8 @@ typedef struct sp_gen_result {
     int prefill_tokens;   /* positions of the first LM call (the prompts' common prefix, all rows) */
     double prefill_s;     /* time of that call */
     double first_token_s; /* from the start to row 0's first new token (0: none) */
+    double decode_s;      /* the decode steps' time: from the end of that call to the last new token (neither the
+                             sessions' opening before the prompt nor their closing after: a swarm's round trips) */
 } sp_gen_result;
 
 void sp_gen_result_free(sp_gen_result *r);

@@ -37,10 +37,50 @@ static void close_session(sp_lm_swarm *s, int h, int timeout_ms)
     s->session[h] = 0;
 }
 
+/* fn(s, h, arg) for every hop h of n at once: hops 1.. on threads of their own (one that cannot start runs on the
+ * caller after), hop 0 on the caller; returns when every one is done. A request to every server of a route
+ * (opening, closing its session) then costs one round trip over far links, not one per hop. */
+typedef void (*hop_fn)(sp_lm_swarm *s, int h, void *arg);
+typedef struct hop_thread {
+    sp_lm_swarm *s;
+    int h, started;
+    hop_fn fn;
+    void *arg;
+    pthread_t th;
+} hop_thread;
+
+static void *hop_thread_main(void *a)
+{
+    hop_thread *t = a;
+    t->fn(t->s, t->h, t->arg);
+    return NULL;
+}
+
+static void each_hop_at_once(sp_lm_swarm *s, int n, hop_fn fn, void *arg)
+{
+    hop_thread t[SP_RT_MAX_HOPS];
+    for (int h = 1; h < n; h++) {
+        t[h] = (hop_thread){.s = s, .h = h, .fn = fn, .arg = arg};
+        t[h].started = pthread_create(&t[h].th, NULL, hop_thread_main, &t[h]) == 0;
+    }
+    if (n > 0)
+        fn(s, 0, arg);
+    for (int h = 1; h < n; h++) {
+        if (t[h].started)
+            pthread_join(t[h].th, NULL);
+        else
+            fn(s, h, arg);
+    }
+}
+
+static void close_one(sp_lm_swarm *s, int h, void *arg) { close_session(s, h, *(const int *)arg); }
+
+/* Every hop's session closed (at once: each close waits up to 2 s for its reply) and its history freed. */
 static void free_hops(sp_lm_swarm *s)
 {
+    int timeout_ms = 2000;
+    each_hop_at_once(s, s->route.nhops, close_one, &timeout_ms);
     for (int h = 0; h < s->route.nhops; h++) {
-        close_session(s, h, 2000);
         free(s->history[h]);
         s->history[h] = NULL;
     }
@@ -74,6 +114,55 @@ static sp_status open_session(sp_lm_swarm *s, const sp_hop *hop, uint64_t *id, u
 static float *new_history(const sp_lm_swarm *s)
 {
     return malloc((size_t)s->B * s->max_length * (size_t)s->rt->local->cfg.hidden * sizeof(float));
+}
+
+typedef struct opened { /* a hop's INFERENCE_OPEN: how it went */
+    sp_status st;
+    sp_reply rep;
+    sp_err err;
+} opened;
+
+static void open_one(sp_lm_swarm *s, int h, void *arg)
+{
+    opened *o = (opened *)arg + h;
+    o->st = open_session(s, &s->route.hop[h], &s->session[h], &s->token[h], &o->rep, &o->err);
+}
+
+/* A history and a session on every hop of s->route, the sessions opened at once (one round trip over far links, not
+ * one a hop). The first hop (in route order) that failed: its index into *failed (else -1), its reply into rep (an
+ * ERROR's code: sp_rt_retryable) and its error into err; the sessions the other hops opened stay in s->session,
+ * which free_hops closes. */
+static sp_status open_sessions(sp_lm_swarm *s, int *failed, sp_reply *rep, sp_err *err)
+{
+    int n = s->route.nhops;
+    *failed = -1;
+    for (int h = 0; h < n; h++) {
+        s->fresh[h] = 0;
+        s->session[h] = 0;
+        s->history[h] = NULL;
+    }
+    for (int h = 0; h < n; h++) {
+        if (!(s->history[h] = new_history(s))) {
+            *failed = h;
+            return sp_errf(err, SP_ERR_NOMEM, "out of memory");
+        }
+    }
+    opened o[SP_RT_MAX_HOPS];
+    memset(o, 0, sizeof o);
+    each_hop_at_once(s, n, open_one, o);
+    sp_status st = SP_OK;
+    for (int h = 0; h < n; h++) {
+        if (o[h].st && !st) {
+            st = o[h].st;
+            *failed = h;
+            *rep = o[h].rep;
+            if (err)
+                *err = o[h].err;
+        } else {
+            sp_reply_clear(&o[h].rep);
+        }
+    }
+    return st;
 }
 
 /* Replaces hop h by a new route over its blocks, with sessions open on every new hop, or changes nothing
@@ -162,16 +251,8 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
             *err = last;
         int failed = -1;
         sp_reply rep = {0};
-        for (int h = 0; !st && h < s->route.nhops; h++) {
-            s->fresh[h] = 0;
-            s->history[h] = new_history(s);
-            st = s->history[h] ? open_session(s, &s->route.hop[h], &s->session[h], &s->token[h], &rep, err)
-                               : sp_errf(err, SP_ERR_NOMEM, "out of memory");
-            if (st)
-                failed = h;
-            else
-                sp_reply_clear(&rep);
-        }
+        if (!st)
+            st = open_sessions(s, &failed, &rep, err);
         if (!st) {
             /* buffers for the decode steps' messages (hidden [B, 1, H], hypo_ids [B]) out and back on every hop */
             size_t numel[2] = {(size_t)B * rt->local->cfg.hidden, 2 * (size_t)B};
@@ -198,7 +279,7 @@ static sp_status swarm_begin(void *ctx, int B, int max_length, sp_err *err)
                 sp_rt_failed(rt, s->route.hop[failed].server, attempt, err);
             if (err)
                 last = *err;
-            s->route.nhops = failed + 1; /* the hops that got a session or a history */
+            /* (s->route.nhops stays: every hop got a history, and those after the failed one may hold a session) */
         } else {
             s->route.nhops = 0;
         }
