@@ -6,7 +6,7 @@
 #
 # usage: scripts/fetch-llama-cpp.sh [--isa native|avx2|avxvnni]
 #   --isa native (default): llama.cpp's default CPU build, -march=native (its best SIMD on this CPU), in build/
-#               (without its AMX kernels where they die here: step 5 below)
+#               (without AMX, -mno-amx-*, where its AMX kernels die here: step 5 below)
 #   --isa avx2: GGML_NATIVE=OFF with AVX, AVX2, FMA, F16C, BMI2 and SSE4.2 only (every AVX-512 and AVX-VNNI
 #               option OFF), in build-avx2/: what llama.cpp runs on an AVX2 machine, to pair with SEPAL_ISA=avx2
 #   --isa avxvnni: the same with GGML_AVX_VNNI=ON, in build-avxvnni/ (pairs with SEPAL_ISA=avxvnni)
@@ -66,7 +66,10 @@ BUILD="$DIR/$BUILD_NAME"
 BIN="$BUILD/bin"
 STAMP="$BUILD/built-from.txt"
 NO_AMX="$DIR/native-no-amx" # made by step 5 where the native build's AMX kernels cannot run
-if [ "$isa" = native ] && [ -f "$NO_AMX" ]; then ISA_FLAGS=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF); fi
+# (ggml's GGML_AMX_* options act only without GGML_NATIVE; with -march=native the compiler's own -mno-amx-* do:
+# GCC keeps an ISA option given explicitly whatever -march says)
+NO_AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ "$isa" = native ] && [ -f "$NO_AMX" ]; then ISA_FLAGS=(-DCMAKE_C_FLAGS="$NO_AMX_FLAGS" -DCMAKE_CXX_FLAGS="$NO_AMX_FLAGS"); fi
 stamp_text() { # (the native build's stamp as before --isa was added, so that its build is kept)
     printf '%s %s %s\n%s\n' "$PKG" "$RELEASE" "$COMMIT" "${TARGETS[*]}"
     [ ${#ISA_FLAGS[@]} -eq 0 ] || printf '%s\n' "${ISA_FLAGS[*]}"
@@ -157,13 +160,17 @@ fi
 # 5. The native build's AMX kernels (ggml's Q8_0 and Q4_0 matrix products on a CPU that says amx_int8) must run
 # here: on a 2-vCPU Xeon (Emerald Rapids) VM whose kernel granted the tile state, v0.5.0's Q8_0 decode died of
 # SIGILL at a `tilezero` (tinygemm_kernel_amx). Where a 4-token run of either dies of a signal, the native build is
-# made again without them (GGML_AMX_*=OFF, the marker native-no-amx: kept for later runs) and says so.
-if [ "$isa" = native ] && [ ! -f "$NO_AMX" ] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+# made again without them (-mno-amx-*, the marker native-no-amx: kept for later runs) and says so; where that build
+# dies too, the script fails saying so.
+if [ "$isa" = native ] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
     for q in q8_0 q4_0; do
         rc=0
         "$BIN/llama-completion" -m "$DIR/stories15M-$q.gguf" -p "Once upon a time" -n 4 -t 1 -tb 1 -c 128 --temp 0 \
             --seed 0 -no-cnv --no-warmup --simple-io </dev/null >/dev/null 2>"$WORK/probe.log" || rc=$?
-        if [ "$rc" -gt 128 ]; then
+        if [ "$rc" -gt 128 ] && [ -f "$NO_AMX" ]; then
+            tail -5 "$WORK/probe.log" >&2
+            die "the native build without AMX ($BUILD) still dies of signal $((rc - 128)) on $q"
+        elif [ "$rc" -gt 128 ]; then
             echo "$FETCH_NAME: the native build's $q run died of signal $((rc - 128)) (its AMX kernels: this CPU" \
                 "says amx_int8); building it again without AMX" >&2
             touch "$NO_AMX"
