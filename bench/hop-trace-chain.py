@@ -6,26 +6,22 @@
 # median offset over the group's steps (the first 3 steps of each group left out). Servers are numbered by when
 # they first finish a compute in a step. The timeline shows where a token's time goes over links with delays
 # (bench/wan.sh's WAN: bench/hop-trace.sh --wan runs it).
-import glob
+import importlib.util
+import os
 import statistics
 import sys
+
+# the trace files' reader: hop-trace-hops.py's
+_spec = importlib.util.spec_from_file_location("hop_trace_hops", os.path.join(os.path.dirname(os.path.abspath(
+    __file__)), "hop-trace-hops.py"))
+_hops = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_hops)
+load = _hops.load
 
 NAMES = {1: "step", 2: "send", 3: "reply decoded", 4: "head done", 5: "hops", 6: "hops done", 7: "written",
          8: "read", 10: "bulk poll woke", 11: "message", 12: "compute", 13: "computed", 14: "reply handed",
          15: "reply sent", 16: "worker took", 17: "inline", 18: "push", 19: "push acked", 30: None, 31: None,
          32: "pool wake", 33: "contended"}
-
-
-def load(d):
-    files = {}
-    for f in glob.glob(d + "/trace-*.txt"):
-        ev = []
-        for line in open(f):
-            t, ns = line.split()
-            ev.append((int(ns), int(t)))
-        ev.sort()
-        files[f] = ev
-    return files
 
 
 def timeline(kind, rows, files, client, servers):
