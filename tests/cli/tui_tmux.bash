@@ -62,7 +62,7 @@ wait_gone() {
 }
 check() { if wait_for "$1" "$3" "${4:-20}"; then ok "$2"; else bad "$2: the screen lacks /$3/"; pane "$1" | sed 's/^/    | /'; fi; }
 # ctrl_c_generation NAME: at `:`, a long sampled generation of "Lily and Tom", and Ctrl-C once it streams (if it
-# ended before the Ctrl-C landed, again, up to 3 times); the screen then says "stop: cancelled"
+# ended before the Ctrl-C landed, again once it has ended, up to 3 times); the screen then says "stop: cancelled"
 ctrl_c_generation() {
     local try
     for try in 1 2 3; do
@@ -71,6 +71,9 @@ ctrl_c_generation() {
         keys "$1" Enter
         wait_for "$1" "─ 3 Generate ─+ generating ─" 30 || break
         keys "$1" C-c
+        # (the generation's end first: an earlier generation's "stop: length" is on the screen too, and a new try
+        # typed while this one still winds down would be queued, and the next Ctrl-C would clear it instead)
+        wait_gone "$1" "─ 3 Generate ─+ generating ─" 10 || break
         wait_for "$1" "stop: (cancelled|eos|length)" 10 || break
         pane "$1" | grep -q "stop: cancelled" && break
     done
