@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 
-# the trace files' reader: hop-trace-hops.py's
+# the trace files' reader and the client's file: hop-trace-hops.py's
 _spec = importlib.util.spec_from_file_location("hop_trace_hops", os.path.join(os.path.dirname(os.path.abspath(
     __file__)), "hop-trace-hops.py"))
 _hops = importlib.util.module_from_spec(_spec)
@@ -57,10 +57,7 @@ def timeline(kind, rows, files, client, servers):
 
 def main():
     files = load(sys.argv[1])
-    clients = [f for f, ev in files.items() if any(t == 1 for _, t in ev)]
-    if len(clients) != 1:
-        sys.exit("hop-trace-chain: expected one client's trace in %s, found %d" % (sys.argv[1], len(clients)))
-    client = clients[0]
+    client = _hops.the_client(files, sys.argv[1], "hop-trace-chain")
     servers = [f for f in files if f != client]
     steps = []
     cur = None

@@ -156,12 +156,17 @@ def blocks(name, ws, ev):
         sum(t == 33 for _, t in ev)))
 
 
-def main():
-    files = load(sys.argv[1])
+def the_client(files, d, name):
+    """the one trace file with swarm steps (tag 1): the client's; else the script ends saying so"""
     clients = [f for f, ev in files.items() if any(t == 1 for _, t in ev)]
     if len(clients) != 1:
-        sys.exit("hop-trace-hops: expected one client's trace in %s, found %d" % (sys.argv[1], len(clients)))
-    client = clients[0]
+        sys.exit("%s: expected one client's trace in %s, found %d" % (name, d, len(clients)))
+    return clients[0]
+
+
+def main():
+    files = load(sys.argv[1])
+    client = the_client(files, sys.argv[1], "hop-trace-hops")
     hops(files, client, client_steps(files[client]))
     print("blocks (medians; one process: sp_model_forward_argmax's, a server: its step's):")
     blocks("one process", windows(files[client], 21, 22), files[client])
