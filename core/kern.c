@@ -422,7 +422,9 @@ static void dot_tail(const sp_qmat *m, int r, int c0, const float *X, int B, int
             NAME##_rows(src, cv, X, 1, 1, ldx, out);                                                           \
         for (int b0 = 0; B > 1 && b0 < B; b0 += G)                                                             \
             NAME##_rows(src, cv, X + (size_t)b0 * ldx, B - b0 < G ? B - b0 : G, G, ldx, out + b0);             \
-        dot_tail(m, r, cv, X, B, ldx, out);                                                                    \
+        _mm256_zeroupper(); /* GCC 12 leaves the vectors' upper halves dirty here (no vzeroupper of its own) */ \
+        if (cv < m->cols)                                                                                      \
+            dot_tail(m, r, cv, X, B, ldx, out);                                                                \
     }
 
 #define DEFINE_DOT_(...) DEFINE_DOT(__VA_ARGS__)
