@@ -8,6 +8,7 @@
 #include "app.h"
 #include "kern.h"
 #include "line.h"
+#include "blastune.h"
 #include "memtune.h"
 #include "serve.h"
 #include "tui.h"
@@ -248,6 +249,7 @@ static int run_tool(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* first: it may run the program again */
     sp_memtune();
     sp_err err = {0};
     if (sp_kern_check_env(&err)) {

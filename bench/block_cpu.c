@@ -36,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blastune.h"
 #include "block.h"
 #include "config.h"
 #include "kern.h"
@@ -586,7 +587,7 @@ static int run_family(bench *c, const preset *p, result *res)
         char attn[160];
         sp_config_attention_desc(&c->cfg, attn, sizeof attn);
         res->mb = (double)c->b.numel * 4 / 1e6;
-        char kern[96];
+        char kern[128];
         sp_kern_describe(kern, sizeof kern);
         printf("%s block (%s): hidden %d, ff %d%s, %s; %.1f MB f32 weights; %d threads; %s; setup %.1f s\n",
                p->model, p->name, c->cfg.hidden, c->cfg.intermediate, c->cfg.blk.mlp == SP_MLP_MOE ? " per expert" : "",
@@ -609,6 +610,7 @@ static int run_family(bench *c, const preset *p, result *res)
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* as the sepal program does: OpenBLAS's kernels for this CPU */
     static bench c; /* zeroed: teardown is safe whatever failed */
     if (parse_args(argc, argv, &c.o))
         return 2;

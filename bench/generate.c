@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "blastune.h"
 #include "generate.h"
 #include "memtune.h"
 #include "runtime.h"
@@ -114,6 +115,7 @@ static int parse(int argc, char **argv, opts *o)
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* as the sepal program does: OpenBLAS's kernels for this CPU */
     sp_memtune(); /* as the sepal program does */
     opts o;
     if (parse(argc, argv, &o))

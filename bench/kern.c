@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blastune.h"
 #include "kern.h"
 #include "memtune.h"
 #include "pool.h"
@@ -88,7 +89,7 @@ static int product(int R, int C, int B, int reps, sp_pool *pool)
             m[t] = sp_qmat_f32(w, R, C);
         else if (sp_qmat_encode(&m[t], types[t], w, R, C, &err))
             return fprintf(stderr, "bench_kern: %s\n", err.msg), 1;
-    char kern[96];
+    char kern[128];
     sp_kern_describe(kern, sizeof kern);
     printf("bench_kern: [%d, %d] x %d rows, %d thread%s, %s, %d reps\n", R, C, B, sp_pool_threads(pool),
            sp_pool_threads(pool) == 1 ? "" : "s", kern, reps);
@@ -111,6 +112,7 @@ static int product(int R, int C, int B, int reps, sp_pool *pool)
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* as the sepal program does: OpenBLAS's kernels for this CPU */
     int threads = 0, reps = 7, H = 4096, F = 11008, pr = 0, pc = 0, pb = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -165,7 +167,7 @@ int main(int argc, char **argv)
     float *big = malloc(params * sizeof(float));
     for (size_t i = 0; i < params; i++)
         big[i] = 1e-3f * (float)(i & 1023);
-    char kern[96];
+    char kern[128];
     sp_kern_describe(kern, sizeof kern);
     printf("bench_kern: a Llama-2-7B-shaped block (H %d, FFN %d: %.1fM weights), %d thread%s, %s, %d reps\n", H, F,
            params / 1e6, threads, threads == 1 ? "" : "s", kern, reps);

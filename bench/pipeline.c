@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blastune.h"
 #include "host.h"
 #include "runtime.h"
 #include "memtune.h"
@@ -23,6 +24,7 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* as the sepal program does: OpenBLAS's kernels for this CPU */
     sp_memtune(); /* as the sepal program does */
     const char *cache = getenv("SEPAL_CACHE"), *home = getenv("HOME");
     char model[4096];

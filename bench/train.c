@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blastune.h"
 #include "host.h"
 #include "runtime.h"
 #include "memtune.h"
@@ -90,6 +91,7 @@ static void dump_header(FILE *f, const char *model, sp_trainer *t, const sp_trai
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* as the sepal program does: OpenBLAS's kernels for this CPU */
     sp_memtune(); /* as the sepal program does */
     const char *cache = getenv("SEPAL_CACHE"), *home = getenv("HOME");
     char model[4096];

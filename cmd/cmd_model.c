@@ -475,7 +475,7 @@ static int model_generate(sp_app *app, const char *dir, const char *prompt, cons
                    .seed = (unsigned long long)o.sample.seed, .sampled = o.sample.temperature > 0};
     sp_ui_event end = {.kind = SP_UI_GEN_END, .gen = &g};
     sp_emit(app, &end);
-    char kern[96];
+    char kern[128];
     int nth = pool ? threads : sp_pool_threads(sp_pool_default());
     sp_kern_describe(kern, sizeof kern);
     sp_note(app, "model generate: %s, %d thread%s", kern, nth, nth == 1 ? "" : "s");

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blastune.h"
 #include "log.h"
 #include "memtune.h"
 
@@ -1200,8 +1201,8 @@ void sp_kern_describe(char *buf, size_t n)
 {
     const char *q8 = sp_kern_int_name(SP_W_Q8), *nf4 = sp_kern_int_name(SP_W_NF4);
     int in = q8 && nf4;
-    snprintf(buf, n, "%s kernels (int8 and nf4 %s%s)", isa_names[sp_kern_level()], in ? "in integers: " : "in f32",
-             in ? q8 : "");
+    snprintf(buf, n, "%s kernels (int8 and nf4 %s%s), OpenBLAS %s", isa_names[sp_kern_level()],
+             in ? "in integers: " : "in f32", in ? q8 : "", sp_blas_core());
 }
 
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x)

@@ -113,7 +113,8 @@ int sp_kern_level_parse(const char *name);
  * above); sp_kern_int_name says with what ("avx2 vpmaddubsw", ...; NULL: in f32). */
 int sp_kern_integer(sp_wtype t);
 const char *sp_kern_int_name(sp_wtype t);
-/* What runs now, for the programs' reports: "avx2 kernels (int8 and nf4 in integers: avx2 vpmaddubsw)". */
+/* What runs now, for the programs' reports: "avx2 kernels (int8 and nf4 in integers: avx2 vpmaddubsw), OpenBLAS
+ * Haswell" (the last: the core of the large products' sgemm, blastune.h). */
 void sp_kern_describe(char *buf, size_t n);
 /* One row's dot product with x in the current level's f32 kernel (tests). */
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x);

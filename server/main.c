@@ -28,6 +28,7 @@
 #include "http.h"
 #include "kern.h"
 #include "log.h"
+#include "blastune.h"
 #include "memtune.h"
 #include "opt.h"
 #include "opts.h"
@@ -628,6 +629,7 @@ static int check_bind(const char *opt, const char *host, int port, int type, con
 
 int main(int argc, char **argv)
 {
+    sp_blas_tune(argv); /* first: it may run the program again */
     sp_memtune();
     sp_err err = {0};
     if (sp_kern_check_env(&err)) {

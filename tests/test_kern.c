@@ -146,7 +146,7 @@ START_TEST(t_kernels_levels)
     sp_err err = {0};
     sp_pool *pool = sp_pool_new(2);
     int best = sp_kern_level();
-    char kern[96];
+    char kern[128];
     sp_kern_describe(kern, sizeof kern);
     printf("kernels: this CPU runs %s\n", kern);
     for (int lv = 0; lv <= best; lv++) {

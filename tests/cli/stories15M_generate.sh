@@ -44,6 +44,37 @@ for isa in scalar avx2 avxvnni avx512; do
         bad "SEPAL_ISA=$isa: exit $rc: $(tail -3 "$TMP/err")"
     fi
 done
+# OpenBLAS's kernels (core/blastune.h): where it picks a core without AVX2 on a CPU it does not know (Debian 12's
+# 0.3.21 on newer CPUs: "Prescott"), sepal runs itself again with OPENBLAS_CORETYPE set to what the CPU has; the
+# note names the core that runs. A coretype the user set, and SEPAL_BLAS_CORE=keep, are left alone.
+strong='^(Haswell|Zen|SkylakeX|Cooperlake|SapphireRapids)$'
+core_of() { sed -n 's/^model generate: .*, OpenBLAS \([A-Za-z0-9()]*\), [0-9]* threads\{0,1\}$/\1/p' "$1"; }
+env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 "$SEPAL" model generate "$M" --prompt "$(cat "$TMP/prompt")" \
+    --max-new-tokens "$(cat "$TMP/n")" > "$TMP/got" 2> "$TMP/err"
+core="$(core_of "$TMP/err")" chosen="$(sed -n 's/^Core: //p' "$TMP/err" | head -1)"
+if ! cmp -s "$TMP/got" "$TMP/want" || [ -z "$core" ]; then
+    bad "OpenBLAS's core: the text differs or the note names none: $(tail -3 "$TMP/err")"
+elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && ! [[ "$core" =~ $strong ]]; then
+    bad "this CPU has AVX2 and FMA, OpenBLAS runs its $core kernels (it chose $chosen)"
+elif [[ "$chosen" =~ $strong ]] && [ "$(grep -c '^Core: ' "$TMP/err")" != 1 ]; then
+    bad "OpenBLAS chose $chosen, and sepal ran itself again: $(grep '^Core: ' "$TMP/err" | tr '\n' ' ')"
+else
+    ok "OpenBLAS runs its $core kernels (it chose $chosen by itself), text identical to run.c"
+fi
+env OPENBLAS_CORETYPE=Prescott "$SEPAL" model generate "$M" --prompt "$(cat "$TMP/prompt")" \
+    --max-new-tokens "$(cat "$TMP/n")" > "$TMP/got" 2> "$TMP/err"
+if cmp -s "$TMP/got" "$TMP/want" && [ "$(core_of "$TMP/err")" = Prescott ]; then
+    ok "OPENBLAS_CORETYPE=Prescott is kept, text identical to run.c"
+else
+    bad "OPENBLAS_CORETYPE=Prescott: $(tail -3 "$TMP/err")"
+fi
+env -u OPENBLAS_CORETYPE SEPAL_BLAS_CORE=keep OPENBLAS_VERBOSE=2 "$SEPAL" model generate "$M" --prompt Hi \
+    --max-new-tokens 2 > /dev/null 2> "$TMP/err"
+if [ "$(grep -c '^Core: ' "$TMP/err")" = 1 ] && [ "$(sed -n 's/^Core: //p' "$TMP/err")" = "$(core_of "$TMP/err")" ]; then
+    ok "SEPAL_BLAS_CORE=keep keeps OpenBLAS's choice ($(core_of "$TMP/err"))"
+else
+    bad "SEPAL_BLAS_CORE=keep: $(grep -E '^(Core|model generate):' "$TMP/err" | tr '\n' ' ')"
+fi
 expect 2 "an unknown SEPAL_ISA is refused" "^sepal: SEPAL_ISA=avx9: not a kernel level \(scalar, avx2, avxvnni, avx512\)$" -- \
     env SEPAL_ISA=avx9 "$SEPAL" model generate "$M" --prompt Hi --max-new-tokens 2
 expect 0 "sampling with a seed is repeatable" "" -- bash -c "[ \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" = \"\$('$SEPAL' model generate '$M' --prompt Hi --temperature 0.9 --seed 7 --max-new-tokens 20 2>/dev/null)\" ]"
