@@ -44,9 +44,13 @@ void sp_blas_tune(char **argv)
     const char *want = sp_blas_core_wanted(sp_blas_core());
     if (!want)
         return;
-    if (setenv("OPENBLAS_CORETYPE", want, 1))
+    /* the program's own path, not /proc/self/exe: the name ps, top and pgrep show is the exec'd file's */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || (size_t)n >= sizeof self - 1 || setenv("OPENBLAS_CORETYPE", want, 1))
         return;
-    execv("/proc/self/exe", argv);
+    self[n] = 0;
+    execv(self, argv);
     /* (no exec: this run keeps OpenBLAS's choice, and says so where the figures come from) */
     fprintf(stderr, "%s: OpenBLAS runs its %s kernels on this CPU (%s would be faster; run again with "
                     "OPENBLAS_CORETYPE=%s)\n", argv[0], sp_blas_core(), want, want);
