@@ -9,9 +9,9 @@
  * has AVX2 and FMA (or AVX-512), this sets OPENBLAS_CORETYPE to the core of what the CPU has (SkylakeX with AVX-512
  * F/BW/VL/DQ, else Haswell; Haswell where SEPAL_ISA says avx2 or avxvnni) and runs the program again (execv of its
  * own file, /proc/self/exe's target, argv as given), so that OpenBLAS reads it as it loads; `sepal` and
- * `sepal-server` call it first thing. A coretype set already (by the user, or this on the first run) is left alone; where
- * the exec fails the program goes on with OpenBLAS's choice. Returns only then (or at once when there is nothing to
- * do). SEPAL_BLAS_CORE=keep turns it off. */
+ * `sepal-server` call it first thing. A coretype set already (by the user, or this on the first run) is left
+ * alone; where the exec fails the program goes on with OpenBLAS's choice. Returns only then (or at once when there
+ * is nothing to do). SEPAL_BLAS_CORE=keep turns it off. */
 void sp_blas_tune(char **argv);
 
 /* The core OpenBLAS runs ("Haswell", "SkylakeX", "Prescott", ...), or "" when it does not say. */
