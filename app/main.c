@@ -67,7 +67,8 @@ static void usage(FILE *f)
                "  (default ~/.sepal_history), SEPAL_SERVER_BIN (the sepal-server of `swarm up`), SEPAL_VERBOSE=1\n"
                "  (library warnings too), SEPAL_PROGRESS_INTERVAL (seconds between progress lines when stderr is\n"
                "  not a terminal; default 10), NO_COLOR, SEPAL_TUI_REPLAY_SPEED, SEPAL_ISA (scalar, avx2, avxvnni\n"
-               "  or avx512: the highest kernel level used; a level this CPU lacks is refused)\n"
+               "  or avx512: the highest kernel level used; a level this CPU lacks is refused), SEPAL_BLAS_CORE=keep\n"
+               "  (OpenBLAS's own choice of kernels, even an older core's than this CPU runs)\n"
                "exit status: 0 success, 1 a command failed, 2 usage error or unsupported, 130/143 stopped by\n"
                "  SIGINT/SIGTERM (the TUI: 130 when Ctrl-C twice quits it)\n");
 }

@@ -100,7 +100,7 @@ for s in $("$SEPAL" -c show | awk '{print $1}'); do
     grep -q -- "\`$s\`" "$R" && ok "README names the setting $s" || bad "README lacks the setting $s"
 done
 for e in SEPAL_CACHE XDG_CACHE_HOME SEPAL_HISTORY SEPAL_SERVER_BIN SEPAL_VERBOSE SEPAL_PROGRESS_INTERVAL NO_COLOR \
-    SEPAL_TUI_REPLAY_SPEED SEPAL_ISA; do
+    SEPAL_TUI_REPLAY_SPEED SEPAL_ISA SEPAL_BLAS_CORE; do
     "$SEPAL" --help | grep -q "$e" && grep -q "$e" "$R" && ok "$e in --help and README" || bad "$e missing in --help or README"
 done
 
