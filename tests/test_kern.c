@@ -188,7 +188,7 @@ START_TEST(t_kernels_levels)
 }
 END_TEST
 
-#if defined(__x86_64__) && defined(__OPTIMIZE__)
+#if defined(__x86_64__) && SEPAL_KERN_OPTIMISED
 /* XINUSE (xgetbv with ecx 1): bit 2, the YMM registers' upper halves, bit 6, ZMM0-15's upper halves: set while
  * they hold something, clear after a vzeroupper (where the CPU tracks it). */
 static unsigned xinuse(void)
@@ -220,8 +220,8 @@ static int xinuse_tracks(void)
  * Rapids), a quarter of its time in the empty tail after each row's dot product. */
 START_TEST(t_upper_state_clean)
 {
-#if defined(__x86_64__) && !defined(__OPTIMIZE__)
-    printf("t_upper_state_clean: skipped (a build without optimisation: GCC places no vzeroupper at -O0)\n");
+#if defined(__x86_64__) && !SEPAL_KERN_OPTIMISED
+    printf("t_upper_state_clean: skipped (not a Release or RelWithDebInfo build: GCC places vzeroupper from -O2)\n");
 #elif defined(__x86_64__)
     if (!xinuse_tracks()) {
         printf("t_upper_state_clean: skipped (this CPU does not say whether the upper halves are in use)\n");

@@ -258,7 +258,7 @@ START_TEST(t_hostile_records)
     sp_dht_wait_peers(evil, 5000);
     const char *garbage[] = {"not json at all", "{\"v\":1}", "{\"v\":2,\"id\":\"0000000000000001\"}", "[]"};
     for (int i = 0; i < 4; i++) {
-        char slot[8];
+        char slot[16];
         snprintf(slot, sizeof slot, "g%d", i);
         put_raw(evil, "stories15M.0", slot, garbage[i], strlen(garbage[i]));
     }
