@@ -368,7 +368,7 @@ static int gather_steps(sp_server *s, task *first, task **out, uint64_t *expect)
 typedef struct step_bufs {
     sp_step_batch *b;
     task **tasks;
-    uint64_t *conns, *expect;
+    uint64_t *conns, *expect, *ids;
     sp_buf **msgs;
 } step_bufs;
 
@@ -386,10 +386,11 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
         note_wait(s, t0, sb->tasks[i]->queued_ns);
         sp_mx_waited(&s->mx, t0 - sb->tasks[i]->queued_ns);
     }
-    sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
-    note_ns(&s->batch_ns, sp_now_ns() - t0);
+    /* (a pass that only kept halves of pushed steps ran no blocks: its time is not a pass's) */
+    if (sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws, sb->ids))
+        note_ns(&s->batch_ns, sp_now_ns() - t0);
     note_step(s, t0);
-    sessions_answered(s, sb->tasks, n, sp_now_ns());
+    sessions_answered(s, sb->tasks, sb->ids, n, sp_now_ns());
     pthread_mutex_unlock(&s->batch_lock);
     for (int i = 0; i < n; i++)
         task_finish(s, sb->tasks[i]);
@@ -438,7 +439,7 @@ static void task_finish(sp_server *s, task *t)
 static void step_bufs_free(step_bufs *sb)
 {
     sp_step_batch_free(sb->b);
-    free(sb->tasks), free(sb->conns), free(sb->expect), free(sb->msgs);
+    free(sb->tasks), free(sb->conns), free(sb->expect), free(sb->ids), free(sb->msgs);
 }
 
 /* A batch's buffers for up to max steps; -1 when out of memory (the worker then runs steps one by one). */
@@ -449,8 +450,9 @@ static int step_bufs_init(step_bufs *sb, int max)
     sb->tasks = calloc((size_t)max, sizeof *sb->tasks);
     sb->conns = calloc((size_t)max, sizeof *sb->conns);
     sb->expect = calloc((size_t)max, sizeof *sb->expect);
+    sb->ids = calloc((size_t)max, sizeof *sb->ids);
     sb->msgs = calloc((size_t)max, sizeof *sb->msgs);
-    if (sb->b && sb->tasks && sb->conns && sb->expect && sb->msgs)
+    if (sb->b && sb->tasks && sb->conns && sb->expect && sb->ids && sb->msgs)
         return 0;
     step_bufs_free(sb);
     return -1;
@@ -565,7 +567,9 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     t->peer = sp_ws_server_peer(s->ws, conn);
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
-    t->step = type == SP_MSG_INFERENCE_STEP;
+    /* a push brings a step's input: it joins the batches of steps (its step, kept in its session, runs in them) */
+    t->step = type == SP_MSG_INFERENCE_STEP ||
+              (type == SP_MSG_INFERENCE_PUSH && !s->o.no_batch && s->o.emulate_old != SP_SERVER_OLD_NOPUSH);
     t->session = t->step && !s->o.no_batch ? sp_rpc_step_session(s, msg) : 0;
     t->merges = t->prio && sp_rpc_span_key(s, msg, &t->key) == 0;
     t->len = len;

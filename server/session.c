@@ -187,6 +187,11 @@ static session *find_push_locked(session_table *t, uint64_t id, uint64_t token, 
 
 session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, sp_err *err)
 {
+    return session_acquire_within(s, conn, id, token, 5000000, err);
+}
+
+session *session_acquire_within(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, int wait_us, sp_err *err)
+{
     session_table *t = &s->st;
     for (int waited_us = 0;; waited_us += 200) {
         pthread_mutex_lock(&t->lock);
@@ -197,7 +202,7 @@ session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t
         pthread_mutex_unlock(&t->lock);
         if (!x || free_now)
             return x;
-        if (waited_us >= 5000000) {
+        if (waited_us >= wait_us) {
             sp_errf(err, SP_ERR_STATE, "session %llu is already stepping", (unsigned long long)id);
             return NULL;
         }
@@ -244,14 +249,15 @@ void sessions_close_conn(sp_server *s, uint64_t conn)
     pthread_mutex_unlock(&t->lock);
 }
 
-void sessions_answered(sp_server *s, task *const *tasks, int n, uint64_t now)
+void sessions_answered(sp_server *s, task *const *tasks, const uint64_t *ids, int n, uint64_t now)
 {
     session_table *t = &s->st;
-    sp_err err = {0};
     pthread_mutex_lock(&t->lock);
     for (int i = 0; i < n; i++) {
-        session *x = tasks[i]->session ? find_locked(t, tasks[i]->conn, tasks[i]->session, &err) : NULL;
-        if (!x)
+        session *x = t->head;
+        while (ids[i] && x && x->id != ids[i])
+            x = x->next;
+        if (!ids[i] || !x)
             continue;
         uint64_t came = tasks[i]->queued_ns; /* (it may come before the pass that answered it ends) */
         if (x->answered_ns) {

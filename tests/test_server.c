@@ -1273,9 +1273,13 @@ static void *push_client(void *p)
  * pass of four, once the sessions' rhythm is known: see t_batch_waits_for_due_steps): the pass sends all four
  * pushes before it awaits their acknowledgements (the server had four in flight at once), and every session's
  * outputs, server 1's and the next server's, are those of the same steps client-driven on servers that run them
- * alone. With `fail`, session 2 pushes under a wrong token (the next server refuses it: ERROR forbidden) and session
- * 3 to a server that stopped: their replies say pushed 0 (the others' still 1; three went out together), and their
- * clients take the outputs on themselves. */
+ * alone. The next server batches the pushed steps as server 1 batches its own: every step it ran went through a
+ * pass (its batched rows: the four sessions' first steps and every round's), in fewer passes than steps, and none of
+ * the rounds' passes waited out its wait for an expected session (the pushes of the sessions it expects count as
+ * their steps: it waits for them, and they come; with `fail` the refused session's step comes after a pass that
+ * waits for the others' next ones, which come next round: that pass waits out its wait). With `fail`, session 2 pushes under a wrong token (the next
+ * server refuses it: ERROR forbidden) and session 3 to a server that stopped: their replies say pushed 0 (the
+ * others' still 1; three went out together), and their clients take the outputs on themselves. */
 START_TEST(t_batch_pushes_pipelined)
 {
     enum { N = 4, R = PUSH_ROUNDS };
@@ -1284,11 +1288,15 @@ START_TEST(t_batch_pushes_pipelined)
     gqa_opts(&o, 0, 2);
     o.workers_only = 1;
     o.gather_wait_s = 0.5;
-    sp_server *s1 = start_with(&o), *s2 = start_server(2, 4, 0, 0), *alone = start_server(0, 2, 0, 0);
+    sp_server *s1 = start_with(&o), *alone = start_server(0, 2, 0, 0);
+    gqa_opts(&o, 2, 4);
+    o.workers_only = 1;
+    o.gather_wait_s = 0.5;
+    sp_server *s2 = start_with(&o), *alone2 = start_server(2, 4, 0, 0);
     sp_server *dead = start_server(2, 4, 0, 0);
     int dead_port = sp_server_port(dead);
     sp_server_stop(dead);
-    sp_remote *ra = connect_to(alone), *r2 = connect_to(s2);
+    sp_remote *ra = connect_to(alone), *r2 = connect_to(alone2);
     sp_rng g;
     sp_rng_seed(&g, 21);
     static float x[N][(1 + R) * H], mid[N][(1 + R) * H], want[N][(1 + R) * H];
@@ -1303,7 +1311,7 @@ START_TEST(t_batch_pushes_pipelined)
     static push_job j[N];
     pthread_t th[N];
     pthread_barrier_t round;
-    pthread_barrier_init(&round, NULL, N);
+    pthread_barrier_init(&round, NULL, N + 1); /* (this thread too: it reads the next server's passes before round 1) */
     for (int i = 0; i < N; i++) {
         uint64_t token, t1;
         j[i] = (push_job){.r = connect_to(s1), .r2 = connect_to(s2), .x = x[i], .round = &round,
@@ -1318,6 +1326,9 @@ START_TEST(t_batch_pushes_pipelined)
     }
     for (int i = 0; i < N; i++)
         pthread_create(&th[i], NULL, push_client, &j[i]);
+    sp_server_batch_stats b0 = batch_stats_at(s2, N), b1; /* (every first step answered: the threads wait) */
+    for (int k = 0; k < R; k++)
+        pthread_barrier_wait(&round);
     for (int i = 0; i < N; i++) {
         pthread_join(th[i], NULL);
         ck_assert_msg(j[i].ok, "session %d failed: %s", i, j[i].why);
@@ -1336,13 +1347,19 @@ START_TEST(t_batch_pushes_pipelined)
                   "at most %d pushes were in flight at once (%llu passes of %llu rows, the most %llu)",
                   (int)sp_server_pushes_in_flight_peak(s1), (unsigned long long)bs.batches,
                   (unsigned long long)bs.rows, (unsigned long long)bs.peak);
-    still_serving(s2, r2);
+    b1 = batch_stats_at(s2, N * (1 + R));
+    ck_assert_msg(b1.rows == N * (1 + R) && b1.batches < b1.rows && (fail || b1.waited_out == b0.waited_out),
+                  "the next server ran %llu of %d steps in %llu passes (%llu waited out their wait, %llu before the "
+                  "rounds)", (unsigned long long)b1.rows, N * (1 + R), (unsigned long long)b1.batches,
+                  (unsigned long long)b1.waited_out, (unsigned long long)b0.waited_out);
+    still_serving(s2, NULL);
     pthread_barrier_destroy(&round);
     sp_remote_close(ra);
     sp_remote_close(r2);
     sp_server_stop(s1);
     sp_server_stop(s2);
     sp_server_stop(alone);
+    sp_server_stop(alone2);
 }
 END_TEST
 
