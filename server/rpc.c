@@ -27,6 +27,7 @@ typedef struct req {
     sp_encoding reply_enc;
     struct session *held; /* a session this request steps: released before its answer goes out (the client's
                            * next step may arrive at once, on another thread) */
+    int acked;            /* an INFERENCE_PUSH acknowledged on arrival: no ERROR goes back (it is logged) */
 } req;
 
 static void let_go(req *r)
@@ -147,7 +148,10 @@ static int bad(req *r, const char *code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     let_go(r);
-    sp_rpc_error(r->s, r->conn, r->m.request_id, code, "%s", msg);
+    if (r->acked) /* (a push acknowledged already: its sender has its answer) */
+        sp_log(SP_LOG_INFO, "a push acknowledged on arrival was dropped: %s: %s", code, msg);
+    else
+        sp_rpc_error(r->s, r->conn, r->m.request_id, code, "%s", msg);
     return -1;
 }
 
@@ -1067,6 +1071,7 @@ static void stash_step(req *r, session *x, uint64_t step)
     r->msg = NULL;
     x->pend_conn = r->conn;
     x->pend_step = step;
+    __atomic_store_n(&x->pend_ns, sp_now_ns(), __ATOMIC_RELAXED);
     if (x->inbox_step < step) /* an input of an earlier step: never used now */
         sp_buf_free(&x->inbox);
 }
@@ -1125,6 +1130,8 @@ static void rpc_step(req *r, sp_ws *ws)
 /* An empty reply (the acknowledgement of a push) in a buffer of its own: the request's holds the input. */
 static void ack(req *r)
 {
+    if (r->acked)
+        return;
     sp_buf b = {0};
     if (sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, NULL, NULL, 0, NULL) == SP_OK)
         sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
@@ -1140,6 +1147,7 @@ static void run_pending(req *r, session *x, sp_ws *ws)
     sp_buf pb = x->pend;
     memset(&x->pend, 0, sizeof x->pend);
     x->pend_step = 0;
+    __atomic_store_n(&x->pend_ns, 0, __ATOMIC_RELAXED);
     r->held = NULL;
     sp_step_req q;
     sp_err err = {0};
@@ -1240,12 +1248,33 @@ static void count_batch(const req *r)
         sp_mx_batch(&r->s->mx, 1, kind, h->numel / (uint64_t)h->shape[h->rank - 1]);
 }
 
-void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
+int sp_rpc_push_ack(sp_server *s, uint64_t conn, const sp_buf *msg)
+{
+    sp_msg m;
+    sp_push_req q;
+    sp_err err = {0};
+    if (s->o.emulate_old == SP_SERVER_OLD_NOPUSH || sp_msg_decode(&m, msg->data, msg->len, &s->limits, &err) ||
+        m.type != SP_MSG_INFERENCE_PUSH)
+        return 0;
+    const sp_tensor_view *t = &m.t[0];
+    int ok = sp_push_req_decode(&m, &q, &err) == SP_OK && m.n_tensors > 0 && sp_encoding_is_float(t->enc) &&
+             t->rank == 3 && t->shape[2] == s->m->cfg.hidden && sp_tensor_all_finite(t) &&
+             session_push_ok(s, q.session, q.token);
+    if (ok)
+        ack(&(req){.s = s, .conn = conn, .m = m});
+    sp_msg_clear(&m);
+    return ok;
+}
+
+void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws) { sp_rpc_handle_task(s, conn, msg, 0, ws); }
+
+void sp_rpc_handle_task(sp_server *s, uint64_t conn, sp_buf *msg, int acked, sp_ws *ws)
 {
     req r;
     if (decode(&r, s, conn, msg))
         return;
     r.msg = msg;
+    r.acked = acked && r.m.type == SP_MSG_INFERENCE_PUSH;
     count_batch(&r);
     switch (r.m.type) {
     case SP_MSG_FORWARD:
@@ -1399,6 +1428,7 @@ static void batch_take_push(sp_step_batch *b, sp_server *s, int i, int *rows)
         b->own[i] = x->pend;
         memset(&x->pend, 0, sizeof x->pend);
         x->pend_step = 0;
+        __atomic_store_n(&x->pend_ns, 0, __ATOMIC_RELAXED);
         *r = (req){.s = s, .conn = x->pend_conn, .held = x, .msg = &b->own[i]};
         p->held = NULL;
         if (sp_msg_decode(&r->m, b->own[i].data, b->own[i].len, &s->limits, &err) != SP_OK ||
@@ -1450,7 +1480,7 @@ static void batch_take_await(sp_step_batch *b, sp_server *s, int i, int *rows)
     batch_join(b, s, i, t->in, rows);
 }
 
-static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int i, int *rows)
+static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int acked, int i, int *rows)
 {
     req *r = &b->r[i];
     bstep *t = &b->st[i];
@@ -1461,6 +1491,7 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
     if (decode(r, s, conn, msg))
         return;
     r->msg = msg;
+    r->acked = acked && r->m.type == SP_MSG_INFERENCE_PUSH;
     if (r->m.type == SP_MSG_INFERENCE_PUSH && s->o.emulate_old != SP_SERVER_OLD_NOPUSH)
         return batch_take_push(b, s, i, rows);
     if (r->m.type != SP_MSG_INFERENCE_STEP) /* (the queue gives steps and pushes only): as alone, after the pass */
@@ -1568,17 +1599,17 @@ static void batch_alone(sp_step_batch *b, int i, sp_ws *ws)
         bad(r, "unknown_type", "%s is not a request this server serves", sp_msg_type_name(r->m.type));
 }
 
-int sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_step_batch *b, sp_ws *ws,
-                        uint64_t *ids)
+int sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, const int *acked, int n,
+                        sp_step_batch *b, sp_ws *ws, uint64_t *ids)
 {
     if (batch_reserve(b, n)) { /* no room to batch: one at a time */
         for (int i = 0; i < n; i++)
-            ids[i] = 0, sp_rpc_handle(s, conns[i], msgs[i], ws);
+            ids[i] = 0, sp_rpc_handle_task(s, conns[i], msgs[i], acked[i], ws);
         return n;
     }
     int rows = 0, halves = 0;
     for (int i = 0; i < n; i++)
-        batch_take(b, s, conns[i], msgs[i], i, &rows);
+        batch_take(b, s, conns[i], msgs[i], acked[i], i, &rows);
     for (int i = 0; i < n; i++) {
         halves += b->st[i].kept;
         ids[i] = b->st[i].off >= -1 ? b->q[i].session : 0;
