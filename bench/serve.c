@@ -24,17 +24,22 @@
  * token. Mode `base` is a server from the binary --base BIN (another build, such as main's), batching on: with
  * `--modes batch,base` the two builds take turns the same way.
  *
- * --push C:D: each session's decode steps are pushed: a next server (this build) serves blocks C:D, which the server
- * under test reaches through a bench/linkem link of --push-delay ms each way (default 5; the clients reach both
- * servers directly). Each step, the session's step that awaits its input goes to the next server first, then its
- * step with the push fields to the server under test; the latency is from that step's send to the next server's
- * answer (the token's critical path), so a pass of C sessions shows how long its pushes keep the next servers
- * waiting (`--modes batch,base --base` a build whose pushes go out one at a time: the pass time's ratio is that of
- * tokens/s). A push not acknowledged (a reply saying pushed 0) is counted and the step goes on client-driven.
+ * --push C:D: each session's decode steps are pushed: each mode has a next server of its own (its build, batching
+ * as it does) that serves blocks C:D, which the server under test reaches through a bench/linkem link of
+ * --push-delay ms each way (default 5; the clients reach the server under test directly, and the next server
+ * directly too, except in mode relay). Each step, the session's step that awaits its input goes to the next server
+ * first, then its step with the push fields to the server under test; the latency is from that step's send to the
+ * next server's answer (the token's critical path), so a pass of C sessions shows how long its pushes keep the next
+ * servers waiting (`--modes batch,base --base` an older build: both servers of the base mode are of that build).
+ * A push not acknowledged (a reply saying pushed 0) is counted and the step goes on client-driven. Mode relay
+ * (this build) steps client-driven instead: the step to the server under test, its output by the client to the next
+ * server, over a link of --push-delay ms each way of its own (as the push crosses one): `--modes batch,relay`
+ * compares pushed steps with client-driven ones. The next server's passes are shown too (its INFO's batches and
+ * batched_rows over the measures: C when each of its passes took all C sessions' steps).
  *
  * usage: bench_serve [--model DIR] [--blocks A:B] [--dtype int8] [--sessions 1,4,16,64] [--steps N]
  *                    [--prefill N] [--mix L1,L2,...] [--modes batch,nobatch,base] [--base BIN] [--threads N]
- *                    [--reps N] [--push C:D [--push-delay MS]] */
+ *                    [--reps N] [--push C:D [--push-delay MS]]   (--modes: batch, nobatch, base, relay) */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,7 +56,8 @@
 #define MAXC 8
 #define TMO 600000
 
-enum { M_NOBATCH, M_BATCH, M_BASE }; /* the modes: --no-batch, batching, batching in the --base build */
+/* the modes: --no-batch, batching, batching in the --base build, batching with client-driven steps (--push) */
+enum { M_NOBATCH, M_BATCH, M_BASE, M_RELAY };
 
 typedef struct opts {
     const char *model, *blocks, *dtype, *threads, *base;
@@ -67,12 +73,14 @@ static int steps_of(const opts *o) { return o->nmix ? 0 : o->steps; }
 
 typedef struct run {
     const opts *o;
-    pid_t pid;
+    int mode;
+    pid_t pid, next_pid, link_pid; /* the server under test; --push: the next server, the link to it */
     int port, hidden, start, end, C;
     pthread_barrier_t ready;
     double *lat; /* [C, steps] seconds */
     int failed;
     int64_t passes, rows; /* the server's batched passes and their rows over the measures of one C (INFO) */
+    int64_t npasses, nrows, npeak; /* --push: the next server's, and the most rows of one of its passes */
     int next_port, link_port; /* --push: the next server's port (the clients'), the link's to it (the pushes') */
     int unpushed;             /* atomic: steps whose push was not acknowledged */
 } run;
@@ -124,6 +132,24 @@ static uint64_t open_next(sp_remote *rb, int L, uint64_t *token)
     return ok ? a.session : 0;
 }
 
+/* The step's output (rep's tensor 0, [1, 1, H]) taken by the client to the next server's session nx; 0 or -1. */
+static int relay_step(run *r, sp_remote *rb, uint64_t nx, const sp_reply *rep)
+{
+    char meta[256];
+    sp_err err = {0};
+    sp_step_req p = {.session = nx, .start_from_position = -1, .reply_encoding = -1};
+    sp_reply prep;
+    sp_tensor_src out = {.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, r->hidden}};
+    float *h = malloc((size_t)r->hidden * sizeof *h);
+    int ok = h && rep->msg.n_tensors == 1 && sp_tensor_to_f32(&rep->msg.t[0], h, &err) == SP_OK &&
+             (out.f32 = h, 1) && sp_step_req_encode(&p, meta, sizeof meta, &err) == SP_OK &&
+             !call(rb, SP_MSG_INFERENCE_STEP, meta, &out, 1, &prep);
+    if (ok)
+        sp_reply_clear(&prep);
+    free(h);
+    return ok ? 0 : -1;
+}
+
 /* A pushed step (--push): the step that awaits its input to the next server's session nx first, then q (its push
  * fields set) with t to the server; 0 once the next server answered, -1 on failure. Unacknowledged pushes: the
  * output taken to the next server by the client. */
@@ -142,16 +168,7 @@ static int pushed_step(run *r, sp_remote *rm, sp_remote *rb, sp_step_req *q, uin
     ok = ok && sp_step_reply_decode(&rep.msg, &a, &err) == SP_OK && rep.msg.n_tensors == 1;
     if (ok && !a.pushed) { /* client-driven: its own input supersedes the awaiting step */
         __atomic_add_fetch(&r->unpushed, 1, __ATOMIC_RELAXED);
-        sp_step_req p = {.session = nx, .start_from_position = -1, .reply_encoding = -1};
-        sp_reply prep;
-        sp_tensor_src out = {.enc = rep.msg.t[0].enc, .rank = 3, .shape = {1, 1, r->hidden}};
-        float *h = malloc((size_t)r->hidden * sizeof *h);
-        ok = h && sp_tensor_to_f32(&rep.msg.t[0], h, &err) == SP_OK && (out.enc = SP_ENC_F32, out.f32 = h, 1) &&
-             sp_step_req_encode(&p, meta, sizeof meta, &err) == SP_OK &&
-             !call(rb, SP_MSG_INFERENCE_STEP, meta, &out, 1, &prep);
-        if (ok)
-            sp_reply_clear(&prep);
-        free(h);
+        ok = !relay_step(r, rb, nx, &rep);
         sp_remote_wait(rb, wid, 5000, &err); /* (superseded) */
         sp_reply_clear(&wrep);
         sp_reply_clear(&rep);
@@ -181,8 +198,10 @@ static void *client_main(void *p)
     int ok = x && sp_remote_connect(&rm, "127.0.0.1", r->port, 0, TMO, &err) == SP_OK;
     sp_remote *rb = NULL;
     uint64_t nx = 0, token = 0;
-    if (ok && o->push)
-        ok = sp_remote_connect(&rb, "127.0.0.1", r->next_port, 0, TMO, &err) == SP_OK &&
+    if (ok && o->push) /* (relay: the client reaches the next server over a link, as the pushes do: no bulk channel,
+                        * which would go around it) */
+        ok = sp_remote_connect(&rb, "127.0.0.1", r->mode == M_RELAY ? r->link_port : r->next_port, r->mode == M_RELAY,
+                               TMO, &err) == SP_OK &&
              (nx = open_next(rb, L, &token)) != 0;
     if (!ok)
         fprintf(stderr, "bench_serve: connect: %s\n", err.msg);
@@ -212,6 +231,12 @@ static void *client_main(void *p)
         t = (sp_tensor_src){.enc = SP_ENC_F32, .rank = 3, .shape = {1, 1, H}, .f32 = x + (size_t)(P + s) * H};
         t0 = sp_now_s();
         pq.step = (uint64_t)s + 1;
+        if (o->push && r->mode == M_RELAY) {
+            ok = !call(rm, SP_MSG_INFERENCE_STEP, meta, &t, 1, &rep) && !relay_step(r, rb, nx, &rep);
+            r->lat[(size_t)c->i * S + s] = sp_now_s() - t0;
+            sp_reply_clear(&rep);
+            continue;
+        }
         if (o->push) {
             ok = !pushed_step(r, rm, rb, &pq, nx, &t);
             r->lat[(size_t)c->i * S + s] = sp_now_s() - t0;
@@ -239,7 +264,7 @@ static void *client_main(void *p)
     return NULL;
 }
 
-static int server_info(const run *r, sp_info_reply *a);
+static int server_info(int port, sp_info_reply *a);
 
 /* C sessions at once: its tokens/s and server CPU s/token into tps[rep], cpu[rep], its latencies appended to lat
  * (*nlat of them so far); 0 or -1. */
@@ -260,13 +285,18 @@ static int measure(run *r, int C, double *tps, double *cpu, double *lat, int *nl
     }
     pthread_barrier_wait(&r->ready); /* every session open (and prefilled, when steps are measured) */
     double t0 = sp_now_s(), c0 = sp_serverproc_cpu_s(r->pid);
-    sp_info_reply i0 = {0}, i1 = {0}; /* (the passes of the measure: its first may have gone before i0) */
-    int info = !server_info(r, &i0);
+    sp_info_reply i0 = {0}, i1 = {0}, n0 = {0}, n1 = {0}; /* (the passes of the measure: its first may have gone
+                                                           * before i0) */
+    int info = !server_info(r->port, &i0), ninfo = o->push && !server_info(r->next_port, &n0);
     for (int i = 0; i < C; i++)
         pthread_join(th[i], NULL);
     double wall = sp_now_s() - t0;
-    if (info && !server_info(r, &i1))
+    if (info && !server_info(r->port, &i1))
         r->passes += i1.batches - i0.batches, r->rows += i1.batched_rows - i0.batched_rows;
+    if (ninfo && !server_info(r->next_port, &n1)) {
+        r->npasses += n1.batches - n0.batches, r->nrows += n1.batched_rows - n0.batched_rows;
+        r->npeak = n1.batch_peak; /* (the next server's most since it started: every C so far) */
+    }
     pthread_barrier_destroy(&r->ready);
     int n = 0;
     for (int i = 0; i < C; i++)
@@ -311,12 +341,12 @@ static pid_t spawn(const opts *o, int mode, const char *blocks, int *port)
     return pid;
 }
 
-/* The server's INFO into a; 0 or -1. */
-static int server_info(const run *r, sp_info_reply *a)
+/* The INFO of the server at port into a; 0 or -1. */
+static int server_info(int port, sp_info_reply *a)
 {
     sp_remote *rm = NULL;
     sp_err err = {0};
-    if (sp_remote_connect(&rm, "127.0.0.1", r->port, 0, TMO, &err))
+    if (sp_remote_connect(&rm, "127.0.0.1", port, 0, TMO, &err))
         return fprintf(stderr, "bench_serve: %s\n", err.msg), -1;
     sp_reply rep;
     int rc = call(rm, SP_MSG_INFO, NULL, NULL, 0, &rep) || sp_info_reply_decode(&rep.msg, a, &err) ? -1 : 0;
@@ -329,7 +359,7 @@ static int server_info(const run *r, sp_info_reply *a)
 static int span_of(run *r)
 {
     sp_info_reply a = {0};
-    int rc = server_info(r, &a);
+    int rc = server_info(r->port, &a);
     r->hidden = a.hidden_size, r->start = a.start, r->end = a.end;
     return rc;
 }
@@ -379,8 +409,11 @@ static int parse(int argc, char **argv, opts *o)
             char buf[64];
             snprintf(buf, sizeof buf, "%s", v);
             for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && o->nmodes < 2; t = strtok_r(NULL, ",", &save))
-                if (!strcmp(t, "batch") || !strcmp(t, "nobatch") || !strcmp(t, "base"))
-                    o->modes[o->nmodes++] = !strcmp(t, "batch") ? M_BATCH : !strcmp(t, "base") ? M_BASE : M_NOBATCH;
+                if (!strcmp(t, "batch") || !strcmp(t, "nobatch") || !strcmp(t, "base") || !strcmp(t, "relay"))
+                    o->modes[o->nmodes++] = !strcmp(t, "batch")  ? M_BATCH
+                                            : !strcmp(t, "base") ? M_BASE
+                                            : !strcmp(t, "relay") ? M_RELAY
+                                                                  : M_NOBATCH;
         } else
             return fprintf(stderr, "bench_serve: unknown option %s\n", a), -1;
     }
@@ -390,27 +423,30 @@ static int parse(int argc, char **argv, opts *o)
     int ok = o->steps >= 1 && o->prefill >= 1 && o->nmodes && o->reps >= 1 && o->reps <= 16 && o->push_delay >= 0 &&
              (!o->push || !o->nmix);
     for (int m = 0; m < o->nmodes; m++)
-        ok &= o->modes[m] != M_BASE || o->base;
+        ok &= (o->modes[m] != M_BASE || o->base) && (o->modes[m] != M_RELAY || o->push);
     return ok ? 0
-              : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16; mode base needs --base BIN; --push measures "
-                                 "decode steps, not --mix)\n"),
+              : (fprintf(stderr, "bench_serve: bad arguments (--reps 1..16; mode base needs --base BIN, mode relay "
+                                 "--push; --push measures decode steps, not --mix)\n"),
                  -1);
 }
 
 static void stop_servers(run *runs, int n)
 {
-    for (int m = 0; m < n; m++)
-        if (runs[m].pid > 0) {
-            kill(runs[m].pid, SIGTERM);
-            waitpid(runs[m].pid, NULL, 0);
-        }
+    for (int m = 0; m < n; m++) {
+        pid_t pids[3] = {runs[m].pid, runs[m].next_pid, runs[m].link_pid};
+        for (int k = 0; k < 3; k++)
+            if (pids[k] > 0) {
+                kill(pids[k], SIGTERM);
+                waitpid(pids[k], NULL, 0);
+            }
+    }
 }
 
-/* --push: the next server (this build, blocks o->push) and a linkem link of o->push_delay ms to it; their pids
- * into pids[0..2), the ports into next_port and link_port; 0 or -1. */
-static int spawn_next(const opts *o, pid_t *pids, int *next_port, int *link_port)
+/* --push: mode's next server (blocks o->push; the mode's build and batching) and a linkem link of o->push_delay ms to
+ * it; their pids into pids[0..2), the ports into next_port and link_port; 0 or -1. */
+static int spawn_next(const opts *o, int mode, pid_t *pids, int *next_port, int *link_port)
 {
-    if ((pids[0] = spawn(o, M_BATCH, o->push, next_port)) < 0)
+    if ((pids[0] = spawn(o, mode, o->push, next_port)) < 0)
         return -1;
     char linkem[4096], listen_to[64], delay[16], line[1024];
     ssize_t n = readlink("/proc/self/exe", linkem, sizeof linkem - 16);
@@ -432,7 +468,8 @@ int main(int argc, char **argv)
     opts o;
     if (parse(argc, argv, &o))
         return 2;
-    static const char *const names[] = {"batching off (--no-batch)", "batching on", "batching on, --base build"};
+    static const char *const names[] = {"batching off (--no-batch)", "batching on", "batching on, --base build",
+                                        "batching on, client-driven steps"};
     if (o.nmix) {
         printf("bench_serve: %s blocks %s, %s, concurrent prefills of", o.model, o.blocks, o.dtype);
         for (int i = 0; i < o.nmix; i++)
@@ -445,22 +482,15 @@ int main(int argc, char **argv)
     if (o.push)
         printf("bench_serve: each step pushed to a next server of blocks %s over a link of %d ms each way (the latency:"
                " to the next server's answer)\n", o.push, o.push_delay);
-    run runs[2] = {{.o = &o}, {.o = &o}}, next[2] = {{.o = &o}, {.o = &o}}; /* --push: the next server, its link */
-    int next_port = 0, link_port = 0;
-    if (o.push) {
-        pid_t pids[2] = {-1, -1};
-        int rc = spawn_next(&o, pids, &next_port, &link_port);
-        next[0].pid = pids[0], next[1].pid = pids[1];
-        if (rc) {
-            stop_servers(next, 2);
-            return 1;
-        }
-    }
+    run runs[2] = {{.o = &o}, {.o = &o}};
     for (int m = 0; m < o.nmodes; m++) {
-        runs[m].next_port = next_port, runs[m].link_port = link_port;
-        if ((runs[m].pid = spawn(&o, o.modes[m], o.blocks, &runs[m].port)) < 0 || span_of(&runs[m])) {
+        runs[m].mode = o.modes[m];
+        int mode = o.modes[m] == M_RELAY ? M_BATCH : o.modes[m];
+        pid_t pids[2] = {-1, -1};
+        int rc = o.push ? spawn_next(&o, mode, pids, &runs[m].next_port, &runs[m].link_port) : 0;
+        runs[m].next_pid = pids[0], runs[m].link_pid = pids[1];
+        if (rc || (runs[m].pid = spawn(&o, mode, o.blocks, &runs[m].port)) < 0 || span_of(&runs[m])) {
             stop_servers(runs, o.nmodes);
-            stop_servers(next, 2);
             return 1;
         }
     }
@@ -468,12 +498,13 @@ int main(int argc, char **argv)
     for (int i = 0; i < o.nsessions; i++)
         most = o.sessions[i] > most ? o.sessions[i] : most;
     double *lat[2], tps[2][MAXC][16], cpu[2][MAXC][16], base_tps[2] = {0}, base_p50[2] = {0}, p50s[2][MAXC];
-    char rows[2][MAXC][160];
+    char rows[2][MAXC][200];
     for (int m = 0; m < o.nmodes; m++)
         lat[m] = calloc((size_t)most * (o.nmix ? 1 : o.steps) * o.reps, sizeof(double));
     for (int i = 0; i < o.nsessions && !rc; i++) {
         int C = o.sessions[i], nlat[2] = {0, 0};
-        runs[0].passes = runs[0].rows = runs[1].passes = runs[1].rows = 0;
+        for (int m = 0; m < 2; m++)
+            runs[m].passes = runs[m].rows = runs[m].npasses = runs[m].nrows = 0;
         for (int k = 0; k < o.reps && !rc; k++) /* the modes' order turns each rep (the first one after a pause ran slower) */
             for (int t = 0; t < o.nmodes && !rc; t++) {
                 int m = (t + k) % o.nmodes;
@@ -488,21 +519,29 @@ int main(int argc, char **argv)
             char per[16] = "-";
             if (runs[m].passes > 0)
                 snprintf(per, sizeof per, "%.1f", (double)runs[m].rows / (double)runs[m].passes);
-            snprintf(rows[m][i], sizeof rows[m][i], "%9d %11.2f %9.1f %9.1f %11.1f %11.2fx %13.2fx %11s", C, t,
-                     1e3 * p50, 1e3 * p99, 1e3 * c, t / base_tps[m], p99 / base_p50[m], per);
+            char nper[32] = "";
+            if (o.push && runs[m].npasses > 0)
+                snprintf(nper, sizeof nper, " %9.1f %9lld", (double)runs[m].nrows / (double)runs[m].npasses,
+                         (long long)runs[m].npeak);
+            else if (o.push)
+                snprintf(nper, sizeof nper, " %9s %9lld", "-", (long long)runs[m].npeak);
+            snprintf(rows[m][i], sizeof rows[m][i], "%9d %11.2f %9.1f %9.1f %11.1f %11.2fx %13.2fx %11s%s", C, t,
+                     1e3 * p50, 1e3 * p99, 1e3 * c, t / base_tps[m], p99 / base_p50[m], per, nper);
         }
         printf("(%d sessions measured)\n", C);
         fflush(stdout);
     }
     for (int m = 0; m < o.nmodes && !rc; m++) {
-        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s %11s\n", names[o.modes[m]], "sessions",
+        printf("\n%s:\n%9s %11s %9s %9s %11s %12s %14s %11s%s\n", names[o.modes[m]], "sessions",
                o.nmix ? "prompt tok/s" : "tokens/s", "p50 ms", "p99 ms", "CPU ms/tok", "tok/s vs 1st", "p99 vs 1st p50",
-               "rows/pass");
+               "rows/pass", o.push ? " next r/p next peak" : "");
         for (int i = 0; i < o.nsessions; i++)
             printf("%s\n", rows[m][i]);
     }
     int on = o.modes[0] == M_BATCH ? 0 : 1; /* which of runs is batching's (this build's) */
-    const char *vs = o.modes[1 - on] == M_BASE ? "this build / --base" : "batching on / off";
+    const char *vs = o.modes[1 - on] == M_BASE    ? "this build / --base"
+                     : o.modes[1 - on] == M_RELAY ? "pushed / client-driven"
+                                                  : "batching on / off";
     for (int i = 0; !rc && o.nmodes == 2 && i < o.nsessions; i++) {
         double c0 = median(cpu[on][i], o.reps), c1 = median(cpu[1 - on][i], o.reps);
         printf("%d sessions: %s: %.2fx tokens/s, %.2fx CPU per token", o.sessions[i], vs,
@@ -512,9 +551,9 @@ int main(int argc, char **argv)
         printf("\n");
     }
     for (int m = 0; o.push && m < o.nmodes; m++)
-        printf("%s: %d steps' pushes not acknowledged (client-driven)\n", names[o.modes[m]], runs[m].unpushed);
+        if (o.modes[m] != M_RELAY)
+            printf("%s: %d steps' pushes not acknowledged (client-driven)\n", names[o.modes[m]], runs[m].unpushed);
     stop_servers(runs, o.nmodes);
-    stop_servers(next, 2);
     for (int m = 0; m < o.nmodes; m++)
         free(lat[m]);
     return rc;

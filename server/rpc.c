@@ -27,6 +27,7 @@ typedef struct req {
     sp_encoding reply_enc;
     struct session *held; /* a session this request steps: released before its answer goes out (the client's
                            * next step may arrive at once, on another thread) */
+    int acked;            /* an INFERENCE_PUSH acknowledged on arrival: no ERROR goes back (it is logged) */
 } req;
 
 static void let_go(req *r)
@@ -147,7 +148,10 @@ static int bad(req *r, const char *code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     let_go(r);
-    sp_rpc_error(r->s, r->conn, r->m.request_id, code, "%s", msg);
+    if (r->acked) /* (a push acknowledged already: its sender has its answer) */
+        sp_log(SP_LOG_INFO, "a push acknowledged on arrival was dropped: %s: %s", code, msg);
+    else
+        sp_rpc_error(r->s, r->conn, r->m.request_id, code, "%s", msg);
     return -1;
 }
 
@@ -1067,6 +1071,7 @@ static void stash_step(req *r, session *x, uint64_t step)
     r->msg = NULL;
     x->pend_conn = r->conn;
     x->pend_step = step;
+    __atomic_store_n(&x->pend_ns, sp_now_ns(), __ATOMIC_RELAXED);
     if (x->inbox_step < step) /* an input of an earlier step: never used now */
         sp_buf_free(&x->inbox);
 }
@@ -1125,6 +1130,8 @@ static void rpc_step(req *r, sp_ws *ws)
 /* An empty reply (the acknowledgement of a push) in a buffer of its own: the request's holds the input. */
 static void ack(req *r)
 {
+    if (r->acked)
+        return;
     sp_buf b = {0};
     if (sp_msg_encode(&b, r->m.type, SP_MSG_F_REPLY, r->m.request_id, NULL, NULL, 0, NULL) == SP_OK)
         sp_ws_server_send(r->s->ws, r->conn, &b, NULL);
@@ -1140,6 +1147,7 @@ static void run_pending(req *r, session *x, sp_ws *ws)
     sp_buf pb = x->pend;
     memset(&x->pend, 0, sizeof x->pend);
     x->pend_step = 0;
+    __atomic_store_n(&x->pend_ns, 0, __ATOMIC_RELAXED);
     r->held = NULL;
     sp_step_req q;
     sp_err err = {0};
@@ -1240,12 +1248,33 @@ static void count_batch(const req *r)
         sp_mx_batch(&r->s->mx, 1, kind, h->numel / (uint64_t)h->shape[h->rank - 1]);
 }
 
-void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
+int sp_rpc_push_ack(sp_server *s, uint64_t conn, const sp_buf *msg)
+{
+    sp_msg m;
+    sp_push_req q;
+    sp_err err = {0};
+    if (s->o.emulate_old == SP_SERVER_OLD_NOPUSH || sp_msg_decode(&m, msg->data, msg->len, &s->limits, &err) ||
+        m.type != SP_MSG_INFERENCE_PUSH)
+        return 0;
+    const sp_tensor_view *t = &m.t[0];
+    int ok = sp_push_req_decode(&m, &q, &err) == SP_OK && m.n_tensors > 0 && sp_encoding_is_float(t->enc) &&
+             t->rank == 3 && t->shape[2] == s->m->cfg.hidden && sp_tensor_all_finite(t) &&
+             session_push_ok(s, q.session, q.token);
+    if (ok)
+        ack(&(req){.s = s, .conn = conn, .m = m});
+    sp_msg_clear(&m);
+    return ok;
+}
+
+void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws) { sp_rpc_handle_task(s, conn, msg, 0, ws); }
+
+void sp_rpc_handle_task(sp_server *s, uint64_t conn, sp_buf *msg, int acked, sp_ws *ws)
 {
     req r;
     if (decode(&r, s, conn, msg))
         return;
     r.msg = msg;
+    r.acked = acked && r.m.type == SP_MSG_INFERENCE_PUSH;
     count_batch(&r);
     switch (r.m.type) {
     case SP_MSG_FORWARD:
@@ -1267,15 +1296,20 @@ void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws)
 /* ---------------------------------------------------------------------------------------------- */
 /* decode steps of many sessions as one pass */
 
-/* One step taken in: where its rows are in the batch (-1: it runs alone after the pass; -2: answered already; -3:
- * it awaits its input by push, and runs as a step alone would, after the pass), its
- * shape (B rows of T positions: B x T rows in the batch) and prompts' index (step_prepare's). */
+/* One step taken in: where its rows are in the batch (-1: it runs alone after the pass; -2: answered already, or
+ * a half of a pushed step kept; -3: a push or a step that awaits its input whose session was held when it was
+ * taken: it runs as alone (rpc_push, step_decoded), after the pass), its shape (B rows of T positions: B x T rows
+ * in the batch) and prompts' index (step_prepare's), its input (NULL: the step's own tensor 0, else a push's: the
+ * one taken in with it, or the one its session kept), and whether it only kept a half of a pushed step. */
 typedef struct bstep {
-    int off, B, T, pi;
+    int off, B, T, pi, kept;
+    const sp_tensor_view *in;
 } bstep;
 
 struct sp_step_batch {
-    req *r;          /* the steps taken in, [cap] */
+    req *r;          /* the steps taken in, [cap] (a push's: the step that awaited it) */
+    req *pr;         /* the pushes taken in (or, for a step that awaited its input, the push its session kept) */
+    sp_buf *own;     /* the message of a step that awaited its input, or of the push its session kept: the batch's */
     sp_step_req *q;
     bstep *st;
     float *h;        /* the batched steps' hidden states, rows in order [rows, H] */
@@ -1296,7 +1330,7 @@ void sp_step_batch_free(sp_step_batch *b)
 {
     if (!b)
         return;
-    free(b->r), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->xs), free(b->T), free(b->item_rows), free(b->group), free(b->pp);
+    free(b->r), free(b->pr), free(b->own), free(b->q), free(b->st), free(b->h), free(b->kv), free(b->xs), free(b->T), free(b->item_rows), free(b->group), free(b->pp);
     sp_ws_free(&b->ws);
     free(b);
 }
@@ -1316,7 +1350,8 @@ static int batch_reserve(sp_step_batch *b, int n)
     if (n <= b->cap)
         return 0;
     size_t m = (size_t)n;
-    if (grow(&b->r, m, sizeof *b->r) | grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
+    if (grow(&b->r, m, sizeof *b->r) | grow(&b->pr, m, sizeof *b->pr) | grow(&b->own, m, sizeof *b->own) |
+        grow(&b->q, m, sizeof *b->q) | grow(&b->st, m, sizeof *b->st) |
         grow(&b->kv, m, sizeof *b->kv) | grow(&b->xs, m, sizeof *b->xs) | grow(&b->T, m, sizeof *b->T) | grow(&b->item_rows, m, sizeof *b->item_rows) |
         grow(&b->group, m, sizeof *b->group) | grow(&b->pp, m, sizeof *b->pp))
         return -1;
@@ -1336,28 +1371,14 @@ static int batch_reserve(sp_step_batch *b, int n)
  * rows: longer prefills run after the pass, alone. */
 #define PASS_MAX_STEP_ROWS 64
 
-static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int i, int *rows)
+/* Step i (its session held by b->r[i], its input hid) prepared (step_prepare), and into the pass when it may join
+ * it (see batch_take). */
+static void batch_join(sp_step_batch *b, sp_server *s, int i, const sp_tensor_view *hid, int *rows)
 {
     req *r = &b->r[i];
     bstep *t = &b->st[i];
     sp_err err = {0};
-    t->off = -2;
-    if (decode(r, s, conn, msg))
-        return;
-    r->msg = msg;
-    if (bad_meta(r, sp_step_req_decode(&r->m, &b->q[i], &err), &err))
-        return;
-    old_step_req(s, &b->q[i]);
-    if (b->q[i].await > 0) /* its input comes by push: the step runs apart, after the pass */
-        return (void)(t->off = -3);
-    if (b->q[i].push_port > 0)
-        __atomic_store_n(&s->pushing, 1, __ATOMIC_RELAXED);
-    session *x = session_acquire(s, conn, b->q[i].session, &err);
-    if (!x)
-        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
-    r->held = x;
-    session_drop_push(x); /* a step with its own input: whatever awaited or came early is superseded */
-    if (float_tensor(r, 0, "hidden", 3) || step_prepare(r, &b->q[i], x, &r->m.t[0], &t->B, &t->T, &t->pi))
+    if (step_prepare(r, &b->q[i], r->held, hid, &t->B, &t->T, &t->pi))
         return;
     t->off = -1;
     int n = t->B * t->T;
@@ -1371,7 +1392,7 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
             return;
         b->hcap = need * 2;
     }
-    if (sp_tensor_to_f32(&r->m.t[0], b->h + (size_t)*rows * H, &err))
+    if (sp_tensor_to_f32(hid, b->h + (size_t)*rows * H, &err))
         return (void)(bad(r, "internal", "decoding tensor 0: %s", err.msg), t->off = -2);
     t->off = *rows;
     *rows += n;
@@ -1379,6 +1400,116 @@ static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *ms
         __atomic_add_fetch(&s->batched_prefills, 1, __ATOMIC_RELAXED);
     if (n > SP_KERN_MAX_ROWS)
         __atomic_add_fetch(&s->batched_long, 1, __ATOMIC_RELAXED);
+}
+
+/* Push i (decoded in b->r[i]) taken in as rpc_push takes it (checked, its session's token, acknowledged at once):
+ * where its step awaits it here, that step (b->r[i] now, its message the batch's) joins the pass on its input (its
+ * push in b->pr[i]); else it is kept for its step, or dropped (a step given up). Its session held: -3, as alone after
+ * the pass. */
+static void batch_take_push(sp_step_batch *b, sp_server *s, int i, int *rows)
+{
+    req *p = &b->pr[i], *r = &b->r[i];
+    bstep *t = &b->st[i];
+    *p = *r;
+    *r = (req){.s = s};
+    sp_push_req q;
+    sp_err err = {0};
+    if (bad_meta(p, sp_push_req_decode(&p->m, &q, &err), &err) || float_tensor(p, 0, "hidden", 3))
+        return;
+    session *x = session_acquire_within(s, 0, q.session, q.token, 0, &err);
+    if (!x && err.code == SP_ERR_STATE)
+        return (void)(t->off = -3);
+    if (!x)
+        return (void)bad(p, err.code == SP_ERR_ARG ? "forbidden" : "no_session", "%s", err.msg);
+    p->held = x;
+    ack(p);
+    __atomic_add_fetch(&s->pushes_in, 1, __ATOMIC_RELAXED);
+    if (x->pend.len && x->pend_step == q.step) { /* its step awaits it: the step joins the pass on it */
+        b->own[i] = x->pend;
+        memset(&x->pend, 0, sizeof x->pend);
+        x->pend_step = 0;
+        __atomic_store_n(&x->pend_ns, 0, __ATOMIC_RELAXED);
+        *r = (req){.s = s, .conn = x->pend_conn, .held = x, .msg = &b->own[i]};
+        p->held = NULL;
+        if (sp_msg_decode(&r->m, b->own[i].data, b->own[i].len, &s->limits, &err) != SP_OK ||
+            sp_step_req_decode(&r->m, &b->q[i], &err) != SP_OK) /* (it decoded when it came) */
+            return (void)bad(r, "internal", "the awaiting step: %s", err.msg);
+        t->in = &p->m.t[0];
+        return batch_join(b, s, i, t->in, rows);
+    }
+    if (!x->pend.len || x->pend_step < q.step) { /* its step comes later */
+        sp_buf_free(&x->inbox);
+        x->inbox = *p->msg;
+        memset(p->msg, 0, sizeof *p->msg);
+        p->msg = NULL;
+        x->inbox_step = q.step;
+    } /* else: the input of a step that was given up */
+    t->kept = 1;
+    let_go(p);
+}
+
+/* Step i (decoded, b->q[i]) that awaits its input by push, taken in as step_decoded takes it: where its push came
+ * already (its session keeps it), it joins the pass on that input (the push's message the batch's, decoded in
+ * b->pr[i]); else its session keeps it for the push. Its session held: -3, as alone after the pass. */
+static void batch_take_await(sp_step_batch *b, sp_server *s, int i, int *rows)
+{
+    req *r = &b->r[i];
+    bstep *t = &b->st[i];
+    const sp_step_req *q = &b->q[i];
+    sp_err err = {0};
+    __atomic_store_n(&s->pushing, 1, __ATOMIC_RELAXED);
+    session *x = session_acquire_within(s, r->conn, q->session, 0, 0, &err);
+    if (!x && err.code == SP_ERR_STATE)
+        return (void)(t->off = -3);
+    if (!x)
+        return (void)bad(r, "no_session", "%s", err.msg);
+    r->held = x;
+    if (!q->step)
+        return (void)bad(r, "bad_request", "a step that awaits its input needs a step number");
+    if (!x->inbox.len || x->inbox_step != q->step) {
+        stash_step(r, x, q->step);
+        t->kept = 1;
+        return let_go(r);
+    }
+    b->own[i] = x->inbox;
+    memset(&x->inbox, 0, sizeof x->inbox);
+    b->pr[i] = (req){.s = s};
+    if (sp_msg_decode(&b->pr[i].m, b->own[i].data, b->own[i].len, &s->limits, &err) != SP_OK)
+        return (void)bad(r, "internal", "the pushed input: %s", err.msg);
+    t->in = &b->pr[i].m.t[0];
+    batch_join(b, s, i, t->in, rows);
+}
+
+static void batch_take(sp_step_batch *b, sp_server *s, uint64_t conn, sp_buf *msg, int acked, int i, int *rows)
+{
+    req *r = &b->r[i];
+    bstep *t = &b->st[i];
+    sp_err err = {0};
+    *t = (bstep){.off = -2};
+    b->pr[i] = (req){.s = s};
+    b->own[i] = (sp_buf){0};
+    if (decode(r, s, conn, msg))
+        return;
+    r->msg = msg;
+    r->acked = acked && r->m.type == SP_MSG_INFERENCE_PUSH;
+    if (r->m.type == SP_MSG_INFERENCE_PUSH && s->o.emulate_old != SP_SERVER_OLD_NOPUSH)
+        return batch_take_push(b, s, i, rows);
+    if (r->m.type != SP_MSG_INFERENCE_STEP) /* (the queue gives steps and pushes only): as alone, after the pass */
+        return (void)(t->off = -3);
+    if (bad_meta(r, sp_step_req_decode(&r->m, &b->q[i], &err), &err))
+        return;
+    old_step_req(s, &b->q[i]);
+    if (b->q[i].await > 0) /* its input comes by push */
+        return batch_take_await(b, s, i, rows);
+    if (b->q[i].push_port > 0)
+        __atomic_store_n(&s->pushing, 1, __ATOMIC_RELAXED);
+    session *x = session_acquire(s, conn, b->q[i].session, &err);
+    if (!x)
+        return (void)bad(r, err.code == SP_ERR_STATE ? "busy" : "no_session", "%s", err.msg);
+    r->held = x;
+    session_drop_push(x); /* a step with its own input: whatever awaited or came early is superseded */
+    if (!float_tensor(r, 0, "hidden", 3))
+        batch_join(b, s, i, &r->m.t[0], rows);
 }
 
 /* The steps g[0..n) (all over one span, their rows contiguous in h) through the span's blocks as one pass, then
@@ -1455,35 +1586,64 @@ static void batch_run(sp_step_batch *b, sp_server *s, int n)
     }
 }
 
-void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_step_batch *b, sp_ws *ws)
+/* Entry i of a batch handled as alone, after the pass: a push (rpc_push) or a step (step_decoded) whose session was
+ * held when it was taken, or a request of another type. */
+static void batch_alone(sp_step_batch *b, int i, sp_ws *ws)
+{
+    req *r = b->pr[i].m.type == SP_MSG_INFERENCE_PUSH ? &b->pr[i] : &b->r[i]; /* (batch_take_push moved it there) */
+    if (r->m.type == SP_MSG_INFERENCE_PUSH)
+        rpc_push(r, ws);
+    else if (r->m.type == SP_MSG_INFERENCE_STEP)
+        count_batch(r), step_decoded(r, &b->q[i], ws);
+    else
+        bad(r, "unknown_type", "%s is not a request this server serves", sp_msg_type_name(r->m.type));
+}
+
+int sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, const int *acked, int n,
+                        sp_step_batch *b, sp_ws *ws, uint64_t *ids)
 {
     if (batch_reserve(b, n)) { /* no room to batch: one at a time */
         for (int i = 0; i < n; i++)
-            sp_rpc_handle(s, conns[i], msgs[i], ws);
-        return;
+            ids[i] = 0, sp_rpc_handle_task(s, conns[i], msgs[i], acked[i], ws);
+        return n;
     }
-    int rows = 0;
+    int rows = 0, halves = 0;
     for (int i = 0; i < n; i++)
-        batch_take(b, s, conns[i], msgs[i], i, &rows);
+        batch_take(b, s, conns[i], msgs[i], acked[i], i, &rows);
+    for (int i = 0; i < n; i++) {
+        halves += b->st[i].kept;
+        ids[i] = b->st[i].off >= -1 ? b->q[i].session : 0;
+    }
     blas_threads_for(s, 1, 1);
     SP_TRACE(SP_TR_SRV_COMPUTE);
     batch_run(b, s, n);
     for (int i = 0; i < n; i++) { /* longer prefills and the rest, after the pass: each alone */
         req *r = &b->r[i];
-        if (b->st[i].off == -1 || b->st[i].off == -3)
-            count_batch(r);
-        if (b->st[i].off == -1)
-            step_run(r, &b->q[i], r->held, &r->m.t[0], b->st[i].B, b->st[i].T, b->st[i].pi, ws);
-        else if (b->st[i].off == -3)
-            step_decoded(r, &b->q[i], ws);
-        let_go(r);
-        sp_msg_clear(&r->m);
+        if (b->st[i].off == -1) {
+            sp_mx_batch(&s->mx, 1, SP_MX_TOK_INFERENCE, (uint64_t)b->st[i].B * b->st[i].T);
+            step_run(r, &b->q[i], r->held, b->st[i].in ? b->st[i].in : &r->m.t[0], b->st[i].B, b->st[i].T,
+                     b->st[i].pi, ws);
+        }
+        if (b->st[i].off != -3)
+            let_go(r);
     }
+    for (int i = 0; i < n; i++) { /* those whose sessions were held, after every other let its session go */
+        if (b->st[i].off == -3)
+            batch_alone(b, i, ws);
+        let_go(&b->r[i]);
+        let_go(&b->pr[i]);
+        sp_msg_clear(&b->r[i].m);
+        sp_msg_clear(&b->pr[i].m);
+        sp_buf_free(&b->own[i]);
+    }
+    if (halves == n) /* no blocks ran: halves of pushed steps kept, acknowledged */
+        return 0;
     __atomic_add_fetch(&s->batches, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->batched_rows, (uint64_t)rows, __ATOMIC_RELAXED);
     for (uint64_t old = __atomic_load_n(&s->batch_peak, __ATOMIC_RELAXED); (uint64_t)rows > old;)
         if (__atomic_compare_exchange_n(&s->batch_peak, &old, (uint64_t)rows, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             break;
+    return n - halves;
 }
 
 static void rpc_hello(req *r)
@@ -1627,11 +1787,17 @@ uint64_t sp_rpc_step_session(const sp_server *s, const sp_buf *msg)
 {
     sp_msg m;
     sp_step_req q;
+    sp_push_req p;
     sp_err err = {0};
-    int ok = sp_msg_decode(&m, msg->data, msg->len, &s->limits, &err) == SP_OK && m.type == SP_MSG_INFERENCE_STEP &&
-             sp_step_req_decode(&m, &q, &err) == SP_OK;
+    uint64_t id = 0;
+    if (sp_msg_decode(&m, msg->data, msg->len, &s->limits, &err) != SP_OK)
+        return 0;
+    if (m.type == SP_MSG_INFERENCE_STEP && sp_step_req_decode(&m, &q, &err) == SP_OK)
+        id = q.await > 0 && !s->o.emulate_old ? 0 : q.session;
+    else if (m.type == SP_MSG_INFERENCE_PUSH && sp_push_req_decode(&m, &p, &err) == SP_OK)
+        id = p.session;
     sp_msg_clear(&m);
-    return ok ? q.session : 0;
+    return id;
 }
 
 /* Whether two parsed requests may share a pass: the same span, positions and prompts' length. */

@@ -303,12 +303,12 @@ static int take_steps(task_queue *q, task **out, int max)
 }
 
 /* The most a pass waits for the steps of the sessions expected back: the option's (tests), else a quarter of a
- * recent pass, at most 5 ms. */
+ * recent pass, at most 5 ms (5 ms before any pass ran: only the pushes of steps kept here are expected then). */
 static uint64_t gather_wait(const sp_server *s)
 {
     if (s->o.gather_wait_s > 0)
         return (uint64_t)(s->o.gather_wait_s * 1e9);
-    uint64_t wait = __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED) / 4;
+    uint64_t ns = __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED), wait = ns ? ns / 4 : 5000000;
     return wait < 5000000 ? wait : 5000000;
 }
 
@@ -342,16 +342,19 @@ static void wait_until(task_queue *q, uint64_t deadline)
 
 /* The batch of steps that first (just popped) leads: those waiting, and those of the sessions whose steps are due
  * within a short wait (gather_wait; sessions_expected: by their last answer and how soon their steps came after
- * answers, at most a second or 4 passes overdue), fairly chosen (take_steps), at most max_batch_tokens of them. A
- * step that came while the last pass ran (it missed it) thus runs in the next with the others, which do not leave
- * it behind again. expect: room for max_batch_tokens ids. Returns how many are in out (first included). */
+ * answers, at most a second or 4 passes overdue; and, where first brings an input, those whose step awaits its push
+ * here: the server before sends a pass's pushes back to back), fairly chosen (take_steps), at most max_batch_tokens
+ * of them. A step that came while the last pass ran (it missed it) thus runs in the next with the others, which do
+ * not leave it behind again; the pushes of one pass of the server before run in one pass here, from the first (no
+ * rhythm known yet). expect: room for max_batch_tokens ids. Returns how many are in out (first included). */
 static int gather_steps(sp_server *s, task *first, task **out, uint64_t *expect)
 {
     task_queue *q = &s->q;
     int max = s->o.max_batch_tokens, missing;
     uint64_t now = sp_now_ns(), deadline = now + gather_wait(s);
     uint64_t late = 4 * __atomic_load_n(&s->batch_ns, __ATOMIC_RELAXED);
-    int ne = sessions_expected(s, now, deadline, late > 1000000000 ? late : 1000000000, expect, max);
+    int ne = sessions_expected(s, now, deadline, late > 1000000000 ? late : 1000000000, first->session != 0, expect,
+                               max);
     out[0] = first;
     pthread_mutex_lock(&q->lock);
     while ((missing = 1 + steps_waiting(q) < max && expected_missing(q, first, expect, &ne)) && !q->stop &&
@@ -368,7 +371,8 @@ static int gather_steps(sp_server *s, task *first, task **out, uint64_t *expect)
 typedef struct step_bufs {
     sp_step_batch *b;
     task **tasks;
-    uint64_t *conns, *expect;
+    uint64_t *conns, *expect, *ids;
+    int *acked;
     sp_buf **msgs;
 } step_bufs;
 
@@ -383,13 +387,15 @@ static void run_steps(sp_server *s, task *first, step_bufs *sb, sp_ws *ws)
     for (int i = 0; i < n; i++) {
         sb->conns[i] = sb->tasks[i]->conn;
         sb->msgs[i] = &sb->tasks[i]->msg;
+        sb->acked[i] = sb->tasks[i]->acked;
         note_wait(s, t0, sb->tasks[i]->queued_ns);
         sp_mx_waited(&s->mx, t0 - sb->tasks[i]->queued_ns);
     }
-    sp_rpc_handle_steps(s, sb->conns, sb->msgs, n, sb->b, ws);
-    note_ns(&s->batch_ns, sp_now_ns() - t0);
+    /* (a pass that only kept halves of pushed steps ran no blocks: its time is not a pass's) */
+    if (sp_rpc_handle_steps(s, sb->conns, sb->msgs, sb->acked, n, sb->b, ws, sb->ids))
+        note_ns(&s->batch_ns, sp_now_ns() - t0);
     note_step(s, t0);
-    sessions_answered(s, sb->tasks, n, sp_now_ns());
+    sessions_answered(s, sb->tasks, sb->ids, n, sp_now_ns());
     pthread_mutex_unlock(&s->batch_lock);
     for (int i = 0; i < n; i++)
         task_finish(s, sb->tasks[i]);
@@ -438,7 +444,7 @@ static void task_finish(sp_server *s, task *t)
 static void step_bufs_free(step_bufs *sb)
 {
     sp_step_batch_free(sb->b);
-    free(sb->tasks), free(sb->conns), free(sb->expect), free(sb->msgs);
+    free(sb->tasks), free(sb->conns), free(sb->expect), free(sb->ids), free(sb->acked), free(sb->msgs);
 }
 
 /* A batch's buffers for up to max steps; -1 when out of memory (the worker then runs steps one by one). */
@@ -449,8 +455,10 @@ static int step_bufs_init(step_bufs *sb, int max)
     sb->tasks = calloc((size_t)max, sizeof *sb->tasks);
     sb->conns = calloc((size_t)max, sizeof *sb->conns);
     sb->expect = calloc((size_t)max, sizeof *sb->expect);
+    sb->ids = calloc((size_t)max, sizeof *sb->ids);
+    sb->acked = calloc((size_t)max, sizeof *sb->acked);
     sb->msgs = calloc((size_t)max, sizeof *sb->msgs);
-    if (sb->b && sb->tasks && sb->conns && sb->expect && sb->msgs)
+    if (sb->b && sb->tasks && sb->conns && sb->expect && sb->ids && sb->acked && sb->msgs)
         return 0;
     step_bufs_free(sb);
     return -1;
@@ -478,7 +486,7 @@ static void *worker_main(void *arg)
         sp_mx_waited(&s->mx, t0 - t->queued_ns);
         if (t->step)
             note_wait(s, t0, t->queued_ns);
-        sp_rpc_handle(s, t->conn, &t->msg, &ws);
+        sp_rpc_handle_task(s, t->conn, &t->msg, t->acked, &ws);
         if (t->step)
             note_step(s, t0);
         task_finish(s, t);
@@ -565,8 +573,12 @@ static void on_message(void *user, uint64_t conn, sp_buf *msg)
     t->peer = sp_ws_server_peer(s->ws, conn);
     t->msg = *msg;
     t->prio = type == SP_MSG_FORWARD || type == SP_MSG_BACKWARD;
-    t->step = type == SP_MSG_INFERENCE_STEP;
+    /* a push brings a step's input: it joins the batches of steps (its step, kept in its session, runs in them) */
+    t->step = type == SP_MSG_INFERENCE_STEP ||
+              (type == SP_MSG_INFERENCE_PUSH && !s->o.no_batch && s->o.emulate_old != SP_SERVER_OLD_NOPUSH);
     t->session = t->step && !s->o.no_batch ? sp_rpc_step_session(s, msg) : 0;
+    /* a push is acknowledged at once, where it will be taken: a pass here may wait for others (gather_steps) */
+    t->acked = t->step && type == SP_MSG_INFERENCE_PUSH && sp_rpc_push_ack(s, conn, msg);
     t->merges = t->prio && sp_rpc_span_key(s, msg, &t->key) == 0;
     t->len = len;
     t->queued_ns = sp_now_ns();

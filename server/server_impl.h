@@ -44,6 +44,8 @@ typedef struct session {
      * input that came before its step; each holds one message at most (a newer one replaces it) */
     sp_buf pend, inbox;
     uint64_t pend_conn, pend_step, inbox_step;
+    uint64_t pend_ns;     /* when pend was kept (sp_now_ns; 0: none): its push is due (sessions_expected reads it under
+                           * the table's lock, the thread holding the session writes it: atomics) */
     struct session *next;
 } session;
 
@@ -118,13 +120,15 @@ typedef struct sp_span_key {
 typedef struct task {
     uint64_t conn;
     uint64_t peer;   /* its connection's source address (sp_ws_server_peer): the client it is fair between */
-    uint64_t session; /* an INFERENCE_STEP's session (sp_rpc_step_session; 0: none read) */
+    uint64_t session; /* the session whose input it brings: an INFERENCE_STEP's with its own input, or an
+                       * INFERENCE_PUSH's (sp_rpc_step_session; 0: none read, or a step that awaits its input) */
     sp_buf msg;      /* the raw request */
     int prio;        /* 0 inference, 1 training */
     int step;        /* an INFERENCE_STEP (its time feeds step_ns) */
     int merges;      /* a FORWARD or BACKWARD that may share a pass with others of its key */
     sp_span_key key;
     uint64_t len;    /* the request's bytes, given back to the input budget when done */
+    int acked;       /* an INFERENCE_PUSH acknowledged on arrival (sp_rpc_push_ack) */
     uint64_t queued_ns; /* when it entered the queue (sp_now_ns) */
     uint64_t passed;    /* tasks of other clients taken from the queue while it waited (lock held) */
     struct task *next;
@@ -212,16 +216,30 @@ int queue_length(task_queue *q);
 /* rpc.c: runs one request on a worker (ws = that worker's scratch) and sends the reply, in msg's buffer (which is
  * then taken: *msg is left empty; its length must be read before, for the budget). */
 void sp_rpc_handle(sp_server *s, uint64_t conn, sp_buf *msg, sp_ws *ws);
-/* rpc.c: INFERENCE_STEPs taken from the queue together (msgs[i] from connection conns[i]; each buffer taken as
- * sp_rpc_handle takes it): the decode steps and prefills whose rows (batch x positions) alone run in the decode
- * kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS, any number on int8 and nf4 weights multiplied in integers),
- * at most max_batch_tokens rows in all, run as one pass over the span's blocks (block.h, sp_block_step_batch: each
- * session gets the bits it gets alone), the rest (longer prefills of f32 or bf16 weights, prompts, wide beams) one by
- * one after it. b: the worker's buffers, kept. */
+/* rpc.c: sp_rpc_handle of a request that may be an INFERENCE_PUSH acknowledged on its arrival (acked: then it is not
+ * acknowledged again, and what fails after is logged, not answered: sp_rpc_push_ack). */
+void sp_rpc_handle_task(sp_server *s, uint64_t conn, sp_buf *msg, int acked, sp_ws *ws);
+/* rpc.c: an INFERENCE_PUSH acknowledged on its arrival (the transport thread), where it would be taken (its metadata,
+ * its input: a finite float [B, T, H]; a session held here with that push token): 1. Else 0: nothing is answered
+ * (its worker answers it, as without). A pass that waits for the pushes of the sessions it expects thus holds
+ * none's acknowledgement: the server before, which awaits its pass's acknowledgements before its next pass, sends
+ * the pushes of that one meanwhile. */
+int sp_rpc_push_ack(sp_server *s, uint64_t conn, const sp_buf *msg);
+/* rpc.c: INFERENCE_STEPs and INFERENCE_PUSHes taken from the queue together (msgs[i] from connection conns[i]; each
+ * buffer taken as sp_rpc_handle takes it): the decode steps and prefills whose rows (batch x positions) alone run in
+ * the decode kernels (sp_block_rows_exact: up to SP_KERN_MAX_ROWS, any number on int8 and nf4 weights multiplied in
+ * integers), at most max_batch_tokens rows in all, run as one pass over the span's blocks (block.h,
+ * sp_block_step_batch: each session gets the bits it gets alone), the rest (longer prefills of f32 or bf16 weights,
+ * prompts, wide beams) one by one after it. A push whose step awaits it here (stashed), and a step that awaits its
+ * input that came already, join the pass as a step with its own input would; a push or an awaiting step whose other
+ * half has not come is kept in its session (rpc_push, step_await). b: the worker's buffers, kept. ids[i]: the
+ * session whose step msgs[i] brought to its blocks (0: none: it kept a half, or failed before). Returns how many of
+ * msgs did more than keep a half (0: no blocks ran, nothing was answered but acknowledgements: not a pass). */
 typedef struct sp_step_batch sp_step_batch;
 sp_step_batch *sp_step_batch_new(void);
 void sp_step_batch_free(sp_step_batch *b);
-void sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, int n, sp_step_batch *b, sp_ws *ws);
+int sp_rpc_handle_steps(sp_server *s, const uint64_t *conns, sp_buf *const *msgs, const int *acked, int n,
+                        sp_step_batch *b, sp_ws *ws, uint64_t *ids);
 /* rpc.c: a SPAN_PUSH, answered on the transport thread (it computes nothing): its message is taken, and the request
  * it unparks (if any) comes back in *pend with its connection *pend_conn, for the queue. */
 void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_conn, sp_buf *pend);
@@ -230,8 +248,9 @@ void sp_rpc_span_push(sp_server *s, uint64_t conn, sp_buf *msg, uint64_t *pend_c
  * input or pushes its output (any of the push fields: awaits.c), or a message that does not decode, which its
  * handler then answers). Decodes only the header, metadata and shapes (the transport thread). */
 int sp_rpc_span_key(const sp_server *s, const sp_buf *msg, sp_span_key *k);
-/* rpc.c: the session an INFERENCE_STEP steps; 0 for a message that does not decode (its handler then answers it).
- * Decodes only the header and metadata (the transport thread). */
+/* rpc.c: the session whose step's input msg brings: an INFERENCE_STEP's with its own, an INFERENCE_PUSH's; 0 for a
+ * step that awaits its input (its push brings it), another type, or a message that does not decode (its handler then
+ * answers it). Decodes only the header and metadata (the transport thread). */
 uint64_t sp_rpc_step_session(const sp_server *s, const sp_buf *msg);
 /* rpc.c: FORWARDs (or BACKWARDs) of one key taken from the queue together (msgs[i] from connection conns[i], each
  * buffer taken as sp_rpc_handle takes it) as one pass over their span's blocks: each gets the bits it gets alone
@@ -257,18 +276,26 @@ session *session_acquire(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
  * push that brings it may come at once. conn 0: any connection's session, if token is its push token (else NULL
  * with SP_ERR_ARG "wrong push token ..."). */
 session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, sp_err *err);
+/* Whether session id is held here with push token `token` (a push into it would be taken). */
+int session_push_ok(sp_server *s, uint64_t id, uint64_t token);
+/* As session_acquire_wait, but waits at most wait_us microseconds (0: not at all): NULL with SP_ERR_STATE while it
+ * is held (a batched pass takes a pushed step's session so, and runs the step apart, after the pass, where busy). */
+session *session_acquire_within(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, int wait_us, sp_err *err);
 /* Frees the session's awaiting step and early input (a step that brings its own input supersedes them). */
 void session_drop_push(session *x);
 void session_release(sp_server *s, session *x);
 sp_status session_close(sp_server *s, uint64_t conn, uint64_t id, sp_err *err);
 void sessions_close_conn(sp_server *s, uint64_t conn);
-/* The steps tasks[0..n) of one pass were answered at now: each session's answer time, and how long its step came
- * after its previous answer (its turn: the client's own work, or a chain of other servers, between two steps). */
-void sessions_answered(sp_server *s, task *const *tasks, int n, uint64_t now);
+/* The steps of sessions ids[0..n) (0: none) were answered by one pass at now, tasks[i] the request that brought step
+ * i's input (its own step, or the push into it, or the step that found its pushed input here): each session's answer
+ * time, and how long that input came after its previous answer (its turn: the client's own work, or a chain of other
+ * servers, between two steps). */
+void sessions_answered(sp_server *s, task *const *tasks, const uint64_t *ids, int n, uint64_t now);
 /* The sessions a pass gathering from now until deadline waits for (up to max ids into ids; their count): those
  * whose next step is due by the deadline (their last answer plus the shorter of their last two turns) and at most
  * late_ns overdue (a session that stopped stepping is not waited for). */
-int sessions_expected(sp_server *s, uint64_t now, uint64_t deadline, uint64_t late_ns, uint64_t *ids, int max);
+int sessions_expected(sp_server *s, uint64_t now, uint64_t deadline, uint64_t late_ns, int awaiting, uint64_t *ids,
+                      int max);
 /* Closes sessions idle past the step timeout or older than the session timeout; returns how many. */
 int sessions_reap(sp_server *s, double now);
 long sessions_tokens_available(sp_server *s);

@@ -37,6 +37,7 @@ void session_drop_push(session *x)
     sp_buf_free(&x->pend);
     sp_buf_free(&x->inbox);
     x->pend_step = x->inbox_step = 0;
+    __atomic_store_n(&x->pend_ns, 0, __ATOMIC_RELAXED);
 }
 
 void sessions_destroy(session_table *t)
@@ -185,7 +186,21 @@ static session *find_push_locked(session_table *t, uint64_t id, uint64_t token, 
     return x;
 }
 
+int session_push_ok(sp_server *s, uint64_t id, uint64_t token)
+{
+    sp_err err = {0};
+    pthread_mutex_lock(&s->st.lock);
+    int ok = find_push_locked(&s->st, id, token, &err) != NULL;
+    pthread_mutex_unlock(&s->st.lock);
+    return ok;
+}
+
 session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, sp_err *err)
+{
+    return session_acquire_within(s, conn, id, token, 5000000, err);
+}
+
+session *session_acquire_within(sp_server *s, uint64_t conn, uint64_t id, uint64_t token, int wait_us, sp_err *err)
 {
     session_table *t = &s->st;
     for (int waited_us = 0;; waited_us += 200) {
@@ -197,7 +212,7 @@ session *session_acquire_wait(sp_server *s, uint64_t conn, uint64_t id, uint64_t
         pthread_mutex_unlock(&t->lock);
         if (!x || free_now)
             return x;
-        if (waited_us >= 5000000) {
+        if (waited_us >= wait_us) {
             sp_errf(err, SP_ERR_STATE, "session %llu is already stepping", (unsigned long long)id);
             return NULL;
         }
@@ -244,14 +259,15 @@ void sessions_close_conn(sp_server *s, uint64_t conn)
     pthread_mutex_unlock(&t->lock);
 }
 
-void sessions_answered(sp_server *s, task *const *tasks, int n, uint64_t now)
+void sessions_answered(sp_server *s, task *const *tasks, const uint64_t *ids, int n, uint64_t now)
 {
     session_table *t = &s->st;
-    sp_err err = {0};
     pthread_mutex_lock(&t->lock);
     for (int i = 0; i < n; i++) {
-        session *x = tasks[i]->session ? find_locked(t, tasks[i]->conn, tasks[i]->session, &err) : NULL;
-        if (!x)
+        session *x = t->head;
+        while (ids[i] && x && x->id != ids[i])
+            x = x->next;
+        if (!ids[i] || !x)
             continue;
         uint64_t came = tasks[i]->queued_ns; /* (it may come before the pass that answered it ends) */
         if (x->answered_ns) {
@@ -263,13 +279,15 @@ void sessions_answered(sp_server *s, task *const *tasks, int n, uint64_t now)
     pthread_mutex_unlock(&t->lock);
 }
 
-int sessions_expected(sp_server *s, uint64_t now, uint64_t deadline, uint64_t late_ns, uint64_t *ids, int max)
+int sessions_expected(sp_server *s, uint64_t now, uint64_t deadline, uint64_t late_ns, int awaiting, uint64_t *ids,
+                      int max)
 {
     int n = 0;
     pthread_mutex_lock(&s->st.lock);
     for (const session *x = s->st.head; x && n < max; x = x->next) {
         uint64_t turn = x->turn_ns[0] < x->turn_ns[1] ? x->turn_ns[0] : x->turn_ns[1], due = x->answered_ns + turn;
-        if (x->answered_ns && due <= deadline && now < due + late_ns)
+        uint64_t kept_ns = awaiting ? __atomic_load_n(&x->pend_ns, __ATOMIC_RELAXED) : 0;
+        if ((x->answered_ns && due <= deadline && now < due + late_ns) || (kept_ns && now < kept_ns + late_ns))
             ids[n++] = x->id;
     }
     pthread_mutex_unlock(&s->st.lock);

@@ -361,6 +361,82 @@ START_TEST(t_concurrent_generations_batched)
 }
 END_TEST
 
+/* Concurrent greedy generations pushed from server to server (`push on`, servers 0:1 -> 1:3 -> 3:4, every step
+ * through the workers' queue): the next servers batch the pushed steps as the first batches the steps it gets from
+ * the clients. Each generation's tokens are those it gets alone (pushed, one after another) and client-driven
+ * (`push off`, all at once); at once and pushed, every step the next servers took in was pushed (their pushes in), ran
+ * in a pass (their batched rows, as many: the prompts are short, and each prefill joins the pass), and they ran them
+ * in fewer passes than steps. */
+START_TEST(t_concurrent_generations_pushed)
+{
+    setenv("SEPAL_SERVER_FAULT", "slow:3", 1); /* answers 3 ms late: the others' steps come meanwhile */
+    srv[0] = start(0, 1, 1);
+    srv[1] = start(1, 3, 1);
+    srv[2] = start(3, 4, 1);
+    sp_runtime *rt = NULL;
+    sp_err err = {0};
+    ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
+    ck_assert_msg(sp_runtime_load(rt, GQA, &err) == SP_OK, "%s", err.msg);
+    char addrs[128];
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", sp_server_port(srv[0]),
+             sp_server_port(srv[1]), sp_server_port(srv[2]));
+    ck_assert_msg(sp_runtime_connect(rt, addrs, &err) == SP_OK, "%s", err.msg);
+    static const int32_t p0[5] = {1, 17, 99, 3, 250}, p1[1] = {1}, p2[7] = {1, 5, 6, 7, 8, 9, 10}, p3[3] = {1, 8, 9};
+    enum { NJ = 4, NEW = 10 };
+    const int32_t *ps[NJ] = {p0, p1, p2, p3};
+    const int lens[NJ] = {5, 1, 7, 3};
+    sp_gen_result res[3][NJ]; /* pushed at once, pushed alone, client-driven at once */
+    for (int k = 0; k < 3; k++) {
+        sp_rt_settings set;
+        sp_runtime_settings(rt, &set);
+        set.push = k < 2 ? SP_PUSH_ON : SP_PUSH_OFF;
+        sp_runtime_set_settings(rt, &set);
+        uint64_t in0[3], in1[3], out;
+        sp_server_batch_stats b0[3], b1[3];
+        for (int i = 1; i < 3; i++)
+            sp_server_pushes(srv[i], &in0[i], &out), sp_server_batch_stats_get(srv[i], &b0[i]);
+        int progress = 0;
+        gen_job j[NJ];
+        pthread_t th[NJ];
+        for (int i = 0; i < NJ; i++) {
+            j[i] = (gen_job){.rt = rt, .prompt = ps[i], .len = lens[i], .max_new = NEW, .progress = &progress};
+            pthread_create(&th[i], NULL, gen_main, &j[i]);
+            if (k == 1)
+                pthread_join(th[i], NULL);
+        }
+        for (int i = 0; k != 1 && i < NJ; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < NJ; i++) {
+            ck_assert_msg(j[i].ok, "generation %d (run %d) failed", i, k);
+            ck_assert_int_eq(j[i].res.n[0], NEW);
+            res[k][i] = j[i].res;
+        }
+        for (int i = 1; k == 0 && i < 3; i++) {
+            sp_server_pushes(srv[i], &in1[i], &out);
+            sp_server_batch_stats_get(srv[i], &b1[i]);
+            unsigned long long steps = in1[i] - in0[i], rows = b1[i].rows - b0[i].rows,
+                               passes = b1[i].batches - b0[i].batches;
+            printf("next server %d: %llu pushed steps, %llu rows in %llu passes, the most %llu\n", i, steps, rows,
+                   passes, (unsigned long long)b1[i].peak);
+            ck_assert_msg(steps >= NJ * (NEW - 1) && rows == steps + 12 && passes < steps,
+                          "next server %d: %llu pushed steps, %llu rows through passes (%d prompt positions), in "
+                          "%llu passes", i, steps, rows, 5 + 1 + 7 + 3, passes);
+        }
+    }
+    for (int i = 0; i < NJ; i++) {
+        for (int t = 0; t < NEW; t++) {
+            ck_assert_msg(res[0][i].ids[0][t] == res[1][i].ids[0][t] && res[0][i].ids[0][t] == res[2][i].ids[0][t],
+                          "generation %d token %d: %d pushed at once, %d pushed alone, %d client-driven", i, t,
+                          res[0][i].ids[0][t], res[1][i].ids[0][t], res[2][i].ids[0][t]);
+        }
+        for (int k = 0; k < 3; k++)
+            sp_gen_result_free(&res[k][i]);
+    }
+    teardown(rt);
+    unsetenv("SEPAL_SERVER_FAULT");
+}
+END_TEST
+
 /* Beam search must beat or tie greedy on its own score: check beams = 1 vs 4 local. */
 START_TEST(t_beams_score_at_least_greedy)
 {
@@ -1111,6 +1187,7 @@ int main(void)
     TCase *tp = tcase_create("push");
     tcase_set_timeout(tp, 120);
     tcase_add_test(tp, t_push_pause_expires);
+    tcase_add_test(tp, t_concurrent_generations_pushed);
     suite_add_tcase(s, tp);
     return sp_test_run(s);
 }

@@ -1273,9 +1273,10 @@ static void *push_client(void *p)
  * pass of four, once the sessions' rhythm is known: see t_batch_waits_for_due_steps): the pass sends all four
  * pushes before it awaits their acknowledgements (the server had four in flight at once), and every session's
  * outputs, server 1's and the next server's, are those of the same steps client-driven on servers that run them
- * alone. With `fail`, session 2 pushes under a wrong token (the next server refuses it: ERROR forbidden) and session
- * 3 to a server that stopped: their replies say pushed 0 (the others' still 1; three went out together), and their
- * clients take the outputs on themselves. */
+ * alone. The next server batches the pushed steps as server 1 batches its own: every step it ran went through a
+ * pass (its batched rows: the four sessions' first steps and every round's), in fewer passes than steps. With `fail`, session 2 pushes under a wrong token (the next
+ * server refuses it: ERROR forbidden) and session 3 to a server that stopped: their replies say pushed 0 (the
+ * others' still 1; three went out together), and their clients take the outputs on themselves. */
 START_TEST(t_batch_pushes_pipelined)
 {
     enum { N = 4, R = PUSH_ROUNDS };
@@ -1284,11 +1285,14 @@ START_TEST(t_batch_pushes_pipelined)
     gqa_opts(&o, 0, 2);
     o.workers_only = 1;
     o.gather_wait_s = 0.5;
-    sp_server *s1 = start_with(&o), *s2 = start_server(2, 4, 0, 0), *alone = start_server(0, 2, 0, 0);
+    sp_server *s1 = start_with(&o), *alone = start_server(0, 2, 0, 0);
+    gqa_opts(&o, 2, 4);
+    o.workers_only = 1;
+    sp_server *s2 = start_with(&o), *alone2 = start_server(2, 4, 0, 0);
     sp_server *dead = start_server(2, 4, 0, 0);
     int dead_port = sp_server_port(dead);
     sp_server_stop(dead);
-    sp_remote *ra = connect_to(alone), *r2 = connect_to(s2);
+    sp_remote *ra = connect_to(alone), *r2 = connect_to(alone2);
     sp_rng g;
     sp_rng_seed(&g, 21);
     static float x[N][(1 + R) * H], mid[N][(1 + R) * H], want[N][(1 + R) * H];
@@ -1336,11 +1340,93 @@ START_TEST(t_batch_pushes_pipelined)
                   "at most %d pushes were in flight at once (%llu passes of %llu rows, the most %llu)",
                   (int)sp_server_pushes_in_flight_peak(s1), (unsigned long long)bs.batches,
                   (unsigned long long)bs.rows, (unsigned long long)bs.peak);
-    still_serving(s2, r2);
+    sp_server_batch_stats b2 = batch_stats_at(s2, N * (1 + R));
+    ck_assert_msg(b2.rows == N * (1 + R) && b2.batches < b2.rows, "the next server ran %llu of %d steps in %llu passes",
+                  (unsigned long long)b2.rows, N * (1 + R), (unsigned long long)b2.batches);
+    still_serving(s2, NULL);
     pthread_barrier_destroy(&round);
     sp_remote_close(ra);
     sp_remote_close(r2);
     sp_server_stop(s1);
+    sp_server_stop(s2);
+    sp_server_stop(alone);
+    sp_server_stop(alone2);
+}
+END_TEST
+
+/* The pushes of a pass of the server before come back to back, but not all at once: a next server whose sessions have
+ * their steps that await a push kept here, new sessions (no rhythm of theirs known), waits for the other pushes once
+ * the first came (up to its gather wait, 0.5 s here) and runs the four steps in one pass (its batched rows and
+ * passes), each with the bits of the same step alone; and it acknowledges the first push at once, not after its
+ * wait (a server before awaits its pass's acknowledgements before its next pass, whose pushes the wait may be for).
+ * The test is the server before: it sends the four steps that await their inputs, then a plain step of a fifth
+ * session (its answer: the four were taken and kept; then it is closed), then the first push, and once that is
+ * acknowledged, 100 ms later, the other three. */
+START_TEST(t_push_batch_awaited)
+{
+    enum { N = 4 };
+    sp_server_opts o;
+    gqa_opts(&o, 2, 4);
+    o.workers_only = 1;
+    o.gather_wait_s = 0.5;
+    sp_server *s2 = start_with(&o), *alone = start_server(2, 4, 0, 0);
+    sp_remote *r = connect_to(s2), *ra = connect_to(alone);
+    sp_rng g;
+    sp_rng_seed(&g, 5);
+    static float x[N + 1][H], want[N][H], y[H];
+    uint64_t id[N], tok[N], wid[N], pid[N];
+    sp_reply wrep[N], prep[N];
+    char meta[256];
+    sp_err err = {0};
+    for (int i = 0; i <= N; i++)
+        sp_rng_fill_normal(&g, x[i], H, 1.0f);
+    for (int i = 0; i < N; i++) {
+        id[i] = open_pushable(r, 2, 4, 4, 1, &tok[i]);
+        step(ra, open_session(ra, 2, 4, 4, 1), x[i], 1, 1, want[i], -1, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        sp_step_req w = {.session = id[i], .start_from_position = -1, .reply_encoding = -1, .step = 1, .await = 1};
+        ck_assert_int_eq(sp_step_req_encode(&w, meta, sizeof meta, NULL), SP_OK);
+        ck_assert_msg(sp_remote_send(r, SP_MSG_INFERENCE_STEP, meta, NULL, 0, &wrep[i], &wid[i], &err) == SP_OK, "%s",
+                      err.msg);
+    }
+    uint64_t extra = open_session(r, 2, 4, 4, 1);
+    step(r, extra, x[N], 1, 1, y, -1, NULL);
+    sp_reply rep;
+    call_ok(r, SP_MSG_INFERENCE_CLOSE, session_meta(meta, sizeof meta, extra), NULL, 0, 0, &rep);
+    sp_reply_clear(&rep);
+    sp_server_batch_stats b0 = batch_stats_at(s2, 1), b1;
+    for (int i = 0; i < N; i++) {
+        sp_push_req p = {.session = id[i], .token = tok[i], .step = 1};
+        sp_tensor_src t = t3(x[i], 1, 1);
+        ck_assert_int_eq(sp_push_req_encode(&p, meta, sizeof meta, NULL), SP_OK);
+        ck_assert_msg(sp_remote_send(r, SP_MSG_INFERENCE_PUSH, meta, &t, 1, &prep[i], &pid[i], &err) == SP_OK, "%s",
+                      err.msg);
+        if (i > 0)
+            continue;
+        ck_assert_msg(sp_remote_wait(r, pid[i], TMO, &err) == SP_OK && !sp_reply_error_code(&prep[i]), "push %d: %s",
+                      i, err.msg);
+        sp_reply_clear(&prep[i]);
+        nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(i == 0 || (sp_remote_wait(r, pid[i], TMO, &err) == SP_OK && !sp_reply_error_code(&prep[i])),
+                      "push %d: %s", i, err.msg);
+        if (i > 0)
+            sp_reply_clear(&prep[i]);
+        ck_assert_msg(sp_remote_wait(r, wid[i], TMO, &err) == SP_OK && wrep[i].msg.n_tensors == 1 &&
+                          wrep[i].msg.t[0].numel == H,
+                      "step %d: %s", i, err.msg);
+        ck_assert_int_eq(sp_tensor_to_f32(&wrep[i].msg.t[0], y, NULL), SP_OK);
+        ck_assert_msg(!memcmp(y, want[i], sizeof y), "session %d: its output differs from the step alone", i);
+        sp_reply_clear(&wrep[i]);
+    }
+    b1 = batch_stats_at(s2, b0.rows + N);
+    ck_assert_msg(b1.batches - b0.batches == 1 && b1.rows - b0.rows == N,
+                  "the next server ran the %d pushed steps as %llu rows in %llu passes", N,
+                  (unsigned long long)(b1.rows - b0.rows), (unsigned long long)(b1.batches - b0.batches));
+    sp_remote_close(r);
+    sp_remote_close(ra);
     sp_server_stop(s2);
     sp_server_stop(alone);
 }
@@ -2322,6 +2408,7 @@ int main(void)
     tcase_add_test(tc, t_remote_send_wait);
     tcase_add_test(tc, t_push_conns_in_flight);
     tcase_add_loop_test(tc, t_batch_pushes_pipelined, 0, 2);
+    tcase_add_test(tc, t_push_batch_awaited);
     tcase_add_test(tc, t_merged_training_as_alone);
     tcase_add_test(tc, t_fair_between_clients);
     tcase_add_test(tc, t_fair_training_merges);
