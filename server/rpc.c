@@ -1139,6 +1139,19 @@ static void ack(req *r)
         sp_buf_free(&b);
 }
 
+/* Push r's message (the input of step `step`) kept in x's inbox for its step, which comes later; the input of a
+ * step that was given up (x awaits a later one) is dropped. */
+static void keep_push(session *x, req *r, uint64_t step)
+{
+    if (x->pend.len && x->pend_step >= step)
+        return;
+    sp_buf_free(&x->inbox);
+    x->inbox = *r->msg;
+    memset(r->msg, 0, sizeof *r->msg);
+    r->msg = NULL;
+    x->inbox_step = step;
+}
+
 /* The step that awaited the input of push r in session x (held by r) runs on it: its reply goes to its own
  * connection, and the session is let go before it does. */
 static void run_pending(req *r, session *x, sp_ws *ws)
@@ -1180,13 +1193,9 @@ static void rpc_push(req *r, sp_ws *ws)
     __atomic_add_fetch(&r->s->pushes_in, 1, __ATOMIC_RELAXED);
     if (x->pend.len && x->pend_step == q.step) {
         run_pending(r, x, ws);
-    } else if (!x->pend.len || x->pend_step < q.step) { /* its step comes later */
-        sp_buf_free(&x->inbox);
-        x->inbox = *r->msg;
-        memset(r->msg, 0, sizeof *r->msg);
-        r->msg = NULL;
-        x->inbox_step = q.step;
-    } /* else: the input of a step that was given up */
+    } else {
+        keep_push(x, r, q.step);
+    }
     let_go(r);
 }
 
@@ -1437,13 +1446,7 @@ static void batch_take_push(sp_step_batch *b, sp_server *s, int i, int *rows)
         t->in = &p->m.t[0];
         return batch_join(b, s, i, t->in, rows);
     }
-    if (!x->pend.len || x->pend_step < q.step) { /* its step comes later */
-        sp_buf_free(&x->inbox);
-        x->inbox = *p->msg;
-        memset(p->msg, 0, sizeof *p->msg);
-        p->msg = NULL;
-        x->inbox_step = q.step;
-    } /* else: the input of a step that was given up */
+    keep_push(x, p, q.step);
     t->kept = 1;
     let_go(p);
 }
