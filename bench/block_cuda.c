@@ -258,7 +258,7 @@ static void run_attn(void *p)
                               &err));
     else if (a->flash)
         TRY(sp_cuda_flash_bwd(cu, a->dq, a->dk, a->dv, a->out, a->out, a->lse, a->q, a->k, a->v, NULL, 1, a->T, 0,
-                              a->nh, a->nkv, a->hd, a->T, &err));
+                              a->nh, a->nkv, a->hd, a->T, 0, &err)); /* written, as the block's backward does */
     else if (!a->bwd)
         TRY(sp_cuda_attn_prefill(cu, a->out, a->probs, a->q, a->k, a->v, NULL, 1, a->T, 0, a->nh, a->nkv, a->hd, a->T,
                                  &err));
@@ -304,6 +304,17 @@ static void bench_forward(const char *name, const sp_block *b, int T, int reps)
            "cuBLAS path: forward %.3f ms, backward %.3f ms\n",
            name, sp_wtype_name(b->wtype), sa[0] * 1e3, attn / sa[0] / 1e12, sa[1] * 1e3, 2.5 * attn / sa[1] / 1e12,
            so[0] * 1e3, so[1] * 1e3);
+    /* the flash backward at each pipeline mask (flash.h: 0 plain, 1 the dk / dv kernel's query tiles streamed, 2
+     * the dq kernel's key tiles, 3 both); the default's figure is the line above */
+    printf("%s %-4s   flash backward by pipeline (default %d):", name, sp_wtype_name(b->wtype),
+           sp_cuda_flash_pipeline());
+    for (int mask = 0; mask < 4; mask++) {
+        double sp[2];
+        sp_cuda_flash_set_pipeline(mask);
+        time_attn(b, T, 1, reps, sp);
+        printf(" %d: %.3f ms (%.0f TFLOP/s)%s", mask, sp[1] * 1e3, 2.5 * attn / sp[1] / 1e12, mask < 3 ? "," : "\n");
+    }
+    sp_cuda_flash_set_pipeline(-1);
 }
 
 /* One path's forward and forward + backward (flash: sp_cuda_block_use_flash). */

@@ -988,30 +988,40 @@ static sp_status qkv_bwd_h(sp_cuda_block *cb, const dgrads *g, int B, int T, int
     return mul_t_f(cb, MV, g->dln1, g->dv, N, g->half, 1, err);
 }
 
+// A norm's backward on the bf16 path: dx = res + norm'(x)^T dy, and dxh = dx in bf16 when given.
+static sp_status norm_bwd_res(sp_cuda_block *cb, float *dx, void *dxh, const float *res, const float *dy,
+                              const float *x, const float *w, const float *mean, const float *rstd, int N, sp_err *err)
+{
+    return sp_cuda_norm_bwd_h(cb->cu, dx, dxh, res, dy, x, w, mean, rstd, N, cb->H, cb->k.norm == SP_NORM_RMS, err);
+}
+
 // backward_acts on the bf16 path (a forward that kept bf16 inputs, flash attention's log-sum-exp): every
 // gradient a product takes is written in bf16 by the kernel before it, the first product into a buffer overwrites
-// it, and only the attention's gradients (which it adds into) are cleared.
+// it, and flash attention writes the attention's gradients: nothing is cleared. The residual's gradient is never
+// copied: each norm's backward adds its part to the one before (dout first) as it writes the next (the last into
+// dinp), and norm 2's writes the o projection's bf16 input too.
 static sp_status backward_acts_h(sp_cuda_block *cb, float *dinp, const float *dout, const float *inp, int B, int T,
                                  int pos0, const dacts *a, const dgrads *g, sp_err *err)
 {
     int N = B * T;
     sp_cuda *cu = cb->cu;
-    size_t nh1 = (size_t)N * cb->H * sizeof(float), kvb = (size_t)N * cb->s.KV * sizeof(float);
-    TRY(sp_cuda_zero(cu, g->dq, (size_t)N * cb->s.Q * sizeof(float), err));
-    TRY(sp_cuda_zero(cu, g->dk, kvb, err));
-    TRY(sp_cuda_zero(cu, g->dv, kvb, err));
-    TRY(sp_cuda_copy_d2d(cu, g->dh1, dout, nh1, err));
+    const float *res = dout; // the residual stream's gradient so far
     TRY(mlp_bwd_h(cb, cb->ln2_w ? g->dln2 : g->dln1, dout, a, g, N, 0, err));
-    if (cb->ln2_w && !cb->k.parallel)
-        TRY(norm_bwd(cb, g->dh1, g->dln2, a->h1, cb->ln2_w, a->mean2, a->rstd2, N, err));
-    TRY(mul_t_f(cb, MO, g->datt, g->dh1, N, g->half, 0, err));
+    if (cb->ln2_w && !cb->k.parallel) {
+        TRY(norm_bwd_res(cb, g->dh1, g->half, res, g->dln2, a->h1, cb->ln2_w, a->mean2, a->rstd2, N, err));
+        res = g->dh1;
+        TRY(mul_t_h(cb, MO, g->datt, g->half, N, 0, err));
+    } else {
+        TRY(mul_t_f(cb, MO, g->datt, res, N, g->half, 0, err));
+    }
     TRY(sp_cuda_flash_bwd(cu, g->dq, g->dk, g->dv, g->datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T, 0,
-                          cb->nh, cb->nkv, cb->hd, T, err));
+                          cb->nh, cb->nkv, cb->hd, T, 0, err)); // written: nothing to clear first
     TRY(qkv_bwd_h(cb, g, B, T, pos0, cb->ln2_w ? 0 : 1, err));
-    if (cb->ln2_w && cb->k.parallel)
-        TRY(norm_bwd(cb, g->dh1, g->dln2, inp, cb->ln2_w, a->mean2, a->rstd2, N, err));
-    TRY(norm_bwd(cb, g->dh1, g->dln1, inp, cb->ln1_w, a->mean1, a->rstd1, N, err));
-    return sp_cuda_copy_d2d(cu, dinp, g->dh1, nh1, err);
+    if (cb->ln2_w && cb->k.parallel) {
+        TRY(norm_bwd_res(cb, g->dh1, NULL, res, g->dln2, inp, cb->ln2_w, a->mean2, a->rstd2, N, err));
+        res = g->dh1;
+    }
+    return norm_bwd_res(cb, dinp, NULL, res, g->dln1, inp, cb->ln1_w, a->mean1, a->rstd1, N, err);
 }
 
 // The backward over the activations of a forward without a cache (block.c's backward_acts); gbase: grads_layout.
@@ -1034,7 +1044,7 @@ static sp_status backward_acts(sp_cuda_block *cb, float *dinp, const float *dout
     TRY(mul_t_acc(cb, MO, g.datt, g.dh1, N, g.half, err));
     if (use_flash(cb))
         TRY(sp_cuda_flash_bwd(cu, g.dq, g.dk, g.dv, g.datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T, 0,
-                              cb->nh, cb->nkv, cb->hd, T, err));
+                              cb->nh, cb->nkv, cb->hd, T, 1, err));
     else
         TRY(sp_cuda_attn_backward(cu, g.dq, g.dk, g.dv, g.datt, a->probs, a->q, a->k, a->v, B, T, 0, cb->nh, cb->nkv,
                                   cb->hd, T, err));

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "flash.h"
 #include "launch.cuh"
@@ -60,6 +61,12 @@ __device__ inline void cp16(bf16 *s, const bf16 *g, bool ok)
 {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
+}
+// 4 bytes global -> shared (cp.async's .ca form: .cg takes 16 bytes only).
+__device__ inline void cp4(float *s, const float *g)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
 }
 __device__ inline void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ inline void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -176,8 +183,9 @@ struct fparams {
     bf16 *outh;                   // the same in bf16 (NULL: not written)
     float *lse;                   // [B, nh, T] log2-sum-exp2 of the scaled scores
     const float *D;               // [B, nh, T] rowsum(dout * out)
-    float *dq, *dk, *dv;          // added into: dq [B, T, nh * hd]; dk, dv element (b, s, query head h, d) at
+    float *dq, *dk, *dv;          // dq [B, T, nh * hd]; dk, dv element (b, s, query head h, d) at
     long kv_bs, kv_rs;            // b * kv_bs + s * kv_rs + h * hd + d (the kv head's own when nh == nkv)
+    int acc, kv_acc;              // 1: dq (acc), dk and dv (kv_acc) added into; 0: written
     const float *slopes;
     int T, past, S, nh, nkv, hd;
     float sl2, scale;             // scale * log2 e; scale
@@ -289,13 +297,15 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fwd_kernel(fparams
     }
 }
 
-// dq of a query tile (query_tile): P from lse, dP = dout V^T, dS = P (dP - D) scale, dq += dS K, over the key
-// tiles its queries see.
-template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams p)
+// dq of a query tile (query_tile): P from lse, dP = dout V^T, dS = P (dP - D) scale, dq (+)= dS K, over the key
+// tiles its queries see. PIPE: the keys and values of tile j + 1 come into a second pair of buffers while tile j's
+// products run (six tiles of shared memory); else next_tiles' overlap (four). At most 170 registers a thread: three
+// blocks an SM (the plain kernel's shared memory allows three).
+template <int HD, bool PIPE> __global__ void __launch_bounds__(kThreads, 3) dq_kernel(fparams p)
 {
-    constexpr int LD = HD + 8, NT = HD / 8;
+    constexpr int LD = HD + 8, NT = HD / 8, TL = kRows * LD;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sO = sQ + kRows * LD, *sK = sO + kRows * LD, *sV = sK + kRows * LD;
+    bf16 *sQ = reinterpret_cast<bf16 *>(smem), *sO = sQ + TL, *sK = sO + TL, *sV = sK + TL; // PIPE: K1, V1 after
     qtile qt = query_tile<HD>(p);
     int q0 = qt.q0, bh = qt.bh, b = qt.b, h = qt.h, nkt = qt.nkt, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bf16 *K = qt.K, *V = qt.V;
@@ -315,12 +325,28 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams 
 #pragma unroll
     for (int i = 0; i < NT; i++)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    cp_wait<0>();
-    __syncthreads();
+    if (!PIPE) {
+        cp_wait<0>();
+        __syncthreads();
+    }
     for (int j = 0; j < nkt; j++) {
+        bf16 *tk = sK, *tv = sV;
+        if (PIPE) { // buffers j & 1; tile j + 1 into the other pair (every warp left it at the end of step j - 1)
+            tk = sK + (j & 1) * 2 * TL, tv = tk + TL;
+            if (j + 1 < nkt) {
+                bf16 *nk = sK + ((j + 1) & 1) * 2 * TL;
+                load_tile<HD>(nk, K, (j + 1) * kRows, p.S);
+                load_tile<HD>(nk + TL, V, (j + 1) * kRows, p.S);
+                cp_commit();
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+        }
         float s[8][4], dp[8][4];
-        scores<HD>(s, sQ, warp * 16, sK);
-        scores<HD>(dp, sO, warp * 16, sV);
+        scores<HD>(s, sQ, warp * 16, tk);
+        scores<HD>(dp, sO, warp * 16, tv);
         bool edge = j * kRows + kRows - 1 > p.past + q0;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -331,8 +357,13 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams 
                 v = edge && kpos > qpos ? 0.0f : v;
                 s[nt][e] = v * (dp[nt][e] - D[e >> 1]) * p.scale;
             }
-        // dq += dS K_j while V_{j+1} comes in; then K_{j+1}, waiting for both
-        next_tiles<HD, 0>([&] { accumulate<HD>(acc, s, sK); }, sV, V, sK, K, (j + 1) * kRows, p.S, j + 1 < nkt);
+        if (PIPE) {
+            accumulate<HD>(acc, s, tk);
+            __syncthreads(); // every warp is done with buffers j & 1
+        } else {
+            // dq += dS K_j while V_{j+1} comes in; then K_{j+1}, waiting for both
+            next_tiles<HD, 0>([&] { accumulate<HD>(acc, s, sK); }, sV, V, sK, K, (j + 1) * kRows, p.S, j + 1 < nkt);
+        }
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -346,28 +377,49 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dq_kernel(fparams 
             for (int e = 0; e < 2; e++) {
                 int d = nt * 8 + 2 * (lane & 3) + e;
                 if (d < p.hd)
-                    row[d] += acc[nt][i * 2 + e];
+                    row[d] = p.acc ? row[d] + acc[nt][i * 2 + e] : acc[nt][i * 2 + e];
             }
     }
 }
 
-// dk, dv of key tile blockIdx.y for query head blockIdx.x (its kv head's keys): over the query tiles that see
-// them, P^T from lse, dv += P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T - D) scale, dk += dS^T q.
-template <int HD> __global__ void __launch_bounds__(kThreads) dkv_kernel(fparams p)
+// Query tile q0's queries and output gradients (packed, from Q and dO) into sq and so, their log-sum-exp and D into
+// sl and sd, all as copies in flight (cp.async: the caller commits them).
+template <int HD>
+__device__ inline void load_query_tile(bf16 *sq, bf16 *so, float *sl, float *sd, const bf16 *Q, const bf16 *dO,
+                                       const fparams &p, int bh, int q0)
 {
-    constexpr int LD = HD + 8, NT = HD / 8;
+    static_assert(kThreads == 2 * kRows, "a thread a row's lse or D");
+    load_tile<HD>(sq, Q, q0, p.T);
+    load_tile<HD>(so, dO, q0, p.T);
+    int r = threadIdx.x & (kRows - 1);
+    long t = (long)bh * p.T + min(q0 + r, p.T - 1); // rows past T: any finite value (masked)
+    if (threadIdx.x < kRows)
+        cp4(sl + r, p.lse + t);
+    else
+        cp4(sd + r, p.D + t);
+}
+
+// dk, dv of key tile blockIdx.y for query head blockIdx.x (its kv head's keys): over the query tiles that see
+// them, P^T from lse, dv (+)= P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T - D) scale, dk (+)= dS^T q. PIPE: query
+// tile i + 1 (its queries, output gradients, lse and D) comes into a second set of buffers while tile i's products
+// run (six tiles of shared memory); else each tile is copied in and waited for (four).
+template <int HD, bool PIPE> __global__ void __launch_bounds__(kThreads, HD == 64 ? 3 : 1) dkv_kernel(fparams p)
+{
+    constexpr int LD = HD + 8, NT = HD / 8, TL = kRows * LD, NB = PIPE ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + kRows * LD, *sQ = sV + kRows * LD, *sO = sQ + kRows * LD;
-    float *sL = reinterpret_cast<float *>(sO + kRows * LD), *sD = sL + kRows;
+    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + TL, *sQ = sV + TL; // then dO; PIPE: Q1, dO1
+    float *sL = reinterpret_cast<float *>(sQ + NB * 2 * TL);                  // then D; PIPE: L1, D1
     int n0 = blockIdx.y * kRows, bh = blockIdx.x, b = bh / p.nh, h = bh % p.nh;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nqt = (p.T + kRows - 1) / kRows;
-    int i0 = max(0, n0 - p.past) / kRows;
-    if (i0 >= nqt)
-        return; // keys no query sees: nothing to add
+    int i0 = max(0, n0 - p.past) / kRows; // the first query tile that sees these keys (< nqt: n0 < past + T)
     long kvoff = (long)(b * p.nkv + h / (p.nh / p.nkv)) * p.S * HD;
     load_tile<HD>(sK, p.k + kvoff, n0, p.S);
     load_tile<HD>(sV, p.v + kvoff, n0, p.S);
     const bf16 *Q = p.q + (long)bh * p.T * HD, *dO = p.dout + (long)bh * p.T * HD;
+    if (PIPE) {
+        load_query_tile<HD>(sQ, sQ + TL, sL, sL + kRows, Q, dO, p, bh, i0 * kRows);
+        cp_commit();
+    }
     float dk[NT][4], dv[NT][4], slope = slope2(p, h);
 #pragma unroll
     for (int i = 0; i < NT; i++)
@@ -375,37 +427,54 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dkv_kernel(fparams
     int k0 = n0 + warp * 16 + (lane >> 2); // the key of accumulators 0, 1 (2, 3: k0 + 8)
     for (int i = i0; i < nqt; i++) {
         int q0 = i * kRows;
-        load_tile<HD>(sQ, Q, q0, p.T);
-        load_tile<HD>(sO, dO, q0, p.T);
-        if (threadIdx.x < kRows) {
-            int t = min(q0 + (int)threadIdx.x, p.T - 1);
-            sL[threadIdx.x] = p.lse[(long)bh * p.T + t];
-            sD[threadIdx.x] = p.D[(long)bh * p.T + t];
+        bf16 *tq = sQ, *to = sQ + TL;
+        float *tl = sL, *td = sL + kRows;
+        if (PIPE) { // buffers (i - i0) & 1; tile i + 1 into the others (every warp left them at the end of i - 1)
+            int buf = (i - i0) & 1;
+            tq = sQ + buf * 2 * TL, to = tq + TL, tl = sL + buf * 2 * kRows, td = tl + kRows;
+            if (i + 1 < nqt) {
+                bf16 *nq = sQ + (buf ^ 1) * 2 * TL;
+                float *nl = sL + (buf ^ 1) * 2 * kRows;
+                load_query_tile<HD>(nq, nq + TL, nl, nl + kRows, Q, dO, p, bh, q0 + kRows);
+                cp_commit();
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+        } else {
+            load_tile<HD>(sQ, Q, q0, p.T);
+            load_tile<HD>(sQ + TL, dO, q0, p.T);
+            if (threadIdx.x < kRows) {
+                int t = min(q0 + (int)threadIdx.x, p.T - 1);
+                sL[threadIdx.x] = p.lse[(long)bh * p.T + t];
+                sL[kRows + threadIdx.x] = p.D[(long)bh * p.T + t];
+            }
+            cp_commit();
+            cp_wait<0>();
         }
-        cp_commit();
-        cp_wait<0>();
         __syncthreads();
         float s[8][4], dp[8][4];
-        scores<HD>(s, sK, warp * 16, sQ);
+        scores<HD>(s, sK, warp * 16, tq);
         bool edge = n0 + kRows - 1 > p.past + q0 || q0 + kRows > p.T;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int c = nt * 8 + 2 * (lane & 3) + (e & 1), kpos = k0 + (e >> 1) * 8, qpos = p.past + q0 + c;
-                float v = exp2f(s[nt][e] * p.sl2 + slope * (float)(kpos - qpos) - sL[c]);
+                float v = exp2f(s[nt][e] * p.sl2 + slope * (float)(kpos - qpos) - tl[c]);
                 s[nt][e] = edge && (kpos > qpos || q0 + c >= p.T) ? 0.0f : v;
             }
-        accumulate<HD>(dv, s, sO);
-        scores<HD>(dp, sV, warp * 16, sO);
+        accumulate<HD>(dv, s, to);
+        scores<HD>(dp, sV, warp * 16, to);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                s[nt][e] *= (dp[nt][e] - sD[nt * 8 + 2 * (lane & 3) + (e & 1)]) * p.scale;
-        accumulate<HD>(dk, s, sQ);
+                s[nt][e] *= (dp[nt][e] - td[nt * 8 + 2 * (lane & 3) + (e & 1)]) * p.scale;
+        accumulate<HD>(dk, s, tq);
         __syncthreads(); // every warp is done with this query tile
     }
+    cp_wait<0>(); // nothing left in flight (no query tile sees these keys: the loop ran none)
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         int s = k0 + i * 8;
@@ -417,10 +486,11 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dkv_kernel(fparams
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 int d = nt * 8 + 2 * (lane & 3) + e;
-                if (d < p.hd) {
-                    p.dk[row + d] += dk[nt][i * 2 + e];
-                    p.dv[row + d] += dv[nt][i * 2 + e];
-                }
+                if (d >= p.hd)
+                    continue;
+                float gk = dk[nt][i * 2 + e], gv = dv[nt][i * 2 + e];
+                p.dk[row + d] = p.kv_acc ? p.dk[row + d] + gk : gk;
+                p.dv[row + d] = p.kv_acc ? p.dv[row + d] + gv : gv;
             }
     }
 }
@@ -465,10 +535,10 @@ __global__ void dsum_kernel(float *D, const float *dout, const float *out, int T
     }
 }
 
-// dk[b, s, kvh, d] += sum over kvh's G query heads of scr[b, s, kvh * G + g, d] (scr [B, S, nh, hd]); dk rows
+// dk[b, s, kvh, d] (+)= sum over kvh's G query heads of scr[b, s, kvh * G + g, d] (scr [B, S, nh, hd]); dk rows
 // kv_rs apart, batches kv_bs.
 __global__ void gqa_sum_kernel(float *dk, const float *scr, long kv_bs, long kv_rs, int S, int nkv, int G, int hd,
-                               long n)
+                               int acc, long n)
 {
     SPK_GRID_LOOP(i, n)
     {
@@ -479,7 +549,8 @@ __global__ void gqa_sum_kernel(float *dk, const float *scr, long kv_bs, long kv_
         float sum = 0.0f;
         for (int g = 0; g < G; g++)
             sum += x[(long)g * hd];
-        dk[b * kv_bs + s * kv_rs + (long)kvh * hd + d] += sum;
+        float *o = dk + b * kv_bs + s * kv_rs + (long)kvh * hd + d;
+        *o = acc ? *o + sum : sum;
     }
 }
 
@@ -554,20 +625,65 @@ template <int HD> sp_status launch_fwd(sp_cuda *cu, const fparams &p, int B, sp_
     return spk::launched(err, "flash attention");
 }
 
-template <int HD> sp_status launch_bwd(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+// Which backward kernels run pipelined (sp_cuda_flash_set_pipeline); -1: not chosen yet.
+int g_pipe = -1;
+
+int pipe_mask()
 {
-    size_t sq = 0, sk = 0;
-    sp_status st = smem_for(dq_kernel<HD>, HD, 4, 0, &sq, err);
-    if (st == SP_OK)
-        st = smem_for(dkv_kernel<HD>, HD, 4, 2 * kRows * sizeof(float), &sk, err);
+    if (g_pipe < 0) {
+        const char *e = getenv("SEPAL_FLASH_PIPE");
+        g_pipe = e && *e ? atoi(e) & 3 : SP_CUDA_FLASH_PIPE_DEFAULT;
+    }
+    return g_pipe;
+}
+
+// 1 when two blocks of `bytes` of shared memory fit on one of the device's SMs (what a pipelined kernel needs to
+// keep the occupancy of the plain one's registers).
+bool two_fit(size_t bytes)
+{
+    int dev = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return (size_t)per_sm >= 2 * (bytes + 1024); // the runtime reserves 1 KB a block
+}
+
+template <int HD, bool PIPE> sp_status launch_dq(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+{
+    size_t bytes = 0;
+    sp_status st = smem_for(dq_kernel<HD, PIPE>, HD, PIPE ? 6 : 4, 0, &bytes, err);
     if (st != SP_OK)
         return st;
-    cudaStream_t s = spk::stream_of(cu);
-    dim3 gq((unsigned)(B * p.nh), (unsigned)((p.T + kRows - 1) / kRows));
-    dq_kernel<HD><<<gq, kThreads, sq, s>>>(p);
-    dim3 gk((unsigned)(B * p.nh), (unsigned)((p.S + kRows - 1) / kRows));
-    dkv_kernel<HD><<<gk, kThreads, sk, s>>>(p);
-    return spk::launched(err, "flash attention backward");
+    dim3 grid((unsigned)(B * p.nh), (unsigned)((p.T + kRows - 1) / kRows));
+    dq_kernel<HD, PIPE><<<grid, kThreads, bytes, spk::stream_of(cu)>>>(p);
+    return spk::launched(err, "flash attention backward (dq)");
+}
+
+template <int HD, bool PIPE> sp_status launch_dkv(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+{
+    size_t bytes = 0;
+    sp_status st = smem_for(dkv_kernel<HD, PIPE>, HD, PIPE ? 6 : 4, (PIPE ? 4 : 2) * kRows * sizeof(float), &bytes,
+                            err);
+    if (st != SP_OK)
+        return st;
+    dim3 grid((unsigned)(B * p.nh), (unsigned)((p.S + kRows - 1) / kRows));
+    dkv_kernel<HD, PIPE><<<grid, kThreads, bytes, spk::stream_of(cu)>>>(p);
+    return spk::launched(err, "flash attention backward (dk, dv)");
+}
+
+template <int HD> sp_status launch_bwd(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+{
+    int mask = pipe_mask();
+    size_t six = (size_t)6 * kRows * (HD + 8) * sizeof(bf16) + 4 * kRows * sizeof(float);
+    bool fits = (mask & 3) && two_fit(six);
+    sp_status st = fits && (mask & SP_CUDA_FLASH_PIPE_DQ) ? launch_dq<HD, true>(cu, p, B, err)
+                                                          : launch_dq<HD, false>(cu, p, B, err);
+    if (st != SP_OK)
+        return st;
+    return fits && (mask & SP_CUDA_FLASH_PIPE_DKV) ? launch_dkv<HD, true>(cu, p, B, err)
+                                                   : launch_dkv<HD, false>(cu, p, B, err);
 }
 
 } // namespace
@@ -589,10 +705,14 @@ extern "C" sp_status sp_cuda_flash_fwd(sp_cuda *cu, float *out, void *outh, floa
     return padded(hd) == 64 ? launch_fwd<64>(cu, p, B, err) : launch_fwd<128>(cu, p, B, err);
 }
 
+extern "C" void sp_cuda_flash_set_pipeline(int mask) { g_pipe = mask < 0 ? -1 : mask & 3; }
+
+extern "C" int sp_cuda_flash_pipeline(void) { return pipe_mask(); }
+
 extern "C" sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout,
                                        const float *out, const float *lse, const float *q, const float *kc,
                                        const float *vc, const float *slopes, int B, int T, int past, int nh, int nkv,
-                                       int hd, int cap, sp_err *err)
+                                       int hd, int cap, int acc, sp_err *err)
 {
     if (!shape_ok(B, T, past, nh, nkv, hd, cap) || !dq || !dk || !dv)
         return bad_shape(err, "flash attention backward", B, T, past, nh, nkv, hd, cap);
@@ -612,19 +732,16 @@ extern "C" sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float 
     if (st != SP_OK)
         return st;
     dsum_kernel<<<spk::grid_for(rows * 32), spk::kThreads, 0, s>>>(D, dout, out, T, nh, hd, rows);
-    if (G > 1) {
-        st = sp_cuda_error(err, (int)cudaMemsetAsync(sk, 0, 2 * nscr, s), "flash attention backward: scratch");
-        if (st != SP_OK)
-            return st;
-    }
     p.dout = doh, p.lse = (float *)lse, p.D = D, p.dq = dq;
+    p.acc = acc != 0, p.kv_acc = G > 1 ? 0 : acc != 0; // GQA: each query head's into scratch, every row written
     p.dk = G > 1 ? sk : dk, p.dv = G > 1 ? sv : dv;
     p.kv_bs = G > 1 ? (long)S * ldq : (long)cap * ldk, p.kv_rs = G > 1 ? ldq : ldk;
     st = HD == 64 ? launch_bwd<64>(cu, p, B, err) : launch_bwd<128>(cu, p, B, err);
     if (st != SP_OK || G == 1)
         return st;
     long n = (long)B * S * ldk;
-    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dk, sk, (long)cap * ldk, ldk, S, nkv, G, hd, n);
-    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dv, sv, (long)cap * ldk, ldk, S, nkv, G, hd, n);
+    int a = acc != 0;
+    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dk, sk, (long)cap * ldk, ldk, S, nkv, G, hd, a, n);
+    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dv, sv, (long)cap * ldk, ldk, S, nkv, G, hd, a, n);
     return spk::launched(err, "flash attention backward: kv heads");
 }

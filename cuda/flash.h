@@ -27,12 +27,27 @@ sp_status sp_cuda_flash_fwd(sp_cuda *cu, float *out, void *outh, float *lse, con
                             const float *vc, const float *slopes, int B, int T, int past, int nh, int nkv, int hd,
                             int cap, sp_err *err);
 
-/* The backward from the forward's out and lse: ADDS into dq [B, T, nh * hd] and dk, dv (the caches' layout
- * [B, cap, nkv * hd], positions 0 .. past + T - 1). dS recomputed from lse (FlashAttention-2's backward): one
- * kernel a query tile for dq, one a key tile and query head for dk, dv (GQA's heads summed after). */
+/* The backward from the forward's out and lse into dq [B, T, nh * hd] and dk, dv (the caches' layout
+ * [B, cap, nkv * hd], positions 0 .. past + T - 1): added into them when acc, else written (every element of dq,
+ * and of dk and dv at positions 0 .. past + T - 1; nothing to clear first). dS recomputed from lse
+ * (FlashAttention-2's backward): one kernel a query tile for dq, one a key tile and query head for dk, dv (GQA's
+ * heads summed after). */
 sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout, const float *out,
                             const float *lse, const float *q, const float *kc, const float *vc, const float *slopes,
-                            int B, int T, int past, int nh, int nkv, int hd, int cap, sp_err *err);
+                            int B, int T, int past, int nh, int nkv, int hd, int cap, int acc, sp_err *err);
+
+/* Which backward kernels stream their next tile into a second set of shared buffers while a tile's products run:
+ * bit SP_CUDA_FLASH_PIPE_DKV the dk / dv kernel (its query tiles), bit SP_CUDA_FLASH_PIPE_DQ the dq kernel (its key
+ * and value tiles); 0 neither. Both give the same bits either way (the same sums in the same order). A pipelined
+ * kernel takes six tiles of shared memory (four plain) and runs only where two such blocks fit on an SM (H100 /
+ * H200: 228 KB; not an A100's 164 KB), else the plain one. Process-wide; the default is
+ * SP_CUDA_FLASH_PIPE_DEFAULT, or the environment's SEPAL_FLASH_PIPE (0..3) read at the first backward;
+ * sp_cuda_flash_set_pipeline(-1) goes back to that. */
+#define SP_CUDA_FLASH_PIPE_DKV 1
+#define SP_CUDA_FLASH_PIPE_DQ 2
+#define SP_CUDA_FLASH_PIPE_DEFAULT SP_CUDA_FLASH_PIPE_DKV
+void sp_cuda_flash_set_pipeline(int mask);
+int sp_cuda_flash_pipeline(void); /* the mask in force */
 
 #ifdef __cplusplus
 }

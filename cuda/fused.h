@@ -34,6 +34,14 @@ sp_status sp_cuda_gelu_bwd_h(sp_cuda *cu, void *dinp, const float *dout, const f
 sp_status sp_cuda_rope_bwd_h(sp_cuda *cu, void *dinp, const float *dout, const float *inv_freq, int pos0, int B, int T,
                              int nh, int hd, sp_err *err);
 
+/* dx[N, C] = res + the norm's input gradient from dy (RMSNorm with rms 1: w, rstd; LayerNorm: w may be NULL, mean
+ * and rstd), the arithmetic of sp_cuda_rmsnorm_bwd / sp_cuda_layernorm_bwd added into a copy of res (res may be
+ * dx: in place), and dxh = dx rounded to bf16 when not NULL (the next transposed product's input): the backward's
+ * residual without a copy, and the cast after it in the same pass. */
+sp_status sp_cuda_norm_bwd_h(sp_cuda *cu, float *dx, void *dxh, const float *res, const float *dy, const float *x,
+                             const float *w, const float *mean, const float *rstd, int N, int C, int rms,
+                             sp_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -876,9 +876,10 @@ static float *down_bf16(const void *d, size_t n)
         ck_assert_msg(e_ <= tol_flash, "%s (case %d): error %.3g > %.3g", (what), (k), e_, tol_flash);         \
     } while (0)
 
-/* The forward (f32 and bf16 outputs) and the backward (added into random gradients, twice: the same bits) of the
- * flash kernels against sp_attention_forward / _backward: T not a multiple of the 64-row tile, head sizes 64 and
- * 128 and odd ones padded (18, 100), MHA, GQA, MQA, ALiBi, past positions from a cache, one query. */
+/* The forward (f32 and bf16 outputs) and the backward (added into random gradients, and written over NaNs; every
+ * pipeline mask the plain kernels' bits; the default twice: the same bits) of the flash kernels against
+ * sp_attention_forward / _backward: T not a multiple of the 64-row tile, head sizes 64 and 128 and odd ones padded
+ * (18, 100), MHA, GQA, MQA, ALiBi, past positions from a cache, one query. */
 START_TEST(t_flash_gpu)
 {
     const int cases[][7] = {/* B, T, past, nh, nkv, hd, alibi */
@@ -906,27 +907,73 @@ START_TEST(t_flash_gpu)
         FLASH_CLOSE(o1, c.out, nq, "flash forward", k);
         for (size_t i = 0; i < nq; i++)
             ck_assert_msg(sp_f32_to_bf16(o1[i]) == sp_f32_to_bf16(oh[i]), "flash bf16 output %zu (case %d)", i, k);
-        /* backward: into random gradients (it adds), from the device's own forward */
-        float *g = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4);
-        float *dq0 = emul_randn(&r, nq, 0.1f), *dk0 = emul_randn(&r, nk, 0.1f), *dv0 = emul_randn(&r, nk, 0.1f);
-        float *gq = up(dq0, nq), *gk = up(dk0, nk), *gv = up(dv0, nk), *dG = up(g, nq);
-        float *gq2 = up(dq0, nq), *gk2 = up(dk0, nk), *gv2 = up(dv0, nk);
-        sp_attention_backward(dq0, dk0, dv0, scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
-        OK(sp_cuda_flash_bwd(cu, gq, gk, gv, dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap, E));
-        OK(sp_cuda_flash_bwd(cu, gq2, gk2, gv2, dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv, hd, cap,
-                             E));
-        float *got[3] = {down(gq, nq), down(gk, nk), down(gv, nk)}, *again[3] = {down(gq2, nq), down(gk2, nk),
-                                                                                   down(gv2, nk)};
-        FLASH_CLOSE(got[0], dq0, nq, "flash dq", k);
-        FLASH_CLOSE(got[1], dk0, nk, "flash dk", k);
-        FLASH_CLOSE(got[2], dv0, nk, "flash dv", k);
+        /* backward, from the device's own forward, at every pipeline mask (each the same bits as the plain
+         * kernels): added into random gradients (acc 1; twice at the default: the same bits) and written over NaNs
+         * (acc 0) */
+        size_t nn[3] = {nq, nk, nk}, nmax = nq > nk ? nq : nk;
+        float *g = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4), *nan = malloc(nmax * 4);
+        float *start[3], *want[2][3], *plain[2][3], *dg[3], *nank = malloc(nk * 4);
+        for (size_t i = 0; i < nmax; i++)
+            nan[i] = NAN;
+        for (size_t i = 0; i < nk; i++) /* cache rows past past + T are not the backward's: zeros, as the CPU's */
+            nank[i] = (int)(i / ((size_t)nkv * hd) % (size_t)cap) < past + T ? NAN : 0.0f;
         for (int i = 0; i < 3; i++) {
-            ck_assert_msg(memcmp(got[i], again[i], (i ? nk : nq) * 4) == 0, "flash backward %d not deterministic", i);
-            free(got[i]), free(again[i]);
+            start[i] = emul_randn(&r, nn[i], 0.1f);
+            want[0][i] = calloc(nn[i], 4);
+            want[1][i] = malloc(nn[i] * 4);
+            memcpy(want[1][i], start[i], nn[i] * 4);
+            dg[i] = up(start[i], nn[i]);
         }
-        free(o1), free(oh), free(g), free(scratch), free(dq0), free(dk0), free(dv0);
+        float *dG = up(g, nq);
+        sp_attention_backward(want[0][0], want[0][1], want[0][2], scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
+        sp_attention_backward(want[1][0], want[1][1], want[1][2], scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
+        for (int mask = 0; mask < 4; mask++) {
+            sp_cuda_flash_set_pipeline(mask);
+            for (int acc = 0; acc < 2; acc++) {
+                for (int i = 0; i < 3; i++)
+                    OK(sp_cuda_upload(cu, dg[i], acc ? start[i] : i ? nank : nan, nn[i] * 4, E));
+                OK(sp_cuda_flash_bwd(cu, dg[0], dg[1], dg[2], dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh,
+                                     nkv, hd, cap, acc, E));
+                for (int i = 0; i < 3; i++) {
+                    float *got = down(dg[i], nn[i]);
+                    char what[64];
+                    snprintf(what, sizeof what, "flash d%c (acc %d, pipeline %d)", "qkv"[i], acc, mask);
+                    FLASH_CLOSE(got, want[acc][i], nn[i], what, k);
+                    if (mask == 0) {
+                        plain[acc][i] = got;
+                        continue;
+                    }
+                    ck_assert_msg(memcmp(got, plain[acc][i], nn[i] * 4) == 0,
+                                  "flash d%c (acc %d): pipeline %d differs from the plain kernels (case %d)", "qkv"[i],
+                                  acc, mask, k);
+                    free(got);
+                }
+            }
+        }
+        sp_cuda_flash_set_pipeline(-1);
+        float *twice[2][3];
+        for (int run = 0; run < 2; run++) { /* the default pipeline from the same start twice: the same bits */
+            for (int i = 0; i < 3; i++)
+                OK(sp_cuda_upload(cu, dg[i], start[i], nn[i] * 4, E));
+            OK(sp_cuda_flash_bwd(cu, dg[0], dg[1], dg[2], dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv,
+                                 hd, cap, 1, E));
+            for (int i = 0; i < 3; i++)
+                twice[run][i] = down(dg[i], nn[i]);
+        }
+        for (int i = 0; i < 3; i++) {
+            ck_assert_msg(memcmp(twice[0][i], twice[1][i], nn[i] * 4) == 0, "flash d%c not deterministic (case %d)",
+                          "qkv"[i], k);
+            ck_assert_msg(memcmp(twice[0][i], plain[1][i], nn[i] * 4) == 0,
+                          "flash d%c: the default pipeline differs from the plain kernels (case %d)", "qkv"[i], k);
+            free(twice[0][i]), free(twice[1][i]), free(start[i]), free(want[0][i]), free(want[1][i]);
+            free(plain[0][i]), free(plain[1][i]);
+            sp_cuda_free(cu, dg[i]);
+        }
+        free(nan), free(nank);
+        sp_cuda_free(cu, dG);
+        free(o1), free(oh), free(g), free(scratch);
         emul_attn_free(&c);
-        void *bufs[] = {dQ, dK, dV, dS, dO, dOh, dL, gq, gk, gv, dG, gq2, gk2, gv2};
+        void *bufs[] = {dQ, dK, dV, dS, dO, dOh, dL};
         for (int i = 0; i < (int)(sizeof bufs / sizeof *bufs); i++)
             sp_cuda_free(cu, bufs[i]);
     }
@@ -1007,7 +1054,8 @@ static int rounded_from(const void *dh, const float *df, size_t n)
 }
 
 /* The backward's fused twins give the bf16 rounding of what the f32 kernels add into zeros: SwiGLU, GELU, GELU-tanh
- * and RoPE (llama3 frequencies at positions past 8190); shape errors are refused. */
+ * and RoPE (llama3 frequencies at positions past 8190); the norms' backward on the residual what the f32 kernels
+ * add into it (RMSNorm, LayerNorm; in place too) and its bf16 rounding; shape errors are refused. */
 START_TEST(t_fused_bwd_gpu)
 {
     sp_rng r;
@@ -1041,7 +1089,38 @@ START_TEST(t_fused_bwd_gpu)
     OK(sp_cuda_rope_bwd(cu, f1, dG, dF, 8190, B, T, nh, hd, E));
     OK(sp_cuda_rope_bwd_h(cu, h1, dG, dF, 8190, B, T, nh, hd, E));
     ck_assert_msg(rounded_from(h1, f1, (size_t)n), "fused rope backward");
+    /* a norm's backward on the residual (3 rows of 1000 of the buffers' 3840 values): res + what the f32 kernel
+     * adds, written out of place and in place, and its bf16 rounding */
+    int N = 3, C = 1000;
+    float *dM = NULL, *dR = NULL, *dW = up(u, (size_t)C), *want = NULL, *got = NULL;
+    OK(sp_cuda_alloc(cu, (void **)&dM, (size_t)N * 4, E));
+    OK(sp_cuda_alloc(cu, (void **)&dR, (size_t)N * 4, E));
+    for (int rms = 1; rms >= 0; rms--) {
+        if (rms)
+            OK(sp_cuda_rmsnorm_fwd(cu, f2, dR, dX, dW, N, C, 1e-5f, E));
+        else
+            OK(sp_cuda_layernorm_fwd(cu, f2, dM, dR, dX, dW, NULL, N, C, 1e-5f, E));
+        OK(sp_cuda_upload(cu, f1, u, (size_t)N * C * 4, E)); /* the residual's gradient so far */
+        if (rms)
+            OK(sp_cuda_rmsnorm_bwd(cu, f1, NULL, dG, dX, dW, dR, N, C, E));
+        else
+            OK(sp_cuda_layernorm_bwd(cu, f1, NULL, NULL, dG, dX, dW, dM, dR, N, C, E));
+        want = down(f1, (size_t)N * C);
+        OK(sp_cuda_upload(cu, f1, u, (size_t)N * C * 4, E));
+        OK(sp_cuda_norm_bwd_h(cu, f2, h1, f1, dG, dX, dW, dM, dR, N, C, rms, E)); /* out of place */
+        got = down(f2, (size_t)N * C);
+        CLOSE(got, want, (size_t)N * C, 1e-6, 1e-6, "fused norm backward");
+        ck_assert_msg(rounded_from(h1, f2, (size_t)N * C), "fused norm backward's bf16 (rms %d)", rms);
+        free(got);
+        OK(sp_cuda_norm_bwd_h(cu, f1, NULL, f1, dG, dX, dW, dM, dR, N, C, rms, E)); /* in place */
+        got = down(f1, (size_t)N * C);
+        float *again = down(f2, (size_t)N * C);
+        ck_assert_msg(memcmp(got, again, (size_t)N * C * 4) == 0, "fused norm backward in place (rms %d)", rms);
+        free(got), free(again), free(want);
+    }
     sp_err err = {0};
+    ck_assert_int_eq(sp_cuda_norm_bwd_h(cu, f1, NULL, f1, dG, dX, NULL, dM, dR, N, C, 1, &err), SP_ERR_ARG);
+    sp_cuda_free(cu, dM), sp_cuda_free(cu, dR), sp_cuda_free(cu, dW);
     ck_assert_int_eq(sp_cuda_rope_bwd_h(cu, h1, dG, dF, 0, B, T, nh, 7, &err), SP_ERR_ARG); /* odd head dim */
     ck_assert_int_eq(sp_cuda_swiglu_bwd_h(cu, h1, h2, dG, dX, dU, 0, &err), SP_ERR_ARG);
     free(g), free(x), free(u);
