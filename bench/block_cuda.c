@@ -304,15 +304,15 @@ static void bench_forward(const char *name, const sp_block *b, int T, int reps)
            "cuBLAS path: forward %.3f ms, backward %.3f ms\n",
            name, sp_wtype_name(b->wtype), sa[0] * 1e3, attn / sa[0] / 1e12, sa[1] * 1e3, 2.5 * attn / sa[1] / 1e12,
            so[0] * 1e3, so[1] * 1e3);
-    /* the flash backward at each pipeline mask (flash.h: 0 plain, 1 the dk / dv kernel's query tiles streamed, 2
-     * the dq kernel's key tiles, 3 both); the default's figure is the line above */
-    printf("%s %-4s   flash backward by pipeline (default %d):", name, sp_wtype_name(b->wtype),
-           sp_cuda_flash_pipeline());
-    for (int mask = 0; mask < 4; mask++) {
+    /* the flash backward at each mask (flash.h: 0 plain, +1 the dk / dv kernel's query tiles streamed, +2 the dq
+     * kernel's key tiles, +4 dq from the stored dS tiles (+2 then has no effect)); the default's figure is the line
+     * above */
+    printf("%s %-4s   flash backward by mask (default %d):", name, sp_wtype_name(b->wtype), sp_cuda_flash_pipeline());
+    for (int mask = 0; mask < 8; mask++) {
         double sp[2];
         sp_cuda_flash_set_pipeline(mask);
         time_attn(b, T, 1, reps, sp);
-        printf(" %d: %.3f ms (%.0f TFLOP/s)%s", mask, sp[1] * 1e3, 2.5 * attn / sp[1] / 1e12, mask < 3 ? "," : "\n");
+        printf(" %d: %.3f ms (%.0f TFLOP/s)%s", mask, sp[1] * 1e3, 2.5 * attn / sp[1] / 1e12, mask < 7 ? "," : "\n");
     }
     sp_cuda_flash_set_pipeline(-1);
 }

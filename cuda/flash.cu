@@ -93,6 +93,13 @@ template <int LD> __device__ inline void frag_b_kn(uint32_t *b, const bf16 *s, i
     ldsm_t(b, s + (k0 + ((l >> 3) & 1) * 8 + (l & 7)) * LD + n0 + (l >> 4) * 8);
 }
 
+// The A fragment of the 16x16 block at (m0, k0) of A = S^T, S a tile stored [k][m] (transposed by ldmatrix).
+template <int LD> __device__ inline void frag_a_t(uint32_t *a, const bf16 *s, int m0, int k0)
+{
+    int l = threadIdx.x & 31;
+    ldsm_t(a, s + (k0 + ((l >> 4) & 1) * 8 + (l & 7)) * LD + m0 + ((l >> 3) & 1) * 8);
+}
+
 // The A fragment of columns 16 kk .. 16 kk + 15 of a 16 x 64 accumulator tile c[8][4], rounded to bf16.
 __device__ inline void acc_to_a(uint32_t *a, const float (*c)[4], int kk)
 {
@@ -186,6 +193,7 @@ struct fparams {
     float *dq, *dk, *dv;          // dq [B, T, nh * hd]; dk, dv element (b, s, query head h, d) at
     long kv_bs, kv_rs;            // b * kv_bs + s * kv_rs + h * hd + d (the kv head's own when nh == nkv)
     int acc, kv_acc;              // 1: dq (acc), dk and dv (kv_acc) added into; 0: written
+    bf16 *ds;                     // dS^T tiles [B * nh][query tile][key tile][64 keys][64 queries] (dq from them)
     const float *slopes;
     int T, past, S, nh, nkv, hd;
     float sl2, scale;             // scale * log2 e; scale
@@ -382,6 +390,73 @@ template <int HD, bool PIPE> __global__ void __launch_bounds__(kThreads, 3) dq_k
     }
 }
 
+// dq of a query tile (query_tile) from the dS^T tiles dkv_kernel<.., true> stored: dq (+)= dS K over the key tiles
+// its queries see, one product a tile (no scores, no exponentials); each next key tile and dS^T tile come into a
+// second pair of buffers while a tile's product runs.
+template <int HD> __global__ void __launch_bounds__(kThreads) dq_ds_kernel(fparams p)
+{
+    constexpr int LD = HD + 8, NT = HD / 8, TL = kRows * LD, DL = kRows + 8, DT = kRows * DL, CH = kRows / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sS = sK + 2 * TL; // K0, K1, then dS^T 0, 1
+    qtile qt = query_tile<HD>(p);
+    int q0 = qt.q0, b = qt.b, h = qt.h, nkt = qt.nkt, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int nqt = (p.T + kRows - 1) / kRows, nkt_all = (p.S + kRows - 1) / kRows;
+    const bf16 *K = qt.K, *dS = p.ds + (long)(qt.bh * nqt + q0 / kRows) * nkt_all * (kRows * kRows);
+    auto load_ds = [&](bf16 *dst, const bf16 *src) { // a 64 x 64 tile, rows DL apart in shared memory
+        for (int c = threadIdx.x; c < kRows * CH; c += kThreads)
+            cp16(dst + (c / CH) * DL + (c % CH) * 8, src + (c / CH) * kRows + (c % CH) * 8, true);
+    };
+    load_tile<HD>(sK, K, 0, p.S);
+    load_ds(sS, dS);
+    cp_commit();
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int j = 0; j < nkt; j++) {
+        int buf = j & 1;
+        const bf16 *tk = sK + buf * TL, *ts = sS + buf * DT;
+        if (j + 1 < nkt) { // the other buffers: every warp left them at the end of step j - 1
+            load_tile<HD>(sK + (buf ^ 1) * TL, K, (j + 1) * kRows, p.S);
+            load_ds(sS + (buf ^ 1) * DT, dS + (long)(j + 1) * (kRows * kRows));
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) { // acc += dS (this warp's 16 queries x 64 keys) K_j (64 keys x HD)
+            uint32_t a[4];
+            frag_a_t<DL>(a, ts, warp * 16, kk * 16);
+#pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t bb[4];
+                frag_b_kn<LD>(bb, tk, kk * 16, np * 16);
+                mma(acc[2 * np], a, bb[0], bb[1]);
+                mma(acc[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with buffers j & 1
+    }
+    int t0 = q0 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int t = t0 + i * 8;
+        if (t >= p.T)
+            continue;
+        float *row = p.dq + ((long)b * p.T + t) * p.nh * p.hd + (long)h * p.hd;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int d = nt * 8 + 2 * (lane & 3) + e;
+                if (d < p.hd)
+                    row[d] = p.acc ? row[d] + acc[nt][i * 2 + e] : acc[nt][i * 2 + e];
+            }
+    }
+}
+
 // Query tile q0's queries and output gradients (packed, from Q and dO) into sq and so, their log-sum-exp and D into
 // sl and sd, all as copies in flight (cp.async: the caller commits them).
 template <int HD>
@@ -402,8 +477,10 @@ __device__ inline void load_query_tile(bf16 *sq, bf16 *so, float *sl, float *sd,
 // dk, dv of key tile blockIdx.y for query head blockIdx.x (its kv head's keys): over the query tiles that see
 // them, P^T from lse, dv (+)= P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T - D) scale, dk (+)= dS^T q. PIPE: query
 // tile i + 1 (its queries, output gradients, lse and D) comes into a second set of buffers while tile i's products
-// run (six tiles of shared memory); else each tile is copied in and waited for (four).
-template <int HD, bool PIPE> __global__ void __launch_bounds__(kThreads, HD == 64 ? 3 : 1) dkv_kernel(fparams p)
+// run (six tiles of shared memory); else each tile is copied in and waited for (four). DS: each dS^T tile, rounded
+// to bf16 as dk's product takes it, is stored too (p.ds) for dq_ds_kernel.
+template <int HD, bool PIPE, bool DS>
+__global__ void __launch_bounds__(kThreads, HD == 64 ? 3 : 1) dkv_kernel(fparams p)
 {
     constexpr int LD = HD + 8, NT = HD / 8, TL = kRows * LD, NB = PIPE ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -471,6 +548,15 @@ template <int HD, bool PIPE> __global__ void __launch_bounds__(kThreads, HD == 6
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 s[nt][e] *= (dp[nt][e] - td[nt * 8 + 2 * (lane & 3) + (e & 1)]) * p.scale;
+        if (DS) { // rows: this warp's keys; columns: the tile's queries (two a 4-byte store)
+            bf16 *t = p.ds + ((long)(bh * nqt + i) * gridDim.y + blockIdx.y) * (kRows * kRows);
+            int kr = warp * 16 + (lane >> 2), c = 2 * (lane & 3);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                *reinterpret_cast<uint32_t *>(t + kr * kRows + nt * 8 + c) = pack2(s[nt][0], s[nt][1]);
+                *reinterpret_cast<uint32_t *>(t + (kr + 8) * kRows + nt * 8 + c) = pack2(s[nt][2], s[nt][3]);
+            }
+        }
         accumulate<HD>(dk, s, tq);
         __syncthreads(); // every warp is done with this query tile
     }
@@ -625,14 +711,18 @@ template <int HD> sp_status launch_fwd(sp_cuda *cu, const fparams &p, int B, sp_
     return spk::launched(err, "flash attention");
 }
 
-// Which backward kernels run pipelined (sp_cuda_flash_set_pipeline); -1: not chosen yet.
+// Which backward kernels run pipelined, and dq's source (sp_cuda_flash_set_pipeline); -1: not chosen yet.
 int g_pipe = -1;
+
+// The most workspace the stored dS^T tiles may take (else dq recomputes the scores): 7B's 32 heads at 1024 tokens
+// take 64 MB, 70B's 64 heads 128 MB.
+constexpr size_t kMaxStoredDs = (size_t)256 << 20;
 
 int pipe_mask()
 {
     if (g_pipe < 0) {
         const char *e = getenv("SEPAL_FLASH_PIPE");
-        g_pipe = e && *e ? atoi(e) & 3 : SP_CUDA_FLASH_PIPE_DEFAULT;
+        g_pipe = e && *e ? atoi(e) & 7 : SP_CUDA_FLASH_PIPE_DEFAULT;
     }
     return g_pipe;
 }
@@ -661,29 +751,44 @@ template <int HD, bool PIPE> sp_status launch_dq(sp_cuda *cu, const fparams &p, 
     return spk::launched(err, "flash attention backward (dq)");
 }
 
-template <int HD, bool PIPE> sp_status launch_dkv(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+template <int HD, bool PIPE, bool DS> sp_status launch_dkv(sp_cuda *cu, const fparams &p, int B, sp_err *err)
 {
     size_t bytes = 0;
-    sp_status st = smem_for(dkv_kernel<HD, PIPE>, HD, PIPE ? 6 : 4, (PIPE ? 4 : 2) * kRows * sizeof(float), &bytes,
-                            err);
+    sp_status st = smem_for(dkv_kernel<HD, PIPE, DS>, HD, PIPE ? 6 : 4, (PIPE ? 4 : 2) * kRows * sizeof(float),
+                            &bytes, err);
     if (st != SP_OK)
         return st;
     dim3 grid((unsigned)(B * p.nh), (unsigned)((p.S + kRows - 1) / kRows));
-    dkv_kernel<HD, PIPE><<<grid, kThreads, bytes, spk::stream_of(cu)>>>(p);
+    dkv_kernel<HD, PIPE, DS><<<grid, kThreads, bytes, spk::stream_of(cu)>>>(p);
     return spk::launched(err, "flash attention backward (dk, dv)");
 }
 
-template <int HD> sp_status launch_bwd(sp_cuda *cu, const fparams &p, int B, sp_err *err)
+template <int HD> sp_status launch_dq_ds(sp_cuda *cu, const fparams &p, int B, sp_err *err)
 {
-    int mask = pipe_mask();
+    size_t bytes = (size_t)2 * kRows * (HD + 8) * sizeof(bf16) + (size_t)2 * kRows * (kRows + 8) * sizeof(bf16);
+    cudaError_t e = cudaFuncSetAttribute(dq_ds_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    sp_status st = sp_cuda_error(err, (int)e, "flash attention: shared memory");
+    if (st != SP_OK)
+        return st;
+    dim3 grid((unsigned)(B * p.nh), (unsigned)((p.T + kRows - 1) / kRows));
+    dq_ds_kernel<HD><<<grid, kThreads, bytes, spk::stream_of(cu)>>>(p);
+    return spk::launched(err, "flash attention backward (dq from dS)");
+}
+
+// The backward's kernels by mask (p.ds set: dq from the stored dS^T tiles, after dk / dv).
+template <int HD> sp_status launch_bwd(sp_cuda *cu, const fparams &p, int B, int mask, sp_err *err)
+{
     size_t six = (size_t)6 * kRows * (HD + 8) * sizeof(bf16) + 4 * kRows * sizeof(float);
-    bool fits = (mask & 3) && two_fit(six);
+    bool fits = (mask & 3) && two_fit(six), pk = fits && (mask & SP_CUDA_FLASH_PIPE_DKV);
+    if (p.ds) {
+        sp_status st = pk ? launch_dkv<HD, true, true>(cu, p, B, err) : launch_dkv<HD, false, true>(cu, p, B, err);
+        return st != SP_OK ? st : launch_dq_ds<HD>(cu, p, B, err);
+    }
     sp_status st = fits && (mask & SP_CUDA_FLASH_PIPE_DQ) ? launch_dq<HD, true>(cu, p, B, err)
                                                           : launch_dq<HD, false>(cu, p, B, err);
     if (st != SP_OK)
         return st;
-    return fits && (mask & SP_CUDA_FLASH_PIPE_DKV) ? launch_dkv<HD, true>(cu, p, B, err)
-                                                   : launch_dkv<HD, false>(cu, p, B, err);
+    return pk ? launch_dkv<HD, true, false>(cu, p, B, err) : launch_dkv<HD, false, false>(cu, p, B, err);
 }
 
 } // namespace
@@ -705,7 +810,7 @@ extern "C" sp_status sp_cuda_flash_fwd(sp_cuda *cu, float *out, void *outh, floa
     return padded(hd) == 64 ? launch_fwd<64>(cu, p, B, err) : launch_fwd<128>(cu, p, B, err);
 }
 
-extern "C" void sp_cuda_flash_set_pipeline(int mask) { g_pipe = mask < 0 ? -1 : mask & 3; }
+extern "C" void sp_cuda_flash_set_pipeline(int mask) { g_pipe = mask < 0 ? -1 : mask & 7; }
 
 extern "C" int sp_cuda_flash_pipeline(void) { return pipe_mask(); }
 
@@ -719,9 +824,14 @@ extern "C" sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float 
     int HD = padded(hd), S = past + T, G = nh / nkv;
     size_t ndo = align256((size_t)B * nh * T * HD * 2), nd = align256((size_t)B * nh * T * sizeof(float));
     size_t nscr = G > 1 ? align256((size_t)B * S * nh * hd * sizeof(float)) : 0;
+    size_t nds = (size_t)B * nh * ((T + kRows - 1) / kRows) * ((S + kRows - 1) / kRows) * kRows * kRows * 2;
+    int mask = pipe_mask();
+    if (!(mask & SP_CUDA_FLASH_DQ_STORED) || nds > kMaxStoredDs)
+        nds = 0; // dq recomputes the scores
     fparams p;
     char *rest = NULL;
-    sp_status st = prepare(cu, &p, q, kc, vc, slopes, B, T, past, nh, nkv, hd, cap, ndo + nd + 2 * nscr, &rest, err);
+    sp_status st = prepare(cu, &p, q, kc, vc, slopes, B, T, past, nh, nkv, hd, cap, ndo + nd + 2 * nscr + nds, &rest,
+                           err);
     if (st != SP_OK)
         return st;
     bf16 *doh = (bf16 *)rest;
@@ -733,10 +843,11 @@ extern "C" sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float 
         return st;
     dsum_kernel<<<spk::grid_for(rows * 32), spk::kThreads, 0, s>>>(D, dout, out, T, nh, hd, rows);
     p.dout = doh, p.lse = (float *)lse, p.D = D, p.dq = dq;
+    p.ds = nds ? (bf16 *)(rest + ndo + nd + 2 * nscr) : NULL;
     p.acc = acc != 0, p.kv_acc = G > 1 ? 0 : acc != 0; // GQA: each query head's into scratch, every row written
     p.dk = G > 1 ? sk : dk, p.dv = G > 1 ? sv : dv;
     p.kv_bs = G > 1 ? (long)S * ldq : (long)cap * ldk, p.kv_rs = G > 1 ? ldq : ldk;
-    st = HD == 64 ? launch_bwd<64>(cu, p, B, err) : launch_bwd<128>(cu, p, B, err);
+    st = HD == 64 ? launch_bwd<64>(cu, p, B, mask, err) : launch_bwd<128>(cu, p, B, mask, err);
     if (st != SP_OK || G == 1)
         return st;
     long n = (long)B * S * ldk;

@@ -36,16 +36,19 @@ sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float *dv, const 
                             const float *lse, const float *q, const float *kc, const float *vc, const float *slopes,
                             int B, int T, int past, int nh, int nkv, int hd, int cap, int acc, sp_err *err);
 
-/* Which backward kernels stream their next tile into a second set of shared buffers while a tile's products run:
- * bit SP_CUDA_FLASH_PIPE_DKV the dk / dv kernel (its query tiles), bit SP_CUDA_FLASH_PIPE_DQ the dq kernel (its key
- * and value tiles); 0 neither. Both give the same bits either way (the same sums in the same order). A pipelined
- * kernel takes six tiles of shared memory (four plain) and runs only where two such blocks fit on an SM (H100 /
- * H200: 228 KB; not an A100's 164 KB), else the plain one. Process-wide; the default is
- * SP_CUDA_FLASH_PIPE_DEFAULT, or the environment's SEPAL_FLASH_PIPE (0..3) read at the first backward;
- * sp_cuda_flash_set_pipeline(-1) goes back to that. */
+/* How the backward runs, a mask: bit SP_CUDA_FLASH_PIPE_DKV: the dk / dv kernel streams its next query tile into a
+ * second set of shared buffers while a tile's products run; bit SP_CUDA_FLASH_PIPE_DQ: the dq kernel its next key
+ * and value tiles (both: the same bits either way, the same sums in the same order; a pipelined kernel takes six
+ * tiles of shared memory instead of four and runs only where two such blocks fit on an SM: H100 / H200, not an
+ * A100); bit SP_CUDA_FLASH_DQ_STORED: the dk / dv kernel stores each dS^T tile (bf16, as its products take it) in the
+ * workspace and dq is one product a tile from them (dS K) instead of recomputing the scores (dq within the
+ * tolerance of the other way, dk and dv the same bits; B * nh * T * S * 2 bytes of workspace, else the recompute
+ * beyond 256 MB). Process-wide; the default is SP_CUDA_FLASH_PIPE_DEFAULT, or the environment's SEPAL_FLASH_PIPE
+ * (0..7) read at the first backward; sp_cuda_flash_set_pipeline(-1) goes back to that. */
 #define SP_CUDA_FLASH_PIPE_DKV 1
 #define SP_CUDA_FLASH_PIPE_DQ 2
-#define SP_CUDA_FLASH_PIPE_DEFAULT SP_CUDA_FLASH_PIPE_DKV
+#define SP_CUDA_FLASH_DQ_STORED 4
+#define SP_CUDA_FLASH_PIPE_DEFAULT (SP_CUDA_FLASH_PIPE_DKV | SP_CUDA_FLASH_DQ_STORED)
 void sp_cuda_flash_set_pipeline(int mask);
 int sp_cuda_flash_pipeline(void); /* the mask in force */
 

@@ -876,8 +876,9 @@ static float *down_bf16(const void *d, size_t n)
         ck_assert_msg(e_ <= tol_flash, "%s (case %d): error %.3g > %.3g", (what), (k), e_, tol_flash);         \
     } while (0)
 
-/* The forward (f32 and bf16 outputs) and the backward (added into random gradients, and written over NaNs; every
- * pipeline mask the plain kernels' bits; the default twice: the same bits) of the flash kernels against
+/* The forward (f32 and bf16 outputs) and the backward (added into random gradients, and written over NaNs; at every
+ * mask of flash.h: the pipelines the plain kernels' bits, dq from stored dS within the tolerance too; the default
+ * twice: the same bits) of the flash kernels against
  * sp_attention_forward / _backward: T not a multiple of the 64-row tile, head sizes 64 and 128 and odd ones padded
  * (18, 100), MHA, GQA, MQA, ALiBi, past positions from a cache, one query. */
 START_TEST(t_flash_gpu)
@@ -907,12 +908,11 @@ START_TEST(t_flash_gpu)
         FLASH_CLOSE(o1, c.out, nq, "flash forward", k);
         for (size_t i = 0; i < nq; i++)
             ck_assert_msg(sp_f32_to_bf16(o1[i]) == sp_f32_to_bf16(oh[i]), "flash bf16 output %zu (case %d)", i, k);
-        /* backward, from the device's own forward, at every pipeline mask (each the same bits as the plain
-         * kernels): added into random gradients (acc 1; twice at the default: the same bits) and written over NaNs
-         * (acc 0) */
+        /* backward, from the device's own forward, at every mask: added into random gradients (acc 1; twice at the
+         * default: the same bits) and written over NaNs (acc 0) */
         size_t nn[3] = {nq, nk, nk}, nmax = nq > nk ? nq : nk;
         float *g = emul_randn(&r, nq, 1.0f), *scratch = malloc((size_t)T * c.d.S * 4), *nan = malloc(nmax * 4);
-        float *start[3], *want[2][3], *plain[2][3], *dg[3], *nank = malloc(nk * 4);
+        float *start[3], *want[2][3], *got[8][2][3], *dg[3], *nank = malloc(nk * 4);
         for (size_t i = 0; i < nmax; i++)
             nan[i] = NAN;
         for (size_t i = 0; i < nk; i++) /* cache rows past past + T are not the backward's: zeros, as the CPU's */
@@ -927,7 +927,7 @@ START_TEST(t_flash_gpu)
         float *dG = up(g, nq);
         sp_attention_backward(want[0][0], want[0][1], want[0][2], scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
         sp_attention_backward(want[1][0], want[1][1], want[1][2], scratch, g, c.probs, c.q, c.kc, c.vc, &c.d);
-        for (int mask = 0; mask < 4; mask++) {
+        for (int mask = 0; mask < 8; mask++) {
             sp_cuda_flash_set_pipeline(mask);
             for (int acc = 0; acc < 2; acc++) {
                 for (int i = 0; i < 3; i++)
@@ -935,38 +935,36 @@ START_TEST(t_flash_gpu)
                 OK(sp_cuda_flash_bwd(cu, dg[0], dg[1], dg[2], dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh,
                                      nkv, hd, cap, acc, E));
                 for (int i = 0; i < 3; i++) {
-                    float *got = down(dg[i], nn[i]);
                     char what[64];
-                    snprintf(what, sizeof what, "flash d%c (acc %d, pipeline %d)", "qkv"[i], acc, mask);
-                    FLASH_CLOSE(got, want[acc][i], nn[i], what, k);
-                    if (mask == 0) {
-                        plain[acc][i] = got;
-                        continue;
-                    }
-                    ck_assert_msg(memcmp(got, plain[acc][i], nn[i] * 4) == 0,
-                                  "flash d%c (acc %d): pipeline %d differs from the plain kernels (case %d)", "qkv"[i],
-                                  acc, mask, k);
-                    free(got);
+                    snprintf(what, sizeof what, "flash d%c (acc %d, mask %d)", "qkv"[i], acc, mask);
+                    got[mask][acc][i] = down(dg[i], nn[i]);
+                    FLASH_CLOSE(got[mask][acc][i], want[acc][i], nn[i], what, k);
+                    /* the pipelines: the plain kernels' bits; dq from stored dS: mask 4's */
+                    int ref = i == 0 ? mask & SP_CUDA_FLASH_DQ_STORED : 0;
+                    ck_assert_msg(memcmp(got[mask][acc][i], got[ref][acc][i], nn[i] * 4) == 0,
+                                  "flash d%c (acc %d): mask %d differs from mask %d (case %d)", "qkv"[i], acc, mask,
+                                  ref, k);
                 }
             }
         }
         sp_cuda_flash_set_pipeline(-1);
-        float *twice[2][3];
-        for (int run = 0; run < 2; run++) { /* the default pipeline from the same start twice: the same bits */
+        int def = sp_cuda_flash_pipeline();
+        for (int run = 0; run < 2; run++) { /* the default from the same start twice: its mask's bits */
             for (int i = 0; i < 3; i++)
                 OK(sp_cuda_upload(cu, dg[i], start[i], nn[i] * 4, E));
             OK(sp_cuda_flash_bwd(cu, dg[0], dg[1], dg[2], dG, dO, dL, dQ, dK, dV, al ? dS : NULL, B, T, past, nh, nkv,
                                  hd, cap, 1, E));
-            for (int i = 0; i < 3; i++)
-                twice[run][i] = down(dg[i], nn[i]);
+            for (int i = 0; i < 3; i++) {
+                float *again = down(dg[i], nn[i]);
+                ck_assert_msg(memcmp(again, got[def][1][i], nn[i] * 4) == 0,
+                              "flash d%c: the default (mask %d) not deterministic (case %d)", "qkv"[i], def, k);
+                free(again);
+            }
         }
         for (int i = 0; i < 3; i++) {
-            ck_assert_msg(memcmp(twice[0][i], twice[1][i], nn[i] * 4) == 0, "flash d%c not deterministic (case %d)",
-                          "qkv"[i], k);
-            ck_assert_msg(memcmp(twice[0][i], plain[1][i], nn[i] * 4) == 0,
-                          "flash d%c: the default pipeline differs from the plain kernels (case %d)", "qkv"[i], k);
-            free(twice[0][i]), free(twice[1][i]), free(start[i]), free(want[0][i]), free(want[1][i]);
-            free(plain[0][i]), free(plain[1][i]);
+            for (int mask = 0; mask < 8; mask++)
+                free(got[mask][0][i]), free(got[mask][1][i]);
+            free(start[i]), free(want[0][i]), free(want[1][i]);
             sp_cuda_free(cu, dg[i]);
         }
         free(nan), free(nank);
