@@ -67,6 +67,7 @@ enum { MQ, MK, MV, MO, MGATE, MUP, MDOWN, NMAT }; // sp_block's qm order for a d
 struct dacts {
     float *ln1, *mean1, *rstd1, *q, *k, *v, *probs, *att, *h1, *ln2, *mean2, *rstd2, *gate, *up, *act, *y, *moe;
     float *lnh, *atth, *mh; // bf16 storage
+    float *pk;              // a forward of its own keys on the bf16 path: q, k, v packed for flash (flash.h)
 };
 
 // Gradients of one backward (block.c's grads; half: a product's gradient rounded to bf16).
@@ -78,6 +79,7 @@ struct shape {
     size_t H, Q, KV, FF; // FF: the dense MLP's (0 for experts)
     int two, swiglu, rope;
     sp_moe_dims moe;     // experts 0: dense
+    int nh, nkv, hd;
 };
 
 // Carves buffers of the given float counts out of base (NULL: only counts), each 256-byte aligned; returns bytes.
@@ -92,17 +94,21 @@ size_t carve(float **const *ptrs, const size_t *sizes, int n, char *base)
     return total;
 }
 
-// Carves the activations of N rows (half: the bf16 path's buffers instead of ln1, ln2, act).
+// Carves the activations of N rows (half: the bf16 path's buffers instead of ln1, ln2, act; kHalfPacked: and the
+// packed attention operands of a forward without a cache).
+constexpr int kHalfPacked = 2;
+
 size_t acts_layout(const shape &s, dacts *a, size_t N, size_t probs_n, int half, char *base)
 {
     size_t two = (size_t)s.two, ff = N * s.FF, f = half ? 0 : 1, h = half ? 1 : 0, mid = s.FF > s.H ? s.FF : s.H;
+    size_t pk = half == kHalfPacked ? (sp_cuda_flash_packed_bytes(1, (int)N, s.nh, s.nkv, s.hd) + 3) / 4 : 0;
     size_t sizes[] = {f * N * s.H, N,  N, N * s.Q, N * s.KV, N * s.KV, probs_n, N * s.Q, N * s.H, f * two * N * s.H,
                       two * N,     two * N, s.swiglu ? ff : 0, ff, f * ff, N * s.H,
                       s.moe.experts ? sp_cuda_moe_acts_bytes(&s.moe, N) / sizeof(float) : 0, h * (N * s.H + 1) / 2,
-                      h * (N * s.Q + 1) / 2, h * (N * mid + 1) / 2};
+                      h * (N * s.Q + 1) / 2, h * (N * mid + 1) / 2, pk};
     float **const ptrs[] = {&a->ln1, &a->mean1, &a->rstd1, &a->q,    &a->k,  &a->v,   &a->probs,
                             &a->att, &a->h1,    &a->ln2,   &a->mean2, &a->rstd2, &a->gate, &a->up,
-                            &a->act, &a->y,     &a->moe,   &a->lnh,   &a->atth, &a->mh};
+                            &a->act, &a->y,     &a->moe,   &a->lnh,   &a->atth, &a->mh,  &a->pk};
     return carve(ptrs, sizes, (int)(sizeof sizes / sizeof *sizes), base);
 }
 
@@ -122,7 +128,7 @@ shape shape_of(const sp_block *b)
 {
     sp_moe_dims moe = sp_cuda_moe_dims(b);
     shape s = {(size_t)b->H, (size_t)b->nh * b->hd, (size_t)b->nkv * b->hd, moe.experts ? 0 : (size_t)b->FF,
-               b->ln2_w != NULL, b->k.mlp == SP_MLP_SWIGLU, b->k.pos == SP_POS_ROPE, moe};
+               b->ln2_w != NULL, b->k.mlp == SP_MLP_SWIGLU, b->k.pos == SP_POS_ROPE, moe, b->nh, b->nkv, b->hd};
     return s;
 }
 
@@ -331,6 +337,8 @@ static bool use_flash(const sp_cuda_block *cb)
 // round them itself (its GEMMs, beyond 32 rows).
 constexpr size_t kHalfRows = 32;
 static int half_rows(const sp_cuda_block *cb, size_t N) { return !cb->moe && use_flash(cb) && N > kHalfRows; }
+// The same for a forward of its own keys (no cache): its packed attention operands kept too.
+static int half_own(const sp_cuda_block *cb, size_t N) { return half_rows(cb, N) ? kHalfPacked : 0; }
 
 extern "C" void sp_cuda_block_use_fused(sp_cuda_block *cb, int level)
 {
@@ -482,6 +490,13 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
 {
     int N = B * T;
     TRY(attn_in(cb, inp, N, a, err));
+    if (a->pk && !kv) { // RoPE and flash's packing in one pass, the packed operands kept for the backward
+        TRY(sp_cuda_flash_pack(cb->cu, a->pk, a->q, a->k, a->v, cb->inv_freq, pos0, B, T, cb->nh, cb->nkv, cb->hd,
+                               err));
+        TRY(sp_cuda_flash_fwd_packed(cb->cu, a->att, a->atth, a->probs, a->pk, cb->slopes, B, T, cb->nh, cb->nkv,
+                                     cb->hd, err));
+        return attn_out_mlp(cb, out, inp, N, a, err);
+    }
     if (cb->inv_freq) {
         TRY(sp_cuda_rope_fwd(cb->cu, a->q, a->q, cb->inv_freq, pos0, B, T, cb->nh, cb->hd, err));
         TRY(sp_cuda_rope_fwd(cb->cu, a->k, a->k, cb->inv_freq, pos0, B, T, cb->nkv, cb->hd, err));
@@ -852,9 +867,10 @@ extern "C" sp_status sp_cuda_block_forward(sp_cuda_block *cb, float *out, const 
     if (kv && T == 1)
         return decode_step(cb, out, inp, kv, err);
     size_t N = (size_t)B * T, pn = probs_floats(cb, B, T, (kv ? kv->len : 0) + T);
+    int half = kv ? half_rows(cb, N) : half_own(cb, N);
     dacts a;
-    TRY(block_ws(cb, acts_layout(cb->s, &a, N, pn, half_rows(cb, N), NULL), err));
-    acts_layout(cb->s, &a, N, pn, half_rows(cb, N), (char *)cb->ws);
+    TRY(block_ws(cb, acts_layout(cb->s, &a, N, pn, half, NULL), err));
+    acts_layout(cb->s, &a, N, pn, half, (char *)cb->ws);
     return forward_acts(cb, out, inp, B, T, pos0, kv, &a, err);
 }
 
@@ -862,7 +878,7 @@ extern "C" size_t sp_cuda_block_acts_bytes(const sp_cuda_block *cb, int B, int T
 {
     dacts a;
     size_t N = (size_t)B * T;
-    return acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_rows(cb, N), NULL);
+    return acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_own(cb, N), NULL);
 }
 
 extern "C" void sp_cuda_acts_free(sp_cuda_block *cb, sp_cuda_acts *k)
@@ -876,14 +892,14 @@ extern "C" sp_status sp_cuda_block_forward_keep(sp_cuda_block *cb, float *out, c
 {
     TRY(check_dims(cb, B, T, pos0, NULL, err));
     dacts a;
-    size_t N = (size_t)B * T, bytes = acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_rows(cb, N), NULL);
+    size_t N = (size_t)B * T, bytes = acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_own(cb, N), NULL);
     if (k->bytes < bytes) {
         TRY(sp_cuda_sync(cb->cu, err));
         sp_cuda_acts_free(cb, k);
         TRY(sp_cuda_alloc(cb->cu, &k->buf, bytes, err));
         k->bytes = bytes;
     }
-    acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_rows(cb, N), (char *)k->buf);
+    acts_layout(cb->s, &a, N, probs_floats(cb, B, T, T), half_own(cb, N), (char *)k->buf);
     TRY(forward_acts(cb, out, inp, B, T, pos0, NULL, &a, err));
     k->B = B, k->T = T, k->pos0 = pos0;
     return SP_OK;
@@ -1014,8 +1030,12 @@ static sp_status backward_acts_h(sp_cuda_block *cb, float *dinp, const float *do
     } else {
         TRY(mul_t_f(cb, MO, g->datt, res, N, g->half, 0, err));
     }
-    TRY(sp_cuda_flash_bwd(cu, g->dq, g->dk, g->dv, g->datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T, 0,
-                          cb->nh, cb->nkv, cb->hd, T, 0, err)); // written: nothing to clear first
+    if (a->pk) // the forward's packed operands; dq, dk, dv written: nothing to clear first
+        TRY(sp_cuda_flash_bwd_packed(cu, g->dq, g->dk, g->dv, g->datt, a->att, a->probs, a->pk, cb->slopes, B, T,
+                                     cb->nh, cb->nkv, cb->hd, 0, err));
+    else
+        TRY(sp_cuda_flash_bwd(cu, g->dq, g->dk, g->dv, g->datt, a->att, a->probs, a->q, a->k, a->v, cb->slopes, B, T,
+                              0, cb->nh, cb->nkv, cb->hd, T, 0, err));
     TRY(qkv_bwd_h(cb, g, B, T, pos0, cb->ln2_w ? 0 : 1, err));
     if (cb->ln2_w && cb->k.parallel) {
         TRY(norm_bwd_res(cb, g->dh1, NULL, res, g->dln2, inp, cb->ln2_w, a->mean2, a->rstd2, N, err));
@@ -1071,7 +1091,7 @@ extern "C" sp_status sp_cuda_block_backward_kept(sp_cuda_block *cb, float *dinp,
     dacts a;
     dgrads g;
     size_t N = (size_t)k->B * k->T;
-    if (acts_layout(cb->s, &a, N, probs_floats(cb, k->B, k->T, k->T), half_rows(cb, N), (char *)k->buf) > k->bytes)
+    if (acts_layout(cb->s, &a, N, probs_floats(cb, k->B, k->T, k->T), half_own(cb, N), (char *)k->buf) > k->bytes)
         return sp_errf(err, SP_ERR_STATE, "block: kept activations are too small for [%d, %d]", k->B, k->T);
     TRY(block_ws(cb, grads_layout(cb->s, &g, N, NULL), err));
     return backward_acts(cb, dinp, dout, inp, k->B, k->T, k->pos0, &a, (char *)cb->ws, err);
@@ -1084,10 +1104,10 @@ extern "C" sp_status sp_cuda_block_backward(sp_cuda_block *cb, float *dinp, cons
     dacts a;
     dgrads g;
     size_t N = (size_t)B * T, pn = probs_floats(cb, B, T, T);
-    size_t gbytes = grads_layout(cb->s, &g, N, NULL), abytes = acts_layout(cb->s, &a, N, pn, half_rows(cb, N), NULL);
+    size_t gbytes = grads_layout(cb->s, &g, N, NULL), abytes = acts_layout(cb->s, &a, N, pn, half_own(cb, N), NULL);
     TRY(block_ws(cb, gbytes + abytes, err));
     char *base = (char *)cb->ws;
-    acts_layout(cb->s, &a, N, pn, half_rows(cb, N), base + gbytes);
+    acts_layout(cb->s, &a, N, pn, half_own(cb, N), base + gbytes);
     TRY(forward_acts(cb, a.y, inp, B, T, pos0, NULL, &a, err)); // the output into a.y, which nothing reads after
     return backward_acts(cb, dinp, dout, inp, B, T, pos0, &a, base, err);
 }

@@ -601,6 +601,38 @@ __global__ void pack_kernel(bf16 *dst, const float *src, long bs, long rs, int h
     }
 }
 
+// dst [B, heads, T, HD] bf16 from src rows [B, T, heads * hd], each value rotated by RoPE at position pos0 + t
+// first (kmath's pair (d, d + hd / 2), as sp_cuda_rope_fwd) when inv_freq; zeros for d >= hd.
+__global__ void pack_rope_kernel(bf16 *dst, const float *src, const float *inv_freq, int pos0, int heads, int T, int hd,
+                                 int HD, long n8)
+{
+    SPK_GRID_LOOP(i, n8)
+    {
+        long e = i * 8, r = e / HD;
+        int d0 = (int)(e % HD), t = (int)(r % T), head = (int)(r / T % heads), b = (int)(r / T / heads), half = hd / 2;
+        const float *x = src + ((long)b * T + t) * heads * hd + (long)head * hd;
+        union {
+            uint4 u;
+            bf16 h[8];
+        } v;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int d = d0 + k;
+            float y = 0.0f;
+            if (d < hd && !inv_freq) {
+                y = x[d];
+            } else if (d < hd) {
+                int j = d < half ? d : d - half;
+                float a = sp_km_rope_angle(pos0 + t, inv_freq[j]), y1, y2;
+                sp_km_rope_fwd(&y1, &y2, x[j], x[j + half], cosf(a), sinf(a));
+                y = d < half ? y1 : y2;
+            }
+            v.h[k] = __float2bfloat16_rn(y);
+        }
+        *reinterpret_cast<uint4 *>(dst + e) = v.u;
+    }
+}
+
 // D[b, h, t] = sum_d dout * out over row (b, t, h) of [B, T, nh, hd]: a warp a row.
 __global__ void dsum_kernel(float *D, const float *dout, const float *out, int T, int nh, int hd, long rows)
 {
@@ -676,6 +708,18 @@ sp_status bad_shape(sp_err *err, const char *what, int B, int T, int past, int n
                    nh, nkv, hd, cap);
 }
 
+// The common parameters over packed q, k, v.
+fparams params(const bf16 *qh, const bf16 *kh, const bf16 *vh, const float *slopes, int T, int past, int nh, int nkv,
+               int hd)
+{
+    fparams p = {};
+    p.q = qh, p.k = kh, p.v = vh, p.slopes = slopes;
+    p.T = T, p.past = past, p.S = past + T, p.nh = nh, p.nkv = nkv, p.hd = hd;
+    p.scale = 1.0f / sqrtf((float)hd);
+    p.sl2 = p.scale * kLog2e;
+    return p;
+}
+
 // The common parameters, and q, k, v packed at the start of the workspace (ws: room for `extra` bytes after).
 sp_status prepare(sp_cuda *cu, fparams *p, const float *q, const float *kc, const float *vc, const float *slopes,
                   int B, int T, int past, int nh, int nkv, int hd, int cap, size_t extra, char **rest, sp_err *err)
@@ -688,11 +732,7 @@ sp_status prepare(sp_cuda *cu, fparams *p, const float *q, const float *kc, cons
         return st;
     bf16 *qh = (bf16 *)ws, *kh = (bf16 *)((char *)ws + nq), *vh = (bf16 *)((char *)ws + nq + nk);
     *rest = (char *)ws + nq + 2 * nk;
-    *p = fparams{};
-    p->q = qh, p->k = kh, p->v = vh, p->slopes = slopes;
-    p->T = T, p->past = past, p->S = S, p->nh = nh, p->nkv = nkv, p->hd = hd;
-    p->scale = 1.0f / sqrtf((float)hd);
-    p->sl2 = p->scale * kLog2e;
+    *p = params(qh, kh, vh, slopes, T, past, nh, nkv, hd);
     long ldq = (long)nh * hd, ldk = (long)nkv * hd;
     st = pack(cu, qh, q, T * ldq, ldq, B, nh, T, hd, HD, err);
     if (st == SP_OK)
@@ -791,6 +831,53 @@ template <int HD> sp_status launch_bwd(sp_cuda *cu, const fparams &p, int B, int
     return pk ? launch_dkv<HD, true, false>(cu, p, B, err) : launch_dkv<HD, false, false>(cu, p, B, err);
 }
 
+// The backward's workspace after the operands: dout packed, D, GQA's per-query-head scratch, the stored dS tiles.
+struct bwd_ws {
+    size_t ndo, nd, nscr, nds;
+    size_t total() const { return ndo + nd + 2 * nscr + nds; }
+};
+
+bwd_ws bwd_sizes(int B, int T, int S, int nh, int nkv, int hd, int mask)
+{
+    bwd_ws w;
+    w.ndo = align256((size_t)B * nh * T * padded(hd) * 2), w.nd = align256((size_t)B * nh * T * sizeof(float));
+    w.nscr = nh > nkv ? align256((size_t)B * S * nh * hd * sizeof(float)) : 0;
+    w.nds = (size_t)B * nh * ((T + kRows - 1) / kRows) * ((S + kRows - 1) / kRows) * kRows * kRows * 2;
+    if (!(mask & SP_CUDA_FLASH_DQ_STORED) || w.nds > kMaxStoredDs)
+        w.nds = 0; // dq recomputes the scores
+    return w;
+}
+
+// The backward over p's packed operands with its workspace at rest (bwd_sizes' w).
+sp_status bwd_run(sp_cuda *cu, fparams p, const bwd_ws &w, char *rest, float *dq, float *dk, float *dv,
+                  const float *dout, const float *out, const float *lse, int B, int cap, int acc, int mask,
+                  sp_err *err)
+{
+    int T = p.T, S = p.S, nh = p.nh, nkv = p.nkv, hd = p.hd, HD = padded(hd), G = nh / nkv;
+    bf16 *doh = (bf16 *)rest;
+    float *D = (float *)(rest + w.ndo), *sk = (float *)(rest + w.ndo + w.nd);
+    float *sv = (float *)(rest + w.ndo + w.nd + w.nscr);
+    long ldq = (long)nh * hd, ldk = (long)nkv * hd, rows = (long)B * T * nh;
+    cudaStream_t s = spk::stream_of(cu);
+    sp_status st = pack(cu, doh, dout, T * ldq, ldq, B, nh, T, hd, HD, err);
+    if (st != SP_OK)
+        return st;
+    dsum_kernel<<<spk::grid_for(rows * 32), spk::kThreads, 0, s>>>(D, dout, out, T, nh, hd, rows);
+    p.dout = doh, p.lse = (float *)lse, p.D = D, p.dq = dq;
+    p.ds = w.nds ? (bf16 *)(rest + w.ndo + w.nd + 2 * w.nscr) : NULL;
+    p.acc = acc != 0, p.kv_acc = G > 1 ? 0 : acc != 0; // GQA: each query head's into scratch, every row written
+    p.dk = G > 1 ? sk : dk, p.dv = G > 1 ? sv : dv;
+    p.kv_bs = G > 1 ? (long)S * ldq : (long)cap * ldk, p.kv_rs = G > 1 ? ldq : ldk;
+    st = HD == 64 ? launch_bwd<64>(cu, p, B, mask, err) : launch_bwd<128>(cu, p, B, mask, err);
+    if (st != SP_OK || G == 1)
+        return st;
+    long n = (long)B * S * ldk;
+    int a = acc != 0;
+    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dk, sk, (long)cap * ldk, ldk, S, nkv, G, hd, a, n);
+    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dv, sv, (long)cap * ldk, ldk, S, nkv, G, hd, a, n);
+    return spk::launched(err, "flash attention backward: kv heads");
+}
+
 } // namespace
 
 extern "C" int sp_cuda_flash_ok(int hd) { return hd >= 1 && hd <= 128; }
@@ -821,38 +908,74 @@ extern "C" sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float 
 {
     if (!shape_ok(B, T, past, nh, nkv, hd, cap) || !dq || !dk || !dv)
         return bad_shape(err, "flash attention backward", B, T, past, nh, nkv, hd, cap);
-    int HD = padded(hd), S = past + T, G = nh / nkv;
-    size_t ndo = align256((size_t)B * nh * T * HD * 2), nd = align256((size_t)B * nh * T * sizeof(float));
-    size_t nscr = G > 1 ? align256((size_t)B * S * nh * hd * sizeof(float)) : 0;
-    size_t nds = (size_t)B * nh * ((T + kRows - 1) / kRows) * ((S + kRows - 1) / kRows) * kRows * kRows * 2;
     int mask = pipe_mask();
-    if (!(mask & SP_CUDA_FLASH_DQ_STORED) || nds > kMaxStoredDs)
-        nds = 0; // dq recomputes the scores
+    bwd_ws w = bwd_sizes(B, T, past + T, nh, nkv, hd, mask);
     fparams p;
     char *rest = NULL;
-    sp_status st = prepare(cu, &p, q, kc, vc, slopes, B, T, past, nh, nkv, hd, cap, ndo + nd + 2 * nscr + nds, &rest,
-                           err);
+    sp_status st = prepare(cu, &p, q, kc, vc, slopes, B, T, past, nh, nkv, hd, cap, w.total(), &rest, err);
     if (st != SP_OK)
         return st;
-    bf16 *doh = (bf16 *)rest;
-    float *D = (float *)(rest + ndo), *sk = (float *)(rest + ndo + nd), *sv = (float *)(rest + ndo + nd + nscr);
-    long ldq = (long)nh * hd, ldk = (long)nkv * hd, rows = (long)B * T * nh;
+    return bwd_run(cu, p, w, rest, dq, dk, dv, dout, out, lse, B, cap, acc, mask, err);
+}
+
+extern "C" size_t sp_cuda_flash_packed_bytes(int B, int T, int nh, int nkv, int hd)
+{
+    int HD = padded(hd);
+    return align256((size_t)B * nh * T * HD * 2) + 2 * align256((size_t)B * nkv * T * HD * 2);
+}
+
+// The packed operands' places in one buffer of sp_cuda_flash_packed_bytes.
+static void packed_parts(void *buf, int B, int T, int nh, int nkv, int hd, bf16 **qh, bf16 **kh, bf16 **vh)
+{
+    int HD = padded(hd);
+    size_t nq = align256((size_t)B * nh * T * HD * 2), nk = align256((size_t)B * nkv * T * HD * 2);
+    *qh = (bf16 *)buf, *kh = (bf16 *)((char *)buf + nq), *vh = (bf16 *)((char *)buf + nq + nk);
+}
+
+extern "C" sp_status sp_cuda_flash_pack(sp_cuda *cu, void *packed, const float *q, const float *k, const float *v,
+                                        const float *inv_freq, int pos0, int B, int T, int nh, int nkv, int hd,
+                                        sp_err *err)
+{
+    if (!shape_ok(B, T, 0, nh, nkv, hd, T) || !packed || pos0 < 0 || (inv_freq && hd % 2))
+        return bad_shape(err, "flash attention: packing", B, T, 0, nh, nkv, hd, T);
+    bf16 *qh, *kh, *vh;
+    packed_parts(packed, B, T, nh, nkv, hd, &qh, &kh, &vh);
+    int HD = padded(hd);
+    long nq8 = (long)B * nh * T * HD / 8, nk8 = (long)B * nkv * T * HD / 8;
     cudaStream_t s = spk::stream_of(cu);
-    st = pack(cu, doh, dout, T * ldq, ldq, B, nh, T, hd, HD, err);
+    pack_rope_kernel<<<spk::grid_for(nq8), spk::kThreads, 0, s>>>(qh, q, inv_freq, pos0, nh, T, hd, HD, nq8);
+    pack_rope_kernel<<<spk::grid_for(nk8), spk::kThreads, 0, s>>>(kh, k, inv_freq, pos0, nkv, T, hd, HD, nk8);
+    pack_rope_kernel<<<spk::grid_for(nk8), spk::kThreads, 0, s>>>(vh, v, NULL, 0, nkv, T, hd, HD, nk8);
+    return spk::launched(err, "flash attention: packing");
+}
+
+extern "C" sp_status sp_cuda_flash_fwd_packed(sp_cuda *cu, float *out, void *outh, float *lse, const void *packed,
+                                              const float *slopes, int B, int T, int nh, int nkv, int hd, sp_err *err)
+{
+    if (!shape_ok(B, T, 0, nh, nkv, hd, T) || !packed)
+        return bad_shape(err, "flash attention", B, T, 0, nh, nkv, hd, T);
+    bf16 *qh, *kh, *vh;
+    packed_parts((void *)packed, B, T, nh, nkv, hd, &qh, &kh, &vh);
+    fparams p = params(qh, kh, vh, slopes, T, 0, nh, nkv, hd);
+    p.out = out, p.outh = (bf16 *)outh, p.lse = lse;
+    return padded(hd) == 64 ? launch_fwd<64>(cu, p, B, err) : launch_fwd<128>(cu, p, B, err);
+}
+
+extern "C" sp_status sp_cuda_flash_bwd_packed(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout,
+                                              const float *out, const float *lse, const void *packed,
+                                              const float *slopes, int B, int T, int nh, int nkv, int hd, int acc,
+                                              sp_err *err)
+{
+    if (!shape_ok(B, T, 0, nh, nkv, hd, T) || !packed || !dq || !dk || !dv)
+        return bad_shape(err, "flash attention backward", B, T, 0, nh, nkv, hd, T);
+    int mask = pipe_mask();
+    bwd_ws w = bwd_sizes(B, T, T, nh, nkv, hd, mask);
+    void *ws = NULL;
+    sp_status st = sp_cuda_workspace(cu, w.total(), &ws, err);
     if (st != SP_OK)
         return st;
-    dsum_kernel<<<spk::grid_for(rows * 32), spk::kThreads, 0, s>>>(D, dout, out, T, nh, hd, rows);
-    p.dout = doh, p.lse = (float *)lse, p.D = D, p.dq = dq;
-    p.ds = nds ? (bf16 *)(rest + ndo + nd + 2 * nscr) : NULL;
-    p.acc = acc != 0, p.kv_acc = G > 1 ? 0 : acc != 0; // GQA: each query head's into scratch, every row written
-    p.dk = G > 1 ? sk : dk, p.dv = G > 1 ? sv : dv;
-    p.kv_bs = G > 1 ? (long)S * ldq : (long)cap * ldk, p.kv_rs = G > 1 ? ldq : ldk;
-    st = HD == 64 ? launch_bwd<64>(cu, p, B, mask, err) : launch_bwd<128>(cu, p, B, mask, err);
-    if (st != SP_OK || G == 1)
-        return st;
-    long n = (long)B * S * ldk;
-    int a = acc != 0;
-    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dk, sk, (long)cap * ldk, ldk, S, nkv, G, hd, a, n);
-    gqa_sum_kernel<<<spk::grid_for(n), spk::kThreads, 0, s>>>(dv, sv, (long)cap * ldk, ldk, S, nkv, G, hd, a, n);
-    return spk::launched(err, "flash attention backward: kv heads");
+    bf16 *qh, *kh, *vh;
+    packed_parts((void *)packed, B, T, nh, nkv, hd, &qh, &kh, &vh);
+    fparams p = params(qh, kh, vh, slopes, T, 0, nh, nkv, hd);
+    return bwd_run(cu, p, w, (char *)ws, dq, dk, dv, dout, out, lse, B, T, acc, mask, err);
 }

@@ -36,6 +36,21 @@ sp_status sp_cuda_flash_bwd(sp_cuda *cu, float *dq, float *dk, float *dv, const 
                             const float *lse, const float *q, const float *kc, const float *vc, const float *slopes,
                             int B, int T, int past, int nh, int nkv, int hd, int cap, int acc, sp_err *err);
 
+/* The no-cache forward and its backward (a training forward: past 0, its own keys and values) over operands
+ * packed once: sp_cuda_flash_pack writes q, k and v (f32 [B, T, heads * hd]) as the kernels take them, RoPE at
+ * positions pos0 .. applied to q and k on the way when inv_freq is given (sp_cuda_rope_fwd's rotation, then the
+ * bf16 rounding), into `packed` (sp_cuda_flash_packed_bytes); the forward and the backward then read them there
+ * (nothing packed again: the forward keeps them for the backward) and compute what sp_cuda_flash_fwd /
+ * sp_cuda_flash_bwd compute over the rotated q, k. dk, dv: [B, T, nkv * hd]. */
+size_t sp_cuda_flash_packed_bytes(int B, int T, int nh, int nkv, int hd);
+sp_status sp_cuda_flash_pack(sp_cuda *cu, void *packed, const float *q, const float *k, const float *v,
+                             const float *inv_freq, int pos0, int B, int T, int nh, int nkv, int hd, sp_err *err);
+sp_status sp_cuda_flash_fwd_packed(sp_cuda *cu, float *out, void *outh, float *lse, const void *packed,
+                                   const float *slopes, int B, int T, int nh, int nkv, int hd, sp_err *err);
+sp_status sp_cuda_flash_bwd_packed(sp_cuda *cu, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const void *packed, const float *slopes, int B, int T, int nh,
+                                   int nkv, int hd, int acc, sp_err *err);
+
 /* How the backward runs, a mask: bit SP_CUDA_FLASH_PIPE_DKV: the dk / dv kernel streams its next query tile into a
  * second set of shared buffers while a tile's products run; bit SP_CUDA_FLASH_PIPE_DQ: the dq kernel its next key
  * and value tiles (both: the same bits either way, the same sums in the same order; a pipelined kernel takes six

@@ -1051,6 +1051,83 @@ static int rounded_from(const void *dh, const float *df, size_t n)
     return same;
 }
 
+/* The packed forward and backward (flash.h: q, k, v packed once, RoPE applied on the way) give what the packing
+ * ones give from the same operands (rotated first by sp_cuda_rope_fwd where RoPE runs): without RoPE the same bits,
+ * with it within the tolerance (the rotation's f32 may round to bf16 apart); GQA, MQA, ALiBi, a padded head size,
+ * positions from pos0; bad shapes refused. */
+START_TEST(t_flash_packed_gpu)
+{
+    const int cases[][8] = {/* B, T, nh, nkv, hd, rope, alibi, pos0 */
+                            {2, 70, 4, 2, 64, 1, 0, 3}, {1, 130, 3, 3, 100, 0, 1, 0}, {1, 200, 8, 1, 128, 1, 0, 0},
+                            {2, 40, 2, 2, 64, 0, 0, 0}};
+    sp_rng r;
+    sp_rng_seed(&r, 65);
+    for (int k = 0; k < (int)(sizeof cases / sizeof *cases); k++) {
+        int B = cases[k][0], T = cases[k][1], nh = cases[k][2], nkv = cases[k][3], hd = cases[k][4];
+        int rope = cases[k][5], pos0 = cases[k][7];
+        size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+        float slopes[8], freq[64];
+        sp_alibi_slopes(slopes, nh);
+        for (int i = 0; i < hd / 2; i++)
+            freq[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
+        float *q = emul_randn(&r, nq, 1.0f), *kk = emul_randn(&r, nk, 1.0f), *v = emul_randn(&r, nk, 1.0f);
+        float *g = emul_randn(&r, nq, 1.0f);
+        float *dQ = up(q, nq), *dK = up(kk, nk), *dV = up(v, nk), *dG = up(g, nq), *dF = up(freq, (size_t)hd / 2);
+        float *dS = cases[k][6] ? up(slopes, (size_t)nh) : NULL, *f = rope ? dF : NULL;
+        float *qr = up(q, nq), *kr = up(kk, nk);
+        if (rope) {
+            OK(sp_cuda_rope_fwd(cu, qr, dQ, dF, pos0, B, T, nh, hd, E));
+            OK(sp_cuda_rope_fwd(cu, kr, dK, dF, pos0, B, T, nkv, hd, E));
+        }
+        float *o[2], *l[2], *gq[2], *gk[2], *gv[2];
+        void *oh[2], *pk = NULL;
+        for (int i = 0; i < 2; i++) {
+            OK(sp_cuda_alloc(cu, (void **)&o[i], nq * 4, E));
+            OK(sp_cuda_alloc(cu, &oh[i], nq * 2, E));
+            OK(sp_cuda_alloc(cu, (void **)&l[i], nl * 4, E));
+            OK(sp_cuda_alloc(cu, (void **)&gq[i], nq * 4, E));
+            OK(sp_cuda_alloc(cu, (void **)&gk[i], nk * 4, E));
+            OK(sp_cuda_alloc(cu, (void **)&gv[i], nk * 4, E));
+        }
+        OK(sp_cuda_alloc(cu, &pk, sp_cuda_flash_packed_bytes(B, T, nh, nkv, hd), E));
+        OK(sp_cuda_flash_fwd(cu, o[0], oh[0], l[0], qr, kr, dV, dS, B, T, 0, nh, nkv, hd, T, E));
+        OK(sp_cuda_flash_bwd(cu, gq[0], gk[0], gv[0], dG, o[0], l[0], qr, kr, dV, dS, B, T, 0, nh, nkv, hd, T, 0, E));
+        OK(sp_cuda_flash_pack(cu, pk, dQ, dK, dV, f, pos0, B, T, nh, nkv, hd, E));
+        OK(sp_cuda_flash_fwd_packed(cu, o[1], oh[1], l[1], pk, dS, B, T, nh, nkv, hd, E));
+        OK(sp_cuda_flash_bwd_packed(cu, gq[1], gk[1], gv[1], dG, o[1], l[1], pk, dS, B, T, nh, nkv, hd, 0, E));
+        float *bufs[2][5];
+        for (int i = 0; i < 2; i++) {
+            bufs[i][0] = down(o[i], nq), bufs[i][1] = down(l[i], nl), bufs[i][2] = down(gq[i], nq);
+            bufs[i][3] = down(gk[i], nk), bufs[i][4] = down(gv[i], nk);
+        }
+        size_t ns[5] = {nq, nl, nq, nk, nk};
+        const char *what[5] = {"output", "lse", "dq", "dk", "dv"};
+        for (int j = 0; j < 5; j++) {
+            if (!rope)
+                ck_assert_msg(memcmp(bufs[0][j], bufs[1][j], ns[j] * 4) == 0, "packed flash %s (case %d): not the "
+                              "same bits", what[j], k);
+            else
+                FLASH_CLOSE(bufs[1][j], bufs[0][j], ns[j], what[j], k);
+            free(bufs[0][j]), free(bufs[1][j]);
+        }
+        ck_assert_msg(rounded_from(oh[1], o[1], nq), "packed flash bf16 output (case %d)", k);
+        sp_err err = {0};
+        ck_assert_int_eq(sp_cuda_flash_pack(cu, pk, dQ, dK, dV, f, pos0, B, T, nh, nkv, 129, &err), SP_ERR_ARG);
+        ck_assert_int_eq(sp_cuda_flash_pack(cu, pk, dQ, dK, dV, dF, 0, B, T, nh, nkv, 63, &err), SP_ERR_ARG);
+        ck_assert_int_eq(sp_cuda_flash_fwd_packed(cu, o[1], NULL, l[1], pk, dS, B, T, nh, nh + 1, hd, &err), SP_ERR_ARG);
+        free(q), free(kk), free(v), free(g);
+        for (int i = 0; i < 2; i++) {
+            void *d[] = {o[i], oh[i], l[i], gq[i], gk[i], gv[i]};
+            for (int j = 0; j < 6; j++)
+                sp_cuda_free(cu, d[j]);
+        }
+        void *d[] = {dQ, dK, dV, dG, dF, dS, qr, kr, pk};
+        for (int j = 0; j < 9; j++)
+            sp_cuda_free(cu, d[j]);
+    }
+}
+END_TEST
+
 /* The backward's fused twins give the bf16 rounding of what the f32 kernels add into zeros: SwiGLU, GELU, GELU-tanh
  * and RoPE (llama3 frequencies at positions past 8190); the norms' backward on the residual what the f32 kernels
  * add into it (RMSNorm, LayerNorm; in place too) and its bf16 rounding; shape errors are refused. */
@@ -1205,6 +1282,7 @@ int main(void)
     tcase_add_test(tk, t_attn_prefill_gpu);
     tcase_add_test(tk, t_attn_backward_gpu);
     tcase_add_test(tk, t_flash_gpu);
+    tcase_add_test(tk, t_flash_packed_gpu);
     tcase_add_test(tk, t_fused_gpu);
     tcase_add_test(tk, t_wmat_mul_h_gpu);
     tcase_add_test(tk, t_fused_bwd_gpu);
