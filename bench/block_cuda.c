@@ -12,8 +12,9 @@
  *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more
  *    product, so forward + backward is 2x the products) plus attention's 4 T^2 hd per head (x2.5 with backward).
  *
- * Prints the device and the ratios; without a GPU it says so and exits 0. Usage: bench_block_cuda [--quick]
- * (--quick: the 7B block only, fewer repetitions). */
+ * Prints the device and the ratios; without a GPU it says so and exits 0. Usage: bench_block_cuda [--quick |
+ * --profile] (--quick: the 7B block only, fewer repetitions; --profile: one of each kind of work for ncu, see
+ * profile()). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,9 +342,49 @@ static void bench_forward_path(const char *name, const sp_block *b, int T, int r
     sp_cuda_block_free(c.cb);
 }
 
+/* --profile: each kind of work once more after a warm run, between the CUDA profiler's start and stop (so that
+ * ncu --profile-from-start off sees only those launches, once each): the 7B block's decode step at KV 128 in bf16,
+ * int8 and NF4 (the default fused kernels, graphs off: each kernel a launch of its own), then its bf16 forward +
+ * backward of 1024 tokens (the default flash backward mask). */
+static void profile(void)
+{
+    sp_wtype types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4};
+    for (int t = 0; t < 3; t++) {
+        sp_block b;
+        sp_config cfg;
+        sp_rope rope;
+        make_block(&b, &cfg, &rope, 4096, 11008, 32, 32, types[t]);
+        run_ctx c = {.K = 128, .T = 1024};
+        TRY(sp_cuda_block_upload(cu, &c.cb, &b, &err));
+        sp_cuda_block_use_graphs(c.cb, 0);
+        TRY(sp_cuda_kv_new(c.cb, &c.kv, 1, c.K + 1, NULL, &err));
+        size_t n = (size_t)c.T * b.H;
+        c.x = dev_randn(n, 1.0f);
+        TRY(sp_cuda_alloc(cu, (void **)&c.y, n * sizeof(float), &err));
+        TRY(sp_cuda_alloc(cu, (void **)&c.d, n * sizeof(float), &err));
+        TRY(sp_cuda_block_forward(c.cb, c.y, c.x, 1, c.K, 0, c.kv, &err));
+        run_decode(&c);
+        if (t == 0)
+            run_fwd_bwd(&c);
+        TRY(sp_cuda_sync(cu, &err));
+        printf("profile: 7B %s decode step%s\n", sp_wtype_name(b.wtype), t == 0 ? ", forward + backward" : "");
+        sp_cuda_profile(1);
+        run_decode(&c);
+        if (t == 0)
+            run_fwd_bwd(&c);
+        TRY(sp_cuda_sync(cu, &err));
+        sp_cuda_profile(0);
+        sp_cuda_acts_free(c.cb, &c.acts);
+        sp_cuda_kv_free(c.kv);
+        sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y), sp_cuda_free(cu, c.d);
+        sp_cuda_block_free(c.cb);
+        sp_block_free(&b);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0, prof = argc > 1 && strcmp(argv[1], "--profile") == 0;
     char why[256];
     if (sp_cuda_device_count(why, sizeof why) <= 0) {
         printf("bench_block_cuda: no usable GPU (%s)\n", why);
@@ -351,6 +392,11 @@ int main(int argc, char **argv)
     }
     TRY(sp_cuda_open(&cu, 0, &err));
     printf("device: %s\n", sp_cuda_name(cu));
+    if (prof) {
+        profile();
+        sp_cuda_close(cu);
+        return 0;
+    }
     double copy_bw = sp_bench_cuda_copy_bw(cu, "bench_block_cuda");
     printf("device-to-device copy: %.0f GB/s (read + written)\n", copy_bw / 1e9);
     struct {

@@ -1,6 +1,7 @@
 // cuda_backend.cu - the device context, buffers, copies and the mapping of CUDA's errors (cuda_backend.h).
 #include "cuda_backend.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 
@@ -168,6 +169,12 @@ extern "C" sp_status sp_cuda_sync(sp_cuda *cu, sp_err *err)
 extern "C" void *sp_cuda_stream(const sp_cuda *cu) { return cu->stream; }
 extern "C" void *sp_cuda_cublas(const sp_cuda *cu) { return cu->cublas; }
 extern "C" const char *sp_cuda_name(const sp_cuda *cu) { return cu->name; }
+
+extern "C" void sp_cuda_profile(int on)
+{
+    if (on ? cudaProfilerStart() : cudaProfilerStop())
+        cudaGetLastError(); // no profiler: nothing to do, no error left behind
+}
 
 extern "C" sp_status sp_cuda_meminfo(sp_cuda *cu, size_t *free_bytes, size_t *total_bytes, sp_err *err)
 {

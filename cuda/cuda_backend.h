@@ -44,6 +44,9 @@ void *sp_cuda_stream(const sp_cuda *cu);
 void *sp_cuda_cublas(const sp_cuda *cu);
 /* The device's name and memory (free and total bytes now). */
 const char *sp_cuda_name(const sp_cuda *cu);
+/* The CUDA profiler's collection on (1) or off (0) for this process (a profiler started with its collection off,
+ * e.g. ncu --profile-from-start off, sees only what runs between); nothing without a profiler. */
+void sp_cuda_profile(int on);
 sp_status sp_cuda_meminfo(sp_cuda *cu, size_t *free_bytes, size_t *total_bytes, sp_err *err);
 
 /* Device buffers (bytes > 0; freeing NULL does nothing). */

@@ -3,8 +3,9 @@
 # (scripts/gpu-build.sh, packages from .debs-full), the GPU suites through ctest (whatever built: a target that
 # failed to link does not stop the others), the kernels' and the block's benchmarks, and the mixed swarm
 # (ctest's gpu_swarm: scripts/gpu-swarm.sh). Logs alone go to $OUT (the device tool returns at most 8 files):
-# gpu-build.txt (the summary), build.log, ctest.log, bench_kern_cuda.txt, bench_block_cuda.txt.
-# Usage (device tool, carry [".debs-full"]): bash scripts/gpu-all.sh     About 3 minutes on an H200.
+# gpu-build.txt (the summary), build.log, ctest.log, bench_kern_cuda.txt, bench_block_cuda.txt, and ncu.txt (a
+# profile, last, at most 150 s: SEPAL_GPU_NCU_S).
+# Usage (device tool, carry [".debs-full"]): bash scripts/gpu-all.sh     About 3 minutes on an H200 (before ncu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST="${OUT:-/tmp/gpu-all}"
@@ -29,4 +30,15 @@ export SEPAL_GPU_SWARM_NO_SERVER_TEST=1 # test_server_gpu is a suite above, not 
 timeout "${SEPAL_GPU_CTEST_S:-240}" ctest --test-dir "$B" -R "$SUITES" -j 6 --timeout 235 --output-on-failure > "$DEST/ctest.log" 2>&1
 echo "gpu-all: ctest exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
 grep -E 'tests passed|Passed|Failed|Skipped|Not Run|\*\*\*' "$DEST/ctest.log" | tee -a "$DEST/gpu-build.txt"
+# last, so that nothing above waits for it: Nsight Compute over one of each kind of work (bench_block_cuda
+# --profile: the 7B decode step in bf16, int8 and NF4, the bf16 forward + backward) when the machine has ncu and
+# lets it read the counters: what limits each kernel (speed of light, occupancy, warp stalls), for the next session
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ -x "$B/bench/bench_block_cuda" ]; then
+    timeout "${SEPAL_GPU_NCU_S:-150}" "$NCU" --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats "$B/bench/bench_block_cuda" --profile > "$DEST/ncu.txt" 2>&1
+    echo "gpu-all: ncu exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
+else
+    echo "gpu-all: no ncu here (or no bench_block_cuda): no profile" | tee -a "$DEST/gpu-build.txt"
+fi
 echo "gpu-all: end after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
