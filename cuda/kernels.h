@@ -124,9 +124,9 @@ sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float
  * its rows o = off[e] .. off[e + 1] - 1 of X [*, cols] (at most `rows` of them, rows <= 8) and its matrix W_e =
  * tab[3 e + which] (device memory: the experts' matrices, every one of W's encoding and shape; W is one of them,
  * on the host): Y[o ..] = X[o ..] W_e^T, streamed in 16-byte loads (L2's first to evict) as the dense products'
- * are, the same sums as sp_cuda_wmat_mul_fused would give on those rows; swiglu 1: Y = swiglu(X W_e^T, X U_e^T)
- * with U_e = tab[3 e + which + 1] (the up projection), the two products' sums also written to G and U where not
- * NULL (what a backward reads). SP_ERR_UNSUPPORTED where W's rows are not whole 16-byte chunks or X is not 16-byte
+ * are, each row summed as sp_cuda_wmat_mul_fused sums it for `rows` rows of X; swiglu 1: Y = swiglu(X W_e^T,
+ * X U_e^T) with U_e = tab[3 e + which + 1] (the up projection), the two products' sums also written to G and U
+ * where not NULL (what a backward reads). SP_ERR_UNSUPPORTED where W's rows are not whole 16-byte chunks or X is not 16-byte
  * aligned (sp_km_chunked: every expert's matrix must be), SP_ERR_ARG for bad arguments. */
 typedef struct sp_cuda_smul {
     const sp_km_w *tab;
