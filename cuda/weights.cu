@@ -150,12 +150,20 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
     return v;
 }
 
-// Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale.
-template <int R, bool SCALED>
+// Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale; ONE_BRANCH: the
+// R loads under one branch (the experts' kernel), else each one predicated (the dense kernel's, as measured).
+template <int R, bool SCALED, bool ONE_BRANCH>
 __device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const uint8_t *const (&row)[R],
                                             const float *const (&srow)[R], int j, int nchunks, uint64_t pol)
 {
-    if (j < nchunks) {
+    if (!ONE_BRANCH) {
+        bool in = j < nchunks;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            q[r] = in ? ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol) : make_uint4(0, 0, 0, 0);
+            sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
+        }
+    } else if (j < nchunks) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
             q[r] = ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol);
@@ -256,10 +264,12 @@ struct vec_out {
 // [rows, a.w.cols] (swiglu: with those of the up projection uq, usq) times X [B, cols] into out()'s Y [B, rows] (G,
 // U: reduce_store), out called after the loop over the chunks. lut: NF4's levels (fill_lut), part: reduce_store's.
 // Shared by the dense products' kernel and the experts' (wmat_slot_kernel), which differ only in where a block's
-// matrix, X and Y are. (Its shape, out and load_chunks' one branch, is what left ptxas 13 no spills for sm_90 in any
-// instance of the experts' kernel, and in the dense one's only at NF4 / 2 rows of X / R 1, as before: other ways of
-// writing the same moved spills of 4 to 16 bytes between instances.)
-template <int TYPE, int NB, int R, typename OUT>
+// matrix, X and Y are. (out, and load_chunks' ONE_BRANCH for the experts, are what left ptxas 13 for sm_90 no
+// spills in any instance of the experts' kernel and the dense one's registers within 2 of what they were before it
+// shared this body (with 4 to 12 bytes of spills at NF4 / 2 rows of X / R 1 as before, and at bf16 / 2 / R 4 where
+// NF4 / 4 / R 2 had them); other ways of writing the same moved spills of 4 to 16 bytes between instances, or took
+// the dense f32 and bf16 instances of R 4 up to 14 registers more.)
+template <int TYPE, int NB, int R, bool ONE_BRANCH, typename OUT>
 __device__ __forceinline__ void vec_rows(const dec_args &a, const uint8_t *q, const float *sq, const uint8_t *uq,
                                          const float *usq, int rows, int ks, int blk, const float *X, int B,
                                          const float *lut, float (*part)[R * NB], OUT out)
@@ -290,10 +300,10 @@ __device__ __forceinline__ void vec_rows(const dec_args &a, const uint8_t *q, co
     float sc[R], nsc[R];
     int j = k * 32 + lane;
     uint64_t pol = stream_policy(a.evict_first);
-    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks, pol);
+    load_chunks<R, scaled, ONE_BRANCH>(cur, sc, row, srow, j, nchunks, pol);
     spk::pdl_wait();
     for (; j < nchunks; j += step) {
-        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
+        load_chunks<R, scaled, ONE_BRANCH>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
         chunk_product<TYPE, NB, R>(acc, cur, sc, X, a.w.cols, j, B, lut);
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -312,7 +322,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
     if (TYPE == SP_KM_NF4)
         fill_lut(lut, a.w);
     int blk, s = dec_seg(a, blockIdx.x, &blk);
-    vec_rows<TYPE, NB, R>(a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]),
+    vec_rows<TYPE, NB, R, false>(a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]),
                           pick(s, a.scale[0], a.scale[1], a.scale[2]), (const uint8_t *)a.q[1], a.scale[1],
                           pick(s, a.rows[0], a.rows[1], a.rows[2]), pick(s, a.ks[0], a.ks[1], a.ks[2]), blk, X, B, lut,
                           part, [&] { return vec_out{pick(s, a.y[0], a.y[1], a.y[2]), nullptr, nullptr}; });
@@ -342,7 +352,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_slot_kernel(dec_args a, s
     const sp_km_w *w = sa.tab + 3 * e + sa.which;
     const uint8_t *uq = a.swiglu ? (const uint8_t *)w[1].q : nullptr;
     const float *usq = a.swiglu ? w[1].scale : nullptr;
-    vec_rows<TYPE, NB, R>(a, (const uint8_t *)w->q, w->scale, uq, usq, rows, a.ks[0], blockIdx.x,
+    vec_rows<TYPE, NB, R, true>(a, (const uint8_t *)w->q, w->scale, uq, usq, rows, a.ks[0], blockIdx.x,
                           X + (long)o * a.w.cols, cnt < NB ? cnt : NB, lut, part, [&] {
                               long yo = (long)o * rows;
                               return vec_out{a.y[0] + yo, sa.G ? sa.G + yo : nullptr, sa.U ? sa.U + yo : nullptr};
