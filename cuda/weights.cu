@@ -322,10 +322,11 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
     if (TYPE == SP_KM_NF4)
         fill_lut(lut, a.w);
     int blk, s = dec_seg(a, blockIdx.x, &blk);
-    vec_rows<TYPE, NB, R, false>(a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]),
-                          pick(s, a.scale[0], a.scale[1], a.scale[2]), (const uint8_t *)a.q[1], a.scale[1],
-                          pick(s, a.rows[0], a.rows[1], a.rows[2]), pick(s, a.ks[0], a.ks[1], a.ks[2]), blk, X, B, lut,
-                          part, [&] { return vec_out{pick(s, a.y[0], a.y[1], a.y[2]), nullptr, nullptr}; });
+    vec_rows<TYPE, NB, R, false>(
+        a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]), pick(s, a.scale[0], a.scale[1], a.scale[2]),
+        (const uint8_t *)a.q[1], a.scale[1], pick(s, a.rows[0], a.rows[1], a.rows[2]),
+        pick(s, a.ks[0], a.ks[1], a.ks[2]), blk, X, B, lut, part,
+        [&] { return vec_out{pick(s, a.y[0], a.y[1], a.y[2]), nullptr, nullptr}; });
 }
 
 // The experts' decode products (sp_cuda_wmat_mul_slots): what an expert's matrix is chosen by, on the device.
@@ -353,10 +354,11 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_slot_kernel(dec_args a, s
     const uint8_t *uq = a.swiglu ? (const uint8_t *)w[1].q : nullptr;
     const float *usq = a.swiglu ? w[1].scale : nullptr;
     vec_rows<TYPE, NB, R, true>(a, (const uint8_t *)w->q, w->scale, uq, usq, rows, a.ks[0], blockIdx.x,
-                          X + (long)o * a.w.cols, cnt < NB ? cnt : NB, lut, part, [&] {
-                              long yo = (long)o * rows;
-                              return vec_out{a.y[0] + yo, sa.G ? sa.G + yo : nullptr, sa.U ? sa.U + yo : nullptr};
-                          });
+                                X + (long)o * a.w.cols, cnt < NB ? cnt : NB, lut, part, [&] {
+                                    long yo = (long)o * rows;
+                                    return vec_out{a.y[0] + yo, sa.G ? sa.G + yo : nullptr,
+                                                   sa.U ? sa.U + yo : nullptr};
+                                });
 }
 
 // Decodes rows r0 .. of a chunked Q8 / NF4 matrix to bf16 (out: the tile, [rows, cols]), a chunk a thread, 8
