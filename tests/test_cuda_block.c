@@ -298,7 +298,8 @@ END_TEST
 /* Mixtral's decode steps of 1 to 8 rows (the experts chosen on the device, graphed) against the CPU's, with the
  * experts' vectorised products (the default) and with the one-weight-a-lane kernel (sp_cuda_block_use_moe_vec 0),
  * each within the tolerance. The switch takes effect (other sums, so other bits in some step) where an encoding's
- * rows are whole 16-byte chunks, and changes nothing where none are (both take the one-weight-a-lane kernel). */
+ * rows are whole 16-byte chunks, and changes nothing where none are (both take the one-weight-a-lane kernel); under
+ * a cache whose steps replay a graph it takes effect at the next step (captured anew), and back. */
 START_TEST(t_moe_decode_rows_vs_cpu)
 {
     static const int per_chunk[SP_W__COUNT] = {[SP_W_F32] = 4, [SP_W_BF16] = 8, [SP_W_Q8] = 16, [SP_W_NF4] = 64};
@@ -324,6 +325,36 @@ START_TEST(t_moe_decode_rows_vs_cpu)
         ck_assert_msg(differed == chunked, "%s %s (H %d, FF %d): the experts' kernels %s", c.cfg.model_type,
                       sp_wtype_name((sp_wtype)t), c.H, c.b.FF,
                       chunked ? "gave the same bits (the vectorised one did not run)" : "differ without chunks");
+        /* the switch under a cache whose steps replay a graph: the step at position 2 again with the other kernel
+         * (captured anew: the one-weight-a-lane bits where there are chunks), then back (the first bits) */
+        sp_cuda_kv *kv = NULL;
+        sp_rng r;
+        sp_rng_seed(&r, 23);
+        size_t H = (size_t)c.H;
+        float *x = randn(&r, 3 * H, 1.0f), *dx = dev_zero(H), *dy = dev_zero(H), *got[3];
+        OK(sp_cuda_kv_new(c.cb, &kv, 1, 8, NULL, E));
+        for (int i = 0; i < 5; i++) { /* positions 0, 1, 2; then 2 lane; then 2 vectorised */
+            int pos = i < 3 ? i : 2;
+            if (i >= 3) {
+                sp_cuda_block_use_moe_vec(c.cb, i == 4);
+                OK(sp_cuda_kv_set_len(kv, 2, E));
+            }
+            OK(sp_cuda_upload(cu, dx, x + H * (size_t)pos, H * sizeof(float), E));
+            OK(sp_cuda_block_forward(c.cb, dy, dx, 1, 1, pos, kv, E));
+            if (i >= 2)
+                got[i - 2] = host(dy, H);
+        }
+        ck_assert(sp_cuda_kv_graphed(kv));
+        ck_assert_msg((memcmp(got[0], got[1], H * sizeof(float)) != 0) == chunked,
+                      "%s %s: the switch under a graph %s", c.cfg.model_type, sp_wtype_name((sp_wtype)t),
+                      chunked ? "changed nothing (the graph was not captured anew)" : "changed the bits");
+        ck_assert_msg(emul_rel_err(got[1], got[0], H) <= tol_fwd[t], "%s %s: the switch under a graph: error %.3g",
+                      c.cfg.model_type, sp_wtype_name((sp_wtype)t), emul_rel_err(got[1], got[0], H));
+        ck_assert_msg(memcmp(got[2], got[0], H * sizeof(float)) == 0, "%s %s: switched back, other bits",
+                      c.cfg.model_type, sp_wtype_name((sp_wtype)t));
+        sp_cuda_kv_free(kv);
+        free(x), free(got[0]), free(got[1]), free(got[2]);
+        sp_cuda_free(cu, dx), sp_cuda_free(cu, dy);
         case_free(&c);
     }
 }
