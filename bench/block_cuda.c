@@ -12,9 +12,17 @@
  *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more
  *    product, so forward + backward is 2x the products) plus attention's 4 T^2 hd per head (x2.5 with backward).
  *
+ * 3. Mixtral-8x7B's block (H 4096, 32 heads on 8, FF 14336, 8 experts, 2 a token) decode step as in 1, bf16, int8
+ *    and NF4: the bytes a step reads (attention's four matrices, the router, and the two chosen experts' three
+ *    matrices each) over the copy bandwidth, with the experts' products vectorised (the default) and one weight a
+ *    lane (sp_cuda_block_use_moe_vec 0, the kernel before it: the baseline of the same run), plain kernels and
+ *    fused+pdl; bf16 also the experts alone (router, routing and the two experts: sp_cuda_moe_fwd on one row).
+ *
  * Prints the device and the ratios; without a GPU it says so and exits 0. Usage: bench_block_cuda [--quick |
- * --profile] (--quick: the 7B block only, fewer repetitions; --profile: one of each kind of work for ncu, see
- * profile()). */
+ * --profile] (--quick: the 7B block only, Mixtral's in bf16 only, fewer repetitions; --profile: one of each kind of
+ * work for ncu, see profile()). The blocks' random weights are drawn and encoded a matrix a thread (Mixtral's 1.4 G
+ * weights on one core took 20 s on a 2-vCPU Xeon). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +34,7 @@
 #include "flash.h"
 #include "gemm.h"
 #include "kernels.h"
+#include "moe_cuda.h"
 #include "rng.h"
 
 static sp_cuda *cu;
@@ -80,6 +89,80 @@ static double mats_params(const sp_block *b)
 
 static void bench_forward_path(const char *name, const sp_block *b, int T, int reps, double peak, int flash);
 
+/* Matrices of a block drawn and encoded by threads: the next matrix to take, and the first error. */
+typedef struct {
+    sp_block *b;
+    sp_wtype t;
+    int next, failed;
+    pthread_mutex_t mu;
+    sp_err err;
+} fill_jobs;
+
+/* Takes matrices until none is left: N(0, 0.02) weights (a seed a matrix), then encoded in t into b->early, which
+ * sp_block_quantize takes as the loader's early encodings. */
+static void *fill_worker(void *p)
+{
+    fill_jobs *j = p;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        int i = j->next++;
+        pthread_mutex_unlock(&j->mu);
+        if (i >= j->b->nqm)
+            return NULL;
+        sp_qmat *m = &j->b->qm[i];
+        if (!m->q)
+            continue;
+        sp_rng r;
+        sp_rng_seed(&r, 5 + (uint64_t)i);
+        sp_rng_fill_normal_fast(&r, m->q, (long)m->rows * m->cols, 0.02f);
+        sp_err e = {0};
+        if (j->t != SP_W_F32 && sp_qmat_encode(&j->b->early[i], j->t, m->q, m->rows, m->cols, &e) != SP_OK) {
+            pthread_mutex_lock(&j->mu);
+            if (!j->failed++)
+                j->err = e;
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+}
+
+/* The block of config json with random N(0, 0.02) matrices (and router), norm gains 1, encoded in t. */
+static void make_block_json(sp_block *b, sp_config *cfg, sp_rope *rope, const char *json, sp_wtype t)
+{
+    TRY(sp_config_parse(cfg, json, "bench", &err));
+    TRY(sp_rope_init(rope, cfg, &err));
+    TRY(sp_block_init(b, cfg, rope, &err));
+    fill_jobs j = {.b = b, .t = t};
+    pthread_mutex_init(&j.mu, NULL);
+    if (t != SP_W_F32 && !(b->early = calloc((size_t)b->nqm, sizeof *b->early))) {
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+        die();
+    }
+    b->early_t = t;
+    pthread_t th[16];
+    int n = 0;
+    while (n < 16 && n < b->nqm && pthread_create(&th[n], NULL, fill_worker, &j) == 0)
+        n++;
+    fill_worker(&j); /* this thread too (all of them if none started) */
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j.mu);
+    if (j.failed) {
+        err = j.err;
+        die();
+    }
+    if (b->router) {
+        sp_rng r;
+        sp_rng_seed(&r, 4);
+        sp_rng_fill_normal_fast(&r, b->router, (long)b->k.n_experts * b->H, 0.02f);
+    }
+    for (int i = 0; i < b->H; i++) {
+        b->ln1_w[i] = 1.0f;
+        if (b->ln2_w)
+            b->ln2_w[i] = 1.0f;
+    }
+    TRY(sp_block_quantize(b, t, &err));
+}
+
 /* A Llama-2-shaped block, random N(0, 0.02) weights, norm gains 1, encoded in t. */
 static void make_block(sp_block *b, sp_config *cfg, sp_rope *rope, int H, int FF, int nh, int nkv, sp_wtype t)
 {
@@ -89,15 +172,7 @@ static void make_block(sp_block *b, sp_config *cfg, sp_rope *rope, int H, int FF
              "\"num_key_value_heads\":%d,\"num_hidden_layers\":1,\"vocab_size\":32000,\"rms_norm_eps\":1e-5,"
              "\"max_position_embeddings\":4096}",
              H, FF, nh, nkv);
-    TRY(sp_config_parse(cfg, json, "bench", &err));
-    TRY(sp_rope_init(rope, cfg, &err));
-    TRY(sp_block_init(b, cfg, rope, &err));
-    sp_rng r;
-    sp_rng_seed(&r, 5);
-    sp_rng_fill_normal_fast(&r, b->mem, (long)b->numel, 0.02f);
-    for (int i = 0; i < H; i++)
-        b->ln1_w[i] = b->ln2_w[i] = 1.0f;
-    TRY(sp_block_quantize(b, t, &err));
+    make_block_json(b, cfg, rope, json, t);
 }
 
 static float *dev_randn(size_t n, float sd)
@@ -211,6 +286,83 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
     double sp = time_products(b, reps);
     printf("%s %-4s   of which its %d products alone (sp_cuda_wmat_mul, 1 row): %7.1f us, %.2f of copy\n", name,
            sp_wtype_name(b->wtype), b->nqm, sp * 1e6, bytes / sp / copy_bw);
+}
+
+/* The bytes a Mixtral decode step of one row reads: attention's four matrices, the router, and the top-k experts'
+ * three matrices each (every expert's alike). */
+static double moe_step_bytes(const sp_block *b)
+{
+    double bytes = (double)b->k.n_experts * b->H * sizeof(float);
+    for (int i = 0; i < 4; i++)
+        bytes += (double)sp_qmat_bytes(b->qm[i].type, b->qm[i].rows, b->qm[i].cols);
+    for (int i = 4; i < 7; i++)
+        bytes += (double)b->k.top_k * sp_qmat_bytes(b->qm[i].type, b->qm[i].rows, b->qm[i].cols);
+    return bytes;
+}
+
+typedef struct {
+    sp_cuda_moe *m;
+    float *x, *y;
+    void *acts;
+} moe_ctx;
+
+static void run_moe(void *p)
+{
+    moe_ctx *c = p;
+    TRY(sp_cuda_moe_fwd(c->m, c->y, c->x, 1, c->acts, &err));
+}
+
+/* Mixtral's decode step of one row at KV length K: the experts' products one weight a lane (the baseline) and
+ * vectorised, each with the plain kernels and fused+pdl; bytes read over copy. With experts_alone, the same for
+ * sp_cuda_moe_fwd of one row alone (the router and the two experts' matrices). */
+static void bench_moe_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps, int experts_alone)
+{
+    static const char *const kernel[] = {"a lane", "vectorised"};
+    run_ctx c = {.K = K};
+    TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
+    TRY(sp_cuda_kv_new(c.cb, &c.kv, 1, K + 1, NULL, &err));
+    c.x = dev_randn((size_t)K * b->H, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)K * b->H * sizeof(float), &err));
+    TRY(sp_cuda_block_forward(c.cb, c.y, c.x, 1, K, 0, c.kv, &err)); /* the cache's K positions */
+    double bytes = moe_step_bytes(b), s[2][2];
+    for (int v = 0; v < 2; v++)
+        for (int f = 0; f < 2; f++) {
+            sp_cuda_block_use_moe_vec(c.cb, v);
+            sp_cuda_block_use_fused(c.cb, 2 * f);
+            run_decode(&c); /* captured anew for these settings */
+            s[v][f] = time_reps(run_decode, &c, reps);
+            printf("%s %-4s decode %-9s experts %-10s (KV %d, graph %s): %7.1f us/step, %5.0f GB/s read, %.2f of "
+                   "copy\n",
+                   name, sp_wtype_name(b->wtype), f ? "fused+pdl" : "plain", kernel[v], K,
+                   sp_cuda_kv_graphed(c.kv) ? "yes" : "no", s[v][f] * 1e6, bytes / s[v][f] / 1e9,
+                   bytes / s[v][f] / copy_bw);
+        }
+    printf("%s %-4s   vectorised experts: %.2fx the steps/s of a lane's (fused+pdl), %.2fx (plain); %.0f MB read a "
+           "step\n",
+           name, sp_wtype_name(b->wtype), s[0][1] / s[1][1], s[0][0] / s[1][0], bytes / 1e6);
+    sp_cuda_kv_free(c.kv);
+    sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
+    sp_cuda_block_free(c.cb);
+    if (!experts_alone)
+        return;
+    moe_ctx m = {0};
+    TRY(sp_cuda_moe_upload(cu, &m.m, b, &err));
+    sp_moe_dims d = sp_cuda_moe_dims(b);
+    m.x = dev_randn((size_t)b->H, 1.0f);
+    TRY(sp_cuda_alloc(cu, (void **)&m.y, (size_t)b->H * sizeof(float), &err));
+    TRY(sp_cuda_alloc(cu, &m.acts, sp_cuda_moe_acts_bytes(&d, 1), &err));
+    double eb = (double)b->k.n_experts * b->H * sizeof(float), se[2];
+    for (int i = 4; i < 7; i++)
+        eb += (double)b->k.top_k * sp_qmat_bytes(b->qm[i].type, b->qm[i].rows, b->qm[i].cols);
+    for (int v = 0; v < 2; v++) {
+        sp_cuda_moe_use_vec(m.m, v);
+        se[v] = time_reps(run_moe, &m, reps);
+        printf("%s %-4s   the experts alone (router, routing, %d experts), %-10s: %7.1f us, %.2f of copy\n", name,
+               sp_wtype_name(b->wtype), b->k.top_k, kernel[v], se[v] * 1e6, eb / se[v] / copy_bw);
+    }
+    printf("%s %-4s   the experts alone: vectorised %.2fx a lane's\n", name, sp_wtype_name(b->wtype), se[0] / se[1]);
+    sp_cuda_free(cu, m.x), sp_cuda_free(cu, m.y), sp_cuda_free(cu, m.acts);
+    sp_cuda_moe_free(m.m);
 }
 
 /* The forward's products alone at T rows from bf16 inputs (sp_cuda_wmat_mul_h), for the breakdown. */
@@ -385,6 +537,7 @@ static void profile(void)
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0, prof = argc > 1 && strcmp(argv[1], "--profile") == 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a run cut short by a timeout keeps what it printed */
     char why[256];
     if (sp_cuda_device_count(why, sizeof why) <= 0) {
         printf("bench_block_cuda: no usable GPU (%s)\n", why);
@@ -415,6 +568,19 @@ int main(int argc, char **argv)
                 bench_forward(shapes[s].name, &b, 1024, quick ? 2 : 5);
             sp_block_free(&b);
         }
+    }
+    static const char mixtral[] = /* Mixtral-8x7B's shapes */
+        "{\"model_type\":\"mixtral\",\"hidden_size\":4096,\"intermediate_size\":14336,\"num_attention_heads\":32,"
+        "\"num_key_value_heads\":8,\"num_local_experts\":8,\"num_experts_per_tok\":2,\"num_hidden_layers\":1,"
+        "\"vocab_size\":32000,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":4096}";
+    sp_wtype moe_types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4};
+    for (int t = 0; t < (quick ? 1 : 3); t++) {
+        sp_block b;
+        sp_config cfg;
+        sp_rope rope;
+        make_block_json(&b, &cfg, &rope, mixtral, moe_types[t]);
+        bench_moe_decode("mixtral-8x7b", &b, 128, copy_bw, quick ? 20 : 100, t == 0);
+        sp_block_free(&b);
     }
     sp_cuda_close(cu);
     return 0;

@@ -149,7 +149,7 @@ struct decoder {
     int advance;      // the step adds 1 to pos (a cache's own rows)
     cudaGraphExec_t exec;
     void *exec_ws;    // the context's workspace when the graph was captured
-    int exec_fused;   // and the block's fused setting
+    int exec_fused;   // and the block's fused setting (graph_key)
     const float *exec_in;
     float *exec_out;  // and in and out
     int steps;        // steps run (the first runs plainly)
@@ -189,6 +189,7 @@ struct sp_cuda_block {
     int flash; // flash attention and the bf16 path where they apply (sp_cuda_block_use_flash)
 
     int fused; // decode steps of up to kGraphRows rows: 0 the plain kernels, 1 fused ones, 2 fused and dependent
+    int moe_vec; // and their experts' products vectorised (sp_cuda_block_use_moe_vec)
     void *ws;  // forward / backward buffers, grown
     size_t ws_bytes;
     decoder bat;    // batches of several caches (sp_cuda_block_decode_batch)
@@ -269,6 +270,7 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
     cb->graphs = 1;
     cb->flash = 1;
     cb->fused = 2;
+    cb->moe_vec = 1;
     size_t H = (size_t)b->H, Q = cb->s.Q, KV = cb->s.KV, FF = cb->s.FF;
     sp_status st = SP_OK;
     int nm = b->k.mlp == SP_MLP_MOE ? MO + 1 : NMAT; // the experts' matrices go to sp_cuda_moe_upload
@@ -344,6 +346,15 @@ extern "C" void sp_cuda_block_use_fused(sp_cuda_block *cb, int level)
 {
     cb->fused = level < 0 ? 0 : level > 2 ? 2 : level;
 }
+
+extern "C" void sp_cuda_block_use_moe_vec(sp_cuda_block *cb, int on)
+{
+    cb->moe_vec = on != 0;
+    sp_cuda_moe_use_vec(cb->moe, cb->moe_vec);
+}
+
+// The settings a captured decode step depends on: another value, another graph.
+static int graph_key(const sp_cuda_block *cb) { return cb->fused | cb->moe_vec << 2; }
 
 // The block's buffers: at least bytes (grown after a sync: queued kernels may use the old ones).
 static sp_status block_ws(sp_cuda_block *cb, size_t bytes, sp_err *err)
@@ -627,7 +638,7 @@ static void capture(sp_cuda_block *cb, decoder *d, void *ws)
         return;
     }
     d->exec_ws = ws;
-    d->exec_fused = cb->fused;
+    d->exec_fused = graph_key(cb);
     d->exec_in = d->in, d->exec_out = d->out;
 }
 
@@ -673,7 +684,8 @@ static sp_status decoder_run(sp_cuda_block *cb, decoder *d, float *out, const fl
     if (graphs) {
         void *ws = NULL;
         TRY(sp_cuda_workspace(cb->cu, 0, &ws, err)); // where it is now (grows nothing)
-        if (d->exec && (ws != d->exec_ws || d->exec_fused != cb->fused || d->exec_in != d->in || d->exec_out != d->out))
+        if (d->exec &&
+            (ws != d->exec_ws || d->exec_fused != graph_key(cb) || d->exec_in != d->in || d->exec_out != d->out))
             drop_graph(d);
         if (!d->exec)
             capture(cb, d, ws);

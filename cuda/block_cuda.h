@@ -6,8 +6,9 @@
  *
  * Families: llama (RMSNorm, RoPE, SwiGLU; GQA / MQA), bloom (LayerNorm, ALiBi, GELU, biases) and falcon (parallel
  * attention and MLP, one or two LayerNorms, multi-query or grouped KV heads) and mixtral (llama's attention, a
- * router and sparse SwiGLU experts: moe_cuda.h; decode steps of at most 8 rows route on the device and are graphed
- * like the others, larger steps and every backward wait once for the experts' row counts).
+ * router and sparse SwiGLU experts: moe_cuda.h; decode steps of at most 8 rows route on the device, stream each
+ * used expert's matrices in 16-byte loads and are graphed like the others, larger steps and every backward wait
+ * once for the experts' row counts).
  *
  * The products go through sp_cuda_wmat_mul (weights.cu; the weights stay in their encoding: f32, bf16, int8,
  * NF4); the backward's transposed products through cuBLAS (f32 and bf16 weights as they are, the gradient rounded
@@ -78,6 +79,10 @@ void sp_cuda_block_use_flash(sp_cuda_block *cb, int on);
  * each a programmatic dependent of the one before it (Hopper and later: it starts reading its weights while that
  * one finishes); 1 the same kernels launched plainly; 0 the plain kernels, an op a kernel. The same numbers. */
 void sp_cuda_block_use_fused(sp_cuda_block *cb, int level);
+/* Mixtral's decode steps of up to 8 rows (at any fused level): 1 (the default) each used expert's matrices
+ * streamed by the dense decode products' vectorised kernel (moe_cuda.h), 0 a warp a row, one weight a lane (the
+ * kernel before it, for comparison). Within rounding of each other; nothing for a dense block. */
+void sp_cuda_block_use_moe_vec(sp_cuda_block *cb, int on);
 
 /* A KV cache of B rows of up to cap positions for block cb, in device memory, charged to budget (may be NULL)
  * with sp_cuda_kv_bytes; len 0. Keys and values [B, cap, nkv, hd] f32 as sp_kv_cache holds them. */

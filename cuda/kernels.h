@@ -119,6 +119,23 @@ typedef struct sp_cuda_dmul {
     const float *bias, *res;
 } sp_cuda_dmul;
 sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err);
+/* A decode step's experts (moe.cu): the products of sp_cuda_wmat_mul_fused's kernel for experts chosen on the device,
+ * so that nothing waits for the host. For g < ng, e = used[g] (an expert; -1: none, the blocks of g do nothing),
+ * its rows o = off[e] .. off[e + 1] - 1 of X [*, cols] (at most `rows` of them, rows <= 8) and its matrix W_e =
+ * tab[3 e + which] (device memory: the experts' matrices, every one of W's encoding and shape; W is one of them,
+ * on the host): Y[o ..] = X[o ..] W_e^T, streamed in 16-byte loads (L2's first to evict) as the dense products'
+ * are, each row summed as sp_cuda_wmat_mul_fused sums it for `rows` rows of X; swiglu 1: Y = swiglu(X W_e^T,
+ * X U_e^T) with U_e = tab[3 e + which + 1] (the up projection), the two products' sums also written to G and U
+ * where not NULL (what a backward reads). SP_ERR_UNSUPPORTED where W's rows are not whole 16-byte chunks or X is not 16-byte
+ * aligned (sp_km_chunked: every expert's matrix must be), SP_ERR_ARG for bad arguments. */
+typedef struct sp_cuda_smul {
+    const sp_km_w *tab;
+    const int32_t *used, *off;
+    int which, ng, rows, swiglu;
+    float *Y, *G, *U;
+} sp_cuda_smul;
+sp_status sp_cuda_wmat_mul_slots(sp_cuda *cu, const sp_cuda_wmat *W, const sp_cuda_smul *m, const float *X,
+                                 sp_err *err);
 /* dX[B, cols] += dY[B, rows] W (sp_qmat_mul_t_acc: the input gradient through frozen weights): f32 W an f32 GEMM;
  * the others bf16 GEMMs with fp32 accumulation (dY rounded to bf16, int8 / NF4 decoded to bf16 a tile of rows at
  * a time), through the workspace. */

@@ -71,6 +71,20 @@ SP_HD int sp_km_moe_first(const int32_t *ridx, int NK, int e)
     return s;
 }
 
+/* The g-th of the experts that have pairs, in expert order (-1 when fewer than g + 1 have): the decode step's
+ * experts (moe.cu's used[g], each of whose matrices a block row of a product streams). */
+SP_HD int sp_km_moe_used(const int32_t *ridx, int NK, int ne, int g)
+{
+    for (int e = 0; e < ne; e++) {
+        int has = 0;
+        for (int j = 0; j < NK; j++)
+            has |= ridx[j] == e;
+        if (has && g-- == 0)
+            return e;
+    }
+    return -1;
+}
+
 /* Which of a token's nk choices idx[nk] (distinct experts) comes next in expert order after expert `after` (-1: the
  * first): the k of the smallest expert above it. */
 SP_HD int sp_km_moe_next(const int32_t *idx, int nk, int after)

@@ -1,8 +1,9 @@
 // moe.cu - Mixtral's sparse mixture of experts on the device (moe_cuda.h): the router's logits, kmath_moe.h's
-// routing and grouping as kernels, the experts' SwiGLU products (each slot's expert read on the device for
-// decode-sized steps, one grouped product an expert beyond), the per-token sums in expert order, and the backward
-// to the MLP's input through the routing weights. core/block.c's moe_forward and moe_backward are the
-// specification, op for op.
+// routing and grouping as kernels, the experts' SwiGLU products (decode-sized steps: each used expert's matrices
+// chosen on the device and streamed by weights.cu's vectorised decode kernel, gate and up with the SwiGLU in one
+// launch, or a warp a row where rows are not whole 16-byte chunks; one grouped product an expert beyond), the
+// per-token sums in expert order, and the backward to the MLP's input through the routing weights. core/block.c's
+// moe_forward and moe_backward are the specification, op for op.
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,8 @@ struct sp_cuda_moe {
     float *router;    // [E, H] f32
     int *hoff;        // host: the experts' first slots [E + 1], brought over by a sync
     size_t bytes;
+    int vec;          // decode-sized steps: the vectorised products (sp_cuda_moe_use_vec; 1 by default)
+    int vec_ok[3];    // gate, up, down: every expert's matrix in whole 16-byte chunks (sp_km_chunked)
 };
 
 namespace {
@@ -43,11 +46,12 @@ struct cursor {
 };
 
 // Activations of N rows (block.c's acts for a MoE block): logits [N, E], weights and experts [N, K] of each pair,
-// each slot's pair and each pair's slot [NK], the experts' first slots [E + 1], and by slot: the input row and its
-// expert's gate, up, SwiGLU and (unweighted) output.
+// each slot's pair and each pair's slot [NK], the experts' first slots [E + 1], the experts that have slots in
+// order [min(E, NK)] (then -1), and by slot: the input row and its expert's gate, up, SwiGLU and (unweighted)
+// output.
 struct macts {
     float *rlog, *rw, *xs, *gate, *up, *act, *ys;
-    int32_t *ridx, *slot, *inv, *off;
+    int32_t *ridx, *slot, *inv, *off, *used;
 };
 
 struct mgrads {
@@ -60,7 +64,8 @@ size_t acts_layout(const sp_moe_dims &d, size_t N, macts *a, void *base)
     cursor c = {(char *)base, 0};
     a->rlog = c.take<float>(N * d.experts), a->rw = c.take<float>(NK);
     a->ridx = c.take<int32_t>(NK), a->slot = c.take<int32_t>(NK), a->inv = c.take<int32_t>(NK);
-    a->off = c.take<int32_t>((size_t)d.experts + 1);
+    size_t E = (size_t)d.experts;
+    a->off = c.take<int32_t>(E + 1), a->used = c.take<int32_t>(NK < E ? NK : E);
     a->xs = c.take<float>(NK * H), a->gate = c.take<float>(NK * FF), a->up = c.take<float>(NK * FF);
     a->act = c.take<float>(NK * FF), a->ys = c.take<float>(NK * H);
     return c.at;
@@ -105,17 +110,22 @@ __global__ void route_kernel(float *rw, int32_t *ridx, const float *rlog, int N,
     sp_km_moe_route(rw + n * K, ridx + n * K, rlog + n * E, E, K);
 }
 
-// The grouping: slot[s] = the pair in slot s, inv[i] = the slot of pair i, off[e] = expert e's first slot (e <= E).
-__global__ void group_kernel(int32_t *slot, int32_t *inv, int32_t *off, const int32_t *ridx, int NK, int E)
+// The grouping: slot[s] = the pair in slot s, inv[i] = the slot of pair i, off[e] = expert e's first slot (e <= E),
+// used[g] = the g-th expert with slots (g < ng = min(E, NK); -1 past the last).
+__global__ void group_kernel(int32_t *slot, int32_t *inv, int32_t *off, int32_t *used, const int32_t *ridx, int NK,
+                             int E, int ng)
 {
-    SPK_GRID_LOOP(t, (long)NK + E + 1)
+    SPK_GRID_LOOP(t, (long)NK + E + 1 + ng)
     {
         if (t < NK) {
             int s = sp_km_moe_slot(ridx, NK, (int)t);
             slot[s] = (int32_t)t;
             inv[t] = s;
-        } else {
+        } else if (t <= NK + E) {
             off[t - NK] = sp_km_moe_first(ridx, NK, (int)(t - NK));
+        } else {
+            int g = (int)(t - NK - E - 1);
+            used[g] = sp_km_moe_used(ridx, NK, E, g);
         }
     }
 }
@@ -129,7 +139,8 @@ __global__ void gather_kernel(float *xs, const float *x, const int32_t *slot, in
 
 // Y[s, r] = X[s] . row r of slot s's expert's matrix `which` (rows, cols: every expert's): blockIdx.y the slot, a
 // warp a row (lanes over the columns, summed by the butterfly). One instance per encoding, as weights.cu's
-// one-weight-a-thread product; the matrix's view in shared memory (NF4's levels are indexed by value).
+// one-weight-a-thread product; the matrix's view in shared memory (NF4's levels are indexed by value). What decode
+// steps run where the rows are not whole 16-byte chunks (vec_products), or with sp_cuda_moe_use_vec 0.
 constexpr int kSlotWarps = 8;
 
 template <int TYPE>
@@ -241,6 +252,46 @@ sp_status slot_products(sp_cuda_moe *m, int which, float *Y, const float *X, con
     return spk::launched(err, "experts' products");
 }
 
+// Decode-sized steps: matrix `which` of every used expert over its slots' rows of X by weights.cu's vectorised
+// kernel (sp_cuda_wmat_mul_slots; N: the step's rows, the most an expert has); GATE: with UP and the SwiGLU into Y
+// (a.act), the two products kept in a.gate and a.up for a backward.
+sp_status vec_products(sp_cuda_moe *m, int which, float *Y, const float *X, const macts &a, int N, sp_err *err)
+{
+    int NK = N * m->d.topk;
+    sp_cuda_smul s = {};
+    s.tab = m->tab, s.used = a.used, s.off = a.off, s.which = which;
+    s.ng = NK < m->d.experts ? NK : m->d.experts, s.rows = N, s.swiglu = which == GATE;
+    s.Y = Y, s.G = a.gate, s.U = a.up;
+    return sp_cuda_wmat_mul_slots(m->cu, &m->m[which], &s, X, err);
+}
+
+// Whether decode steps take vec_products for matrix `which` over X.
+bool vec_on(const sp_cuda_moe *m, int which, const float *X)
+{
+    return m->vec && m->vec_ok[which] && (which != GATE || m->vec_ok[UP]) && (uintptr_t)X % 16 == 0;
+}
+
+// A decode-sized step's experts (N <= SP_CUDA_MOE_DEVICE_ROWS rows): nothing waits for the host.
+sp_status decode_experts(sp_cuda_moe *m, const macts &a, int N, sp_err *err)
+{
+    int NK = N * m->d.topk;
+    long nf = (long)NK * m->d.FF;
+    sp_status st = SP_OK;
+    if (vec_on(m, GATE, a.xs)) {
+        st = vec_products(m, GATE, a.act, a.xs, a, N, err);
+    } else {
+        st = slot_products(m, GATE, a.gate, a.xs, a, NK, err);
+        if (st == SP_OK)
+            st = slot_products(m, UP, a.up, a.xs, a, NK, err);
+        if (st == SP_OK)
+            st = sp_cuda_swiglu_fwd(m->cu, a.act, a.gate, a.up, nf, err);
+    }
+    if (st != SP_OK)
+        return st;
+    return vec_on(m, DOWN, a.act) ? vec_products(m, DOWN, a.ys, a.act, a, N, err)
+                                  : slot_products(m, DOWN, a.ys, a.act, a, NK, err);
+}
+
 // The experts' first slots on the host (m->hoff), from the device's grouping.
 sp_status fetch_offsets(sp_cuda_moe *m, const int32_t *off, sp_err *err)
 {
@@ -276,7 +327,9 @@ sp_status route(sp_cuda_moe *m, const float *x, int N, const macts &a, sp_err *e
     cudaStream_t st = spk::stream_of(m->cu);
     router_kernel<<<N, kRouterThreads, 0, st>>>(a.rlog, x, m->router, H, E);
     route_kernel<<<spk::grid_for(N), spk::kThreads, 0, st>>>(a.rw, a.ridx, a.rlog, N, E, K);
-    group_kernel<<<spk::grid_for((long)NK + E + 1), spk::kThreads, 0, st>>>(a.slot, a.inv, a.off, a.ridx, NK, E);
+    int ng = NK < E ? NK : E;
+    group_kernel<<<spk::grid_for((long)NK + E + 1 + ng), spk::kThreads, 0, st>>>(a.slot, a.inv, a.off, a.used, a.ridx,
+                                                                                  NK, E, ng);
     long nx = (long)NK * H;
     gather_kernel<<<spk::grid_for(nx), spk::kThreads, 0, st>>>(a.xs, x, a.slot, K, H, nx);
     return spk::launched(err, "routing to the experts");
@@ -322,6 +375,12 @@ extern "C" void sp_cuda_moe_free(sp_cuda_moe *m)
 
 extern "C" size_t sp_cuda_moe_bytes(const sp_cuda_moe *m) { return m ? m->bytes : 0; }
 
+extern "C" void sp_cuda_moe_use_vec(sp_cuda_moe *m, int on)
+{
+    if (m)
+        m->vec = on != 0;
+}
+
 extern "C" sp_status sp_cuda_moe_upload(sp_cuda *cu, sp_cuda_moe **out, const sp_block *b, sp_err *err)
 {
     *out = NULL;
@@ -356,6 +415,12 @@ extern "C" sp_status sp_cuda_moe_upload(sp_cuda *cu, sp_cuda_moe **out, const sp
             m->bytes += sp_qmat_bytes(q->type, q->rows, q->cols);
         }
     }
+    m->vec = 1;
+    for (int w = 0; w < 3; w++) {
+        m->vec_ok[w] = st == SP_OK;
+        for (int e = 0; st == SP_OK && e < d.experts; e++)
+            m->vec_ok[w] &= sp_km_chunked(&m->m[3 * e + w].w);
+    }
     size_t rb = (size_t)d.experts * d.H * sizeof(float);
     if (st == SP_OK)
         st = sp_cuda_dup(cu, (void **)&m->tab, tab, (size_t)n * sizeof *tab, err);
@@ -382,13 +447,7 @@ extern "C" sp_status sp_cuda_moe_fwd(sp_cuda_moe *m, float *y, const float *x, i
     sp_status st = route(m, x, N, a, err);
     if (N <= SP_CUDA_MOE_DEVICE_ROWS) { // decode-sized: every slot's expert read on the device, no host round trip
         if (st == SP_OK)
-            st = slot_products(m, GATE, a.gate, a.xs, a, NK, err);
-        if (st == SP_OK)
-            st = slot_products(m, UP, a.up, a.xs, a, NK, err);
-        if (st == SP_OK)
-            st = sp_cuda_swiglu_fwd(m->cu, a.act, a.gate, a.up, nf, err);
-        if (st == SP_OK)
-            st = slot_products(m, DOWN, a.ys, a.act, a, NK, err);
+            st = decode_experts(m, a, N, err);
     } else { // the experts' slots as products of several rows
         if (st == SP_OK)
             st = fetch_offsets(m, a.off, err);

@@ -6,9 +6,13 @@
  * y[N, H] = sum over each token's top-K experts of w * expert(x), from x[N, H]:
  *   - the router's logits (f32), each token's routing (kmath_moe.h), the pairs grouped by expert into slots and each
  *     slot's row of x gathered, all on the device;
- *   - up to SP_CUDA_MOE_DEVICE_ROWS rows (decode steps): each slot's three products read its expert's matrix, chosen
- *     on the device: nothing waits for the host, so a decode step with experts is captured in a CUDA graph as a
- *     dense one is (block.cu captures steps of at most that many rows);
+ *   - up to SP_CUDA_MOE_DEVICE_ROWS rows (decode steps): the experts' matrices chosen on the device: nothing waits
+ *     for the host, so a decode step with experts is captured in a CUDA graph as a dense one is (block.cu captures
+ *     steps of at most that many rows). Each used expert's matrices are streamed once for all of its slots by the
+ *     dense decode products' vectorised kernel (sp_cuda_wmat_mul_slots: 16-byte loads, L2's first to evict), gate
+ *     and up with the SwiGLU in one launch (their sums kept for a backward), then down; where an encoding's rows
+ *     are not whole 16-byte chunks (kmath.h's sp_km_chunked), or with sp_cuda_moe_use_vec 0, each slot's three
+ *     products a warp a row, one weight a lane, and the SwiGLU a kernel of its own;
  *   - more rows: the experts' first slots come to the host (one sync) and each expert's slots run as one product of
  *     sp_cuda_wmat_mul (GEMMs);
  *   - the outputs summed per token in expert order.
@@ -51,6 +55,11 @@ sp_status sp_cuda_moe_upload(sp_cuda *cu, sp_cuda_moe **out, const sp_block *b, 
 void sp_cuda_moe_free(sp_cuda_moe *m); /* NULL: nothing */
 /* Device bytes of the router and the experts (sp_block_bytes counts them alike). */
 size_t sp_cuda_moe_bytes(const sp_cuda_moe *m);
+
+/* Decode-sized steps' expert products: 1 (the default) the vectorised kernel where the rows allow it, 0 a warp a
+ * row (the kernel before it, kept for comparison: bench_block_cuda and test_cuda_block run both). Within rounding
+ * of each other (the sums in other orders). NULL: nothing. */
+void sp_cuda_moe_use_vec(sp_cuda_moe *m, int on);
 
 /* y[N, H] = moe(x[N, H]) (y may not alias x), keeping the activations in acts (sp_cuda_moe_acts_bytes(N)). */
 sp_status sp_cuda_moe_fwd(sp_cuda_moe *m, float *y, const float *x, int N, void *acts, sp_err *err);

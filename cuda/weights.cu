@@ -2,7 +2,8 @@
 // the products with them. Up to 8 rows of X: a fused decode kernel that streams W once in 16-byte loads (kmath.h's
 // chunks; rows of odd widths one weight a thread). More rows: bf16 GEMMs with fp32 accumulation (cuBLAS) on bf16
 // weights or on tiles of int8 / NF4 rows decoded to bf16 (up to 32 rows of int8 / NF4: passes of the fused
-// kernel), f32 weights an f32 GEMM; the same for the transposed product of a backward to the input.
+// kernel), f32 weights an f32 GEMM; the same for the transposed product of a backward to the input. The experts of
+// a decode step (moe.cu) run the fused kernel's body too, each expert's matrix chosen on the device.
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,16 +150,29 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
     return v;
 }
 
-// Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale.
-template <int R, bool SCALED>
+// Chunk j of each of the R rows (zeros, and a zero scale, past the row's end) and its block's scale; ONE_BRANCH: the
+// R loads under one branch (the experts' kernel), else each one predicated (the dense kernel's, as measured).
+template <int R, bool SCALED, bool ONE_BRANCH>
 __device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const uint8_t *const (&row)[R],
                                             const float *const (&srow)[R], int j, int nchunks, uint64_t pol)
 {
-    bool in = j < nchunks;
+    if (!ONE_BRANCH) {
+        bool in = j < nchunks;
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        q[r] = in ? ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol) : make_uint4(0, 0, 0, 0);
-        sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
+        for (int r = 0; r < R; r++) {
+            q[r] = in ? ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol) : make_uint4(0, 0, 0, 0);
+            sc[r] = SCALED && in ? srow[r][sp_km_chunk_block(j)] : 0.0f;
+        }
+    } else if (j < nchunks) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            q[r] = ld_stream_pol(row[r] + (long)j * SP_KM_CHUNK, pol);
+            sc[r] = SCALED ? srow[r][sp_km_chunk_block(j)] : 0.0f;
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            q[r] = make_uint4(0, 0, 0, 0), sc[r] = 0.0f;
     }
 }
 
@@ -200,11 +214,12 @@ __device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (
 }
 
 // The lanes' sums by the butterfly, then the ks warps of the group in order (kmath.h): Y[b, r0 + r] for b < B, r <
-// ro (R; swiglu: R / 2, rows ro + r the up projection's) and rows inside the matrix. part: kDecWarps x R NB floats
-// of shared memory.
+// ro (R; swiglu: R / 2, rows ro + r the up projection's) and rows inside the matrix; with swiglu, the gate's and the
+// up projection's sums also into G and U where given (moe.cu's activations for a backward). part: kDecWarps x R NB
+// floats of shared memory.
 template <int NB, int R>
-__device__ __forceinline__ void reduce_store(const dec_args &a, float *Y, float (&acc)[R][NB], float (*part)[R * NB],
-                                             int rows, int r0, int ro, int B, int ks)
+__device__ __forceinline__ void reduce_store(const dec_args &a, float *Y, float *G, float *U, float (&acc)[R][NB],
+                                             float (*part)[R * NB], int rows, int r0, int ro, int B, int ks)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
 #pragma unroll
@@ -230,39 +245,50 @@ __device__ __forceinline__ void reduce_store(const dec_args &a, float *Y, float 
             float u = 0.0f;
             for (int p = 0; p < ks; p++)
                 u += part[group * ks + p][i + ro * NB];
+            if (G)
+                G[(long)b * rows + r0 + r] = y;
+            if (U)
+                U[(long)b * rows + r0 + r] = u;
             y = sp_km_swiglu(y, u);
         }
         Y[(long)b * rows + r0 + r] = dec_epilogue(a, y, b, r0 + r, rows);
     }
 }
 
-template <int TYPE, int NB, int R>
-__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, const float *X, int B)
+// Where a block's sums go (reduce_store's Y, G, U).
+struct vec_out {
+    float *Y, *G, *U;
+};
+
+// One block's rows of the vectorised product (blk: its index among the matrix's blocks): rows of q (scales sq)
+// [rows, a.w.cols] (swiglu: with those of the up projection uq, usq) times X [B, cols] into out()'s Y [B, rows] (G,
+// U: reduce_store), out called after the loop over the chunks. lut: NF4's levels (fill_lut), part: reduce_store's.
+// Shared by the dense products' kernel and the experts' (wmat_slot_kernel), which differ only in where a block's
+// matrix, X and Y are. (out, and load_chunks' ONE_BRANCH for the experts, are what left ptxas 13 for sm_90 no
+// spills in any instance of the experts' kernel and the dense one's registers within 2 of what they were before it
+// shared this body (with 4 to 12 bytes of spills at NF4 / 2 rows of X / R 1 as before, and at bf16 / 2 / R 4 where
+// NF4 / 4 / R 2 had them); other ways of writing the same moved spills of 4 to 16 bytes between instances, or took
+// the dense f32 and bf16 instances of R 4 up to 14 registers more.)
+template <int TYPE, int NB, int R, bool ONE_BRANCH, typename OUT>
+__device__ __forceinline__ void vec_rows(const dec_args &a, const uint8_t *q, const float *sq, const uint8_t *uq,
+                                         const float *usq, int rows, int ks, int blk, const float *X, int B,
+                                         const float *lut, float (*part)[R * NB], OUT out)
 {
     constexpr bool scaled = TYPE == SP_KM_Q8 || TYPE == SP_KM_NF4;
-    __shared__ float lut[16];
-    __shared__ float part[kDecWarps][R * NB];
-    spk::pdl_trigger();
-    if (TYPE == SP_KM_NF4)
-        fill_lut(lut, a.w);
-    int blk, s = dec_seg(a, blockIdx.x, &blk);
-    int ks = pick(s, a.ks[0], a.ks[1], a.ks[2]), rows = pick(s, a.rows[0], a.rows[1], a.rows[2]);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / ks, k = warp % ks;
     int ro = a.swiglu ? R / 2 : R, r0 = (blk * (kDecWarps / ks) + group) * ro;
     sp_km_w shape = {};
     shape.type = TYPE, shape.cols = a.w.cols;
     long rb = sp_km_row_bytes(&shape);
     int nchunks = (int)(rb / SP_KM_CHUNK), ns = sp_km_row_scales(&shape), step = 32 * ks;
-    const uint8_t *q = (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]);
-    const float *sq = pick(s, a.scale[0], a.scale[1], a.scale[2]);
     const uint8_t *row[R];
     const float *srow[R];
 #pragma unroll
     for (int r = 0; r < R; r++) { // rows past the end read the last one; their sums are not written
         bool up = a.swiglu && r >= ro;
         int rr = min(r0 + (up ? r - ro : r), rows - 1);
-        row[r] = (up ? (const uint8_t *)a.q[1] : q) + (long)rr * rb;
-        srow[r] = scaled ? (up ? a.scale[1] : sq) + (long)rr * ns : nullptr;
+        row[r] = (up ? uq : q) + (long)rr * rb;
+        srow[r] = scaled ? (up ? usq : sq) + (long)rr * ns : nullptr;
     }
     float acc[R][NB];
 #pragma unroll
@@ -274,17 +300,65 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
     float sc[R], nsc[R];
     int j = k * 32 + lane;
     uint64_t pol = stream_policy(a.evict_first);
-    load_chunks<R, scaled>(cur, sc, row, srow, j, nchunks, pol);
+    load_chunks<R, scaled, ONE_BRANCH>(cur, sc, row, srow, j, nchunks, pol);
     spk::pdl_wait();
     for (; j < nchunks; j += step) {
-        load_chunks<R, scaled>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
+        load_chunks<R, scaled, ONE_BRANCH>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
         chunk_product<TYPE, NB, R>(acc, cur, sc, X, a.w.cols, j, B, lut);
 #pragma unroll
         for (int r = 0; r < R; r++)
             cur[r] = nxt[r], sc[r] = nsc[r];
     }
-    float *Y = pick(s, a.y[0], a.y[1], a.y[2]);
-    reduce_store<NB, R>(a, Y, acc, part, rows, r0, ro, B, ks);
+    vec_out o = out();
+    reduce_store<NB, R>(a, o.Y, o.G, o.U, acc, part, rows, r0, ro, B, ks);
+}
+
+template <int TYPE, int NB, int R>
+__global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, const float *X, int B)
+{
+    __shared__ float lut[16];
+    __shared__ float part[kDecWarps][R * NB];
+    spk::pdl_trigger();
+    if (TYPE == SP_KM_NF4)
+        fill_lut(lut, a.w);
+    int blk, s = dec_seg(a, blockIdx.x, &blk);
+    vec_rows<TYPE, NB, R, false>(
+        a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]), pick(s, a.scale[0], a.scale[1], a.scale[2]),
+        (const uint8_t *)a.q[1], a.scale[1], pick(s, a.rows[0], a.rows[1], a.rows[2]),
+        pick(s, a.ks[0], a.ks[1], a.ks[2]), blk, X, B, lut, part,
+        [&] { return vec_out{pick(s, a.y[0], a.y[1], a.y[2]), nullptr, nullptr}; });
+}
+
+// The experts' decode products (sp_cuda_wmat_mul_slots): what an expert's matrix is chosen by, on the device.
+struct slot_args {
+    const sp_km_w *tab;        // the experts' matrices: expert e's `which` at tab[3 e + which], its up at + 1
+    const int32_t *used, *off; // the g-th expert with rows (-1: none), each expert's first row of X and Y
+    int which;
+    float *G, *U; // swiglu: the gate's and the up projection's sums (NULL: not kept)
+};
+
+// Block (x, g): block x of the matrix of the g-th expert with rows (none: the block returns), over its rows of X
+// and into its rows of Y, G and U (a.y[0], a.rows[0], a.ks[0]: one segment, every expert's matrix of a.w's shape).
+template <int TYPE, int NB, int R>
+__global__ void __launch_bounds__(kDecWarps * 32) wmat_slot_kernel(dec_args a, slot_args sa, const float *X)
+{
+    __shared__ float lut[16];
+    __shared__ float part[kDecWarps][R * NB];
+    int e = __ldg(sa.used + blockIdx.y);
+    if (e < 0) // the same for every thread of the block
+        return;
+    if (TYPE == SP_KM_NF4)
+        fill_lut(lut, a.w);
+    int o = __ldg(sa.off + e), cnt = __ldg(sa.off + e + 1) - o, rows = a.rows[0];
+    const sp_km_w *w = sa.tab + 3 * e + sa.which;
+    const uint8_t *uq = a.swiglu ? (const uint8_t *)w[1].q : nullptr;
+    const float *usq = a.swiglu ? w[1].scale : nullptr;
+    vec_rows<TYPE, NB, R, true>(a, (const uint8_t *)w->q, w->scale, uq, usq, rows, a.ks[0], blockIdx.x,
+                                X + (long)o * a.w.cols, cnt < NB ? cnt : NB, lut, part, [&] {
+                                    long yo = (long)o * rows;
+                                    return vec_out{a.y[0] + yo, sa.G ? sa.G + yo : nullptr,
+                                                   sa.U ? sa.U + yo : nullptr};
+                                });
 }
 
 // Decodes rows r0 .. of a chunked Q8 / NF4 matrix to bf16 (out: the tile, [rows, cols]), a chunk a thread, 8
@@ -355,27 +429,53 @@ void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
             *ks *= 2;
 }
 
-template <int TYPE, int NB>
-cudaError_t launch_vec_r(int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const float *X, int B)
+// The vectorised kernel's instance for NB rows of X and R rows a warp: the dense products' (sa NULL), or the
+// experts' (sa: where their matrices are; never a dependent launch).
+template <int TYPE, int NB, int R>
+cudaError_t launch_nbr(bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const slot_args *sa, const float *X,
+                       int B)
 {
     dim3 block(kDecWarps * 32);
-    if (R == 1)
-        return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, 1>, grid, block, 0, st, a, X, B);
-    if (R == 2)
-        return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, 2>, grid, block, 0, st, a, X, B);
-    return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, 4>, grid, block, 0, st, a, X, B);
+    if (sa)
+        return spk::launch(false, wmat_slot_kernel<TYPE, NB, R>, grid, block, 0, st, a, *sa, X);
+    return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, R>, grid, block, 0, st, a, X, B);
 }
 
+template <int TYPE, int NB>
+cudaError_t launch_vec_r(int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const slot_args *sa,
+                         const float *X, int B)
+{
+    if (R == 1)
+        return launch_nbr<TYPE, NB, 1>(pdl, grid, st, a, sa, X, B);
+    if (R == 2)
+        return launch_nbr<TYPE, NB, 2>(pdl, grid, st, a, sa, X, B);
+    return launch_nbr<TYPE, NB, 4>(pdl, grid, st, a, sa, X, B);
+}
+
+// B: the rows of X (the experts': the most any expert has).
 template <int TYPE>
-cudaError_t launch_vec(int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const float *X, int B)
+cudaError_t launch_vec(int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, const slot_args *sa,
+                       const float *X, int B)
 {
     if (B == 1)
-        return launch_vec_r<TYPE, 1>(R, pdl, grid, st, a, X, B);
+        return launch_vec_r<TYPE, 1>(R, pdl, grid, st, a, sa, X, B);
     if (B == 2)
-        return launch_vec_r<TYPE, 2>(R, pdl, grid, st, a, X, B);
+        return launch_vec_r<TYPE, 2>(R, pdl, grid, st, a, sa, X, B);
     if (B <= 4)
-        return launch_vec_r<TYPE, 4>(R, pdl, grid, st, a, X, B);
-    return launch_vec_r<TYPE, 8>(R, pdl, grid, st, a, X, B);
+        return launch_vec_r<TYPE, 4>(R, pdl, grid, st, a, sa, X, B);
+    return launch_vec_r<TYPE, 8>(R, pdl, grid, st, a, sa, X, B);
+}
+
+// launch_vec for w's encoding.
+cudaError_t launch_vec_w(const sp_km_w &w, int R, bool pdl, dim3 grid, cudaStream_t st, const dec_args &a,
+                         const slot_args *sa, const float *X, int B)
+{
+    switch (w.type) {
+    case SP_KM_F32: return launch_vec<SP_KM_F32>(R, pdl, grid, st, a, sa, X, B);
+    case SP_KM_BF16: return launch_vec<SP_KM_BF16>(R, pdl, grid, st, a, sa, X, B);
+    case SP_KM_Q8: return launch_vec<SP_KM_Q8>(R, pdl, grid, st, a, sa, X, B);
+    default: return launch_vec<SP_KM_NF4>(R, pdl, grid, st, a, sa, X, B);
+    }
 }
 
 // Whether this build's decode kernels wait where they should in a dependent launch (spk::pdl_able), once.
@@ -429,12 +529,7 @@ sp_status mul_fused(sp_cuda *cu, const sp_cuda_dmul &m, const float *X, int B, s
         a.first[i] = (int)grid;
         grid += (warps + kDecWarps - 1) / kDecWarps;
     }
-    switch (w.type) {
-    case SP_KM_F32: e = launch_vec<SP_KM_F32>(R, pdl, dim3(grid), st, a, X, B); break;
-    case SP_KM_BF16: e = launch_vec<SP_KM_BF16>(R, pdl, dim3(grid), st, a, X, B); break;
-    case SP_KM_Q8: e = launch_vec<SP_KM_Q8>(R, pdl, dim3(grid), st, a, X, B); break;
-    default: e = launch_vec<SP_KM_NF4>(R, pdl, dim3(grid), st, a, X, B); break;
-    }
+    e = launch_vec_w(w, R, pdl, dim3(grid), st, a, nullptr, X, B);
     return sp_cuda_error(err, (int)e, "decode product");
 }
 
@@ -664,6 +759,31 @@ extern "C" sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, 
         return sp_errf(err, SP_ERR_ARG, "cuda: fused decode product of %d matrices (swiglu %d) on %d rows", n,
                        m->swiglu, B);
     return mul_fused(cu, *m, X, B, err);
+}
+
+extern "C" sp_status sp_cuda_wmat_mul_slots(sp_cuda *cu, const sp_cuda_wmat *W, const sp_cuda_smul *m, const float *X,
+                                           sp_err *err)
+{
+    const sp_km_w &w = W->w;
+    if (m->ng < 1 || m->ng > 65535 || m->rows < 1 || m->rows > kMaxDecodeRows || m->which < 0 || !m->tab ||
+        !m->used || !m->off || !m->Y || !X || (m->swiglu != 0 && m->swiglu != 1))
+        return sp_errf(err, SP_ERR_ARG, "cuda: experts' decode products of %d experts on %d rows", m->ng, m->rows);
+    if (!sp_km_chunked(&w) || (uintptr_t)X % 16)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: experts' [%d, %d] %s rows are not 16-byte chunks", w.rows,
+                       w.cols, sp_wtype_name((sp_wtype)w.type));
+    dec_args a = {};
+    a.w = w, a.nseg = 1, a.swiglu = m->swiglu, a.evict_first = g_evict_first;
+    a.rows[0] = w.rows, a.y[0] = m->Y;
+    int R = 1;
+    decode_shape(w, m->rows, &R, &a.ks[0]); // as the dense product of one expert's rows
+    if (a.swiglu)
+        R = R * 2 > 4 ? 4 : R * 2;
+    int ro = a.swiglu ? R / 2 : R;
+    long warps = (long)(w.rows + ro - 1) / ro * a.ks[0];
+    dim3 grid((unsigned)((warps + kDecWarps - 1) / kDecWarps), (unsigned)m->ng);
+    slot_args sa = {m->tab, m->used, m->off, m->which, m->swiglu ? m->G : nullptr, m->swiglu ? m->U : nullptr};
+    cudaError_t e = launch_vec_w(w, R, false, grid, spk::stream_of(cu), a, &sa, X, m->rows);
+    return sp_cuda_error(err, (int)e, "experts' decode products");
 }
 
 extern "C" sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, const float *dY, float *dX, int B,

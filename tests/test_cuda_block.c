@@ -5,7 +5,8 @@
  * then decode steps with a KV cache (through CUDA graphs, rolled back and replayed, and the same steps without
  * graphs, without the fused kernels' dependent launches and with the plain kernels instead of the fused ones: the
  * same bits), a server's batch of several caches (against sp_block_decode_batch and each cache alone, with beam
- * search's reorder), and the backward to the input from kept activations and recomputed. Without a GPU the suite
+ * search's reorder), Mixtral's decode steps of 1 to 8 rows with the experts' vectorised products and with the
+ * one-weight-a-lane kernel, and the backward to the input from kept activations and recomputed. Without a GPU the suite
  * reports itself skipped (exit 77); the host-side parts (budget, sizes, what is supported, the experts' routing
  * arithmetic) are checked by test_cuda_host. */
 #include <math.h>
@@ -53,12 +54,19 @@ static const char *const configs[] = {
     /* falcon, sequential (attention then MLP), multi-head */
     "{\"model_type\":\"falcon\",\"multi_query\":false,\"parallel_attn\":false,\"bias\":true,\"hidden_size\":60,"
     "\"num_attention_heads\":6,\"num_hidden_layers\":1,\"vocab_size\":64}",
-    /* mixtral: 5 experts of FF 150, 2 a token (so that some expert gets no token of a short step), GQA 6 on 2 */
+    /* mixtral: 5 experts of FF 150, 2 a token (so that some expert gets no token of a short step), GQA 6 on 2; rows
+     * not whole 16-byte chunks (but f32's 84 columns of gate and up): the experts' one-weight-a-lane kernel */
     "{\"model_type\":\"mixtral\",\"hidden_size\":84,\"num_attention_heads\":6,\"num_key_value_heads\":2,"
     "\"intermediate_size\":150,\"num_local_experts\":5,\"num_experts_per_tok\":2,\"num_hidden_layers\":1,"
     "\"vocab_size\":64,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":256}",
+    /* mixtral at widths of whole chunks and NF4 blocks (H 128, FF 192), 6 experts, 2 a token, GQA 4 on 2: decode
+     * steps stream the used experts' matrices by the vectorised kernel (gate and up with the SwiGLU, then down) */
+    "{\"model_type\":\"mixtral\",\"hidden_size\":128,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+    "\"intermediate_size\":192,\"num_local_experts\":6,\"num_experts_per_tok\":2,\"num_hidden_layers\":1,"
+    "\"vocab_size\":64,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":256}",
 };
 #define NCFG ((int)(sizeof configs / sizeof *configs))
+#define FIRST_MOE 7 /* configs from here on are mixtral's */
 
 /* Tolerances, as max |device - cpu| / max |cpu| over a result. f32: the same arithmetic summed in other orders.
  * Encoded weights decode to the same floats on both sides (kmath.h), and the CPU runs its scalar kernels (main:
@@ -287,6 +295,71 @@ START_TEST(t_block_decode_vs_cpu)
 }
 END_TEST
 
+/* Mixtral's decode steps of 1 to 8 rows (the experts chosen on the device, graphed) against the CPU's, with the
+ * experts' vectorised products (the default) and with the one-weight-a-lane kernel (sp_cuda_block_use_moe_vec 0),
+ * each within the tolerance. The switch takes effect (other sums, so other bits in some step) where an encoding's
+ * rows are whole 16-byte chunks, and changes nothing where none are (both take the one-weight-a-lane kernel); under
+ * a cache whose steps replay a graph it takes effect at the next step (captured anew), and back. */
+START_TEST(t_moe_decode_rows_vs_cpu)
+{
+    static const int per_chunk[SP_W__COUNT] = {[SP_W_F32] = 4, [SP_W_BF16] = 8, [SP_W_Q8] = 16, [SP_W_NF4] = 64};
+    int nsteps = 3;
+    for (int t = 0; t < SP_W__COUNT; t++) {
+        tcase c;
+        case_init(&c, _i, (sp_wtype)t);
+        ck_assert_int_eq(c.b.k.mlp, SP_MLP_MOE);
+        int chunked = c.H % per_chunk[t] == 0 || c.b.FF % per_chunk[t] == 0, differed = 0;
+        for (int B = 1; B <= 8; B++) {
+            size_t ns = (size_t)B * c.H * nsteps;
+            float *vec = malloc(ns * sizeof(float)), *lane = malloc(ns * sizeof(float));
+            run_cached(&c, (sp_wtype)t, 1, 2, B, vec, nsteps, 1);
+            sp_cuda_block_use_moe_vec(c.cb, 0);
+            run_cached(&c, (sp_wtype)t, 1, 2, B, lane, nsteps, 1);
+            sp_cuda_block_use_moe_vec(c.cb, 1);
+            differed |= memcmp(vec, lane, ns * sizeof(float)) != 0;
+            double e = emul_rel_err(lane, vec, ns);
+            ck_assert_msg(e <= tol_fwd[t], "%s %s B %d: the two experts' kernels differ by %.3g > %.3g",
+                          c.cfg.model_type, sp_wtype_name((sp_wtype)t), B, e, tol_fwd[t]);
+            free(vec), free(lane);
+        }
+        ck_assert_msg(differed == chunked, "%s %s (H %d, FF %d): the experts' kernels %s", c.cfg.model_type,
+                      sp_wtype_name((sp_wtype)t), c.H, c.b.FF,
+                      chunked ? "gave the same bits (the vectorised one did not run)" : "differ without chunks");
+        /* the switch under a cache whose steps replay a graph: the step at position 2 again with the other kernel
+         * (captured anew: the one-weight-a-lane bits where there are chunks), then back (the first bits) */
+        sp_cuda_kv *kv = NULL;
+        sp_rng r;
+        sp_rng_seed(&r, 23);
+        size_t H = (size_t)c.H;
+        float *x = randn(&r, 3 * H, 1.0f), *dx = dev_zero(H), *dy = dev_zero(H), *got[3];
+        OK(sp_cuda_kv_new(c.cb, &kv, 1, 8, NULL, E));
+        for (int i = 0; i < 5; i++) { /* positions 0, 1, 2; then 2 lane; then 2 vectorised */
+            int pos = i < 3 ? i : 2;
+            if (i >= 3) {
+                sp_cuda_block_use_moe_vec(c.cb, i == 4);
+                OK(sp_cuda_kv_set_len(kv, 2, E));
+            }
+            OK(sp_cuda_upload(cu, dx, x + H * (size_t)pos, H * sizeof(float), E));
+            OK(sp_cuda_block_forward(c.cb, dy, dx, 1, 1, pos, kv, E));
+            if (i >= 2)
+                got[i - 2] = host(dy, H);
+        }
+        ck_assert(sp_cuda_kv_graphed(kv));
+        ck_assert_msg((memcmp(got[0], got[1], H * sizeof(float)) != 0) == chunked,
+                      "%s %s: the switch under a graph %s", c.cfg.model_type, sp_wtype_name((sp_wtype)t),
+                      chunked ? "changed nothing (the graph was not captured anew)" : "changed the bits");
+        ck_assert_msg(emul_rel_err(got[1], got[0], H) <= tol_fwd[t], "%s %s: the switch under a graph: error %.3g",
+                      c.cfg.model_type, sp_wtype_name((sp_wtype)t), emul_rel_err(got[1], got[0], H));
+        ck_assert_msg(memcmp(got[2], got[0], H * sizeof(float)) == 0, "%s %s: switched back, other bits",
+                      c.cfg.model_type, sp_wtype_name((sp_wtype)t));
+        sp_cuda_kv_free(kv);
+        free(x), free(got[0]), free(got[1]), free(got[2]);
+        sp_cuda_free(cu, dx), sp_cuda_free(cu, dy);
+        case_free(&c);
+    }
+}
+END_TEST
+
 /* A server's batch: three sessions' caches of 1, 2 and 1 rows at lengths 3, 6 and 4 decoded together, against the
  * CPU's sp_block_decode_batch and against each cache stepped alone on the device (4 rows: the fused products,
  * so the same bits); then beam search's reorder of the 2-row cache on both sides and more batched steps. */
@@ -370,13 +443,15 @@ START_TEST(t_block_decode_batch_vs_cpu)
 }
 END_TEST
 
-/* Backward at [2, 6] (the fused products in the forward) and [1, 70] (flash tiles and the bf16 path; f32: GEMMs) */
+/* Backward at [2, 6] (the fused products in the forward), [1, 70] (flash tiles and the bf16 path; f32: GEMMs) and
+ * [1, 5] (Mixtral: a forward of decode-sized steps, whose experts' products keep what the backward reads) */
 START_TEST(t_block_backward_vs_cpu)
 {
-    for (int t = 0; t < 2 * SP_W__COUNT; t++) {
+    static const int shapes[3][2] = {{2, 6}, {1, 70}, {1, 5}};
+    for (int t = 0; t < 3 * SP_W__COUNT; t++) {
         tcase c;
         case_init(&c, _i, (sp_wtype)(t % SP_W__COUNT));
-        int B = t < SP_W__COUNT ? 2 : 1, T = t < SP_W__COUNT ? 6 : 70, pos0 = 3;
+        int B = shapes[t / SP_W__COUNT][0], T = shapes[t / SP_W__COUNT][1], pos0 = 3;
         size_t n = (size_t)B * T * c.H;
         sp_rng r;
         sp_rng_seed(&r, 13);
@@ -489,6 +564,7 @@ int main(void)
     tcase_add_loop_test(tc, t_block_forward_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_decode_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_decode_batch_vs_cpu, 0, NCFG);
+    tcase_add_loop_test(tc, t_moe_decode_rows_vs_cpu, FIRST_MOE, NCFG);
     tcase_add_loop_test(tc, t_block_backward_vs_cpu, 0, NCFG);
     tcase_add_loop_test(tc, t_block_prefill_chunks_vs_cpu, 0, NCFG);
     tcase_add_test(tc, t_block_errors);

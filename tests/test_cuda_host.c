@@ -555,10 +555,11 @@ static void block_of(sp_block *b, sp_rope *rope, const char *json)
 }
 
 /* The experts' routing (kmath_moe.h, what moe.cu's kernels run) against core's sp_moe_route_forward / _backward,
- * ties included, and the grouping by expert as block.c's counting sort makes it: slots ordered by (expert, pair). */
+ * ties included, and the grouping by expert as block.c's counting sort makes it: slots ordered by (expert, pair),
+ * and the used experts in order. */
 START_TEST(t_moe_routing_vs_cpu)
 {
-    static const int shapes[][3] = {{5, 2, 7}, {8, 2, 9}, {4, 4, 3}, {6, 1, 5}, {16, 3, 4}}; /* ne, nk, nt */
+    static const int shapes[][3] = {{5, 2, 7}, {8, 2, 9}, {4, 4, 3}, {6, 1, 5}, {16, 3, 4}, {8, 2, 1}}; /* ne, nk, nt */
     sp_rng r;
     sp_rng_seed(&r, 31);
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
@@ -592,6 +593,15 @@ START_TEST(t_moe_routing_vs_cpu)
         }
         ck_assert_int_eq(sp_km_moe_first(idx, npairs, 0), 0);
         ck_assert_int_eq(sp_km_moe_first(idx, npairs, ne), npairs);
+        /* the experts with slots in order (a decode step's blocks of products: at most min(E, NK) of them), then -1 */
+        int g = 0;
+        for (int e = 0; e < ne; e++)
+            if (sp_km_moe_first(idx, npairs, e + 1) > sp_km_moe_first(idx, npairs, e))
+                ck_assert_msg(sp_km_moe_used(idx, npairs, ne, g++) == e, "E %d K %d: used expert %d is not %d", ne, nk,
+                              g - 1, e);
+        ck_assert_int_le(g, npairs < ne ? npairs : ne);
+        for (; g <= ne; g++)
+            ck_assert_int_eq(sp_km_moe_used(idx, npairs, ne, g), -1);
         for (int n = 0; n < nt; n++) /* a token's choices come in expert order */
             for (int j = 0, after = -1; j < nk; j++) {
                 int k = sp_km_moe_next(idx + n * nk, nk, after);
