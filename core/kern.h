@@ -28,7 +28,7 @@
 #include "pool.h"
 #include "status.h"
 
-typedef enum { SP_W_F32, SP_W_BF16, SP_W_Q8, SP_W_NF4, SP_W__COUNT } sp_wtype;
+typedef enum { SP_W_F32, SP_W_BF16, SP_W_Q8, SP_W_NF4, SP_W_F16, SP_W__COUNT } sp_wtype;
 
 typedef struct sp_qmat {
     sp_wtype type;
