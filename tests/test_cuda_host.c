@@ -13,6 +13,7 @@
 #include "block_cuda.h"
 #include "cuda_backend.h"
 #include "cuda_emul.h"
+#include "half.h"
 #include "kernels.h"
 #include "kmath_moe.h"
 #include "moe_cuda.h"
@@ -310,6 +311,21 @@ START_TEST(t_softmax_crossentropy_vs_cpu)
         tg[1] = V; /* outside the vocabulary: the kernel's flag */
         ck_assert_int_eq(emul_crossentropy(l1, NULL, NULL, x, tg, N, V), 1);
         free(x), free(y0), free(y1), free(d0), free(d1);
+    }
+}
+END_TEST
+
+/* kmath's fp16 decoding (the host's, from the bits; the device runs cvt.f32.f16, exact as well) gives every one of
+ * the 65536 halves the value common/half.c gives it: normals, subnormals, zeros, infinities, NaNs (as NaNs). */
+START_TEST(t_f16_all_values)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = sp_km_f16((uint16_t)h), b = sp_f16_to_f32((uint16_t)h);
+        if (isnan(b)) {
+            ck_assert_msg(isnan(a), "half 0x%04x: %g, not a NaN", h, (double)a);
+            continue;
+        }
+        ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "half 0x%04x: %a against %a", h, (double)a, (double)b);
     }
 }
 END_TEST
@@ -727,6 +743,7 @@ int main(void)
     tcase_add_test(tc, t_activations_vs_cpu);
     tcase_add_test(tc, t_embedding_vs_cpu);
     tcase_add_test(tc, t_softmax_crossentropy_vs_cpu);
+    tcase_add_test(tc, t_f16_all_values);
     tcase_add_test(tc, t_weights_vs_cpu);
     tcase_add_test(tc, t_wmat_vec_vs_cpu);
     tcase_add_test(tc, t_wmat_gemm_plans_vs_cpu);
