@@ -830,7 +830,7 @@ START_TEST(t_head_dtype)
             }
             double rel = sqrt(es / ss);
             worst[cases[c].t] = fmax(worst[cases[c].t], rel);
-            ck_assert_msg(rel < cases[c].tol, "%s: relative error %.4f of the logits (bound %.2f)",
+            ck_assert_msg(rel < cases[c].tol, "%s: relative error %.4f of the logits (bound %.3g)",
                           sp_wtype_name(cases[c].t), rel, cases[c].tol);
             ck_assert_msg(rel > 0 || cases[c].t == SP_W_F32, "%s: the head was not re-encoded", sp_wtype_name(cases[c].t));
             /* the chosen token is the best one, or one within the error of it */
