@@ -231,6 +231,9 @@ extern "C" sp_status sp_cuda_block_supported(const sp_block *b, sp_err *err)
 {
     if (b->nh <= 0 || b->nkv <= 0 || b->nh % b->nkv || b->hd <= 0 || (b->k.pos == SP_POS_ROPE && b->hd % 2))
         return sp_errf(err, SP_ERR_ARG, "cuda: block of %d heads on %d KV heads of %d", b->nh, b->nkv, b->hd);
+    if (b->wtype == SP_W_F16) // (sp_cuda_wmat_upload refuses its matrices too)
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: fp16 weights are not on the device yet (f32, bf16, int8 and nf4 "
+                       "are): hold the blocks in bf16 there");
     return SP_OK;
 }
 

@@ -641,6 +641,9 @@ extern "C" sp_status sp_cuda_wmat_upload(sp_cuda *cu, sp_cuda_wmat *out, const s
     memset(out, 0, sizeof *out);
     if (m->rows <= 0 || m->cols <= 0 || (unsigned)m->type >= SP_W__COUNT)
         return sp_errf(err, SP_ERR_ARG, "cuda: weights: bad matrix [%d, %d]", m->rows, m->cols);
+    if (m->type == SP_W_F16) // no device encoding (kmath.h) nor kernels for it yet
+        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: a [%d, %d] fp16 matrix: fp16 weights are not on the device yet "
+                       "(f32, bf16, int8 and nf4 are)", m->rows, m->cols);
     sp_status st;
     if (m->type == SP_W_Q8 || m->type == SP_W_NF4)
         st = put_relaid(cu, out, m, err);
