@@ -17,7 +17,7 @@
  *   mixtral   Mixtral-8x7B    H 4096, 32 heads on 8 KV heads, 8 SwiGLU experts of FF 14336, top-2
  * The block is built from a config.json text, through the same family parsing as a real checkpoint.
  *
- * --dtype bf16|int8|nf4 adds a third part: after the f32 figures, the same block re-encoded as a server
+ * --dtype bf16|fp16|int8|nf4 adds a third part: after the f32 figures, the same block re-encoded as a server
  * holds it (sp_block_quantize) decodes again, against a read of as many bytes as its encoded weights take,
  * and against the f32 decode of the same run (tokens/s; goal for int8 >= 3x).
  *
@@ -134,7 +134,7 @@ static int *opt_slot(opts *o, const char *name)
 
 static void usage(const char *argv0, const char *bad)
 {
-    fprintf(stderr, "usage: %s [--family llama|bloom|falcon|falcon7b|mixtral|all] [--dtype bf16|int8|nf4]\n"
+    fprintf(stderr, "usage: %s [--family llama|bloom|falcon|falcon7b|mixtral|all] [--dtype bf16|fp16|int8|nf4]\n"
                     "       [--threads N] [--hidden H]\n"
                     "       [--ff F] [--heads N] [--kv-heads N] [--experts E] [--tokens T] [--kv K]\n"
                     "       [--reps-decode N] [--reps-forward N] [--idle-ms MS]   (bad or missing: %s)\n",

@@ -4,7 +4,7 @@
  * OpenBLAS's sgemv on the f32 weights. Reps interleaved; medians.
  *
  * With --product R C B instead: one [R, C] product of B rows of X (a prefill's: B > SP_KERN_MAX_ROWS) in each
- * encoding, sp_qmat_mul at the current level (SEPAL_ISA), reps interleaved: the median and the fastest time, and
+ * encoding (f32, bf16, fp16, int8, nf4), sp_qmat_mul at the current level (SEPAL_ISA), reps interleaved: the median and the fastest time, and
  * multiply-adds a second. (The README's [768, 288] x 128: stories15M's FFN, a 128-token prompt.)
  *
  * usage: bench_kern [--threads N] [--reps N] [--hidden H --ffn F | --product R C B] */
@@ -81,10 +81,11 @@ static int product(int R, int C, int B, int reps, sp_pool *pool)
     float *y = malloc((size_t)B * R * sizeof(float));
     sp_rng_fill_normal(&r, w, (long)R * C, 0.02f);
     sp_rng_fill_normal(&r, x, (long)B * C, 1.0f);
-    sp_wtype types[3] = {SP_W_F32, SP_W_Q8, SP_W_NF4};
-    sp_qmat m[3];
+    enum { NT = SP_W__COUNT };
+    sp_wtype types[NT] = {SP_W_F32, SP_W_BF16, SP_W_F16, SP_W_Q8, SP_W_NF4}; /* (every encoding, 2-byte ones together) */
+    sp_qmat m[NT];
     sp_err err = {0};
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < NT; t++)
         if (t == 0)
             m[t] = sp_qmat_f32(w, R, C);
         else if (sp_qmat_encode(&m[t], types[t], w, R, C, &err))
@@ -93,19 +94,20 @@ static int product(int R, int C, int B, int reps, sp_pool *pool)
     sp_kern_describe(kern, sizeof kern);
     printf("bench_kern: [%d, %d] x %d rows, %d thread%s, %s, %d reps\n", R, C, B, sp_pool_threads(pool),
            sp_pool_threads(pool) == 1 ? "" : "s", kern, reps);
-    double t[3][100];
+    double t[NT][100];
     for (int rep = 0; rep < reps; rep++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NT; k++) {
             double t0 = sp_now_s();
             sp_qmat_mul(&m[k], x, y, B, pool);
             t[k][rep] = sp_now_s() - t0;
         }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < NT; k++) {
         double med = median(t[k], reps), best = t[k][0]; /* median sorted t[k] */
         printf("  %-5s median %8.1f us, fastest %8.1f us, %.2f G multiply-adds/s\n", sp_wtype_name(types[k]),
                med * 1e6, best * 1e6, (double)R * C * B / best / 1e9);
     }
-    sp_qmat_free(&m[1]), sp_qmat_free(&m[2]);
+    for (int k = 1; k < NT; k++)
+        sp_qmat_free(&m[k]);
     free(w), free(x), free(y);
     return 0;
 }

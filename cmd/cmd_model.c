@@ -533,8 +533,9 @@ static int cmd_gen(sp_app *app, const sp_args *a)
     if (o.sample.temperature <= 0) /* greedy: said once, not silently ignored */
         sp_args_warn_unused(app, a, sampling, 3,
                             "at temperature 0 (greedy decoding; sampling needs --temperature above 0)");
-    return model_generate(app, a->pos[0], prompt, &o, (sp_wtype)sp_arg_choice(app, a, MG_DTYPE),
-                          (int)sp_arg_int(app, a, MG_THREADS));
+    sp_wtype dtype = SP_W_F32; /* (a checked choice: a name sp_wtype_parse knows) */
+    sp_wtype_parse(sp_arg(app, a, MG_DTYPE), &dtype);
+    return model_generate(app, a->pos[0], prompt, &o, dtype, (int)sp_arg_int(app, a, MG_THREADS));
 }
 
 static int cmd_convert(sp_app *app, const sp_args *a)

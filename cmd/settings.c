@@ -53,10 +53,10 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
     [SP_SET_THREADS] = {"threads", SP_OPT_INT, .max = 256, .def = "0",
                         .help = "the client's compute threads (its LM head, training's products); 0 is every CPU it "
                                 "may run on"},
-    [SP_SET_DTYPE] = {"dtype", SP_OPT_CHOICE, .choices = "f32|bf16|int8|nf4", .def = "f32",
+    [SP_SET_DTYPE] = {"dtype", SP_OPT_CHOICE, .choices = "f32|bf16|fp16|int8|nf4", .def = "f32",
                       .help = "the client's LM head for generation: f32 uses the checkpoint's tensor in place; bf16, "
-                              "int8 (blocks of 32 with a scale) and nf4 are encoded copies, smaller and faster per "
-                              "token (training keeps f32)"},
+                              "fp16 (IEEE half), int8 (blocks of 32 with a scale) and nf4 are encoded copies, smaller "
+                              "and faster per token (training keeps f32)"},
     [SP_SET_SWARM_KEY] = {"swarm-key", SP_OPT_PATH, .def = "",
                           .help = "a private swarm's key file (sepal-server --gen-swarm-key FILE): connections prove "
                                   "it both ways and only DHT records sealed with it are read; empty is none"},

@@ -77,7 +77,7 @@ int sp_opt_similar(const sp_opt *opts, const char *name, const char *after, char
 
 /* Whether value is valid for o: 0, or -1 with why, which names the option ("--top-p: expected a number in
  * (0, 1], got '2'", "--tuning: 'x' is not one of head, ptune, deep_ptune", "--dtype: 'int4' is not one of f32,
- * bf16, int8, nf4 (did you mean int8?)"). */
+ * bf16, fp16, int8, nf4 (did you mean int8?)"). */
 int sp_opt_check(const sp_opt *o, const char *value, char *why, size_t cap);
 /* A choice's index in o's choices, or -1. */
 int sp_opt_choice(const sp_opt *o, const char *value);

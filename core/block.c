@@ -338,8 +338,8 @@ static sp_status read_linear(sp_block *b, sp_safetensors *st, const char *prefix
     char n[96];
     snprintf(n, sizeof n, "%s.weight", name);
     sp_status s = read_t(st, prefix, n, w, out, in, err);
-    if (!s)
-        s = settle(b, w, err);
+    if (!s && (s = settle(b, w, err))) /* (a weight its encoding cannot hold: which tensor) */
+        sp_err_prefix(err, "%s%s: ", prefix, n);
     snprintf(n, sizeof n, "%s.bias", name);
     return s || !bias ? s : read_t(st, prefix, n, bias, out, 0, err);
 }
@@ -366,7 +366,8 @@ static sp_status read_fused_qkv(sp_block *b, sp_safetensors *st, const char *pre
     free(tb);
     const float *qkv[3] = {b->wq, b->wk, b->wv};
     for (int i = 0; !s && i < 3; i++)
-        s = settle(b, qkv[i], err);
+        if ((s = settle(b, qkv[i], err)))
+            sp_err_prefix(err, "%sself_attention.query_key_value.weight: ", prefix);
     return s;
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "blastune.h"
+#include "half.h"
 #include "log.h"
 #include "memtune.h"
 
@@ -29,6 +30,7 @@
 #define MAXB SP_KERN_MAX_ROWS
 
 static void q8_block(const float *x, int n, int8_t *out, float *scale, int lv);
+static void f16_decode(const uint16_t *h, float *out, int n);
 
 /* NF4's levels as integers (bitsandbytes' code book times 127, rounded): weight = level x the block's step. */
 static const int8_t nf4_q[16] = {-127, -88, -67, -50, -36, -23, -12, 0, 10, 20, 31, 43, 56, 71, 92, 127};
@@ -39,7 +41,7 @@ const float sp_nf4_levels[16] = {-127 / 127.0f, -88 / 127.0f, -67 / 127.0f, -50 
                                  -12 / 127.0f,  0.0f,         10 / 127.0f,  20 / 127.0f,  31 / 127.0f,  43 / 127.0f,
                                  56 / 127.0f,   71 / 127.0f,  92 / 127.0f,  127 / 127.0f};
 
-static const char *const wnames[SP_W__COUNT] = {"f32", "bf16", "int8", "nf4"};
+static const char *const wnames[SP_W__COUNT] = {"f32", "bf16", "int8", "nf4", "fp16"};
 
 const char *sp_wtype_name(sp_wtype t) { return (unsigned)t < SP_W__COUNT ? wnames[t] : "?"; }
 
@@ -52,6 +54,10 @@ int sp_wtype_parse(const char *name, sp_wtype *t)
         }
     if (!strcmp(name, "q8")) {
         *t = SP_W_Q8;
+        return 0;
+    }
+    if (!strcmp(name, "f16") || !strcmp(name, "float16")) {
+        *t = SP_W_F16;
         return 0;
     }
     return -1;
@@ -69,7 +75,8 @@ static size_t row_bytes(sp_wtype t, int cols)
 {
     switch (t) {
     case SP_W_F32: return (size_t)cols * 4;
-    case SP_W_BF16: return (size_t)cols * 2;
+    case SP_W_BF16:
+    case SP_W_F16: return (size_t)cols * 2;
     case SP_W_Q8: return (size_t)cols;
     case SP_W_NF4: return (size_t)blocks_per_row(t, cols) * (NF4_BLOCK / 2);
     default: return 0;
@@ -236,6 +243,10 @@ static void encode_row(sp_qmat *m, int r, const float *w)
         uint16_t *d = (uint16_t *)dst;
         for (int c = 0; c < C; c++)
             d[c] = f32_to_bf16(w[c]);
+    } else if (m->type == SP_W_F16) { /* (the range was checked: finite, at most 65504, no infinity made) */
+        uint16_t *d = (uint16_t *)dst;
+        for (int c = 0; c < C; c++)
+            d[c] = sp_f32_to_f16(w[c]);
     } else if (m->type == SP_W_Q8) {
         encode_q8(m, r, w);
     } else if (m->type == SP_W_NF4) {
@@ -243,11 +254,36 @@ static void encode_row(sp_qmat *m, int r, const float *w)
     }
 }
 
+/* fp16 holds finite values up to 65504 in magnitude: 1 (and err says which weight) if w has another. A weight
+ * from 65504 to 65520 would round to 65504, above it to infinity: both refused alike (a checkpoint holding one
+ * is not an fp16 model; bf16 or f32 hold it). */
+static int f16_out_of_range(const float *w, int rows, int cols, sp_err *err)
+{
+    size_t n = (size_t)rows * (size_t)cols;
+    for (size_t i0 = 0; i0 < n; i0 += 4096) { /* a branch-free pass a run of 4096 (vectorised), then where */
+        size_t i1 = n - i0 < 4096 ? n : i0 + 4096;
+        int bad = 0;
+        for (size_t i = i0; i < i1; i++)
+            bad |= !(fabsf(w[i]) <= 65504.0f);
+        for (size_t i = i0; bad && i < i1; i++)
+            if (!(fabsf(w[i]) <= 65504.0f)) {
+                sp_errf(err, SP_ERR_ARG, "weights: [%d, %d]: weight (%zu, %zu) = %g %s", rows, cols, i / (size_t)cols,
+                        i % (size_t)cols, (double)w[i],
+                        isfinite(w[i]) ? "is beyond fp16's largest finite value 65504 (keep the weights in bf16 or f32)"
+                                       : "is not finite: fp16 holds finite weights only");
+                return 1;
+            }
+    }
+    return 0;
+}
+
 sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int cols, sp_err *err)
 {
     memset(m, 0, sizeof *m);
     if ((unsigned)t >= SP_W__COUNT || rows < 0 || cols <= 0)
         return sp_errf(err, SP_ERR_ARG, "weights: bad encoding or shape [%d, %d]", rows, cols);
+    if (t == SP_W_F16 && f16_out_of_range(w, rows, cols, err))
+        return SP_ERR_ARG;
     m->type = t;
     m->rows = rows;
     m->cols = cols;
@@ -316,6 +352,7 @@ void sp_qmat_row(const sp_qmat *m, int r, float *out)
         for (int c = 0; c < C; c++)
             out[c] = bf16_to_f32(((const uint16_t *)src)[c]);
         break;
+    case SP_W_F16: f16_decode((const uint16_t *)src, out, C); break;
     case SP_W_Q8:
     case SP_W_NF4: grouped_row(m, r, out); break;
     default: memset(out, 0, (size_t)C * 4);
@@ -349,6 +386,7 @@ static inline float weight_at(const sp_qmat *m, const uint8_t *src, int r, int c
     switch (m->type) {
     case SP_W_F32: return ((const float *)src)[c];
     case SP_W_BF16: return bf16_to_f32(((const uint16_t *)src)[c]);
+    case SP_W_F16: return sp_f16_to_f32(((const uint16_t *)src)[c]);
     default: return grouped_weight(m, r, c);
     }
 }
@@ -458,9 +496,30 @@ T2 static inline __m256 ld8_bf16(const uint8_t *src, int c)
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
 
+/* fp16: F16C's vcvtph2ps (exact: every half is an f32 value). The AVX2 level does not ask the CPU for F16C (every
+ * AVX2 CPU known has it); where it lacks it, fp16 runs the scalar kernel at this level (dot_for, f16_decode). */
+#define T2H __attribute__((target("avx2,fma,f16c")))
+
+T2H static inline __m256 ld8_f16(const uint8_t *src, int c)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + c)));
+}
+
 #define AVX2_ARGS __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_add_ps, hsum8
 DEFINE_DOT_(dot2_f32, T2, AVX2_ARGS, ld8_f32, 4, 2)
 DEFINE_DOT_(dot2_bf16, T2, AVX2_ARGS, ld8_bf16, 2, 2)
+DEFINE_DOT_(dot2_f16, T2H, AVX2_ARGS, ld8_f16, 2, 2)
+
+/* A row of fp16 to f32, 8 at a time (the tiles of the large products decode through it). */
+T2H static void f16_decode2(const uint16_t *h, float *out, int n)
+{
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + c))));
+    _mm256_zeroupper(); /* (before the scalar tail, as the dot kernels) */
+    for (; c < n; c++)
+        out[c] = sp_f16_to_f32(h[c]);
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* AVX-512: 16 weights a vector */
@@ -477,9 +536,26 @@ T5 static inline __m512 ld16_bf16(const uint8_t *src, int c)
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
+/* fp16: AVX512F's vcvtph2ps (no F16C needed) */
+T5 static inline __m512 ld16_f16(const uint8_t *src, int c)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + c)));
+}
+
 #define AVX512_ARGS __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_add_ps, hsum16
 DEFINE_DOT_(dot5_f32, T5, AVX512_ARGS, ld16_f32, 4, 4)
 DEFINE_DOT_(dot5_bf16, T5, AVX512_ARGS, ld16_bf16, 2, 4)
+DEFINE_DOT_(dot5_f16, T5, AVX512_ARGS, ld16_f16, 2, 4)
+
+T5 static void f16_decode5(const uint16_t *h, float *out, int n)
+{
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        _mm512_storeu_ps(out + c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c))));
+    _mm256_zeroupper();
+    for (; c < n; c++)
+        out[c] = sp_f16_to_f32(h[c]);
+}
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1038,7 +1114,7 @@ T5V static void qg_vnni512(const sp_qmat *m, int g, const int8_t *XQ, const floa
 /* dispatch: the levels this CPU has, SEPAL_ISA's cap (read once), sp_kern_force's */
 
 static const char *const isa_names[SP_ISA__COUNT] = {"scalar", "avx2", "avxvnni", "avx512"};
-static int supported_mask = -1, has_vnni512, env_cap = SP_ISA__COUNT - 1, forced = -1, env_checked;
+static int supported_mask = -1, has_vnni512, has_f16c, env_cap = SP_ISA__COUNT - 1, forced = -1, env_checked;
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
 static int best_at_most(int cap)
@@ -1090,6 +1166,7 @@ static void detect(void)
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     unsigned a, b, c, d; /* AVX-VNNI: CPUID leaf 7 subleaf 1, EAX bit 4 (gcc 12 has no name for it) */
     int avxvnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+    has_f16c = avx2 && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1); /* F16C: leaf 1, ECX bit 29 */
     mask |= avx2 << SP_ISA_AVX2 | (avx2 && avxvnni) << SP_ISA_AVXVNNI | avx512 << SP_ISA_AVX512;
     has_vnni512 = avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
@@ -1140,11 +1217,15 @@ static dot_fn dot_for(const sp_qmat *m)
 {
 #if SP_X86
     /* Q8 and NF4: their f32 products are the integer kernels' fallback only (a scratch that could not grow) */
-    static const dot_fn l5[SP_W__COUNT] = {dot5_f32, dot5_bf16, dot_scalar, dot_scalar};
-    static const dot_fn l2[SP_W__COUNT] = {dot2_f32, dot2_bf16, dot_scalar, dot_scalar};
+    static const dot_fn l5[SP_W__COUNT] = {[SP_W_F32] = dot5_f32, [SP_W_BF16] = dot5_bf16, [SP_W_Q8] = dot_scalar,
+                                           [SP_W_NF4] = dot_scalar, [SP_W_F16] = dot5_f16};
+    static const dot_fn l2[SP_W__COUNT] = {[SP_W_F32] = dot2_f32, [SP_W_BF16] = dot2_bf16, [SP_W_Q8] = dot_scalar,
+                                           [SP_W_NF4] = dot_scalar, [SP_W_F16] = dot2_f16};
     int lv = sp_kern_level();
     if (lv >= SP_ISA_AVX512)
         return l5[m->type];
+    if (lv >= SP_ISA_AVX2 && m->type == SP_W_F16 && !has_f16c) /* (the level does not ask for F16C) */
+        return dot_scalar;
     if (lv >= SP_ISA_AVX2)
         return l2[m->type];
 #endif
@@ -1203,6 +1284,24 @@ void sp_kern_describe(char *buf, size_t n)
     int in = q8 && nf4;
     snprintf(buf, n, "%s kernels (int8 and nf4 %s%s), OpenBLAS %s", isa_names[sp_kern_level()],
              in ? "in integers: " : "in f32", in ? q8 : "", sp_blas_core());
+}
+
+/* n fp16 values to f32 in the current level's loop (the same values at every level: the conversion is exact). */
+static void f16_decode(const uint16_t *h, float *out, int n)
+{
+#if SP_X86
+    int lv = sp_kern_level();
+    if (lv >= SP_ISA_AVX512) {
+        f16_decode5(h, out, n);
+        return;
+    }
+    if (lv >= SP_ISA_AVX2 && has_f16c) {
+        f16_decode2(h, out, n);
+        return;
+    }
+#endif
+    for (int c = 0; c < n; c++)
+        out[c] = sp_f16_to_f32(h[c]);
 }
 
 float sp_qmat_dot(const sp_qmat *m, int r, const float *x)

@@ -5,6 +5,10 @@
  * A matrix is [rows, cols] in the Hugging Face layout (out, in): y[r] = sum_c W[r][c] x[c].
  *   SP_W_F32   4 bytes a weight.
  *   SP_W_BF16  the upper half of each f32 (2 bytes), rounded to nearest even.
+ *   SP_W_F16   IEEE half precision ("fp16"; 2 bytes: 11-bit significand, 5-bit exponent, largest finite 65504,
+ *              subnormals from 2^-24), rounded to nearest even; a weight that is not finite or beyond 65504 in
+ *              magnitude is refused (sp_qmat_encode), never made infinite. Closer to f32 than bf16 (2^-11
+ *              relative, bf16's 2^-8) in a narrower range.
  *   SP_W_Q8    llama.cpp's Q8_0 idea: each row in blocks of 32 (the last one may be shorter), int8 values and
  *              one f32 scale per block (absmax / 127); 1.125 bytes a weight.
  *   SP_W_NF4   bitsandbytes' NF4 idea: each row in blocks of 64 (the last one may be shorter), 4-bit indices
@@ -28,25 +32,29 @@
 #include "pool.h"
 #include "status.h"
 
+/* (SP_W_F16 last: the others keep their numbers, which the device's encodings and the options' choices follow) */
 typedef enum { SP_W_F32, SP_W_BF16, SP_W_Q8, SP_W_NF4, SP_W_F16, SP_W__COUNT } sp_wtype;
 
 typedef struct sp_qmat {
     sp_wtype type;
     int rows, cols;
-    void *q;         /* values: f32, bf16 (uint16), int8, or packed nibbles */
+    void *q;         /* values: f32, bf16 or fp16 (uint16), int8, or packed nibbles */
     float *scale;    /* Q8 / NF4: one per block, rows x blocks_per_row */
     size_t row_bytes;/* bytes of one row of q */
     int owned;       /* q and scale were allocated by sp_qmat_encode */
 } sp_qmat;
 
-const char *sp_wtype_name(sp_wtype t);        /* "f32", "bf16", "int8", "nf4" */
-int sp_wtype_parse(const char *name, sp_wtype *t); /* 0, or -1 for an unknown name */
+const char *sp_wtype_name(sp_wtype t);        /* "f32", "bf16", "int8", "nf4", "fp16" */
+/* 0, or -1 for an unknown name; besides the names, "q8" (int8), "f16" and "float16" (fp16). */
+int sp_wtype_parse(const char *name, sp_wtype *t);
 /* Bytes a matrix of this shape takes (values and scales). */
 size_t sp_qmat_bytes(sp_wtype t, int rows, int cols);
 
 /* W as an f32 matrix that refers to w (not copied, not owned). */
 sp_qmat sp_qmat_f32(const float *w, int rows, int cols);
-/* Encodes w [rows, cols] (f32) in type t into a new matrix. */
+/* Encodes w [rows, cols] (f32) in type t into a new matrix. SP_W_F16: a weight that is not finite or beyond
+ * 65504 in magnitude is an SP_ERR_ARG ("weights: [4, 6] to fp16: weight (1, 2) = 100000 is beyond fp16's range
+ * (finite, at most 65504 in magnitude)"), nothing allocated. */
 sp_status sp_qmat_encode(sp_qmat *m, sp_wtype t, const float *w, int rows, int cols, sp_err *err);
 void sp_qmat_free(sp_qmat *m);
 /* Row r, decoded to f32 (out: cols floats). */
@@ -88,9 +96,10 @@ void sp_qmat_mul_t_acc(const sp_qmat *W, const float *dY, float *dX, int B, sp_p
 void sp_qmat_mul_items(const sp_qmat *W, const float *X, float *Y, const int *rows, int n, sp_pool *pool);
 void sp_qmat_mul_t_acc_items(const sp_qmat *W, const float *dY, float *dX, const int *rows, int n, sp_pool *pool);
 
-/* Kernel levels, lowest first: the scalar reference; AVX2 + FMA (int8 and nf4 with vpmaddubsw); AVX2 with
- * AVX-VNNI (int8 and nf4 with 256-bit vpdpbusd); AVX-512 (F, BW, VL, DQ; int8 and nf4 with vpdpbusd where the
- * CPU has AVX512-VNNI). */
+/* Kernel levels, lowest first: the scalar reference; AVX2 + FMA (int8 and nf4 with vpmaddubsw; fp16 with F16C's
+ * vcvtph2ps where the CPU has F16C, else fp16 in the scalar kernel: every AVX2 CPU known has it, but the level
+ * does not ask for it); AVX2 with AVX-VNNI (int8 and nf4 with 256-bit vpdpbusd); AVX-512 (F, BW, VL, DQ; fp16
+ * with AVX512F's vcvtph2ps; int8 and nf4 with vpdpbusd where the CPU has AVX512-VNNI). */
 typedef enum { SP_ISA_SCALAR, SP_ISA_AVX2, SP_ISA_AVXVNNI, SP_ISA_AVX512, SP_ISA__COUNT } sp_isa;
 
 /* Which kernels run: the best level this CPU has, at most what SEPAL_ISA names (scalar, avx2, avxvnni or avx512;

@@ -107,7 +107,7 @@ int sp_server_bulk_port(const sp_server *s);
 int sp_server_public_bulk_port(const sp_server *s);
 /* Where the blocks run: "cpu", or "cuda:N NAME" (--device). */
 const char *sp_server_device(const sp_server *s);
-/* The encoding the blocks are held in ("f32", "bf16", "int8", "nf4"), and their bytes. */
+/* The encoding the blocks are held in ("f32", "bf16", "int8", "nf4", "fp16"), and their bytes. */
 const char *sp_server_dtype(const sp_server *s);
 size_t sp_server_weight_bytes(const sp_server *s);
 /* Measured (or cached) throughput: single-token inference steps/s over the span, 1024-token forward tok/s. */

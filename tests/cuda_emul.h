@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "gemm.h"
+#include "kern.h"
 #include "kmath.h"
 #include "ops.h"
 #include "rng.h"

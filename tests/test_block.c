@@ -580,7 +580,7 @@ START_TEST(t_unsupported_architecture)
 }
 END_TEST
 
-/* Blocks re-encoded (bf16, int8, nf4): forward and the backward to the input equal an f32 block holding the
+/* Blocks re-encoded (bf16, int8, nf4, fp16): forward and the backward to the input equal an f32 block holding the
  * decoded weights (the encoding is the only difference); decoding with a KV cache equals the full forward
  * (int8 and nf4 products quantise their input, as llama.cpp's Q8_0 and Q4_0 do: a looser bound); weight
  * gradients are refused; the bytes shrink. */
@@ -655,6 +655,63 @@ static void encoded_case(const char *model)
 }
 
 START_TEST(t_encoded_blocks) { encoded_case(families[_i]); }
+END_TEST
+
+/* Blocks in fp16 against the f32 blocks themselves (not their decoded weights): fp16 rounds each weight to an
+ * 11-bit significand, at most 2^-11 of it away (subnormals, below 6.1e-5: 2^-25 at most), so each product is within
+ * 2^-11 sum |w x| of f32's, the errors of a block's chained products (q, k, v -> o; up, gate -> down) adding up:
+ * the forward within 4 x 2^-11 of the output's largest value, the backward to the input within 8 x 2^-11 of its
+ * largest (twice as many products), and both at least 4 times closer than bf16 (8 bits: 2^-8, 8 times coarser). */
+static void f16_case(const char *model)
+{
+    sp_err err = {0};
+    sp_model *ref = load(model, SP_LOAD_BLOCKS, 0, -1), *h = load(model, SP_LOAD_BLOCKS, 0, -1);
+    sp_model *bf = load(model, SP_LOAD_BLOCKS, 0, -1);
+    double worst[2][2] = {{0}}; /* [fp16, bf16][forward, backward], relative to the largest */
+    for (int i = 0; i < ref->cfg.n_layers; i++) {
+        ck_assert_int_eq(sp_block_quantize(&h->blocks[i], SP_W_F16, &err), SP_OK);
+        ck_assert_int_eq(sp_block_quantize(&bf->blocks[i], SP_W_BF16, &err), SP_OK);
+        ck_assert_uint_eq(sp_block_bytes(&h->blocks[i]), sp_block_bytes(&bf->blocks[i])); /* 2 bytes a weight both */
+        char name[64];
+        size_t n;
+        snprintf(name, sizeof name, "block.%d.in", i);
+        float *in = golden(model, name, &n);
+        snprintf(name, sizeof name, "block.%d.grad_out", i);
+        float *gout = golden(model, name, &n);
+        float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        int H = ref->cfg.hidden, T = 12, B = (int)(n / (size_t)T / (size_t)H);
+        for (int pass = 0; pass < 2; pass++) { /* forward, backward to the input */
+            if (pass == 0)
+                ck_assert_int_eq(sp_block_forward(&ref->blocks[i], b, in, B, T, 0, NULL, &ref->ws, &err), SP_OK);
+            else
+                ck_assert_int_eq(sp_block_backward(&ref->blocks[i], b, gout, in, B, T, 0, NULL, &ref->ws, &err), SP_OK);
+            double big = 0;
+            for (size_t k = 0; k < n; k++)
+                big = fmax(big, fabs((double)b[k]));
+            for (int e = 0; e < 2; e++) {
+                sp_model *m = e ? bf : h;
+                if (pass == 0)
+                    ck_assert_int_eq(sp_block_forward(&m->blocks[i], a, in, B, T, 0, NULL, &m->ws, &err), SP_OK);
+                else
+                    ck_assert_int_eq(sp_block_backward(&m->blocks[i], a, gout, in, B, T, 0, NULL, &m->ws, &err), SP_OK);
+                worst[e][pass] = fmax(worst[e][pass], sp_max_abs_diff(a, b, n) / big);
+            }
+        }
+        free(in), free(gout), free(a), free(b);
+    }
+    printf("%s: fp16 blocks vs f32: forward %.2e, backward %.2e of the largest (bf16: %.2e, %.2e)\n", model,
+           worst[0][0], worst[0][1], worst[1][0], worst[1][1]);
+    const double u = 1.0 / 2048; /* 2^-11 */
+    ck_assert_msg(worst[0][0] <= 4 * u, "%s fp16 forward: %.3g of the largest", model, worst[0][0]);
+    ck_assert_msg(worst[0][1] <= 8 * u, "%s fp16 backward: %.3g of the largest", model, worst[0][1]);
+    ck_assert_msg(worst[0][0] > 0, "%s: the fp16 blocks gave f32's bits (not encoded?)", model);
+    for (int pass = 0; pass < 2; pass++)
+        ck_assert_msg(worst[0][pass] * 4 <= worst[1][pass], "%s %s: fp16 %.3g, not 4 times closer than bf16 %.3g",
+                      model, pass ? "backward" : "forward", worst[0][pass], worst[1][pass]);
+    sp_model_free(ref), sp_model_free(h), sp_model_free(bf);
+}
+
+START_TEST(t_f16_blocks) { f16_case(families[_i]); }
 END_TEST
 
 /* Blocks encoded as they are read (sp_model_load_encoded: each matrix encoded and its f32 pages given back at once)
@@ -905,6 +962,7 @@ static Suite *block_suite(void)
     tcase_add_loop_test(tc, t_kept_activations, 0, NFAM);
     tcase_add_loop_test(tc, t_items_as_alone, 0, NFAM);
     tcase_add_loop_test(tc, t_encoded_blocks, 0, NFAM);
+    tcase_add_loop_test(tc, t_f16_blocks, 0, NFAM);
     tcase_add_loop_test(tc, t_loaded_encoded, 0, NFAM);
     tcase_add_test(tc, t_partial_load_reads_only_its_part);
     tcase_add_test(tc, t_bloom_unprefixed_names);

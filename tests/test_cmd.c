@@ -461,11 +461,12 @@ START_TEST(t_settings)
     ck_assert_int_eq(run("set seed 7; set seed random"), 0);
     ck_assert_int_eq(run("set seed lucky"), 1);
     ck_assert_int_eq(run("set dtype int4"), 1);
-    ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, int8, nf4 (did you mean int8?)\n");
-    ck_assert_int_eq(run("set dtype fp16"), 1);
-    ck_assert_str_eq(got.err, "set: dtype: 'fp16' is not one of f32, bf16, int8, nf4 (did you mean bf16?)\n");
+    ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, fp16, int8, nf4 (did you mean int8?)\n");
+    ck_assert_int_eq(run("set dtype fp16; set dtype f32"), 0);
+    ck_assert_int_eq(run("set dtype f16"), 1); /* (sp_wtype_parse's alias; the settings take the names) */
+    ck_assert_str_eq(got.err, "set: dtype: 'f16' is not one of f32, bf16, fp16, int8, nf4 (did you mean bf16 or fp16?)\n");
     ck_assert_int_eq(run("set dtype quarter"), 1); /* nothing near */
-    ck_assert_str_eq(got.err, "set: dtype: 'quarter' is not one of f32, bf16, int8, nf4\n");
+    ck_assert_str_eq(got.err, "set: dtype: 'quarter' is not one of f32, bf16, fp16, int8, nf4\n");
     ck_assert_int_eq(run("set seeed 1"), 1);
     ck_assert_str_eq(got.err, "set: unknown setting 'seeed' (did you mean seed?; `show` lists them)\n");
     ck_assert_int_eq(run("set ignore-eos maybe"), 1);
@@ -555,7 +556,7 @@ START_TEST(t_complete)
     ck_assert_str_eq(complete("generate x --seed ", &files), "random");
     ck_assert_str_eq(complete("swarm ", &files), "up, down");
     ck_assert_str_eq(complete("set dt", &files), "dtype");
-    ck_assert_str_eq(complete("set dtype ", &files), "f32, bf16, int8, nf4");
+    ck_assert_str_eq(complete("set dtype ", &files), "f32, bf16, fp16, int8, nf4");
     ck_assert_str_eq(complete("set ignore-eos o", &files), "on, off");
     ck_assert_str_eq(complete("show b", &files), "beams, blocks-per-server, blocked-servers");
     ck_assert_str_eq(complete("show beams ", &files), "");

@@ -435,7 +435,7 @@ START_TEST(t_wmat_vec_vs_cpu)
         }
     sp_kern_force(-1);
     /* not whole chunks: f32 33 columns, bf16 36, int8 40, NF4 96 (a block and a half) */
-    const int odd[] = {33, 36, 40, 96};
+    const int odd[SP_W__COUNT] = {[SP_W_F32] = 33, [SP_W_BF16] = 36, [SP_W_Q8] = 40, [SP_W_NF4] = 96};
     for (int t = 0; t < SP_W__COUNT; t++) {
         wmat_host h;
         wmat_host_make(&h, (sp_wtype)t, &r, 3, odd[t]);
@@ -569,6 +569,22 @@ static void block_of(sp_block *b, sp_rope *rope, const char *json)
         ck_assert_int_eq(sp_rope_init(rope, &cfg, &err), SP_OK);
     ck_assert_msg(sp_block_init(b, &cfg, rope, &err) == SP_OK, "%s", err.msg);
 }
+
+/* fp16 blocks go on the device like the others (sp_cuda_block_supported: what a server's --device checks before
+ * the GPU is touched). */
+START_TEST(t_f16_supported)
+{
+    sp_block b;
+    sp_rope rope;
+    sp_err err = {0};
+    block_of(&b, &rope, "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                        "\"num_key_value_heads\":2,\"intermediate_size\":96,\"num_hidden_layers\":1,"
+                        "\"vocab_size\":64,\"rms_norm_eps\":1e-5}");
+    ck_assert_msg(sp_block_quantize(&b, SP_W_F16, &err) == SP_OK, "%s", err.msg);
+    ck_assert_msg(sp_cuda_block_supported(&b, &err) == SP_OK, "%s", err.msg);
+    sp_block_free(&b);
+}
+END_TEST
 
 /* The experts' routing (kmath_moe.h, what moe.cu's kernels run) against core's sp_moe_route_forward / _backward,
  * ties included, and the grouping by expert as block.c's counting sort makes it: slots ordered by (expert, pair),
@@ -751,6 +767,7 @@ int main(void)
     tcase_add_test(tc, t_block_dx_tiles_vs_cpu);
     tcase_add_test(tc, t_block_plan);
     tcase_add_test(tc, t_moe_routing_vs_cpu);
+    tcase_add_test(tc, t_f16_supported);
     suite_add_tcase(s, tc);
     TCase *te = tcase_create("errors");
     tcase_add_test(te, t_errors_mapped);

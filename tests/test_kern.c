@@ -96,6 +96,8 @@ START_TEST(t_encode_bounds)
                     ck_assert_float_eq(d[c], x);
                 else if (t == SP_W_BF16) /* round to nearest: half a unit of the 8-bit mantissa */
                     ck_assert_msg(e <= fabs(x) * (1.0 / 256) + 1e-38, "bf16 %g -> %g", x, d[c]);
+                else if (t == SP_W_F16) /* half a unit of the 11-bit significand (subnormals: of 2^-24) */
+                    ck_assert_msg(e <= fabs(x) * (1.0 / 2048) + ldexp(1, -25), "fp16 %g -> %g", x, d[c]);
                 if (x == 0)
                     ck_assert_float_eq(d[c], 0);
                 worst = e > worst ? e : worst;
@@ -134,6 +136,161 @@ START_TEST(t_encode_bounds)
     ck_assert_int_ne(sp_wtype_parse("int4", &t), 0);
     free(w);
     free(d);
+}
+END_TEST
+
+/* The fp16 value nearest x (ties to the even significand), computed in double: x's exponent's step (2^-24 below
+ * 2^-14, the subnormals), x over it rounded half to even. */
+static double nearest_f16(double x)
+{
+    double a = fabs(x), step = a < ldexp(1, -14) ? ldexp(1, -24) : ldexp(1, (int)floor(log2(a)) - 10);
+    double q = a / step, f = floor(q), r = q - f;
+    f += r > 0.5 || (r == 0.5 && fmod(f, 2) == 1);
+    return copysign(f * step, x);
+}
+
+/* fp16 weights ("fp16", "f16", "float16"; value 4, after the others): each the nearest fp16 value, ties to even,
+ * subnormals and 65504 included; a weight that is not finite or beyond 65504 refused, saying where and what. */
+START_TEST(t_f16_encode)
+{
+    ck_assert_int_eq(SP_W_F16, 4); /* the others keep their numbers */
+    ck_assert_str_eq(sp_wtype_name(SP_W_F16), "fp16");
+    const char *names[] = {"fp16", "f16", "float16"};
+    for (int i = 0; i < 3; i++) {
+        sp_wtype t = SP_W_F32;
+        ck_assert_int_eq(sp_wtype_parse(names[i], &t), 0);
+        ck_assert_int_eq(t, SP_W_F16);
+    }
+    sp_wtype t;
+    ck_assert_int_ne(sp_wtype_parse("half", &t), 0);
+    ck_assert_uint_eq(sp_qmat_bytes(SP_W_F16, 3, 5), 30);
+    const float u = 1.0f / 2048, s = 5.9604645e-8f; /* 2^-11; 2^-24, the smallest subnormal */
+    float special[] = {0, -0.0f, 1, -1, 1 + u, 1 + 3 * u, 1 + u + u / 512, 65504, -65504, 65503, 65490,
+                       6.1035156e-5f, 6.1035156e-5f - s / 2, s, s / 2, 3 * s / 2, s / 4, 1e-30f, 0.1f, -3.14159f, 1234.567f,
+                       -0.000123f, 2047.5f, 2048.5f};
+    int ns = (int)(sizeof special / sizeof *special), cols = 97, rows = 40;
+    float *w = malloc((size_t)rows * cols * sizeof(float)), *d = malloc((size_t)cols * sizeof(float));
+    sp_rng r;
+    sp_rng_seed(&r, 21);
+    for (int i = 0; i < rows * cols; i++) { /* magnitudes from 2^-27 to 2^15 */
+        float e = (float)ldexp(1, -27 + (int)(sp_rng_u32(&r) % 43));
+        w[i] = i < ns ? special[i] : fminf(fmaxf(sp_rng_normal(&r) * e, -65504), 65504);
+    }
+    sp_err err = {0};
+    sp_qmat m;
+    for (int lv = 0; lv < SP_ISA__COUNT; lv++) { /* (the row decoder is vectorised) */
+        if (!sp_kern_supported(lv))
+            continue;
+        sp_kern_force(lv);
+        ck_assert_msg(sp_qmat_encode(&m, SP_W_F16, w, rows, cols, &err) == SP_OK, "%s", err.msg);
+        ck_assert_uint_eq(m.row_bytes, 2 * cols);
+        for (int i = 0; i < rows; i++) {
+            sp_qmat_row(&m, i, d);
+            for (int c = 0; c < cols; c++) {
+                float x = w[(size_t)i * cols + c];
+                ck_assert_msg(d[c] == (float)nearest_f16(x) && signbit(d[c]) == signbit(x),
+                              "%s: fp16 of %.9g is %.9g, not %.9g", sp_kern_level_name(lv), x, d[c], nearest_f16(x));
+            }
+        }
+        sp_qmat_free(&m);
+    }
+    sp_kern_force(-1);
+    ck_assert_float_eq(nearest_f16(1 + u), 1); /* (the reference's ties) */
+    ck_assert_float_eq(nearest_f16(1 + 3 * u), 1 + 4 * u);
+    ck_assert_float_eq(nearest_f16(3 * s / 2), 2 * s);
+    /* out of range: where, what, nothing allocated; -65504 is in range, and bf16 holds 1e5 */
+    const float bad[] = {1e5f, 65505, -7e4f, INFINITY, -INFINITY, NAN};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = 0.25f * (float)i;
+    for (int k = 0; k < 6; k++) {
+        v[8] = bad[k]; /* (1, 2) of [4, 6] */
+        memset(&m, 0x55, sizeof m);
+        ck_assert_int_eq(sp_qmat_encode(&m, SP_W_F16, v, 4, 6, &err), SP_ERR_ARG);
+        ck_assert_ptr_null(m.q);
+        char want[96];
+        snprintf(want, sizeof want, "weights: [4, 6]: weight (1, 2) = %g ", (double)bad[k]);
+        ck_assert_msg(strstr(err.msg, want) == err.msg, "%s", err.msg);
+        ck_assert_msg(strstr(err.msg, isfinite(bad[k]) ? "beyond fp16's largest finite value 65504" : "is not finite"),
+                      "%s", err.msg);
+    }
+    printf("fp16 refused: %s\n", err.msg);
+    v[8] = 1e5f;
+    ck_assert_int_eq(sp_qmat_encode(&m, SP_W_BF16, v, 4, 6, &err), SP_OK);
+    sp_qmat_free(&m);
+    v[8] = -65504;
+    v[23] = 65504;
+    ck_assert_int_eq(sp_qmat_encode(&m, SP_W_F16, v, 4, 6, &err), SP_OK);
+    sp_qmat_row(&m, 3, d);
+    ck_assert_float_eq(d[5], 65504);
+    sp_qmat_free(&m);
+    free(w), free(d);
+}
+END_TEST
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+static int cpu_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
+#else
+static int cpu_f16c(void) { return 0; }
+#endif
+
+/* fp16's kernels at every level are its f32 kernels on the decoded weights: the same loads converted exactly
+ * (vcvtph2ps), the same accumulators and order, so the same bits, for 1 to 8 rows of X and a batch of 21 through
+ * the decode kernels, widths around every vector size, with and without a tail; the scalar level (the reference)
+ * too. An AVX2 CPU without F16C runs fp16 in the scalar kernel (the bits of the scalar level's f32). */
+START_TEST(t_f16_kernels)
+{
+    static const int cols_list[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 129, 300, 1000, 4099};
+    sp_rng r;
+    sp_rng_seed(&r, 22);
+    sp_err err = {0};
+    int rows = 19, Bmax = 21, levels = 0;
+    for (int lv = 0; lv < SP_ISA__COUNT; lv++) {
+        if (!sp_kern_supported(lv))
+            continue;
+        levels++;
+        for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+            int cols = cols_list[ci];
+            float *w = randn(&r, (size_t)rows * cols, 0.1f), *X = randn(&r, (size_t)Bmax * cols, 1.0f);
+            float *dec = malloc((size_t)rows * cols * sizeof(float));
+            float *y16 = malloc((size_t)Bmax * rows * sizeof(float)), *y32 = malloc((size_t)Bmax * rows * sizeof(float));
+            sp_qmat h;
+            ck_assert_int_eq(sp_qmat_encode(&h, SP_W_F16, w, rows, cols, &err), SP_OK);
+            for (int i = 0; i < rows; i++)
+                sp_qmat_row(&h, i, dec + (size_t)i * cols);
+            sp_qmat f = sp_qmat_f32(dec, rows, cols);
+            int plain = lv == SP_ISA_SCALAR || lv == SP_ISA_AVX512 || cpu_f16c();
+            for (int B = 1; B <= Bmax; B += B < 8 ? 1 : 13) {
+                sp_kern_force(plain ? lv : SP_ISA_SCALAR);
+                if (B <= SP_KERN_MAX_ROWS)
+                    sp_qmat_mul(&f, X, y32, B, NULL);
+                else
+                    sp_qmat_mul_rows(&f, X, y32, B, NULL);
+                float d32 = sp_qmat_dot(&f, rows - 1, X);
+                sp_kern_force(lv);
+                if (B <= SP_KERN_MAX_ROWS)
+                    sp_qmat_mul(&h, X, y16, B, NULL);
+                else
+                    sp_qmat_mul_rows(&h, X, y16, B, NULL);
+                ck_assert_msg(!memcmp(y16, y32, (size_t)B * rows * sizeof(float)),
+                              "%s fp16 [%d x %d] B=%d: not the bits of f32's kernel on the decoded weights",
+                              sp_kern_level_name(lv), rows, cols, B);
+                float d16 = sp_qmat_dot(&h, rows - 1, X);
+                ck_assert_msg(!memcmp(&d16, &d32, sizeof d16), "%s fp16 [%d x %d] dot: %.9g vs %.9g",
+                              sp_kern_level_name(lv), rows, cols, d16, d32);
+            }
+            sp_qmat_free(&h);
+            free(w), free(X), free(dec), free(y16), free(y32);
+        }
+    }
+    sp_kern_force(-1);
+    printf("fp16 kernels: %d levels, each with its f32 kernel's bits\n", levels);
+    ck_assert_int_gt(levels, 0);
 }
 END_TEST
 
@@ -878,6 +1035,8 @@ static Suite *suite(void)
     TCase *tc = tcase_create("kern");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, t_encode_bounds);
+    tcase_add_test(tc, t_f16_encode);
+    tcase_add_test(tc, t_f16_kernels);
     tcase_add_test(tc, t_kernels_levels);
     tcase_add_test(tc, t_attention_rows);
     tcase_add_test(tc, t_upper_state_clean);

@@ -15,7 +15,7 @@
 sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err)
 {
     if (t < 0 || t >= SP_W__COUNT)
-        return sp_errf(err, SP_ERR_ARG, "head dtype %d: expected f32, bf16, int8 or nf4", t);
+        return sp_errf(err, SP_ERR_ARG, "head dtype %d: expected f32, bf16, int8, nf4 or fp16", t);
     if (rt->local && t != rt->head_dtype) {
         sp_status st = sp_model_quantize(rt->local, (sp_wtype)t, 1, err);
         if (st)

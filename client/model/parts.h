@@ -9,7 +9,7 @@
 #include "status.h"
 #include "tokenizer.h"
 
-/* Encodes the local LM head in t (f32, bf16, int8, nf4) for generation, now if a model is loaded and at every
+/* Encodes the local LM head in t (f32, bf16, int8, nf4, fp16) for generation, now if a model is loaded and at every
  * later load; f32 (the default) uses the checkpoint's tensor in place. Training always uses the f32 head. */
 sp_status sp_runtime_set_head_dtype(sp_runtime *rt, int t, sp_err *err);
 int sp_runtime_head_dtype(const sp_runtime *rt);

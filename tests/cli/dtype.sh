@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# sepal-server --dtype: blocks held as bf16, int8 or nf4 (encoded at load) serve generation and training. The
-# dtype is what the server announces and what `servers` shows; bf16 and int8 give f32's greedy text for these
-# 30 tokens (stories15M; int8 drifts after 15-94 tokens, see bench_quality), nf4 a text of its own; a deep
-# prompt-tuning step through an int8 server has a finite loss that falls; a bad --dtype is refused.
+# sepal-server --dtype: blocks held as bf16, fp16, int8 or nf4 (encoded at load) serve generation and training.
+# The dtype is what the server announces and what `servers` shows; bf16, fp16 and int8 give f32's greedy text for
+# these 30 tokens (stories15M; int8 drifts after 15-94 tokens, see bench_quality), nf4 a text of its own; the
+# client's LM head in fp16 (`set dtype fp16`) and `sepal model generate --dtype fp16` too; a deep prompt-tuning
+# step through an int8 server has a finite loss that falls; a bad --dtype is refused.
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
 S="$SEPAL_BIN_DIR/server/sepal-server"
@@ -18,11 +19,11 @@ start() { # start DTYPE: a server of all blocks, its port in $PORT
     for i in $(seq 200); do grep -q "^sepal-server: serving" "$TMP/srv.$1" && break; sleep 0.05; done
     PORT=$(grep -o 'ws://127.0.0.1:[0-9]*' "$TMP/srv.$1" | cut -d: -f3)
 }
-gen() { "$SEPAL" -c "load $M; connect 127.0.0.1:$PORT; servers; generate 'Tom had a red kite' --greedy --max-new-tokens 30" 2>/dev/null; }
+gen() { "$SEPAL" -c "load $M; ${1:-}connect 127.0.0.1:$PORT; servers; generate 'Tom had a red kite' --greedy --max-new-tokens 30" 2>/dev/null; }
 start f32
 want=$(gen | grep -m1 '^Tom had a red kite')
 [ -n "$want" ] && ok "f32: $want" || bad "f32 generated nothing"
-for d in bf16 int8 nf4; do
+for d in bf16 fp16 int8 nf4; do
     start $d
     grep -qE "; $d weights, [0-9.]+ MB" "$TMP/srv.$d" && ok "$d: the server says so" || bad "$d: $(head -1 "$TMP/srv.$d")"
     out=$(gen)
@@ -34,6 +35,16 @@ for d in bf16 int8 nf4; do
         [ "$got" = "$want" ] && ok "$d: the same greedy text as f32" || bad "$d: '$got'"
     fi
 done
+# the client's LM head in fp16 (the dtype setting), through the fp16 server: f32's text again
+PORT=$(grep -o 'ws://127.0.0.1:[0-9]*' "$TMP/srv.fp16" | cut -d: -f3)
+out=$(gen "set dtype fp16; show dtype; ")
+got=$(printf '%s\n' "$out" | grep -m1 '^Tom had a red kite')
+printf '%s\n' "$out" | grep -qE '^dtype +fp16 ' && ok "set dtype fp16: the LM head in fp16" || bad "show dtype: $(printf '%s\n' "$out" | grep '^dtype')"
+[ "$got" = "$want" ] && ok "fp16 LM head (set dtype fp16): the same greedy text as f32" || bad "fp16 head: '$got'"
+# the model run locally in fp16 (blocks and LM head)
+got=$("$SEPAL" model generate "$M" --prompt 'Tom had a red kite' --temperature 0 --max-new-tokens 30 --dtype fp16 2>/dev/null |
+    grep -m1 '^Tom had a red kite')
+[ "$got" = "$want" ] && ok "sepal model generate --dtype fp16: the same greedy text as f32" || bad "model generate fp16: '$got'"
 # training through the int8 server: the backward to the input runs on the decoded weights
 PORT=$(grep -o 'ws://127.0.0.1:[0-9]*' "$TMP/srv.int8" | cut -d: -f3)
 out=$("$SEPAL" -c "load $M; connect 127.0.0.1:$PORT; train sst2 --tuning deep_ptune --max-steps 12 --eval-batches 1 --lr 3e-2" 2>&1)
@@ -44,5 +55,18 @@ if [ -n "$first" ] && [ -n "$last" ] && awk "BEGIN {exit !($last < $first)}"; th
 else
     bad "int8 training: first '$first', last '$last'"; printf '%s\n' "$out" | tail -3 | sed 's/^/    /'
 fi
-expect 2 "a bad --dtype is refused" "--dtype: 'int4' is not one of f32, bf16, int8, nf4" -- "$S" --model "$M" --blocks 0:6 --dtype int4
+# a checkpoint holding a weight fp16 cannot hold: refused at load, naming the tensor, the weight and its value
+mkdir -p "$TMP/big" && cp "$M"/* "$TMP/big/"
+python3 - "$TMP/big/model.safetensors" <<'EOF'
+import json, struct, sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<Q", f.read(8))[0]
+t = json.loads(f.read(n))["model.layers.3.mlp.down_proj.weight"]
+f.seek(8 + n + t["data_offsets"][0] + 4 * (7 * t["shape"][1] + 12))
+f.write(struct.pack("<f", 70000.0))
+EOF
+expect 2 "fp16: a weight beyond 65504 is refused at load" \
+    "^sepal-server: block 3 to fp16: model.layers.3.mlp.down_proj.weight: weights: \[288, 768\]: weight \(7, 12\) = 70000 is beyond fp16's largest finite value 65504" \
+    -- "$S" --model "$TMP/big" --blocks 0:6 --dtype fp16 --no-measure
+expect 2 "a bad --dtype is refused" "--dtype: 'int4' is not one of f32, bf16, fp16, int8, nf4" -- "$S" --model "$M" --blocks 0:6 --dtype int4
 finish
