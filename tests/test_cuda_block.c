@@ -302,7 +302,8 @@ END_TEST
  * a cache whose steps replay a graph it takes effect at the next step (captured anew), and back. */
 START_TEST(t_moe_decode_rows_vs_cpu)
 {
-    static const int per_chunk[SP_W__COUNT] = {[SP_W_F32] = 4, [SP_W_BF16] = 8, [SP_W_Q8] = 16, [SP_W_NF4] = 64};
+    static const int per_chunk[SP_W__COUNT] = {[SP_W_F32] = 4, [SP_W_BF16] = 8, [SP_W_Q8] = 16, [SP_W_NF4] = 64,
+                                               [SP_W_F16] = 8};
     int nsteps = 3;
     for (int t = 0; t < SP_W__COUNT; t++) {
         tcase c;

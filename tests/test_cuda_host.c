@@ -386,7 +386,8 @@ typedef struct { sp_qmat m; sp_km_w kw; void *q; float *s; } wmat_host;
 static void wmat_host_make(wmat_host *h, sp_wtype t, sp_rng *r, int rows, int C)
 {
     float *w = emul_randn(r, (size_t)rows * C, 0.05f);
-    ck_assert_int_eq(sp_qmat_encode(&h->m, t, w, rows, C, NULL), SP_OK);
+    sp_err e_ = {0};
+    ck_assert_msg(sp_qmat_encode(&h->m, t, w, rows, C, &e_) == SP_OK, "%s", e_.msg);
     free(w);
     h->q = NULL, h->s = NULL;
     if (t == SP_W_Q8) {
@@ -434,8 +435,8 @@ START_TEST(t_wmat_vec_vs_cpu)
             wmat_host_free(&h);
         }
     sp_kern_force(-1);
-    /* not whole chunks: f32 33 columns, bf16 36, int8 40, NF4 96 (a block and a half) */
-    const int odd[SP_W__COUNT] = {[SP_W_F32] = 33, [SP_W_BF16] = 36, [SP_W_Q8] = 40, [SP_W_NF4] = 96};
+    /* not whole chunks: f32 33 columns, bf16 and fp16 36, int8 40, NF4 96 (a block and a half) */
+    const int odd[SP_W__COUNT] = {[SP_W_F32] = 33, [SP_W_BF16] = 36, [SP_W_Q8] = 40, [SP_W_NF4] = 96, [SP_W_F16] = 36};
     for (int t = 0; t < SP_W__COUNT; t++) {
         wmat_host h;
         wmat_host_make(&h, (sp_wtype)t, &r, 3, odd[t]);
