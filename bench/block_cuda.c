@@ -3,7 +3,7 @@
  *
  * 1. decode: one sequence, one token over a KV cache of 128 positions, graphs on: weight bytes read per second
  *    over the device-to-device copy bandwidth (bytes read + written by cudaMemcpy). Goal >= 0.8. bf16, and the
- *    7B block in int8 and NF4 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones as
+ *    7B block in int8, NF4 and fp16 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones as
  *    programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); bf16 also every shape of the fused kernels
  *    (rows a warp, warps a row: sp_cuda_wmat_tune; W streamed as L2's first to evict or not:
  *    sp_cuda_wmat_tune_stream).
@@ -557,8 +557,8 @@ int main(int argc, char **argv)
         int H, FF, nh, nkv;
     } shapes[] = {{"llama-2-7b", 4096, 11008, 32, 32}, {"llama-2-70b", 8192, 28672, 64, 8}};
     for (int s = 0; s < (quick ? 1 : 2); s++) {
-        sp_wtype types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4};
-        for (int t = 0; t < (s == 0 ? 3 : 1); t++) {
+        sp_wtype types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4, SP_W_F16};
+        for (int t = 0; t < (s == 0 ? 4 : 1); t++) {
             sp_block b;
             sp_config cfg;
             sp_rope rope;

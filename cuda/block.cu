@@ -231,9 +231,6 @@ extern "C" sp_status sp_cuda_block_supported(const sp_block *b, sp_err *err)
 {
     if (b->nh <= 0 || b->nkv <= 0 || b->nh % b->nkv || b->hd <= 0 || (b->k.pos == SP_POS_ROPE && b->hd % 2))
         return sp_errf(err, SP_ERR_ARG, "cuda: block of %d heads on %d KV heads of %d", b->nh, b->nkv, b->hd);
-    if (b->wtype == SP_W_F16) // (sp_cuda_wmat_upload refuses its matrices too)
-        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: fp16 weights are not on the device yet (f32, bf16, int8 and nf4 "
-                       "are): hold the blocks in bf16 there");
     return SP_OK;
 }
 
@@ -329,11 +326,12 @@ extern "C" void sp_cuda_block_use_graphs(sp_cuda_block *cb, int on) { cb->graphs
 extern "C" void sp_cuda_block_use_flash(sp_cuda_block *cb, int on) { cb->flash = on != 0; }
 
 // Flash attention (flash.h) for the forward and prefill and their backward: weights whose products already
-// round their inputs to bf16 (bf16, int8, NF4) and heads the kernels take, unless turned off.
+// round their inputs to bf16 (bf16, int8, NF4) and heads the kernels take, unless turned off. (fp16 weights take
+// their inputs in fp16: the f32 path's kernels, their GEMMs casting to fp16 themselves.)
 static bool use_flash(const sp_cuda_block *cb)
 {
     for (int i = 0; i < NMAT; i++)
-        if (cb->m[i].q && cb->m[i].w.type == SP_KM_F32)
+        if (cb->m[i].q && (cb->m[i].w.type == SP_KM_F32 || cb->m[i].w.type == SP_KM_F16))
             return false;
     return cb->flash && sp_cuda_flash_ok(cb->hd);
 }
@@ -930,9 +928,10 @@ static sp_status mul_t_acc(sp_cuda_block *cb, int which, float *dX, const float 
     int rows = W->w.rows, cols = W->w.cols;
     if (W->w.type == SP_KM_F32)
         return sp_cuda_linear_dx(cb->cu, dX, dY, W->q, SP_CU_F32, N, cols, rows, err);
-    if (W->w.type == SP_KM_BF16) {
-        TRY(sp_cuda_f32_to(cb->cu, half, dY, (long)N * rows, SP_CU_BF16, err));
-        return sp_cuda_linear_dx(cb->cu, dX, half, W->q, SP_CU_BF16, N, cols, rows, err);
+    if (W->w.type == SP_KM_BF16 || W->w.type == SP_KM_F16) { // dY in the weights' own 16 bits
+        sp_cu_dtype t = W->w.type == SP_KM_F16 ? SP_CU_F16 : SP_CU_BF16;
+        TRY(sp_cuda_f32_to(cb->cu, half, dY, (long)N * rows, t, err));
+        return sp_cuda_linear_dx(cb->cu, dX, half, W->q, t, N, cols, rows, err);
     }
     long tile = (long)((64u << 20) / sizeof(float)) / cols; // int8 / NF4: 64 MB of decoded rows at a time
     tile = tile < 1 ? 1 : tile > rows ? rows : tile;

@@ -291,11 +291,11 @@ SP_HD float sp_km_ce_grad(float dloss, float x, float mx, float sum, int is_targ
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* weights: f32, bf16, Q8 (row-major int8 [rows, cols], scales [rows, ceil(cols / 32)]) and NF4 (row-major: each
+/* weights: f32, bf16, fp16 (IEEE half), Q8 (row-major int8 [rows, cols], scales [rows, ceil(cols / 32)]) and NF4 (row-major: each
  * row ceil(cols / 64) blocks of 32 bytes, the first half of a block in the low nibbles; each block's step
  * [rows, ceil(cols / 64)]). kern.c interleaves both 16 rows at a time; wlayout.c re-lays them for the device. */
 
-enum { SP_KM_F32, SP_KM_BF16, SP_KM_Q8, SP_KM_NF4 }; /* the order of sp_wtype (kern.h) */
+enum { SP_KM_F32, SP_KM_BF16, SP_KM_Q8, SP_KM_NF4, SP_KM_F16 }; /* the order of sp_wtype (kern.h) */
 
 typedef struct sp_km_w {
     int type, rows, cols;
@@ -312,6 +312,31 @@ SP_HD float sp_km_bf16(uint16_t h)
     return f;
 }
 
+/* An IEEE half's value (exact: every half is a float). The device's cvt; the host's from the bits. */
+SP_HD float sp_km_f16(uint16_t h)
+{
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1fu) /* inf, NaN */
+        u = sign | 0x7f800000u | (m << 13);
+    else if (e) /* normal: the exponent rebiased from 15 to 127 */
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    else if (m) { /* subnormal: m 2^-24, exact in a float */
+        float f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    } else
+        u = sign;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
 SP_HD int sp_km_blocks(int cols, int block) { return (cols + block - 1) / block; }
 
 /* Weight (r, c), decoded to f32 exactly as sp_qmat_row decodes it. */
@@ -319,6 +344,7 @@ SP_HD float sp_km_w_at(const sp_km_w *w, int r, int c)
 {
     switch (w->type) {
     case SP_KM_BF16: return sp_km_bf16(((const uint16_t *)w->q)[(long)r * w->cols + c]);
+    case SP_KM_F16: return sp_km_f16(((const uint16_t *)w->q)[(long)r * w->cols + c]);
     case SP_KM_Q8: {
         int nb = sp_km_blocks(w->cols, SP_KM_Q8_BLOCK);
         return (float)((const int8_t *)w->q)[(long)r * w->cols + c] * w->scale[(long)r * nb + c / SP_KM_Q8_BLOCK];
@@ -347,7 +373,8 @@ SP_HD float sp_km_w_dot_part(const sp_km_w *w, int r, const float *x, int tid, i
 SP_HD long sp_km_row_bytes(const sp_km_w *w)
 {
     switch (w->type) {
-    case SP_KM_BF16: return 2L * w->cols;
+    case SP_KM_BF16:
+    case SP_KM_F16: return 2L * w->cols;
     case SP_KM_Q8: return w->cols;
     case SP_KM_NF4: return (long)sp_km_blocks(w->cols, SP_KM_NF4_BLOCK) * (SP_KM_NF4_BLOCK / 2);
     default: return 4L * w->cols;
@@ -365,7 +392,7 @@ SP_HD int sp_km_row_scales(const sp_km_w *w)
 /* the vectorised decode product (weights.cu): a row read in chunks of 16 bytes, chunk j of a row by lane j % 32
  * of warp part (j / 32) % ks (ks warps share a row), each lane summing its chunks in order, the lanes' sums
  * combined by the butterfly of __shfl_xor_sync (offsets 16 .. 1: lane l adds lane l ^ o's value to its own) and
- * the ks parts' in part order. A chunk holds 4 f32, 8 bf16, 16 int8 weights, or 32 NF4 weights (half of a
+ * the ks parts' in part order. A chunk holds 4 f32, 8 bf16 or fp16, 16 int8 weights, or 32 NF4 weights (half of a
  * block: byte t holds weight 16h + t in its low nibble and 32 + 16h + t in its high one, h = j % 2). Its values
  * are taken in pieces of at most 16 (NF4: the low nibbles, then the high ones), whose columns are consecutive;
  * a piece's sum of value times x is added to the lane's sum, times the block's scale for Q8 and NF4. */
@@ -373,7 +400,10 @@ SP_HD int sp_km_row_scales(const sp_km_w *w)
 #define SP_KM_CHUNK 16   /* bytes */
 #define SP_KM_PIECE 16   /* values, at most */
 
-SP_HD int sp_km_chunk_vals(int type) { return type == SP_KM_F32 ? 4 : type == SP_KM_BF16 ? 8 : type == SP_KM_Q8 ? 16 : 32; }
+SP_HD int sp_km_chunk_vals(int type)
+{
+    return type == SP_KM_F32 ? 4 : type == SP_KM_BF16 || type == SP_KM_F16 ? 8 : type == SP_KM_Q8 ? 16 : 32;
+}
 SP_HD int sp_km_piece_vals(int type) { return type == SP_KM_NF4 ? 16 : sp_km_chunk_vals(type); }
 
 /* 1 if w can be read in whole chunks: rows of whole chunks (NF4: whole blocks; Q8: whole scale blocks or halves),
@@ -395,7 +425,7 @@ SP_HD int sp_km_piece_col(int type, int j, int p)
 
 SP_HD int sp_km_chunk_block(int j) { return j >> 1; }
 
-/* Value t of piece p of a chunk (its bytes as 4 little-endian words v): f32 and bf16 the weight; Q8 the int8
+/* Value t of piece p of a chunk (its bytes as 4 little-endian words v): f32, bf16 and fp16 the weight; Q8 the int8
  * value and NF4 the level (lut: the 16 levels as floats), to be scaled by the block's scale. */
 SP_HD float sp_km_piece_val(int type, const uint32_t *v, int p, int t, const float *lut)
 {
@@ -406,6 +436,7 @@ SP_HD float sp_km_piece_val(int type, const uint32_t *v, int p, int t, const flo
         memcpy(&f, &u, sizeof f);
         return f;
     }
+    case SP_KM_F16: return sp_km_f16((uint16_t)((t & 1) ? v[t >> 1] >> 16 : v[t >> 1] & 0xffffu));
     case SP_KM_Q8:
 #ifdef __CUDA_ARCH__ /* the byte, offset by 128, as the low bits of 2^23: exact, and no int-to-float conversion */
         return __int_as_float((int)__byte_perm(v[t >> 2] ^ 0x80808080u, 0x4B000000u, 0x7540u | (t & 3))) -

@@ -247,6 +247,7 @@ sp_status slot_products(sp_cuda_moe *m, int which, float *Y, const float *X, con
         m->type == SP_KM_F32    ? slot_product_kernel<SP_KM_F32>
         : m->type == SP_KM_BF16 ? slot_product_kernel<SP_KM_BF16>
         : m->type == SP_KM_Q8   ? slot_product_kernel<SP_KM_Q8>
+        : m->type == SP_KM_F16  ? slot_product_kernel<SP_KM_F16>
                                 : slot_product_kernel<SP_KM_NF4>;
     kernel<<<grid, kSlotWarps * 32, 0, spk::stream_of(m->cu)>>>(Y, m->tab, which, a.ridx, a.slot, X, rows, cols);
     return spk::launched(err, "experts' products");

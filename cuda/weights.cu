@@ -182,7 +182,7 @@ template <int TYPE, int NB, int R>
 __device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (&q)[R], const float (&sc)[R],
                                               const float *X, int cols, int j, int B, const float *lut)
 {
-    constexpr int PV = TYPE == SP_KM_NF4 ? 16 : TYPE == SP_KM_Q8 ? 16 : TYPE == SP_KM_BF16 ? 8 : 4; // piece values
+    constexpr int PV = TYPE == SP_KM_NF4 || TYPE == SP_KM_Q8 ? 16 : TYPE == SP_KM_BF16 || TYPE == SP_KM_F16 ? 8 : 4;
     constexpr int NP = TYPE == SP_KM_NF4 ? 2 : 1;                                                     // pieces
 #pragma unroll
     for (int p = 0; p < NP; p++) {
@@ -418,7 +418,7 @@ int sm_count()
 // step on an H200 (7B 0.70 of copy, 70B 0.95; 2 rows and 1 warp a row for every product gave 0.63 and 0.92).
 void decode_shape(const sp_km_w &w, int B, int *R, int *ks)
 {
-    bool bf16_one = w.type == SP_KM_BF16 && B == 1;
+    bool bf16_one = (w.type == SP_KM_BF16 || w.type == SP_KM_F16) && B == 1; // fp16: bf16's bytes, its shape
     *R = g_rows_per_warp ? g_rows_per_warp : w.type == SP_KM_F32 ? 2 : 4;
     int nchunks = (int)(sp_km_row_bytes(&w) / SP_KM_CHUNK);
     int least = bf16_one ? 4 : B == 1 ? 1 : w.type == SP_KM_F32 ? 4 : 2;
@@ -473,6 +473,7 @@ cudaError_t launch_vec_w(const sp_km_w &w, int R, bool pdl, dim3 grid, cudaStrea
     switch (w.type) {
     case SP_KM_F32: return launch_vec<SP_KM_F32>(R, pdl, grid, st, a, sa, X, B);
     case SP_KM_BF16: return launch_vec<SP_KM_BF16>(R, pdl, grid, st, a, sa, X, B);
+    case SP_KM_F16: return launch_vec<SP_KM_F16>(R, pdl, grid, st, a, sa, X, B);
     case SP_KM_Q8: return launch_vec<SP_KM_Q8>(R, pdl, grid, st, a, sa, X, B);
     default: return launch_vec<SP_KM_NF4>(R, pdl, grid, st, a, sa, X, B);
     }
@@ -515,6 +516,7 @@ sp_status mul_fused(sp_cuda *cu, const sp_cuda_dmul &m, const float *X, int B, s
         switch (w.type) {
         case SP_KM_F32: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_F32>, dim3(grid), block, 0, st, a, X, B); break;
         case SP_KM_BF16: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_BF16>, dim3(grid), block, 0, st, a, X, B); break;
+        case SP_KM_F16: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_F16>, dim3(grid), block, 0, st, a, X, B); break;
         case SP_KM_Q8: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_Q8>, dim3(grid), block, 0, st, a, X, B); break;
         default: e = spk::launch(pdl, wmat_dot_kernel<SP_KM_NF4>, dim3(grid), block, 0, st, a, X, B); break;
         }
@@ -548,9 +550,16 @@ int tile_rows(const sp_km_w &w)
     return (int)(t < 1 ? 1 : t > w.rows ? w.rows : t);
 }
 
-// n values of A (f32) rounded to bf16 at the start of the workspace (*ah), and room for a decoded tile of
-// tile_bytes after them (*tile).
-sp_status bf16_operands(sp_cuda *cu, const float *A, long n, size_t tile_bytes, void **ah, void **tile, sp_err *err)
+// The 16-bit type of W's GEMMs: fp16 for fp16 weights (their values exact), else bf16 (int8 / NF4 decoded to it).
+sp_cu_dtype half_of(const sp_km_w &w) { return w.type == SP_KM_F16 ? SP_CU_F16 : SP_CU_BF16; }
+
+// W's GEMMs need no decoded tiles (bf16, fp16: the values themselves).
+bool whole(const sp_km_w &w) { return w.type == SP_KM_BF16 || w.type == SP_KM_F16; }
+
+// n values of A (f32) rounded to t (bf16 or fp16) at the start of the workspace (*ah), and room for a decoded tile
+// of tile_bytes after them (*tile).
+sp_status half_operands(sp_cuda *cu, const float *A, long n, size_t tile_bytes, sp_cu_dtype t, void **ah,
+                        void **tile, sp_err *err)
 {
     size_t ab = ((size_t)n * 2 + 255) & ~(size_t)255;
     void *ws = NULL;
@@ -559,23 +568,24 @@ sp_status bf16_operands(sp_cuda *cu, const float *A, long n, size_t tile_bytes, 
         return st;
     *ah = ws;
     *tile = (char *)ws + ab;
-    return sp_cuda_f32_to(cu, *ah, A, n, SP_CU_BF16, err);
+    return sp_cuda_f32_to(cu, *ah, A, n, t, err);
 }
 
-// The bf16 GEMMs of a product (dx 0: Y[B, rows] = X W^T; dx 1: dX[B, cols] += dY W, or = when acc is 0) from A (X
-// or dY) in bf16 (ah) on bf16 weights, or on tiles of int8 / NF4 rows decoded to bf16 at wt (tile rows: tile_rows;
-// 0 for bf16).
-sp_status gemm_bf16_from(sp_cuda *cu, const sp_cuda_wmat *W, const void *ah, void *wt, int tile, float *C, int B,
+// The 16-bit GEMMs of a product (dx 0: Y[B, rows] = X W^T; dx 1: dX[B, cols] += dY W, or = when acc is 0) from A
+// (X or dY) in half_of(W) (ah) on bf16 or fp16 weights, or on tiles of int8 / NF4 rows decoded to bf16 at wt (tile
+// rows: tile_rows; 0 for bf16 and fp16).
+sp_status gemm_half_from(sp_cuda *cu, const sp_cuda_wmat *W, const void *ah, void *wt, int tile, float *C, int B,
                          int dx, int acc, sp_err *err)
 {
     int rows = W->w.rows, cols = W->w.cols;
+    sp_cu_dtype t = half_of(W->w);
     if (!tile && dx) {
         sp_gemm_plan p = sp_gemm_plan_linear_dx(B, cols, rows);
         p.beta = acc ? 1.0f : 0.0f;
-        return sp_cuda_gemm(cu, &p, W->q, ah, C, SP_CU_BF16, err);
+        return sp_cuda_gemm(cu, &p, W->q, ah, C, t, err);
     }
     if (!tile)
-        return sp_cuda_linear(cu, C, ah, W->q, SP_CU_BF16, B, cols, rows, 0, err);
+        return sp_cuda_linear(cu, C, ah, W->q, t, B, cols, rows, 0, err);
     sp_status st = SP_OK;
     for (int r0 = 0; st == SP_OK && r0 < rows; r0 += tile) {
         int tr = rows - r0 < tile ? rows - r0 : tile;
@@ -594,14 +604,14 @@ sp_status gemm_bf16_from(sp_cuda *cu, const sp_cuda_wmat *W, const void *ah, voi
     return st;
 }
 
-// gemm_bf16_from with A rounded to bf16 first (at the start of the workspace, the tile after it).
-sp_status gemm_bf16(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C, int B, int dx, sp_err *err)
+// gemm_half_from with A rounded to half_of(W) first (at the start of the workspace, the tile after it).
+sp_status gemm_half(sp_cuda *cu, const sp_cuda_wmat *W, const float *A, float *C, int B, int dx, sp_err *err)
 {
-    int tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    int tile = whole(W->w) ? 0 : tile_rows(W->w);
     void *ah = NULL, *wt = NULL;
     long n = (long)B * (dx ? W->w.rows : W->w.cols);
-    sp_status st = bf16_operands(cu, A, n, (size_t)tile * W->w.cols * 2, &ah, &wt, err);
-    return st != SP_OK ? st : gemm_bf16_from(cu, W, ah, wt, tile, C, B, dx, 1, err);
+    sp_status st = half_operands(cu, A, n, (size_t)tile * W->w.cols * 2, half_of(W->w), &ah, &wt, err);
+    return st != SP_OK ? st : gemm_half_from(cu, W, ah, wt, tile, C, B, dx, 1, err);
 }
 
 // Copies n bytes of host memory to a new device buffer *d (nothing when n is 0).
@@ -641,9 +651,6 @@ extern "C" sp_status sp_cuda_wmat_upload(sp_cuda *cu, sp_cuda_wmat *out, const s
     memset(out, 0, sizeof *out);
     if (m->rows <= 0 || m->cols <= 0 || (unsigned)m->type >= SP_W__COUNT)
         return sp_errf(err, SP_ERR_ARG, "cuda: weights: bad matrix [%d, %d]", m->rows, m->cols);
-    if (m->type == SP_W_F16) // no device encoding (kmath.h) nor kernels for it yet
-        return sp_errf(err, SP_ERR_UNSUPPORTED, "cuda: a [%d, %d] fp16 matrix: fp16 weights are not on the device yet "
-                       "(f32, bf16, int8 and nf4 are)", m->rows, m->cols);
     sp_status st;
     if (m->type == SP_W_Q8 || m->type == SP_W_NF4)
         st = put_relaid(cu, out, m, err);
@@ -726,29 +733,30 @@ extern "C" sp_status sp_cuda_wmat_mul(sp_cuda *cu, const sp_cuda_wmat *W, const 
     }
     if (type == SP_KM_F32)
         return sp_cuda_linear(cu, Y, X, W->q, SP_CU_F32, B, W->w.cols, W->w.rows, 0, err);
-    return gemm_bf16(cu, W, X, Y, B, 0, err);
+    return gemm_half(cu, W, X, Y, B, 0, err);
 }
 
 extern "C" sp_status sp_cuda_wmat_mul_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *Xh, float *Y, int B,
                                         sp_err *err)
 {
-    if (B <= 0 || !W->q || W->w.type == SP_KM_F32)
-        return sp_errf(err, SP_ERR_ARG, "cuda: bf16 product with %d rows, an empty or an f32 matrix", B);
-    int tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    if (B <= 0 || !W->q || W->w.type == SP_KM_F32 || W->w.type == SP_KM_F16)
+        return sp_errf(err, SP_ERR_ARG, "cuda: bf16 product with %d rows, an empty, an f32 or an fp16 matrix", B);
+    int tile = whole(W->w) ? 0 : tile_rows(W->w);
     void *wt = NULL;
     sp_status st = tile ? sp_cuda_workspace(cu, (size_t)tile * W->w.cols * 2, &wt, err) : SP_OK;
-    return st != SP_OK ? st : gemm_bf16_from(cu, W, Xh, wt, tile, Y, B, 0, 0, err);
+    return st != SP_OK ? st : gemm_half_from(cu, W, Xh, wt, tile, Y, B, 0, 0, err);
 }
 
 extern "C" sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *dYh, float *dX, int B,
                                           int acc, sp_err *err)
 {
-    if (B <= 0 || !W->q || W->w.type == SP_KM_F32)
-        return sp_errf(err, SP_ERR_ARG, "cuda: bf16 transposed product with %d rows, an empty or an f32 matrix", B);
-    int tile = W->w.type == SP_KM_BF16 ? 0 : tile_rows(W->w);
+    if (B <= 0 || !W->q || W->w.type == SP_KM_F32 || W->w.type == SP_KM_F16)
+        return sp_errf(err, SP_ERR_ARG,
+                       "cuda: bf16 transposed product with %d rows, an empty, an f32 or an fp16 matrix", B);
+    int tile = whole(W->w) ? 0 : tile_rows(W->w);
     void *wt = NULL;
     sp_status st = tile ? sp_cuda_workspace(cu, (size_t)tile * W->w.cols * 2, &wt, err) : SP_OK;
-    return st != SP_OK ? st : gemm_bf16_from(cu, W, dYh, wt, tile, dX, B, 1, acc, err);
+    return st != SP_OK ? st : gemm_half_from(cu, W, dYh, wt, tile, dX, B, 1, acc, err);
 }
 
 extern "C" sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err)
@@ -796,5 +804,5 @@ extern "C" sp_status sp_cuda_wmat_mul_t_acc(sp_cuda *cu, const sp_cuda_wmat *W, 
         return sp_errf(err, SP_ERR_ARG, "cuda: transposed product with %d rows or an empty matrix", B);
     if (W->w.type == SP_KM_F32)
         return sp_cuda_linear_dx(cu, dX, dY, W->q, SP_CU_F32, B, W->w.cols, W->w.rows, err);
-    return gemm_bf16(cu, W, dY, dX, B, 1, err);
+    return gemm_half(cu, W, dY, dX, B, 1, err);
 }

@@ -7,7 +7,7 @@
 #include "kernels.h"
 
 _Static_assert(SP_KM_F32 == (int)SP_W_F32 && SP_KM_BF16 == (int)SP_W_BF16 && SP_KM_Q8 == (int)SP_W_Q8 &&
-                   SP_KM_NF4 == (int)SP_W_NF4,
+                   SP_KM_NF4 == (int)SP_W_NF4 && SP_KM_F16 == (int)SP_W_F16,
                "kmath.h's weight types follow sp_wtype");
 
 void sp_cuda_q8_rowmajor(const sp_qmat *m, int8_t *q, float *scales)

@@ -102,6 +102,7 @@ for fam in llama-gqa bloom falcon-7b mixtral; do
     mixed "$fam" f32
 done
 mixed llama-gqa bf16
+mixed llama-gqa fp16
 for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
 # the RPCs themselves against a CPU server's, within 1e-4 relative (test_server_gpu, when built; not when the caller

@@ -15,10 +15,6 @@
 #include "ops.h"
 #include "rng.h"
 
-/* Whether the device holds weights of encoding t (an sp_wtype): every one but fp16, which is not on the device yet
- * (its uploads are refused: test_cuda_host t_f16_refused). The tests' loops over SP_W__COUNT skip the others. */
-#define EMUL_ON_DEVICE(t) ((int)(t) != (int)SP_W_F16)
-
 void emul_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
 void emul_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
                       int N, int C);

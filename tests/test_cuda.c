@@ -277,11 +277,14 @@ static void wmat_check(sp_cuda_wmat *dw, const float *x, const float *y0, const 
     free(y1), sp_cuda_free(cu, dXb), sp_cuda_free(cu, dYb);
 }
 
-/* Whether the product of B rows runs in bf16 GEMMs (kernels.h): B > 8, except f32 weights and int8 / NF4 up to 32. */
+/* Whether the product of B rows runs in 16-bit GEMMs (kernels.h): B > 8, except f32 weights and int8 / NF4 up to
+ * 32; fp16 weights' in fp16 (x rounded to fp16), the others' in bf16. */
 static int wmat_bf16_path(sp_wtype t, int B)
 {
     return B > 8 && t != SP_W_F32 && !((t == SP_W_Q8 || t == SP_W_NF4) && B <= 32);
 }
+
+static double wmat_gemm_tol(sp_wtype t) { return emul_gemm_tol(t == SP_W_F16 ? SP_CU_F16 : SP_CU_BF16); }
 
 /* Every encoding uploaded, decoded (bit for bit sp_qmat_row's values, and those rounded to bf16) and multiplied:
  * B <= 8 by the fused decode kernel (the one-weight-a-thread kernel for widths of odd chunks; on 1001 x 1088 every
@@ -295,7 +298,6 @@ START_TEST(t_weights_gpu)
     sp_rng_seed(&r, 46);
     sp_cuda_wmat_tune(0, 0, 100);
     for (int t = 0; t < SP_W__COUNT; t++)
-        if (EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
         for (int k = 0; k < 5; k++) {
             int rows = shapes[k][0], C = shapes[k][1];
             float *w = emul_randn(&r, (size_t)rows * C, 0.05f);
@@ -318,7 +320,7 @@ START_TEST(t_weights_gpu)
             free(h1);
             for (int j = 0; j < (k == 4 ? 3 : 6); j++) { /* 4096 x 4096: the reference in double costs */
                 int B = k == 4 ? big_Bs[j] : Bs[j];
-                double rel = wmat_bf16_path(m.type, B) ? emul_gemm_tol(SP_CU_BF16) : 1e-5;
+                double rel = wmat_bf16_path(m.type, B) ? wmat_gemm_tol(m.type) : 1e-5;
                 float *x = emul_randn(&r, (size_t)B * C, 1.0f), *y0 = malloc((size_t)B * rows * 4);
                 float *tol = malloc((size_t)B * rows * 4);
                 wmat_ref(dec, x, y0, tol, B, rows, C, rel);
@@ -400,7 +402,6 @@ START_TEST(t_weights_fused_gpu)
     sp_rng r;
     sp_rng_seed(&r, 52);
     for (int t = 0; t < SP_W__COUNT; t++)
-        if (EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
         for (int k = 0; k < 3; k++) {
             int rows = shapes[k][0], C = shapes[k][1], hs[3] = {rows, rows, rows / 3 + 2};
             sp_cuda_wmat dw[3];
@@ -445,7 +446,6 @@ START_TEST(t_weights_t_gpu)
     sp_rng_seed(&r, 51);
     sp_cuda_wmat_tune(0, 0, 100);
     for (int t = 0; t < SP_W__COUNT; t++)
-        if (EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
         for (int k = 0; k < 2; k++)
             for (int j = 0; j < 3; j++) {
                 int rows = shapes[k][0], C = shapes[k][1], B = Bs[j];
@@ -461,7 +461,7 @@ START_TEST(t_weights_t_gpu)
                 sp_qmat_mul_t_acc(&m, dy, dx0, B, NULL);
                 OK(sp_cuda_wmat_mul_t_acc(cu, &dw, dY, dX, B, E));
                 float *dx1 = down(dX, (size_t)B * C);
-                double rel = t == SP_W_F32 ? 1e-5 : emul_gemm_tol(SP_CU_BF16);
+                double rel = t == SP_W_F32 ? 1e-5 : wmat_gemm_tol((sp_wtype)t);
                 double e = emul_mul_t_err(dx1, dx0, dy, dec, B, rows, C, rel);
                 ck_assert_msg(e <= 1.0, "%s [%d, %d] B %d dX: error %.3g of the tolerance", sp_wtype_name(m.type), rows,
                               C, B, e);
@@ -1228,14 +1228,12 @@ START_TEST(t_wmat_mul_h_gpu)
     OK(sp_cuda_alloc(cu, (void **)&dT2, (size_t)B * C * 4, E));
     OK(sp_cuda_alloc(cu, &dYh, (size_t)B * rows * 2, E));
     for (int t = 0; t < SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
-            continue;
         sp_qmat m;
         ck_assert_int_eq(sp_qmat_encode(&m, (sp_wtype)t, w, rows, C, NULL), SP_OK);
         sp_cuda_wmat dw;
         OK(sp_cuda_wmat_upload(cu, &dw, &m, E));
         sp_err err = {0};
-        if (t == SP_W_F32) {
+        if (t == SP_W_F32 || t == SP_W_F16) { /* bf16 inputs: not an f32 or fp16 matrix's */
             ck_assert_int_eq(sp_cuda_wmat_mul_h(cu, &dw, dXh, dY, B, &err), SP_ERR_ARG);
             ck_assert_int_eq(sp_cuda_wmat_mul_t_h(cu, &dw, dXh, dY, B, 1, &err), SP_ERR_ARG);
         } else {

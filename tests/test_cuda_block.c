@@ -72,10 +72,10 @@ static const char *const configs[] = {
  * Encoded weights decode to the same floats on both sides (kmath.h), and the CPU runs its scalar kernels (main:
  * its SIMD levels multiply int8 / NF4 by x quantised to int8, the device by x in f32: at widths of whole blocks
  * the two differed by 1.04e-2 in a decode step on an H200), but products of more than 8 rows and the backward's
- * may run on bf16 tensor cores (the activations or gradients rounded to bf16, 2^-9 relative each), a few of them
- * in a row: 1e-2. */
+ * may run on bf16 tensor cores (the activations or gradients rounded to bf16, 2^-9 relative each; fp16 weights'
+ * on fp16 ones, 2^-12), a few of them in a row: 1e-2. */
 static const double tol_fwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
-                                            [SP_W_NF4] = 1e-2, [SP_W_F16] = 1e-2 /* (not on the device yet) */};
+                                            [SP_W_NF4] = 1e-2, [SP_W_F16] = 1e-2};
 static const double tol_bwd[SP_W__COUNT] = {[SP_W_F32] = 1e-4, [SP_W_BF16] = 1e-2, [SP_W_Q8] = 1e-2,
                                             [SP_W_NF4] = 1e-2, [SP_W_F16] = 1e-2};
 
@@ -174,8 +174,6 @@ static void check_forward(tcase *c, sp_wtype t, int B, int T, int pos0, sp_rng *
 START_TEST(t_block_forward_vs_cpu)
 {
     for (int t = 0; t < SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t)) /* fp16: not on the device yet (its upload is refused) */
-            continue;
         tcase c;
         case_init(&c, _i, (sp_wtype)t);
         ck_assert_msg(sp_cuda_block_bytes(c.cb) == sp_block_bytes(&c.b), "%s %s: %zu bytes on the device, %zu here",
@@ -275,7 +273,6 @@ START_TEST(t_block_decode_vs_cpu)
 {
     int nsteps = 5;
     for (int t = 0; t < SP_W__COUNT; t++)
-        if (EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
         for (int B = 1; B <= 9; B += 8) { /* 9 rows: past the graphs' limit, launched one by one */
             tcase c;
             case_init(&c, _i, (sp_wtype)t);
@@ -305,7 +302,8 @@ END_TEST
  * a cache whose steps replay a graph it takes effect at the next step (captured anew), and back. */
 START_TEST(t_moe_decode_rows_vs_cpu)
 {
-    static const int per_chunk[SP_W__COUNT] = {[SP_W_F32] = 4, [SP_W_BF16] = 8, [SP_W_Q8] = 16, [SP_W_NF4] = 64};
+    static const int per_chunk[SP_W__COUNT] = {[SP_W_F32] = 4, [SP_W_BF16] = 8, [SP_W_Q8] = 16, [SP_W_NF4] = 64,
+                                               [SP_W_F16] = 8};
     int nsteps = 3;
     for (int t = 0; t < SP_W__COUNT; t++) {
         tcase c;
@@ -371,8 +369,6 @@ START_TEST(t_block_decode_batch_vs_cpu)
     enum { N = 3 };
     int rows[N] = {1, 2, 1}, lens[N] = {3, 6, 4}, caps[N] = {12, 11, 16}, R = 4; /* the 2-row cache full at the end */
     for (int t = 0; t < SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t)) /* fp16: not on the device yet (its upload is refused) */
-            continue;
         tcase c;
         case_init(&c, _i, (sp_wtype)t);
         int H = c.H;
@@ -454,8 +450,6 @@ START_TEST(t_block_backward_vs_cpu)
 {
     static const int shapes[3][2] = {{2, 6}, {1, 70}, {1, 5}};
     for (int t = 0; t < 3 * SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t % SP_W__COUNT)) /* fp16: not on the device yet */
-            continue;
         tcase c;
         case_init(&c, _i, (sp_wtype)(t % SP_W__COUNT));
         int B = shapes[t / SP_W__COUNT][0], T = shapes[t / SP_W__COUNT][1], pos0 = 3;
@@ -493,8 +487,6 @@ END_TEST
 START_TEST(t_block_prefill_chunks_vs_cpu)
 {
     for (int t = 0; t < SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t)) /* fp16: not on the device yet (its upload is refused) */
-            continue;
         tcase c;
         case_init(&c, _i, (sp_wtype)t);
         int B = 1, P[2] = {40, 37}, cap = 80, H = c.H;
@@ -524,7 +516,7 @@ START_TEST(t_block_prefill_chunks_vs_cpu)
             sp_cuda_kv_free(dkv);
         }
         sp_cuda_block_use_flash(c.cb, 1);
-        if (t == SP_W_F32) /* f32 blocks never take the flash path */
+        if (t == SP_W_F32 || t == SP_W_F16) /* f32 and fp16 blocks never take the flash path */
             ck_assert_mem_eq(got[0], got[1], n * sizeof(float));
         free(x), free(want), free(got[0]), free(got[1]);
         sp_kv_free(&kv);

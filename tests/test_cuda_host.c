@@ -13,6 +13,7 @@
 #include "block_cuda.h"
 #include "cuda_backend.h"
 #include "cuda_emul.h"
+#include "half.h"
 #include "kernels.h"
 #include "kmath_moe.h"
 #include "moe_cuda.h"
@@ -314,6 +315,21 @@ START_TEST(t_softmax_crossentropy_vs_cpu)
 }
 END_TEST
 
+/* kmath's fp16 decoding (the host's, from the bits; the device runs cvt.f32.f16, exact as well) gives every one of
+ * the 65536 halves the value common/half.c gives it: normals, subnormals, zeros, infinities, NaNs (as NaNs). */
+START_TEST(t_f16_all_values)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = sp_km_f16((uint16_t)h), b = sp_f16_to_f32((uint16_t)h);
+        if (isnan(b)) {
+            ck_assert_msg(isnan(a), "half 0x%04x: %g, not a NaN", h, (double)a);
+            continue;
+        }
+        ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "half 0x%04x: %a against %a", h, (double)a, (double)b);
+    }
+}
+END_TEST
+
 /* The device layouts decode to sp_qmat_row's values bit for bit, every encoding and odd shapes; the decode
  * product equals the scalar CPU kernels' within f32 rounding of sum |w x|. */
 START_TEST(t_weights_vs_cpu)
@@ -323,7 +339,6 @@ START_TEST(t_weights_vs_cpu)
     sp_rng_seed(&r, 29);
     sp_kern_force(0); /* the scalar level: decoded weights times f32 x, as the device computes them */
     for (int t = 0; t < SP_W__COUNT; t++)
-        if (EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
         for (int k = 0; k < 7; k++) {
             int rows = 17 + k, C = cols[k], nb8 = sp_km_blocks(C, SP_KM_Q8_BLOCK);
             float *w = emul_randn(&r, (size_t)rows * C, 0.05f);
@@ -371,7 +386,8 @@ typedef struct { sp_qmat m; sp_km_w kw; void *q; float *s; } wmat_host;
 static void wmat_host_make(wmat_host *h, sp_wtype t, sp_rng *r, int rows, int C)
 {
     float *w = emul_randn(r, (size_t)rows * C, 0.05f);
-    ck_assert_int_eq(sp_qmat_encode(&h->m, t, w, rows, C, NULL), SP_OK);
+    sp_err e_ = {0};
+    ck_assert_msg(sp_qmat_encode(&h->m, t, w, rows, C, &e_) == SP_OK, "%s", e_.msg);
     free(w);
     h->q = NULL, h->s = NULL;
     if (t == SP_W_Q8) {
@@ -402,7 +418,6 @@ START_TEST(t_wmat_vec_vs_cpu)
     sp_rng_seed(&r, 31);
     sp_kern_force(0);
     for (int t = 0; t < SP_W__COUNT; t++)
-        if (EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
         for (int k = 0; k < 3; k++) {
             int rows = 5 + 4 * k, C = cols[k];
             wmat_host h;
@@ -420,11 +435,9 @@ START_TEST(t_wmat_vec_vs_cpu)
             wmat_host_free(&h);
         }
     sp_kern_force(-1);
-    /* not whole chunks: f32 33 columns, bf16 36, int8 40, NF4 96 (a block and a half) */
-    const int odd[SP_W__COUNT] = {[SP_W_F32] = 33, [SP_W_BF16] = 36, [SP_W_Q8] = 40, [SP_W_NF4] = 96};
+    /* not whole chunks: f32 33 columns, bf16 and fp16 36, int8 40, NF4 96 (a block and a half) */
+    const int odd[SP_W__COUNT] = {[SP_W_F32] = 33, [SP_W_BF16] = 36, [SP_W_Q8] = 40, [SP_W_NF4] = 96, [SP_W_F16] = 36};
     for (int t = 0; t < SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
-            continue;
         wmat_host h;
         wmat_host_make(&h, (sp_wtype)t, &r, 3, odd[t]);
         ck_assert_int_eq(sp_km_chunked(&h.kw), 0);
@@ -442,8 +455,6 @@ START_TEST(t_wmat_gemm_plans_vs_cpu)
     sp_rng_seed(&r, 32);
     sp_kern_force(0); /* the scalar level: decoded weights times f32 x (the integer levels quantise x at any B) */
     for (int t = SP_W_BF16; t < SP_W__COUNT; t++) {
-        if (!EMUL_ON_DEVICE(t)) /* fp16: not on the device yet */
-            continue;
         wmat_host h;
         wmat_host_make(&h, (sp_wtype)t, &r, rows, C);
         float *dec = malloc((size_t)rows * C * 4);
@@ -560,10 +571,9 @@ static void block_of(sp_block *b, sp_rope *rope, const char *json)
     ck_assert_msg(sp_block_init(b, &cfg, rope, &err) == SP_OK, "%s", err.msg);
 }
 
-/* fp16 weights are not on the device yet: a block held in fp16 is refused before anything is uploaded
- * (sp_cuda_block_supported: a server's --device refuses it before the GPU is touched), and so is an fp16 matrix's
- * upload (before the device is used: no GPU needed here), each with a clear SP_ERR_UNSUPPORTED. */
-START_TEST(t_f16_refused)
+/* fp16 blocks go on the device like the others (sp_cuda_block_supported: what a server's --device checks before
+ * the GPU is touched). */
+START_TEST(t_f16_supported)
 {
     sp_block b;
     sp_rope rope;
@@ -571,28 +581,9 @@ START_TEST(t_f16_refused)
     block_of(&b, &rope, "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
                         "\"num_key_value_heads\":2,\"intermediate_size\":96,\"num_hidden_layers\":1,"
                         "\"vocab_size\":64,\"rms_norm_eps\":1e-5}");
-    ck_assert_msg(sp_cuda_block_supported(&b, &err) == SP_OK, "%s", err.msg);
-    ck_assert_msg(sp_block_quantize(&b, SP_W_BF16, &err) == SP_OK, "%s", err.msg);
-    ck_assert_msg(sp_cuda_block_supported(&b, &err) == SP_OK, "%s", err.msg); /* bf16 is */
-    sp_block_free(&b);
-    block_of(&b, &rope, "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
-                        "\"num_key_value_heads\":2,\"intermediate_size\":96,\"num_hidden_layers\":1,"
-                        "\"vocab_size\":64,\"rms_norm_eps\":1e-5}");
     ck_assert_msg(sp_block_quantize(&b, SP_W_F16, &err) == SP_OK, "%s", err.msg);
-    ck_assert_int_eq(sp_cuda_block_supported(&b, &err), SP_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "fp16 weights are not on the device yet"), "%s", err.msg);
-    sp_cuda_block *cb = NULL;
-    ck_assert_int_eq(sp_cuda_block_upload(NULL, &cb, &b, &err), SP_ERR_UNSUPPORTED); /* (refused before the device) */
-    ck_assert_ptr_null(cb);
+    ck_assert_msg(sp_cuda_block_supported(&b, &err) == SP_OK, "%s", err.msg);
     sp_block_free(&b);
-    float w[6] = {1, -2, 0.5f, 3, 0, 65504};
-    sp_qmat m;
-    ck_assert_int_eq(sp_qmat_encode(&m, SP_W_F16, w, 2, 3, &err), SP_OK);
-    sp_cuda_wmat dw;
-    ck_assert_int_eq(sp_cuda_wmat_upload(NULL, &dw, &m, &err), SP_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "[2, 3] fp16 matrix: fp16 weights are not on the device yet"), "%s", err.msg);
-    ck_assert_ptr_null(dw.q);
-    sp_qmat_free(&m);
 }
 END_TEST
 
@@ -769,6 +760,7 @@ int main(void)
     tcase_add_test(tc, t_activations_vs_cpu);
     tcase_add_test(tc, t_embedding_vs_cpu);
     tcase_add_test(tc, t_softmax_crossentropy_vs_cpu);
+    tcase_add_test(tc, t_f16_all_values);
     tcase_add_test(tc, t_weights_vs_cpu);
     tcase_add_test(tc, t_wmat_vec_vs_cpu);
     tcase_add_test(tc, t_wmat_gemm_plans_vs_cpu);
@@ -776,7 +768,7 @@ int main(void)
     tcase_add_test(tc, t_block_dx_tiles_vs_cpu);
     tcase_add_test(tc, t_block_plan);
     tcase_add_test(tc, t_moe_routing_vs_cpu);
-    tcase_add_test(tc, t_f16_refused);
+    tcase_add_test(tc, t_f16_supported);
     suite_add_tcase(s, tc);
     TCase *te = tcase_create("errors");
     tcase_add_test(te, t_errors_mapped);
