@@ -245,17 +245,24 @@ static double time_products(const sp_block *b, int reps)
     return s;
 }
 
-/* Decode of one token at KV length K: steps/s and weight bytes/s over copy, for each sp_cuda_block_use_fused level
- * (the plain kernels first: the baseline of the same run). */
-static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps, int sweep)
+/* b on the device with a cache of K positions filled by a prefill: a decode step's context (run_decode). */
+static run_ctx decode_ctx(const sp_block *b, int K)
 {
-    static const char *const level[] = {"plain", "fused", "fused+pdl"};
     run_ctx c = {.K = K};
     TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
     TRY(sp_cuda_kv_new(c.cb, &c.kv, 1, K + 1, NULL, &err));
     c.x = dev_randn((size_t)K * b->H, 1.0f);
     TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)K * b->H * sizeof(float), &err));
     TRY(sp_cuda_block_forward(c.cb, c.y, c.x, 1, K, 0, c.kv, &err)); /* the cache's K positions */
+    return c;
+}
+
+/* Decode of one token at KV length K: steps/s and weight bytes/s over copy, for each sp_cuda_block_use_fused level
+ * (the plain kernels first: the baseline of the same run). */
+static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps, int sweep)
+{
+    static const char *const level[] = {"plain", "fused", "fused+pdl"};
+    run_ctx c = decode_ctx(b, K);
     double bytes = (double)sp_cuda_block_bytes(c.cb);
     for (int f = 0; f < 3; f++) {
         sp_cuda_block_use_fused(c.cb, f);
@@ -318,12 +325,7 @@ static void run_moe(void *p)
 static void bench_moe_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps, int experts_alone)
 {
     static const char *const kernel[] = {"a lane", "vectorised"};
-    run_ctx c = {.K = K};
-    TRY(sp_cuda_block_upload(cu, &c.cb, b, &err));
-    TRY(sp_cuda_kv_new(c.cb, &c.kv, 1, K + 1, NULL, &err));
-    c.x = dev_randn((size_t)K * b->H, 1.0f);
-    TRY(sp_cuda_alloc(cu, (void **)&c.y, (size_t)K * b->H * sizeof(float), &err));
-    TRY(sp_cuda_block_forward(c.cb, c.y, c.x, 1, K, 0, c.kv, &err)); /* the cache's K positions */
+    run_ctx c = decode_ctx(b, K);
     double bytes = moe_step_bytes(b), s[2][2];
     for (int v = 0; v < 2; v++)
         for (int f = 0; f < 2; f++) {

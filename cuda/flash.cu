@@ -305,6 +305,29 @@ template <int HD> __global__ void __launch_bounds__(kThreads) fwd_kernel(fparams
     }
 }
 
+// A query tile's dq accumulators (rows t0 and t0 + 8 of this lane, dq_kernel's and dq_ds_kernel's layout) added
+// into dq (p.acc) or written.
+template <int HD> __device__ inline void store_dq(const fparams &p, const float (*acc)[4], int t0, int b, int h)
+{
+    constexpr int NT = HD / 8;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int t = t0 + i * 8;
+        if (t >= p.T)
+            continue;
+        float *row = p.dq + ((long)b * p.T + t) * p.nh * p.hd + (long)h * p.hd;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int d = nt * 8 + 2 * (lane & 3) + e;
+                if (d < p.hd)
+                    row[d] = p.acc ? row[d] + acc[nt][i * 2 + e] : acc[nt][i * 2 + e];
+            }
+    }
+}
+
 // dq of a query tile (query_tile): P from lse, dP = dout V^T, dS = P (dP - D) scale, dq (+)= dS K, over the key
 // tiles its queries see. PIPE: the keys and values of tile j + 1 come into a second pair of buffers while tile j's
 // products run (six tiles of shared memory); else next_tiles' overlap (four). At most 170 registers a thread: three
@@ -373,21 +396,7 @@ template <int HD, bool PIPE> __global__ void __launch_bounds__(kThreads, 3) dq_k
             next_tiles<HD, 0>([&] { accumulate<HD>(acc, s, sK); }, sV, V, sK, K, (j + 1) * kRows, p.S, j + 1 < nkt);
         }
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int t = t0 + i * 8;
-        if (t >= p.T)
-            continue;
-        float *row = p.dq + ((long)b * p.T + t) * p.nh * p.hd + (long)h * p.hd;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int d = nt * 8 + 2 * (lane & 3) + e;
-                if (d < p.hd)
-                    row[d] = p.acc ? row[d] + acc[nt][i * 2 + e] : acc[nt][i * 2 + e];
-            }
-    }
+    store_dq<HD>(p, acc, t0, b, h);
 }
 
 // dq of a query tile (query_tile) from the dS^T tiles dkv_kernel<.., true> stored: dq (+)= dS K over the key tiles
@@ -440,21 +449,7 @@ template <int HD> __global__ void __launch_bounds__(kThreads) dq_ds_kernel(fpara
         __syncthreads(); // every warp is done with buffers j & 1
     }
     int t0 = q0 + warp * 16 + (lane >> 2);
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int t = t0 + i * 8;
-        if (t >= p.T)
-            continue;
-        float *row = p.dq + ((long)b * p.T + t) * p.nh * p.hd + (long)h * p.hd;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int d = nt * 8 + 2 * (lane & 3) + e;
-                if (d < p.hd)
-                    row[d] = p.acc ? row[d] + acc[nt][i * 2 + e] : acc[nt][i * 2 + e];
-            }
-    }
+    store_dq<HD>(p, acc, t0, b, h);
 }
 
 // Query tile q0's queries and output gradients (packed, from Q and dO) into sq and so, their log-sum-exp and D into

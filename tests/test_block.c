@@ -47,6 +47,14 @@ static float *golden(const char *model, const char *name, size_t *numel)
     return x;
 }
 
+/* Golden tensor block.I.WHAT of model (in, grad_out, ...). */
+static float *golden_block(const char *model, const char *what, int i, size_t *numel)
+{
+    char name[64];
+    snprintf(name, sizeof name, "block.%d.%s", i, what);
+    return golden(model, name, numel);
+}
+
 static sp_model *load(const char *model, unsigned parts, int first, int last)
 {
     sp_model *m = NULL;
@@ -600,12 +608,8 @@ static void encoded_case(const char *model)
             for (int k = 0; k < bq->nqm; k++) /* the reference holds the decoded weights */
                 for (int r = 0; bq->qm[k].q && r < bq->qm[k].rows; r++)
                     sp_qmat_row(&bq->qm[k], r, (float *)br->qm[k].q + (size_t)r * br->qm[k].cols);
-            char name[64];
             size_t n;
-            snprintf(name, sizeof name, "block.%d.in", i);
-            float *in = golden(model, name, &n);
-            snprintf(name, sizeof name, "block.%d.grad_out", i);
-            float *gout = golden(model, name, &n);
+            float *in = golden_block(model, "in", i, &n), *gout = golden_block(model, "grad_out", i, &n);
             float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
             int H = q->cfg.hidden, T = 12, B = (int)(n / (size_t)T / (size_t)H);
             ck_assert_int_eq(sp_block_forward(bq, a, in, B, T, 0, NULL, &q->ws, &err), SP_OK);
@@ -672,12 +676,8 @@ static void f16_case(const char *model)
         ck_assert_int_eq(sp_block_quantize(&h->blocks[i], SP_W_F16, &err), SP_OK);
         ck_assert_int_eq(sp_block_quantize(&bf->blocks[i], SP_W_BF16, &err), SP_OK);
         ck_assert_uint_eq(sp_block_bytes(&h->blocks[i]), sp_block_bytes(&bf->blocks[i])); /* 2 bytes a weight both */
-        char name[64];
         size_t n;
-        snprintf(name, sizeof name, "block.%d.in", i);
-        float *in = golden(model, name, &n);
-        snprintf(name, sizeof name, "block.%d.grad_out", i);
-        float *gout = golden(model, name, &n);
+        float *in = golden_block(model, "in", i, &n), *gout = golden_block(model, "grad_out", i, &n);
         float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
         int H = ref->cfg.hidden, T = 12, B = (int)(n / (size_t)T / (size_t)H);
         for (int pass = 0; pass < 2; pass++) { /* forward, backward to the input */
