@@ -496,18 +496,27 @@ static void bench_forward_path(const char *name, const sp_block *b, int T, int r
     sp_cuda_block_free(c.cb);
 }
 
+static const char kMixtral[] = /* Mixtral-8x7B's shapes */
+    "{\"model_type\":\"mixtral\",\"hidden_size\":4096,\"intermediate_size\":14336,\"num_attention_heads\":32,"
+    "\"num_key_value_heads\":8,\"num_local_experts\":8,\"num_experts_per_tok\":2,\"num_hidden_layers\":1,"
+    "\"vocab_size\":32000,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":4096}";
+
 /* --profile: each kind of work once more after a warm run, between the CUDA profiler's start and stop (so that
  * ncu --profile-from-start off sees only those launches, once each): the 7B block's decode step at KV 128 in bf16,
- * int8 and NF4 (the default fused kernels, graphs off: each kernel a launch of its own), then its bf16 forward +
- * backward of 1024 tokens (the default flash backward mask). */
+ * int8, NF4 and fp16 (the default fused kernels, graphs off: each kernel a launch of its own), then its bf16 forward
+ * + backward of 1024 tokens (the default flash backward mask); a Mixtral-8x7B decode step in bf16 (its experts'
+ * vectorised products). */
 static void profile(void)
 {
-    sp_wtype types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4};
-    for (int t = 0; t < 3; t++) {
+    sp_wtype types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4, SP_W_F16, SP_W_BF16};
+    for (int t = 0; t < 5; t++) {
         sp_block b;
         sp_config cfg;
         sp_rope rope;
-        make_block(&b, &cfg, &rope, 4096, 11008, 32, 32, types[t]);
+        if (t < 4)
+            make_block(&b, &cfg, &rope, 4096, 11008, 32, 32, types[t]);
+        else
+            make_block_json(&b, &cfg, &rope, kMixtral, types[t]);
         run_ctx c = {.K = 128, .T = 1024};
         TRY(sp_cuda_block_upload(cu, &c.cb, &b, &err));
         sp_cuda_block_use_graphs(c.cb, 0);
@@ -521,7 +530,8 @@ static void profile(void)
         if (t == 0)
             run_fwd_bwd(&c);
         TRY(sp_cuda_sync(cu, &err));
-        printf("profile: 7B %s decode step%s\n", sp_wtype_name(b.wtype), t == 0 ? ", forward + backward" : "");
+        printf("profile: %s %s decode step%s\n", t < 4 ? "7B" : "Mixtral-8x7B", sp_wtype_name(b.wtype),
+               t == 0 ? ", forward + backward" : "");
         sp_cuda_profile(1);
         run_decode(&c);
         if (t == 0)
@@ -571,16 +581,12 @@ int main(int argc, char **argv)
             sp_block_free(&b);
         }
     }
-    static const char mixtral[] = /* Mixtral-8x7B's shapes */
-        "{\"model_type\":\"mixtral\",\"hidden_size\":4096,\"intermediate_size\":14336,\"num_attention_heads\":32,"
-        "\"num_key_value_heads\":8,\"num_local_experts\":8,\"num_experts_per_tok\":2,\"num_hidden_layers\":1,"
-        "\"vocab_size\":32000,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":4096}";
     sp_wtype moe_types[] = {SP_W_BF16, SP_W_Q8, SP_W_NF4};
     for (int t = 0; t < (quick ? 1 : 3); t++) {
         sp_block b;
         sp_config cfg;
         sp_rope rope;
-        make_block_json(&b, &cfg, &rope, mixtral, moe_types[t]);
+        make_block_json(&b, &cfg, &rope, kMixtral, moe_types[t]);
         bench_moe_decode("mixtral-8x7b", &b, 128, copy_bw, quick ? 20 : 100, t == 0);
         sp_block_free(&b);
     }

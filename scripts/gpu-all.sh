@@ -33,7 +33,8 @@ timeout "${SEPAL_GPU_CTEST_S:-240}" ctest --test-dir "$B" -R "$SUITES" -j 6 --ti
 echo "gpu-all: ctest exit $? after $(($(date +%s) - t0)) s" | tee -a "$DEST/gpu-build.txt"
 grep -E 'tests passed|Passed|Failed|Skipped|Not Run|\*\*\*' "$DEST/ctest.log" | tee -a "$DEST/gpu-build.txt"
 # last, so that nothing above waits for it: Nsight Compute over one of each kind of work (bench_block_cuda
-# --profile: the 7B decode step in bf16, int8 and NF4, the bf16 forward + backward) when the machine has ncu and
+# --profile: the 7B decode step in bf16, int8, NF4 and fp16, the bf16 forward + backward, a Mixtral-8x7B decode
+# step) when the machine has ncu and
 # lets it read the counters: what limits each kernel (speed of light, occupancy, warp stalls), for the next session
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ -x "$B/bench/bench_block_cuda" ]; then
