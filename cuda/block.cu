@@ -340,8 +340,16 @@ static bool use_flash(const sp_cuda_block *cb)
 // round them itself (its GEMMs, beyond 32 rows).
 constexpr size_t kHalfRows = 32;
 static int half_rows(const sp_cuda_block *cb, size_t N) { return !cb->moe && use_flash(cb) && N > kHalfRows; }
-// The same for a forward of its own keys (no cache): its packed attention operands kept too.
-static int half_own(const sp_cuda_block *cb, size_t N) { return half_rows(cb, N) ? kHalfPacked : 0; }
+// The same for a forward of its own keys (no cache): its packed attention operands kept too, unless the
+// environment's SEPAL_FLASH_PACKED is 0 (read once: the packing of the flash kernels themselves then, as before).
+static int half_own(const sp_cuda_block *cb, size_t N)
+{
+    static const int packed = [] {
+        const char *e = getenv("SEPAL_FLASH_PACKED");
+        return !(e && !strcmp(e, "0"));
+    }();
+    return half_rows(cb, N) ? (packed ? kHalfPacked : 1) : 0;
+}
 
 extern "C" void sp_cuda_block_use_fused(sp_cuda_block *cb, int level)
 {
