@@ -3,10 +3,9 @@
  *
  * 1. decode: one sequence, one token over a KV cache of 128 positions, graphs on: weight bytes read per second
  *    over the device-to-device copy bandwidth (bytes read + written by cudaMemcpy). Goal >= 0.8. bf16, and the
- *    7B block in int8, NF4 and fp16 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones as
- *    programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); bf16 also every shape of the fused kernels
- *    (rows a warp, warps a row: sp_cuda_wmat_tune; W streamed as L2's first to evict or not:
- *    sp_cuda_wmat_tune_stream).
+ *    7B block in int8, NF4 and fp16 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones
+ *    as programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); bf16 also every shape of the fused kernels
+ *    (rows a warp, warps a row: sp_cuda_wmat_tune; W streamed as L2's first to evict or not: sp_cuda_wmat_tune_stream).
  * 2. forward of 1024 tokens (no cache), and forward + backward to the input (kept activations): FLOP/s over the
  *    peak of a cuBLAS bf16 GEMM of the block's largest product ([1024, H] x [H, FF]). Goal >= 0.6. FLOPs: 2 per
  *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more

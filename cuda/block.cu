@@ -558,16 +558,16 @@ static sp_status norm_dep(sp_cuda_block *cb, float *out, float *mean, float *rst
 // q, k, v in one product (then their biases); RoPE, the cache's append and attention in one kernel; o_proj with its
 // bias and the residual; norm 2; SwiGLU's gate and up products with the activation in one (GELU MLPs: the plain up
 // product and activation; Mixtral: its router and experts, moe_cuda.h); down_proj with its bias and the residual
-// into d->out. The same sums as decode_rows'
-// plain kernels, each kernel after norm 1 a programmatic dependent of the one before it when cb->fused is 2 (it
-// streams its weights while that one finishes).
+// into d->out, the positions advanced in its launch (d->advance; no kernel of their own). The same sums as
+// decode_rows' plain kernels, each kernel after norm 1 a programmatic dependent of the one before it when
+// cb->fused is 2 (it streams its weights while that one finishes).
 static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
 {
     int N = d->N, pdl = cb->fused > 1;
     dacts *a = &d->a;
     sp_cuda *cu = cb->cu;
     TRY(norm_dep(cb, a->ln1, a->mean1, a->rstd1, d->in, cb->ln1_w, cb->ln1_b, N, 0, err)); // after a copy, or first
-    sp_cuda_dmul qkv = {{&cb->m[MQ], &cb->m[MK], &cb->m[MV]}, {a->q, a->k, a->v}, 3, 0, pdl, NULL, NULL};
+    sp_cuda_dmul qkv = {{&cb->m[MQ], &cb->m[MK], &cb->m[MV]}, {a->q, a->k, a->v}, 3, 0, pdl, NULL, NULL, NULL, 0};
     TRY(sp_cuda_wmat_mul_fused(cu, &qkv, a->ln1, N, err));
     const float *bias[3] = {cb->bq, cb->bk, cb->bv};
     for (int i = 0; i < 3; i++)
@@ -575,7 +575,7 @@ static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
             TRY(bias_res(cb, qkv.Y[i], qkv.Y[i], bias[i], NULL, N, cb->m[MQ + i].w.rows, err));
     TRY(sp_cuda_rope_attn_decode(cu, a->att, a->q, a->k, a->v, d->kp, d->vp, cb->inv_freq, cb->slopes, a->probs,
                                  d->pos, N, cb->nh, cb->nkv, cb->hd, d->scap, pdl, err));
-    sp_cuda_dmul o = {{&cb->m[MO]}, {a->h1}, 1, 0, pdl, cb->bo, d->in};
+    sp_cuda_dmul o = {{&cb->m[MO]}, {a->h1}, 1, 0, pdl, cb->bo, d->in, NULL, 0};
     TRY(sp_cuda_wmat_mul_fused(cu, &o, a->att, N, err));
     const float *m = a->ln1;
     if (cb->ln2_w) {
@@ -589,15 +589,14 @@ static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
         return d->advance ? set_pos(cu, d->pos, N, 1, 1, err) : SP_OK;
     }
     if (cb->k.mlp == SP_MLP_SWIGLU) {
-        sp_cuda_dmul gu = {{&cb->m[MGATE], &cb->m[MUP]}, {a->act}, 2, 1, pdl, NULL, NULL};
+        sp_cuda_dmul gu = {{&cb->m[MGATE], &cb->m[MUP]}, {a->act}, 2, 1, pdl, NULL, NULL, NULL, 0};
         TRY(sp_cuda_wmat_mul_fused(cu, &gu, m, N, err));
     } else {
         TRY(lin(cb, MUP, a->up, m, cb->b_up, N, err));
         TRY(sp_cuda_gelu_fwd(cu, a->act, a->up, (long)N * cb->FF, cb->k.mlp == SP_MLP_GELU_TANH, err));
     }
-    sp_cuda_dmul down = {{&cb->m[MDOWN]}, {d->out}, 1, 0, pdl, cb->b_down, a->h1};
-    TRY(sp_cuda_wmat_mul_fused(cu, &down, a->act, N, err));
-    return d->advance ? set_pos(cu, d->pos, N, 1, 1, err) : SP_OK;
+    sp_cuda_dmul down = {{&cb->m[MDOWN]}, {d->out}, 1, 0, pdl, cb->b_down, a->h1, d->advance ? d->pos : NULL, N};
+    return sp_cuda_wmat_mul_fused(cu, &down, a->act, N, err); // (the positions advanced by it)
 }
 
 // One decode step of d's rows from d->in to d->out at the positions d->pos holds (then advanced when d->advance):

@@ -111,12 +111,15 @@ sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, const void *d
  * swiglu(X W[0]^T, X W[1]^T) (Y[1] unused); bias [rows] and res [B, rows] (n 1; NULL: none): Y[0] = (X W^T + bias)
  * + res, block.c's order. pdl 1: launched as a programmatic dependent of the stream's kernel before it (it starts
  * streaming W while that one finishes; only where the device and the build support it). SP_ERR_ARG otherwise.
- * All the fused kernels stream W as L2's first to evict (sp_cuda_wmat_tune_stream). */
+ * All the fused kernels stream W as L2's first to evict (sp_cuda_wmat_tune_stream). pos [npos] (device memory;
+ * NULL: none): each advanced by one once the products' input is in (a decode step's positions, which its attention
+ * read before: the step's last launch advances them instead of a kernel of its own). */
 typedef struct sp_cuda_dmul {
     const sp_cuda_wmat *W[3];
     float *Y[3];
     int n, swiglu, pdl;
     const float *bias, *res;
+    int *pos, npos;
 } sp_cuda_dmul;
 sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err);
 /* A decode step's experts (moe.cu): the products of sp_cuda_wmat_mul_fused's kernel for experts chosen on the device,

@@ -291,9 +291,10 @@ SP_HD float sp_km_ce_grad(float dloss, float x, float mx, float sum, int is_targ
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* weights: f32, bf16, fp16 (IEEE half), Q8 (row-major int8 [rows, cols], scales [rows, ceil(cols / 32)]) and NF4 (row-major: each
- * row ceil(cols / 64) blocks of 32 bytes, the first half of a block in the low nibbles; each block's step
- * [rows, ceil(cols / 64)]). kern.c interleaves both 16 rows at a time; wlayout.c re-lays them for the device. */
+/* weights: f32, bf16, fp16 (IEEE half), Q8 (row-major int8 [rows, cols], scales [rows, ceil(cols / 32)]) and NF4
+ * (row-major: each row ceil(cols / 64) blocks of 32 bytes, the first half of a block in the low nibbles; each
+ * block's step [rows, ceil(cols / 64)]). kern.c interleaves both 16 rows at a time; wlayout.c re-lays them for the
+ * device. */
 
 enum { SP_KM_F32, SP_KM_BF16, SP_KM_Q8, SP_KM_NF4, SP_KM_F16 }; /* the order of sp_wtype (kern.h) */
 

@@ -42,7 +42,15 @@ struct dec_args {
     float *y[3];
     int nseg, swiglu, evict_first;
     const float *bias, *res;
+    int *pos, npos; // advanced by one each, by block 0 after its wait (sp_cuda_dmul)
 };
+
+// a.pos[i] += 1 for i < a.npos, by block 0 once the kernel before it is done (after its pdl_wait).
+__device__ __forceinline__ void advance_pos(const dec_args &a)
+{
+    if (a.pos && blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < a.npos)
+        a.pos[threadIdx.x] += 1;
+}
 
 template <typename T> __device__ __forceinline__ T pick(int s, T a, T b, T c) { return s == 0 ? a : s == 1 ? b : c; }
 
@@ -73,6 +81,7 @@ template <int TYPE> __global__ void wmat_dot_kernel(dec_args a, const float *X, 
     int tid = threadIdx.x, nt = blockDim.x, r;
     spk::pdl_trigger();
     spk::pdl_wait();
+    advance_pos(a);
     int s = dec_seg(a, blockIdx.x, &r);
     sp_km_w w = a.w, u = a.w;
     w.type = u.type = TYPE;
@@ -321,6 +330,10 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
     spk::pdl_trigger();
     if (TYPE == SP_KM_NF4)
         fill_lut(lut, a.w);
+    if (a.pos && blockIdx.x == 0) { // block 0 waits at once (vec_rows' own wait then passes)
+        spk::pdl_wait();
+        advance_pos(a);
+    }
     int blk, s = dec_seg(a, blockIdx.x, &blk);
     vec_rows<TYPE, NB, R, false>(
         a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]), pick(s, a.scale[0], a.scale[1], a.scale[2]),
@@ -492,7 +505,7 @@ dec_args dec_args_of(const sp_cuda_dmul &m)
     dec_args a = {};
     a.w = m.W[0]->w;
     a.nseg = m.swiglu ? 1 : m.n, a.swiglu = m.swiglu, a.bias = m.bias, a.res = m.res;
-    a.evict_first = g_evict_first;
+    a.evict_first = g_evict_first, a.pos = m.pos, a.npos = m.pos ? m.npos : 0;
     for (int i = 0; i < m.n; i++) {
         a.q[i] = m.W[i]->w.q, a.scale[i] = m.W[i]->w.scale, a.rows[i] = m.W[i]->w.rows;
         a.y[i] = m.Y[i];
@@ -762,7 +775,7 @@ extern "C" sp_status sp_cuda_wmat_mul_t_h(sp_cuda *cu, const sp_cuda_wmat *W, co
 extern "C" sp_status sp_cuda_wmat_mul_fused(sp_cuda *cu, const sp_cuda_dmul *m, const float *X, int B, sp_err *err)
 {
     int n = m->n, ok = B > 0 && B <= kMaxDecodeRows && n >= 1 && n <= 3 && (!m->swiglu || n == 2) &&
-                       (n == 1 || (!m->bias && !m->res));
+                       (n == 1 || (!m->bias && !m->res)) && (!m->pos || (m->npos >= 1 && m->npos <= 32));
     for (int i = 0; ok && i < n; i++)
         ok = m->W[i] && m->W[i]->q && m->Y[m->swiglu ? 0 : i] && m->W[i]->w.type == m->W[0]->w.type &&
              m->W[i]->w.cols == m->W[0]->w.cols && (!m->swiglu || m->W[i]->w.rows == m->W[0]->w.rows);

@@ -371,16 +371,27 @@ static void fused_check(sp_cuda_wmat *dw, const int *hs, const float *dX, float 
     int rows = hs[0], C = dw[0].w.cols;
     for (int i = 0; i < 3; i++)
         OK(sp_cuda_wmat_mul(cu, &dw[i], dX, dP[i], B, E));
-    sp_cuda_dmul qkv = {{&dw[0], &dw[1], &dw[2]}, {dF[0], dF[1], dF[2]}, 3, 0, pdl, NULL, NULL};
+    sp_cuda_dmul qkv = {{&dw[0], &dw[1], &dw[2]}, {dF[0], dF[1], dF[2]}, 3, 0, pdl, NULL, NULL, NULL, 0};
     OK(sp_cuda_wmat_mul_fused(cu, &qkv, dX, B, E));
     for (int i = 0; i < 3; i++)
         same_bits(dF[i], dP[i], (size_t)B * hs[i], "three segments", t, hs[i], C, B);
-    sp_cuda_dmul gu = {{&dw[0], &dw[1]}, {dF[0]}, 2, 1, pdl, NULL, NULL};
+    sp_cuda_dmul gu = {{&dw[0], &dw[1]}, {dF[0]}, 2, 1, pdl, NULL, NULL, NULL, 0};
     OK(sp_cuda_wmat_mul_fused(cu, &gu, dX, B, E));
     OK(sp_cuda_swiglu_fwd(cu, dP[2], dP[0], dP[1], (long)B * rows, E));
     same_bits(dF[0], dP[2], (size_t)B * rows, "swiglu", t, rows, C, B);
-    sp_cuda_dmul br = {{&dw[0]}, {dF[0]}, 1, 0, pdl, dBias, dRes};
+    /* the decode step's positions advanced by the product (B of them, from 7 + b) */
+    int pos0[8], *dPos = NULL, got[8];
+    for (int b = 0; b < B; b++)
+        pos0[b] = 7 + b;
+    dPos = (int *)up_bytes(pos0, (size_t)B * sizeof(int));
+    sp_cuda_dmul br = {{&dw[0]}, {dF[0]}, 1, 0, pdl, dBias, dRes, dPos, B};
     OK(sp_cuda_wmat_mul_fused(cu, &br, dX, B, E));
+    OK(sp_cuda_sync(cu, E));
+    OK(sp_cuda_download(cu, got, dPos, (size_t)B * sizeof(int), E));
+    for (int b = 0; b < B; b++)
+        ck_assert_msg(got[b] == pos0[b] + 1, "%s: position %d is %d after the product, not %d", sp_wtype_name(t), b,
+                      got[b], pos0[b] + 1);
+    sp_cuda_free(cu, dPos);
     float *y = down(dP[0], (size_t)B * rows), *bias = down(dBias, (size_t)rows), *res = down(dRes, (size_t)B * rows);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < rows; i++)
@@ -423,9 +434,10 @@ START_TEST(t_weights_fused_gpu)
                     sp_cuda_wmat_tune(0, 0, 0);
                 }
             sp_err err = {0};
-            sp_cuda_dmul bad = {{&dw[0], &dw[2]}, {dF[0]}, 2, 1, 0, NULL, NULL}; /* gate and up of two heights */
+            /* gate and up of two heights */
+            sp_cuda_dmul bad = {{&dw[0], &dw[2]}, {dF[0]}, 2, 1, 0, NULL, NULL, NULL, 0};
             ck_assert_int_eq(sp_cuda_wmat_mul_fused(cu, &bad, dX, 1, &err), SP_ERR_ARG);
-            sp_cuda_dmul nine = {{&dw[0]}, {dF[0]}, 1, 0, 0, NULL, NULL};
+            sp_cuda_dmul nine = {{&dw[0]}, {dF[0]}, 1, 0, 0, NULL, NULL, NULL, 0};
             ck_assert_int_eq(sp_cuda_wmat_mul_fused(cu, &nine, dX, 9, &err), SP_ERR_ARG);
             for (int i = 0; i < 3; i++) {
                 sp_cuda_wmat_free(cu, &dw[i]);
@@ -1117,7 +1129,8 @@ START_TEST(t_flash_packed_gpu)
         sp_err err = {0};
         ck_assert_int_eq(sp_cuda_flash_pack(cu, pk, dQ, dK, dV, f, pos0, B, T, nh, nkv, 129, &err), SP_ERR_ARG);
         ck_assert_int_eq(sp_cuda_flash_pack(cu, pk, dQ, dK, dV, dF, 0, B, T, nh, nkv, 63, &err), SP_ERR_ARG);
-        ck_assert_int_eq(sp_cuda_flash_fwd_packed(cu, o[1], NULL, l[1], pk, dS, B, T, nh, nh + 1, hd, &err), SP_ERR_ARG);
+        ck_assert_int_eq(sp_cuda_flash_fwd_packed(cu, o[1], NULL, l[1], pk, dS, B, T, nh, nh + 1, hd, &err),
+                         SP_ERR_ARG);
         free(q), free(kk), free(v), free(g);
         for (int i = 0; i < 2; i++) {
             void *d[] = {o[i], oh[i], l[i], gq[i], gk[i], gv[i]};
