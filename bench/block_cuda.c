@@ -286,6 +286,17 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
     }
     sp_cuda_wmat_tune(0, 0, 0);
     sp_cuda_wmat_tune_stream(-1);
+    for (int keys = 4; sweep && keys <= 16; keys *= 2) { /* fused+pdl: the attention's keys a warp at once */
+        sp_cuda_attn_tune(keys);
+        sp_cuda_block_use_fused(c.cb, 1);
+        run_decode(&c);
+        sp_cuda_block_use_fused(c.cb, 2);
+        run_decode(&c);
+        double s = time_reps(run_decode, &c, reps);
+        printf("%s %-4s   fused+pdl with the attention's %d keys a warp: %7.1f us/step, %.2f of copy\n", name,
+               sp_wtype_name(b->wtype), keys, s * 1e6, bytes / s / copy_bw);
+    }
+    sp_cuda_attn_tune(0);
     sp_cuda_kv_free(c.kv);
     sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
     sp_cuda_block_free(c.cb);

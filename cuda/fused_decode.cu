@@ -12,7 +12,8 @@ using spk::block_sum;
 namespace {
 
 constexpr int kAttnThreads = 256;
-constexpr int kKeys = 4; // keys a warp scores at once
+int g_keys = 0; // keys a warp scores at once (sp_cuda_attn_tune; 0: kKeys)
+constexpr int kKeys = 4; // the default, as measured on an H200 (8 and 16: bench_block_cuda's sweep, not yet run)
 
 // Block bh = (b, h): query head h of row b at position at = pos[b] over the at cached positions of its kv head g
 // and the step's own key and value (rotated here, in shared memory; the first query head of g stores them into
@@ -20,6 +21,7 @@ constexpr int kKeys = 4; // keys a warp scores at once
 // by shuffles; kKeys keys of a warp at once, each summed as alone), kmath's softmax over the block, then the output
 // a warp's share of the keys at a time, the warps' partial sums added in warp order. p: the head's scores (cap
 // floats of scratch). Dynamic shared memory: (warps + 3) * hd floats.
+template <int KK>
 __global__ void __launch_bounds__(kAttnThreads)
     rope_attn_decode_kernel(float *out, const float *q, const float *k, const float *v, float *const *kp,
                             float *const *vp, const float *inv_freq, const float *slopes, float *scratch,
@@ -53,21 +55,21 @@ __global__ void __launch_bounds__(kAttnThreads)
             kc[kv0 + at * ldk + j] = ks[j];
             vc[kv0 + at * ldk + j] = vs[j];
         }
-    for (int s0 = warp; s0 < len; s0 += kKeys * nw) { // kKeys keys a warp at a time, their loads in flight together
-        const float *kr[kKeys];
-        float d[kKeys];
+    for (int s0 = warp; s0 < len; s0 += KK * nw) { // KK keys a warp at a time, their loads in flight together
+        const float *kr[KK];
+        float d[KK];
 #pragma unroll
-        for (int u = 0; u < kKeys; u++) {
+        for (int u = 0; u < KK; u++) {
             int s = s0 + u * nw;
             kr[u] = s == at ? ks : kc + kv0 + (s < len ? s : 0) * ldk;
             d[u] = 0.0f;
         }
         for (int j = lane; j < hd; j += 32)
 #pragma unroll
-            for (int u = 0; u < kKeys; u++)
+            for (int u = 0; u < KK; u++)
                 d[u] += qs[j] * kr[u][j];
 #pragma unroll
-        for (int u = 0; u < kKeys; u++) {
+        for (int u = 0; u < KK; u++) {
             for (int o = 16; o > 0; o >>= 1)
                 d[u] += __shfl_xor_sync(0xffffffffu, d[u], o);
             int s = s0 + u * nw;
@@ -107,10 +109,15 @@ extern "C" sp_status sp_cuda_rope_attn_decode(sp_cuda *cu, float *out, const flo
     if (N <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || (inv_freq && hd % 2) || cap <= 0)
         return sp_errf(err, SP_ERR_ARG, "decode attention: %d rows of %d heads on %d KV heads of %d, cache %d", N,
                        nh, nkv, hd, cap);
-    static const bool able = spk::pdl_able(rope_attn_decode_kernel);
+    static const bool able = spk::pdl_able(rope_attn_decode_kernel<kKeys>);
     size_t shm = (size_t)(kAttnThreads / 32 + 3) * hd * sizeof(float);
-    cudaError_t e = spk::launch(pdl && able, rope_attn_decode_kernel, dim3(N * nh), dim3(kAttnThreads), shm,
-                                spk::stream_of(cu), out, q, k, v, kp, vp, inv_freq, slopes, scratch, pos, nh, nkv, hd,
-                                cap);
+    int keys = g_keys ? g_keys : kKeys;
+    auto kernel = keys == 16 ? rope_attn_decode_kernel<16>
+                  : keys == 8 ? rope_attn_decode_kernel<8>
+                              : rope_attn_decode_kernel<kKeys>;
+    cudaError_t e = spk::launch(pdl && able, kernel, dim3(N * nh), dim3(kAttnThreads), shm, spk::stream_of(cu), out, q,
+                                k, v, kp, vp, inv_freq, slopes, scratch, pos, nh, nkv, hd, cap);
     return sp_cuda_error(err, (int)e, "decode attention");
 }
+
+extern "C" void sp_cuda_attn_tune(int keys) { g_keys = keys == 8 || keys == 16 ? keys : 0; }

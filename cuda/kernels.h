@@ -165,6 +165,10 @@ sp_status sp_cuda_rope_attn_decode(sp_cuda *cu, float *out, const float *q, cons
                                    float *const *kp, float *const *vp, const float *inv_freq, const float *slopes,
                                    float *scratch, const int *pos, int N, int nh, int nkv, int hd, int cap, int pdl,
                                    sp_err *err);
+/* Benchmarks and tests: the keys a warp of sp_cuda_rope_attn_decode scores at once (their loads in flight together;
+ * 8 or 16, else the default 4). Each key's score is summed as alone, so any choice gives the same bits.
+ * Process-wide; not for concurrent use. */
+void sp_cuda_attn_tune(int keys);
 /* Prefill / forward attention (sp_attention_forward with keep_probs): q, out [B, T, nh * hd]; the caches
  * [B, cap, nkv, hd] hold past + T positions (this step's appended); probs [B, nh, T, past + T] receives the
  * probabilities (kept for a backward). Scores and outputs through cuBLAS, a GEMM a head (GQA / MQA by nh / nkv),

@@ -19,6 +19,7 @@
 #include "cuda_backend.h"
 #include "cuda_emul.h"
 #include "kern.h"
+#include "kernels.h"
 #include "rng.h"
 #include "testrun.h"
 
@@ -288,6 +289,14 @@ START_TEST(t_block_decode_vs_cpu)
                               "%s: graphs %d, fused %d changed the numbers (%s, B %d): error %.3g", c.cfg.model_type,
                               runs[i].graphs,
                               runs[i].fused, sp_wtype_name((sp_wtype)t), B, emul_rel_err(other, with, ns));
+            }
+            for (int keys = 8; keys <= 16; keys *= 2) { /* the attention's keys a warp: each score summed as alone */
+                sp_cuda_attn_tune(keys);
+                run_cached(&c, (sp_wtype)t, 1, 2, B, other, nsteps, 0);
+                sp_cuda_attn_tune(0);
+                ck_assert_msg(memcmp(with, other, ns * sizeof(float)) == 0,
+                              "%s: %d keys a warp changed the numbers (%s, B %d): error %.3g", c.cfg.model_type, keys,
+                              sp_wtype_name((sp_wtype)t), B, emul_rel_err(other, with, ns));
             }
             free(with), free(other);
             case_free(&c);
