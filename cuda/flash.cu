@@ -763,16 +763,24 @@ int pipe_mask()
 }
 
 // 1 when two blocks of `bytes` of shared memory fit on one of the device's SMs (what a pipelined kernel needs to
-// keep the occupancy of the plain one's registers).
+// keep the occupancy of the plain one's registers). The device's figure asked once (devices 0 .. 15).
 bool two_fit(size_t bytes)
 {
-    int dev = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+    static int per_sm[16]; // 0: not asked yet; -1: unknown
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
         cudaGetLastError();
         return false;
     }
-    return (size_t)per_sm >= 2 * (bytes + 1024); // the runtime reserves 1 KB a block
+    int v = __atomic_load_n(&per_sm[dev], __ATOMIC_RELAXED);
+    if (!v) {
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || v <= 0) {
+            cudaGetLastError();
+            v = -1;
+        }
+        __atomic_store_n(&per_sm[dev], v, __ATOMIC_RELAXED);
+    }
+    return v > 0 && (size_t)v >= 2 * (bytes + 1024); // the runtime reserves 1 KB a block
 }
 
 template <int HD, bool PIPE> sp_status launch_dq(sp_cuda *cu, const fparams &p, int B, sp_err *err)
