@@ -45,37 +45,12 @@ __global__ void norm_h_kernel(__nv_bfloat16 *out, float *mean, float *rstd, floa
     }
 }
 
-// dx = res + norm'(x)^T dy (kernels.cu's rmsnorm / layernorm backward added into a copy of res: the same sums),
-// and dxh = dx rounded to bf16 when given. Each thread reads res (which may be dx) only where it writes.
+// dx = res + norm'(x)^T dy, and dxh = dx in bf16 when given (spk::norm_bwd_row, kernels.cu's norm backward's).
 __global__ void norm_bwd_h_kernel(float *dx, __nv_bfloat16 *dxh, const float *res, const float *dy, const float *x,
                                   const float *w, const float *mean, const float *rstd, int C, int rms)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
-    int tid = threadIdx.x, nt = blockDim.x;
-    long off = (long)blockIdx.x * C;
-    const float *xr = x + off, *g = dy + off;
-    float r = rstd[blockIdx.x];
-    if (rms) {
-        float k = sp_km_rmsnorm_k(r, block_sum(sp_km_dot3_part(g, w, xr, C, tid, nt), sh), C);
-        for (int c = tid; c < C; c += nt) {
-            float v = res[off + c];
-            v += sp_km_rmsnorm_dx(xr[c], w[c], g[c], r, k);
-            dx[off + c] = v;
-            if (dxh)
-                dxh[off + c] = __float2bfloat16_rn(v);
-        }
-        return;
-    }
-    float m = mean[blockIdx.x], gs, gxs;
-    sp_km_layernorm_bwd_part(g, xr, w, m, r, C, tid, nt, &gs, &gxs);
-    float gmean = block_sum(gs, sh) / (float)C, gxmean = block_sum(gxs, sh) / (float)C;
-    for (int c = tid; c < C; c += nt) {
-        float v = res[off + c];
-        v += sp_km_layernorm_dx(xr[c], g[c], w ? w[c] : 1.0f, m, r, gmean, gxmean);
-        dx[off + c] = v;
-        if (dxh)
-            dxh[off + c] = __float2bfloat16_rn(v);
-    }
+    spk::norm_bwd_row(dx, dxh, res, dy, x, w, mean, rstd, C, rms, sh);
 }
 
 __global__ void swiglu_h_kernel(__nv_bfloat16 *out, const float *gate, const float *up, long n)

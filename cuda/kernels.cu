@@ -29,13 +29,7 @@ __global__ void rmsnorm_bwd_kernel(float *dinp, const float *dout, const float *
                                    const float *rstd, int C)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
-    int tid = threadIdx.x, nt = blockDim.x;
-    long off = (long)blockIdx.x * C;
-    const float *x = inp + off, *dy = dout + off;
-    float r = rstd[blockIdx.x];
-    float k = sp_km_rmsnorm_k(r, block_sum(sp_km_dot3_part(dy, w, x, C, tid, nt), sh), C);
-    for (int c = tid; c < C; c += nt)
-        dinp[off + c] += sp_km_rmsnorm_dx(x[c], w[c], dy[c], r, k);
+    spk::norm_bwd_row(dinp, nullptr, dinp, dout, inp, w, nullptr, rstd, C, 1, sh);
 }
 
 __global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *inp, const float *w,
@@ -59,14 +53,7 @@ __global__ void layernorm_bwd_kernel(float *dinp, const float *dout, const float
                                      const float *mean, const float *rstd, int C)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
-    int tid = threadIdx.x, nt = blockDim.x;
-    long off = (long)blockIdx.x * C;
-    const float *x = inp + off, *dy = dout + off;
-    float m = mean[blockIdx.x], r = rstd[blockIdx.x], g, gx;
-    sp_km_layernorm_bwd_part(dy, x, w, m, r, C, tid, nt, &g, &gx);
-    float gmean = block_sum(g, sh) / (float)C, gxmean = block_sum(gx, sh) / (float)C;
-    for (int c = tid; c < C; c += nt)
-        dinp[off + c] += sp_km_layernorm_dx(x[c], dy[c], w ? w[c] : 1.0f, m, r, gmean, gxmean);
+    spk::norm_bwd_row(dinp, nullptr, dinp, dout, inp, w, mean, rstd, C, 0, sh);
 }
 
 // A norm's weight (or bias) gradient: one thread a column, the rows in order.

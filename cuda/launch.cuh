@@ -7,6 +7,7 @@
 
 #include <utility>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "cuda_backend.h"
@@ -57,6 +58,34 @@ __device__ inline float block_max(float v, float *sh)
     float r = sh[0];
     __syncthreads();
     return r;
+}
+
+// Row blockIdx.x (of C) of a norm's backward to its input: dx = res + norm'(x)^T dy (RMSNorm when rms: w, rstd;
+// LayerNorm: w or NULL, mean, rstd), kmath's arithmetic and trees; dxh = dx in bf16 when given. res may be dx (each
+// thread reads it only where it writes: the gradient added in place). sh: blockDim.x floats of shared memory.
+__device__ inline void norm_bwd_row(float *dx, __nv_bfloat16 *dxh, const float *res, const float *dy, const float *x,
+                                    const float *w, const float *mean, const float *rstd, int C, int rms, float *sh)
+{
+    int tid = threadIdx.x, nt = blockDim.x;
+    long off = (long)blockIdx.x * C;
+    const float *xr = x + off, *g = dy + off;
+    float r = rstd[blockIdx.x], m = 0.0f, k = 0.0f, gmean = 0.0f, gxmean = 0.0f;
+    if (rms) {
+        k = sp_km_rmsnorm_k(r, block_sum(sp_km_dot3_part(g, w, xr, C, tid, nt), sh), C);
+    } else {
+        float gs, gxs;
+        m = mean[blockIdx.x];
+        sp_km_layernorm_bwd_part(g, xr, w, m, r, C, tid, nt, &gs, &gxs);
+        gmean = block_sum(gs, sh) / (float)C, gxmean = block_sum(gxs, sh) / (float)C;
+    }
+    for (int c = tid; c < C; c += nt) {
+        float v = res[off + c];
+        v += rms ? sp_km_rmsnorm_dx(xr[c], w[c], g[c], r, k)
+                 : sp_km_layernorm_dx(xr[c], g[c], w ? w[c] : 1.0f, m, r, gmean, gxmean);
+        dx[off + c] = v;
+        if (dxh)
+            dxh[off + c] = __float2bfloat16_rn(v);
+    }
 }
 
 // Programmatic dependent launches. A kernel launched with pdl 1 (launch below) must call pdl_wait() in every block
