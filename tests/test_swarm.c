@@ -95,6 +95,7 @@ static sp_runtime *joined(int dht_port)
     snprintf(peers, sizeof peers, "127.0.0.1:%d", dht_port);
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
     sp_test_update_period(rt, 1); /* as often as the servers announce */
+    sp_test_wire_f32(rt);         /* losses compared across runs to 1e-5 */
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
     ck_assert_msg(sp_runtime_join(rt, peers, &err) == SP_OK, "%s", err.msg);
     return rt;

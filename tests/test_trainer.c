@@ -41,13 +41,7 @@ static sp_runtime *swarm(const int (*spans)[2], int n)
     sp_err err = {0};
     ck_assert_int_eq(sp_runtime_new(&rt, NULL, NULL, &err), SP_OK);
     ck_assert_msg(sp_runtime_load(rt, M15, &err) == SP_OK, "%s", err.msg);
-    /* f32 on the wire: the losses are compared with one process's to 1e-5, and wire auto sends bf16 over a link
-     * measured slow, as loopback can measure under ASan on a loaded machine (case 2's loss was 1.3014 against
-     * 1.3029 once) */
-    sp_rt_settings set;
-    sp_runtime_settings(rt, &set);
-    set.wire = SP_ENC_F32;
-    sp_runtime_set_settings(rt, &set);
+    sp_test_wire_f32(rt); /* the losses are compared with one process's to 1e-5 */
     char addrs[1024] = "";
     for (int i = 0; i < n; i++) {
         sp_server_opts o;

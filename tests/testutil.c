@@ -245,6 +245,14 @@ void sp_test_update_period(sp_runtime *rt, double s)
     sp_runtime_set_settings(rt, &set);
 }
 
+void sp_test_wire_f32(sp_runtime *rt)
+{
+    sp_rt_settings set;
+    sp_runtime_settings(rt, &set);
+    set.wire = SP_ENC_F32;
+    sp_runtime_set_settings(rt, &set);
+}
+
 int sp_test_route_hops(sp_runtime *rt)
 {
     sp_route r;

@@ -48,6 +48,10 @@ int sp_test_server_row(sp_runtime *rt, int i, sp_server_row *out);
 int sp_test_server_at(sp_runtime *rt, int port, int from_dht, sp_server_row *out);
 /* Lookups of the DHT view and pings every s seconds (the update_period setting). */
 void sp_test_update_period(sp_runtime *rt, double s);
+/* f32 hidden states on the wire whatever the links measure: for tests that compare numbers with another run or one
+ * process at 1e-5 (wire auto sends bf16 over a link measured below SP_WIRE_AUTO_MBIT, which a loopback under ASan
+ * on a loaded machine can measure: test_trainer's loss was 1.3014 against 1.3029 once). */
+void sp_test_wire_f32(sp_runtime *rt);
 /* Hops of the route sp_runtime_route computed last. */
 int sp_test_route_hops(sp_runtime *rt);
 
