@@ -7,6 +7,7 @@
 #include "rng.h"
 #include "app.h"
 #include "devparts.h"
+#include "kern.h"
 
 const sp_opt sp_settings[SP_SET_N + 1] = {
     [SP_SET_MAX_NEW_TOKENS] = {"max-new-tokens", SP_OPT_INT, .max = 1 << 20, .def = "64",
@@ -53,7 +54,7 @@ const sp_opt sp_settings[SP_SET_N + 1] = {
     [SP_SET_THREADS] = {"threads", SP_OPT_INT, .max = 256, .def = "0",
                         .help = "the client's compute threads (its LM head, training's products); 0 is every CPU it "
                                 "may run on"},
-    [SP_SET_DTYPE] = {"dtype", SP_OPT_CHOICE, .choices = "f32|bf16|fp16|int8|nf4", .def = "f32",
+    [SP_SET_DTYPE] = {"dtype", SP_OPT_CHOICE, .choices = "f32|bf16|fp16|int8|nf4", .aliases = SP_WTYPE_ALIASES, .def = "f32",
                       .help = "the client's LM head for generation: f32 uses the checkpoint's tensor in place; bf16, "
                               "fp16 (IEEE half), int8 (blocks of 32 with a scale) and nf4 are encoded copies, smaller "
                               "and faster per token (training keeps f32)"},
@@ -114,6 +115,8 @@ int sp_app_set(sp_app *app, sp_set k, const char *value, char *why, size_t cap)
     if (k == SP_SET_DEVICE && strcmp(value, "auto") && sp_app_device_check(value, why, cap))
         return -1;
     snprintf(app->set[k], sizeof app->set[k], "%s", value);
+    if (sp_settings[k].kind == SP_OPT_CHOICE) /* an alias's choice is stored ("f16": fp16) */
+        sp_opt_choice_name(&sp_settings[k], sp_opt_choice(&sp_settings[k], value), app->set[k], sizeof app->set[k]);
     return 0;
 }
 

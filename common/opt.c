@@ -142,18 +142,38 @@ static int is_off(const char *v)
     return !strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no") || !strcmp(v, "false");
 }
 
-int sp_opt_choice(const sp_opt *o, const char *v)
+/* v's index in the list "a|b|c" (n: v's length), or -1 */
+static int choice_index(const char *list, const char *v, size_t n)
 {
-    const sp_opt *s = sp_opt_spec(o);
-    size_t n = strlen(v);
     int i = 0;
-    for (const char *p = s->choices; p && *p; i++) {
+    for (const char *p = list; p && *p; i++) {
         size_t len = strcspn(p, "|");
         if (len == n && !strncmp(p, v, n))
             return i;
         p += len + (p[len] == '|');
     }
     return -1;
+}
+
+int sp_opt_choice(const sp_opt *o, const char *v)
+{
+    const sp_opt *s = sp_opt_spec(o);
+    int i = choice_index(s->choices, v, strlen(v));
+    for (const char *p = s->aliases; i < 0 && p && *p;) { /* "x=a|y=b": v x is a's index */
+        size_t len = strcspn(p, "|"), eq = strcspn(p, "=");
+        if (eq < len && eq == strlen(v) && !strncmp(p, v, eq))
+            i = choice_index(s->choices, p + eq + 1, len - eq - 1);
+        p += len + (p[len] == '|');
+    }
+    return i;
+}
+
+void sp_opt_choice_name(const sp_opt *o, int i, char *buf, size_t cap)
+{
+    const char *p = sp_opt_spec(o)->choices;
+    for (; p && *p && i > 0; i--)
+        p += strcspn(p, "|") + (p[strcspn(p, "|")] == '|');
+    snprintf(buf, cap, "%.*s", p && i == 0 ? (int)strcspn(p, "|") : 0, p ? p : "");
 }
 
 /* An integer: decimal digits (exact to 2^63), or a whole number written otherwise ("1e9") up to 2^53. */

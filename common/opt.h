@@ -31,6 +31,7 @@ typedef struct sp_opt {
     const char *meta;          /* the value's name in help: "N" (NULL: "VALUE"; unused for flags and choices) */
     double min, max;           /* INT, NUM */
     const char *choices;       /* CHOICE: "a|b|c" */
+    const char *aliases;       /* CHOICE: other names taken as a choice, "x=a|y=a|z=c" (help lists choices only) */
     const char *def;           /* the default, a valid value ("64"), or NULL (help may say it in words) */
     const char *help;          /* one line */
     const char *word;          /* a word valid besides the kind's values ("random"), or NULL */
@@ -79,8 +80,10 @@ int sp_opt_similar(const sp_opt *opts, const char *name, const char *after, char
  * (0, 1], got '2'", "--tuning: 'x' is not one of head, ptune, deep_ptune", "--dtype: 'int4' is not one of f32,
  * bf16, fp16, int8, nf4 (did you mean int8?)"). */
 int sp_opt_check(const sp_opt *o, const char *value, char *why, size_t cap);
-/* A choice's index in o's choices, or -1. */
+/* A choice's index in o's choices (an alias: its choice's), or -1. */
 int sp_opt_choice(const sp_opt *o, const char *value);
+/* Choice i of o's into buf ("" when there is none): the name an alias stands for. */
+void sp_opt_choice_name(const sp_opt *o, int i, char *buf, size_t cap);
 /* 1 for "1", "on", "yes", "true"; 0 otherwise (NULL too). */
 int sp_opt_on(const char *value);
 /* A checked value as a number: integers exact up to 2^63 (strtoll), else strtod. */

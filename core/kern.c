@@ -52,13 +52,15 @@ int sp_wtype_parse(const char *name, sp_wtype *t)
             *t = (sp_wtype)i;
             return 0;
         }
-    if (!strcmp(name, "q8")) {
-        *t = SP_W_Q8;
-        return 0;
-    }
-    if (!strcmp(name, "f16") || !strcmp(name, "float16")) {
-        *t = SP_W_F16;
-        return 0;
+    size_t n = strlen(name);
+    for (const char *p = SP_WTYPE_ALIASES; *p;) { /* "alias=name|..." */
+        size_t len = strcspn(p, "|"), eq = strcspn(p, "=");
+        if (eq == n && !strncmp(p, name, n)) {
+            char canon[16];
+            snprintf(canon, sizeof canon, "%.*s", (int)(len - eq - 1), p + eq + 1);
+            return sp_wtype_parse(canon, t);
+        }
+        p += len + (p[len] == '|');
     }
     return -1;
 }

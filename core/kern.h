@@ -45,8 +45,9 @@ typedef struct sp_qmat {
 } sp_qmat;
 
 const char *sp_wtype_name(sp_wtype t);        /* "f32", "bf16", "int8", "nf4", "fp16" */
-/* 0, or -1 for an unknown name; besides the names, "q8" (int8), "f16" and "float16" (fp16). */
+/* 0, or -1 for an unknown name; besides the names, SP_WTYPE_ALIASES' (the options' choices take them too). */
 int sp_wtype_parse(const char *name, sp_wtype *t);
+#define SP_WTYPE_ALIASES "q8=int8|f16=fp16|float16=fp16"
 /* Bytes a matrix of this shape takes (values and scales). */
 size_t sp_qmat_bytes(sp_wtype t, int rows, int cols);
 

@@ -77,7 +77,7 @@ const sp_opt sp_server_opt_table[S_NOPTS + 1] = {
                         .help = "how long a request waits for budget before \"busy\" (default 10)"},
     [S_MIN_RATE] = {"--min-rate", SP_OPT_NUM, "KIB", 0, 1 << 30,
                     .help = "KiB/s a request must arrive at, after 10 s (default 64; 0: none)"},
-    [S_DTYPE] = {"--dtype", SP_OPT_CHOICE, .choices = "f32|bf16|fp16|int8|nf4", .def = "f32", .section = "\nwork:",
+    [S_DTYPE] = {"--dtype", SP_OPT_CHOICE, .choices = "f32|bf16|fp16|int8|nf4", .aliases = SP_WTYPE_ALIASES, .def = "f32", .section = "\nwork:",
                  .help = "hold the blocks as f32, bf16, fp16 (IEEE half: closer to f32 than bf16, up to 65504), "
                          "int8 (blocks of 32, like Q8_0) or nf4 (as bitsandbytes; blocks of 64), encoded at load"},
     [S_DEVICE] = {"--device", SP_OPT_STR, "cpu|cuda[:N]", .def = "cpu",

@@ -196,6 +196,25 @@ START_TEST(t_opt_values)
     ck_assert_int_eq(sp_opt_check(&tbl[T_MODE], "b", why, sizeof why), -1);
     ck_assert_str_eq(why, "--mode: 'b' is not one of a, bb, ccc");
     ck_assert_int_eq(sp_opt_choice(&tbl[T_MODE], "ccc"), 2);
+    /* aliases: taken as their choice, not listed */
+    static const sp_opt al = {"--dtype", SP_OPT_CHOICE, .choices = "f32|fp16|int8", .aliases = "f16=fp16|float16=fp16|q8=int8"};
+    ck_assert_int_eq(sp_opt_choice(&al, "f16"), 1);
+    ck_assert_int_eq(sp_opt_choice(&al, "float16"), 1);
+    ck_assert_int_eq(sp_opt_choice(&al, "q8"), 2);
+    ck_assert_int_eq(sp_opt_choice(&al, "f1"), -1); /* an alias's prefix is none */
+    ck_assert_int_eq(sp_opt_choice(&al, "fp16=f16"), -1);
+    ck_assert_int_eq(sp_opt_check(&al, "float16", why, sizeof why), 0);
+    ck_assert_int_eq(sp_opt_check(&al, "f8", why, sizeof why), -1);
+    ck_assert_msg(!strncmp(why, "--dtype: 'f8' is not one of f32, fp16, int8", 43), "%s", why);
+    char name[16];
+    sp_opt_choice_name(&al, sp_opt_choice(&al, "float16"), name, sizeof name);
+    ck_assert_str_eq(name, "fp16");
+    sp_opt_choice_name(&al, 2, name, sizeof name);
+    ck_assert_str_eq(name, "int8");
+    sp_opt_choice_name(&al, 3, name, sizeof name);
+    ck_assert_str_eq(name, "");
+    sp_opt_choice_name(&al, -1, name, sizeof name);
+    ck_assert_str_eq(name, "");
     ck_assert_int_eq(sp_opt_int("9000000000000000000"), 9000000000000000000LL); /* exact past 2^53 */
     ck_assert(sp_opt_on("yes") && sp_opt_on("on") && !sp_opt_on("off") && !sp_opt_on(NULL));
 }
@@ -463,8 +482,12 @@ START_TEST(t_settings)
     ck_assert_int_eq(run("set dtype int4"), 1);
     ck_assert_str_eq(got.err, "set: dtype: 'int4' is not one of f32, bf16, fp16, int8, nf4 (did you mean int8?)\n");
     ck_assert_int_eq(run("set dtype fp16; set dtype f32"), 0);
-    ck_assert_int_eq(run("set dtype f16"), 1); /* (sp_wtype_parse's alias; the settings take the names) */
-    ck_assert_str_eq(got.err, "set: dtype: 'f16' is not one of f32, bf16, fp16, int8, nf4 (did you mean bf16 or fp16?)\n");
+    ck_assert_int_eq(run("set dtype f16; show dtype"), 0); /* an alias (SP_WTYPE_ALIASES): the setting holds its name */
+    ck_assert_msg(!strncmp(got.out, "dtype", 5) && strstr(got.out, " fp16 ") && !strstr(got.out, "f16 "), "%s", got.out);
+    ck_assert_int_eq(run("set dtype q8; show dtype; set dtype f32"), 0);
+    ck_assert_msg(strstr(got.out, " int8 "), "%s", got.out);
+    ck_assert_int_eq(run("set dtype fp61"), 1);
+    ck_assert_str_eq(got.err, "set: dtype: 'fp61' is not one of f32, bf16, fp16, int8, nf4 (did you mean fp16?)\n");
     ck_assert_int_eq(run("set dtype quarter"), 1); /* nothing near */
     ck_assert_str_eq(got.err, "set: dtype: 'quarter' is not one of f32, bf16, fp16, int8, nf4\n");
     ck_assert_int_eq(run("set seeed 1"), 1);

@@ -2,7 +2,7 @@
 # sepal-server --dtype: blocks held as bf16, fp16, int8 or nf4 (encoded at load) serve generation and training.
 # The dtype is what the server announces and what `servers` shows; bf16, fp16 and int8 give f32's greedy text for
 # these 30 tokens (stories15M; int8 drifts after 15-94 tokens, see bench_quality), nf4 a text of its own; the
-# client's LM head in fp16 (`set dtype fp16`) and `sepal model generate --dtype fp16` too; a deep prompt-tuning
+# client's LM head in fp16 (`set dtype float16`, an alias) and `sepal model generate --dtype f16` too; a deep prompt-tuning
 # step through an int8 server has a finite loss that falls; a bad --dtype is refused.
 . "$(dirname "$0")/lib.bash"
 M="${SEPAL_STORIES15M_DIR:?}"
@@ -37,14 +37,14 @@ for d in bf16 fp16 int8 nf4; do
 done
 # the client's LM head in fp16 (the dtype setting), through the fp16 server: f32's text again
 PORT=$(grep -o 'ws://127.0.0.1:[0-9]*' "$TMP/srv.fp16" | cut -d: -f3)
-out=$(gen "set dtype fp16; show dtype; ")
+out=$(gen "set dtype float16; show dtype; ") # (an alias: the setting holds fp16)
 got=$(printf '%s\n' "$out" | grep -m1 '^Tom had a red kite')
-printf '%s\n' "$out" | grep -qE '^dtype +fp16 ' && ok "set dtype fp16: the LM head in fp16" || bad "show dtype: $(printf '%s\n' "$out" | grep '^dtype')"
+printf '%s\n' "$out" | grep -qE '^dtype +fp16 ' && ok "set dtype fp16: the LM head in fp16" || bad "show dtype after set dtype float16: $(printf '%s\n' "$out" | grep '^dtype')"
 [ "$got" = "$want" ] && ok "fp16 LM head (set dtype fp16): the same greedy text as f32" || bad "fp16 head: '$got'"
 # the model run locally in fp16 (blocks and LM head)
-got=$("$SEPAL" model generate "$M" --prompt 'Tom had a red kite' --temperature 0 --max-new-tokens 30 --dtype fp16 2>/dev/null |
+got=$("$SEPAL" model generate "$M" --prompt 'Tom had a red kite' --temperature 0 --max-new-tokens 30 --dtype f16 2>/dev/null |
     grep -m1 '^Tom had a red kite')
-[ "$got" = "$want" ] && ok "sepal model generate --dtype fp16: the same greedy text as f32" || bad "model generate fp16: '$got'"
+[ "$got" = "$want" ] && ok "sepal model generate --dtype f16 (fp16's alias): the same greedy text as f32" || bad "model generate f16: '$got'"
 # training through the int8 server: the backward to the input runs on the decoded weights
 PORT=$(grep -o 'ws://127.0.0.1:[0-9]*' "$TMP/srv.int8" | cut -d: -f3)
 out=$("$SEPAL" -c "load $M; connect 127.0.0.1:$PORT; train sst2 --tuning deep_ptune --max-steps 12 --eval-batches 1 --lr 3e-2" 2>&1)
