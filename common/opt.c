@@ -155,16 +155,27 @@ static int choice_index(const char *list, const char *v, size_t n)
     return -1;
 }
 
+int sp_opt_alias(const char *aliases, const char *v, char *buf, size_t cap)
+{
+    size_t n = strlen(v);
+    for (const char *p = aliases; p && *p;) {
+        size_t len = strcspn(p, "|"), eq = strcspn(p, "=");
+        if (eq < len && eq == n && !strncmp(p, v, n)) {
+            snprintf(buf, cap, "%.*s", (int)(len - eq - 1), p + eq + 1);
+            return 0;
+        }
+        p += len + (p[len] == '|');
+    }
+    return -1;
+}
+
 int sp_opt_choice(const sp_opt *o, const char *v)
 {
     const sp_opt *s = sp_opt_spec(o);
+    char name[64];
     int i = choice_index(s->choices, v, strlen(v));
-    for (const char *p = s->aliases; i < 0 && p && *p;) { /* "x=a|y=b": v x is a's index */
-        size_t len = strcspn(p, "|"), eq = strcspn(p, "=");
-        if (eq < len && eq == strlen(v) && !strncmp(p, v, eq))
-            i = choice_index(s->choices, p + eq + 1, len - eq - 1);
-        p += len + (p[len] == '|');
-    }
+    if (i < 0 && !sp_opt_alias(s->aliases, v, name, sizeof name))
+        i = choice_index(s->choices, name, strlen(name));
     return i;
 }
 

@@ -82,6 +82,8 @@ int sp_opt_similar(const sp_opt *opts, const char *name, const char *after, char
 int sp_opt_check(const sp_opt *o, const char *value, char *why, size_t cap);
 /* A choice's index in o's choices (an alias: its choice's), or -1. */
 int sp_opt_choice(const sp_opt *o, const char *value);
+/* What v stands for in aliases ("x=a|y=b": x stands for a) into buf: 0, or -1 when v is none of them. */
+int sp_opt_alias(const char *aliases, const char *v, char *buf, size_t cap);
 /* Choice i of o's into buf ("" when there is none): the name an alias stands for. */
 void sp_opt_choice_name(const sp_opt *o, int i, char *buf, size_t cap);
 /* 1 for "1", "on", "yes", "true"; 0 otherwise (NULL too). */

@@ -13,6 +13,7 @@
 #include "blastune.h"
 #include "half.h"
 #include "log.h"
+#include "opt.h"
 #include "memtune.h"
 
 #if defined(__x86_64__)
@@ -52,17 +53,8 @@ int sp_wtype_parse(const char *name, sp_wtype *t)
             *t = (sp_wtype)i;
             return 0;
         }
-    size_t n = strlen(name);
-    for (const char *p = SP_WTYPE_ALIASES; *p;) { /* "alias=name|..." */
-        size_t len = strcspn(p, "|"), eq = strcspn(p, "=");
-        if (eq == n && !strncmp(p, name, n)) {
-            char canon[16];
-            snprintf(canon, sizeof canon, "%.*s", (int)(len - eq - 1), p + eq + 1);
-            return sp_wtype_parse(canon, t);
-        }
-        p += len + (p[len] == '|');
-    }
-    return -1;
+    char canon[16];
+    return sp_opt_alias(SP_WTYPE_ALIASES, name, canon, sizeof canon) ? -1 : sp_wtype_parse(canon, t);
 }
 
 static int grouped(sp_wtype t) { return t == SP_W_Q8 || t == SP_W_NF4; }

@@ -207,6 +207,10 @@ START_TEST(t_opt_values)
     ck_assert_int_eq(sp_opt_check(&al, "f8", why, sizeof why), -1);
     ck_assert_msg(!strncmp(why, "--dtype: 'f8' is not one of f32, fp16, int8", 43), "%s", why);
     char name[16];
+    ck_assert_int_eq(sp_opt_alias("f16=fp16|float16=fp16", "float16", name, sizeof name), 0);
+    ck_assert_str_eq(name, "fp16");
+    ck_assert_int_eq(sp_opt_alias("f16=fp16|float16=fp16", "float1", name, sizeof name), -1);
+    ck_assert_int_eq(sp_opt_alias(NULL, "f16", name, sizeof name), -1);
     sp_opt_choice_name(&al, sp_opt_choice(&al, "float16"), name, sizeof name);
     ck_assert_str_eq(name, "fp16");
     sp_opt_choice_name(&al, 2, name, sizeof name);

@@ -134,6 +134,13 @@ START_TEST(t_encode_bounds)
     ck_assert_int_eq(sp_wtype_parse("int8", &t), 0);
     ck_assert_int_eq(t, SP_W_Q8);
     ck_assert_int_ne(sp_wtype_parse("int4", &t), 0);
+    const char *alias[][2] = {{"q8", "int8"}, {"f16", "fp16"}, {"float16", "fp16"}}; /* SP_WTYPE_ALIASES */
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(sp_wtype_parse(alias[i][0], &t), 0);
+        ck_assert_str_eq(sp_wtype_name(t), alias[i][1]);
+    }
+    ck_assert_int_ne(sp_wtype_parse("f1", &t), 0);
+    ck_assert_int_ne(sp_wtype_parse("float", &t), 0);
     free(w);
     free(d);
 }
