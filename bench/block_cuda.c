@@ -258,7 +258,8 @@ static run_ctx decode_ctx(const sp_block *b, int K)
 
 /* Decode of one token at KV length K: steps/s and weight bytes/s over copy, for each sp_cuda_block_use_fused level
  * (the plain kernels first: the baseline of the same run). sweep 1: the products' shapes (rows a warp, warps a row,
- * W evicted first or not) too; 2: and the attention's keys a warp. */
+ * W evicted first or not) and L2 asked for the next product's weights (sp_cuda_block_use_prefetch) too; 2: and the
+ * attention's keys a warp. */
 static void bench_decode(const char *name, const sp_block *b, int K, double copy_bw, int reps, int sweep)
 {
     static const char *const level[] = {"plain", "fused", "fused+pdl"};
@@ -298,6 +299,18 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
                sp_wtype_name(b->wtype), keys, s * 1e6, bytes / s / copy_bw);
     }
     sp_cuda_attn_tune(0);
+    static const int mibs[] = {4, 8, 16, 32, 48};
+    for (int i = 0; sweep && i < 5; i++) { /* fused+pdl: the norms and attention ask L2 for the next product's */
+        sp_cuda_block_use_prefetch(c.cb, mibs[i]);
+        sp_cuda_block_use_fused(c.cb, 1);
+        run_decode(&c);
+        sp_cuda_block_use_fused(c.cb, 2);
+        run_decode(&c);
+        double s = time_reps(run_decode, &c, reps);
+        printf("%s %-4s   fused+pdl with L2 asked for %2d MiB of each next product: %7.1f us/step, %.2f of copy\n",
+               name, sp_wtype_name(b->wtype), mibs[i], s * 1e6, bytes / s / copy_bw);
+    }
+    sp_cuda_block_use_prefetch(c.cb, 0);
     sp_cuda_kv_free(c.kv);
     sp_cuda_free(cu, c.x), sp_cuda_free(cu, c.y);
     sp_cuda_block_free(c.cb);

@@ -190,6 +190,7 @@ struct sp_cuda_block {
 
     int fused; // decode steps of up to kGraphRows rows: 0 the plain kernels, 1 fused ones, 2 fused and dependent
     int moe_vec; // and their experts' products vectorised (sp_cuda_block_use_moe_vec)
+    int prefetch; // MiB of the next product's weights a fused step's norms and attention ask L2 for (0: none)
     void *ws;  // forward / backward buffers, grown
     size_t ws_bytes;
     decoder bat;    // batches of several caches (sp_cuda_block_decode_batch)
@@ -271,6 +272,11 @@ extern "C" sp_status sp_cuda_block_upload(sp_cuda *cu, sp_cuda_block **out, cons
     cb->flash = 1;
     cb->fused = 2;
     cb->moe_vec = 1;
+    static const int prefetch = [] { // SEPAL_DECODE_PREFETCH=MiB: the default of sp_cuda_block_use_prefetch (0)
+        const char *e = getenv("SEPAL_DECODE_PREFETCH");
+        return e ? atoi(e) : 0;
+    }();
+    sp_cuda_block_use_prefetch(cb, prefetch);
     size_t H = (size_t)b->H, Q = cb->s.Q, KV = cb->s.KV, FF = cb->s.FF;
     sp_status st = SP_OK;
     int nm = b->k.mlp == SP_MLP_MOE ? MO + 1 : NMAT; // the experts' matrices go to sp_cuda_moe_upload
@@ -362,8 +368,13 @@ extern "C" void sp_cuda_block_use_moe_vec(sp_cuda_block *cb, int on)
     sp_cuda_moe_use_vec(cb->moe, cb->moe_vec);
 }
 
+extern "C" void sp_cuda_block_use_prefetch(sp_cuda_block *cb, int mib)
+{
+    cb->prefetch = mib < 0 ? 0 : mib > 255 ? 255 : mib;
+}
+
 // The settings a captured decode step depends on: another value, another graph.
-static int graph_key(const sp_cuda_block *cb) { return cb->fused | cb->moe_vec << 2; }
+static int graph_key(const sp_cuda_block *cb) { return cb->fused | cb->moe_vec << 2 | cb->prefetch << 3; }
 
 // The block's buffers: at least bytes (grown after a sync: queued kernels may use the old ones).
 static sp_status block_ws(sp_cuda_block *cb, size_t bytes, sp_err *err)
@@ -545,13 +556,32 @@ static sp_status forward_acts(sp_cuda_block *cb, float *out, const float *inp, i
 // ---------------------------------------------------------------------------------------------------------------
 // decode steps
 
-// Norm 1 or 2 of a fused decode step (RMSNorm as a dependent launch when pdl).
+// Norm 1 or 2 of a fused decode step (RMSNorm as a dependent launch when pdl, asking L2 for pf's weights).
 static sp_status norm_dep(sp_cuda_block *cb, float *out, float *mean, float *rstd, const float *x, const float *w,
-                          const float *b, int N, int pdl, sp_err *err)
+                          const float *b, int N, int pdl, const sp_cuda_pf *pf, sp_err *err)
 {
     if (cb->k.norm == SP_NORM_RMS)
-        return sp_cuda_rmsnorm_fwd_dep(cb->cu, out, rstd, x, w, N, cb->H, cb->eps, pdl, err);
+        return sp_cuda_rmsnorm_fwd_dep(cb->cu, out, rstd, x, w, N, cb->H, cb->eps, pdl, pf, err);
     return norm_fwd(cb, out, mean, rstd, x, w, b, N, err);
+}
+
+// What the kernel before the product of matrices mats[0..n) asks L2 for (cb->prefetch MiB in all, none when 0):
+// the first bytes of each in the order its blocks read them, one after another (q, k, v), or side by side (SwiGLU's
+// gate and up, a block's rows of both at once: an equal share of each). Values only (Q8 / NF4 scales are small).
+static sp_cuda_pf prefetch_of(const sp_cuda_block *cb, const int *mats, int n, bool side_by_side)
+{
+    sp_cuda_pf pf = {};
+    size_t left = (size_t)cb->prefetch << 20, each = n ? left / (size_t)n : 0;
+    for (int i = 0; i < n && i < 3 && left; i++) {
+        const sp_km_w &w = cb->m[mats[i]].w;
+        size_t bytes = (size_t)w.rows * (size_t)sp_km_row_bytes(&w), take = side_by_side ? each : left;
+        if ((uintptr_t)w.q % 16) // (the prefetch's alignment)
+            continue;
+        pf.p[i] = w.q;
+        pf.n[i] = take < bytes ? take : bytes;
+        left -= pf.n[i];
+    }
+    return pf;
 }
 
 // decode_rows fused (cb->fused, d->N <= kGraphRows): norm 1 (launched plainly: it follows a copy or starts a graph);
@@ -566,7 +596,12 @@ static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
     int N = d->N, pdl = cb->fused > 1;
     dacts *a = &d->a;
     sp_cuda *cu = cb->cu;
-    TRY(norm_dep(cb, a->ln1, a->mean1, a->rstd1, d->in, cb->ln1_w, cb->ln1_b, N, 0, err)); // after a copy, or first
+    static const int qkv_m[] = {MQ, MK, MV}, o_m[] = {MO}, gu_m[] = {MGATE, MUP};
+    bool swiglu = !cb->moe && cb->k.mlp == SP_MLP_SWIGLU;
+    sp_cuda_pf pf_qkv = prefetch_of(cb, qkv_m, 3, false), pf_o = prefetch_of(cb, o_m, 1, false);
+    sp_cuda_pf pf_gu = prefetch_of(cb, gu_m, swiglu ? 2 : 0, true);
+    // norm 1 launched plainly (after a copy, or first)
+    TRY(norm_dep(cb, a->ln1, a->mean1, a->rstd1, d->in, cb->ln1_w, cb->ln1_b, N, 0, &pf_qkv, err));
     sp_cuda_dmul qkv = {{&cb->m[MQ], &cb->m[MK], &cb->m[MV]}, {a->q, a->k, a->v}, 3, 0, pdl, NULL, NULL, NULL, 0};
     TRY(sp_cuda_wmat_mul_fused(cu, &qkv, a->ln1, N, err));
     const float *bias[3] = {cb->bq, cb->bk, cb->bv};
@@ -574,13 +609,13 @@ static sp_status decode_rows_fused(sp_cuda_block *cb, decoder *d, sp_err *err)
         if (bias[i])
             TRY(bias_res(cb, qkv.Y[i], qkv.Y[i], bias[i], NULL, N, cb->m[MQ + i].w.rows, err));
     TRY(sp_cuda_rope_attn_decode(cu, a->att, a->q, a->k, a->v, d->kp, d->vp, cb->inv_freq, cb->slopes, a->probs,
-                                 d->pos, N, cb->nh, cb->nkv, cb->hd, d->scap, pdl, err));
+                                 d->pos, N, cb->nh, cb->nkv, cb->hd, d->scap, pdl, &pf_o, err));
     sp_cuda_dmul o = {{&cb->m[MO]}, {a->h1}, 1, 0, pdl, cb->bo, d->in, NULL, 0};
     TRY(sp_cuda_wmat_mul_fused(cu, &o, a->att, N, err));
     const float *m = a->ln1;
     if (cb->ln2_w) {
         TRY(norm_dep(cb, a->ln2, a->mean2, a->rstd2, cb->k.parallel ? d->in : a->h1, cb->ln2_w, cb->ln2_b, N, pdl,
-                     err));
+                     &pf_gu, err));
         m = a->ln2;
     }
     if (cb->moe) { // the router and experts as in a forward (moe_cuda.h), then the residual
@@ -617,7 +652,7 @@ static sp_status decode_rows(sp_cuda_block *cb, decoder *d, sp_err *err)
     }
     // rotated above: the cache's append and attention
     TRY(sp_cuda_rope_attn_decode(cb->cu, a->att, a->q, a->k, a->v, d->kp, d->vp, NULL, cb->slopes, a->probs, d->pos,
-                                 N, cb->nh, cb->nkv, cb->hd, d->scap, 0, err));
+                                 N, cb->nh, cb->nkv, cb->hd, d->scap, 0, NULL, err));
     TRY(attn_out_mlp(cb, d->out, d->in, N, a, err));
     return d->advance ? set_pos(cb->cu, d->pos, N, 1, 1, err) : SP_OK;
 }

@@ -83,6 +83,11 @@ void sp_cuda_block_use_fused(sp_cuda_block *cb, int level);
  * streamed by the dense decode products' vectorised kernel (moe_cuda.h), 0 a warp a row, one weight a lane (the
  * kernel before it, for comparison). Within rounding of each other; nothing for a dense block. */
 void sp_cuda_block_use_moe_vec(sp_cuda_block *cb, int on);
+/* Fused decode steps (levels 1 and 2 above): norm 1, the attention and norm 2 each ask L2 for the first mib MiB of
+ * the product after it (q, k, v; o_proj; SwiGLU's gate and up, half each) while they run, when the memory would
+ * otherwise idle (sm_90 and later; at most 255; the default none, 0, or SEPAL_DECODE_PREFETCH=MiB from the
+ * environment). A hint: the same numbers. */
+void sp_cuda_block_use_prefetch(sp_cuda_block *cb, int mib);
 
 /* A KV cache of B rows of up to cap positions for block cb, in device memory, charged to budget (may be NULL)
  * with sp_cuda_kv_bytes; len 0. Keys and values [B, cap, nkv, hd] f32 as sp_kv_cache holds them. */

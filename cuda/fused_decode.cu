@@ -20,16 +20,17 @@ constexpr int kKeys = 4; // the default, as measured on an H200 (8 and 16: bench
 // the cache at at, where no block of this step reads). Scores a warp a key (lanes over the head's values, summed
 // by shuffles; kKeys keys of a warp at once, each summed as alone), kmath's softmax over the block, then the output
 // a warp's share of the keys at a time, the warps' partial sums added in warp order. p: the head's scores (cap
-// floats of scratch). Dynamic shared memory: (warps + 3) * hd floats.
+// floats of scratch). Dynamic shared memory: (warps + 3) * hd floats. pf: weights asked of L2 (the next product's).
 template <int KK>
 __global__ void __launch_bounds__(kAttnThreads)
     rope_attn_decode_kernel(float *out, const float *q, const float *k, const float *v, float *const *kp,
                             float *const *vp, const float *inv_freq, const float *slopes, float *scratch,
-                            const int *pos, int nh, int nkv, int hd, int cap)
+                            const int *pos, int nh, int nkv, int hd, int cap, sp_cuda_pf pf)
 {
     extern __shared__ float smem[]; // q, k, v [hd], then each warp's partial output [warps][hd]
     __shared__ float sh[kAttnThreads];
     spk::pdl_trigger();
+    spk::prefetch_share(pf);
     spk::pdl_wait();
     int bh = blockIdx.x, b = bh / nh, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
     int nw = nt >> 5, h, at = pos[b], len = at + 1;
@@ -104,7 +105,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 extern "C" sp_status sp_cuda_rope_attn_decode(sp_cuda *cu, float *out, const float *q, const float *k, const float *v,
                                               float *const *kp, float *const *vp, const float *inv_freq,
                                               const float *slopes, float *scratch, const int *pos, int N, int nh,
-                                              int nkv, int hd, int cap, int pdl, sp_err *err)
+                                              int nkv, int hd, int cap, int pdl, const sp_cuda_pf *pf,
+                                              sp_err *err)
 {
     if (N <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || (inv_freq && hd % 2) || cap <= 0)
         return sp_errf(err, SP_ERR_ARG, "decode attention: %d rows of %d heads on %d KV heads of %d, cache %d", N,
@@ -116,7 +118,7 @@ extern "C" sp_status sp_cuda_rope_attn_decode(sp_cuda *cu, float *out, const flo
                   : keys == 8 ? rope_attn_decode_kernel<8>
                               : rope_attn_decode_kernel<kKeys>;
     cudaError_t e = spk::launch(pdl && able, kernel, dim3(N * nh), dim3(kAttnThreads), shm, spk::stream_of(cu), out, q,
-                                k, v, kp, vp, inv_freq, slopes, scratch, pos, nh, nkv, hd, cap);
+                                k, v, kp, vp, inv_freq, slopes, scratch, pos, nh, nkv, hd, cap, pf ? *pf : sp_cuda_pf{});
     return sp_cuda_error(err, (int)e, "decode attention");
 }
 

@@ -10,11 +10,13 @@ using spk::block_sum;
 namespace {
 
 // Row kernels: one block of sp_km_row_threads(C) threads a row (blockIdx.x), kmath's strides and trees.
-__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, const float *w, int C, float eps)
+__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, const float *w, int C, float eps,
+                                   sp_cuda_pf pf)
 {
     __shared__ float sh[SP_KM_MAX_THREADS];
     int tid = threadIdx.x, nt = blockDim.x;
     spk::pdl_trigger(); // a dependent launch (sp_cuda_rmsnorm_fwd_dep) waits here for its input
+    spk::prefetch_share(pf);
     spk::pdl_wait();
     const float *x = inp + (long)blockIdx.x * C;
     float *y = out + (long)blockIdx.x * C;
@@ -189,20 +191,20 @@ sp_status check_flag(sp_cuda *cu, sp_status launched, const char *msg, sp_err *e
 #define ELEM_LAUNCH(kernel, n, cu) kernel<<<spk::grid_for(n), spk::kThreads, 0, spk::stream_of(cu)>>>
 
 extern "C" sp_status sp_cuda_rmsnorm_fwd_dep(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w,
-                                             int N, int C, float eps, int pdl, sp_err *err)
+                                             int N, int C, float eps, int pdl, const sp_cuda_pf *pf, sp_err *err)
 {
     if (!dims_ok(N, C))
         return bad_shape(err, "rmsnorm", N, C);
     static const bool able = spk::pdl_able(rmsnorm_fwd_kernel);
     cudaError_t e = spk::launch(pdl && able, rmsnorm_fwd_kernel, dim3(N), dim3(sp_km_row_threads(C)), 0,
-                                spk::stream_of(cu), out, rstd, inp, w, C, eps);
+                                spk::stream_of(cu), out, rstd, inp, w, C, eps, pf ? *pf : sp_cuda_pf{});
     return sp_cuda_error(err, (int)e, "rmsnorm");
 }
 
 extern "C" sp_status sp_cuda_rmsnorm_fwd(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N,
                                          int C, float eps, sp_err *err)
 {
-    return sp_cuda_rmsnorm_fwd_dep(cu, out, rstd, inp, w, N, C, eps, 0, err);
+    return sp_cuda_rmsnorm_fwd_dep(cu, out, rstd, inp, w, N, C, eps, 0, NULL, err);
 }
 
 static sp_status norm_dw(sp_cuda *cu, float *dw, const float *dout, const float *inp, const float *mean,

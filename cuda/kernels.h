@@ -20,12 +20,22 @@ extern "C" {
 #endif
 #include "kern.h" /* a C header without linkage guards of its own */
 
+/* Weights a decode step's norm or attention kernel asks L2 for while it runs, so that the product after it finds
+ * them there while the memory would otherwise idle (sm_90 and later: cp.async.bulk.prefetch.L2, each block of the
+ * kernel a share, asked before it waits for the kernel before it; elsewhere nothing): up to 3 ranges of device
+ * memory, 16-byte aligned, each n rounded down to 16; a NULL p or an n of 0: none. A hint: no result changes. */
+typedef struct sp_cuda_pf {
+    const void *p[3];
+    size_t n[3];
+} sp_cuda_pf;
+
 /* sp_rmsnorm_forward / _backward (rstd [N] may be NULL in the forward) */
 sp_status sp_cuda_rmsnorm_fwd(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N, int C,
                               float eps, sp_err *err);
-/* The same, launched as a programmatic dependent of the stream's kernel before it when pdl (decode steps) */
+/* The same, launched as a programmatic dependent of the stream's kernel before it when pdl (decode steps), asking
+ * L2 for pf's weights (NULL: none) */
 sp_status sp_cuda_rmsnorm_fwd_dep(sp_cuda *cu, float *out, float *rstd, const float *inp, const float *w, int N,
-                                  int C, float eps, int pdl, sp_err *err);
+                                  int C, float eps, int pdl, const sp_cuda_pf *pf, sp_err *err);
 sp_status sp_cuda_rmsnorm_bwd(sp_cuda *cu, float *dinp, float *dw, const float *dout, const float *inp,
                               const float *w, const float *rstd, int N, int C, sp_err *err);
 /* sp_layernorm_forward / _backward (w, b may be NULL: ones, zeros) */
@@ -160,11 +170,12 @@ sp_status sp_cuda_attn_decode(sp_cuda *cu, float *out, const float *q, const flo
  * append): row b's q [N, nh * hd], k and v [N, nkv * hd] at position pos[b] (device memory, so a graph replays any
  * step) rotated (inv_freq [hd / 2], or NULL: no RoPE), its key and value stored at pos[b] of the row's caches kp[b],
  * vp[b] ([cap, nkv * hd] each; device tables), and out [N, nh * hd] = attention over positions 0 .. pos[b] (ALiBi:
- * slopes [nh] or NULL). scratch: N * nh * cap floats. pdl: launched as a programmatic dependent (sp_cuda_dmul). */
+ * slopes [nh] or NULL). scratch: N * nh * cap floats. pdl: launched as a programmatic dependent (sp_cuda_dmul); pf:
+ * weights asked of L2 meanwhile (NULL: none). */
 sp_status sp_cuda_rope_attn_decode(sp_cuda *cu, float *out, const float *q, const float *k, const float *v,
                                    float *const *kp, float *const *vp, const float *inv_freq, const float *slopes,
                                    float *scratch, const int *pos, int N, int nh, int nkv, int hd, int cap, int pdl,
-                                   sp_err *err);
+                                   const sp_cuda_pf *pf, sp_err *err);
 /* Benchmarks and tests: the keys a warp of sp_cuda_rope_attn_decode scores at once (their loads in flight together;
  * 8 or 16, else the default 4). Each key's score is summed as alone, so any choice gives the same bits.
  * Process-wide; not for concurrent use. */

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_backend.h"
+#include "kernels.h"
 #include "kmath.h"
 
 namespace spk {
@@ -103,6 +104,31 @@ __device__ __forceinline__ void pdl_trigger()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// This block's share of pf's ranges asked of L2 (kernels.h's sp_cuda_pf; thread 0, in pieces of at most 1 MiB):
+// weights, which no kernel writes, so before pdl_wait() too. Nothing before sm_90.
+__device__ __forceinline__ void prefetch_share(const sp_cuda_pf &pf)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr size_t kPiece = 1u << 20;
+    if (threadIdx.x != 0)
+        return;
+    for (int i = 0; i < 3; i++) {
+        size_t n = pf.n[i] & ~(size_t)15;
+        if (!pf.p[i] || !n)
+            continue;
+        size_t share = ((n + gridDim.x - 1) / gridDim.x + 15) & ~(size_t)15;
+        size_t lo = (size_t)blockIdx.x * share, hi = lo + share < n ? lo + share : n;
+        for (size_t at = lo; at < hi; at += kPiece) {
+            unsigned len = (unsigned)(hi - at < kPiece ? hi - at : kPiece);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)pf.p[i] + at), "r"(len)
+                         : "memory");
+        }
+    }
+#else
+    (void)pf;
 #endif
 }
 

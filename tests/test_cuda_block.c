@@ -269,7 +269,8 @@ static void run_cached(tcase *c, sp_wtype t, int graphs, int fused, int B, float
 
 /* Decode steps against the CPU's (fused kernels as dependent launches, through graphs), then the same steps without
  * graphs, with the fused kernels launched plainly and with the plain kernels (sp_cuda_block_use_fused 1, 0): the
- * same sums in the same order, so the same bits. */
+ * same sums in the same order, so the same bits; so do the attention's keys a warp (sp_cuda_attn_tune) and L2 asked
+ * for the next product's weights (sp_cuda_block_use_prefetch 1 and 255 MiB: all of these small blocks' matrices). */
 START_TEST(t_block_decode_vs_cpu)
 {
     int nsteps = 5;
@@ -297,6 +298,14 @@ START_TEST(t_block_decode_vs_cpu)
                 ck_assert_msg(memcmp(with, other, ns * sizeof(float)) == 0,
                               "%s: %d keys a warp changed the numbers (%s, B %d): error %.3g", c.cfg.model_type, keys,
                               sp_wtype_name((sp_wtype)t), B, emul_rel_err(other, with, ns));
+            }
+            for (int mib = 1; mib <= 255; mib += 254) { /* L2 asked for the next product's weights: a hint */
+                sp_cuda_block_use_prefetch(c.cb, mib);
+                run_cached(&c, (sp_wtype)t, 1, 2, B, other, nsteps, 0);
+                sp_cuda_block_use_prefetch(c.cb, 0);
+                ck_assert_msg(memcmp(with, other, ns * sizeof(float)) == 0,
+                              "%s: a prefetch of %d MiB changed the numbers (%s, B %d): error %.3g", c.cfg.model_type,
+                              mib, sp_wtype_name((sp_wtype)t), B, emul_rel_err(other, with, ns));
             }
             free(with), free(other);
             case_free(&c);
