@@ -274,6 +274,21 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
                name, sp_wtype_name(b->wtype), level[f], K, sp_cuda_kv_graphed(c.kv) ? "yes" : "no", s * 1e6, 1 / s,
                bytes / s / 1e9, bytes / s / copy_bw);
     }
+    if (b->wtype == SP_W_Q8 || b->wtype == SP_W_NF4) { /* fused+pdl, the products' values decoded as before */
+        sp_cuda_wmat_tune_light(0);
+        sp_cuda_block_use_fused(c.cb, 1); /* a level of another graph, so that the next is captured anew */
+        run_decode(&c);
+        sp_cuda_block_use_fused(c.cb, 2);
+        run_decode(&c);
+        double s = time_reps(run_decode, &c, reps);
+        sp_cuda_wmat_tune_light(-1);
+        printf("%s %-4s decode fused+pdl with all of a chunk's rows decoded first (sp_cuda_wmat_tune_light 0, the "
+               "kernel before): %7.1f us/step, %.2f of copy\n", name, sp_wtype_name(b->wtype), s * 1e6,
+               bytes / s / copy_bw);
+        sp_cuda_block_use_fused(c.cb, 1);
+        run_decode(&c);
+        sp_cuda_block_use_fused(c.cb, 2);
+    }
     for (int v = 0; sweep && v < 9 * 2; v++) { /* fused+pdl: rows a warp, warps a row, W evicted first from L2 */
         int R = 1 << (v / 3 % 3), ks = 1 << (v % 3), ef = v / 9;
         sp_cuda_wmat_tune(R, ks, 0);

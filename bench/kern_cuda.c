@@ -157,6 +157,13 @@ static void decode_table(double copy_bw, int reps, float *x, float *y)
                 double s = time_reps(run_mul, &c, reps), bw = p.bytes / s;
                 printf("   %8.1f %5.0f %5.2f", s * 1e6, bw / 1e9, bw / copy_bw);
             }
+            if (t == SP_W_Q8 || t == SP_W_NF4) { /* B = 1 with all of a chunk's rows decoded first (before) */
+                mul_ctx c = {&p, x, y, 1, 0};
+                sp_cuda_wmat_tune_light(0);
+                double s = time_reps(run_mul, &c, reps), bw = p.bytes / s;
+                sp_cuda_wmat_tune_light(-1);
+                printf("   (B=1 decoded first: %8.1f %5.2f)", s * 1e6, bw / copy_bw);
+            }
             printf("\n");
             fflush(stdout);
             wpool_free(&p);

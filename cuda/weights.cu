@@ -111,6 +111,9 @@ template <int TYPE> __global__ void wmat_dot_kernel(dec_args a, const float *X, 
 
 constexpr int kDecWarps = 4;
 
+// Whether chunk_product has a LIGHT form for TYPE and NB rows of X (int8 and NF4, one row).
+constexpr bool light_able(int type, int nb) { return nb == 1 && (type == SP_KM_Q8 || type == SP_KM_NF4); }
+
 // NF4's levels into shared memory (the parameter indexed by a variable would be copied to local memory).
 __device__ __forceinline__ void fill_lut(float *lut, const sp_km_w &w)
 {
@@ -186,38 +189,63 @@ __device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const
 }
 
 // acc[r][b] += chunk j of row r times row b of X (b < B), a piece at a time: the R rows decoded once, each X load
-// serving all R of them.
-template <int TYPE, int NB, int R>
+// serving all R of them. LIGHT (int8 and NF4, one row of X): each value decoded as its product takes it.
+template <int TYPE, int NB, int R, bool LIGHT>
 __device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (&q)[R], const float (&sc)[R],
                                               const float *X, int cols, int j, int B, const float *lut)
 {
     constexpr int PV = TYPE == SP_KM_NF4 || TYPE == SP_KM_Q8 ? 16 : TYPE == SP_KM_BF16 || TYPE == SP_KM_F16 ? 8 : 4;
     constexpr int NP = TYPE == SP_KM_NF4 ? 2 : 1;                                                     // pieces
+    if constexpr (LIGHT) {
+        // One row of X: a row's values decoded as its product takes them (the same sp_km_piece_dot, so the same
+        // bits), instead of all R x PV decoded first, which ptxas held in registers: at R 4
+        // int8 95 and NF4 158 a thread (three NF4 blocks an SM; bf16 56), 80 and 72 this way (sm_90, nvcc 13).
 #pragma unroll
-    for (int p = 0; p < NP; p++) {
-        float wv[R][PV];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            uint32_t v[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-#pragma unroll
-            for (int t = 0; t < PV; t++)
-                wv[r][t] = sp_km_piece_val(TYPE, v, p, t, lut);
-        }
-        int col = sp_km_piece_col(TYPE, j, p);
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-            if (b >= B)
-                break;
+        for (int p = 0; p < NP; p++) {
             float xs[PV];
-            const float4 *xp = reinterpret_cast<const float4 *>(X + (long)b * cols + col);
+            const float4 *xp = reinterpret_cast<const float4 *>(X + sp_km_piece_col(TYPE, j, p));
 #pragma unroll
             for (int i = 0; i < PV / 4; i++) {
                 float4 x4 = __ldg(xp + i);
                 xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
             }
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                acc[r][b] += sp_km_piece_dot(TYPE, wv[r], xs, PV, sc[r]);
+            for (int r = 0; r < R; r++) {
+                uint32_t v[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+                float wv[PV];
+#pragma unroll
+                for (int t = 0; t < PV; t++)
+                    wv[t] = sp_km_piece_val(TYPE, v, p, t, lut);
+                acc[r][0] += sp_km_piece_dot(TYPE, wv, xs, PV, sc[r]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            float wv[R][PV];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                uint32_t v[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+#pragma unroll
+                for (int t = 0; t < PV; t++)
+                    wv[r][t] = sp_km_piece_val(TYPE, v, p, t, lut);
+            }
+            int col = sp_km_piece_col(TYPE, j, p);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b >= B)
+                    break;
+                float xs[PV];
+                const float4 *xp = reinterpret_cast<const float4 *>(X + (long)b * cols + col);
+#pragma unroll
+                for (int i = 0; i < PV / 4; i++) {
+                    float4 x4 = __ldg(xp + i);
+                    xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r][b] += sp_km_piece_dot(TYPE, wv[r], xs, PV, sc[r]);
+            }
         }
     }
 }
@@ -278,7 +306,7 @@ struct vec_out {
 // shared this body (with 4 to 12 bytes of spills at NF4 / 2 rows of X / R 1 as before, and at bf16 / 2 / R 4 where
 // NF4 / 4 / R 2 had them); other ways of writing the same moved spills of 4 to 16 bytes between instances, or took
 // the dense f32 and bf16 instances of R 4 up to 14 registers more.)
-template <int TYPE, int NB, int R, bool ONE_BRANCH, typename OUT>
+template <int TYPE, int NB, int R, bool ONE_BRANCH, bool LIGHT, typename OUT>
 __device__ __forceinline__ void vec_rows(const dec_args &a, const uint8_t *q, const float *sq, const uint8_t *uq,
                                          const float *usq, int rows, int ks, int blk, const float *X, int B,
                                          const float *lut, float (*part)[R * NB], OUT out)
@@ -313,7 +341,7 @@ __device__ __forceinline__ void vec_rows(const dec_args &a, const uint8_t *q, co
     spk::pdl_wait();
     for (; j < nchunks; j += step) {
         load_chunks<R, scaled, ONE_BRANCH>(nxt, nsc, row, srow, j + step, nchunks, pol); // a chunk ahead
-        chunk_product<TYPE, NB, R>(acc, cur, sc, X, a.w.cols, j, B, lut);
+        chunk_product<TYPE, NB, R, LIGHT>(acc, cur, sc, X, a.w.cols, j, B, lut);
 #pragma unroll
         for (int r = 0; r < R; r++)
             cur[r] = nxt[r], sc[r] = nsc[r];
@@ -322,7 +350,7 @@ __device__ __forceinline__ void vec_rows(const dec_args &a, const uint8_t *q, co
     reduce_store<NB, R>(a, o.Y, o.G, o.U, acc, part, rows, r0, ro, B, ks);
 }
 
-template <int TYPE, int NB, int R>
+template <int TYPE, int NB, int R, bool LIGHT>
 __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, const float *X, int B)
 {
     __shared__ float lut[16];
@@ -335,7 +363,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_vec_kernel(dec_args a, co
         advance_pos(a);
     }
     int blk, s = dec_seg(a, blockIdx.x, &blk);
-    vec_rows<TYPE, NB, R, false>(
+    vec_rows<TYPE, NB, R, false, LIGHT>(
         a, (const uint8_t *)pick(s, a.q[0], a.q[1], a.q[2]), pick(s, a.scale[0], a.scale[1], a.scale[2]),
         (const uint8_t *)a.q[1], a.scale[1], pick(s, a.rows[0], a.rows[1], a.rows[2]),
         pick(s, a.ks[0], a.ks[1], a.ks[2]), blk, X, B, lut, part,
@@ -352,7 +380,7 @@ struct slot_args {
 
 // Block (x, g): block x of the matrix of the g-th expert with rows (none: the block returns), over its rows of X
 // and into its rows of Y, G and U (a.y[0], a.rows[0], a.ks[0]: one segment, every expert's matrix of a.w's shape).
-template <int TYPE, int NB, int R>
+template <int TYPE, int NB, int R, bool LIGHT>
 __global__ void __launch_bounds__(kDecWarps * 32) wmat_slot_kernel(dec_args a, slot_args sa, const float *X)
 {
     __shared__ float lut[16];
@@ -366,7 +394,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) wmat_slot_kernel(dec_args a, s
     const sp_km_w *w = sa.tab + 3 * e + sa.which;
     const uint8_t *uq = a.swiglu ? (const uint8_t *)w[1].q : nullptr;
     const float *usq = a.swiglu ? w[1].scale : nullptr;
-    vec_rows<TYPE, NB, R, true>(a, (const uint8_t *)w->q, w->scale, uq, usq, rows, a.ks[0], blockIdx.x,
+    vec_rows<TYPE, NB, R, true, LIGHT>(a, (const uint8_t *)w->q, w->scale, uq, usq, rows, a.ks[0], blockIdx.x,
                                 X + (long)o * a.w.cols, cnt < NB ? cnt : NB, lut, part, [&] {
                                     long yo = (long)o * rows;
                                     return vec_out{a.y[0] + yo, sa.G ? sa.G + yo : nullptr,
@@ -412,6 +440,7 @@ constexpr size_t kTileBytes = 64u << 20;   // workspace for a tile of rows decod
 
 int g_rows_per_warp, g_warps_per_row, g_tile_rows; // sp_cuda_wmat_tune (0: automatic)
 int g_evict_first = 1;                             // sp_cuda_wmat_tune_stream
+int g_light = 1;                                   // sp_cuda_wmat_tune_light
 
 int sm_count()
 {
@@ -449,9 +478,13 @@ cudaError_t launch_nbr(bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, 
                        int B)
 {
     dim3 block(kDecWarps * 32);
+    if constexpr (light_able(TYPE, NB))
+        if (g_light)
+            return sa ? spk::launch(false, wmat_slot_kernel<TYPE, NB, R, true>, grid, block, 0, st, a, *sa, X)
+                      : spk::launch(pdl, wmat_vec_kernel<TYPE, NB, R, true>, grid, block, 0, st, a, X, B);
     if (sa)
-        return spk::launch(false, wmat_slot_kernel<TYPE, NB, R>, grid, block, 0, st, a, *sa, X);
-    return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, R>, grid, block, 0, st, a, X, B);
+        return spk::launch(false, wmat_slot_kernel<TYPE, NB, R, false>, grid, block, 0, st, a, *sa, X);
+    return spk::launch(pdl, wmat_vec_kernel<TYPE, NB, R, false>, grid, block, 0, st, a, X, B);
 }
 
 template <int TYPE, int NB>
@@ -495,7 +528,7 @@ cudaError_t launch_vec_w(const sp_km_w &w, int R, bool pdl, dim3 grid, cudaStrea
 // Whether this build's decode kernels wait where they should in a dependent launch (spk::pdl_able), once.
 bool pdl_ok()
 {
-    static const bool ok = spk::pdl_able(wmat_vec_kernel<SP_KM_BF16, 1, 2>);
+    static const bool ok = spk::pdl_able(wmat_vec_kernel<SP_KM_BF16, 1, 2, false>);
     return ok;
 }
 
@@ -692,6 +725,8 @@ extern "C" void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile
 }
 
 extern "C" void sp_cuda_wmat_tune_stream(int evict_first) { g_evict_first = evict_first < 0 ? 1 : evict_first != 0; }
+
+extern "C" void sp_cuda_wmat_tune_light(int on) { g_light = on < 0 ? 1 : on != 0; }
 
 static sp_status check_rows(const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
 {

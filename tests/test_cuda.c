@@ -405,8 +405,8 @@ static void fused_check(sp_cuda_wmat *dw, const int *hs, const float *dX, float 
  * against the CPU's: three matrices of two heights in one launch (against each alone), SwiGLU's gate and up
  * (against the two products and sp_cuda_swiglu_fwd), a bias and a residual (against the product plus them in
  * block.c's order on the host): the same bits, in every encoding, at odd widths and widths of whole chunks, 1, 3
- * and 8 rows, plain and dependent launches, on 1001 x 1088 every rows-a-warp and warps-a-row shape; and what it
- * refuses. */
+ * and 8 rows, plain and dependent launches, on 1001 x 1088 every rows-a-warp and warps-a-row shape; int8 and NF4
+ * products of one row with sp_cuda_wmat_tune_light 1 and 0 (the same bits at every shape); and what it refuses. */
 START_TEST(t_weights_fused_gpu)
 {
     const int shapes[][2] = {{17, 33}, {300, 128}, {1001, 1088}}, Bs[] = {1, 3, 8};
@@ -433,6 +433,17 @@ START_TEST(t_weights_fused_gpu)
                         fused_check(dw, hs, dX, dP, dF, dBias, dRes, Bs[j], pdl, (sp_wtype)t);
                     sp_cuda_wmat_tune(0, 0, 0);
                 }
+            /* int8 and NF4 with one row of X: each row's values decoded as the product takes them (the default) or
+             * all of a chunk's first (sp_cuda_wmat_tune_light 0), at every rows-a-warp and warps-a-row shape */
+            for (int v = 0; (t == SP_W_Q8 || t == SP_W_NF4) && v < 9; v++) {
+                sp_cuda_wmat_tune(1 << (v / 3), 1 << (v % 3), 0);
+                OK(sp_cuda_wmat_mul(cu, &dw[0], dX, dP[0], 1, E));
+                sp_cuda_wmat_tune_light(0);
+                OK(sp_cuda_wmat_mul(cu, &dw[0], dX, dF[0], 1, E));
+                sp_cuda_wmat_tune_light(-1);
+                same_bits(dF[0], dP[0], (size_t)rows, "decoded a row at a time or not", (sp_wtype)t, rows, C, 1);
+            }
+            sp_cuda_wmat_tune(0, 0, 0);
             sp_err err = {0};
             /* gate and up of two heights */
             sp_cuda_dmul bad = {{&dw[0], &dw[2]}, {dF[0]}, 2, 1, 0, NULL, NULL, NULL, 0};
