@@ -160,9 +160,10 @@ void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile_rows);
 /* The same for how the fused decode kernels stream W: as the lines L2 evicts first (1, and negative: the default)
  * or as any others (0). */
 void sp_cuda_wmat_tune_stream(int evict_first);
-/* The same for how the decode kernels (dense and experts') multiply int8 and NF4 weights with one row of X: each
- * value decoded as its product takes it (1, and negative: the default; fewer registers a thread, so more blocks an
- * SM) or all of a chunk's rows decoded first (0, the kernels before). The same bits either way. */
+/* The same for how the decode kernels (dense and experts') multiply int8 and NF4 weights with one row of X: a row's
+ * values decoded as its product takes them (1; fewer registers a thread, so more blocks an SM) or all of a chunk's
+ * rows decoded first (0, the kernels before); negative: the default, 1 unless SEPAL_DECODE_LIGHT=0 is in the
+ * environment. The same bits either way. */
 void sp_cuda_wmat_tune_light(int on);
 
 /* Decode attention (sp_attention_forward with T = 1, past = len - 1): out, q [B, nh * hd]; the caches

@@ -440,7 +440,18 @@ constexpr size_t kTileBytes = 64u << 20;   // workspace for a tile of rows decod
 
 int g_rows_per_warp, g_warps_per_row, g_tile_rows; // sp_cuda_wmat_tune (0: automatic)
 int g_evict_first = 1;                             // sp_cuda_wmat_tune_stream
-int g_light = 1;                                   // sp_cuda_wmat_tune_light
+int g_light = -1;                                  // sp_cuda_wmat_tune_light (-1: light_on's default)
+
+// Whether int8 and NF4 products of one row take chunk_product's LIGHT form: sp_cuda_wmat_tune_light's choice, else
+// SEPAL_DECODE_LIGHT=0 from the environment turns it off (read once).
+bool light_on()
+{
+    static const bool env = [] {
+        const char *e = getenv("SEPAL_DECODE_LIGHT");
+        return !e || atoi(e) != 0;
+    }();
+    return g_light < 0 ? env : g_light != 0;
+}
 
 int sm_count()
 {
@@ -479,7 +490,7 @@ cudaError_t launch_nbr(bool pdl, dim3 grid, cudaStream_t st, const dec_args &a, 
 {
     dim3 block(kDecWarps * 32);
     if constexpr (light_able(TYPE, NB))
-        if (g_light)
+        if (light_on())
             return sa ? spk::launch(false, wmat_slot_kernel<TYPE, NB, R, true>, grid, block, 0, st, a, *sa, X)
                       : spk::launch(pdl, wmat_vec_kernel<TYPE, NB, R, true>, grid, block, 0, st, a, X, B);
     if (sa)
@@ -726,7 +737,7 @@ extern "C" void sp_cuda_wmat_tune(int rows_per_warp, int warps_per_row, int tile
 
 extern "C" void sp_cuda_wmat_tune_stream(int evict_first) { g_evict_first = evict_first < 0 ? 1 : evict_first != 0; }
 
-extern "C" void sp_cuda_wmat_tune_light(int on) { g_light = on < 0 ? 1 : on != 0; }
+extern "C" void sp_cuda_wmat_tune_light(int on) { g_light = on < 0 ? -1 : on != 0; }
 
 static sp_status check_rows(const sp_cuda_wmat *w, int r0, int rows, sp_err *err)
 {
