@@ -4,8 +4,10 @@
  * 1. decode: one sequence, one token over a KV cache of 128 positions, graphs on: weight bytes read per second
  *    over the device-to-device copy bandwidth (bytes read + written by cudaMemcpy). Goal >= 0.8. bf16, and the
  *    7B block in int8, NF4 and fp16 (bytes of their encodings); the plain kernels, the fused ones, and the fused ones
- *    as programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); bf16 also every shape of the fused kernels
- *    (rows a warp, warps a row: sp_cuda_wmat_tune; W streamed as L2's first to evict or not: sp_cuda_wmat_tune_stream).
+ *    as programmatic dependent launches (sp_cuda_block_use_fused 0, 1, 2); int8 and NF4 also with the kernels before
+ *    (sp_cuda_wmat_tune_light 0); bf16, int8 and NF4 also every shape of the fused kernels (rows a warp, warps a row:
+ *    sp_cuda_wmat_tune; W streamed as L2's first to evict or not: sp_cuda_wmat_tune_stream) and L2 asked for 4-48
+ *    MiB of each next product (sp_cuda_block_use_prefetch); bf16 the attention's keys a warp (sp_cuda_attn_tune).
  * 2. forward of 1024 tokens (no cache), and forward + backward to the input (kept activations): FLOP/s over the
  *    peak of a cuBLAS bf16 GEMM of the block's largest product ([1024, H] x [H, FF]). Goal >= 0.6. FLOPs: 2 per
  *    weight per token for each product (x3 forward + backward: the backward to the input only needs dX, one more
@@ -256,6 +258,17 @@ static run_ctx decode_ctx(const sp_block *b, int K)
     return c;
 }
 
+/* A decode step of c at fused+pdl after a process-wide setting changed (the kernels' tuning): one step at level 1
+ * (another graph's level) and one at 2 capture the graph anew with it; then reps of them timed. */
+static double time_recaptured(run_ctx *c, int reps)
+{
+    sp_cuda_block_use_fused(c->cb, 1);
+    run_decode(c);
+    sp_cuda_block_use_fused(c->cb, 2);
+    run_decode(c);
+    return time_reps(run_decode, c, reps);
+}
+
 /* Decode of one token at KV length K: steps/s and weight bytes/s over copy, for each sp_cuda_block_use_fused level
  * (the plain kernels first: the baseline of the same run). sweep 1: the products' shapes (rows a warp, warps a row,
  * W evicted first or not) and L2 asked for the next product's weights (sp_cuda_block_use_prefetch) too; 2: and the
@@ -276,28 +289,17 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
     }
     if (b->wtype == SP_W_Q8 || b->wtype == SP_W_NF4) { /* fused+pdl, the products' values decoded as before */
         sp_cuda_wmat_tune_light(0);
-        sp_cuda_block_use_fused(c.cb, 1); /* a level of another graph, so that the next is captured anew */
-        run_decode(&c);
-        sp_cuda_block_use_fused(c.cb, 2);
-        run_decode(&c);
-        double s = time_reps(run_decode, &c, reps);
+        double s = time_recaptured(&c, reps);
         sp_cuda_wmat_tune_light(-1);
         printf("%s %-4s decode fused+pdl with all of a chunk's rows decoded first (sp_cuda_wmat_tune_light 0, the "
                "kernel before): %7.1f us/step, %.2f of copy\n", name, sp_wtype_name(b->wtype), s * 1e6,
                bytes / s / copy_bw);
-        sp_cuda_block_use_fused(c.cb, 1);
-        run_decode(&c);
-        sp_cuda_block_use_fused(c.cb, 2);
     }
     for (int v = 0; sweep && v < 9 * 2; v++) { /* fused+pdl: rows a warp, warps a row, W evicted first from L2 */
         int R = 1 << (v / 3 % 3), ks = 1 << (v % 3), ef = v / 9;
         sp_cuda_wmat_tune(R, ks, 0);
         sp_cuda_wmat_tune_stream(ef);
-        sp_cuda_block_use_fused(c.cb, 1); /* a level of another graph, so that the next is captured anew */
-        run_decode(&c);
-        sp_cuda_block_use_fused(c.cb, 2);
-        run_decode(&c);
-        double s = time_reps(run_decode, &c, reps);
+        double s = time_recaptured(&c, reps);
         printf("%s %-4s   fused+pdl with R %d, ks %d, evict first %d: %7.1f us/step, %.2f of copy\n", name,
                sp_wtype_name(b->wtype), R, ks, ef, s * 1e6, bytes / s / copy_bw);
     }
@@ -305,11 +307,7 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
     sp_cuda_wmat_tune_stream(-1);
     for (int keys = 4; sweep > 1 && keys <= 16; keys *= 2) { /* fused+pdl: the attention's keys a warp at once */
         sp_cuda_attn_tune(keys);
-        sp_cuda_block_use_fused(c.cb, 1);
-        run_decode(&c);
-        sp_cuda_block_use_fused(c.cb, 2);
-        run_decode(&c);
-        double s = time_reps(run_decode, &c, reps);
+        double s = time_recaptured(&c, reps);
         printf("%s %-4s   fused+pdl with the attention's %d keys a warp: %7.1f us/step, %.2f of copy\n", name,
                sp_wtype_name(b->wtype), keys, s * 1e6, bytes / s / copy_bw);
     }
@@ -317,11 +315,7 @@ static void bench_decode(const char *name, const sp_block *b, int K, double copy
     static const int mibs[] = {4, 8, 16, 32, 48};
     for (int i = 0; sweep && i < 5; i++) { /* fused+pdl: the norms and attention ask L2 for the next product's */
         sp_cuda_block_use_prefetch(c.cb, mibs[i]);
-        sp_cuda_block_use_fused(c.cb, 1);
-        run_decode(&c);
-        sp_cuda_block_use_fused(c.cb, 2);
-        run_decode(&c);
-        double s = time_reps(run_decode, &c, reps);
+        double s = time_recaptured(&c, reps);
         printf("%s %-4s   fused+pdl with L2 asked for %2d MiB of each next product: %7.1f us/step, %.2f of copy\n",
                name, sp_wtype_name(b->wtype), mibs[i], s * 1e6, bytes / s / copy_bw);
     }
