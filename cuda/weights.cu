@@ -188,6 +188,17 @@ __device__ __forceinline__ void load_chunks(uint4 (&q)[R], float (&sc)[R], const
     }
 }
 
+// xs = the PV values of X at x (16-byte aligned), by 16-byte loads through the read-only cache.
+template <int PV> __device__ __forceinline__ void load_x(float (&xs)[PV], const float *x)
+{
+    const float4 *xp = reinterpret_cast<const float4 *>(x);
+#pragma unroll
+    for (int i = 0; i < PV / 4; i++) {
+        float4 x4 = __ldg(xp + i);
+        xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
+    }
+}
+
 // acc[r][b] += chunk j of row r times row b of X (b < B), a piece at a time: the R rows decoded once, each X load
 // serving all R of them. LIGHT (int8 and NF4, one row of X): each value decoded as its product takes it.
 template <int TYPE, int NB, int R, bool LIGHT>
@@ -203,12 +214,7 @@ __device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             float xs[PV];
-            const float4 *xp = reinterpret_cast<const float4 *>(X + sp_km_piece_col(TYPE, j, p));
-#pragma unroll
-            for (int i = 0; i < PV / 4; i++) {
-                float4 x4 = __ldg(xp + i);
-                xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
-            }
+            load_x(xs, X + sp_km_piece_col(TYPE, j, p));
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 uint32_t v[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
@@ -236,12 +242,7 @@ __device__ __forceinline__ void chunk_product(float (&acc)[R][NB], const uint4 (
                 if (b >= B)
                     break;
                 float xs[PV];
-                const float4 *xp = reinterpret_cast<const float4 *>(X + (long)b * cols + col);
-#pragma unroll
-                for (int i = 0; i < PV / 4; i++) {
-                    float4 x4 = __ldg(xp + i);
-                    xs[4 * i] = x4.x, xs[4 * i + 1] = x4.y, xs[4 * i + 2] = x4.z, xs[4 * i + 3] = x4.w;
-                }
+                load_x(xs, X + (long)b * cols + col);
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     acc[r][b] += sp_km_piece_dot(TYPE, wv[r], xs, PV, sc[r]);
